@@ -1,0 +1,5 @@
+import sys
+
+from hwtrace.cli import main
+
+sys.exit(main())

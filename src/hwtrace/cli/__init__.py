@@ -1,0 +1,76 @@
+"""The command line: parse, call the library, print.
+
+Each subcommand lives in its own module of this package (every module
+whose name does not start with ``_`` is one) and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` to a
+callable taking the parsed namespace and returning an exit status.
+Errors meant for the user are raised as :class:`CliError` and become one
+line on stderr with a non-zero exit status; nothing else is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+
+def _command_modules() -> list[str]:
+    """Every module of this package is a subcommand (listed alphabetically)."""
+    import pkgutil
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if not m.name.startswith("_"))
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status ``status``."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit status 2."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise CliError(f"{self.prog}: {message}", 2)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="hwtrace", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version",
+                        version=f"hwtrace {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=Parser)
+    sub.required = True
+    for name in _command_modules():
+        module = importlib.import_module(f"hwtrace.cli.{name}")
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from hwtrace import __version__
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"hwtrace: {e}" if not str(e).startswith("hwtrace") else str(e),
+              file=sys.stderr)
+        return e.status
+    except BrokenPipeError:
+        # Output piped into head & co.: not an error of ours.
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        finally:
+            return 0
+    except KeyboardInterrupt:
+        print("hwtrace: interrupted", file=sys.stderr)
+        return 130
