@@ -1,0 +1,167 @@
+"""Memory images: what code lives at which virtual address.
+
+An :class:`Image` is an ordered collection of sections (a byte range of a
+file, or an in-memory buffer, mapped at a virtual address).  As in libipt,
+a section added later overwrites earlier ones where they overlap: the older
+section is cut so that every address maps to at most one section.
+
+Sections are lazy: a file section remembers path, offset and size and only
+reads its bytes (once, then cached) when an address inside it is first
+fetched.  Reads are bounded: :meth:`Image.read` never returns more than
+asked and never crosses a section boundary (that is what makes an
+instruction that straddles two sections "truncated", libipt's term).
+
+Loaders for the formats ptxed and fuzzers use live in :mod:`.loaders`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+class ImageError(Exception):
+    """A section could not be created (bad file, bad range)."""
+
+
+@dataclass(eq=False)
+class Section:
+    """A contiguous run of bytes that can be mapped into an image.
+
+    ``loader`` is called at most once, on first access, and must return
+    exactly ``size`` bytes (or fewer if the file shrank; the section then
+    ends early).  ``isid`` identifies the section (libipt's image section
+    identifier: positive, unique within its image).
+    """
+
+    name: str
+    size: int
+    loader: object = None
+    data: bytes | None = None
+    isid: int = 0
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "<memory>") -> "Section":
+        return cls(name=name, size=len(data), data=bytes(data))
+
+    @classmethod
+    def from_file(cls, path: str, offset: int = 0, size: int | None = None,
+                  ) -> "Section":
+        """A lazy section over ``[offset, offset+size)`` of ``path``.
+
+        ``size`` None means "to the end of the file".  The file is checked
+        now (so a missing file is an error at load time, as in ptxed) but
+        read only on first use.
+        """
+        import os
+        try:
+            fsize = os.path.getsize(path)
+        except OSError as e:
+            raise ImageError(f"cannot open {path}: {e.strerror}") from None
+        if offset < 0 or offset >= fsize:
+            raise ImageError(f"bad offset {offset:#x} into {path}")
+        if size is None:
+            size = fsize - offset
+        elif offset + size > fsize:
+            raise ImageError(f"bad range {offset + size:#x} in {path}")
+
+        def load(path=path, offset=offset, size=size):
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read(size)
+        return cls(name=path, size=size, loader=load)
+
+    def bytes(self) -> bytes:
+        data = self.data
+        if data is None:
+            loader = self.loader
+            data = loader() if loader is not None else b""
+            self.data = data
+            self.loader = None
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """Part of a section mapped at ``[begin, end)``; ``offset`` is where
+    ``begin`` lies inside the section."""
+
+    begin: int
+    end: int
+    section: Section
+    offset: int
+
+
+@dataclass
+class Image:
+    """Non-overlapping mappings sorted by address (later adds win)."""
+
+    name: str = ""
+    _maps: list = field(default_factory=list)
+    _starts: list = field(default_factory=list)
+    _next_isid: int = 1
+    generation: int = 0
+
+    def add(self, section: Section, vaddr: int) -> int:
+        """Map ``section`` at ``vaddr``, cutting what it overlaps.
+
+        Returns the section's isid."""
+        if not section.isid:
+            section.isid = self._next_isid
+            self._next_isid += 1
+        begin, end = vaddr, vaddr + section.size
+        if end <= begin:
+            return section.isid
+        out = []
+        for m in self._maps:
+            if m.end <= begin or m.begin >= end:
+                out.append(m)
+                continue
+            if m.begin < begin:
+                out.append(Mapping(m.begin, begin, m.section, m.offset))
+            if m.end > end:
+                out.append(Mapping(end, m.end, m.section,
+                                   m.offset + (end - m.begin)))
+        out.append(Mapping(begin, end, section, 0))
+        out.sort(key=lambda m: m.begin)
+        self._maps = out
+        self._starts = [m.begin for m in out]
+        self.generation += 1
+        return section.isid
+
+    def add_bytes(self, data: bytes, vaddr: int, name: str = "<memory>") -> int:
+        return self.add(Section.from_bytes(data, name), vaddr)
+
+    def add_file(self, path: str, vaddr: int, offset: int = 0,
+                 size: int | None = None) -> int:
+        return self.add(Section.from_file(path, offset, size), vaddr)
+
+    def mappings(self) -> list:
+        return list(self._maps)
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def find(self, addr: int) -> Mapping | None:
+        """The mapping containing ``addr``, or None."""
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        m = self._maps[i]
+        if addr < m.end:
+            return m
+        return None
+
+    def read(self, addr: int, size: int) -> bytes | None:
+        """Up to ``size`` bytes at ``addr`` from the one section that maps
+        it (fewer at that mapping's end); None if nothing is mapped."""
+        m = self.find(addr)
+        if m is None:
+            return None
+        n = min(size, m.end - addr)
+        start = m.offset + (addr - m.begin)
+        return m.section.bytes()[start:start + n]
+
+    def isid(self, addr: int) -> int:
+        m = self.find(addr)
+        return m.section.isid if m is not None else 0

@@ -1,0 +1,162 @@
+"""Fill an :class:`~hwtrace.flow.image.Image` from files, as ptxed does.
+
+* ``--raw FILE[:FROM[-TO]]:ADDR`` — bytes ``[FROM, TO)`` of FILE (default:
+  the whole file) at virtual address ADDR;
+* ``--elf FILE[:BASE]`` — the file bytes of every PT_LOAD segment, shifted
+  so that the lowest segment starts at BASE when BASE is given;
+* page dumps — a file of little-endian u64 page addresses and a file of
+  4 KiB pages in the same order (what Intel-PT fuzzers save).
+
+Numbers follow C's ``strtoull(s, 0)``: ``0x`` hex, leading ``0`` octal,
+else decimal.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from .image import Image, ImageError, Section
+
+PAGE_SIZE = 4096
+
+
+def parse_c_number(text: str) -> int | None:
+    """C ``strtoull(text, &end, 0)`` accepting only a complete number."""
+    s = text.strip() if text is not None else ""
+    if not s or s != text:
+        return None
+    try:
+        if s[:2].lower() == "0x":
+            return int(s[2:], 16) if s[2:] else None
+        if len(s) > 1 and s[0] == "0":
+            return int(s[1:], 8)
+        if not s.isdigit():
+            return None
+        return int(s, 10)
+    except ValueError:
+        return None
+
+
+def split_base(arg: str) -> tuple[str, int | None]:
+    """``NAME:NUM`` -> (NAME, NUM) if the part after the last ':' is a
+    number; else (arg, None)."""
+    head, sep, tail = arg.rpartition(":")
+    if sep and tail:
+        n = parse_c_number(tail)
+        if n is not None:
+            return head, n
+    return arg, None
+
+
+def split_range(arg: str) -> tuple[str, int, int | None]:
+    """``FILE[:FROM[-TO]]`` -> (FILE, FROM, SIZE or None).
+
+    As ptxed: if the part after the last ':' does not parse as an offset
+    or range it is part of the file name."""
+    head, sep, tail = arg.rpartition(":")
+    if not sep:
+        return arg, 0, None
+    lo, dash, hi = tail.partition("-")
+    begin = parse_c_number(lo)
+    if begin is None:
+        return arg, 0, None
+    if not dash:
+        return head, begin, None
+    end = parse_c_number(hi)
+    if end is None:
+        return arg, 0, None
+    if end <= begin:
+        raise ImageError(f"bad range in {arg}")
+    return head, begin, end - begin
+
+
+def load_raw(image: Image, arg: str) -> int:
+    """ptxed's ``--raw FILE[:FROM[-TO]]:ADDR``; returns the isid."""
+    rest, vaddr = split_base(arg)
+    if vaddr is None:
+        raise ImageError(f"failed to parse base address from '{arg}'")
+    path, offset, size = split_range(rest)
+    return image.add(Section.from_file(path, offset, size), vaddr)
+
+
+_EHDR = {1: ("<28xI10xHH", 28), 2: ("<32xQ14xHH", 32)}
+
+
+def elf_segments(path: str) -> list[tuple[int, int, int]]:
+    """(file offset, file size, vaddr) of each PT_LOAD segment, in order,
+    including zero-sized ones (they count for the lowest address)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF":
+                raise ImageError(f"not an ELF file: {path}")
+            if head[5] != 1:
+                raise ImageError(f"only little-endian ELF is supported: {path}")
+            cls = head[4]
+            if cls == 2:
+                if len(head) < 64:
+                    raise ImageError(f"truncated ELF header: {path}")
+                phoff, = struct.unpack_from("<Q", head, 32)
+                phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            elif cls == 1:
+                phoff, = struct.unpack_from("<I", head, 28)
+                phentsize, phnum = struct.unpack_from("<HH", head, 42)
+            else:
+                raise ImageError(f"bad ELF class: {path}")
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError as e:
+        raise ImageError(f"cannot open {path}: {e.strerror}") from None
+    if len(table) < phentsize * phnum:
+        raise ImageError(f"truncated program header table: {path}")
+    segs = []
+    for k in range(phnum):
+        ph = k * phentsize
+        ptype, = struct.unpack_from("<I", table, ph)
+        if ptype != 1:
+            continue
+        if cls == 2:
+            off, vaddr = struct.unpack_from("<QQ", table, ph + 8)
+            filesz, = struct.unpack_from("<Q", table, ph + 32)
+        else:
+            off, vaddr = struct.unpack_from("<II", table, ph + 4)
+            filesz, = struct.unpack_from("<I", table, ph + 16)
+        segs.append((off, filesz, vaddr))
+    return segs
+
+
+def load_elf(image: Image, arg: str) -> list[int]:
+    """ptxed's ``--elf FILE[:BASE]``; returns the isids added."""
+    path, base = split_base(arg)
+    if base is not None and not os.path.exists(path) and os.path.exists(arg):
+        path, base = arg, None
+    segs = elf_segments(path)
+    bias = 0
+    if base is not None and segs:
+        bias = base - min(v for _, _, v in segs)
+    out = []
+    for off, filesz, vaddr in segs:
+        if filesz:
+            out.append(image.add(Section.from_file(path, off, filesz),
+                                 (vaddr + bias) & 0xFFFFFFFFFFFFFFFF))
+    return out
+
+
+def load_pagedump(image: Image, addr_file: str, page_file: str) -> int:
+    """Map page ``i`` of ``page_file`` at the ``i``-th little-endian u64 of
+    ``addr_file``.  Returns the number of pages mapped."""
+    try:
+        with open(addr_file, "rb") as f:
+            addrs = f.read()
+        psize = os.path.getsize(page_file)
+    except OSError as e:
+        raise ImageError(f"cannot open {e.filename}: {e.strerror}") from None
+    n = len(addrs) // 8
+    if len(addrs) % 8:
+        raise ImageError(f"{addr_file}: size is not a multiple of 8")
+    if psize < n * PAGE_SIZE:
+        raise ImageError(f"{page_file}: {psize} bytes for {n} pages")
+    for i, (addr,) in enumerate(struct.iter_unpack("<Q", addrs)):
+        image.add(Section.from_file(page_file, i * PAGE_SIZE, PAGE_SIZE), addr)
+    return n
