@@ -1,0 +1,17 @@
+"""The Intel PT wire format (no I/O).
+
+- :mod:`hwtrace.pt.packets`   packet records (NamedTuples named like libipt)
+- :mod:`hwtrace.pt.errors`    ``PtError(code, offset)``, libipt's error strings
+- :mod:`hwtrace.pt.decoder`   ``PacketDecoder`` with libipt's verbs
+- :mod:`hwtrace.pt.encoder`   ``encode(packet)`` and packet constructors
+- :mod:`hwtrace.pt.lastip`    last-IP reconstruction
+- :mod:`hwtrace.pt.timing`    TSC/MTC/TMA/CYC/CBR time tracking and calibration
+- :mod:`hwtrace.pt.cpu`       ``F/M[/S]`` CPU ids and the errata they imply
+- :mod:`hwtrace.pt.ptdump_format`  ptdump's text output
+"""
+
+from hwtrace.pt.errors import PtError
+from hwtrace.pt.decoder import PacketDecoder
+from hwtrace.pt.encoder import encode
+
+__all__ = ["PtError", "PacketDecoder", "encode"]

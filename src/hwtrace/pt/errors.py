@@ -1,0 +1,62 @@
+"""Decode errors of the Intel PT layers, as values.
+
+A :class:`PtError` is what a decoder hands back instead of a packet when
+the bytes at ``offset`` cannot be decoded.  ``code`` is libipt's error
+string (``pt_errstr``) so that output compares 1:1 with the reference
+tools; the module-level constants name them.  Nothing in ``hwtrace.pt``
+raises for bad trace data: callers test ``isinstance(x, PtError)`` (or
+``x.type == "error"``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# libipt's pt_errstr() strings, by libipt's enum pt_error_code names.
+INTERNAL = "internal error"
+INVALID = "invalid argument"
+NOSYNC = "decoder out of sync"
+BAD_OPC = "unknown opcode"
+BAD_PACKET = "unknown packet"
+BAD_CONTEXT = "unexpected packet context"
+EOS = "reached end of trace stream"
+BAD_QUERY = "trace stream does not match query"
+NOMEM = "out of memory"
+BAD_CONFIG = "bad configuration"
+NOIP = "no ip"
+IP_SUPPRESSED = "ip has been suppressed"
+NOMAP = "no memory mapped at this address"
+BAD_INSN = "unknown instruction"
+NO_TIME = "no timing information"
+NO_CBR = "no core:bus ratio"
+BAD_IMAGE = "bad image"
+BAD_LOCK = "locking error"
+NOT_SUPPORTED = "not supported"
+RETSTACK_EMPTY = "compressed return without call"
+BAD_RETCOMP = "bad compressed return"
+BAD_STATUS_UPDATE = "bad status update"
+NO_ENABLE = "expected tracing enabled event"
+EVENT_IGNORED = "event ignored"
+OVERFLOW = "overflow"
+BAD_FILE = "bad file"
+BAD_CPU = "unknown cpu"
+
+
+class PtError(NamedTuple):
+    """A decode error: libipt's error string ``code`` at trace ``offset``.
+
+    ``kind`` is empty for a packet decode error and ``"sync error"`` when
+    re-synchronization itself failed (the oracle's ``kind`` field).
+    """
+
+    code: str
+    offset: int
+    kind: str = ""
+
+    type = "error"
+
+    def to_json(self) -> dict:
+        d = {"offset": self.offset, "error": self.code}
+        if self.kind:
+            d["kind"] = self.kind
+        return d
