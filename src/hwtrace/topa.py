@@ -219,14 +219,17 @@ class Registers:
         return bool(self.status & STATUS_STOPPED)
 
 
-def read_registers(buf) -> Registers:
-    """Registers stored by an :class:`OutputUnit` in ``buf`` (consistent
-    snapshot; ValueError if ``buf`` holds none)."""
-    for _ in range(1000):
+def read_registers(buf, *, allow_torn: bool = False) -> Registers:
+    """Registers stored by an :class:`OutputUnit` in ``buf`` (a consistent
+    snapshot; ValueError if ``buf`` holds none). ``allow_torn``: accept an
+    update its writer never finished (it died between the two stores)."""
+    if len(buf) < _REGS.size:
+        raise ValueError("no ToPA registers here")
+    for attempt in range(1000):
         magic, seq, ob, mp, st, fl, stored, lost, insns = _REGS.unpack_from(buf, 0)
         if magic != REGS_MAGIC:
             raise ValueError("no ToPA registers here")
-        if seq & 1:
+        if seq & 1 and not (allow_torn and attempt > 100):
             continue
         if _REGS.unpack_from(buf, 0)[1] == seq:
             return Registers(ob, mp, st, bool(fl & FLAG_WRAPPED), bool(fl & FLAG_OVF_PENDING),

@@ -1,0 +1,492 @@
+"""The trace-control device: ``open_device`` and the spec's operations.
+
+::
+
+    dev = hwtrace.open_device(engine="auto")      # or "emulated", "perf", an Engine
+    dev.set_mode(hwtrace.Mode.CPU)
+    for cpu in range(dev.num_cpus):
+        dev.alloc_buffer(cfg)                     # descriptor n = CPU n's buffer
+    dev.cpu_mode_alloc(); dev.cpu_mode_start()
+    status = dev.run(["prog", "arg"])
+    dev.cpu_mode_stop()
+    info = dev.get_buffer_info(0)                 # capture_end, wrapped, stopped
+    chunk = dev.get_buffer_handle(0, 0)           # read-only memoryview
+    dev.save_bundle("out")                        # a decodable bundle
+    dev.cpu_mode_free(); dev.free_buffer(0)
+
+Every operation checks the state table of :mod:`.states` first; failures are
+:class:`TraceError` with the spec's status, and leave the device as it was.
+Buffers live in the trace directory (:mod:`.storage`); it is a temporary
+directory removed by :meth:`Device.close` unless one was given.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hwtrace.topa import linearize
+
+from .config import BufferConfig, validate
+from .ctl import Mode
+from .errors import Status, TraceError, invalid, not_supported
+from .states import Op, State, check, is_tracing
+from .storage import DEVICE_FILE, SIDEBAND_FILE, BufferStore, write_json
+
+DEFAULT_MAX_BUFFERS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class BufferInfo:
+    """What ``get_buffer_info`` reports about a buffer.
+
+    ``capture_end`` counts all chunks as one buffer (the spec's sum rule);
+    ``wrapped``: a circular buffer went round (the bytes after capture_end are
+    the oldest); ``stopped``: STATUS.Stopped (a stop-on-full buffer filled);
+    ``lost_bytes``: bytes the tracer produced that were not stored.
+    """
+
+    capture_end: int
+    wrapped: bool
+    stopped: bool
+    lost_bytes: int
+    stored_bytes: int
+    instructions_observed: int
+    status: int
+    output_base: int
+    output_mask_ptrs: int
+    size: int
+
+
+def _lock_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    d = Path(base) / f"hwtrace-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def open_device(engine: Any = "auto", *, directory: str | os.PathLike | None = None,
+                max_buffers: int = DEFAULT_MAX_BUFFERS, memory_limit: int | None = None,
+                lock_path: str | os.PathLike | None = None, **engine_options: Any) -> "Device":
+    """Open the trace-control device driving ``engine``.
+
+    ``engine``: "auto" (perf where Intel PT exists, else emulated), an engine
+    name, or an :class:`hwtrace.engines.base.Engine` instance.
+    ``directory``: the trace directory (kept after close; default: a
+    temporary one, removed by close). One opener at a time: a second open
+    while one is open fails with ALREADY_BOUND (machine-wide for hardware
+    engines, per process otherwise). No PT or no ToPA output: NOT_SUPPORTED.
+    """
+    from hwtrace.engines.base import Engine
+    if isinstance(engine, Engine):
+        eng = engine
+    elif isinstance(engine, str):
+        from hwtrace import engines
+        eng = engines.create(engine, **engine_options)
+    else:
+        raise invalid(f"engine must be a name or an Engine, not {type(engine).__name__}")
+    if isinstance(max_buffers, bool) or not isinstance(max_buffers, int) or max_buffers < 1:
+        raise invalid("max_buffers must be a positive int")
+    try:
+        caps = eng.capabilities
+        if not caps.pt:
+            raise not_supported(f"engine {eng.name}: no Intel PT")
+        if not caps.topa_output:
+            raise not_supported(f"engine {eng.name}: no ToPA output")
+        if lock_path is None:
+            lock_path = _lock_dir() / (f"device-{eng.name}.lock" if eng.machine_wide
+                                       else f"device-{os.getpid()}.lock")
+        lock_fd = _take_lock(Path(lock_path))
+    except BaseException:
+        eng.close()
+        raise
+    try:
+        return Device(eng, lock_fd, Path(lock_path), directory, max_buffers, memory_limit)
+    except BaseException:
+        os.close(lock_fd)
+        eng.close()
+        raise
+
+
+def _take_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TraceError(Status.ALREADY_BOUND, f"the device is already open ({path})") from None
+    return fd
+
+
+class _Buffer:
+    __slots__ = ("d", "store", "cpu", "tid", "pid", "stream_cpu", "stream_tid")
+
+    def __init__(self, d: int, store: BufferStore):
+        self.d, self.store = d, store
+        self.cpu = self.tid = self.pid = None          # current binding
+        self.stream_cpu = self.stream_tid = None       # what its bytes belong to
+
+
+class Device:
+    """The opened device (see the module doc). Use :func:`open_device`."""
+
+    def __init__(self, engine, lock_fd: int, lock_path: Path, directory, max_buffers: int,
+                 memory_limit: int | None):
+        self.engine = engine
+        self._lock_fd = lock_fd
+        self._lock_path = lock_path
+        self._own_dir = directory is None
+        if directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="hwtrace-trace-"))
+        else:
+            self.directory = Path(directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self.capabilities = engine.capabilities
+        self.cpu_info = engine.cpu_info
+        self.num_cpus = int(engine.num_cpus)
+        self.max_buffers = max_buffers
+        self.memory_limit = memory_limit
+        self._state = State.CPU_IDLE
+        self._buffers: dict[int, _Buffer] = {}
+        self._threads: dict[int, int] = {}             # tid -> descriptor
+        self._cpu_state: list[int] | None = None       # per-CPU: descriptor
+        self._stop = threading.Event()
+        self.untraced_threads: list[int] = []
+        from hwtrace.bundle import SidebandWriter
+        self._sideband = SidebandWriter(self.directory / SIDEBAND_FILE)
+        self._write_device_file()
+
+    # ------------------------------------------------------------ basics
+    @property
+    def mode(self) -> Mode:
+        return Mode.THREAD if self._state in (State.THREAD_IDLE, State.THREAD_TRACING) else Mode.CPU
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def tracing(self) -> bool:
+        return is_tracing(self._state)
+
+    @property
+    def thread_buffers(self) -> dict[int, int]:
+        """Thread mode: tid -> descriptor of the buffers assigned now."""
+        return dict(self._threads)
+
+    def _go(self, op: Op) -> State:
+        return check(self._state, op)
+
+    def _write_device_file(self) -> None:
+        write_json(self.directory / DEVICE_FILE, {
+            "engine": self.engine.name, "mode": self.mode.name.lower(),
+            "num_cpus": self.num_cpus, "capabilities": self.capabilities.to_dict(),
+            "cpu": self.cpu_info.to_dict(), "engine_info": dict(self.engine.describe()),
+        })
+
+    def _buffer(self, d: Any) -> _Buffer:
+        if isinstance(d, bool) or not isinstance(d, int) or d not in self._buffers:
+            raise invalid(f"no buffer with descriptor {d!r}")
+        return self._buffers[d]
+
+    # ------------------------------------------------------------ mode
+    def set_mode(self, mode: Any) -> None:
+        """Choose cpu or thread mode; the same mode is a no-op."""
+        try:
+            m = Mode(mode) if not isinstance(mode, bool) else None
+        except ValueError:
+            m = None
+        if m is None:
+            raise invalid(f"unknown mode {mode!r}")
+        nxt = self._go(Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD)
+        if m not in self.engine.modes:
+            raise not_supported(f"engine {self.engine.name} has no {m.name.lower()} mode")
+        changed = nxt != self._state
+        self._state = nxt
+        if changed:
+            self._write_device_file()
+
+    # ------------------------------------------------------------ buffers
+    def alloc_buffer(self, config: Any) -> int:
+        """Validate ``config``, build its ToPA and files; the lowest free descriptor."""
+        self._go(Op.ALLOC_BUFFER)
+        cfg = validate(config, self.capabilities, self.mode)
+        if self.mode == Mode.CPU:
+            sizes = {b.store.config.total_size for b in self._buffers.values()}
+            if sizes and cfg.total_size not in sizes:
+                raise invalid("in cpu mode every CPU's buffer has the same size")
+        d = next((i for i in range(self.max_buffers) if i not in self._buffers), None)
+        if d is None:
+            raise TraceError(Status.NO_RESOURCES, f"all {self.max_buffers} buffers in use")
+        if self.memory_limit is not None:
+            used = sum(b.store.config.total_size for b in self._buffers.values())
+            if used + cfg.total_size > self.memory_limit:
+                raise TraceError(Status.NO_MEMORY, "buffer memory limit reached")
+        self._buffers[d] = _Buffer(d, BufferStore.create(self.directory, d, cfg))
+        return d
+
+    def get_buffer_config(self, d: int) -> BufferConfig:
+        self._go(Op.GET_BUFFER_CONFIG)
+        return self._buffer(d).store.config
+
+    def get_buffer_info(self, d: int) -> BufferInfo:
+        """Where output stopped (capture_end), wrapped, stopped, lost bytes."""
+        self._go(Op.GET_BUFFER_INFO)
+        st = self._buffer(d).store
+        r = st.registers()
+        return BufferInfo(capture_end=st.topa.capture_end(r.output_base, r.output_mask_ptrs),
+                          wrapped=r.wrapped, stopped=r.stopped, lost_bytes=r.lost,
+                          stored_bytes=r.stored, instructions_observed=r.instructions,
+                          status=r.status, output_base=r.output_base,
+                          output_mask_ptrs=r.output_mask_ptrs, size=st.config.total_size)
+
+    def get_buffer_handle(self, d: int, chunk: int) -> memoryview:
+        """A read-only buffer-protocol view of chunk ``chunk``'s memory (works
+        while tracing: it shows what has been written so far)."""
+        self._go(Op.GET_BUFFER_HANDLE)
+        st = self._buffer(d).store
+        if isinstance(chunk, bool) or not isinstance(chunk, int) \
+                or not 0 <= chunk < st.config.num_chunks:
+            raise invalid(f"buffer {d} has no chunk {chunk!r}")
+        return st.chunk(chunk)
+
+    def read_buffer(self, d: int, into: Any = None, *, start_at_psb: bool = True):
+        """The buffer's captured bytes, oldest first (a wrapped circular buffer
+        from its first PSB). With ``into`` (a writable buffer) copies them
+        there and returns the count; BUFFER_TOO_SMALL if they don't fit."""
+        self._go(Op.READ_BUFFER)
+        st = self._buffer(d).store
+        r = st.registers()
+        data = linearize(st.chunks(), st.topa.capture_end(r.output_base, r.output_mask_ptrs),
+                         r.wrapped, start_at_psb=start_at_psb)
+        if into is None:
+            return data
+        try:
+            out = memoryview(into).cast("B")
+        except TypeError:
+            raise invalid("into must be a writable buffer") from None
+        if out.readonly:
+            raise invalid("into must be a writable buffer")
+        if len(out) < len(data):
+            raise TraceError(Status.BUFFER_TOO_SMALL,
+                             f"{len(data)} bytes captured, room for {len(out)}")
+        out[:len(data)] = data
+        return len(data)
+
+    def free_buffer(self, d: int) -> None:
+        """Free a buffer and its files; BAD_STATE while tracing or assigned."""
+        self._go(Op.FREE_BUFFER)
+        b = self._buffer(d)
+        if b.tid is not None:
+            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        del self._buffers[d]
+        if self._cpu_state is not None:
+            self._cpu_state = [x if x != d else -1 for x in self._cpu_state]
+        b.store.remove()
+
+    # ------------------------------------------------------------ cpu mode
+    def cpu_mode_alloc(self) -> None:
+        self._state, self._cpu_state = self._go(Op.CPU_MODE_ALLOC), [-1] * self.num_cpus
+
+    def cpu_mode_start(self) -> None:
+        """CPU n gets buffer n; tracing begins."""
+        nxt = self._go(Op.CPU_MODE_START)
+        missing = [c for c in range(self.num_cpus) if c not in self._buffers]
+        if missing:
+            raise TraceError(Status.BAD_STATE, f"CPU {missing[0]} has no buffer")
+        for c in range(self.num_cpus):
+            b = self._buffers[c]
+            b.cpu = b.stream_cpu = c
+            b.store.set_binding(cpu=c, tid=None, pid=None)
+            b.store.unit.enable()
+        self._cpu_state = list(range(self.num_cpus))
+        self._state = nxt
+
+    def cpu_mode_stop(self) -> None:
+        """Stop; the STATUS and output pointers of each CPU stay readable."""
+        nxt = self._go(Op.CPU_MODE_STOP)
+        for c in self._cpu_state or ():
+            if c in self._buffers:
+                self._buffers[c].store.unit.disable()
+        self._state = nxt
+
+    def cpu_mode_free(self) -> None:
+        """Free per-CPU state only; buffers stay until free_buffer."""
+        nxt = self._go(Op.CPU_MODE_FREE)
+        for b in self._buffers.values():
+            b.cpu = None
+        self._cpu_state = None
+        self._state = nxt
+
+    # ------------------------------------------------------------ thread mode
+    def assign_thread_buffer(self, d: int, tid: int) -> None:
+        """Thread mode: trace thread ``tid`` into buffer ``d``."""
+        self._go(Op.ASSIGN_THREAD_BUFFER)
+        b = self._buffer(d)
+        if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 1 << 32:
+            raise invalid(f"bad thread id {tid!r}")
+        if b.tid is not None:
+            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        if tid in self._threads:
+            raise TraceError(Status.BAD_STATE,
+                             f"thread {tid} already has buffer {self._threads[tid]}")
+        self._bind_thread(b, tid, None)
+
+    def _bind_thread(self, b: _Buffer, tid: int, pid: int | None) -> None:
+        b.tid = b.stream_tid = tid
+        b.pid = pid
+        self._threads[tid] = b.d
+        b.store.set_binding(cpu=None, tid=tid, pid=pid)
+
+    def release_thread_buffer(self, d: int, tid: int) -> None:
+        """Thread mode: stop tracing ``tid`` into ``d``; the data stays."""
+        self._go(Op.RELEASE_THREAD_BUFFER)
+        b = self._buffer(d)
+        if b.tid != tid or isinstance(tid, bool):
+            raise invalid(f"buffer {d} is not assigned to thread {tid!r}")
+        del self._threads[tid]
+        b.tid = None
+
+    # ------------------------------------------------------------ running
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            cwd: str | None = None, follow_threads: BufferConfig | None = None) -> int:
+        """Run a workload while tracing; returns its exit status.
+
+        cpu mode: between cpu_mode_start and cpu_mode_stop. thread mode: the
+        threads with assigned buffers are traced; with ``follow_threads`` a
+        BufferConfig, every other thread that appears gets a buffer of that
+        config (``thread_buffers`` tells which); untraced threads are listed
+        in ``untraced_threads``.
+        """
+        if isinstance(argv, (str, bytes)) or not argv or \
+                not all(isinstance(a, (str, bytes, os.PathLike)) for a in argv):
+            raise invalid("argv must be a non-empty list of strings")
+        return self._traced(lambda s: self.engine.run(s, [os.fsdecode(a) for a in argv],
+                                                      env=env, cwd=cwd), follow_threads)
+
+    def attach(self, pid: int, *, duration: float | None = None,
+               follow_threads: BufferConfig | None = None) -> int:
+        """Trace the running process ``pid`` (see :meth:`run`)."""
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise invalid(f"bad pid {pid!r}")
+        return self._traced(lambda s: self.engine.attach(s, pid, duration=duration),
+                            follow_threads)
+
+    def request_stop(self) -> None:
+        """Ask a running ``run``/``attach`` to end tracing early (thread-safe)."""
+        self._stop.set()
+
+    def _traced(self, body, follow_threads) -> int:
+        nxt = self._go(Op.RUN)
+        if follow_threads is not None:
+            validate(follow_threads, self.capabilities, self.mode)
+        self._stop.clear()
+        self.untraced_threads = []
+        before = self._state
+        self._state = nxt
+        session = _Session(self, follow_threads)
+        try:
+            return body(session)
+        finally:
+            for b in session.enabled:
+                if b.store.unit is not None:
+                    b.store.unit.disable()
+            self._state = check(self._state, Op.RUN_END) if self._state == nxt else before
+
+    # ------------------------------------------------------------ output
+    def save_bundle(self, out: str | os.PathLike, **meta: Any) -> Path:
+        """Write the buffers' streams, sideband and manifest as a bundle."""
+        self._go(Op.SAVE)
+        from .recover import write_bundle
+        return write_bundle(self.directory, out, **meta)
+
+    def close(self) -> None:
+        """Stop tracing if needed, release everything, drop the lock."""
+        if self._state == State.CLOSED:
+            return
+        self._state = State.CLOSED
+        try:
+            self.engine.close()
+        finally:
+            self._sideband.close()
+            for b in self._buffers.values():
+                b.store.close()
+            self._buffers.clear()
+            if self._own_dir:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            os.close(self._lock_fd)
+            if self._lock_path.name == f"device-{os.getpid()}.lock":
+                try:
+                    self._lock_path.unlink()
+                except OSError:
+                    pass
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_state", State.CLOSED) != State.CLOSED:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+class _Session:
+    """What the engine sees during run/attach (hwtrace.engines.base.Session)."""
+
+    def __init__(self, dev: Device, follow: BufferConfig | None):
+        self._dev = dev
+        self._follow = follow
+        self.mode = dev.mode
+        self.num_cpus = dev.num_cpus
+        self.sideband = dev._sideband
+        self.enabled: list[_Buffer] = []
+
+    def cpu_output(self, cpu: int):
+        dev = self._dev
+        if self.mode != Mode.CPU:
+            raise TraceError(Status.BAD_STATE, "cpu_output in thread mode")
+        if isinstance(cpu, bool) or not isinstance(cpu, int) or not 0 <= cpu < dev.num_cpus:
+            raise invalid(f"no CPU {cpu!r}")
+        return dev._buffers[dev._cpu_state[cpu]].store.output
+
+    def thread_output(self, tid: int, pid: int, parent_tid: int = 0):
+        dev = self._dev
+        if self.mode != Mode.THREAD:
+            raise TraceError(Status.BAD_STATE, "thread_output in cpu mode")
+        d = dev._threads.get(tid)
+        if d is None and self._follow is not None:
+            try:
+                d = dev.alloc_buffer(self._follow)
+            except TraceError:
+                d = None
+            else:
+                dev._bind_thread(dev._buffers[d], tid, pid)
+        if d is None:
+            dev.untraced_threads.append(tid)
+            return None
+        b = dev._buffers[d]
+        if b.pid is None and pid:
+            b.pid = pid
+            b.store.set_binding(pid=pid)
+        b.store.unit.enable()
+        self.enabled.append(b)
+        return b.store.output
+
+    def thread_exited(self, tid: int) -> None:
+        d = self._dev._threads.get(tid)
+        if d is not None:
+            self._dev._buffers[d].store.unit.disable()
+
+    def should_stop(self) -> bool:
+        return self._dev._stop.is_set()
