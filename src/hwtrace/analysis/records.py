@@ -1,0 +1,119 @@
+"""The records the call-stack reconstruction emits (small, immutable).
+
+Times are in the stream's clock unit (see :class:`hwtrace.analysis.clock.Clock`):
+nanoseconds when the TSC frequency is known, raw TSC ticks when it is not,
+and instruction counts when the trace has no timing.  Instruction indices
+count the instructions of one stream from 0; an activation spans
+``[begin_idx, end_idx)``.
+"""
+
+from __future__ import annotations
+
+from enum import IntFlag
+from typing import NamedTuple
+
+
+class Flag(IntFlag):
+    """Why an activation's boundaries are what they are."""
+
+    NONE = 0
+    #: the activation began before the trace (or the trace segment) did:
+    #: it was synthesized when its code was first seen; ``begin`` is the
+    #: segment start, not the real call
+    BEGIN_UNKNOWN = 1
+    #: closed at a trace gap (overflow, decode error, disabled region) or at
+    #: the end of the trace: its real end is unknown
+    TRUNCATED = 2
+    #: popped by a return that matched a frame further down the stack
+    #: (longjmp, exception unwinding, a lost return)
+    UNWOUND = 4
+    #: entered by a jump to a function start (tail call)
+    TAIL_CALL = 8
+    #: entered by a far transfer (syscall, software interrupt, far call)
+    FAR = 16
+    #: entered by an asynchronous branch (interrupt, exception)
+    ASYNC = 32
+    #: opened inside a TSX transaction that aborted
+    ABORTED = 64
+    #: left by a return whose target matched no frame (stack switch,
+    #: overwritten return address)
+    BAD_RETURN = 128
+
+
+class StreamInfo(NamedTuple):
+    """Who a stream belongs to: a thread (pid/tid) or a CPU (cpu mode)."""
+
+    pid: int | None = None
+    tid: int | None = None
+    cpu: int | None = None
+    name: str | None = None
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.tid is not None:
+            return f"thread {self.tid}"
+        if self.cpu is not None:
+            return f"cpu {self.cpu}"
+        return "trace"
+
+
+class Enter(NamedTuple):
+    """A function activation begins (emitted in execution order)."""
+
+    func: int | None        # function start address (None: unknown code)
+    name: str
+    depth: int              # 0 = bottom of the reconstructed stack
+    begin: float            # time
+    begin_idx: int          # instruction index of its first instruction
+    flags: Flag
+    tid: int | None = None
+
+
+class Activation(NamedTuple):
+    """A function activation ended: one slice of the timeline."""
+
+    func: int | None
+    name: str
+    depth: int
+    begin: float
+    end: float
+    begin_idx: int
+    end_idx: int
+    child_insns: int        # instructions executed in callees
+    child_time: float       # time spent in callees
+    flags: Flag
+    tid: int | None = None
+
+    @property
+    def insns(self) -> int:
+        return self.end_idx - self.begin_idx
+
+    @property
+    def self_insns(self) -> int:
+        return self.end_idx - self.begin_idx - self.child_insns
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.begin
+
+    @property
+    def self_time(self) -> float:
+        return self.end - self.begin - self.child_time
+
+
+class Marker(NamedTuple):
+    """Something happened at one point of the stream: a gap, an overflow, a
+    decode error, tracing disabled/enabled.  ``kind`` is one of
+    ``overflow``, ``error``, ``disabled``, ``gap``, ``end``."""
+
+    kind: str
+    time: float
+    idx: int
+    offset: int | None
+    detail: str
+    tid: int | None = None
+
+
+#: marker kinds that mean data was lost (frames were closed there)
+LOSS_KINDS = frozenset({"overflow", "error", "gap"})

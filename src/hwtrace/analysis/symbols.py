@@ -1,0 +1,297 @@
+"""Address -> function (+offset) and file:line, from ELF images.
+
+An :class:`Image` is one ELF file (executable or shared library) placed in
+memory with a load bias (runtime address - link-time address; 0 for a
+non-PIE executable).  Functions come from ``.symtab`` (or the separate debug
+file found by build-id under ``/usr/lib/debug/.build-id/xx/yyyy.debug``)
+and ``.dynsym``, plus ``name@plt`` stubs synthesized from ``.rela.plt``.
+Lines come from the DWARF line tables (of the debug file when there is
+one), read lazily the first time a line is asked for.  Everything is read
+once per image and cached in the image object.
+
+A :class:`Symbolizer` holds several images and answers for any address;
+its :meth:`~Symbolizer.lookup` is the callback the call-stack builder takes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+
+class SymbolError(Exception):
+    """An image cannot be read."""
+
+
+DEBUG_ROOTS = ("/usr/lib/debug",)
+
+
+def _build_id(elf: ELFFile) -> str | None:
+    for sec in elf.iter_sections():
+        if sec.header.sh_type == "SHT_NOTE":
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    return None
+
+
+class Image:
+    """One ELF file at a load bias."""
+
+    def __init__(self, path: str | os.PathLike, bias: int = 0,
+                 debug_roots=DEBUG_ROOTS):
+        self.path = str(path)
+        self.bias = bias
+        try:
+            with open(self.path, "rb") as f:
+                elf = ELFFile(f)
+                self.build_id = _build_id(elf)
+                self.segments = [(s.header.p_vaddr, s.header.p_memsz,
+                                  s.header.p_offset, s.header.p_filesz)
+                                 for s in elf.iter_segments()
+                                 if s.header.p_type == "PT_LOAD"]
+                self.is_pie = elf.header.e_type == "ET_DYN"
+                funcs = self._read_symbols(elf)
+        except (OSError, ELFError) as e:
+            raise SymbolError(f"{self.path}: {e}") from None
+        self.debug_file = self._find_debug(debug_roots)
+        if self.debug_file:
+            try:
+                with open(self.debug_file, "rb") as f:
+                    funcs.update(self._read_symbols(ELFFile(f), plt=False))
+            except (OSError, ELFError):
+                self.debug_file = None
+        items = sorted(funcs.items())
+        self._starts = [a for a, _ in items]
+        self._ends = [a + max(sz, 1) for a, (sz, _) in items]
+        self._names = [n for _, (_, n) in items]
+        self._by_name = {}
+        for a, (_, n) in items:
+            self._by_name.setdefault(n, a)
+        self._lines: tuple | None = None
+        lo = min((v for v, *_ in self.segments), default=0)
+        hi = max((v + m for v, m, *_ in self.segments), default=0)
+        self.low, self.high = lo + bias, hi + bias
+
+    # -- reading ---------------------------------------------------------
+
+    def _find_debug(self, roots) -> str | None:
+        if not self.build_id or len(self.build_id) < 3:
+            return None
+        for r in roots:
+            p = Path(r) / ".build-id" / self.build_id[:2] / (self.build_id[2:] + ".debug")
+            if p.is_file():
+                return str(p)
+        return None
+
+    @staticmethod
+    def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
+        """{link-time address: (size, name)} of functions."""
+        funcs: dict[int, tuple[int, str]] = {}
+        for secname in (".dynsym", ".symtab"):
+            sec = elf.get_section_by_name(secname)
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                e = sym.entry
+                if e.st_info.type not in ("STT_FUNC", "STT_GNU_IFUNC") \
+                        or e.st_shndx == "SHN_UNDEF" or not sym.name:
+                    continue
+                old = funcs.get(e.st_value)
+                # prefer global names and .symtab's (later) ones
+                if old is None or e.st_info.bind == "STB_GLOBAL" or old[0] == 0:
+                    funcs[e.st_value] = (e.st_size, sym.name)
+        if plt:
+            funcs.update(Image._plt_symbols(elf))
+        return funcs
+
+    @staticmethod
+    def _plt_symbols(elf: ELFFile) -> dict:
+        """x86-64 PLT stubs named ``sym@plt`` (lazy binding layout: .plt has
+        a 16-byte header then one 16-byte entry per .rela.plt relocation;
+        with IBT the per-symbol stubs are in .plt.sec, no header)."""
+        rela = elf.get_section_by_name(".rela.plt")
+        if rela is None or elf.header.e_machine != "EM_X86_64":
+            return {}
+        dynsym = elf.get_section(rela.header.sh_link)
+        sec = elf.get_section_by_name(".plt.sec")
+        first = 0
+        if sec is None:
+            sec = elf.get_section_by_name(".plt")
+            first = 16
+        if sec is None or not isinstance(dynsym, SymbolTableSection):
+            return {}
+        out = {}
+        for i, rel in enumerate(rela.iter_relocations()):
+            sym = dynsym.get_symbol(rel["r_info_sym"])
+            name = sym.name if sym is not None and sym.name else f"plt{i}"
+            out[sec.header.sh_addr + first + 16 * i] = (16, name + "@plt")
+        return out
+
+    # -- queries (runtime addresses) ---------------------------------------
+
+    def contains(self, addr: int) -> bool:
+        return self.low <= addr < self.high
+
+    def lookup(self, addr: int) -> tuple[int, str] | None:
+        """(runtime start, name) of the function containing addr."""
+        a = addr - self.bias
+        i = bisect.bisect_right(self._starts, a) - 1
+        if i < 0 or a >= self._ends[i]:
+            return None
+        return self._starts[i] + self.bias, self._names[i]
+
+    def address_of(self, name: str) -> int | None:
+        a = self._by_name.get(name)
+        return None if a is None else a + self.bias
+
+    def functions(self):
+        """(runtime start, size, name) of every function."""
+        for s, e, n in zip(self._starts, self._ends, self._names):
+            yield s + self.bias, e - s, n
+
+    def line(self, addr: int) -> tuple[str, int] | None:
+        """(file, line) of the instruction at addr, from DWARF."""
+        if self._lines is None:
+            self._lines = self._read_lines()
+        addrs, ends, rows = self._lines
+        a = addr - self.bias
+        i = bisect.bisect_right(addrs, a) - 1
+        if i < 0 or a >= ends[i]:
+            return None
+        return rows[i]
+
+    def line_rows(self):
+        """Every (runtime address, end, file, line) row of the line table."""
+        if self._lines is None:
+            self._lines = self._read_lines()
+        addrs, ends, rows = self._lines
+        for a, e, (f, ln) in zip(addrs, ends, rows):
+            yield a + self.bias, e + self.bias, f, ln
+
+    def _read_lines(self):
+        spans = []
+        for p in filter(None, (self.debug_file, self.path)):
+            try:
+                with open(p, "rb") as f:
+                    elf = ELFFile(f)
+                    if not elf.has_dwarf_info():
+                        continue
+                    dwarf = elf.get_dwarf_info()
+                    if not dwarf.has_debug_info:
+                        continue
+                    for cu in dwarf.iter_CUs():
+                        spans.extend(_cu_rows(dwarf, cu))
+            except (OSError, ELFError, KeyError, ValueError, AttributeError):
+                continue
+            if spans:
+                break
+        spans.sort()
+        return ([s[0] for s in spans], [s[1] for s in spans],
+                [(s[2], s[3]) for s in spans])
+
+
+def _cu_rows(dwarf, cu):
+    lp = dwarf.line_program_for_CU(cu)
+    if lp is None:
+        return []
+    hdr = lp.header
+    version = hdr["version"]
+    dirs = [d.decode(errors="replace") if isinstance(d, bytes) else str(d)
+            for d in hdr["include_directory"]]
+    comp_dir = ""
+    top = cu.get_top_DIE()
+    if "DW_AT_comp_dir" in top.attributes:
+        v = top.attributes["DW_AT_comp_dir"].value
+        comp_dir = v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+    def fname(idx):
+        fes = hdr["file_entry"]
+        i = idx if version >= 5 else idx - 1
+        if not 0 <= i < len(fes):
+            return "?"
+        fe = fes[i]
+        n = fe.name.decode(errors="replace") if isinstance(fe.name, bytes) else str(fe.name)
+        di = fe.dir_index if version >= 5 else fe.dir_index - 1
+        d = dirs[di] if 0 <= di < len(dirs) else (comp_dir if fe.dir_index == 0 else "")
+        path = os.path.join(d, n) if d else n
+        if not os.path.isabs(path) and comp_dir:
+            path = os.path.join(comp_dir, path)
+        return os.path.normpath(path)
+
+    rows = []
+    prev = None
+    names: dict[int, str] = {}
+    for entry in lp.get_entries():
+        st = entry.state
+        if st is None:
+            continue
+        if prev is not None and st.address > prev.address:
+            f = names.get(prev.file)
+            if f is None:
+                f = names[prev.file] = fname(prev.file)
+            rows.append((prev.address, st.address, f, prev.line))
+        prev = None if st.end_sequence else st
+    return rows
+
+
+class Symbolizer:
+    """Images of one address space; answers for any address."""
+
+    def __init__(self, debug_roots=DEBUG_ROOTS):
+        self.images: list[Image] = []
+        self._debug_roots = debug_roots
+        self._cache: dict[int, Image] = {}
+
+    def add_image(self, path, bias: int = 0) -> Image:
+        img = Image(path, bias, self._debug_roots)
+        self.images.append(img)
+        return img
+
+    def add_mapping(self, path, start: int, pgoff: int = 0) -> Image:
+        """An image mapped (mmap) at ``start`` from file offset ``pgoff``:
+        the load bias follows from the PT_LOAD segment at that offset."""
+        probe = Image(path, 0, self._debug_roots)
+        bias = start - pgoff
+        for vaddr, _memsz, off, filesz in probe.segments:
+            if off <= pgoff < off + max(filesz, 1):
+                bias = start - (vaddr + (pgoff - off))
+                break
+        else:
+            if probe.segments:
+                vaddr, _m, off, _f = probe.segments[0]
+                bias = start - (vaddr - (off - pgoff))
+        probe.bias = bias
+        lo = min((v for v, *_ in probe.segments), default=0)
+        hi = max((v + m for v, m, *_ in probe.segments), default=0)
+        probe.low, probe.high = lo + bias, hi + bias
+        self.images.append(probe)
+        return probe
+
+    def image_for(self, addr: int) -> Image | None:
+        for img in self.images:
+            if img.contains(addr):
+                return img
+        return None
+
+    def lookup(self, addr: int) -> tuple[int, str] | None:
+        img = self.image_for(addr)
+        return img.lookup(addr) if img else None
+
+    __call__ = lookup
+
+    def describe(self, addr: int) -> str:
+        r = self.lookup(addr)
+        if r is None:
+            return f"0x{addr:x}"
+        start, name = r
+        return name if start == addr else f"{name}+0x{addr - start:x}"
+
+    def line(self, addr: int) -> tuple[str, int] | None:
+        img = self.image_for(addr)
+        return img.line(addr) if img else None

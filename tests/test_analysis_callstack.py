@@ -1,0 +1,330 @@
+"""Call-stack reconstruction on constructed flows with a known call tree."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from hwtrace.analysis import (Activation, CallStackBuilder, Enter, Flag,
+                              Marker, StreamInfo, reconstruct,
+                              reconstruct_branches)
+from hwtrace.analysis.synth import FlowSynth, fib_calls, fib_flow, play_fib
+
+
+def acts(recs):
+    return [r for r in recs if type(r) is Activation]
+
+
+def check_nesting(recs):
+    """Enter/Activation pair up like parentheses and slices nest."""
+    stack = []
+    for r in recs:
+        if type(r) is Enter:
+            assert r.depth == len(stack)
+            if stack:
+                assert r.begin >= stack[-1].begin
+            stack.append(r)
+        elif type(r) is Activation:
+            e = stack.pop()
+            assert (e.name, e.depth, e.begin, e.begin_idx) == \
+                (r.name, r.depth, r.begin, r.begin_idx)
+            assert r.end >= r.begin
+    assert stack == []
+
+
+def test_fib_call_tree_exact():
+    s, items = fib_flow(7)
+    recs = list(reconstruct(items, lookup=s.lookup))
+    check_nesting(recs)
+    a = acts(recs)
+    c = Counter(x.name for x in a)
+    assert c["fib"] == fib_calls(7) == 41
+    assert c["main"] == 1
+    # depth of fib activations: fib(7) at 1 .. deepest fib(1) at 1 + 6
+    assert max(x.depth for x in a if x.name == "fib") == 7
+    main = next(x for x in a if x.name == "main")
+    assert main.flags == Flag.BEGIN_UNKNOWN           # trace began inside it
+    top = [x for x in a if x.name == "fib" and x.depth == 1]
+    assert len(top) == 1 and top[0].flags == Flag.NONE
+    # the caller main returned into: a sibling, begun before the trace
+    last = a[-1]
+    assert last.name == "__libc_start_call_main" and last.depth == 0
+    assert last.flags == Flag.BEGIN_UNKNOWN | Flag.TRUNCATED
+    # instruction accounting: every instruction is in exactly one
+    # activation's exclusive share
+    assert sum(x.self_insns for x in a) == s.insns
+    # inclusive = exclusive + callees
+    for x in a:
+        assert x.insns == x.self_insns + x.child_insns
+
+
+def test_fib_leaf_sizes():
+    s, items = fib_flow(3)
+    a = acts(reconstruct(items, lookup=s.lookup))
+    leaves = [x for x in a if x.name == "fib" and x.child_insns == 0]
+    # fib(1)/fib(0): 5 + 2 + ret
+    assert {x.insns for x in leaves} == {8}
+    assert len(leaves) == 3
+
+
+def test_instruction_clock_times_are_indices():
+    s, items = fib_flow(4)
+    b = CallStackBuilder(lookup=s.lookup, clock="insns")
+    recs = list(reconstruct(items, builder=b))
+    assert b.clock.unit == "insns"
+    for x in acts(recs):
+        assert (x.begin, x.end) == (x.begin_idx, x.end_idx)
+
+
+def test_tsc_interpolation_between_ticks():
+    # 10 TSC ticks per instruction, ticks every 7 instructions: interpolated
+    # times must be exactly 10 * index (+ origin)
+    s, items = fib_flow(5, repeat=2, tsc_per_insn=10, tick_every=7)
+    b = CallStackBuilder(lookup=s.lookup)
+    recs = list(reconstruct(items, builder=b))
+    assert b.clock.unit == "tsc"
+    a = acts(recs)
+    assert Counter(x.name for x in a)["fib"] == 2 * fib_calls(5)
+    fib = [x for x in a if x.name == "fib"]
+    t0 = fib[0].begin - 10 * fib[0].begin_idx
+    for x in fib:
+        assert x.begin == pytest.approx(t0 + 10 * x.begin_idx)
+        assert x.end == pytest.approx(t0 + 10 * x.end_idx)
+    check_nesting(recs)
+
+
+def test_tsc_frequency_gives_nanoseconds():
+    s, items = fib_flow(3, tsc_per_insn=2, tick_every=1)
+    b = CallStackBuilder(lookup=s.lookup, tsc_hz=2e9)   # 2 ticks = 1 ns
+    a = acts(reconstruct(items, builder=b))
+    assert b.clock.unit == "ns"
+    fib = [x for x in a if x.name == "fib" and x.depth == 1][0]
+    assert fib.duration == pytest.approx(fib.insns)
+
+
+def test_auto_clock_falls_back_to_insns_when_no_timing():
+    s, items = fib_flow(10)
+    b = CallStackBuilder(lookup=s.lookup, max_pending=100)
+    recs = list(reconstruct(items, builder=b))
+    assert b.clock.unit == "insns"
+    assert len(acts(recs)) == fib_calls(10) + 2
+
+
+def test_overflow_closes_open_frames_no_staircase():
+    s = FlowSynth(["main", "a", "b", "c"])
+    s.start("main")
+    s.body(3); s.call("a"); s.body(2); s.call("b"); s.body(2)
+    items = s.take()
+    items.append({"event": "overflow", "offset": 1234, "ip_suppressed": False,
+                  "ip": s.addr["c"] + 8})
+    # resume inside c, which then returns to code never seen
+    s.ip = s.addr["c"] + 8
+    s.body(2)
+    s.rets.append(s.addr["main"] + 0x40)
+    s.ret()
+    s.body(1)
+    items += s.take()
+    recs = list(reconstruct(items, lookup=s.lookup))
+    check_nesting(recs)
+    a = acts(recs)
+    before = [x for x in a if x.end_idx == 9]
+    assert [(x.name, x.depth) for x in before] == [("b", 2), ("a", 1), ("main", 0)]
+    assert all(x.flags & Flag.TRUNCATED for x in before)
+    m = [r for r in recs if type(r) is Marker]
+    assert [(x.kind, x.idx, x.offset) for x in m] == [("overflow", 9, 1234)]
+    after = [x for x in a if x.begin_idx >= 9]
+    # after the gap the stack restarts at depth 0: c, then main (sibling)
+    assert [(x.name, x.depth) for x in after] == [("c", 0), ("main", 0)]
+    assert after[0].flags == Flag.BEGIN_UNKNOWN
+    assert after[1].flags == Flag.BEGIN_UNKNOWN | Flag.TRUNCATED
+
+
+def test_decode_error_is_a_gap_with_offset():
+    s = FlowSynth(["main", "a"])
+    s.start("main")
+    s.body(2); s.call("a"); s.body(1)
+    items = s.take() + [{"error": "no memory mapped", "kind": "error",
+                         "offset": 77, "ip": 0x1234}]
+    s.start("a", 16, enabled=False)
+    s.body(1)
+    items += s.take()
+    recs = list(reconstruct(items, lookup=s.lookup))
+    m = [r for r in recs if type(r) is Marker]
+    assert [(x.kind, x.offset, x.detail) for x in m] == [("error", 77, "no memory mapped")]
+    a = acts(recs)
+    assert [(x.name, x.depth, bool(x.flags & Flag.TRUNCATED)) for x in a] == \
+        [("a", 1, True), ("main", 0, True), ("a", 0, True)]
+
+
+def test_longjmp_unwinds_to_matching_frame():
+    # main -> setjmp-ish caller a -> b -> c ; c longjmps (indirect jump)
+    # back into a, which then returns to main normally
+    s = FlowSynth(["main", "a", "b", "c"])
+    s.start("main")
+    s.body(1); s.call("a"); s.body(1); s.call("b"); s.body(1); s.call("c")
+    s.body(1)
+    s._insn(2, "jump")             # longjmp: jmp *%rdx into a's body
+    s.ip = s.addr["a"] + 0x30
+    s.rets.pop(); s.rets.pop()      # b's and c's return addresses are gone
+    s.body(1)
+    s.ret()                         # a returns to main: matches a's frame
+    s.body(1)
+    recs = list(reconstruct(s.take(), lookup=s.lookup))
+    check_nesting(recs)
+    a = acts(recs)
+    got = [(x.name, x.depth, x.flags & ~Flag.BEGIN_UNKNOWN) for x in a]
+    assert got == [("c", 3, Flag.UNWOUND), ("b", 2, Flag.UNWOUND),
+                   ("a", 1, Flag.NONE), ("main", 0, Flag.TRUNCATED)]
+
+
+def test_tail_call_replaces_frame():
+    s = FlowSynth(["main", "a", "b"])
+    s.start("main")
+    s.body(1); s.call("a"); s.body(2); s.tail("b"); s.body(3); s.ret()
+    s.body(1)
+    a = acts(reconstruct(s.take(), lookup=s.lookup))
+    assert [(x.name, x.depth, x.flags, x.insns) for x in a[:2]] == [
+        ("a", 1, Flag.NONE, 3), ("b", 1, Flag.TAIL_CALL, 4)]
+    # without a symbolizer a jump is just a jump
+    s = FlowSynth(["main", "a", "b"])
+    s.start("main")
+    s.body(1); s.call("a"); s.body(2); s.tail("b"); s.body(3); s.ret()
+    a = acts(reconstruct(s.take()))
+    assert [(x.name, x.insns) for x in a[:1]] == [(f"0x{s.addr['a']:x}", 7)]
+
+
+def test_call_to_next_instruction_is_not_a_call():
+    s = FlowSynth(["main"])
+    s.start("main")
+    s.body(1)
+    s._insn(5, "call")
+    s.ip += 5                       # call 1f; 1: pop %rbx
+    s.body(3)
+    a = acts(reconstruct(s.take(), lookup=s.lookup))
+    assert [x.name for x in a] == ["main"]
+
+
+def test_syscall_with_untraced_kernel_is_one_frame():
+    s = FlowSynth(["main", "write"])
+    s.start("main")
+    s.body(1); s.call("write"); s.body(2)
+    s._insn(2, "far_call")
+    resume = s.ip + 2
+    items = s.take() + [
+        {"event": "disabled", "offset": 5, "ip_suppressed": True},
+        {"event": "enabled", "offset": 9, "ip_suppressed": False,
+         "ip": resume, "resumed": False}]
+    s.ip = resume
+    s.body(1); s.ret(); s.body(1)
+    items += s.take()
+    recs = list(reconstruct(items, lookup=s.lookup))
+    check_nesting(recs)
+    a = acts(recs)
+    assert [(x.name, x.depth, x.flags) for x in a] == [
+        ("[syscall]", 2, Flag.FAR), ("write", 1, Flag.NONE),
+        ("main", 0, Flag.BEGIN_UNKNOWN | Flag.TRUNCATED)]
+    assert not [r for r in recs if type(r) is Marker]
+
+
+def test_enabled_elsewhere_is_a_gap():
+    s = FlowSynth(["main", "a"])
+    s.start("main")
+    s.body(1); s.call("a"); s.body(1)
+    items = s.take() + [
+        {"event": "disabled", "offset": 5, "ip_suppressed": False, "ip": 0x99},
+        {"event": "enabled", "offset": 9, "ip_suppressed": False,
+         "ip": s.addr["main"] + 0x80, "resumed": False}]
+    s.ip = s.addr["main"] + 0x80
+    s.body(1)
+    recs = list(reconstruct(items + s.take(), lookup=s.lookup))
+    assert [(r.kind, r.idx) for r in recs if type(r) is Marker] == [("gap", 3)]
+    a = acts(recs)
+    assert [(x.name, x.depth, bool(x.flags & Flag.TRUNCATED)) for x in a] == [
+        ("a", 1, True), ("main", 0, True), ("main", 0, True)]
+
+
+def test_tsx_abort_closes_speculative_frames():
+    s = FlowSynth(["main", "a"])
+    s.start("main")
+    s.body(1)
+    items = s.take() + [{"event": "tsx", "offset": 1, "ip_suppressed": False,
+                         "speculative": True, "aborted": False}]
+    s.call("a"); s.body(2)
+    items += s.take() + [{"event": "tsx", "offset": 2, "ip_suppressed": False,
+                          "speculative": False, "aborted": True}]
+    s.ip = s.addr["main"] + 0x50
+    s.body(1)
+    a = acts(reconstruct(items + s.take(), lookup=s.lookup))
+    assert [(x.name, x.flags) for x in a] == [
+        ("a", Flag.ABORTED), ("main", Flag.BEGIN_UNKNOWN | Flag.TRUNCATED)]
+
+
+def test_objects_and_enums_are_accepted():
+    import enum
+    from dataclasses import dataclass
+
+    class IClass(enum.Enum):
+        PTIC_OTHER = 1
+        PTIC_CALL = 2
+        PTIC_RETURN = 3
+
+    @dataclass(frozen=True)
+    class Insn:
+        ip: int
+        size: int
+        iclass: IClass
+
+    @dataclass(frozen=True)
+    class Event:
+        event: str
+        offset: int
+        tsc: int | None = None
+
+    s, items = fib_flow(4)
+    items = list(items)
+    conv = []
+    for d in items:
+        if "iclass" in d:
+            ic = {"other": IClass.PTIC_OTHER, "call": IClass.PTIC_CALL,
+                  "return": IClass.PTIC_RETURN}[d["iclass"]]
+            conv.append(Insn(d["ip"], d["size"], ic))
+        else:
+            conv.append(Event(d["event"], d["offset"]))
+    want = acts(reconstruct(items, lookup=s.lookup))
+    got = acts(reconstruct(conv, lookup=s.lookup))
+    assert len(want) == fib_calls(4) + 2
+    assert got == want
+
+
+def test_bounded_memory_state():
+    # a long flow: the builder's pending queue stays bounded
+    s, items = fib_flow(12, repeat=20, tsc_per_insn=3, tick_every=50)
+    b = CallStackBuilder(lookup=s.lookup, max_pending=1000)
+    worst = 0
+    n = 0
+    for r in reconstruct(items, builder=b):
+        n += 1
+        worst = max(worst, b.clock.pending)
+    assert n == 2 * (20 * fib_calls(12) + 2)
+    assert worst <= 1001
+
+
+def test_branch_records_two_threads():
+    s = FlowSynth(["main", "f", "g"])
+    m, f, g = (s.addr[k] for k in ("main", "f", "g"))
+    recs = []
+    for tid in (11, 12):
+        recs += [
+            {"pid": 1, "tid": tid, "kind": "call", "from": m + 0x10, "to": f, "time": 100},
+            {"pid": 1, "tid": tid, "kind": "call", "from": f + 0x8, "to": g, "time": 110},
+            {"pid": 1, "tid": tid, "kind": "return", "from": g + 0x20, "to": f + 0xd, "time": 130},
+            {"pid": 1, "tid": tid, "kind": "jump", "from": f + 0x10, "to": f + 0x40, "time": 131},
+            {"pid": 1, "tid": tid, "kind": "return", "from": f + 0x44, "to": m + 0x15, "time": 150},
+        ]
+    out = list(reconstruct_branches(recs, lookup=s.lookup))
+    a = acts(out)
+    for tid in (11, 12):
+        mine = [(x.name, x.depth, x.begin, x.end) for x in a if x.tid == tid]
+        assert mine[:2] == [("g", 2, 110, 130), ("f", 1, 100, 150)]
+        assert mine[2][0] == "main" and mine[2][1] == 0
