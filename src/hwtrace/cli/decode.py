@@ -1,0 +1,229 @@
+"""hwtrace decode: the executed instructions of a trace (ptxed-compatible).
+
+    hwtrace decode --pt T.pt --raw T.bin:0x1000 [--cpu F/M] [--no-inst]
+    hwtrace decode --pt T.pt --elf prog[:BASE] --format jsonl
+
+Prints ptxed's text by default (instruction addresses, ``[event]`` lines,
+``[offset, ip: error: message]`` lines) or, with ``--format jsonl``, one
+JSON object per instruction, event, status or error (ptoracle's ``insn``
+schema).  Decode errors are reported in the output and decoding goes on;
+unreadable files are a one-line error with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hwtrace.cli import CliError
+
+
+class _ImageArg(argparse.Action):
+    """--raw/--elf/--pagedump in command-line order (later ones win)."""
+
+    def __call__(self, parser, ns, values, option_string=None):
+        items = list(getattr(ns, "images", None) or [])
+        items.append((option_string.lstrip("-"), values))
+        ns.images = items
+
+
+def register(sub) -> None:
+    p = sub.add_parser("decode", help="decode the executed instructions "
+                       "(ptxed-compatible)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--pt", metavar="FILE[:FROM[-TO]]",
+                   help="the Intel PT trace")
+    p.add_argument("--raw", action=_ImageArg, dest="images",
+                   metavar="FILE[:FROM[-TO]]:ADDR",
+                   help="load raw bytes of FILE at ADDR")
+    p.add_argument("--elf", action=_ImageArg, dest="images",
+                   metavar="FILE[:BASE]", help="load an ELF's PT_LOAD segments")
+    p.add_argument("--pagedump", action=_ImageArg, dest="images",
+                   metavar="ADDRS:PAGES",
+                   help="load a page dump (u64 page addresses, 4 KiB pages)")
+    p.add_argument("--cpu", metavar="none|F/M[/S]",
+                   help="decode for this CPU (selects erratum workarounds)")
+    p.add_argument("--format", choices=("text", "jsonl"), default="text")
+    p.add_argument("--no-inst", action="store_true",
+                   help="print addresses only (the only text mode so far)")
+    p.add_argument("--check", action="store_true",
+                   help="accepted for ptxed compatibility")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--offset", action="store_true",
+                   help="print the trace offset of each item")
+    p.add_argument("--stat", action="store_true", help="print statistics")
+    p.add_argument("--stat:insn", dest="stat_insn", action="store_true")
+    p.add_argument("--stat:blocks", dest="stat_blocks", action="store_true")
+    p.add_argument("--insn-decoder", dest="decoder", action="store_const",
+                   const="insn")
+    p.add_argument("--block-decoder", dest="decoder", action="store_const",
+                   const="block")
+    p.add_argument("--block:show-blocks", dest="show_blocks",
+                   action="store_true")
+    p.add_argument("--block:end-on-call", dest="end_on_call",
+                   action="store_true")
+    p.add_argument("--block:end-on-jump", dest="end_on_jump",
+                   action="store_true")
+    p.add_argument("--event:ip", dest="event_ip", action="store_true")
+    p.add_argument("--event:iflags", dest="event_iflags", action="store_true")
+    p.add_argument("--event:tick", dest="event_tick", action="store_true")
+    p.add_argument("--event:time", dest="event_time", action="store_true")
+    p.add_argument("--resync-on-error", dest="resync", action="store_true")
+    for n in range(4):
+        for which in ("cfg", "a", "b"):
+            p.add_argument(f"--filter:addr{n}_{which}",
+                           dest=f"filter_{n}_{which}", metavar="N")
+    p.add_argument("--mtc-freq", metavar="N")
+    p.add_argument("--nom-freq", metavar="N")
+    p.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", metavar="N")
+    p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", metavar="N")
+    p.add_argument("--insn:keep-tcal-on-ovf", dest="keep_tcal",
+                   action="store_true")
+    p.add_argument("--block:keep-tcal-on-ovf", dest="keep_tcal_block",
+                   action="store_true")
+    p.set_defaults(func=run, images=[], decoder=None)
+
+
+def _number(opt: str, text) -> int | None:
+    from hwtrace.flow.loaders import parse_c_number
+    if text is None:
+        return None
+    n = parse_c_number(text)
+    if n is None:
+        raise CliError(f"{opt}: bad argument: {text}")
+    return n
+
+
+def _config(args, out):
+    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.pt import cpu as cpumod
+    from hwtrace.pt.errors import PtError
+
+    cfg = FlowConfig()
+    if args.cpu:
+        try:
+            cpu = cpumod.Cpu.parse(args.cpu)
+        except ValueError as e:
+            raise CliError(f"--cpu: {e}") from None
+        cfg.cpu = cpu
+        if cpu is not None:
+            errata = cpumod.errata(cpu)
+            if isinstance(errata, PtError):
+                out(f"[0, 0: config error: {errata.code}]\n")
+            else:
+                cfg.errata = Errata.from_flags(errata)
+    for n in range(4):
+        v = _number(f"--filter:addr{n}_cfg", getattr(args, f"filter_{n}_cfg"))
+        if v is not None:
+            if v > 15:
+                raise CliError(f"--filter:addr{n}_cfg: value too big: {v}")
+            cfg.addr_filter.addr_cfg |= v << (4 * n)
+        a = _number(f"--filter:addr{n}_a", getattr(args, f"filter_{n}_a"))
+        if a is not None:
+            cfg.addr_filter.a[n] = a
+        b = _number(f"--filter:addr{n}_b", getattr(args, f"filter_{n}_b"))
+        if b is not None:
+            cfg.addr_filter.b[n] = b
+    cfg.mtc_freq = _number("--mtc-freq", args.mtc_freq) or 0
+    cfg.nom_freq = _number("--nom-freq", args.nom_freq) or 0
+    cfg.cpuid_0x15_eax = _number("--cpuid-0x15.eax", args.cpuid_eax) or 0
+    cfg.cpuid_0x15_ebx = _number("--cpuid-0x15.ebx", args.cpuid_ebx) or 0
+    cfg.enable_tick_events = args.event_tick
+    cfg.enable_iflags_events = args.event_iflags
+    block = args.decoder != "insn"
+    cfg.keep_tcal_on_ovf = args.keep_tcal_block if block else args.keep_tcal
+    cfg.end_on_call = args.end_on_call
+    cfg.end_on_jump = args.end_on_jump
+    return cfg
+
+
+def _image(args):
+    from hwtrace.flow.image import Image, ImageError
+    from hwtrace.flow.loaders import load_elf, load_pagedump, load_raw
+
+    image = Image()
+    for kind, arg in args.images:
+        try:
+            if kind == "raw":
+                load_raw(image, arg)
+            elif kind == "elf":
+                load_elf(image, arg)
+            else:
+                addrs, sep, pages = arg.rpartition(":")
+                if not sep:
+                    raise ImageError("--pagedump needs ADDRS:PAGES")
+                load_pagedump(image, addrs, pages)
+        except ImageError as e:
+            raise CliError(f"--{kind}: failed to load '{arg}': {e}") from None
+    return image
+
+
+def _trace(arg: str) -> bytes:
+    from hwtrace.flow.image import ImageError
+    from hwtrace.flow.loaders import split_range
+
+    try:
+        path, offset, size = split_range(arg)
+    except ImageError as e:
+        raise CliError(f"--pt: {e}") from None
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read() if size is None else f.read(size)
+    except OSError as e:
+        raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
+    if size is not None and len(data) < size:
+        raise CliError(f"--pt: bad range in {arg}")
+    return data
+
+
+def run(args) -> int:
+    from hwtrace.flow import session, sinks
+    from hwtrace.flow.block import BlockDecoder
+    from hwtrace.flow.insn import InsnDecoder
+
+    if not args.pt:
+        raise CliError("decode: no trace: use --pt FILE")
+    write = sys.stdout.write
+    cfg = _config(args, write)
+    image = _image(args)
+    data = _trace(args.pt)
+
+    use_block = args.decoder != "insn"
+    stats = args.stat or args.stat_insn or args.stat_blocks
+    if args.format == "jsonl":
+        sink = sinks.JsonSink(write, print_offset=args.offset)
+    elif args.quiet and not args.show_blocks:
+        sink = sinks.PtxedSink(write, quiet=True)
+    else:
+        sink = sinks.PtxedSink(write, quiet=args.quiet,
+                               event_ip=args.event_ip,
+                               event_time=args.event_time,
+                               print_offset=args.offset,
+                               show_blocks=args.show_blocks,
+                               block_ids=stats)
+    if True:
+        if use_block:
+            dec = BlockDecoder(data, image, cfg)
+            session.run_blocks(dec, sink, resync=args.resync)
+        else:
+            dec = InsnDecoder(data, image, cfg)
+            session.run_insn(dec, sink, resync=args.resync)
+        if stats and args.format == "text":
+            want_insn = args.stat_insn or not (args.stat_insn or
+                                               args.stat_blocks)
+            want_blocks = args.stat_blocks or not (args.stat_insn or
+                                                   args.stat_blocks)
+            from hwtrace.flow import ptxed
+            for line in ptxed.stats_lines(
+                    sink.insns if want_insn else None,
+                    sink.blocks if (want_blocks and use_block) else None):
+                write(line + "\n")
+        elif args.format == "jsonl" and stats:
+            import json
+            write(json.dumps({"summary": "insn", "bytes": len(data),
+                              "insns": sink.insns, "events": sink.events,
+                              "errors": sink.errors},
+                             separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+    return 0

@@ -1,0 +1,78 @@
+"""Decoder configuration: CPU errata, address filters, timing parameters
+and decoder flags (libipt's struct pt_config, the parts flow uses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ERRATA = ("bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014",
+          "apl12", "apl11", "skl168", "skz84")
+
+
+@dataclass
+class Errata:
+    """Which CPU erratum workarounds are enabled."""
+
+    bdm70: bool = False
+    bdm64: bool = False
+    skd007: bool = False
+    skd022: bool = False
+    skd010: bool = False
+    skl014: bool = False
+    apl12: bool = False
+    apl11: bool = False
+    skl168: bool = False
+    skz84: bool = False
+
+    @classmethod
+    def from_flags(cls, flags) -> "Errata":
+        """From any object/dict carrying erratum names as attributes/keys."""
+        e = cls()
+        for name in ERRATA:
+            if isinstance(flags, dict):
+                v = flags.get(name, False)
+            else:
+                v = getattr(flags, name, False)
+            setattr(e, name, bool(v))
+        return e
+
+
+@dataclass
+class AddrFilter:
+    """IA32_RTIT_CTL.ADDRn_CFG and IA32_RTIT_ADDRn_A/B."""
+
+    addr_cfg: int = 0
+    a: list = field(default_factory=lambda: [0, 0, 0, 0])
+    b: list = field(default_factory=lambda: [0, 0, 0, 0])
+
+    def cfg(self, n: int) -> int:
+        return (self.addr_cfg >> (4 * n)) & 0xF
+
+    def check(self, addr: int) -> bool:
+        """libipt's pt_filter_addr_check: True if ``addr`` lies in a
+        filter (cfg 1) range, or if no filter range is configured."""
+        have_filter = False
+        for n in range(4):
+            if self.cfg(n) != 1:
+                continue
+            have_filter = True
+            if self.a[n] <= addr <= self.b[n]:
+                return True
+        return not have_filter
+
+
+@dataclass
+class FlowConfig:
+    errata: Errata = field(default_factory=Errata)
+    addr_filter: AddrFilter = field(default_factory=AddrFilter)
+    cpu: object = None              # hwtrace.pt.cpu.Cpu, if known
+    mtc_freq: int = 0
+    nom_freq: int = 0
+    cpuid_0x15_eax: int = 0
+    cpuid_0x15_ebx: int = 0
+    enable_tick_events: bool = False
+    enable_iflags_events: bool = False
+    keep_tcal_on_ovf: bool = False
+    # block decoder
+    end_on_call: bool = False
+    end_on_jump: bool = False

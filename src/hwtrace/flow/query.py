@@ -1,0 +1,806 @@
+"""The query/event decoder: what the packets say, asked for in code order.
+
+This is libipt's pt_query_decoder, written anew: the layer between the
+packets and the instruction flow.  The instruction decoder walks the code
+and asks
+
+* :meth:`QueryDecoder.cond_branch` — was this conditional branch taken?
+  (one bit of the TNT cache, refilled from the next TNT packet),
+* :meth:`QueryDecoder.indirect_branch` — where did this indirect branch
+  go? (the next TIP that is not part of an event),
+* :meth:`QueryDecoder.event` — the next event (when a status says one is
+  pending): tracing enabled/disabled, async branches (FUP+TIP), paging,
+  overflow, exec mode, TSX, power, PTWRITE, … with their IPs.
+
+Every call returns ``(status, value)`` or a :class:`~hwtrace.pt.errors.PtError`
+carrying the trace offset; ``status`` holds the flags of
+:mod:`hwtrace.flow.status`.  Events bind to packets the way the SDM
+describes: MODE.EXEC and PIP/VMCS inside an async branch bind to the TIP,
+MODE.TSX, OVF, EXSTOP.IP, MWAIT and PTW.IP bind to the following FUP, the
+contents of a PSB+ are status updates published at PSBEND.
+
+The newer event-trace packets (CFE, EVD) and TRIG are handled by
+:mod:`.evtrace`, which this module calls into.
+"""
+
+from __future__ import annotations
+
+from hwtrace.pt import errors as E
+from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
+from hwtrace.pt.errors import PtError
+
+from . import evtrace
+from .config import FlowConfig
+from .events import BIND_FUP, BIND_PSBEND, BIND_TIP, Event, EventQueue
+from .status import EOS, EVENT_PENDING
+from .timing import FlowTime
+from .tnt import TntCache
+
+MASK64 = 0xFFFFFFFFFFFFFFFF
+
+# Packet classes, by the role they play for queries (libipt's pdff_*).
+_TNT = frozenset(("tnt8", "tnt64"))
+_EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip", "mode.exec",
+                    "mode.tsx", "stop", "vmcs", "mnt", "exstop", "mwait",
+                    "pwre", "pwrx", "ptw", "cbr", "cfe", "evd", "trig"))
+_TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
+_OVF_SKIP = frozenset(("pad", "tsc", "tma", "mtc", "cyc", "cbr", "mnt"))
+
+MODES = {(0, 0): "16bit", (0, 1): "32bit", (1, 0): "64bit", (1, 1): None}
+
+
+class Fail(Exception):
+    """Internal: a decode step failed with libipt error string ``code``.
+    Never escapes the public methods, which turn it into a PtError."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+
+def exec_mode(pkt) -> str | None:
+    """The execution mode a MODE.EXEC packet announces (None: reserved)."""
+    return MODES[(pkt.csl & 1, pkt.csd & 1)]
+
+
+class QueryDecoder:
+    """libipt-style query decoder over one trace buffer."""
+
+    def __init__(self, data, config: FlowConfig | None = None):
+        self.config = config or FlowConfig()
+        self._pkt = PacketDecoder(data)
+        self._buf = self._pkt.buffer
+        self._end = len(self._buf)
+        self.pos = None           # offset of the next packet to decode
+        self.sync = None          # offset of the last sync point
+        self.next = None          # the packet at pos (or a PtError)
+        self.time = FlowTime(self.config)
+        self._reset()
+
+    # -- state -------------------------------------------------------------
+    def _reset(self) -> None:
+        self.ip = 0
+        self.have_ip = False
+        self.ip_suppressed = False
+        self.tnt = TntCache()
+        self.evq = EventQueue()
+        self.published = None         # the event the last decode step published
+        self.consume_packet = False
+        self.enabled = False
+        self.evt = evtrace.EventTraceState()
+
+    @property
+    def offset(self) -> int:
+        return self.pos if self.pos is not None else 0
+
+    @property
+    def sync_offset(self) -> int:
+        return self.sync if self.sync is not None else 0
+
+    # -- packets -----------------------------------------------------------
+    def _fetch(self) -> None:
+        """Decode the packet at ``pos`` into ``next`` (a PtError at the end
+        or on a decode error)."""
+        pos = self.pos
+        if pos >= self._end:
+            self.next = PtError(E.EOS, pos)
+            return
+        dec = self._pkt
+        dec.sync_set(pos)
+        self.next = dec.next()
+
+    def _consume(self) -> None:
+        self.pos += self.next.size
+        self._fetch()
+
+    def _fetch_error(self) -> str:
+        nxt = self.next
+        if isinstance(nxt, PtError):
+            return nxt.code
+        return E.INTERNAL
+
+    def peek_after(self, pos: int):
+        """The packet at ``pos`` without moving (PtError at the end)."""
+        if pos >= self._end:
+            return PtError(E.EOS, pos)
+        dec = self._pkt
+        dec.sync_set(pos)
+        return dec.next()
+
+    # -- last IP -----------------------------------------------------------
+    def _update_ip(self, pkt) -> None:
+        ipc = pkt.ipc
+        ip = pkt.ip
+        if ipc == 0:
+            self.ip_suppressed = True
+            return
+        if ipc == 1:
+            self.ip = (self.ip & ~0xFFFF & MASK64) | ip
+        elif ipc == 2:
+            self.ip = (self.ip & ~0xFFFFFFFF & MASK64) | ip
+        elif ipc == 3:
+            self.ip = (ip | ~0xFFFFFFFFFFFF) & MASK64 if ip & (1 << 47) else ip
+        elif ipc == 4:
+            self.ip = (self.ip & ~0xFFFFFFFFFFFF & MASK64) | ip
+        elif ipc == 6:
+            self.ip = ip
+        else:
+            raise Fail(E.BAD_PACKET)
+        self.have_ip = True
+        self.ip_suppressed = False
+
+    def query_ip(self) -> int | None:
+        """The last IP, or None if there is none or it is suppressed."""
+        if not self.have_ip or self.ip_suppressed:
+            return None
+        return self.ip
+
+    def _event_ip(self, ev: Event, name: str = "ip") -> None:
+        ip = self.query_ip()
+        if ip is None:
+            ev.ip_suppressed = True
+        else:
+            setattr(ev, name, ip)
+
+    def _new_event(self, type: str, **fields) -> Event:
+        ev = Event(type, **fields)
+        self.time.stamp(ev)
+        return ev
+
+    # -- synchronization ----------------------------------------------------
+    def sync_forward(self):
+        """Synchronize at the next PSB.  Returns (status, ip or None)."""
+        pos = self.pos
+        if pos is None:
+            start = 0
+        else:
+            start = pos + 16 if pos == self.sync else pos
+            start -= min(start, 15)
+        found = find_psb_forward(self._buf, start)
+        if found < 0:
+            return PtError(E.EOS, self.offset)
+        return self._start(found)
+
+    def sync_backward(self):
+        pos = self.sync if self.sync is not None else self._end
+        found = find_psb_backward(self._buf, pos)
+        if found < 0:
+            return PtError(E.EOS, self.offset)
+        return self._start(found)
+
+    def sync_set(self, offset: int):
+        if offset < 0 or offset > self._end:
+            return PtError(E.EOS, self.offset)
+        return self._start(offset)
+
+    def _start(self, pos: int):
+        self._reset()
+        self.time.reset()
+        self.pos = self.sync = pos
+        self._fetch()
+        nxt = self.next
+        if isinstance(nxt, PtError) or nxt.type != "psb":
+            return PtError(E.NOSYNC, pos)
+        try:
+            self._decode_psb()
+            ip = self.query_ip()
+            self._read_ahead()
+        except Fail as f:
+            return PtError(f.code, self.offset)
+        status = self._status_flags()
+        if ip is None:
+            from .status import IP_SUPPRESSED
+            status |= IP_SUPPRESSED
+        return status, ip
+
+    # -- status ------------------------------------------------------------
+    def _will_event(self) -> bool:
+        nxt = self.next
+        if isinstance(nxt, PtError):
+            return False
+        t = nxt.type
+        if t in _EVENT:
+            return True
+        if t == "psbend":
+            return self.evq.pending(BIND_PSBEND)
+        if t == "tip":
+            return self.evq.pending(BIND_TIP)
+        if t == "fup":
+            return self.evq.pending(BIND_FUP)
+        return False
+
+    def _will_eos(self) -> bool:
+        nxt = self.next
+        return isinstance(nxt, PtError) and nxt.code == E.EOS
+
+    def _status_flags(self) -> int:
+        flags = 0
+        if not self.tnt.index:
+            if self._will_event():
+                flags |= EVENT_PENDING
+            if self._will_eos():
+                flags |= EOS
+        return flags
+
+    def _read_ahead(self) -> None:
+        """Decode status packets until the next branch or event packet."""
+        while True:
+            nxt = self.next
+            if isinstance(nxt, PtError):
+                raise Fail(nxt.code)
+            t = nxt.type
+            if t == "tip" or t in _TNT:
+                return
+            if self._will_event():
+                return
+            self._decode(nxt)
+
+    def _read_ahead_tolerant(self) -> None:
+        try:
+            self._read_ahead()
+        except Fail as f:
+            if f.code != E.EOS:
+                raise
+
+    # -- queries -------------------------------------------------------------
+    def cond_branch(self):
+        """(status, taken) for the next conditional branch."""
+        try:
+            tnt = self.tnt
+            if not tnt.index:
+                self._cache_tnt()
+            taken = tnt.take()
+            if taken < 0:
+                raise Fail(E.BAD_QUERY)
+            return self._status_flags(), taken
+        except Fail as f:
+            return PtError(f.code, self.offset)
+
+    def _cache_tnt(self) -> None:
+        while True:
+            nxt = self.next
+            if isinstance(nxt, PtError):
+                raise Fail(nxt.code)
+            if self._will_event():
+                raise Fail(E.BAD_QUERY)
+            t = nxt.type
+            if t == "tip":
+                raise Fail(E.BAD_QUERY)
+            self.published = None
+            self._decode(nxt)
+            if self.published is not None:
+                raise Fail(E.EVENT_IGNORED)
+            if t in _TNT:
+                break
+            self._read_ahead()
+        self.time.mark()
+        self._read_ahead_tolerant()
+
+    def indirect_branch(self):
+        """(status, target or None if suppressed) for the next indirect
+        branch."""
+        try:
+            while True:
+                nxt = self.next
+                if isinstance(nxt, PtError):
+                    raise Fail(nxt.code)
+                if self._will_event():
+                    raise Fail(E.BAD_QUERY)
+                t = nxt.type
+                if t in _TNT and self.tnt.index:
+                    raise Fail(E.BAD_QUERY)
+                self.published = None
+                self._decode(nxt)
+                if self.published is not None:
+                    raise Fail(E.EVENT_IGNORED)
+                if t == "tip":
+                    target = self.query_ip()
+                    break
+                self._read_ahead()
+            self.time.mark()
+            self._read_ahead_tolerant()
+            status = self._status_flags()
+            if target is None:
+                from .status import IP_SUPPRESSED
+                status |= IP_SUPPRESSED
+            return status, target
+        except Fail as f:
+            return PtError(f.code, self.offset)
+
+    def event(self):
+        """(status, Event): the next event."""
+        try:
+            if self.tnt.index:
+                raise Fail(E.BAD_QUERY)
+            while True:
+                nxt = self.next
+                if isinstance(nxt, PtError):
+                    raise Fail(nxt.code)
+                t = nxt.type
+                if (t == "tip" or t in _TNT) and not self._will_event():
+                    raise Fail(E.BAD_QUERY)
+                self.published = None
+                self._decode(nxt)
+                ev = self.published
+                if ev is not None:
+                    break
+                self._read_ahead()
+            self.time.mark()
+            self._read_ahead_tolerant()
+            return self._status_flags(), ev
+        except Fail as f:
+            return PtError(f.code, self.offset)
+
+
+    # -- packet decode functions ---------------------------------------------
+    def _decode(self, pkt) -> None:
+        fn = _DECODE.get(pkt.type)
+        if fn is None:
+            raise Fail(E.BAD_OPC)
+        fn(self, pkt)
+
+    def _dec_skip(self, pkt) -> None:
+        self._consume()
+
+    def _dec_timing(self, pkt) -> None:
+        self.time.update(pkt)
+        self._consume()
+
+    def _dec_cbr(self, pkt) -> None:
+        self.time.update(pkt)
+        self.published = self._new_event("cbr", ratio=pkt.ratio)
+        self._consume()
+
+    def _dec_tnt(self, pkt) -> None:
+        if not self.tnt.fill(pkt.payload, pkt.bit_size):
+            raise Fail(E.BAD_CONTEXT)
+        self._consume()
+
+    def _dec_tip(self, pkt) -> None:
+        self._update_ip(pkt)
+        ev = self.evq.dequeue(BIND_TIP)
+        if ev is None:
+            self._consume()
+            return
+        t = ev.type
+        if t == "async_branch":
+            self.consume_packet = True
+            self._event_ip(ev, "to")
+        elif t in ("async_paging", "async_vmcs", "exec_mode"):
+            self._event_ip(ev)
+        elif not evtrace.bind_tip(self, ev):
+            raise Fail(E.BAD_CONTEXT)
+        self.published = ev
+        if self.evq.pending(BIND_TIP):
+            return
+        if not self.consume_packet:
+            return
+        self.consume_packet = False
+        self._consume()
+
+    def _dec_tip_pge(self, pkt) -> None:
+        self._update_ip(pkt)
+        ip = self.query_ip()
+        if ip is None:
+            raise Fail(E.BAD_PACKET)
+        if not self.consume_packet:
+            ev = self._new_event("enabled", ip=ip, resumed=False)
+            self.tnt.clear()
+            self.consume_packet = True
+            self.enabled = True
+        else:
+            ev = self.evq.dequeue(BIND_TIP)
+            if ev is not None:
+                if ev.type == "exec_mode":
+                    self._event_ip(ev)
+                elif not evtrace.bind_tip_pge(self, ev):
+                    raise Fail(E.BAD_CONTEXT)
+        if ev is None:
+            raise Fail(E.INTERNAL)
+        self.published = ev
+        if self.evq.pending(BIND_TIP):
+            return
+        self.consume_packet = False
+        self._consume()
+
+    def _dec_tip_pgd(self, pkt) -> None:
+        self._update_ip(pkt)
+        ev = self.evq.dequeue(BIND_TIP)
+        if ev is not None:
+            t = ev.type
+            if t == "async_branch":
+                ev.type = "async_disabled"
+                ev.at = ev.from_
+                self._event_ip(ev)
+            elif t in ("async_paging", "async_vmcs", "exec_mode"):
+                ev.ip_suppressed = True
+            elif not evtrace.bind_tip_pgd(self, ev):
+                raise Fail(E.BAD_CONTEXT)
+        else:
+            ev = self._new_event("disabled")
+            self._event_ip(ev)
+        self.published = ev
+        if self.evq.pending(BIND_TIP):
+            return
+        self.enabled = False
+        self._consume()
+
+    def _dec_fup(self, pkt) -> None:
+        self._update_ip(pkt)
+        ev = self.evq.dequeue(BIND_FUP)
+        if ev is not None:
+            t = ev.type
+            if t == "overflow":
+                self.consume_packet = True
+                ip = self.query_ip()
+                if ip is None:
+                    raise Fail(E.NOIP)
+                ev.ip = ip
+                self.enabled = True
+            elif t == "tsx":
+                if not ev.aborted:
+                    self.consume_packet = True
+                self._event_ip(ev)
+            elif t in ("exstop", "mwait", "ptwrite"):
+                self.consume_packet = True
+                self._event_ip(ev)
+            elif not evtrace.bind_fup(self, ev):
+                raise Fail(E.INTERNAL)
+            self.published = ev
+            if self.evq.pending(BIND_FUP):
+                return
+            if not self.consume_packet:
+                return
+            self.consume_packet = False
+            self._consume()
+            return
+        if evtrace.fup_pending(self):
+            evtrace.bind_fup_cfe(self)
+            self._consume()
+            return
+        ip = self.query_ip()
+        if ip is None:
+            raise Fail(E.NOIP if not self.have_ip else E.IP_SUPPRESSED)
+        ev = self._new_event("async_branch", from_=ip)
+        self.evq.enqueue(BIND_TIP, ev)
+        self._consume()
+
+    def _dec_pip(self, pkt) -> None:
+        if self.evq.find(BIND_TIP, "async_branch") is not None:
+            ev = self._new_event("async_paging", cr3=pkt.cr3,
+                                 non_root=bool(pkt.nr))
+            self.evq.enqueue(BIND_TIP, ev)
+        else:
+            self.published = self._new_event("paging", cr3=pkt.cr3,
+                                         non_root=bool(pkt.nr))
+        self._consume()
+
+    def _dec_vmcs(self, pkt) -> None:
+        if self.evq.find(BIND_TIP, "async_branch") is not None:
+            ev = self._new_event("async_vmcs", base=pkt.base)
+            self.evq.enqueue(BIND_TIP, ev)
+        else:
+            self.published = self._new_event("vmcs", base=pkt.base)
+        self._consume()
+
+    def _dec_mode(self, pkt) -> None:
+        if pkt.type == "mode.exec":
+            mode = exec_mode(pkt)
+            ev = self._new_event("exec_mode", mode=mode)
+            self.evq.enqueue(BIND_TIP, ev)
+            evtrace.mode_exec(self, pkt)
+        else:
+            ev = self._new_event("tsx", speculative=bool(pkt.intx),
+                                 aborted=bool(pkt.abrt))
+            if self.enabled:
+                self.evq.enqueue(BIND_FUP, ev)
+            else:
+                ev.ip_suppressed = True
+                self.published = ev
+        self._consume()
+
+    def _dec_stop(self, pkt) -> None:
+        self.published = self._new_event("stop")
+        self._consume()
+
+    def _dec_mnt(self, pkt) -> None:
+        self.published = self._new_event("mnt", payload=pkt.payload)
+        self._consume()
+
+    def _dec_exstop(self, pkt) -> None:
+        ev = self._new_event("exstop")
+        if pkt.ip:
+            self.evq.enqueue(BIND_FUP, ev)
+        else:
+            ev.ip_suppressed = True
+            self.published = ev
+        self._consume()
+
+    def _dec_mwait(self, pkt) -> None:
+        ev = self._new_event("mwait", hints=pkt.hints, ext=pkt.ext)
+        self.evq.enqueue(BIND_FUP, ev)
+        self._consume()
+
+    def _dec_pwre(self, pkt) -> None:
+        self.published = self._new_event("pwre", state=pkt.state,
+                                     sub_state=pkt.sub_state,
+                                     hw=bool(pkt.hw))
+        self._consume()
+
+    def _dec_pwrx(self, pkt) -> None:
+        self.published = self._new_event(
+            "pwrx", last=pkt.last, deepest=pkt.deepest,
+            interrupt=bool(pkt.interrupt), store=bool(pkt.store),
+            autonomous=bool(pkt.autonomous))
+        self._consume()
+
+    def _dec_ptw(self, pkt) -> None:
+        size = 4 if pkt.plc == 0 else 8 if pkt.plc == 1 else 0
+        if not size:
+            raise Fail(E.BAD_PACKET)
+        ev = self._new_event("ptwrite", size=size, payload=pkt.payload)
+        if pkt.ip:
+            self.evq.enqueue(BIND_FUP, ev)
+        else:
+            ev.ip_suppressed = True
+            self.published = ev
+        self._consume()
+
+    def _dec_ovf(self, pkt) -> None:
+        self.time.overflow()
+        self.ip = 0
+        self.have_ip = False
+        self.ip_suppressed = False
+        self.tnt.clear()
+        self.evq.clear()
+        self.consume_packet = False
+        self.enabled = False
+        self.evt = evtrace.EventTraceState()
+        self._consume()
+        found = self._find_ovf_fup()
+        if found is not None and self.config.errata.apl12 and \
+                self._apl12(found):
+            found = None
+        if found is None:
+            if self.config.errata.skd010 and self._skd010():
+                return
+            ev = self._new_event("overflow")
+            ev.ip_suppressed = True
+            self.published = ev
+            if self.config.errata.apl11:
+                self._apl11()
+            return
+        ev = self._new_event("overflow")
+        self.evq.enqueue(BIND_FUP, ev)
+
+    def _scan(self, pos: int, skip=_OVF_SKIP):
+        """The first packet at or after ``pos`` not of a ``skip`` type."""
+        while True:
+            p = self.peek_after(pos)
+            if isinstance(p, PtError) or p.type not in skip:
+                return p
+            pos += p.size
+
+    def _find_ovf_fup(self):
+        p = self._scan(self.pos)
+        if not isinstance(p, PtError) and p.type == "fup":
+            return p
+        return None
+
+    def _apl12(self, fup) -> bool:
+        """APL12: after OVF, a FUP may be sent although tracing was
+        disabled when the overflow resolved; a PSB+ without FUP or a
+        TIP.PGE after it gives that away."""
+        p = self._scan(fup.offset + fup.size)
+        if isinstance(p, PtError):
+            return False
+        if p.type == "tip.pge":
+            self._skip_to(fup.offset + fup.size)
+            return True
+        if p.type != "psb":
+            return False
+        pos = p.offset + p.size
+        while True:
+            q = self.peek_after(pos)
+            if isinstance(q, PtError):
+                return False
+            if q.type == "fup" and q.ipc:
+                return False
+            if q.type in ("psbend", "ovf"):
+                break
+            pos += q.size
+        self._skip_to(fup.offset + fup.size)
+        return True
+
+    def _apl11(self) -> None:
+        """APL11: OVF may be followed by a bogus TIP.PGD: drop it."""
+        p = self._scan(self.pos, frozenset(("pad",)))
+        if not isinstance(p, PtError) and p.type == "tip.pgd":
+            self._skip_to(p.offset + p.size)
+
+    def _skd010(self) -> bool:
+        """SKD010: the FUP after OVF may be missing while tracing stays
+        enabled; a following TIP (or the FUP of the next PSB+) tells where
+        the overflow resolved."""
+        p = self._scan(self.pos)
+        if isinstance(p, PtError):
+            return False
+        ip = None
+        if p.type == "tip":
+            saved = (self.ip, self.have_ip, self.ip_suppressed)
+            self._update_ip(p)
+            ip = self.query_ip()
+            if ip is None:
+                self.ip, self.have_ip, self.ip_suppressed = saved
+                return False
+            self._skip_to(p.offset + p.size)
+        elif p.type == "psb":
+            pos = p.offset + p.size
+            saved = (self.ip, self.have_ip, self.ip_suppressed)
+            while True:
+                q = self.peek_after(pos)
+                if isinstance(q, PtError) or q.type in ("psbend", "ovf"):
+                    break
+                if q.type == "fup":
+                    self._update_ip(q)
+                    ip = self.query_ip()
+                pos += q.size
+            self.ip, self.have_ip, self.ip_suppressed = saved
+            if ip is None:
+                return False
+        else:
+            return False
+        ev = self._new_event("overflow", ip=ip)
+        self.enabled = True
+        self.published = ev
+        return True
+
+    def _skip_to(self, pos: int) -> None:
+        self.pos = pos
+        self._fetch()
+
+    # -- PSB+ ----------------------------------------------------------------
+    def _decode_psb(self) -> None:
+        psb = self.next
+        start = self.pos
+        self._consume()
+        try:
+            self._read_psb_header()
+        except Fail:
+            self.pos = start
+            self._fetch()
+            self.evq.clear(BIND_PSBEND)
+            raise
+
+    def _read_psb_header(self) -> None:
+        self.ip = 0
+        self.have_ip = False
+        self.ip_suppressed = False
+        fup_ip = None
+        status = []
+        while True:
+            nxt = self.next
+            if isinstance(nxt, PtError):
+                raise Fail(nxt.code)
+            t = nxt.type
+            if t == "psbend" or t == "ovf":
+                break
+            if t == "pad":
+                pass
+            elif t == "fup":
+                self._update_ip(nxt)
+                fup_ip = self.query_ip()
+            elif t == "mode.exec":
+                status.append(self._new_event("exec_mode", mode=exec_mode(nxt)))
+                evtrace.mode_exec_header(self, nxt, status)
+            elif t == "mode.tsx":
+                status.append(self._new_event(
+                    "tsx", speculative=bool(nxt.intx), aborted=bool(nxt.abrt)))
+            elif t == "pip":
+                status.append(self._new_event("paging", cr3=nxt.cr3,
+                                              non_root=bool(nxt.nr)))
+            elif t == "vmcs":
+                status.append(self._new_event("vmcs", base=nxt.base))
+            elif t in _TIMING or t == "cbr":
+                self.time.update(nxt)
+            elif t == "mnt":
+                status.append(self._new_event("mnt", payload=nxt.payload))
+            elif t in ("cfe", "evd", "trig"):
+                pass
+            else:
+                raise Fail(E.BAD_CONTEXT)
+            self.pos += nxt.size
+            self._fetch()
+        if fup_ip is not None and self.config.errata.bdm70 and self._bdm70():
+            fup_ip = None
+            self.ip_suppressed = True
+        self.enabled = fup_ip is not None
+        first = self._new_event("enabled" if self.enabled else "disabled")
+        if self.enabled:
+            first.ip = fup_ip
+            first.resumed = False
+        else:
+            first.ip_suppressed = True
+        for ev in [first] + status:
+            ev.status_update = True
+            if ev.type in ("exec_mode", "tsx", "iflags"):
+                self._event_ip(ev)
+            self.evq.enqueue(BIND_PSBEND, ev)
+
+    def _bdm70(self) -> bool:
+        """BDM70: a PSB+ may carry a FUP although tracing is about to be
+        enabled by a TIP.PGE right after it."""
+        p = self._scan(self.pos + (self.next.size if not isinstance(
+            self.next, PtError) else 0))
+        return not isinstance(p, PtError) and p.type == "tip.pge"
+
+    def _dec_psb(self, pkt) -> None:
+        self._decode_psb()
+
+    def _dec_psbend(self, pkt) -> None:
+        ev = self.evq.dequeue(BIND_PSBEND)
+        if ev is not None:
+            self.published = ev
+            if self.evq.pending(BIND_PSBEND):
+                return
+        self._consume()
+
+    # -- timing ----------------------------------------------------------------
+    def time_now(self):
+        """(tsc, lost_mtc, lost_cyc, has_tsc) at the last query."""
+        return self.time.query()
+
+    def core_bus_ratio(self) -> int:
+        return self.time.cbr
+
+
+_DECODE = {
+    "pad": QueryDecoder._dec_skip,
+    "psb": QueryDecoder._dec_psb,
+    "psbend": QueryDecoder._dec_psbend,
+    "tnt8": QueryDecoder._dec_tnt,
+    "tnt64": QueryDecoder._dec_tnt,
+    "tip": QueryDecoder._dec_tip,
+    "tip.pge": QueryDecoder._dec_tip_pge,
+    "tip.pgd": QueryDecoder._dec_tip_pgd,
+    "fup": QueryDecoder._dec_fup,
+    "pip": QueryDecoder._dec_pip,
+    "vmcs": QueryDecoder._dec_vmcs,
+    "mode.exec": QueryDecoder._dec_mode,
+    "mode.tsx": QueryDecoder._dec_mode,
+    "ovf": QueryDecoder._dec_ovf,
+    "stop": QueryDecoder._dec_stop,
+    "mnt": QueryDecoder._dec_mnt,
+    "exstop": QueryDecoder._dec_exstop,
+    "mwait": QueryDecoder._dec_mwait,
+    "pwre": QueryDecoder._dec_pwre,
+    "pwrx": QueryDecoder._dec_pwrx,
+    "ptw": QueryDecoder._dec_ptw,
+    "tsc": QueryDecoder._dec_timing,
+    "tma": QueryDecoder._dec_timing,
+    "mtc": QueryDecoder._dec_timing,
+    "cyc": QueryDecoder._dec_timing,
+    "cbr": QueryDecoder._dec_cbr,
+    "cfe": evtrace.decode_cfe,
+    "evd": evtrace.decode_evd,
+    "trig": evtrace.decode_trig,
+}
