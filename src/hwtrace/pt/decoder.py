@@ -56,6 +56,15 @@ _BAD_OPC = E.BAD_OPC
 _BAD_PACKET = E.BAD_PACKET
 _EOS = E.EOS
 _from = int.from_bytes
+_tnew = tuple.__new__  # build records without the NamedTuple __new__ frame
+
+# TNT-8 byte -> (bit_size, payload), for every even opcode byte.
+_TNT8 = [None] * 256
+for _x in range(4, 256, 2):
+    _v = _x >> 1
+    _n = _v.bit_length() - 1
+    _TNT8[_x] = (1, _n, _v ^ (1 << _n))
+del _x, _v, _n
 
 
 # --- one-byte opcodes -------------------------------------------------------
@@ -63,13 +72,11 @@ _from = int.from_bytes
 # in bounds, and returns a packet record or an error string.
 
 def _pad(b, p, e):
-    return Pad(p, 1)
+    return _tnew(Pad, (p, 1))
 
 
 def _tnt8(b, p, e):
-    v = b[p] >> 1
-    n = v.bit_length() - 1
-    return Tnt8(p, 1, n, v ^ (1 << n))
+    return _tnew(Tnt8, (p, *_TNT8[b[p]]))
 
 
 def _make_ip(cls, ipc):
@@ -78,12 +85,13 @@ def _make_ip(cls, ipc):
         return lambda b, p, e: _BAD_PACKET
     size = n + 1
     if n == 0:
-        return lambda b, p, e: cls(p, 1, ipc, 0)
+        return lambda b, p, e: _tnew(cls, (p, 1, ipc, 0))
 
     def read_ip(b, p, e):
-        if p + size > e:
+        q = p + size
+        if q > e:
             return _EOS
-        return cls(p, size, ipc, _from(b[p + 1:p + size], "little"))
+        return _tnew(cls, (p, size, ipc, _from(b[p + 1:q], "little")))
     return read_ip
 
 
@@ -115,7 +123,7 @@ def _cyc(b, p, e):
     v = b[p]
     value = v >> 3
     if not v & 4:
-        return Cyc(p, 1, value)
+        return _tnew(Cyc, (p, 1, value))
     q = p + 1
     shl = 5
     while True:
@@ -464,7 +472,9 @@ class PacketDecoder:
         Synchronizes onto the first PSB (or trusts offset 0 with
         ``no_sync``), yields packet records, and for a decode error yields
         its PtError and resynchronizes at the next PSB.  Ends at the end of
-        the buffer (including a final packet cut off by it).
+        the buffer (including a final packet cut off by it).  For speed,
+        :attr:`offset` is brought up to date when an error is yielded and
+        when the loop ends (packets carry their own offsets).
         """
         b = self._buf
         e = self._end
@@ -476,28 +486,29 @@ class PacketDecoder:
             if r.__class__ is PtError:
                 return
         pos = self._pos
-        while pos < e:
-            r = table[b[pos]](b, pos, e)
-            if r.__class__ is str:
-                if r is _EOS:
-                    break
-                if r is SKD007_OVF:
-                    pos += 3
+        try:
+            while pos < e:
+                r = table[b[pos]](b, pos, e)
+                if r.__class__ is str:
+                    if r is _EOS:
+                        break
+                    if r is SKD007_OVF:
+                        pos += 3
+                        yield Ovf(pos - 3, 2)
+                        continue
                     self._pos = pos
-                    yield Ovf(pos - 3, 2)
+                    yield PtError(r, pos)
+                    s = self.sync_forward()
+                    if s.__class__ is PtError:
+                        if s.code != E.EOS:
+                            yield PtError(s.code, pos, "sync error")
+                        return
+                    pos = s
                     continue
-                self._pos = pos
-                yield PtError(r, pos)
-                s = self.sync_forward()
-                if s.__class__ is PtError:
-                    if s.code != E.EOS:
-                        yield PtError(s.code, pos, "sync error")
-                    return
-                pos = s
-                continue
-            pos += r[1]
+                pos += r[1]
+                yield r
+        finally:
             self._pos = pos
-            yield r
 
     __iter__ = packets
 
