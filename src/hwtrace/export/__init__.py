@@ -1,0 +1,21 @@
+"""Writers that turn reconstructed activations into the formats people's
+viewers read.  Each writer is streaming: ``begin_stream(info, unit)`` per
+stream, ``add(record)`` per record (Enter/Activation/Marker, in the order
+the builder emits them), ``close()`` at the end.
+
+* :mod:`.chrome`   Chrome trace-event JSON (Perfetto UI, chrome://tracing,
+                   speedscope)
+* :mod:`.perfetto` Perfetto native protobuf (TrackEvent, interned names)
+* :mod:`.folded`   flame-graph folded stacks
+* :mod:`.drcov`    basic-block coverage, drcov format
+* :mod:`.lcov`     line coverage through DWARF line tables
+"""
+
+#: how many time units a microsecond has, per clock unit: TSC ticks of an
+#: unknown frequency are shown as if 1 tick = 1 ns, instructions as 1 ns each
+UNITS_PER_US = {"ns": 1000.0, "tsc": 1000.0, "insns": 1000.0, None: 1000.0}
+
+
+def flag_names(flags) -> str:
+    return "|".join(f.name.lower() for f in type(flags) if f and f in flags
+                    and f.value & (f.value - 1) == 0)

@@ -1,0 +1,86 @@
+"""Line coverage in lcov's tracefile format (``geninfo(1)``: SF, FN, FNDA,
+FNF, FNH, DA, LF, LH, end_of_record), from basic-block counts and the
+DWARF line tables of the images.
+
+A line's count is the execution count of its most executed instruction
+(an instruction's count is the sum of the counts of the blocks holding it); every line of the line tables is listed (``DA:n,0`` when not
+executed), so viewers (genhtml, IDE gutters) show what did not run.  A
+function's count is the count of blocks starting at its entry.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+
+def exec_intervals(blocks: dict[tuple[int, int], int]):
+    """Cut points and counts: instructions in ``[points[i], points[i+1])``
+    ran ``counts[i]`` times (the sum over the blocks containing them; block
+    boundaries are instruction boundaries, so this is exact)."""
+    diff: dict[int, int] = {}
+    for (start, size), c in blocks.items():
+        diff[start] = diff.get(start, 0) + c
+        diff[start + size] = diff.get(start + size, 0) - c
+    points = sorted(diff)
+    counts = []
+    run = 0
+    for p in points:
+        run += diff[p]
+        counts.append(run)
+    return points, counts
+
+
+def line_counts(blocks: dict[tuple[int, int], int], symbolizer):
+    """{file: {line: count}} and {file: {name: (line, count)}}."""
+    lines: dict[str, dict[int, int]] = {}
+    funcs: dict[str, dict[str, tuple[int, int]]] = {}
+    entry_counts: dict[int, int] = {}
+    for (start, _size), c in blocks.items():
+        entry_counts[start] = entry_counts.get(start, 0) + c
+    points, counts = exec_intervals(blocks)
+    for img in symbolizer.images:
+        rows = [r for r in img.line_rows() if r[3] > 0]
+        for a, e, f, ln in rows:
+            d = lines.setdefault(f, {})
+            if ln not in d:
+                d[ln] = 0
+            # intervals overlapping [a, e)
+            i = max(bisect.bisect_right(points, a) - 1, 0)
+            best = 0
+            while i < len(points) and points[i] < e:
+                if counts[i] > best and (i + 1 == len(points) or points[i + 1] > a):
+                    best = counts[i]
+                i += 1
+            if best > d[ln]:
+                d[ln] = best
+        for fstart, _fsize, name in img.functions():
+            loc = img.line(fstart)
+            if loc is None:
+                continue
+            f, ln = loc
+            if ln <= 0:
+                continue
+            funcs.setdefault(f, {})[name] = (ln, entry_counts.get(fstart, 0))
+    return lines, funcs
+
+
+def write_lcov(fp, blocks, symbolizer, test_name: str = "hwtrace") -> dict:
+    """Write the tracefile (text); returns {file: (lines found, hit)}."""
+    lines, funcs = line_counts(blocks, symbolizer)
+    result = {}
+    fp.write(f"TN:{test_name}\n")
+    for f in sorted(lines):
+        fp.write(f"SF:{f}\n")
+        fs = funcs.get(f, {})
+        for name, (ln, _c) in sorted(fs.items(), key=lambda x: x[1][0]):
+            fp.write(f"FN:{ln},{name}\n")
+        for name, (_ln, c) in sorted(fs.items(), key=lambda x: x[1][0]):
+            fp.write(f"FNDA:{c},{name}\n")
+        fp.write(f"FNF:{len(fs)}\nFNH:{sum(1 for v in fs.values() if v[1])}\n")
+        d = lines[f]
+        for ln in sorted(d):
+            fp.write(f"DA:{ln},{d[ln]}\n")
+        hit = sum(1 for v in d.values() if v)
+        fp.write(f"LF:{len(d)}\nLH:{hit}\nend_of_record\n")
+        result[f] = (len(d), hit)
+    return result
