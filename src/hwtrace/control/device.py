@@ -198,10 +198,12 @@ class Device:
     # ------------------------------------------------------------ mode
     def set_mode(self, mode: Any) -> None:
         """Choose cpu or thread mode; the same mode is a no-op."""
-        try:
-            m = Mode(mode) if not isinstance(mode, bool) else None
-        except ValueError:
-            m = None
+        m = None
+        if isinstance(mode, int) and not isinstance(mode, bool):
+            try:
+                m = Mode(mode)
+            except ValueError:
+                pass
         if m is None:
             raise invalid(f"unknown mode {mode!r}")
         nxt = self._go(Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD)

@@ -1,0 +1,101 @@
+"""``hwtrace info``: this machine's Intel PT capabilities and which engines work here."""
+
+from __future__ import annotations
+
+import json
+
+from hwtrace.cli import CliError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "info", help="capabilities and the engines usable here (and why not)",
+        description="Print this CPU's Intel PT capabilities (CPUID leaf 0x14), "
+                    "each trace engine and whether it can run here -- and if "
+                    "not, why -- and the capabilities of the engine --engine "
+                    "(default: the one 'auto' picks) offers.")
+    p.add_argument("--engine", default="auto", metavar="NAME",
+                   help="whose capabilities to show (auto, perf, emulated, qemu, ptrace)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _engine_caps(name: str):
+    """(engine name, Capabilities, CpuInfo, None) or (None, None, None, reason)."""
+    from hwtrace import engines
+    from hwtrace.control.errors import TraceError
+    try:
+        eng = engines.create(name)
+    except TraceError as e:
+        return None, None, None, e.message
+    except Exception as e:  # an engine that fails to start is reported, not raised
+        return None, None, None, f"{type(e).__name__}: {e}"
+    try:
+        return eng.name, eng.capabilities, eng.cpu_info, None
+    except Exception as e:
+        return None, None, None, f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            eng.close()
+        except Exception:
+            pass
+
+
+def gather(engine: str = "auto") -> dict:
+    from hwtrace import engines
+    from hwtrace.control.host import host_cpu
+    host = host_cpu()
+    names = [*engines.ENGINE_NAMES, *engines.ALIASES]
+    avail = {n: engines.probe(n) for n in names}
+    auto = next((n for n in engines.ENGINE_NAMES if avail[n].available), None)
+    if engine != "auto" and engine not in avail:
+        raise CliError(f"info: unknown engine {engine!r} (known: auto, {', '.join(names)})")
+    chosen = auto if engine == "auto" else engine
+    out = {
+        "cpu": host.cpu.to_dict(),
+        "intel_pt": {"available": host.capabilities.pt, "source": host.source,
+                     "reason": host.reason, "capabilities": host.capabilities.to_dict()},
+        "engines": {n: {"available": a.available, "reason": a.reason} for n, a in avail.items()},
+        "auto": auto,
+    }
+    if chosen is not None and avail[chosen].available:
+        name, caps, cpu, why = _engine_caps(chosen)
+        out["engine"] = {"name": chosen, "available": why is None, "reason": why or "",
+                         "capabilities": caps.to_dict() if caps else None,
+                         "cpu": cpu.to_dict() if cpu else None}
+    elif chosen is not None:
+        out["engine"] = {"name": chosen, "available": False, "reason": avail[chosen].reason}
+    return out
+
+
+def run(args) -> int:
+    from hwtrace.control.capabilities import Capabilities
+    info = gather(args.engine)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    c = info["cpu"]
+    print(f"cpu: {c['vendor'] or 'unknown'} family {c['family']} model {c['model']} "
+          f"stepping {c['stepping']}")
+    pt = info["intel_pt"]
+    if pt["available"]:
+        print(f"intel pt: yes (from {pt['source']})")
+    else:
+        print(f"intel pt: no ({pt['reason']})")
+    print("engines:")
+    for name, e in info["engines"].items():
+        state = "usable" if e["available"] else f"not usable: {e['reason']}"
+        print(f"  {name:<9} {state}")
+    print(f"auto: {info['auto'] or 'no engine usable here'}")
+    eng = info.get("engine")
+    if pt["available"]:
+        print("capabilities (this CPU, CPUID leaf 0x14):")
+        for k, v in Capabilities.from_dict(pt["capabilities"]).describe():
+            print(f"  {k:<24} {v}")
+    if eng and eng.get("capabilities"):
+        print(f"capabilities ({eng['name']} engine, CPUID leaf 0x14 equivalent):")
+        for k, v in Capabilities.from_dict(eng["capabilities"]).describe():
+            print(f"  {k:<24} {v}")
+    elif eng:
+        print(f"{eng['name']} engine: not usable: {eng['reason']}")
+    return 0
