@@ -146,7 +146,8 @@ class Insn(NamedTuple):
     is_far: bool = False
 
     def target(self, ip: int, mode: Mode = Mode.BIT64) -> int | None:
-        """Target of a direct near branch executed at ``ip``, else None.
+        """Target of a direct near branch (or XBEGIN's abort handler)
+        executed at ``ip``, else None.
 
         Wrapped to the width of ``mode`` (64, 32 or 16 bits; the 16-bit
         wrap ignores a 66 operand-size override). libipt itself only wraps
@@ -155,7 +156,7 @@ class Insn(NamedTuple):
         k = self.kind
         if k == Kind.JMPABS:
             return self.rel & 0xFFFFFFFFFFFFFFFF
-        if k > Kind.LOOPNE or k == Kind.OTHER:
+        if (k > Kind.LOOPNE and k != Kind.XBEGIN) or k == Kind.OTHER:
             return None
         t = ip + self.size + self.rel
         if mode == Mode.BIT64:
