@@ -44,6 +44,7 @@ ptw          Ptw         plc, payload, ip
 cfe          Cfe         cfe_type, vector, ip
 evd          Evd         evd_type, payload
 trig         Trig        trbv, icnt, ip, icntv, mult
+invalid      Invalid     raw_type (SKZ84: a corrupt TMA, skipped)
 ===========  ==========  ==========================================
 
 IP compression values (``ipc``, libipt's ``enum pt_ip_compression``):
