@@ -12,7 +12,10 @@ precisely, not by skipping inputs:
   disabled (``PacketDecoder(disabled=NEWER_PACKETS)``), which does the same;
 - MODE.Exec has no ``iflag`` field in 2.0.5's JSON: dropped before comparing;
 - the SKD007 workaround (CYC+OVF) is not in 2.0.5's packet decoder: we
-  decode with that erratum off (SKZ84, which 2.0.5 has, stays on).
+  decode with that erratum off (SKZ84, which 2.0.5 has, stays on);
+- an SKZ84 invalid packet (8 bytes) that runs past the end of the buffer
+  ends decoding silently in 2.3, while 2.0.5 then reports "decoder out of
+  sync" at the packet's end: that record is added to our output.
 
 The stored 2.3 output of every corpus variant (with CFE/EVD/TRIG, iflag
 and SKD007) is compared in tests/test_pt_packets.py.
@@ -45,6 +48,10 @@ def _ours_as_libipt_2_0(data: bytes, cpu, no_sync: bool) -> list[dict]:
         if j.get("type") == "mode.exec":
             del j["iflag"]
         out.append(j)
+    if out and out[-1].get("type") == "invalid" and \
+            out[-1]["offset"] + out[-1]["size"] > len(data):
+        out.append({"offset": out[-1]["offset"] + out[-1]["size"],
+                    "error": "decoder out of sync"})
     return out
 
 

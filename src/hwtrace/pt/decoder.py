@@ -535,17 +535,18 @@ def find_psb_forward(buf: bytes, start: int) -> int:
         if i & 7:
             pos = (i + 7) & ~7
             continue
-        found = _psb_at_word_end(buf, i + 8)
+        found = _psb_around_word(buf, i)
         if found >= start:
             return found
         pos = i + 8
 
 
-def _psb_at_word_end(buf: bytes, pos: int) -> int:
-    """Given the end of an aligned PSB-pattern word, find the PSB start
-    (libipt's pt_find_psb), or -1."""
+def _psb_around_word(buf: bytes, pos: int) -> int:
+    """Given an aligned word of PSB pattern at ``pos``, find the start of
+    the PSB it belongs to (libipt's pt_find_psb): walk to the end of the
+    02 82 pairs, step back one PSB and check it; -1 if it is none."""
     end = len(buf)
-    if pos >= end or buf[pos] != 0x02:
+    if buf[pos] != 0x02:
         pos += 1
     while pos + 1 < end and buf[pos] == 0x02 and buf[pos + 1] == 0x82:
         pos += 2
@@ -561,11 +562,10 @@ def find_psb_backward(buf: bytes, pos: int) -> int:
     """Offset of the PSB found searching backwards from ``pos``, or -1."""
     pos &= ~7
     while True:
-        nxt = pos
         pos -= 8
         if pos < 0:
             return -1
         if buf[pos:pos + 8] in _PSB_WORDS:
-            found = _psb_at_word_end(buf, nxt)
+            found = _psb_around_word(buf, pos)
             if 0 <= found:
                 return found
