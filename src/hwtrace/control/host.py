@@ -17,7 +17,7 @@ from .capabilities import NONE, Capabilities, CpuInfo
 
 INTEL_PT_SYSFS = Path("/sys/bus/event_source/devices/intel_pt")
 
-# sysfs caps/ file -> Capabilities field (values are decimal or hex text)
+# sysfs caps/ file -> Capabilities field (the kernel prints each with "%x")
 _SYSFS_CAPS = {
     "cr3_filtering": "cr3_filtering", "psb_cyc": "psb_cyc", "ip_filtering": "ip_filtering",
     "mtc": "mtc", "ptwrite": "ptwrite", "power_event_trace": "power_event_trace",
@@ -81,7 +81,7 @@ def caps_from_sysfs(pmu: Path = INTEL_PT_SYSFS) -> Capabilities | None:
     for fname, fieldname in _SYSFS_CAPS.items():
         try:
             text = (caps / fname).read_text().strip()
-            v = int(text, 0)
+            v = int(text, 16)
         except (OSError, ValueError):
             continue
         kw[fieldname] = v if fieldname.endswith(("_mask", "_ranges")) else bool(v)

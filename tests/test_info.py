@@ -1,0 +1,99 @@
+"""`hwtrace info` and the host-CPU readers behind it (CPUID driver, sysfs caps, cpuinfo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from conftest import run_hwtrace
+from hwtrace.control.capabilities import NONE
+from hwtrace.control.host import caps_from_cpuid, caps_from_sysfs, cpu_from_cpuinfo, host_cpu
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+stepping\t: 4
+flags\t\t: fpu vme intel_pt hypervisor
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+"""
+
+
+def test_cpuinfo_parsing():
+    info, flags = cpu_from_cpuinfo(CPUINFO)
+    assert (info.vendor, info.family, info.model, info.stepping) == ("GenuineIntel", 6, 85, 4)
+    assert "intel_pt" in flags
+
+
+def test_sysfs_caps(tmp_path):
+    caps = tmp_path / "intel_pt" / "caps"
+    caps.mkdir(parents=True)
+    for name, v in {"cr3_filtering": "1", "psb_cyc": "1", "ip_filtering": "1", "mtc": "1",
+                    "ptwrite": "0", "power_event_trace": "0", "topa_output": "1",
+                    "topa_multiple_entries": "1", "single_range_output": "1",
+                    "payloads_lip": "0", "num_address_ranges": "2",
+                    "mtc_periods": "249", "cycle_thresholds": "3fff",
+                    "psb_periods": "3f"}.items():
+        (caps / name).write_text(v + "\n")
+    # the kernel prints every cap with "%x": hex without 0x
+    c = caps_from_sysfs(tmp_path / "intel_pt")
+    assert c.pt and c.cr3_filtering and c.mtc and not c.ptwrite and c.topa_multiple_entries
+    assert (c.num_address_ranges, c.mtc_period_mask, c.cyc_threshold_mask, c.psb_freq_mask) \
+        == (2, 0x249, 0x3FFF, 0x3F)
+    assert caps_from_sysfs(tmp_path / "nope") is None
+
+
+def test_cpuid_device_file(tmp_path):
+    # a sparse fake of /dev/cpu/0/cpuid: 16 bytes at offset (subleaf << 32 | leaf)
+    dev = tmp_path / "cpuid"
+    fd = os.open(dev, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, struct.pack("<4I", 0x20, 0, 0, 0), 0)
+        os.pwrite(fd, struct.pack("<4I", 0, 1 << 25, 0, 0), 7)
+        os.pwrite(fd, struct.pack("<4I", 1, 0b1111, 0b11, 0), 0x14)
+        os.pwrite(fd, struct.pack("<4I", 0x0249_0002, 0x003F_3FFF, 0, 0), (1 << 32) | 0x14)
+    finally:
+        os.close(fd)
+    c = caps_from_cpuid(str(dev))
+    assert c.pt and c.cr3_filtering and c.psb_cyc and c.ip_filtering and c.mtc
+    assert c.topa_output and c.topa_multiple_entries and c.num_address_ranges == 2
+    assert caps_from_cpuid(str(tmp_path / "missing")) is None
+
+
+def test_host_without_pt_says_why(tmp_path):
+    (tmp_path / "cpuinfo").write_text(CPUINFO.replace(" intel_pt", ""))
+    h = host_cpu(cpuinfo=tmp_path / "cpuinfo", pmu=tmp_path / "none",
+                 cpuid_dev=str(tmp_path / "none"))
+    assert h.capabilities == NONE and "without Intel PT" in h.reason
+    (tmp_path / "cpuinfo").write_text(CPUINFO.replace("GenuineIntel", "AuthenticAMD"))
+    h = host_cpu(cpuinfo=tmp_path / "cpuinfo", pmu=tmp_path / "none",
+                 cpuid_dev=str(tmp_path / "none"))
+    assert "AuthenticAMD" in h.reason
+
+
+def test_info_cli_lists_engines_and_reasons():
+    r = run_hwtrace("info")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("cpu: ")
+    lines = r.stdout.splitlines()
+    eng = {ln.split()[0]: ln for ln in lines if ln.startswith("  ") and
+           ("usable" in ln)}
+    assert set(eng) >= {"perf", "emulated", "qemu", "ptrace"}
+    if not os.path.isdir("/sys/bus/event_source/devices/intel_pt"):
+        assert "not usable" in eng["perf"] and "intel_pt" in eng["perf"]
+    assert any(ln.startswith("auto: ") for ln in lines)
+
+
+def test_info_json_and_bad_engine():
+    r = run_hwtrace("info", "--json")
+    assert r.returncode == 0
+    info = json.loads(r.stdout)
+    assert set(info) >= {"cpu", "intel_pt", "engines", "auto"}
+    for name, e in info["engines"].items():
+        assert isinstance(e["available"], bool)
+        assert e["available"] or e["reason"]
+    r = run_hwtrace("info", "--engine", "nonesuch")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
