@@ -425,7 +425,11 @@ class CallStackBuilder:
         self.n += 1
 
     def finish(self) -> None:
-        """End of the stream: close what is open (``TRUNCATED``)."""
+        """End of the stream: close what is open (``TRUNCATED``).  A return
+        that was the last instruction did return: its frame ends normally."""
+        if self._pend in (_RET, _FRET) and self._stack:
+            self._pend = _NONE
+            self._pop()
         self.clock.seal(self.n)
         if self._stack:
             self._close_all(Flag.TRUNCATED)

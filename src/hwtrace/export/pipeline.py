@@ -1,10 +1,12 @@
 """Drive decoded streams through the call-stack builder into writers.
 
-``export_streams`` is the one loop every output shares: each stream's
-items go once through the builder (and the coverage collector when
-coverage is wanted), and every record goes to every writer.  No file I/O
-here: writers own their files; ``progress`` (optional) is told how many
-items went by.
+A :class:`StreamExporter` is the one consumer every output shares: it takes
+one stream's items (pushed: :meth:`~StreamExporter.insn` for instructions,
+:meth:`~StreamExporter.feed` for anything else), runs them once through the
+builder (and the coverage collector when coverage is wanted), and hands
+every record to every writer.  :func:`export_streams` does the same for
+pull-style iterables.  No file I/O here: writers own their files;
+``progress`` (optional) is told how many items went by.
 """
 
 from __future__ import annotations
@@ -27,54 +29,94 @@ class Stream:
         self.clock = clock
 
 
+class StreamExporter:
+    def __init__(self, info: StreamInfo, writers: list, lookup=None,
+                 coverage: CoverageCollector | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 tsc_hz=None, clock: str = "auto", max_pending: int = 1 << 16):
+        self.info = info
+        self.writers = writers
+        self.builder = b = CallStackBuilder(info, lookup, clock, tsc_hz,
+                                            max_pending)
+        self.coverage = coverage
+        self.progress = progress
+        self._started = False
+        self._n = 0
+        self._b_insn = b.insn
+        self._b_feed = b.feed
+        self._c_insn = coverage.insn if coverage else None
+        self._c_feed = coverage.feed if coverage else None
+
+    def _deliver(self, recs) -> None:
+        if not self._started:
+            self._started = True
+            for w in self.writers:
+                w.begin_stream(self.info, self.builder.clock.unit)
+        ws = self.writers
+        for r in recs:
+            for w in ws:
+                w.add(r)
+
+    def insn(self, ip: int, size: int, iclass) -> None:
+        self._b_insn(ip, size, iclass)
+        if self._c_insn:
+            self._c_insn(ip, size, iclass)
+        self._tick()
+
+    def feed(self, item) -> None:
+        if type(item) is dict and "iclass" in item and "error" not in item \
+                and "event" not in item:
+            self.insn(item["ip"], item.get("size", 0), item["iclass"])
+            return
+        self._b_feed(item)
+        if self._c_feed:
+            self._c_feed(item)
+        self._tick()
+
+    def _tick(self) -> None:
+        self._n += 1
+        b = self.builder
+        if b._out:
+            self._deliver(b.take())
+        if self.progress and not self._n & 0xFFFF:
+            self.progress(0x10000)
+
+    def finish(self) -> None:
+        b = self.builder
+        b.finish()
+        self._deliver(b.take())
+        if self.progress:
+            self.progress(self._n & 0xFFFF)
+        if self.coverage:
+            self.coverage.gap()
+
+
+def new_totals() -> dict:
+    return {"streams": 0, "insns": 0, "activations": 0, "markers": {}}
+
+
+def add_totals(totals: dict, ex: StreamExporter) -> dict:
+    b = ex.builder
+    totals["streams"] += 1
+    totals["insns"] += b.n
+    totals["activations"] += b.calls
+    for k, v in b.markers.items():
+        totals["markers"][k] = totals["markers"].get(k, 0) + v
+    return totals
+
+
 def export_streams(streams: Iterable[Stream], writers: list, lookup=None,
                    coverage: CoverageCollector | None = None,
                    progress: Callable[[int], None] | None = None,
                    max_pending: int = 1 << 16) -> dict:
     """Returns totals: streams, insns, activations, markers (by kind)."""
-    totals = {"streams": 0, "insns": 0, "activations": 0, "markers": {}}
+    totals = new_totals()
     for st in streams:
-        b = CallStackBuilder(st.info, lookup, st.clock, st.tsc_hz, max_pending)
-        started = False
-        cov_insn = coverage.insn if coverage else None
-        cov_feed = coverage.feed if coverage else None
-        n = 0
-
-        def deliver(recs):
-            nonlocal started
-            if not started:
-                started = True
-                for w in writers:
-                    w.begin_stream(st.info, b.clock.unit)
-            for r in recs:
-                for w in writers:
-                    w.add(r)
-
-        insn, feed = b.insn, b.feed
+        ex = StreamExporter(st.info, writers, lookup, coverage, progress,
+                            st.tsc_hz, st.clock, max_pending)
+        feed = ex.feed
         for item in st.items:
-            if type(item) is dict and "iclass" in item and "error" not in item \
-                    and "event" not in item:
-                insn(item["ip"], item.get("size", 0), item["iclass"])
-                if cov_insn:
-                    cov_insn(item["ip"], item.get("size", 0), item["iclass"])
-            else:
-                feed(item)
-                if cov_feed:
-                    cov_feed(item)
-            n += 1
-            if b._out:
-                deliver(b.take())
-            if progress and not n & 0xFFFF:
-                progress(0x10000)
-        b.finish()
-        deliver(b.take())
-        if progress:
-            progress(n & 0xFFFF)
-        if coverage:
-            coverage.gap()
-        totals["streams"] += 1
-        totals["insns"] += b.n
-        totals["activations"] += b.calls
-        for k, v in b.markers.items():
-            totals["markers"][k] = totals["markers"].get(k, 0) + v
+            feed(item)
+        ex.finish()
+        add_totals(totals, ex)
     return totals

@@ -1,0 +1,216 @@
+"""The seam between exports and the rest of hwtrace: "decode a bundle (or
+a file of flow items) into per-stream items".
+
+:func:`open_source` returns a :class:`Source`: a symbolizer for the traced
+address space and a list of :class:`Job` s, one per stream, each able to
+``run(consumer)``: push that stream's items into a consumer with
+``insn(ip, size, iclass)`` and ``feed(item)`` (a
+:class:`~hwtrace.export.pipeline.StreamExporter`).
+
+Inputs:
+
+* a trace bundle directory (``hwtrace.bundle``), decoded with the
+  instruction-flow decoder (``hwtrace.flow``): code images and symbols
+  come from the sideband's memory maps (files found through the bundle:
+  stored copies, ``image_path``, or the recorded paths on this machine);
+* a ``.jsonl`` file of ``ptoracle insn``-shaped items (one stream), with
+  symbols from ``elf`` arguments (``FILE[:BIAS]``).
+
+Everything that can go wrong is a :class:`SourceError` with a one-line
+message (the CLI prints it), including "the decoder is not available".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from hwtrace.analysis.records import StreamInfo
+from hwtrace.analysis.symbols import Symbolizer, SymbolError
+
+
+class SourceError(Exception):
+    """The input cannot be decoded (one line, for the user)."""
+
+
+class Job:
+    def __init__(self, info: StreamInfo, run: Callable, tsc_hz=None,
+                 size: int = 0):
+        self.info = info
+        self.run = run
+        self.tsc_hz = tsc_hz
+        self.size = size            # bytes of trace (for progress), 0 unknown
+
+
+class Source:
+    def __init__(self, symbolizer: Symbolizer, jobs: list[Job], mode: str,
+                 description: str):
+        self.symbolizer = symbolizer
+        self.jobs = jobs
+        self.mode = mode
+        self.description = description
+
+
+def _parse_elf_arg(arg: str) -> tuple[str, int]:
+    path, sep, bias = arg.rpartition(":")
+    if sep and path and os.path.exists(path) and not os.path.exists(arg):
+        try:
+            return path, int(bias, 0)
+        except ValueError:
+            raise SourceError(f"--elf {arg}: bad bias") from None
+    return arg, 0
+
+
+def open_source(path, elf: list[str] = (), image_path=()) -> Source:
+    p = Path(path)
+    sym = Symbolizer()
+    for arg in elf:
+        f, bias = _parse_elf_arg(arg)
+        try:
+            sym.add_image(f, bias)
+        except SymbolError as e:
+            raise SourceError(f"--elf: {e}") from None
+    if p.is_file():
+        return _jsonl_source(p, sym)
+    if not p.is_dir():
+        raise SourceError(f"{path}: no such bundle or file")
+    return _bundle_source(p, sym, image_path)
+
+
+def _jsonl_source(p: Path, sym: Symbolizer) -> Source:
+    def run(consumer):
+        try:
+            with open(p) as f:
+                for n, line in enumerate(f, 1):
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        item = json.loads(line)
+                    except ValueError:
+                        raise SourceError(f"{p}:{n}: not JSON") from None
+                    if not isinstance(item, dict):
+                        raise SourceError(f"{p}:{n}: not a JSON object")
+                    if "iclass" in item and "error" not in item:
+                        if not isinstance(item.get("ip"), int):
+                            raise SourceError(f"{p}:{n}: instruction without ip")
+                    consumer.feed(item)
+        except OSError as e:
+            raise SourceError(f"{p}: {e.strerror}") from None
+    return Source(sym, [Job(StreamInfo(name=p.name), run, None,
+                            p.stat().st_size)], "thread", str(p))
+
+
+class _FlowSink:
+    """hwtrace.flow.session's sink protocol -> consumer items."""
+
+    def __init__(self, consumer, event_json):
+        self.c = consumer
+        self._insn = consumer.insn
+        self._event_json = event_json
+
+    def insn(self, insn, offset):
+        self._insn(insn.ip, insn.size, insn.iclass_name)
+
+    def block(self, block, offset):
+        for i in block.insns:
+            self._insn(i.ip, i.size, i.iclass_name)
+
+    def event(self, ev, offset):
+        self.c.feed(self._event_json(ev, offset))
+
+    def error(self, kind, offset, ip, code):
+        self.c.feed({"error": str(code), "kind": kind, "offset": offset,
+                     "ip": ip})
+
+    def status(self, name, offset):
+        self.c.feed({"status": name, "offset": offset})
+
+
+def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
+    try:
+        from hwtrace.bundle import Bundle, BundleError, Mmap
+        from hwtrace.flow import session
+        from hwtrace.flow.config import FlowConfig
+        from hwtrace.flow.image import Image, Section
+        from hwtrace.flow.insn import InsnDecoder
+        from hwtrace.flow.sinks import event_json
+    except ImportError as e:
+        raise SourceError(f"cannot decode bundles yet: {e}") from None
+    try:
+        b = Bundle(p, image_path=image_path, allow_outside=True)
+        maps = [r for r in b.iter_sideband() if isinstance(r, Mmap)]
+        streams = list(b.streams)
+        tsc_hz = b.manifest.get("tsc_hz") or None
+        cfg = FlowConfig()
+        cfg.mtc_freq = int(b.manifest.get("mtc_freq") or 0)
+        cfg.nom_freq = int(b.manifest.get("nom_freq") or 0)
+        cfg.cpuid_0x15_eax = int(b.manifest.get("cpuid_0x15_eax") or 0)
+        cfg.cpuid_0x15_ebx = int(b.manifest.get("cpuid_0x15_ebx") or 0)
+        cfg.enable_tick_events = True
+        _set_cpu(cfg, b)
+    except BundleError as e:
+        raise SourceError(f"{p}: {e}") from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise SourceError(f"{p}: cannot read bundle: {e}") from None
+    if not streams:
+        raise SourceError(f"{p}: bundle has no streams")
+
+    images: dict = {}
+    missing = []
+    seen = set()
+    union = Image()
+    for m in maps:
+        f = b.find_image(m.file, m.build_id)
+        if f is None:
+            missing.append(m.file)
+            continue
+        img = images.setdefault(m.pid, Image())
+        try:
+            img.add(Section.from_file(str(f), m.offset, m.size), m.start)
+            union.add(Section.from_file(str(f), m.offset, m.size), m.start)
+        except Exception as e:          # a foreign module's error types
+            raise SourceError(f"{m.file}: cannot load: {e}") from None
+        if (str(f), m.start) not in seen:
+            seen.add((str(f), m.start))
+            try:
+                sym.add_mapping(f, m.start, m.offset)
+            except SymbolError:
+                pass
+    if not images:
+        why = f" (not found: {missing[0]})" if missing else ""
+        raise SourceError(f"{p}: no code images to decode with{why}")
+
+    jobs = []
+    for s in streams:
+        image = images.get(s.pid, union) if s.pid is not None else union
+        info = StreamInfo(pid=s.pid, tid=s.tid, cpu=s.cpu)
+
+        def run(consumer, s=s, image=image):
+            try:
+                data = b.read_stream(s)
+            except BundleError as e:
+                raise SourceError(f"{p}: {e}") from None
+            dec = InsnDecoder(data, image, cfg)
+            session.run_insn(dec, _FlowSink(consumer, event_json))
+
+        jobs.append(Job(info, run, tsc_hz, s.size))
+    return Source(sym, jobs, b.mode, str(p))
+
+
+def _set_cpu(cfg, b) -> None:
+    c = b.cpu
+    if not (getattr(c, "family", 0) and getattr(c, "vendor", "") == "GenuineIntel"):
+        return
+    try:
+        from hwtrace.flow.config import Errata
+        from hwtrace.pt import cpu as cpumod
+        cpu = cpumod.Cpu.parse(f"{c.family}/{c.model}/{getattr(c, 'stepping', 0)}")
+        cfg.cpu = cpu
+        errata = cpumod.errata(cpu)
+        if not isinstance(errata, Exception) and hasattr(Errata, "from_flags"):
+            cfg.errata = Errata.from_flags(errata)
+    except (ImportError, ValueError, AttributeError, TypeError):
+        pass
