@@ -129,3 +129,20 @@ def test_cli_jsonl_is_the_oracle_schema(ptoracle, corpus, tmp_path):
                          capture_output=True, text=True, check=True)
     assert r.returncode == 0
     assert r.stdout == ref.stdout
+
+
+def test_real_captures_match_oracle(ptoracle):
+    """Real hardware traces (raw PT, no perf container) decode like the
+    reference, with and without their CPU's errata."""
+    from conftest import FIXTURES
+    cases = [(FIXTURES / "raw_no_binary" / "traced_data.bin", None),
+             (FIXTURES / "drpt2trace_simple" / "pt.bin", "6/85"),
+             (FIXTURES / "drpt2trace_simple" / "pt.bin", None)]
+    for path, cpu in cases:
+        if not path.exists():
+            continue
+        ours = _ours_as_libipt_2_0(path.read_bytes(), cpu, False)
+        ref = _oracle(ptoracle, path, cpu, False)
+        assert len(ref) > 100
+        assert not any("error" in r for r in ref)
+        assert ours == ref, path
