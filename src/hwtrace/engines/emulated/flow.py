@@ -1,0 +1,445 @@
+"""From an execution log to PT streams: threads, blocks, kernel transitions.
+
+:func:`load` reads an execution log (:mod:`.execlog`) into per-thread
+segments of resolved blocks; :func:`generate` drives one
+:class:`~.ptgen.Tracer` per stream over them, in cpu mode (a stream per
+logical CPU; a thread's segments go to the CPU they ran on, ordered by
+time, with FUP + TIP.PGD / TIP.PGE where threads switch) or thread mode (a
+stream per thread).  No I/O: bytes in, tracers out.
+
+A block's last instruction is the only one that can transfer control
+(blocks with a branch inside are split when they are defined).  Its
+outcome is known once the thread's next instruction is: the flow keeps it
+pending until then.  A rep-prefixed string instruction that continues in
+place (the next block starts at its own address) retires once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+from hwtrace.x86 import decode
+from hwtrace.x86.insn import Kind, X86Error
+
+from . import execlog as xl
+from .ptgen import (K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_OTHER,
+                    K_REP, K_RET, K_TRAP, TraceConfig, Tracer)
+
+_KIND = {
+    Kind.JCC: K_JCC, Kind.JRCXZ: K_JCC, Kind.LOOP: K_JCC, Kind.LOOPE: K_JCC,
+    Kind.LOOPNE: K_JCC, Kind.JMP_REL: K_JMP, Kind.JMPABS: K_JMP,
+    Kind.CALL_REL: K_CALL, Kind.CALL_IND: K_CALL_IND, Kind.JMP_IND: K_JMP_IND,
+    Kind.RET: K_RET, Kind.RET_IMM: K_RET,
+    Kind.CALL_FAR: K_FAR, Kind.CALL_FAR_IND: K_FAR, Kind.JMP_FAR: K_FAR,
+    Kind.JMP_FAR_IND: K_FAR, Kind.RETF: K_FAR, Kind.RETF_IMM: K_FAR,
+    Kind.IRET: K_FAR,
+    Kind.SYSCALL: K_TRAP, Kind.SYSENTER: K_TRAP, Kind.INT: K_TRAP,
+    Kind.INT3: K_TRAP, Kind.INTO: K_TRAP, Kind.INT1: K_TRAP, Kind.UD: K_TRAP,
+    Kind.SYSRET: K_TRAP, Kind.SYSEXIT: K_TRAP, Kind.HLT: K_TRAP,
+}
+_PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0, 0xF2, 0xF3))
+_STRING_OPS = frozenset((0x6C, 0x6D, 0x6E, 0x6F, 0xA4, 0xA5, 0xA6, 0xA7,
+                         0xAA, 0xAB, 0xAC, 0xAD, 0xAE, 0xAF))
+
+
+def _is_rep_string(code: bytes) -> bool:
+    rep = False
+    i = 0
+    while i < len(code) and code[i] in _PREFIXES:
+        rep = rep or code[i] in (0xF2, 0xF3)
+        i += 1
+    if i < len(code) and 0x40 <= code[i] <= 0x4F:
+        i += 1
+    return rep and i < len(code) and code[i] in _STRING_OPS
+
+
+def classify(pc: int, code: bytes) -> tuple[int, int]:
+    """(kind, direct target or 0) of one instruction (see ptgen.K_*)."""
+    try:
+        insn = decode(code)
+    except X86Error:
+        return K_OTHER, 0
+    k = _KIND.get(insn.kind)
+    if k is None:
+        return (K_REP if _is_rep_string(code) else K_OTHER), 0
+    if k in (K_JCC, K_JMP, K_CALL):
+        return k, insn.target(pc) or 0
+    return k, 0
+
+
+class BlockInfo(NamedTuple):
+    """A straight-line run whose last instruction may transfer control."""
+    pc: int
+    ninsn: int
+    last: int       # address of the last instruction
+    kind: int       # its kind (ptgen.K_*)
+    target: int     # its direct target (0 if none)
+    nlip: int       # the address after it
+
+
+def _complete(code: bytes) -> bool:
+    try:
+        return decode(code).size == len(code)
+    except X86Error:
+        return False
+
+
+def split_block(pc: int, sizes: bytes, code: bytes) -> list[BlockInfo]:
+    """BlockInfos for one defined block: one, unless a branch is inside.
+
+    QEMU 7.2 reports an instruction it started to translate but moved to
+    the next block (its bytes cut short) as the block's last one: such an
+    incomplete last instruction is dropped, it did not execute there.
+    """
+    if len(sizes) > 1 and not _complete(code[len(code) - sizes[-1]:]):
+        code = code[:len(code) - sizes[-1]]
+        sizes = sizes[:-1]
+    out = []
+    start = pc
+    n = 0
+    off = 0
+    ip = pc
+    last = len(sizes) - 1
+    for i, sz in enumerate(sizes):
+        n += 1
+        insn = code[off:off + sz]
+        kind, target = classify(ip, insn)
+        if i == last or (kind != K_OTHER and kind != K_REP):
+            out.append(BlockInfo(start, n, ip, kind, target, ip + sz))
+            start = ip + sz
+            n = 0
+        off += sz
+        ip += sz
+    return out
+
+
+@dataclass
+class Segment:
+    """A run of one thread's records between two chunk starts."""
+    pid: int
+    tid: int
+    cpu: int
+    time: int
+    items: list = field(default_factory=list)   # BlockInfo lists and event records
+    first_ip: int | None = None
+
+
+@dataclass
+class ThreadInfo:
+    pid: int
+    tid: int
+    parent_tid: int = 0
+    segments: list = field(default_factory=list)
+    exit_status: int | None = None
+
+
+@dataclass
+class ExecTrace:
+    """Everything the generator and the bundle need from one log."""
+    header: xl.Header
+    threads: dict           # tid -> ThreadInfo (in order of appearance)
+    processes: dict         # pid -> {"ppid", "exe", "exit", "execs": [...]}
+    mmaps: list             # xl.Mmap records
+    handlers: dict          # pid -> set of signal handler addresses
+    t0: int = 0
+
+
+def load(data: bytes) -> ExecTrace:
+    """Parse an execution log into per-thread segments of BlockInfos."""
+    header, off = xl.parse_header(data)
+    tables: dict[int, dict[int, list[BlockInfo]]] = {}
+    threads: dict[int, ThreadInfo] = {}
+    processes: dict[int, dict] = {}
+    handlers: dict[int, set] = {}
+    mmaps: list = []
+    seg: Segment | None = None
+    table: dict = {}
+    t0 = None
+    last_time = 0
+    for r in xl.parse(data, off):
+        t = type(r)
+        if t is xl.Exec:
+            get = table.__getitem__
+            items = seg.items
+            for bid in r.ids:
+                items.extend(get(bid))
+        elif t is xl.Block:
+            tables.setdefault(r.pid, {})[r.id] = split_block(r.pc, r.sizes, r.code)
+        elif t is xl.Ctx:
+            th = threads.get(r.tid)
+            if th is None:
+                th = threads[r.tid] = ThreadInfo(r.pid, r.tid)
+            seg = Segment(r.pid, r.tid, r.cpu, last_time)
+            th.segments.append(seg)
+            table = tables.setdefault(r.pid, {})
+            processes.setdefault(r.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
+        elif t is xl.Time:
+            last_time = r.value
+            if t0 is None:
+                t0 = r.value
+            if seg is not None and not seg.items:
+                seg.time = r.value
+        elif t is xl.Insn:
+            seg.items.extend(split_block(r.pc, bytes((len(r.code),)), r.code))
+        elif t is xl.ExecPart:
+            blocks = table[r.id]
+            left = r.count
+            for b in blocks:
+                if left <= 0:
+                    break
+                if b.ninsn <= left:
+                    seg.items.append(b)
+                else:
+                    # the cut instruction never retired: a plain run
+                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0))
+                left -= b.ninsn
+        elif t is xl.ProcStart:
+            p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
+            p["ppid"] = r.parent_pid
+            if r.parent_pid and r.parent_pid in tables:
+                table = tables[seg.pid] = dict(tables[r.parent_pid])
+                handlers[seg.pid] = set(handlers.get(r.parent_pid, ()))
+        elif t is xl.ThreadStart:
+            threads[seg.tid].parent_tid = r.parent_tid
+        elif t is xl.Sigaction:
+            if r.handler > 1:
+                handlers.setdefault(seg.pid, set()).add(r.handler)
+            seg.items.append(r)
+        elif t is xl.Mmap:
+            mmaps.append(r)
+        elif t is xl.ProcExec:
+            processes[seg.pid]["execs"].append(r)
+            seg.items.append(r)
+        elif t is xl.ProcExit:
+            processes[seg.pid]["exit"] = r.status
+            seg.items.append(r)
+        elif t is xl.ThreadExit:
+            threads[seg.tid].exit_status = r.status
+            seg.items.append(r)
+        elif t is xl.Munmap:
+            pass
+        else:
+            seg.items.append(r)
+    for th in threads.values():
+        for s in th.segments:
+            for it in s.items:
+                if type(it) is BlockInfo:
+                    s.first_ip = it.pc
+                    break
+    return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0)
+
+
+class _ThreadState:
+    """Where a thread's instruction flow stands between segments."""
+    __slots__ = ("tid", "pid", "pending", "in_kernel", "ctx_ok", "handlers", "started")
+
+    def __init__(self, tid: int, pid: int, ctx_ok: bool, handlers: set):
+        self.tid = tid
+        self.pid = pid
+        self.pending: BlockInfo | None = None
+        self.in_kernel = True       # threads start in the kernel (exec/clone)
+        self.ctx_ok = ctx_ok
+        self.handlers = handlers
+        self.started = False
+
+
+def _run_items(st: _ThreadState, tr: Tracer, items: list) -> None:
+    """Feed one segment's items to a tracer (the per-block hot loop)."""
+    pending = st.pending
+    in_kernel = st.in_kernel
+    handlers = st.handlers
+    retire = tr.retire
+    branch = tr.branch
+    boundary = tr.boundary
+    for b in items:
+        if type(b) is BlockInfo:
+            pc = b.pc
+            n = b.ninsn
+            if in_kernel:
+                tr.enter(pc, st.ctx_ok)
+                in_kernel = False
+            elif pending is not None:
+                k = pending.kind
+                if k == K_REP and pc == pending.last:
+                    n -= 1          # the same rep instruction, continuing
+                elif k == K_OTHER or k == K_REP:
+                    if pc != pending.nlip:
+                        _interrupted(tr, pending.nlip, pc)
+                elif k == K_JCC:
+                    if pc == pending.target or pc == pending.nlip:
+                        branch(k, pending.nlip, pc)
+                    else:
+                        _interrupted(tr, pending.nlip, pc)
+                elif k == K_JMP or k == K_CALL:
+                    branch(k, pending.nlip, pending.target)
+                    if pc != pending.target:
+                        _interrupted(tr, pending.target, pc)
+                elif k == K_TRAP:
+                    tr.leave_sync()
+                    tr.enter(pc, st.ctx_ok)
+                elif pc in handlers and handlers:
+                    # an indirect transfer can't be followed by a handler
+                    # entry except through signal delivery
+                    _interrupted(tr, pc, pc)
+                else:
+                    branch(k, pending.nlip, pc)
+            if n:
+                boundary(pc)
+                retire(n)
+            pending = b
+        else:
+            t = type(b)
+            if t is xl.Syscall:
+                if pending is not None and not in_kernel:
+                    tr.leave_sync()
+                    tr.cur_ip = pending.nlip
+                in_kernel = True
+                pending = None
+            elif t is xl.Signal:
+                if not in_kernel:
+                    ip = b.ip or (pending.nlip if pending is not None else 0)
+                    if pending is not None and pending.kind not in (K_OTHER, K_REP, K_TRAP):
+                        branch(pending.kind, pending.nlip, ip)
+                    tr.leave_async(ip)
+                in_kernel = True
+                pending = None
+            elif t is xl.Sigaction:
+                if b.handler > 1:
+                    handlers.add(b.handler)
+    st.pending = pending
+    st.in_kernel = in_kernel
+
+
+def _interrupted(tr: Tracer, resume_ip: int, next_ip: int) -> None:
+    """User code was left asynchronously before ``resume_ip`` (a signal was
+    delivered there) and goes on at ``next_ip`` (the handler)."""
+    tr.leave_async(resume_ip)
+    tr.enter(next_ip, tr.ctx_ok)
+
+
+def _switch_out(st: _ThreadState, tr: Tracer, next_ip: int | None) -> None:
+    """The thread leaves this CPU at a segment end (its next instruction is
+    ``next_ip``, the first one of its next segment, if any)."""
+    if st.in_kernel:
+        return
+    p = st.pending
+    if p is not None and next_ip is not None:
+        k = p.kind
+        if k == K_TRAP:
+            tr.leave_sync()
+            st.in_kernel = True
+            st.pending = None
+            return
+        if k == K_REP and next_ip == p.last:
+            # the rep instruction goes on after the switch: FUP at it, and
+            # it retires (is counted) in the next segment only
+            if tr.pkt_en:
+                tr.insns -= 1
+        elif k not in (K_OTHER, K_REP):
+            tr.branch(k, p.nlip, p.target if k in (K_JMP, K_CALL) else next_ip)
+        tr.leave_async(next_ip)
+    else:
+        tr.leave_async(p.nlip if p is not None else tr.cur_ip)
+    st.in_kernel = True
+    st.pending = None
+
+
+@dataclass
+class StreamResult:
+    key: tuple              # ("cpu", n) or ("tid", tid)
+    tracer: Tracer
+    pid: int = 0
+
+
+def assign_cr3(pids) -> dict[int, int]:
+    """The CR3 value the emulation gives each process (32-byte aligned)."""
+    return {pid: 0x1000 * (i + 1) for i, pid in enumerate(sorted(pids))}
+
+
+def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
+             num_cpus: int = 1, sink_for: Callable | None = None,
+             cr3: dict | None = None) -> list[StreamResult]:
+    """Drive tracers over the trace; returns one result per stream.
+
+    ``sink_for(key, pid)`` gives the sink of a stream (None: bytes stay in
+    the tracer's ``buf``).
+    """
+    cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
+    cfg_ctl = int(cfg.ctl)
+    cr3_filter = bool(cfg_ctl & (1 << 7))
+
+    def ctx_ok(pid):
+        return not cr3_filter or cr3.get(pid) == cfg.cr3_match
+
+    from dataclasses import replace
+    cfg = replace(cfg, timing=replace(cfg.timing, t0=cfg.timing.t0 or trace.t0))
+    states = {tid: _ThreadState(tid, th.pid, ctx_ok(th.pid),
+                                set(trace.handlers.get(th.pid, ())))
+              for tid, th in trace.threads.items()}
+    results: list[StreamResult] = []
+
+    if mode == "thread":
+        for tid, th in trace.threads.items():
+            key = ("tid", tid)
+            tr = Tracer(cfg, sink_for(key, th.pid) if sink_for else None)
+            st = states[tid]
+            for seg in th.segments:
+                _run_items(st, tr, seg.items)
+            _end_thread(st, tr)
+            tr.finish()
+            results.append(StreamResult(key, tr, th.pid))
+        return results
+
+    # cpu mode: order every segment by time on its CPU
+    tracers = {}
+    for c in range(num_cpus):
+        key = ("cpu", c)
+        tracers[c] = Tracer(cfg, sink_for(key, 0) if sink_for else None)
+    order = []
+    for tid, th in trace.threads.items():
+        for i, seg in enumerate(th.segments):
+            nxt = th.segments[i + 1].first_ip if i + 1 < len(th.segments) else None
+            cpu = seg.cpu % num_cpus if seg.cpu >= 0 else 0
+            order.append((seg.time, cpu, tid, i, seg, nxt))
+    order.sort(key=lambda x: (x[0], x[2], x[3]))
+    on_cpu: dict[int, tuple] = {}       # cpu -> (tid, seg index, next ip)
+    where: dict[int, int] = {}          # tid -> cpu it last ran on
+    for time, cpu, tid, i, seg, nxt in order:
+        st = states[tid]
+        tr = tracers[cpu]
+        prev = on_cpu.get(cpu)
+        if not (prev is not None and prev[0] == tid and prev[1] == i - 1):
+            if prev is not None:
+                ptid, _, pnext = prev
+                if where.get(ptid) == cpu:
+                    _switch_out(states[ptid], tr, pnext)
+            if tid in where and where[tid] != cpu:
+                oc = where[tid]
+                oprev = on_cpu.get(oc)
+                if oprev is not None and oprev[0] == tid:
+                    _switch_out(st, tracers[oc], oprev[2])
+                    del on_cpu[oc]
+        _run_items(st, tr, seg.items)
+        on_cpu[cpu] = (tid, i, nxt)
+        where[tid] = cpu
+        if i + 1 == len(trace.threads[tid].segments):
+            _end_thread(st, tr)
+            del on_cpu[cpu]
+            del where[tid]
+    for c, tr in tracers.items():
+        tr.finish()
+        results.append(StreamResult(("cpu", c), tr, 0))
+    return results
+
+
+def _end_thread(st: _ThreadState, tr: Tracer) -> None:
+    """The thread's log ends: it exited (in the kernel), exec'd, or died."""
+    if not st.in_kernel and st.pending is not None:
+        p = st.pending
+        if p.kind == K_TRAP:
+            tr.leave_sync()
+        else:
+            tr.leave_async(p.nlip)
+    st.in_kernel = True
+    st.pending = None

@@ -1,0 +1,554 @@
+/*
+ * hwtrace QEMU TCG plugin: writes the hwtrace execution log (see execlog.py
+ * for the format) of a program run under qemu-user (qemu-x86_64 >= 7.2).
+ *
+ *   qemu-x86_64 -plugin hwtrace_plugin.so,out=LOG PROGRAM ARGS...
+ *
+ * Per translation block: a BLOCK record at translation time (address, size
+ * and bytes of each instruction) and a callback at execution time that
+ * appends the block id to the executing guest thread's buffer.  Buffers are
+ * per host thread (qemu-user runs one host thread per guest thread), flushed
+ * to LOG (O_APPEND) when full, at syscalls that end or replace a thread or
+ * process, and at exit.  Nothing on the execution hot path takes a lock or
+ * makes a system call.
+ *
+ * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
+ * QEMU 4.2 .. 8.x) used here is declared below.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+/* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
+#define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
+#define QEMU_PLUGIN_VERSION 1
+
+typedef uint64_t qemu_plugin_id_t;
+typedef struct {
+    const char *target_name;
+    struct { int min; int cur; } version;
+    bool system_emulation;
+    union { struct { int smp_vcpus; int max_vcpus; } system; };
+} qemu_info_t;
+
+struct qemu_plugin_tb;
+struct qemu_plugin_insn;
+enum qemu_plugin_cb_flags { QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_CB_R_REGS,
+                            QEMU_PLUGIN_CB_RW_REGS };
+
+typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
+typedef void (*qemu_plugin_vcpu_udata_cb_t)(unsigned int vcpu_index, void *userdata);
+typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_plugin_tb *tb);
+typedef void (*qemu_plugin_vcpu_syscall_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_index,
+        int64_t num, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
+        uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8);
+typedef void (*qemu_plugin_vcpu_syscall_ret_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_idx,
+        int64_t num, int64_t ret);
+
+extern void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
+extern void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
+        enum qemu_plugin_cb_flags flags, void *userdata);
+extern size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *tb);
+extern uint64_t qemu_plugin_tb_vaddr(const struct qemu_plugin_tb *tb);
+extern struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb, size_t idx);
+extern const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
+extern size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
+extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
+extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
+extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
+extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
+
+QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
+
+/* ---- execution log records (execlog.py is the specification) ---- */
+enum {
+    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04,
+    T_THREAD_START = 0x10, T_THREAD_EXIT = 0x11, T_PROC_START = 0x12,
+    T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_SYSCALL = 0x20, T_SYSRET = 0x21,
+    T_SIGACTION = 0x23, T_MMAP = 0x30,
+};
+
+#define TBUF_SIZE (256 * 1024)
+#define TBUF_SLACK 256          /* room for any event record */
+
+struct tbuf {
+    unsigned char *data;
+    size_t pos;
+    size_t run_at;              /* offset of the open EXEC record's count */
+    uint32_t run_n;             /* ids in it (0: no open EXEC record) */
+    uint32_t tid;
+    size_t hdr_end;             /* end of the chunk's CTX+TIME header */
+    bool started;               /* THREAD_START written */
+    struct tbuf *next;          /* all live buffers of this process */
+};
+
+struct tbinfo { uint32_t id; };
+
+struct span { uint64_t lo, hi; };
+
+static int out_fd = -1;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tbuf *all_bufs;           /* guarded by lock */
+static unsigned char *defs;             /* BLOCK/MMAP records not yet written */
+static size_t defs_pos, defs_cap;
+static uint32_t next_id = 1;
+static uint32_t pid;
+static uint32_t parent_pid;
+static uint32_t cloning_tid;            /* last thread that called clone(CLONE_VM) */
+static bool proc_started;
+static struct span *spans;              /* mappings already reported */
+static size_t nspans, capspans;
+static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+
+static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
+
+static void put(unsigned char **p, const void *v, size_t n) { memcpy(*p, v, n); *p += n; }
+
+static void write_all(const unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(out_fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void close_run(struct tbuf *b)
+{
+    if (b->run_n) {
+        memcpy(b->data + b->run_at, &b->run_n, 4);
+        b->run_n = 0;
+    }
+}
+
+static void begin_chunk(struct tbuf *b)
+{
+    unsigned char *p = b->data;
+    int32_t cpu = sched_getcpu();
+    uint64_t now = __rdtsc();
+    *p++ = T_CTX;
+    put(&p, &pid, 4);
+    put(&p, &b->tid, 4);
+    put(&p, &cpu, 4);
+    *p++ = T_TIME;
+    put(&p, &now, 8);
+    b->pos = (size_t)(p - b->data);
+    b->hdr_end = b->pos;
+    b->run_n = 0;
+}
+
+/* Write defs then this buffer; caller holds lock. */
+static void flush_locked(struct tbuf *b)
+{
+    if (defs_pos) {
+        write_all(defs, defs_pos);
+        defs_pos = 0;
+    }
+    if (b) {
+        close_run(b);
+        if (b->pos > b->hdr_end)
+            write_all(b->data, b->pos);
+        begin_chunk(b);
+    }
+}
+
+static void flush_all_locked(void)
+{
+    flush_locked(NULL);
+    for (struct tbuf *b = all_bufs; b; b = b->next)
+        flush_locked(b);
+}
+
+static void put_event_header(struct tbuf *b)
+{
+    if (!b->started) {
+        unsigned char *p = b->data + b->pos;
+        if (!proc_started) {
+            proc_started = true;
+            *p++ = T_PROC_START;
+            put(&p, &parent_pid, 4);
+        }
+        uint32_t parent = (b->tid == pid) ? 0 : cloning_tid;
+        *p++ = T_THREAD_START;
+        put(&p, &parent, 4);
+        b->pos = (size_t)(p - b->data);
+        b->started = true;
+    }
+}
+
+static struct tbuf *new_buf(void)
+{
+    struct tbuf *b = calloc(1, sizeof(*b));
+    b->data = malloc(TBUF_SIZE + TBUF_SLACK);
+    b->tid = my_tid();
+    begin_chunk(b);
+    pthread_mutex_lock(&lock);
+    put_event_header(b);
+    b->next = all_bufs;
+    all_bufs = b;
+    pthread_mutex_unlock(&lock);
+    tls_buf = b;
+    return b;
+}
+
+static struct tbuf *cur_buf(void)
+{
+    struct tbuf *b = tls_buf;
+    return b ? b : new_buf();
+}
+
+/* Room for an event record in the current buffer (flushing if needed). */
+static struct tbuf *event_buf(void)
+{
+    struct tbuf *b = cur_buf();
+    close_run(b);
+    if (b->pos + TBUF_SLACK > TBUF_SIZE) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    }
+    return b;
+}
+
+static void put_time(struct tbuf *b)
+{
+    uint64_t now = __rdtsc();
+    b->data[b->pos++] = T_TIME;
+    memcpy(b->data + b->pos, &now, 8);
+    b->pos += 8;
+}
+
+/* ---- the hot path ---- */
+static void on_exec(unsigned int vcpu, void *udata)
+{
+    struct tbuf *b = tls_buf;
+    (void)vcpu;
+    if (__builtin_expect(b == NULL || b->pos + 16 > TBUF_SIZE, 0)) {
+        b = cur_buf();
+        if (b->pos + 16 > TBUF_SIZE) {
+            pthread_mutex_lock(&lock);
+            flush_locked(b);
+            pthread_mutex_unlock(&lock);
+        }
+    }
+    if (!b->run_n) {
+        b->data[b->pos] = T_EXEC;
+        b->run_at = b->pos + 1;
+        b->pos += 5;
+    }
+    memcpy(b->data + b->pos, &((struct tbinfo *)udata)->id, 4);
+    b->pos += 4;
+    b->run_n++;
+}
+
+/* ---- translation time ---- */
+static void defs_reserve(size_t n)
+{
+    if (defs_pos + n > defs_cap) {
+        size_t cap = defs_cap ? defs_cap : 65536;
+        while (cap < defs_pos + n)
+            cap *= 2;
+        defs = realloc(defs, cap);
+        defs_cap = cap;
+    }
+}
+
+/* Report the mapping (from the host's view, which is the guest's: qemu-user
+ * maps x86-64 guests at their own addresses) that holds pc. Caller holds lock. */
+static void report_mapping(uint64_t pc)
+{
+    for (size_t i = 0; i < nspans; i++)
+        if (pc >= spans[i].lo && pc < spans[i].hi)
+            return;
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return;
+    char line[4096 + 128];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off;
+        char perms[8];
+        int n = 0;
+        if (sscanf(line, "%lx-%lx %7s %lx %*s %*s%n", &lo, &hi, perms, &off, &n) < 4)
+            continue;
+        if (pc < lo || pc >= hi)
+            continue;
+        char *path = line + n;
+        while (*path == ' ')
+            path++;
+        size_t len = strcspn(path, "\n");
+        if (len > 4000)
+            len = 4000;
+        uint32_t prot = (perms[0] == 'r' ? 1 : 0) | (perms[1] == 'w' ? 2 : 0) | (perms[2] == 'x' ? 4 : 0);
+        uint64_t a = lo, s = hi - lo, o = off;
+        uint16_t l16 = (uint16_t)len;
+        defs_reserve(64 + len);
+        unsigned char *p = defs + defs_pos;
+        *p++ = T_MMAP;
+        put(&p, &pid, 4);
+        put(&p, &a, 8);
+        put(&p, &s, 8);
+        put(&p, &o, 8);
+        put(&p, &prot, 4);
+        put(&p, &l16, 2);
+        put(&p, path, len);
+        *p++ = 0;
+        defs_pos = (size_t)(p - defs);
+        if (nspans == capspans) {
+            capspans = capspans ? capspans * 2 : 64;
+            spans = realloc(spans, capspans * sizeof *spans);
+        }
+        spans[nspans].lo = lo;
+        spans[nspans].hi = hi;
+        nspans++;
+        break;
+    }
+    fclose(f);
+}
+
+static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
+{
+    (void)id;
+    size_t n = qemu_plugin_tb_n_insns(tb);
+    if (n == 0)
+        return;
+    uint64_t pc = qemu_plugin_tb_vaddr(tb);
+    size_t nbytes = 0;
+    for (size_t i = 0; i < n; i++)
+        nbytes += qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
+    struct tbinfo *info = malloc(sizeof *info);
+
+    pthread_mutex_lock(&lock);
+    report_mapping(pc);
+    info->id = next_id++;
+    defs_reserve(1 + 20 + n + nbytes);
+    unsigned char *p = defs + defs_pos;
+    uint16_t n16 = (uint16_t)n, b16 = (uint16_t)nbytes;
+    *p++ = T_BLOCK;
+    put(&p, &pid, 4);
+    put(&p, &info->id, 4);
+    put(&p, &pc, 8);
+    put(&p, &n16, 2);
+    put(&p, &b16, 2);
+    for (size_t i = 0; i < n; i++)
+        *p++ = (unsigned char)qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        put(&p, qemu_plugin_insn_data(insn), qemu_plugin_insn_size(insn));
+    }
+    defs_pos = (size_t)(p - defs);
+    pthread_mutex_unlock(&lock);
+
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
+}
+
+/* ---- syscalls: kernel transitions, threads, processes ---- */
+enum { NR_RT_SIGACTION = 13, NR_CLONE = 56, NR_FORK = 57, NR_VFORK = 58,
+       NR_EXECVE = 59, NR_EXIT = 60, NR_EXIT_GROUP = 231, NR_EXECVEAT = 322,
+       NR_CLONE3 = 435 };
+#define CLONE_VM_FLAG 0x100
+
+static size_t read_guest(uint64_t addr, void *dst, size_t n)
+{
+    int fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t r = pread(fd, dst, n, (off_t)addr);
+    close(fd);
+    return r < 0 ? 0 : (size_t)r;
+}
+
+static bool clone_is_thread(int64_t num, uint64_t a1)
+{
+    if (num == NR_CLONE)
+        return (a1 & CLONE_VM_FLAG) != 0;
+    if (num == NR_CLONE3) {
+        uint64_t flags = 0;
+        if (read_guest(a1, &flags, 8) == 8)
+            return (flags & CLONE_VM_FLAG) != 0;
+    }
+    return false;
+}
+
+static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
+                       uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
+                       uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
+{
+    (void)id; (void)vcpu; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
+    struct tbuf *b = event_buf();
+    unsigned char *p = b->data + b->pos;
+    uint64_t nr = (uint64_t)num;
+    *p++ = T_SYSCALL;
+    put(&p, &nr, 8);
+    b->pos = (size_t)(p - b->data);
+    put_time(b);
+
+    if (num == NR_RT_SIGACTION && a2 != 0) {
+        uint64_t act[2] = {0, 0};
+        if (read_guest(a2, act, sizeof act) == sizeof act) {
+            uint32_t signo = (uint32_t)a1;
+            p = b->data + b->pos;
+            *p++ = T_SIGACTION;
+            put(&p, &signo, 4);
+            put(&p, &act[0], 8);
+            put(&p, &act[1], 8);
+            b->pos = (size_t)(p - b->data);
+        }
+    } else if (num == NR_EXIT) {
+        int32_t st = (int32_t)a1;
+        p = b->data + b->pos;
+        *p++ = T_THREAD_EXIT;
+        put(&p, &st, 4);
+        b->pos = (size_t)(p - b->data);
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        b->pos = 0;     /* nothing more from this thread */
+        for (struct tbuf **q = &all_bufs; *q; q = &(*q)->next)
+            if (*q == b) {
+                *q = b->next;
+                break;
+            }
+        pthread_mutex_unlock(&lock);
+    } else if (num == NR_EXIT_GROUP) {
+        int32_t st = (int32_t)a1;
+        p = b->data + b->pos;
+        *p++ = T_THREAD_EXIT;
+        put(&p, &st, 4);
+        *p++ = T_PROC_EXIT;
+        put(&p, &st, 4);
+        b->pos = (size_t)(p - b->data);
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    } else if (num == NR_EXECVE || num == NR_EXECVEAT) {
+        /* qemu-user execs the new image natively: it leaves the trace. */
+        char path[4096];
+        uint64_t pa = num == NR_EXECVE ? a1 : a2;
+        size_t got = read_guest(pa, path, sizeof path - 1);
+        path[got] = 0;
+        uint16_t len = (uint16_t)strnlen(path, got);
+        if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
+            pthread_mutex_lock(&lock);
+            flush_locked(b);
+            pthread_mutex_unlock(&lock);
+        }
+        p = b->data + b->pos;
+        *p++ = T_PROC_EXEC;
+        *p++ = 0;
+        put(&p, &len, 2);
+        put(&p, path, len);
+        b->pos = (size_t)(p - b->data);
+        /* Other threads' buffers are theirs to touch: only ours is flushed. */
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    } else if (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3) {
+        pthread_mutex_lock(&lock);
+        if (clone_is_thread(num, a1))
+            cloning_tid = b->tid;
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    }
+}
+
+static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, int64_t ret)
+{
+    (void)id; (void)vcpu;
+    struct tbuf *b = event_buf();
+    if (ret == 0 && (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3)
+        && (uint32_t)getpid() != pid) {
+        /* The child of a fork: drop the parent's buffers (the parent
+         * writes them) and start this process's part of the log. */
+        pthread_mutex_lock(&lock);
+        parent_pid = pid;
+        pid = (uint32_t)getpid();
+        defs_pos = 0;
+        b->next = NULL;
+        all_bufs = b;
+        b->tid = my_tid();
+        begin_chunk(b);
+        proc_started = false;
+        b->started = false;
+        put_event_header(b);
+        nspans = 0;
+        pthread_mutex_unlock(&lock);
+    }
+    unsigned char *p = b->data + b->pos;
+    uint64_t nr = (uint64_t)num;
+    *p++ = T_SYSRET;
+    put(&p, &nr, 8);
+    put(&p, &ret, 8);
+    b->pos = (size_t)(p - b->data);
+    put_time(b);
+}
+
+static void on_exit_cb(qemu_plugin_id_t id, void *udata)
+{
+    (void)id; (void)udata;
+    pthread_mutex_lock(&lock);
+    flush_all_locked();
+    pthread_mutex_unlock(&lock);
+}
+
+static uint64_t calibrate_tsc_hz(void)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t c0 = __rdtsc();
+    do {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 2000000L);
+    uint64_t c1 = __rdtsc();
+    double ns = (double)((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+    return (uint64_t)((double)(c1 - c0) * 1e9 / ns);
+}
+
+QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
+                                           int argc, char **argv)
+{
+    const char *out = NULL;
+    for (int i = 0; i < argc; i++)
+        if (strncmp(argv[i], "out=", 4) == 0)
+            out = argv[i] + 4;
+    if (!out) {
+        fprintf(stderr, "hwtrace plugin: missing out=FILE argument\n");
+        return -1;
+    }
+    if (info && info->target_name && strcmp(info->target_name, "x86_64") != 0) {
+        fprintf(stderr, "hwtrace plugin: target %s is not x86_64\n", info->target_name);
+        return -1;
+    }
+    out_fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (out_fd < 0) {
+        fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
+        return -1;
+    }
+    pid = (uint32_t)getpid();
+    unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
+    uint64_t hz = calibrate_tsc_hz();
+    memcpy(hdr + 16, &hz, 8);
+    write_all(hdr, sizeof hdr);
+
+    qemu_plugin_register_vcpu_tb_trans_cb(id, on_trans);
+    qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
+    qemu_plugin_register_vcpu_syscall_ret_cb(id, on_syscall_ret);
+    qemu_plugin_register_atexit_cb(id, on_exit_cb, NULL);
+    return 0;
+}
