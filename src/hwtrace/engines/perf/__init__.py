@@ -9,9 +9,27 @@
 - :mod:`.importer`  perf.data -> bundle
 - :mod:`.ring`      perf mmap ring-buffer reading (no I/O)
 - :mod:`.pmu`       sysfs PMU discovery and the availability probe
+- :mod:`.attrs`     the perf_event_attr values the engine opens
+- :mod:`.sysops`    the syscalls (ctypes), replaceable for tests
 - :mod:`.engine`    the perf engine (perf_event_open, AUX mmap)
 """
 
 from .errors import PerfDataError
 
-__all__ = ["PerfDataError"]
+
+def probe():
+    """Availability (truthy, with ``reason``) of Intel PT through perf here.
+
+    The plain ``(ok, reason)`` tuple is :func:`hwtrace.engines.perf.pmu.probe`.
+    """
+    from .engine import probe_availability
+    return probe_availability()
+
+
+def create(**options):
+    """A :class:`~.engine.PerfEngine`; TraceError NOT_SUPPORTED with the reason."""
+    from .engine import create as _create
+    return _create(**options)
+
+
+__all__ = ["PerfDataError", "probe", "create"]

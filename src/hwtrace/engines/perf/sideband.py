@@ -78,10 +78,16 @@ class _Clock:
 
 def convert(records: Iterable[Record], aux_payload: Callable[[Record], Any], *,
             build_ids: dict[str, bytes] | None = None,
-            pt_attr_config: int | None = None) -> Converted:
-    """Walk the records once and sort them into bundle material."""
+            pt_attr_config: int | None = None,
+            time_conv: TimeConv | None = None) -> Converted:
+    """Walk the records once and sort them into bundle material.
+
+    ``time_conv`` converts times before a TIME_CONV record is seen (the
+    live engine takes it from the perf mmap page).
+    """
     build_ids = build_ids or {}
     clock = _Clock()
+    clock.tc = time_conv
     sb: list[Any] = []
     streams: dict[tuple[int | None, int | None], StreamParts] = {}
     info: PtInfo | None = None
