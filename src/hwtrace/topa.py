@@ -198,6 +198,7 @@ class Topa:
 #: wrapped, bit 1 OVF pending), bytes stored, bytes lost, instructions.
 REGS_MAGIC = b"HWTPTRG1"
 _REGS = struct.Struct("<8sQQQQQQQQ")
+_SEQ = struct.Struct("<Q")
 REGS_SIZE = 128
 FLAG_WRAPPED = 1
 FLAG_OVF_PENDING = 2
@@ -259,6 +260,7 @@ class OutputUnit:
             if len(m) < topa.region_size or m.readonly:
                 raise ValueError("regions must be writable and region_size long")
         self._by_base = {b: k for k, b in enumerate(topa.region_bases)}
+        self._size = topa.region_size
         self._regs = regs
         if initial is None:
             ob, mp = topa.initial_registers()
@@ -311,15 +313,16 @@ class OutputUnit:
     def _store(self) -> None:
         self.output_mask_ptrs = mask_ptrs(self._idx, self._off) if self._chunk >= 0 \
             else self.output_mask_ptrs
-        if self._regs is None:
+        regs = self._regs
+        if regs is None:
             return
-        self._seq += 1
+        seq = self._seq + 1
         fl = (FLAG_WRAPPED if self.wrapped else 0) | (FLAG_OVF_PENDING if self.ovf_pending else 0)
-        _REGS.pack_into(self._regs, 0, REGS_MAGIC, self._seq, self.output_base,
+        _REGS.pack_into(regs, 0, REGS_MAGIC, seq, self.output_base,
                         self.output_mask_ptrs, self.status, fl, self.stored, self.lost,
                         self.instructions)
-        self._seq += 1
-        struct.pack_into("<Q", self._regs, 8, self._seq)
+        self._seq = seq = seq + 1
+        _SEQ.pack_into(regs, 8, seq)
 
     # -- what engines call
     @property
@@ -356,6 +359,22 @@ class OutputUnit:
 
     def write(self, data) -> int:
         """Append packet bytes; returns how many of ``data`` were stored."""
+        # fast path: bytes that fit in the current region, nothing pending
+        if type(data) is bytes or type(data) is bytearray:
+            n = len(data)
+            off = self._off
+            if 0 < n and off + n < self._size and not self.ovf_pending \
+                    and not self.status & STATUS_STOPPED and self._chunk >= 0:
+                self._mem[self._chunk][off:off + n] = data
+                self._off = off + n
+                self.stored += n
+                st = self.status
+                cnt = (st >> PACKET_BYTE_CNT_SHIFT) + n
+                if cnt > PACKET_BYTE_CNT_MASK:
+                    cnt &= PACKET_BYTE_CNT_MASK
+                self.status = (st & 0xFFFF_FFFF) | cnt << PACKET_BYTE_CNT_SHIFT
+                self._store()
+                return n
         mv = memoryview(data).cast("B")
         if not len(mv):
             return 0

@@ -68,6 +68,9 @@ def _lock_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     d = Path(base) / f"hwtrace-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid():
+        raise TraceError(Status.NO_RESOURCES, f"lock directory {d} is not this user's")
     return d
 
 
