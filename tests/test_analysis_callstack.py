@@ -44,7 +44,7 @@ def test_fib_call_tree_exact():
     # depth of fib activations: fib(7) at 1 .. deepest fib(1) at 1 + 6
     assert max(x.depth for x in a if x.name == "fib") == 7
     main = next(x for x in a if x.name == "main")
-    assert main.flags == Flag.BEGIN_UNKNOWN           # trace began inside it
+    assert main.flags == Flag.NONE        # the trace began at its entry
     top = [x for x in a if x.name == "fib" and x.depth == 1]
     assert len(top) == 1 and top[0].flags == Flag.NONE
     # the caller main returned into: a sibling, begun before the trace
@@ -57,6 +57,16 @@ def test_fib_call_tree_exact():
     # inclusive = exclusive + callees
     for x in a:
         assert x.insns == x.self_insns + x.child_insns
+
+
+def test_trace_starting_inside_a_function_marks_its_begin_unknown():
+    s = FlowSynth(["main", "a"])
+    s.start("main", offset=0x20)
+    s.body(2); s.call("a"); s.body(1); s.ret(); s.body(1)
+    a = acts(reconstruct(s.take(), lookup=s.lookup))
+    assert [(x.name, x.func, x.flags) for x in a] == [
+        ("a", s.addr["a"], Flag.NONE),
+        ("main", s.addr["main"], Flag.BEGIN_UNKNOWN | Flag.TRUNCATED)]
 
 
 def test_fib_leaf_sizes():
@@ -223,7 +233,7 @@ def test_syscall_with_untraced_kernel_is_one_frame():
     a = acts(recs)
     assert [(x.name, x.depth, x.flags) for x in a] == [
         ("[syscall]", 2, Flag.FAR), ("write", 1, Flag.NONE),
-        ("main", 0, Flag.BEGIN_UNKNOWN | Flag.TRUNCATED)]
+        ("main", 0, Flag.TRUNCATED)]
     assert not [r for r in recs if type(r) is Marker]
 
 
@@ -257,7 +267,7 @@ def test_tsx_abort_closes_speculative_frames():
     s.body(1)
     a = acts(reconstruct(items + s.take(), lookup=s.lookup))
     assert [(x.name, x.flags) for x in a] == [
-        ("a", Flag.ABORTED), ("main", Flag.BEGIN_UNKNOWN | Flag.TRUNCATED)]
+        ("a", Flag.ABORTED), ("main", Flag.TRUNCATED)]
 
 
 def test_objects_and_enums_are_accepted():

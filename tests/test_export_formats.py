@@ -195,7 +195,7 @@ def test_flow_is_the_program(flow):
 def test_chrome_slices_equal_call_tree(flow, tmp_path):
     out = tmp_path / "t.json"
     with open(out, "w") as fp:
-        w = ChromeTraceWriter(fp)
+        w = ChromeTraceWriter(fp, args=True)
         totals = run_export(flow, [w])
         w.close()
     doc = json.loads(out.read_text())

@@ -223,8 +223,13 @@ class CallStackBuilder:
         self._tx_depth = None
 
     def _start_segment(self, ip: int) -> None:
+        """The first instruction of a trace segment: its function began
+        before (``BEGIN_UNKNOWN``) unless the segment starts exactly at the
+        function's entry (a trace window opened at a function)."""
         self._in_seg = True
-        self._push(ip, None, Flag.BEGIN_UNKNOWN, base=True)
+        at_entry = self._lookup is not None and self._sym(ip)[0] == ip
+        self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
+                   base=True)
 
     def _return(self, target: int, far: bool = False) -> None:
         stack = self._stack

@@ -25,6 +25,8 @@ def register(sub) -> None:
     add_input_args(p)
     p.add_argument("--chrome", metavar="OUT.json",
                    help="Chrome trace-event JSON (Perfetto UI, chrome://tracing, speedscope)")
+    p.add_argument("--chrome-args", action="store_true",
+                   help="give every Chrome slice args (instructions, address)")
     p.add_argument("--perfetto", metavar="OUT.pftrace",
                    help="Perfetto native protobuf trace")
     p.add_argument("--folded", metavar="OUT", help="flame-graph folded stacks")
@@ -115,7 +117,7 @@ def run(args) -> int:
         if args.chrome:
             f = _open(args.chrome, "w")
             files.append(f)
-            chrome = ChromeTraceWriter(f)
+            chrome = ChromeTraceWriter(f, args=args.chrome_args)
             writers.append(chrome)
         if args.perfetto:
             f = _open(args.perfetto, "wb")

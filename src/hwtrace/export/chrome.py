@@ -18,8 +18,14 @@ from hwtrace.export import UNITS_PER_US, flag_names
 
 
 class ChromeTraceWriter:
-    def __init__(self, fp, origin: float | None = None):
+    """``args=True`` adds per-slice args (instructions, address, flags);
+    off by default because speedscope makes every distinct args object a
+    distinct frame (``fib {"insns":8}``), which splits its aggregate views.
+    Activations with flags (truncated, unwound, ...) always carry them."""
+
+    def __init__(self, fp, origin: float | None = None, args: bool = False):
         self._fp = fp
+        self._args = args
         self._origin = origin
         self._first = True
         self._names: dict[str, str] = {}
@@ -71,14 +77,21 @@ class ChromeTraceWriter:
                     self._names.clear()
             ts = self._ts(rec.begin)
             dur = f"{(rec.end - rec.begin) / self._div:.3f}"
-            args = f'"insns":{rec.end_idx - rec.begin_idx},"self_insns":{rec.self_insns}'
-            if rec.func is not None:
-                args += f',"addr":"0x{rec.func:x}"'
-            if rec.flags:
-                args += f',"flags":"{flag_names(rec.flags)}"'
+            if self._args:
+                args = (f',"args":{{"insns":{rec.end_idx - rec.begin_idx},'
+                        f'"self_insns":{rec.self_insns}')
+                if rec.func is not None:
+                    args += f',"addr":"0x{rec.func:x}"'
+                if rec.flags:
+                    args += f',"flags":"{flag_names(rec.flags)}"'
+                args += "}"
+            elif rec.flags:
+                args = f',"args":{{"flags":"{flag_names(rec.flags)}"}}'
+            else:
+                args = ""
             self._event(f'{{"ph":"X","name":{name},"cat":"call","ts":{ts},'
-                        f'"dur":{dur},"pid":{self._pid},"tid":{self._tid},'
-                        f'"args":{{{args}}}}}')
+                        f'"dur":{dur},"pid":{self._pid},"tid":{self._tid}'
+                        f'{args}}}')
             self.slices += 1
         elif type(rec) is Marker:
             args = {"detail": rec.detail, "insn": rec.idx}
