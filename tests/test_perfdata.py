@@ -300,3 +300,80 @@ def test_random_mutations_raise_only_format_errors():
             for _k in range(rnd.randint(1, 4)):
                 bad[rnd.randrange(limit)] = rnd.randrange(256)
             _must_fail_cleanly(bytes(bad))
+
+
+# -- record-by-record agreement with perf 6.1 ----------------------------------
+# SHA-256 (first 16 hex digits) of JSON lists derived once from
+# ``perf report -D`` (pipe: read from stdin; its offsets count from the end
+# of the 16-byte pipe header):
+#   LAYOUT:  sorted (offset, size, type name) of every record
+#   TIMES:   sorted (offset, cpu, time) of every record perf shows a time for
+#            (cpu 4294967295 where the sample has no CPU field)
+#   FIELDS:  sorted (offset, name, whitespace-normalized text perf printed
+#            after the name) of MMAP, MMAP2, COMM, SWITCH_CPU_WIDE, AUX,
+#            ITRACE_START, EXIT, AUXTRACE -- rebuilt here from our records
+#            in perf's notation (C's %#x prints 0 as "0").
+PERF_DIGESTS = {
+    FILE: ("93bd6521163cb08e", "099beffebecb038a", "edb5dea2198e7486", 257, 192, 236),
+    HASE: ("456d7820fbeffca3", "b8c2bf73596a6bfd", "ccba078dc5d22e1a", 249, 243, 245),
+    PIPE: ("6faf3e899bd0ad4e", "c6d3ff185c72b1f7", "36ee161d8154871c", 667, 586, 634),
+}
+_PERF_FIELD_TYPES = {"MMAP", "MMAP2", "COMM", "SWITCH_CPU_WIDE", "AUX", "ITRACE_START",
+                     "EXIT", "AUXTRACE"}
+
+
+def _digest(rows):
+    return hashlib.sha256(json.dumps(sorted(rows)).encode()).hexdigest()[:16]
+
+
+def _hx(v):
+    return "0" if v == 0 else hex(v)
+
+
+def _s32(v):
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _perf_text(r):
+    b = r.body
+    if r.type == abi.MMAP:
+        return (f"{_s32(b.pid)}/{b.tid}: [{_hx(b.addr)}({_hx(b.len)}) @ {_hx(b.pgoff)}]: "
+                f"{'x' if b.executable else 'r'} {b.filename}")
+    if r.type == abi.MMAP2:
+        p = "".join(c if b.prot & m else "-" for c, m in (("r", 1), ("w", 2), ("x", 4)))
+        p += "s" if b.flags & 1 else "p"
+        return (f"{_s32(b.pid)}/{b.tid}: [{_hx(b.addr)}({_hx(b.len)}) @ {_hx(b.pgoff)} "
+                f"{b.maj:02x}:{b.min:02x} {b.ino} {b.ino_generation}]: {p} {b.filename}")
+    if r.type == abi.COMM:
+        return f"{' exec' if b.exec else ''}: {b.comm}:{b.pid}/{b.tid}".strip()
+    if r.type == abi.SWITCH_CPU_WIDE:
+        return (f"{'OUT' if b.out else 'IN'} {'next' if b.out else 'prev'} pid/tid: "
+                f"{b.next_prev_pid}/{b.next_prev_tid}")
+    if r.type == abi.AUX:
+        return f"offset: {_hx(b.aux_offset)} size: {_hx(b.aux_size)} flags: {_hx(b.flags)} []"
+    if r.type == abi.ITRACE_START:
+        return f"pid: {b.pid} tid: {b.tid}"
+    if r.type == abi.EXIT:
+        return f"({b.pid}:{b.tid}):({b.ppid}:{b.ptid})"
+    return (f"size: {_hx(b.size)} offset: {_hx(b.offset)} ref: {_hx(b.reference)} "
+            f"idx: {b.idx} tid: {b.tid} cpu: {_s32(b.cpu)}")
+
+
+@pytest.mark.parametrize("path", [FILE, PIPE, HASE], ids=lambda p: p.name)
+def test_every_record_agrees_with_perf(path):
+    layout, times, fields = [], [], []
+    for r in _load(path).records():
+        layout.append((r.offset, r.size, r.name))
+        if r.type == abi.SAMPLE:
+            t, cpu = r.body.time, r.body.cpu
+        elif r.sample_id is not None:
+            t, cpu = r.sample_id.time, r.sample_id.cpu
+        else:
+            t = cpu = None
+        if t:
+            times.append((r.offset, 4294967295 if cpu is None else cpu, t))
+        if r.name in _PERF_FIELD_TYPES:
+            fields.append((r.offset, r.name, " ".join(_perf_text(r).split())))
+    d = PERF_DIGESTS[path]
+    assert (len(layout), len(times), len(fields)) == d[3:]
+    assert (_digest(layout), _digest(times), _digest(fields)) == d[:3]
