@@ -62,6 +62,7 @@ def _block(insns) -> Block | None:
 class BlockDecoder:
     def __init__(self, data, image, config=None):
         self.insn = InsnDecoder(data, image, config)
+        self.insn.disable_at_trace_branch = True
         self.config = self.insn.config
 
     @property

@@ -20,6 +20,7 @@ BIND_PSBEND = 0
 BIND_TIP = 1
 BIND_FUP = 2
 BIND_CFE = 3    # event-trace: an EVD waits for its CFE
+BIND_EXSTOP = 4  # MWAIT and PWRE wait for EXSTOP / PWRX
 
 
 class Event:
@@ -64,7 +65,7 @@ class EventQueue:
     __slots__ = ("_queues",)
 
     def __init__(self):
-        self._queues = (deque(), deque(), deque(), deque())
+        self._queues = (deque(), deque(), deque(), deque(), deque())
 
     def clear(self, binding: int | None = None) -> None:
         if binding is None:
@@ -77,9 +78,29 @@ class EventQueue:
         self._queues[binding].append(ev)
         return ev
 
+    def enqueue_before(self, binding: int, ev: Event, type: str) -> Event:
+        """Queue ``ev`` before the first queued event of ``type`` (or
+        last if there is none)."""
+        q = self._queues[binding]
+        for i, other in enumerate(q):
+            if other.type == type:
+                q.insert(i, ev)
+                return ev
+        q.append(ev)
+        return ev
+
     def dequeue(self, binding: int) -> Event | None:
         q = self._queues[binding]
         return q.popleft() if q else None
+
+    def take(self, binding: int, type: str) -> Event | None:
+        """Remove and return the first queued event of ``type``."""
+        q = self._queues[binding]
+        for i, ev in enumerate(q):
+            if ev.type == type:
+                del q[i]
+                return ev
+        return None
 
     def pending(self, binding: int) -> bool:
         return bool(self._queues[binding])

@@ -46,7 +46,7 @@ def mode_exec(q, pkt) -> None:
     pass
 
 
-def mode_exec_header(q, pkt, status) -> None:
+def mode_exec_header(q, pkt) -> None:
     pass
 
 

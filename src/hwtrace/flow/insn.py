@@ -79,6 +79,9 @@ class InsnDecoder:
         self.image = image
         self.cache = InsnCache(image)
         self.retstack = RetStack()
+        # The block decoder also binds a disable without IP to the next
+        # branch that would have needed trace (libipt's block decoder does).
+        self.disable_at_trace_branch = False
         self._reset()
 
     # -- state ---------------------------------------------------------------
@@ -255,6 +258,9 @@ class InsnDecoder:
             cfg = self.config
             if cfg.addr_filter.addr_cfg and cfg.errata.skl014 and \
                     self._at_skl014(ev, insn, x):
+                return True
+            if self.disable_at_trace_branch and (
+                    x.is_indirect or insn.iclass == _COND):
                 return True
             return False
         c = insn.iclass

@@ -29,9 +29,10 @@ from hwtrace.pt import errors as E
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
-from . import evtrace
+from . import evtrace, overflow
 from .config import FlowConfig
-from .events import BIND_FUP, BIND_PSBEND, BIND_TIP, Event, EventQueue
+from .events import (BIND_EXSTOP, BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
+                     EventQueue)
 from .status import EOS, EVENT_PENDING
 from .timing import FlowTime
 from .tnt import TntCache
@@ -44,7 +45,8 @@ _EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip", "mode.exec",
                     "mode.tsx", "stop", "vmcs", "mnt", "exstop", "mwait",
                     "pwre", "pwrx", "ptw", "cbr", "cfe", "evd", "trig"))
 _TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
-_OVF_SKIP = frozenset(("pad", "tsc", "tma", "mtc", "cyc", "cbr", "mnt"))
+_BDM70_SKIP = frozenset(("pad", "tsc", "cbr", "psbend", "pip", "mode.exec",
+                         "mode.tsx", "vmcs", "tma", "mtc", "cyc", "mnt"))
 
 MODES = {(0, 0): "16bit", (0, 1): "32bit", (1, 0): "64bit", (1, 1): None}
 
@@ -497,7 +499,7 @@ class QueryDecoder:
     def _dec_vmcs(self, pkt) -> None:
         if self.evq.find(BIND_TIP, "async_branch") is not None:
             ev = self._new_event("async_vmcs", base=pkt.base)
-            self.evq.enqueue(BIND_TIP, ev)
+            self.evq.enqueue_before(BIND_TIP, ev, "async_paging")
         else:
             self.published = self._new_event("vmcs", base=pkt.base)
         self._consume()
@@ -527,6 +529,16 @@ class QueryDecoder:
         self._consume()
 
     def _dec_exstop(self, pkt) -> None:
+        # MWAITs waiting for this EXSTOP bind to the FUP it binds to, or
+        # are reported now (without IP) if it has none.
+        mwait = self.evq.take(BIND_EXSTOP, "mwait")
+        if mwait is not None:
+            if pkt.ip:
+                self.evq.enqueue(BIND_FUP, mwait)
+            else:
+                mwait.ip_suppressed = True
+                self.published = mwait
+            return
         ev = self._new_event("exstop")
         if pkt.ip:
             self.evq.enqueue(BIND_FUP, ev)
@@ -537,16 +549,24 @@ class QueryDecoder:
 
     def _dec_mwait(self, pkt) -> None:
         ev = self._new_event("mwait", hints=pkt.hints, ext=pkt.ext)
-        self.evq.enqueue(BIND_FUP, ev)
+        self.evq.enqueue(BIND_EXSTOP, ev)
         self._consume()
 
     def _dec_pwre(self, pkt) -> None:
-        self.published = self._new_event("pwre", state=pkt.state,
-                                     sub_state=pkt.sub_state,
-                                     hw=bool(pkt.hw))
+        # A power entry is reported after the EXSTOP (and the MWAIT) it
+        # goes with, i.e. it waits for the power exit (or an overflow).
+        ev = self._new_event("pwre", state=pkt.state,
+                             sub_state=pkt.sub_state, hw=bool(pkt.hw))
+        self.evq.enqueue(BIND_EXSTOP, ev)
         self._consume()
 
     def _dec_pwrx(self, pkt) -> None:
+        ev = self.evq.dequeue(BIND_EXSTOP)
+        if ev is not None:
+            if ev.type != "pwre":
+                ev.ip_suppressed = True
+            self.published = ev
+            return
         self.published = self._new_event(
             "pwrx", last=pkt.last, deepest=pkt.deepest,
             interrupt=bool(pkt.interrupt), store=bool(pkt.store),
@@ -566,6 +586,10 @@ class QueryDecoder:
         self._consume()
 
     def _dec_ovf(self, pkt) -> None:
+        overflow.decode_ovf(self, pkt)
+
+    def overflow_reset(self) -> None:
+        """Forget the decode state at an OVF (timing is kept)."""
         self.time.overflow()
         self.ip = 0
         self.have_ip = False
@@ -575,108 +599,6 @@ class QueryDecoder:
         self.consume_packet = False
         self.enabled = False
         self.evt = evtrace.EventTraceState()
-        self._consume()
-        found = self._find_ovf_fup()
-        if found is not None and self.config.errata.apl12 and \
-                self._apl12(found):
-            found = None
-        if found is None:
-            if self.config.errata.skd010 and self._skd010():
-                return
-            ev = self._new_event("overflow")
-            ev.ip_suppressed = True
-            self.published = ev
-            if self.config.errata.apl11:
-                self._apl11()
-            return
-        ev = self._new_event("overflow")
-        self.evq.enqueue(BIND_FUP, ev)
-
-    def _scan(self, pos: int, skip=_OVF_SKIP):
-        """The first packet at or after ``pos`` not of a ``skip`` type."""
-        while True:
-            p = self.peek_after(pos)
-            if isinstance(p, PtError) or p.type not in skip:
-                return p
-            pos += p.size
-
-    def _find_ovf_fup(self):
-        p = self._scan(self.pos)
-        if not isinstance(p, PtError) and p.type == "fup":
-            return p
-        return None
-
-    def _apl12(self, fup) -> bool:
-        """APL12: after OVF, a FUP may be sent although tracing was
-        disabled when the overflow resolved; a PSB+ without FUP or a
-        TIP.PGE after it gives that away."""
-        p = self._scan(fup.offset + fup.size)
-        if isinstance(p, PtError):
-            return False
-        if p.type == "tip.pge":
-            self._skip_to(fup.offset + fup.size)
-            return True
-        if p.type != "psb":
-            return False
-        pos = p.offset + p.size
-        while True:
-            q = self.peek_after(pos)
-            if isinstance(q, PtError):
-                return False
-            if q.type == "fup" and q.ipc:
-                return False
-            if q.type in ("psbend", "ovf"):
-                break
-            pos += q.size
-        self._skip_to(fup.offset + fup.size)
-        return True
-
-    def _apl11(self) -> None:
-        """APL11: OVF may be followed by a bogus TIP.PGD: drop it."""
-        p = self._scan(self.pos, frozenset(("pad",)))
-        if not isinstance(p, PtError) and p.type == "tip.pgd":
-            self._skip_to(p.offset + p.size)
-
-    def _skd010(self) -> bool:
-        """SKD010: the FUP after OVF may be missing while tracing stays
-        enabled; a following TIP (or the FUP of the next PSB+) tells where
-        the overflow resolved."""
-        p = self._scan(self.pos)
-        if isinstance(p, PtError):
-            return False
-        ip = None
-        if p.type == "tip":
-            saved = (self.ip, self.have_ip, self.ip_suppressed)
-            self._update_ip(p)
-            ip = self.query_ip()
-            if ip is None:
-                self.ip, self.have_ip, self.ip_suppressed = saved
-                return False
-            self._skip_to(p.offset + p.size)
-        elif p.type == "psb":
-            pos = p.offset + p.size
-            saved = (self.ip, self.have_ip, self.ip_suppressed)
-            while True:
-                q = self.peek_after(pos)
-                if isinstance(q, PtError) or q.type in ("psbend", "ovf"):
-                    break
-                if q.type == "fup":
-                    self._update_ip(q)
-                    ip = self.query_ip()
-                pos += q.size
-            self.ip, self.have_ip, self.ip_suppressed = saved
-            if ip is None:
-                return False
-        else:
-            return False
-        ev = self._new_event("overflow", ip=ip)
-        self.enabled = True
-        self.published = ev
-        return True
-
-    def _skip_to(self, pos: int) -> None:
-        self.pos = pos
-        self._fetch()
 
     # -- PSB+ ----------------------------------------------------------------
     def _decode_psb(self) -> None:
@@ -692,66 +614,93 @@ class QueryDecoder:
             raise
 
     def _read_psb_header(self) -> None:
+        q = self.evq
+        if q.pending(BIND_PSBEND) or q.pending(BIND_TIP) or \
+                q.pending(BIND_FUP):
+            raise Fail(E.BAD_CONTEXT)
         self.ip = 0
         self.have_ip = False
         self.ip_suppressed = False
-        fup_ip = None
-        status = []
+        self.enabled = False
+        # The enabled/disabled status comes first; filled in at the end.
+        first = q.enqueue(BIND_PSBEND, Event("disabled", status_update=True))
         while True:
             nxt = self.next
             if isinstance(nxt, PtError):
                 raise Fail(nxt.code)
             t = nxt.type
-            if t == "psbend" or t == "ovf":
+            if t == "psbend":
+                break
+            if t == "ovf":
+                if not self.enabled:
+                    q.dequeue(BIND_PSBEND)
+                    first = None
                 break
             if t == "pad":
                 pass
             elif t == "fup":
-                self._update_ip(nxt)
-                fup_ip = self.query_ip()
+                enabled = nxt.ipc != 0
+                if enabled and self.config.errata.bdm70 and \
+                        self._bdm70(nxt.offset + nxt.size):
+                    enabled = False
+                self.enabled = enabled
+                if enabled:
+                    self._update_ip(nxt)
             elif t == "mode.exec":
-                status.append(self._new_event("exec_mode", mode=exec_mode(nxt)))
-                evtrace.mode_exec_header(self, nxt, status)
+                q.enqueue(BIND_PSBEND, Event(
+                    "exec_mode", mode=exec_mode(nxt), status_update=True))
+                evtrace.mode_exec_header(self, nxt)
             elif t == "mode.tsx":
-                status.append(self._new_event(
-                    "tsx", speculative=bool(nxt.intx), aborted=bool(nxt.abrt)))
+                q.enqueue(BIND_PSBEND, Event(
+                    "tsx", speculative=bool(nxt.intx),
+                    aborted=bool(nxt.abrt), status_update=True))
             elif t == "pip":
-                status.append(self._new_event("paging", cr3=nxt.cr3,
-                                              non_root=bool(nxt.nr)))
+                q.enqueue(BIND_PSBEND, Event(
+                    "async_paging", cr3=nxt.cr3, non_root=bool(nxt.nr),
+                    status_update=True))
             elif t == "vmcs":
-                status.append(self._new_event("vmcs", base=nxt.base))
-            elif t in _TIMING or t == "cbr":
-                self.time.update(nxt)
+                q.enqueue(BIND_PSBEND, Event("async_vmcs", base=nxt.base,
+                                             status_update=True))
             elif t == "mnt":
-                status.append(self._new_event("mnt", payload=nxt.payload))
+                q.enqueue(BIND_PSBEND, Event("mnt", payload=nxt.payload))
+            elif t == "cbr":
+                self.time.update(nxt)
+                q.enqueue(BIND_PSBEND, Event("cbr", ratio=nxt.ratio,
+                                             status_update=True))
+            elif t in _TIMING:
+                self.time.update(nxt)
             elif t in ("cfe", "evd", "trig"):
                 pass
             else:
                 raise Fail(E.BAD_CONTEXT)
             self.pos += nxt.size
             self._fetch()
-        if fup_ip is not None and self.config.errata.bdm70 and self._bdm70():
-            fup_ip = None
-            self.ip_suppressed = True
-        self.enabled = fup_ip is not None
-        first = self._new_event("enabled" if self.enabled else "disabled")
-        if self.enabled:
-            first.ip = fup_ip
-            first.resumed = False
-        else:
-            first.ip_suppressed = True
-        for ev in [first] + status:
-            ev.status_update = True
-            if ev.type in ("exec_mode", "tsx", "iflags"):
-                self._event_ip(ev)
-            self.evq.enqueue(BIND_PSBEND, ev)
+        if first is not None:
+            if self.enabled:
+                first.type = "enabled"
+                first.resumed = False
+            else:
+                first.ip_suppressed = True
 
-    def _bdm70(self) -> bool:
-        """BDM70: a PSB+ may carry a FUP although tracing is about to be
-        enabled by a TIP.PGE right after it."""
-        p = self._scan(self.pos + (self.next.size if not isinstance(
-            self.next, PtError) else 0))
-        return not isinstance(p, PtError) and p.type == "tip.pge"
+    def finish_psbend_event(self, ev: Event) -> None:
+        """Give a PSB+ event its IP and time as it is published."""
+        if ev.type in ("enabled", "exec_mode", "tsx", "async_paging",
+                       "async_vmcs", "iflags"):
+            self._event_ip(ev)
+        self.time.stamp(ev)
+
+    def _bdm70(self, pos: int) -> bool:
+        """BDM70: a PSB+ may carry a FUP although tracing is only enabled
+        by a TIP.PGE right after it."""
+        while True:
+            p = self.peek_after(pos)
+            if isinstance(p, PtError):
+                return False
+            if p.type == "tip.pge":
+                return True
+            if p.type not in _BDM70_SKIP:
+                return False
+            pos += p.size
 
     def _dec_psb(self, pkt) -> None:
         self._decode_psb()
@@ -759,6 +708,7 @@ class QueryDecoder:
     def _dec_psbend(self, pkt) -> None:
         ev = self.evq.dequeue(BIND_PSBEND)
         if ev is not None:
+            self.finish_psbend_event(ev)
             self.published = ev
             if self.evq.pending(BIND_PSBEND):
                 return
