@@ -139,6 +139,7 @@ _set(_i1, IMM_RELZ, range(0x80, 0x90))
 # VEX map 1 shares the ModRM table with the legacy map (libipt does too);
 # its immediates are the legacy ones without the 0F 78 and jcc rules.
 _vm1 = list(_m1)
+_vm1[0x0F] = 0
 _vi1 = [0] * 256
 _set(_vi1, 1, range(0x70, 0x74), 0xC2, 0xC4, 0xC5, 0xC6)
 

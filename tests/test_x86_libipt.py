@@ -1,0 +1,135 @@
+"""Differential test against libipt itself (through the ptoracle witness).
+
+libipt's instruction decoder walks straight-line code without needing trace
+packets, so a synthetic trace (PSB, PSBEND, MODE.Exec, TIP.PGE at the image
+start, enough not-taken TNT bits) makes it report (ip, size, iclass) for
+every instruction of an image. The image is real code (libc's .text, also
+reinterpreted as 32- and 16-bit code) from which the instructions that need
+a TIP (indirect and far branches, returns, ptwrite) are dropped and whose
+direct branches get displacement 0, so that control always falls through.
+
+Debian's libipt is 2.0.5; this package follows current libipt. Opcodes
+whose decoding changed between the two (all undefined or removed opcodes)
+and our deliberate differences (3DNow!, XOP) are left out of the image:
+see _version_dependent.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hwtrace.x86 import IClass, Kind, Mode, X86Error, decoder_for
+
+LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+BASE = 0x100000
+_DIRECT = {Kind.CALL_REL, Kind.JMP_REL, Kind.JCC, Kind.JRCXZ, Kind.LOOP,
+           Kind.LOOPE, Kind.LOOPNE}
+_LEGACY = bytes([0x66, 0x67, 0xF2, 0xF3, 0x2E, 0x3E, 0x26, 0x36, 0x64,
+                 0x65, 0xF0])
+# 0F xx whose length libipt 2.0.5 decodes differently from current libipt:
+# 0F 0F (3DNow!, ours differs from both), 0F 7A/7B, 0F A6/A7, 0F B9, 0F FF.
+_MAP1_CHANGED = {0x0F, 0x7A, 0x7B, 0xA6, 0xA7, 0xB9, 0xFF}
+# VEX map 1: 2.0.5 applied the legacy map's displacement/immediate rules.
+_VEX1_CHANGED = _MAP1_CHANGED | set(range(0x80, 0x90)) | {0x78, 0xA4, 0xAC, 0xBA}
+
+
+def _version_dependent(raw: bytes, mode: Mode) -> bool:
+    strip = _LEGACY + (bytes(range(0x40, 0x50)) if mode == Mode.BIT64 else b"")
+    body = raw.lstrip(strip)
+    if len(body) < 2:
+        return False
+    op, nx = body[0], body[1]
+    if mode == Mode.BIT64 and op in (0xD5, 0x9A, 0xEA, 0xCE):
+        return True          # REX2 (APX) and 64-bit-invalid far branches
+    if op == 0x8F and nx & 0x18:
+        return True          # XOP: libipt decodes pop r/m
+    if op == 0x0F and nx in _MAP1_CHANGED:
+        return True
+    if op in (0xC4, 0xC5, 0x62) and (mode == Mode.BIT64 or nx >= 0xC0):
+        if op == 0xC5:
+            vmap, vop = 1, body[2]
+        elif op == 0xC4:
+            vmap, vop = nx & 0x1F, body[3]
+        else:
+            vmap, vop = nx & 7, body[4]
+        return vmap not in (1, 2, 3) or (vmap == 1 and vop in _VEX1_CHANGED)
+    return False
+
+
+def straight_line_image(code: bytes, mode: Mode):
+    """(image, expected [(offset, size, iclass)], number of cond branches)."""
+    dec = decoder_for(mode)
+    img = bytearray()
+    expected = []
+    conds = 0
+    off = 0
+    while off < len(code):
+        try:
+            insn = dec(code, off)
+        except X86Error:
+            off += 1
+            continue
+        raw = bytearray(code[off:off + insn.size])
+        off += insn.size
+        if insn.iclass != IClass.OTHER and insn.kind not in _DIRECT:
+            continue
+        if _version_dependent(bytes(raw), mode):
+            continue
+        if insn.kind in _DIRECT:
+            for w in (4, 2, 1):     # the displacement ends the instruction
+                if w < insn.size and int.from_bytes(
+                        raw[-w:], "little", signed=True) == insn.rel:
+                    raw[-w:] = bytes(w)
+                    break
+            conds += insn.is_cond
+        expected.append((len(img), insn.size, insn.iclass.oracle_name))
+        img += raw
+    return bytes(img), expected, conds
+
+
+def synthetic_trace(mode: Mode, conds: int) -> bytes:
+    mode_exec = {Mode.BIT64: 1, Mode.BIT32: 2, Mode.BIT16: 0}[mode]
+    return (b"\x02\x82" * 8 + b"\x02\x23"             # PSB, PSBEND
+            + bytes([0x99, mode_exec])                 # MODE.Exec
+            + b"\xd1" + struct.pack("<Q", BASE)        # TIP.PGE, full IP
+            + b"\x80" * (conds // 6 + 2))              # TNT: 6 x not taken
+
+
+@pytest.mark.parametrize("mode", [Mode.BIT64, Mode.BIT32, Mode.BIT16],
+                         ids=lambda m: m.oracle_name)
+def test_straight_line_libc_matches_libipt(mode, ptoracle, tmp_path):
+    if not LIBC.exists():
+        pytest.skip("libc not present")
+    from elftools.elf.elffile import ELFFile
+    with LIBC.open("rb") as f:
+        code = ELFFile(f).get_section_by_name(".text").data()[:400_000]
+    img, expected, conds = straight_line_image(code, mode)
+    (tmp_path / "img.bin").write_bytes(img)
+    (tmp_path / "t.pt").write_bytes(synthetic_trace(mode, conds))
+    r = subprocess.run([str(ptoracle), "insn", str(tmp_path / "t.pt"),
+                        "--raw", f"{tmp_path / 'img.bin'}:{BASE:#x}"],
+                       capture_output=True, text=True, check=True)
+    got = []
+    errors = []
+    for line in r.stdout.splitlines():
+        rec = json.loads(line)
+        if "error" in rec:
+            errors.append(rec)
+        elif "iclass" in rec:
+            got.append((rec["ip"] - BASE, rec["size"], rec["iclass"]))
+    first_diff = next((i for i, (a, b) in enumerate(zip(expected, got))
+                       if a != b), None)
+    if first_diff is not None:
+        o = expected[first_diff][0]
+        pytest.fail(f"first difference at image offset {o:#x} "
+                    f"({img[o:o + 15].hex()}): ours {expected[first_diff]}, "
+                    f"libipt {got[first_diff]}")
+    assert len(got) == len(expected) > 50_000
+    # the walk ends by running off the image, nowhere else
+    assert [e["error"] for e in errors] == ["no memory mapped at this address"]
+    assert errors[0]["ip"] == BASE + len(img)
