@@ -182,3 +182,52 @@ def test_writer_refuses_existing_bundle_and_bad_streams(tmp_path):
         w.add_stream(b"", cpu=0)
         with pytest.raises(ValueError):
             w.add_stream(b"", cpu=0)
+
+
+def test_open_stream(tmp_path):
+    b = Bundle(_write(tmp_path / "b"))
+    with b.open_stream(b.streams[0]) as f:
+        assert f.read() == PSB + b"\x00" * 4
+    with open(tmp_path / "b" / "cpu1.pt", "ab") as f:
+        f.write(b"more")
+    with pytest.raises(BundleError):
+        b.open_stream("cpu1.pt")
+    with pytest.raises(BundleError):
+        b.open_stream("cpu9.pt")
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) |
+                           st.text(max_size=20),
+                           lambda kids: st.lists(kids, max_size=4) |
+                           st.dictionaries(st.text(max_size=10), kids, max_size=4),
+                           max_leaves=12)
+
+
+@pytest.fixture(scope="module")
+def hostile_base(tmp_path_factory):
+    p = _write(tmp_path_factory.mktemp("h") / "b")
+    return p, (p / "manifest.json").read_text()
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(["streams", "config", "capabilities", "cpu", "images", "sideband",
+                            "mode", "nom_freq", "mtc_freq", "version"]),
+       value=json_values, field=st.sampled_from(["file", "cpu", "tid", "size", "pid",
+                                                 "instructions_observed", "wrapped", "config"]))
+def test_hostile_manifest_values_only_raise_bundle_error(hostile_base, key, value, field):
+    p, text = hostile_base
+    m = json.loads(text)
+    m[key] = json.loads(json.dumps(value))
+    if isinstance(m.get("streams"), list) and m["streams"] and isinstance(m["streams"][0], dict):
+        m["streams"][0][field] = json.loads(json.dumps(value))
+    (p / "manifest.json").write_text(json.dumps(m))
+    try:
+        b = Bundle(p)
+        for s in b.streams:
+            b.read_stream(s)
+        b.config, b.capabilities, b.cpu, b.decoder_args(), b.sideband()
+        b.find_image("/bin/sh")
+    except BundleError:
+        pass

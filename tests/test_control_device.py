@@ -568,3 +568,33 @@ def test_sideband_goes_into_the_bundle(make, tmp_path):
     assert list(b.iter_sideband()) == sb
     assert [s.cpu for s in b.streams] == [0, 1]
     assert b.cpu.model == 0x4E and b.config == CFG
+
+
+def test_free_buffer_reports_its_errors(make, monkeypatch):
+    import shutil
+    dev = make()
+    d = dev.alloc_buffer(CFG)
+
+    def fail(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(shutil, "rmtree", fail)
+    e = err("BAD_STATE", dev.free_buffer, d)
+    assert "could not be freed" in str(e)
+    assert dev.get_buffer_config(d) == CFG          # still allocated and usable
+    monkeypatch.undo()
+    dev.free_buffer(d)
+    err("INVALID_ARGS", dev.get_buffer_config, d)
+
+
+def test_engine_options_need_a_name_and_perf_needs_hardware(tmp_path):
+    import os
+    err("INVALID_ARGS", hwtrace.open_device, engine=TestEngine(), lock_path=tmp_path / "l",
+        source="qemu")
+    if not os.path.isdir("/sys/bus/event_source/devices/intel_pt"):
+        e = err("NOT_SUPPORTED", hwtrace.open_device, engine="perf", lock_path=tmp_path / "l")
+        assert "intel_pt" in str(e)
+
+
+def test_repr(make):
+    dev = make()
+    assert "engine=testing" in repr(dev) and "cpu mode" in repr(dev)

@@ -595,6 +595,24 @@ class Bundle:
             raise BundleError(f"stream {info.file}: {len(data)} bytes, manifest says {info.size}")
         return data
 
+    def open_stream(self, s: StreamInfo | str):
+        """The stream as a binary file (for streaming decoders); its size is
+        checked against the manifest, symbolic links are refused."""
+        info = s if isinstance(s, StreamInfo) else next(
+            (x for x in self.streams if x.file == s), None)
+        if info is None:
+            raise BundleError(f"no stream {s!s}")
+        try:
+            fd = os.open(self.path / info.file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as e:
+            raise BundleError(f"stream {info.file}: {e.strerror}") from None
+        f = os.fdopen(fd, "rb")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != info.size:
+            f.close()
+            raise BundleError(f"stream {info.file}: not a regular file of {info.size} bytes")
+        return f
+
     # -- sideband
     def iter_sideband(self) -> Iterator[Any]:
         if self._sideband_name is None:

@@ -88,6 +88,8 @@ def open_device(engine: Any = "auto", *, directory: str | os.PathLike | None = N
     """
     from hwtrace.engines.base import Engine
     if isinstance(engine, Engine):
+        if engine_options:
+            raise invalid(f"engine options {sorted(engine_options)} need an engine name")
         eng = engine
     elif isinstance(engine, str):
         from hwtrace import engines
@@ -164,6 +166,10 @@ class Device:
         from hwtrace.bundle import SidebandWriter
         self._sideband = SidebandWriter(self.directory / SIDEBAND_FILE)
         self._write_device_file()
+
+    def __repr__(self) -> str:
+        return (f"<hwtrace.Device engine={self.engine.name} {self._state.value}, "
+                f"{len(self._buffers)} buffer(s) in {self.directory}>")
 
     # ------------------------------------------------------------ basics
     @property
@@ -290,10 +296,14 @@ class Device:
         b = self._buffer(d)
         if b.tid is not None:
             raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        try:
+            b.store.remove()
+        except OSError as e:
+            raise TraceError(Status.BAD_STATE, f"buffer {d} could not be freed "
+                             f"({e.strerror or e}); it stays allocated") from None
         del self._buffers[d]
         if self._cpu_state is not None:
             self._cpu_state = [x if x != d else -1 for x in self._cpu_state]
-        b.store.remove()
 
     # ------------------------------------------------------------ cpu mode
     def cpu_mode_alloc(self) -> None:

@@ -34,6 +34,7 @@ DEVICE_FILE = "device.json"
 SIDEBAND_FILE = "sideband.jsonl"
 BUFFER_PREFIX = "buf-"
 MAX_DESCRIPTORS = 1 << 16
+MAX_CONFIG_BYTES = 1 << 16
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -117,7 +118,12 @@ class BufferStore:
     @classmethod
     def open(cls, path: Path) -> "BufferStore":
         """An existing buffer directory, read-only. ValueError if malformed."""
-        meta = json.loads((path / "config.json").read_text())
+        fd = os.open(path / "config.json", os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError("config.json too large")
+        meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise ValueError("config.json is not an object")
         d = meta.get("descriptor")
@@ -174,8 +180,10 @@ class BufferStore:
         self._data = self._regs = None
 
     def remove(self) -> None:
+        """Delete the buffer's files, then unmap it. OSError if the files
+        can't be removed (the buffer then stays intact and mapped)."""
+        shutil.rmtree(self.path)
         self.close()
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _mapped(path: Path, size: int, readonly: bool = False) -> mmap.mmap:
