@@ -1,0 +1,1243 @@
+/* hwtrace ptrace stepper: observe a native execution instruction by
+ * instruction through the debug hardware's single-step trap, and write it as
+ * an execution log (format: execlog.py, version 1, source = ptrace stepper).
+ *
+ *   stepper [options] -o LOG -- PROGRAM ARGS...
+ *   stepper [options] -o LOG --pid PID
+ *
+ * Options:
+ *   --start ADDR / --stop ADDR / --within ADDR   trigger windows: the tracee
+ *        runs at native speed until a debug-register breakpoint (DR0..DR3
+ *        through PTRACE_POKEUSER, enabled in DR7) fires at ADDR, is stepped
+ *        inside the window, and runs natively again after it.  ADDR is an
+ *        absolute hex address or +OFF relative to the load base of the main
+ *        executable (PIE).  --within closes the window when that activation
+ *        returns (return address and stack pointer match).
+ *   --no-follow-fork   report fork/vfork children but do not trace them
+ *   --clock tsc|insn   what TIME records hold (host TSC or per-thread count)
+ *   --block auto|off   use PTRACE_SINGLEBLOCK if it really stops only after
+ *                      branches (probed at run time), or never
+ *   --cpu-every N      sample the thread's CPU every N steps (default 1024)
+ *   --quiet-errors     errors go to the log only (as the exit reason)
+ *
+ * The traced program's stdout/stderr are its own; the stepper's exit status
+ * is the program's (killed by a signal: the stepper kills itself with it).
+ * Errors of the stepper itself: one line on stderr, exit status 125, and the
+ * line is also written to LOG.err.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+#include "stepper_ild.h"
+
+#ifndef PTRACE_SINGLEBLOCK
+#define PTRACE_SINGLEBLOCK 33
+#endif
+
+/* ---------------------------------------------------------------- options */
+
+struct options {
+    const char *out;
+    char **argv;
+    pid_t attach;
+    uint64_t start, stop, within;     /* window triggers (0 = none) */
+    int start_rel, stop_rel, within_rel;
+    int follow_fork;
+    int clock_insn;
+    int block;                         /* 0 off, 1 auto */
+    unsigned cpu_every;
+    int quiet;
+};
+
+static struct options opt = { .follow_fork = 1, .block = 1, .cpu_every = 1024 };
+static char errpath[4096];
+static volatile sig_atomic_t quit_signal;
+
+static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* ---------------------------------------------------------------- output */
+
+static FILE *out;
+static uint64_t tsc0, ns0;
+
+static void w8(unsigned v) { putc_unlocked((int)v, out); }
+static void w16(unsigned v) { fwrite(&(uint16_t){ (uint16_t)v }, 2, 1, out); }
+static void w32(uint32_t v) { fwrite(&v, 4, 1, out); }
+static void w64(uint64_t v) { fwrite(&v, 8, 1, out); }
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void write_header(uint64_t hz)
+{
+    fwrite("HWXL", 4, 1, out);
+    w16(1); w16(32);
+    w8(2);                               /* source: ptrace stepper */
+    w8(opt.clock_insn ? 2 : 1);          /* clock */
+    w16(0); w32(0);
+    w64(hz); w64(0);
+}
+
+/* ---------------------------------------------------------------- tables */
+
+struct insn_info { uint64_t pc; uint8_t len, kind, code[15]; };
+
+struct pctab { struct insn_info *e; size_t cap, n; };
+
+static struct insn_info *pc_find(struct pctab *t, uint64_t pc)
+{
+    if (!t->cap)
+        return NULL;
+    size_t m = t->cap - 1, i = (size_t)(pc * 0x9E3779B97F4A7C15ull >> 20) & m;
+    for (;; i = (i + 1) & m) {
+        if (t->e[i].pc == pc && t->e[i].len)
+            return &t->e[i];
+        if (!t->e[i].len)
+            return NULL;
+    }
+}
+
+static struct insn_info *pc_add(struct pctab *t, const struct insn_info *v)
+{
+    if ((t->n + 1) * 2 > t->cap) {
+        struct pctab nt = { calloc(t->cap ? t->cap * 2 : 4096, sizeof *nt.e), t->cap ? t->cap * 2 : 4096, 0 };
+        if (!nt.e) fail("out of memory");
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->e[i].len) pc_add(&nt, &t->e[i]);
+        free(t->e);
+        *t = nt;
+    }
+    size_t m = t->cap - 1, i = (size_t)(v->pc * 0x9E3779B97F4A7C15ull >> 20) & m;
+    while (t->e[i].len)
+        i = (i + 1) & m;
+    t->e[i] = *v;
+    t->n++;
+    return &t->e[i];
+}
+
+static void pc_clear(struct pctab *t) { free(t->e); t->e = NULL; t->cap = t->n = 0; }
+
+/* blocks: (start pc, ninsn) -> id */
+struct blk { uint64_t pc; uint32_t n, id; };
+struct blktab { struct blk *e; size_t cap, n; };
+
+static uint32_t *blk_find(struct blktab *t, uint64_t pc, uint32_t n)
+{
+    if (!t->cap) return NULL;
+    size_t m = t->cap - 1, i = (size_t)((pc ^ (uint64_t)n << 48) * 0x9E3779B97F4A7C15ull >> 20) & m;
+    for (;; i = (i + 1) & m) {
+        if (!t->e[i].n) return NULL;
+        if (t->e[i].pc == pc && t->e[i].n == n) return &t->e[i].id;
+    }
+}
+
+static void blk_add(struct blktab *t, uint64_t pc, uint32_t n, uint32_t id)
+{
+    if ((t->n + 1) * 2 > t->cap) {
+        struct blktab nt = { calloc(t->cap ? t->cap * 2 : 1024, sizeof *nt.e), t->cap ? t->cap * 2 : 1024, 0 };
+        if (!nt.e) fail("out of memory");
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->e[i].n) blk_add(&nt, t->e[i].pc, t->e[i].n, t->e[i].id);
+        free(t->e);
+        *t = nt;
+    }
+    size_t m = t->cap - 1, i = (size_t)((pc ^ (uint64_t)n << 48) * 0x9E3779B97F4A7C15ull >> 20) & m;
+    while (t->e[i].n) i = (i + 1) & m;
+    t->e[i] = (struct blk){ pc, n, id };
+    t->n++;
+}
+
+/* ---------------------------------------------------------------- processes and threads */
+
+struct map { uint64_t start, end, off; unsigned prot; char *path; };
+
+struct proc {
+    pid_t pid;
+    int live, armed;                   /* armed: window triggers valid in this image */
+    uint64_t start, stop, within;      /* resolved trigger addresses */
+    struct pctab pcs;
+    struct blktab blocks;
+    struct map *maps; size_t nmaps;
+    struct proc *next;
+};
+
+#define RUNMAX 4096
+
+struct thread {
+    pid_t tid, pid;
+    struct proc *p;
+    int started;                       /* its first stop has been seen */
+    int parked;                        /* stopped, waiting for its parent's event */
+    int native;                        /* running with PTRACE_CONT (window closed) */
+    int noexec;                        /* next SIGTRAP executed nothing */
+    int sig;                           /* signal to deliver at the next resume */
+    int injected;                      /* signal delivered at the last resume */
+    int in_sys;                        /* syscall entered, SYSRET not yet written */
+    uint64_t sys_nr; int64_t sys_ret;
+    uint64_t sys_rsi, sys_rdi;         /* syscall arguments (for rt_sigaction) */
+    uint64_t sig_act[2];               /* handler, flags read at rt_sigaction entry */
+    int restart;                       /* syscall result was an ERESTART* code */
+    uint64_t restart_pc;
+    int exiting_sys;                   /* stepping exit/exit_group */
+    struct user_regs_struct r;         /* registers at the last stop */
+    struct insn_info cur;              /* decoded instruction at r.rip */
+    int how;                           /* last resume: 0 step, 1 block step, 2 cont */
+    int probe;                         /* the last block step is the BTF probe */
+    int sig_async; uint64_t sig_ip;    /* the signal being delivered */
+    int detach;                        /* detach at the next stop */
+    uint64_t run_start, run_next; uint32_t run_n;
+    uint8_t run_sizes[RUNMAX];
+    uint64_t ninsn;                    /* instructions retired (clock) */
+    unsigned since_cpu; int cpu; int statfd;
+    int win;                           /* inside a window */
+    uint64_t win_sp, win_ret;
+    uint64_t parent_tid;
+    struct thread *next;
+};
+
+static struct proc *procs;
+static struct thread *threads;
+static int nthreads;
+static pid_t main_pid;
+static int main_status = -1;
+static int have_main_status;
+static uint32_t next_block_id = 1;
+static int windowed;                   /* any trigger given */
+static int blockstep_state;            /* 0 unknown, 1 honoured, -1 ignored */
+static uint64_t total_steps;
+
+/* log context */
+static pid_t ctx_tid = -1;
+static int ctx_cpu = -2;
+static uint32_t exec_ids[64];
+static int nexec;
+static struct thread *exec_owner;
+
+static struct thread *find_thread(pid_t tid)
+{
+    for (struct thread *t = threads; t; t = t->next)
+        if (t->tid == tid) return t;
+    return NULL;
+}
+
+static struct proc *find_proc(pid_t pid)
+{
+    for (struct proc *p = procs; p; p = p->next)
+        if (p->pid == pid && p->live) return p;
+    return NULL;
+}
+
+static void flush_exec(void)
+{
+    if (!nexec) return;
+    w8(0x04); w32((uint32_t)nexec);
+    fwrite(exec_ids, 4, (size_t)nexec, out);
+    nexec = 0;
+}
+
+static uint64_t clock_value(struct thread *t)
+{
+    return opt.clock_insn ? t->ninsn : __rdtsc();
+}
+
+/* Make t the log's current thread (CTX), flushing what belongs to another. */
+static void ctx(struct thread *t)
+{
+    if (exec_owner != t) flush_exec();
+    if (ctx_tid != t->tid || ctx_cpu != t->cpu) {
+        flush_exec();
+        w8(0x01); w32((uint32_t)t->pid); w32((uint32_t)t->tid); w32((uint32_t)t->cpu);
+        ctx_tid = t->tid; ctx_cpu = t->cpu;
+    }
+    exec_owner = t;
+}
+
+/* A thread record (anything but EXEC) for t: context, then a TIME. */
+static void rec(struct thread *t)
+{
+    ctx(t);
+    flush_exec();
+    w8(0x02); w64(clock_value(t));
+}
+
+static struct insn_info *insn_at(struct thread *t, uint64_t pc);
+
+static void end_run(struct thread *t)
+{
+    if (!t->run_n) return;
+    uint32_t *id = blk_find(&t->p->blocks, t->run_start, t->run_n);
+    uint32_t bid;
+    if (id) {
+        bid = *id;
+    } else {
+        bid = next_block_id++;
+        blk_add(&t->p->blocks, t->run_start, t->run_n, bid);
+        unsigned nbytes = 0;
+        for (uint32_t i = 0; i < t->run_n; i++) nbytes += t->run_sizes[i];
+        w8(0x03); w32((uint32_t)t->pid); w32(bid); w64(t->run_start);
+        w16(t->run_n); w16(nbytes);
+        fwrite(t->run_sizes, 1, t->run_n, out);
+        uint64_t pc = t->run_start;
+        for (uint32_t i = 0; i < t->run_n; i++) {
+            struct insn_info *ii = insn_at(t, pc);
+            fwrite(ii->code, 1, t->run_sizes[i], out);
+            pc += t->run_sizes[i];
+        }
+    }
+    ctx(t);
+    if (nexec == 0) { w8(0x02); w64(clock_value(t) - (opt.clock_insn ? t->run_n : 0)); }
+    exec_ids[nexec++] = bid;
+    if (nexec == 64) flush_exec();
+    t->run_n = 0;
+}
+
+static void write_sysret(struct thread *t)
+{
+    end_run(t);
+    rec(t);
+    w8(0x21); w64(t->sys_nr); w64((uint64_t)t->sys_ret);
+    if (t->sys_nr == 13 && t->sys_ret == 0 && t->sys_rsi) {  /* rt_sigaction */
+        w8(0x23); w32((uint32_t)t->sys_rdi); w64(t->sig_act[0]); w64(t->sig_act[1]);
+    }
+    t->in_sys = 0;
+}
+
+/* The instruction ii of t retired. */
+static void retire(struct thread *t, struct insn_info *ii)
+{
+    if (t->in_sys) write_sysret(t);
+    if (t->run_n && (ii->pc != t->run_next || t->run_n == RUNMAX)) end_run(t);
+    if (!t->run_n) t->run_start = ii->pc;
+    t->run_sizes[t->run_n++] = ii->len;
+    t->run_next = ii->pc + ii->len;
+    t->ninsn++;
+}
+
+/* ---------------------------------------------------------------- memory, maps */
+
+static int read_mem(pid_t tid, uint64_t addr, void *buf, size_t len)
+{
+    struct iovec l = { buf, len }, r = { (void *)addr, len };
+    ssize_t n = process_vm_readv(tid, &l, 1, &r, 1, 0);
+    if (n > 0) return (int)n;
+    /* fall back to PTRACE_PEEKTEXT, word by word */
+    size_t got = 0;
+    while (got < len) {
+        errno = 0;
+        long w = ptrace(PTRACE_PEEKTEXT, tid, (void *)(addr + got), 0);
+        if (errno) break;
+        size_t k = len - got < 8 ? len - got : 8;
+        memcpy((char *)buf + got, &w, k);
+        got += k;
+    }
+    return (int)got;
+}
+
+static struct insn_info *insn_at(struct thread *t, uint64_t pc)
+{
+    struct insn_info *ii = pc_find(&t->p->pcs, pc);
+    if (ii) return ii;
+    uint8_t buf[16];
+    int n = read_mem(t->tid, pc, buf, 16);
+    struct insn_info v = { .pc = pc };
+    struct ild d;
+    if (n <= 0 || !ild_decode(buf, n, &d)) {
+        /* unreadable or undecodable: it will fault; keep one byte */
+        d.len = 1; d.kind = K_OTHER;
+        if (n <= 0) buf[0] = 0;
+    }
+    v.len = (uint8_t)d.len; v.kind = (uint8_t)d.kind;
+    memcpy(v.code, buf, (size_t)d.len);
+    return pc_add(&t->p->pcs, &v);
+}
+
+static void build_id(const char *path, uint8_t *bid, unsigned *bidlen)
+{
+    *bidlen = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    Elf64_Ehdr eh;
+    if (pread(fd, &eh, sizeof eh, 0) == sizeof eh && !memcmp(eh.e_ident, ELFMAG, SELFMAG) &&
+        eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr) && eh.e_phnum < 64) {
+        Elf64_Phdr ph[64];
+        if (pread(fd, ph, sizeof(Elf64_Phdr) * eh.e_phnum, (off_t)eh.e_phoff) ==
+            (ssize_t)(sizeof(Elf64_Phdr) * eh.e_phnum)) {
+            for (int i = 0; i < eh.e_phnum && !*bidlen; i++) {
+                if (ph[i].p_type != PT_NOTE || ph[i].p_filesz > 4096) continue;
+                uint8_t note[4096];
+                ssize_t n = pread(fd, note, ph[i].p_filesz, (off_t)ph[i].p_offset);
+                for (ssize_t o = 0; o + 12 <= n;) {
+                    uint32_t nsz, dsz, type;
+                    memcpy(&nsz, note + o, 4); memcpy(&dsz, note + o + 4, 4); memcpy(&type, note + o + 8, 4);
+                    size_t nameoff = (size_t)o + 12, descoff = nameoff + ((nsz + 3) & ~3u);
+                    if (descoff + dsz > (size_t)n) break;
+                    if (type == NT_GNU_BUILD_ID && nsz == 4 && !memcmp(note + nameoff, "GNU", 4) && dsz <= 255) {
+                        memcpy(bid, note + descoff, dsz); *bidlen = dsz; break;
+                    }
+                    o = (ssize_t)(descoff + ((dsz + 3) & ~3u));
+                }
+            }
+        }
+    }
+    close(fd);
+}
+
+/* Re-read /proc/PID/maps; write MUNMAP for executable mappings that went
+ * away and MMAP for new ones.  Returns 1 if anything changed. */
+static int update_maps(struct proc *p)
+{
+    char path[64], line[4600];
+    snprintf(path, sizeof path, "/proc/%d/maps", p->pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    struct map *nm = NULL; size_t n = 0, cap = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long s, e, off; char perms[8]; int pos = 0;
+        if (sscanf(line, "%llx-%llx %7s %llx %*s %*s%n", &s, &e, perms, &off, &pos) < 4) continue;
+        if (perms[2] != 'x') continue;
+        char *name = line + pos;
+        while (*name == ' ') name++;
+        name[strcspn(name, "\n")] = 0;
+        if (n == cap) { cap = cap ? cap * 2 : 32; nm = realloc(nm, cap * sizeof *nm); if (!nm) fail("out of memory"); }
+        unsigned prot = (perms[0] == 'r' ? 1 : 0) | (perms[1] == 'w' ? 2 : 0) | 4;
+        nm[n++] = (struct map){ s, e, off, prot, strdup(name) };
+    }
+    fclose(f);
+    int changed = 0;
+    for (size_t i = 0; i < p->nmaps; i++) {
+        struct map *o = &p->maps[i]; int keep = 0;
+        for (size_t j = 0; j < n; j++)
+            if (nm[j].start == o->start && nm[j].end == o->end && nm[j].off == o->off &&
+                nm[j].prot == o->prot && !strcmp(nm[j].path, o->path)) { keep = 1; break; }
+        if (!keep) { flush_exec(); w8(0x31); w32((uint32_t)p->pid); w64(o->start); w64(o->end - o->start); changed = 1; }
+    }
+    for (size_t j = 0; j < n; j++) {
+        int old = 0;
+        for (size_t i = 0; i < p->nmaps; i++) {
+            struct map *o = &p->maps[i];
+            if (nm[j].start == o->start && nm[j].end == o->end && nm[j].off == o->off &&
+                nm[j].prot == o->prot && !strcmp(nm[j].path, o->path)) { old = 1; break; }
+        }
+        if (old) continue;
+        uint8_t bid[255]; unsigned bidlen = 0;
+        const char *mp = nm[j].path;
+        if (mp[0] == '/') build_id(mp, bid, &bidlen);
+        size_t plen = strlen(mp);
+        flush_exec();
+        w8(0x30); w32((uint32_t)p->pid); w64(nm[j].start); w64(nm[j].end - nm[j].start); w64(nm[j].off);
+        w32(nm[j].prot); w16((unsigned)plen); fwrite(mp, 1, plen, out); w8(bidlen); fwrite(bid, 1, bidlen, out);
+        changed = 1;
+    }
+    for (size_t i = 0; i < p->nmaps; i++) free(p->maps[i].path);
+    free(p->maps);
+    p->maps = nm; p->nmaps = n;
+    return changed;
+}
+
+static uint64_t exe_base(struct proc *p)
+{
+    /* the lowest mapping of /proc/PID/exe's file */
+    char link[64], exe[4096], line[4600];
+    snprintf(link, sizeof link, "/proc/%d/exe", p->pid);
+    ssize_t k = readlink(link, exe, sizeof exe - 1);
+    if (k <= 0) return 0;
+    exe[k] = 0;
+    snprintf(link, sizeof link, "/proc/%d/maps", p->pid);
+    FILE *f = fopen(link, "re");
+    if (!f) return 0;
+    uint64_t base = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long s, e, off; int pos = 0;
+        if (sscanf(line, "%llx-%llx %*s %llx %*s %*s%n", &s, &e, &off, &pos) < 3) continue;
+        char *name = line + pos; while (*name == ' ') name++;
+        name[strcspn(name, "\n")] = 0;
+        if (!strcmp(name, exe) && off == 0) { base = s; break; }
+    }
+    fclose(f);
+    return base;
+}
+
+/* ---------------------------------------------------------------- cpu sampling */
+
+static int sample_cpu(struct thread *t)
+{
+    char buf[1024];
+    if (t->statfd < 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", t->pid, t->tid);
+        t->statfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (t->statfd < 0) return t->cpu;
+    }
+    ssize_t n = pread(t->statfd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return t->cpu;
+    buf[n] = 0;
+    char *s = strrchr(buf, ')');
+    if (!s) return t->cpu;
+    /* field 3 follows ") "; field 39 is the 37th field after ')' */
+    int field = 2;
+    for (; *s && field < 39; s++)
+        if (*s == ' ') field++;
+    return field == 39 ? atoi(s) : t->cpu;
+}
+
+/* ---------------------------------------------------------------- debug registers */
+
+static int set_dr(pid_t tid, int i, uint64_t v)
+{
+    return (int)ptrace(PTRACE_POKEUSER, tid, (void *)(offsetof(struct user, u_debugreg) + (size_t)i * 8), (void *)v);
+}
+
+static uint64_t get_dr(pid_t tid, int i)
+{
+    return (uint64_t)ptrace(PTRACE_PEEKUSER, tid, (void *)(offsetof(struct user, u_debugreg) + (size_t)i * 8), 0);
+}
+
+/* Arm (DR0 = start/within trigger) or disarm the thread's breakpoints. */
+static void arm(struct thread *t, int on)
+{
+    uint64_t a = t->p->within ? t->p->within : t->p->start;
+    if (on && a) {
+        set_dr(t->tid, 0, a);
+        set_dr(t->tid, 7, 1);           /* L0, execute, length 1 */
+    } else {
+        set_dr(t->tid, 7, 0);
+    }
+}
+
+static void resolve_triggers(struct proc *p)
+{
+    uint64_t base = (opt.start_rel || opt.stop_rel || opt.within_rel) ? exe_base(p) : 0;
+    p->start = opt.start + (opt.start_rel ? base : 0);
+    p->stop = opt.stop + (opt.stop_rel ? base : 0);
+    p->within = opt.within + (opt.within_rel ? base : 0);
+    p->armed = 1;
+}
+
+/* ---------------------------------------------------------------- thread lifecycle */
+
+static struct proc *new_proc(pid_t pid)
+{
+    struct proc *p = calloc(1, sizeof *p);
+    if (!p) fail("out of memory");
+    p->pid = pid; p->live = 1;
+    p->next = procs; procs = p;
+    return p;
+}
+
+static struct thread *new_thread(pid_t tid, struct proc *p)
+{
+    struct thread *t = calloc(1, sizeof *t);
+    if (!t) fail("out of memory");
+    t->tid = tid; t->pid = p->pid; t->p = p; t->statfd = -1; t->cpu = -1;
+    t->next = threads; threads = t;
+    nthreads++;
+    return t;
+}
+
+static void drop_thread(struct thread *t)
+{
+    for (struct thread **pp = &threads; *pp; pp = &(*pp)->next)
+        if (*pp == t) { *pp = t->next; break; }
+    if (exec_owner == t) { flush_exec(); exec_owner = NULL; }
+    if (ctx_tid == t->tid) ctx_tid = -1;
+    if (t->statfd >= 0) close(t->statfd);
+    nthreads--;
+    free(t);
+}
+
+static pid_t tgid_of(pid_t tid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", tid);
+    FILE *f = fopen(path, "re");
+    pid_t tg = tid;
+    if (!f) return tid;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Tgid:", 5)) { tg = atoi(line + 5); break; }
+    fclose(f);
+    return tg;
+}
+
+/* ---------------------------------------------------------------- resuming */
+
+static int is_restart_code(int64_t v) { return v == -512 || v == -513 || v == -514 || v == -516; }
+
+/* Can a block step from pc be used: the straight line up to its first branch
+ * holds no syscall, int, rep-string or window stop address. */
+static int block_ok(struct thread *t)
+{
+    uint64_t pc = t->r.rip;
+    for (int k = 0; k < 4096; k++) {
+        struct insn_info *ii = insn_at(t, pc);
+        if (t->win && t->p->stop && pc == t->p->stop) return 0;
+        switch (ii->kind) {
+        case K_OTHER: pc += ii->len; continue;
+        case K_SYSCALL: case K_INT: case K_REPSTR: return 0;
+        default: return 1;
+        }
+    }
+    return 0;
+}
+
+static void resume(struct thread *t)
+{
+    long sig = t->sig;
+    t->injected = (int)sig;
+    t->sig = 0;
+    if (t->detach) {
+        if (windowed) arm(t, 0);
+        ptrace(PTRACE_DETACH, t->tid, 0, (void *)sig);
+        drop_thread(t);
+        return;
+    }
+    if (t->native) {
+        t->how = 2;
+        ptrace(PTRACE_CONT, t->tid, 0, (void *)sig);
+        return;
+    }
+    t->cur = *insn_at(t, t->r.rip);
+    if (t->cur.kind == K_SYSCALL) {
+        t->sys_nr = t->r.rax; t->sys_rdi = t->r.rdi; t->sys_rsi = t->r.rsi;
+        if (t->r.rax == 13 && t->r.rsi) {
+            uint64_t act[2] = { 0, 0 };
+            read_mem(t->tid, t->r.rsi, act, sizeof act);
+            t->sig_act[0] = act[0]; t->sig_act[1] = act[1];
+        }
+    }
+    total_steps++;
+    t->how = 0;
+    t->probe = 0;
+    if (opt.block && blockstep_state >= 0 && !sig && !t->restart) {
+        if (blockstep_state == 0 && t->cur.kind == K_OTHER) {
+            t->how = 1; t->probe = 1;
+        } else if (blockstep_state == 1 && block_ok(t)) {
+            t->how = 1;
+        }
+    }
+    if (ptrace(t->how == 1 ? PTRACE_SINGLEBLOCK : PTRACE_SINGLESTEP, t->tid, 0, (void *)sig) < 0 && t->how == 1) {
+        blockstep_state = -1;
+        t->how = 0;
+        ptrace(PTRACE_SINGLESTEP, t->tid, 0, (void *)sig);
+    }
+}
+
+/* ---------------------------------------------------------------- windows */
+
+static FILE *winlog;
+
+static void win_open(struct thread *t)
+{
+    end_run(t);
+    t->win = 1;
+    t->native = 0;
+    t->win_sp = t->r.rsp;
+    uint64_t ret = 0;
+    read_mem(t->tid, t->r.rsp, &ret, 8);
+    t->win_ret = ret;
+    arm(t, 0);
+    if (winlog) fprintf(winlog, "on %d %d %#llx %llu\n", t->pid, t->tid, (unsigned long long)t->r.rip, (unsigned long long)t->ninsn);
+}
+
+static void win_close(struct thread *t)
+{
+    end_run(t);
+    flush_exec();
+    t->win = 0;
+    if (winlog) fprintf(winlog, "off %d %d %#llx %llu\n", t->pid, t->tid, (unsigned long long)t->r.rip, (unsigned long long)t->ninsn);
+    if (t->p->armed && (t->p->start || t->p->within)) {
+        t->native = 1;
+        arm(t, 1);
+    } else if (t->p->armed) {
+        t->native = 1;                 /* --stop only: never reopens */
+    }
+}
+
+/* After a stop in a window: has it closed? */
+static void window_check(struct thread *t)
+{
+    if (!t->win || !t->p->armed) return;
+    if (t->p->within) {
+        if ((t->r.rip == t->win_ret && t->r.rsp == t->win_sp + 8) || t->r.rsp > t->win_sp + 8)
+            win_close(t);
+    } else if (t->p->stop && t->r.rip == t->p->stop) {
+        win_close(t);
+    }
+}
+
+/* ---------------------------------------------------------------- stops */
+
+static void sample(struct thread *t, int force)
+{
+    if (!force && ++t->since_cpu < opt.cpu_every) return;
+    t->since_cpu = 0;
+    int c = sample_cpu(t);
+    if (c != t->cpu) {
+        end_run(t);
+        if (exec_owner == t) flush_exec();
+        t->cpu = c;
+    }
+}
+
+/* The first stop of a thread: announce it and start it. */
+static void begin_thread(struct thread *t)
+{
+    t->started = 1;
+    t->parked = 0;
+    if (t->detach) {                   /* a fork child we only report */
+        ptrace(PTRACE_DETACH, t->tid, 0, 0);
+        drop_thread(t);
+        return;
+    }
+    if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) < 0) return;
+    sample(t, 1);
+    if (t->tid == t->pid && t->p->nmaps == 0) {
+        rec(t);
+        w8(0x12); w32((uint32_t)t->parent_tid);    /* PROC_START (parent pid) */
+        update_maps(t->p);
+    }
+    rec(t);
+    w8(0x10); w32(t->tid == t->pid ? 0 : (uint32_t)t->parent_tid);
+    if (is_restart_code((int64_t)t->r.rax) && t->r.rip >= 2) {
+        uint8_t b[2] = { 0, 0 };
+        read_mem(t->tid, t->r.rip - 2, b, 2);
+        if (b[0] == 0x0f && b[1] == 0x05) { t->restart = 1; t->restart_pc = t->r.rip - 2; }
+    }
+    if (windowed && t->p->armed) {
+        if (t->p->start || t->p->within) { t->native = 1; arm(t, 1); }
+        else { t->win = 1; if (winlog) fprintf(winlog, "on %d %d %#llx %llu\n", t->pid, t->tid, (unsigned long long)t->r.rip, 0ull); }
+    } else if (windowed) {
+        t->native = 1;
+    }
+    resume(t);
+}
+
+static void on_event(struct thread *t, int ev)
+{
+    unsigned long msg = 0;
+    ptrace(PTRACE_GETEVENTMSG, t->tid, 0, &msg);
+    if (ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK || ev == PTRACE_EVENT_VFORK) {
+        pid_t child = (pid_t)msg;
+        struct thread *c = find_thread(child);
+        pid_t tg = tgid_of(child);
+        int is_thread = ev == PTRACE_EVENT_CLONE && tg == t->pid;
+        if (!c) {
+            struct proc *cp = is_thread ? t->p : new_proc(child);
+            c = new_thread(child, cp);
+        } else if (!is_thread && c->p == t->p) {
+            c->p = new_proc(child); c->pid = child;
+        }
+        c->parent_tid = is_thread ? (uint64_t)t->tid : (uint64_t)t->pid;
+        if (!is_thread) {
+            c->p->armed = t->p->armed;
+            c->p->start = t->p->start; c->p->stop = t->p->stop; c->p->within = t->p->within;
+            if (!opt.follow_fork) c->detach = 1;
+        }
+        c->win = 0;
+        if (c->parked) begin_thread(c);
+    } else if (ev == PTRACE_EVENT_EXEC) {
+        pid_t former = (pid_t)msg;
+        if (former != t->tid) {
+            struct thread *f = find_thread(former);
+            if (f) {                      /* a non-leader exec'd: it becomes the leader */
+                t->cur = f->cur; t->run_n = 0;
+                end_run(f); drop_thread(f);
+            }
+        }
+        /* other threads of the process are gone */
+        for (struct thread *o = threads, *nx; o; o = nx) {
+            nx = o->next;
+            if (o != t && o->pid == t->pid) {
+                end_run(o); rec(o); w8(0x11); w32(0); drop_thread(o);
+            }
+        }
+        if (!t->native && t->cur.kind == K_SYSCALL) {
+            retire(t, &t->cur);
+            end_run(t);
+            rec(t); w8(0x20); w64(t->sys_nr);
+        }
+        end_run(t);
+        char link[64], path[4096];
+        snprintf(link, sizeof link, "/proc/%d/exe", t->pid);
+        ssize_t k = readlink(link, path, sizeof path - 1);
+        path[k > 0 ? k : 0] = 0;
+        rec(t);
+        w8(0x13); w8(1); w16((unsigned)strlen(path)); fwrite(path, 1, strlen(path), out);
+        struct proc *p = t->p;
+        pc_clear(&p->pcs);
+        free(p->blocks.e); p->blocks.e = NULL; p->blocks.cap = p->blocks.n = 0;
+        for (size_t i = 0; i < p->nmaps; i++) free(p->maps[i].path);
+        free(p->maps); p->maps = NULL; p->nmaps = 0;
+        update_maps(p);
+        t->in_sys = 0;
+        t->noexec = 1;
+        t->restart = 0;
+        if (windowed) {                   /* triggers belong to the first image */
+            p->armed = 0;
+            t->win = 0;
+            t->native = 1;
+        }
+    } else if (ev == PTRACE_EVENT_STOP) {
+        /* group-stop or our interrupt: nothing executed */
+    }
+}
+
+static void on_exit_status(struct thread *t, int st)
+{
+    int status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    if (t->started && !t->native && t->cur.kind == K_SYSCALL && WIFEXITED(st) &&
+        (t->cur.pc == t->r.rip) && (t->sys_nr == 60 || t->sys_nr == 231)) {
+        retire(t, &t->cur);
+        end_run(t);
+        rec(t); w8(0x20); w64(t->sys_nr);
+        t->in_sys = 0;
+    }
+    end_run(t);
+    if (t->started) {
+        rec(t); w8(0x11); w32((uint32_t)status);
+        if (t->tid == t->pid) { w8(0x14); w32((uint32_t)status); t->p->live = 0; }
+    }
+    if (t->tid == main_pid) { main_status = st; have_main_status = 1; }
+    drop_thread(t);
+}
+
+static int sync_signal(int sig, int code)
+{
+    return (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP) && code > 0;
+}
+
+static void on_stop(struct thread *t, int st)
+{
+    int sig = WSTOPSIG(st), ev = st >> 16;
+    if (!t->started) {
+        if (t->parent_tid || t->tid == main_pid || opt.attach) begin_thread(t);
+        else t->parked = 1;            /* wait for the parent's clone/fork event */
+        return;
+    }
+    if (ev) {
+        on_event(t, ev);
+        if (ev == PTRACE_EVENT_STOP && quit_signal) t->detach = 1;
+        if (ev == PTRACE_EVENT_EXEC || ev == PTRACE_EVENT_STOP)
+            ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
+        resume(t);
+        return;
+    }
+    siginfo_t si;
+    if (t->native) {
+        if (sig == SIGTRAP && t->p->armed) {
+            uint64_t dr6 = get_dr(t->tid, 6);
+            if (dr6 & 0xf) {
+                set_dr(t->tid, 6, 0);
+                ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
+                sample(t, 1);
+                win_open(t);
+                resume(t);
+                return;
+            }
+        }
+        if (ptrace(PTRACE_GETSIGINFO, t->tid, 0, &si) < 0) sig = 0;   /* group-stop */
+        t->sig = sig;
+        resume(t);
+        return;
+    }
+
+    struct user_regs_struct prev = t->r;
+    if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) < 0) return;
+    int stepped = 0;
+    if (sig == SIGTRAP) {
+        if (t->noexec) {
+            t->noexec = 0;
+        } else if (t->injected || t->cur.kind == K_INT) {
+            int code = ptrace(PTRACE_GETSIGINFO, t->tid, 0, &si) == 0 ? si.si_code : 0;
+            if (t->injected && code == SIGTRAP) {
+                /* the kernel set up a handler frame: nothing retired */
+                end_run(t);
+                t->restart = 0;
+                if (t->in_sys) {
+                    write_sysret(t);
+                } else {
+                    rec(t);
+                    w8(0x22); w32((uint32_t)t->injected); w8(t->sig_async ? 1 : 0);
+                    w64(t->r.rip); w64(t->sig_ip);
+                }
+            } else if (t->cur.kind == K_INT && code == SI_KERNEL) {
+                retire(t, &t->cur);          /* int3 retired; its SIGTRAP goes to the program */
+                t->sig = SIGTRAP;
+            } else {
+                stepped = 1;
+            }
+        } else {
+            stepped = 1;
+        }
+    } else {
+        /* signal-delivery-stop: nothing retired since the last stop */
+        if (ptrace(PTRACE_GETSIGINFO, t->tid, 0, &si) < 0) {
+            sig = 0;                       /* group-stop */
+        } else {
+            t->sig_async = !sync_signal(sig, si.si_code);
+            t->sig_ip = t->r.rip;
+        }
+        t->sig = sig;
+    }
+
+    if (stepped) {
+        if (t->how == 1 && !t->probe) {
+            /* block step: the straight line from prev.rip to its branch retired */
+            uint64_t pc = prev.rip;
+            for (int k = 0; k < 100000; k++) {
+                struct insn_info ii = *insn_at(t, pc);
+                retire(t, &ii);
+                if (ii.kind != K_OTHER) break;
+                pc += ii.len;
+            }
+        } else if (t->restart && t->r.rip == prev.rip && t->cur.kind != K_REPSTR &&
+                   prev.rip == t->restart_pc + 2) {
+            /* the interrupted syscall was restarted and ran again */
+            struct insn_info sc = *insn_at(t, t->restart_pc);
+            retire(t, &sc);
+            t->sys_nr = t->r.orig_rax;
+            end_run(t);
+            rec(t); w8(0x20); w64(t->sys_nr);
+            t->in_sys = 1;
+            t->sys_ret = (int64_t)t->r.rax;
+            t->restart = is_restart_code(t->sys_ret);
+            sample(t, 1);
+        } else if (t->cur.kind == K_REPSTR && t->r.rip == prev.rip) {
+            /* one more iteration: retires when the pc moves on */
+        } else {
+            if (t->probe) {
+                blockstep_state = t->r.rip == prev.rip + t->cur.len ? -1 : 1;
+                if (blockstep_state == 1) {
+                    uint64_t pc = prev.rip;
+                    for (int k = 0; k < 100000; k++) {
+                        struct insn_info ii = *insn_at(t, pc);
+                        retire(t, &ii);
+                        if (ii.kind != K_OTHER) break;
+                        pc += ii.len;
+                    }
+                    goto retired;
+                }
+            }
+            retire(t, &t->cur);
+            t->restart = 0;
+            if (t->cur.kind == K_SYSCALL) {
+                end_run(t);
+                rec(t); w8(0x20); w64(t->sys_nr);
+                t->in_sys = 1;
+                t->sys_ret = (int64_t)t->r.rax;
+                t->restart = is_restart_code(t->sys_ret);
+                if (t->restart) t->restart_pc = t->cur.pc;
+                uint64_t nr = t->sys_nr;
+                if (nr == 9 || nr == 10 || nr == 11 || nr == 25 || nr == 12) {
+                    if (update_maps(t->p)) {
+                        pc_clear(&t->p->pcs);
+                        free(t->p->blocks.e); t->p->blocks.e = NULL; t->p->blocks.cap = t->p->blocks.n = 0;
+                    }
+                }
+                sample(t, 1);
+            }
+        }
+retired:
+        sample(t, 0);
+    }
+    window_check(t);
+    if (quit_signal) t->detach = 1;
+    resume(t);
+}
+
+/* ---------------------------------------------------------------- errors, setup */
+
+static void fail(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (errpath[0]) {
+        FILE *f = fopen(errpath, "we");
+        if (f) { fprintf(f, "%s\n", msg); fclose(f); }
+    }
+    if (!opt.quiet) fprintf(stderr, "hwtrace: %s\n", msg);
+    for (struct thread *t = threads; t; t = t->next)
+        if (opt.attach) ptrace(PTRACE_DETACH, t->tid, 0, 0);
+        else kill(t->tid, SIGKILL);
+    _exit(125);
+}
+
+static char *find_program(const char *name)
+{
+    static char buf[4096];
+    if (strchr(name, '/')) {
+        snprintf(buf, sizeof buf, "%s", name);
+        return access(buf, F_OK) == 0 ? buf : NULL;
+    }
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; ; ) {
+        const char *e = strchr(p, ':');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        snprintf(buf, sizeof buf, "%.*s/%s", (int)n, n ? p : ".", name);
+        struct stat sb;
+        if (stat(buf, &sb) == 0 && S_ISREG(sb.st_mode) && access(buf, X_OK) == 0) return buf;
+        if (!e) break;
+        p = e + 1;
+    }
+    return NULL;
+}
+
+static void check_program(const char *path, const char *name)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0) fail("%s: %s", name, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) fail("%s: is a directory", name);
+    if (access(path, X_OK) < 0) fail("%s: not executable (%s)", name, strerror(errno));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("%s: %s", name, strerror(errno));
+    unsigned char h[64] = { 0 };
+    ssize_t n = read(fd, h, sizeof h);
+    close(fd);
+    if (n >= 2 && h[0] == '#' && h[1] == '!') return;
+    if (n < 20 || memcmp(h, ELFMAG, SELFMAG))
+        fail("%s: not an ELF executable", name);
+    uint16_t mach; memcpy(&mach, h + 18, 2);
+    if (h[EI_CLASS] != ELFCLASS64 || mach != EM_X86_64)
+        fail("%s: not an x86-64 program (ELF %s-bit, machine %u)", name,
+             h[EI_CLASS] == ELFCLASS64 ? "64" : "32", mach);
+}
+
+static void on_quit(int sig) { quit_signal = sig; }
+
+static const long trace_opts = PTRACE_O_TRACECLONE | PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC;
+
+static void launch(void)
+{
+    char *path = find_program(opt.argv[0]);
+    if (!path) fail("%s: program not found", opt.argv[0]);
+    check_program(path, opt.argv[0]);
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0) fail("pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) fail("fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(pfd[0]);
+        signal(SIGINT, SIG_DFL); signal(SIGQUIT, SIG_DFL); signal(SIGTERM, SIG_DFL);
+        int err[2] = { 0, 0 };
+        if (ptrace(PTRACE_TRACEME, 0, 0, 0) < 0) { err[0] = 1; err[1] = errno; }
+        else { execv(path, opt.argv); err[0] = 2; err[1] = errno; }
+        if (write(pfd[1], err, sizeof err) < 0) _exit(127);
+        _exit(127);
+    }
+    close(pfd[1]);
+    int err[2];
+    ssize_t n = read(pfd[0], err, sizeof err);
+    close(pfd[0]);
+    main_pid = pid;
+    if (n == sizeof err) {
+        waitpid(pid, NULL, 0);
+        if (err[0] == 1)
+            fail("ptrace refused (%s): see /proc/sys/kernel/yama/ptrace_scope and the permissions of this user", strerror(err[1]));
+        fail("%s: cannot execute: %s", opt.argv[0], strerror(err[1]));
+    }
+    int st;
+    if (waitpid(pid, &st, __WALL) != pid || !WIFSTOPPED(st))
+        fail("%s: the program did not stop after exec", opt.argv[0]);
+    if (ptrace(PTRACE_SETOPTIONS, pid, 0, (void *)(trace_opts | PTRACE_O_EXITKILL)) < 0)
+        fail("ptrace(SETOPTIONS): %s", strerror(errno));
+    struct proc *p = new_proc(pid);
+    struct thread *t = new_thread(pid, p);
+    if (windowed) resolve_triggers(p);
+    begin_thread(t);
+}
+
+static void attach(void)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", opt.attach);
+    if (kill(opt.attach, 0) < 0 && errno == ESRCH) fail("no process with pid %d", opt.attach);
+    main_pid = opt.attach;
+    struct proc *p = new_proc(opt.attach);
+    for (int again = 1; again; ) {
+        again = 0;
+        DIR *d = opendir(dir);
+        if (!d) fail("pid %d: %s", opt.attach, strerror(errno));
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            pid_t tid = atoi(de->d_name);
+            if (tid <= 0 || find_thread(tid)) continue;
+            if (ptrace(PTRACE_SEIZE, tid, 0, (void *)trace_opts) < 0) {
+                if (errno == ESRCH) continue;
+                int e = errno;
+                closedir(d);
+                if (e == EPERM)
+                    fail("cannot trace pid %d: operation not permitted (ptrace scope: /proc/sys/kernel/yama/ptrace_scope; "
+                         "or the process belongs to another user / needs CAP_SYS_PTRACE)", opt.attach);
+                fail("cannot trace pid %d: %s", opt.attach, strerror(e));
+            }
+            struct thread *t = new_thread(tid, p);
+            t->parent_tid = (uint64_t)opt.attach;
+            ptrace(PTRACE_INTERRUPT, tid, 0, 0);
+            again = 1;
+        }
+        closedir(d);
+    }
+    if (!threads) fail("no process with pid %d", opt.attach);
+    if (windowed) resolve_triggers(p);
+}
+
+static uint64_t parse_addr(const char *s, int *rel)
+{
+    *rel = s[0] == '+';
+    char *end;
+    errno = 0;
+    uint64_t v = strtoull(s + *rel, &end, 0);
+    if (errno || *end || end == s + *rel) fail("bad address: %s", s);
+    return v;
+}
+
+static void usage(void)
+{
+    fail("usage: stepper [--start A] [--stop A] [--within A] [--no-follow-fork] [--clock tsc|insn] "
+         "[--block auto|off] [--cpu-every N] [--quiet-errors] -o LOG (-- PROGRAM ARGS... | --pid PID)");
+}
+
+int main(int argc, char **argv)
+{
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--")) { i++; break; }
+        else if (!strcmp(a, "--quiet-errors")) opt.quiet = 1;
+        else if (!strcmp(a, "--no-follow-fork")) opt.follow_fork = 0;
+        else if (!v) usage();
+        else if (!strcmp(a, "-o")) { opt.out = v; i++; }
+        else if (!strcmp(a, "--pid")) { opt.attach = atoi(v); i++; if (opt.attach <= 0) fail("bad pid: %s", v); }
+        else if (!strcmp(a, "--start")) { opt.start = parse_addr(v, &opt.start_rel); i++; }
+        else if (!strcmp(a, "--stop")) { opt.stop = parse_addr(v, &opt.stop_rel); i++; }
+        else if (!strcmp(a, "--within")) { opt.within = parse_addr(v, &opt.within_rel); i++; }
+        else if (!strcmp(a, "--clock")) { opt.clock_insn = !strcmp(v, "insn"); if (!opt.clock_insn && strcmp(v, "tsc")) usage(); i++; }
+        else if (!strcmp(a, "--block")) { opt.block = strcmp(v, "off") != 0; i++; }
+        else if (!strcmp(a, "--cpu-every")) { opt.cpu_every = (unsigned)atoi(v); if (!opt.cpu_every) opt.cpu_every = 1; i++; }
+        else usage();
+    }
+    if (!opt.out) usage();
+    snprintf(errpath, sizeof errpath, "%s.err", opt.out);
+    unlink(errpath);
+    if (i < argc) opt.argv = argv + i;
+    if (!opt.argv == !opt.attach) usage();
+    if (opt.within && (opt.start || opt.stop)) fail("--within excludes --start/--stop");
+    windowed = opt.start || opt.stop || opt.within;
+    if (windowed && opt.stop) opt.block = 0;
+
+    out = fopen(opt.out, "we");
+    if (!out) fail("%s: %s", opt.out, strerror(errno));
+    setvbuf(out, NULL, _IOFBF, 1 << 20);
+    if (windowed) {
+        char wp[4200];
+        snprintf(wp, sizeof wp, "%s.windows", opt.out);
+        winlog = fopen(wp, "we");
+    }
+    tsc0 = __rdtsc(); ns0 = now_ns();
+    write_header(0);
+
+    struct sigaction sa = { 0 };
+    sa.sa_handler = on_quit;           /* no SA_RESTART: waitpid returns EINTR */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    if (opt.attach) sigaction(SIGINT, &sa, NULL);
+    else { signal(SIGINT, SIG_IGN); signal(SIGQUIT, SIG_IGN); }
+
+    if (opt.attach) attach(); else launch();
+
+    int interrupted = 0;
+    while (nthreads > 0) {
+        int st;
+        if (quit_signal && !interrupted) {
+            interrupted = 1;
+            if (opt.attach) {
+                for (struct thread *t = threads; t; t = t->next) {
+                    t->detach = 1;
+                    ptrace(PTRACE_INTERRUPT, t->tid, 0, 0);
+                }
+            } else {
+                for (struct thread *t = threads; t; t = t->next) kill(t->tid, SIGKILL);
+            }
+        }
+        pid_t tid = waitpid(-1, &st, __WALL);
+        if (tid < 0) {
+            if (errno == EINTR) continue;
+            if (errno == ECHILD) break;
+            fail("waitpid: %s", strerror(errno));
+        }
+        struct thread *t = find_thread(tid);
+        if (!t) {
+            if (WIFSTOPPED(st)) {          /* a new thread/process before its parent's event */
+                t = new_thread(tid, find_proc(tgid_of(tid)) ? find_proc(tgid_of(tid)) : new_proc(tgid_of(tid)));
+                t->parked = 1;
+                if (t->pid == tid) t->p->live = 1;
+                continue;
+            }
+            if (tid == main_pid) { main_status = st; have_main_status = 1; }
+            continue;
+        }
+        if (WIFEXITED(st) || WIFSIGNALED(st)) on_exit_status(t, st);
+        else if (WIFSTOPPED(st)) on_stop(t, st);
+    }
+
+    flush_exec();
+    fflush(out);
+    uint64_t hz = 0, dns = now_ns() - ns0;
+    if (!opt.clock_insn && dns > 0)
+        hz = (uint64_t)((double)(__rdtsc() - tsc0) * 1e9 / (double)dns);
+    if (fseek(out, 16, SEEK_SET) == 0) { w64(hz); }
+    if (fclose(out) != 0) fail("%s: write error", opt.out);
+    if (winlog) fclose(winlog);
+    {
+        char ip[4200];
+        snprintf(ip, sizeof ip, "%s.info", opt.out);
+        FILE *f = fopen(ip, "we");
+        if (f) {
+            fprintf(f, "{\"stepping\": \"%s\", \"block_step\": \"%s\", \"steps\": %llu, \"clock\": \"%s\", \"clock_hz\": %llu}\n",
+                    blockstep_state > 0 ? "block" : "single",
+                    blockstep_state > 0 ? "honoured" : blockstep_state < 0 ? "ignored" : "unprobed",
+                    (unsigned long long)total_steps, opt.clock_insn ? "insn" : "tsc", (unsigned long long)hz);
+            fclose(f);
+        }
+    }
+    if (getenv("HWTRACE_STEPPER_STATS"))
+        fprintf(stderr, "hwtrace-stepper: %llu steps, block-step %s\n", (unsigned long long)total_steps,
+                blockstep_state > 0 ? "honoured" : blockstep_state < 0 ? "ignored (single-stepping)" : "unprobed");
+    if (opt.attach || !have_main_status) return 0;
+    if (WIFEXITED(main_status)) return WEXITSTATUS(main_status);
+    if (WIFSIGNALED(main_status)) {
+        setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
+        signal(WTERMSIG(main_status), SIG_DFL);
+        sigset_t m; sigemptyset(&m); sigaddset(&m, WTERMSIG(main_status));
+        sigprocmask(SIG_UNBLOCK, &m, NULL);
+        raise(WTERMSIG(main_status));
+        return 128 + WTERMSIG(main_status);
+    }
+    return 0;
+}

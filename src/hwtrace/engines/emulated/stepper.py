@@ -1,0 +1,229 @@
+"""The ptrace execution source: a native execution, stepped instruction by
+instruction through the debug hardware's single-step trap.
+
+The stepper (``stepper.c`` with its x86-64 length decoder ``stepper_ild.c``,
+shipped with the package) is compiled with gcc at first use into
+``$XDG_CACHE_HOME/hwtrace/`` (default ``~/.cache/hwtrace``), named by the
+hash of its sources.  It launches a program (or attaches to every thread of
+a pid), follows threads, fork/vfork and exec, single-steps every thread
+(``PTRACE_SINGLEBLOCK`` where a run-time probe shows the machine honours
+DEBUGCTL.BTF), and writes an execution log (``execlog``, source = ptrace
+stepper): straight-line runs as BLOCK/EXEC records, SYSCALL/SYSRET around
+every ``syscall``, SIGNAL for handlers entered asynchronously, SIGACTION,
+MMAP/MUNMAP of executable mappings from ``/proc/PID/maps`` (with build-ids),
+the CPU each thread ran on (sampled) in CTX, and TIME (host TSC, its
+frequency measured over the run and stored in the header; or a per-thread
+instruction count).
+
+Trigger windows (``Options.start``/``stop``/``within``): the tracee runs at
+native speed with a debug-register breakpoint (DR0 via PTRACE_POKEUSER,
+enabled in DR7) on the start address, is stepped from there until the stop
+address is reached or (``within``) the activation returns (return address
+and stack pointer match), then runs natively again.  The log has only the
+stepped instructions; where windows opened and closed is in
+``LOG.windows`` (see :func:`windows`).
+
+Besides the log the stepper writes ``LOG.info`` (JSON: stepping mode, probe
+result, step count, clock) and, when it fails, ``LOG.err`` (one line).
+
+API::
+
+    status = run(["./prog", "arg"], "out.xlog", Options(within=0x401136))
+    status = run(1234, "out.xlog", Options(), timeout=2.0)   # attach, detach after 2 s
+    info("out.xlog")      -> {"stepping": "single", "block_step": "ignored", ...}
+    windows("out.xlog")   -> [Window(on=True, pid, tid, pc, ninsn), ...]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+_HERE = Path(__file__).resolve().parent
+SOURCES = (_HERE / "stepper.c", _HERE / "stepper_ild.c", _HERE / "stepper_ild.h")
+STEPPER_ERROR_STATUS = 125
+
+
+class StepperError(RuntimeError):
+    """The stepper cannot run or trace this (one line, for the user)."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hwtrace"
+
+
+def stepper_path() -> Path:
+    """The built stepper executable, compiling it first if needed."""
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    out = cache_dir() / f"stepper-{h.hexdigest()[:16]}"
+    if out.exists():
+        return out
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise StepperError("the ptrace engine needs gcc to build its stepper (apt-get install gcc)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".stepper-", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp,
+                            str(SOURCES[0]), str(SOURCES[1])],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["gcc failed"])[-1]
+            raise StepperError(f"building the ptrace stepper failed: {last}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+Address = int | str
+"""An absolute address, or a string: ``"0x401000"`` (absolute) or
+``"+0x1139"`` (offset from the load base of the main executable, for PIE)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    start: Address | None = None     # window opens when this address is reached
+    stop: Address | None = None      # ... and closes when this one is
+    within: Address | None = None    # window = each outermost activation of this function
+    follow_fork: bool = True         # trace fork/vfork children (else only report them)
+    clock: str = "tsc"               # TIME records: "tsc" (host TSC) or "insn" (per-thread count)
+    block_step: bool = True          # use PTRACE_SINGLEBLOCK where the machine honours BTF
+    cpu_every: int = 1024            # sample the CPU a thread runs on every N steps
+                                     # (and after every syscall)
+
+
+class Window(NamedTuple):
+    on: bool
+    pid: int
+    tid: int
+    pc: int
+    ninsn: int  # instructions the thread had retired in the log at that point
+
+
+def _addr(value: Address) -> str:
+    if isinstance(value, int):
+        if value < 0:
+            raise StepperError(f"bad address: {value}")
+        return hex(value)
+    s = value.strip()
+    try:
+        int(s[1:] if s.startswith("+") else s, 0)
+    except ValueError:
+        raise StepperError(f"bad address: {value!r}") from None
+    return s
+
+
+def command(target: Sequence[str] | int, log_path: str | os.PathLike,
+            options: Options | None = None) -> list[str]:
+    """The stepper's command line for a program (argv) or a pid."""
+    o = options or Options()
+    if o.within is not None and (o.start is not None or o.stop is not None):
+        raise StepperError("within excludes start/stop")
+    if o.clock not in ("tsc", "insn"):
+        raise StepperError(f"unknown clock {o.clock!r} (tsc or insn)")
+    cmd = [str(stepper_path()), "--quiet-errors", "-o", os.fspath(log_path),
+           "--clock", o.clock, "--cpu-every", str(max(1, int(o.cpu_every)))]
+    if not o.block_step:
+        cmd += ["--block", "off"]
+    if not o.follow_fork:
+        cmd.append("--no-follow-fork")
+    for name in ("start", "stop", "within"):
+        v = getattr(o, name)
+        if v is not None:
+            cmd += [f"--{name}", _addr(v)]
+    if isinstance(target, int):
+        if target <= 0:
+            raise StepperError(f"bad pid: {target}")
+        cmd += ["--pid", str(target)]
+    else:
+        argv = list(target)
+        if not argv:
+            raise StepperError("no program given")
+        cmd += ["--", *argv]
+    return cmd
+
+
+def error(log_path: str | os.PathLike) -> str | None:
+    """The stepper's own error line for this log, if it failed."""
+    p = Path(os.fspath(log_path) + ".err")
+    try:
+        return p.read_text().strip() or "the ptrace stepper failed"
+    except FileNotFoundError:
+        return None
+
+
+def run(target: Sequence[str] | int, log_path: str | os.PathLike,
+        options: Options | None = None, *, timeout: float | None = None) -> int:
+    """Trace ``target`` (argv of a program to launch, or a pid to attach to),
+    writing the execution log to ``log_path``.
+
+    Returns the program's exit status as :class:`subprocess.Popen` does
+    (``-N``: killed by signal N); the program's stdin/stdout/stderr are this
+    process's.  For a pid: 0 once detached (``timeout`` seconds, or when this
+    process gets SIGINT/KeyboardInterrupt), or its status if it exits first.
+    Raises :class:`StepperError` (one line) when the stepper cannot start,
+    trace or write the log.
+    """
+    cmd = command(target, log_path, options)
+    err = Path(os.fspath(log_path) + ".err")
+    if err.exists():
+        err.unlink()
+    proc = subprocess.Popen(cmd)
+    status = _wait(proc, timeout if isinstance(target, int) else None)
+    msg = error(log_path)
+    if msg is not None and status == STEPPER_ERROR_STATUS:
+        raise StepperError(msg)
+    return status
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+    try:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)      # attached: detach and exit
+            return proc.wait()
+    except KeyboardInterrupt:
+        # a launched program got the terminal's SIGINT itself; an attached
+        # one is detached by the stepper on SIGINT
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue
+
+
+def info(log_path: str | os.PathLike) -> dict:
+    """What the stepper reports about a finished run (``LOG.info``):
+    ``stepping`` ("single" or "block"), ``block_step`` (probe result:
+    "honoured", "ignored", "unprobed"), ``steps``, ``clock``, ``clock_hz``."""
+    return json.loads(Path(os.fspath(log_path) + ".info").read_text())
+
+
+def windows(log_path: str | os.PathLike) -> list[Window]:
+    """Where trigger windows opened and closed (``LOG.windows``), in order."""
+    p = Path(os.fspath(log_path) + ".windows")
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        kind, pid, tid, pc, n = line.split()
+        out.append(Window(kind == "on", int(pid), int(tid), int(pc, 16), int(n)))
+    return out
