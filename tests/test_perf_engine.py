@@ -650,3 +650,55 @@ def test_engine_through_the_trace_control_device(tmp_path):
     assert [(s.file, s.size) for s in b.streams] == [("cpu0.pt", 32), ("cpu1.pt", 32)]
     assert b.read_stream("cpu0.pt") == PSB + b"\x00" * 16
     assert any(isinstance(r, B.Mmap) and r.file == "/usr/bin/true" for r in b.iter_sideband())
+
+
+def test_engine_thread_mode_follows_new_threads():
+    """A FORK in the sideband of a traced thread opens events for the new
+    thread (the kernel forbids inherit on mmapped per-thread events)."""
+    class Forking(FakeOps):
+        def release(self, handle):
+            super().release(handle)
+            if not getattr(self, "forked", False):
+                self.forked = True
+                ev = next(e for e in self.events.values() if e["attr"].type == 1)
+                base = ev["base"]
+                head = struct.unpack_from("<Q", base, 1024)[0]
+                fork = _rec(abi.FORK, struct.pack("<IIIIQ", 4242, 4242, 4243, 4242, 5),
+                            0, (4242, 4242, 5, 0, 1))
+                base[PAGE_SIZE + head:PAGE_SIZE + head + len(fork)] = fork
+                struct.pack_into("<Q", base, 1024, head + len(fork))
+    ops = Forking(aux_payload=PSB)
+    cfg = BufferConfig(num_chunks=1, chunk_order=0, ctl=Ctl(PT_SKYLAKE_CTL))
+    s = _session(Mode.THREAD, cfg)
+    _engine(ops).run(s, ["true"])
+    opens = [c for c in ops.calls if c[0] == "open"]
+    assert opens == [("open", 8, 4242, -1), ("open", 1, 4242, -1),
+                     ("open", 8, 4243, -1), ("open", 1, 4243, -1)]
+    assert set(s.outputs) == {("tid", 4242), ("tid", 4243)}
+    new_pt = [fd for fd, e in ops.events.items() if e["pid"] == 4243 and e["attr"].type == 8]
+    assert ("ioctl", new_pt[0], abi.PERF_EVENT_IOC_ENABLE) in ops.calls
+    assert not ops.events[new_pt[0]]["attr"].flag("enable_on_exec")
+
+
+def test_engine_attach_thread_mode():
+    class Attaching(FakeOps):
+        rounds = 0
+
+        def threads_of(self, pid):
+            self.rounds += 1
+            if self.rounds == 2:
+                self.release(None)              # the "kernel" produces data
+            return [pid, pid + 1] if self.rounds < 3 else []
+    ops = Attaching(aux_payload=PSB)
+    cfg = BufferConfig(num_chunks=1, chunk_order=0, ctl=Ctl(PT_SKYLAKE_CTL))
+    s = _session(Mode.THREAD, cfg)
+    assert _engine(ops).attach(s, 777) == 0
+    opens = [c for c in ops.calls if c[0] == "open"]
+    assert opens == [("open", 8, 777, -1), ("open", 1, 777, -1),
+                     ("open", 8, 778, -1), ("open", 1, 778, -1)]
+    assert s.outputs[("tid", 777)].items == [PSB]
+    assert len([c for c in ops.calls if c[0] == "ioctl"
+                and c[2] == abi.PERF_EVENT_IOC_ENABLE]) == 4
+    gone = type("Gone", (FakeOps,), {"threads_of": lambda self, p: []})()
+    with pytest.raises(TraceError, match="no process"):
+        _engine(gone).attach(_session(Mode.THREAD, cfg), 5)

@@ -156,3 +156,9 @@ def test_no_intel_pt_is_an_error(tmp_path):
     data = b"PERFILE2" + struct.pack("<Q", 16) + rec(abi.FINISHED_ROUND)
     with pytest.raises(PerfDataError, match="no Intel PT"):
         import_perf_data(data, tmp_path / "b")
+
+
+def test_compressed_records_are_refused_with_the_fix(tmp_path):
+    data = b"PERFILE2" + struct.pack("<Q", 16) + rec(abi.COMPRESSED, b"\x28\xb5\x2f\xfd" + b"\0" * 4)
+    with pytest.raises(PerfDataError, match="perf inject"):
+        import_perf_data(data, tmp_path / "b")

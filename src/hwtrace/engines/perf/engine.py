@@ -272,6 +272,51 @@ class PerfEngine(Engine):
         finally:
             self._close(events)
 
+    def attach(self, session: Session, pid: int, *, duration: float | None = None) -> int:
+        """Trace running process ``pid`` (its threads from /proc) until it
+        exits, ``duration`` passes or the session asks to stop."""
+        import time
+        tids = self.ops.threads_of(pid)
+        if not tids:
+            raise TraceError(Status.INVALID_ARGS, f"no process {pid}")
+        if session.mode not in self.modes:
+            raise TraceError(Status.NOT_SUPPORTED,
+                             f"cpu mode needs perf_event_paranoid <= 0 (it is {self.paranoid}) "
+                             "or CAP_PERFMON; set sysctl kernel.perf_event_paranoid=0")
+        events: list[_Event] = []
+        try:
+            if session.mode == Mode.CPU:
+                for cpu in range(self._num_cpus):
+                    out = session.cpu_output(cpu)
+                    self._check(out)
+                    events += self._open_pair(out, -1, cpu, None, enable_on_exec=False,
+                                              filters=self._filters(out, []))
+            else:
+                for tid in tids:
+                    out = session.thread_output(tid, pid, 0)
+                    if out is None:
+                        continue
+                    self._check(out)
+                    events += self._open_pair(out, tid, -1, tid, enable_on_exec=False,
+                                              filters=self._filters(out, []))
+            for ev in events:
+                self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_ENABLE)
+            end = None if duration is None else time.monotonic() + duration
+            while self.ops.threads_of(pid) and not session.should_stop() and \
+                    (end is None or time.monotonic() < end):
+                self.ops.poll([e.fd for e in events], POLL_SECONDS)
+                self._drain(session, events, pid)
+            for ev in events:
+                self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_DISABLE)
+            self._drain(session, events, pid)
+            for ev in events:
+                if ev.snapshot and ev.output is not None:
+                    ev.output.write(ev.snapshot_aux())
+            self._sideband(session, events)
+            return 0
+        finally:
+            self._close(events)
+
     def _setup(self, session: Session, pid: int, exe: str) -> list[_Event]:
         events: list[_Event] = []
         maps: list[FileMap] | None = None

@@ -112,6 +112,10 @@ def import_perf_data(data, out_dir: str | os.PathLike, *, images: Iterable[str |
                      source: str = "", exist_ok: bool = False) -> ImportResult:
     """Write the bundle for perf.data bytes ``data`` into ``out_dir``."""
     pd = PerfData(data)
+    counts = pd.record_counts()
+    if counts.get("COMPRESSED"):
+        raise PerfDataError("zstd-compressed perf.data (perf record -z) is not supported: "
+                            "decompress it with 'perf inject -i IN -o OUT'", pd.data.offset)
     pt_attr = _pt_attr(pd)
     conv = convert(pd.records(), pd.aux_data, build_ids=pd.build_ids(),
                    pt_attr_config=pt_attr.config if pt_attr else None)

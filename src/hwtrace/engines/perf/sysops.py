@@ -110,6 +110,13 @@ class SysOps:
         except ProcessLookupError:
             pass
 
+    def threads_of(self, pid: int) -> list[int]:
+        """Thread ids of a live process (empty once it is gone)."""
+        try:
+            return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+        except OSError:
+            return []
+
     def poll(self, fds, timeout: float) -> None:
         if fds:
             select.select(list(fds), [], [], timeout)
