@@ -94,8 +94,6 @@ def next_ip(ip: int, x) -> int | None:
     if c == IClass.OTHER or c == IClass.PTWRITE:
         return (ip + x.size) & 0xFFFFFFFFFFFFFFFF
     if (c == IClass.CALL or c == IClass.JUMP) and not x.is_indirect:
-        if x.kind == Kind.JMPABS:
-            return x.rel & 0xFFFFFFFFFFFFFFFF
         return (ip + x.size + x.rel) & 0xFFFFFFFFFFFFFFFF
     return None
 
@@ -148,6 +146,10 @@ class InsnCache:
             except X86Error:
                 raise FetchError(E.BAD_INSN) from None
             truncated = True
+        if x.kind == Kind.JMPABS:
+            # Intel PT reports JMPABS like an indirect jump (with a TIP);
+            # libipt decodes it as such.
+            x = x._replace(is_indirect=True)
         d = Decoded(x, FlowInsn(ip, x.size, int(x.iclass), mode, False,
                                 truncated),
                     FlowInsn(ip, x.size, int(x.iclass), mode, True, truncated),

@@ -234,10 +234,7 @@ class InsnDecoder:
         elif c == _UNKNOWN:
             raise _Err(E.BAD_INSN)
         if not x.is_indirect:
-            if x.kind == Kind.JMPABS:
-                self.ip = x.rel & MASK64
-            else:
-                self.ip = (self.ip + x.rel) & MASK64
+            self.ip = (self.ip + x.rel) & MASK64
         else:
             self.ip = self._indirect_branch(insn.ip)
 

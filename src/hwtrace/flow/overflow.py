@@ -16,7 +16,7 @@ from hwtrace.pt.errors import PtError
 from .events import BIND_EXSTOP, BIND_FUP, BIND_PSBEND
 
 _TIMING = frozenset(("tsc", "tma", "mtc", "cyc", "cbr"))
-_FUP_SKIP = frozenset(("pad", "mnt")) | _TIMING
+_FUP_SKIP = frozenset(("pad", "mnt", "invalid", "unknown")) | _TIMING
 _FUP_NONE = frozenset(("psb", "tip.pge", "mode.exec", "mode.tsx", "pip",
                        "vmcs", "stop", "ovf", "exstop", "mwait", "pwre",
                        "pwrx", "ptw"))

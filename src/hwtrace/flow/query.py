@@ -26,6 +26,7 @@ The newer event-trace packets (CFE, EVD) and TRIG are handled by
 from __future__ import annotations
 
 from hwtrace.pt import errors as E
+from hwtrace.pt.cpu import Errata as PacketErrata
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
@@ -69,7 +70,9 @@ class QueryDecoder:
 
     def __init__(self, data, config: FlowConfig | None = None):
         self.config = config or FlowConfig()
-        self._pkt = PacketDecoder(data)
+        e = self.config.errata
+        self._pkt = PacketDecoder(data, errata=PacketErrata(
+            skd007=e.skd007, skz84=e.skz84))
         self._buf = self._pkt.buffer
         self._end = len(self._buf)
         self.pos = None           # offset of the next packet to decode
@@ -725,6 +728,8 @@ class QueryDecoder:
 
 _DECODE = {
     "pad": QueryDecoder._dec_skip,
+    "invalid": QueryDecoder._dec_skip,
+    "unknown": QueryDecoder._dec_skip,
     "psb": QueryDecoder._dec_psb,
     "psbend": QueryDecoder._dec_psbend,
     "tnt8": QueryDecoder._dec_tnt,
