@@ -72,3 +72,27 @@ def _images(b, s):
             path = b.find_image(m.file, m.build_id) or m.file
             args += ["--elf", f"{path}:{m.start:#x}"]
     return args
+
+
+def _record_thread(engine, cfg, argv=("/bin/true",)):
+    with hwtrace.open_device(engine=engine) as dev:
+        dev.set_mode(hwtrace.Mode.THREAD)
+        assert dev.run(list(argv), follow_threads=cfg) == 0
+        assert dev.untraced_threads == []
+        (d,) = dev.thread_buffers.values()
+        return dev.read_buffer(d), dev.get_buffer_info(d)
+
+
+def test_thread_mode_stop_on_full_prefix_and_circular_suffix(emulated):
+    """Same deterministic program (no timing packets): a stop-on-full buffer
+    keeps a prefix of the full trace and is Stopped; a circular one keeps a
+    suffix that starts at a PSB and reports wrapped."""
+    ctl = hwtrace.Ctl.BRANCH_EN | hwtrace.Ctl.USER
+    full, fi = _record_thread(emulated, hwtrace.BufferConfig(num_chunks=16, chunk_order=2, ctl=ctl))
+    assert not fi.stopped and not fi.wrapped and len(full) == fi.capture_end > 4096
+    part, pi = _record_thread(emulated, hwtrace.BufferConfig(num_chunks=1, ctl=ctl))
+    assert pi.stopped and part == full[:4096] and pi.lost_bytes == len(full) - 4096
+    tail, ti = _record_thread(emulated, hwtrace.BufferConfig(num_chunks=1, ctl=ctl, is_circular=True))
+    assert ti.wrapped and not ti.stopped and ti.capture_end == len(full) % 4096
+    assert tail.startswith(b"\x02\x82" * 8) and full.endswith(tail)
+    assert tail == full[full.index(b"\x02\x82" * 8, len(full) - 4096):]
