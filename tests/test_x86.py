@@ -133,7 +133,7 @@ def test_control_flow_encodings(hexs, mode, size, iclass, kind, rel):
     assert insn.is_cond == (iclass == C.COND_JUMP)
     assert insn.is_far == (iclass in (C.FAR_CALL, C.FAR_RETURN, C.FAR_JUMP))
     direct = kind in (K.CALL_REL, K.JMP_REL, K.JCC, K.JRCXZ, K.LOOP,
-                      K.LOOPE, K.LOOPNE, K.JMPABS)
+                      K.LOOPE, K.LOOPNE)
     assert insn.is_indirect == (insn.is_branch and not direct)
     # exactly the bytes: decodes; one byte less: truncated
     assert decode(code, mode) == insn

@@ -19,7 +19,8 @@ UIRET, PTWRITE, MOV_CR3, VMPTRLD, VMCLEAR, VMXON, VMXOFF, VMFUNC, UD, HLT,
 RSM, XBEGIN, XEND, XABORT, OTHER), ``rel`` (signed displacement of relative
 branches and XBEGIN: target = ip + size + rel; the absolute target for
 JMPABS), and the flags ``is_branch``, ``is_cond``, ``is_indirect``
-(target not in the instruction bytes: needs a TIP), ``is_far``.
+(target comes from a TIP: indirect near branches, returns, far transfers,
+and JMPABS, which Intel PT reports with a TIP), ``is_far``.
 ``insn.target(ip, mode)`` computes a direct target (None otherwise).
 Non-branch results are shared objects: compare with ==, never mutate.
 

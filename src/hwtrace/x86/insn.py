@@ -130,9 +130,10 @@ class Insn(NamedTuple):
                  target for Kind.JMPABS; 0 otherwise
     is_branch:   changes control flow (every class except other/ptwrite)
     is_cond:     conditional (iclass COND_JUMP: jcc, jrcxz, loop*)
-    is_indirect: a branch whose target is not given by ip + instruction
-                 bytes (needs a TIP): near indirect call/jmp, returns, and
-                 every far transfer, direct far ones included
+    is_indirect: a branch whose target comes from the trace (a TIP): near
+                 indirect call/jmp, returns, every far transfer (direct far
+                 ones included) and JMPABS (its encoded target is in `rel`,
+                 but Intel PT reports it with a TIP and libipt follows that)
     is_far:      far transfer (far call/return/jump classes)
     """
 

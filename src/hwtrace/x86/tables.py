@@ -271,8 +271,11 @@ _CLASS = {
 _BRANCH_CLASSES = {IClass.CALL, IClass.RETURN, IClass.JUMP, IClass.COND_JUMP,
                    IClass.FAR_CALL, IClass.FAR_RETURN, IClass.FAR_JUMP}
 _FAR_CLASSES = {IClass.FAR_CALL, IClass.FAR_RETURN, IClass.FAR_JUMP}
+# Branches whose target the trace does not carry (no TIP). JMPABS is not
+# one of them: it encodes its target, yet Intel PT reports it with a TIP like
+# an indirect jump and libipt follows the TIP (corpus test tip-jmpabs).
 DIRECT_KINDS = frozenset({Kind.CALL_REL, Kind.JMP_REL, Kind.JCC, Kind.JRCXZ,
-                          Kind.LOOP, Kind.LOOPE, Kind.LOOPNE, Kind.JMPABS})
+                          Kind.LOOP, Kind.LOOPE, Kind.LOOPNE})
 
 
 def kind_class(kind: Kind) -> IClass:
