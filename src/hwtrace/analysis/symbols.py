@@ -91,23 +91,53 @@ class Image:
 
     @staticmethod
     def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
-        """{link-time address: (size, name)} of functions."""
+        """{link-time address: (size, name)} of functions.  Untyped symbols
+        in executable sections (assembly labels) count where no function
+        symbol starts; symbols of size 0 extend to the next symbol."""
         funcs: dict[int, tuple[int, str]] = {}
+        labels: dict[int, tuple[int, str]] = {}
+        exec_secs = {i for i, sec in enumerate(elf.iter_sections())
+                     if sec.header.sh_flags & 0x4}          # SHF_EXECINSTR
         for secname in (".dynsym", ".symtab"):
             sec = elf.get_section_by_name(secname)
             if not isinstance(sec, SymbolTableSection):
                 continue
             for sym in sec.iter_symbols():
                 e = sym.entry
-                if e.st_info.type not in ("STT_FUNC", "STT_GNU_IFUNC") \
-                        or e.st_shndx == "SHN_UNDEF" or not sym.name:
+                if not sym.name or not isinstance(e.st_shndx, int):
                     continue
-                old = funcs.get(e.st_value)
-                # prefer global names and .symtab's (later) ones
-                if old is None or e.st_info.bind == "STB_GLOBAL" or old[0] == 0:
-                    funcs[e.st_value] = (e.st_size, sym.name)
+                typ = e.st_info.type
+                if typ in ("STT_FUNC", "STT_GNU_IFUNC"):
+                    old = funcs.get(e.st_value)
+                    # prefer global names and .symtab's (later) ones
+                    if old is None or e.st_info.bind == "STB_GLOBAL" or old[0] == 0:
+                        funcs[e.st_value] = (e.st_size, sym.name)
+                elif typ == "STT_NOTYPE" and e.st_shndx in exec_secs \
+                        and not sym.name.startswith((".L", "$")):
+                    old = labels.get(e.st_value)
+                    if old is None or e.st_info.bind == "STB_GLOBAL":
+                        labels[e.st_value] = (e.st_size, sym.name)
+        for a, v in labels.items():
+            funcs.setdefault(a, v)
         if plt:
             funcs.update(Image._plt_symbols(elf))
+        # size 0 (assembly): up to the next symbol, or to the section end
+        ends = {}
+        for sec in elf.iter_sections():
+            if sec.header.sh_flags & 0x4 and sec.header.sh_size:
+                ends[sec.header.sh_addr] = sec.header.sh_addr + sec.header.sh_size
+        starts = sorted(funcs)
+        sec_starts = sorted(ends)
+        for i, a in enumerate(starts):
+            size, name = funcs[a]
+            if size:
+                continue
+            nxt = starts[i + 1] if i + 1 < len(starts) else None
+            j = bisect.bisect_right(sec_starts, a) - 1
+            sec_end = ends[sec_starts[j]] if j >= 0 and a < ends[sec_starts[j]] else None
+            cands = [x for x in (nxt, sec_end) if x is not None and x > a]
+            if cands:
+                funcs[a] = (min(cands) - a, name)
         return funcs
 
     @staticmethod

@@ -8,7 +8,12 @@ tests).  Hand-rolled so the writer needs no protobuf runtime and stays fast.
 from __future__ import annotations
 
 
+_SMALL = [bytes([i]) for i in range(128)]
+
+
 def varint(v: int) -> bytes:
+    if 0 <= v < 128:
+        return _SMALL[v]
     if v < 0:
         v &= (1 << 64) - 1
     out = bytearray()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hwtrace.analysis.records import Activation, Enter, Marker, StreamInfo
 from hwtrace.export import flag_names
-from hwtrace.export._pb import f_bytes, f_str, f_varint
+from hwtrace.export._pb import f_bytes, f_str, f_varint, varint
 
 # field numbers (perfetto_trace.proto)
 _PKT_TS, _PKT_SEQ, _PKT_TRACK_EVENT, _PKT_INTERNED, _PKT_FLAGS = 8, 10, 11, 12, 13
@@ -31,6 +31,16 @@ _EN_IID, _EN_NAME = 1, 2
 _DA_NAME, _DA_INT, _DA_STR = 10, 4, 6
 SLICE_BEGIN, SLICE_END, INSTANT = 1, 2, 3
 SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE = 1, 2
+
+
+_TS_TAG = varint(_PKT_TS << 3)
+_TYPE_FIELD = {t: f_varint(_TE_TYPE, t) for t in (SLICE_BEGIN, SLICE_END, INSTANT)}
+_FIRST_FLAGS = (f_varint(_PKT_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED
+                         | SEQ_NEEDS_INCREMENTAL_STATE)
+                + f_varint(_PKT_FIRST_ON_SEQ, 1))
+_NEEDS_STATE = f_varint(_PKT_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
+_PACKET_TAG = varint((1 << 3) | 2)
+_INSNS_NAME = f_str(_DA_NAME, "insns")
 
 
 def _packet(body: bytes) -> bytes:
@@ -76,8 +86,8 @@ class PerfettoTraceWriter:
 
     def _emit(self, ts: float, etype: int, name: str, annotations: bytes = b"",
               with_name: bool = True) -> None:
-        body = f_varint(_PKT_TS, int(round(ts))) + self._seq_head
-        te = f_varint(_TE_TYPE, etype) + self._track_field + annotations
+        body = _TS_TAG + varint(int(round(ts))) + self._seq_head
+        te = _TYPE_FIELD[etype] + self._track_field + annotations
         interned = b""
         if with_name:
             iid = self._iids.get(name)
@@ -91,19 +101,17 @@ class PerfettoTraceWriter:
             body += f_bytes(_PKT_INTERNED, interned)
         if self._fresh:
             self._fresh = False
-            body += f_varint(_PKT_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED
-                             | SEQ_NEEDS_INCREMENTAL_STATE)
-            body += f_varint(_PKT_FIRST_ON_SEQ, 1)
+            body += _FIRST_FLAGS
         else:
-            body += f_varint(_PKT_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE)
-        self._fp.write(_packet(body))
+            body += _NEEDS_STATE
+        self._fp.write(_PACKET_TAG + varint(len(body)) + body)
 
     def add(self, rec) -> None:
         t = type(rec)
         if t is Enter:
             self._emit(rec.begin, SLICE_BEGIN, rec.name)
         elif t is Activation:
-            ann = f_bytes(_TE_ANNOT, f_str(_DA_NAME, "insns")
+            ann = f_bytes(_TE_ANNOT, _INSNS_NAME
                           + f_varint(_DA_INT, rec.end_idx - rec.begin_idx))
             if rec.flags:
                 ann += f_bytes(_TE_ANNOT, f_str(_DA_NAME, "flags")

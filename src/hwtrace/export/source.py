@@ -167,10 +167,16 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
         if f is None:
             missing.append(m.file)
             continue
+        try:
+            size = min(m.size, os.path.getsize(f) - m.offset)
+        except OSError:
+            size = 0
+        if size <= 0:
+            continue
         img = images.setdefault(m.pid, Image())
         try:
-            img.add(Section.from_file(str(f), m.offset, m.size), m.start)
-            union.add(Section.from_file(str(f), m.offset, m.size), m.start)
+            img.add(Section.from_file(str(f), m.offset, size), m.start)
+            union.add(Section.from_file(str(f), m.offset, size), m.start)
         except Exception as e:          # a foreign module's error types
             raise SourceError(f"{m.file}: cannot load: {e}") from None
         if (str(f), m.start) not in seen:
