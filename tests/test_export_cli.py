@@ -1,0 +1,180 @@
+"""``hwtrace export`` and ``hwtrace summary`` as a user runs them: on a flow
+file (gdb-stepped fib) and on a real Intel PT recording (hase's loopy,
+imported with ``hwtrace import``)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+
+import pytest
+
+from conftest import FIXTURES, IN_CI, run_hwtrace
+
+from hwtrace.export.drcov import read_drcov
+from hwtrace.export.progress import Progress
+
+from test_export_formats import expected_folded, real_fib_flow, slices_from_perfetto
+
+LOOPY = FIXTURES / "hase_loopy"
+
+
+@pytest.fixture(scope="module")
+def fib_jsonl(tmp_path_factory):
+    flow = real_fib_flow()
+    p = tmp_path_factory.mktemp("fib") / "fib.jsonl"
+    with open(p, "w") as f:
+        for it in flow.items:
+            f.write(json.dumps(it) + "\n")
+    return p, f"{flow.exe}:{flow.bias:#x}", flow
+
+
+def one_line_error(r):
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return r.stderr.strip()
+
+
+def test_export_all_formats_from_flow_file(fib_jsonl, tmp_path):
+    path, elf, flow = fib_jsonl
+    o = {k: tmp_path / f"out.{k}" for k in ("json", "pftrace", "folded", "drcov", "info")}
+    r = run_hwtrace("export", path, "--elf", elf, "--chrome", o["json"],
+                    "--perfetto", o["pftrace"], "--folded", o["folded"],
+                    "--drcov", o["drcov"], "--lcov", o["info"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    # not a terminal: no progress bar, just the one summary line
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"hwtrace export: 1 stream(s), {len(flow.items):,} instructions, "
+                               f"268 activations, no gaps")
+    ev = json.loads(o["json"].read_text())["traceEvents"]
+    assert Counter(e["name"] for e in ev if e["ph"] == "X") == \
+        Counter({"fib": 177, "leaf": 90, "main": 1})
+    try:
+        slices, _, _ = slices_from_perfetto(o["pftrace"].read_bytes())
+    except pytest.skip.Exception:
+        slices = None
+    if slices is not None:
+        assert Counter(s[0] for s in slices)["fib"] == 177
+    folded = Counter()
+    for line in o["folded"].read_text().splitlines():
+        stack, w = line.rsplit(" ", 1)
+        folded[stack.split(";")[-1]] += int(w)
+    assert sum(folded.values()) == len(flow.items)
+    mods, bbs = read_drcov(o["drcov"].read_bytes())
+    assert [m[3] for m in mods] == [str(flow.exe)] and bbs
+    assert "FNDA:177,fib" in o["info"].read_text()
+
+
+def test_folded_time_weight_option(fib_jsonl, tmp_path):
+    path, elf, flow = fib_jsonl
+    out = tmp_path / "t.folded"
+    r = run_hwtrace("export", path, "--elf", elf, "--folded", out, "--weight", "time")
+    assert r.returncode == 0, r.stderr
+    total = sum(int(l.rsplit(" ", 1)[1]) for l in out.read_text().splitlines())
+    assert total == len(flow.items)          # no timing: time = instructions
+
+
+def test_summary_of_flow_file(fib_jsonl):
+    path, elf, flow = fib_jsonl
+    r = run_hwtrace("summary", path, "--elf", elf)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[1] == f"1 stream(s), {len(flow.items):,} instructions, 268 activations, clock: instructions"
+    assert out[2] == "lost data / errors: none"
+    rows = {l.split()[0]: l.split() for l in out[4:] if l.strip()}
+    assert rows["fib"][1] == "177" and rows["leaf"][1] == "90" and rows["main"][1] == "1"
+    # fib's inclusive instructions: the top-level call's, not the sum over
+    # the recursion; checked against the independent stack model
+    model = expected_folded(flow)
+    assert rows["fib"][4] == f"{sum(w for k, w in model.items() if k.startswith('main;fib')):,}"
+    assert rows["fib"][2] == f"{sum(w for k, w in model.items() if k.endswith('fib')):,}"
+    # main's inclusive instructions are the whole flow
+    assert rows["main"][4] == f"{len(flow.items):,}"
+    assert len(out) <= 25                    # one screen
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_user_errors_are_one_line(fib_jsonl, tmp_path):
+    path, elf, _ = fib_jsonl
+    assert "nothing to write" in one_line_error(run_hwtrace("export", path))
+    assert "no such bundle or file" in one_line_error(
+        run_hwtrace("export", tmp_path / "nope", "--chrome", tmp_path / "x.json"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ip": 1, "size": 1, "iclass": "other"}\nnot json\n')
+    assert f"{bad}:2: not JSON" in one_line_error(
+        run_hwtrace("export", bad, "--chrome", tmp_path / "x.json"))
+    assert "cannot write" in one_line_error(
+        run_hwtrace("export", path, "--chrome", tmp_path / "no" / "dir" / "x.json"))
+    assert "--elf" in one_line_error(
+        run_hwtrace("export", path, "--elf", tmp_path / "nope.elf", "--chrome", tmp_path / "x.json"))
+    notbundle = tmp_path / "empty"
+    notbundle.mkdir()
+    one_line_error(run_hwtrace("summary", notbundle))
+    assert "--top" in one_line_error(run_hwtrace("summary", path, "--top", "0"))
+
+
+@pytest.fixture(scope="module")
+def loopy_bundle(tmp_path_factory):
+    if not LOOPY.is_dir():
+        pytest.skip("hase_loopy fixture not present")
+    out = tmp_path_factory.mktemp("loopy") / "bundle"
+    r = run_hwtrace("import", LOOPY / "loopy-20180404T162955.perf", "-o", out,
+                    "--image", LOOPY / "loopy")
+    if r.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"hwtrace import failed: {r.stderr.strip()}")
+        pytest.skip(f"hwtrace import not usable yet: {r.stderr.strip()}")
+    return out
+
+
+def test_real_recording_summary(loopy_bundle):
+    # loopy (argc 6) loops 5 times over a write syscall, then exits:
+    # 1 + 5 * 10 + 6 instructions, 7 syscalls; `again` is entered by the
+    # loop's jne (a jump to a symbol start), the exit path falls through
+    r = run_hwtrace("summary", loopy_bundle)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[1].startswith("1 stream(s), 57 instructions, 9 activations, clock: ns")
+    rows = {l.split()[0]: l.split() for l in out[4:] if l.strip()}
+    assert rows["again"][1:5] == ["1", "46", "80.7%", "46"]
+    assert rows["_start"][1:5] == ["1", "11", "19.3%", "11"]
+    assert rows["[syscall]"][1] == "7"
+
+
+def test_real_recording_export(loopy_bundle, tmp_path):
+    cj, fo = tmp_path / "t.json", tmp_path / "t.folded"
+    r = run_hwtrace("export", loopy_bundle, "--chrome", cj, "--folded", fo)
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(cj.read_text())["traceEvents"]
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert Counter(e["name"] for e in xs) == Counter({"[syscall]": 7, "_start": 1, "again": 1})
+    assert {e["tid"] for e in xs} == {2}                 # cpu mode: track per CPU
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M"}
+    assert names == {"CPUs", "cpu 2"}
+    assert sorted(fo.read_text().splitlines()) == ["_start 11", "again 46"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_draws_only_on_a_terminal():
+    quiet = io.StringIO()
+    p = Progress("x", stream=quiet)
+    for _ in range(5):
+        p(1000)
+    p.done("x: done")
+    assert quiet.getvalue().startswith("x: done (") and quiet.getvalue().count("\n") == 1
+    tty = _Tty()
+    p = Progress("decoding", total=4000, stream=tty)
+    p._last = -1.0
+    p(1000)
+    assert "\r" in tty.getvalue() and "25%" in tty.getvalue()
+    p.done("decoding: done")
+    assert tty.getvalue().endswith("\n") and "decoding: done" in tty.getvalue()
