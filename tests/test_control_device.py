@@ -598,3 +598,64 @@ def test_engine_options_need_a_name_and_perf_needs_hardware(tmp_path):
 def test_repr(make):
     dev = make()
     assert "engine=testing" in repr(dev) and "cpu mode" in repr(dev)
+
+
+def test_attach(make):
+    eng = TestEngine({0: [PSB], 1: []})
+    dev = make(eng)
+    cpu_session(dev)
+    assert dev.attach(1234) == 0
+    assert eng.runs[-1]["argv"] == ["<pid 1234>"]
+    for bad in (0, -1, "1", True, None):
+        err("INVALID_ARGS", dev.attach, bad)
+    dev.cpu_mode_stop()
+    err("BAD_STATE", dev.attach, 1234)
+
+
+def test_engine_without_attach_is_not_supported(make):
+    from hwtrace.engines.base import Engine
+
+    class NoAttach(TestEngine):
+        attach = Engine.attach
+    dev = make(NoAttach())
+    cpu_session(dev)
+    err("NOT_SUPPORTED", dev.attach, 1)
+    assert dev.state == State.CPU_TRACING
+
+
+def test_auto_engine_and_registry_failures(monkeypatch, tmp_path):
+    from hwtrace import engines
+    monkeypatch.setattr(engines, "ENGINE_NAMES", ("testing",))
+    with hwtrace.open_device(engine="auto", lock_path=tmp_path / "l") as dev:
+        assert dev.engine.name == "testing"
+    monkeypatch.setattr(engines, "ENGINE_NAMES", ("nonesuch",))
+    e = err("NOT_SUPPORTED", hwtrace.open_device, engine="auto", lock_path=tmp_path / "l")
+    assert "nonesuch: unknown engine" in str(e)
+
+    def broken(name):
+        raise RuntimeError("half-installed")
+    monkeypatch.setattr(engines, "_module", broken)
+    a = engines.probe("emulated")
+    assert not a and "half-installed" in a.reason
+    err("NOT_SUPPORTED", hwtrace.open_device, engine="emulated", lock_path=tmp_path / "l")
+
+
+def test_save_bundle_copies_images_and_refuses_overwrite(make, tmp_path):
+    from hwtrace.bundle import Bundle, Mmap
+    exe = tmp_path / "prog"
+    exe.write_bytes(b"\x7fELF" + bytes(60))
+    sb = [Mmap(pid=5, start=0x400000, size=0x1000, offset=0, file=str(exe), build_id="ab12"),
+          Mmap(pid=5, start=0x500000, size=0x1000, offset=0, file="/nonexistent/lib.so")]
+    dev = make(TestEngine({0: [PSB], 1: [PSB]}, sideband=sb))
+    cpu_session(dev)
+    dev.run(["p"])
+    dev.cpu_mode_stop()
+    b = Bundle(dev.save_bundle(tmp_path / "b", copy_images=True, note="hi"))
+    assert b.manifest["note"] == "hi"
+    assert len(b.images) == 1 and b.images[0]["path"] == str(exe)
+    exe.unlink()
+    found = b.find_image(str(exe), "ab12")
+    assert found and found.read_bytes()[:4] == b"\x7fELF" and found.is_relative_to(b.path)
+    err("INVALID_ARGS", dev.save_bundle, tmp_path / "b")
+    b = Bundle(dev.save_bundle(tmp_path / "b", overwrite=True))
+    assert len(b.sideband().mmaps) == 2           # replaced, not appended

@@ -161,9 +161,9 @@ class SidebandWriter:
     """Appends sideband records to a JSON-lines file, one flushed line each,
     so a crash of the writer loses nothing already added."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, append: bool = True):
         self.path = Path(path)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
 
     def add(self, rec: Any) -> None:
         self._f.write(sideband_to_json(rec) + "\n")
@@ -311,10 +311,12 @@ class BundleWriter:
     Capabilities, ``cpu`` as a dict or CpuInfo — whose ``nom_freq``,
     ``cpuid_0x15_*``, ``timebase``, ``tsc_hz`` are lifted to the top level —
     ``mtc_freq`` …). Streams go in with :meth:`add_stream` (bytes or an
-    iterable of byte chunks), sideband with ``writer.sideband.add(record)``.
+    iterable of byte chunks), sideband with ``writer.sideband.add(record)``
+    (a sideband file already there is replaced unless ``keep_sideband``).
     """
 
-    def __init__(self, path: str | os.PathLike, *, exist_ok: bool = False, **meta: Any):
+    def __init__(self, path: str | os.PathLike, *, exist_ok: bool = False,
+                 keep_sideband: bool = False, **meta: Any):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if (self.path / MANIFEST).exists() and not exist_ok:
@@ -323,7 +325,7 @@ class BundleWriter:
         self.update(**meta)
         self.streams: list[StreamInfo] = []
         self.images: list[dict[str, Any]] = []
-        self.sideband = SidebandWriter(self.path / SIDEBAND)
+        self.sideband = SidebandWriter(self.path / SIDEBAND, append=keep_sideband)
         self._closed = False
 
     def update(self, **meta: Any) -> None:

@@ -415,11 +415,19 @@ class Device:
             self._state = check(self._state, Op.RUN_END) if self._state == nxt else before
 
     # ------------------------------------------------------------ output
-    def save_bundle(self, out: str | os.PathLike, **meta: Any) -> Path:
-        """Write the buffers' streams, sideband and manifest as a bundle."""
+    def save_bundle(self, out: str | os.PathLike, *, copy_images: bool = False,
+                    overwrite: bool = False, **meta: Any) -> Path:
+        """Write the streams of the buffers bound to CPUs or threads (oldest
+        byte first; a wrapped buffer from its first PSB), the sideband and the
+        manifest as a bundle at ``out``; ``copy_images`` stores the mapped
+        executables in it. ``meta`` adds manifest fields."""
         self._go(Op.SAVE)
-        from .recover import write_bundle
-        return write_bundle(self.directory, out, **meta)
+        from .recover import RecoverError, write_bundle
+        try:
+            return write_bundle(self.directory, out, copy_images=copy_images,
+                                overwrite=overwrite, **meta)
+        except RecoverError as e:
+            raise invalid(str(e)) from None
 
     def close(self) -> None:
         """Stop tracing if needed, release everything, drop the lock."""

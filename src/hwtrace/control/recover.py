@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hwtrace.bundle import MANIFEST, BundleWriter, iter_sideband_file
+from hwtrace.bundle import MANIFEST, BundleWriter, Mmap, iter_sideband_file
 from hwtrace.topa import linearize, read_registers
 
 from .capabilities import Capabilities, CpuInfo
@@ -66,9 +66,10 @@ def buffers(path: Path) -> list[BufferStore]:
 
 
 def write_bundle(trace_dir: str | os.PathLike, out: str | os.PathLike, *,
-                 overwrite: bool = False, **meta: Any) -> Path:
+                 overwrite: bool = False, copy_images: bool = False, **meta: Any) -> Path:
     """Write the bundle of ``trace_dir`` to ``out`` (which may be ``trace_dir``
-    itself). ``meta`` adds manifest fields. Returns ``out``."""
+    itself). ``copy_images``: store every mapped file the sideband names (that
+    exists here) in the bundle. ``meta`` adds manifest fields. Returns ``out``."""
     src, dst = Path(trace_dir), Path(out)
     dev = _device(src)
     in_place = dst.exists() and os.path.samefile(src, dst)
@@ -78,7 +79,7 @@ def write_bundle(trace_dir: str | os.PathLike, out: str | os.PathLike, *,
     bound = [s for s in stores if isinstance(s.meta.get("cpu"), int) or isinstance(s.meta.get("tid"), int)]
     mode = dev.get("mode") if dev.get("mode") in ("cpu", "thread") else "cpu"
     try:
-        w = BundleWriter(dst, exist_ok=True, engine=str(dev.get("engine", "")), mode=mode,
+        w = BundleWriter(dst, exist_ok=True, keep_sideband=in_place, engine=str(dev.get("engine", "")), mode=mode,
                          num_cpus=dev.get("num_cpus", 0),
                          capabilities=dev.get("capabilities", {}), cpu=dev.get("cpu", {}),
                          engine_info=dev.get("engine_info", {}),
@@ -101,8 +102,15 @@ def write_bundle(trace_dir: str | os.PathLike, out: str | os.PathLike, *,
                          instructions_observed=r.instructions, capture_end=ce,
                          wrapped=r.wrapped, stopped=r.stopped, lost_bytes=r.lost,
                          config=s.config)
-        if not in_place and (src / SIDEBAND_FILE).is_file():
-            w.sideband.extend(iter_sideband_file(src / SIDEBAND_FILE))
+        if (src / SIDEBAND_FILE).is_file():
+            seen: set[str] = set()
+            for rec in iter_sideband_file(src / SIDEBAND_FILE):
+                if not in_place:
+                    w.sideband.add(rec)
+                if copy_images and isinstance(rec, Mmap) and rec.file not in seen:
+                    seen.add(rec.file)
+                    if os.path.isabs(rec.file) and os.path.isfile(rec.file):
+                        w.add_image(rec.file, path=rec.file, build_id=rec.build_id)
         w.close()
     finally:
         for s in stores:
