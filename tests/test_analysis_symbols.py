@@ -1,0 +1,153 @@
+"""Symbolizer: ELF symbols with load bias, PLT stubs, separate debug files
+found by build-id, DWARF lines, assembly labels."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import _need
+
+from hwtrace.analysis.symbols import Image, Symbolizer, SymbolError
+
+PROG = r"""
+#include <stdio.h>
+__attribute__((noinline)) int twice(int x)
+{
+    return 2 * x;
+}
+int main(void)
+{
+    puts("hi");
+    return twice(21);
+}
+"""
+
+
+def tools():
+    for t in ("gcc", "objcopy", "objdump", "strip"):
+        if not shutil.which(t):
+            _need(t, "binutils/gcc")
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory):
+    tools()
+    d = tmp_path_factory.mktemp("sym")
+    (d / "p.c").write_text(PROG)
+    exe = d / "p"
+    subprocess.run(["gcc", "-g", "-O1", "-Wl,--build-id", "-o", exe, d / "p.c"],
+                   check=True, capture_output=True)
+    dis = subprocess.run(["objdump", "-d", exe], capture_output=True, text=True,
+                         check=True).stdout
+    return d, exe, dis
+
+
+def link_addr(dis: str, label: str) -> int:
+    m = re.search(rf"^([0-9a-f]+) <{re.escape(label)}>:", dis, re.M)
+    return int(m.group(1), 16)
+
+
+def test_pie_with_bias(prog):
+    d, exe, dis = prog
+    bias = 0x555555554000
+    s = Symbolizer()
+    img = s.add_image(exe, bias)
+    assert img.is_pie
+    twice = link_addr(dis, "twice") + bias
+    assert s.lookup(twice) == (twice, "twice")
+    assert s.lookup(twice + 3) == (twice, "twice")
+    assert s.describe(twice + 3) == "twice+0x3"
+    assert img.address_of("main") == link_addr(dis, "main") + bias
+    assert s.line(twice)[0] == str(d / "p.c")
+    assert s.line(twice)[1] in (3, 4, 5)
+    assert s.lookup(0x1000) is None
+    assert s.describe(0x1000) == "0x1000"
+
+
+def test_plt_stub_named(prog):
+    d, exe, dis = prog
+    # objdump names the stub puts@plt: our synthesized symbol must agree
+    plt = link_addr(dis, "puts@plt")
+    s = Symbolizer()
+    s.add_image(exe, 0)
+    assert s.lookup(plt) == (plt, "puts@plt")
+
+
+def test_mapping_bias_from_file_offset(prog):
+    d, exe, dis = prog
+    probe = Image(exe)
+    # the executable segment as the loader maps it
+    vaddr, memsz, off, filesz = next(seg for seg in probe.segments if seg[2] > 0)
+    page_off = off & ~0xFFF
+    start = 0x7F0000000000 + (vaddr & ~0xFFF)
+    s = Symbolizer()
+    img = s.add_mapping(exe, start, page_off)
+    assert img.bias == 0x7F0000000000
+    main = link_addr(dis, "main") + img.bias
+    assert s.lookup(main) == (main, "main")
+
+
+def test_separate_debug_file_by_build_id(prog, tmp_path):
+    d, exe, dis = prog
+    img = Image(exe)
+    bid = img.build_id
+    assert bid and len(bid) == 40
+    root = tmp_path / "debug"
+    dbg = root / ".build-id" / bid[:2] / (bid[2:] + ".debug")
+    dbg.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", exe, dbg], check=True)
+    stripped = tmp_path / "p.stripped"
+    subprocess.run(["strip", "-o", stripped, exe], check=True)
+    twice = link_addr(dis, "twice")
+    # stripped, no debug file: the static function is unknown
+    s0 = Symbolizer(debug_roots=())
+    s0.add_image(stripped)
+    assert s0.lookup(twice) is None
+    assert s0.line(twice) is None
+    # with the debug file: names and lines are back
+    s = Symbolizer(debug_roots=(str(root),))
+    im = s.add_image(stripped)
+    assert im.debug_file == str(dbg)
+    assert s.lookup(twice) == (twice, "twice")
+    assert s.line(twice)[0] == str(d / "p.c")
+
+
+def test_assembly_labels(tmp_path):
+    tools()
+    src = tmp_path / "a.s"
+    src.write_text(""".globl _start
+.text
+_start:
+    nop
+    nop
+again:
+    dec %rax
+    jne again
+done:
+    mov $60, %eax
+    syscall
+""")
+    exe = tmp_path / "a"
+    subprocess.run(["gcc", "-nostdlib", "-static", "-o", exe, src], check=True,
+                   capture_output=True)
+    dis = subprocess.run(["objdump", "-d", exe], capture_output=True, text=True).stdout
+    s = Symbolizer()
+    s.add_image(exe)
+    start, again, done = (link_addr(dis, x) for x in ("_start", "again", "done"))
+    assert s.lookup(start + 1) == (start, "_start")
+    assert s.lookup(again + 3) == (again, "again")
+    assert s.lookup(done + 5) == (done, "done")
+
+
+def test_not_an_elf(tmp_path):
+    p = tmp_path / "x"
+    p.write_bytes(b"not an elf at all")
+    with pytest.raises(SymbolError):
+        Image(p)
+    with pytest.raises(SymbolError):
+        Image(tmp_path / "missing")
