@@ -64,3 +64,69 @@ def test_handles_reconstruct_what_the_output_unit_kept(cfg, writes, mode):
                     if info.wrapped else chunks[:info.capture_end]
                 assert oldest_first == (stream[-total:] if info.wrapped else stream)
                 assert dev.read_buffer(d, start_at_psb=False) == oldest_first
+
+
+ops = st.lists(st.tuples(
+    st.sampled_from(["set_mode", "alloc", "free", "config", "info", "handle", "read",
+                     "cpu_alloc", "cpu_start", "cpu_stop", "cpu_free", "assign", "release",
+                     "run", "save"]),
+    st.integers(-1, 4), st.integers(-1, 3)), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq=ops)
+def test_random_operation_sequences_fail_only_cleanly(seq):
+    """Any sequence of operations with good and bad arguments: every failure
+    is a TraceError that leaves the device exactly as it was, and the device
+    stays usable afterwards."""
+    psb = b"\x02\x82" * 8
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = TestEngine({0: [psb], 1: [psb, b"\x00" * 5000]}, num_cpus=2)
+        with hwtrace.open_device(engine=eng, directory=Path(tmp) / "t", max_buffers=4,
+                                 lock_path=Path(tmp) / "lock") as dev:
+            cfg = BufferConfig(num_chunks=1, is_circular=True)
+            for n, (op, a, b) in enumerate(seq):
+                call = {
+                    "set_mode": lambda: dev.set_mode(a),
+                    "alloc": lambda: dev.alloc_buffer(cfg if a >= 0 else replace_chunks(cfg)),
+                    "free": lambda: dev.free_buffer(a),
+                    "config": lambda: dev.get_buffer_config(a),
+                    "info": lambda: dev.get_buffer_info(a),
+                    "handle": lambda: dev.get_buffer_handle(a, b),
+                    "read": lambda: dev.read_buffer(a),
+                    "cpu_alloc": dev.cpu_mode_alloc, "cpu_start": dev.cpu_mode_start,
+                    "cpu_stop": dev.cpu_mode_stop, "cpu_free": dev.cpu_mode_free,
+                    "assign": lambda: dev.assign_thread_buffer(a, b + 1),
+                    "release": lambda: dev.release_thread_buffer(a, b + 1),
+                    "run": lambda: dev.run(["w"]),
+                    "save": lambda: dev.save_bundle(Path(tmp) / f"b{n}"),
+                }[op]
+                before = (dev.state, sorted(dev._buffers), dev.thread_buffers,
+                          {d: dev._buffers[d].store.registers() for d in dev._buffers})
+                try:
+                    call()
+                except hwtrace.TraceError:
+                    after = (dev.state, sorted(dev._buffers), dev.thread_buffers,
+                             {d: dev._buffers[d].store.registers() for d in dev._buffers})
+                    assert after == before
+            # still usable: bring it to a clean cpu-mode session
+            if dev.tracing:
+                dev.cpu_mode_stop()
+            dev.cpu_mode_free()
+            for tid, d in dev.thread_buffers.items():
+                dev.release_thread_buffer(d, tid)
+            for d in list(dev._buffers):
+                dev.free_buffer(d)
+            dev.set_mode(Mode.CPU)
+            ds = [dev.alloc_buffer(cfg) for _ in range(2)]
+            dev.cpu_mode_alloc()
+            dev.cpu_mode_start()
+            assert dev.run(["w"]) == 0
+            dev.cpu_mode_stop()
+            assert dev.read_buffer(ds[0]) == psb
+            assert dev.get_buffer_info(ds[1]).wrapped
+
+
+def replace_chunks(cfg):
+    from dataclasses import replace
+    return replace(cfg, num_chunks=0)
