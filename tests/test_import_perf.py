@@ -106,6 +106,25 @@ def test_import_pipe_layout(tmp_path):
     assert len(sb.switches) == 552 - _paired_halves(out)
     # recorded user binaries don't exist here and no --image: listed as missing
     assert "note: no binary for /usr/bin/coreutils (give it with --image)" in stdout
+    # in time order; the exec'd process knows its program
+    assert [(p.comm, p.exe) for p in sb.processes] == [
+        ("perf", ""), ("echo", "/usr/bin/coreutils"), ("echo", "")]
+    times = [r.time for r in b.iter_sideband()]
+    assert times == sorted(times)
+
+
+def test_import_pipe_from_stdin(tmp_path):
+    out = tmp_path / "s"
+    import subprocess as sp
+    import sys
+    data = (PDC / "perf.data.piped.intel_pt-4.14").read_bytes()
+    r = sp.run([sys.executable, "-m", "hwtrace", "import", "-", "-o", str(out)],
+               input=data, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().startswith("imported - (pipe layout)")
+    b = B.Bundle(out)
+    assert [(s.file, s.size) for s in b.streams] == [("cpu0.pt", 0x12a70), ("cpu3.pt", 0x10a60)]
+    assert b.manifest["perf"]["source"] == "<stdin>"
 
 
 def _image_args(b: B.Bundle):

@@ -4,6 +4,7 @@ of Intel PT (file or pipe layout) into a trace bundle."""
 from __future__ import annotations
 
 import os
+import sys
 
 from hwtrace.cli import CliError
 
@@ -15,7 +16,8 @@ def register(subparsers) -> None:
                     "pipe layout) and write a trace bundle: one stream per CPU "
                     "(or thread), sideband (processes, maps with build-ids, "
                     "context switches) and the CPU/timing parameters.")
-    p.add_argument("perf_data", metavar="PERF_DATA", help="the perf.data file ('-' is not supported)")
+    p.add_argument("perf_data", metavar="PERF_DATA",
+                   help="the perf.data file, or - to read a pipe-layout stream from stdin")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="bundle directory to create")
     p.add_argument("--image", action="append", default=[], metavar="FILE",
                    help="a traced binary, matched by build-id or file name when the "
@@ -27,16 +29,22 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from hwtrace.bundle import BundleError
     from hwtrace.engines.perf.errors import PerfDataError
-    from hwtrace.engines.perf.importer import import_perf_file
+    from hwtrace.engines.perf.importer import import_perf_data, import_perf_file
 
-    if not os.path.isfile(args.perf_data):
+    if args.perf_data == "-":
+        data = sys.stdin.buffer.read()
+        load = lambda: import_perf_data(data, args.output, images=args.image,  # noqa: E731
+                                        source="<stdin>", exist_ok=args.force)
+    elif not os.path.isfile(args.perf_data):
         raise CliError(f"import: {args.perf_data}: no such file")
+    else:
+        load = lambda: import_perf_file(args.perf_data, args.output,  # noqa: E731
+                                        images=args.image, exist_ok=args.force)
     for img in args.image:
         if not os.path.isfile(img):
             raise CliError(f"import: --image {img}: no such file")
     try:
-        res = import_perf_file(args.perf_data, args.output, images=args.image,
-                               exist_ok=args.force)
+        res = load()
     except PerfDataError as e:
         raise CliError(f"import: {args.perf_data}: {e}") from None
     except BundleError as e:

@@ -11,7 +11,7 @@ timebase), so sideband and trace packets can be correlated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from hwtrace import bundle as B
@@ -76,6 +76,20 @@ class _Clock:
         return self.tc.perf_time_to_tsc(t) if self.tc is not None else t
 
 
+def _with_exes(sb: list[Any], execs: set[int]) -> list[Any]:
+    """Fill the exe of processes that exec'd (``execs``: their ids) with the
+    first file-backed executable mapping of that pid after them."""
+    out = []
+    for i, r in enumerate(sb):
+        if id(r) in execs:
+            exe = next((m.file for m in sb[i + 1:] if isinstance(m, B.Mmap) and m.pid == r.pid
+                        and m.file.startswith("/") and not m.file.startswith("//")), "")
+            if exe:
+                r = replace(r, exe=exe)
+        out.append(r)
+    return out
+
+
 def convert(records: Iterable[Record], aux_payload: Callable[[Record], Any], *,
             build_ids: dict[str, bytes] | None = None,
             pt_attr_config: int | None = None,
@@ -95,6 +109,7 @@ def convert(records: Iterable[Record], aux_payload: Callable[[Record], Any], *,
     starts: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     comms: dict[int, str] = {}
+    execs: set[int] = set()
     last_switch: dict[int, tuple[int, int, int]] = {}
 
     def when(rec: Record, fallback: int | None = None) -> int:
@@ -132,6 +147,8 @@ def convert(records: Iterable[Record], aux_payload: Callable[[Record], Any], *,
             comms[b.tid] = b.comm
             if b.pid == b.tid:
                 sb.append(B.Process(pid=b.pid, cr3=0, comm=b.comm, time=when(rec)))
+                if b.exec:
+                    execs.add(id(sb[-1]))
             else:
                 sb.append(B.Thread(tid=b.tid, pid=b.pid, time=when(rec)))
         elif t == abi.FORK:
@@ -170,6 +187,8 @@ def convert(records: Iterable[Record], aux_payload: Callable[[Record], Any], *,
             lost.append({"kind": "lost_records", "count": b.lost,
                          "cpu": _s32(sid.cpu) if sid else -1, "time": when(rec)})
 
+    sb.sort(key=lambda r: r.time)         # stable: file order within a time
+    sb = _with_exes(sb, execs)
     out_streams = sorted(streams.values(),
                          key=lambda s: (s.cpu is None, s.cpu or 0, s.tid or 0))
     for s in out_streams:
