@@ -75,13 +75,16 @@ class _Event:
             self.raw.append(data)
         return [data] if data else []
 
-    def drain_aux(self) -> bytes:
+    def drain_aux(self, upto: int | None = None) -> bytes:
+        """Full-trace AUX bytes from where we were to ``upto`` (an AUX
+        record's end) or the current head; the tail is published."""
         if self.aux is None or self.snapshot:
             return b""
-        pg = self.page()
-        chunk = aux_read(self.aux, self.aux_size, self.aux_head, pg.aux_head)
-        self.aux_head = pg.aux_head
-        struct.pack_into("<Q", self.base, OFF_AUX_TAIL, pg.aux_head)
+        head = self.page().aux_head
+        end = head if upto is None else min(max(upto, self.aux_head), head)
+        chunk = aux_read(self.aux, self.aux_size, self.aux_head, end)
+        self.aux_head = end
+        struct.pack_into("<Q", self.base, OFF_AUX_TAIL, end)
         return chunk.data
 
     def snapshot_aux(self) -> bytes:
@@ -356,7 +359,8 @@ class PerfEngine(Engine):
                 for rec in self._parse(chunk):
                     if rec.type == abi.AUX and ev.output is not None and \
                             (rec.body.truncated or rec.body.collision):
-                        data = ev.drain_aux()
+                        # the bytes this record reports, then the gap
+                        data = ev.drain_aux(rec.body.aux_offset + rec.body.aux_size)
                         if data:
                             ev.output.write(data)
                         ev.output.overflow()
