@@ -154,13 +154,41 @@ def test_packet_byte_cnt_counts_and_resets():
     assert u.packet_byte_cnt == 3 and packet_byte_cnt(read_registers(regs).status) == 3
 
 
-def test_malformed_topa_sets_error_and_stops():
-    t = Topa.build(2, 0, stop_on_full=False)
-    bad = Topa(((make_entry(0x7000_0000, 0), make_entry(t.table_bases[0], end=True)),),
-               t.table_bases[:1], t.region_bases[:1], 4096, False)
-    u = OutputUnit(bad, [bytearray(4096)])
-    assert u.status & STATUS_ERROR and u.stopped
-    assert u.write(b"\x00") == 0
+def _bad(entries, region_bases=(0x2_0000_0000,), size=4096, initial=None):
+    t = Topa((tuple(entries),), (0x1_0000_0000,), tuple(region_bases), size, False)
+    return OutputUnit(t, [bytearray(size) for _ in region_bases], initial=initial)
+
+
+@pytest.mark.parametrize("entries", [
+    [make_entry(0x7000_0000, 0), make_entry(0x1_0000_0000, end=True)],     # no memory there
+    [make_entry(0x1_0000_0000, end=True)],                                 # END in entry 0
+    [make_entry(0x2_0000_0000, 0), make_entry(0x1_0000_0000, end=True, stop=True)],
+    [make_entry(0x2_0000_0000, 0), make_entry(0x1_0000_0000, end=True, intr=True)],
+    [make_entry(0x2_0000_0000, 0) | 1 << 3, make_entry(0x1_0000_0000, end=True)],  # reserved
+    [make_entry(0x2_0000_0000, 1), make_entry(0x1_0000_0000, end=True)],   # size mismatch
+    [make_entry(0x2_0000_0000, 0), make_entry(0x5_0000_0000, end=True)],   # no table there
+])
+def test_malformed_topa_is_an_operational_error(entries):
+    u = _bad(entries)
+    if not u.status & STATUS_ERROR:    # some errors only show once output reaches them
+        u.write(b"\x00" * 4096)
+    assert u.status & STATUS_ERROR and u.halted and not u.stopped
+    assert not u.status & STATUS_TRIGGER_EN
+    assert u.write(b"\x00") == 0 and u.lost >= 1
+    u.enable()
+    assert not u.status & STATUS_TRIGGER_EN
+
+
+def test_misaligned_region_and_bad_offset_are_errors():
+    size = 8192
+    u = _bad([make_entry(0x2_0000_1000, 1), make_entry(0x1_0000_0000, end=True)],
+             region_bases=(0x2_0000_1000,), size=size)
+    assert u.status & STATUS_ERROR
+    ok = [make_entry(0x2_0000_0000, 0), make_entry(0x1_0000_0000, end=True)]
+    # OutputOffset == region size is legal only with Stopped set
+    assert _bad(ok, initial=Registers(0x1_0000_0000, mask_ptrs(0, 4096), 0)).status & STATUS_ERROR
+    u = _bad(ok, initial=Registers(0x1_0000_0000, mask_ptrs(0, 4096), STATUS_STOPPED))
+    assert u.stopped and not u.status & STATUS_ERROR and u.capture_end == 4096
 
 
 def test_registers_resume_and_reject_garbage():

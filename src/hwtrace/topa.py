@@ -40,6 +40,7 @@ TABLE_BYTES = TABLE_ENTRIES * ENTRY_BYTES
 ENTRY_END = 1 << 0
 ENTRY_INT = 1 << 2
 ENTRY_STOP = 1 << 4
+ENTRY_RESERVED = 1 << 1 | 1 << 3 | 1 << 5 | 1 << 10 | 1 << 11
 SIZE_SHIFT = 6
 SIZE_MASK = 0xF << SIZE_SHIFT
 BASE_MASK = 0x000F_FFFF_FFFF_F000
@@ -285,29 +286,40 @@ class OutputUnit:
     # -- the current region (cached from the entry the pointers name)
     def _load_entry(self, advancing: bool = False) -> None:
         """Resolve the entry the output pointers name, following END entries.
-        A malformed ToPA sets STATUS.Error and stops output, as the CPU does."""
+
+        A malformed ToPA (SDM "ToPA Errors": reserved bits, END in entry 0,
+        STOP/INT on an END entry, a region not aligned to its size or not
+        backed by memory, an output offset past the region) is an operational
+        error: STATUS.Error is set, TriggerEn cleared, and nothing more is
+        written."""
         idx = ptrs_index(self.output_mask_ptrs)
         off = ptrs_offset(self.output_mask_ptrs)
         base = self.output_base
+        size = self.topa.region_size
         for _ in range(len(self.topa.tables) + 1):
             try:
                 e = self.topa.entry(base, idx)
             except KeyError:
                 break
+            if e & ENTRY_RESERVED:
+                break
             if e & ENTRY_END:
+                if idx == 0 or e & (ENTRY_STOP | ENTRY_INT):
+                    break
                 if base == self.topa.table_bases[-1] and entry_base(e) == self.topa.table_bases[0]:
                     self.wrapped = self.wrapped or advancing
                 base, idx, off = entry_base(e), 0, 0
                 continue
             k = self._by_base.get(entry_base(e))
-            if k is None or entry_size(e) != self.topa.region_size or off > self.topa.region_size:
+            if k is None or entry_size(e) != size or entry_base(e) % size \
+                    or off > size or (off == size and not self.status & STATUS_STOPPED):
                 break
             self.output_base = base
             self.output_mask_ptrs = mask_ptrs(idx, off)
             self._chunk, self._idx, self._off = k, idx, off
             self._stop = bool(e & ENTRY_STOP)
             return
-        self.status = (self.status | STATUS_ERROR | STATUS_STOPPED) & ~STATUS_TRIGGER_EN
+        self.status = (self.status | STATUS_ERROR) & ~STATUS_TRIGGER_EN
         self._chunk, self._idx, self._off, self._stop = -1, 0, 0, True
 
     def _store(self) -> None:
@@ -327,7 +339,13 @@ class OutputUnit:
     # -- what engines call
     @property
     def stopped(self) -> bool:
+        """STATUS.Stopped (a STOP region filled)."""
         return bool(self.status & STATUS_STOPPED)
+
+    @property
+    def halted(self) -> bool:
+        """Nothing more will be written: Stopped, or an operational error."""
+        return bool(self.status & (STATUS_STOPPED | STATUS_ERROR))
 
     @property
     def packet_byte_cnt(self) -> int:
@@ -339,7 +357,7 @@ class OutputUnit:
 
     def enable(self) -> None:
         """TraceEn set: TriggerEn follows unless the output stopped."""
-        if not self.stopped:
+        if not self.halted:
             self.status |= STATUS_TRIGGER_EN
         self._store()
 
@@ -378,7 +396,7 @@ class OutputUnit:
         mv = memoryview(data).cast("B")
         if not len(mv):
             return 0
-        if self.stopped:
+        if self.halted:
             self.lost += len(mv)
             self.ovf_pending = True
             self._store()
@@ -411,7 +429,7 @@ class OutputUnit:
         done = 0
         total = len(mv)
         while done < total:
-            if self._chunk < 0 or self.stopped:
+            if self._chunk < 0 or self.status & STATUS_STOPPED:
                 break
             n = min(total - done, size - self._off)
             if n:

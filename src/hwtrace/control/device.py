@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hwtrace.topa import linearize
+from hwtrace.topa import STATUS_ERROR, linearize
 
 from .config import BufferConfig, validate
 from .ctl import Mode
@@ -49,7 +49,8 @@ class BufferInfo:
     ``capture_end`` counts all chunks as one buffer (the spec's sum rule);
     ``wrapped``: a circular buffer went round (the bytes after capture_end are
     the oldest); ``stopped``: STATUS.Stopped (a stop-on-full buffer filled);
-    ``lost_bytes``: bytes the tracer produced that were not stored.
+    ``lost_bytes``: bytes the tracer produced that were not stored;
+    ``error``: STATUS.Error (an operational error stopped output).
     """
 
     capture_end: int
@@ -62,6 +63,7 @@ class BufferInfo:
     output_base: int
     output_mask_ptrs: int
     size: int
+    error: bool = False
 
 
 def _lock_dir() -> Path:
@@ -255,7 +257,8 @@ class Device:
                           wrapped=r.wrapped, stopped=r.stopped, lost_bytes=r.lost,
                           stored_bytes=r.stored, instructions_observed=r.instructions,
                           status=r.status, output_base=r.output_base,
-                          output_mask_ptrs=r.output_mask_ptrs, size=st.config.total_size)
+                          output_mask_ptrs=r.output_mask_ptrs, size=st.config.total_size,
+                          error=bool(r.status & STATUS_ERROR))
 
     def get_buffer_handle(self, d: int, chunk: int) -> memoryview:
         """A read-only buffer-protocol view of chunk ``chunk``'s memory (works

@@ -66,7 +66,8 @@ class BufferOutput:
 
     @property
     def stopped(self) -> bool:
-        return self.unit.stopped
+        """Nothing more is stored: STATUS.Stopped (buffer full) or an error."""
+        return self.unit.halted
 
     @property
     def packet_byte_cnt(self) -> int:
