@@ -33,7 +33,7 @@ class Event:
                  "deepest", "interrupt", "store", "autonomous", "size",
                  "payload", "ratio", "resumed", "iflag", "vector", "has_cr2",
                  "cr2", "has_vector", "vmxr", "has_vmxr", "vmxq", "has_vmxq",
-                 "trbv", "icnt", "mult", "bits", "offset")
+                 "trbv", "icnt", "mult", "bits", "offset", "stamped")
 
     def __init__(self, type: str, **fields):
         self.type = type
@@ -45,6 +45,7 @@ class Event:
         self.lost_cyc = 0
         self.ip = 0
         self.offset = 0
+        self.stamped = False
         for k, v in fields.items():
             setattr(self, k, v)
 

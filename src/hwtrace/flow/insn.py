@@ -137,6 +137,7 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
+        self.last_tsc = self.ev.tsc
         self.process_event = True
         return True
 
@@ -495,8 +496,6 @@ class InsnDecoder:
             else:
                 from . import evtrace_insn
                 evtrace_insn.process_event(self, ev)
-            if ev.has_tsc:
-                self.last_tsc = ev.tsc
             self.process_event = False
             if self.process_insn:
                 status = self._check_insn_event(self.p_insn, self.p_x86)

@@ -107,18 +107,22 @@ def decode_ovf(q, pkt) -> None:
             from .query import Fail
             raise Fail(fup)
         ev = q._new_event("overflow")
+        q.stamp(ev)
         ev.ip_suppressed = True
         q.published = ev
         return
     if errata.apl12 and _apl12(q, fup) is not NOT_HANDLED:
         return
-    q.evq.enqueue(BIND_FUP, q._new_event("overflow"))
+    ev = q._new_event("overflow")
+    q.stamp(ev)     # the time of the OVF, not of its FUP
+    q.evq.enqueue(BIND_FUP, ev)
 
 
 def _recover_at_ip(q, ippkt, resume_pos: int, redecode: bool) -> None:
     """Overflow resolved at ``ippkt``'s IP; go on at ``resume_pos``."""
     q._update_ip(ippkt)
     ev = q._new_event("overflow")
+    q.stamp(ev)
     q._event_ip(ev)
     q.enabled = True
     q.published = ev
@@ -128,6 +132,7 @@ def _recover_at_ip(q, ippkt, resume_pos: int, redecode: bool) -> None:
 
 def _recover_disabled(q, resume_pos: int) -> None:
     ev = q._new_event("overflow")
+    q.stamp(ev)
     ev.ip_suppressed = True
     q.published = ev
     q.pos = resume_pos

@@ -35,7 +35,7 @@ from .config import FlowConfig
 from .events import (BIND_EXSTOP, BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
                      EventQueue)
 from .status import EOS, EVENT_PENDING
-from .timing import FlowTime
+from .timing import FlowTime, TimeError
 from .tnt import TntCache
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -167,9 +167,12 @@ class QueryDecoder:
             setattr(ev, name, ip)
 
     def _new_event(self, type: str, **fields) -> Event:
-        ev = Event(type, **fields)
+        """A new event; it gets its time stamp when it is published."""
+        return Event(type, **fields)
+
+    def stamp(self, ev: Event) -> None:
         self.time.stamp(ev)
-        return ev
+        ev.stamped = True
 
     # -- synchronization ----------------------------------------------------
     def sync_forward(self):
@@ -347,6 +350,8 @@ class QueryDecoder:
                 self._decode(nxt)
                 ev = self.published
                 if ev is not None:
+                    if not ev.stamped:
+                        self.stamp(ev)
                     break
                 self._read_ahead()
             self.time.mark()
@@ -361,7 +366,10 @@ class QueryDecoder:
         fn = _DECODE.get(pkt.type)
         if fn is None:
             raise Fail(E.BAD_OPC)
-        fn(self, pkt)
+        try:
+            fn(self, pkt)
+        except TimeError as e:
+            raise Fail(e.code) from None
 
     def _dec_skip(self, pkt) -> None:
         self._consume()
@@ -667,11 +675,11 @@ class QueryDecoder:
             elif t == "mnt":
                 q.enqueue(BIND_PSBEND, Event("mnt", payload=nxt.payload))
             elif t == "cbr":
-                self.time.update(nxt)
+                self._header_time(nxt)
                 q.enqueue(BIND_PSBEND, Event("cbr", ratio=nxt.ratio,
                                              status_update=True))
             elif t in _TIMING:
-                self.time.update(nxt)
+                self._header_time(nxt)
             elif t in ("cfe", "evd", "trig"):
                 pass
             else:
@@ -685,12 +693,18 @@ class QueryDecoder:
             else:
                 first.ip_suppressed = True
 
+    def _header_time(self, pkt) -> None:
+        try:
+            self.time.update(pkt, header=True)
+        except TimeError as e:
+            raise Fail(e.code) from None
+
     def finish_psbend_event(self, ev: Event) -> None:
         """Give a PSB+ event its IP and time as it is published."""
         if ev.type in ("enabled", "exec_mode", "tsx", "async_paging",
                        "async_vmcs", "iflags"):
             self._event_ip(ev)
-        self.time.stamp(ev)
+        self.stamp(ev)
 
     def _bdm70(self, pos: int) -> bool:
         """BDM70: a PSB+ may carry a FUP although tracing is only enabled
