@@ -659,3 +659,16 @@ def test_save_bundle_copies_images_and_refuses_overwrite(make, tmp_path):
     err("INVALID_ARGS", dev.save_bundle, tmp_path / "b")
     b = Bundle(dev.save_bundle(tmp_path / "b", overwrite=True))
     assert len(b.sideband().mmaps) == 2           # replaced, not appended
+
+
+def test_a_directory_with_an_earlier_trace_is_not_overwritten(make, tmp_path):
+    dev = make(TestEngine({0: [PSB], 1: [PSB]}), directory=tmp_path / "t")
+    cpu_session(dev)
+    dev.run(["p"])
+    dev.close()
+    e = err("INVALID_ARGS", make, directory=tmp_path / "t")
+    assert "hwtrace recover" in str(e)
+    assert (tmp_path / "t" / "buf-0" / "data").read_bytes()[:16] == PSB
+    (tmp_path / "f").write_text("")
+    err("INVALID_ARGS", make, directory=tmp_path / "f" / "sub")
+    make()    # the refused opens released the lock

@@ -153,7 +153,13 @@ class Device:
             self.directory = Path(tempfile.mkdtemp(prefix="hwtrace-trace-"))
         else:
             self.directory = Path(directory)
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if (self.directory / DEVICE_FILE).exists():
+                raise invalid(f"{self.directory} already holds a trace directory "
+                              "(turn it into a bundle with 'hwtrace recover', or remove it)")
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise invalid(f"{self.directory}: {e.strerror}") from None
         self.capabilities = engine.capabilities
         self.cpu_info = engine.cpu_info
         self.num_cpus = int(engine.num_cpus)
