@@ -1,2 +1,27 @@
 """Emulated Intel PT: real executions observed by QEMU or ptrace, turned
-into the byte stream Intel PT hardware would have written."""
+into the byte stream Intel PT hardware would have written.
+
+Registry entry points (see :mod:`hwtrace.engines`): :func:`probe` and
+:func:`create` (``source="qemu"`` or ``"ptrace"``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+
+def probe():
+    from hwtrace.engines.base import Availability
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        return Availability(False, "needs gcc to build its QEMU plugin / ptrace stepper")
+    return Availability(True)
+
+
+def create(source: str = "qemu", **options: Any):
+    from hwtrace.control.errors import Status, TraceError
+    if source == "qemu" and shutil.which("qemu-x86_64") is None:
+        raise TraceError(Status.NOT_SUPPORTED,
+                         "the qemu engine needs qemu-x86_64 (apt-get install qemu-user)")
+    from .engine import EmulatedEngine
+    return EmulatedEngine(source=source, **options)

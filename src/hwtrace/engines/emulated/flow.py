@@ -198,7 +198,11 @@ def load(data: bytes) -> ExecTrace:
             p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
             p["ppid"] = r.parent_pid
             if r.parent_pid and r.parent_pid in tables:
-                table = tables[seg.pid] = dict(tables[r.parent_pid])
+                # the child's own blocks (defined before this record reached
+                # the log) win over the inherited ones
+                inherited = dict(tables[r.parent_pid])
+                inherited.update(tables.get(seg.pid, {}))
+                table = tables[seg.pid] = inherited
                 handlers[seg.pid] = set(handlers.get(r.parent_pid, ()))
         elif t is xl.ThreadStart:
             threads[seg.tid].parent_tid = r.parent_tid
@@ -222,12 +226,85 @@ def load(data: bytes) -> ExecTrace:
         else:
             seg.items.append(r)
     for th in threads.values():
+        _find_signals(th, handlers.get(th.pid, set()))
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
                     s.first_ip = it.pc
                     break
     return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0)
+
+
+NR_RT_SIGRETURN = 15
+
+
+def _explained(prev: BlockInfo, pc: int, handlers) -> bool:
+    """Whether control can reach ``pc`` right after ``prev`` without an
+    asynchronous event (a signal delivered between them)."""
+    k = prev.kind
+    if k == K_OTHER or k == K_REP:
+        return pc == prev.nlip or (k == K_REP and pc == prev.last)
+    if k == K_JCC:
+        return pc == prev.target or pc == prev.nlip
+    if k == K_JMP or k == K_CALL:
+        return pc == prev.target
+    if k == K_TRAP:
+        return True
+    return pc not in handlers
+
+
+def _find_signals(th: ThreadInfo, handlers) -> None:
+    """Mark where signals were delivered asynchronously (QEMU reports no
+    delivery): a transfer no instruction explains, or an indirect one into
+    a handler.  The interrupted IP is where the handler's rt_sigreturn
+    resumes; a SIGNAL record (async, with that IP) goes before the
+    handler's first block.  Sources that log SIGNAL themselves are left
+    alone."""
+    prev = None
+    in_kernel = True
+    deliveries: list = []       # open handler activations: [Signal or None]
+    resume_for = None           # activation whose sigreturn just happened
+    fixes: list = []            # (segment, index, delivery slot)
+    slots: list = []
+    for seg in th.segments:
+        for i, it in enumerate(seg.items):
+            t = type(it)
+            if t is BlockInfo:
+                if resume_for is not None:
+                    slots[resume_for] = it.pc
+                    resume_for = None
+                if in_kernel:
+                    if handlers and it.pc in handlers and \
+                            (prev is None or prev.kind != K_TRAP or it.pc != prev.nlip):
+                        deliveries.append(None)     # delivered at a kernel exit
+                elif prev is not None and not _explained(prev, it.pc, handlers):
+                    slots.append(0)
+                    deliveries.append(len(slots) - 1)
+                    fixes.append((seg, i, len(slots) - 1, prev, it.pc))
+                in_kernel = False
+                prev = it
+            elif t is xl.Syscall:
+                in_kernel = True
+                if it.nr == NR_RT_SIGRETURN and deliveries:
+                    d = deliveries.pop()
+                    if d is not None:
+                        resume_for = d
+            elif t is xl.Signal:
+                return
+    if not fixes:
+        return
+    by_seg: dict[int, list] = {}
+    for seg, i, slot, prev, handler in fixes:
+        ip = slots[slot]
+        if not ip:
+            k = prev.kind
+            ip = prev.target if k in (K_JMP, K_CALL) else prev.nlip
+        by_seg.setdefault(id(seg), []).append((i, xl.Signal(0, True, handler, ip), seg))
+    for lst in by_seg.values():
+        seg = lst[0][2]
+        items = seg.items
+        for i, sig, _ in sorted(lst, key=lambda x: -x[0]):
+            items.insert(i, sig)
 
 
 class _ThreadState:
@@ -299,8 +376,13 @@ def _run_items(st: _ThreadState, tr: Tracer, items: list) -> None:
             elif t is xl.Signal:
                 if not in_kernel:
                     ip = b.ip or (pending.nlip if pending is not None else 0)
-                    if pending is not None and pending.kind not in (K_OTHER, K_REP, K_TRAP):
-                        branch(pending.kind, pending.nlip, ip)
+                    if pending is not None:
+                        k = pending.kind
+                        if k == K_REP and ip == pending.last:
+                            if tr.pkt_en:
+                                tr.insns -= 1   # retires after the handler
+                        elif k not in (K_OTHER, K_REP, K_TRAP):
+                            branch(k, pending.nlip, ip)
                     tr.leave_async(ip)
                 in_kernel = True
                 pending = None
@@ -357,41 +439,53 @@ def assign_cr3(pids) -> dict[int, int]:
     return {pid: 0x1000 * (i + 1) for i, pid in enumerate(sorted(pids))}
 
 
+def _with_t0(trace: ExecTrace, cfg: TraceConfig) -> TraceConfig:
+    from dataclasses import replace
+    return replace(cfg, timing=replace(cfg.timing, t0=cfg.timing.t0 or trace.t0))
+
+
+def _ctx_ok(cfg: TraceConfig, cr3: dict, pid: int) -> bool:
+    return not (int(cfg.ctl) & (1 << 7)) or cr3.get(pid) == cfg.cr3_match
+
+
+def generate_thread(trace: ExecTrace, tid: int, cfg: TraceConfig, sink=None,
+                    cr3: dict | None = None) -> Tracer:
+    """Thread mode: the stream of thread ``tid`` (its own tracer)."""
+    cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
+    th = trace.threads[tid]
+    tr = Tracer(_with_t0(trace, cfg), sink)
+    st = _ThreadState(tid, th.pid, _ctx_ok(cfg, cr3, th.pid),
+                      set(trace.handlers.get(th.pid, ())))
+    for seg in th.segments:
+        _run_items(st, tr, seg.items)
+    _end_thread(st, tr)
+    tr.finish()
+    return tr
+
+
 def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
              num_cpus: int = 1, sink_for: Callable | None = None,
-             cr3: dict | None = None) -> list[StreamResult]:
+             cr3: dict | None = None, switches: list | None = None) -> list[StreamResult]:
     """Drive tracers over the trace; returns one result per stream.
 
     ``sink_for(key, pid)`` gives the sink of a stream (None: bytes stay in
-    the tracer's ``buf``).
+    the tracer's ``buf``).  In cpu mode, ``switches`` (a list) receives
+    ``(cpu, time, prev_pid, prev_tid, next_pid, next_tid)`` per context
+    switch between threads on a CPU.
     """
     cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
-    cfg_ctl = int(cfg.ctl)
-    cr3_filter = bool(cfg_ctl & (1 << 7))
-
-    def ctx_ok(pid):
-        return not cr3_filter or cr3.get(pid) == cfg.cr3_match
-
-    from dataclasses import replace
-    cfg = replace(cfg, timing=replace(cfg.timing, t0=cfg.timing.t0 or trace.t0))
-    states = {tid: _ThreadState(tid, th.pid, ctx_ok(th.pid),
-                                set(trace.handlers.get(th.pid, ())))
-              for tid, th in trace.threads.items()}
     results: list[StreamResult] = []
-
     if mode == "thread":
         for tid, th in trace.threads.items():
             key = ("tid", tid)
-            tr = Tracer(cfg, sink_for(key, th.pid) if sink_for else None)
-            st = states[tid]
-            for seg in th.segments:
-                _run_items(st, tr, seg.items)
-            _end_thread(st, tr)
-            tr.finish()
+            tr = generate_thread(trace, tid, cfg, sink_for(key, th.pid) if sink_for else None, cr3)
             results.append(StreamResult(key, tr, th.pid))
         return results
 
-    # cpu mode: order every segment by time on its CPU
+    cfg = _with_t0(trace, cfg)
+    states = {tid: _ThreadState(tid, th.pid, _ctx_ok(cfg, cr3, th.pid),
+                                set(trace.handlers.get(th.pid, ())))
+              for tid, th in trace.threads.items()}
     tracers = {}
     for c in range(num_cpus):
         key = ("cpu", c)
@@ -405,6 +499,7 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
     order.sort(key=lambda x: (x[0], x[2], x[3]))
     on_cpu: dict[int, tuple] = {}       # cpu -> (tid, seg index, next ip)
     where: dict[int, int] = {}          # tid -> cpu it last ran on
+    last_tid: dict[int, int] = {}       # cpu -> tid that ran last (for switches)
     for time, cpu, tid, i, seg, nxt in order:
         st = states[tid]
         tr = tracers[cpu]
@@ -420,6 +515,11 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
                 if oprev is not None and oprev[0] == tid:
                     _switch_out(st, tracers[oc], oprev[2])
                     del on_cpu[oc]
+        if switches is not None and last_tid.get(cpu) != tid:
+            p = last_tid.get(cpu, -1)
+            switches.append((cpu, time, states[p].pid if p in states else -1, p,
+                             st.pid, tid))
+        last_tid[cpu] = tid
         _run_items(st, tr, seg.items)
         on_cpu[cpu] = (tid, i, nxt)
         where[tid] = cpu

@@ -1,0 +1,227 @@
+"""The emulated engine: a real execution (QEMU user mode or the ptrace
+stepper) turned into the Intel PT streams the hardware would have written,
+delivered into the trace-control device's buffers.
+
+The execution source writes an execution log into a temporary directory
+while the program runs; then :mod:`.flow` / :mod:`.ptgen` generate each
+stream into the session's outputs (the ToPA output units) and the sideband
+gets processes (with the CR3 value the emulation gives each), threads,
+executable mappings (with build-ids), exits and, in cpu mode, switches.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Mapping, Sequence
+
+from hwtrace.bundle import Exit, Mmap, Process, Switch, Thread
+from hwtrace.control.capabilities import Capabilities, CpuInfo
+from hwtrace.control.ctl import Mode
+from hwtrace.control.errors import Status, TraceError
+from hwtrace.engines.base import Engine
+
+from . import flow, ptgen
+
+#: What the emulation offers (CPUID leaf 0x14): no PTWRITE / power events,
+#: two address ranges, the usual Skylake-class masks.
+EMULATED_CAPS = Capabilities(
+    pt=True, max_subleaf=1, cr3_filtering=True, psb_cyc=True, ip_filtering=True,
+    mtc=True, ptwrite=False, power_event_trace=False, topa_output=True,
+    topa_multiple_entries=True, single_range_output=False, num_address_ranges=2,
+    mtc_period_mask=0x249, cyc_threshold_mask=0x3FFF, psb_freq_mask=0x3F)
+
+_TIMING = ptgen.Timing()
+#: The CPU the emulation claims to be: an Ice Lake server model (no libipt
+#: erratum applies to it), clocks as in ptgen.Timing.
+EMULATED_CPU = CpuInfo(
+    vendor="GenuineIntel", family=6, model=0x6A, stepping=6,
+    nom_freq=_TIMING.nom_freq, cpuid_0x15_eax=_TIMING.cpuid_15_eax,
+    cpuid_0x15_ebx=_TIMING.cpuid_15_ebx,
+    timebase="instruction count: TSC starts at the host TSC when the program "
+             "started and advances 1 tick per retired user instruction; "
+             "core clock = TSC clock; ART = TSC * eax / ebx",
+    tsc_hz=0)
+
+OS_BIT = 1 << 2
+
+
+class _Sink:
+    """Adapts a device Output to what a Tracer writes into."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, data: bytes) -> int:
+        return self.out.write(data)
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.out.stopped)
+
+
+def _config(out, ranges=None) -> ptgen.TraceConfig:
+    return ptgen.TraceConfig(ctl=int(out.ctl), cr3_match=int(out.cr3_match),
+                             addr_ranges=tuple(ranges if ranges is not None else out.addr_ranges),
+                             timing=_TIMING)
+
+
+def _load_base(trace, path: str) -> int | None:
+    bases = [m.addr for m in trace.mmaps
+             if m.offset == 0 and m.path and os.path.realpath(m.path) == path]
+    return min(bases) if bases else None
+
+
+class EmulatedEngine(Engine):
+    name = "emulated"
+    machine_wide = False
+    modes = frozenset({Mode.CPU, Mode.THREAD})
+
+    def __init__(self, source: str = "qemu", num_cpus: int | None = None, **_: Any):
+        if source not in ("qemu", "ptrace"):
+            raise TraceError(Status.INVALID_ARGS, f"unknown execution source {source!r}")
+        self.source = source
+        self._num_cpus = num_cpus or os.cpu_count() or 1
+        self.last_trace: flow.ExecTrace | None = None
+        #: n -> (ELF path, begin, end): ADDRn ranges given relative to a
+        #: position-independent ELF, resolved at its load address once the
+        #: execution shows it (``resolved_ranges`` then holds all ranges).
+        self.elf_ranges: dict[int, tuple[str, int, int]] = {}
+        self.resolved_ranges: list[tuple[int, int]] | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return EMULATED_CAPS
+
+    @property
+    def cpu_info(self) -> CpuInfo:
+        return EMULATED_CPU
+
+    @property
+    def num_cpus(self) -> int:
+        return self._num_cpus
+
+    def describe(self) -> Mapping[str, Any]:
+        return {"source": self.source}
+
+    # ------------------------------------------------------------------
+    def run(self, session, argv: Sequence[str], *, env=None, cwd=None) -> int:
+        self._check_session(session)
+        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-") as tmp:
+            log = os.path.join(tmp, "exec.xlog")
+            status = self._execute(list(argv), log, env, cwd)
+            self._generate(session, log)
+        return status
+
+    def attach(self, session, pid: int, *, duration: float | None = None) -> int:
+        if self.source != "ptrace":
+            raise TraceError(Status.NOT_SUPPORTED,
+                             "the qemu engine cannot attach to a running process (use --engine ptrace)")
+        self._check_session(session)
+        from . import stepper
+        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-") as tmp:
+            log = os.path.join(tmp, "exec.xlog")
+            try:
+                status = stepper.run(pid, log, stepper.Options(), timeout=duration)
+            except stepper.StepperError as e:
+                raise TraceError(Status.NOT_SUPPORTED, str(e)) from None
+            self._generate(session, log)
+        return status
+
+    def _check_session(self, session) -> None:
+        outs = []
+        if session.mode == Mode.CPU:
+            outs = [session.cpu_output(c) for c in range(session.num_cpus)]
+        for o in outs:
+            if int(o.ctl) & OS_BIT:
+                raise TraceError(Status.NOT_SUPPORTED,
+                                 "the emulated engine sees user-mode execution only (no OS tracing)")
+
+    def _execute(self, argv, log, env, cwd) -> int:
+        if self.source == "qemu":
+            from . import qemu
+            try:
+                prog = qemu.resolve_program(argv)
+                cmd = qemu.command(prog, log)
+                self._exe = os.path.realpath(prog.elf)
+            except qemu.QemuError as e:
+                raise TraceError(Status.INVALID_ARGS, str(e)) from None
+            import subprocess
+            proc = subprocess.Popen(cmd, env=dict(env) if env is not None else None, cwd=cwd)
+            try:
+                return proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        from . import stepper
+        import shutil
+        found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+        self._exe = os.path.realpath(found) if found else ""
+        try:
+            return stepper.run(argv, log, stepper.Options())
+        except stepper.StepperError as e:
+            raise TraceError(Status.INVALID_ARGS, str(e)) from None
+
+    def _generate(self, session, log: str) -> None:
+        with open(log, "rb") as f:
+            data = f.read()
+        if not data:
+            return
+        trace = flow.load(data)
+        self.last_trace = trace
+        cr3 = flow.assign_cr3(trace.processes)
+        self._sideband(session, trace, cr3)
+        def resolve(out_ranges):
+            if not self.elf_ranges:
+                return None
+            ranges = list(out_ranges)
+            for n, (path, b, e) in self.elf_ranges.items():
+                base = _load_base(trace, path)
+                if base is None:
+                    raise TraceError(Status.INVALID_ARGS,
+                                     f"address range {n}: {path} was never mapped")
+                while len(ranges) <= n:
+                    ranges.append((0, 0))
+                ranges[n] = (base + b, base + e)
+            self.resolved_ranges = ranges
+            return ranges
+
+        if session.mode == Mode.CPU:
+            outs = {c: session.cpu_output(c) for c in range(session.num_cpus)}
+            cfg = _config(outs[0], resolve(outs[0].addr_ranges))
+            switches: list = []
+            results = flow.generate(trace, cfg, mode="cpu", num_cpus=session.num_cpus,
+                                    sink_for=lambda key, pid: _Sink(outs[key[1]]), cr3=cr3,
+                                    switches=switches)
+            for r in results:
+                outs[r.key[1]].add_instructions(r.tracer.insns)
+            for sw in switches:
+                session.sideband.add(Switch(*sw))
+            return
+        for tid, th in trace.threads.items():
+            out = session.thread_output(tid, th.pid, th.parent_tid)
+            if out is None:
+                continue
+            cfg = _config(out, resolve(out.addr_ranges))
+            tr = flow.generate_thread(trace, tid, cfg, _Sink(out), cr3)
+            out.add_instructions(tr.insns)
+            session.thread_exited(tid)
+
+    def _sideband(self, session, trace: flow.ExecTrace, cr3: dict) -> None:
+        from . import images
+        sb = session.sideband
+        t0 = trace.t0
+        for pid, p in trace.processes.items():
+            exe = getattr(self, "_exe", "") or images.main_executable(trace, pid)
+            sb.add(Process(pid=pid, cr3=cr3[pid], comm=os.path.basename(exe)[:15],
+                           exe=exe, ppid=p["ppid"], time=t0))
+        for tid, th in trace.threads.items():
+            start = th.segments[0].time if th.segments else t0
+            sb.add(Thread(tid=tid, pid=th.pid, time=start, parent_tid=th.parent_tid))
+        for m in images.file_mappings(trace):
+            sb.add(m)
+        for tid, th in trace.threads.items():
+            end = th.segments[-1].time if th.segments else t0
+            st = th.exit_status if th.exit_status is not None else 0
+            sb.add(Exit(pid=th.pid, tid=tid, time=end, status=st))

@@ -1,0 +1,120 @@
+"""Executable mappings of an execution log as bundle sideband, build-ids,
+and the ptxed / ptoracle image arguments that decode a stream."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from hwtrace.bundle import Mmap
+
+_PT_NOTE = 4
+_NT_GNU_BUILD_ID = 3
+
+
+def build_id(path: str) -> str:
+    """The GNU build-id of an ELF file as hex ("" if none or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            ehdr = f.read(64)
+            if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
+                return ""
+            phoff, = struct.unpack_from("<Q", ehdr, 32)
+            phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+            f.seek(phoff)
+            phdrs = f.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _flags, off, _va, _pa, filesz = struct.unpack_from(
+                    "<IIQQQQ", phdrs, i * phentsize)
+                if p_type != _PT_NOTE or filesz > 1 << 16:
+                    continue
+                f.seek(off)
+                notes = f.read(filesz)
+                pos = 0
+                while pos + 12 <= len(notes):
+                    namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
+                    pos += 12
+                    name = notes[pos:pos + namesz]
+                    pos += (namesz + 3) & ~3
+                    desc = notes[pos:pos + descsz]
+                    pos += (descsz + 3) & ~3
+                    if ntype == _NT_GNU_BUILD_ID and name.rstrip(b"\0") == b"GNU":
+                        return desc.hex()
+    except (OSError, struct.error):
+        return ""
+    return ""
+
+
+def _prot(p: int) -> str:
+    return ("r" if p & 1 else "-") + ("w" if p & 2 else "-") + ("x" if p & 4 else "-")
+
+
+def file_mappings(trace) -> list[Mmap]:
+    """One sideband Mmap per file-backed mapping the execution ran code in
+    (fork children inherit their parent's, so they are listed per pid)."""
+    out: list[Mmap] = []
+    seen = set()
+    ids: dict[str, str] = {}
+    t0 = trace.t0
+    by_pid: dict[int, list] = {}
+    for m in trace.mmaps:
+        if not m.path.startswith("/"):
+            continue
+        by_pid.setdefault(m.pid, []).append(m)
+    pids = list(trace.processes)
+    for pid in pids:
+        chain = []
+        p = pid
+        while p and p not in chain:
+            chain.append(p)
+            p = trace.processes.get(p, {}).get("ppid", 0)
+        for q in chain:
+            for m in by_pid.get(q, ()):
+                key = (pid, m.addr, m.size, m.offset, m.path)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if m.path not in ids:
+                    ids[m.path] = m.build_id.hex() if m.build_id else build_id(m.path)
+                out.append(Mmap(pid=pid, start=m.addr, size=m.size, offset=m.offset,
+                                file=m.path, build_id=ids[m.path], prot=_prot(m.prot), time=t0))
+    return out
+
+
+def main_executable(trace, pid: int) -> str:
+    """The program a process runs (its first non-loader file mapping)."""
+    p = pid
+    for _ in range(64):
+        for m in trace.mmaps:
+            if m.pid == p and m.path.startswith("/") and "/ld-linux" not in m.path:
+                return m.path
+        p = trace.processes.get(p, {}).get("ppid", 0)
+        if not p:
+            break
+    return ""
+
+
+def raw_image_args(mmaps, resolve=None) -> list[str]:
+    """``--raw FILE:FROM-TO:ADDR`` arguments (ptxed/ptoracle syntax) loading
+    each mapping's file bytes at its address.  ``resolve(file, build_id)``
+    gives the local path of a recorded file (None: skip it)."""
+    args: list[str] = []
+    seen = set()
+    for m in mmaps:
+        path = resolve(m.file, m.build_id) if resolve else m.file
+        if path is None:
+            continue
+        path = os.fspath(path)
+        key = (path, m.offset, m.start)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            fsize = os.path.getsize(path)
+        except OSError:
+            continue
+        end = min(m.offset + m.size, fsize)
+        if end <= m.offset:
+            continue
+        args += ["--raw", f"{path}:{m.offset:#x}-{end:#x}:{m.start:#x}"]
+    return args
