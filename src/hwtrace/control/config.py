@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from .capabilities import Capabilities
 from .ctl import ADDR_CFG_FILTER, ADDR_CFG_STOP, Ctl, DEFINED_BITS, Mode, addr_cfg, field
-from .errors import Status, TraceError, invalid, not_supported
+from .errors import Status, TraceError, invalid
 
 PAGE_SIZE = 4096
 MAX_NUM_CHUNKS = 4096
