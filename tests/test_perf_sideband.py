@@ -162,3 +162,24 @@ def test_compressed_records_are_refused_with_the_fix(tmp_path):
     data = b"PERFILE2" + struct.pack("<Q", 16) + rec(abi.COMPRESSED, b"\x28\xb5\x2f\xfd" + b"\0" * 4)
     with pytest.raises(PerfDataError, match="perf inject"):
         import_perf_data(data, tmp_path / "b")
+
+
+def test_import_of_mutated_recordings_fails_only_with_format_errors(tmp_path):
+    import random
+    rnd = random.Random(99)
+    base = build()
+    for i in range(150):
+        data = bytearray(base)
+        for _ in range(rnd.randint(1, 6)):
+            data[rnd.randrange(16, len(data))] = rnd.randrange(256)
+        try:
+            import_perf_data(bytes(data), tmp_path / f"b{i}")
+        except PerfDataError:
+            pass
+
+
+def test_time_conv_shift_is_checked():
+    data = rec(abi.TIME_CONV, struct.pack("<3Q", 1 << 60, 1, 0))
+    from hwtrace.engines.perf.perfdata import iter_records
+    with pytest.raises(PerfDataError, match="time_shift"):
+        list(iter_records(data))

@@ -377,3 +377,33 @@ def test_every_record_agrees_with_perf(path):
     d = PERF_DIGESTS[path]
     assert (len(layout), len(times), len(fields)) == d[3:]
     assert (_digest(layout), _digest(times), _digest(fields)) == d[:3]
+
+
+def test_hypothesis_random_records_only_format_errors():
+    """Any stream of well-framed records with arbitrary bodies (types the
+    reader knows, random sizes/contents) decodes or fails with PerfDataError."""
+    from hypothesis import given, settings, strategies as st
+    from hwtrace.engines.perf.importer import import_perf_data  # noqa: F401
+
+    types = st.sampled_from(sorted(abi.RECORD_NAMES) + [99, 1000])
+    record = st.tuples(types, st.integers(0, 0xffff), st.binary(max_size=120))
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(st.lists(record, max_size=8), st.integers(0, 0x3ffff))
+    def check(recs, sample_type):
+        body = b""
+        for t, misc, payload in recs:
+            payload = payload[:0xfff0]
+            body += struct.pack("<IHH", t, misc, 8 + len(payload)) + payload
+        for data in (b"PERFILE2" + struct.pack("<Q", 16) + body, body):
+            try:
+                if data.startswith(b"PERFILE2"):
+                    pd = PerfData(data)
+                    list(pd.records())
+                    [pd.feature(n) for n in pd.feature_names()]
+                    pd.build_ids()
+                else:
+                    list(iter_records(data, sample_type=sample_type))
+            except PerfDataError:
+                pass
+    check()

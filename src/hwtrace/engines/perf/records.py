@@ -529,6 +529,8 @@ def decode_body(buf, offset: int, rtype: int, misc: int, size: int,
         return StatRound(*v.u("QQ", "stat_round"))
     if t == abi.TIME_CONV:
         shift, mult, zero = v.u("QQQ", "time_conv")
+        if shift >= 64:
+            raise PerfDataError(f"TIME_CONV time_shift {shift} is not below 64", offset)
         if v.left() >= 24:
             cycles, mask, z, short = v.u("QQBB", "time_conv ext")
             return TimeConv(shift, mult, zero, cycles, mask, bool(z), bool(short))

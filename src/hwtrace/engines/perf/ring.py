@@ -68,7 +68,7 @@ class MmapPage:
 
     def time_conv(self) -> TimeConv | None:
         """The TSC <-> perf time conversion (TIME_CONV's fields), if offered."""
-        if not self.capabilities & CAP_USER_TIME_ZERO:
+        if not self.capabilities & CAP_USER_TIME_ZERO or self.time_shift >= 64:
             return None
         short = bool(self.capabilities & CAP_USER_TIME_SHORT)
         return TimeConv(self.time_shift, self.time_mult, self.time_zero,
