@@ -310,8 +310,11 @@ def test_run_returns_exit_status_and_checks_argv(make):
     dev = make(TestEngine({}, exit_status=3))
     cpu_session(dev)
     assert dev.run(["prog"]) == 3
-    for bad in ([], "prog", [1, 2], None):
+    for bad in ([], "prog", [1, 2], None, iter(["prog"])):
         err("INVALID_ARGS", dev.run, bad)
+    from pathlib import Path
+    assert dev.run((Path("/bin/prog"), b"arg")) == 3
+    assert dev.engine.runs[-1]["argv"] == ["/bin/prog", "arg"]
 
 
 def test_run_outside_tracing_in_cpu_mode_is_bad_state(make):

@@ -388,11 +388,12 @@ class Device:
         config (``thread_buffers`` tells which); untraced threads are listed
         in ``untraced_threads``.
         """
-        if isinstance(argv, (str, bytes)) or not argv or \
-                not all(isinstance(a, (str, bytes, os.PathLike)) for a in argv):
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)) or not argv \
+                or not all(isinstance(a, (str, bytes, os.PathLike)) for a in argv):
             raise invalid("argv must be a non-empty list of strings")
-        return self._traced(lambda s: self.engine.run(s, [os.fsdecode(a) for a in argv],
-                                                      env=env, cwd=cwd), follow_threads)
+        args = [os.fsdecode(a) for a in argv]
+        return self._traced(lambda s: self.engine.run(s, args, env=env, cwd=cwd),
+                            follow_threads)
 
     def attach(self, pid: int, *, duration: float | None = None,
                follow_threads: BufferConfig | None = None) -> int:
