@@ -92,6 +92,17 @@ def run(args) -> int:
         print("capabilities (this CPU, CPUID leaf 0x14):")
         for k, v in Capabilities.from_dict(pt["capabilities"]).describe():
             print(f"  {k:<24} {v}")
+    if eng and eng.get("cpu"):
+        ec = eng["cpu"]
+        line = (f"{eng['name']} engine cpu: {ec['vendor']} {ec['family']}/{ec['model']}/"
+                f"{ec['stepping']}")
+        if ec.get("nom_freq"):
+            line += f", nominal ratio {ec['nom_freq']}"
+        if ec.get("cpuid_0x15_eax") and ec.get("cpuid_0x15_ebx"):
+            line += f", TSC/crystal {ec['cpuid_0x15_ebx']}/{ec['cpuid_0x15_eax']}"
+        if ec.get("timebase"):
+            line += f", timebase: {ec['timebase']}"
+        print(line)
     if eng and eng.get("capabilities"):
         print(f"capabilities ({eng['name']} engine, CPUID leaf 0x14 equivalent):")
         for k, v in Capabilities.from_dict(eng["capabilities"]).describe():
