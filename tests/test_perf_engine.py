@@ -731,3 +731,12 @@ def test_engine_attach_thread_mode():
     gone = type("Gone", (FakeOps,), {"threads_of": lambda self, p: []})()
     with pytest.raises(TraceError, match="no process"):
         _engine(gone).attach(_session(Mode.THREAD, cfg), 5)
+
+
+def test_cpu_lists():
+    from hwtrace.engines.perf.engine import online_cpus, parse_cpu_list
+    assert parse_cpu_list("0-3,5\n") == frozenset({0, 1, 2, 3, 5})
+    assert parse_cpu_list("7") == frozenset({7})
+    here = online_cpus()
+    assert here and min(here) >= 0
+    assert here == parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())

@@ -114,6 +114,29 @@ def exe_maps(path: str) -> list[FileMap]:
         return out
 
 
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """``0-3,5`` (sysfs cpu list) -> {0, 1, 2, 3, 5}."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+def online_cpus(sysfs: str = "/sys") -> frozenset[int]:
+    """The online CPUs (events on offline ones fail with ENODEV)."""
+    try:
+        with open(os.path.join(sysfs, "devices/system/cpu/online")) as f:
+            cpus = parse_cpu_list(f.read())
+        if cpus:
+            return cpus
+    except (OSError, ValueError):
+        pass
+    return frozenset(range(os.cpu_count() or 1))
+
+
 def _which(prog: str, env: Mapping[str, str] | None) -> str | None:
     if "/" in prog:
         return prog if os.path.isfile(prog) else None
@@ -143,7 +166,12 @@ class PerfEngine(Engine):
                                  cpuid_0x15_ebx=pmu.tsc_art_ratio[0], timebase="host TSC")
         self.pmu = pmu
         self._cpu = cpu or CpuInfo()
-        self._num_cpus = num_cpus or os.cpu_count() or 1
+        if num_cpus is None:
+            self._online = online_cpus()
+            self._num_cpus = max(self._online) + 1
+        else:
+            self._num_cpus = num_cpus
+            self._online = frozenset(range(num_cpus))
         self.ops = ops or SysOps()
         self.paranoid, self.cap_eff = paranoid, cap_eff
         modes = {Mode.THREAD}
@@ -289,7 +317,7 @@ class PerfEngine(Engine):
         events: list[_Event] = []
         try:
             if session.mode == Mode.CPU:
-                for cpu in range(self._num_cpus):
+                for cpu in sorted(self._online):
                     out = session.cpu_output(cpu)
                     self._check(out)
                     events += self._open_pair(out, -1, cpu, None, enable_on_exec=False,
@@ -325,7 +353,7 @@ class PerfEngine(Engine):
         maps: list[FileMap] | None = None
         try:
             if session.mode == Mode.CPU:
-                for cpu in range(self._num_cpus):
+                for cpu in sorted(self._online):
                     out = session.cpu_output(cpu)
                     self._check(out)
                     if maps is None and out.addr_ranges:
