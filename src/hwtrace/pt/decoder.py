@@ -34,6 +34,15 @@ before that search start.
 
 ``disabled`` names packet types to decode as unknown opcodes, e.g.
 ``packets.NEWER_PACKETS`` to mimic libipt 2.0 (no CFE, EVD, TRIG).
+
+:meth:`PacketDecoder.count` runs the same loop as :meth:`packets` and
+returns only ``(packets, errors)`` (``hwtrace dump --stat``).
+
+Two implementations: this module is the Python twin; the compiled core
+``hwtrace.pt._c_packets`` (``_c_packets.c``) decodes the same packets and
+errors at the same offsets and runs by default when it is built (see
+:mod:`hwtrace.pt._impl`; ``HWTRACE_NO_EXTENSIONS=1`` or
+``PacketDecoder(..., impl="python")`` select the twin).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from hwtrace.pt.packets import (
     Mwait, Ovf, Pad, Pip, Psb, Psbend, Ptw, Pwre, Pwrx, Stop, Tip, TipPge,
     TipPgd, Tma, Tnt8, Tnt64, Trig, Tsc, Vmcs, Invalid)
 from hwtrace.pt.cpu import as_cpu, errata as cpu_errata, Errata, NO_ERRATA
+from hwtrace.pt import _impl
 
 PSB_BYTES = b"\x02\x82" * 8
 PSB_SIZE = 16
@@ -363,16 +373,18 @@ _DEFAULT_TABLES = build_tables()
 class PacketDecoder:
     """Decode Intel PT packets from a buffer (libipt's packet decoder).
 
-    ``cpu`` (a :class:`hwtrace.pt.cpu.Cpu` or ``"F/M[/S]"``) is accepted
-    for symmetry with the other decoders; the packet layer itself has no
-    CPU-dependent behaviour.
+    ``cpu`` (a :class:`hwtrace.pt.cpu.Cpu` or ``"F/M[/S]"``) selects the
+    packet-level errata workarounds (unless ``errata`` is given).
+    ``impl``: ``None`` (the compiled core when available), ``"python"`` or
+    ``"compiled"`` (RuntimeError if it is not built); :attr:`impl` says
+    which one runs.
     """
 
     __slots__ = ("_buf", "_end", "_pos", "_sync", "_table", "cpu",
-                 "errata", "cpu_error")
+                 "errata", "cpu_error", "_core", "_flags")
 
     def __init__(self, data, *, cpu=None, errata: Errata | None = None,
-                 disabled=()):
+                 disabled=(), impl: str | None = None):
         self._buf = bytes(data)
         self._end = len(self._buf)
         self._pos = None
@@ -385,6 +397,9 @@ class PacketDecoder:
                 self.cpu_error = errata
                 errata = NO_ERRATA
         self.errata = errata
+        self._core = core = _impl.core_for(impl)
+        self._flags = 0 if core is None else _impl.flags(core, errata,
+                                                          disabled)
         if not disabled and errata == NO_ERRATA:
             self._table = _DEFAULT_TABLES[0]
         else:
@@ -400,6 +415,11 @@ class PacketDecoder:
     def sync_offset(self) -> int | None:
         """Offset of the last synchronization point."""
         return self._sync
+
+    @property
+    def impl(self) -> str:
+        """``"compiled"`` or ``"python"``: which implementation decodes."""
+        return "python" if self._core is None else "compiled"
 
     @property
     def size(self) -> int:
@@ -457,6 +477,16 @@ class PacketDecoder:
             return PtError(E.NOSYNC, 0)
         if pos >= self._end:
             return PtError(E.EOS, pos)
+        core = self._core
+        if core is not None:
+            r = core.decode(self._buf, pos, self._flags)
+            if r.__class__ is PtError:
+                return r
+            # An OVF whose first byte is not 0x02 is the SKD007 CYC+OVF
+            # workaround, which consumes one byte more than the record.
+            self._pos = pos + r[1] + (r.__class__ is Ovf and
+                                      self._buf[pos] != 0x02)
+            return r
         r = self._table[self._buf[pos]](self._buf, pos, self._end)
         if r.__class__ is str:
             if r is SKD007_OVF:
@@ -474,17 +504,47 @@ class PacketDecoder:
         its PtError and resynchronizes at the next PSB.  Ends at the end of
         the buffer (including a final packet cut off by it).  For speed,
         :attr:`offset` is brought up to date when an error is yielded and
-        when the loop ends (packets carry their own offsets).
+        when the loop ends (packets carry their own offsets).  The initial
+        synchronization happens when this is called.
         """
+        if not self._start(no_sync):
+            return iter(())
+        core = self._core
+        if core is None:
+            return self._packets_py()
+        return core.PacketIter(self, self._buf, self._pos, self._sync,
+                               self._flags)
+
+    def count(self, *, no_sync: bool = False) -> tuple[int, int]:
+        """``(packets, errors)`` that :meth:`packets` would yield, without
+        creating them (the compiled core scans in C).  Leaves
+        :attr:`offset` where :meth:`packets` would."""
+        if not self._start(no_sync):
+            return 0, 0
+        core = self._core
+        if core is None:
+            npk = nerr = 0
+            for p in self._packets_py():
+                if p.__class__ is PtError:
+                    nerr += 1
+                else:
+                    npk += 1
+            return npk, nerr
+        npk, nerr, self._pos, self._sync = core.count(
+            self._buf, self._pos, self._sync, self._flags)
+        return npk, nerr
+
+    def _start(self, no_sync: bool) -> bool:
+        if no_sync:
+            self.sync_set(0)
+            return True
+        return self.sync_forward().__class__ is not PtError
+
+    def _packets_py(self) -> Iterator:
+        """The Python twin of the packets() loop, from :attr:`offset`."""
         b = self._buf
         e = self._end
         table = self._table
-        if no_sync:
-            self.sync_set(0)
-        else:
-            r = self.sync_forward()
-            if r.__class__ is PtError:
-                return
         pos = self._pos
         try:
             while pos < e:
@@ -510,7 +570,8 @@ class PacketDecoder:
         finally:
             self._pos = pos
 
-    __iter__ = packets
+    def __iter__(self):
+        return self.packets()
 
 
 def find_psb_forward(buf: bytes, start: int) -> int:

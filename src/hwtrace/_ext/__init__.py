@@ -1,0 +1,187 @@
+"""Compiled cores and their Python twins: how hwtrace picks one.
+
+hwtrace's hot loops exist twice: a pure-Python *twin* (the reference,
+readable, used for debugging and where no C compiler exists) and a
+*compiled core* (a C extension built by ``pip install``).  Both produce the
+same values; tests run both.  This module decides which one runs.
+
+The pattern (used by :mod:`hwtrace.pt._impl` for packet scanning; follow it
+for the flow decoder, the PT generator, ...):
+
+1. **Source.**  Write ``src/hwtrace/<pkg>/_c_<name>.c`` (one file, Python C
+   API, no other dependencies).  ``setup.py`` builds every file matching
+   ``src/hwtrace/**/_c_*.c`` as the extension ``hwtrace.<pkg>._c_<name>``
+   -- nothing to register.  The module defines the int constant ``ABI``
+   (bump it when the Python-facing interface changes) and the string
+   ``SOURCE_SHA256`` from the macro ``HWTRACE_SOURCE_SHA256``, which
+   setup.py sets to the source file's SHA-256: a build older than its
+   source is refused as stale instead of silently running old code.
+   Keep the boundary narrow: plain functions over ``bytes`` and ints that
+   return the twin's own record types (import them from the Python package
+   at module init), so that callers cannot tell the two apart.
+
+2. **Selector.**  Next to the twin, a small ``_impl.py`` does::
+
+       from hwtrace import _ext
+       STATUS = _ext.select("hwtrace.pt._c_packets", abi=1)
+       CORE = STATUS.module          # None: use the Python twin
+
+   and the public class looks ``_impl.CORE`` up when an object is created
+   (an ``impl="python"|"compiled"`` argument overrides it; tests monkeypatch
+   ``_impl.CORE`` to run code paths that construct objects internally,
+   such as the CLI, under either implementation).
+
+3. **Tests** (``tests/test_<pkg>_compiled*.py``): compare both
+   implementations on the same inputs, and call :func:`Status.check` (or
+   assert ``not status.expected or status.loaded``) so that a test FAILS
+   where the compiled core should have loaded and did not.
+
+Environment (read when the selector module is imported):
+
+- ``HWTRACE_NO_EXTENSIONS=1``: use the Python twins (the compiled module is
+  not even imported by :func:`select`; :func:`probe` still finds it, for
+  tests that compare both).
+- ``HWTRACE_REQUIRE_EXTENSIONS=1``: a compiled core is *expected*; at build
+  time a compile failure fails the build (otherwise it only warns and the
+  install goes on with the twins); at test time a core that did not load
+  fails the tests.  CI sets it.
+
+A core is also expected when its extension file is present (the install
+built it): if it then fails to import, has the wrong ABI or is stale, the
+twin runs (the package stays usable) and ``Status.reason`` says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+NO_EXTENSIONS = "HWTRACE_NO_EXTENSIONS"
+REQUIRE_EXTENSIONS = "HWTRACE_REQUIRE_EXTENSIONS"
+
+
+def _env_flag(name: str, environ=None) -> bool:
+    v = (os.environ if environ is None else environ).get(name, "")
+    return v.strip().lower() not in ("", "0", "no", "false", "off")
+
+
+def extensions_disabled(environ=None) -> bool:
+    return _env_flag(NO_EXTENSIONS, environ)
+
+
+def extensions_required(environ=None) -> bool:
+    return _env_flag(REQUIRE_EXTENSIONS, environ)
+
+
+@dataclass(frozen=True)
+class Status:
+    """What became of one compiled core.
+
+    ``module``: the extension module if it is usable (``None``: the twin
+    runs).  ``built``: an extension file for it exists.  ``required``:
+    ``HWTRACE_REQUIRE_EXTENSIONS`` was set.  ``disabled``:
+    ``HWTRACE_NO_EXTENSIONS`` was set.  ``reason``: why ``module`` is None
+    (empty when it loaded).
+    """
+
+    name: str
+    module: ModuleType | None
+    built: bool
+    required: bool
+    disabled: bool
+    reason: str = ""
+
+    @property
+    def loaded(self) -> bool:
+        return self.module is not None
+
+    @property
+    def expected(self) -> bool:
+        """Whether the compiled core should be usable here."""
+        return self.required or self.built
+
+    def describe(self) -> str:
+        if self.loaded:
+            return f"{self.name}: compiled ({self.module.__file__})"
+        return f"{self.name}: python twin ({self.reason})"
+
+    def check(self) -> None:
+        """Raise RuntimeError if the core was expected and is unusable
+        (the disabling switch aside).  For tests."""
+        if self.expected and not self.loaded and not self.disabled:
+            why = (f"{REQUIRE_EXTENSIONS}=1" if self.required
+                   else "its extension file is installed")
+            raise RuntimeError(f"compiled core {self.name} expected ({why}) "
+                               f"but unusable: {self.reason}")
+
+
+def _source_sha256(module: ModuleType) -> str | None:
+    """SHA-256 of the C source installed next to the extension, if any."""
+    src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
+                                          + ".c")
+    try:
+        return hashlib.sha256(src.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def probe(name: str, abi: int, environ=None) -> Status:
+    """Import the compiled core ``name`` regardless of
+    ``HWTRACE_NO_EXTENSIONS`` and check its ABI and freshness."""
+    required = extensions_required(environ)
+    disabled = extensions_disabled(environ)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        spec = None
+        reason = f"not found: {e}"
+    else:
+        reason = "not built (no C compiler at install time?)"
+    built = spec is not None and spec.origin is not None and \
+        not spec.origin.endswith(".py")
+
+    def status(module, why):
+        return Status(name, module, built, required, disabled, why)
+
+    if not built:
+        return status(None, reason)
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        return status(None, f"import failed: {e}")
+    got = getattr(module, "ABI", None)
+    if got != abi:
+        return status(None, f"ABI {got}, expected {abi}: rebuild "
+                            "(pip install -e . or pip install .)")
+    want = getattr(module, "SOURCE_SHA256", "")
+    have = _source_sha256(module)
+    if have is not None and want != have:
+        return status(None, "stale build (its C source changed since): "
+                            "rebuild (pip install -e . or pip install .)")
+    return status(module, "")
+
+
+def select(name: str, abi: int, environ=None) -> Status:
+    """The compiled core ``name`` if it is to be used, honouring
+    ``HWTRACE_NO_EXTENSIONS`` (then the module is not imported)."""
+    if extensions_disabled(environ):
+        st = probe_built_only(name, environ)
+        return st
+    return probe(name, abi, environ)
+
+
+def probe_built_only(name: str, environ=None) -> Status:
+    """Status of a disabled core: whether it is built, without importing."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    built = spec is not None and spec.origin is not None and \
+        not spec.origin.endswith(".py")
+    return Status(name, None, built, extensions_required(environ), True,
+                  f"disabled by {NO_EXTENSIONS}=1")
