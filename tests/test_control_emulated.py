@@ -96,3 +96,36 @@ def test_thread_mode_stop_on_full_prefix_and_circular_suffix(emulated):
     assert ti.wrapped and not ti.stopped and ti.capture_end == len(full) % 4096
     assert tail.startswith(b"\x02\x82" * 8) and full.endswith(tail)
     assert tail == full[full.index(b"\x02\x82" * 8, len(full) - 4096):]
+
+
+def _thread_bundle(engine, cfg, out):
+    with hwtrace.open_device(engine=engine) as dev:
+        dev.set_mode(hwtrace.Mode.THREAD)
+        assert dev.run(["/bin/true"], follow_threads=cfg) == 0
+        return Bundle(dev.save_bundle(out))
+
+
+def test_address_range_filter_is_applied(emulated, tmp_path, ptoracle):
+    """ADDR0 = filter over the program's own mappings: only its instructions
+    are traced (the reference validated ranges but never programmed them)."""
+    ctl = hwtrace.Ctl.BRANCH_EN | hwtrace.Ctl.USER
+    full = _thread_bundle(emulated, hwtrace.BufferConfig(num_chunks=16, chunk_order=2, ctl=ctl),
+                          tmp_path / "full")
+    prog = [m for m in full.sideband().mmaps if m.file.endswith("/true")]
+    assert prog
+    lo, hi = min(m.start for m in prog), max(m.start + m.size for m in prog) - 1
+    cfg = hwtrace.BufferConfig(num_chunks=16, chunk_order=2, ctl=ctl | (1 << 32),
+                               addr_ranges=((lo, hi),))
+    b = _thread_bundle(emulated, cfg, tmp_path / "filtered")
+    (s,) = b.streams
+    assert s.config["addr_ranges"] == [[lo, hi]]
+    assert 0 < s.instructions_observed < full.streams[0].instructions_observed
+    o = subprocess.run([str(ptoracle), "insn", str(b.path / s.file), *_images(b, s),
+                        *b.decoder_args(), "--filter:addr0_cfg", "1",
+                        "--filter:addr0_a", str(lo), "--filter:addr0_b", str(hi)],
+                       capture_output=True, text=True, timeout=600)
+    lines = [json.loads(x) for x in o.stdout.splitlines()]
+    ips = [x["ip"] for x in lines if "iclass" in x]
+    assert [x for x in lines if "error" in x] == []
+    assert len(ips) == s.instructions_observed and all(lo <= ip <= hi for ip in ips)
+    assert {"enabled", "disabled"} <= {x.get("event") for x in lines}
