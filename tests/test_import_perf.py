@@ -66,7 +66,7 @@ def test_import_file_layout(tmp_path):
                                                        (3174, "echo")]
     assert [(e.pid, e.tid) for e in sb.exits] == [(3174, 3174)]
     # 152 SWITCH_CPU_WIDE records = 76 OUT + 76 IN halves
-    assert len(sb.switches) == 76 + 76 - _paired_halves(out)
+    assert len(sb.switches) == 76 + 76 - _paired_halves(out) == 76     # every IN paired
     aux = b.manifest["perf"]["aux"]
     assert len(aux) == 10 and not b.manifest["perf"]["lost"]
     m = b.manifest["perf"]
@@ -103,7 +103,7 @@ def test_import_pipe_layout(tmp_path):
     sb = b.sideband()
     assert len(sb.mmaps) == 56 + 10
     assert all(m.build_id == "" for m in sb.mmaps)     # no build-ids in this pipe
-    assert len(sb.switches) == 552 - _paired_halves(out)
+    assert len(sb.switches) == 552 - _paired_halves(out) == 276      # every IN paired
     # recorded user binaries don't exist here and no --image: listed as missing
     assert "note: no binary for /usr/bin/coreutils (give it with --image)" in stdout
     # in time order; the exec'd process knows its program
