@@ -28,7 +28,8 @@ How control flow maps to activations:
   frame returning to the interrupted instruction.
 * tracing disabled after a call/far call (filtered-out callee, syscall into
   an untraced kernel) or asynchronously (interrupt): an untraced frame
-  (``[untraced]``, ``[syscall]``, ``[interrupt]``) is opened; when tracing
+  (``[untraced]``, ``[syscall]``; ``ASYNC`` for an asynchronous disable
+  such as an interrupt into an untraced kernel) is opened; when tracing
   is enabled again at its return address it simply ends; enabled anywhere
   else inside it is a callback from untraced code.  Enabled elsewhere
   otherwise is a *gap*.
@@ -119,6 +120,7 @@ class CallStackBuilder:
         self._pend_ret = 0
         self._paused = False
         self._tx_depth: int | None = None
+        self._after_abort = False
         self._codes: dict = {}
         # counters for summaries
         self.calls = 0
@@ -285,6 +287,7 @@ class CallStackBuilder:
             self._settle(ip)
         elif not self._in_seg:
             self._start_segment(ip)
+        self._after_abort = False
         self.n += 1
         if code:
             self._pend = code
@@ -333,7 +336,12 @@ class CallStackBuilder:
             if tsc is not None:
                 self.clock.anchor(self.n, tsc)
             frm, to = m.get("from"), m.get("to")
-            if frm is not None and self._in_seg:
+            if self._after_abort:
+                # the abort's jump to the fallback path: not an interrupt
+                self._after_abort = False
+                if frm is not None and self._pend and self._in_seg:
+                    self._settle(frm)
+            elif frm is not None and self._in_seg:
                 if self._pend:
                     self._settle(frm)
                 self._push(to, frm, Flag.ASYNC) if to is not None else \
@@ -388,7 +396,7 @@ class CallStackBuilder:
         elif name == "async_disabled" and m.get("at") is not None:
             if pend:
                 self._settle(m.get("at"))
-            self._push(None, m.get("at"), Flag.ASYNC, name="[interrupt]",
+            self._push(None, m.get("at"), Flag.ASYNC, name="[untraced]",
                        untraced=True)
         elif pend == _RET and stack and stack[-1].ret is None \
                 and len(stack) > 1 and stack[-2].untraced:
@@ -396,6 +404,7 @@ class CallStackBuilder:
 
     def _tsx(self, m) -> None:
         if m.get("aborted"):
+            self._after_abort = True
             if self._tx_depth is not None:
                 while len(self._stack) > max(self._tx_depth, 1):
                     self._pop(Flag.ABORTED)
