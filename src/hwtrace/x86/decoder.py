@@ -9,12 +9,16 @@ per-byte logic.
 
 from __future__ import annotations
 
+from struct import Struct
 from typing import Callable
 
 from . import tables as T
 from .insn import Insn, Kind, Mode, X86Error
 
 _tnew = tuple.__new__
+_I32 = Struct("<i").unpack_from
+_I16 = Struct("<h").unpack_from
+_U64 = Struct("<Q").unpack_from
 DecodeFn = Callable[..., Insn]
 
 
@@ -31,9 +35,9 @@ def _build(mode: Mode) -> DecodeFn:
     is64 = mode == Mode.BIT64
     d16 = 1 if mode == Mode.BIT16 else 0
     PFX = T.PREFIX64 if is64 else T.PREFIX32
-    M0, I0, K0 = T.MODRM0, T.IMM0, T.KIND0
+    M0, I0 = T.MODRM0, T.IMM0
     B0 = T.BR0_64 if is64 else T.BR0
-    M1, I1, B1, K1 = T.MODRM1, T.IMM1, T.BR1, T.KIND1
+    M1, I1, B1 = T.MODRM1, T.IMM1, T.BR1
     ALL_MODRM, NO_IMM, IMM8 = T.ALL_MODRM, T.NO_IMM, T.IMM8_ALL
     NO_BR = T.NO_BRANCH
     VEX_MODRM1, VEX_IMM1 = T.VEX_MODRM1, T.VEX_IMM1
@@ -53,7 +57,7 @@ def _build(mode: Mode) -> DecodeFn:
     for op in (*range(0x70, 0x80), 0xE0, 0xE1, 0xE2, 0xE3, 0xE8, 0xE9, 0xEA,
                0xEB):
         b0x[op] = 0
-    b0x[0xA1] = 15
+    b0x[0xA1] = T.BR_JMPABS
     B0X2 = bytes(b0x)
     b1x = bytearray(B1)
     for op in (*range(0x80, 0x90), 0x34, 0x35):
@@ -66,8 +70,9 @@ def _build(mode: Mode) -> DecodeFn:
     t_jcc = T.kind_template(Kind.JCC)
     t_call = T.kind_template(Kind.CALL_REL)
     t_jmp = T.kind_template(Kind.JMP_REL)
-    t_rel8 = {k: T.kind_template(k) for k in
-              (Kind.LOOP, Kind.LOOPE, Kind.LOOPNE, Kind.JRCXZ)}
+    t_rel8 = tuple(T.kind_template(Kind(k))[:2] if k <= Kind.LOOPNE else None
+                   for k in range(Kind.JMPABS))
+    JMPABS = int(Kind.JMPABS)
     t_xbegin = T.kind_template(Kind.XBEGIN)
     t_jmpabs = T.kind_template(Kind.JMPABS)
     C_JCC, K_JCC = t_jcc[0], t_jcc[1]
@@ -80,7 +85,7 @@ def _build(mode: Mode) -> DecodeFn:
     FF_KIND = (None, None, BYK[Kind.CALL_IND], BYK[Kind.CALL_FAR_IND],
                BYK[Kind.JMP_IND], BYK[Kind.JMP_FAR_IND], None, None)
     BY_RET = BYK[Kind.RET]
-    frombytes = int.from_bytes
+    I32, I16 = _I32, _I16
 
     def decode(code, offset: int = 0) -> Insn:
         i = offset
@@ -123,17 +128,16 @@ def _build(mode: Mode) -> DecodeFn:
                     raise X86Error("invalid", offset, 0,
                                    f"no opcode map 0F {b:02X}")
                 else:
-                    M, I, B, K = M1, I1, B1, K1
+                    M, I, B = M1, I1, B1
             elif SP[b]:
                 s = SP[b]
-                K = K0
                 if s == 5:                          # REX2 (64-bit mode)
                     pl = code[i]
                     rex = (pl & 8) | (4 if pl & 0x44 else 0)
                     b = code[i + 1]
                     i += 2
                     if pl & 0x80:
-                        M, I, B, K = M1, I1, B1X2, K1
+                        M, I, B = M1, I1, B1X2
                     else:
                         M, I, B = M0, I0, B0X2
                 else:
@@ -167,7 +171,7 @@ def _build(mode: Mode) -> DecodeFn:
                             M, I = t
                             rex = (p2 >> 4) & 8
             else:
-                M, I, B, K = M0, I0, B0, K0
+                M, I, B = M0, I0, B0
 
             mr = M[b]
             d = 0
@@ -237,11 +241,19 @@ def _build(mode: Mode) -> DecodeFn:
                 return _tnew(Insn, (sz, C_JCC, K_JCC,
                                     r - 256 if r > 127 else r,
                                     True, True, False, False))
-            if br == 7:                                     # fixed kind
-                return BYK[K[b]][sz]
+            if br >= 32:                                    # kind coded
+                k = br - 32
+                if k >= JMPABS:
+                    return BYK[k][sz]
+                r = code[i - 1]                             # loop*/jrcxz
+                return _tnew(Insn, (sz,) + t_rel8[k]
+                             + (r - 256 if r > 127 else r, True, True,
+                                False, False))
             if br == 4 or br == 5 or br == 2:               # rel16/32
-                k = 4 if is64 or osz == d16 else 2
-                r = frombytes(code[i - k:i], "little", signed=True)
+                if is64 or osz == d16:
+                    r = I32(code, i - 4)[0]
+                else:
+                    r = I16(code, i - 2)[0]
                 if br == 4:
                     return _tnew(Insn, (sz, C_CALL, K_CALL, r,
                                         True, False, False, False))
@@ -258,11 +270,6 @@ def _build(mode: Mode) -> DecodeFn:
             if br == 8:                                     # FF group
                 t = FF_KIND[(modrm >> 3) & 7]
                 return t[sz] if t else OTHER[sz]
-            if br == 6:                                     # loop*/jrcxz
-                r = code[i - 1]
-                return _tnew(Insn, (sz,) + t_rel8[K[b]][:2]
-                             + (r - 256 if r > 127 else r, True, True,
-                                False, False))
             return _special(br, code, i, sz, modrm, d, osz, asz, rex, last,
                             f3)
         except IndexError:
@@ -292,11 +299,10 @@ def _build(mode: Mode) -> DecodeFn:
             return OTHER[sz]
         if br == 13:                                        # C7 F8 xbegin
             if modrm == 0xF8:
-                if is64:
-                    k = 2 if osz and not rex & 8 else 4
+                if (osz and not rex & 8) if is64 else osz != d16:
+                    r = _I16(code, i - 2)[0]
                 else:
-                    k = 2 if osz != d16 else 4
-                r = frombytes(code[i - k:i], "little", signed=True)
+                    r = _I32(code, i - 4)[0]
                 return _tnew(Insn, (sz,) + t_xbegin[:2] + (r,)
                              + t_xbegin[2:])
             return OTHER[sz]
@@ -304,7 +310,7 @@ def _build(mode: Mode) -> DecodeFn:
             return BYK[Kind.XABORT if modrm == 0xF8 else Kind.OTHER][sz]
         if br == 15:                                        # REX2 A1
             if not rex & 8 and not asz and not osz:
-                r = frombytes(code[i - 8:i], "little")
+                r = _U64(code, i - 8)[0]
                 return _tnew(Insn, (sz,) + t_jmpabs[:2] + (r,)
                              + t_jmpabs[2:])
             return OTHER[sz]

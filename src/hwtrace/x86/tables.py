@@ -35,8 +35,6 @@ BR_JCCZ = 2       # 0F 80-8F
 BR_JMP8 = 3       # EB
 BR_CALLZ = 4      # E8
 BR_JMPZ = 5       # E9
-BR_REL8 = 6       # E0-E3: loopne/loope/loop/jrcxz (kind from KIND table)
-BR_FIXED = 7      # kind from the KIND table, no operand inspection
 BR_FF = 8         # FF group by ModRM.reg
 BR_0F01 = 9       # 0F 01 group by the whole ModRM byte
 BR_CR = 10        # 0F 22: mov to cr3?
@@ -44,6 +42,9 @@ BR_0FC7 = 11      # 0F C7: vmptrld/vmclear/vmxon?
 BR_0FAE = 12      # 0F AE: ptwrite?
 BR_C7 = 13        # C7 F8: xbegin
 BR_C6 = 14        # C6 F8: xabort
+BR_JMPABS = 15    # REX2 A1: jmpabs (set by decoder.py)
+BR_KIND = 32      # >= 32: the kind is (code - 32); loop*/jrcxz (kinds
+                  # below JMPABS) read their rel8, the others need nothing
 
 
 def _set(t: list[int], value: int, *ops) -> None:
@@ -102,22 +103,19 @@ _i0[0xF6] = IMM_F6
 _i0[0xF7] = IMM_F7
 
 _b0 = [0] * 256
-_k0 = [0] * 256
 _set(_b0, BR_JCC8, range(0x70, 0x80))
 _b0[0xEB] = BR_JMP8
 _b0[0xE8] = BR_CALLZ
 _b0[0xE9] = BR_JMPZ
 for _op, _kind in ((0xE0, Kind.LOOPNE), (0xE1, Kind.LOOPE), (0xE2, Kind.LOOP),
                    (0xE3, Kind.JRCXZ)):
-    _b0[_op] = BR_REL8
-    _k0[_op] = _kind
+    _b0[_op] = BR_KIND + _kind
 for _op, _kind in ((0xC2, Kind.RET_IMM), (0xC3, Kind.RET),
                    (0xCA, Kind.RETF_IMM), (0xCB, Kind.RETF),
                    (0xCC, Kind.INT3), (0xCD, Kind.INT), (0xCE, Kind.INTO),
                    (0xCF, Kind.IRET), (0xF1, Kind.INT1), (0xF4, Kind.HLT),
                    (0x9A, Kind.CALL_FAR), (0xEA, Kind.JMP_FAR)):
-    _b0[_op] = BR_FIXED
-    _k0[_op] = _kind
+    _b0[_op] = BR_KIND + _kind
 _b0[0xFF] = BR_FF
 _b0[0xC7] = BR_C7
 _b0[0xC6] = BR_C6
@@ -149,14 +147,12 @@ _m1[0x0F] = 1
 _i1[0x0F] = 1
 
 _b1 = [0] * 256
-_k1 = [0] * 256
 _set(_b1, BR_JCCZ, range(0x80, 0x90))
 for _op, _kind in ((0x05, Kind.SYSCALL), (0x07, Kind.SYSRET),
                    (0x34, Kind.SYSENTER), (0x35, Kind.SYSEXIT),
                    (0x0B, Kind.UD), (0xB9, Kind.UD), (0xFF, Kind.UD),
                    (0xAA, Kind.RSM)):
-    _b1[_op] = BR_FIXED
-    _k1[_op] = _kind
+    _b1[_op] = BR_KIND + _kind
 _b1[0x01] = BR_0F01
 _b1[0x22] = BR_CR
 _b1[0xC7] = BR_0FC7
@@ -179,11 +175,9 @@ NO_BRANCH = bytes(256)
 MODRM0 = bytes(_m0)
 IMM0 = bytes(_i0)
 BR0 = bytes(_b0)
-KIND0 = tuple(Kind(k) for k in _k0)
 MODRM1 = bytes(_m1)
 IMM1 = bytes(_i1)
 BR1 = bytes(_b1)
-KIND1 = tuple(Kind(k) for k in _k1)
 VEX_MODRM1 = bytes(_vm1)
 VEX_IMM1 = bytes(_vi1)
 EVEX_IMM4 = bytes(_ei4)
