@@ -740,3 +740,33 @@ def test_cpu_lists():
     here = online_cpus()
     assert here and min(here) >= 0
     assert here == parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
+
+
+def test_engine_from_sysfs_and_proc(tmp_path):
+    sysfs = _fake_sysfs(tmp_path / "sys")
+    (sysfs / "devices/system/cpu").mkdir(parents=True)
+    (sysfs / "devices/system/cpu/online").write_text("0-1,3\n")
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "self").mkdir()
+    (proc / "cpuinfo").write_text(INTEL_PT)
+    (proc / "sys/kernel/perf_event_paranoid").write_text("2\n")
+    (proc / "self/status").write_text("Name:\tx\nCapEff:\t0000000000000000\n")
+    eng = PerfEngine(sysfs=str(sysfs), proc=str(proc), ops=FakeOps())
+    c = eng.cpu_info
+    assert (c.vendor, c.family, c.model, c.stepping) == ("GenuineIntel", 6, 94, 3)
+    assert (c.nom_freq, c.cpuid_0x15_eax, c.cpuid_0x15_ebx) == (32, 2, 266)
+    assert eng.num_cpus == 4 and eng.modes == frozenset({Mode.THREAD})
+    assert eng.capabilities.num_address_ranges == 2
+    (proc / "self/status").write_text("CapEff:\t000001ffffffffff\n")      # root-like
+    eng = PerfEngine(sysfs=str(sysfs), proc=str(proc), ops=FakeOps())
+    assert eng.modes == frozenset({Mode.CPU, Mode.THREAD})
+    ops = FakeOps(aux_payload=PSB)
+    eng = PerfEngine(sysfs=str(sysfs), proc=str(proc), ops=ops)
+    cfg = BufferConfig(num_chunks=1, chunk_order=0, ctl=Ctl(PT_SKYLAKE_CTL))
+    eng.run(_session(Mode.CPU, cfg), ["true"])
+    assert sorted({c[3] for c in ops.calls if c[0] == "open"}) == [0, 1, 3]   # online only
+    (proc / "sys/kernel/perf_event_paranoid").write_text("3\n")
+    (proc / "self/status").write_text("CapEff:\t0\n")
+    with pytest.raises(TraceError, match="perf_event_paranoid is 3"):
+        PerfEngine(sysfs=str(sysfs), proc=str(proc))

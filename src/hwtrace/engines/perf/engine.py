@@ -153,9 +153,10 @@ class PerfEngine(Engine):
 
     def __init__(self, *, ops: Any = None, pmu: PmuInfo | None = None,
                  cpu: CpuInfo | None = None, num_cpus: int | None = None,
-                 paranoid: int | None = 0, cap_eff: int = 0, **_ignored: Any):
+                 paranoid: int | None = 0, cap_eff: int = 0, sysfs: str = "/sys",
+                 proc: str = "/proc", **_ignored: Any):
         if pmu is None:
-            pmu_f, facts, paranoid, cap_eff, have_cpu = read_facts()
+            pmu_f, facts, paranoid, cap_eff, have_cpu = read_facts(sysfs, proc)
             ok, why = diagnose(pmu_f, facts, paranoid, cap_eff, have_cpu_pmu=have_cpu)
             if not ok or pmu_f is None:
                 raise TraceError(Status.NOT_SUPPORTED, why)
@@ -167,7 +168,7 @@ class PerfEngine(Engine):
         self.pmu = pmu
         self._cpu = cpu or CpuInfo()
         if num_cpus is None:
-            self._online = online_cpus()
+            self._online = online_cpus(sysfs)
             self._num_cpus = max(self._online) + 1
         else:
             self._num_cpus = num_cpus
