@@ -675,3 +675,15 @@ def test_a_directory_with_an_earlier_trace_is_not_overwritten(make, tmp_path):
     (tmp_path / "f").write_text("")
     err("INVALID_ARGS", make, directory=tmp_path / "f" / "sub")
     make()    # the refused opens released the lock
+
+
+def test_import_hwtrace_stays_cheap():
+    import subprocess
+    import sys
+    code = ("import sys, hwtrace; print(sorted(m for m in sys.modules if m.startswith('hwtrace.')));"
+            "hwtrace.open_device; print('hwtrace.control.device' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.splitlines() == ["[]", "True"]
+    assert "open_device" in dir(hwtrace)
+    with pytest.raises(AttributeError):
+        hwtrace.no_such_name
