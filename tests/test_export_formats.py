@@ -178,11 +178,13 @@ def slices_from_chrome(events):
     out = []
     stack = []
     for e in xs:
-        end = e["ts"] + e["dur"]
-        while stack and not (e["ts"] >= stack[-1][0] and end <= stack[-1][1]):
+        # in integer nanoseconds: ts and dur have 3 decimals of microseconds
+        ts = round(e["ts"] * 1000)
+        end = ts + round(e["dur"] * 1000)
+        while stack and not (ts >= stack[-1][0] and end <= stack[-1][1]):
             stack.pop()
         out.append((e["name"], len(stack)))
-        stack.append((e["ts"], end))
+        stack.append((ts, end))
     return out
 
 
