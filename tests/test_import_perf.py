@@ -67,10 +67,17 @@ def test_import_file_layout(tmp_path):
     assert [(e.pid, e.tid) for e in sb.exits] == [(3174, 3174)]
     # 152 SWITCH_CPU_WIDE records = 76 OUT + 76 IN halves
     assert len(sb.switches) == 76 + 76 - _paired_halves(out) == 76     # every IN paired
-    aux = b.manifest["perf"]["aux"]
-    assert len(aux) == 10 and not b.manifest["perf"]["lost"]
+    aux = _aux(b)
+    assert len(aux) == b.manifest["perf"]["aux_records"] == 10
+    assert not b.manifest["perf"]["lost"] and b.manifest["perf"]["lost_total"] == 0
+    assert sum(a["aux_size"] for a in aux if a["cpu"] == 3) == 0x21a00
     m = b.manifest["perf"]
     assert (m["layout"], m["hostname"], m["pt_config"]) == ("file", "localhost", 0x300e601)
+
+
+def _aux(b):
+    path = b.path / b.manifest["perf"]["aux_file"]
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _paired_halves(bundle_dir):
@@ -205,7 +212,7 @@ def test_import_time_conversion_matches_trace_tsc(tmp_path, ptoracle):
     assert 0 < first - start[0]["time"] < b.cpu.tsc_hz // 100_000
     # each AUX record (time T, data up to aux_offset+aux_size) comes after
     # every TSC packet that lies inside the data it reports
-    for ev in b.manifest["perf"]["aux"]:
+    for ev in _aux(b):
         end = ev["aux_offset"] + ev["aux_size"]
         assert all(t <= ev["time"] for off, t in tscs if off + 8 <= end)
 

@@ -9,6 +9,7 @@ executables found here or given with ``images`` (by path or build-id).
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,8 @@ from .sideband import convert
 # intel_pt config bits that are RTIT_CTL bits (everything but pt/TraceEn).
 _CTL_BITS = (1 << 1) | (0xF << 4 & 0x30) | (0x1F << 9) | (0xF << 14) | (0xF << 19) | (0xF << 24)
 _CTL_OS, _CTL_USER = 1 << 2, 1 << 3
+AUX_FILE = "perf_aux.jsonl"
+MAX_LOST_LISTED = 1000
 
 
 def elf_build_id(path: str | os.PathLike) -> str:
@@ -162,8 +165,11 @@ def import_perf_data(data, out_dir: str | os.PathLike, *, images: Iterable[str |
         "auxtrace_info": asdict(info) if info else None,
         "time_conv": asdict(tc) if tc else None,
         "itrace_start": conv.itrace_starts,
-        "aux": conv.aux_events,
-        "lost": conv.lost,
+        # every AUX record (cpu, tid, time, aux_offset/size, flags) is in
+        # AUX_FILE, one JSON object a line: a long recording has too many
+        # for the manifest; lost-data events are listed here up to a bound
+        "aux_file": AUX_FILE, "aux_records": len(conv.aux_events),
+        "lost": conv.lost[:MAX_LOST_LISTED], "lost_total": len(conv.lost),
     }
     mmaps = [r for r in conv.sideband if isinstance(r, B.Mmap)]
     found, missing = _resolve_images(mmaps, [Path(p) for p in images])
@@ -177,6 +183,9 @@ def import_perf_data(data, out_dir: str | os.PathLike, *, images: Iterable[str |
                               wrapped=bool(info and info.snapshot_mode))
             streams.append((st.file, st.size))
         w.sideband.extend(conv.sideband)
+        with open(w.path / AUX_FILE, "w", encoding="utf-8") as f:
+            for ev in conv.aux_events:
+                f.write(json.dumps(ev, separators=(",", ":")) + "\n")
         used = []
         for recorded, (src, bid) in found.items():
             w.add_image(src, path=recorded, build_id=bid)
