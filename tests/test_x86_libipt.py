@@ -133,3 +133,53 @@ def test_straight_line_libc_matches_libipt(mode, ptoracle, tmp_path):
     # the walk ends by running off the image, nowhere else
     assert [e["error"] for e in errors] == ["no memory mapped at this address"]
     assert errors[0]["ip"] == BASE + len(img)
+
+
+# Kinds that libipt 2.0.5 predates (it classifies them as other).
+_NEWER_THAN_205 = {Kind.ERETU, Kind.ERETS, Kind.UIRET, Kind.JMPABS}
+
+
+def _classify_with_libipt(ptoracle, tmp_path, code: bytes, mode: Mode,
+                          insn) -> tuple[int, str]:
+    """libipt's (size, iclass) of the instruction at the image start.
+
+    The trace gives whatever the instruction needs to proceed: a TNT bit
+    for a conditional branch, a TIP to the next instruction for one whose
+    target the trace carries, nothing otherwise.
+    """
+    img = code + b"\xf4" * 16
+    (tmp_path / "img.bin").write_bytes(img)
+    trace = synthetic_trace(mode, 0)[:-2]
+    if insn.is_indirect:
+        trace += b"\xcd" + struct.pack("<Q", BASE + len(code))   # TIP, full IP
+    trace += b"\x80" * 2          # TNT bits (and no end of trace too early)
+    (tmp_path / "t.pt").write_bytes(trace)
+    r = subprocess.run([str(ptoracle), "insn", str(tmp_path / "t.pt"),
+                        "--raw", f"{tmp_path / 'img.bin'}:{BASE:#x}",
+                        "--max-insns", "1"],
+                       capture_output=True, text=True, check=True)
+    for line in r.stdout.splitlines():
+        rec = json.loads(line)
+        if "iclass" in rec and rec.get("ip") == BASE:
+            return rec["size"], rec["iclass"]
+    raise AssertionError(f"libipt reported no instruction: {r.stdout}")
+
+
+def test_control_flow_table_matches_libipt(ptoracle, tmp_path):
+    """Every known control-flow encoding of test_x86 gets libipt's class."""
+    from test_x86 import CONTROL_FLOW
+    bad = []
+    checked = 0
+    for hexs, mode, size, iclass, kind, rel in CONTROL_FLOW:
+        code = bytes.fromhex(hexs)
+        if kind in _NEWER_THAN_205 or _version_dependent(code, mode) or (
+                mode == Mode.BIT64 and code[0] == 0xD5):
+            continue
+        insn = decoder_for(mode)(code)
+        got = _classify_with_libipt(ptoracle, tmp_path, code, mode, insn)
+        checked += 1
+        if got != (insn.size, insn.iclass.oracle_name):
+            bad.append((hexs, mode.oracle_name, got,
+                        (insn.size, insn.iclass.oracle_name)))
+    assert not bad, bad
+    assert checked > 80
