@@ -304,3 +304,24 @@ def test_resuming_from_persisted_registers_is_seamless(num_chunks, circular, wri
     for w in writes:
         u3.write(w)
     assert mem == mem3 and u2.registers() == u3.registers()
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=6),
+       cut=st.integers(0, 400), wrapped=st.booleans(), psb=st.booleans(), at=st.integers(0, 400))
+def test_linearize_matches_the_naive_definition(chunks, cut, wrapped, psb, at):
+    if psb:   # plant a PSB somewhere
+        whole = b"".join(chunks)
+        at %= len(whole) + 1
+        whole = whole[:at] + PSB + whole[at:]
+        chunks = [whole[i:i + 40] for i in range(0, len(whole), 40)]
+    whole = b"".join(chunks)
+    cut %= len(whole) + 1
+    got = linearize([bytearray(c) for c in chunks], cut, wrapped, start_at_psb=False)
+    assert got == (whole[cut:] + whole[:cut] if wrapped else whole[:cut])
+    synced = linearize(chunks, cut, wrapped)
+    if wrapped:
+        i = find_psb(got)
+        assert synced == (got[i:] if i >= 0 else b"")
+    else:
+        assert synced == whole[:cut]

@@ -465,7 +465,8 @@ class OutputUnit:
 def find_psb(data, start: int = 0) -> int:
     """Offset of the first PSB at or after ``start`` (as a decoder syncs),
     -1 if none. In a run of ``02 82`` pairs the PSB is the last 16 bytes."""
-    data = bytes(data)
+    if not isinstance(data, (bytes, bytearray)):
+        data = bytes(data)
     i = data.find(PSB, start)
     if i < 0:
         return -1
@@ -482,11 +483,32 @@ def linearize(chunks: Sequence, capture_end: int, wrapped: bool, *,
     [0, capture_end), and (``start_at_psb``) from the first PSB on, so a
     decoder can sync at byte 0; empty if there is no PSB.
     """
-    whole = b"".join(bytes(memoryview(c).cast("B")) for c in chunks)
+    views = [memoryview(c).cast("B") for c in chunks]
     if not wrapped:
-        return whole[:capture_end]
-    data = whole[capture_end:] + whole[:capture_end]
+        out, left = [], capture_end
+        for v in views:
+            if left <= 0:
+                break
+            out.append(v[:left])
+            left -= len(v)
+        return b"".join(out)
+    total = sum(len(v) for v in views)
+    capture_end = min(max(capture_end, 0), total)
+    buf = bytearray(total)
+    pos, at = 0, total - capture_end          # chunk bytes before capture_end go last
+    for v in views:
+        n = len(v)
+        lo, hi = pos, pos + n                 # this chunk's place in the buffer
+        if hi <= capture_end:                 # newest part: after the older tail
+            buf[at + lo:at + hi] = v
+        elif lo >= capture_end:               # oldest part: first
+            buf[lo - capture_end:hi - capture_end] = v
+        else:
+            k = capture_end - lo
+            buf[at + lo:at + capture_end] = v[:k]
+            buf[0:n - k] = v[k:]
+        pos = hi
     if start_at_psb:
-        i = find_psb(data)
-        return data[i:] if i >= 0 else b""
-    return data
+        i = find_psb(buf)
+        return bytes(memoryview(buf)[i:]) if i >= 0 else b""
+    return bytes(buf)
