@@ -41,9 +41,9 @@ _VEX1_CHANGED = _MAP1_CHANGED | set(range(0x80, 0x90)) | {0x78, 0xA4, 0xAC, 0xBA
 def _version_dependent(raw: bytes, mode: Mode) -> bool:
     strip = _LEGACY + (bytes(range(0x40, 0x50)) if mode == Mode.BIT64 else b"")
     body = raw.lstrip(strip)
-    if len(body) < 2:
+    if not body:
         return False
-    op, nx = body[0], body[1]
+    op, nx = body[0], body[1] if len(body) > 1 else 0
     if mode == Mode.BIT64 and op in (0xD5, 0x9A, 0xEA, 0xCE):
         return True          # REX2 (APX) and 64-bit-invalid far branches
     if op == 0x8F and nx & 0x18:
