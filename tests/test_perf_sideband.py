@@ -183,3 +183,12 @@ def test_time_conv_shift_is_checked():
     from hwtrace.engines.perf.perfdata import iter_records
     with pytest.raises(PerfDataError, match="time_shift"):
         list(iter_records(data))
+
+
+def test_other_aux_kinds_are_refused(tmp_path):
+    data = (b"PERFILE2" + struct.pack("<Q", 16)
+            + rec(abi.AUXTRACE_INFO, struct.pack("<II", 2, 0) + struct.pack("<2Q", 7, 0))
+            + rec(abi.AUXTRACE, struct.pack("<QQQIIII", 8, 0, 1, 0, 5, 0, 0)) + b"\0" * 8)
+    with pytest.raises(PerfDataError, match="Intel BTS"):
+        import_perf_data(data, tmp_path / "b")
+    assert not (tmp_path / "b").exists()

@@ -28,6 +28,8 @@ from .sideband import convert
 _CTL_BITS = (1 << 1) | (0xF << 4 & 0x30) | (0x1F << 9) | (0xF << 14) | (0xF << 19) | (0xF << 24)
 _CTL_OS, _CTL_USER = 1 << 2, 1 << 3
 AUX_FILE = "perf_aux.jsonl"
+_AUX_KINDS = {2: "Intel BTS", 3: "ARM CoreSight ETM", 4: "ARM SPE", 5: "s390 CPUMSF",
+              6: "HiSilicon PTT"}
 MAX_LOST_LISTED = 1000
 
 
@@ -122,8 +124,12 @@ def import_perf_data(data, out_dir: str | os.PathLike, *, images: Iterable[str |
     pt_attr = _pt_attr(pd)
     conv = convert(pd.records(), pd.aux_data, build_ids=pd.build_ids(),
                    pt_attr_config=pt_attr.config if pt_attr else None)
-    if conv.pt_info is None and not conv.streams:
-        raise PerfDataError("no Intel PT trace in this perf.data (no AUXTRACE_INFO of type 1)", 0)
+    if conv.pt_info is None:
+        kinds = {r.body.type for r in pd.records({abi.AUXTRACE_INFO})}
+        what = ", ".join(_AUX_KINDS.get(k, f"type {k}") for k in sorted(kinds))
+        raise PerfDataError("no Intel PT trace in this perf.data ("
+                            + (f"its AUX area data is {what}" if what else "no AUXTRACE_INFO")
+                            + ")", 0)
 
     cpu = {"vendor": "GenuineIntel", "family": 0, "model": 0, "stepping": 0}
     ident = parse_cpuid(pd.feature("CPUID") or "")
