@@ -52,6 +52,7 @@ TIME_CONV = 79
 HEADER_FEATURE = 80
 COMPRESSED = 81
 FINISHED_INIT = 82
+COMPRESSED2 = 83         # perf >= 6.15: zstd data with an explicit data size
 
 RECORD_NAMES = {
     MMAP: "MMAP", LOST: "LOST", COMM: "COMM", EXIT: "EXIT",
@@ -70,6 +71,7 @@ RECORD_NAMES = {
     STAT_ROUND: "STAT_ROUND", EVENT_UPDATE: "EVENT_UPDATE",
     TIME_CONV: "TIME_CONV", HEADER_FEATURE: "HEADER_FEATURE",
     COMPRESSED: "COMPRESSED", FINISHED_INIT: "FINISHED_INIT",
+    COMPRESSED2: "COMPRESSED2",
 }
 
 # --- header.misc bits ------------------------------------------------------

@@ -118,7 +118,7 @@ def import_perf_data(data, out_dir: str | os.PathLike, *, images: Iterable[str |
     """Write the bundle for perf.data bytes ``data`` into ``out_dir``."""
     pd = PerfData(data)
     counts = pd.record_counts()
-    if counts.get("COMPRESSED"):
+    if counts.get("COMPRESSED") or counts.get("COMPRESSED2"):
         raise PerfDataError("zstd-compressed perf.data (perf record -z) is not supported: "
                             "decompress it with 'perf inject -i IN -o OUT'", pd.data.offset)
     pt_attr = _pt_attr(pd)
