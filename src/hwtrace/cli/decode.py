@@ -109,7 +109,11 @@ def _config(args, out):
         if cpu is not None:
             errata = cpumod.errata(cpu)
             if isinstance(errata, PtError):
-                out(f"[0, 0: config error: {errata.code}]\n")
+                if args.format == "jsonl":
+                    out('{"error":"%s","kind":"config error","offset":0,'
+                        '"ip":0}\n' % errata.code)
+                else:
+                    out(f"[0, 0: config error: {errata.code}]\n")
             else:
                 cfg.errata = Errata.from_flags(errata)
     for n in range(4):

@@ -37,6 +37,7 @@ from .config import FlowConfig
 from .fetch import FetchError, FlowInsn, InsnCache
 from .query import QueryDecoder
 from .retstack import RetStack
+from .events import Event
 from .status import EOS, EVENT_PENDING, IP_SUPPRESSED
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -100,6 +101,8 @@ class InsnDecoder:
         self.bound_vmcs = False
         self.bound_ptwrite = False
         self.last_tsc = 0
+        self.resyncing = False
+        self.injected = None
         self.retstack.clear()
         self.cr3 = None
         self.vmcs = None
@@ -417,6 +420,12 @@ class InsnDecoder:
     # -- the public verbs --------------------------------------------------------
     def next(self):
         """Decode the next instruction: (status, FlowInsn) or DecodeError."""
+        if self.resyncing:
+            r = self.resync()
+            if r.__class__ is DecodeError:
+                return r
+            if r & EVENT_PENDING:
+                return self._error(E.EVENT_IGNORED)
         if not self.enabled:
             if self.status & EOS:
                 return self._error(E.EOS)
@@ -439,6 +448,10 @@ class InsnDecoder:
 
     def event(self):
         """The pending event: (status, Event) or DecodeError."""
+        inj = self.injected
+        if inj is not None:
+            self.injected = None
+            return self._status(EVENT_PENDING), inj
         if not self.process_event:
             return self._error(E.BAD_QUERY)
         ev = self.ev
@@ -532,6 +545,72 @@ class InsnDecoder:
             self.cr3 = ev.cr3
         else:
             self.vmcs = ev.base
+
+    # -- resynchronization -----------------------------------------------------------
+    _IP_EVENTS = frozenset(("tsx", "exstop", "mwait", "ptwrite", "exec_mode",
+                            "async_paging", "async_vmcs", "iflags"))
+
+    def resync(self):
+        """Resume after an error at the next point of the trace that gives
+        an IP (an IP packet, an event with an IP, a PSB+), without going
+        back to the next PSB (libipt's pt_insn_resync).
+
+        Returns a status like :meth:`sync_forward` or a DecodeError; events
+        without an IP met on the way are left pending for the user."""
+        self._clear_postponed()
+        self.resyncing = False
+        try:
+            while True:
+                if not (self.process_event or self.status & EVENT_PENDING):
+                    r = self.query.skip_to_ip()
+                    if r.__class__ is PtError:
+                        return self._error(r.code)
+                    status, target = r
+                    self.status = status
+                    if target is not None:
+                        self.ip = target
+                        self.enabled = True
+                        return self._check_ip_event(None, None)
+                    if not status & EVENT_PENDING:
+                        return self._error(E.BAD_QUERY)
+                    continue
+                self._event_pending()
+                ev = self.ev
+                t = ev.type
+                if t == "enabled":
+                    if ev.status_update:
+                        self.ip = ev.ip
+                        self.enabled = True
+                    elif self.enabled:
+                        # Tracing was on as far as we know: show the gap.
+                        self.injected = Event("disabled", ip_suppressed=True)
+                        self.enabled = False
+                    return self._status(EVENT_PENDING)
+                if t == "exec_mode" and ev.status_update:
+                    if self.enabled and self.mode is not None and \
+                            self.mode != ev.mode:
+                        raise _Err(E.BAD_STATUS_UPDATE)
+                    return self._status(EVENT_PENDING)
+                if t == "async_branch":
+                    self.ip = ev.from_
+                    self.enabled = True
+                    return self._check_ip_event(None, None)
+                if t == "async_disabled":
+                    self.ip = ev.at
+                    self.enabled = True
+                    return self._check_ip_event(None, None)
+                if t in self._IP_EVENTS and not ev.ip_suppressed:
+                    self.ip = ev.ip
+                    self.enabled = True
+                    return self._check_ip_event(None, None)
+                if t in ("overflow", "disabled", "stop"):
+                    return self._status(EVENT_PENDING)
+                # An event without IP: the user gets it, then we go on
+                # looking for an IP.
+                self.resyncing = True
+                return self._status(EVENT_PENDING)
+        except _Err as e:
+            return self._error(e.code)
 
     # -- time ----------------------------------------------------------------------
     def time(self):

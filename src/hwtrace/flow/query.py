@@ -334,6 +334,39 @@ class QueryDecoder:
         except Fail as f:
             return PtError(f.code, self.offset)
 
+    def skip_to_ip(self):
+        """Resynchronization after an error: drop cached TNT bits and TNT
+        packets up to the next TIP or event.  Returns (status, target) at a
+        TIP (target None if suppressed), (status, None) with EVENT_PENDING
+        set at an event, or a PtError."""
+        try:
+            self.tnt.clear()
+            while True:
+                nxt = self.next
+                if isinstance(nxt, PtError):
+                    raise Fail(nxt.code)
+                if self._will_event():
+                    return self._status_flags(), None
+                t = nxt.type
+                self.published = None
+                self._decode(nxt)
+                if self.published is not None:
+                    raise Fail(E.EVENT_IGNORED)
+                if t in _TNT:
+                    self.tnt.clear()
+                elif t == "tip":
+                    target = self.query_ip()
+                    self.time.mark()
+                    self._read_ahead_tolerant()
+                    status = self._status_flags()
+                    if target is None:
+                        from .status import IP_SUPPRESSED
+                        status |= IP_SUPPRESSED
+                    return status, target
+                self._read_ahead()
+        except Fail as f:
+            return PtError(f.code, self.offset)
+
     def event(self):
         """(status, Event): the next event."""
         try:
