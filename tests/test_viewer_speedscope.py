@@ -163,3 +163,63 @@ def test_folded_stacks_open_in_speedscope(site, exports):
     assert title_of(dom) == "fib folded - speedscope"
     OUT.mkdir(parents=True, exist_ok=True)
     open_in_speedscope(site, "fib.folded", "fib folded", shot=OUT / "fib-folded.png")
+
+
+from test_export_cli import loopy_bundle  # noqa: E402,F401  (fixture)
+from conftest import run_hwtrace  # noqa: E402
+
+
+def test_real_recording_opens_in_speedscope(site, loopy_bundle):
+    """hase's loopy, recorded with Intel PT on a Skylake: exported by the
+    CLI (instruction clock: its TSC barely moves) and opened."""
+    root = site[0]
+    r = run_hwtrace("export", loopy_bundle, "--chrome", root / "loopy.json",
+                    "--clock", "insns")
+    assert r.returncode == 0, r.stderr
+    dom = open_in_speedscope(site, "loopy.json", "loopy (real Intel PT)")
+    assert alert_of(dom) is None
+    assert title_of(dom) == "loopy (real Intel PT) - speedscope"
+    OUT.mkdir(parents=True, exist_ok=True)
+    open_in_speedscope(site, "loopy.json", "loopy (real Intel PT)",
+                       shot=OUT / "loopy-real-recording.png")
+
+
+def test_real_recording_timed_by_reference_decoder(site, loopy_bundle, ptoracle):
+    """The same recording decoded by libipt (ptoracle insn), whose MTC
+    timing moves: exported with the recording's TSC frequency, the
+    timeline spans exactly the TSC range of the decoded flow."""
+    import json as _json
+    from hwtrace.bundle import Bundle
+
+    root = site[0]
+    b = Bundle(loopy_bundle)
+    m = b.manifest
+    flow = root / "loopy.insn.jsonl"
+    with open(flow, "w") as f:
+        r = subprocess.run([str(ptoracle), "insn", str(b.stream_path(b.streams[0])),
+                            "--elf", str(LOOPY_EXE), *b.decoder_args()],
+                           stdout=f, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    items = [_json.loads(l) for l in flow.read_text().splitlines()]
+    first_insn = next(i for i, it in enumerate(items) if "iclass" in it)
+    t0 = [it["tsc"] for it in items[:first_insn] if "tsc" in it][-1]
+    t1 = [it["tsc"] for it in items if "tsc" in it][-1]
+    hz = m["tsc_hz"]
+    out = root / "loopy-timed.json"
+    r = run_hwtrace("export", flow, "--elf", LOOPY_EXE, "--tsc-hz", hz, "--chrome", out)
+    assert r.returncode == 0, r.stderr
+    doc = _json.loads(out.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert Counter(e["name"] for e in xs) == Counter({"[syscall]": 7, "_start": 1, "again": 1})
+    span = max(e["ts"] + e["dur"] for e in xs) - min(e["ts"] for e in xs)
+    assert span == pytest.approx((t1 - t0) * 1e6 / hz, abs=0.002)
+    assert doc["otherData"]["clock"] == "ns"
+    dom = open_in_speedscope(site, "loopy-timed.json", "loopy, timed")
+    assert alert_of(dom) is None
+    assert title_of(dom) == "loopy, timed - speedscope"
+    OUT.mkdir(parents=True, exist_ok=True)
+    open_in_speedscope(site, "loopy-timed.json", "loopy, timed",
+                       shot=OUT / "loopy-real-recording-timed.png")
+
+
+LOOPY_EXE = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "hardware" / "hase_loopy" / "loopy"

@@ -46,6 +46,8 @@ def add_input_args(p) -> None:
                    help="look for the recorded executables in DIR too")
     p.add_argument("--clock", choices=("auto", "tsc", "insns"), default="auto",
                    help="time from TSC timing or from instruction counts")
+    p.add_argument("--tsc-hz", type=float, metavar="HZ",
+                   help="TSC frequency (default: the bundle's tsc_hz)")
 
 
 def _open(path: str, mode: str):
@@ -72,8 +74,10 @@ def decode_into(args, writers, coverage=None, label="export"):
     for i, job in enumerate(src.jobs):
         progress.set_label(f"hwtrace {label} {i + 1}/{len(src.jobs)} "
                            f"({job.info.label()})")
+        if args.tsc_hz is not None and args.tsc_hz <= 0:
+            raise CliError("--tsc-hz must be positive")
         ex = StreamExporter(job.info, writers, src.symbolizer.lookup, coverage,
-                            progress, job.tsc_hz, args.clock)
+                            progress, args.tsc_hz or job.tsc_hz, args.clock)
         try:
             job.run(ex)
             ex.finish()
