@@ -10,6 +10,7 @@ attrs perf 4.14/4.15 itself wrote into the hardware fixtures.
 from __future__ import annotations
 
 import mmap
+import shutil
 import os
 import struct
 from pathlib import Path
@@ -768,3 +769,45 @@ def test_engine_from_sysfs_and_proc(tmp_path):
     (proc / "self/status").write_text("CapEff:\t0\n")
     with pytest.raises(TraceError, match="perf_event_paranoid is 3"):
         PerfEngine(sysfs=str(sysfs), proc=str(proc))
+
+
+def test_real_perf_ring_with_software_dummy_event():
+    """No Intel PT needed: the real syscalls (ctypes perf_event_open, the
+    mmap'd ring, enable_on_exec on a held child) with the sideband dummy
+    event, and our ring reader on the records the kernel wrote."""
+    from hwtrace.engines.perf.engine import DATA_PAGES, _Event
+    from hwtrace.engines.perf.sysops import SysOps
+    ops = SysOps()
+    true = shutil.which("true")
+    pid, handle = ops.spawn_held([true])
+    try:
+        fd = ops.perf_event_open(sideband_attr(enable_on_exec=True), pid, -1)
+    except OSError as e:
+        ops.kill(pid)
+        ops.discard(handle)
+        ops.wait(pid, True)
+        pytest.skip(f"perf_event_open unavailable here: {e}")
+    base = ops.mmap(fd, (1 + DATA_PAGES) * PAGE_SIZE, 0, True)
+    ev = _Event(fd, -1, pid, base)
+    try:
+        ops.release(handle)
+        assert ops.wait(pid, True) == 0
+        ev.drain_records()
+        page = ev.page()
+        assert page.data_tail == page.data_head > 0
+        recs = [r for chunk in ev.raw for r in iter_records(chunk, sample_type=SAMPLE_TYPE)]
+    finally:
+        base.close()
+        ops.close(fd)
+    comm = [r for r in recs if r.type == abi.COMM]
+    assert comm and comm[0].body.exec and comm[0].body.pid == pid
+    assert comm[0].body.comm == os.path.basename(os.path.realpath(true))[:15]
+    maps = [r.body for r in recs if r.type == abi.MMAP2 and r.body.executable]
+    assert os.path.realpath(true) in {m.filename for m in maps}
+    assert any(r.type == abi.EXIT and r.body.pid == pid for r in recs)
+    assert all(r.sample_id.pid == pid for r in recs if r.sample_id and r.type != abi.EXIT)
+    times = [r.sample_id.time for r in recs if r.sample_id]
+    assert times == sorted(times) and times[0] > 0
+    # the mmap page offers the TSC conversion where the clock allows it
+    tc = page.time_conv()
+    assert tc is None or tc.time_mult > 0

@@ -120,3 +120,5 @@ class SysOps:
     def poll(self, fds, timeout: float) -> None:
         if fds:
             select.select(list(fds), [], [], timeout)
+        else:
+            select.select([], [], [], timeout)      # nothing to watch: just wait
