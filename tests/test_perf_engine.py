@@ -9,6 +9,7 @@ attrs perf 4.14/4.15 itself wrote into the hardware fixtures.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import shutil
 import os
@@ -790,6 +791,14 @@ def test_real_perf_ring_with_software_dummy_event():
     base = ops.mmap(fd, (1 + DATA_PAGES) * PAGE_SIZE, 0, True)
     ev = _Event(fd, -1, pid, base)
     try:
+        # the ioctl numbers are the kernel's: ENABLE/DISABLE work, and
+        # SET_FILTER is recognized (EINVAL for an event without address
+        # filters, where an unknown request would be ENOTTY)
+        ops.ioctl(fd, abi.PERF_EVENT_IOC_ENABLE)
+        ops.ioctl(fd, abi.PERF_EVENT_IOC_DISABLE)
+        with pytest.raises(OSError) as ei:
+            ops.set_filter(fd, "filter 0x0/0x10@/bin/true")
+        assert ei.value.errno == errno.EINVAL
         ops.release(handle)
         assert ops.wait(pid, True) == 0
         ev.drain_records()
