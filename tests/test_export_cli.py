@@ -178,3 +178,32 @@ def test_progress_draws_only_on_a_terminal():
     assert "\r" in tty.getvalue() and "25%" in tty.getvalue()
     p.done("decoding: done")
     assert tty.getvalue().endswith("\n") and "decoding: done" in tty.getvalue()
+
+
+def test_branch_records_file_one_track_per_thread(tmp_path):
+    # spec/branch-trace.md records of two threads, interleaved: main calls f
+    # which calls g; times are TSC-like counts
+    recs = []
+    for tid, t0 in ((11, 100), (12, 105)):
+        recs += [
+            {"pid": 1, "tid": tid, "kind": "call", "from": 0x401010, "to": 0x402000, "time": t0},
+            {"pid": 1, "tid": tid, "kind": "call", "from": 0x402008, "to": 0x403000, "time": t0 + 10},
+            {"pid": 1, "tid": tid, "kind": "return", "from": 0x403020, "to": 0x40200d, "time": t0 + 30},
+            {"pid": 1, "tid": tid, "kind": "return", "from": 0x402044, "to": 0x401015, "time": t0 + 50},
+        ]
+    recs = [recs[i] for i in (0, 4, 1, 5, 2, 6, 3, 7)]
+    src = tmp_path / "branches.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "b.json"
+    r = run_hwtrace("export", src, "--chrome", out)
+    assert r.returncode == 0, r.stderr
+    assert "2 stream(s)" in r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    xs = [(e["tid"], e["name"], e["ts"], e["dur"], e.get("args", {}).get("flags"))
+          for e in ev if e["ph"] == "X"]
+    # times relative to the first record (100), in us (1 tick shown as 1 ns)
+    assert xs == [
+        (11, "0x403000", 0.01, 0.02, None), (11, "0x402000", 0.0, 0.05, None),
+        (11, "0x401010", 0.0, 0.05, "begin_unknown|truncated"),
+        (12, "0x403000", 0.015, 0.02, None), (12, "0x402000", 0.005, 0.05, None),
+        (12, "0x401010", 0.005, 0.05, "begin_unknown|truncated")]

@@ -108,7 +108,7 @@ class CallStackBuilder:
         self.stream = stream or StreamInfo()
         self._tid = self.stream.tid if self.stream.tid is not None else self.stream.cpu
         self._lookup = lookup
-        self._syms: dict[int, tuple[int | None, str]] = {}
+        self._syms: dict[int, tuple[int, str, bool]] = {}
         self._out: list = []
         self.clock = Clock(self._resolved, clock, tsc_hz, max_pending)
         self.max_depth = max_depth
@@ -156,12 +156,13 @@ class CallStackBuilder:
 
     # -- symbols -------------------------------------------------------------
 
-    def _sym(self, addr: int) -> tuple[int | None, str]:
-        """(function start, name) of the code at addr, cached."""
+    def _sym(self, addr: int) -> tuple[int, str, bool]:
+        """(function start, name, known) of the code at addr, cached;
+        unknown code is named by its address."""
         s = self._syms.get(addr)
         if s is None:
             r = self._lookup(addr) if self._lookup else None
-            s = (r[0], r[1]) if r else (addr, f"0x{addr:x}")
+            s = (r[0], r[1], True) if r else (addr, f"0x{addr:x}", False)
             if len(self._syms) > 1 << 20:
                 self._syms.clear()
             self._syms[addr] = s
@@ -170,8 +171,8 @@ class CallStackBuilder:
     def _is_func_start(self, addr: int, cur: _Frame | None) -> bool:
         if self._lookup is None:
             return False
-        start, name = self._sym(addr)
-        return (start == addr and (cur is None or cur.func != addr)
+        start, name, known = self._sym(addr)
+        return (known and start == addr and (cur is None or cur.func != addr)
                 and ".cold" not in name)
 
     # -- stack operations ----------------------------------------------------
@@ -187,7 +188,7 @@ class CallStackBuilder:
             if func is None:
                 name = "[unknown]"
             else:
-                start, name = self._sym(func)
+                start, name, _known = self._sym(func)
                 if base:
                     func = start
         parent = stack[-1] if stack else None
@@ -229,7 +230,8 @@ class CallStackBuilder:
         before (``BEGIN_UNKNOWN``) unless the segment starts exactly at the
         function's entry (a trace window opened at a function)."""
         self._in_seg = True
-        at_entry = self._lookup is not None and self._sym(ip)[0] == ip
+        start, _name, known = self._sym(ip)
+        at_entry = known and start == ip
         self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
                    base=True)
 
@@ -418,6 +420,7 @@ class CallStackBuilder:
     def branch(self, kind: str, frm: int, to: int, time=None) -> None:
         """One branch record (spec/branch-trace.md): each counts as one
         step of the stream's index; ``time`` (if any) anchors the clock."""
+        self.n += 1
         if time is not None:
             self.clock.anchor(self.n, time)
         if not self._in_seg:
@@ -436,7 +439,6 @@ class CallStackBuilder:
                 old = self._pop()
                 f = self._push(to, old.ret, Flag.TAIL_CALL)
                 f.ret_lo = old.ret_lo
-        self.n += 1
 
     def finish(self) -> None:
         """End of the stream: close what is open (``TRUNCATED``).  A return

@@ -4,7 +4,7 @@ One ``"X"`` (complete) event per activation on the track of its thread
 (``pid``/``tid``; in cpu mode one process "CPUs" with a track per CPU),
 ``"i"`` instant events for markers (gaps, overflows, decode errors), and
 ``"M"`` metadata naming processes and threads.  ``ts``/``dur`` are
-microseconds from the first record written; instruction-count clocks show
+microseconds from the start of the first stream written; instruction-count clocks show
 one instruction as one nanosecond (``otherData.clock`` says which).
 Format: the Trace Event Format document (Google, "JSON Object Format").
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from hwtrace.analysis.records import Activation, Marker, StreamInfo
+from hwtrace.analysis.records import Activation, Enter, Marker, StreamInfo
 from hwtrace.export import UNITS_PER_US, flag_names
 
 
@@ -69,6 +69,8 @@ class ChromeTraceWriter:
         return f"{v:.3f}"
 
     def add(self, rec) -> None:
+        if self._origin is None and type(rec) is Enter:
+            self._origin = rec.begin        # the stream's earliest time
         if type(rec) is Activation:
             name = self._names.get(rec.name)
             if name is None:

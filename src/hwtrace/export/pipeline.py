@@ -71,6 +71,11 @@ class StreamExporter:
         self.feed_other(item)
         self._tick()
 
+    def branch(self, kind: str, frm: int, to: int, time=None) -> None:
+        """One branch record (spec/branch-trace.md) of this stream's thread."""
+        self.builder.branch(kind, frm, to, time)
+        self._tick()
+
     def feed_other(self, item) -> None:
         """An item that is not a dict instruction (object items welcome)."""
         self._b_feed(item)

@@ -14,7 +14,9 @@ Inputs:
   come from the sideband's memory maps (files found through the bundle:
   stored copies, ``image_path``, or the recorded paths on this machine);
 * a ``.jsonl`` file of ``ptoracle insn``-shaped items (one stream), with
-  symbols from ``elf`` arguments (``FILE[:BIAS]``).
+  symbols from ``elf`` arguments (``FILE[:BIAS]``);
+* a ``.jsonl`` file of branch records (``spec/branch-trace.md``: pid, tid,
+  kind, from, to, time): one stream per thread.
 
 Everything that can go wrong is a :class:`SourceError` with a one-line
 message (the CLI prints it), including "the decoder is not available".
@@ -79,26 +81,70 @@ def open_source(path, elf: list[str] = (), image_path=()) -> Source:
     return _bundle_source(p, sym, image_path)
 
 
-def _jsonl_source(p: Path, sym: Symbolizer) -> Source:
-    def run(consumer):
-        try:
-            with open(p) as f:
-                for n, line in enumerate(f, 1):
-                    line = line.strip()
-                    if not line:
-                        continue
+def _first_object(p: Path):
+    try:
+        with open(p) as f:
+            for line in f:
+                if line.strip():
                     try:
-                        item = json.loads(line)
+                        return json.loads(line)
                     except ValueError:
-                        raise SourceError(f"{p}:{n}: not JSON") from None
-                    if not isinstance(item, dict):
-                        raise SourceError(f"{p}:{n}: not a JSON object")
-                    if "iclass" in item and "error" not in item:
-                        if not isinstance(item.get("ip"), int):
-                            raise SourceError(f"{p}:{n}: instruction without ip")
-                    consumer.feed(item)
-        except OSError as e:
-            raise SourceError(f"{p}: {e.strerror}") from None
+                        return None
+    except OSError as e:
+        raise SourceError(f"{p}: {e.strerror}") from None
+    return None
+
+
+def _is_branch_record(d) -> bool:
+    return isinstance(d, dict) and "kind" in d and "from" in d and "to" in d \
+        and "iclass" not in d
+
+
+def _branch_source(p: Path, sym: Symbolizer) -> Source:
+    """Branch records, one job per thread (each re-reads the file)."""
+    threads: dict = {}
+    for n, d in _iter_json(p):
+        if not _is_branch_record(d):
+            raise SourceError(f"{p}:{n}: not a branch record")
+        threads.setdefault(d.get("tid"), d.get("pid"))
+    jobs = []
+    for tid, pid in threads.items():
+        def run(consumer, tid=tid):
+            for _n, d in _iter_json(p):
+                if d.get("tid") == tid:
+                    consumer.branch(str(d["kind"]), d["from"], d["to"], d.get("time"))
+        jobs.append(Job(StreamInfo(pid=pid, tid=tid), run, None, 0))
+    return Source(sym, jobs, "thread", str(p))
+
+
+def _iter_json(p: Path):
+    try:
+        with open(p) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    raise SourceError(f"{p}:{n}: not JSON") from None
+                if not isinstance(d, dict):
+                    raise SourceError(f"{p}:{n}: not a JSON object")
+                yield n, d
+    except OSError as e:
+        raise SourceError(f"{p}: {e.strerror}") from None
+
+
+def _jsonl_source(p: Path, sym: Symbolizer) -> Source:
+    if _is_branch_record(_first_object(p)):
+        return _branch_source(p, sym)
+
+    def run(consumer):
+        for n, item in _iter_json(p):
+            if "iclass" in item and "error" not in item:
+                if not isinstance(item.get("ip"), int) or \
+                        not isinstance(item.get("size", 0), int):
+                    raise SourceError(f"{p}:{n}: instruction without ip/size")
+            consumer.feed(item)
     return Source(sym, [Job(StreamInfo(name=p.name), run, None,
                             p.stat().st_size)], "thread", str(p))
 
