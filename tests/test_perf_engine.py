@@ -820,3 +820,57 @@ def test_real_perf_ring_with_software_dummy_event():
     # the mmap page offers the TSC conversion where the clock allows it
     tc = page.time_conv()
     assert tc is None or tc.time_mult > 0
+
+
+def test_kernel_maps(tmp_path):
+    from hwtrace.engines.perf.kernel import (kernel_maps, parse_kallsyms, parse_modules,
+                                             parse_notes)
+    kallsyms = ("ffffffff81000000 T _stext\nffffffff81000000 T _text\n"
+                "ffffffff81e00000 T _etext\n")
+    assert parse_kallsyms(kallsyms) == (0xffffffff81000000, 0xffffffff81e00000)
+    assert parse_kallsyms(kallsyms.replace("ffffffff81", "0000000000")) is None  # restricted
+    bid = bytes(range(20))
+    notes = (struct.pack("<III", 6, 4, 0x100) + b"Linux\0\0\0" + b"\1\2\3\4"
+             + struct.pack("<III", 4, 20, 3) + b"GNU\0" + bid)
+    assert parse_notes(notes) == bid.hex()
+    assert parse_notes(notes[:30]) == ""
+    assert parse_modules("kvm 1130496 1 kvm_intel, Live 0xffffffffc0a00000\n"
+                         "bad line\nx 10 0 - Live 0x0000000000000000\n") == [
+        ("kvm", 0xffffffffc0a00000, 1130496)]
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    (sysfs / "kernel").mkdir(parents=True)
+    proc.mkdir()
+    (proc / "kallsyms").write_text(kallsyms)
+    (proc / "modules").write_text("kvm 4096 1 - Live 0xffffffffc0a00000\n")
+    (sysfs / "kernel/notes").write_bytes(notes)
+    assert kernel_maps(proc, sysfs) == [
+        B.Mmap(pid=-1, start=0xffffffff81000000, size=0xe00000, offset=0xffffffff81000000,
+               file="[kernel.kallsyms]_text", build_id=bid.hex()),
+        B.Mmap(pid=-1, start=0xffffffffc0a00000, size=4096, offset=0, file="[kvm]")]
+    # this machine (as root, kallsyms shows addresses): the kernel map exists
+    if os.geteuid() == 0 and Path("/proc/kallsyms").exists():
+        here = kernel_maps()
+        if here:
+            assert here[0].file == "[kernel.kallsyms]_text" and here[0].size > 0
+
+
+def test_engine_adds_kernel_maps_when_tracing_the_kernel(tmp_path):
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+    (sysfs / "kernel").mkdir(parents=True)
+    (proc / "kallsyms").write_text("ffffffff81000000 T _text\nffffffff81e00000 T _etext\n")
+    ops = FakeOps(aux_payload=PSB)
+    pmu = PmuInfo(type=8, format=dict(DEFAULT_FORMAT), caps={})
+    eng = PerfEngine(ops=ops, pmu=pmu, num_cpus=1, paranoid=-1, proc=str(proc), sysfs=str(sysfs))
+    os_ctl = BufferConfig(num_chunks=1, chunk_order=0, ctl=Ctl(PT_SKYLAKE_CTL | int(Ctl.OS)))
+    s = _session(Mode.CPU, os_ctl)
+    eng.run(s, ["true"])
+    kmaps = [r for r in s.sideband if isinstance(r, B.Mmap) and r.pid == -1]
+    assert [(m.file, m.start, m.size) for m in kmaps] == [
+        ("[kernel.kallsyms]_text", 0xffffffff81000000, 0xe00000)]
+    pt = next(e for e in ops.events.values() if e["attr"].type == 8)
+    assert not pt["attr"].flag("exclude_kernel") and not pt["attr"].flag("exclude_user")
+    s = _session(Mode.CPU, BufferConfig(num_chunks=1, chunk_order=0, ctl=Ctl(PT_SKYLAKE_CTL)))
+    PerfEngine(ops=FakeOps(aux_payload=PSB), pmu=pmu, num_cpus=1, paranoid=-1,
+               proc=str(proc), sysfs=str(sysfs)).run(s, ["true"])
+    assert not [r for r in s.sideband if isinstance(r, B.Mmap) and r.pid == -1]

@@ -9,6 +9,7 @@
 - :mod:`.importer`  perf.data -> bundle
 - :mod:`.ring`      perf mmap ring-buffer reading (no I/O)
 - :mod:`.pmu`       sysfs PMU discovery and the availability probe
+- :mod:`.kernel`    the kernel's code maps (kallsyms, notes, modules) as perf synthesizes them
 - :mod:`.attrs`     the perf_event_attr values the engine opens
 - :mod:`.sysops`    the syscalls (ctypes), replaceable for tests
 - :mod:`.engine`    the perf engine (perf_event_open, AUX mmap)

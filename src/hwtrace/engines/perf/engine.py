@@ -28,6 +28,7 @@ from . import abi
 from .attrs import SAMPLE_TYPE, pt_attr, sideband_attr
 from .errors import PerfDataError
 from .intel_pt import FileMap, filter_string, ranges_to_filters
+from .kernel import kernel_maps
 from .perfdata import iter_records
 from .pmu import PmuInfo, cpu_mode_allowed, kernel_allowed, read_facts, diagnose
 from .ring import (OFF_AUX_OFFSET, OFF_AUX_SIZE, OFF_AUX_TAIL, OFF_DATA_TAIL, MmapPage,
@@ -166,6 +167,7 @@ class PerfEngine(Engine):
                                  cpuid_0x15_eax=pmu.tsc_art_ratio[1],
                                  cpuid_0x15_ebx=pmu.tsc_art_ratio[0], timebase="host TSC")
         self.pmu = pmu
+        self._proc, self._sysfs = proc, sysfs
         self._cpu = cpu or CpuInfo()
         if num_cpus is None:
             self._online = online_cpus(sysfs)
@@ -434,6 +436,9 @@ class PerfEngine(Engine):
                 recs += self._parse(chunk)
         recs.sort(key=lambda r: r.sample_id.time if r.sample_id and r.sample_id.time else 0)
         conv = convert(recs, lambda r: b"", time_conv=tc)
+        if any(ev.output is not None and int(ev.output.ctl) & (1 << 2) for ev in events):
+            for m in kernel_maps(self._proc, self._sysfs):      # as perf record does
+                session.sideband.add(m)
         for r in conv.sideband:
             session.sideband.add(r)
 
