@@ -422,6 +422,10 @@ class FakeOps:
     def kill(self, pid):
         self.calls.append(("kill", pid))
 
+    def process_sideband(self, pid):
+        return [B.Process(pid=pid, cr3=0, comm="running"),
+                B.Mmap(pid=pid, start=0x400000, size=0x1000, offset=0, file="/bin/running")]
+
     def poll(self, fds, timeout):
         pass
 
@@ -726,6 +730,7 @@ def test_engine_attach_thread_mode():
     assert opens == [("open", 8, 777, -1), ("open", 1, 777, -1),
                      ("open", 8, 778, -1), ("open", 1, 778, -1)]
     assert s.outputs[("tid", 777)].items == [PSB]
+    assert [type(r).__name__ for r in s.sideband[:2]] == ["Process", "Mmap"]
     assert len([c for c in ops.calls if c[0] == "ioctl"
                 and c[2] == abi.PERF_EVENT_IOC_ENABLE]) == 4
     gone = type("Gone", (FakeOps,), {"threads_of": lambda self, p: []})()
@@ -874,3 +879,20 @@ def test_engine_adds_kernel_maps_when_tracing_the_kernel(tmp_path):
     PerfEngine(ops=FakeOps(aux_payload=PSB), pmu=pmu, num_cpus=1, paranoid=-1,
                proc=str(proc), sysfs=str(sysfs)).run(s, ["true"])
     assert not [r for r in s.sideband if isinstance(r, B.Mmap) and r.pid == -1]
+
+
+def test_proc_maps_synthesis():
+    from hwtrace.engines.perf.kernel import parse_proc_maps, process_sideband
+    text = ("556f42600000-556f42602000 r--p 00000000 fe:00 260386  /usr/bin/head\n"
+            "556f42602000-556f42608000 r-xp 00002000 fe:00 260386  /usr/bin/head\n"
+            "7ffd1000-7ffd3000 r-xp 00000000 00:00 0  [vdso]\n"
+            "7f0000000000-7f0000001000 rwxp 00000000 00:00 0 \n"
+            "7f0000002000-7f0000003000 r-xp 00001000 08:01 5  /tmp/x (deleted)\n")
+    assert [(m.start, m.size, m.offset, m.file, m.prot) for m in parse_proc_maps(text, 9)] == [
+        (0x556f42602000, 0x6000, 0x2000, "/usr/bin/head", "r-x"),
+        (0x7ffd1000, 0x2000, 0, "[vdso]", "r-x"),
+        (0x7f0000000000, 0x1000, 0, "//anon", "rwx"),
+        (0x7f0000002000, 0x1000, 0x1000, "/tmp/x", "r-x")]
+    me = process_sideband(os.getpid())
+    assert me[0].pid == os.getpid() and me[0].exe == os.path.realpath("/proc/self/exe")
+    assert any(m.file == me[0].exe for m in me[1:])

@@ -333,6 +333,9 @@ class PerfEngine(Engine):
                     self._check(out)
                     events += self._open_pair(out, tid, -1, tid, enable_on_exec=False,
                                               filters=self._filters(out, []))
+            # what happened before we came: perf synthesizes these too
+            for r in self.ops.process_sideband(pid):
+                session.sideband.add(r)
             for ev in events:
                 self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_ENABLE)
             end = None if duration is None else time.monotonic() + duration

@@ -88,3 +88,40 @@ def kernel_maps(proc: str | os.PathLike = "/proc",
     for name, addr, size in parse_modules(_read(Path(proc) / "modules")):
         out.append(B.Mmap(pid=-1, start=addr, size=size, offset=0, file=f"[{name}]"))
     return out
+
+
+def parse_proc_maps(text: str, pid: int) -> list[B.Mmap]:
+    """Executable mappings of /proc/PID/maps as Mmap records (what perf
+    synthesizes for a process that was running before tracing began)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        rng, perms, off = parts[0], parts[1], parts[2]
+        if len(perms) < 3 or perms[2] != "x":
+            continue
+        try:
+            lo, hi = (int(x, 16) for x in rng.split("-"))
+            offset = int(off, 16)
+        except ValueError:
+            continue
+        name = parts[5].strip() if len(parts) > 5 else "//anon"
+        if name.endswith(" (deleted)"):
+            name = name[:-len(" (deleted)")]
+        out.append(B.Mmap(pid=pid, start=lo, size=hi - lo, offset=offset, file=name,
+                          prot=perms[:3]))
+    return out
+
+
+def process_sideband(pid: int, proc: str | os.PathLike = "/proc") -> list:
+    """Process + executable maps of a running process (for attach)."""
+    p = Path(proc) / str(pid)
+    comm = _read(p / "comm").strip()
+    exe = ""
+    try:
+        exe = os.readlink(p / "exe")
+    except OSError:
+        pass
+    return [B.Process(pid=pid, cr3=0, comm=comm, exe=exe),
+            *parse_proc_maps(_read(p / "maps"), pid)]

@@ -117,6 +117,11 @@ class SysOps:
         except OSError:
             return []
 
+    def process_sideband(self, pid: int) -> list:
+        """Process and executable maps of a running process (/proc)."""
+        from .kernel import process_sideband
+        return process_sideband(pid)
+
     def poll(self, fds, timeout: float) -> None:
         if fds:
             select.select(list(fds), [], [], timeout)
