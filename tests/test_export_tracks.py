@@ -100,3 +100,28 @@ def test_gaps_are_instant_events_and_frames_are_closed():
     folded = dict(l.rsplit(" ", 1) for l in fo.getvalue().splitlines())
     # the call instructions count in the caller
     assert folded == {"main": "4", "main;a": "3", "main;a;b": "2", "c": "4", "a": "2"}
+
+
+def test_folded_per_thread_and_deep_recursion():
+    # a 3000-deep recursion: one stack per depth, weights exact
+    s = FlowSynth(["main", "r"])
+    s.start("main")
+    s.body(1)
+    depth = 3000
+    for _ in range(depth):
+        s.call("r")
+        s.body(2)
+    for _ in range(depth):
+        s.ret()
+    items = s.take()
+    fo = io.StringIO()
+    wf = FoldedWriter(fo, per_thread=True)
+    export([Stream(StreamInfo(5, 6), iter(items))], s.lookup, [wf])
+    wf.close()
+    lines = fo.getvalue().splitlines()
+    assert len(lines) == depth + 1
+    w = {k: int(v) for k, v in (l.rsplit(" ", 1) for l in lines)}
+    assert w["thread 6;main"] == 2                       # body + the call
+    assert w["thread 6;main;" + ";".join(["r"] * depth)] == 3   # 2 + ret
+    assert w["thread 6;main;r"] == 4                     # 2 + call + ret
+    assert sum(w.values()) == s.insns

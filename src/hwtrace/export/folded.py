@@ -16,42 +16,64 @@ from hwtrace.analysis.records import Activation, Enter, StreamInfo
 
 
 class FoldedWriter:
+    """Stacks are kept as a trie (node = (parent node, frame name)), so
+    memory grows with the distinct call paths, not with their length
+    squared; the text is built only at :meth:`close`."""
+
     def __init__(self, fp, weight: str = "insns", per_thread: bool = False):
         if weight not in ("insns", "time"):
             raise ValueError(f"bad weight {weight!r}")
         self._fp = fp
         self._weight = weight
         self._per_thread = per_thread
-        self._stack: list[str] = []
-        self._keys: list[str] = []
-        self.stacks: dict[str, float] = {}
-        self._prefix = ""
+        self._nodes: dict[tuple[int, str], int] = {}
+        self._parent: list[int] = [-1]          # node 0: the root
+        self._name: list[str] = [""]
+        self._weights: dict[int, float] = {}
+        self._path: list[int] = []               # node per depth
+        self._root = 0
+
+    def _node(self, parent: int, name: str) -> int:
+        key = (parent, name)
+        n = self._nodes.get(key)
+        if n is None:
+            n = self._nodes[key] = len(self._parent)
+            self._parent.append(parent)
+            self._name.append(name)
+        return n
 
     def begin_stream(self, info: StreamInfo, unit: str | None = None) -> None:
-        self._stack = []
-        self._keys = []
-        self._prefix = (info.label().replace(";", ":") + ";") if self._per_thread else ""
+        self._path = []
+        self._root = (self._node(0, info.label().replace(";", ":"))
+                      if self._per_thread else 0)
 
     def add(self, rec) -> None:
         t = type(rec)
         if t is Enter:
-            name = rec.name.replace(";", ":")
-            # re-sync to the record's depth (defensive: depth is exact)
-            del self._stack[rec.depth:]
-            del self._keys[rec.depth:]
-            self._stack.append(name)
-            parent = self._keys[-1] if self._keys else self._prefix[:-1]
-            self._keys.append(f"{parent};{name}" if parent else name)
+            del self._path[rec.depth:]
+            parent = self._path[-1] if self._path else self._root
+            self._path.append(self._node(parent, rec.name.replace(";", ":")))
         elif t is Activation:
-            if len(self._keys) > rec.depth:
-                key = self._keys[rec.depth]
+            if len(self._path) > rec.depth:
+                node = self._path[rec.depth]
             else:
-                key = self._prefix + rec.name.replace(";", ":")
+                node = self._node(self._root, rec.name.replace(";", ":"))
             w = rec.self_insns if self._weight == "insns" else rec.self_time
             if w:
-                self.stacks[key] = self.stacks.get(key, 0) + w
-            del self._stack[rec.depth:]
-            del self._keys[rec.depth:]
+                self._weights[node] = self._weights.get(node, 0) + w
+            del self._path[rec.depth:]
+
+    @property
+    def stacks(self) -> dict[str, float]:
+        """{"a;b;c": weight} (built on demand)."""
+        out = {}
+        for node, w in self._weights.items():
+            names = []
+            while node > 0:
+                names.append(self._name[node])
+                node = self._parent[node]
+            out[";".join(reversed(names))] = w
+        return out
 
     def close(self) -> None:
         for key, w in self.stacks.items():
