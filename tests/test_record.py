@@ -1,0 +1,224 @@
+"""System tests of ``hwtrace record`` with the QEMU engine: real programs'
+bundles decode with libipt (ptoracle, image arguments from ``hwtrace
+images``) with zero errors and exactly ``instructions_observed`` instructions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import run_hwtrace
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
+                                reason="needs qemu-user and gcc")
+
+PROGRAMS = {
+    "rec": r"""
+        #include <stdio.h>
+        static volatile int calls;
+        __attribute__((noinline)) int fib(int n) { calls++; if (n < 2) return n; return fib(n - 1) + fib(n - 2); }
+        int main(void) { int r = fib(15); printf("fib=%d calls=%d\n", r, calls); return 3; }
+    """,
+    "thr": r"""
+        #include <pthread.h>
+        #include <stdio.h>
+        static void *work(void *a) { volatile long s = 0; for (long i = 0; i < 20000 + (long)a * 1000; i++) s += i % 7; return 0; }
+        int main(void) { pthread_t t[4]; for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, work, (void *)i);
+          for (int i = 0; i < 4; i++) pthread_join(t[i], 0); puts("threads done"); return 0; }
+    """,
+    "sig": r"""
+        #include <signal.h>
+        #include <stdio.h>
+        #include <sys/time.h>
+        static volatile int hits, usr;
+        static void on_alarm(int s) { hits++; }
+        static void on_usr(int s) { usr++; }
+        int main(void) {
+          signal(SIGALRM, on_alarm); signal(SIGUSR1, on_usr);
+          struct itimerval it = {{0, 2000}, {0, 2000}}; setitimer(ITIMER_REAL, &it, 0);
+          volatile unsigned long s = 0; for (unsigned long i = 0; i < 300000000 && hits < 3; i++) s += i;
+          struct itimerval off = {{0, 0}, {0, 0}}; setitimer(ITIMER_REAL, &off, 0);
+          raise(SIGUSR1);
+          printf("alarms>=3:%d usr=%d\n", hits >= 3, usr); return 0; }
+    """,
+    "fe": r"""
+        #include <stdio.h>
+        #include <unistd.h>
+        #include <sys/wait.h>
+        int main(void) { fflush(stdout); pid_t p = fork(); if (p == 0) { execl("/bin/true", "true", (char *)0); _exit(127); }
+          int st; waitpid(p, &st, 0); printf("child exit %d\n", WEXITSTATUS(st));
+          pid_t q = fork(); if (q == 0) { volatile int x = 0; for (int i = 0; i < 1000; i++) x += i; _exit(7); }
+          waitpid(q, &st, 0); printf("child2 exit %d\n", WEXITSTATUS(st)); return 0; }
+    """,
+}
+
+
+@pytest.fixture(scope="session")
+def progs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("progs")
+    out = {}
+    for name, src in PROGRAMS.items():
+        c = d / f"{name}.c"
+        c.write_text(textwrap.dedent(src))
+        exe = d / name
+        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), "-lpthread"], check=True)
+        out[name] = exe
+    return out
+
+
+def symbol(exe, name):
+    from elftools.elf.elffile import ELFFile
+    with open(exe, "rb") as f:
+        s = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(name)[0]
+        return s["st_value"], s["st_size"]
+
+
+def record(out, *args, expect_status=0):
+    r = run_hwtrace("record", "-o", out, *args)
+    assert r.returncode == expect_status, r.stderr
+    return r
+
+
+def decode_bundle(ptoracle, bundle, extra=()):
+    """{stream file: (manifest entry, [decoded ips], [oracle lines])}, asserting
+    no errors and exactly instructions_observed instructions per stream."""
+    man = json.loads((bundle / "manifest.json").read_text())
+    res = {}
+    for s in man["streams"]:
+        r = run_hwtrace("images", bundle, "--pt", s["file"], "--lines")
+        assert r.returncode == 0, r.stderr
+        images = r.stdout.split()
+        o = subprocess.run([str(ptoracle), "insn", str(bundle / s["file"]), *images, *extra],
+                           capture_output=True, text=True, check=True)
+        lines = [json.loads(x) for x in o.stdout.splitlines()]
+        errors = [x for x in lines if "error" in x]
+        ips = [x["ip"] for x in lines if "iclass" in x and "error" not in x]
+        assert errors == [], (s["file"], errors[:3])
+        assert len(ips) == s["instructions_observed"], s["file"]
+        res[s["file"]] = (s, ips, lines)
+    return man, res
+
+
+def load_base(bundle, exe):
+    for line in (bundle / "sideband.jsonl").read_text().splitlines():
+        o = json.loads(line)
+        if o["type"] == "mmap" and o["file"] == str(exe) and o["offset"] == 0:
+            return o["start"]
+    raise AssertionError("no mapping of the program")
+
+
+def test_true_cpu_and_thread(tmp_path, ptoracle):
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        record(b, "--mode", mode, "--", "/bin/true")
+        man, res = decode_bundle(ptoracle, b)
+        assert man["mode"] == mode
+        assert sum(len(v[1]) for v in res.values()) > 50_000
+
+
+def test_ls(tmp_path, ptoracle):
+    b = tmp_path / "ls"
+    r = record(b, "--", "ls", "-la", "/usr/bin")
+    assert r.stdout == subprocess.run(["ls", "-la", "/usr/bin"], capture_output=True,
+                                      text=True).stdout
+    man, res = decode_bundle(ptoracle, b)
+    assert sum(len(v[1]) for v in res.values()) > 1_000_000
+
+
+@pytest.mark.parametrize("mode,config", [
+    ("cpu", "branch;user;retc;tsc"),
+    ("thread", "branch;user;tsc"),
+    ("cpu", "branch;user;retc;tsc;mtc;mtc-freq=3;cyc;cyc-thresh=2;psb-freq=1"),
+    ("thread", "branch;user"),
+])
+def test_recursion_known_call_count(tmp_path, ptoracle, progs, mode, config):
+    b = tmp_path / "b"
+    r = record(b, "--mode", mode, "--config", config, "--", progs["rec"], expect_status=3)
+    assert r.stdout == "fib=610 calls=1973\n"
+    man, res = decode_bundle(ptoracle, b)
+    fib = load_base(b, progs["rec"]) + symbol(progs["rec"], "fib")[0]
+    assert sum(v[1].count(fib) for v in res.values()) == 1973
+    ctl = man["config"]["ctl"]
+    assert bool(ctl & (1 << 11)) == ("retc" not in config)
+
+
+def test_threads(tmp_path, ptoracle, progs):
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        r = record(b, "--mode", mode, "--", progs["thr"])
+        assert r.stdout == "threads done\n"
+        man, res = decode_bundle(ptoracle, b)
+        if mode == "thread":
+            assert len(man["streams"]) == 5
+        work = load_base(b, progs["thr"]) + symbol(progs["thr"], "work")[0]
+        assert sum(v[1].count(work) for v in res.values()) == 4
+
+
+def test_signals(tmp_path, ptoracle, progs):
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        r = record(b, "--mode", mode, "--", progs["sig"])
+        assert r.stdout == "alarms>=3:1 usr=1\n"
+        man, res = decode_bundle(ptoracle, b)
+        base = load_base(b, progs["sig"])
+        usr = base + symbol(progs["sig"], "on_usr")[0]
+        alarm = base + symbol(progs["sig"], "on_alarm")[0]
+        ips = [ip for v in res.values() for ip in v[1]]
+        assert ips.count(usr) == 1 and ips.count(alarm) >= 3
+
+
+def test_fork_exec(tmp_path, ptoracle, progs):
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        r = record(b, "--mode", mode, "--", progs["fe"])
+        assert r.stdout == "child exit 0\nchild2 exit 7\n"
+        man, res = decode_bundle(ptoracle, b)
+        procs = [json.loads(x) for x in (b / "sideband.jsonl").read_text().splitlines()
+                 if json.loads(x)["type"] == "process"]
+        assert len(procs) == 3 and len({p["cr3"] for p in procs}) == 3
+        if mode == "thread":
+            assert len(man["streams"]) == 3
+
+
+def test_address_filter_and_tracestop(tmp_path, ptoracle, progs):
+    exe = progs["rec"]
+    start, size = symbol(exe, "fib")
+    b = tmp_path / "filter"
+    record(b, "--config", f"branch;user;retc;addr0=filter;addr0-range={exe},fib,fib", "--", exe,
+           expect_status=3)
+    man, res = decode_bundle(ptoracle, b)
+    lo = load_base(b, exe) + start
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert ips and all(lo <= ip < lo + size for ip in ips)
+    assert ips.count(lo) == 1973
+    assert man["config"]["addr_ranges"] == [[lo, lo + size - 1]]
+
+    b = tmp_path / "stop"
+    record(b, "--config", f"branch;user;retc;addr0=stop;addr0-range={exe},fib,fib", "--", exe,
+           expect_status=3)
+    man, res = decode_bundle(ptoracle, b)
+    lo = load_base(b, exe) + start
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert ips and not any(lo <= ip < lo + size for ip in ips)
+    main = load_base(b, exe) + symbol(exe, "main")[0]
+    assert main in ips
+    stops = [s for s, _, lines in res.values() if any(x.get("event") == "stop" for x in lines)]
+    assert len(stops) == 1
+
+
+def test_status_and_errors(tmp_path):
+    r = run_hwtrace("record", "-o", tmp_path / "x", "--", "/nonexistent/prog")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "no such program" in r.stderr
+    arm = tmp_path / "arm"
+    arm.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 9 + b"\x02\x00\xb7\x00" + b"\0" * 44)
+    arm.chmod(0o755)
+    r = run_hwtrace("record", "-o", tmp_path / "y", "--", arm)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "x86-64" in r.stderr
+    r = run_hwtrace("record", "-o", tmp_path / "z", "--config", "branch;bogus", "--", "/bin/true")
+    assert r.returncode == 2 and "unknown item" in r.stderr
+    r = run_hwtrace("record", "-o", tmp_path / "w", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+    assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
