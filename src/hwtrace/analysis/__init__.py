@@ -23,8 +23,11 @@ Per stream (one per thread, or one per CPU in cpu mode) an iterable of
 
 Each item may be a ``dict`` (as parsed from the JSON) or any object with
 attributes of those names; enums are accepted for ``iclass``/``event``
-(their name, lower-cased, libipt prefix removed).  See
-:mod:`.flowitems`.  Per-stream context: :class:`.records.StreamInfo`
+(their name, lower-cased, libipt prefix removed), and the flow decoder's
+own records plug in as they are (``FlowInsn.iclass_name``, ``Event.type``
+with ``has_tsc``/``ip_suppressed``/``from_``).  See :mod:`.flowitems`.
+The CLI's bridge from ``hwtrace.flow.session``'s sink protocol is
+:mod:`hwtrace.export.source`.  Per-stream context: :class:`.records.StreamInfo`
 (pid/tid/cpu from the bundle manifest) and a symbolizer callback
 ``lookup(addr) -> (function start, name) | None`` (e.g.
 :meth:`.symbols.Symbolizer.lookup`).

@@ -39,7 +39,12 @@ def enum_name(v) -> str | None:
 
 
 class ObjectItem:
-    """A read-only mapping view of an attribute-style item."""
+    """A read-only mapping view of an attribute-style item.
+
+    Understands the flow decoder's records (``hwtrace.flow``): an
+    instruction's ``iclass_name``, an event's ``type``, ``has_tsc`` (no
+    ``tsc`` without it), ``ip_suppressed`` (no ``ip`` then) and ``from_``;
+    a decode error's ``code``."""
 
     __slots__ = ("_o",)
 
@@ -47,9 +52,32 @@ class ObjectItem:
         self._o = obj
 
     def get(self, name, default=None):
-        v = getattr(self._o, name, default)
+        o = self._o
+        if name == "iclass":
+            v = getattr(o, "iclass_name", None)
+            if v is None:
+                v = getattr(o, "iclass", None)
+        elif name == "tsc":
+            if getattr(o, "has_tsc", True) is False:
+                return default
+            v = getattr(o, "tsc", None)
+        elif name in ("ip", "to") and getattr(o, "ip_suppressed", False) \
+                and getattr(o, "iclass", None) is None:
+            return default
+        elif name == "from":
+            v = getattr(o, "from_", None)
+            if v is None:
+                v = getattr(o, "from", None)
+        elif name == "error":
+            v = getattr(o, "error", None)
+            if v is None and getattr(o, "iclass", None) is None:
+                v = getattr(o, "code", None)
+        else:
+            v = getattr(o, name, None)
+        if v is None:
+            return default
         if name in ("iclass", "event", "mode", "status", "type", "kind") \
-                and v is not None and not isinstance(v, str):
+                and not isinstance(v, str):
             v = enum_name(v)
         return v
 
