@@ -1,14 +1,23 @@
-"""Packet-decode throughput: hwtrace vs the reference (libipt via ptoracle).
+"""Packet-decode throughput: hwtrace (compiled core and Python twin) vs the
+reference (libipt 2.0.5 via ``ptoracle pkt --summary``), same stream, same run.
 
 Builds a multi-megabyte stream from the bundled real capture, then times
 
-- hwtrace in-process: ``PacketDecoder(data).packets()`` counted (the work of
-  ``hwtrace dump --stat``, without interpreter start-up),
-- hwtrace CLI: ``python -m hwtrace dump --stat FILE`` (wall clock),
-- reference: ``ptoracle pkt FILE --summary`` (libipt 2.0.5, wall clock),
+- compiled ``count()``: ``PacketDecoder(data).count()``, the scan behind
+  ``hwtrace dump --stat`` (no packet objects), in-process, and the same
+  including reading the file (what ``--summary`` does too);
+- compiled ``packets()``: the loop yielding packet records (what the
+  text/jsonl dumps and other consumers iterate);
+- the Python twin (``impl="python"``): ``count()``;
+- the CLI: ``python -m hwtrace dump --stat FILE`` (wall clock, includes
+  interpreter start-up);
+- reference: ``ptoracle pkt FILE --summary`` (wall clock);
 
-checks that both count the same packets and errors, and prints MB/s and the
-ratios.  Usage: python bench/bench_packets.py [MEGABYTES] [REPEATS]
+checks that all count the same packets and errors, and prints MB/s and
+ratios against the reference (>1: hwtrace is faster).  The fair comparison
+with ``--summary`` is the scan-only ``count()``.
+
+Usage: python bench/bench_packets.py [MEGABYTES] [REPEATS]
 """
 
 from __future__ import annotations
@@ -22,13 +31,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import best_of, big_stream, mbps, ptoracle, python  # noqa: E402
 
+from hwtrace.pt import _impl  # noqa: E402
 from hwtrace.pt.decoder import PacketDecoder  # noqa: E402
 from hwtrace.pt.errors import PtError  # noqa: E402
 
 
-def count(data: bytes) -> tuple[int, int]:
+def loop(data: bytes, impl: str) -> tuple[int, int]:
     npk = nerr = 0
-    for p in PacketDecoder(data).packets():
+    for p in PacketDecoder(data, impl=impl).packets():
         if p.__class__ is PtError:
             nerr += 1
         else:
@@ -41,39 +51,66 @@ def main(argv: list[str]) -> int:
     reps = int(argv[2]) if len(argv) > 2 else 3
     data = big_stream(int(mb * (1 << 20)))
     n = len(data)
+    print(f"selector: {_impl.STATUS.describe()}")
+    rows = []           # (label, seconds, (packets, errors))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "stream.pt"
         path.write_bytes(data)
 
-        t_lib, (npk, nerr) = best_of(reps, lambda: count(data))
-        t_cli, cli = best_of(reps, lambda: subprocess.run(
-            [python(), "-m", "hwtrace", "dump", "--stat", str(path)],
-            capture_output=True, text=True, check=True).stdout)
-        cli_counts = dict(line.split(": ") for line in cli.splitlines())
-        assert int(cli_counts["packets"]) == npk, cli
-        print(f"stream: {n} bytes ({n / 1e6:.1f} MB), {npk} packets, "
-              f"{nerr} errors")
-        print(f"hwtrace  in-process : {mbps(n, t_lib):8.2f} MB/s "
-              f"({t_lib:.3f} s)")
-        print(f"hwtrace  dump --stat: {mbps(n, t_cli):8.2f} MB/s "
-              f"({t_cli:.3f} s)")
+        compiled = _impl.CORE is not None
+        if not compiled:
+            st = _impl._ext.probe(_impl.NAME, _impl.ABI)
+            compiled = st.loaded
+            if not compiled:
+                print(f"compiled core unavailable: {st.reason}")
+        if compiled:
+            rows.append(("compiled count() in-process", *best_of(
+                reps, lambda: PacketDecoder(data, impl="compiled").count())))
+            rows.append(("compiled count() + file read", *best_of(
+                reps, lambda: PacketDecoder(path.read_bytes(),
+                                            impl="compiled").count())))
+            rows.append(("compiled packets() loop", *best_of(
+                reps, lambda: loop(data, "compiled"))))
+        rows.append(("python twin count()", *best_of(
+            reps, lambda: PacketDecoder(data, impl="python").count())))
+
+        def cli():
+            out = subprocess.run(
+                [python(), "-m", "hwtrace", "dump", "--stat", str(path)],
+                capture_output=True, text=True, check=True).stdout
+            d = dict(line.split(": ") for line in out.splitlines())
+            return int(d["packets"]), int(d["errors"])
+        rows.append(("hwtrace dump --stat (CLI)", *best_of(reps, cli)))
 
         exe = ptoracle()
-        if exe is None:
-            print("ptoracle unavailable (needs libipt-dev and cc): "
-                  "no reference timing")
-            return 0
-        t_ref, out = best_of(reps, lambda: subprocess.run(
-            [str(exe), "pkt", str(path), "--summary"],
-            capture_output=True, text=True, check=True).stdout)
-        summary = json.loads(out.splitlines()[-1])
-        same = (summary["packets"], summary["errors"]) == (npk, nerr)
-        print(f"ptoracle pkt --summary: {mbps(n, t_ref):8.2f} MB/s "
-              f"({t_ref:.3f} s)  counts {'match' if same else 'DIFFER'}: "
-              f"{summary['packets']} packets, {summary['errors']} errors")
-        print(f"ratio hwtrace/reference: in-process {t_ref / t_lib:.3f}x, "
-              f"CLI {t_ref / t_cli:.3f}x  (>1 means hwtrace is faster)")
-        return 0 if same else 1
+        ref = None
+        if exe is not None:
+            def oracle():
+                out = subprocess.run([str(exe), "pkt", str(path), "--summary"],
+                                     capture_output=True, text=True,
+                                     check=True).stdout
+                s = json.loads(out.splitlines()[-1])
+                return s["packets"], s["errors"]
+            t_ref, ref_counts = best_of(reps, oracle)
+            ref = ("ptoracle pkt --summary", t_ref, ref_counts)
+            rows.append(ref)
+
+    counts = {c for _, _, c in rows}
+    npk, nerr = rows[0][2]
+    print(f"stream: {n} bytes ({n / 1e6:.1f} MB), {npk} packets, "
+          f"{nerr} errors; best of {reps}")
+    print(f"{'':32s} {'MB/s':>9s} {'seconds':>9s} {'vs reference':>13s}")
+    for label, t, _c in rows:
+        ratio = f"{ref[1] / t:12.2f}x" if ref else "-"
+        print(f"{label:32s} {mbps(n, t):9.2f} {t:9.3f} {ratio:>13s}")
+    if ref is None:
+        print("ptoracle unavailable (needs libipt-dev and cc): "
+              "no reference timing")
+    if len(counts) != 1:
+        print(f"COUNTS DIFFER: {sorted(counts)}")
+        return 1
+    print("all counts match")
+    return 0
 
 
 if __name__ == "__main__":
