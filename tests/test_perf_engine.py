@@ -31,8 +31,7 @@ from hwtrace.engines.perf.intel_pt import (DEFAULT_FORMAT, AddrFilter, FileMap, 
                                            ctl_to_terms, encode_terms, filter_string,
                                            parse_format, ranges_to_filters)
 from hwtrace.engines.perf.perfdata import PerfData, iter_records
-from hwtrace.engines.perf.pmu import (CpuFacts, PmuInfo, diagnose, parse_cpuinfo, probe,
-                                      read_pmu)
+from hwtrace.engines.perf.pmu import PmuInfo, diagnose, parse_cpuinfo, probe, read_pmu
 from hwtrace.engines.perf.ring import (MmapPage, aux_read, aux_snapshot, read_records,
                                        ring_copy)
 from hwtrace.engines.perf.sysops import PAGE_SIZE

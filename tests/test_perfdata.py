@@ -383,7 +383,6 @@ def test_hypothesis_random_records_only_format_errors():
     """Any stream of well-framed records with arbitrary bodies (types the
     reader knows, random sizes/contents) decodes or fails with PerfDataError."""
     from hypothesis import given, settings, strategies as st
-    from hwtrace.engines.perf.importer import import_perf_data  # noqa: F401
 
     types = st.sampled_from(sorted(abi.RECORD_NAMES) + [99, 1000])
     record = st.tuples(types, st.integers(0, 0xffff), st.binary(max_size=120))

@@ -8,7 +8,7 @@ documented perf.data layout (``perf.data-file-format.txt``).  No I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 # --- record types: kernel (ring buffer) ------------------------------------
 MMAP = 1

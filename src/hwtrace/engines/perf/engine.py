@@ -31,7 +31,7 @@ from .intel_pt import FileMap, filter_string, ranges_to_filters
 from .kernel import kernel_maps
 from .perfdata import iter_records
 from .pmu import PmuInfo, cpu_mode_allowed, kernel_allowed, read_facts, diagnose
-from .ring import (OFF_AUX_OFFSET, OFF_AUX_SIZE, OFF_AUX_TAIL, OFF_DATA_TAIL, MmapPage,
+from .ring import (OFF_AUX_OFFSET, OFF_AUX_TAIL, OFF_DATA_TAIL, MmapPage,
                    aux_read, aux_snapshot, read_records)
 from .sideband import convert
 from .sysops import PAGE_SIZE, SysOps

@@ -25,8 +25,7 @@ from typing import Any, Iterator
 from . import abi
 from .errors import PerfDataError
 from .features import parse_feature
-from .records import (HeaderAttr, HeaderFeature, Record, decode_body,
-                      parse_sample_id, sample_id_size)
+from .records import Record, decode_body, parse_sample_id, sample_id_size
 
 MAGIC = b"PERFILE2"
 MAGIC_BE = b"2ELIFREP"
