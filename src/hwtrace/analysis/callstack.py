@@ -12,6 +12,10 @@ How control flow maps to activations:
 * ``call``: the instruction after it (the target) begins a new activation,
   whose return address is the call's fall-through.  A call to its own
   fall-through (``call 1f; 1: pop``, the PIC idiom) is not a call.
+* a jump (typically indirect: longjmp, an unwinder installing a context)
+  into the middle of a function of a frame below the top: the frames above
+  it are closed ``UNWOUND`` at once (without stack pointers in the trace,
+  the nearest such frame is taken).
 * ``return``: pops the top frame if the target is its return address.  If
   not, the stack is searched downwards for a frame with that return address
   and everything above it is closed as ``UNWOUND`` (longjmp, exception
@@ -260,6 +264,20 @@ class CallStackBuilder:
         if not stack:
             self._push(target, None, Flag.BEGIN_UNKNOWN, base=True)
 
+    def _jump_into(self, ip: int) -> None:
+        """A jump into the middle of a function that is not the top frame's
+        but a caller's: longjmp (or an unwinder installing a context) went
+        back to that caller: close what is above it (``UNWOUND``)."""
+        start, _name, known = self._sym(ip)
+        stack = self._stack
+        if not known or start == stack[-1].func:
+            return
+        for k in range(len(stack) - 2, -1, -1):
+            if stack[k].func == start:
+                while len(stack) > k + 1:
+                    self._pop(Flag.UNWOUND)
+                return
+
     def _settle(self, ip: int) -> None:
         """The previous instruction transferred control to ip."""
         pend, self._pend = self._pend, _NONE
@@ -269,9 +287,14 @@ class CallStackBuilder:
         elif pend == _RET or pend == _FRET:
             self._return(ip, pend == _FRET)
         elif pend == _JUMP or pend == _COND:
-            if ip != self._pend_ret and self._is_func_start(ip, self._stack[-1]):
+            if ip == self._pend_ret:
+                return
+            stack = self._stack
+            if self._is_func_start(ip, stack[-1]):
                 old = self._pop()
                 self._push(ip, old.ret, Flag.TAIL_CALL | (old.flags & Flag.FAR))
+            elif pend == _JUMP and self._lookup is not None and len(stack) > 1:
+                self._jump_into(ip)
         elif pend == _FCALL:
             self._push(ip, self._pend_ret, Flag.FAR)
 
