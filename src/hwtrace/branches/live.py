@@ -1,0 +1,345 @@
+"""Branch records from a live process, through the ptrace stepper
+(``hwtrace.engines.emulated.stepper``): the trigger addresses go to the
+stepper's debug-register windows, so code outside them runs natively; the
+execution log it writes is then turned into records by the shared
+:class:`~hwtrace.branches.tracker.Tracker`.
+
+    run = trace_live(["./prog", "10"], workdir, TriggerSpec(within="fib"),
+                     MaskSpec(kinds=frozenset({"call", "return"})))
+    run.status                 # the program's exit status (Popen style)
+    for rec in run.records(): ...
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from hwtrace.analysis.symbols import Symbolizer, SymbolError
+from hwtrace.engines.emulated import execlog as X
+from hwtrace.x86 import Mode, X86Error, decoder_for
+
+from . import resolve
+from .classify import is_transfer
+from .mask import MaskSpec
+from .records import Branch
+from .tracker import Tracker
+from .triggers import TriggerSpec
+
+
+class LiveError(Exception):
+    """The process cannot be traced (one line, for the user)."""
+
+
+# ---------------------------------------------------------------- checks
+
+def _scope() -> str:
+    try:
+        v = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return "kernel.yama.ptrace_scope: not present (Yama off)"
+    return f"kernel.yama.ptrace_scope = {v}"
+
+
+def check_attach(pid: int) -> None:
+    """Refuse, naming the reason, a pid that does not exist or may not be
+    traced by this process."""
+    if pid <= 0:
+        raise LiveError(f"bad pid {pid}")
+    if pid == os.getpid():
+        raise LiveError(f"pid {pid} is this process: it cannot trace itself")
+    st = Path(f"/proc/{pid}/status")
+    try:
+        text = st.read_text()
+    except FileNotFoundError:
+        raise LiveError(f"no process with pid {pid}") from None
+    except OSError as e:
+        raise LiveError(f"pid {pid}: cannot read {st}: {e.strerror}") from None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    tracer = fields.get("TracerPid", "0").strip()
+    if tracer not in ("", "0"):
+        raise LiveError(f"cannot trace pid {pid}: already traced by pid {tracer} "
+                        f"(TracerPid in {st}); a process has one tracer at a time")
+    if fields.get("State", "").strip().startswith("Z"):
+        raise LiveError(f"cannot trace pid {pid}: it is a zombie (exited, not yet reaped)")
+    scope = _scope()
+    euid = os.geteuid()
+    if scope.endswith("= 3"):
+        raise LiveError(f"cannot trace pid {pid}: ptrace attach is disabled by {scope} "
+                        "(no process may attach until reboot)")
+    if euid != 0:
+        uids = fields.get("Uid", "").split()
+        if uids and any(int(u) != euid for u in uids[:3]):
+            raise LiveError(f"cannot trace pid {pid}: it runs as uid {uids[0]}, not "
+                            f"{euid}; tracing another user's process needs "
+                            f"CAP_SYS_PTRACE (root) [{scope}]")
+        if scope.endswith("= 2"):
+            raise LiveError(f"cannot trace pid {pid}: {scope} allows attaching only "
+                            "with CAP_SYS_PTRACE (root)")
+        if scope.endswith("= 1"):
+            raise LiveError(f"cannot trace pid {pid}: {scope} allows attaching only to "
+                            "descendants (run as root, or sysctl kernel.yama.ptrace_scope=0)")
+
+
+def _stepper_failure(pid: int | None, msg: str) -> LiveError:
+    if pid is not None and ("not permitted" in msg or "permission" in msg.lower()):
+        if "ptrace_scope" not in msg:
+            msg = f"{msg} [{_scope()}]"
+    return LiveError(msg)
+
+
+# ---------------------------------------------------------------- symbols
+
+def program_path(argv0: str) -> str:
+    if "/" in argv0:
+        p = argv0
+    else:
+        p = shutil.which(argv0) or argv0
+    if not os.path.isfile(p):
+        raise LiveError(f"{argv0}: no such program")
+    if not os.access(p, os.X_OK):
+        raise LiveError(f"{argv0}: not executable")
+    return p
+
+
+def _pre_symbolizer(target) -> tuple[Symbolizer, bool]:
+    """Symbols to turn the triggers into stepper addresses before the run:
+    (symbolizer, relative) -- relative: addresses are offsets from the main
+    executable's load base (a PIE about to be launched)."""
+    sym = Symbolizer()
+    if isinstance(target, int):
+        for start, off, path in _proc_maps(target):
+            try:
+                sym.add_mapping(path, start, off)
+            except SymbolError:
+                pass
+        return sym, False
+    path = program_path(str(target[0]))
+    try:
+        img = sym.add_image(path, 0)
+    except SymbolError:
+        return sym, False          # not ELF (a script): addresses only
+    return sym, img.is_pie
+
+
+def _proc_maps(pid: int):
+    seen = set()
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        path = parts[5].strip()
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            continue
+        lo = int(parts[0].split("-")[0], 16)
+        if (path, lo) in seen:
+            continue
+        seen.add((path, lo))
+        yield lo, int(parts[2], 16), path
+
+
+def stepper_options(spec: TriggerSpec, sym: Symbolizer, relative: bool, clock: str = "tsc"):
+    from hwtrace.engines.emulated import stepper
+
+    def conv(v):
+        if v is None:
+            return None
+        if relative:
+            # link-time address of a PIE = offset from its load base
+            return "+" + hex(resolve.address(sym, v, base=0))
+        return resolve.address(sym, v, base=resolve.main_base(sym))
+    return stepper.Options(start=conv(spec.start), stop=conv(spec.stop),
+                           within=conv(spec.within), clock=clock)
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclass
+class LiveRun:
+    status: int
+    log: Path
+    trigger: TriggerSpec
+    mask: MaskSpec
+    info: dict = field(default_factory=dict)
+    _sym: Symbolizer | None = None
+
+    @property
+    def symbolizer(self) -> Symbolizer:
+        """Symbols of what the process mapped (from the log's MMAP records)."""
+        if self._sym is None:
+            self._sym = symbolizer_from_log(self.log.read_bytes())
+        return self._sym
+
+    def records(self) -> Iterator[Branch]:
+        from hwtrace.engines.emulated import stepper
+        sym = self.symbolizer
+        base = resolve.main_base(sym)
+        tracker = Tracker(self.trigger.bind(sym, base), self.mask.bind(sym, base))
+        yield from records_from_log(self.log.read_bytes(), stepper.windows(self.log), tracker)
+
+
+def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
+               trigger: TriggerSpec = TriggerSpec(), mask: MaskSpec = MaskSpec(),
+               *, clock: str = "tsc", timeout: float | None = None) -> LiveRun:
+    """Run ``target`` (argv, or a pid to attach to) under the stepper with
+    the trigger's windows; the log goes to ``workdir``.  Raises LiveError
+    (one line) and resolve.SymbolNotFound / ValueError for bad triggers."""
+    from hwtrace.engines.emulated import stepper
+
+    pid = target if isinstance(target, int) else None
+    if pid is not None:
+        check_attach(pid)
+    elif not target:
+        raise LiveError("no program given")
+    sym, relative = _pre_symbolizer(target)
+    opts = stepper_options(trigger, sym, relative, clock)
+    # ranges are resolved now too, so a bad one fails before the run
+    mask.bind(sym, 0 if relative else resolve.main_base(sym))
+    log = Path(workdir) / "live.xlog"
+    try:
+        status = stepper.run(target if pid is not None else [str(a) for a in target],
+                             log, opts, timeout=timeout)
+    except stepper.StepperError as e:
+        raise _stepper_failure(pid, str(e)) from None
+    try:
+        info = stepper.info(log)
+    except (OSError, ValueError):
+        info = {}
+    if not log.exists():
+        raise LiveError("the stepper wrote no execution log")
+    return LiveRun(status, log, trigger, mask, info)
+
+
+# ---------------------------------------------------------------- the log
+
+def symbolizer_from_log(data: bytes) -> Symbolizer:
+    sym = Symbolizer()
+    seen = set()
+    for r in X.parse(data):
+        if type(r) is X.Mmap and r.prot & 4 and r.path.startswith("/"):
+            key = (r.path, r.addr)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                sym.add_mapping(r.path, r.addr, r.offset)
+            except (SymbolError, OSError):
+                pass
+    return sym
+
+
+def _decode_block(decode, pc: int, sizes: bytes, code: bytes) -> list:
+    out = []
+    off = 0
+    for s in sizes:
+        x = None
+        try:
+            d = decode(code, off)
+            if is_transfer(d):
+                x = d
+        except X86Error:
+            pass
+        out.append((pc + off, x))
+        off += s
+    return out
+
+
+def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]:
+    """Feed an execution log (and the stepper's window edges) through the
+    tracker, yielding records as they are made."""
+    decode = decoder_for(Mode.BIT64)
+    blocks: dict[tuple[int, int], list] = {}
+    wq: dict[int, deque] = {}
+    for w in windows:
+        wq.setdefault(w.tid, deque()).append(w)
+    counts: dict[int, int] = {}
+    times: dict[int, int] = {}
+    out = tracker.out
+    th = None
+    ths = {}
+    pid = tid = 0
+    q = None
+    n = 0
+    nxt = -1
+
+    def edges(th, q, n):
+        # window edges the stepper logged at instruction count n
+        while q and q[0].ninsn <= n:
+            w = q.popleft()
+            if not w.on:
+                tracker.transfer(th, w.pc)
+                tracker.close(th)
+            else:
+                tracker.gap(th)
+        return q[0].ninsn if q else -1
+
+    def run(insns):
+        nonlocal n, nxt
+        t = times.get(tid)
+        step = tracker.step
+        for pc, x in insns:
+            if n == nxt:
+                nxt = edges(th, q, n)
+            step(th, pc, x, t)
+            n += 1
+
+    for r in X.parse(data):
+        typ = type(r)
+        if n == nxt and typ is not X.Exec:
+            nxt = edges(th, q, n)       # before the thread's next event
+        if typ is X.Exec:
+            for bid in r.ids:
+                run(blocks[(pid, bid)])
+            if out:
+                yield from out
+                out.clear()
+        elif typ is X.Ctx:
+            if th is not None:
+                counts[tid] = n
+            pid, tid = r.pid, r.tid
+            th = ths[tid] = tracker.thread(pid, tid)
+            n = counts.get(tid, 0)
+            q = wq.get(tid)
+            nxt = q[0].ninsn if q else -1
+        elif typ is X.Time:
+            times[tid] = r.value
+        elif typ is X.Block:
+            blocks[(r.pid, r.id)] = _decode_block(decode, r.pc, r.sizes, r.code)
+        elif typ is X.ExecPart:
+            run(blocks[(pid, r.id)][:r.count])
+        elif typ is X.Insn:
+            run(_decode_block(decode, r.pc, bytes([len(r.code)]), r.code))
+        elif typ is X.Signal:
+            if r.ip:
+                tracker.interrupt(th, r.ip, r.handler, times.get(tid))
+            else:
+                tracker.gap(th)
+        elif typ is X.ProcStart:
+            if r.parent_pid:
+                for (p, bid), v in list(blocks.items()):
+                    if p == r.parent_pid:
+                        blocks[(pid, bid)] = v
+        elif typ is X.ProcExec:
+            for key in [k for k in blocks if k[0] == pid]:
+                del blocks[key]
+            tracker.gap(th)
+        elif typ in (X.ThreadExit, X.ProcExit):
+            if th is not None:
+                tracker.gap(th)
+        if out:
+            yield from out
+            out.clear()
+    # window edges after a thread's last logged instruction
+    for t_id, qq in wq.items():
+        if qq and t_id in ths:
+            edges(ths[t_id], qq, 1 << 62)
+    yield from out
+    out.clear()

@@ -1,0 +1,186 @@
+"""hwtrace branches: the calls, returns and branches a process took.
+
+    hwtrace branches [--kinds K,...] [--pid P] [--tid T] [--range A-B|SYM]
+                     [--within FUNC | --start X --stop Y] [--format text|jsonl]
+                     (BUNDLE | -- PROGRAM ARGS... | --attach PID)
+
+From a live process (launched, or attached to) through the ptrace stepper:
+code outside the trigger windows runs natively; the program's output and
+exit status pass through (records are written after it ends).  From a
+bundle: the decoded trace, with the same windows and mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+
+from hwtrace.cli import CliError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("branches", help="call/return/branch records, filtered and windowed",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--kinds", metavar="K,...",
+                   help="kinds to keep: all (default; every kind but cond_not_taken), "
+                        "call, return, jump, cond, cond_not_taken, indirect_call, "
+                        "indirect_jump, far, syscall, sysret, interrupt, iret")
+    p.add_argument("--pid", type=int, action="append", default=[], metavar="P",
+                   help="only this process (repeatable)")
+    p.add_argument("--tid", type=int, action="append", default=[], metavar="T",
+                   help="only this thread (repeatable)")
+    p.add_argument("--range", action="append", default=[], metavar="A-B|SYM",
+                   help="only branches from [A, B) or from function SYM (repeatable)")
+    p.add_argument("--within", metavar="FUNC",
+                   help="on at FUNC's entry, off when that activation returns")
+    p.add_argument("--start", metavar="X", help="on when execution reaches X (symbol or address)")
+    p.add_argument("--stop", metavar="Y", help="off when execution reaches Y")
+    p.add_argument("--format", choices=("text", "jsonl"), default="text")
+    p.add_argument("-o", "--output", metavar="FILE", help="write records here (default stdout)")
+    p.add_argument("--attach", type=int, metavar="PID", help="trace this running process")
+    p.add_argument("--duration", type=float, metavar="S",
+                   help="with --attach: detach after S seconds (default: on Ctrl-C or exit)")
+    p.add_argument("--elf", action="append", default=[], metavar="FILE[:BIAS]",
+                   help="BUNDLE: symbols (and code) of FILE loaded at BIAS")
+    p.add_argument("--image-path", action="append", default=[], metavar="DIR",
+                   help="BUNDLE: look for the recorded executables in DIR too")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="BUNDLE | -- PROGRAM ARGS",
+                   help="a trace bundle, or the program to run")
+    p.set_defaults(func=run)
+
+
+def _specs(args):
+    from hwtrace.branches import MaskSpec, TriggerSpec, parse_kinds
+    if args.within is not None and (args.start is not None or args.stop is not None):
+        raise CliError("branches: --within excludes --start/--stop")
+    try:
+        kinds = parse_kinds(args.kinds)
+    except ValueError as e:
+        raise CliError(f"branches: {e}") from None
+    mask = MaskSpec(kinds, frozenset(args.pid), frozenset(args.tid), tuple(args.range))
+    trig = TriggerSpec(args.start, args.stop, args.within)
+    return trig, mask
+
+
+class _Names:
+    """Cached address -> 'func+0xoff' (None when no image names it)."""
+
+    def __init__(self, symbolizer):
+        self.sym = symbolizer
+        self.cache: dict[int, str | None] = {}
+
+    def __call__(self, addr: int) -> str | None:
+        c = self.cache
+        if addr in c:
+            return c[addr]
+        r = self.sym.lookup(addr) if self.sym is not None else None
+        s = None
+        if r is not None:
+            start, name = r
+            s = name if start == addr else f"{name}+{addr - start:#x}"
+        if len(c) < 1 << 20:
+            c[addr] = s
+        return s
+
+
+def format_text(rec, names) -> str:
+    f = names(rec.from_)
+    t = names(rec.to)
+    d = "" if rec.depth is None else f"{rec.depth:>3} "
+    who = f"{rec.pid}/{rec.tid}" if rec.pid is not None else (
+        str(rec.tid) if rec.tid is not None else "-")
+    return (f"{who:>13} {d}{rec.kind:<14} {rec.from_:#x}"
+            f"{' ' + f if f else ''} -> {rec.to:#x}{' ' + t if t else ''}")
+
+
+def write(records, names, fmt: str, out) -> int:
+    n = 0
+    w = out.write
+    if fmt == "jsonl":
+        dumps = json.dumps
+        for r in records:
+            w(dumps(r.to_json(names), separators=(",", ":")) + "\n")
+            n += 1
+    else:
+        for r in records:
+            w(format_text(r, names) + "\n")
+            n += 1
+    return n
+
+
+def _open_out(path):
+    if path is None:
+        return sys.stdout, False
+    try:
+        return open(path, "w", buffering=1 << 20), True
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _emit(records, symbolizer, args) -> None:
+    out, close = _open_out(args.output)
+    try:
+        write(records, _Names(symbolizer), args.format, out)
+        out.flush()
+    finally:
+        if close:
+            out.close()
+
+
+def run(args) -> int:
+    from hwtrace.branches.resolve import SymbolNotFound
+
+    trig, mask = _specs(args)
+    target = list(args.target)
+    is_prog = bool(target) and target[0] == "--"
+    if is_prog:
+        target = target[1:]
+        if not target:
+            raise CliError("branches: no program given after --")
+    given = sum((bool(target), args.attach is not None))
+    if given == 0:
+        raise CliError("branches: give a BUNDLE, -- PROGRAM ARGS..., or --attach PID")
+    if given > 1:
+        raise CliError("branches: give one of BUNDLE, -- PROGRAM ARGS..., --attach PID")
+    if args.duration is not None and args.attach is None:
+        raise CliError("branches: --duration goes with --attach")
+    try:
+        if is_prog or args.attach is not None:
+            return _live(args, target if is_prog else args.attach, trig, mask)
+        if len(target) != 1:
+            raise CliError(f"branches: one BUNDLE expected, got {' '.join(target)!r} "
+                           "(a program goes after --)")
+        return _decoded(args, target[0], trig, mask)
+    except SymbolNotFound as e:
+        raise CliError(f"branches: {e}") from None
+    except ValueError as e:
+        raise CliError(f"branches: {e}") from None
+
+
+def _live(args, target, trig, mask) -> int:
+    from hwtrace.branches.live import LiveError, trace_live
+    from hwtrace.engines.emulated.execlog import ExecLogError
+
+    with tempfile.TemporaryDirectory(prefix="hwtrace-branches-") as d:
+        try:
+            lr = trace_live(target, d, trig, mask, timeout=args.duration)
+        except LiveError as e:
+            raise CliError(f"branches: {e}") from None
+        try:
+            _emit(lr.records(), lr.symbolizer, args)
+        except ExecLogError as e:
+            raise CliError(f"branches: {e}") from None
+    status = lr.status
+    return 128 - status if status < 0 else status
+
+
+def _decoded(args, path, trig, mask) -> int:
+    from hwtrace.branches.decoded import DecodedError, decoded_records
+    try:
+        tr = decoded_records(path, trig, mask, args.elf, args.image_path)
+        _emit(tr.records(), tr.symbolizer, args)
+    except DecodedError as e:
+        raise CliError(f"branches: {e}") from None
+    return 0
