@@ -13,7 +13,7 @@ import re
 import pytest
 
 from conftest import CORPUS
-from hwtrace.x86 import IClass, Mode, X86Error, decode
+from hwtrace.x86 import Mode, X86Error, decode
 
 _LINE = re.compile(r"^\s*\d+ ([0-9A-F]{8}) ([0-9A-F]+)(-?)(?:<rept>)?\s*(.*)$")
 _BITS = re.compile(r"\[bits (16|32|64)\]")

@@ -15,17 +15,15 @@ is listed in KNOWN_OBJDUMP_DIFFERENCES with its reason.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, IN_CI, SHARED
-from hwtrace.x86 import IClass, Mode, X86Error, decoder_for
+from conftest import FIXTURES, IN_CI
+from hwtrace.x86 import Mode, X86Error, decoder_for
 
 OBJDUMP = shutil.which("objdump")
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")

@@ -84,7 +84,6 @@ def _build(mode: Mode) -> DecodeFn:
         (0xEC, Kind.UIRET))}
     FF_KIND = (None, None, BYK[Kind.CALL_IND], BYK[Kind.CALL_FAR_IND],
                BYK[Kind.JMP_IND], BYK[Kind.JMP_FAR_IND], None, None)
-    BY_RET = BYK[Kind.RET]
     I32, I16 = _I32, _I16
 
     def decode(code, offset: int = 0) -> Insn:
