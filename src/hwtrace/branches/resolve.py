@@ -54,7 +54,7 @@ def address(symbolizer, text: str, base: int | None = None) -> int:
     s = text.strip()
     if not s:
         raise ValueError("empty address")
-    v = parse_number(s)
+    v = None if s.startswith("+") else parse_number(s)
     if v is not None:
         return v
     if s.startswith("+"):

@@ -1,0 +1,280 @@
+"""Branch records without a live process: classification, the mask, the
+trigger model on synthetic instruction streams, window edges of a
+synthetic stepper log, symbol resolution and the record formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwtrace.branches import (ALL_KINDS, KINDS, Branch, Mask, MaskSpec,
+                              SymbolNotFound, Trigger, TriggerSpec, parse_kinds,
+                              to_array)
+from hwtrace.branches import resolve
+from hwtrace.branches.classify import classify, is_transfer
+from hwtrace.branches.live import records_from_log
+from hwtrace.branches.tracker import Tracker
+from hwtrace.engines.emulated import execlog as X
+from hwtrace.engines.emulated.stepper import Window
+from hwtrace.x86 import decode
+
+# ------------------------------------------------------------------ classify
+
+CASES = [
+    # bytes, from, to, kind
+    (b"\xe8\x10\x00\x00\x00", 0x1000, 0x1015, "call"),
+    (b"\xff\xd0", 0x1000, 0x5000, "indirect_call"),          # call *%rax
+    (b"\xff\x15\x00\x00\x00\x00", 0x1000, 0x5000, "indirect_call"),
+    (b"\xc3", 0x1000, 0x2000, "return"),
+    (b"\xc2\x08\x00", 0x1000, 0x2000, "return"),
+    (b"\xeb\x05", 0x1000, 0x1007, "jump"),
+    (b"\xe9\x00\x01\x00\x00", 0x1000, 0x1105, "jump"),
+    (b"\xff\xe0", 0x1000, 0x3000, "indirect_jump"),          # jmp *%rax
+    (b"\x74\x05", 0x1000, 0x1007, "cond"),
+    (b"\x74\x05", 0x1000, 0x1002, "cond_not_taken"),
+    (b"\x0f\x85\x10\x00\x00\x00", 0x1000, 0x1016, "cond"),
+    (b"\xe2\xfe", 0x1000, 0x1000, "cond"),                   # loop
+    (b"\xe3\x02", 0x1000, 0x1002, "cond_not_taken"),         # jrcxz
+    (b"\x0f\x05", 0x1000, 0x1002, "syscall"),
+    (b"\x0f\x34", 0x1000, 0x1002, "syscall"),                # sysenter
+    (b"\x48\x0f\x07", 0x1000, 0x7000, "sysret"),
+    (b"\xcd\x80", 0x1000, 0x1002, "interrupt"),
+    (b"\xcc", 0x1000, 0x1001, "interrupt"),
+    (b"\x48\xcf", 0x1000, 0x2000, "iret"),
+    (b"\xcb", 0x1000, 0x2000, "far"),                        # retf
+    (b"\xff\x1c\x24", 0x1000, 0x2000, "far"),                # lcall *(%rsp)
+    (b"\x90", 0x1000, 0x1001, None),
+    (b"\x48\x89\xe5", 0x1000, 0x1003, None),
+]
+
+
+@pytest.mark.parametrize("code,frm,to,kind", CASES)
+def test_classify(code, frm, to, kind):
+    x = decode(code)
+    assert classify(x, frm, to) == kind
+    assert is_transfer(x) == (kind is not None)
+
+
+def test_kinds_are_the_spec_table():
+    assert KINDS == ("call", "return", "jump", "cond", "cond_not_taken",
+                     "indirect_call", "indirect_jump", "far", "syscall",
+                     "sysret", "interrupt", "iret")
+    assert "cond_not_taken" not in ALL_KINDS and len(ALL_KINDS) == 11
+
+
+def test_parse_kinds():
+    assert parse_kinds("call,return") == {"call", "return"}
+    assert parse_kinds(None) == ALL_KINDS
+    assert parse_kinds("all") == ALL_KINDS
+    assert parse_kinds("all,cond_not_taken") == frozenset(KINDS)
+    assert parse_kinds(" Call , cond ") == {"call", "cond"}
+    with pytest.raises(ValueError, match="unknown branch kind 'calls'.*indirect_call"):
+        parse_kinds("calls")
+    with pytest.raises(ValueError, match="no branch kinds"):
+        parse_kinds(",")
+
+
+# ------------------------------------------------------------------ records
+
+def test_record_json_and_array():
+    r = Branch(7, 8, "call", 0x401000, 0x402000, 123, 2)
+    assert r.to_json() == {"pid": 7, "tid": 8, "kind": "call", "from": 0x401000,
+                           "to": 0x402000, "time": 123, "depth": 2}
+    names = {0x401000: "main+0x10", 0x402000: "f"}.get
+    assert r.to_json(names)["from_sym"] == "main+0x10"
+    assert r.to_json(names)["to_sym"] == "f"
+    bare = Branch(None, None, "return", 1, 2)
+    assert bare.to_json(lambda a: None) == {"pid": None, "tid": None, "kind": "return",
+                                            "from": 1, "to": 2}
+    assert r.key() == ("call", 0x401000, 0x402000)
+    with pytest.raises(AttributeError):
+        r.kind = "jump"
+    np = pytest.importorskip("numpy")
+    a = to_array([r, bare], chunk=1)
+    assert a.dtype.names == ("pid", "tid", "kind", "from", "to", "time", "depth")
+    assert a["from"].tolist() == [0x401000, 1]
+    assert [KINDS[k] for k in a["kind"]] == ["call", "return"]
+    assert a["pid"].tolist() == [7, -1] and a["depth"].tolist() == [2, -(1 << 31)]
+    assert len(to_array([])) == 0 and isinstance(a, np.ndarray)
+
+
+# ------------------------------------------------------------------ tracker
+
+# A tiny synthetic program (64-bit code, addresses as in the comments):
+#   main: 0x100 call f ; 0x105 nop ; 0x106 call f ; 0x10b jmp 0x10b...
+#   f:    0x200 cmp    ; 0x203 je 0x20a (taken when depth limit hit)
+#         0x205 call f ; 0x20a ret
+CALL_F_100 = decode(b"\xe8\xfb\x00\x00\x00")       # 0x100 -> 0x200
+CALL_F_106 = decode(b"\xe8\xf5\x00\x00\x00")       # 0x106 -> 0x200
+CALL_F_205 = decode(b"\xe8\xf6\xff\xff\xff")       # 0x205 -> 0x200
+JE = decode(b"\x74\x05")
+RET = decode(b"\xc3")
+assert CALL_F_100.target(0x100) == 0x200 and CALL_F_106.target(0x106) == 0x200
+assert CALL_F_205.target(0x205) == 0x200 and JE.target(0x203) == 0x20a
+
+
+def f_activation(levels: int, ret_to: int):
+    """Steps (pc, x) of f recursing `levels` more times, returning to ret_to."""
+    steps = [(0x200, None), (0x203, JE)]
+    if levels:
+        steps += [(0x205, CALL_F_205)] + f_activation(levels - 1, 0x20a)
+    steps += [(0x20a, RET)]
+    return steps
+
+
+def program():
+    return ([(0x100, CALL_F_100)] + f_activation(2, 0x105) + [(0x105, None),
+            (0x106, CALL_F_106)] + f_activation(0, 0x10b) + [(0x10b, None)])
+
+
+def run_tracker(trigger=None, mask=None, steps=None, pid=1, tid=1):
+    t = Tracker(trigger, mask)
+    th = t.thread(pid, tid)
+    for pc, x in steps or program():
+        t.step(th, pc, x, None)
+    return t.out
+
+
+def test_tracker_everything():
+    recs = run_tracker(mask=Mask(frozenset(KINDS)))
+    got = [(r.kind, r.from_, r.to, r.depth) for r in recs]
+    assert got == [
+        ("call", 0x100, 0x200, 0),
+        ("cond_not_taken", 0x203, 0x205, 1), ("call", 0x205, 0x200, 1),
+        ("cond_not_taken", 0x203, 0x205, 2), ("call", 0x205, 0x200, 2),
+        ("cond", 0x203, 0x20a, 3),
+        ("return", 0x20a, 0x20a, 3), ("return", 0x20a, 0x20a, 2),
+        ("return", 0x20a, 0x105, 1),
+        ("call", 0x106, 0x200, 0), ("cond", 0x203, 0x20a, 1),
+        ("return", 0x20a, 0x10b, 1),
+    ]
+    # the default mask drops cond_not_taken
+    assert all(r.kind != "cond_not_taken" for r in run_tracker())
+
+
+def test_within_each_activation_opens_a_window():
+    recs = run_tracker(Trigger(within=0x200), Mask(frozenset({"call", "return"})))
+    got = [(r.kind, r.from_, r.to, r.depth) for r in recs]
+    assert got == [
+        # first outermost activation: two recursive calls inside it
+        ("call", 0x205, 0x200, 0), ("call", 0x205, 0x200, 1),
+        ("return", 0x20a, 0x20a, 2), ("return", 0x20a, 0x20a, 1),
+        ("return", 0x20a, 0x105, 0),
+        # second activation (a new window; main's call is outside both)
+        ("return", 0x20a, 0x10b, 0),
+    ]
+
+
+def test_start_stop_and_ranges():
+    # on at the second call site in main, off when reaching 0x10b
+    recs = run_tracker(Trigger(start=0x106, stop=0x10b), Mask(frozenset(KINDS)))
+    assert [(r.kind, r.from_, r.to, r.depth) for r in recs] == [
+        ("call", 0x106, 0x200, 0), ("cond", 0x203, 0x20a, 1),
+        ("return", 0x20a, 0x10b, 1)]
+    # only a stop: on from the beginning until 0x105 is reached
+    recs = run_tracker(Trigger(stop=0x105), Mask(frozenset({"call"})))
+    assert [r.from_ for r in recs] == [0x100, 0x205, 0x205]
+    # from-ranges: only main's branches
+    recs = run_tracker(None, Mask(frozenset({"call", "return"}), ranges=((0x100, 0x110),)))
+    assert [(r.kind, r.from_) for r in recs] == [("call", 0x100), ("call", 0x106)]
+
+
+def test_pid_tid_mask():
+    m = Mask(frozenset({"call"}), tids=frozenset({5}))
+    assert run_tracker(None, m, tid=4) == []
+    assert len(run_tracker(None, m, tid=5)) == 4
+    m = Mask(frozenset({"call"}), pids=frozenset({9}))
+    assert run_tracker(None, m, pid=1) == []
+
+
+def test_interrupt_and_gap():
+    t = Tracker(None, Mask(frozenset(KINDS)))
+    th = t.thread(1, 1)
+    t.step(th, 0x100, CALL_F_100)
+    t.interrupt(th, 0x200, 0x9000)         # signal arrives before f's first insn
+    t.step(th, 0x9000, None)
+    t.step(th, 0x9001, RET)
+    t.gap(th)                              # continuity lost: the ret has no target
+    t.step(th, 0x5000, None)
+    assert [(r.kind, r.from_, r.to) for r in t.out] == [
+        ("call", 0x100, 0x200), ("interrupt", 0x200, 0x9000)]
+
+
+# ------------------------------------------------------------------ live log
+
+def test_log_window_edges():
+    """A stepper log with two windows on one thread: the last instruction of
+    a window gets the window's off pc as its target, and nothing links the
+    end of one window to the start of the next."""
+    w = X.Writer()
+    w.ctx(10, 11)
+    w.thread_start(0)
+    code_f = b"\x90\xc3"                   # 0x200 nop ; 0x201 ret
+    w.block(10, 1, 0x200, bytes([1, 1]), code_f)
+    w.exec([1])
+    w.exec([1])
+    w.thread_exit(0)
+    windows = [Window(True, 10, 11, 0x200, 0), Window(False, 10, 11, 0x105, 2),
+               Window(True, 10, 11, 0x200, 2), Window(False, 10, 11, 0x10b, 4)]
+    tr = Tracker(Trigger(within=0x200), Mask(frozenset(KINDS)))
+    recs = list(records_from_log(bytes(w), windows, tr))
+    assert [(r.pid, r.tid, r.kind, r.from_, r.to, r.depth) for r in recs] == [
+        (10, 11, "return", 0x201, 0x105, 0), (10, 11, "return", 0x201, 0x10b, 0)]
+
+
+def test_log_signal_and_syscall():
+    w = X.Writer()
+    w.ctx(3, 3)
+    w.block(3, 1, 0x1000, bytes([2, 2]), b"\x0f\x05\x74\x00")  # syscall ; je +0
+    w.block(3, 2, 0x8000, bytes([1]), b"\xc3")                  # handler: ret
+    w.exec([1])
+    w.signal(10, True, 0x8000, 0x1004)
+    w.exec([2])
+    tr = Tracker(None, Mask(frozenset(KINDS)))
+    recs = list(records_from_log(bytes(w), [], tr))
+    assert [(r.kind, r.from_, r.to) for r in recs] == [
+        ("syscall", 0x1000, 0x1002), ("cond_not_taken", 0x1002, 0x1004),
+        ("interrupt", 0x1004, 0x8000)]
+
+
+# ------------------------------------------------------------------ resolve
+
+class _Img:
+    is_pie = False
+    low = 0x400000
+
+    def __init__(self, funcs):
+        self._f = funcs
+
+    def functions(self):
+        return iter(self._f)
+
+
+class _Sym:
+    def __init__(self, *imgs):
+        self.images = list(imgs)
+
+
+def test_resolve():
+    s = _Sym(_Img([(0x401000, 0x40, "fib"), (0x401040, 0x10, "fib_iter"),
+                   (0x401100, 0x80, "main")]))
+    assert resolve.address(s, "fib") == 0x401000
+    assert resolve.address(s, "main+0x10") == 0x401110
+    assert resolve.address(s, "0x1234") == 0x1234
+    assert resolve.address(s, "4096") == 4096
+    assert resolve.address(s, "+0x20", base=0x555000) == 0x555020
+    assert resolve.address_range(s, "fib") == (0x401000, 0x401040)
+    assert resolve.address_range(s, "0x10-0x20") == (0x10, 0x20)
+    with pytest.raises(ValueError, match="empty range"):
+        resolve.address_range(s, "0x20-0x10")
+    with pytest.raises(SymbolNotFound) as e:
+        resolve.address(s, "fibb")
+    assert str(e.value) == "unknown symbol 'fibb' (close matches: fib)"
+    with pytest.raises(SymbolNotFound, match=r"close matches: fib_iter\)"):
+        resolve.address(s, "fib_itre")
+    with pytest.raises(SymbolNotFound, match=r"'zzz' \(no close matches\)"):
+        resolve.address(s, "zzz")
+    m = MaskSpec(parse_kinds("call"), ranges=("main", "0x10-0x20")).bind(s)
+    assert m.ranges == ((0x401100, 0x401180), (0x10, 0x20))
+    assert TriggerSpec(within="fib").bind(s) == Trigger(within=0x401000)
+    with pytest.raises(ValueError, match="excludes"):
+        TriggerSpec(start="a", within="fib")
