@@ -155,17 +155,27 @@ def load(data: bytes) -> ExecTrace:
     mmaps: list = []
     seg: Segment | None = None
     table: dict = {}
+    multi: dict[int, bool] = {}     # pid -> some block has a branch inside
     t0 = None
     last_time = 0
     for r in xl.parse(data, off):
         t = type(r)
         if t is xl.Exec:
-            get = table.__getitem__
             items = seg.items
-            for bid in r.ids:
-                items.extend(get(bid))
+            try:
+                # every block is one BlockInfo (QEMU's always are)
+                items += map(table.__getitem__, r.ids)
+            except KeyError:
+                raise xl.ExecLogError(f"execution log: EXEC of an undefined block") from None
+            if type(items[-1]) is not BlockInfo or multi.get(seg.pid):
+                _expand_multi(items, len(r.ids))
         elif t is xl.Block:
-            tables.setdefault(r.pid, {})[r.id] = split_block(r.pc, r.sizes, r.code)
+            parts = split_block(r.pc, r.sizes, r.code)
+            if len(parts) == 1:
+                tables.setdefault(r.pid, {})[r.id] = parts[0]
+            else:
+                tables.setdefault(r.pid, {})[r.id] = tuple(parts)
+                multi[r.pid] = True
         elif t is xl.Ctx:
             th = threads.get(r.tid)
             if th is None:
@@ -184,6 +194,7 @@ def load(data: bytes) -> ExecTrace:
             seg.items.extend(split_block(r.pc, bytes((len(r.code),)), r.code))
         elif t is xl.ExecPart:
             blocks = table[r.id]
+            blocks = blocks if type(blocks) is tuple else (blocks,)
             left = r.count
             for b in blocks:
                 if left <= 0:
@@ -197,6 +208,8 @@ def load(data: bytes) -> ExecTrace:
         elif t is xl.ProcStart:
             p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
             p["ppid"] = r.parent_pid
+            if r.parent_pid and multi.get(r.parent_pid):
+                multi[seg.pid] = True
             if r.parent_pid and r.parent_pid in tables:
                 # the child's own blocks (defined before this record reached
                 # the log) win over the inherited ones
@@ -235,6 +248,17 @@ def load(data: bytes) -> ExecTrace:
     return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0)
 
 
+def _expand_multi(items: list, n: int) -> None:
+    """Replace the tuples among the last ``n`` items by their parts."""
+    tail = items[len(items) - n:]
+    del items[len(items) - n:]
+    for it in tail:
+        if type(it) is tuple:
+            items.extend(it)
+        else:
+            items.append(it)
+
+
 NR_RT_SIGRETURN = 15
 
 
@@ -260,6 +284,8 @@ def _find_signals(th: ThreadInfo, handlers) -> None:
     resumes; a SIGNAL record (async, with that IP) goes before the
     handler's first block.  Sources that log SIGNAL themselves are left
     alone."""
+    if not handlers:
+        return      # no handler: no signal is delivered to user code
     prev = None
     in_kernel = True
     deliveries: list = []       # open handler activations: [Signal or None]
@@ -322,73 +348,170 @@ class _ThreadState:
 
 
 def _run_items(st: _ThreadState, tr: Tracer, items: list) -> None:
-    """Feed one segment's items to a tracer (the per-block hot loop)."""
+    """Feed one segment's items to a tracer: the steady state (packets on,
+    no filters, no timing packets) in a tight loop, the rest item by item."""
+    i = 0
+    end = len(items)
+    while i < end:
+        i = _run_fast(st, tr, items, i)
+        if i < end:
+            _run_one(st, tr, items[i])
+            i += 1
+
+
+def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
+    """The hot loop: consume items from ``i`` while every one is a block
+    whose predecessor's outcome needs at most a TNT bit; return where it
+    stopped.  Tracer state lives in locals and is written back on exit."""
+    pending = st.pending
+    if (pending is None or st.in_kernel or not tr.pkt_en or tr.filters or tr.stops
+            or tr.mtc_en or tr.cyc_en):
+        return i
+    bits, nb, tnt_max = tr.tnt_bits, tr.tnt_n, tr.tnt_max
+    insns, t, cyc = tr.insns, tr.t, tr.cyc_acc
+    rs = tr.retstack
+    retc = tr.retc
+    period = tr.psb_period
+    end = len(items)
+    while i < end:
+        b = items[i]
+        if type(b) is not BlockInfo:
+            break
+        pc = b.pc
+        k = pending.kind
+        if k == K_JCC:
+            if pc == pending.nlip:
+                bits <<= 1
+            elif pc == pending.target:
+                bits = (bits << 1) | 1
+            else:
+                break
+            nb += 1
+            if nb == tnt_max:
+                tr.tnt_bits, tr.tnt_n = bits, nb
+                tr._flush_tnt()
+                bits, nb = 0, 0
+        elif k == K_OTHER:
+            if pc != pending.nlip:
+                break
+        elif k == K_CALL:
+            if pc != pending.target:
+                break
+            if pc != pending.nlip:
+                rs.append(pending.nlip)
+                if len(rs) > 64:
+                    del rs[0]
+        elif k == K_JMP:
+            if pc != pending.target:
+                break
+        elif k == K_RET and retc and rs and rs[-1] == pc:
+            rs.pop()
+            bits = (bits << 1) | 1
+            nb += 1
+            if nb == tnt_max:
+                tr.tnt_bits, tr.tnt_n = bits, nb
+                tr._flush_tnt()
+                bits, nb = 0, 0
+        elif k == K_REP:
+            if pc == pending.last and b.ninsn == 1:
+                # the same rep instruction, continuing: it retires once
+                pending = b
+                i += 1
+                continue
+            if pc != pending.nlip:
+                break
+        elif k == K_JMP_IND or k == K_CALL_IND or k == K_RET:
+            if k == K_CALL_IND:
+                rs.append(pending.nlip)
+                if len(rs) > 64:
+                    del rs[0]
+            tr.tnt_bits, tr.tnt_n = bits, nb
+            tr._flush_tnt()
+            tr._ip(0x0D, pc)
+            bits, nb = 0, 0
+        else:
+            break
+        if tr.since_psb >= period:
+            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+            tr.boundary(pc)
+            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
+        n = b.ninsn
+        insns += n
+        t += n
+        cyc += n
+        pending = b
+        i += 1
+    tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+    tr.cur_ip = pending.nlip
+    st.pending = pending
+    return i
+
+
+def _run_one(st: _ThreadState, tr: Tracer, b) -> None:
+    """One item, every case (the reference behaviour)."""
     pending = st.pending
     in_kernel = st.in_kernel
     handlers = st.handlers
-    retire = tr.retire
     branch = tr.branch
-    boundary = tr.boundary
-    for b in items:
-        if type(b) is BlockInfo:
-            pc = b.pc
-            n = b.ninsn
-            if in_kernel:
-                tr.enter(pc, st.ctx_ok)
-                in_kernel = False
-            elif pending is not None:
-                k = pending.kind
-                if k == K_REP and pc == pending.last:
-                    n -= 1          # the same rep instruction, continuing
-                elif k == K_OTHER or k == K_REP:
-                    if pc != pending.nlip:
-                        _interrupted(tr, pending.nlip, pc)
-                elif k == K_JCC:
-                    if pc == pending.target or pc == pending.nlip:
-                        branch(k, pending.nlip, pc)
-                    else:
-                        _interrupted(tr, pending.nlip, pc)
-                elif k == K_JMP or k == K_CALL:
-                    branch(k, pending.nlip, pending.target)
-                    if pc != pending.target:
-                        _interrupted(tr, pending.target, pc)
-                elif k == K_TRAP:
-                    tr.leave_sync()
-                    tr.enter(pc, st.ctx_ok)
-                elif pc in handlers and handlers:
-                    # an indirect transfer can't be followed by a handler
-                    # entry except through signal delivery
-                    _interrupted(tr, pc, pc)
-                else:
+    if type(b) is BlockInfo:
+        pc = b.pc
+        n = b.ninsn
+        if in_kernel:
+            tr.enter(pc, st.ctx_ok)
+            in_kernel = False
+        elif pending is not None:
+            k = pending.kind
+            if k == K_REP and pc == pending.last:
+                n -= 1          # the same rep instruction, continuing
+            elif k == K_OTHER or k == K_REP:
+                if pc != pending.nlip:
+                    _interrupted(tr, pending.nlip, pc)
+            elif k == K_JCC:
+                if pc == pending.target or pc == pending.nlip:
                     branch(k, pending.nlip, pc)
-            if n:
-                boundary(pc)
-                retire(n)
-            pending = b
-        else:
-            t = type(b)
-            if t is xl.Syscall:
-                if pending is not None and not in_kernel:
-                    tr.leave_sync()
-                    tr.cur_ip = pending.nlip
-                in_kernel = True
-                pending = None
-            elif t is xl.Signal:
-                if not in_kernel:
-                    ip = b.ip or (pending.nlip if pending is not None else 0)
-                    if pending is not None:
-                        k = pending.kind
-                        if k == K_REP and ip == pending.last:
-                            if tr.pkt_en:
-                                tr.insns -= 1   # retires after the handler
-                        elif k not in (K_OTHER, K_REP, K_TRAP):
-                            branch(k, pending.nlip, ip)
-                    tr.leave_async(ip)
-                in_kernel = True
-                pending = None
-            elif t is xl.Sigaction:
-                if b.handler > 1:
-                    handlers.add(b.handler)
+                else:
+                    _interrupted(tr, pending.nlip, pc)
+            elif k == K_JMP or k == K_CALL:
+                branch(k, pending.nlip, pending.target)
+                if pc != pending.target:
+                    _interrupted(tr, pending.target, pc)
+            elif k == K_TRAP:
+                tr.leave_sync()
+                tr.enter(pc, st.ctx_ok)
+            elif pc in handlers and handlers:
+                # an indirect transfer can't be followed by a handler
+                # entry except through signal delivery
+                _interrupted(tr, pc, pc)
+            else:
+                branch(k, pending.nlip, pc)
+        if n:
+            tr.boundary(pc)
+            tr.retire(n)
+        pending = b
+    else:
+        t = type(b)
+        if t is xl.Syscall:
+            if pending is not None and not in_kernel:
+                tr.leave_sync()
+                tr.cur_ip = pending.nlip
+            in_kernel = True
+            pending = None
+        elif t is xl.Signal:
+            if not in_kernel:
+                ip = b.ip or (pending.nlip if pending is not None else 0)
+                if pending is not None:
+                    k = pending.kind
+                    if k == K_REP and ip == pending.last:
+                        if tr.pkt_en:
+                            tr.insns -= 1   # retires after the handler
+                    elif k not in (K_OTHER, K_REP, K_TRAP):
+                        branch(k, pending.nlip, ip)
+                tr.leave_async(ip)
+            in_kernel = True
+            pending = None
+        elif t is xl.Sigaction:
+            if b.handler > 1:
+                handlers.add(b.handler)
     st.pending = pending
     st.in_kernel = in_kernel
 
