@@ -257,7 +257,12 @@ def _next_everywhere(data, impl, errata, disabled):
     out = []
     for o in range(len(data) + 1):
         dec.sync_set(o)
-        out.append((dec.next(), dec.offset))
+        r = dec.next()
+        peek = dec.decode_at(o)
+        assert peek == r
+        if r.__class__ is not PtError:
+            assert dec.advance(o, peek) == dec.offset
+        out.append((r, dec.offset))
     return out
 
 

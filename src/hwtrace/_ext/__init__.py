@@ -120,6 +120,17 @@ class Status:
                                f"but unusable: {self.reason}")
 
 
+def _built(name: str) -> bool:
+    """Whether an extension file for module ``name`` exists (its package
+    is imported to find out, the module itself is not)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None and \
+        not spec.origin.endswith(".py")
+
+
 def _source_sha256(module: ModuleType) -> str | None:
     """SHA-256 of the C source installed next to the extension, if any."""
     src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
@@ -135,21 +146,13 @@ def probe(name: str, abi: int, environ=None) -> Status:
     ``HWTRACE_NO_EXTENSIONS`` and check its ABI and freshness."""
     required = extensions_required(environ)
     disabled = extensions_disabled(environ)
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as e:
-        spec = None
-        reason = f"not found: {e}"
-    else:
-        reason = "not built (no C compiler at install time?)"
-    built = spec is not None and spec.origin is not None and \
-        not spec.origin.endswith(".py")
+    built = _built(name)
 
     def status(module, why):
         return Status(name, module, built, required, disabled, why)
 
     if not built:
-        return status(None, reason)
+        return status(None, "not built (no C compiler at install time?)")
     try:
         module = importlib.import_module(name)
     except ImportError as e:
@@ -170,18 +173,6 @@ def select(name: str, abi: int, environ=None) -> Status:
     """The compiled core ``name`` if it is to be used, honouring
     ``HWTRACE_NO_EXTENSIONS`` (then the module is not imported)."""
     if extensions_disabled(environ):
-        st = probe_built_only(name, environ)
-        return st
+        return Status(name, None, _built(name), extensions_required(environ),
+                      True, f"disabled by {NO_EXTENSIONS}=1")
     return probe(name, abi, environ)
-
-
-def probe_built_only(name: str, environ=None) -> Status:
-    """Status of a disabled core: whether it is built, without importing."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    built = spec is not None and spec.origin is not None and \
-        not spec.origin.endswith(".py")
-    return Status(name, None, built, extensions_required(environ), True,
-                  f"disabled by {NO_EXTENSIONS}=1")

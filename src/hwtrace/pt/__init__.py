@@ -8,6 +8,11 @@
 - :mod:`hwtrace.pt.timing`    TSC/MTC/TMA/CYC/CBR time tracking and calibration
 - :mod:`hwtrace.pt.cpu`       ``F/M[/S]`` CPU ids and the errata they imply
 - :mod:`hwtrace.pt.ptdump_format`  ptdump's text output
+
+Packet scanning has a compiled core (``_c_packets.c``, built by
+``pip install``) and a Python twin (``decoder.py``) that decode
+identically; :mod:`hwtrace.pt._impl` picks one (``HWTRACE_NO_EXTENSIONS=1``
+forces the twin) and :mod:`hwtrace._ext` documents the pattern.
 """
 
 from hwtrace.pt.errors import PtError

@@ -12,9 +12,11 @@ Verbs (libipt's ``pt_pkt_*``): :meth:`PacketDecoder.sync_forward`,
 :meth:`~PacketDecoder.sync_backward`, :meth:`~PacketDecoder.sync_set`,
 :meth:`~PacketDecoder.next`, and the properties ``offset`` (where the next
 packet starts, ``None`` before synchronizing) and ``sync_offset`` (the last
-synchronization point).  Nothing raises for bad trace data: a verb that
-fails returns a :class:`~hwtrace.pt.errors.PtError` with libipt's error
-string and the offset, and leaves the position unchanged.
+synchronization point); :meth:`~PacketDecoder.decode_at` and
+:meth:`~PacketDecoder.advance` peek at any offset without state.
+Nothing raises for bad trace data: a verb that fails returns a
+:class:`~hwtrace.pt.errors.PtError` with libipt's error string and the
+offset, and leaves the position unchanged.
 
 :meth:`PacketDecoder.packets` is the convenient loop ptdump runs: it
 synchronizes (or starts at offset 0 with ``no_sync=True``), yields packets
@@ -495,6 +497,28 @@ class PacketDecoder:
             return PtError(r, pos)
         self._pos = pos + r[1]
         return r
+
+    def decode_at(self, offset: int):
+        """The packet at ``offset`` (a record or a PtError), without moving
+        or synchronizing: ``sync_set(offset); next()`` minus the state.
+        ``advance(offset, record)`` gives the offset after it."""
+        if offset < 0 or offset >= self._end:
+            return PtError(E.EOS, offset)
+        core = self._core
+        if core is not None:
+            return core.decode(self._buf, offset, self._flags)
+        r = self._table[self._buf[offset]](self._buf, offset, self._end)
+        if r.__class__ is str:
+            if r is SKD007_OVF:
+                return Ovf(offset, 2)
+            return PtError(r, offset)
+        return r
+
+    def advance(self, offset: int, record) -> int:
+        """Offset of the packet after ``record`` decoded at ``offset``
+        (``offset + size``, except the SKD007 CYC+OVF, one byte longer)."""
+        return offset + record[1] + (record.__class__ is Ovf and
+                                     self._buf[offset] != 0x02)
 
     def packets(self, *, no_sync: bool = False) -> Iterator:
         """Yield every packet and error like ptdump does.
