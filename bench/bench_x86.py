@@ -5,8 +5,10 @@
 Linear sweep over .text (decode, advance by size; one byte on an error),
 printed as instructions/s. Next to it, in the same run: the same sweep
 with capstone (if importable: `pip install capstone`; never a dependency
-of hwtrace) and GNU objdump's full disassembly (a native reference, doing
-more work per instruction), as ratios.
+of hwtrace) both as its own C-driven sweep and called once per instruction
+with detail (how a flow decoder would use it: decode at an IP, get the
+branch class), and GNU objdump's full disassembly (a native reference,
+doing more work per instruction), as ratios.
 """
 
 from __future__ import annotations
@@ -58,6 +60,40 @@ def sweep_capstone(code: bytes, base: int):
     return n
 
 
+def per_call_hwtrace(code: bytes) -> int:
+    dec = decoder_for(Mode.BIT64)
+    off, n, end = 0, 0, len(code)
+    while off < end:
+        try:
+            off += dec(code, off).size
+        except X86Error:
+            off += 1
+            continue
+        n += 1
+    return n
+
+
+def per_call_capstone(code: bytes, base: int):
+    """One capstone call per instruction at an arbitrary address, with the
+    detail needed for a branch class: what a flow decoder would do."""
+    try:
+        import capstone
+    except ImportError:
+        return None
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    off, n, end = 0, 0, len(code)
+    while off < end:
+        insn = next(md.disasm(code[off:off + 15], base + off, 1), None)
+        if insn is None:
+            off += 1
+            continue
+        insn.groups                     # the branch class lives here
+        off += insn.size
+        n += 1
+    return n
+
+
 def time_it(fn, repeat: int):
     best = None
     out = None
@@ -90,6 +126,15 @@ def main(argv=None) -> int:
         rate = cs[1] / cs[0]
         print(f"capstone disasm_lite: {cs[1]} insns in {cs[0]:.3f} s = "
               f"{rate / 1e6:.3f} M insns/s; hwtrace/capstone = {ours / rate:.2f}x")
+
+    sub = code[:200_000]
+    mine = time_it(lambda: per_call_hwtrace(sub), args.repeat)
+    cs = time_it(lambda: per_call_capstone(sub, base), 1)
+    if cs[1] is not None:
+        a, b = mine[1] / mine[0], cs[1] / cs[0]
+        print(f"per-call decode with class (first 200 KB): hwtrace "
+              f"{a / 1e6:.3f} M insns/s, capstone (detail) {b / 1e6:.3f} M "
+              f"insns/s; hwtrace/capstone = {a / b:.1f}x")
 
     objdump = shutil.which("objdump")
     if objdump:
