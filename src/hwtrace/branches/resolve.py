@@ -45,7 +45,37 @@ def function(symbolizer, name: str) -> tuple[int, int]:
         for start, size, n in img.functions():
             if n == name:
                 return start, size
+    for img in symbolizer.images:
+        hit = _alias(img, name)
+        if hit is not None:
+            return hit
     raise SymbolNotFound(name, _names(symbolizer))
+
+
+def _alias(img, name: str):
+    """A function the symbolizer knows under another name at the same
+    address (``printf`` = ``_IO_printf``): look the name up in the image's
+    own symbol tables."""
+    path = getattr(img, "path", None)
+    if not path:
+        return None
+    try:
+        from elftools.elf.elffile import ELFFile
+        from elftools.elf.sections import SymbolTableSection
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for secname in (".symtab", ".dynsym"):
+                sec = elf.get_section_by_name(secname)
+                if not isinstance(sec, SymbolTableSection):
+                    continue
+                for sym in sec.get_symbol_by_name(name) or ():
+                    e = sym.entry
+                    if e.st_info.type in ("STT_FUNC", "STT_GNU_IFUNC") and \
+                            isinstance(e.st_shndx, int) and e.st_value:
+                        return e.st_value + img.bias, e.st_size
+    except Exception:          # an unreadable image names nothing
+        return None
+    return None
 
 
 def address(symbolizer, text: str, base: int | None = None) -> int:

@@ -1,0 +1,354 @@
+"""hwtrace branches on real programs: the ptrace stepper live, a decoded
+emulated recording of the same program, and the errors a user can meet.
+
+The test program is a recursive fib(n) built static and non-PIE (plus a
+PIE build for the load bias); expected addresses come from objdump's
+disassembly and the symbol table, expected records from simulating the
+recursion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _need, run_hwtrace
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ptrace is Linux x86-64")
+
+FIB_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) long fib(long n)
+{
+    if (n < 2)
+        return n;
+    return fib(n - 1) + fib(n - 2);
+}
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 10;
+    long r = fib(n);
+    printf("fib(%ld) = %ld\n", n, r);
+    return (int)(r & 0x3f);
+}
+"""
+N = 7          # fib(7) = 13: 41 activations
+
+
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+def activations(n):
+    return 1 if n < 2 else 1 + activations(n - 1) + activations(n - 2)
+
+
+def _tool(name):
+    p = shutil.which(name)
+    if p is None:
+        _need(name, f"the test programs are built and inspected with {name}")
+    return p
+
+
+def disasm(exe: Path, func: str) -> list[tuple[int, int, str]]:
+    """(address, size, text) of each instruction of func, per objdump."""
+    out = subprocess.run([_tool("objdump"), "-d", "--no-show-raw-insn", "-w",
+                          f"--disassemble={func}", str(exe)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s*([0-9a-f]+):\s+(\S.*)$", line)
+        if m:
+            rows.append([int(m.group(1), 16), 0, m.group(2).strip()])
+    for a, b in zip(rows, rows[1:]):
+        a[1] = b[0] - a[0]
+    return [tuple(r) for r in rows]
+
+
+def symbol(exe: Path, name: str) -> int:
+    out = subprocess.run([_tool("nm"), str(exe)], capture_output=True, text=True,
+                         check=True).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == name:
+            return int(parts[0], 16)
+    raise KeyError(name)
+
+
+class Prog:
+    def __init__(self, exe: Path):
+        self.exe = exe
+        self.fib = symbol(exe, "fib")
+        f = disasm(exe, "fib")
+        calls = [(a, s) for a, s, t in f if t.startswith("call") and t.endswith("<fib>")]
+        rets = [a for a, s, t in f if t.startswith("ret")]
+        assert len(calls) == 2 and len(rets) == 1, f    # -O0: one ret, two self calls
+        (self.c1, s1), (self.c2, s2) = sorted(calls)      # fib(n-1) first
+        self.after1, self.after2 = self.c1 + s1, self.c2 + s2
+        self.ret = rets[0]
+        m = disasm(exe, "main")
+        mc = [(a, s) for a, s, t in m if t.startswith("call") and t.endswith("<fib>")]
+        assert len(mc) == 1
+        self.main_call, self.main_after = mc[0][0], mc[0][0] + mc[0][1]
+        self.main_calls = [a for a, s, t in m if t.startswith("call")]
+
+    def expected(self, n):
+        """(kind, from, to, depth) of fib's calls and returns inside the
+        outermost activation of fib(n)."""
+        out = []
+
+        def act(n, depth, ret_to):
+            if n >= 2:
+                out.append(("call", self.c1, self.fib, depth))
+                act(n - 1, depth + 1, self.after1)
+                out.append(("call", self.c2, self.fib, depth))
+                act(n - 2, depth + 1, self.after2)
+            out.append(("return", self.ret, ret_to, depth))
+        act(n, 0, self.main_after)
+        return out
+
+
+@pytest.fixture(scope="module")
+def progs(tmp_path_factory):
+    gcc = _tool("gcc")
+    tmp = tmp_path_factory.mktemp("branches")
+    (tmp / "fib.c").write_text(FIB_C)
+    for name, flags in (("fib", ["-static", "-no-pie"]), ("fib_pie", ["-pie", "-fPIE"])):
+        subprocess.run([gcc, "-O0", "-g", *flags, "-o", str(tmp / name), str(tmp / "fib.c")],
+                       check=True, capture_output=True)
+    from hwtrace.engines.emulated import stepper
+    stepper.stepper_path()
+    return tmp
+
+
+def split_output(stdout: str, program_lines: int):
+    lines = stdout.splitlines()
+    return lines[:program_lines], [json.loads(x) for x in lines[program_lines:]]
+
+
+def test_within_fib_exact_calls_and_returns(progs):
+    p = Prog(progs / "fib")
+    r = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib",
+                    "--format", "jsonl", "--", progs / "fib", N)
+    assert r.stderr == ""
+    # the program's output and exit status, unchanged
+    native = subprocess.run([progs / "fib", str(N)], capture_output=True, text=True)
+    assert r.returncode == native.returncode == fib(N) & 0x3f
+    out, recs = split_output(r.stdout, 1)
+    assert out == native.stdout.splitlines() == [f"fib({N}) = {fib(N)}"]
+    exp = p.expected(N)
+    assert len(exp) == 2 * activations(N) - 1
+    assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == exp
+    pid = recs[0]["pid"]
+    assert all(o["pid"] == pid and o["tid"] == pid and isinstance(o["time"], int)
+               for o in recs)
+    # symbols (static non-PIE: no bias)
+    assert {o["to_sym"] for o in recs if o["kind"] == "call"} == {"fib"}
+    assert recs[-1]["to_sym"] == f"main+{p.main_after - symbol(p.exe, 'main'):#x}"
+    assert recs[-1]["from_sym"] == f"fib+{p.ret - p.fib:#x}"
+
+
+def test_pie_load_bias(progs):
+    """A PIE runs at a random base: trigger and symbols follow the bias."""
+    p = Prog(progs / "fib_pie")                       # link-time addresses
+    r = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib",
+                    "--format", "jsonl", "--", progs / "fib_pie", 5)
+    assert r.returncode == 5 and r.stderr == ""
+    _, recs = split_output(r.stdout, 1)
+    exp = p.expected(5)
+    assert len(recs) == len(exp)
+    bias = recs[0]["to"] - p.fib
+    assert bias != 0 and bias % 4096 == 0
+    assert [(o["kind"], o["from"] - bias, o["to"] - bias, o["depth"]) for o in recs] == exp
+    assert recs[0]["to_sym"] == "fib" and recs[0]["from_sym"] == f"fib+{p.c1 - p.fib:#x}"
+
+
+def test_start_stop_and_range(progs):
+    """--start fib --stop (main after the call) is the same window as
+    --within fib here; --range main keeps only main's own branches."""
+    p = Prog(progs / "fib")
+    r = run_hwtrace("branches", "--kinds", "call,return", "--start", "fib",
+                    "--stop", hex(p.main_after), "--format", "jsonl", "--",
+                    progs / "fib", 5)
+    assert r.returncode == 5, r.stderr
+    _, recs = split_output(r.stdout, 1)
+    assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == p.expected(5)
+    r = run_hwtrace("branches", "--kinds", "call", "--range", "main",
+                    "--format", "jsonl", "--", progs / "fib", 3)
+    _, recs = split_output(r.stdout, 1)
+    assert [o["from"] for o in recs] == p.main_calls      # each call of main, once
+
+
+@pytest.fixture(scope="module")
+def bundle(progs):
+    """The emulated engine's recording (ptrace execution source) of fib."""
+    out = progs / "bundle"
+    r = run_hwtrace("record", "--engine", "ptrace", "--mode", "thread", "-o", out,
+                    "--", progs / "fib", N)
+    if r.returncode == 2 or not (out / "manifest.json").exists():
+        pytest.skip(f"the emulated recorder is not available: {r.stderr.strip()}")
+    assert r.returncode == fib(N) & 0x3f
+    return out
+
+
+@pytest.mark.parametrize("args", [
+    ("--kinds", "call,return", "--within", "fib"),
+    ("--kinds", "all,cond_not_taken", "--within", "fib"),
+    ("--kinds", "call,return,cond", "--start", "fib", "--stop", "printf"),
+])
+def test_live_and_decoded_agree(progs, bundle, args):
+    live = run_hwtrace("branches", *args, "--format", "jsonl", "--", progs / "fib", N)
+    assert live.returncode == fib(N) & 0x3f, live.stderr
+    _, lrecs = split_output(live.stdout, 1)
+    dec = run_hwtrace("branches", *args, "--format", "jsonl", bundle)
+    assert dec.returncode == 0, dec.stderr
+    drecs = [json.loads(x) for x in dec.stdout.splitlines()]
+    key = [(o["kind"], o["from"], o["to"]) for o in lrecs]
+    assert key == [(o["kind"], o["from"], o["to"]) for o in drecs]
+    assert len(key) >= 2 * activations(N) - 1
+    assert [o["depth"] for o in lrecs] == [o["depth"] for o in drecs]
+    assert [o.get("to_sym") for o in lrecs] == [o.get("to_sym") for o in drecs]
+
+
+def test_decoded_python_api(progs, bundle):
+    from hwtrace.branches import MaskSpec, TriggerSpec, decoded_records, parse_kinds
+    p = Prog(progs / "fib")
+    t = decoded_records(bundle, TriggerSpec(within="fib"), MaskSpec(parse_kinds("call,return")))
+    recs = list(t.records())
+    assert [(r.kind, r.from_, r.to, r.depth) for r in recs] == p.expected(N)
+    tid = recs[0].tid
+    assert list(decoded_records(bundle, TriggerSpec(within="fib"),
+                                MaskSpec(parse_kinds("call,return"),
+                                         tids=frozenset({tid + 1}))).records()) == []
+    np = pytest.importorskip("numpy")
+    from hwtrace.branches import to_array
+    a = to_array(decoded_records(bundle, TriggerSpec(within="fib"),
+                                 MaskSpec(parse_kinds("call,return"))).records())
+    assert a["from"].tolist() == [r.from_ for r in recs] and a.dtype.names[3] == "from"
+    assert isinstance(a, np.ndarray)
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_unknown_symbol(progs, bundle):
+    for target in (["--", progs / "fib", 3], [bundle]):
+        r = run_hwtrace("branches", "--within", "fibb", *target)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr == "hwtrace: branches: unknown symbol 'fibb' (close matches: fib)\n"
+    r = run_hwtrace("branches", "--range", "mian", bundle)
+    assert r.returncode == 2 and "unknown symbol 'mian' (close matches: main" in r.stderr
+    r = run_hwtrace("branches", "--kinds", "calls", bundle)
+    assert r.returncode == 2 and "unknown branch kind 'calls'" in r.stderr
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    pid = p.pid
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 7919
+    return pid
+
+
+def test_nonexistent_pid():
+    pid = _dead_pid()
+    r = run_hwtrace("branches", "--attach", pid)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"hwtrace: branches: no process with pid {pid}\n"
+
+
+def test_pid_already_traced():
+    """A process with a tracer cannot get a second one: the error names
+    the TracerPid setting."""
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import ctypes, time\n"
+                              "ctypes.CDLL(None).ptrace(0, 0, 0, 0)\n"   # PTRACE_TRACEME
+                              "print('ok', flush=True)\n"
+                              "time.sleep(60)\n"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ok\n"
+        r = run_hwtrace("branches", "--attach", child.pid)
+        assert r.returncode == 2
+        assert r.stderr == (f"hwtrace: branches: cannot trace pid {child.pid}: already "
+                            f"traced by pid {os.getpid()} (TracerPid in /proc/{child.pid}"
+                            "/status); a process has one tracer at a time\n")
+    finally:
+        child.kill()
+        child.wait()
+
+
+DROP_AND_ATTACH = r"""
+import os, sys
+from hwtrace.cli import build_parser, main
+import hwtrace.branches.live, hwtrace.engines.emulated.stepper
+build_parser()                       # every module imported while still root
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+sys.exit(main(["branches", "--attach", sys.argv[1]]))
+"""
+
+
+def test_other_users_process():
+    """Unprivileged, another user's process: the error names the uid rule
+    (CAP_SYS_PTRACE) and the ptrace scope setting."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the tracer as another user")
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        r = subprocess.run([sys.executable, "-c", DROP_AND_ATTACH, str(victim.pid)],
+                           capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"hwtrace: branches: cannot trace pid {victim.pid}: "
+                                   "it runs as uid 0, not 65534; tracing another user's "
+                                   "process needs CAP_SYS_PTRACE (root) [kernel.yama.ptrace_scope")
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_attach_live(progs, tmp_path):
+    """--attach: a running process's branches within a function, then
+    detached (--duration) and still running."""
+    src = tmp_path / "loop.c"
+    src.write_text(r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) int tick(int i) { return i * 3 + 1; }
+int main(void) {
+    volatile int s = 0;
+    puts("ready"); fflush(stdout);
+    for (int i = 0; ; i++) { s += tick(i); usleep(20000); }
+}
+""")
+    exe = tmp_path / "loop"
+    subprocess.run([_tool("gcc"), "-O0", "-static", "-no-pie", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    proc = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        r = run_hwtrace("branches", "--kinds", "return", "--within", "tick",
+                        "--format", "jsonl", "--duration", "0.5", "--attach", proc.pid)
+        assert r.returncode == 0, r.stderr
+        recs = [json.loads(x) for x in r.stdout.splitlines()]
+        assert recs, "tick ran ~25 times in 0.5 s"
+        rets = [a for a, s, t in disasm(exe, "tick") if t.startswith("ret")]
+        assert {(o["kind"], o["from"], o["depth"], o["from_sym"]) for o in recs} == \
+            {("return", rets[0], 0, f"tick+{rets[0] - symbol(exe, 'tick'):#x}")}
+        assert {o["to_sym"].split("+")[0] for o in recs} == {"main"}
+        time.sleep(0.1)
+        assert proc.poll() is None                        # detached, still running
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
