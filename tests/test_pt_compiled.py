@@ -356,3 +356,20 @@ def test_cli_subprocess_same_output_both_ways(tmp_path):
                      for args in ([], ["--stat"], ["--format", "jsonl"])])
     assert outs[0] == outs[1]
     assert outs[0][1].startswith("packets: ")
+
+
+def test_to_jsonl_is_json_dumps(impl, corpus):
+    """Record.to_jsonl() == json.dumps(to_json(), compact) on every corpus
+    packet and error, with records from either implementation."""
+    import json
+    n = 0
+    for data in _corpus_streams():
+        for no_sync in (False, True):
+            for p in PacketDecoder(data, errata=Errata(skz84=True)).packets(
+                    no_sync=no_sync):
+                assert p.to_jsonl() == json.dumps(p.to_json(),
+                                                  separators=(",", ":")), p
+                n += 1
+    assert n > 8000
+    assert PtError("no ip", 3, "sync error").to_jsonl() == \
+        '{"offset":3,"error":"no ip","kind":"sync error"}'

@@ -10,6 +10,7 @@ raises for bad trace data: callers test ``isinstance(x, PtError)`` (or
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 # libipt's pt_errstr() strings, by libipt's enum pt_error_code names.
@@ -60,3 +61,7 @@ class PtError(NamedTuple):
         if self.kind:
             d["kind"] = self.kind
         return d
+
+    def to_jsonl(self) -> str:
+        """The compact JSON line of :meth:`to_json`."""
+        return json.dumps(self.to_json(), separators=(",", ":"))

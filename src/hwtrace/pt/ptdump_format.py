@@ -24,6 +24,7 @@ from hwtrace.pt import errors as E
 from hwtrace.pt.decoder import PacketDecoder, SKD007_OVF  # noqa: F401
 from hwtrace.pt.errors import PtError
 from hwtrace.pt.lastip import LastIp, sext48
+from hwtrace.pt.packets import Pad, Tnt8
 from hwtrace.pt.timing import FCR_SHIFT, Time, TimeCal, TimingConfig
 
 
@@ -82,9 +83,18 @@ def _ip_payload(ipc: int, ip: int) -> str:
     return f"{ipc:x}: {ip:016x}"
 
 
-def _tnt(bit_size: int, payload: int) -> str:
+def _tnt_text(bit_size: int, payload: int) -> str:
     return "".join("!" if payload >> i & 1 else "."
                    for i in range(bit_size - 1, -1, -1))
+
+
+# every TNT-8 payload's text, precomputed (TNT-8 is the commonest packet)
+_TNT8_TEXT = {(n, v): _tnt_text(n, v) for n in range(7) for v in range(1 << n)}
+
+
+def _tnt(bit_size: int, payload: int) -> str:
+    s = _TNT8_TEXT.get((bit_size, payload))
+    return _tnt_text(bit_size, payload) if s is None else s
 
 
 def _pwrx_wr(p) -> str:
@@ -243,7 +253,10 @@ class PtdumpFormatter:
                "skip": False, "skip_time": False, "skip_tcal": False}
         typ = p.type
         std = ""
-        if typ in ("tip", "fup", "tip.pge", "tip.pgd"):
+        if typ == "tnt8" or typ == "tnt64":     # the commonest first
+            opcode = "tnt.8" if typ == "tnt8" else "tnt.64"
+            std = _tnt(p.bit_size, p.payload)
+        elif typ in ("tip", "fup", "tip.pge", "tip.pgd"):
             opcode = typ
             std = _ip_payload(p.ipc, p.ip)
             if o.show_last_ip:
@@ -251,9 +264,6 @@ class PtdumpFormatter:
         elif typ == "pad":
             opcode = "pad"
             buf["skip"] = o.no_pad
-        elif typ == "tnt8" or typ == "tnt64":
-            opcode = "tnt.8" if typ == "tnt8" else "tnt.64"
-            std = _tnt(p.bit_size, p.payload)
         elif typ in ("tsc", "cbr", "tma", "mtc", "cyc"):
             opcode = typ
             if typ == "tsc":
@@ -400,8 +410,23 @@ def ptdump_lines(data: bytes, options: PtdumpOptions = PtdumpOptions(),
                               config.cpuid_0x15_eax, config.cpuid_0x15_ebx,
                               dec.errata)
     fmt = PtdumpFormatter(options, config, dec.buffer)
+    # TNT-8 and PAD (most packets) touch no formatter state: their lines
+    # are made here unless raw bytes or quiet change the layout.
+    fast = not options.quiet and not options.show_raw_bytes
+    head = "{:016x}  " if options.show_offset else ""
+    tnt8 = head + f"{'tnt.8':<10s} " + "{}"
+    pad = None if options.no_pad else head + "pad"
     for p in dec.packets(no_sync=options.no_sync):
-        if p.__class__ is PtError:
+        cls = p.__class__
+        if fast:
+            if cls is Tnt8:
+                yield tnt8.format(p[0], _TNT8_TEXT[p[2], p[3]])
+                continue
+            if cls is Pad:
+                if pad is not None:
+                    yield pad.format(p[0])
+                continue
+        if cls is PtError:
             if p.kind:
                 yield diag(0, "sync error", p.code)
             else:
