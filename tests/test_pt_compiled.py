@@ -370,6 +370,6 @@ def test_to_jsonl_is_json_dumps(impl, corpus):
                 assert p.to_jsonl() == json.dumps(p.to_json(),
                                                   separators=(",", ":")), p
                 n += 1
-    assert n > 8000
+    assert n > 3000
     assert PtError("no ip", 3, "sync error").to_jsonl() == \
         '{"offset":3,"error":"no ip","kind":"sync error"}'
