@@ -347,3 +347,12 @@ def test_mode_and_class_names():
     assert C.FAR_RETURN.oracle_name == "far_return"
     with pytest.raises(ValueError):
         decoder_for(7)
+
+
+def test_mode_may_be_given_by_name():
+    assert decode(bytes.fromhex("e8 00 00"), "16bit").size == 3
+    assert decode(bytes.fromhex("e8 00 00 00 00"), "32bit").size == 5
+    assert decoder_for("64bit") is decoder_for(B64)
+    for bad in (0, 4, "8bit", None, 2.5):
+        with pytest.raises(ValueError):
+            decode(b"\x90", bad)

@@ -325,15 +325,17 @@ def _build(mode: Mode) -> DecodeFn:
 _DECODERS = (None, _build(Mode.BIT16), _build(Mode.BIT32), _build(Mode.BIT64))
 
 
-def decoder_for(mode: Mode) -> DecodeFn:
+def decoder_for(mode: Mode | str) -> DecodeFn:
     """The decode function specialised for ``mode``: ``fn(code, offset=0)``.
 
+    ``mode`` is a Mode or a name Mode.from_name accepts ("64bit", ...).
     Saves one call level per instruction in hot loops.
     """
-    try:
+    fn = None
+    if isinstance(mode, int) and 0 < mode < len(_DECODERS):
         fn = _DECODERS[mode]
-    except (IndexError, TypeError):
-        fn = None
+    elif isinstance(mode, str):
+        fn = _DECODERS[Mode.from_name(mode)]
     if fn is None:
         raise ValueError(f"unknown x86 execution mode: {mode!r}")
     return fn
@@ -343,7 +345,14 @@ def decode(code, mode: Mode = Mode.BIT64, offset: int = 0) -> Insn:
     """Decode the instruction at ``code[offset]`` in execution mode ``mode``.
 
     ``code`` is bytes, bytearray or a memoryview of unsigned bytes (it may
-    hold more than the instruction). Returns an Insn; raises X86Error
-    (reason "truncated" or "invalid").
+    hold more than the instruction); ``offset`` >= 0. Returns an Insn;
+    raises X86Error (reason "truncated" or "invalid"). ``mode`` may also
+    be a ptoracle name ("64bit").
     """
-    return _DECODERS[mode](code, offset)
+    try:
+        fn = _DECODERS[mode]
+    except (IndexError, TypeError):
+        fn = None
+    if fn is None:
+        fn = decoder_for(mode)
+    return fn(code, offset)
