@@ -1,0 +1,145 @@
+"""hwtrace calls: the indented function-call history of a trace."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_hwtrace
+from hwtrace.analysis.records import Activation, Enter, Flag, Marker, StreamInfo
+from hwtrace.branches.calls import CallHistory, fmt_duration
+
+# ------------------------------------------------------------------ unit
+
+
+def test_history_rendering():
+    h = CallHistory()
+    h.begin_stream(StreamInfo(pid=1, tid=2), "ns")
+    h.add(Enter(0x10, "main", 0, 0.0, 0, Flag.BEGIN_UNKNOWN, 2))
+    h.add(Enter(0x20, "f", 1, 100.0, 3, Flag.NONE, 2))
+    h.add(Activation(0x20, "f", 1, 100.0, 2600.0, 3, 10, 0, 0.0, Flag.NONE, 2))
+    h.add(Marker("overflow", 2700.0, 12, 0x40, "packet overflow", 2))
+    h.add(Activation(0x10, "main", 0, 0.0, 2_000_000.0, 0, 20, 7, 2500.0,
+                     Flag.BEGIN_UNKNOWN | Flag.TRUNCATED, 2))
+    lines = list(h.lines())
+    assert lines[0] == "thread 2:"
+    assert re.fullmatch(r"  main +20 insns +2\.00ms  \[began before the trace, truncated\]",
+                        lines[1]), lines[1]
+    assert re.fullmatch(r"    f +7 insns +2\.50us", lines[2]), lines[2]
+    assert lines[3] == "  -- overflow at insn 12: packet overflow"
+    h2 = CallHistory(max_depth=0)
+    h2.begin_stream(StreamInfo(tid=5), "insns")
+    h2.add(Enter(0x10, "main", 0, 0, 0, Flag.NONE))
+    h2.add(Enter(0x20, "f", 1, 1, 1, Flag.NONE))
+    h2.add(Activation(0x20, "f", 1, 1, 4, 1, 4, 0, 0, Flag.NONE))
+    lines = list(h2.lines())
+    assert lines[0] == "thread 5:" and len(lines) == 2
+    assert lines[1].strip() == "main                                           (open)".strip() \
+        or lines[1].endswith("(open)")
+    assert fmt_duration(1500, "ns") == "1.50us" and fmt_duration(12, "insns") == "12 insns"
+
+
+# ------------------------------------------------------------------ system
+
+FIB_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) long fib(long n)
+{
+    if (n < 2)
+        return n;
+    return fib(n - 1) + fib(n - 2);
+}
+int main(int argc, char **argv)
+{
+    long r = fib(argc > 1 ? atol(argv[1]) : 10);
+    printf("%ld\n", r);
+    return 0;
+}
+"""
+N = 6
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory):
+    import shutil
+    if sys.platform != "linux" or shutil.which("gcc") is None:
+        pytest.skip("needs Linux and gcc")
+    tmp = tmp_path_factory.mktemp("calls")
+    (tmp / "fib.c").write_text(FIB_C)
+    exe = tmp / "fib"
+    subprocess.run(["gcc", "-O0", "-static", "-no-pie", "-o", str(exe), str(tmp / "fib.c")],
+                   check=True, capture_output=True)
+    out = tmp / "bundle"
+    r = run_hwtrace("record", "--engine", "ptrace", "--mode", "thread", "-o", out, "--", exe, N)
+    if not (out / "manifest.json").exists():
+        pytest.skip(f"the emulated recorder is not available: {r.stderr.strip()}")
+    return exe, out
+
+
+def _tree(n, depth, out):
+    """Preorder (depth, n) of fib(n)'s activations."""
+    out.append((depth, n))
+    if n >= 2:
+        _tree(n - 1, depth + 1, out)
+        _tree(n - 2, depth + 1, out)
+    return out
+
+
+def test_calls_fib_history(rec, tmp_path):
+    exe, bundle = rec
+    r = run_hwtrace("calls", "--clock", "insns", bundle)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"thread \d+:", lines[0])
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("  -- "):
+            assert re.fullmatch(r"  -- \w+ at insn [\d,]+: .+", line)
+            continue
+        m = re.fullmatch(r"( +)(\S+) +([\d,]+) insns(  \[.*\])?", line)
+        assert m, line
+        rows.append((len(m.group(1)) // 2 - 1, m.group(2), int(m.group(3).replace(",", ""))))
+    fibs = [(d, n) for d, name, n in rows if name == "fib"]
+    tree = _tree(N, 0, [])
+    assert len(fibs) == len(tree)
+    d0 = fibs[0][0]
+    assert [d - d0 for d, _ in fibs] == [d for d, _ in tree]
+    # instruction counts follow the recursion: leaves all alike, inner
+    # activations = a constant of their own + their two children
+    by_n = {}
+    for (_, insns), (_, n) in zip(fibs, tree):
+        assert by_n.setdefault(n, insns) == insns
+    own = by_n[2] - by_n[1] - by_n[0]
+    assert by_n[0] == by_n[1] and own > 0
+    for n in range(2, N + 1):
+        assert by_n[n] == own + by_n[n - 1] + by_n[n - 2]
+    # ... and the outermost one is exactly what the live stepper stepped
+    # inside its --within fib window
+    from hwtrace.engines.emulated import stepper
+    log = tmp_path / "w.xlog"
+    sym = int(subprocess.run(["nm", str(exe)], capture_output=True, text=True)
+              .stdout.split(" T fib\n")[0].rsplit("\n", 1)[-1], 16)
+    assert stepper.run([str(exe), str(N)], log, stepper.Options(within=sym)) == 0
+    w = stepper.windows(log)
+    assert [x.on for x in w] == [True, False] and w[0].pc == sym
+    assert w[1].ninsn - w[0].ninsn == by_n[N]
+    # main is the caller, one level up
+    i = next(i for i, row in enumerate(rows) if row[1] == "fib")
+    caller = next(row for row in reversed(rows[:i]) if row[0] == rows[i][0] - 1)
+    assert caller[1] == "main"
+
+
+def test_calls_max_depth_and_errors(rec):
+    _, bundle = rec
+    r = run_hwtrace("calls", "--max-depth", "0", bundle)
+    assert r.returncode == 0
+    body = r.stdout.splitlines()[1:]
+    assert body and all(re.match(r"  \S", x) for x in body)
+    r = run_hwtrace("calls", "/nonexistent/bundle")
+    assert r.returncode == 2 and r.stderr == "hwtrace: /nonexistent/bundle: no such bundle or file\n"
+    r = run_hwtrace("calls", "--max-depth", "-1", bundle)
+    assert r.returncode == 2 and "must be 0 or more" in r.stderr
