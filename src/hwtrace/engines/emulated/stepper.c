@@ -63,11 +63,12 @@ struct options {
     int follow_fork;
     int clock_insn;
     int block;                         /* 0 off, 1 auto */
+    int accel;                         /* run straight lines natively to a DR breakpoint */
     unsigned cpu_every;
     int quiet;
 };
 
-static struct options opt = { .follow_fork = 1, .block = 1, .cpu_every = 1024 };
+static struct options opt = { .follow_fork = 1, .block = 1, .accel = 1, .cpu_every = 1024 };
 static char errpath[4096];
 static volatile sig_atomic_t quit_signal;
 
@@ -203,7 +204,9 @@ struct thread {
     int exiting_sys;                   /* stepping exit/exit_group */
     struct user_regs_struct r;         /* registers at the last stop */
     struct insn_info cur;              /* decoded instruction at r.rip */
-    int how;                           /* last resume: 0 step, 1 block step, 2 cont */
+    int how;                           /* last resume: 0 step, 1 block step, 2 cont, 3 run to run_to */
+    uint64_t run_to;                   /* how 3: the branch a DR breakpoint stops at */
+    uint64_t dr[4]; unsigned dr_age[4], dr_clock; unsigned dr7;   /* DR cache */
     int probe;                         /* the last block step is the BTF probe */
     int sig_async; uint64_t sig_ip;    /* the signal being delivered */
     int detach;                        /* detach at the next stop */
@@ -227,6 +230,7 @@ static uint32_t next_block_id = 1;
 static int windowed;                   /* any trigger given */
 static int blockstep_state;            /* 0 unknown, 1 honoured, -1 ignored */
 static uint64_t total_steps;
+static uint64_t total_runs;            /* straight lines run natively (accel) */
 
 /* log context */
 static pid_t ctx_tid = -1;
@@ -520,9 +524,11 @@ static void arm(struct thread *t, int on)
     uint64_t a = t->p->within ? t->p->within : t->p->start;
     if (on && a) {
         set_dr(t->tid, 0, a);
-        set_dr(t->tid, 7, 1);           /* L0, execute, length 1 */
+        set_dr(t->tid, 7, 1);           /* L0, execute, length 1: native, only the trigger */
+        t->dr7 = 1;
     } else {
         set_dr(t->tid, 7, 0);
+        t->dr7 = 0;
     }
 }
 
@@ -601,13 +607,75 @@ static int block_ok(struct thread *t)
     return 0;
 }
 
+/* Accelerated stepping: the straight line from pc to its first
+ * control-transfer (or syscall, int, rep-string) instruction B holds only
+ * instructions that fall through, so run it natively with an instruction
+ * breakpoint on B (a small per-thread cache of DR slots), then step B.
+ * Slot 0 is the window trigger's in windowed mode.  Returns 0 if not used. */
+static int run_to_branch(struct thread *t)
+{
+    uint64_t pc = t->r.rip, b = pc;
+    int k = 0;
+    struct insn_info *ii = NULL;
+    for (; k < 4096; k++) {
+        if (t->win && t->p->stop && b == t->p->stop && k) return 0;
+        ii = insn_at(t, b);
+        if (ii->kind != K_OTHER) break;
+        b += ii->len;
+    }
+    if (!ii || ii->kind == K_OTHER || k < 2) return 0;
+    int first = windowed ? 1 : 0, slot = -1;
+    for (int i = first; i < 4; i++)
+        if (t->dr7 & (1u << (2 * i)) && t->dr[i] == b) { slot = i; break; }
+    if (slot < 0) {
+        slot = first;
+        for (int i = first; i < 4; i++) {
+            if (!(t->dr7 & (1u << (2 * i)))) { slot = i; break; }
+            if (t->dr_age[i] < t->dr_age[slot]) slot = i;
+        }
+        if (set_dr(t->tid, slot, b) < 0) return 0;
+        t->dr[slot] = b;
+        if (!(t->dr7 & (1u << (2 * slot)))) {
+            unsigned v = t->dr7 | (1u << (2 * slot));
+            if (set_dr(t->tid, 7, v) < 0) return 0;
+            t->dr7 = v;
+        }
+    }
+    t->dr_age[slot] = ++t->dr_clock;
+    t->how = 3;
+    t->run_to = b;
+    t->noexec = 0;                     /* PTRACE_CONT: no pending post-exec step report */
+    total_runs++;
+    total_steps--;
+    if (ptrace(PTRACE_CONT, t->tid, 0, 0) < 0) return 0;
+    return 1;
+}
+
+/* Retire the straight line [from, to) if `to` is on it (else nothing). */
+static void retire_line(struct thread *t, uint64_t from, uint64_t to)
+{
+    uint64_t pc = from;
+    int k = 0;
+    for (; pc != to && k < 4096; k++) {
+        struct insn_info *ii = insn_at(t, pc);
+        if (ii->kind != K_OTHER) return;
+        pc += ii->len;
+    }
+    if (pc != to) return;
+    for (pc = from; pc != to; ) {
+        struct insn_info ii = *insn_at(t, pc);
+        retire(t, &ii);
+        pc += ii.len;
+    }
+}
+
 static void resume(struct thread *t)
 {
     long sig = t->sig;
     t->injected = (int)sig;
     t->sig = 0;
     if (t->detach) {
-        if (windowed) arm(t, 0);
+        if (windowed || t->dr7) arm(t, 0);
         ptrace(PTRACE_DETACH, t->tid, 0, (void *)sig);
         drop_thread(t);
         return;
@@ -636,6 +704,9 @@ static void resume(struct thread *t)
             t->how = 1;
         }
     }
+    if (t->how == 0 && opt.accel && !sig && !t->restart && t->cur.kind == K_OTHER &&
+        (blockstep_state < 0 || !opt.block) && run_to_branch(t))
+        return;
     if (ptrace(t->how == 1 ? PTRACE_SINGLEBLOCK : PTRACE_SINGLESTEP, t->tid, 0, (void *)sig) < 0 && t->how == 1) {
         blockstep_state = -1;
         t->how = 0;
@@ -792,6 +863,7 @@ static void on_event(struct thread *t, int ev)
         update_maps(p);
         t->in_sys = 0;
         t->noexec = 1;
+        t->dr7 = 0;                       /* exec flushed the debug registers */
         t->restart = 0;
         if (windowed) {                   /* triggers belong to the first image */
             p->armed = 0;
@@ -847,7 +919,7 @@ static void on_stop(struct thread *t, int st)
     if (t->native) {
         if (sig == SIGTRAP && t->p->armed) {
             uint64_t dr6 = get_dr(t->tid, 6);
-            if (dr6 & 0xf) {
+            if (dr6 & 1) {
                 set_dr(t->tid, 6, 0);
                 ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
                 sample(t, 1);
@@ -865,6 +937,20 @@ static void on_stop(struct thread *t, int st)
     struct user_regs_struct prev = t->r;
     if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) < 0) return;
     int stepped = 0;
+    if (t->how == 3) {
+        /* ran natively toward run_to: the line up to where it stopped retired */
+        int reached = sig == SIGTRAP && t->r.rip == t->run_to;
+        retire_line(t, prev.rip, t->r.rip);
+        t->how = 0;
+        if (reached) {
+            sample(t, 0);
+            window_check(t);
+            if (quit_signal) t->detach = 1;
+            resume(t);
+            return;
+        }
+        goto signal_stop;              /* a signal (or fault) interrupted the line */
+    }
     if (sig == SIGTRAP) {
         if (t->noexec) {
             t->noexec = 0;
@@ -891,6 +977,7 @@ static void on_stop(struct thread *t, int st)
             stepped = 1;
         }
     } else {
+signal_stop:
         /* signal-delivery-stop: nothing retired since the last stop */
         if (ptrace(PTRACE_GETSIGINFO, t->tid, 0, &si) < 0) {
             sig = 0;                       /* group-stop */
@@ -901,6 +988,15 @@ static void on_stop(struct thread *t, int st)
         t->sig = sig;
     }
 
+    if (stepped && t->how == 0 && t->dr7 && t->r.rip == prev.rip && t->cur.kind != K_REPSTR) {
+        /* a cached breakpoint (run_to_branch) fired before the instruction
+         * ran: DR6 (ptrace's virtual copy, reset per #DB) says which trap */
+        uint64_t dr6 = get_dr(t->tid, 6);
+        if ((dr6 & 0xf) && !(dr6 & 0x4000)) {
+            resume(t);                 /* the kernel set RF: the next step executes it */
+            return;
+        }
+    }
     if (stepped) {
         if (t->how == 1 && !t->probe) {
             /* block step: the straight line from prev.rip to its branch retired */
@@ -1139,6 +1235,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--within")) { opt.within = parse_addr(v, &opt.within_rel); i++; }
         else if (!strcmp(a, "--clock")) { opt.clock_insn = !strcmp(v, "insn"); if (!opt.clock_insn && strcmp(v, "tsc")) usage(); i++; }
         else if (!strcmp(a, "--block")) { opt.block = strcmp(v, "off") != 0; i++; }
+        else if (!strcmp(a, "--accel")) { opt.accel = strcmp(v, "off") != 0; i++; }
         else if (!strcmp(a, "--cpu-every")) { opt.cpu_every = (unsigned)atoi(v); if (!opt.cpu_every) opt.cpu_every = 1; i++; }
         else usage();
     }
@@ -1219,10 +1316,11 @@ int main(int argc, char **argv)
         snprintf(ip, sizeof ip, "%s.info", opt.out);
         FILE *f = fopen(ip, "we");
         if (f) {
-            fprintf(f, "{\"stepping\": \"%s\", \"block_step\": \"%s\", \"steps\": %llu, \"clock\": \"%s\", \"clock_hz\": %llu}\n",
-                    blockstep_state > 0 ? "block" : "single",
+            fprintf(f, "{\"stepping\": \"%s\", \"block_step\": \"%s\", \"steps\": %llu, \"native_runs\": %llu, "
+                    "\"clock\": \"%s\", \"clock_hz\": %llu}\n",
+                    blockstep_state > 0 ? "block" : total_runs ? "single+native-runs" : "single",
                     blockstep_state > 0 ? "honoured" : blockstep_state < 0 ? "ignored" : "unprobed",
-                    (unsigned long long)total_steps, opt.clock_insn ? "insn" : "tsc", (unsigned long long)hz);
+                    (unsigned long long)total_steps, (unsigned long long)total_runs, opt.clock_insn ? "insn" : "tsc", (unsigned long long)hz);
             fclose(f);
         }
     }

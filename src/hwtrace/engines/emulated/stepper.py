@@ -7,7 +7,10 @@ shipped with the package) is compiled with gcc at first use into
 hash of its sources.  It launches a program (or attaches to every thread of
 a pid), follows threads, fork/vfork and exec, single-steps every thread
 (``PTRACE_SINGLEBLOCK`` where a run-time probe shows the machine honours
-DEBUGCTL.BTF), and writes an execution log (``execlog``, source = ptrace
+DEBUGCTL.BTF; where it doesn't, as in this VM, straight-line code up to the
+next control transfer runs natively to a per-thread debug-register
+breakpoint on that instruction, which is then stepped: the same exact
+instruction stream with about half the traps), and writes an execution log (``execlog``, source = ptrace
 stepper): straight-line runs as BLOCK/EXEC records, SYSCALL/SYSRET around
 every ``syscall``, SIGNAL for handlers entered asynchronously, SIGACTION,
 MMAP/MUNMAP of executable mappings from ``/proc/PID/maps`` (with build-ids),
@@ -103,6 +106,7 @@ class Options:
     follow_fork: bool = True         # trace fork/vfork children (else only report them)
     clock: str = "tsc"               # TIME records: "tsc" (host TSC) or "insn" (per-thread count)
     block_step: bool = True          # use PTRACE_SINGLEBLOCK where the machine honours BTF
+    accelerate: bool = True          # else run straight lines natively to a DR breakpoint
     cpu_every: int = 1024            # sample the CPU a thread runs on every N steps
                                      # (and after every syscall)
 
@@ -140,6 +144,8 @@ def command(target: Sequence[str] | int, log_path: str | os.PathLike,
            "--clock", o.clock, "--cpu-every", str(max(1, int(o.cpu_every)))]
     if not o.block_step:
         cmd += ["--block", "off"]
+    if not o.accelerate:
+        cmd += ["--accel", "off"]
     if not o.follow_fork:
         cmd.append("--no-follow-fork")
     for name in ("start", "stop", "within"):
@@ -212,8 +218,10 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
 
 def info(log_path: str | os.PathLike) -> dict:
     """What the stepper reports about a finished run (``LOG.info``):
-    ``stepping`` ("single" or "block"), ``block_step`` (probe result:
-    "honoured", "ignored", "unprobed"), ``steps``, ``clock``, ``clock_hz``."""
+    ``stepping`` ("single", "single+native-runs" or "block"),
+    ``block_step`` (probe result: "honoured", "ignored", "unprobed"),
+    ``steps`` (single/block steps), ``native_runs`` (straight lines run to a
+    breakpoint), ``clock``, ``clock_hz``."""
     return json.loads(Path(os.fspath(log_path) + ".info").read_text())
 
 
