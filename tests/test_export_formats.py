@@ -67,6 +67,10 @@ arch = gdb.selected_frame().architecture()
 main = int(gdb.parse_and_eval("(long)&main"))
 ret = int(gdb.parse_and_eval("*(unsigned long*)$rsp"))
 out.write(json.dumps({"main": main, "ret": ret}) + "\n")
+if os.environ.get("FLOW_START"):
+    # record from there on only (skip what runs before without stepping)
+    gdb.execute("tbreak *" + os.environ["FLOW_START"])
+    gdb.execute("continue", to_string=True)
 while True:
     pc = int(gdb.parse_and_eval("$pc"))
     if pc == ret:

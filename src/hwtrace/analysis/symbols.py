@@ -4,7 +4,8 @@ An :class:`Image` is one ELF file (executable or shared library) placed in
 memory with a load bias (runtime address - link-time address; 0 for a
 non-PIE executable).  Functions come from ``.symtab`` (or the separate debug
 file found by build-id under ``/usr/lib/debug/.build-id/xx/yyyy.debug``)
-and ``.dynsym``, plus ``name@plt`` stubs synthesized from ``.rela.plt``.
+and ``.dynsym``, plus ``name@plt`` stubs synthesized from ``.rela.plt``;
+C++ names are demangled (``c++filt``, when binutils is installed).
 Lines come from the DWARF line tables (of the debug file when there is
 one), read lazily the first time a line is asked for.  Everything is read
 once per image and cached in the image object.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
@@ -40,11 +43,36 @@ def _build_id(elf: ELFFile) -> str | None:
     return None
 
 
+def demangle_names(names: list[str]) -> dict[str, str]:
+    """{mangled: demangled} for the C++ (Itanium ABI, ``_Z...``) names,
+    through binutils' ``c++filt`` in one batch; names stay as they are if
+    it is not installed.  (A PLT stub keeps its ``@plt``.)"""
+    todo = sorted({n.split("@", 1)[0] for n in names if n.startswith("_Z")})
+    exe = shutil.which("c++filt")
+    if not todo or exe is None:
+        return {}
+    try:
+        r = subprocess.run([exe], input="\n".join(todo) + "\n",
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out = r.stdout.splitlines()
+    if r.returncode != 0 or len(out) != len(todo):
+        return {}
+    plain = dict(zip(todo, out))
+    result = {}
+    for n in names:
+        base, at, rest = n.partition("@")
+        if base in plain:
+            result[n] = plain[base] + at + rest
+    return result
+
+
 class Image:
     """One ELF file at a load bias."""
 
     def __init__(self, path: str | os.PathLike, bias: int = 0,
-                 debug_roots=DEBUG_ROOTS):
+                 debug_roots=DEBUG_ROOTS, demangle: bool = True):
         self.path = str(path)
         self.bias = bias
         try:
@@ -67,6 +95,9 @@ class Image:
             except (OSError, ELFError):
                 self.debug_file = None
         items = sorted(funcs.items())
+        if demangle:
+            names = demangle_names([n for _, (_, n) in items])
+            items = [(a, (sz, names.get(n, n))) for a, (sz, n) in items]
         self._starts = [a for a, _ in items]
         self._ends = [a + max(sz, 1) for a, (sz, _) in items]
         self._names = [n for _, (_, n) in items]
