@@ -352,3 +352,35 @@ int main(void) {
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def test_raw_pt_and_flow_items(progs, bundle):
+    """The same window from the bundle's raw .pt stream with --elf, and from
+    ``hwtrace decode --format jsonl`` flow items with --elf."""
+    p = Prog(progs / "fib")
+    (pt,) = sorted(bundle.glob("*.pt"))
+    items = progs / "items.jsonl"
+    d = run_hwtrace("decode", "--pt", pt, "--elf", progs / "fib", "--format", "jsonl")
+    assert d.returncode == 0, d.stderr
+    items.write_text(d.stdout)
+    for src in (pt, items):
+        r = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib",
+                        "--format", "jsonl", "--elf", progs / "fib", src)
+        assert r.returncode == 0, r.stderr
+        recs = [json.loads(x) for x in r.stdout.splitlines()]
+        assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == p.expected(N)
+        assert recs[0]["pid"] is None and recs[0]["to_sym"] == "fib"
+    r = run_hwtrace("branches", "--within", "fib", pt)
+    assert r.returncode == 2 and "a raw trace needs its code: --elf FILE[:BIAS]" in r.stderr
+
+
+def test_text_format(progs, bundle):
+    p = Prog(progs / "fib")
+    r = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib", bundle)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 * activations(N) - 1
+    assert re.fullmatch(rf" *\d+/\d+   0 call +{p.c1:#x} fib\+{p.c1 - p.fib:#x} -> "
+                        rf"{p.fib:#x} fib", lines[0]), lines[0]
+    assert re.fullmatch(rf" *\d+/\d+   0 return +{p.ret:#x} fib\+{p.ret - p.fib:#x} -> "
+                        rf"{p.main_after:#x} main\+0x[0-9a-f]+", lines[-1]), lines[-1]

@@ -1,6 +1,8 @@
 """Branch records from a decoded trace: a bundle (decoded by the
-instruction-flow decoder through ``hwtrace.export.source``) or a ``.jsonl``
-file of flow items (``ptoracle insn`` lines) with ``--elf`` images.
+instruction-flow decoder through ``hwtrace.export.source``), a raw ``.pt``
+stream with ``--elf`` images, or a ``.jsonl`` file of flow items
+(``ptoracle insn`` / ``hwtrace decode --format jsonl`` lines) with
+``--elf`` images.
 
 The instruction flow gives each executed instruction's address and class;
 the instruction bytes (needed to tell a direct from an indirect call, a
@@ -170,11 +172,85 @@ class DecodedTrace:
             out.clear()
 
 
+def parse_elf_arg(arg: str) -> tuple[str, int]:
+    """``FILE`` or ``FILE:BIAS``."""
+    path, sep, bias = arg.rpartition(":")
+    if sep and path and os.path.exists(path) and not os.path.exists(arg):
+        try:
+            return path, int(bias, 0)
+        except ValueError:
+            raise DecodedError(f"--elf {arg}: bad bias") from None
+    return arg, 0
+
+
+class _FlowSink:
+    """hwtrace.flow.session's sink protocol -> the consumer protocol."""
+
+    def __init__(self, consumer, event_json):
+        self.c = consumer
+        self._event_json = event_json
+
+    def insn(self, insn, offset):
+        self.c.insn(insn.ip, insn.size, insn.iclass_name)
+
+    def block(self, block, offset):
+        for i in block.insns:
+            self.c.insn(i.ip, i.size, i.iclass_name)
+
+    def event(self, ev, offset):
+        self.c.feed(self._event_json(ev, offset))
+
+    def error(self, kind, offset, ip, code):
+        self.c.feed({"error": str(code), "kind": kind, "offset": offset, "ip": ip})
+
+    def status(self, name, offset):
+        self.c.feed({"status": name, "offset": offset})
+
+
+def _pt_source(p: Path, elf):
+    """A raw ``.pt`` stream decoded against ``--elf`` images."""
+    from elftools.elf.elffile import ELFFile
+
+    from hwtrace.analysis.records import StreamInfo
+    from hwtrace.analysis.symbols import Symbolizer, SymbolError
+    from hwtrace.export.source import Job, Source
+    from hwtrace.flow import session
+    from hwtrace.flow.config import FlowConfig
+    from hwtrace.flow.image import Image, Section
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.sinks import event_json
+
+    if not elf:
+        raise DecodedError(f"{p}: a raw trace needs its code: --elf FILE[:BIAS]")
+    sym = Symbolizer()
+    image = Image()
+    for arg in elf:
+        f, bias = parse_elf_arg(arg)
+        try:
+            sym.add_image(f, bias)
+            with open(f, "rb") as fh:
+                for seg in ELFFile(fh).iter_segments():
+                    h = seg.header
+                    if h.p_type == "PT_LOAD" and h.p_filesz:
+                        image.add(Section.from_file(f, h.p_offset, h.p_filesz),
+                                  h.p_vaddr + bias)
+        except (OSError, SymbolError) as e:
+            raise DecodedError(f"--elf {arg}: {e}") from None
+        except Exception as e:          # the flow image's own errors
+            raise DecodedError(f"--elf {arg}: cannot load: {e}") from None
+
+    def run(consumer):
+        data = p.read_bytes()
+        session.run_insn(InsnDecoder(data, image, FlowConfig()),
+                         _FlowSink(consumer, event_json))
+    return Source(sym, [Job(StreamInfo(name=p.name), run, None, p.stat().st_size)],
+                  "thread", str(p))
+
+
 def _reader_for(path: Path, elf, image_path) -> CodeReader:
     reader = CodeReader()
-    from hwtrace.export.source import _parse_elf_arg
     for arg in elf:
-        f, bias = _parse_elf_arg(arg)
+        f, bias = parse_elf_arg(arg)
         try:
             reader.add_elf(f, bias)
         except Exception as e:
@@ -200,7 +276,10 @@ def decoded_records(path: str | os.PathLike, trigger: TriggerSpec = TriggerSpec(
     from hwtrace.export.source import SourceError, open_source
     p = Path(path)
     try:
-        src = open_source(p, list(elf), list(image_path))
+        if p.is_file() and p.suffix != ".jsonl":
+            src = _pt_source(p, list(elf))
+        else:
+            src = open_source(p, list(elf), list(image_path))
     except SourceError as e:
         raise DecodedError(str(e)) from None
     return DecodedTrace(src, _reader_for(p, elf, image_path), trigger, mask)
