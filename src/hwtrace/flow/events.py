@@ -33,7 +33,8 @@ class Event:
                  "deepest", "interrupt", "store", "autonomous", "size",
                  "payload", "ratio", "resumed", "iflag", "vector", "has_cr2",
                  "cr2", "has_vector", "vmxr", "has_vmxr", "vmxq", "has_vmxq",
-                 "trbv", "icnt", "mult", "bits", "offset", "stamped")
+                 "trbv", "icnt", "icntv", "mult", "bits", "offset",
+                 "stamped")
 
     def __init__(self, type: str, **fields):
         self.type = type

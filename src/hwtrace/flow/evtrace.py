@@ -31,6 +31,11 @@ def bind_tip_pgd(q, ev) -> bool:
 
 
 def bind_fup(q, ev) -> bool:
+    """An event-trace or TRIG event waiting for a FUP gets its IP."""
+    if ev.type == "trig":
+        q.consume_packet = True
+        q._event_ip(ev)
+        return True
     return False
 
 
@@ -59,4 +64,16 @@ def decode_evd(q, pkt) -> None:
 
 
 def decode_trig(q, pkt) -> None:
+    """TRIG: with its IP bit it binds to the next FUP; otherwise it is
+    reported after ``icnt`` more instructions (when ``icntv``), which the
+    instruction decoder counts."""
+    from .events import BIND_FUP
+    ev = q._new_event("trig", trbv=pkt.trbv, icnt=pkt.icnt,
+                      mult=bool(pkt.mult))
+    ev.icntv = bool(pkt.icntv)
+    if pkt.ip:
+        q.evq.enqueue(BIND_FUP, ev)
+    else:
+        ev.ip_suppressed = True
+        q.published = ev
     q._consume()

@@ -51,6 +51,11 @@ _JUMP = int(IClass.JUMP)
 _COND = int(IClass.COND_JUMP)
 _UNKNOWN = int(IClass.UNKNOWN)
 
+# Events whose IP comes from the trace: TRIG's instruction count restarts.
+_IP_REFERENCE = frozenset(("enabled", "async_branch", "overflow", "tsx",
+                           "exstop", "mwait", "iflags", "trig",
+                           "async_disabled", "exec_mode"))
+
 # Events that only carry information and never bind to an instruction.
 _USER_ONLY = frozenset(("pwre", "pwrx", "tick", "cbr", "mnt"))
 
@@ -103,6 +108,8 @@ class InsnDecoder:
         self.last_tsc = 0
         self.resyncing = False
         self.injected = None
+        # Instructions since the last IP the trace gave (TRIG's icnt).
+        self.icount = 0
         self.retstack.clear()
         self.cr3 = None
         self.vmcs = None
@@ -173,6 +180,7 @@ class InsnDecoder:
 
     # -- queries on behalf of instructions ---------------------------------------
     def _cond_branch(self) -> int:
+        self.icount = 0
         r = self.query.cond_branch()
         if r.__class__ is PtError:
             raise _Err(r.code)
@@ -183,6 +191,7 @@ class InsnDecoder:
         return taken
 
     def _indirect_branch(self, evip: int) -> int:
+        self.icount = 0
         r = self.query.indirect_branch()
         if r.__class__ is PtError:
             raise _Err(r.code)
@@ -210,6 +219,7 @@ class InsnDecoder:
 
     # -- proceeding past an instruction --------------------------------------------
     def _proceed(self, insn: FlowInsn, x) -> None:
+        self.icount += 1        # a query for trace below restarts it
         ip = (self.ip + insn.size) & MASK64
         self.ip = ip
         c = insn.iclass
@@ -224,6 +234,7 @@ class InsnDecoder:
         elif c == _RETURN:
             r = self.query.cond_branch()
             if r.__class__ is not PtError:
+                self.icount = 0
                 status, taken = r
                 if self.config.enable_tick_events:
                     self._tick(self.ip)
@@ -328,10 +339,10 @@ class InsnDecoder:
             if self.bound_ptwrite:
                 return 0
             if ev.ip_suppressed:
+                # Binds to the next PTWRITE; libipt 2.3 leaves the IP
+                # suppressed (ptxed shows none).
                 if not F.is_ptwrite(x):
                     return 0
-                ev.ip = self.ip
-                ev.ip_suppressed = False
             elif self.ip != ev.ip:
                 return 0
             self.bound_ptwrite = True
@@ -509,6 +520,8 @@ class InsnDecoder:
             else:
                 from . import evtrace_insn
                 evtrace_insn.process_event(self, ev)
+            if t in _IP_REFERENCE and not ev.ip_suppressed:
+                self.icount = 0
             self.process_event = False
             if self.process_insn:
                 status = self._check_insn_event(self.p_insn, self.p_x86)

@@ -1,0 +1,110 @@
+"""hwtrace decode: the command line contract, the hardware fixture, bad input."""
+
+import json
+import os
+import random
+
+import pytest
+
+from conftest import CORPUS, FIXTURES, run_hwtrace
+
+SIMPLE = FIXTURES / "drpt2trace_simple"
+SIMPLE_OPTS = ["--cpu", "6/85/4", "--mtc-freq", "3", "--nom-freq", "37",
+               "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "308"]
+HELLO_INSNS = [0x401000, 0x401005, 0x40100a, 0x401014, 0x401019,
+               0x40101b, 0x401020, 0x401025]
+
+
+def _need(path):
+    if not path.exists():
+        pytest.skip(f"{path} missing")
+
+
+@pytest.mark.parametrize("decoder", ["--insn-decoder", "--block-decoder"])
+def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder):
+    _need(SIMPLE)
+    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                    SIMPLE / "hello", *SIMPLE_OPTS, decoder)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    insns = [int(x, 16) for x in lines if not x.startswith("[")]
+    assert insns == HELLO_INSNS
+    # tracing is enabled at _start, disabled at each syscall, and resumes
+    # after it
+    assert lines == ["[enabled]", "[exec mode: 64-bit]", "[disabled]",
+                     "[resumed]"] + [f"{i:016x}" for i in HELLO_INSNS[:5]] + \
+        ["[disabled]", "[resumed]"] + \
+        [f"{i:016x}" for i in HELLO_INSNS[5:]] + ["[disabled]"]
+
+
+def test_drpt2trace_simple_jsonl_and_stat():
+    _need(SIMPLE)
+    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                    SIMPLE / "hello", *SIMPLE_OPTS, "--format", "jsonl")
+    assert r.returncode == 0, r.stderr
+    objs = [json.loads(x) for x in r.stdout.splitlines()]
+    insns = [o for o in objs if "iclass" in o]
+    assert [o["ip"] for o in insns] == HELLO_INSNS
+    assert [o["iclass"] for o in insns] == ["other"] * 4 + ["far_call"] + \
+        ["other"] * 2 + ["far_call"]
+    assert all(o["mode"] == "64bit" and not o["speculative"] for o in insns)
+    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                    SIMPLE / "hello", *SIMPLE_OPTS, "--quiet", "--stat")
+    words = r.stdout.split()
+    assert words[:3] == ["insn:", "8.", "blocks:"]
+    # two straight-line runs, each ended by a syscall
+    assert words[3] == "2."
+
+
+def test_unreadable_trace_is_one_line_exit_2(tmp_path):
+    r = run_hwtrace("decode", "--pt", tmp_path / "nope.pt", "--raw",
+                    f"{tmp_path / 'nope.bin'}:0x1000")
+    assert r.returncode == 2
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_image_is_one_line_exit_2(tmp_path):
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(b"\x02\x82" * 8)
+    r = run_hwtrace("decode", "--pt", pt, "--raw", f"{tmp_path / 'x'}:0x10")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_hwtrace("decode", "--pt", pt, "--elf", pt)   # not an ELF
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_no_trace_given_is_exit_2():
+    r = run_hwtrace("decode")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_garbage_and_truncation_become_errors_not_crashes(tmp_path):
+    """Corrupt streams: errors are reported with offsets, decoding goes on,
+    nothing escapes."""
+    src = CORPUS / "call_direct-ret_compressed"
+    _need(src)
+    data = (src / "call_direct-ret_compressed.pt").read_bytes()
+    rnd = random.Random(1234)
+    for seed in range(12):
+        buf = bytearray(data * 3)
+        for _ in range(1 + seed % 5):
+            buf[rnd.randrange(len(buf))] = rnd.randrange(256)
+        if seed % 3 == 0:
+            buf = buf[:rnd.randrange(1, len(buf))]
+        pt = tmp_path / f"m{seed}.pt"
+        pt.write_bytes(bytes(buf))
+        for fmt in ("text", "jsonl"):
+            r = run_hwtrace("decode", "--pt", pt, "--raw",
+                            f"{src / 'call_direct-ret_compressed.bin'}:0x1000",
+                            "--format", fmt)
+            assert r.returncode == 0, r.stderr
+            assert r.stderr == ""
+            if fmt == "jsonl":
+                for line in r.stdout.splitlines():
+                    json.loads(line)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(os.urandom(4096))
+    r = run_hwtrace("decode", "--pt", junk, "--raw", f"{junk}:0x1000")
+    assert r.returncode == 0 and r.stderr == ""
