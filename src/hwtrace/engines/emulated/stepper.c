@@ -18,6 +18,8 @@
  *   --block auto|off   use PTRACE_SINGLEBLOCK if it really stops only after
  *                      branches (probed at run time), or never
  *   --cpu-every N      sample the thread's CPU every N steps (default 1024)
+ *   --quantum N        follow one thread for up to N stops before another (1000)
+ *   --accel on|off     run straight lines natively to a DR breakpoint when BTF is ignored
  *   --quiet-errors     errors go to the log only (as the exit reason)
  *
  * The traced program's stdout/stderr are its own; the stepper's exit status
@@ -65,10 +67,11 @@ struct options {
     int block;                         /* 0 off, 1 auto */
     int accel;                         /* run straight lines natively to a DR breakpoint */
     unsigned cpu_every;
+    unsigned quantum;                  /* stops a thread is followed before switching */
     int quiet;
 };
 
-static struct options opt = { .follow_fork = 1, .block = 1, .accel = 1, .cpu_every = 1024 };
+static struct options opt = { .follow_fork = 1, .block = 1, .accel = 1, .cpu_every = 1024, .quantum = 1000 };
 static char errpath[4096];
 static volatile sig_atomic_t quit_signal;
 
@@ -1235,6 +1238,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--within")) { opt.within = parse_addr(v, &opt.within_rel); i++; }
         else if (!strcmp(a, "--clock")) { opt.clock_insn = !strcmp(v, "insn"); if (!opt.clock_insn && strcmp(v, "tsc")) usage(); i++; }
         else if (!strcmp(a, "--block")) { opt.block = strcmp(v, "off") != 0; i++; }
+        else if (!strcmp(a, "--quantum")) { opt.quantum = (unsigned)atoi(v); i++; }
         else if (!strcmp(a, "--accel")) { opt.accel = strcmp(v, "off") != 0; i++; }
         else if (!strcmp(a, "--cpu-every")) { opt.cpu_every = (unsigned)atoi(v); if (!opt.cpu_every) opt.cpu_every = 1; i++; }
         else usage();
@@ -1269,6 +1273,8 @@ int main(int argc, char **argv)
     if (opt.attach) attach(); else launch();
 
     int interrupted = 0;
+    pid_t focus = 0;
+    unsigned focus_left = 0;
     while (nthreads > 0) {
         int st;
         if (quit_signal && !interrupted) {
@@ -1282,9 +1288,14 @@ int main(int argc, char **argv)
                 for (struct thread *t = threads; t; t = t->next) kill(t->tid, SIGKILL);
             }
         }
-        pid_t tid = waitpid(-1, &st, __WALL);
+        /* Keep following one thread for a quantum of stops while its next
+         * stop is certain to come soon (an ordinary step or straight line,
+         * not a syscall that may block, nor a signal delivery): fewer thread
+         * switches in the log, like a scheduler's time slice. */
+        pid_t tid = waitpid(focus && !quit_signal ? focus : -1, &st, __WALL);
         if (tid < 0) {
             if (errno == EINTR) continue;
+            if (errno == ECHILD && focus) { focus = 0; continue; }
             if (errno == ECHILD) break;
             fail("waitpid: %s", strerror(errno));
         }
@@ -1301,6 +1312,15 @@ int main(int argc, char **argv)
         }
         if (WIFEXITED(st) || WIFSIGNALED(st)) on_exit_status(t, st);
         else if (WIFSTOPPED(st)) on_stop(t, st);
+        t = find_thread(tid);
+        if (t && t->started && !t->native && !t->detach && !t->injected && nthreads > 1 &&
+            (t->how == 3 || (t->how == 0 && t->cur.kind != K_SYSCALL)) &&
+            (focus != tid ? (focus_left = opt.quantum) : focus_left) > 0) {
+            focus = tid;
+            focus_left--;
+        } else {
+            focus = 0;
+        }
     }
 
     flush_exec();

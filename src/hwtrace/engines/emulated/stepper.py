@@ -109,6 +109,8 @@ class Options:
     accelerate: bool = True          # else run straight lines natively to a DR breakpoint
     cpu_every: int = 1024            # sample the CPU a thread runs on every N steps
                                      # (and after every syscall)
+    quantum: int = 1000              # stops one thread is followed before another
+                                     # (a syscall or signal ends it sooner)
 
 
 class Window(NamedTuple):
@@ -141,7 +143,8 @@ def command(target: Sequence[str] | int, log_path: str | os.PathLike,
     if o.clock not in ("tsc", "insn"):
         raise StepperError(f"unknown clock {o.clock!r} (tsc or insn)")
     cmd = [str(stepper_path()), "--quiet-errors", "-o", os.fspath(log_path),
-           "--clock", o.clock, "--cpu-every", str(max(1, int(o.cpu_every)))]
+           "--clock", o.clock, "--cpu-every", str(max(1, int(o.cpu_every))),
+           "--quantum", str(max(0, int(o.quantum)))]
     if not o.block_step:
         cmd += ["--block", "off"]
     if not o.accelerate:
