@@ -12,6 +12,7 @@ execution log it writes is then turned into records by the shared
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 from collections import deque
@@ -126,6 +127,17 @@ def _pre_symbolizer(target) -> tuple[Symbolizer, bool]:
     return sym, img.is_pie
 
 
+def _is_dynamic(sym: Symbolizer) -> bool:
+    if not sym.images:
+        return False
+    try:
+        from elftools.elf.elffile import ELFFile
+        with open(sym.images[0].path, "rb") as f:
+            return any(seg.header.p_type == "PT_INTERP" for seg in ELFFile(f).iter_segments())
+    except Exception:
+        return False
+
+
 def _proc_maps(pid: int):
     seen = set()
     try:
@@ -175,7 +187,8 @@ class LiveRun:
     def symbolizer(self) -> Symbolizer:
         """Symbols of what the process mapped (from the log's MMAP records)."""
         if self._sym is None:
-            self._sym = symbolizer_from_log(self.log.read_bytes())
+            with _mapped(self.log) as data:
+                self._sym = symbolizer_from_log(data)
         return self._sym
 
     def records(self) -> Iterator[Branch]:
@@ -183,7 +196,33 @@ class LiveRun:
         sym = self.symbolizer
         base = resolve.main_base(sym)
         tracker = Tracker(self.trigger.bind(sym, base), self.mask.bind(sym, base))
-        yield from records_from_log(self.log.read_bytes(), stepper.windows(self.log), tracker)
+        with _mapped(self.log) as data:
+            yield from records_from_log(data, stepper.windows(self.log), tracker)
+
+
+class _mapped:
+    """A log file's bytes, memory-mapped (a long run's log can be large)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f = None
+        self._m = None
+
+    def __enter__(self):
+        self._f = open(self.path, "rb")
+        try:
+            self._m = mmap.mmap(self._f.fileno(), 0, prot=mmap.PROT_READ)
+        except ValueError:            # empty file
+            return b""
+        return self._m
+
+    def __exit__(self, *exc):
+        if self._m is not None:
+            try:
+                self._m.close()
+            except BufferError:       # a parser's memoryview still alive
+                pass
+        self._f.close()
 
 
 def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
@@ -200,9 +239,18 @@ def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
     elif not target:
         raise LiveError("no program given")
     sym, relative = _pre_symbolizer(target)
-    opts = stepper_options(trigger, sym, relative, clock)
-    # ranges are resolved now too, so a bad one fails before the run
-    mask.bind(sym, 0 if relative else resolve.main_base(sym))
+    try:
+        opts = stepper_options(trigger, sym, relative, clock)
+        # ranges are resolved now too, so a bad one fails before the run
+        mask.bind(sym, 0 if relative else resolve.main_base(sym))
+    except resolve.SymbolNotFound as e:
+        if pid is None and _is_dynamic(sym):
+            raise resolve.SymbolNotFound(
+                e.name, e.candidates,
+                "; a program about to be launched offers only its executable's "
+                "symbols (shared libraries are not loaded yet): give an address, "
+                "or trace a recording (hwtrace record) instead") from None
+        raise
     log = Path(workdir) / "live.xlog"
     try:
         status = stepper.run(target if pid is not None else [str(a) for a in target],

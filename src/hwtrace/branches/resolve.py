@@ -15,14 +15,15 @@ import difflib
 class SymbolNotFound(ValueError):
     """A name no image defines (the message lists close matches)."""
 
-    def __init__(self, name: str, candidates=()):
+    def __init__(self, name: str, candidates=(), note: str = ""):
         close = difflib.get_close_matches(name, sorted(set(candidates)), n=5,
                                           cutoff=0.6)
         hint = (f"close matches: {', '.join(close)}" if close
                 else "no close matches")
-        super().__init__(f"unknown symbol {name!r} ({hint})")
+        super().__init__(f"unknown symbol {name!r} ({hint}){note}")
         self.name = name
         self.close = close
+        self.candidates = candidates
 
 
 def parse_number(text: str) -> int | None:
