@@ -21,7 +21,7 @@ from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import Status, TraceError
 from hwtrace.engines.base import Engine
 
-from . import flow, ptgen
+from . import fast, flow, ptgen
 
 #: What the emulation offers (CPUID leaf 0x14): no PTWRITE / power events,
 #: two address ranges, the usual Skylake-class masks.
@@ -88,6 +88,8 @@ class EmulatedEngine(Engine):
         #: execution shows it (``resolved_ranges`` then holds all ranges).
         self.elf_ranges: dict[int, tuple[str, int, int]] = {}
         self.resolved_ranges: list[tuple[int, int]] | None = None
+        #: which generator produced the last streams: "compiled" or "python"
+        self.generator = ""
 
     @property
     def capabilities(self) -> Capabilities:
@@ -168,16 +170,16 @@ class EmulatedEngine(Engine):
             data = f.read()
         if not data:
             return
-        trace = flow.load(data)
-        self.last_trace = trace
-        cr3 = flow.assign_cr3(trace.processes)
-        self._sideband(session, trace, cr3)
+        index = flow.load(data, index_only=True)
+        cr3 = flow.assign_cr3(index.processes)
+        self._sideband(session, index, cr3)
+
         def resolve(out_ranges):
             if not self.elf_ranges:
                 return None
             ranges = list(out_ranges)
             for n, (path, b, e) in self.elf_ranges.items():
-                base = _load_base(trace, path)
+                base = _load_base(index, path)
                 if base is None:
                     raise TraceError(Status.INVALID_ARGS,
                                      f"address range {n}: {path} was never mapped")
@@ -190,23 +192,55 @@ class EmulatedEngine(Engine):
         if session.mode == Mode.CPU:
             outs = {c: session.cpu_output(c) for c in range(session.num_cpus)}
             cfg = _config(outs[0], resolve(outs[0].addr_ranges))
-            switches: list = []
+            keyed = {("cpu", c): o for c, o in outs.items()}
+        else:
+            keyed = {}
+            cfgs = set()
+            for tid, th in index.threads.items():
+                out = session.thread_output(tid, th.pid, th.parent_tid)
+                if out is not None:
+                    keyed[("tid", tid)] = out
+                    cfgs.add(_config(out, resolve(out.addr_ranges)))
+            if not keyed:
+                return
+            cfg = cfgs.pop() if len(cfgs) == 1 else None
+        mode = "cpu" if session.mode == Mode.CPU else "thread"
+        switches: list = []
+        if cfg is not None and fast.eligible(index, cfg):
+            try:
+                streams, switches = fast.generate(log, index, cfg, mode, session.num_cpus, cr3)
+            except fast.FastUnavailable:
+                streams = None
+            if streams is not None:
+                self.generator = "compiled"
+                for key, out in keyed.items():
+                    data_, insns = streams.get(key, (b"", 0))
+                    out.write(data_)
+                    out.add_instructions(insns)
+                self._finish(session, keyed, switches)
+                return
+        self.generator = "python"
+        trace = flow.load(data)
+        self.last_trace = trace
+        if mode == "cpu":
             results = flow.generate(trace, cfg, mode="cpu", num_cpus=session.num_cpus,
-                                    sink_for=lambda key, pid: _Sink(outs[key[1]]), cr3=cr3,
+                                    sink_for=lambda key, pid: _Sink(keyed[key]), cr3=cr3,
                                     switches=switches)
             for r in results:
-                outs[r.key[1]].add_instructions(r.tracer.insns)
-            for sw in switches:
-                session.sideband.add(Switch(*sw))
-            return
-        for tid, th in trace.threads.items():
-            out = session.thread_output(tid, th.pid, th.parent_tid)
-            if out is None:
-                continue
-            cfg = _config(out, resolve(out.addr_ranges))
-            tr = flow.generate_thread(trace, tid, cfg, _Sink(out), cr3)
-            out.add_instructions(tr.insns)
-            session.thread_exited(tid)
+                keyed[r.key].add_instructions(r.tracer.insns)
+        else:
+            for key, out in keyed.items():
+                tr = flow.generate_thread(trace, key[1], _config(out, resolve(out.addr_ranges)),
+                                          _Sink(out), cr3)
+                out.add_instructions(tr.insns)
+        self._finish(session, keyed, switches)
+
+    def _finish(self, session, keyed, switches) -> None:
+        for sw in switches:
+            session.sideband.add(Switch(*sw))
+        if session.mode == Mode.THREAD:
+            for key in keyed:
+                session.thread_exited(key[1])
 
     def _sideband(self, session, trace: flow.ExecTrace, cr3: dict) -> None:
         from . import images

@@ -123,6 +123,7 @@ class Segment:
     time: int
     items: list = field(default_factory=list)   # BlockInfo lists and event records
     first_ip: int | None = None
+    busy: bool = False      # index-only load: EXEC records seen
 
 
 @dataclass
@@ -143,10 +144,20 @@ class ExecTrace:
     mmaps: list             # xl.Mmap records
     handlers: dict          # pid -> set of signal handler addresses
     t0: int = 0
+    blocks: list = field(default_factory=list)   # index-only: BLOCK parts in log order
+    features: set = field(default_factory=set)   # record kinds that need the Python path
 
 
-def load(data: bytes) -> ExecTrace:
-    """Parse an execution log into per-thread segments of BlockInfos."""
+def load(data: bytes, index_only: bool = False) -> ExecTrace:
+    """Parse an execution log into per-thread segments of BlockInfos.
+
+    ``index_only``: don't resolve EXEC records (the compiled generator
+    does): segments keep only their event records, ``blocks`` lists each
+    BLOCK record's parts in log order and ``features`` says which records
+    only the Python generator handles ("insn", "exec_part", "signal",
+    "multi")."""
+    order_blocks: list = []
+    features: set = set()
     header, off = xl.parse_header(data)
     tables: dict[int, dict[int, list[BlockInfo]]] = {}
     threads: dict[int, ThreadInfo] = {}
@@ -160,7 +171,12 @@ def load(data: bytes) -> ExecTrace:
     last_time = 0
     for r in xl.parse(data, off):
         t = type(r)
-        if t is xl.Exec:
+        if t is xl.Exec and index_only:
+            if r.ids and not seg.busy:
+                seg.busy = True
+                b = table[r.ids[0]]
+                seg.first_ip = (b[0] if type(b) is tuple else b).pc
+        elif t is xl.Exec:
             items = seg.items
             try:
                 # every block is one BlockInfo (QEMU's always are)
@@ -171,6 +187,10 @@ def load(data: bytes) -> ExecTrace:
                 _expand_multi(items, len(r.ids))
         elif t is xl.Block:
             parts = split_block(r.pc, r.sizes, r.code)
+            if index_only:
+                order_blocks.append(parts)
+                if len(parts) != 1:
+                    features.add("multi")
             if len(parts) == 1:
                 tables.setdefault(r.pid, {})[r.id] = parts[0]
             else:
@@ -188,11 +208,13 @@ def load(data: bytes) -> ExecTrace:
             last_time = r.value
             if t0 is None:
                 t0 = r.value
-            if seg is not None and not seg.items:
+            if seg is not None and not seg.items and not seg.busy:
                 seg.time = r.value
         elif t is xl.Insn:
+            features.add("insn")
             seg.items.extend(split_block(r.pc, bytes((len(r.code),)), r.code))
         elif t is xl.ExecPart:
+            features.add("exec_part")
             blocks = table[r.id]
             blocks = blocks if type(blocks) is tuple else (blocks,)
             left = r.count
@@ -237,6 +259,8 @@ def load(data: bytes) -> ExecTrace:
         elif t is xl.Munmap:
             pass
         else:
+            if t is xl.Signal:
+                features.add("signal")
             seg.items.append(r)
     for th in threads.values():
         _find_signals(th, handlers.get(th.pid, set()))
@@ -245,7 +269,8 @@ def load(data: bytes) -> ExecTrace:
                 if type(it) is BlockInfo:
                     s.first_ip = it.pc
                     break
-    return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0)
+    return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0,
+                     order_blocks, features)
 
 
 def _expand_multi(items: list, n: int) -> None:

@@ -1,0 +1,102 @@
+"""The compiled generator (``ptgen_fast.c``) behind a narrow boundary.
+
+:func:`eligible` says whether a log and configuration are in the subset the
+C twin implements (QEMU logs, no signal handler ever ran, no address ranges, no
+INSN / EXEC_PART / SIGNAL records, no block with a branch inside);
+:func:`generate` then runs it and returns ``{key: (bytes, insns)}`` and the
+cpu-mode switches, exactly what :func:`flow.generate` gives for the same
+input (the tests compare the two).  ``HWTRACE_NO_EXTENSIONS=1`` disables it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import execlog as xl
+from .ptgen import TraceConfig
+
+SOURCE = Path(__file__).with_name("ptgen_fast.c")
+_BLK = struct.Struct("<QQQQIB3x")
+
+
+class FastUnavailable(RuntimeError):
+    pass
+
+
+def binary_path() -> Path:
+    src = SOURCE.read_bytes()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    out = Path(base) / "hwtrace" / f"ptgen_fast-{hashlib.sha256(src).hexdigest()[:16]}"
+    if out.exists():
+        return out
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise FastUnavailable("no gcc")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ptgen_fast-", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp, str(SOURCE)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise FastUnavailable((r.stderr.strip().splitlines() or ["gcc failed"])[-1])
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def eligible(trace, cfg: TraceConfig) -> bool:
+    if os.environ.get("HWTRACE_NO_EXTENSIONS") == "1":
+        return False
+    if trace.header.source != xl.SOURCE_QEMU or trace.features:
+        return False
+    handlers = set().union(*trace.handlers.values()) if trace.handlers else set()
+    if handlers and any(parts[0].pc in handlers for parts in trace.blocks):
+        return False        # a handler ran: signal deliveries need the Python path
+    if (int(cfg.ctl) >> 32) & 0xFFFF:
+        return False
+    return True
+
+
+def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict):
+    """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)}, switches)."""
+    exe = binary_path()
+    tm = cfg.timing
+    with tempfile.TemporaryDirectory(prefix="hwtrace-gen-") as tmp:
+        blocks = os.path.join(tmp, "blocks.bin")
+        with open(blocks, "wb") as f:
+            for parts in trace.blocks:
+                b = parts[0]
+                f.write(_BLK.pack(b.pc, b.last, b.target, b.nlip, b.ninsn, b.kind))
+        cr3f = os.path.join(tmp, "cr3.txt")
+        with open(cr3f, "w") as f:
+            for pid, v in cr3.items():
+                f.write(f"{pid} {v}\n")
+        out = os.path.join(tmp, "out")
+        os.mkdir(out)
+        r = subprocess.run([str(exe), os.fspath(log_path), blocks, out, mode, str(num_cpus),
+                            str(int(cfg.ctl)), str(cfg.cr3_match), str(tm.t0 or trace.t0),
+                            str(tm.nom_freq), str(tm.cpuid_15_eax), str(tm.cpuid_15_ebx),
+                            str(int(cfg.long_tnt)), cr3f], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise FastUnavailable((r.stderr.strip().splitlines() or ["failed"])[-1])
+        streams, switches = {}, []
+        with open(os.path.join(out, "summary.txt")) as f:
+            for line in f:
+                w = line.split()
+                if w[0] == "stream":
+                    key = (w[1], int(w[2]))
+                    name = f"{w[1]}{w[2]}.pt"
+                    with open(os.path.join(out, name), "rb") as g:
+                        streams[key] = (g.read(), int(w[3]))
+                elif w[0] == "switch":
+                    switches.append(tuple(int(x) for x in w[1:]))
+        return streams, switches

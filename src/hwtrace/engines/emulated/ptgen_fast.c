@@ -1,0 +1,614 @@
+/*
+ * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
+ * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
+ * EXEC_PART / SIGNAL records).  Python (fast.py) decides eligibility,
+ * classifies the blocks and hands them over; the output must be byte for
+ * byte what the Python generator writes (tests compare them).
+ *
+ *   ptgen_fast LOG BLOCKS OUTDIR MODE NCPU CTL CR3MATCH T0 NOM EAX EBX LONGTNT CR3FILE
+ *
+ * BLOCKS: per BLOCK record of LOG, in order, 40 bytes:
+ *   u64 pc, u64 last, u64 target, u64 nlip, u32 ninsn, u8 kind, u8[3] pad.
+ * CR3FILE: lines "pid cr3".  Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt and
+ * OUTDIR/summary.txt: "stream KEY N insns" lines and "switch ..." lines.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { K_OTHER, K_JCC, K_JMP, K_CALL, K_JMP_IND, K_CALL_IND, K_RET, K_FAR, K_TRAP, K_REP };
+
+struct blk { uint64_t pc, last, target, nlip; uint32_t ninsn; uint8_t kind, pad[3]; };
+
+/* ------------------------------------------------------------ tracer */
+struct tracer {
+    unsigned char *buf; size_t len, cap;
+    uint64_t since_psb;
+    int branch_en, user, tsc_en, mtc_en, mtc_freq, cyc_en, retc, tnt_max;
+    uint64_t cyc_thresh, psb_period, eax, ebx, cbr;
+    int triggered, in_user, ctx_ok, pkt_en, mode_sent, have_last;
+    uint64_t last_ip, tnt_bits; int tnt_n;
+    uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
+    uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+};
+
+static void emit(struct tracer *tr, const void *p, size_t n)
+{
+    if (tr->len + n > tr->cap) {
+        tr->cap = tr->cap ? tr->cap * 2 : 1 << 16;
+        while (tr->cap < tr->len + n) tr->cap *= 2;
+        tr->buf = realloc(tr->buf, tr->cap);
+    }
+    memcpy(tr->buf + tr->len, p, n);
+    tr->len += n;
+    tr->since_psb += n;
+}
+
+static uint64_t art(struct tracer *tr, uint64_t t) { return (uint64_t)((unsigned __int128)t * tr->eax / tr->ebx); }
+
+static void put_cyc(struct tracer *tr, uint64_t v)
+{
+    unsigned char b[16]; int n = 0;
+    b[n++] = (unsigned char)(((v & 0x1f) << 3) | 3);
+    v >>= 5;
+    while (v) {
+        b[n - 1] |= (n == 1) ? 4 : 1;
+        b[n++] = (unsigned char)((v & 0x7f) << 1);
+        v >>= 7;
+    }
+    emit(tr, b, n);
+}
+
+static void cyc(struct tracer *tr)
+{
+    if (tr->cyc_en && tr->cyc_acc && tr->cyc_acc >= tr->cyc_thresh) {
+        put_cyc(tr, tr->cyc_acc);
+        tr->cyc_acc = 0;
+    }
+}
+
+static const int ipc_bytes[7] = {0, 2, 4, 6, 6, 0, 8};
+
+static void ip_pkt(struct tracer *tr, int op, int suppressed, uint64_t ip)
+{
+    unsigned char b[9];
+    if (tr->cyc_en) cyc(tr);
+    if (suppressed) { b[0] = (unsigned char)op; emit(tr, b, 1); return; }
+    int ipc; uint64_t payload;
+    uint64_t sext = (ip & 0xffffffffffffULL) | ((ip & (1ULL << 47)) ? 0xffff000000000000ULL : 0);
+    if (tr->have_last && (ip >> 16) == (tr->last_ip >> 16)) { ipc = 1; payload = ip & 0xffff; }
+    else if (tr->have_last && (ip >> 32) == (tr->last_ip >> 32)) { ipc = 2; payload = ip & 0xffffffff; }
+    else if (sext == ip) {
+        ipc = (tr->have_last && (ip >> 48) == (tr->last_ip >> 48)) ? 4 : 3;
+        payload = ip & 0xffffffffffffULL;
+    } else if (tr->have_last && (ip >> 48) == (tr->last_ip >> 48)) { ipc = 4; payload = ip & 0xffffffffffffULL; }
+    else { ipc = 6; payload = ip; }
+    tr->last_ip = ip; tr->have_last = 1;
+    b[0] = (unsigned char)((ipc << 5) | op);
+    memcpy(b + 1, &payload, 8);
+    emit(tr, b, 1 + ipc_bytes[ipc]);
+}
+
+static void flush_tnt(struct tracer *tr)
+{
+    int n = tr->tnt_n;
+    if (!n) return;
+    if (tr->cyc_en) cyc(tr);
+    if (n <= 6) {
+        unsigned char b = (unsigned char)((((uint64_t)1 << n) | tr->tnt_bits) << 1);
+        emit(tr, &b, 1);
+    } else {
+        unsigned char b[8] = {0x02, 0xa3};
+        uint64_t v = ((uint64_t)1 << n) | tr->tnt_bits;
+        memcpy(b + 2, &v, 6);
+        emit(tr, b, 8);
+    }
+    tr->tnt_bits = 0; tr->tnt_n = 0;
+}
+
+static void tnt(struct tracer *tr, int taken)
+{
+    tr->tnt_bits = (tr->tnt_bits << 1) | (uint64_t)taken;
+    if (++tr->tnt_n == tr->tnt_max) flush_tnt(tr);
+}
+
+static void rs_clear(struct tracer *tr) { tr->rs_n = 0; }
+static void rs_push(struct tracer *tr, uint64_t v)
+{
+    tr->rs_top = (tr->rs_top + 1) & 63;
+    tr->rs[tr->rs_top] = v;
+    if (tr->rs_n < 64) tr->rs_n++;
+}
+
+static const unsigned char PSB[16] = {2,0x82,2,0x82,2,0x82,2,0x82,2,0x82,2,0x82,2,0x82,2,0x82};
+static const unsigned char MODE64[2] = {0x99, 0x01};
+
+static void psb_plus(struct tracer *tr)
+{
+    flush_tnt(tr);
+    emit(tr, PSB, 16);
+    tr->since_psb = 0;
+    tr->have_last = 0;
+    rs_clear(tr);
+    tr->mode_sent = 0;
+    if (tr->tsc_en) {
+        unsigned char b[8] = {0x19};
+        uint64_t v = tr->t & ((1ULL << 56) - 1);
+        memcpy(b + 1, &v, 7);
+        emit(tr, b, 8);
+        if (tr->mtc_en) {
+            uint64_t a = art(tr, tr->t);
+            uint64_t fc = tr->t - (uint64_t)((unsigned __int128)a * tr->ebx / tr->eax);
+            if (fc > 511) fc = 511;
+            unsigned char m[7] = {0x02, 0x73, (unsigned char)(a & 0xff), (unsigned char)((a >> 8) & 0xff), 0,
+                                  (unsigned char)(fc & 0xff), (unsigned char)(fc >> 8)};
+            emit(tr, m, 7);
+        }
+    }
+    unsigned char c[4] = {0x02, 0x03, (unsigned char)tr->cbr, 0};
+    emit(tr, c, 4);
+    if (tr->pkt_en) {
+        emit(tr, MODE64, 2);
+        tr->mode_sent = 1;
+        ip_pkt(tr, 0x1d, 0, tr->cur_ip);
+    }
+    unsigned char e[2] = {0x02, 0x23};
+    emit(tr, e, 2);
+}
+
+static void update_pkt_en(struct tracer *tr)
+{
+    tr->pkt_en = tr->triggered && tr->in_user && tr->ctx_ok && tr->branch_en;
+}
+
+static void enter(struct tracer *tr, uint64_t ip, int ctx_ok)
+{
+    tr->cur_ip = ip;
+    tr->in_user = tr->user;
+    tr->ctx_ok = ctx_ok;
+    if (!tr->triggered) return;
+    update_pkt_en(tr);
+    if (tr->pkt_en) {
+        if (!tr->mode_sent) { emit(tr, MODE64, 2); tr->mode_sent = 1; }
+        rs_clear(tr);
+        ip_pkt(tr, 0x11, 0, ip);
+    }
+}
+
+static void leave_sync(struct tracer *tr)
+{
+    if (tr->pkt_en) { flush_tnt(tr); ip_pkt(tr, 0x01, 1, 0); }
+    tr->in_user = 0; tr->pkt_en = 0;
+}
+
+static void leave_async(struct tracer *tr, uint64_t next_ip)
+{
+    if (tr->pkt_en) { flush_tnt(tr); ip_pkt(tr, 0x1d, 0, next_ip); ip_pkt(tr, 0x01, 1, 0); }
+    tr->in_user = 0; tr->pkt_en = 0;
+}
+
+static void boundary(struct tracer *tr, uint64_t next_ip)
+{
+    tr->cur_ip = next_ip;
+    if (tr->since_psb >= tr->psb_period && tr->triggered) psb_plus(tr);
+}
+
+static void retire(struct tracer *tr, uint64_t n)
+{
+    if (tr->pkt_en) tr->insns += n;
+    if (!tr->triggered) return;
+    tr->t += n;
+    tr->cyc_acc += n;
+    if (tr->mtc_en) {
+        uint64_t p = art(tr, tr->t) >> tr->mtc_freq;
+        if (p != tr->mtc_p) {
+            tr->mtc_p = p;
+            if (tr->cyc_en) cyc(tr);
+            unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
+            emit(tr, b, 2);
+        }
+    }
+}
+
+static void branch(struct tracer *tr, int kind, uint64_t nlip, uint64_t next_ip)
+{
+    if (!tr->triggered || !tr->in_user || !tr->pkt_en) return;
+    switch (kind) {
+    case K_JCC: tnt(tr, next_ip != nlip); break;
+    case K_RET:
+        if (tr->retc && tr->rs_n && tr->rs[tr->rs_top] == next_ip) {
+            tr->rs_top = (tr->rs_top + 63) & 63; tr->rs_n--;
+            tnt(tr, 1);
+        } else { flush_tnt(tr); ip_pkt(tr, 0x0d, 0, next_ip); }
+        break;
+    case K_CALL: if (next_ip != nlip) rs_push(tr, nlip); break;
+    case K_CALL_IND: rs_push(tr, nlip); flush_tnt(tr); ip_pkt(tr, 0x0d, 0, next_ip); break;
+    case K_JMP_IND: case K_FAR: flush_tnt(tr); ip_pkt(tr, 0x0d, 0, next_ip); break;
+    }
+}
+
+static void finish(struct tracer *tr)
+{
+    if (tr->pkt_en) { flush_tnt(tr); ip_pkt(tr, 0x1d, 0, tr->cur_ip); ip_pkt(tr, 0x01, 1, 0); tr->pkt_en = 0; }
+    flush_tnt(tr);
+}
+
+static uint64_t g_ctl, g_t0, g_nom, g_eax, g_ebx; static int g_long_tnt;
+
+static void tracer_init(struct tracer *tr)
+{
+    memset(tr, 0, sizeof *tr);
+    uint64_t ctl = g_ctl;
+    tr->branch_en = !!(ctl & (1 << 13));
+    tr->user = !!(ctl & (1 << 3));
+    tr->tsc_en = !!(ctl & (1 << 10));
+    tr->mtc_en = !!(ctl & (1 << 9));
+    tr->mtc_freq = (ctl >> 14) & 0xf;
+    tr->cyc_en = !!(ctl & (1 << 1));
+    int ct = (ctl >> 19) & 0xf;
+    tr->cyc_thresh = ct ? (1ULL << (ct - 1)) : 0;
+    tr->psb_period = 1ULL << (11 + ((ctl >> 24) & 0xf));
+    tr->retc = !(ctl & (1 << 11));
+    tr->tnt_max = g_long_tnt ? 47 : 6;
+    tr->eax = g_eax; tr->ebx = g_ebx; tr->cbr = g_nom;
+    tr->triggered = 1; tr->ctx_ok = 1;
+    tr->t = g_t0;
+    tr->mtc_p = art(tr, tr->t) >> tr->mtc_freq;
+    psb_plus(tr);
+}
+
+/* ------------------------------------------------------------ the log */
+struct table { struct blk **b; uint32_t n; };          /* id -> block */
+struct proc { uint32_t pid; struct table t; int ctx_ok; };
+struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
+struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0; };
+
+static struct proc *procs; static int nprocs;
+static struct thread *threads; static int nthreads;
+static struct seg *segs; static int nsegs;
+
+static int proc_of(uint32_t pid)
+{
+    for (int i = 0; i < nprocs; i++) if (procs[i].pid == pid) return i;
+    procs = realloc(procs, (nprocs + 1) * sizeof *procs);
+    memset(&procs[nprocs], 0, sizeof procs[nprocs]);
+    procs[nprocs].pid = pid; procs[nprocs].ctx_ok = 1;
+    return nprocs++;
+}
+
+static int thread_of(uint32_t tid, uint32_t pid)
+{
+    for (int i = nthreads - 1; i >= 0; i--) if (threads[i].tid == tid) return i;
+    threads = realloc(threads, (nthreads + 1) * sizeof *threads);
+    memset(&threads[nthreads], 0, sizeof threads[nthreads]);
+    threads[nthreads].tid = tid; threads[nthreads].pid = pid;
+    threads[nthreads].proc_i = proc_of(pid); threads[nthreads].in_kernel = 1;
+    return nthreads++;
+}
+
+static void table_set(struct table *t, uint32_t id, struct blk *b)
+{
+    if (id >= t->n) {
+        uint32_t n = t->n ? t->n : 1024;
+        while (n <= id) n *= 2;
+        t->b = realloc(t->b, n * sizeof *t->b);
+        memset(t->b + t->n, 0, (n - t->n) * sizeof *t->b);
+        t->n = n;
+    }
+    t->b[id] = b;
+}
+
+static const unsigned char *L; static size_t LN;
+static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
+static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
+
+/* size of the record at o (type byte included); 0 on error */
+static size_t rec_size(size_t o)
+{
+    switch (L[o]) {
+    case 0x01: return 13;
+    case 0x02: return 9;
+    case 0x03: return 1 + 20 + (size_t)(L[o + 17] | (L[o + 18] << 8)) + (size_t)(L[o + 19] | (L[o + 20] << 8));
+    case 0x04: return 5 + 4 * (size_t)rd32(o + 1);
+    case 0x05: return 7;
+    case 0x06: return 10 + L[o + 9];
+    case 0x10: case 0x11: case 0x12: case 0x14: return 5;
+    case 0x13: return 4 + (size_t)(L[o + 2] | (L[o + 3] << 8));
+    case 0x20: return 9;
+    case 0x21: return 17;
+    case 0x22: return 22;
+    case 0x23: return 21;
+    case 0x30: { size_t n = (size_t)(L[o + 33] | (L[o + 34] << 8)); return 35 + n + 1 + L[o + 35 + n]; }
+    case 0x31: return 21;
+    }
+    return 0;
+}
+
+static int cmp_seg(const void *a, const void *b)
+{
+    const struct seg *x = a, *y = b;
+    if (x->time != y->time) return x->time < y->time ? -1 : 1;
+    uint32_t tx = threads[x->tid_i].tid, ty = threads[y->tid_i].tid;
+    if (tx != ty) return tx < ty ? -1 : 1;
+    return x->index - y->index;
+}
+
+static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
+{
+    struct table *tab = &procs[th->proc_i].t;
+    int ctx_ok = procs[th->proc_i].ctx_ok;
+    struct blk *pending = th->pending;
+    int in_kernel = th->in_kernel;
+    for (size_t o = s->start; o < s->end; o += rec_size(o)) {
+        if (L[o] == 0x04) {
+            uint32_t n = rd32(o + 1);
+            for (uint32_t k = 0; k < n; k++) {
+                struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
+                uint64_t pc = b->pc, cnt = b->ninsn;
+                if (in_kernel) { enter(tr, pc, ctx_ok); in_kernel = 0; }
+                else if (pending) {
+                    int kd = pending->kind;
+                    if (kd == K_REP && pc == pending->last) cnt--;
+                    else if (kd == K_OTHER || kd == K_REP) {
+                        if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+                    } else if (kd == K_JCC) {
+                        if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
+                        else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+                    } else if (kd == K_JMP || kd == K_CALL) {
+                        branch(tr, kd, pending->nlip, pending->target);
+                        if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+                    } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
+                    else branch(tr, kd, pending->nlip, pc);
+                }
+                if (cnt) { boundary(tr, pc); retire(tr, cnt); }
+                pending = b;
+            }
+        } else if (L[o] == 0x20) {
+            if (pending && !in_kernel) { leave_sync(tr); tr->cur_ip = pending->nlip; }
+            in_kernel = 1;
+            pending = NULL;
+        }
+    }
+    th->pending = pending;
+    th->in_kernel = in_kernel;
+}
+
+static void switch_out(struct thread *th, struct tracer *tr, int has_next, uint64_t next_ip)
+{
+    if (th->in_kernel) return;
+    struct blk *p = th->pending;
+    if (p && has_next) {
+        int k = p->kind;
+        if (k == K_TRAP) { leave_sync(tr); th->in_kernel = 1; th->pending = NULL; return; }
+        if (k == K_REP && next_ip == p->last) { if (tr->pkt_en) tr->insns--; }
+        else if (k != K_OTHER && k != K_REP)
+            branch(tr, k, p->nlip, (k == K_JMP || k == K_CALL) ? p->target : next_ip);
+        leave_async(tr, next_ip);
+    } else
+        leave_async(tr, p ? p->nlip : tr->cur_ip);
+    th->in_kernel = 1; th->pending = NULL;
+}
+
+static void end_thread(struct thread *th, struct tracer *tr)
+{
+    if (!th->in_kernel && th->pending) {
+        if (th->pending->kind == K_TRAP) leave_sync(tr);
+        else leave_async(tr, th->pending->nlip);
+    }
+    th->in_kernel = 1; th->pending = NULL;
+}
+
+static void write_file(const char *dir, const char *name, struct tracer *tr)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(tr->buf, 1, tr->len, f) != tr->len) { perror(path); exit(1); }
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 14) { fprintf(stderr, "usage: see ptgen_fast.c\n"); return 2; }
+    const char *outdir = argv[3];
+    int cpu_mode = strcmp(argv[4], "cpu") == 0;
+    int ncpu = atoi(argv[5]);
+    g_ctl = strtoull(argv[6], 0, 0);
+    uint64_t cr3_match = strtoull(argv[7], 0, 0);
+    g_t0 = strtoull(argv[8], 0, 0); g_nom = strtoull(argv[9], 0, 0);
+    g_eax = strtoull(argv[10], 0, 0); g_ebx = strtoull(argv[11], 0, 0);
+    g_long_tnt = atoi(argv[12]);
+
+    int fd = open(argv[1], O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) { perror(argv[1]); return 1; }
+    LN = (size_t)st.st_size;
+    L = LN ? mmap(0, LN, PROT_READ, MAP_PRIVATE, fd, 0) : (const unsigned char *)"";
+    FILE *bf = fopen(argv[2], "rb");
+    if (!bf) { perror(argv[2]); return 1; }
+    fseek(bf, 0, SEEK_END);
+    long nb = ftell(bf) / (long)sizeof(struct blk);
+    fseek(bf, 0, SEEK_SET);
+    struct blk *blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    if (nb && fread(blocks, sizeof *blocks, nb, bf) != (size_t)nb) { perror("blocks"); return 1; }
+    fclose(bf);
+
+    /* pass 1: tables, threads, segments */
+    size_t o = rd32(4) >> 16;   /* hdr_size */
+    o = (size_t)(L[6] | (L[7] << 8));
+    long bi = 0;
+    int cur_seg = -1;
+    uint64_t last_time = 0;
+    while (o < LN) {
+        size_t sz = rec_size(o);
+        if (!sz || o + sz > LN) { fprintf(stderr, "bad record at %zu\n", o); return 1; }
+        switch (L[o]) {
+        case 0x01: {
+            uint32_t pid = rd32(o + 1), tid = rd32(o + 5);
+            int ti = thread_of(tid, pid);
+            if (cur_seg >= 0) segs[cur_seg].end = o;
+            segs = realloc(segs, (nsegs + 1) * sizeof *segs);
+            struct seg *s = &segs[nsegs];
+            memset(s, 0, sizeof *s);
+            s->tid_i = (uint32_t)ti; s->cpu = (int32_t)rd32(o + 9); s->time = last_time;
+            s->start = o + sz; s->index = threads[ti].nseg++;
+            cur_seg = nsegs++;
+            proc_of(pid);
+            break;
+        }
+        case 0x02:
+            last_time = rd64(o + 1);
+            if (cur_seg >= 0 && !segs[cur_seg].has_items) segs[cur_seg].time = last_time;
+            break;
+        case 0x03: {
+            uint32_t pid = rd32(o + 1), id = rd32(o + 5);
+            if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
+            int pi = proc_of(pid);
+            table_set(&procs[pi].t, id, &blocks[bi++]);
+            break;
+        }
+        case 0x04:
+            if (cur_seg >= 0 && !segs[cur_seg].has_first && rd32(o + 1)) {
+                struct seg *s = &segs[cur_seg];
+                int pi = proc_of(threads[s->tid_i].pid);
+                uint32_t id = rd32(o + 5);
+                struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
+                if (!b) { fprintf(stderr, "undefined block %u\n", id); return 1; }
+                s->first_ip = b->pc; s->has_first = 1;
+            }
+            break;
+        case 0x12: {
+            uint32_t ppid = rd32(o + 1);
+            if (ppid && cur_seg >= 0) {
+                int ci = proc_of(threads[segs[cur_seg].tid_i].pid);
+                int pi = proc_of(ppid);
+                struct table own = procs[ci].t, t = {0, 0};
+                for (uint32_t i = 0; i < procs[pi].t.n; i++) if (procs[pi].t.b[i]) table_set(&t, i, procs[pi].t.b[i]);
+                for (uint32_t i = 0; i < own.n; i++) if (own.b[i]) table_set(&t, i, own.b[i]);
+                free(own.b);
+                procs[ci].t = t;
+            }
+            break;
+        }
+        }
+        if (cur_seg >= 0) {
+            switch (L[o]) {     /* records the Python loader keeps as items */
+            case 0x04: if (rd32(o + 1)) segs[cur_seg].has_items = 1; break;
+            case 0x05: case 0x06: case 0x11: case 0x13: case 0x14:
+            case 0x20: case 0x21: case 0x22: case 0x23:
+                segs[cur_seg].has_items = 1; break;
+            }
+        }
+        o += sz;
+    }
+    if (cur_seg >= 0) segs[cur_seg].end = LN;
+    /* CR3 filter: per-process context */
+    FILE *cf = fopen(argv[13], "r");
+    unsigned long cpid, ccr3;
+    while (cf && fscanf(cf, "%lu %lu", &cpid, &ccr3) == 2)
+        if (g_ctl & (1 << 7)) {
+            int pi = proc_of((uint32_t)cpid);
+            procs[pi].ctx_ok = ccr3 == cr3_match;
+        }
+    if (cf) fclose(cf);
+
+    char sp[4096];
+    snprintf(sp, sizeof sp, "%s/summary.txt", outdir);
+    FILE *sum = fopen(sp, "w");
+    if (!cpu_mode) {
+        for (int ti = 0; ti < nthreads; ti++) {
+            struct tracer tr;
+            tracer_init(&tr);
+            for (int si = 0; si < nsegs; si++)
+                if ((int)segs[si].tid_i == ti) run_seg(&threads[ti], &tr, &segs[si]);
+            end_thread(&threads[ti], &tr);
+            finish(&tr);
+            char name[64];
+            snprintf(name, sizeof name, "tid%u.pt", threads[ti].tid);
+            write_file(outdir, name, &tr);
+            fprintf(sum, "stream tid %u %" PRIu64 "\n", threads[ti].tid, tr.insns);
+            free(tr.buf);
+        }
+        fclose(sum);
+        return 0;
+    }
+    /* cpu mode: segments in time order on their CPU */
+    for (int si = 0; si < nsegs; si++) segs[si].cpu = segs[si].cpu >= 0 ? segs[si].cpu % ncpu : 0;
+    /* next segment's first ip per segment, in thread order (before sorting) */
+    uint64_t *next_ip = calloc(nsegs + 1, 8); int *has_next = calloc(nsegs + 1, sizeof(int));
+    int *seg_total = calloc(nthreads, sizeof(int));
+    for (int si = 0; si < nsegs; si++) {
+        for (int sj = si + 1; sj < nsegs; sj++)
+            if (segs[sj].tid_i == segs[si].tid_i) { next_ip[si] = segs[sj].first_ip; has_next[si] = segs[sj].has_first; break; }
+        seg_total[segs[si].tid_i]++;
+    }
+    for (int si = 0; si < nsegs; si++) segs[si].end |= 0; /* keep */
+    /* sort an index array */
+    int *ord = malloc(nsegs * sizeof(int));
+    for (int i = 0; i < nsegs; i++) ord[i] = i;
+    struct seg *base = segs;
+    /* simple insertion-free sort via qsort on copies with their indices */
+    struct sidx { struct seg s; int i; } *tmp = malloc(nsegs * sizeof *tmp);
+    for (int i = 0; i < nsegs; i++) { tmp[i].s = base[i]; tmp[i].i = i; }
+    qsort(tmp, nsegs, sizeof *tmp, cmp_seg);   /* struct seg is the first member */
+    for (int i = 0; i < nsegs; i++) ord[i] = tmp[i].i;
+    free(tmp);
+
+    struct tracer *trs = calloc(ncpu, sizeof *trs);
+    for (int c = 0; c < ncpu; c++) tracer_init(&trs[c]);
+    int *on_tid = malloc(ncpu * sizeof(int)), *on_idx = malloc(ncpu * sizeof(int)), *on_seg = malloc(ncpu * sizeof(int));
+    int *last_tid = malloc(ncpu * sizeof(int));
+    for (int c = 0; c < ncpu; c++) { on_tid[c] = -1; last_tid[c] = -1; }
+    int *where = malloc(nthreads * sizeof(int));
+    for (int i = 0; i < nthreads; i++) where[i] = -1;
+    for (int k = 0; k < nsegs; k++) {
+        int si = ord[k];
+        struct seg *s = &segs[si];
+        int ti = (int)s->tid_i, cpu = s->cpu;
+        struct thread *th = &threads[ti];
+        struct tracer *tr = &trs[cpu];
+        if (!(on_tid[cpu] == ti && on_idx[cpu] == s->index - 1)) {
+            if (on_tid[cpu] >= 0) {
+                int pt = on_tid[cpu];
+                if (where[pt] == cpu) switch_out(&threads[pt], tr, has_next[on_seg[cpu]], next_ip[on_seg[cpu]]);
+            }
+            if (where[ti] >= 0 && where[ti] != cpu) {
+                int oc = where[ti];
+                if (on_tid[oc] == ti) {
+                    switch_out(th, &trs[oc], has_next[on_seg[oc]], next_ip[on_seg[oc]]);
+                    on_tid[oc] = -1;
+                }
+            }
+        }
+        if (last_tid[cpu] != ti) {
+            int p = last_tid[cpu];
+            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, s->time,
+                    p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
+        }
+        last_tid[cpu] = ti;
+        run_seg(th, tr, s);
+        on_tid[cpu] = ti; on_idx[cpu] = s->index; on_seg[cpu] = si;
+        where[ti] = cpu;
+        if (s->index + 1 == seg_total[ti]) {
+            end_thread(th, tr);
+            on_tid[cpu] = -1;
+            where[ti] = -1;
+        }
+    }
+    for (int c = 0; c < ncpu; c++) {
+        finish(&trs[c]);
+        char name[64];
+        snprintf(name, sizeof name, "cpu%d.pt", c);
+        write_file(outdir, name, &trs[c]);
+        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
+    }
+    fclose(sum);
+    return 0;
+}
