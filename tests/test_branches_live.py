@@ -383,3 +383,14 @@ def test_text_format(progs, bundle):
                         rf"{p.fib:#x} fib", lines[0]), lines[0]
     assert re.fullmatch(rf" *\d+/\d+   0 return +{p.ret:#x} fib\+{p.ret - p.fib:#x} -> "
                         rf"{p.main_after:#x} main\+0x[0-9a-f]+", lines[-1]), lines[-1]
+
+
+def test_options_after_the_bundle(progs, bundle):
+    a = run_hwtrace("branches", "--kinds", "return", "--within", "fib", bundle)
+    b = run_hwtrace("branches", bundle, "--within", "fib", "--kinds", "return")
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+    assert len(a.stdout.splitlines()) == activations(N)
+    c = run_hwtrace("branches", bundle, "--within", "fib", "more")
+    assert c.returncode == 2 and "one BUNDLE expected" in c.stderr
+    d = run_hwtrace("branches", bundle, "--", progs / "fib")
+    assert d.returncode == 2 and "one BUNDLE expected" in d.stderr

@@ -47,8 +47,9 @@ def register(sub) -> None:
     p.add_argument("--image-path", action="append", default=[], metavar="DIR",
                    help="BUNDLE: look for the recorded executables in DIR too")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="BUNDLE | -- PROGRAM ARGS",
-                   help="a trace bundle, or the program to run")
-    p.set_defaults(func=run)
+                   help="a trace bundle (or a .pt / flow-items .jsonl with --elf), "
+                        "or the program to run")
+    p.set_defaults(func=run, _parser=p)
 
 
 def _specs(args):
@@ -132,8 +133,16 @@ def _emit(records, symbolizer, args) -> None:
 def run(args) -> int:
     from hwtrace.branches.resolve import SymbolNotFound
 
-    trig, mask = _specs(args)
     target = list(args.target)
+    if len(target) > 1 and target[0] != "--" and getattr(args, "_parser", None):
+        # options after the BUNDLE (REMAINDER swallowed them): parse them too
+        args.target = []
+        args._parser.parse_args(target[1:], namespace=args)
+        if args.target:
+            raise CliError(f"branches: one BUNDLE expected, got {' '.join(target)!r} "
+                           "(a program goes after --)")
+        target = target[:1]
+    trig, mask = _specs(args)
     is_prog = bool(target) and target[0] == "--"
     if is_prog:
         target = target[1:]
