@@ -95,6 +95,10 @@ def test_record_json_and_array():
     assert [KINDS[k] for k in a["kind"]] == ["call", "return"]
     assert a["pid"].tolist() == [7, -1] and a["depth"].tolist() == [2, -(1 << 31)]
     assert len(to_array([])) == 0 and isinstance(a, np.ndarray)
+    from hwtrace.branches import iter_arrays
+    parts = list(iter_arrays([r] * 5, chunk=2))
+    assert [len(p) for p in parts] == [2, 2, 1]
+    assert list(iter_arrays([])) == []
 
 
 # ------------------------------------------------------------------ tracker

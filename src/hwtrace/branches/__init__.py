@@ -3,7 +3,7 @@ filter masks and trigger windows, from a live process (the ptrace stepper)
 or from any decoded trace, through one record type, one mask and one
 trigger model.
 
-Modules: :mod:`.records` (``Branch``, ``KINDS``, ``to_array``),
+Modules: :mod:`.records` (``Branch``, ``KINDS``, ``to_array``, ``iter_arrays``),
 :mod:`.classify` (instruction + target -> kind), :mod:`.mask`
 (``MaskSpec``/``Mask``, ``parse_kinds``), :mod:`.triggers`
 (``TriggerSpec``/``Trigger``), :mod:`.resolve` (symbols/addresses as the
@@ -19,12 +19,12 @@ machine), :mod:`.live` (``trace_live``), :mod:`.decoded`
 from __future__ import annotations
 
 from .mask import Mask, MaskSpec, parse_kinds
-from .records import ALL_KINDS, KINDS, Branch, to_array
+from .records import ALL_KINDS, KINDS, Branch, iter_arrays, to_array
 from .resolve import SymbolNotFound
 from .triggers import Trigger, TriggerSpec
 
 __all__ = ["ALL_KINDS", "KINDS", "Branch", "Mask", "MaskSpec", "SymbolNotFound",
-           "Trigger", "TriggerSpec", "decoded_records", "parse_kinds",
+           "Trigger", "TriggerSpec", "decoded_records", "iter_arrays", "parse_kinds",
            "to_array", "trace_live"]
 
 

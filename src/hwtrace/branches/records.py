@@ -60,12 +60,11 @@ def dtype():
                      ("depth", "<i4")])
 
 
-def to_array(records, chunk: int = 1 << 16):
-    """Records (any iterable) -> numpy structured array, built in chunks so
-    a long stream is never held as Python objects all at once."""
+def iter_arrays(records, chunk: int = 1 << 16):
+    """Records (any iterable) -> numpy structured arrays of up to ``chunk``
+    records each: a long trace in bounded memory."""
     import numpy as np
     dt = dtype()
-    parts = []
     buf = []
     for r in records:
         buf.append((-1 if r.pid is None else r.pid, -1 if r.tid is None else r.tid,
@@ -73,8 +72,17 @@ def to_array(records, chunk: int = 1 << 16):
                     -1 if r.time is None else r.time,
                     -(1 << 31) if r.depth is None else r.depth))
         if len(buf) >= chunk:
-            parts.append(np.array(buf, dtype=dt))
+            yield np.array(buf, dtype=dt)
             buf = []
-    if buf or not parts:
-        parts.append(np.array(buf, dtype=dt))
+    if buf:
+        yield np.array(buf, dtype=dt)
+
+
+def to_array(records, chunk: int = 1 << 16):
+    """Records (any iterable) -> one numpy structured array (built in
+    chunks, so the records are never all Python objects at once)."""
+    import numpy as np
+    parts = list(iter_arrays(records, chunk))
+    if not parts:
+        return np.array([], dtype=dtype())
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
