@@ -538,6 +538,56 @@ def test_attach_and_detach_leave_the_process_running(tmp):
             proc.wait()
 
 
+BLOCKED_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+static volatile long c;
+static volatile int stop;
+void *spin(void *a) { while (!stop) c++; return 0; }
+int main(void) {
+    pthread_t t;
+    pthread_create(&t, 0, spin, 0);
+    printf("ready\n");
+    fflush(stdout);
+    char buf[16];
+    ssize_t n = read(0, buf, sizeof buf);   /* blocked here while traced */
+    stop = 1;
+    pthread_join(t, 0);
+    printf("done %zd %d\n", n, c > 0);
+    return 4;
+}
+"""
+
+
+def test_attach_to_threads_blocked_in_a_syscall_and_detach(tmp):
+    exe = build(tmp, "blocked", BLOCKED_C, "-O1", "-pthread")
+    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+        log = tmp / "attach2.xlog"
+        assert stepper.run(proc.pid, log, timeout=0.5) == 0
+        assert proc.poll() is None
+        for tid in tids:
+            text = Path(f"/proc/{proc.pid}/task/{tid}/status").read_text()
+            assert re.search(r"^TracerPid:\s+0$", text, re.M)
+        parsed = Log(log)
+        assert sorted({c.tid for c in parsed.of(X.Ctx)}) == tids
+        assert [t for t, e in parsed.events if isinstance(e, X.ThreadStart)] != []
+        # the spinning thread was stepped; the reader never left read()
+        spinner = max(tids)
+        assert parsed.insns(spinner) > 10
+        assert parsed.insns(proc.pid) == 0
+        # it goes on as if never traced: the read gets its line
+        out, _ = proc.communicate("hello\n", timeout=60)
+        assert (out, proc.returncode) == ("done 6 1\n", 4)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.parametrize("accelerate", [False, True])
 def test_within_window_steps_only_inside(tmp, capfd, accelerate):
     src = tmp / "fibasm.S"

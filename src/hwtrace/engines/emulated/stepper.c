@@ -213,6 +213,8 @@ struct thread {
     int probe;                         /* the last block step is the BTF probe */
     int sig_async; uint64_t sig_ip;    /* the signal being delivered */
     int detach;                        /* detach at the next stop */
+    int attached;                      /* seized by --pid (not a clone child) */
+    int draining;                      /* detaching: swallowing our queued SIGTRAP */
     uint64_t run_start, run_next; uint32_t run_n;
     uint8_t run_sizes[RUNMAX];
     uint64_t ninsn;                    /* instructions retired (clock) */
@@ -672,6 +674,19 @@ static void retire_line(struct thread *t, uint64_t from, uint64_t to)
     }
 }
 
+static int sigtrap_pending(struct thread *t)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/status", t->pid, t->tid);
+    FILE *f = fopen(path, "re");
+    int pending = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "SigPnd:", 7)) { pending = (strtoull(line + 7, NULL, 16) >> (SIGTRAP - 1)) & 1; break; }
+    fclose(f);
+    return pending;
+}
+
 static void resume(struct thread *t)
 {
     long sig = t->sig;
@@ -679,6 +694,13 @@ static void resume(struct thread *t)
     t->sig = 0;
     if (t->detach) {
         if (windowed || t->dr7) arm(t, 0);
+        if (!sig && !t->draining && sigtrap_pending(t)) {
+            /* our step/breakpoint SIGTRAP is queued: let it come to us and
+             * drop it, or it would kill the process after the detach */
+            t->draining = 1;
+            ptrace(PTRACE_CONT, t->tid, 0, 0);
+            return;
+        }
         ptrace(PTRACE_DETACH, t->tid, 0, (void *)sig);
         drop_thread(t);
         return;
@@ -905,8 +927,13 @@ static int sync_signal(int sig, int code)
 static void on_stop(struct thread *t, int st)
 {
     int sig = WSTOPSIG(st), ev = st >> 16;
+    if (t->draining) {
+        ptrace(PTRACE_DETACH, t->tid, 0, (void *)(long)(ev || sig == SIGTRAP ? 0 : sig));
+        drop_thread(t);
+        return;
+    }
     if (!t->started) {
-        if (t->parent_tid || t->tid == main_pid || opt.attach) begin_thread(t);
+        if (t->parent_tid || t->tid == main_pid || t->attached) begin_thread(t);
         else t->parked = 1;            /* wait for the parent's clone/fork event */
         return;
     }
@@ -1170,6 +1197,20 @@ static void launch(void)
     begin_thread(t);
 }
 
+static char task_state(pid_t pid, pid_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 'X';
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 'X';
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
 static void attach(void)
 {
     char dir[64];
@@ -1186,7 +1227,8 @@ static void attach(void)
             pid_t tid = atoi(de->d_name);
             if (tid <= 0 || find_thread(tid)) continue;
             if (ptrace(PTRACE_SEIZE, tid, 0, (void *)trace_opts) < 0) {
-                if (errno == ESRCH) continue;
+                if (errno == ESRCH || task_state(opt.attach, tid) == 'Z' || task_state(opt.attach, tid) == 'X')
+                    continue;                  /* exited meanwhile */
                 int e = errno;
                 closedir(d);
                 if (e == EPERM)
@@ -1195,13 +1237,14 @@ static void attach(void)
                 fail("cannot trace pid %d: %s", opt.attach, strerror(e));
             }
             struct thread *t = new_thread(tid, p);
-            t->parent_tid = (uint64_t)opt.attach;
+            t->parent_tid = tid == opt.attach ? 0 : (uint64_t)opt.attach;
+            t->attached = 1;
             ptrace(PTRACE_INTERRUPT, tid, 0, 0);
             again = 1;
         }
         closedir(d);
     }
-    if (!threads) fail("no process with pid %d", opt.attach);
+    if (!threads) fail("process %d has exited", opt.attach);
     if (windowed) resolve_triggers(p);
 }
 
@@ -1280,9 +1323,14 @@ int main(int argc, char **argv)
         if (quit_signal && !interrupted) {
             interrupted = 1;
             if (opt.attach) {
+                /* A thread being stepped stops by itself (interrupting it
+                 * could leave its step's SIGTRAP queued for after the
+                 * detach); one running natively or in a syscall is
+                 * interrupted. */
                 for (struct thread *t = threads; t; t = t->next) {
                     t->detach = 1;
-                    ptrace(PTRACE_INTERRUPT, t->tid, 0, 0);
+                    if (t->started && (t->native || t->how >= 2 || t->cur.kind == K_SYSCALL || t->restart))
+                        ptrace(PTRACE_INTERRUPT, t->tid, 0, 0);
                 }
             } else {
                 for (struct thread *t = threads; t; t = t->next) kill(t->tid, SIGKILL);
@@ -1313,7 +1361,7 @@ int main(int argc, char **argv)
         if (WIFEXITED(st) || WIFSIGNALED(st)) on_exit_status(t, st);
         else if (WIFSTOPPED(st)) on_stop(t, st);
         t = find_thread(tid);
-        if (t && t->started && !t->native && !t->detach && !t->injected && nthreads > 1 &&
+        if (t && t->started && !t->native && !t->detach && !t->injected && !t->restart && nthreads > 1 &&
             (t->how == 3 || (t->how == 0 && t->cur.kind != K_SYSCALL)) &&
             (focus != tid ? (focus_left = opt.quantum) : focus_left) > 0) {
             focus = tid;
@@ -1347,7 +1395,7 @@ int main(int argc, char **argv)
     if (getenv("HWTRACE_STEPPER_STATS"))
         fprintf(stderr, "hwtrace-stepper: %llu steps, block-step %s\n", (unsigned long long)total_steps,
                 blockstep_state > 0 ? "honoured" : blockstep_state < 0 ? "ignored (single-stepping)" : "unprobed");
-    if (opt.attach || !have_main_status) return 0;
+    if (!have_main_status) return 0;   /* attached and detached */
     if (WIFEXITED(main_status)) return WEXITSTATUS(main_status);
     if (WIFSIGNALED(main_status)) {
         setrlimit(RLIMIT_CORE, &(struct rlimit){ 0, 0 });
