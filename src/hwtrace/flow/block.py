@@ -104,9 +104,9 @@ class BlockDecoder:
     def next(self):
         """(status, Block) or BlockError (with the partial block)."""
         dec = self.insn
-        cache = dec.cache
+        tables = dec.cache.tables
         insns = []
-        isid = None
+        lo = hi = 0
         while True:
             r = dec.next()
             if r.__class__ is DecodeError:
@@ -115,15 +115,18 @@ class BlockDecoder:
                 return BlockError(r.code, r.offset, r.ip, _block(insns))
             status, insn = r
             insns.append(insn)
-            d = cache.decode(insn.ip, insn.mode)
-            if isid is None:
-                isid = d.isid
             if status & (EVENT_PENDING | EOS):
                 break
-            if self._ends_block(insn, d.x86):
-                break
+            if insn.iclass not in _CONTINUES:
+                x = tables[insn.mode][insn.ip].x86
+                if self._ends_block(insn, x):
+                    break
             if not dec.enabled:
                 break
-            if cache.image.isid(dec.ip) != isid:
+            if hi == 0:
+                # A block stays inside the section it started in.
+                m = dec.cache.image.find(insn.ip)
+                lo, hi = (m.begin, m.end) if m is not None else (0, 1 << 64)
+            if not lo <= dec.ip < hi:
                 break
         return status, _block(insns)

@@ -104,27 +104,29 @@ class InsnCache:
     def __init__(self, image):
         self.image = image
         self._gen = getattr(image, "generation", 0)
-        self._cache = {}
+        # One table per execution mode: ip -> Decoded (hot-path lookups).
+        self.tables = {m: {} for m in MODE_BY_NAME}
         self._decoders = {m: decoder_for(MODE_BY_NAME[m]) for m in MODE_BY_NAME}
 
     def clear(self) -> None:
-        self._cache.clear()
+        for t in self.tables.values():
+            t.clear()
 
     def decode(self, ip: int, mode: str) -> Decoded:
         """The decoded instruction at ``ip`` or raise FetchError with
         libipt's error string (no memory mapped / unknown instruction)."""
-        key = (ip, mode)
-        d = self._cache.get(key)
+        if mode is None:
+            # libipt decodes with an unknown mode as if it were invalid.
+            raise FetchError(E.BAD_INSN)
+        table = self.tables[mode]
+        d = table.get(ip)
         if d is not None:
             return d
         image = self.image
         gen = getattr(image, "generation", 0)
         if gen != self._gen:
-            self._cache.clear()
+            self.clear()
             self._gen = gen
-        if mode is None:
-            # libipt decodes with an unknown mode as if it were invalid.
-            raise FetchError(E.BAD_INSN)
         m = image.find(ip)
         if m is None:
             raise FetchError(E.NOMAP)
@@ -154,7 +156,7 @@ class InsnCache:
                                 truncated),
                     FlowInsn(ip, x.size, int(x.iclass), mode, True, truncated),
                     m.section.isid)
-        self._cache[key] = d
+        table[ip] = d
         return d
 
     def raw(self, ip: int, size: int) -> bytes:

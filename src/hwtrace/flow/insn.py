@@ -431,6 +431,26 @@ class InsnDecoder:
     # -- the public verbs --------------------------------------------------------
     def next(self):
         """Decode the next instruction: (status, FlowInsn) or DecodeError."""
+        # Fast path: tracing on, nothing pending, an already decoded
+        # instruction that needs no trace.  Everything else: _next().
+        if self.process_event or self.resyncing or not self.enabled or \
+                self.status & EVENT_PENDING:
+            return self._next()
+        table = self.cache.tables.get(self.mode)
+        if table is None:
+            return self._next()
+        ip = self.ip
+        d = table.get(ip)
+        if d is None:
+            return self._next()
+        insn = d.spec if self.speculative else d.insn
+        if insn.iclass != _OTHER:
+            return self._next()
+        self.icount += 1
+        self.ip = (ip + insn.size) & MASK64
+        return (EOS if self.status & EOS else 0), insn
+
+    def _next(self):
         if self.resyncing:
             r = self.resync()
             if r.__class__ is DecodeError:

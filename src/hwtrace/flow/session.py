@@ -41,6 +41,9 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
     Returns the number of instructions."""
     ninsn = 0
     last_sync = 0
+    want_offset = getattr(sink, "needs_offset", True)
+    on_insn = sink.insn
+    offset = 0
     while True:
         r = dec.sync_forward()
         last_ip = 0
@@ -67,17 +70,18 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
                         sink.status("end_of_trace", dec.offset)
                     err = None
                     break
-                offset = dec.offset
+                if want_offset:
+                    offset = dec.offset
                 r = dec.next()
                 if r.__class__ is DecodeError:
                     if r.insn is not None:
-                        sink.insn(r.insn, offset)
+                        on_insn(r.insn, offset)
                         ninsn += 1
                     err = r
                     break
                 status, insn = r
                 last_ip = insn.ip
-                sink.insn(insn, offset)
+                on_insn(insn, offset)
                 ninsn += 1
                 if max_insns and ninsn >= max_insns:
                     return ninsn

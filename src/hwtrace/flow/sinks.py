@@ -15,6 +15,8 @@ from . import ptxed
 class CountSink:
     """Counts only (``--quiet --stat``)."""
 
+    needs_offset = False
+
     def __init__(self):
         self.insns = 0
         self.blocks = 0
@@ -52,6 +54,7 @@ class PtxedSink(CountSink):
         self.print_offset = print_offset
         self.show_blocks = show_blocks
         self.block_ids = block_ids
+        self.needs_offset = print_offset
 
     def insn(self, insn, offset):
         self.insns += 1
@@ -182,6 +185,7 @@ class JsonSink(CountSink):
         super().__init__()
         self.write = write
         self.print_offset = print_offset
+        self.needs_offset = print_offset
 
     def _emit(self, d):
         self.write(json.dumps(d, separators=(",", ":")) + "\n")
