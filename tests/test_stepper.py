@@ -614,6 +614,40 @@ def test_within_window_steps_only_inside(tmp, capfd, accelerate):
         assert info["steps"] + info["native_runs"] < 2 * n
 
 
+FIB_THREADS_MAIN = r"""
+#include <pthread.h>
+#include <stdio.h>
+long run2(long n);
+static long res[3];
+void *worker(void *a) { long i = (long)a; res[i] = run2(8 + i); return 0; }
+int main(void) {
+    pthread_t t[2];
+    for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
+    res[0] = run2(8);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+    printf("%ld %ld %ld\n", res[0], res[1], res[2]);
+    return 0;
+}
+"""
+
+
+def test_within_windows_in_every_thread(tmp, capfd):
+    src = tmp / "fibasm.S"
+    src.write_text(FIB_ASM)
+    exe = build(tmp, "fibthreads", FIB_THREADS_MAIN, "-O1", "-pthread", "-static", "-no-pie", str(src))
+    fib = symbol(exe, "fib")
+    status, log = trace(tmp, [exe], stepper.Options(within=fib))
+    assert status == 0
+    assert capfd.readouterr().out == f"{fibnum(8)} {fibnum(9)} {fibnum(10)}\n"
+    wins = stepper.windows(tmp / "out.xlog")
+    per_tid = Counter(w.tid for w in wins if w.on)
+    assert sorted(per_tid.values()) == [2, 2, 2]
+    # each thread's stepped instructions are exactly its two fib(n) activations
+    counts = sorted(log.insns(t) for t in per_tid)
+    assert counts == sorted(2 * fib_insns(n) for n in (8, 9, 10))
+    assert log.run_starts(fib) == sum(2 * fib_calls(n) for n in (8, 9, 10))
+
+
 def test_within_window_relative_address_in_pie(tmp, capfd):
     src = tmp / "fibasm.S"
     src.write_text(FIB_ASM)
