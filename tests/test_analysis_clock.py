@@ -103,3 +103,15 @@ def test_auto_finish_without_any_anchor_uses_insns():
 def test_bad_mode():
     with pytest.raises(ValueError):
         Clock(lambda *a: None, mode="wallclock")
+
+
+def test_repeated_stale_values_are_not_anchors():
+    # events keep reporting the last TSC (1000) until a new packet: the
+    # instructions in between are interpolated up to the next new value
+    c, out = make()
+    c.anchor(0, 1000)
+    c.push("a", 5)
+    c.anchor(10, 1000)          # stale
+    c.push("b", 15)
+    c.anchor(20, 3000)
+    assert out == [("a", 1500.0), ("b", 2500.0)]

@@ -202,8 +202,11 @@ def test_branch_records_file_one_track_per_thread(tmp_path):
     xs = [(e["tid"], e["name"], e["ts"], e["dur"], e.get("args", {}).get("flags"))
           for e in ev if e["ph"] == "X"]
     # times relative to the first record (100), in us (1 tick shown as 1 ns)
-    assert xs == [
-        (11, "0x403000", 0.01, 0.02, None), (11, "0x402000", 0.0, 0.05, None),
-        (11, "0x401010", 0.0, 0.05, "begin_unknown|truncated"),
-        (12, "0x403000", 0.015, 0.02, None), (12, "0x402000", 0.005, 0.05, None),
-        (12, "0x401010", 0.005, 0.05, "begin_unknown|truncated")]
+    # on the writer's 2**-10 us grid: compare (begin, end) in grid units
+    g = lambda us: round(us * 1024)
+    got = [(t, n, g(ts), g(ts + d), f) for t, n, ts, d, f in xs]
+    want = [(11, "0x403000", 0.01, 0.03, None), (11, "0x402000", 0.0, 0.05, None),
+            (11, "0x401010", 0.0, 0.05, "begin_unknown|truncated"),
+            (12, "0x403000", 0.015, 0.035, None), (12, "0x402000", 0.005, 0.055, None),
+            (12, "0x401010", 0.005, 0.055, "begin_unknown|truncated")]
+    assert got == [(t, n, g(b), g(e), f) for t, n, b, e, f in want]

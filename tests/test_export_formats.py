@@ -182,9 +182,9 @@ def slices_from_chrome(events):
     out = []
     stack = []
     for e in xs:
-        # in integer nanoseconds: ts and dur have 3 decimals of microseconds
-        ts = round(e["ts"] * 1000)
-        end = ts + round(e["dur"] * 1000)
+        # in the writer's exact grid (2**-10 us), as a viewer adds them
+        ts = round(e["ts"] * 1024)
+        end = round((e["ts"] + e["dur"]) * 1024)
         while stack and not (ts >= stack[-1][0] and end <= stack[-1][1]):
             stack.pop()
         out.append((e["name"], len(stack)))
@@ -225,7 +225,7 @@ def test_chrome_slices_equal_call_tree(flow, tmp_path):
     assert {(e["pid"], e["tid"]) for e in xs} == {(7, 7)}
     main = next(e for e in xs if e["name"] == "main")
     assert main["args"]["insns"] == len(flow.items)
-    assert main["dur"] == pytest.approx(len(flow.items) / 1000)
+    assert main["dur"] == round(len(flow.items) / 1000 * 1024) / 1024
     assert doc["otherData"]["clock"] == "insns"
     meta = [e for e in ev if e["ph"] == "M" and e["name"] == "thread_name"]
     assert meta[0]["args"]["name"] == "thread 7"

@@ -340,6 +340,11 @@ class CallStackBuilder:
                 self.clock.anchor(self.n, tsc)
             return
         off = m.get("offset")
+        if m.get("status_update") and name in ("enabled", "disabled"):
+            # a PSB+ restating the tracing state: nothing changed
+            if tsc is not None:
+                self.clock.anchor(self.n, tsc)
+            return
         if name == "enabled":
             self._enabled(m, tsc)
         elif name in ("disabled", "async_disabled"):

@@ -1,7 +1,9 @@
 """Giving instruction indices a time, streaming, in bounded memory.
 
 Intel PT timing (TSC, and MTC/CYC refining it) reaches the flow decoder as
-events carrying ``tsc``: *anchors* (instruction index, time).  Between two
+events carrying ``tsc``: *anchors* (instruction index, time).  Decoders
+repeat the last known value on every event until a new timing packet
+arrives, so only a changed value makes an anchor.  Between two
 anchors the time of an instruction is interpolated linearly by its index
 (as magic-trace does), so every item that needs a time waits in a queue
 until the next anchor comes.  The queue is bounded (``max_pending``); when
@@ -39,6 +41,7 @@ class Clock:
         self._prev: tuple[int, float] | None = None   # last anchor
         self._rate: float | None = None               # time per instruction
         self._last_idx = 0
+        self._last_tsc = None
 
     @property
     def unit(self) -> str | None:
@@ -71,6 +74,11 @@ class Clock:
         if self.mode == "insns":
             return
         self.mode = "tsc"
+        if tsc == self._last_tsc:
+            # the decoder repeats the last timing value on every event until
+            # a new timing packet comes: only a new value says when *now* is
+            return
+        self._last_tsc = tsc
         t = tsc * self._scale if self._scale else tsc
         prev = self._prev
         if prev is not None:

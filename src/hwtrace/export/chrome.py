@@ -4,7 +4,8 @@ One ``"X"`` (complete) event per activation on the track of its thread
 (``pid``/``tid``; in cpu mode one process "CPUs" with a track per CPU),
 ``"i"`` instant events for markers (gaps, overflows, decode errors), and
 ``"M"`` metadata naming processes and threads.  ``ts``/``dur`` are
-microseconds from the start of the first stream written; instruction-count clocks show
+microseconds from the start of the first stream written, on a 2**-10 us
+grid (exact in binary floating point, so nesting survives ``ts + dur``); instruction-count clocks show
 one instruction as one nanosecond (``otherData.clock`` says which).
 Format: the Trace Event Format document (Google, "JSON Object Format").
 """
@@ -62,11 +63,14 @@ class ChromeTraceWriter:
         self._event(json.dumps({"ph": "M", "name": "thread_name", "pid": pid,
                                 "tid": tid, "args": {"name": info.label()}}))
 
-    def _ts(self, t: float) -> str:
+    def _us(self, t: float) -> float:
+        """Microseconds from the origin, on a grid of 2**-10 us: such values
+        are exact doubles and so are their sums, so a viewer's ``ts + dur``
+        lands exactly on the next slice's ``ts`` (with decimal fractions
+        touching siblings would overlap by a rounding error and nest)."""
         if self._origin is None:
             self._origin = t
-        v = (t - self._origin) / self._div
-        return f"{v:.3f}"
+        return round((t - self._origin) / self._div * 1024) / 1024
 
     def add(self, rec) -> None:
         if self._origin is None and type(rec) is Enter:
@@ -77,8 +81,9 @@ class ChromeTraceWriter:
                 name = self._names[rec.name] = json.dumps(rec.name)
                 if len(self._names) > 1 << 20:
                     self._names.clear()
-            ts = self._ts(rec.begin)
-            dur = f"{(rec.end - rec.begin) / self._div:.3f}"
+            b = self._us(rec.begin)
+            ts = repr(b)
+            dur = repr(self._us(rec.end) - b)
             if self._args:
                 args = (f',"args":{{"insns":{rec.end_idx - rec.begin_idx},'
                         f'"self_insns":{rec.self_insns}')
@@ -100,7 +105,7 @@ class ChromeTraceWriter:
             if rec.offset is not None:
                 args["offset"] = rec.offset
             self._event(json.dumps({"ph": "i", "s": "t", "name": rec.kind,
-                                    "cat": "trace", "ts": float(self._ts(rec.time)),
+                                    "cat": "trace", "ts": self._us(rec.time),
                                     "pid": self._pid, "tid": self._tid,
                                     "args": args}))
             self.instants += 1
