@@ -194,6 +194,15 @@ def test_fork_exec(tmp_path, ptoracle, progs):
         assert len(procs) == 3 and len({p["cr3"] for p in procs}) == 3
         if mode == "thread":
             assert len(man["streams"]) == 3
+        else:
+            total = sum(v[0]["instructions_observed"] for v in res.values())
+            parent = min(procs, key=lambda p: p["pid"])
+            # CR3 filtering: only the process whose CR3 matches
+            f = tmp_path / "cr3"
+            record(f, "--config", f"branch;user;retc;tsc;cr3-match={parent['cr3']}", "--", progs["fe"])
+            _, fres = decode_bundle(ptoracle, f)
+            traced = sum(v[0]["instructions_observed"] for v in fres.values())
+            assert 0 < traced < total
 
 
 def test_address_filter_and_tracestop(tmp_path, ptoracle, progs):

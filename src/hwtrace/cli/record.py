@@ -43,8 +43,12 @@ def register(subparsers) -> None:
                    help="wrap around when full (keep the newest trace)")
     p.add_argument("--config", default=DEFAULT_CONFIG, metavar="SPEC",
                    help="';'-separated: branch;user;os;tsc;retc;cyc;cyc-thresh=N;"
-                        "mtc;mtc-freq=N;psb-freq=N;cr3-match=V;addrN=filter|stop;"
-                        "addrN-range=[ELF,]BEGIN,END (default %(default)s)")
+                        "mtc;mtc-freq=N;psb-freq=N;cr3-match=V|off;addrN=filter|stop|off;"
+                        "addrN-range=[ELF,]BEGIN,END (BEGIN/END: addresses, or "
+                        "symbols of ELF); a flag with a 'no' prefix is off "
+                        "(e.g. noretc). Replaces the default %(default)s. With the "
+                        "emulated engines process CR3 values are 0x1000, 0x2000, ... "
+                        "in pid order (see the sideband)")
     p.add_argument("--copy-images", action="store_true",
                    help="store the mapped executables in the bundle")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="bundle directory")
@@ -100,10 +104,16 @@ def parse_config(spec: str):
         name, _, value = item.partition("=")
         name = name.strip().lower()
         value = value.strip()
+        neg = name.startswith("no") and not value and (name[2:] in _FLAGS or name[2:] == "retc")
+        if neg:
+            name = name[2:]
         if name in _FLAGS and not value:
-            ctl |= _FLAGS[name]
+            ctl = (ctl & ~_FLAGS[name]) if neg else (ctl | _FLAGS[name])
         elif name == "retc" and not value:
-            retc = True
+            retc = not neg
+        elif name == "cr3-match" and value.lower() == "off":
+            cr3 = 0
+            ctl &= ~_FLAGS["cr3"]
         elif name in _FIELDS:
             v = _int(value, name)
             if not 0 <= v <= 15:

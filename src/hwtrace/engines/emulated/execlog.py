@@ -59,10 +59,13 @@ type  name        payload
 0x12  PROC_START  u32 parent_pid (0 for the first traced process).  For a
                   fork child (this CTX's pid) the block table starts as a
                   copy of the parent's at this point of the log.
-0x13  PROC_EXEC   u8 followed, u16 len, u8 path[len]: execve succeeded.
-                  followed=1: the source goes on tracing the new image
-                  (the process's block table and maps are reset);
-                  followed=0: the process left the traced world here.
+0x13  PROC_EXEC   u8 followed, u16 len, u8 path[len]: execve of ``path``.
+                  followed=1: it succeeded and the source goes on tracing
+                  the new image (the process's block table and maps are
+                  reset); followed=0: the process left the traced world
+                  here.  A source that can't see the outcome (QEMU) writes
+                  it at the execve entry: a SYSRET that follows means the
+                  execve failed and the record is void.
 0x14  PROC_EXIT   i32 status (exit code, or -signal).
 0x20  SYSCALL     u64 nr: the last executed instruction (a syscall)
                   entered the kernel.
