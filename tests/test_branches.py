@@ -282,3 +282,34 @@ def test_resolve():
     assert TriggerSpec(within="fib").bind(s) == Trigger(within=0x401000)
     with pytest.raises(ValueError, match="excludes"):
         TriggerSpec(start="a", within="fib")
+
+
+def test_signal_handlers_run_one_level_deeper():
+    """A handler entered at a syscall's exit, or by an interrupt, is one
+    level deeper; its sigreturn restores the depth; a --within window is
+    not closed by the handler's return."""
+    SYSCALL = decode(b"\x0f\x05")
+    t = Tracker(Trigger(within=0x200), Mask(frozenset(KINDS)))
+    th = t.thread(1, 1)
+    steps = [
+        (0x100, CALL_F_100),            # main: call f
+        (0x200, SYSCALL),               # f: kill(getpid(), SIGUSR1)
+        (0x9000, RET),                  # handler at syscall exit: ret
+        (0x9100, SYSCALL),              # __restore_rt: rt_sigreturn
+        (0x202, None),                  # back after f's syscall
+    ]
+    for pc, x in steps:
+        t.step(th, pc, x)
+    t.interrupt(th, 0x203, 0x9000)      # async signal before 0x203
+    for pc, x in [(0x9000, RET), (0x9100, SYSCALL), (0x203, RET), (0x105, None)]:
+        t.step(th, pc, x)
+    assert [(r.kind, r.from_, r.to, r.depth) for r in t.out] == [
+        ("syscall", 0x200, 0x9000, 0),
+        ("return", 0x9000, 0x9100, 1),
+        ("syscall", 0x9100, 0x202, 0),
+        ("interrupt", 0x203, 0x9000, 0),
+        ("return", 0x9000, 0x9100, 1),
+        ("syscall", 0x9100, 0x203, 0),
+        ("return", 0x203, 0x105, 0),
+    ]
+    assert not th.on

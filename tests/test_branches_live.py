@@ -394,3 +394,47 @@ def test_options_after_the_bundle(progs, bundle):
     assert c.returncode == 2 and "one BUNDLE expected" in c.stderr
     d = run_hwtrace("branches", bundle, "--", progs / "fib")
     assert d.returncode == 2 and "one BUNDLE expected" in d.stderr
+
+
+ALARM_C = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <sys/time.h>
+static volatile int done;
+__attribute__((noinline)) void handler(int s) { done = s; }
+__attribute__((noinline)) long spin(void) { long n = 0; while (!done) n++; return n; }
+int main(void)
+{
+    signal(SIGALRM, handler);
+    struct itimerval t = {{0, 0}, {0, 20000}};
+    setitimer(ITIMER_REAL, &t, 0);
+    printf("%d\n", spin() > 0);
+    return 0;
+}
+"""
+
+
+def test_async_signal_inside_a_window(progs):
+    """A timer signal interrupts spin(): an interrupt record into the
+    handler, the handler one level deeper, sigreturn back to where it hit,
+    and the window closes only when spin returns -- live and recorded."""
+    exe = progs / "alarm"
+    (progs / "alarm.c").write_text(ALARM_C)
+    subprocess.run([_tool("gcc"), "-O0", "-static", "-no-pie", "-o", str(exe),
+                    str(progs / "alarm.c")], check=True, capture_output=True)
+    b = progs / "alarm-bundle"
+    r = run_hwtrace("record", "--engine", "ptrace", "--mode", "thread", "-o", b, "--", exe)
+    assert r.returncode == 0, r.stderr
+    args = ("--kinds", "call,return,syscall,interrupt", "--within", "spin", "--format", "jsonl")
+    live = run_hwtrace("branches", *args, "--", exe)
+    assert live.returncode == 0 and live.stdout.startswith("1\n"), live.stderr
+    dec = run_hwtrace("branches", *args, b)
+    assert dec.returncode == 0, dec.stderr
+    for recs in (split_output(live.stdout, 1)[1],
+                 [json.loads(x) for x in dec.stdout.splitlines()]):
+        assert [(o["kind"], o["from_sym"].split("+")[0], o["to_sym"].split("+")[0], o["depth"])
+                for o in recs] == [("interrupt", "spin", "handler", 0),
+                                   ("return", "handler", "__restore_rt", 1),
+                                   ("syscall", "__restore_rt", "spin", 0),
+                                   ("return", "spin", "main", 0)]
+        assert recs[2]["to"] == recs[0]["from"]       # resumed where it was interrupted

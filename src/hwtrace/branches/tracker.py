@@ -13,6 +13,11 @@ A source tells the :class:`Tracker`, per thread and in program order:
   executed next, or that faulted).
 * ``transfer(th, to)``: the previous transfer went to ``to`` but what
   follows is not observed (a live window closed there).
+Depth counts calls (+1) and returns (-1); a signal handler (an
+``interrupt``, or a ``syscall`` whose kernel exit went elsewhere than its
+fall-through) runs one level deeper, and the sigreturn that resumes the
+interrupted code restores the depth it had.
+
 * ``close(th)``: the source ended the window (the stepper's return-address
   and stack-pointer match); ``gap(th)``: continuity lost.
 
@@ -31,7 +36,7 @@ _DOWN = frozenset({"call", "indirect_call"})
 
 class ThreadState:
     __slots__ = ("pid", "tid", "on", "depth", "wanted", "pend_pc", "pend_x",
-                 "pend_time")
+                 "pend_time", "sig")
 
     def __init__(self, pid, tid, on: bool, wanted: bool):
         self.pid = pid
@@ -42,6 +47,10 @@ class ThreadState:
         self.pend_pc = 0
         self.pend_x = None
         self.pend_time = None
+        self.sig: list[tuple[int, int]] = []   # (resume address, depth) per handler
+
+
+_MAX_SIG = 64
 
 
 class Tracker:
@@ -75,8 +84,10 @@ class Tracker:
     def interrupt(self, th: ThreadState, frm: int, to: int, time=None) -> None:
         if th.pend_x is not None:
             self._resolve(th, frm)
-        if th.on and th.wanted and self.mask.accepts("interrupt", frm):
-            self.out.append(Branch(th.pid, th.tid, "interrupt", frm, to, time, th.depth))
+        if th.on:
+            if th.wanted and self.mask.accepts("interrupt", frm):
+                self.out.append(Branch(th.pid, th.tid, "interrupt", frm, to, time, th.depth))
+            self._enter_handler(th, frm)
 
     def transfer(self, th: ThreadState, to: int) -> None:
         if th.pend_x is not None:
@@ -86,6 +97,7 @@ class Tracker:
         th.pend_x = None
         th.on = False
         th.depth = 0
+        th.sig.clear()
 
     def gap(self, th: ThreadState) -> None:
         th.pend_x = None
@@ -100,6 +112,7 @@ class Tracker:
         elif pc == t.start or pc == t.within:
             th.on = True
             th.depth = 0
+            th.sig.clear()
 
     def _resolve(self, th: ThreadState, to: int) -> None:
         x = th.pend_x
@@ -120,3 +133,20 @@ class Tracker:
                 th.on = False
             else:
                 th.depth = d - 1
+        elif kind == "syscall" or kind == "interrupt":
+            fall = frm + x.size
+            if to != fall:
+                sig = th.sig
+                if sig and sig[-1][0] == to:      # sigreturn to where it hit
+                    th.depth = sig.pop()[1]
+                else:                             # a handler, entered at syscall exit
+                    self._enter_handler(th, fall)
+
+    @staticmethod
+    def _enter_handler(th: ThreadState, resume: int) -> None:
+        """A signal handler runs one level deeper than the code it
+        interrupted, until the sigreturn that resumes at ``resume``."""
+        if len(th.sig) >= _MAX_SIG:
+            del th.sig[0]
+        th.sig.append((resume, th.depth))
+        th.depth += 1
