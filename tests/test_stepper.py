@@ -487,6 +487,42 @@ def test_stdin_and_stderr_pass_through(tmp):
     assert (r.returncode, r.stdout, r.stderr) == (9, "out:hello\n", "err\n")
 
 
+def _gone(pid: int, timeout: float = 30.0) -> bool:
+    """The process no longer runs (gone, or a zombie waiting for its reaper)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_no_orphan_when_the_stepper_dies(tmp, how):
+    exe = tmp / "spin"
+    if not exe.exists():
+        build(tmp, "spin", SPIN_C, "-O1")
+    proc = subprocess.Popen(stepper.command([str(exe)], tmp / "orphan.xlog"),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        tracee = int(children[0])
+        proc.send_signal(how)
+        status = proc.wait(timeout=60)
+        assert status == -signal.SIGKILL   # the program was killed; so is the stepper
+        assert _gone(tracee)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_bad_programs_are_one_line_errors(tmp):
     log = tmp / "bad.xlog"
     with pytest.raises(stepper.StepperError, match=r"^no-such-prog-xyz: program not found$"):

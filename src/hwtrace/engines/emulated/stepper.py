@@ -189,14 +189,19 @@ def run(target: Sequence[str] | int, log_path: str | os.PathLike,
     trace or write the log.
     """
     cmd = command(target, log_path, options)
-    err = Path(os.fspath(log_path) + ".err")
-    if err.exists():
-        err.unlink()
+    for suffix in (".err", ".info", ".windows"):
+        side = Path(os.fspath(log_path) + suffix)
+        if side.exists():
+            side.unlink()
     proc = subprocess.Popen(cmd)
     status = _wait(proc, timeout if isinstance(target, int) else None)
     msg = error(log_path)
     if msg is not None and status == STEPPER_ERROR_STATUS:
         raise StepperError(msg)
+    if not Path(os.fspath(log_path) + ".info").exists():
+        # it writes .info before passing on the program's status
+        how = f"signal {-status}" if status < 0 else f"status {status}"
+        raise StepperError(f"the ptrace stepper died ({how}) before finishing the log")
     return status
 
 
