@@ -523,6 +523,27 @@ def test_no_orphan_when_the_stepper_dies(tmp, how):
             proc.wait()
 
 
+def test_attach_not_permitted_names_the_reason(tmp):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the stepper as another user")
+    exe = tmp / "stepper-copy"
+    shutil.copy(stepper.stepper_path(), exe)
+    for d in (tmp, exe):
+        os.chmod(d, 0o755)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            str(exe), "-o", "/dev/null", "--pid", str(victim.pid)],
+                           capture_output=True, text=True, timeout=60, cwd=tmp)
+        assert r.returncode == 125
+        assert r.stderr == (f"hwtrace: cannot trace pid {victim.pid}: it belongs to uid 0, "
+                            f"not to you (uid 65534); run as that user or with CAP_SYS_PTRACE\n")
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def test_bad_programs_are_one_line_errors(tmp):
     log = tmp / "bad.xlog"
     with pytest.raises(stepper.StepperError, match=r"^no-such-prog-xyz: program not found$"):

@@ -1197,6 +1197,31 @@ static void launch(void)
     begin_thread(t);
 }
 
+/* PTRACE_SEIZE said EPERM: name the setting that forbids it. */
+static void why_not_permitted(pid_t pid)
+{
+    char path[64], line[256];
+    long uid = -1;
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "re");
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "Uid:", 4)) { uid = strtol(line + 4, NULL, 10); break; }
+        fclose(f);
+    }
+    if (uid >= 0 && (uid_t)uid != geteuid() && geteuid() != 0)
+        fail("cannot trace pid %d: it belongs to uid %ld, not to you (uid %u); run as that user or with CAP_SYS_PTRACE",
+             pid, uid, (unsigned)geteuid());
+    int scope = -1;
+    f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+    if (f) { if (fscanf(f, "%d", &scope) != 1) scope = -1; fclose(f); }
+    if (scope > 0)
+        fail("cannot trace pid %d: not permitted by /proc/sys/kernel/yama/ptrace_scope = %d "
+             "(0 lets you trace your own processes; or use CAP_SYS_PTRACE)", pid, scope);
+    fail("cannot trace pid %d: operation not permitted (needs CAP_SYS_PTRACE, or the process is "
+         "already traced or not dumpable; see /proc/sys/kernel/yama/ptrace_scope)", pid);
+}
+
 static char task_state(pid_t pid, pid_t tid)
 {
     char path[64], buf[512];
@@ -1231,9 +1256,7 @@ static void attach(void)
                     continue;                  /* exited meanwhile */
                 int e = errno;
                 closedir(d);
-                if (e == EPERM)
-                    fail("cannot trace pid %d: operation not permitted (ptrace scope: /proc/sys/kernel/yama/ptrace_scope; "
-                         "or the process belongs to another user / needs CAP_SYS_PTRACE)", opt.attach);
+                if (e == EPERM) why_not_permitted(opt.attach);
                 fail("cannot trace pid %d: %s", opt.attach, strerror(e));
             }
             struct thread *t = new_thread(tid, p);
