@@ -438,3 +438,18 @@ def test_async_signal_inside_a_window(progs):
                                    ("syscall", "__restore_rt", "spin", 0),
                                    ("return", "spin", "main", 0)]
         assert recs[2]["to"] == recs[0]["from"]       # resumed where it was interrupted
+
+
+def test_cpu_mode_bundle(progs):
+    """A per-CPU recording: the same records, without pid/tid."""
+    p = Prog(progs / "fib")
+    b = progs / "cpu-bundle"
+    r = run_hwtrace("record", "--engine", "ptrace", "--mode", "cpu", "-o", b,
+                    "--", progs / "fib", 5)
+    assert r.returncode == 5, r.stderr
+    d = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib",
+                    "--format", "jsonl", b)
+    assert d.returncode == 0, d.stderr
+    recs = [json.loads(x) for x in d.stdout.splitlines()]
+    assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == p.expected(5)
+    assert {(o["pid"], o["tid"]) for o in recs} == {(None, None)}

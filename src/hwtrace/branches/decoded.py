@@ -11,6 +11,13 @@ syscall from a far call) are read from the same images the decoder used
 through the shared :class:`~hwtrace.branches.tracker.Tracker`, so the
 trigger windows and the mask are applied exactly as for a live process.
 
+Per-CPU bundles (``hwtrace record --mode cpu``) interleave threads in one
+stream and the sideband's switch times are not on the trace's clock here:
+their records have no pid/tid, and every place tracing was disabled and
+enabled elsewhere is treated as a possible context switch (continuity
+dropped, no interrupt records).  Record with ``--mode thread`` for
+per-thread records.
+
     trace = decoded_records("bundle/", TriggerSpec(within="fib"))
     trace.symbolizer ; for rec in trace.records(): ...
 """
@@ -81,10 +88,13 @@ class _Consumer:
     """One stream's items (the export pipeline's consumer protocol:
     ``insn(ip, size, iclass)`` and ``feed(item)``) into the tracker."""
 
-    def __init__(self, tracker: Tracker, th, reader: CodeReader):
+    def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False):
         self.tracker = tracker
         self.th = th
         self.reader = reader
+        # a per-CPU stream interleaves threads: tracing disabled and enabled
+        # elsewhere may be a context switch, not the same thread going on
+        self.per_cpu = per_cpu
         self.time = None
         self.irq_from = None
         self._decode = decoder_for(Mode.BIT64)
@@ -130,8 +140,13 @@ class _Consumer:
             self.irq_from = item.get("at")
         elif ev == "enabled":
             ip = item.get("ip")
-            if self.irq_from is not None and ip is not None and not item.get("resumed"):
-                self.tracker.interrupt(self.th, self.irq_from, ip, self.time)
+            th = self.th
+            if self.per_cpu:
+                if ip is None or th.pend_x is None or ip != th.pend_pc + th.pend_x.size:
+                    self.tracker.gap(th)
+            elif self.irq_from is not None and ip is not None and ip != self.irq_from \
+                    and not item.get("resumed"):
+                self.tracker.interrupt(th, self.irq_from, ip, self.time)
             self.irq_from = None
         elif ev == "overflow":
             self.tracker.gap(self.th)
@@ -160,7 +175,8 @@ class DecodedTrace:
             # the decoders push; collect per stream (records of one stream
             # are bounded by the window/mask, and streams are yielded in turn)
             try:
-                job.run(_Consumer(tracker, th, self.reader))
+                job.run(_Consumer(tracker, th, self.reader,
+                                  per_cpu=info.tid is None and info.cpu is not None))
             except SourceError as e:
                 raise DecodedError(str(e)) from None
             except (KeyboardInterrupt, BrokenPipeError, MemoryError):
