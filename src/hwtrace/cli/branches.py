@@ -181,8 +181,20 @@ def _live(args, target, trig, mask) -> int:
             _emit(lr.records(), lr.symbolizer, args)
         except ExecLogError as e:
             raise CliError(f"branches: {e}") from None
+    note = stepping_note(lr.info)
+    if note:
+        print(f"hwtrace branches: note: {note}", file=sys.stderr)
     status = lr.status
     return 128 - status if status < 0 else status
+
+
+def stepping_note(info: dict) -> str | None:
+    """The spec's "clear note" when block-stepping could not be used."""
+    if info.get("block_step") == "ignored":
+        return ("this machine ignores DEBUGCTL.BTF (PTRACE_SINGLEBLOCK stops after "
+                "every instruction): single-stepped instead "
+                f"({info.get('steps', 0):,} stops)")
+    return None
 
 
 def _decoded(args, path, trig, mask) -> int:
