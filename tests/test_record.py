@@ -243,3 +243,11 @@ def test_status_and_errors(tmp_path):
     assert r.returncode == 2 and "unknown item" in r.stderr
     r = run_hwtrace("record", "-o", tmp_path / "w", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
     assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
+
+
+def test_killed_program_keeps_its_trace(tmp_path, ptoracle):
+    b = tmp_path / "k"
+    r = run_hwtrace("record", "-o", b, "--", "sh", "-c", "kill -9 $$")
+    assert r.returncode == 128 + 9
+    man, res = decode_bundle(ptoracle, b)
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000

@@ -360,6 +360,8 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
+enum { NR_KILL = 62, NR_TKILL = 200, NR_TGKILL = 234, NR_RT_SIGQUEUEINFO = 129,
+       NR_RT_TGSIGQUEUEINFO = 297 };
 enum { NR_RT_SIGACTION = 13, NR_CLONE = 56, NR_FORK = 57, NR_VFORK = 58,
        NR_EXECVE = 59, NR_EXIT = 60, NR_EXIT_GROUP = 231, NR_EXECVEAT = 322,
        NR_CLONE3 = 435 };
@@ -456,6 +458,13 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         put(&p, path, len);
         b->pos = (size_t)(p - b->data);
         /* Other threads' buffers are theirs to touch: only ours is flushed. */
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    } else if (num == NR_KILL || num == NR_TKILL || num == NR_TGKILL ||
+               num == NR_RT_SIGQUEUEINFO || num == NR_RT_TGSIGQUEUEINFO) {
+        /* The signal may kill this process without an exit (SIGKILL): what
+         * this thread has seen so far must be in the log first. */
         pthread_mutex_lock(&lock);
         flush_locked(b);
         pthread_mutex_unlock(&lock);
