@@ -313,3 +313,11 @@ def test_signal_handlers_run_one_level_deeper():
         ("return", 0x203, 0x105, 0),
     ]
     assert not th.on
+
+
+def test_log_undefined_block_is_a_log_error():
+    w = X.Writer()
+    w.ctx(1, 1)
+    w.exec([7])
+    with pytest.raises(X.ExecLogError, match="block 7 of pid 1 executed before"):
+        list(records_from_log(bytes(w), [], Tracker()))

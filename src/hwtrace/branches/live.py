@@ -345,7 +345,11 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
             nxt = edges(th, q, n)       # before the thread's next event
         if typ is X.Exec:
             for bid in r.ids:
-                run(blocks[(pid, bid)])
+                b = blocks.get((pid, bid))
+                if b is None:
+                    raise X.ExecLogError(f"execution log: block {bid} of pid {pid} "
+                                         "executed before it was defined")
+                run(b)
             if out:
                 yield from out
                 out.clear()
@@ -362,7 +366,11 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
         elif typ is X.Block:
             blocks[(r.pid, r.id)] = _decode_block(decode, r.pc, r.sizes, r.code)
         elif typ is X.ExecPart:
-            run(blocks[(pid, r.id)][:r.count])
+            b = blocks.get((pid, r.id))
+            if b is None:
+                raise X.ExecLogError(f"execution log: block {r.id} of pid {pid} "
+                                     "executed before it was defined")
+            run(b[:r.count])
         elif typ is X.Insn:
             run(_decode_block(decode, r.pc, bytes([len(r.code)]), r.code))
         elif typ is X.Signal:
