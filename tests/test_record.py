@@ -126,7 +126,13 @@ def load_base(bundle, exe):
 def test_true_cpu_and_thread(tmp_path, ptoracle):
     for mode in ("cpu", "thread"):
         b = tmp_path / mode
-        record(b, "--mode", mode, "--", "/bin/true")
+        record(b, "--mode", mode, *(["--copy-images"] if mode == "thread" else []),
+               "--", "/bin/true")
+        if mode == "thread":    # the images come from the bundle's copies
+            (s,) = json.loads((b / "manifest.json").read_text())["streams"]
+            args = run_hwtrace("images", b, "--pt", s["file"], "--lines").stdout.split()
+            raws = [a for a in args if a != "--raw"]
+            assert raws and all(a.startswith(str(b / "images") + "/") for a in raws)
         man, res = decode_bundle(ptoracle, b)
         assert man["mode"] == mode
         assert sum(v[0]["instructions_observed"] for v in res.values()) > 50_000

@@ -289,8 +289,8 @@ def _finish_bundle(out: Path, eng, copy_images: bool) -> None:
         images = list(man.get("images", []))
         have = {i["path"] for i in images}
         (out / "images").mkdir(exist_ok=True)
-        for m in b.sideband().mmaps_of_all() if hasattr(b.sideband(), "mmaps_of_all") else \
-                [r for r in b.iter_sideband() if type(r).__name__ == "Mmap"]:
+        from hwtrace.bundle import Mmap
+        for m in (r for r in b.iter_sideband() if type(r) is Mmap):
             if m.file in have or not os.path.isfile(m.file):
                 continue
             have.add(m.file)
