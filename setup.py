@@ -1,7 +1,8 @@
 """Build hwtrace's compiled cores (metadata lives in pyproject.toml).
 
 Every ``src/hwtrace/**/_c_<name>.c`` is a C extension ``hwtrace.<pkg>._c_<name>``
-(see hwtrace/_ext/__init__.py for the pattern and the selection rules).  A
+(see hwtrace/_ext/__init__.py for the pattern and the selection rules); the
+``*.h`` files next to it are its headers.  A
 compiler failure only warns -- the pure-Python twins then run -- unless
 HWTRACE_REQUIRE_EXTENSIONS=1, which makes it fail the build.
 """
@@ -24,14 +25,25 @@ def _required() -> bool:
     return v.strip().lower() not in ("", "0", "no", "false", "off")
 
 
+def fingerprint(src: Path) -> str:
+    """SHA-256 over the C source and the headers next to it (the same
+    computation as hwtrace._ext's staleness check)."""
+    h = hashlib.sha256()
+    for f in [src, *sorted(src.parent.glob("*.h"))]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def _extensions() -> list[Extension]:
     exts = []
     for src in sorted((HERE / "src").glob("hwtrace/**/_c_*.c")):
         rel = src.relative_to(HERE / "src")
         name = ".".join(rel.with_suffix("").parts)
-        digest = hashlib.sha256(src.read_bytes()).hexdigest()
+        digest = fingerprint(src)
         exts.append(Extension(
             name, [src.relative_to(HERE).as_posix()],
+            depends=[h.relative_to(HERE).as_posix()
+                     for h in sorted(src.parent.glob("*.h"))],
             define_macros=[("HWTRACE_SOURCE_SHA256", f'"{digest}"')],
             extra_compile_args=["-O2", "-std=c11"]))
     return exts

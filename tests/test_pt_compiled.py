@@ -126,6 +126,8 @@ def test_wrong_abi_and_stale_build_are_refused(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / so.name).write_bytes(so.read_bytes())
+    for h in so.parent.glob("*.h"):
+        (pkg / h.name).write_bytes(h.read_bytes())
     src = (so.parent / "_c_packets.c").read_bytes()
     (pkg / "_c_packets.c").write_bytes(src + b"\n/* edited */\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -134,6 +136,12 @@ def test_wrong_abi_and_stale_build_are_refused(tmp_path, monkeypatch):
     (pkg / "_c_packets.c").write_bytes(src)
     fresh = _ext.probe("stalepkg._c_packets", _impl.ABI, environ={})
     assert fresh.loaded, fresh.reason
+    # ... and so is one whose header changed.
+    hdr = pkg / "_pt_packets.h"
+    hdr.write_bytes(hdr.read_bytes() + b"\n")
+    sys.modules.pop("stalepkg._c_packets", None)
+    stale = _ext.probe("stalepkg._c_packets", _impl.ABI, environ={})
+    assert not stale.loaded and "stale" in stale.reason
 
 
 def test_impl_argument():

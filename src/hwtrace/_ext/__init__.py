@@ -8,14 +8,17 @@ same values; tests run both.  This module decides which one runs.
 The pattern (used by :mod:`hwtrace.pt._impl` for packet scanning; follow it
 for the flow decoder, the PT generator, ...):
 
-1. **Source.**  Write ``src/hwtrace/<pkg>/_c_<name>.c`` (one file, Python C
-   API, no other dependencies).  ``setup.py`` builds every file matching
-   ``src/hwtrace/**/_c_*.c`` as the extension ``hwtrace.<pkg>._c_<name>``
-   -- nothing to register.  The module defines the int constant ``ABI``
-   (bump it when the Python-facing interface changes) and the string
-   ``SOURCE_SHA256`` from the macro ``HWTRACE_SOURCE_SHA256``, which
-   setup.py sets to the source file's SHA-256: a build older than its
-   source is refused as stale instead of silently running old code.
+1. **Source.**  Write ``src/hwtrace/<pkg>/_c_<name>.c`` (Python C API, no
+   other dependencies; plain-C parts in ``*.h`` headers beside it, e.g.
+   ``hwtrace/pt/_pt_packets.h``, the packet scanner any core can include).
+   ``setup.py`` builds every file matching ``src/hwtrace/**/_c_*.c`` as
+   the extension ``hwtrace.<pkg>._c_<name>`` -- nothing to register.  The
+   module defines the int constant ``ABI`` (bump it when the
+   Python-facing interface changes) and the string ``SOURCE_SHA256`` from
+   the macro ``HWTRACE_SOURCE_SHA256``, which setup.py sets to a SHA-256
+   over the ``.c`` and the ``.h`` files in its directory: a build older
+   than its sources is refused as stale instead of silently running old
+   code.  (A header included from another directory is not covered.)
    Keep the boundary narrow: plain functions over ``bytes`` and ints that
    return the twin's own record types (import them from the Python package
    at module init), so that callers cannot tell the two apart.
@@ -132,13 +135,18 @@ def _built(name: str) -> bool:
 
 
 def _source_sha256(module: ModuleType) -> str | None:
-    """SHA-256 of the C source installed next to the extension, if any."""
+    """The fingerprint of the C source installed next to the extension and
+    of the headers beside it (as setup.py computes it), if the source is
+    there."""
     src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
                                           + ".c")
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(src.read_bytes()).hexdigest()
+        for f in [src, *sorted(src.parent.glob("*.h"))]:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
     except OSError:
         return None
+    return h.hexdigest()
 
 
 def probe(name: str, abi: int, environ=None) -> Status:
