@@ -68,3 +68,17 @@ def test_errors():
         list(xl.parse(data[:32] + b"\x7f"))
     with pytest.raises(ValueError):
         xl.Writer().block(1, 1, 0, b"\x02", b"\x90")
+
+
+def test_generator_rejects_inconsistent_logs():
+    from hwtrace.engines.emulated import flow
+    w = xl.Writer(source=xl.SOURCE_QEMU)
+    w.exec([1])
+    with pytest.raises(xl.ExecLogError, match="before any CTX"):
+        flow.load(bytes(w))
+    w = xl.Writer(source=xl.SOURCE_QEMU)
+    w.ctx(1, 1, 0)
+    w.exec([5])
+    for index_only in (False, True):
+        with pytest.raises(xl.ExecLogError, match="undefined block"):
+            flow.load(bytes(w), index_only=index_only)

@@ -21,7 +21,7 @@ from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import Status, TraceError
 from hwtrace.engines.base import Engine
 
-from . import fast, flow, ptgen
+from . import execlog as xl, fast, flow, ptgen
 
 #: What the emulation offers (CPUID leaf 0x14): no PTWRITE / power events,
 #: two address ranges, the usual Skylake-class masks.
@@ -166,10 +166,19 @@ class EmulatedEngine(Engine):
             raise TraceError(Status.INVALID_ARGS, str(e)) from None
 
     def _generate(self, session, log: str) -> None:
-        with open(log, "rb") as f:
-            data = f.read()
+        try:
+            with open(log, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return      # the program never started under the source
         if not data:
             return
+        try:
+            self._generate_from(session, log, data)
+        except xl.ExecLogError as e:
+            raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
+
+    def _generate_from(self, session, log: str, data: bytes) -> None:
         index = flow.load(data, index_only=True)
         cr3 = flow.assign_cr3(index.processes)
         self._sideband(session, index, cr3)

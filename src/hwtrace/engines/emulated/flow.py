@@ -171,10 +171,14 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     last_time = 0
     for r in xl.parse(data, off):
         t = type(r)
+        if seg is None and t not in (xl.Block, xl.Ctx, xl.Time, xl.Mmap, xl.Munmap):
+            raise xl.ExecLogError(f"execution log: {t.__name__} record before any CTX")
         if t is xl.Exec and index_only:
             if r.ids and not seg.busy:
                 seg.busy = True
-                b = table[r.ids[0]]
+                b = table.get(r.ids[0])
+                if b is None:
+                    raise xl.ExecLogError("execution log: EXEC of an undefined block")
                 seg.first_ip = (b[0] if type(b) is tuple else b).pc
         elif t is xl.Exec:
             items = seg.items
@@ -215,7 +219,9 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             seg.items.extend(split_block(r.pc, bytes((len(r.code),)), r.code))
         elif t is xl.ExecPart:
             features.add("exec_part")
-            blocks = table[r.id]
+            blocks = table.get(r.id)
+            if blocks is None:
+                raise xl.ExecLogError("execution log: EXEC_PART of an undefined block")
             blocks = blocks if type(blocks) is tuple else (blocks,)
             left = r.count
             for b in blocks:

@@ -486,9 +486,11 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
         /* The child of a fork: drop the parent's buffers (the parent
          * writes them) and start this process's part of the log. */
         pthread_mutex_lock(&lock);
+        /* Blocks translated by other parent threads after the parent's
+         * flush stay in defs (tagged with the parent's pid): the child may
+         * run them, and they reach the log before its PROC_START. */
         parent_pid = pid;
         pid = (uint32_t)getpid();
-        defs_pos = 0;
         b->next = NULL;
         all_bufs = b;
         b->tid = my_tid();
