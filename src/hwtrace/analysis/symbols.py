@@ -104,7 +104,10 @@ class Image:
         self._by_name = {}
         for a, (_, n) in items:
             self._by_name.setdefault(n, a)
-        self._lines: tuple | None = None
+        self._lines: tuple | None = None       # all rows, when read whole
+        self._cu_tables: dict[int, tuple] = {}  # rows per compilation unit
+        self._dwarf_cache = None
+        self._dwarf_file = None
         lo = min((v for v, *_ in self.segments), default=0)
         hi = max((v + m for v, m, *_ in self.segments), default=0)
         self.low, self.high = lo + bias, hi + bias
@@ -216,45 +219,106 @@ class Image:
         for s, e, n in zip(self._starts, self._ends, self._names):
             yield s + self.bias, e - s, n
 
-    def line(self, addr: int) -> tuple[str, int] | None:
-        """(file, line) of the instruction at addr, from DWARF."""
-        if self._lines is None:
-            self._lines = self._read_lines()
-        addrs, ends, rows = self._lines
+    def line(self, addr: int, load: bool = True) -> tuple[str, int] | None:
+        """(file, line) of the instruction at addr, from DWARF; with
+        ``load=False`` only from line tables already read."""
         a = addr - self.bias
+        table = self._table_for(a, load)
+        if table is None:
+            return None
+        addrs, ends, rows = table
         i = bisect.bisect_right(addrs, a) - 1
         if i < 0 or a >= ends[i]:
             return None
         return rows[i]
 
-    def line_rows(self):
-        """Every (runtime address, end, file, line) row of the line table."""
-        if self._lines is None:
-            self._lines = self._read_lines()
-        addrs, ends, rows = self._lines
-        for a, e, (f, ln) in zip(addrs, ends, rows):
-            yield a + self.bias, e + self.bias, f, ln
+    def line_rows(self, addresses=None):
+        """(runtime address, end, file, line) rows of the line tables: of
+        the compilation units holding ``addresses`` (runtime), or of all."""
+        if addresses is None:
+            tables = [self._all_table()]
+        else:
+            tables, seen = [], set()
+            for addr in addresses:
+                t = self._table_for(addr - self.bias, True)
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    tables.append(t)
+        for addrs, ends, rows in tables:
+            for a, e, (f, ln) in zip(addrs, ends, rows):
+                yield a + self.bias, e + self.bias, f, ln
 
-    def _read_lines(self):
-        spans = []
-        for p in filter(None, (self.debug_file, self.path)):
+    @staticmethod
+    def _table(spans) -> tuple:
+        spans.sort()
+        return ([x[0] for x in spans], [x[1] for x in spans],
+                [(x[2], x[3]) for x in spans])
+
+    def _all_table(self) -> tuple:
+        """Every line row of the image in one table (read once)."""
+        if self._lines is None:
+            dwarf, _ar = self._dwarf()
+            spans = []
+            if dwarf is not None:
+                try:
+                    for cu in dwarf.iter_CUs():
+                        spans.extend(_cu_rows(dwarf, cu))
+                except (ELFError, KeyError, ValueError, AttributeError, IndexError):
+                    pass
+            self._lines = self._table(spans)
+        return self._lines
+
+    def _table_for(self, a: int, load: bool):
+        """The line table holding link-time address ``a``: its compilation
+        unit's (found through .debug_aranges), or the whole image's."""
+        if self._lines is not None:
+            return self._lines
+        dwarf, ar = self._dwarf()
+        if dwarf is None:
+            return None
+        if ar is None:
+            return self._all_table() if load else None
+        try:
+            off = ar.cu_offset_at_addr(a)
+        except (ELFError, KeyError, ValueError, AttributeError, IndexError):
+            off = None
+        if off is None:
+            return None
+        t = self._cu_tables.get(off)
+        if t is None and load:
             try:
-                with open(p, "rb") as f:
+                t = self._table(_cu_rows(dwarf, dwarf.get_CU_at(off)))
+            except (ELFError, KeyError, ValueError, AttributeError, IndexError):
+                t = ([], [], [])
+            self._cu_tables[off] = t
+        return t
+
+    def _dwarf(self):
+        """(DWARFInfo, aranges or None) of the debug file or the image,
+        opened once (the file stays open while the image lives)."""
+        if self._dwarf_cache is None:
+            self._dwarf_cache = (None, None)
+            for p in filter(None, (self.debug_file, self.path)):
+                try:
+                    f = open(p, "rb")
                     elf = ELFFile(f)
                     if not elf.has_dwarf_info():
+                        f.close()
                         continue
                     dwarf = elf.get_dwarf_info()
                     if not dwarf.has_debug_info:
+                        f.close()
                         continue
-                    for cu in dwarf.iter_CUs():
-                        spans.extend(_cu_rows(dwarf, cu))
-            except (OSError, ELFError, KeyError, ValueError, AttributeError):
-                continue
-            if spans:
-                break
-        spans.sort()
-        return ([s[0] for s in spans], [s[1] for s in spans],
-                [(s[2], s[3]) for s in spans])
+                    try:
+                        ar = dwarf.get_aranges()
+                    except (ELFError, KeyError, ValueError, AttributeError):
+                        ar = None
+                    self._dwarf_file = f
+                    self._dwarf_cache = (dwarf, ar)
+                    break
+                except (OSError, ELFError, KeyError, ValueError, AttributeError):
+                    continue
+        return self._dwarf_cache
 
 
 def _cu_rows(dwarf, cu):

@@ -3,8 +3,10 @@ FNF, FNH, DA, LF, LH, end_of_record), from basic-block counts and the
 DWARF line tables of the images.
 
 A line's count is the execution count of its most executed instruction
-(an instruction's count is the sum of the counts of the blocks holding it); every line of the line tables is listed (``DA:n,0`` when not
-executed), so viewers (genhtml, IDE gutters) show what did not run.  A
+(an instruction's count is the sum of the counts of the blocks holding it); every line of the compilation units that ran is listed (``DA:n,0`` when
+not executed), so viewers (genhtml, IDE gutters) show what did not run;
+source files where nothing ran are left out.  Line tables are read only
+for the compilation units holding executed code (``.debug_aranges``).  A
 function's count is the count of blocks starting at its entry.
 """
 
@@ -39,7 +41,10 @@ def line_counts(blocks: dict[tuple[int, int], int], symbolizer):
         entry_counts[start] = entry_counts.get(start, 0) + c
     points, counts = exec_intervals(blocks)
     for img in symbolizer.images:
-        rows = [r for r in img.line_rows() if r[3] > 0]
+        mine = [s for (s, _z) in blocks if img.contains(s)]
+        if not mine:
+            continue
+        rows = [r for r in img.line_rows(mine) if r[3] > 0]
         for a, e, f, ln in rows:
             d = lines.setdefault(f, {})
             if ln not in d:
@@ -54,13 +59,19 @@ def line_counts(blocks: dict[tuple[int, int], int], symbolizer):
             if best > d[ln]:
                 d[ln] = best
         for fstart, _fsize, name in img.functions():
-            loc = img.line(fstart)
+            loc = img.line(fstart, load=False)
             if loc is None:
                 continue
             f, ln = loc
             if ln <= 0:
                 continue
-            funcs.setdefault(f, {})[name] = (ln, entry_counts.get(fstart, 0))
+            if f in lines:
+                funcs.setdefault(f, {})[name] = (ln, entry_counts.get(fstart, 0))
+    # only source files where something ran (a libc with debug info would
+    # otherwise list thousands of untouched files)
+    for f in [f for f, d in lines.items() if not any(d.values())]:
+        del lines[f]
+        funcs.pop(f, None)
     return lines, funcs
 
 
