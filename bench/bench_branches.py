@@ -10,7 +10,9 @@ run: the untraced run's time, ``hwtrace branches --within target --kinds
 call,return`` on the same program (the stepper runs everything outside
 the windows natively: debug-register trigger, no stepping), the ratio, and
 what the windows cost (instructions stepped, per-instruction cost), plus
-the time of turning the execution log into records.
+the time of turning the execution log into records.  Then a window that
+is all branches (fib(N) --within fib): the stepping rate and the log ->
+records conversion rate.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def main() -> int:
     ap.add_argument("--inner", type=int, default=200, help="loop iterations inside target")
     ap.add_argument("--windows", type=int, default=5, help="how many times target is called")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--fib", type=int, default=18,
+                    help="also a window full of branches: fib(N) within fib (0: skip)")
     a = ap.parse_args()
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -118,7 +122,49 @@ def main() -> int:
           f"(~{per_insn * 1e6:.2f} us each over the native run)")
     print(f"stepping everything instead: ~{total_insns_est:,} instructions, "
           f"est. {total_insns_est * per_insn:,.0f} s")
+    if a.fib:
+        busy_window(gcc, a.fib)
     return 0
+
+
+FIB = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) long fib(long n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+int main(int argc, char **argv) { printf("%ld\n", fib(atol(argv[1]))); return 0; }
+"""
+
+
+def busy_window(gcc: str, n: int) -> None:
+    """A window that is all branches: what stepping and the log -> records
+    conversion cost per instruction."""
+    from hwtrace.branches import MaskSpec, TriggerSpec, parse_kinds
+    from hwtrace.branches.live import trace_live
+    from hwtrace.engines.emulated import stepper
+
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "fib.c"
+        src.write_text(FIB)
+        exe = Path(d) / "fib"
+        subprocess.run([gcc, "-O1", "-static", "-no-pie", "-o", str(exe), str(src)], check=True)
+        t0 = time.perf_counter()
+        subprocess.run([str(exe), str(n)], capture_output=True)
+        t_native = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        lr = trace_live([str(exe), str(n)], d, TriggerSpec(within="fib"),
+                        MaskSpec(parse_kinds("all,cond_not_taken")))
+        t_run = time.perf_counter() - t0
+        w = stepper.windows(lr.log)
+        stepped = w[-1].ninsn - w[0].ninsn
+        t0 = time.perf_counter()
+        nrec = sum(1 for _ in lr.records())
+        t_conv = time.perf_counter() - t0
+    print(f"\nbusy window: fib({n}) --within fib, every kind: {stepped:,} instructions, "
+          f"{nrec:,} records")
+    print(f"untraced run:     {t_native:8.3f} s")
+    print(f"stepper run:      {t_run:8.3f} s   ({stepped / t_run:,.0f} instructions/s stepped)")
+    print(f"log -> records:   {t_conv:8.3f} s   ({stepped / t_conv:,.0f} instructions/s, "
+          f"{nrec / t_conv:,.0f} records/s)")
 
 
 if __name__ == "__main__":
