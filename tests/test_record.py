@@ -57,6 +57,19 @@ PROGRAMS = {
 }
 
 
+PROGRAMS["fault"] = r"""
+    #include <signal.h>
+    #include <stdio.h>
+    #include <sys/mman.h>
+    static char *page; static volatile int n;
+    static void h(int s) { n++; mprotect(page, 4096, PROT_READ | PROT_WRITE); }
+    int main(void) { page = mmap(0, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      signal(SIGSEGV, h);
+      for (int i = 0; i < 3; i++) { page[i] = 1; page[i + 100] = 2; mprotect(page, 4096, PROT_READ); }
+      printf("faults %d\n", n); return 0; }
+"""
+
+
 @pytest.fixture(scope="session")
 def progs(tmp_path_factory):
     d = tmp_path_factory.mktemp("progs")
@@ -257,3 +270,17 @@ def test_killed_program_keeps_its_trace(tmp_path, ptoracle):
     assert r.returncode == 128 + 9
     man, res = decode_bundle(ptoracle, b)
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000
+
+
+def test_faulting_instruction_retires_once(tmp_path, ptoracle, progs):
+    """A store faults (QEMU ends its block there), the SIGSEGV handler fixes
+    the page and returns: the store retires exactly once per iteration,
+    after the handler (FUP at it, then TIP.PGE back to it)."""
+    b = tmp_path / "f"
+    r = record(b, "--mode", "thread", "--", progs["fault"])
+    assert r.stdout == "faults 3\n"
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    (s, ips, events) = next(iter(res.values()))
+    faults = [e["at"] for e in events if e.get("event") == "async_disabled"]
+    assert len(faults) == 3 and len(set(faults)) == 1
+    assert ips.count(faults[0]) == 3

@@ -85,8 +85,9 @@ def _complete(code: bytes) -> bool:
         return False
 
 
-def split_block(pc: int, sizes: bytes, code: bytes) -> list[BlockInfo]:
+def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None) -> list[BlockInfo]:
     """BlockInfos for one defined block: one, unless a branch is inside.
+    ``starts`` (if given) receives each part's instruction addresses.
 
     QEMU 7.2 reports an instruction it started to translate but moved to
     the next block (its bytes cut short) as the block's last one: such an
@@ -101,12 +102,18 @@ def split_block(pc: int, sizes: bytes, code: bytes) -> list[BlockInfo]:
     off = 0
     ip = pc
     last = len(sizes) - 1
+    addrs = []
     for i, sz in enumerate(sizes):
         n += 1
+        addrs.append(ip)
         insn = code[off:off + sz]
         kind, target = classify(ip, insn)
         if i == last or (kind != K_OTHER and kind != K_REP):
-            out.append(BlockInfo(start, n, ip, kind, target, ip + sz))
+            b = BlockInfo(start, n, ip, kind, target, ip + sz)
+            out.append(b)
+            if starts is not None:
+                starts[b] = tuple(addrs)
+            addrs = []
             start = ip + sz
             n = 0
         off += sz
@@ -158,6 +165,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     "multi")."""
     order_blocks: list = []
     features: set = set()
+    starts: dict = {}           # BlockInfo -> its instruction addresses
     header, off = xl.parse_header(data)
     tables: dict[int, dict[int, list[BlockInfo]]] = {}
     threads: dict[int, ThreadInfo] = {}
@@ -190,7 +198,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             if type(items[-1]) is not BlockInfo or multi.get(seg.pid):
                 _expand_multi(items, len(r.ids))
         elif t is xl.Block:
-            parts = split_block(r.pc, r.sizes, r.code)
+            parts = split_block(r.pc, r.sizes, r.code, starts)
             if index_only:
                 order_blocks.append(parts)
                 if len(parts) != 1:
@@ -269,7 +277,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
                 features.add("signal")
             seg.items.append(r)
     for th in threads.values():
-        _find_signals(th, handlers.get(th.pid, set()))
+        _find_signals(th, handlers.get(th.pid, set()), starts)
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
@@ -308,16 +316,19 @@ def _explained(prev: BlockInfo, pc: int, handlers) -> bool:
     return pc not in handlers
 
 
-def _find_signals(th: ThreadInfo, handlers) -> None:
+def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None) -> None:
     """Mark where signals were delivered asynchronously (QEMU reports no
     delivery): a transfer no instruction explains, or an indirect one into
     a handler.  The interrupted IP is where the handler's rt_sigreturn
     resumes; a SIGNAL record (async, with that IP) goes before the
-    handler's first block.  Sources that log SIGNAL themselves are left
-    alone."""
+    handler's first block.  If that IP lies inside the block before (an
+    instruction of it faulted: QEMU ends a block early there), the block
+    is cut before it, so exactly the retired instructions count.  Sources
+    that log SIGNAL themselves are left alone."""
     if not handlers:
         return      # no handler: no signal is delivered to user code
     prev = None
+    prev_at = None              # (segment, index) of prev
     in_kernel = True
     deliveries: list = []       # open handler activations: [Signal or None]
     resume_for = None           # activation whose sigreturn just happened
@@ -337,9 +348,10 @@ def _find_signals(th: ThreadInfo, handlers) -> None:
                 elif prev is not None and not _explained(prev, it.pc, handlers):
                     slots.append(0)
                     deliveries.append(len(slots) - 1)
-                    fixes.append((seg, i, len(slots) - 1, prev, it.pc))
+                    fixes.append((seg, i, len(slots) - 1, prev, it.pc, prev_at))
                 in_kernel = False
                 prev = it
+                prev_at = (seg, i)
             elif t is xl.Syscall:
                 in_kernel = True
                 if it.nr == NR_RT_SIGRETURN and deliveries:
@@ -351,8 +363,12 @@ def _find_signals(th: ThreadInfo, handlers) -> None:
     if not fixes:
         return
     by_seg: dict[int, list] = {}
-    for seg, i, slot, prev, handler in fixes:
+    for seg, i, slot, prev, handler, (pseg, pi) in fixes:
         ip = slots[slot]
+        if ip and prev.pc <= ip <= prev.last and starts and ip in starts.get(prev, ()):
+            # a fault: the instructions from ip on never retired
+            n = starts[prev].index(ip)
+            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip)
         if not ip:
             k = prev.kind
             ip = prev.target if k in (K_JMP, K_CALL) else prev.nlip
