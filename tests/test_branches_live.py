@@ -173,6 +173,12 @@ def test_pie_load_bias(progs):
     assert bias != 0 and bias % 4096 == 0
     assert [(o["kind"], o["from"] - bias, o["to"] - bias, o["depth"]) for o in recs] == exp
     assert recs[0]["to_sym"] == "fib" and recs[0]["from_sym"] == f"fib+{p.c1 - p.fib:#x}"
+    # a number is a link-time address for a PIE about to run (objdump's view)
+    r2 = run_hwtrace("branches", "--kinds", "call,return", "--within", hex(p.fib),
+                     "--format", "jsonl", "--", progs / "fib_pie", 5)
+    _, recs2 = split_output(r2.stdout, 1)
+    bias2 = recs2[0]["to"] - p.fib
+    assert [(o["kind"], o["from"] - bias2, o["to"] - bias2, o["depth"]) for o in recs2] == exp
 
 
 def test_start_stop_and_range(progs):

@@ -6,6 +6,11 @@ execution log it writes is then turned into records by the shared
 
     run = trace_live(["./prog", "10"], workdir, TriggerSpec(within="fib"),
                      MaskSpec(kinds=frozenset({"call", "return"})))
+
+Trigger addresses: symbols (``fib``, ``fib+0x10``), ``+OFF`` from the main
+executable's load base, or numbers: absolute for a non-PIE program or an
+attached process, link-time addresses (objdump's) for a PIE about to be
+launched.  Only the executable's own symbols exist before a launch.
     run.status                 # the program's exit status (Popen style)
     for rec in run.records(): ...
 """
@@ -127,6 +132,13 @@ def _pre_symbolizer(target) -> tuple[Symbolizer, bool]:
     return sym, img.is_pie
 
 
+def _link_time(v: str | None) -> str | None:
+    if v is None:
+        return None
+    n = resolve.parse_number(v.strip()) if not v.strip().startswith("+") else None
+    return f"+{n:#x}" if n is not None else v
+
+
 def _is_dynamic(sym: Symbolizer) -> bool:
     if not sym.images:
         return False
@@ -239,6 +251,11 @@ def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
     elif not target:
         raise LiveError("no program given")
     sym, relative = _pre_symbolizer(target)
+    if relative:
+        # a PIE about to run at an unknown base: numbers are link-time
+        # addresses (as objdump shows them), i.e. offsets from the base
+        trigger = TriggerSpec(*(_link_time(v) for v in (trigger.start, trigger.stop,
+                                                        trigger.within)))
     try:
         opts = stepper_options(trigger, sym, relative, clock)
         # ranges are resolved now too, so a bad one fails before the run

@@ -25,8 +25,13 @@ class Branch:
     kind: str
     from_: int            # address of the branch instruction
     to: int               # address execution continued at
+    # the source's latest timestamp at the branch: the stepper's TIME record
+    # for the run it is in (host TSC or instruction count), or the decoded
+    # trace's latest TSC; None when the source has none
     time: int | None = None
-    depth: int | None = None   # call depth at `from` (0 = where tracing turned on)
+    # call depth of the code executing the branch, 0 where tracing turned
+    # on (calls +1, returns -1, a signal handler +1 until its sigreturn)
+    depth: int | None = None
 
     def key(self) -> tuple[str, int, int]:
         """(kind, from, to): what two sources of one execution agree on."""
