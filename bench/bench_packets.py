@@ -10,7 +10,7 @@ Builds a multi-megabyte stream from the bundled real capture, then times
   text/jsonl dumps and other consumers iterate);
 - the Python twin (``impl="python"``): ``count()``;
 - the CLI: ``python -m hwtrace dump --stat FILE`` (wall clock, includes
-  interpreter start-up);
+  interpreter start-up, which is printed too: the CLI on an empty file);
 - reference: ``ptoracle pkt FILE --summary`` (wall clock);
 - the text and jsonl dumps' formatting loops with either implementation,
   on the first 256 KiB (formatting-bound: they show what scanning costs);
@@ -79,13 +79,16 @@ def main(argv: list[str]) -> int:
         rows.append(("python twin count()", *best_of(
             reps, lambda: PacketDecoder(data, impl="python").count())))
 
-        def cli():
+        def cli(file=path):
             out = subprocess.run(
-                [python(), "-m", "hwtrace", "dump", "--stat", str(path)],
+                [python(), "-m", "hwtrace", "dump", "--stat", str(file)],
                 capture_output=True, text=True, check=True).stdout
             d = dict(line.split(": ") for line in out.splitlines())
             return int(d["packets"]), int(d["errors"])
         rows.append(("hwtrace dump --stat (CLI)", *best_of(reps, cli)))
+        empty = Path(tmp) / "empty.pt"
+        empty.write_bytes(b"")
+        t_start, _ = best_of(reps, lambda: cli(empty))
 
         exe = ptoracle()
         ref = None
@@ -110,6 +113,8 @@ def main(argv: list[str]) -> int:
     for label, t, _c in rows:
         ratio = f"{ref[1] / t:12.2f}x" if ref else "-"
         print(f"{label:32s} {mbps(n, t):9.2f} {t:9.3f} {ratio:>13s}")
+    print(f"(the CLI's fixed cost, interpreter start-up and imports: "
+          f"{t_start:.3f} s, measured on an empty file)")
     if ref is None:
         print("ptoracle unavailable (needs libipt-dev and cc): "
               "no reference timing")
