@@ -7,9 +7,8 @@ from collections import Counter
 import pytest
 
 from hwtrace.analysis import (Activation, CallStackBuilder, Enter, Flag,
-                              Marker, StreamInfo, reconstruct,
-                              reconstruct_branches)
-from hwtrace.analysis.synth import FlowSynth, fib_calls, fib_flow, play_fib
+                              Marker, reconstruct, reconstruct_branches)
+from hwtrace.analysis.synth import FlowSynth, fib_calls, fib_flow
 
 
 def acts(recs):
@@ -346,7 +345,6 @@ def test_flow_decoder_records_plug_in():
     try:
         from hwtrace.flow.events import Event
         from hwtrace.flow.fetch import FlowInsn
-        from hwtrace.x86.insn import IClass
         from hwtrace.flow.fetch import ICLASS_NAMES
     except ImportError as e:
         pytest.skip(f"flow decoder records not available: {e}")

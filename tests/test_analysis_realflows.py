@@ -10,8 +10,6 @@ import shutil
 import subprocess
 from collections import Counter
 
-import pytest
-
 from conftest import BUILD, _need
 
 from hwtrace.analysis import Activation, Flag, reconstruct

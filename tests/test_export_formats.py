@@ -24,7 +24,7 @@ import pytest
 
 from conftest import BUILD, IN_CI, _need
 
-from hwtrace.analysis import StreamInfo, reconstruct
+from hwtrace.analysis import StreamInfo
 from hwtrace.analysis.coverage import CoverageCollector
 from hwtrace.analysis.symbols import Symbolizer
 from hwtrace.export.chrome import ChromeTraceWriter
@@ -431,7 +431,7 @@ def test_lcov_line_counts(flow, tmp_path):
     assert da[FIB_LINE + 1] == 89            # return leaf(n): n < 2
     assert da[FIB_LINE + 2] == 88            # return fib(n-1) + fib(n-2)
     assert da[FIB_LINE + 3] == 177           # the closing brace: every call
-    assert f"FNDA:177,fib" in text and "FNDA:90,leaf" in text
+    assert "FNDA:177,fib" in text and "FNDA:90,leaf" in text
     # a reader from PyPI agrees
     try:
         from lcov_cobertura import LcovCobertura

@@ -17,6 +17,8 @@ from conftest import IN_CI, run_hwtrace
 
 from test_export_formats import (FIB_C, fib_leaf_depths, fib_tree_depths,
                                  slices_from_chrome, slices_from_perfetto)
+from test_viewer_speedscope import (OUT, alert_of, open_in_speedscope,
+                                    site, title_of)  # noqa: F401  (site: a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +72,6 @@ def test_recorded_fib_summary(recorded):
     assert rows["fib"][1] == "177" and rows["leaf"][1] == "90" and rows["main"][1] == "1"
     assert "lost data / errors: none" in r.stdout
 
-
-from test_viewer_speedscope import (OUT, alert_of, open_in_speedscope,  # noqa: E402
-                                    site, title_of)  # noqa: F401  (fixture)
 
 
 def test_recorded_fib_opens_in_speedscope(recorded, site):

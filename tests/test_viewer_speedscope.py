@@ -30,14 +30,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, _need
+from conftest import BUILD, FIXTURES, _need, run_hwtrace
 
 from hwtrace.export.chrome import ChromeTraceWriter
 from hwtrace.export.folded import FoldedWriter
 
+from test_export_cli import loopy_bundle  # noqa: F401  (a fixture)
 from test_export_formats import run_export, real_fib_flow
 
 OUT = BUILD / "test-output" / "viewer"
+LOOPY_EXE = FIXTURES / "hase_loopy" / "loopy"
 ALERT_HOOK = ('<base href="/speedscope/"><script>window.alert=function(m)'
               '{document.documentElement.setAttribute("data-alert",String(m));};'
               '</script>')
@@ -165,9 +167,6 @@ def test_folded_stacks_open_in_speedscope(site, exports):
     open_in_speedscope(site, "fib.folded", "fib folded", shot=OUT / "fib-folded.png")
 
 
-from test_export_cli import loopy_bundle  # noqa: E402,F401  (fixture)
-from conftest import run_hwtrace  # noqa: E402
-
 
 def test_real_recording_opens_in_speedscope(site, loopy_bundle):
     """hase's loopy, recorded with Intel PT on a Skylake: exported by the
@@ -221,5 +220,3 @@ def test_real_recording_timed_by_reference_decoder(site, loopy_bundle, ptoracle)
     open_in_speedscope(site, "loopy-timed.json", "loopy, timed",
                        shot=OUT / "loopy-real-recording-timed.png")
 
-
-LOOPY_EXE = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "hardware" / "hase_loopy" / "loopy"

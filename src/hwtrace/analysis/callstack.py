@@ -55,7 +55,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from hwtrace.analysis.clock import Clock
-from hwtrace.analysis.flowitems import (ERROR, EVENT, INSN, STATUS, ObjectItem,
+from hwtrace.analysis.flowitems import (ERROR, EVENT, INSN, ObjectItem,
                                         enum_name, event_name, kind_of)
 from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
                                       StreamInfo)

@@ -13,7 +13,6 @@ pass over the decoded trace, streaming.
 from __future__ import annotations
 
 import os
-import sys
 
 from hwtrace.cli import CliError
 
