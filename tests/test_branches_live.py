@@ -461,3 +461,23 @@ def test_cpu_mode_bundle(progs):
     recs = [json.loads(x) for x in d.stdout.splitlines()]
     assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == p.expected(5)
     assert {(o["pid"], o["tid"]) for o in recs} == {(None, None)}
+
+
+def test_source_lines(progs, bundle):
+    """--lines: file:line from DWARF for both ends (the test program is -g)."""
+    lines = FIB_C.split("\n")
+    call_line = next(i for i, t in enumerate(lines, 1) if "return fib(n - 1)" in t)
+    main_line = next(i for i, t in enumerate(lines, 1) if "long r = fib(n);" in t)
+    src = str(progs / "fib.c")
+    r = run_hwtrace("branches", "--lines", "--kinds", "call,return", "--within", "fib",
+                    "--format", "jsonl", bundle)
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert {o["from_line"] for o in recs if o["kind"] == "call"} == {f"{src}:{call_line}"}
+    assert {o["to_line"] for o in recs if o["kind"] == "return"} == \
+        {f"{src}:{call_line}", f"{src}:{main_line}"}
+    assert recs[-1]["to_line"] == f"{src}:{main_line}"
+    t = run_hwtrace("branches", "--lines", "--kinds", "return", "--within", "fib", bundle)
+    p = Prog(progs / "fib")
+    main_off = p.main_after - symbol(progs / "fib", "main")
+    assert t.stdout.splitlines()[-1].endswith(f"main+{main_off:#x} ({src}:{main_line})")

@@ -38,6 +38,8 @@ def register(sub) -> None:
     p.add_argument("--start", metavar="X", help="on when execution reaches X (symbol or address)")
     p.add_argument("--stop", metavar="Y", help="off when execution reaches Y")
     p.add_argument("--format", choices=("text", "jsonl"), default="text")
+    p.add_argument("--lines", action="store_true",
+                   help="add source file:line (DWARF) of from and to where known")
     p.add_argument("-o", "--output", metavar="FILE", help="write records here (default stdout)")
     p.add_argument("--attach", type=int, metavar="PID", help="trace this running process")
     p.add_argument("--duration", type=float, metavar="S",
@@ -86,9 +88,34 @@ class _Names:
         return s
 
 
-def format_text(rec, names) -> str:
+class _Lines:
+    """Cached address -> 'file:line' from DWARF (None where unknown)."""
+
+    def __init__(self, symbolizer):
+        self.sym = symbolizer
+        self.cache: dict[int, str | None] = {}
+
+    def __call__(self, addr: int) -> str | None:
+        c = self.cache
+        if addr in c:
+            return c[addr]
+        try:
+            r = self.sym.line(addr) if self.sym is not None else None
+        except Exception:          # unreadable DWARF names no line
+            r = None
+        s = f"{r[0]}:{r[1]}" if r else None
+        if len(c) < 1 << 20:
+            c[addr] = s
+        return s
+
+
+def format_text(rec, names, lines=None) -> str:
     f = names(rec.from_)
     t = names(rec.to)
+    if lines is not None:
+        fl, tl = lines(rec.from_), lines(rec.to)
+        f = f"{f or ''} ({fl})".strip() if fl else f
+        t = f"{t or ''} ({tl})".strip() if tl else t
     d = "" if rec.depth is None else f"{rec.depth:>3} "
     who = f"{rec.pid}/{rec.tid}" if rec.pid is not None else (
         str(rec.tid) if rec.tid is not None else "-")
@@ -96,17 +123,24 @@ def format_text(rec, names) -> str:
             f"{' ' + f if f else ''} -> {rec.to:#x}{' ' + t if t else ''}")
 
 
-def write(records, names, fmt: str, out) -> int:
+def write(records, names, fmt: str, out, lines=None) -> int:
     n = 0
     w = out.write
     if fmt == "jsonl":
         dumps = json.dumps
         for r in records:
-            w(dumps(r.to_json(names), separators=(",", ":")) + "\n")
+            d = r.to_json(names)
+            if lines is not None:
+                fl, tl = lines(r.from_), lines(r.to)
+                if fl:
+                    d["from_line"] = fl
+                if tl:
+                    d["to_line"] = tl
+            w(dumps(d, separators=(",", ":")) + "\n")
             n += 1
     else:
         for r in records:
-            w(format_text(r, names) + "\n")
+            w(format_text(r, names, lines) + "\n")
             n += 1
     return n
 
@@ -123,7 +157,8 @@ def _open_out(path):
 def _emit(records, symbolizer, args) -> None:
     out, close = _open_out(args.output)
     try:
-        write(records, _Names(symbolizer), args.format, out)
+        write(records, _Names(symbolizer), args.format, out,
+              _Lines(symbolizer) if args.lines else None)
         out.flush()
     finally:
         if close:
