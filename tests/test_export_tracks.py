@@ -9,7 +9,7 @@ from collections import Counter
 
 from hwtrace.analysis import StreamInfo
 from hwtrace.analysis.synth import FlowSynth, fib_calls, fib_flow
-from hwtrace.export.chrome import ChromeTraceWriter
+from hwtrace.export.chrome import CPU_PID, ChromeTraceWriter
 from hwtrace.export.folded import FoldedWriter
 from hwtrace.export.perfetto import PerfettoTraceWriter
 from hwtrace.export.pipeline import Stream, export_streams
@@ -67,14 +67,20 @@ def test_threads_get_their_own_tracks():
 
 def test_cpu_mode_tracks():
     s, f = fib_flow(3)
-    cj = io.StringIO()
-    wc = ChromeTraceWriter(cj)
-    export([Stream(StreamInfo(cpu=3), f)], s.lookup, [wc])
+    cj, pf = io.StringIO(), io.BytesIO()
+    wc, wp = ChromeTraceWriter(cj), PerfettoTraceWriter(pf)
+    export([Stream(StreamInfo(cpu=3), f)], s.lookup, [wc, wp])
     wc.close()
     ev = json.loads(cj.getvalue())["traceEvents"]
     names = {e["args"]["name"] for e in ev if e["ph"] == "M"}
     assert names == {"CPUs", "cpu 3"}
-    assert {e["tid"] for e in ev if e["ph"] == "X"} == {3}
+    assert {(e["pid"], e["tid"]) for e in ev if e["ph"] == "X"} == {(CPU_PID, 3)}
+    slices, tracks, _ = slices_from_perfetto(pf.getvalue())
+    procs = [t.process for t in tracks.values() if t.HasField("process")]
+    threads = [t.thread for t in tracks.values() if t.HasField("thread")]
+    assert [(p.pid, p.process_name) for p in procs] == [(CPU_PID, "CPUs")]
+    assert [(t.tid, t.thread_name) for t in threads] == [(3, "cpu 3")]
+    assert Counter(x[0] for x in slices)["fib"] == fib_calls(3)
 
 
 def test_gaps_are_instant_events_and_frames_are_closed():

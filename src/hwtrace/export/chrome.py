@@ -18,6 +18,11 @@ from hwtrace.analysis.records import Activation, Enter, Marker, StreamInfo
 from hwtrace.export import UNITS_PER_US, flag_names
 
 
+#: the made-up process that holds one track per CPU in cpu mode (same as
+#: the Perfetto writer's)
+CPU_PID = 0x7FFF0000
+
+
 class ChromeTraceWriter:
     """``args=True`` adds per-slice args (instructions, address, flags);
     off by default because speedscope makes every distinct args object a
@@ -48,7 +53,7 @@ class ChromeTraceWriter:
 
     def begin_stream(self, info: StreamInfo, unit: str | None = "insns") -> None:
         if info.tid is None and info.cpu is not None:
-            pid, tid, pname = -1, info.cpu, "CPUs"
+            pid, tid, pname = CPU_PID, info.cpu, "CPUs"
         else:
             pid = info.pid if info.pid is not None else 0
             tid = info.tid if info.tid is not None else 0

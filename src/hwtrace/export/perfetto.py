@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from hwtrace.analysis.records import Activation, Enter, Marker, StreamInfo
 from hwtrace.export import flag_names
+from hwtrace.export.chrome import CPU_PID
 from hwtrace.export._pb import f_bytes, f_str, f_varint, varint
 
 # field numbers (perfetto_trace.proto)
@@ -63,7 +64,7 @@ class PerfettoTraceWriter:
         self._seq += 1
         self._iids = {}
         if info.tid is None and info.cpu is not None:
-            pid, tid, pname = 0x7fff0000, info.cpu, "CPUs"
+            pid, tid, pname = CPU_PID, info.cpu, "CPUs"
         else:
             pid = info.pid if info.pid is not None else 0
             tid = info.tid if info.tid is not None else 0
