@@ -118,7 +118,6 @@ def _config(args):
 
 def run(args) -> int:
     from hwtrace.pt.decoder import PacketDecoder
-    from hwtrace.pt.errors import PtError
     from hwtrace.pt.ptdump_format import PtdumpOptions, ptdump_lines
 
     if args.time and args.tcal:
@@ -130,12 +129,8 @@ def run(args) -> int:
     if args.stat or args.format == "jsonl":
         dec = PacketDecoder(data, cpu=cpu)
         if args.stat:
-            npk = nerr = 0
-            for p in dec.packets(no_sync=args.no_sync):
-                if p.__class__ is PtError:
-                    nerr += 1
-                else:
-                    npk += 1
+            # Scan-only: no packet objects are made (compiled where built).
+            npk, nerr = dec.count(no_sync=args.no_sync)
             if args.format == "jsonl":
                 out.write(json.dumps({"summary": "pkt", "bytes": len(data),
                                       "packets": npk, "errors": nerr},
@@ -151,7 +146,7 @@ def run(args) -> int:
                                 "kind": "config error", "offset": 0,
                                 "ip": 0}))
         for p in dec.packets(no_sync=args.no_sync):
-            lines.append(dumps(p.to_json()))
+            lines.append(p.to_jsonl())
             if len(lines) >= 4096:
                 out.write("\n".join(lines) + "\n")
                 lines.clear()
