@@ -7,7 +7,8 @@
 From a live process (launched, or attached to) through the ptrace stepper:
 code outside the trigger windows runs natively; the program's output and
 exit status pass through (records are written after it ends).  From a
-bundle: the decoded trace, with the same windows and mask.
+bundle (or a raw .pt / flow-items .jsonl with --elf): the decoded trace,
+with the same windows and mask.  --lines adds DWARF file:line.
 """
 
 from __future__ import annotations
