@@ -321,3 +321,43 @@ def test_log_undefined_block_is_a_log_error():
     w.exec([7])
     with pytest.raises(X.ExecLogError, match="block 7 of pid 1 executed before"):
         list(records_from_log(bytes(w), [], Tracker()))
+
+
+# ------------------------------------------------------------------ decoded pull
+
+class _Job:
+    def __init__(self, n, fail=None):
+        self.n = n
+        self.fail = fail
+        from hwtrace.analysis.records import StreamInfo
+        self.info = StreamInfo(pid=1, tid=1)
+
+    def run(self, consumer):
+        for i in range(self.n):
+            consumer.insn(0x100, 5, "call")       # call 0x200 each time
+            consumer.insn(0x200, 1, "other")
+        if self.fail:
+            raise self.fail
+
+
+def _consumer():
+    from hwtrace.branches.decoded import CodeReader, _Consumer
+    r = CodeReader()
+    r._files["mem"] = b"\xe8\xfb\x00\x00\x00"
+    r.add(0x100, 5, "mem", 0)
+    t = Tracker(None, Mask(frozenset({"call"})))
+    return _Consumer(t, t.thread(1, 1), r)
+
+
+def test_decoded_pull_batches_errors_and_close():
+    import threading
+    from hwtrace.branches.decoded import BATCH, DecodedError, _pull
+    before = threading.active_count()
+    recs = list(_pull(_Job(3 * BATCH + 5), _consumer()))
+    assert len(recs) == 3 * BATCH + 5 and recs[0].key() == ("call", 0x100, 0x200)
+    with pytest.raises(DecodedError, match=r"thread 1: decoding failed: ValueError: boom"):
+        list(_pull(_Job(10, ValueError("boom")), _consumer()))
+    it = _pull(_Job(100 * BATCH), _consumer())      # reader stops early
+    assert next(it).kind == "call"
+    it.close()
+    assert threading.active_count() == before

@@ -116,9 +116,15 @@ class _Consumer:
         c[ip] = x
         return x
 
+    flush_at = 1 << 62
+    flush = None
+
     def insn(self, ip: int, size: int, iclass) -> None:
         x = None if iclass in _NOT_BRANCH else self._insn_at(ip)
-        self.tracker.step(self.th, ip, x, self.time)
+        t = self.tracker
+        t.step(self.th, ip, x, self.time)
+        if len(t.out) >= self.flush_at:
+            self.flush()
 
     def feed(self, item) -> None:
         if not isinstance(item, dict):
@@ -164,28 +170,93 @@ class DecodedTrace:
         self.mask = mask.bind(self.symbolizer, self.base)
 
     def records(self) -> Iterator[Branch]:
-        from hwtrace.export.source import SourceError
+        """Every stream's records in turn.  The decoder pushes; it runs in a
+        helper thread handing over batches through a bounded queue, so a
+        long trace is never held whole (closing the iterator stops it)."""
         for job in self.source.jobs:
             info = job.info
             tracker = Tracker(self.trigger, self.mask)
             th = tracker.thread(info.pid, info.tid)
             if not th.wanted:
                 continue
-            out = tracker.out
-            # the decoders push; collect per stream (records of one stream
-            # are bounded by the window/mask, and streams are yielded in turn)
+            yield from _pull(job, _Consumer(tracker, th, self.reader,
+                                            per_cpu=info.tid is None and info.cpu is not None))
+
+
+class _Stop(BaseException):
+    """Unwinds the decoder when the reader went away."""
+
+
+_END = object()
+BATCH = 4096
+
+
+def _pull(job, consumer: "_Consumer") -> Iterator[Branch]:
+    import queue
+    import threading
+
+    from hwtrace.export.source import SourceError
+
+    q: queue.Queue = queue.Queue(maxsize=16)
+    stop = threading.Event()
+    out = consumer.tracker.out
+
+    def put(item):
+        while True:
+            if stop.is_set():
+                raise _Stop
             try:
-                job.run(_Consumer(tracker, th, self.reader,
-                                  per_cpu=info.tid is None and info.cpu is not None))
-            except SourceError as e:
-                raise DecodedError(str(e)) from None
-            except (KeyboardInterrupt, BrokenPipeError, MemoryError):
-                raise
-            except Exception as e:       # the flow decoder is another team's
-                raise DecodedError(f"{info.label()}: decoding failed: "
-                                   f"{type(e).__name__}: {e}") from None
-            yield from out
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def flush():
+        if out:
+            batch = out[:]
             out.clear()
+            put(batch)
+    consumer.flush_at = BATCH
+    consumer.flush = flush
+
+    def work():
+        try:
+            job.run(consumer)
+            flush()
+            put(_END)
+        except _Stop:
+            pass
+        except SourceError as e:
+            _try_put(q, stop, DecodedError(str(e)))
+        except Exception as e:          # the flow decoder is another team's
+            _try_put(q, stop, DecodedError(f"{job.info.label()}: decoding failed: "
+                                           f"{type(e).__name__}: {e}"))
+        except BaseException as e:      # MemoryError, KeyboardInterrupt...
+            _try_put(q, stop, e)
+
+    t = threading.Thread(target=work, name="hwtrace-branches-decode", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        t.join()
+
+
+def _try_put(q, stop, item) -> None:
+    import queue
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
 
 
 def parse_elf_arg(arg: str) -> tuple[str, int]:
