@@ -16,6 +16,7 @@ from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 @dataclass
 class FuncStats:
     name: str
+    func: int | None = None
     calls: int = 0
     incl_insns: int = 0
     excl_insns: int = 0
@@ -26,7 +27,9 @@ class FuncStats:
 
 @dataclass
 class Profile:
-    funcs: dict[str, FuncStats] = field(default_factory=dict)
+    #: keyed by (name, function start): two functions of the same name
+    #: (``_start`` of ld.so and of the program) stay apart
+    funcs: dict[tuple, FuncStats] = field(default_factory=dict)
     markers: dict[str, int] = field(default_factory=dict)
     marker_samples: list = field(default_factory=list)
     insns: int = 0
@@ -44,11 +47,13 @@ class Profile:
     def add(self, rec) -> None:
         t = type(rec)
         if t is Enter:
-            self._active[rec.name] = self._active.get(rec.name, 0) + 1
+            key = (rec.name, rec.func)
+            self._active[key] = self._active.get(key, 0) + 1
         elif t is Activation:
-            s = self.funcs.get(rec.name)
+            key = (rec.name, rec.func)
+            s = self.funcs.get(key)
             if s is None:
-                s = self.funcs[rec.name] = FuncStats(rec.name)
+                s = self.funcs[key] = FuncStats(rec.name, rec.func)
             if not rec.flags & Flag.BEGIN_UNKNOWN:
                 s.calls += 1
             if rec.flags & Flag.TRUNCATED:
@@ -58,13 +63,13 @@ class Profile:
             s.excl_time += rec.self_time
             self.insns += si
             self.time += rec.self_time
-            n = self._active.get(rec.name, 0)
+            n = self._active.get(key, 0)
             if n <= 1:
                 s.incl_insns += rec.end_idx - rec.begin_idx
                 s.incl_time += rec.end - rec.begin
-                self._active.pop(rec.name, None)
+                self._active.pop(key, None)
             else:
-                self._active[rec.name] = n - 1
+                self._active[key] = n - 1
         elif t is Marker:
             self.markers[rec.kind] = self.markers.get(rec.kind, 0) + 1
             if len(self.marker_samples) < 5:
@@ -72,6 +77,15 @@ class Profile:
 
     def close(self) -> None:
         pass
+
+    def display_names(self) -> dict[tuple, str]:
+        """Names for display: the name, with ``@0xADDR`` where two functions
+        share it."""
+        count: dict[str, int] = {}
+        for name, _f in self.funcs:
+            count[name] = count.get(name, 0) + 1
+        return {(name, f): (name if count[name] == 1 or f is None else f"{name}@{f:#x}")
+                for name, f in self.funcs}
 
     def top(self, key: str = "excl_insns", n: int = 15) -> list[FuncStats]:
         return sorted(self.funcs.values(), key=lambda s: getattr(s, key),

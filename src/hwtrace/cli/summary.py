@@ -58,8 +58,10 @@ def render(profile, totals: dict, description: str, top: int = 15,
         head += f" {'excl time':>10} {'incl time':>10}"
     lines += ["", head]
     total = max(profile.insns, 1)
+    shown = profile.display_names()
     for s in profile.top(key, top):
-        name = s.name if len(s.name) <= 32 else s.name[:31] + "~"
+        name = shown[(s.name, s.func)]
+        name = name if len(name) <= 32 else name[:31] + "~"
         row = (f"{name:<32} {s.calls:>8,} {s.excl_insns:>12,} "
                f"{100 * s.excl_insns / total:>5.1f}% {s.incl_insns:>12,}")
         if show_time:
