@@ -48,7 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
-#include "stepper_ild.h"
+#include "stepper.h"
 
 #ifndef PTRACE_SINGLEBLOCK
 #define PTRACE_SINGLEBLOCK 33
@@ -56,174 +56,11 @@
 
 /* ---------------------------------------------------------------- options */
 
-struct options {
-    const char *out;
-    char **argv;
-    pid_t attach;
-    uint64_t start, stop, within;     /* window triggers (0 = none) */
-    int start_rel, stop_rel, within_rel;
-    int follow_fork;
-    int clock_insn;
-    int block;                         /* 0 off, 1 auto */
-    int accel;                         /* run straight lines natively to a DR breakpoint */
-    unsigned cpu_every;
-    unsigned quantum;                  /* stops a thread is followed before switching */
-    int quiet;
-};
-
-static struct options opt = { .follow_fork = 1, .block = 1, .accel = 1, .cpu_every = 1024, .quantum = 1000 };
-static char errpath[4096];
+struct options opt = { .follow_fork = 1, .block = 1, .accel = 1, .cpu_every = 1024, .quantum = 1000 };
+char errpath[4096];
 static volatile sig_atomic_t quit_signal;
 
-static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-
-/* ---------------------------------------------------------------- output */
-
-static FILE *out;
-static uint64_t tsc0, ns0;
-
-static void w8(unsigned v) { putc_unlocked((int)v, out); }
-static void w16(unsigned v) { fwrite(&(uint16_t){ (uint16_t)v }, 2, 1, out); }
-static void w32(uint32_t v) { fwrite(&v, 4, 1, out); }
-static void w64(uint64_t v) { fwrite(&v, 8, 1, out); }
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void write_header(uint64_t hz)
-{
-    fwrite("HWXL", 4, 1, out);
-    w16(1); w16(32);
-    w8(2);                               /* source: ptrace stepper */
-    w8(opt.clock_insn ? 2 : 1);          /* clock */
-    w16(0); w32(0);
-    w64(hz); w64(0);
-}
-
-/* ---------------------------------------------------------------- tables */
-
-struct insn_info { uint64_t pc; uint8_t len, kind, code[15]; };
-
-struct pctab { struct insn_info *e; size_t cap, n; };
-
-static struct insn_info *pc_find(struct pctab *t, uint64_t pc)
-{
-    if (!t->cap)
-        return NULL;
-    size_t m = t->cap - 1, i = (size_t)(pc * 0x9E3779B97F4A7C15ull >> 20) & m;
-    for (;; i = (i + 1) & m) {
-        if (t->e[i].pc == pc && t->e[i].len)
-            return &t->e[i];
-        if (!t->e[i].len)
-            return NULL;
-    }
-}
-
-static struct insn_info *pc_add(struct pctab *t, const struct insn_info *v)
-{
-    if ((t->n + 1) * 2 > t->cap) {
-        struct pctab nt = { calloc(t->cap ? t->cap * 2 : 4096, sizeof *nt.e), t->cap ? t->cap * 2 : 4096, 0 };
-        if (!nt.e) fail("out of memory");
-        for (size_t i = 0; i < t->cap; i++)
-            if (t->e[i].len) pc_add(&nt, &t->e[i]);
-        free(t->e);
-        *t = nt;
-    }
-    size_t m = t->cap - 1, i = (size_t)(v->pc * 0x9E3779B97F4A7C15ull >> 20) & m;
-    while (t->e[i].len)
-        i = (i + 1) & m;
-    t->e[i] = *v;
-    t->n++;
-    return &t->e[i];
-}
-
-static void pc_clear(struct pctab *t) { free(t->e); t->e = NULL; t->cap = t->n = 0; }
-
-/* blocks: (start pc, ninsn) -> id */
-struct blk { uint64_t pc; uint32_t n, id; };
-struct blktab { struct blk *e; size_t cap, n; };
-
-static uint32_t *blk_find(struct blktab *t, uint64_t pc, uint32_t n)
-{
-    if (!t->cap) return NULL;
-    size_t m = t->cap - 1, i = (size_t)((pc ^ (uint64_t)n << 48) * 0x9E3779B97F4A7C15ull >> 20) & m;
-    for (;; i = (i + 1) & m) {
-        if (!t->e[i].n) return NULL;
-        if (t->e[i].pc == pc && t->e[i].n == n) return &t->e[i].id;
-    }
-}
-
-static void blk_add(struct blktab *t, uint64_t pc, uint32_t n, uint32_t id)
-{
-    if ((t->n + 1) * 2 > t->cap) {
-        struct blktab nt = { calloc(t->cap ? t->cap * 2 : 1024, sizeof *nt.e), t->cap ? t->cap * 2 : 1024, 0 };
-        if (!nt.e) fail("out of memory");
-        for (size_t i = 0; i < t->cap; i++)
-            if (t->e[i].n) blk_add(&nt, t->e[i].pc, t->e[i].n, t->e[i].id);
-        free(t->e);
-        *t = nt;
-    }
-    size_t m = t->cap - 1, i = (size_t)((pc ^ (uint64_t)n << 48) * 0x9E3779B97F4A7C15ull >> 20) & m;
-    while (t->e[i].n) i = (i + 1) & m;
-    t->e[i] = (struct blk){ pc, n, id };
-    t->n++;
-}
-
 /* ---------------------------------------------------------------- processes and threads */
-
-struct map { uint64_t start, end, off; unsigned prot; char *path; };
-
-struct proc {
-    pid_t pid;
-    int live, armed;                   /* armed: window triggers valid in this image */
-    uint64_t start, stop, within;      /* resolved trigger addresses */
-    struct pctab pcs;
-    struct blktab blocks;
-    struct map *maps; size_t nmaps;
-    struct proc *next;
-};
-
-#define RUNMAX 4096
-
-struct thread {
-    pid_t tid, pid;
-    struct proc *p;
-    int started;                       /* its first stop has been seen */
-    int parked;                        /* stopped, waiting for its parent's event */
-    int native;                        /* running with PTRACE_CONT (window closed) */
-    int noexec;                        /* next SIGTRAP executed nothing */
-    int sig;                           /* signal to deliver at the next resume */
-    int injected;                      /* signal delivered at the last resume */
-    int in_sys;                        /* syscall entered, SYSRET not yet written */
-    uint64_t sys_nr; int64_t sys_ret;
-    uint64_t sys_rsi, sys_rdi;         /* syscall arguments (for rt_sigaction) */
-    uint64_t sig_act[2];               /* handler, flags read at rt_sigaction entry */
-    int restart;                       /* syscall result was an ERESTART* code */
-    uint64_t restart_pc;
-    int exiting_sys;                   /* stepping exit/exit_group */
-    struct user_regs_struct r;         /* registers at the last stop */
-    struct insn_info cur;              /* decoded instruction at r.rip */
-    int how;                           /* last resume: 0 step, 1 block step, 2 cont, 3 run to run_to */
-    uint64_t run_to;                   /* how 3: the branch a DR breakpoint stops at */
-    uint64_t dr[4]; unsigned dr_age[4], dr_clock; unsigned dr7;   /* DR cache */
-    int probe;                         /* the last block step is the BTF probe */
-    int sig_async; uint64_t sig_ip;    /* the signal being delivered */
-    int detach;                        /* detach at the next stop */
-    int attached;                      /* seized by --pid (not a clone child) */
-    int draining;                      /* detaching: swallowing our queued SIGTRAP */
-    uint64_t run_start, run_next; uint32_t run_n;
-    uint8_t run_sizes[RUNMAX];
-    uint64_t ninsn;                    /* instructions retired (clock) */
-    unsigned since_cpu; int cpu; int statfd;
-    int win;                           /* inside a window */
-    uint64_t win_sp, win_ret;
-    uint64_t parent_tid;
-    struct thread *next;
-};
 
 static struct proc *procs;
 static struct thread *threads;
@@ -231,18 +68,10 @@ static int nthreads;
 static pid_t main_pid;
 static int main_status = -1;
 static int have_main_status;
-static uint32_t next_block_id = 1;
 static int windowed;                   /* any trigger given */
 static int blockstep_state;            /* 0 unknown, 1 honoured, -1 ignored */
 static uint64_t total_steps;
 static uint64_t total_runs;            /* straight lines run natively (accel) */
-
-/* log context */
-static pid_t ctx_tid = -1;
-static int ctx_cpu = -2;
-static uint32_t exec_ids[64];
-static int nexec;
-static struct thread *exec_owner;
 
 static struct thread *find_thread(pid_t tid)
 {
@@ -256,259 +85,6 @@ static struct proc *find_proc(pid_t pid)
     for (struct proc *p = procs; p; p = p->next)
         if (p->pid == pid && p->live) return p;
     return NULL;
-}
-
-static void flush_exec(void)
-{
-    if (!nexec) return;
-    w8(0x04); w32((uint32_t)nexec);
-    fwrite(exec_ids, 4, (size_t)nexec, out);
-    nexec = 0;
-}
-
-static uint64_t clock_value(struct thread *t)
-{
-    return opt.clock_insn ? t->ninsn : __rdtsc();
-}
-
-/* Make t the log's current thread (CTX), flushing what belongs to another. */
-static void ctx(struct thread *t)
-{
-    if (exec_owner != t) flush_exec();
-    if (ctx_tid != t->tid || ctx_cpu != t->cpu) {
-        flush_exec();
-        w8(0x01); w32((uint32_t)t->pid); w32((uint32_t)t->tid); w32((uint32_t)t->cpu);
-        ctx_tid = t->tid; ctx_cpu = t->cpu;
-    }
-    exec_owner = t;
-}
-
-/* A thread record (anything but EXEC) for t: context, then a TIME. */
-static void rec(struct thread *t)
-{
-    ctx(t);
-    flush_exec();
-    w8(0x02); w64(clock_value(t));
-}
-
-static struct insn_info *insn_at(struct thread *t, uint64_t pc);
-
-static void end_run(struct thread *t)
-{
-    if (!t->run_n) return;
-    uint32_t *id = blk_find(&t->p->blocks, t->run_start, t->run_n);
-    uint32_t bid;
-    if (id) {
-        bid = *id;
-    } else {
-        bid = next_block_id++;
-        blk_add(&t->p->blocks, t->run_start, t->run_n, bid);
-        unsigned nbytes = 0;
-        for (uint32_t i = 0; i < t->run_n; i++) nbytes += t->run_sizes[i];
-        w8(0x03); w32((uint32_t)t->pid); w32(bid); w64(t->run_start);
-        w16(t->run_n); w16(nbytes);
-        fwrite(t->run_sizes, 1, t->run_n, out);
-        uint64_t pc = t->run_start;
-        for (uint32_t i = 0; i < t->run_n; i++) {
-            struct insn_info *ii = insn_at(t, pc);
-            fwrite(ii->code, 1, t->run_sizes[i], out);
-            pc += t->run_sizes[i];
-        }
-    }
-    ctx(t);
-    if (nexec == 0) { w8(0x02); w64(clock_value(t) - (opt.clock_insn ? t->run_n : 0)); }
-    exec_ids[nexec++] = bid;
-    if (nexec == 64) flush_exec();
-    t->run_n = 0;
-}
-
-static void write_sysret(struct thread *t)
-{
-    end_run(t);
-    rec(t);
-    w8(0x21); w64(t->sys_nr); w64((uint64_t)t->sys_ret);
-    if (t->sys_nr == 13 && t->sys_ret == 0 && t->sys_rsi) {  /* rt_sigaction */
-        w8(0x23); w32((uint32_t)t->sys_rdi); w64(t->sig_act[0]); w64(t->sig_act[1]);
-    }
-    t->in_sys = 0;
-}
-
-/* The instruction ii of t retired. */
-static void retire(struct thread *t, struct insn_info *ii)
-{
-    if (t->in_sys) write_sysret(t);
-    if (t->run_n && (ii->pc != t->run_next || t->run_n == RUNMAX)) end_run(t);
-    if (!t->run_n) t->run_start = ii->pc;
-    t->run_sizes[t->run_n++] = ii->len;
-    t->run_next = ii->pc + ii->len;
-    t->ninsn++;
-}
-
-/* ---------------------------------------------------------------- memory, maps */
-
-static int read_mem(pid_t tid, uint64_t addr, void *buf, size_t len)
-{
-    struct iovec l = { buf, len }, r = { (void *)addr, len };
-    ssize_t n = process_vm_readv(tid, &l, 1, &r, 1, 0);
-    if (n > 0) return (int)n;
-    /* fall back to PTRACE_PEEKTEXT, word by word */
-    size_t got = 0;
-    while (got < len) {
-        errno = 0;
-        long w = ptrace(PTRACE_PEEKTEXT, tid, (void *)(addr + got), 0);
-        if (errno) break;
-        size_t k = len - got < 8 ? len - got : 8;
-        memcpy((char *)buf + got, &w, k);
-        got += k;
-    }
-    return (int)got;
-}
-
-static struct insn_info *insn_at(struct thread *t, uint64_t pc)
-{
-    struct insn_info *ii = pc_find(&t->p->pcs, pc);
-    if (ii) return ii;
-    uint8_t buf[16];
-    int n = read_mem(t->tid, pc, buf, 16);
-    struct insn_info v = { .pc = pc };
-    struct ild d;
-    if (n <= 0 || !ild_decode(buf, n, &d)) {
-        /* unreadable or undecodable: it will fault; keep one byte */
-        d.len = 1; d.kind = K_OTHER;
-        if (n <= 0) buf[0] = 0;
-    }
-    v.len = (uint8_t)d.len; v.kind = (uint8_t)d.kind;
-    memcpy(v.code, buf, (size_t)d.len);
-    return pc_add(&t->p->pcs, &v);
-}
-
-static void build_id(const char *path, uint8_t *bid, unsigned *bidlen)
-{
-    *bidlen = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    Elf64_Ehdr eh;
-    if (pread(fd, &eh, sizeof eh, 0) == sizeof eh && !memcmp(eh.e_ident, ELFMAG, SELFMAG) &&
-        eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr) && eh.e_phnum < 64) {
-        Elf64_Phdr ph[64];
-        if (pread(fd, ph, sizeof(Elf64_Phdr) * eh.e_phnum, (off_t)eh.e_phoff) ==
-            (ssize_t)(sizeof(Elf64_Phdr) * eh.e_phnum)) {
-            for (int i = 0; i < eh.e_phnum && !*bidlen; i++) {
-                if (ph[i].p_type != PT_NOTE || ph[i].p_filesz > 4096) continue;
-                uint8_t note[4096];
-                ssize_t n = pread(fd, note, ph[i].p_filesz, (off_t)ph[i].p_offset);
-                for (ssize_t o = 0; o + 12 <= n;) {
-                    uint32_t nsz, dsz, type;
-                    memcpy(&nsz, note + o, 4); memcpy(&dsz, note + o + 4, 4); memcpy(&type, note + o + 8, 4);
-                    size_t nameoff = (size_t)o + 12, descoff = nameoff + ((nsz + 3) & ~3u);
-                    if (descoff + dsz > (size_t)n) break;
-                    if (type == NT_GNU_BUILD_ID && nsz == 4 && !memcmp(note + nameoff, "GNU", 4) && dsz <= 255) {
-                        memcpy(bid, note + descoff, dsz); *bidlen = dsz; break;
-                    }
-                    o = (ssize_t)(descoff + ((dsz + 3) & ~3u));
-                }
-            }
-        }
-    }
-    close(fd);
-}
-
-/* Re-read /proc/PID/maps; write MUNMAP for executable mappings that went
- * away and MMAP for new ones.  Returns 1 if anything changed. */
-static int update_maps(struct proc *p)
-{
-    char path[64], line[4600];
-    snprintf(path, sizeof path, "/proc/%d/maps", p->pid);
-    FILE *f = fopen(path, "re");
-    if (!f) return 0;
-    struct map *nm = NULL; size_t n = 0, cap = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long s, e, off; char perms[8]; int pos = 0;
-        if (sscanf(line, "%llx-%llx %7s %llx %*s %*s%n", &s, &e, perms, &off, &pos) < 4) continue;
-        if (perms[2] != 'x') continue;
-        char *name = line + pos;
-        while (*name == ' ') name++;
-        name[strcspn(name, "\n")] = 0;
-        if (n == cap) { cap = cap ? cap * 2 : 32; nm = realloc(nm, cap * sizeof *nm); if (!nm) fail("out of memory"); }
-        unsigned prot = (perms[0] == 'r' ? 1 : 0) | (perms[1] == 'w' ? 2 : 0) | 4;
-        nm[n++] = (struct map){ s, e, off, prot, strdup(name) };
-    }
-    fclose(f);
-    int changed = 0;
-    for (size_t i = 0; i < p->nmaps; i++) {
-        struct map *o = &p->maps[i]; int keep = 0;
-        for (size_t j = 0; j < n; j++)
-            if (nm[j].start == o->start && nm[j].end == o->end && nm[j].off == o->off &&
-                nm[j].prot == o->prot && !strcmp(nm[j].path, o->path)) { keep = 1; break; }
-        if (!keep) { flush_exec(); w8(0x31); w32((uint32_t)p->pid); w64(o->start); w64(o->end - o->start); changed = 1; }
-    }
-    for (size_t j = 0; j < n; j++) {
-        int old = 0;
-        for (size_t i = 0; i < p->nmaps; i++) {
-            struct map *o = &p->maps[i];
-            if (nm[j].start == o->start && nm[j].end == o->end && nm[j].off == o->off &&
-                nm[j].prot == o->prot && !strcmp(nm[j].path, o->path)) { old = 1; break; }
-        }
-        if (old) continue;
-        uint8_t bid[255]; unsigned bidlen = 0;
-        const char *mp = nm[j].path;
-        if (mp[0] == '/') build_id(mp, bid, &bidlen);
-        size_t plen = strlen(mp);
-        flush_exec();
-        w8(0x30); w32((uint32_t)p->pid); w64(nm[j].start); w64(nm[j].end - nm[j].start); w64(nm[j].off);
-        w32(nm[j].prot); w16((unsigned)plen); fwrite(mp, 1, plen, out); w8(bidlen); fwrite(bid, 1, bidlen, out);
-        changed = 1;
-    }
-    for (size_t i = 0; i < p->nmaps; i++) free(p->maps[i].path);
-    free(p->maps);
-    p->maps = nm; p->nmaps = n;
-    return changed;
-}
-
-static uint64_t exe_base(struct proc *p)
-{
-    /* the lowest mapping of /proc/PID/exe's file */
-    char link[64], exe[4096], line[4600];
-    snprintf(link, sizeof link, "/proc/%d/exe", p->pid);
-    ssize_t k = readlink(link, exe, sizeof exe - 1);
-    if (k <= 0) return 0;
-    exe[k] = 0;
-    snprintf(link, sizeof link, "/proc/%d/maps", p->pid);
-    FILE *f = fopen(link, "re");
-    if (!f) return 0;
-    uint64_t base = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long s, e, off; int pos = 0;
-        if (sscanf(line, "%llx-%llx %*s %llx %*s %*s%n", &s, &e, &off, &pos) < 3) continue;
-        char *name = line + pos; while (*name == ' ') name++;
-        name[strcspn(name, "\n")] = 0;
-        if (!strcmp(name, exe) && off == 0) { base = s; break; }
-    }
-    fclose(f);
-    return base;
-}
-
-/* ---------------------------------------------------------------- cpu sampling */
-
-static int sample_cpu(struct thread *t)
-{
-    char buf[1024];
-    if (t->statfd < 0) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", t->pid, t->tid);
-        t->statfd = open(path, O_RDONLY | O_CLOEXEC);
-        if (t->statfd < 0) return t->cpu;
-    }
-    ssize_t n = pread(t->statfd, buf, sizeof buf - 1, 0);
-    if (n <= 0) return t->cpu;
-    buf[n] = 0;
-    char *s = strrchr(buf, ')');
-    if (!s) return t->cpu;
-    /* field 3 follows ") "; field 39 is the 37th field after ')' */
-    int field = 2;
-    for (; *s && field < 39; s++)
-        if (*s == ' ') field++;
-    return field == 39 ? atoi(s) : t->cpu;
 }
 
 /* ---------------------------------------------------------------- debug registers */
@@ -576,19 +152,6 @@ static void drop_thread(struct thread *t)
     if (t->statfd >= 0) close(t->statfd);
     nthreads--;
     free(t);
-}
-
-static pid_t tgid_of(pid_t tid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", tid);
-    FILE *f = fopen(path, "re");
-    pid_t tg = tid;
-    if (!f) return tid;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "Tgid:", 5)) { tg = atoi(line + 5); break; }
-    fclose(f);
-    return tg;
 }
 
 /* ---------------------------------------------------------------- resuming */
@@ -672,19 +235,6 @@ static void retire_line(struct thread *t, uint64_t from, uint64_t to)
         retire(t, &ii);
         pc += ii.len;
     }
-}
-
-static int sigtrap_pending(struct thread *t)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/status", t->pid, t->tid);
-    FILE *f = fopen(path, "re");
-    int pending = 0;
-    if (!f) return 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "SigPnd:", 7)) { pending = (strtoull(line + 7, NULL, 16) >> (SIGTRAP - 1)) & 1; break; }
-    fclose(f);
-    return pending;
 }
 
 static void resume(struct thread *t)
@@ -939,7 +489,7 @@ static void on_stop(struct thread *t, int st)
     }
     if (ev) {
         on_event(t, ev);
-        if (ev == PTRACE_EVENT_STOP && quit_signal) t->detach = 1;
+        if (ev == PTRACE_EVENT_STOP && quit_signal && opt.attach) t->detach = 1;
         if (ev == PTRACE_EVENT_EXEC || ev == PTRACE_EVENT_STOP)
             ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
         resume(t);
@@ -975,7 +525,7 @@ static void on_stop(struct thread *t, int st)
         if (reached) {
             sample(t, 0);
             window_check(t);
-            if (quit_signal) t->detach = 1;
+            if (quit_signal && opt.attach) t->detach = 1;
             resume(t);
             return;
         }
@@ -1088,13 +638,13 @@ retired:
         sample(t, 0);
     }
     window_check(t);
-    if (quit_signal) t->detach = 1;
+    if (quit_signal && opt.attach) t->detach = 1;
     resume(t);
 }
 
 /* ---------------------------------------------------------------- errors, setup */
 
-static void fail(const char *fmt, ...)
+void fail(const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;
@@ -1110,47 +660,6 @@ static void fail(const char *fmt, ...)
         if (opt.attach) ptrace(PTRACE_DETACH, t->tid, 0, 0);
         else kill(t->tid, SIGKILL);
     _exit(125);
-}
-
-static char *find_program(const char *name)
-{
-    static char buf[4096];
-    if (strchr(name, '/')) {
-        snprintf(buf, sizeof buf, "%s", name);
-        return access(buf, F_OK) == 0 ? buf : NULL;
-    }
-    const char *path = getenv("PATH");
-    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
-    for (const char *p = path; ; ) {
-        const char *e = strchr(p, ':');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        snprintf(buf, sizeof buf, "%.*s/%s", (int)n, n ? p : ".", name);
-        struct stat sb;
-        if (stat(buf, &sb) == 0 && S_ISREG(sb.st_mode) && access(buf, X_OK) == 0) return buf;
-        if (!e) break;
-        p = e + 1;
-    }
-    return NULL;
-}
-
-static void check_program(const char *path, const char *name)
-{
-    struct stat sb;
-    if (stat(path, &sb) < 0) fail("%s: %s", name, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) fail("%s: is a directory", name);
-    if (access(path, X_OK) < 0) fail("%s: not executable (%s)", name, strerror(errno));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail("%s: %s", name, strerror(errno));
-    unsigned char h[64] = { 0 };
-    ssize_t n = read(fd, h, sizeof h);
-    close(fd);
-    if (n >= 2 && h[0] == '#' && h[1] == '!') return;
-    if (n < 20 || memcmp(h, ELFMAG, SELFMAG))
-        fail("%s: not an ELF executable", name);
-    uint16_t mach; memcpy(&mach, h + 18, 2);
-    if (h[EI_CLASS] != ELFCLASS64 || mach != EM_X86_64)
-        fail("%s: not an x86-64 program (ELF %s-bit, machine %u)", name,
-             h[EI_CLASS] == ELFCLASS64 ? "64" : "32", mach);
 }
 
 static void on_quit(int sig) { quit_signal = sig; }
@@ -1195,45 +704,6 @@ static void launch(void)
     struct thread *t = new_thread(pid, p);
     if (windowed) resolve_triggers(p);
     begin_thread(t);
-}
-
-/* PTRACE_SEIZE said EPERM: name the setting that forbids it. */
-static void why_not_permitted(pid_t pid)
-{
-    char path[64], line[256];
-    long uid = -1;
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "re");
-    if (f) {
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "Uid:", 4)) { uid = strtol(line + 4, NULL, 10); break; }
-        fclose(f);
-    }
-    if (uid >= 0 && (uid_t)uid != geteuid() && geteuid() != 0)
-        fail("cannot trace pid %d: it belongs to uid %ld, not to you (uid %u); run as that user or with CAP_SYS_PTRACE",
-             pid, uid, (unsigned)geteuid());
-    int scope = -1;
-    f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
-    if (f) { if (fscanf(f, "%d", &scope) != 1) scope = -1; fclose(f); }
-    if (scope > 0)
-        fail("cannot trace pid %d: not permitted by /proc/sys/kernel/yama/ptrace_scope = %d "
-             "(0 lets you trace your own processes; or use CAP_SYS_PTRACE)", pid, scope);
-    fail("cannot trace pid %d: operation not permitted (needs CAP_SYS_PTRACE, or the process is "
-         "already traced or not dumpable; see /proc/sys/kernel/yama/ptrace_scope)", pid);
-}
-
-static char task_state(pid_t pid, pid_t tid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 'X';
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 'X';
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : '?';
 }
 
 static void attach(void)

@@ -1,8 +1,9 @@
 """The ptrace execution source: a native execution, stepped instruction by
 instruction through the debug hardware's single-step trap.
 
-The stepper (``stepper.c`` with its x86-64 length decoder ``stepper_ild.c``,
-shipped with the package) is compiled with gcc at first use into
+The stepper (``stepper.c``, the tracer; ``stepper_log.c``, the log writer;
+``stepper_proc.c``, /proc readers; ``stepper_ild.c``, its x86-64 length
+decoder; shipped with the package) is compiled with gcc at first use into
 ``$XDG_CACHE_HOME/hwtrace/`` (default ``~/.cache/hwtrace``), named by the
 hash of its sources.  It launches a program (or attaches to every thread of
 a pid), follows threads, fork/vfork and exec, single-steps every thread
@@ -51,7 +52,9 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "stepper.c", _HERE / "stepper_ild.c", _HERE / "stepper_ild.h")
+#: The stepper's C sources (compiled together) and headers (hashed too).
+C_SOURCES = tuple(_HERE / n for n in ("stepper.c", "stepper_log.c", "stepper_proc.c", "stepper_ild.c"))
+SOURCES = C_SOURCES + (_HERE / "stepper.h", _HERE / "stepper_ild.h")
 STEPPER_ERROR_STATUS = 125
 
 
@@ -79,8 +82,7 @@ def stepper_path() -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".stepper-", dir=out.parent)
     os.close(fd)
     try:
-        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp,
-                            str(SOURCES[0]), str(SOURCES[1])],
+        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp, *map(str, C_SOURCES)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["gcc failed"])[-1]
