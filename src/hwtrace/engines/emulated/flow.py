@@ -166,6 +166,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     order_blocks: list = []
     features: set = set()
     starts: dict = {}           # BlockInfo -> its instruction addresses
+    sync_handlers: dict = {}    # pid -> handlers of fault signals
     header, off = xl.parse_header(data)
     tables: dict[int, dict[int, list[BlockInfo]]] = {}
     threads: dict[int, ThreadInfo] = {}
@@ -253,11 +254,14 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
                 inherited.update(tables.get(seg.pid, {}))
                 table = tables[seg.pid] = inherited
                 handlers[seg.pid] = set(handlers.get(r.parent_pid, ()))
+                sync_handlers[seg.pid] = set(sync_handlers.get(r.parent_pid, ()))
         elif t is xl.ThreadStart:
             threads[seg.tid].parent_tid = r.parent_tid
         elif t is xl.Sigaction:
             if r.handler > 1:
                 handlers.setdefault(seg.pid, set()).add(r.handler)
+                if r.signo in SYNC_SIGNALS:
+                    sync_handlers.setdefault(seg.pid, set()).add(r.handler)
             seg.items.append(r)
         elif t is xl.Mmap:
             mmaps.append(r)
@@ -277,7 +281,8 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
                 features.add("signal")
             seg.items.append(r)
     for th in threads.values():
-        _find_signals(th, handlers.get(th.pid, set()), starts)
+        _find_signals(th, handlers.get(th.pid, set()), starts,
+                      sync_handlers.get(th.pid, set()))
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
@@ -316,14 +321,21 @@ def _explained(prev: BlockInfo, pc: int, handlers) -> bool:
     return pc not in handlers
 
 
-def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None) -> None:
+#: Signals raised by a faulting instruction (SIGILL, SIGTRAP, SIGBUS,
+#: SIGFPE, SIGSEGV): their handlers resume at the instruction that faulted.
+SYNC_SIGNALS = frozenset((4, 5, 7, 8, 11))
+
+
+def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
+                  sync_handlers=frozenset()) -> None:
     """Mark where signals were delivered asynchronously (QEMU reports no
     delivery): a transfer no instruction explains, or an indirect one into
     a handler.  The interrupted IP is where the handler's rt_sigreturn
     resumes; a SIGNAL record (async, with that IP) goes before the
-    handler's first block.  If that IP lies inside the block before (an
-    instruction of it faulted: QEMU ends a block early there), the block
-    is cut before it, so exactly the retired instructions count.  Sources
+    handler's first block.  If the handler is one of a fault signal and
+    that IP lies inside the block before (an instruction of it faulted:
+    QEMU ends a block early there), the block is cut before it, so
+    exactly the retired instructions count.  Sources
     that log SIGNAL themselves are left alone."""
     if not handlers:
         return      # no handler: no signal is delivered to user code
@@ -338,13 +350,18 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None) -> None:
         for i, it in enumerate(seg.items):
             t = type(it)
             if t is BlockInfo:
-                if resume_for is not None:
+                if in_kernel and handlers and it.pc in handlers and \
+                        (prev is None or prev.kind != K_TRAP or it.pc != prev.nlip):
+                    # delivered at a kernel exit -- possibly right at the
+                    # rt_sigreturn of another handler, whose resume IP is
+                    # then the one this handler's rt_sigreturn goes to
+                    deliveries.append(("carry", resume_for))
+                    resume_for = None
+                elif resume_for is not None:
                     slots[resume_for] = it.pc
                     resume_for = None
                 if in_kernel:
-                    if handlers and it.pc in handlers and \
-                            (prev is None or prev.kind != K_TRAP or it.pc != prev.nlip):
-                        deliveries.append(None)     # delivered at a kernel exit
+                    pass
                 elif prev is not None and not _explained(prev, it.pc, handlers):
                     slots.append(0)
                     deliveries.append(len(slots) - 1)
@@ -356,8 +373,7 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None) -> None:
                 in_kernel = True
                 if it.nr == NR_RT_SIGRETURN and deliveries:
                     d = deliveries.pop()
-                    if d is not None:
-                        resume_for = d
+                    resume_for = d[1] if type(d) is tuple else d
             elif t is xl.Signal:
                 return
     if not fixes:
@@ -365,7 +381,8 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None) -> None:
     by_seg: dict[int, list] = {}
     for seg, i, slot, prev, handler, (pseg, pi) in fixes:
         ip = slots[slot]
-        if ip and prev.pc <= ip <= prev.last and starts and ip in starts.get(prev, ()):
+        if ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
+                and starts and ip in starts.get(prev, ()):
             # a fault: the instructions from ip on never retired
             n = starts[prev].index(ip)
             pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip)
