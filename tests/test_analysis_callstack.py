@@ -369,3 +369,34 @@ def test_flow_decoder_records_plug_in():
     got = acts(reconstruct(objs, lookup=s.lookup))
     assert len(want) == fib_calls(5) + 2
     assert got == want
+
+
+def test_traced_kernel_syscall_and_interrupt():
+    # user main -> syscall into a traced kernel entry, sysret back; then an
+    # interrupt (async branch) into a handler that irets to the interrupted
+    # instruction
+    s = FlowSynth(["main", "entry_SYSCALL_64", "irq_handler"])
+    s.start("main")
+    s.body(2)
+    s._insn(2, "far_call")
+    back = s.ip + 2
+    s.ip = s.addr["entry_SYSCALL_64"]
+    s.body(5)
+    s._insn(3, "far_return")
+    s.ip = back
+    s.body(2)
+    items = s.take()
+    interrupted = s.ip
+    items.append({"event": "async_branch", "offset": 7, "ip_suppressed": False,
+                  "from": interrupted, "to": s.addr["irq_handler"]})
+    s.ip = s.addr["irq_handler"]
+    s.body(4)
+    s._insn(2, "far_return")
+    s.ip = interrupted
+    s.body(1)
+    recs = list(reconstruct(items + s.take(), lookup=s.lookup))
+    check_nesting(recs)
+    got = [(a.name, a.depth, a.insns, a.flags) for a in acts(recs)]
+    assert got == [("entry_SYSCALL_64", 1, 6, Flag.FAR),
+                   ("irq_handler", 1, 5, Flag.ASYNC),
+                   ("main", 0, 6 + 6 + 5, Flag.TRUNCATED)]
