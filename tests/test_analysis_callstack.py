@@ -400,3 +400,32 @@ def test_traced_kernel_syscall_and_interrupt():
     assert got == [("entry_SYSCALL_64", 1, 6, Flag.FAR),
                    ("irq_handler", 1, 5, Flag.ASYNC),
                    ("main", 0, 6 + 6 + 5, Flag.TRUNCATED)]
+
+
+def test_callbacks_from_untraced_code():
+    # main calls qsort, which is filtered out (tracing off inside it); qsort
+    # calls the traced comparator twice, then returns to main
+    s = FlowSynth(["main", "qsort", "cmp"])
+    s.start("main")
+    s.body(1)
+    s._insn(5, "call")
+    back = s.ip + 5
+    items = s.take() + [{"event": "disabled", "offset": 1, "ip_suppressed": False,
+                         "ip": s.addr["qsort"]}]
+    for _ in range(2):
+        items.append({"event": "enabled", "offset": 2, "ip_suppressed": False,
+                      "ip": s.addr["cmp"], "resumed": False})
+        s.ip = s.addr["cmp"]
+        s.body(3)
+        s._insn(1, "return")
+        items += s.take() + [{"event": "disabled", "offset": 3, "ip_suppressed": True}]
+    items.append({"event": "enabled", "offset": 4, "ip_suppressed": False,
+                  "ip": back, "resumed": False})
+    s.ip = back
+    s.body(2)
+    recs = list(reconstruct(items + s.take(), lookup=s.lookup))
+    check_nesting(recs)
+    assert [(a.name, a.depth, a.insns, a.flags) for a in acts(recs)] == [
+        ("cmp", 2, 4, Flag.NONE), ("cmp", 2, 4, Flag.NONE),
+        ("qsort", 1, 8, Flag.NONE), ("main", 0, 12, Flag.TRUNCATED)]
+    assert not [r for r in recs if type(r) is Marker]
