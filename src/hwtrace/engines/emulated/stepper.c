@@ -16,7 +16,8 @@
  *   --no-follow-fork   report fork/vfork children but do not trace them
  *   --clock tsc|insn   what TIME records hold (host TSC or per-thread count)
  *   --block auto|off   use PTRACE_SINGLEBLOCK if it really stops only after
- *                      branches (probed at run time), or never
+ *                      branches (probed at start on a child running a known
+ *                      sequence), or never
  *   --cpu-every N      sample the thread's CPU every N steps (default 1024)
  *   --quantum N        follow one thread for up to N stops before another (1000)
  *   --accel on|off     run straight lines natively to a DR breakpoint when BTF is ignored
@@ -156,6 +157,48 @@ static void drop_thread(struct thread *t)
 
 /* ---------------------------------------------------------------- resuming */
 
+/* Does PTRACE_SINGLEBLOCK stop only after branches here (DEBUGCTL.BTF
+ * honoured), or after every instruction (ignored, as in many VMs)?  Probed
+ * once on a child of the stepper running a known sequence: from
+ * btf_probe, a block step that honours BTF stops at btf_probe_target (after
+ * the jmp), one that doesn't at btf_probe + 1. */
+__asm__(".text\n"
+        ".globl hwtrace_btf_probe\n"
+        "hwtrace_btf_probe:\n"
+        "  nop\n"
+        "  nop\n"
+        "  jmp 1f\n"
+        "  ud2\n"
+        "1:\n"
+        ".globl hwtrace_btf_probe_target\n"
+        "hwtrace_btf_probe_target:\n"
+        "  nop\n"
+        "  ud2\n");
+extern char hwtrace_btf_probe[], hwtrace_btf_probe_target[];
+
+static int probe_blockstep(void)
+{
+    pid_t c = fork();
+    if (c < 0) return -1;
+    if (c == 0) {
+        ptrace(PTRACE_TRACEME, 0, 0, 0);
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    int st, result = -1;
+    struct user_regs_struct r;
+    if (waitpid(c, &st, 0) == c && WIFSTOPPED(st) && ptrace(PTRACE_GETREGS, c, 0, &r) == 0) {
+        r.rip = (uint64_t)hwtrace_btf_probe;
+        if (ptrace(PTRACE_SETREGS, c, 0, &r) == 0 && ptrace(PTRACE_SINGLEBLOCK, c, 0, 0) == 0 &&
+            waitpid(c, &st, 0) == c && WIFSTOPPED(st) && WSTOPSIG(st) == SIGTRAP &&
+            ptrace(PTRACE_GETREGS, c, 0, &r) == 0)
+            result = r.rip == (uint64_t)hwtrace_btf_probe_target ? 1 : -1;
+    }
+    kill(c, SIGKILL);
+    waitpid(c, &st, 0);
+    return result;
+}
+
 static int is_restart_code(int64_t v) { return v == -512 || v == -513 || v == -514 || v == -516; }
 
 /* Can a block step from pc be used: the straight line up to its first branch
@@ -219,6 +262,13 @@ static int run_to_branch(struct thread *t)
     return 1;
 }
 
+static int dr_cached(struct thread *t, uint64_t pc)
+{
+    for (int i = windowed ? 1 : 0; i < 4; i++)
+        if ((t->dr7 & (1u << (2 * i))) && t->dr[i] == pc) return 1;
+    return 0;
+}
+
 /* Retire the straight line [from, to) if `to` is on it (else nothing). */
 static void retire_line(struct thread *t, uint64_t from, uint64_t to)
 {
@@ -271,17 +321,19 @@ static void resume(struct thread *t)
     }
     total_steps++;
     t->how = 0;
-    t->probe = 0;
-    if (opt.block && blockstep_state >= 0 && !sig && !t->restart) {
-        if (blockstep_state == 0 && t->cur.kind == K_OTHER) {
-            t->how = 1; t->probe = 1;
-        } else if (blockstep_state == 1 && block_ok(t)) {
-            t->how = 1;
-        }
-    }
+    if (blockstep_state == 1 && !sig && !t->restart && block_ok(t))
+        t->how = 1;
     if (t->how == 0 && opt.accel && !sig && !t->restart && t->cur.kind == K_OTHER &&
-        (blockstep_state < 0 || !opt.block) && run_to_branch(t))
+        blockstep_state != 1 && run_to_branch(t))
         return;
+    if (t->dr7 && t->regs_fresh && !t->at_dr_hit && dr_cached(t, t->r.rip)) {
+        /* stepping onto a cached breakpoint's instruction: set RF so it
+         * doesn't fire before the instruction runs (a wasted stop) */
+        t->r.eflags |= 0x10000;
+        ptrace(PTRACE_SETREGS, t->tid, 0, &t->r);
+    }
+    t->at_dr_hit = 0;
+    t->regs_fresh = 0;
     if (ptrace(t->how == 1 ? PTRACE_SINGLEBLOCK : PTRACE_SINGLESTEP, t->tid, 0, (void *)sig) < 0 && t->how == 1) {
         blockstep_state = -1;
         t->how = 0;
@@ -357,6 +409,7 @@ static void begin_thread(struct thread *t)
         return;
     }
     if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) < 0) return;
+    t->regs_fresh = 1;
     sample(t, 1);
     if (t->tid == t->pid && t->p->nmaps == 0) {
         rec(t);
@@ -516,6 +569,7 @@ static void on_stop(struct thread *t, int st)
 
     struct user_regs_struct prev = t->r;
     if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) < 0) return;
+    t->regs_fresh = 1;
     int stepped = 0;
     if (t->how == 3) {
         /* ran natively toward run_to: the line up to where it stopped retired */
@@ -523,6 +577,7 @@ static void on_stop(struct thread *t, int st)
         retire_line(t, prev.rip, t->r.rip);
         t->how = 0;
         if (reached) {
+            t->at_dr_hit = 1;          /* the kernel set RF for the resume */
             sample(t, 0);
             window_check(t);
             if (quit_signal && opt.attach) t->detach = 1;
@@ -578,7 +633,7 @@ signal_stop:
         }
     }
     if (stepped) {
-        if (t->how == 1 && !t->probe) {
+        if (t->how == 1) {
             /* block step: the straight line from prev.rip to its branch retired */
             uint64_t pc = prev.rip;
             for (int k = 0; k < 100000; k++) {
@@ -602,19 +657,6 @@ signal_stop:
         } else if (t->cur.kind == K_REPSTR && t->r.rip == prev.rip) {
             /* one more iteration: retires when the pc moves on */
         } else {
-            if (t->probe) {
-                blockstep_state = t->r.rip == prev.rip + t->cur.len ? -1 : 1;
-                if (blockstep_state == 1) {
-                    uint64_t pc = prev.rip;
-                    for (int k = 0; k < 100000; k++) {
-                        struct insn_info ii = *insn_at(t, pc);
-                        retire(t, &ii);
-                        if (ii.kind != K_OTHER) break;
-                        pc += ii.len;
-                    }
-                    goto retired;
-                }
-            }
             retire(t, &t->cur);
             t->restart = 0;
             if (t->cur.kind == K_SYSCALL) {
@@ -634,7 +676,6 @@ signal_stop:
                 sample(t, 1);
             }
         }
-retired:
         sample(t, 0);
     }
     window_check(t);
@@ -806,6 +847,7 @@ int main(int argc, char **argv)
     if (opt.attach) sigaction(SIGINT, &sa, NULL);
     else { signal(SIGINT, SIG_IGN); signal(SIGQUIT, SIG_IGN); }
 
+    blockstep_state = opt.block ? probe_blockstep() : -1;
     if (opt.attach) attach(); else launch();
 
     int interrupted = 0;
@@ -880,7 +922,7 @@ int main(int argc, char **argv)
             fprintf(f, "{\"stepping\": \"%s\", \"block_step\": \"%s\", \"steps\": %llu, \"native_runs\": %llu, "
                     "\"clock\": \"%s\", \"clock_hz\": %llu}\n",
                     blockstep_state > 0 ? "block" : total_runs ? "single+native-runs" : "single",
-                    blockstep_state > 0 ? "honoured" : blockstep_state < 0 ? "ignored" : "unprobed",
+                    !opt.block ? "off" : blockstep_state > 0 ? "honoured" : "ignored",
                     (unsigned long long)total_steps, (unsigned long long)total_runs, opt.clock_insn ? "insn" : "tsc", (unsigned long long)hz);
             fclose(f);
         }

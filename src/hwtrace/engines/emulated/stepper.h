@@ -72,7 +72,8 @@ struct thread {
     int how;                           /* last resume: 0 step, 1 block step, 2 cont, 3 run to run_to */
     uint64_t run_to;                   /* how 3: the branch a DR breakpoint stops at */
     uint64_t dr[4]; unsigned dr_age[4], dr_clock; unsigned dr7;   /* DR cache */
-    int probe;                         /* the last block step is the BTF probe */
+    int at_dr_hit;                     /* stopped by the cached breakpoint at pc */
+    int regs_fresh;                    /* r was read at this very stop */
     int sig_async; uint64_t sig_ip;    /* the signal being delivered */
     int detach;                        /* detach at the next stop */
     int attached;                      /* seized by --pid (not a clone child) */

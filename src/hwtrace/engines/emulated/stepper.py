@@ -229,7 +229,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
 def info(log_path: str | os.PathLike) -> dict:
     """What the stepper reports about a finished run (``LOG.info``):
     ``stepping`` ("single", "single+native-runs" or "block"),
-    ``block_step`` (probe result: "honoured", "ignored", "unprobed"),
+    ``block_step`` (probe result: "honoured", "ignored"; "off" if disabled),
     ``steps`` (single/block steps), ``native_runs`` (straight lines run to a
     breakpoint), ``clock``, ``clock_hz``."""
     return json.loads(Path(os.fspath(log_path) + ".info").read_text())
