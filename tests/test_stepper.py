@@ -469,6 +469,46 @@ def test_fork_not_followed(tmp, capfd):
     assert len(log.of(X.ProcStart)) == 1 and log.of(X.ProcExec) == []
 
 
+DLOPEN_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen("libm.so.6", RTLD_NOW);
+    if (!h) return 1;
+    double (*f)(double) = (double (*)(double))dlsym(h, "sqrt");
+    printf("%.1f\n", f(16.0));
+    dlclose(h);
+    return 0;
+}
+"""
+
+
+def test_maps_follow_dlopen_and_dlclose(tmp, capfd):
+    exe = build(tmp, "dlopen", DLOPEN_C, "-O1", "-ldl")
+    status, log = trace(tmp, [exe])
+    assert status == 0
+    assert capfd.readouterr().out == "4.0\n"
+    order = []
+    for r in log.records:
+        if isinstance(r, X.Mmap) and "libm.so" in r.path:
+            order.append(("mmap", r.addr, r.addr + r.size))
+        elif isinstance(r, X.Munmap):
+            order.append(("munmap", r.addr, r.addr + r.size))
+        elif isinstance(r, X.Exec):
+            for i in r.ids:
+                pc = log.blocks[i].pc
+                if any(k == "mmap" and a <= pc < b for k, a, b in order):
+                    order.append(("run", pc, pc))
+    kinds = [k for k, _, _ in order]
+    # libm's code is mapped (with its build-id) before any instruction in it
+    # runs, and unmapped by dlclose
+    assert kinds[0] == "mmap" and "run" in kinds
+    libm = [m for m in log.of(X.Mmap) if "libm.so" in m.path]
+    assert len(libm) == 1 and len(libm[0].build_id) == 20 and libm[0].prot == 5
+    assert ("munmap", libm[0].addr, libm[0].addr + libm[0].size) in order
+    assert kinds.index("munmap") > max(i for i, k in enumerate(kinds) if k == "run")
+
+
 def test_killed_by_signal_status(tmp):
     exe = build(tmp, "abort", "#include <stdlib.h>\nint main(void){abort();}\n", "-O1")
     status, log = trace(tmp, [exe])

@@ -667,7 +667,7 @@ signal_stop:
                 t->restart = is_restart_code(t->sys_ret);
                 if (t->restart) t->restart_pc = t->cur.pc;
                 uint64_t nr = t->sys_nr;
-                if (nr == 9 || nr == 10 || nr == 11 || nr == 25 || nr == 12) {
+                if ((nr == 9 || nr == 10 || nr == 11 || nr == 25) && !(t->sys_ret < 0 && t->sys_ret > -4096)) {
                     if (update_maps(t->p)) {
                         pc_clear(&t->p->pcs);
                         free(t->p->blocks.e); t->p->blocks.e = NULL; t->p->blocks.cap = t->p->blocks.n = 0;
