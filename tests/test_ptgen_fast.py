@@ -43,9 +43,11 @@ def test_compiled_equals_python(tmp_path):
             cfg = ptgen.TraceConfig(ctl=ctl)
             assert fast.eligible(index, cfg)
             for mode in ("thread", "cpu"):
-                sw = []
-                res = flow.generate(full, cfg, mode=mode, num_cpus=2, switches=sw, cr3=cr3)
-                streams, csw = fast.generate(log, index, cfg, mode, 2, cr3)
+                sw, ex = [], {}
+                res = flow.generate(full, cfg, mode=mode, num_cpus=2, switches=sw, cr3=cr3,
+                                    exits=ex)
+                streams, csw, cex = fast.generate(log, index, cfg, mode, 2, cr3)
+                assert cex == ex
                 assert sorted(streams) == sorted(r.key for r in res)
                 for r in res:
                     assert streams[r.key] == (bytes(r.tracer.buf), r.tracer.insns), (argv, ctl, mode, r.key)

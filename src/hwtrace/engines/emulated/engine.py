@@ -215,9 +215,11 @@ class EmulatedEngine(Engine):
             cfg = cfgs.pop() if len(cfgs) == 1 else None
         mode = "cpu" if session.mode == Mode.CPU else "thread"
         switches: list = []
+        exits: dict = {}
         if cfg is not None and fast.eligible(index, cfg):
             try:
-                streams, switches = fast.generate(log, index, cfg, mode, session.num_cpus, cr3)
+                streams, switches, exits = fast.generate(log, index, cfg, mode,
+                                                         session.num_cpus, cr3)
             except fast.FastUnavailable:
                 streams = None
             if streams is not None:
@@ -226,7 +228,7 @@ class EmulatedEngine(Engine):
                     data_, insns = streams.get(key, (b"", 0))
                     out.write(data_)
                     out.add_instructions(insns)
-                self._finish(session, keyed, switches)
+                self._finish(session, index, keyed, switches, exits)
                 return
         self.generator = "python"
         trace = flow.load(data)
@@ -234,7 +236,7 @@ class EmulatedEngine(Engine):
         if mode == "cpu":
             results = flow.generate(trace, cfg, mode="cpu", num_cpus=session.num_cpus,
                                     sink_for=lambda key, pid: _Sink(keyed[key]), cr3=cr3,
-                                    switches=switches)
+                                    switches=switches, exits=exits)
             for r in results:
                 keyed[r.key].add_instructions(r.tracer.insns)
         else:
@@ -242,11 +244,18 @@ class EmulatedEngine(Engine):
                 tr = flow.generate_thread(trace, key[1], _config(out, resolve(out.addr_ranges)),
                                           _Sink(out), cr3)
                 out.add_instructions(tr.insns)
-        self._finish(session, keyed, switches)
+                exits[key[1]] = tr.t
+        self._finish(session, index, keyed, switches, exits)
 
-    def _finish(self, session, keyed, switches) -> None:
+    def _finish(self, session, index, keyed, switches, exits) -> None:
+        """Sideband known after generation, on the streams' clock: context
+        switches and exits (untraced threads end at the start time)."""
         for sw in switches:
             session.sideband.add(Switch(*sw))
+        for tid, th in index.threads.items():
+            st = th.exit_status if th.exit_status is not None else 0
+            session.sideband.add(Exit(pid=th.pid, tid=tid, time=exits.get(tid, index.t0),
+                                      status=st))
         if session.mode == Mode.THREAD:
             for key in keyed:
                 session.thread_exited(key[1])
@@ -260,11 +269,6 @@ class EmulatedEngine(Engine):
             sb.add(Process(pid=pid, cr3=cr3[pid], comm=os.path.basename(exe)[:15],
                            exe=exe, ppid=p["ppid"], time=t0))
         for tid, th in trace.threads.items():
-            start = th.segments[0].time if th.segments else t0
-            sb.add(Thread(tid=tid, pid=th.pid, time=start, parent_tid=th.parent_tid))
+            sb.add(Thread(tid=tid, pid=th.pid, time=t0, parent_tid=th.parent_tid))
         for m in images.file_mappings(trace):
             sb.add(m)
-        for tid, th in trace.threads.items():
-            end = th.segments[-1].time if th.segments else t0
-            st = th.exit_status if th.exit_status is not None else 0
-            sb.add(Exit(pid=th.pid, tid=tid, time=end, status=st))

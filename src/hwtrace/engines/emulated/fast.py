@@ -67,7 +67,8 @@ def eligible(trace, cfg: TraceConfig) -> bool:
 
 
 def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict):
-    """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)}, switches)."""
+    """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)},
+    switches, {tid: exit time})."""
     exe = binary_path()
     tm = cfg.timing
     with tempfile.TemporaryDirectory(prefix="hwtrace-gen-") as tmp:
@@ -88,7 +89,7 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
                             str(int(cfg.long_tnt)), cr3f], capture_output=True, text=True)
         if r.returncode != 0:
             raise FastUnavailable((r.stderr.strip().splitlines() or ["failed"])[-1])
-        streams, switches = {}, []
+        streams, switches, exits = {}, [], {}
         with open(os.path.join(out, "summary.txt")) as f:
             for line in f:
                 w = line.split()
@@ -99,4 +100,6 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
                         streams[key] = (g.read(), int(w[3]))
                 elif w[0] == "switch":
                     switches.append(tuple(int(x) for x in w[1:]))
-        return streams, switches
+                elif w[0] == "exit":
+                    exits[int(w[1])] = int(w[2])
+        return streams, switches, exits

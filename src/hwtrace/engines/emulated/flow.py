@@ -652,13 +652,15 @@ def generate_thread(trace: ExecTrace, tid: int, cfg: TraceConfig, sink=None,
 
 def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
              num_cpus: int = 1, sink_for: Callable | None = None,
-             cr3: dict | None = None, switches: list | None = None) -> list[StreamResult]:
+             cr3: dict | None = None, switches: list | None = None,
+             exits: dict | None = None) -> list[StreamResult]:
     """Drive tracers over the trace; returns one result per stream.
 
     ``sink_for(key, pid)`` gives the sink of a stream (None: bytes stay in
     the tracer's ``buf``).  In cpu mode, ``switches`` (a list) receives
     ``(cpu, time, prev_pid, prev_tid, next_pid, next_tid)`` per context
-    switch between threads on a CPU.
+    switch between threads on a CPU; ``exits`` (a dict) gets tid -> time
+    its trace ended.  Times are the stream's TSC (the emulated clock).
     """
     cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
     results: list[StreamResult] = []
@@ -666,6 +668,8 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
         for tid, th in trace.threads.items():
             key = ("tid", tid)
             tr = generate_thread(trace, tid, cfg, sink_for(key, th.pid) if sink_for else None, cr3)
+            if exits is not None:
+                exits[tid] = tr.t
             results.append(StreamResult(key, tr, th.pid))
         return results
 
@@ -704,7 +708,7 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
                     del on_cpu[oc]
         if switches is not None and last_tid.get(cpu) != tid:
             p = last_tid.get(cpu, -1)
-            switches.append((cpu, time, states[p].pid if p in states else -1, p,
+            switches.append((cpu, tr.t, states[p].pid if p in states else -1, p,
                              st.pid, tid))
         last_tid[cpu] = tid
         _run_items(st, tr, seg.items)
@@ -712,6 +716,8 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
         where[tid] = cpu
         if i + 1 == len(trace.threads[tid].segments):
             _end_thread(st, tr)
+            if exits is not None:
+                exits[tid] = tr.t
             del on_cpu[cpu]
             del where[tid]
     for c, tr in tracers.items():

@@ -10,7 +10,8 @@
  * BLOCKS: per BLOCK record of LOG, in order, 40 bytes:
  *   u64 pc, u64 last, u64 target, u64 nlip, u32 ninsn, u8 kind, u8[3] pad.
  * CR3FILE: lines "pid cr3".  Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt and
- * OUTDIR/summary.txt: "stream KEY N insns" lines and "switch ..." lines.
+ * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID" and
+ * "exit TID T" lines (times on the stream's emulated TSC).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -530,6 +531,7 @@ int main(int argc, char **argv)
                 if ((int)segs[si].tid_i == ti) run_seg(&threads[ti], &tr, &segs[si]);
             end_thread(&threads[ti], &tr);
             finish(&tr);
+            fprintf(sum, "exit %u %" PRIu64 "\n", threads[ti].tid, tr.t);
             char name[64];
             snprintf(name, sizeof name, "tid%u.pt", threads[ti].tid);
             write_file(outdir, name, &tr);
@@ -589,7 +591,7 @@ int main(int argc, char **argv)
         }
         if (last_tid[cpu] != ti) {
             int p = last_tid[cpu];
-            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, s->time,
+            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, tr->t,
                     p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
         }
         last_tid[cpu] = ti;
@@ -598,6 +600,7 @@ int main(int argc, char **argv)
         where[ti] = cpu;
         if (s->index + 1 == seg_total[ti]) {
             end_thread(th, tr);
+            fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
             on_tid[cpu] = -1;
             where[ti] = -1;
         }
