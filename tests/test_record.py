@@ -148,6 +148,10 @@ def test_true_cpu_and_thread(tmp_path, ptoracle):
             assert raws and all(a.startswith(str(b / "images") + "/") for a in raws)
         man, res = decode_bundle(ptoracle, b)
         assert man["mode"] == mode
+        assert (man["engine"], man["engine_info"]["source"]) == ("emulated", "qemu")
+        assert (man["cpu"]["family"], man["nom_freq"], man["cpuid_0x15_eax"],
+                man["cpuid_0x15_ebx"]) == (6, 22, 2, 176)
+        assert "instruction" in man["timebase"]
         assert sum(v[0]["instructions_observed"] for v in res.values()) > 50_000
 
 

@@ -3,6 +3,19 @@ into the byte stream Intel PT hardware would have written.
 
 Registry entry points (see :mod:`hwtrace.engines`): :func:`probe` and
 :func:`create` (``source="qemu"`` or ``"ptrace"``).
+
+Modules:
+
+* ``execlog``   the execution-log format (the sources' output; no I/O)
+* ``qemu``, ``qemu_plugin.c``   QEMU user mode + TCG plugin (built at first use)
+* ``stepper*``  the ptrace stepper (native single-stepping)
+* ``flow``      log -> per-thread segments -> tracers (cpu / thread mode,
+                kernel transitions, signal deliveries, faults)
+* ``ptgen``     one emulated Intel PT tracer: packets exactly as the hardware
+* ``fast``, ``ptgen_fast.c``   the compiled twin of flow+ptgen for the common
+                case (byte-identical; ``HWTRACE_NO_EXTENSIONS=1`` disables it)
+* ``images``    sideband mappings, build-ids, ptxed/ptoracle image arguments
+* ``engine``    the Engine the trace-control device drives
 """
 
 from __future__ import annotations
