@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from hwtrace.analysis import (Activation, CallStackBuilder, Enter, Flag,
-                              Marker, reconstruct, reconstruct_branches)
+                              Marker, StreamInfo, reconstruct,
+                              reconstruct_branches)
 from hwtrace.analysis.synth import FlowSynth, fib_calls, fib_flow
 
 
@@ -429,3 +430,52 @@ def test_callbacks_from_untraced_code():
         ("cmp", 2, 4, Flag.NONE), ("cmp", 2, 4, Flag.NONE),
         ("qsort", 1, 8, Flag.NONE), ("main", 0, 12, Flag.TRUNCATED)]
     assert not [r for r in recs if type(r) is Marker]
+
+
+def signal_flow():
+    """main is interrupted at X (kernel untraced); the signal handler runs,
+    returns into the restorer, whose rt_sigreturn resumes main at X."""
+    s = FlowSynth(["main", "handler", "__restore_rt"])
+    s.start("main")
+    s.body(3)
+    x = s.ip
+    items = s.take() + [
+        {"event": "async_disabled", "offset": 1, "ip_suppressed": True, "at": x},
+        {"event": "enabled", "offset": 2, "ip_suppressed": False,
+         "ip": s.addr["handler"], "resumed": False}]
+    s.ip = s.addr["handler"]
+    s.body(4)
+    s.rets.append(s.addr["__restore_rt"])
+    s.ret()
+    s.body(1)
+    s._insn(2, "far_call")                       # rt_sigreturn
+    items += s.take() + [
+        {"event": "disabled", "offset": 3, "ip_suppressed": True},
+        {"event": "enabled", "offset": 4, "ip_suppressed": False, "ip": x,
+         "resumed": False}]
+    s.ip = x
+    s.body(2)
+    return s, items + s.take()
+
+
+def test_signal_handler_in_a_thread_stream():
+    s, items = signal_flow()
+    recs = list(reconstruct(items, StreamInfo(1, 1), lookup=s.lookup))
+    check_nesting(recs)
+    assert [(a.name, a.depth, a.insns, a.flags) for a in acts(recs)] == [
+        ("handler", 2, 5, Flag.ASYNC),
+        ("[syscall]", 2, 0, Flag.FAR | Flag.UNWOUND),
+        ("[untraced]", 1, 7, Flag.ASYNC),
+        ("main", 0, 12, Flag.TRUNCATED)]
+    assert not [r for r in recs if type(r) is Marker]
+
+
+def test_async_exit_then_elsewhere_in_a_cpu_stream_is_a_gap():
+    s, items = signal_flow()
+    recs = list(reconstruct(items, StreamInfo(cpu=0), lookup=s.lookup))
+    check_nesting(recs)
+    assert [(m.kind, m.idx) for m in recs if type(m) is Marker] == [("gap", 3)]
+    got = [(a.name, a.depth, a.flags) for a in acts(recs)]
+    assert got[:2] == [("[untraced]", 1, Flag.ASYNC | Flag.TRUNCATED),
+                       ("main", 0, Flag.TRUNCATED)]
+    assert got[2] == ("handler", 0, Flag.NONE)

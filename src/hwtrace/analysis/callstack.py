@@ -34,9 +34,13 @@ How control flow maps to activations:
   an untraced kernel) or asynchronously (interrupt): an untraced frame
   (``[untraced]``, ``[syscall]``; ``ASYNC`` for an asynchronous disable
   such as an interrupt into an untraced kernel) is opened; when tracing
-  is enabled again at its return address it simply ends; enabled anywhere
-  else inside it is a callback from untraced code.  Enabled elsewhere
-  otherwise is a *gap*.
+  is enabled again at its return address it simply ends; enabled at the
+  return address of an untraced frame further down ends everything above
+  it (a signal handler's sigreturn); enabled anywhere else inside it is a
+  callback from untraced code (a signal handler after an asynchronous
+  exit, in a thread's stream) -- except in a CPU's stream after an
+  asynchronous exit, where it is most likely another thread: a gap.
+  Enabled elsewhere otherwise is a *gap*.
 * gaps (overflow, decode error, enabled at an unrelated place, a stack
   deeper than ``max_depth``): every open frame is closed there, flagged
   ``TRUNCATED``, and a :class:`Marker` is emitted; the stack restarts from
@@ -111,6 +115,7 @@ class CallStackBuilder:
                  max_depth: int = 1 << 16):
         self.stream = stream or StreamInfo()
         self._tid = self.stream.tid if self.stream.tid is not None else self.stream.cpu
+        self._cpu_mode = self.stream.tid is None and self.stream.cpu is not None
         self._lookup = lookup
         self._syms: dict[int, tuple[int, str, bool]] = {}
         self._out: list = []
@@ -254,6 +259,12 @@ class CallStackBuilder:
                     self._pop(Flag.UNWOUND)
                 self._pop()
                 return
+        if top.ret is None and top.ret_lo is None and len(stack) > 1 \
+                and stack[-2].untraced:
+            # a callback returns into the untraced code that called it (or
+            # a signal handler into its trampoline)
+            self._pop()
+            return
         if top.ret is None and len(stack) == 1:
             # the segment's bottom frame returns into code seen for the
             # first time: its caller, begun before the trace
@@ -386,24 +397,43 @@ class CallStackBuilder:
         stack = self._stack
         top = stack[-1] if stack else None
         if self._paused and top is not None and top.untraced:
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
-            self._paused = False
             if ip == top.ret:
+                self._anchor(tsc)
+                self._paused = False
                 self._pop()
-            elif ip is not None:
-                # called back from untraced code
-                self._push(ip, None, base=True)
-            return
-        if self._paused and m.get("resumed"):
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+                return
+            # back to an interrupted frame further down (a signal handler's
+            # sigreturn): what ran on top of it is done
+            for k in range(len(stack) - 2, -1, -1):
+                f = stack[k]
+                if f.untraced and ip is not None and f.ret == ip:
+                    self._anchor(tsc)
+                    self._paused = False
+                    while len(stack) > k + 1:
+                        self._pop(Flag.UNWOUND)
+                    self._pop()
+                    return
+            if ip is not None and not (top.flags & Flag.ASYNC and self._cpu_mode):
+                # called back from untraced code (a filtered-out callee
+                # calling a traced function; in a thread's stream, a signal
+                # handler run from an interrupt)
+                self._anchor(tsc)
+                self._paused = False
+                self._push(ip, None, top.flags & Flag.ASYNC, base=True)
+                return
+            # a CPU's stream going on elsewhere after an asynchronous exit:
+            # most likely another thread (context switch): a gap
+        elif self._paused and m.get("resumed"):
+            self._anchor(tsc)
             self._paused = False
             return
         if self._in_seg:
             self._gap("gap", m.get("offset"), "tracing resumed elsewhere")
         self._paused = False
         self._pend = _NONE
+        self._anchor(tsc)
+
+    def _anchor(self, tsc) -> None:
         if tsc is not None:
             self.clock.anchor(self.n, tsc)
 
