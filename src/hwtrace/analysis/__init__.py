@@ -16,7 +16,9 @@ Per stream (one per thread, or one per CPU in cpu mode) an iterable of
   [ip], ``async_disabled`` [at, ip], ``async_branch`` [from, to],
   ``overflow`` [ip], ``tsx`` [speculative, aborted], ``exec_mode``,
   ``tick``, ``stop``, ``paging``, ``cbr``, ...); ``tsc`` where the
-  event carries a timestamp;
+  event carries a timestamp (a value repeated from the previous event is
+  taken as "no new timing"); ``status_update`` events (PSB+ restating
+  the state) change nothing;
 * status ``{status, offset}`` (``end_of_trace``, ``resynced``,
   ``resync_stalled``);
 * error ``{error, kind, offset, [ip]}``.
@@ -28,7 +30,9 @@ own records plug in as they are (``FlowInsn.iclass_name``, ``Event.type``
 with ``has_tsc``/``ip_suppressed``/``from_``).  See :mod:`.flowitems`.
 The CLI's bridge from ``hwtrace.flow.session``'s sink protocol is
 :mod:`hwtrace.export.source`.  Per-stream context: :class:`.records.StreamInfo`
-(pid/tid/cpu from the bundle manifest) and a symbolizer callback
+(pid/tid/cpu from the bundle manifest; a stream with a ``cpu`` and no
+``tid`` is a CPU's, where tracing resuming elsewhere after an asynchronous
+exit is taken as a context switch) and a symbolizer callback
 ``lookup(addr) -> (function start, name) | None`` (e.g.
 :meth:`.symbols.Symbolizer.lookup`).
 
