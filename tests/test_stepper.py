@@ -509,6 +509,24 @@ def test_maps_follow_dlopen_and_dlclose(tmp, capfd):
     assert kinds.index("munmap") > max(i for i, k in enumerate(kinds) if k == "run")
 
 
+def test_vdso_bytes_are_saved_next_to_the_log(tmp):
+    exe = tmp / "tiny"
+    if not exe.exists():
+        build(tmp, "tiny", TINY, "-nostdlib", "-static", suffix=".S")
+    status, log = trace(tmp, [exe])
+    assert status == 3
+    vdso = [m for m in log.of(X.Mmap) if m.path == "[vdso]"]
+    assert len(vdso) == 1
+    saved = (tmp / "out.xlog.vdso").read_bytes()
+    assert len(saved) == vdso[0].size and saved[:4] == b"\x7fELF"
+    # the same kernel maps the same vDSO into this process
+    import ctypes
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith("[vdso]"):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            assert ctypes.string_at(start, end - start) == saved
+
+
 def test_killed_by_signal_status(tmp):
     exe = build(tmp, "abort", "#include <stdlib.h>\nint main(void){abort();}\n", "-O1")
     status, log = trace(tmp, [exe])

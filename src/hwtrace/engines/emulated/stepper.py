@@ -28,7 +28,10 @@ stepped instructions; where windows opened and closed is in
 ``LOG.windows`` (see :func:`windows`).
 
 Besides the log the stepper writes ``LOG.info`` (JSON: stepping mode, probe
-result, step count, clock) and, when it fails, ``LOG.err`` (one line).
+result, step count, clock), ``LOG.vdso`` (the bytes of the ``[vdso]``
+mapping, which no file holds: load it as a raw image at each process's
+``[vdso]`` MMAP address to decode calls into it) and, when it fails,
+``LOG.err`` (one line).
 
 API::
 
@@ -191,7 +194,7 @@ def run(target: Sequence[str] | int, log_path: str | os.PathLike,
     trace or write the log.
     """
     cmd = command(target, log_path, options)
-    for suffix in (".err", ".info", ".windows"):
+    for suffix in (".err", ".info", ".windows", ".vdso"):
         side = Path(os.fspath(log_path) + suffix)
         if side.exists():
             side.unlink()

@@ -47,6 +47,23 @@ void build_id(const char *path, uint8_t *bid, unsigned *bidlen)
     close(fd);
 }
 
+/* The vDSO's code exists only in memory: keep a copy next to the log
+ * (LOG.vdso, the same bytes in every process of this kernel) so decoders
+ * can load it as a raw image at each process's [vdso] address. */
+static void save_vdso(pid_t pid, uint64_t addr, uint64_t size)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s.vdso", opt.out);
+    if (access(path, F_OK) == 0 || size > (1u << 20)) return;
+    uint8_t *buf = malloc(size);
+    if (!buf) return;
+    if ((uint64_t)read_mem(pid, addr, buf, size) == size) {
+        FILE *f = fopen(path, "we");
+        if (f) { fwrite(buf, 1, size, f); fclose(f); }
+    }
+    free(buf);
+}
+
 /* Re-read /proc/PID/maps; write MUNMAP for executable mappings that went
  * away and MMAP for new ones.  Returns 1 if anything changed. */
 int update_maps(struct proc *p)
@@ -87,6 +104,7 @@ int update_maps(struct proc *p)
         uint8_t bid[255]; unsigned bidlen = 0;
         const char *mp = nm[j].path;
         if (mp[0] == '/') build_id(mp, bid, &bidlen);
+        else if (!strcmp(mp, "[vdso]")) save_vdso(p->pid, nm[j].start, nm[j].end - nm[j].start);
         size_t plen = strlen(mp);
         flush_exec();
         w8(0x30); w32((uint32_t)p->pid); w64(nm[j].start); w64(nm[j].end - nm[j].start); w64(nm[j].off);
