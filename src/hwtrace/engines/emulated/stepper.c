@@ -25,8 +25,26 @@
  *
  * The traced program's stdout/stderr are its own; the stepper's exit status
  * is the program's (killed by a signal: the stepper kills itself with it).
- * Errors of the stepper itself: one line on stderr, exit status 125, and the
- * line is also written to LOG.err.
+ * Errors of the stepper itself: one line on stderr (unless --quiet-errors),
+ * exit status 125, and the line is also written to LOG.err.  Side files:
+ * LOG.info (JSON: stepping mode, BTF probe result, counts, clock), LOG.vdso
+ * (the [vdso] bytes), LOG.windows (window on/off lines: pid tid pc ninsn).
+ *
+ * What the log holds (execlog.py's records):
+ *   - every retired user instruction, as straight-line runs: BLOCK (pc,
+ *     sizes, bytes; defined once per process and (pc, length)) and EXEC;
+ *     a rep-string instruction that traps per iteration retires once;
+ *   - SYSCALL after each `syscall`, SYSRET before the next instruction (the
+ *     handler's, when the kernel delivered a signal on the way out; the
+ *     re-executed `syscall` when an interrupted one restarts);
+ *   - SIGNAL when a handler interrupts user code (async=1, ip = the next
+ *     instruction) or a faulting instruction (async=0, ip = it);
+ *     SIGACTION after a successful rt_sigaction;
+ *   - THREAD_START/EXIT, PROC_START/EXEC/EXIT; MMAP/MUNMAP of executable
+ *     mappings (with build-ids) at start, exec and after mmap-family calls;
+ *   - CTX (pid, tid, cpu sampled from /proc/PID/task/TID/stat field 39) and
+ *     TIME (host TSC, its rate measured over the run into the header, or a
+ *     per-thread instruction count).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
