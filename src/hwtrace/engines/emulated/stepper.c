@@ -559,7 +559,22 @@ static void on_stop(struct thread *t, int st)
         return;
     }
     if (ev) {
+        if (ev == PTRACE_EVENT_STOP && t->how == 3) {
+            /* interrupted (group-stop, or our detach) while running a
+             * straight line natively: what ran of it retired */
+            uint64_t from = t->r.rip;
+            if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) == 0) retire_line(t, from, t->r.rip);
+            t->how = 0;
+        }
         on_event(t, ev);
+        if (ev == PTRACE_EVENT_STOP && opt.attach && !quit_signal &&
+            (sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU)) {
+            /* a group-stop of a seized process: keep it stopped until SIGCONT
+             * (which reports another stop) */
+            t->how = 2;
+            ptrace(PTRACE_LISTEN, t->tid, 0, 0);
+            return;
+        }
         if (ev == PTRACE_EVENT_STOP && quit_signal && opt.attach) t->detach = 1;
         if (ev == PTRACE_EVENT_EXEC || ev == PTRACE_EVENT_STOP)
             ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
