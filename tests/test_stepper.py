@@ -358,6 +358,37 @@ def test_recursive_fib_call_count(tmp, capfd):
     assert log.run_starts(symbol(exe, "fib")) == fib_calls(12)
 
 
+def test_accelerated_and_single_stepped_streams_are_identical(tmp):
+    """Running straight lines natively to a breakpoint changes nothing in
+    the log's instruction stream (same program, no ASLR, both ways)."""
+    if shutil.which("setarch") is None:
+        _need("setarch", "runs both recordings without address randomization")
+    exe = tmp / "fibc"
+    if not exe.exists():
+        build(tmp, "fibc", FIB_C, "-O0", "-static", "-no-pie")
+    seqs = []
+    for accelerate in (False, True):
+        log = tmp / f"accel-{accelerate}.xlog"
+        cmd = stepper.command([str(exe), "9"], log, stepper.Options(accelerate=accelerate))
+        r = subprocess.run(["setarch", "-R", *cmd], capture_output=True, text=True, timeout=600)
+        assert (r.returncode, r.stdout) == (7, f"fib(9)={fibnum(9)}\n")
+        parsed = Log(log)
+        pcs = []
+        for _, pc, n in parsed.runs:
+            for size in parsed.blocks[next(i for i, b in parsed.blocks.items()
+                                          if b.pc == pc and len(b.sizes) == n)].sizes:
+                pcs.append(pc)
+                pc += size
+        # (return values such as set_tid_address's tid differ between runs)
+        events = [X.Sysret(e.nr, 0) if isinstance(e, X.Sysret) else e
+                  for _, e in parsed.events if not isinstance(e, Run)]
+        seqs.append((pcs, events))
+        info = stepper.info(log)
+        assert (info["native_runs"] > 0) == accelerate
+    assert seqs[0] == seqs[1]
+    assert len(seqs[0][0]) > 10000
+
+
 def test_asm_fib_exact_instructions_in_pie(tmp, capfd):
     src = tmp / "fibasm.S"
     src.write_text(FIB_ASM)
