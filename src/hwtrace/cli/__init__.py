@@ -39,7 +39,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="hwtrace", description=__doc__.splitlines()[0])
+    parser = Parser(prog="hwtrace", description="hardware control-flow tracing: "
+                    "record, decode and view Intel Processor Trace")
     parser.add_argument("--version", action="version",
                         version=f"hwtrace {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
