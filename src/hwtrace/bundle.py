@@ -163,7 +163,7 @@ class SidebandWriter:
 
     def __init__(self, path: str | os.PathLike, *, append: bool = True):
         self.path = Path(path)
-        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._f = _open_append(self.path) if append else _create(self.path, "w")
 
     def add(self, rec: Any) -> None:
         self._f.write(sideband_to_json(rec) + "\n")
@@ -302,6 +302,41 @@ def _bool(d: Mapping[str, Any], key: str, what: str) -> bool:
 # ---------------------------------------------------------------- writer
 
 
+def _replace_entry(path: Path) -> None:
+    """Make room for a new file at ``path`` inside an output directory:
+    an existing symbolic link, FIFO or other non-directory there is
+    removed (never followed), so writing can't land outside the directory
+    or block on a planted FIFO."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise BundleError(f"{path.name}: is a directory")
+    os.unlink(path)
+
+
+def _create(path: Path, mode: str = "wb"):
+    """A new regular file at ``path`` for writing (never through a link)."""
+    _replace_entry(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def _open_append(path: Path):
+    """``path`` for appending text, refusing a link or non-regular file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+                     | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise BundleError(f"{path.name}: cannot append: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BundleError(f"{path.name}: not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 class BundleWriter:
     """Writes a bundle directory; :meth:`close` writes ``manifest.json`` last
     (atomically), so a directory with a manifest is a complete bundle.
@@ -354,7 +389,7 @@ class BundleWriter:
         if any(s.file == name for s in self.streams):
             raise ValueError(f"stream {name} added twice")
         size = 0
-        with open(self.path / name, "wb") as f:
+        with _create(self.path / name) as f:
             chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
             for c in chunks:
                 f.write(c)
@@ -379,9 +414,13 @@ class BundleWriter:
         base = re.sub(r"[^A-Za-z0-9_.+-]", "_", src.name) or "image"
         name = f"{IMAGES}/{build_id or len(self.images)}-{base}"[:200]
         name = IMAGES + "/" + re.sub(r"^[^A-Za-z0-9_]", "_", name.split("/", 1)[1])
-        (self.path / IMAGES).mkdir(exist_ok=True)
+        idir = self.path / IMAGES
+        if idir.is_symlink() or (idir.exists() and not idir.is_dir()):
+            idir.unlink()           # never copy through a link out of the bundle
+        idir.mkdir(exist_ok=True)
         if not any(i["file"] == name for i in self.images):
-            shutil.copyfile(src, self.path / name)
+            with open(src, "rb") as fin, _create(self.path / name) as fout:
+                shutil.copyfileobj(fin, fout)
             self.images.append({"file": name, "path": path or str(src), "build_id": build_id})
         return name
 
@@ -397,7 +436,8 @@ class BundleWriter:
         if not self._closed:
             self.sideband.close()
             tmp = self.path / (MANIFEST + ".tmp")
-            tmp.write_text(json.dumps(self.manifest(), indent=1) + "\n")
+            with _create(tmp, "w") as f:
+                f.write(json.dumps(self.manifest(), indent=1) + "\n")
             os.replace(tmp, self.path / MANIFEST)
             self._closed = True
         return self.path
@@ -415,9 +455,18 @@ class BundleWriter:
 # ---------------------------------------------------------------- reader
 
 
+def _open_regular(path: Path) -> int:
+    """A read-only fd, opened without following a final symbolic link and
+    without blocking (a FIFO or device planted in a bundle must not hang
+    the reader: the caller checks S_ISREG on the fd before reading)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _read_limited(path: Path, limit: int, what: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = _open_regular(path)
     except FileNotFoundError:
         raise BundleError(f"{what}: {path.name} not found") from None
     except OSError as e:
@@ -605,7 +654,7 @@ class Bundle:
         if info is None:
             raise BundleError(f"no stream {s!s}")
         try:
-            fd = os.open(self.path / info.file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            fd = _open_regular(self.path / info.file)
         except OSError as e:
             raise BundleError(f"stream {info.file}: {e.strerror}") from None
         f = os.fdopen(fd, "rb")

@@ -102,9 +102,10 @@ def write_bundle(trace_dir: str | os.PathLike, out: str | os.PathLike, *,
                          instructions_observed=r.instructions, capture_end=ce,
                          wrapped=r.wrapped, stopped=r.stopped, lost_bytes=r.lost,
                          config=s.config)
-        if (src / SIDEBAND_FILE).is_file():
+        sb = src / SIDEBAND_FILE
+        if sb.is_file() and not sb.is_symlink():   # never read through a planted link
             seen: set[str] = set()
-            for rec in iter_sideband_file(src / SIDEBAND_FILE):
+            for rec in iter_sideband_file(sb):
                 if not in_place:
                     w.sideband.add(rec)
                 if copy_images and isinstance(rec, Mmap) and rec.file not in seen:

@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,13 @@ class BufferStore:
     @classmethod
     def open(cls, path: Path) -> "BufferStore":
         """An existing buffer directory, read-only. ValueError if malformed."""
-        fd = os.open(path / "config.json", os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO planted in a trace directory must not hang
+        # recovery; only a regular file is read.
+        fd = os.open(path / "config.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("config.json is not a regular file")
+            os.set_blocking(fd, True)
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise ValueError("config.json too large")
@@ -189,9 +195,11 @@ class BufferStore:
 
 def _mapped(path: Path, size: int, readonly: bool = False) -> mmap.mmap:
     if readonly:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{path.name}: not a regular file")
             if st.st_size != size:
                 raise ValueError(f"{path.name}: {st.st_size} bytes, expected {size}")
             return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
