@@ -46,6 +46,10 @@ _EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip", "mode.exec",
                     "mode.tsx", "stop", "vmcs", "mnt", "exstop", "mwait",
                     "pwre", "pwrx", "ptw", "cbr", "cfe", "evd", "trig"))
 _TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
+# Second bytes of extended opcodes of branch/event packets (TNT-64, PIP,
+# CBR, VMCS, OVF, STOP, MNT, EXSTOP, MWAIT, PWRE, PWRX).
+_EXT_STOP = frozenset((0xa3, 0x43, 0x03, 0xc8, 0xf3, 0x83, 0xc3, 0x62, 0xe2,
+                       0xc2, 0x22, 0xa2))
 _BDM70_SKIP = frozenset(("pad", "tsc", "cbr", "psbend", "pip", "mode.exec",
                          "mode.tsx", "vmcs", "tma", "mtc", "cyc", "mnt"))
 
@@ -224,7 +228,7 @@ class QueryDecoder:
     def _will_event(self) -> bool:
         nxt = self.next
         if isinstance(nxt, PtError):
-            return False
+            return self._bad_packet_kind(nxt) == "event"
         t = nxt.type
         if t in _EVENT:
             return True
@@ -249,11 +253,43 @@ class QueryDecoder:
                 flags |= EOS
         return flags
 
+    def _bad_packet_kind(self, err: PtError) -> str | None:
+        """What libipt takes a malformed packet for before decoding it:
+        it only looks at opcodes there, so a malformed branch ("branch")
+        or event ("event") packet is not decoded until a query needs it
+        and its error surfaces later; an unknown opcode or a malformed
+        status packet (None) fails when read ahead."""
+        if err.code != E.BAD_PACKET:
+            return None
+        buf, pos = self._buf, err.offset
+        if pos >= self._end:
+            return None
+        b = buf[pos]
+        if b & 1 == 0 and b not in (0, 2):
+            return "branch"                       # TNT-8
+        low = b & 0x1f
+        if low == 0x0d:
+            return "branch"                       # TIP
+        if low in (0x01, 0x11) or b == 0x99:
+            return "event"                        # TIP.PGD/PGE, MODE
+        if b == 0x02 and pos + 1 < self._end:
+            b1 = buf[pos + 1]
+            if b1 == 0xa3:
+                return "branch"                   # TNT-64
+            if b1 in _EXT_STOP:
+                return "event"
+        return None
+
+    def _stops_read_ahead(self, err: PtError) -> bool:
+        return self._bad_packet_kind(err) is not None
+
     def _read_ahead(self) -> None:
         """Decode status packets until the next branch or event packet."""
         while True:
             nxt = self.next
             if isinstance(nxt, PtError):
+                if self._stops_read_ahead(nxt):
+                    return
                 raise Fail(nxt.code)
             t = nxt.type
             if t == "tip" or t in _TNT:
@@ -263,6 +299,8 @@ class QueryDecoder:
             self._decode(nxt)
 
     def _read_ahead_tolerant(self) -> None:
+        """Read ahead after a successful query (running out of trace is
+        reported by the next query)."""
         try:
             self._read_ahead()
         except Fail as f:
