@@ -85,9 +85,13 @@ def _complete(code: bytes) -> bool:
         return False
 
 
-def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None) -> list[BlockInfo]:
+def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
+                last_only: bool = False) -> list[BlockInfo]:
     """BlockInfos for one defined block: one, unless a branch is inside.
     ``starts`` (if given) receives each part's instruction addresses.
+    ``last_only``: the source guarantees only the last instruction can
+    transfer control (QEMU ends a translation block at every branch), so
+    only it is classified.
 
     QEMU 7.2 reports an instruction it started to translate but moved to
     the next block (its bytes cut short) as the block's last one: such an
@@ -102,6 +106,17 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None) 
     off = 0
     ip = pc
     last = len(sizes) - 1
+    if last_only:
+        addrs = []
+        ip = pc
+        for sz in sizes:
+            addrs.append(ip)
+            ip += sz
+        kind, target = classify(addrs[-1], code[len(code) - sizes[-1]:])
+        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip)
+        if starts is not None:
+            starts[b] = tuple(addrs)
+        return [b]
     addrs = []
     for i, sz in enumerate(sizes):
         n += 1
@@ -168,6 +183,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     starts: dict = {}           # BlockInfo -> its instruction addresses
     sync_handlers: dict = {}    # pid -> handlers of fault signals
     header, off = xl.parse_header(data)
+    qemu_blocks = header.source == xl.SOURCE_QEMU
     tables: dict[int, dict[int, list[BlockInfo]]] = {}
     threads: dict[int, ThreadInfo] = {}
     processes: dict[int, dict] = {}
@@ -199,7 +215,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             if type(items[-1]) is not BlockInfo or multi.get(seg.pid):
                 _expand_multi(items, len(r.ids))
         elif t is xl.Block:
-            parts = split_block(r.pc, r.sizes, r.code, starts)
+            parts = split_block(r.pc, r.sizes, r.code, starts, qemu_blocks)
             if index_only:
                 order_blocks.append(parts)
                 if len(parts) != 1:
