@@ -307,3 +307,24 @@ def test_import_writes_only_inside_its_output(tmp_path, outside):
     assert b.streams and all(not (out / s.file).is_symlink() for s in b.streams)
     for s in b.streams:
         assert len(b.read_stream(s)) == s.size
+
+
+# -- commands that read bundles: outside files only when allowed ---------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 9 finding (cli/images.py, export/source.py, branches/decoded.py open every "
+    "bundle with allow_outside=True): a foreign bundle's sideband naming any absolute "
+    "path (here a file outside the bundle) gets that file loaded as an image without "
+    "--image-path or an explicit opt-in"))
+def test_images_cli_does_not_resolve_outside_paths_unasked(bdir, outside):
+    (bdir / "cpu0.pt").write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
+    _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": 18}])
+    (bdir / "sideband.jsonl").write_text(
+        '{"type":"process","pid":1,"cr3":4096}\n'
+        '{"type":"mmap","pid":1,"start":4194304,"size":4096,"offset":0,'
+        f'"file":"{outside / "secret"}"}}\n')
+    r = run_hwtrace("images", bdir, "--pt", "cpu0.pt")
+    assert str(outside / "secret") not in r.stdout
+    # allowed explicitly by the user: found by base name
+    r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--image-path", outside)
+    assert r.returncode == 0 and str(outside / "secret") in r.stdout
