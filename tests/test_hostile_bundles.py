@@ -328,3 +328,21 @@ def test_images_cli_does_not_resolve_outside_paths_unasked(bdir, outside):
     # allowed explicitly by the user: found by base name
     r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--image-path", outside)
     assert r.returncode == 0 and str(outside / "secret") in r.stdout
+
+
+def test_regression_import_copies_only_elf_files_from_this_machine(tmp_path, outside):
+    """Finding: ``hwtrace import`` copied any existing file a perf.data MMAP
+    record named (no build-id recorded) into the bundle, so a foreign
+    perf.data could pull e.g. /etc/shadow into a bundle one then shares.
+    Now only regular ELF files are taken from the recorded paths."""
+    from hwtrace.engines.perf.importer import _resolve_images
+    os.mkfifo(outside / "fifo")
+    maps = [Mmap(pid=1, start=0x400000, size=4096, offset=0, file=str(outside / "secret")),
+            Mmap(pid=1, start=0x500000, size=4096, offset=0, file=str(outside / "fifo")),
+            Mmap(pid=1, start=0x600000, size=4096, offset=0, file=sys.executable)]
+    found, missing = _resolve_images(maps, [])
+    assert missing == [str(outside / "secret"), str(outside / "fifo")]
+    assert found == {sys.executable: (Path(sys.executable), "")}
+    # a file the user names with --image is used whatever it is
+    found, missing = _resolve_images(maps[:1], [outside / "secret"])
+    assert found == {str(outside / "secret"): (outside / "secret", "")} and missing == []

@@ -64,13 +64,30 @@ def _is_user_file(name: str) -> bool:
     return bool(name) and name.startswith("/") and not name.startswith("//")
 
 
+def _is_elf_file(path: str) -> bool:
+    """A regular ELF file (never a FIFO or device: opened without blocking).
+    Only such files named by a perf.data are copied from this machine, so a
+    foreign perf.data can't pull, say, /etc/shadow into the bundle."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        import stat
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, 4, 0) == b"\x7fELF"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _resolve_images(mmaps: Iterable[B.Mmap], given: list[Path]) -> tuple[dict, list[str]]:
     """recorded file -> (source path, build-id); plus the unresolved.
 
     In order: an image given with the recorded build-id; the recorded path
     itself if given; a given image of the same base name (unless both have
     build-ids and they differ); the recorded path if it exists here (and
-    has the recorded build-id, when one was recorded).
+    has the recorded build-id, when one was recorded, and is an ELF file).
     """
     by_bid: dict[str, Path] = {}
     by_name: dict[str, tuple[Path, str]] = {}
@@ -96,7 +113,7 @@ def _resolve_images(mmaps: Iterable[B.Mmap], given: list[Path]) -> tuple[dict, l
                 not want or not by_name[Path(m.file).name][1]
                 or by_name[Path(m.file).name][1] == want):
             src = by_name[Path(m.file).name][0]
-        elif os.path.isfile(m.file) and (not want or elf_build_id(m.file) == want):
+        elif _is_elf_file(m.file) and (not want or elf_build_id(m.file) == want):
             src = Path(m.file)
         if src is None:
             missing.append(m.file)
