@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import targets  # noqa: E402
 
-OUT = HERE.parent / "build" / "fuzz"
+OUT = Path(os.environ.get("HWTRACE_FUZZ_OUT") or HERE.parent / "build" / "fuzz")
 
 INTERESTING = [b"\x02\x82" * 8, b"\x02\x03", b"\x02\x23", b"\x99\x00",
                b"\xff", b"\x00", b"\x7f", b"\x80", b"\xff\xff\xff\xff",

@@ -12,6 +12,8 @@ enforces the reader's contract:
                 nothing raises (errors are DecodeError values).
 - ``perfdata``  the perf.data reader (``hwtrace.engines.perf.perfdata``):
                 only ``PerfDataError`` escapes.
+- ``perfimport`` perf.data -> bundle (``hwtrace import``): only
+                PerfDataError / BundleError escape; what it writes reads back.
 - ``bundle``    the bundle reader (``hwtrace.bundle``) over a directory the
                 input describes: only ``BundleError`` escapes.
 
@@ -282,6 +284,30 @@ def seeds_perfdata() -> list[bytes]:
     return out
 
 
+class ImportTarget:
+    """perf.data -> bundle (``hwtrace import``) into a private scratch dir:
+    only PerfDataError / BundleError escape, the bundle written reads back
+    and its streams are exactly the sizes the importer reports."""
+
+    def __init__(self, scratch: str | None = None):
+        self.root = Path(scratch or tempfile.mkdtemp(prefix="hwtrace-fuzz-import-"))
+
+    def check(self, data: bytes) -> None:
+        from hwtrace.bundle import Bundle, BundleError
+        from hwtrace.engines.perf.errors import PerfDataError
+        from hwtrace.engines.perf.importer import import_perf_data
+        out = self.root / "b"
+        try:
+            res = import_perf_data(data, out, exist_ok=True)
+        except (PerfDataError, BundleError):
+            return
+        b = Bundle(out)
+        sizes = {s.file: len(b.read_stream(s)) for s in b.streams}
+        if sizes != dict(res.streams):
+            raise Violation(f"imported streams {dict(res.streams)} read back as {sizes}")
+        list(b.iter_sideband())
+
+
 # ---------------------------------------------------------------- bundle
 
 #: Parts of a bundle input, separated by this marker: manifest, sideband,
@@ -425,7 +451,7 @@ def budget(name: str):
     per decoding pass (packets: Python packets + count + ptdump = 3, the
     compiled passes are noise; perfdata: PerfData + iter_records = 2)."""
     return {"packets": _passes(3), "flow": _flow_budget, "perfdata": _passes(2),
-            "bundle": _passes(1)}[name]
+            "perfimport": _passes(2), "bundle": _passes(1)}[name]
 
 
 def make(name: str):
@@ -439,7 +465,9 @@ def make(name: str):
     if name == "bundle":
         t = BundleTarget()
         return t.check, seeds_bundle
+    if name == "perfimport":
+        return ImportTarget().check, seeds_perfdata
     raise KeyError(name)
 
 
-TARGETS = ("packets", "flow", "perfdata", "bundle")
+TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle")

@@ -133,3 +133,21 @@ def test_flow_harness_stops_an_endless_loop():
     tip_pge = bytes([0x71]) + (0x1000).to_bytes(6, "little")
     data = targets.flow_input(b"\xeb\xfe", 0x1000, psb + psbend + tip_pge)
     targets.check_flow(data)        # returns (StopDecoding is caught)
+
+
+def test_atheris_mode_runs(tmp_path):
+    """The coverage-guided mode (atheris/libFuzzer) starts from the seeds
+    and runs a few inputs without a finding (skipped where atheris isn't
+    installed: it is needed only for long runs)."""
+    pytest.importorskip("atheris")
+    if not CORPUS.is_dir():
+        pytest.skip("no ../shared corpus")
+    env = dict(__import__("os").environ, HWTRACE_FUZZ_OUT=str(tmp_path))
+    r = subprocess.run([sys.executable, str(FUZZ / "run.py"), "perfdata", "--atheris",
+                        "-runs=40", "-max_len=4096", "-seed=1"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Done 40 runs" in r.stderr
+    assert len(list((tmp_path / "perfdata" / "seeds").iterdir())) == \
+        len(set(targets.seeds_perfdata()))
+    assert not list((tmp_path / "perfdata").glob("finding-*"))
