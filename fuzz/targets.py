@@ -14,6 +14,8 @@ enforces the reader's contract:
                 only ``PerfDataError`` escapes.
 - ``perfimport`` perf.data -> bundle (``hwtrace import``): only
                 PerfDataError / BundleError escape; what it writes reads back.
+- ``recover``   ``hwtrace recover`` over a trace directory with mutated
+                persisted ToPA registers and sideband.
 - ``bundle``    the bundle reader (``hwtrace.bundle``) over a directory the
                 input describes: only ``BundleError`` escapes.
 
@@ -308,6 +310,58 @@ class ImportTarget:
         list(b.iter_sideband())
 
 
+class RecoverTarget:
+    """``hwtrace recover`` over a trace directory whose persisted ToPA
+    registers (buf-N/regs, 128 bytes) and sideband come from the input: only
+    RecoverError / BundleError escape, and a recovered stream is never larger
+    than its buffer."""
+
+    SEG = b"\x02\x82" * 8 + b"\x02\x23" + b"\x19" + bytes(range(1, 8)) + b"\x00" * 300
+
+    def __init__(self, scratch: str | None = None):
+        import hwtrace
+        from hwtrace.engines.testing import TestEngine
+        self.root = Path(scratch or tempfile.mkdtemp(prefix="hwtrace-fuzz-recover-"))
+        self.trace = self.root / "t"
+        with hwtrace.open_device(engine=TestEngine({0: [self.SEG * 9], 1: [self.SEG * 30]}),
+                                 directory=self.trace, lock_path=self.root / "lock") as dev:
+            for circular in (False, True):
+                dev.alloc_buffer(hwtrace.BufferConfig(num_chunks=2, chunk_order=0,
+                                                      is_circular=circular))
+            dev.cpu_mode_alloc()
+            dev.cpu_mode_start()
+            dev.run(["p"])
+            dev.cpu_mode_stop()
+        self.regs = sorted(self.trace.glob("buf-*/regs"))
+        self.seed_regs = [p.read_bytes() for p in self.regs]
+        self.total = 2 * 4096
+
+    def seeds(self) -> list[bytes]:
+        sb = (self.trace / "sideband.jsonl")
+        side = sb.read_bytes() if sb.is_file() else b""
+        return [b"".join(self.seed_regs) + side,
+                b"".join(self.seed_regs) + b'{"type":"process","pid":1,"cr3":4096}\n']
+
+    def check(self, data: bytes) -> None:
+        from hwtrace.bundle import Bundle, BundleError
+        from hwtrace.control.recover import RecoverError, write_bundle
+        n = 128
+        for i, p in enumerate(self.regs):
+            p.chmod(0o644)
+            p.write_bytes(data[i * n:(i + 1) * n].ljust(n, b"\0"))
+        (self.trace / "sideband.jsonl").write_bytes(data[len(self.regs) * n:])
+        out = self.root / "out"
+        try:
+            write_bundle(self.trace, out, overwrite=True)
+            b = Bundle(out)
+            for s in b.streams:
+                if len(b.read_stream(s)) > self.total:
+                    raise Violation(f"{s.file}: more bytes than its buffer")
+            list(b.iter_sideband())
+        except (RecoverError, BundleError):
+            pass
+
+
 # ---------------------------------------------------------------- bundle
 
 #: Parts of a bundle input, separated by this marker: manifest, sideband,
@@ -451,7 +505,7 @@ def budget(name: str):
     per decoding pass (packets: Python packets + count + ptdump = 3, the
     compiled passes are noise; perfdata: PerfData + iter_records = 2)."""
     return {"packets": _passes(3), "flow": _flow_budget, "perfdata": _passes(2),
-            "perfimport": _passes(2), "bundle": _passes(1)}[name]
+            "perfimport": _passes(2), "bundle": _passes(1), "recover": _passes(1)}[name]
 
 
 def make(name: str):
@@ -465,9 +519,12 @@ def make(name: str):
     if name == "bundle":
         t = BundleTarget()
         return t.check, seeds_bundle
+    if name == "recover":
+        t = RecoverTarget()
+        return t.check, t.seeds
     if name == "perfimport":
         return ImportTarget().check, seeds_perfdata
     raise KeyError(name)
 
 
-TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle")
+TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle", "recover")
