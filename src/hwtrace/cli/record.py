@@ -284,6 +284,15 @@ def _finish_bundle(out: Path, eng, copy_images: bool) -> None:
         for where in [man.get("config")] + [s.get("config") for s in man.get("streams", [])]:
             if isinstance(where, dict) and "addr_ranges" in where:
                 where["addr_ranges"] = [list(r) for r in resolved]
+    vdso = getattr(eng, "vdso", None)
+    if vdso is not None and getattr(eng, "vdso_pid", None) is not None:
+        # no file holds the vDSO: the sideband's [vdso] maps name this copy
+        images = list(man.get("images", []))
+        (out / "images").mkdir(exist_ok=True)
+        name = f"images/vdso-{int(eng.vdso_pid)}.bin"
+        (out / name).write_bytes(vdso)
+        images.append({"file": name, "path": "[vdso]", "build_id": eng.vdso_build_id})
+        man["images"] = images
     if copy_images:
         b = Bundle.open(out)
         images = list(man.get("images", []))

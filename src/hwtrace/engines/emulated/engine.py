@@ -90,6 +90,13 @@ class EmulatedEngine(Engine):
         self.resolved_ranges: list[tuple[int, int]] | None = None
         #: which generator produced the last streams: "compiled" or "python"
         self.generator = ""
+        #: the ``[vdso]`` bytes the last run's processes had mapped (the
+        #: stepper saves them; no file holds them), its build-id, and the
+        #: first process that mapped it: ``hwtrace record`` stores them in
+        #: the bundle as the image of the sideband's ``[vdso]`` maps.
+        self.vdso: bytes | None = None
+        self.vdso_build_id = ""
+        self.vdso_pid: int | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -173,10 +180,23 @@ class EmulatedEngine(Engine):
             return      # the program never started under the source
         if not data:
             return
+        self._load_vdso(log)
         try:
             self._generate_from(session, log, data)
         except xl.ExecLogError as e:
             raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
+
+    def _load_vdso(self, log: str) -> None:
+        from . import images
+        self.vdso, self.vdso_build_id, self.vdso_pid = None, "", None
+        try:
+            with open(log + ".vdso", "rb") as f:
+                vdso = f.read(1 << 24)
+        except OSError:
+            return
+        if vdso:
+            self.vdso = vdso
+            self.vdso_build_id = images.build_id_of(vdso)
 
     def _generate_from(self, session, log: str, data: bytes) -> None:
         index = flow.load(data, index_only=True)
@@ -270,5 +290,12 @@ class EmulatedEngine(Engine):
                            exe=exe, ppid=p["ppid"], time=t0))
         for tid, th in trace.threads.items():
             sb.add(Thread(tid=tid, pid=th.pid, time=t0, parent_tid=th.parent_tid))
-        for m in images.file_mappings(trace):
+        vdso_bid = self.vdso_build_id if self.vdso is not None else None
+        for m in images.file_mappings(trace, vdso_bid):
+            if m.file == images.VDSO:
+                m = Mmap(pid=m.pid, start=m.start, size=min(m.size, len(self.vdso)),
+                         offset=0, file=m.file, build_id=m.build_id, prot=m.prot,
+                         time=m.time)
+                if self.vdso_pid is None:
+                    self.vdso_pid = m.pid
             sb.add(m)

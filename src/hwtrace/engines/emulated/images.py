@@ -16,30 +16,52 @@ def build_id(path: str) -> str:
     """The GNU build-id of an ELF file as hex ("" if none or unreadable)."""
     try:
         with open(path, "rb") as f:
-            ehdr = f.read(64)
-            if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
-                return ""
-            phoff, = struct.unpack_from("<Q", ehdr, 32)
-            phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
-            f.seek(phoff)
-            phdrs = f.read(phentsize * phnum)
-            for i in range(phnum):
-                p_type, _flags, off, _va, _pa, filesz = struct.unpack_from(
-                    "<IIQQQQ", phdrs, i * phentsize)
-                if p_type != _PT_NOTE or filesz > 1 << 16:
-                    continue
-                f.seek(off)
-                notes = f.read(filesz)
-                pos = 0
-                while pos + 12 <= len(notes):
-                    namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
-                    pos += 12
-                    name = notes[pos:pos + namesz]
-                    pos += (namesz + 3) & ~3
-                    desc = notes[pos:pos + descsz]
-                    pos += (descsz + 3) & ~3
-                    if ntype == _NT_GNU_BUILD_ID and name.rstrip(b"\0") == b"GNU":
-                        return desc.hex()
+            return _build_id(f.read, f.seek)
+    except OSError:
+        return ""
+
+
+def build_id_of(data: bytes) -> str:
+    """The GNU build-id of an ELF image held in memory (e.g. the vDSO,
+    whose file offsets are its offsets from the mapping start)."""
+    pos = [0]
+
+    def read(n: int) -> bytes:
+        out = data[pos[0]:pos[0] + n]
+        pos[0] += len(out)
+        return out
+
+    def seek(off: int) -> None:
+        pos[0] = off
+    return _build_id(read, seek)
+
+
+def _build_id(read, seek) -> str:
+    try:
+        ehdr = read(64)
+        if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
+            return ""
+        phoff, = struct.unpack_from("<Q", ehdr, 32)
+        phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+        seek(phoff)
+        phdrs = read(phentsize * phnum)
+        for i in range(phnum):
+            p_type, _flags, off, _va, _pa, filesz = struct.unpack_from(
+                "<IIQQQQ", phdrs, i * phentsize)
+            if p_type != _PT_NOTE or filesz > 1 << 16:
+                continue
+            seek(off)
+            notes = read(filesz)
+            pos = 0
+            while pos + 12 <= len(notes):
+                namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
+                pos += 12
+                name = notes[pos:pos + namesz]
+                pos += (namesz + 3) & ~3
+                desc = notes[pos:pos + descsz]
+                pos += (descsz + 3) & ~3
+                if ntype == _NT_GNU_BUILD_ID and name.rstrip(b"\0") == b"GNU":
+                    return desc.hex()
     except (OSError, struct.error):
         return ""
     return ""
@@ -49,16 +71,22 @@ def _prot(p: int) -> str:
     return ("r" if p & 1 else "-") + ("w" if p & 2 else "-") + ("x" if p & 4 else "-")
 
 
-def file_mappings(trace) -> list[Mmap]:
+VDSO = "[vdso]"
+
+
+def file_mappings(trace, vdso_build_id: str | None = None) -> list[Mmap]:
     """One sideband Mmap per file-backed mapping the execution ran code in
-    (fork children inherit their parent's, so they are listed per pid)."""
+    (fork children inherit their parent's, so they are listed per pid).
+    With ``vdso_build_id`` (the vDSO's bytes were saved: the bundle stores
+    them as an image whose path is ``[vdso]``) each ``[vdso]`` mapping is
+    listed too, with file ``[vdso]`` and that build-id."""
     out: list[Mmap] = []
     seen = set()
     ids: dict[str, str] = {}
     t0 = trace.t0
     by_pid: dict[int, list] = {}
     for m in trace.mmaps:
-        if not m.path.startswith("/"):
+        if not m.path.startswith("/") and not (vdso_build_id is not None and m.path == VDSO):
             continue
         by_pid.setdefault(m.pid, []).append(m)
     pids = list(trace.processes)
@@ -74,7 +102,9 @@ def file_mappings(trace) -> list[Mmap]:
                 if key in seen:
                     continue
                 seen.add(key)
-                if m.path not in ids:
+                if m.path == VDSO:
+                    ids[m.path] = vdso_build_id or ""
+                elif m.path not in ids:
                     ids[m.path] = m.build_id.hex() if m.build_id else build_id(m.path)
                 out.append(Mmap(pid=pid, start=m.addr, size=m.size, offset=m.offset,
                                 file=m.path, build_id=ids[m.path], prot=_prot(m.prot), time=t0))
