@@ -346,3 +346,19 @@ def test_regression_import_copies_only_elf_files_from_this_machine(tmp_path, out
     # a file the user names with --image is used whatever it is
     found, missing = _resolve_images(maps[:1], [outside / "secret"])
     assert found == {str(outside / "secret"): (outside / "secret", "")} and missing == []
+
+
+def test_regression_import_time_conversion_stays_u64(tmp_path):
+    """Finding (fuzz perfimport f6e3d6dc4ef5): a mutated TIME_CONV made
+    perf_time_to_tsc return 53824928838476487818 (> 2**64), so ``hwtrace
+    import`` wrote a sideband its own bundle reader refused ("time is not an
+    integer"). Times are now u64, as in perf."""
+    from hwtrace.engines.perf.records import TimeConv
+    tc = TimeConv(time_shift=40, time_mult=1, time_zero=0)
+    assert tc.perf_time_to_tsc((1 << 64) - 1) == ((((1 << 64) - 1) << 40) & ((1 << 64) - 1))
+    assert TimeConv(time_shift=65535, time_mult=3, time_zero=0).perf_time_to_tsc(7) == (
+        ((7 << 64) // 3) & ((1 << 64) - 1))
+    # the real perf conversion is unchanged for sane parameters
+    tc = TimeConv(time_shift=31, time_mult=581029125, time_zero=18444502336406842448)
+    t = tc.perf_time_to_tsc(tc.tsc_to_perf_time(123456789012))
+    assert abs(t - 123456789012) <= 4

@@ -294,7 +294,10 @@ class TimeConv:
         if self.time_mult == 0:
             return 0
         quot, rem = divmod(t, self.time_mult)
-        return (quot << self.time_shift) + (rem << self.time_shift) // self.time_mult
+        # u64 like perf's own arithmetic: a hostile time_mult/time_shift
+        # must not yield a "TSC" no 64-bit reader (nor the bundle) accepts.
+        shift = min(self.time_shift, 64)
+        return ((quot << shift) + (rem << shift) // self.time_mult) & ((1 << 64) - 1)
 
 
 @dataclass(frozen=True, slots=True)
