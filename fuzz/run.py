@@ -248,8 +248,13 @@ def run_atheris(target: str, argv: list[str], keep_going: bool) -> None:
             run(data)
         except Exception as e:          # noqa: BLE001
             findings.add(data, e)
-    atheris.Setup([sys.argv[0]] + argv + [str(OUT / target / "corpus"), str(sd)], one)
     (OUT / target / "corpus").mkdir(parents=True, exist_ok=True)
+    # libFuzzer's own limits are wall-clock backstops only (a loaded, shared
+    # machine starves a niced fuzzer); the CPU budget above is the real one.
+    defaults = [f"-artifact_prefix={OUT / target}/", "-timeout=600", "-rss_limit_mb=4096"]
+    given = {a.split("=", 1)[0] for a in argv}
+    argv = [d for d in defaults if d.split("=", 1)[0] not in given] + argv
+    atheris.Setup([sys.argv[0]] + argv + [str(OUT / target / "corpus"), str(sd)], one)
     atheris.Fuzz()
 
 
