@@ -108,3 +108,11 @@ def test_garbage_and_truncation_become_errors_not_crashes(tmp_path):
     junk.write_bytes(os.urandom(4096))
     r = run_hwtrace("decode", "--pt", junk, "--raw", f"{junk}:0x1000")
     assert r.returncode == 0 and r.stderr == ""
+
+
+def test_not_a_bundle_is_one_line_exit_2(tmp_path):
+    r = run_hwtrace("decode", tmp_path)
+    assert r.returncode == 2
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    r = run_hwtrace("decode", tmp_path, "--pt", tmp_path / "x.pt")
+    assert r.returncode == 2

@@ -31,6 +31,11 @@ def register(sub) -> None:
     p = sub.add_parser("decode", help="decode the executed instructions "
                        "(ptxed-compatible)",
                        description=__doc__.splitlines()[0])
+    p.add_argument("bundle", nargs="?", metavar="DIR",
+                   help="a trace bundle: decode its streams (images from "
+                        "its sideband, decoder parameters from its manifest)")
+    p.add_argument("--stream", action="append", default=[], metavar="NAME",
+                   help="with DIR: decode only this stream (repeatable)")
     p.add_argument("--pt", metavar="FILE[:FROM[-TO]]",
                    help="the Intel PT trace")
     p.add_argument("--raw", action=_ImageArg, dest="images",
@@ -181,13 +186,110 @@ def _trace(arg: str) -> bytes:
     return data
 
 
+def _bundle_streams(args):
+    """(stream name, --pt path, extra argv) for each stream of a bundle."""
+    import json
+    import os
+    from hwtrace.cli.images import stream_args
+
+    try:
+        with open(os.path.join(args.bundle, "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CliError(f"decode: {args.bundle}: not a trace bundle ({e})") \
+            from None
+    streams = [s.get("file") for s in manifest.get("streams", [])]
+    if args.stream:
+        missing = [s for s in args.stream if s not in streams]
+        if missing:
+            raise CliError(f"decode: no stream {missing[0]!r} in "
+                           f"{args.bundle}")
+        streams = args.stream
+    extra = []
+    cpu = manifest.get("cpu") or {}
+    if cpu.get("family") and not args.cpu:
+        extra += ["--cpu", f"{cpu['family']}/{cpu['model']}"]
+    for key, opt in (("mtc_freq", "--mtc-freq"), ("nom_freq", "--nom-freq"),
+                     ("cpuid_0x15_eax", "--cpuid-0x15.eax"),
+                     ("cpuid_0x15_ebx", "--cpuid-0x15.ebx")):
+        if manifest.get(key) and getattr(args, _DEST[opt]) is None:
+            extra += [opt, str(manifest[key])]
+    out = []
+    for name in streams:
+        out.append((name, os.path.join(args.bundle, name),
+                    stream_args(args.bundle, name) + extra))
+    return out
+
+
+_DEST = {"--mtc-freq": "mtc_freq", "--nom-freq": "nom_freq",
+         "--cpuid-0x15.eax": "cpuid_eax", "--cpuid-0x15.ebx": "cpuid_ebx"}
+
+
 def run(args) -> int:
+    if args.bundle:
+        if args.pt:
+            raise CliError("decode: give either a bundle DIR or --pt")
+        parser = _parser_of(args)
+        for name, path, extra in _bundle_streams(args):
+            sub = parser.parse_args(_argv_of(args) + ["--pt", path] + extra)
+            if sub.format == "jsonl":
+                sys.stdout.write('{"stream":"%s"}\n' % name)
+            else:
+                sys.stdout.write(f"[stream {name}]\n")
+            _run_one(sub)
+        return 0
+    return _run_one(args)
+
+
+def _parser_of(args):
+    from hwtrace.cli import Parser
+    sub = Parser(prog="hwtrace decode").add_subparsers(parser_class=Parser)
+    register(sub)
+    return sub.choices["decode"]
+
+
+def _argv_of(args) -> list[str]:
+    """The options of ``args`` again as a command line (for one stream)."""
+    argv = []
+    for kind, arg in args.images:
+        argv += [f"--{kind}", arg]
+    if args.cpu:
+        argv += ["--cpu", args.cpu]
+    argv += ["--format", args.format]
+    flags = {"no_inst": "--no-inst", "check": "--check", "quiet": "--quiet",
+             "offset": "--offset", "stat": "--stat",
+             "stat_insn": "--stat:insn", "stat_blocks": "--stat:blocks",
+             "show_blocks": "--block:show-blocks",
+             "end_on_call": "--block:end-on-call",
+             "end_on_jump": "--block:end-on-jump", "event_ip": "--event:ip",
+             "event_iflags": "--event:iflags", "event_tick": "--event:tick",
+             "event_time": "--event:time", "resync": "--resync-on-error",
+             "keep_tcal": "--insn:keep-tcal-on-ovf",
+             "keep_tcal_block": "--block:keep-tcal-on-ovf"}
+    for dest, opt in flags.items():
+        if getattr(args, dest):
+            argv.append(opt)
+    if args.decoder:
+        argv.append(f"--{args.decoder}-decoder")
+    for n in range(4):
+        for which in ("cfg", "a", "b"):
+            v = getattr(args, f"filter_{n}_{which}")
+            if v is not None:
+                argv += [f"--filter:addr{n}_{which}", v]
+    for opt, dest in _DEST.items():
+        v = getattr(args, dest)
+        if v is not None:
+            argv += [opt, v]
+    return argv
+
+
+def _run_one(args) -> int:
     from hwtrace.flow import session, sinks
     from hwtrace.flow.block import BlockDecoder
     from hwtrace.flow.insn import InsnDecoder
 
     if not args.pt:
-        raise CliError("decode: no trace: use --pt FILE")
+        raise CliError("decode: no trace: use --pt FILE or a bundle DIR")
     write = sys.stdout.write
     cfg = _config(args, write)
     image = _image(args)
