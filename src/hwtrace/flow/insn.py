@@ -409,7 +409,7 @@ class InsnDecoder:
             if ev.from_ != ip:
                 return self._status(0)
             return pending
-        elif t in ("exec_mode", "async_paging", "async_vmcs"):
+        elif t in ("exec_mode", "async_paging", "async_vmcs", "iflags"):
             if not ev.ip_suppressed and ev.ip != ip:
                 return self._status(0)
             return pending
@@ -535,7 +535,7 @@ class InsnDecoder:
                 if not ev.ip_suppressed and self.enabled and \
                         self.ip != ev.ip:
                     raise _Err(E.BAD_QUERY)
-            elif t in _USER_ONLY or t == "ptwrite":
+            elif t in _USER_ONLY or t == "ptwrite" or t == "iflags":
                 pass
             else:
                 from . import evtrace_insn

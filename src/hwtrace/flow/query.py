@@ -42,7 +42,7 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 
 # Packet classes, by the role they play for queries (libipt's pdff_*).
 _TNT = frozenset(("tnt8", "tnt64"))
-_EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip", "mode.exec",
+_EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip",
                     "mode.tsx", "stop", "vmcs", "mnt", "exstop", "mwait",
                     "pwre", "pwrx", "ptw", "cbr", "cfe", "evd", "trig"))
 _TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
@@ -96,6 +96,9 @@ class QueryDecoder:
         self.consume_packet = False
         self.enabled = False
         self.evt = evtrace.EventTraceState()
+        self.cur_mode = None
+        self.cur_if = None
+        self.mode_exec_pending = False
 
     @property
     def offset(self) -> int:
@@ -237,7 +240,10 @@ class QueryDecoder:
         if t == "tip":
             return self.evq.pending(BIND_TIP)
         if t == "fup":
-            return self.evq.pending(BIND_FUP)
+            q = self.evq
+            return q.pending(BIND_FUP) or (
+                self.mode_exec_pending and q.pending(BIND_TIP) and
+                q.find(BIND_TIP, "async_branch") is None)
         return False
 
     def _will_eos(self) -> bool:
@@ -460,6 +466,7 @@ class QueryDecoder:
         self._consume()
 
     def _dec_tip(self, pkt) -> None:
+        self.mode_exec_pending = False
         self._update_ip(pkt)
         ev = self.evq.dequeue(BIND_TIP)
         if ev is None:
@@ -469,7 +476,7 @@ class QueryDecoder:
         if t == "async_branch":
             self.consume_packet = True
             self._event_ip(ev, "to")
-        elif t in ("async_paging", "async_vmcs", "exec_mode"):
+        elif t in ("async_paging", "async_vmcs", "exec_mode", "iflags"):
             self._event_ip(ev)
         elif not evtrace.bind_tip(self, ev):
             raise Fail(E.BAD_CONTEXT)
@@ -482,6 +489,7 @@ class QueryDecoder:
         self._consume()
 
     def _dec_tip_pge(self, pkt) -> None:
+        self.mode_exec_pending = False
         self._update_ip(pkt)
         ip = self.query_ip()
         if ip is None:
@@ -494,7 +502,7 @@ class QueryDecoder:
         else:
             ev = self.evq.dequeue(BIND_TIP)
             if ev is not None:
-                if ev.type == "exec_mode":
+                if ev.type in ("exec_mode", "iflags"):
                     self._event_ip(ev)
                 elif not evtrace.bind_tip_pge(self, ev):
                     raise Fail(E.BAD_CONTEXT)
@@ -507,6 +515,7 @@ class QueryDecoder:
         self._consume()
 
     def _dec_tip_pgd(self, pkt) -> None:
+        self.mode_exec_pending = False
         self._update_ip(pkt)
         ev = self.evq.dequeue(BIND_TIP)
         if ev is not None:
@@ -515,7 +524,7 @@ class QueryDecoder:
                 ev.type = "async_disabled"
                 ev.at = ev.from_
                 self._event_ip(ev)
-            elif t in ("async_paging", "async_vmcs", "exec_mode"):
+            elif t in ("async_paging", "async_vmcs", "exec_mode", "iflags"):
                 ev.ip_suppressed = True
             elif not evtrace.bind_tip_pgd(self, ev):
                 raise Fail(E.BAD_CONTEXT)
@@ -561,6 +570,19 @@ class QueryDecoder:
             evtrace.bind_fup_cfe(self)
             self._consume()
             return
+        if self.mode_exec_pending and \
+                self.evq.find(BIND_TIP, "async_branch") is None:
+            # MODE.EXEC + FUP: an interrupt-flag (or mode) change at the
+            # FUP's IP (event trace), not an asynchronous branch.
+            ev = self.evq.dequeue(BIND_TIP)
+            if ev is not None:
+                self._event_ip(ev)
+                self.published = ev
+                if self.evq.pending(BIND_TIP):
+                    return
+            self.mode_exec_pending = False
+            self._consume()
+            return
         ip = self.query_ip()
         if ip is None:
             raise Fail(E.NOIP if not self.have_ip else E.IP_SUPPRESSED)
@@ -588,10 +610,19 @@ class QueryDecoder:
 
     def _dec_mode(self, pkt) -> None:
         if pkt.type == "mode.exec":
+            # Like libipt 2.3: report only what changed; a MODE.EXEC binds
+            # to the next TIP* or, when a FUP comes first, to that FUP.
             mode = exec_mode(pkt)
-            ev = self._new_event("exec_mode", mode=mode)
-            self.evq.enqueue(BIND_TIP, ev)
-            evtrace.mode_exec(self, pkt)
+            if mode != self.cur_mode:
+                self.evq.enqueue(BIND_TIP, self._new_event("exec_mode",
+                                                           mode=mode))
+                self.cur_mode = mode
+            iflag = bool(pkt.iflag)
+            if self.config.enable_iflags_events and iflag != self.cur_if:
+                self.evq.enqueue(BIND_TIP, self._new_event("iflags",
+                                                           iflag=iflag))
+            self.cur_if = iflag
+            self.mode_exec_pending = True
         else:
             ev = self._new_event("tsx", speculative=bool(pkt.intx),
                                  aborted=bool(pkt.abrt))
@@ -681,6 +712,9 @@ class QueryDecoder:
         self.consume_packet = False
         self.enabled = False
         self.evt = evtrace.EventTraceState()
+        self.cur_mode = None
+        self.cur_if = None
+        self.mode_exec_pending = False
 
     # -- PSB+ ----------------------------------------------------------------
     def _decode_psb(self) -> None:
@@ -729,6 +763,8 @@ class QueryDecoder:
                 if enabled:
                     self._update_ip(nxt)
             elif t == "mode.exec":
+                self.cur_mode = exec_mode(nxt)
+                self.cur_if = bool(nxt.iflag)
                 q.enqueue(BIND_PSBEND, Event(
                     "exec_mode", mode=exec_mode(nxt), status_update=True))
                 evtrace.mode_exec_header(self, nxt)
