@@ -30,7 +30,7 @@ from hwtrace.pt.cpu import Errata as PacketErrata
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
-from . import evtrace, overflow
+from . import evtrace, overflow, psb
 from .config import FlowConfig
 from .events import (BIND_EXSTOP, BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
                      EventQueue)
@@ -50,8 +50,6 @@ _TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
 # CBR, VMCS, OVF, STOP, MNT, EXSTOP, MWAIT, PWRE, PWRX).
 _EXT_STOP = frozenset((0xa3, 0x43, 0x03, 0xc8, 0xf3, 0x83, 0xc3, 0x62, 0xe2,
                        0xc2, 0x22, 0xa2))
-_BDM70_SKIP = frozenset(("pad", "tsc", "cbr", "psbend", "pip", "mode.exec",
-                         "mode.tsx", "vmcs", "tma", "mtc", "cyc", "mnt"))
 
 MODES = {(0, 0): "16bit", (0, 1): "32bit", (1, 0): "64bit", (1, 1): None}
 
@@ -718,7 +716,6 @@ class QueryDecoder:
 
     # -- PSB+ ----------------------------------------------------------------
     def _decode_psb(self) -> None:
-        psb = self.next
         start = self.pos
         self._consume()
         try:
@@ -730,75 +727,7 @@ class QueryDecoder:
             raise
 
     def _read_psb_header(self) -> None:
-        q = self.evq
-        if q.pending(BIND_PSBEND) or q.pending(BIND_TIP) or \
-                q.pending(BIND_FUP):
-            raise Fail(E.BAD_CONTEXT)
-        self.ip = 0
-        self.have_ip = False
-        self.ip_suppressed = False
-        self.enabled = False
-        # The enabled/disabled status comes first; filled in at the end.
-        first = q.enqueue(BIND_PSBEND, Event("disabled", status_update=True))
-        while True:
-            nxt = self.next
-            if isinstance(nxt, PtError):
-                raise Fail(nxt.code)
-            t = nxt.type
-            if t == "psbend":
-                break
-            if t == "ovf":
-                if not self.enabled:
-                    q.dequeue(BIND_PSBEND)
-                    first = None
-                break
-            if t == "pad":
-                pass
-            elif t == "fup":
-                enabled = nxt.ipc != 0
-                if enabled and self.config.errata.bdm70 and \
-                        self._bdm70(nxt.offset + nxt.size):
-                    enabled = False
-                self.enabled = enabled
-                if enabled:
-                    self._update_ip(nxt)
-            elif t == "mode.exec":
-                self.cur_mode = exec_mode(nxt)
-                self.cur_if = bool(nxt.iflag)
-                q.enqueue(BIND_PSBEND, Event(
-                    "exec_mode", mode=exec_mode(nxt), status_update=True))
-                evtrace.mode_exec_header(self, nxt)
-            elif t == "mode.tsx":
-                q.enqueue(BIND_PSBEND, Event(
-                    "tsx", speculative=bool(nxt.intx),
-                    aborted=bool(nxt.abrt), status_update=True))
-            elif t == "pip":
-                q.enqueue(BIND_PSBEND, Event(
-                    "async_paging", cr3=nxt.cr3, non_root=bool(nxt.nr),
-                    status_update=True))
-            elif t == "vmcs":
-                q.enqueue(BIND_PSBEND, Event("async_vmcs", base=nxt.base,
-                                             status_update=True))
-            elif t == "mnt":
-                q.enqueue(BIND_PSBEND, Event("mnt", payload=nxt.payload))
-            elif t == "cbr":
-                self._header_time(nxt)
-                q.enqueue(BIND_PSBEND, Event("cbr", ratio=nxt.ratio,
-                                             status_update=True))
-            elif t in _TIMING:
-                self._header_time(nxt)
-            elif t in ("cfe", "evd", "trig"):
-                pass
-            else:
-                raise Fail(E.BAD_CONTEXT)
-            self.pos += nxt.size
-            self._fetch()
-        if first is not None:
-            if self.enabled:
-                first.type = "enabled"
-                first.resumed = False
-            else:
-                first.ip_suppressed = True
+        psb.read_psb_header(self)
 
     def _header_time(self, pkt) -> None:
         try:
@@ -814,17 +743,7 @@ class QueryDecoder:
         self.stamp(ev)
 
     def _bdm70(self, pos: int) -> bool:
-        """BDM70: a PSB+ may carry a FUP although tracing is only enabled
-        by a TIP.PGE right after it."""
-        while True:
-            p = self.peek_after(pos)
-            if isinstance(p, PtError):
-                return False
-            if p.type == "tip.pge":
-                return True
-            if p.type not in _BDM70_SKIP:
-                return False
-            pos += p.size
+        return psb.bdm70(self, pos)
 
     def _dec_psb(self, pkt) -> None:
         self._decode_psb()
