@@ -126,7 +126,6 @@ def test_findings_are_saved_once_per_signature(tmp_path, monkeypatch):
 def test_flow_harness_stops_an_endless_loop():
     """``jmp .`` traced once decodes forever without another packet; the
     harness's output budget ends it (a budget, not a hang)."""
-    from hwtrace.pt import encoder as enc  # noqa: F401 -- present for seeds
     # psb, psbend, tip.pge to 0x1000 (full 48-bit ip), then nothing.
     psb = b"\x02\x82" * 8
     psbend = b"\x02\x23"
