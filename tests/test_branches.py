@@ -100,6 +100,33 @@ def test_record_json_and_array():
     assert [len(p) for p in parts] == [2, 2, 1]
     assert list(iter_arrays([])) == []
 
+    # ends in untraced code: None, null in jsonl, 0 in the array, no symbol
+    out = Branch(1, 1, "syscall", 0x40010e, None, None, 0)
+    back = Branch(1, 1, "sysret", None, 0x400110, None, 0)
+    assert out.to_json(names) == {"pid": 1, "tid": 1, "kind": "syscall",
+                                  "from": 0x40010e, "to": None, "depth": 0}
+    assert back.to_json(lambda a: "x") == {"pid": 1, "tid": 1, "kind": "sysret",
+                                           "from": None, "to": 0x400110, "depth": 0,
+                                           "to_sym": "x"}
+    assert to_array([out, back])["to"].tolist() == [0, 0x400110]
+    assert to_array([out, back])["from"].tolist() == [0x40010e, 0]
+
+
+def test_text_format_unknown_ends():
+    from hwtrace.cli.branches import format_text
+    names = {0x40010e: "again+0x22", 0x400110: "again+0x24"}.get
+    assert format_text(Branch(5, 6, "syscall", 0x40010e, None, None, 0), names) == \
+        "          5/6   0 syscall        0x40010e again+0x22 -> ?"
+    assert format_text(Branch(None, None, "sysret", None, 0x400110), names,
+                       lambda a: "f.c:3") == \
+        "            - sysret         ? -> 0x400110 again+0x24 (f.c:3)"
+
+
+def test_mask_ranges_select_resumes_by_to():
+    m = Mask(frozenset(KINDS), ranges=((0x100, 0x200),))
+    assert m.accepts("sysret", None, 0x150) and not m.accepts("sysret", None, 0x250)
+    assert m.accepts("syscall", 0x150, None) and not m.accepts("iret", None, None)
+
 
 # ------------------------------------------------------------------ tracker
 
@@ -142,6 +169,8 @@ def test_tracker_everything():
     recs = run_tracker(mask=Mask(frozenset(KINDS)))
     got = [(r.kind, r.from_, r.to, r.depth) for r in recs]
     assert got == [
+        # where tracing begins: back from the kernel (execve) at the first insn
+        ("sysret", None, 0x100, 0),
         ("call", 0x100, 0x200, 0),
         ("cond_not_taken", 0x203, 0x205, 1), ("call", 0x205, 0x200, 1),
         ("cond_not_taken", 0x203, 0x205, 2), ("call", 0x205, 0x200, 2),
@@ -199,8 +228,10 @@ def test_interrupt_and_gap():
     t.step(th, 0x9001, RET)
     t.gap(th)                              # continuity lost: the ret has no target
     t.step(th, 0x5000, None)
+    # the signal: interrupted at 0x200 (to untraced code), back in the handler
     assert [(r.kind, r.from_, r.to) for r in t.out] == [
-        ("call", 0x100, 0x200), ("interrupt", 0x200, 0x9000)]
+        ("sysret", None, 0x100), ("call", 0x100, 0x200), ("interrupt", 0x200, None),
+        ("iret", None, 0x9000)]
 
 
 # ------------------------------------------------------------------ live log
@@ -235,9 +266,13 @@ def test_log_signal_and_syscall():
     w.exec([2])
     tr = Tracker(None, Mask(frozenset(KINDS)))
     recs = list(records_from_log(bytes(w), [], tr))
+    # the stepper never sees the kernel: a syscall and a signal delivery are
+    # each a transfer out to None and one back from None
     assert [(r.kind, r.from_, r.to) for r in recs] == [
-        ("syscall", 0x1000, 0x1002), ("cond_not_taken", 0x1002, 0x1004),
-        ("interrupt", 0x1004, 0x8000)]
+        ("sysret", None, 0x1000),
+        ("syscall", 0x1000, None), ("sysret", None, 0x1002),
+        ("cond_not_taken", 0x1002, 0x1004),
+        ("interrupt", 0x1004, None), ("iret", None, 0x8000)]
 
 
 # ------------------------------------------------------------------ resolve
@@ -304,12 +339,14 @@ def test_signal_handlers_run_one_level_deeper():
     for pc, x in [(0x9000, RET), (0x9100, SYSCALL), (0x203, RET), (0x105, None)]:
         t.step(th, pc, x)
     assert [(r.kind, r.from_, r.to, r.depth) for r in t.out] == [
-        ("syscall", 0x200, 0x9000, 0),
+        # each transfer through the untraced kernel is two records; the
+        # one back from None has the depth of the code it resumes
+        ("syscall", 0x200, None, 0), ("iret", None, 0x9000, 1),
         ("return", 0x9000, 0x9100, 1),
-        ("syscall", 0x9100, 0x202, 0),
-        ("interrupt", 0x203, 0x9000, 0),
+        ("syscall", 0x9100, None, 0), ("iret", None, 0x202, 0),
+        ("interrupt", 0x203, None, 0), ("iret", None, 0x9000, 1),
         ("return", 0x9000, 0x9100, 1),
-        ("syscall", 0x9100, 0x203, 0),
+        ("syscall", 0x9100, None, 0), ("iret", None, 0x203, 0),
         ("return", 0x203, 0x105, 0),
     ]
     assert not th.on
@@ -347,6 +384,71 @@ def _consumer():
     r.add(0x100, 5, "mem", 0)
     t = Tracker(None, Mask(frozenset({"call"})))
     return _Consumer(t, t.thread(1, 1), r)
+
+
+def _event_consumer(per_cpu=False):
+    """A decoded-trace consumer over: 0x1000 syscall ; 0x1002 ret ;
+    0x1003 int $0x80 ; 0x1005 nop."""
+    from hwtrace.branches.decoded import CodeReader, _Consumer
+    r = CodeReader()
+    r._files["mem"] = b"\x0f\x05\xc3\xcd\x80\x90"
+    r.add(0x1000, 6, "mem", 0)
+    t = Tracker(None, Mask(frozenset(KINDS)))
+    return _Consumer(t, t.thread(1, 1), r, per_cpu=per_cpu)
+
+
+def test_decoded_enable_disable_events():
+    """User-only trace: every way into and out of the untraced kernel is a
+    record with a None end, as the hase_loopy capture's .trace lists them."""
+    c = _event_consumer()
+    feed = c.feed
+    ins = lambda ip, cls="other": feed({"ip": ip, "size": 1, "iclass": cls})
+    feed({"event": "disabled", "status_update": True, "ip_suppressed": True})  # PSB+
+    feed({"event": "enabled", "ip": 0x1000, "tsc": 5})       # first: back from execve
+    feed({"event": "async_disabled", "at": 0x1000, "tsc": 6})   # interrupt before 0x1000
+    feed({"event": "enabled", "ip": 0x1000, "resumed": True, "tsc": 7})
+    ins(0x1000, "far_call")
+    feed({"event": "disabled", "ip_suppressed": True})
+    feed({"event": "enabled", "ip": 0x1002, "resumed": True})   # back after the syscall
+    ins(0x1002, "return")
+    ins(0x1000, "far_call")
+    feed({"event": "disabled", "ip_suppressed": True})
+    feed({"event": "enabled", "ip": 0x1005})                 # a signal handler at exit
+    ins(0x1005)
+    ins(0x1003, "far_call")                                  # int $0x80 (rt_sigreturn)
+    feed({"event": "disabled", "ip_suppressed": True})
+    feed({"event": "enabled", "ip": 0x1002})                 # back where it was
+    ins(0x1002, "return")
+    feed({"event": "overflow"})
+    feed({"event": "enabled", "ip": 0x1005})                 # after an unknown exit
+    assert [(r.kind, r.from_, r.to, r.depth, r.time) for r in c.tracker.out] == [
+        ("sysret", None, 0x1000, 0, 5),
+        ("interrupt", 0x1000, None, 0, 6), ("iret", None, 0x1000, 0, 7),
+        ("syscall", 0x1000, None, 0, 7), ("sysret", None, 0x1002, 0, 7),
+        ("return", 0x1002, 0x1000, 0, 7),
+        ("syscall", 0x1000, None, -1, 7), ("iret", None, 0x1005, 0, 7),
+        ("interrupt", 0x1003, None, 0, 7), ("iret", None, 0x1002, -1, 7),
+        ("iret", None, 0x1005, -1, 7),
+    ]
+
+
+def test_decoded_traced_kernel_and_per_cpu():
+    # the kernel traced (OS bit): the syscall goes on to the kernel entry
+    c = _event_consumer()
+    c.feed({"event": "enabled", "ip": 0x1000})
+    c.insn(0x1000, 2, "far_call")
+    c.insn(0xffffffff81000000, 3, "other")
+    assert [r.key() for r in c.tracker.out] == [
+        ("sysret", None, 0x1000), ("syscall", 0x1000, 0xffffffff81000000)]
+    # per-CPU: an enable elsewhere may be another thread, not a handler
+    c = _event_consumer(per_cpu=True)
+    c.feed({"event": "enabled", "ip": 0x1000})
+    c.insn(0x1000, 2, "far_call")
+    c.feed({"event": "disabled", "ip_suppressed": True})
+    c.feed({"event": "enabled", "ip": 0x1005})
+    assert [(r.key(), r.depth) for r in c.tracker.out] == [
+        (("sysret", None, 0x1000), 0), (("syscall", 0x1000, None), 0),
+        (("iret", None, 0x1005), 0)]
 
 
 def test_decoded_pull_batches_errors_and_close():

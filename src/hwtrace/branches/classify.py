@@ -36,6 +36,8 @@ _BY_KIND = {
     Kind.UIRET: "iret",
 }
 _COND = frozenset({Kind.JCC, Kind.JRCXZ, Kind.LOOP, Kind.LOOPE, Kind.LOOPNE})
+#: instructions whose target is the kernel (``syscall``/``interrupt`` records)
+TO_KERNEL = frozenset(k for k, v in _BY_KIND.items() if v in ("syscall", "interrupt"))
 
 
 def is_transfer(x) -> bool:

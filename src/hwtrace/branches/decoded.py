@@ -11,12 +11,19 @@ syscall from a far call) are read from the same images the decoder used
 through the shared :class:`~hwtrace.branches.tracker.Tracker`, so the
 trigger windows and the mask are applied exactly as for a live process.
 
+Where tracing stops and starts again (TIP.PGD / TIP.PGE, and the
+asynchronous FUP+TIP.PGD of an interrupt into an untraced kernel), the
+records have a None end (see :mod:`.records`): a synchronous disable
+ends the pending transfer with ``to`` None (a ``syscall``), an
+asynchronous one is an ``interrupt`` from the interrupted IP, and each
+enable is a ``sysret``/``iret`` from None to its IP.  Status-update
+disables (PSB+) are not exits.
+
 Per-CPU bundles (``hwtrace record --mode cpu``) interleave threads in one
 stream and the sideband's switch times are not on the trace's clock here:
-their records have no pid/tid, and every place tracing was disabled and
-enabled elsewhere is treated as a possible context switch (continuity
-dropped, no interrupt records).  Record with ``--mode thread`` for
-per-thread records.
+their records have no pid/tid, and an enable elsewhere than where tracing
+stopped may be another thread, so it is not taken for a signal handler
+(no depth change).  Record with ``--mode thread`` for per-thread records.
 
     trace = decoded_records("bundle/", TriggerSpec(within="fib"))
     trace.symbolizer ; for rec in trace.records(): ...
@@ -89,6 +96,9 @@ class _Consumer:
     ``insn(ip, size, iclass)`` and ``feed(item)``) into the tracker."""
 
     def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False):
+        # the trace's enable/disable events say where tracing stopped and
+        # resumed (with the OS bit, a syscall goes on into the kernel)
+        tracker.kernel_untraced = False
         self.tracker = tracker
         self.th = th
         self.reader = reader
@@ -96,7 +106,6 @@ class _Consumer:
         # elsewhere may be a context switch, not the same thread going on
         self.per_cpu = per_cpu
         self.time = None
-        self.irq_from = None
         self._decode = decoder_for(Mode.BIT64)
         self._cache: dict[int, object] = {}
 
@@ -131,7 +140,6 @@ class _Consumer:
             return
         if "error" in item:
             self.tracker.gap(self.th)
-            self.irq_from = None
             return
         ev = item.get("event")
         if ev is None:
@@ -141,22 +149,29 @@ class _Consumer:
         tsc = item.get("tsc")
         if tsc is not None:
             self.time = tsc
+        th = self.th
+        t = self.tracker
         if ev == "async_disabled":
             # interrupted at `at` (user-only trace: the kernel is not traced)
-            self.irq_from = item.get("at")
+            at = item.get("at")
+            if at is not None:
+                t.async_exit(th, at, self.time)
+            else:
+                t.gap(th)
+        elif ev == "disabled":
+            if not item.get("status_update"):
+                # the pending transfer went into untraced code (a syscall
+                # into the kernel, or out of the filtered ranges)
+                t.leave(th, None if item.get("ip_suppressed") else item.get("ip"), self.time)
         elif ev == "enabled":
             ip = item.get("ip")
-            th = self.th
-            if self.per_cpu:
-                if ip is None or th.pend_x is None or ip != th.pend_pc + th.pend_x.size:
-                    self.tracker.gap(th)
-            elif self.irq_from is not None and ip is not None and ip != self.irq_from \
-                    and not item.get("resumed"):
-                self.tracker.interrupt(th, self.irq_from, ip, self.time)
-            self.irq_from = None
+            if ip is None:
+                t.gap(th)
+            else:
+                # per-CPU: tracing turned on again may be another thread
+                t.resume(th, ip, self.time, handlers=not self.per_cpu)
         elif ev == "overflow":
-            self.tracker.gap(self.th)
-            self.irq_from = None
+            t.gap(th)
 
 
 class DecodedTrace:
@@ -175,7 +190,7 @@ class DecodedTrace:
         long trace is never held whole (closing the iterator stops it)."""
         for job in self.source.jobs:
             info = job.info
-            tracker = Tracker(self.trigger, self.mask)
+            tracker = Tracker(self.trigger, self.mask, kernel_untraced=False)
             th = tracker.thread(info.pid, info.tid)
             if not th.wanted:
                 continue

@@ -30,7 +30,7 @@ from hwtrace.engines.emulated import execlog as X
 from hwtrace.x86 import Mode, X86Error, decoder_for
 
 from . import resolve
-from .classify import is_transfer
+from .classify import TO_KERNEL, is_transfer
 from .mask import MaskSpec
 from .records import Branch
 from .tracker import Tracker
@@ -321,6 +321,7 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
     """Feed an execution log (and the stepper's window edges) through the
     tracker, yielding records as they are made."""
     decode = decoder_for(Mode.BIT64)
+    tracker.kernel_untraced = True        # the stepper never sees the kernel
     blocks: dict[tuple[int, int], list] = {}
     wq: dict[int, deque] = {}
     for w in windows:
@@ -403,9 +404,11 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
         elif typ is X.ProcExec:
             for key in [k for k in blocks if k[0] == pid]:
                 del blocks[key]
-            tracker.gap(th)
+            tracker.exec_(th)
         elif typ in (X.ThreadExit, X.ProcExit):
             if th is not None:
+                if th.pend_x is not None and th.pend_x.kind in TO_KERNEL:
+                    tracker.leave(th)       # exit/exit_group: no way back
                 tracker.gap(th)
         if out:
             yield from out

@@ -56,9 +56,12 @@ class Mask:
             return False
         return True
 
-    def accepts(self, kind: str, frm: int) -> bool:
+    def accepts(self, kind: str, frm: int | None, to: int | None = None) -> bool:
+        """Ranges select by ``from``; a record coming back from untraced
+        code (``from`` unknown) by ``to``, the code it resumes."""
         if kind not in self.kinds:
             return False
         if self.ranges:
-            return any(lo <= frm < hi for lo, hi in self.ranges)
+            a = frm if frm is not None else to
+            return a is not None and any(lo <= a < hi for lo, hi in self.ranges)
         return True

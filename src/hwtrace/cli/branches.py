@@ -9,6 +9,10 @@ code outside the trigger windows runs natively; the program's output and
 exit status pass through (records are written after it ends).  From a
 bundle (or a raw .pt / flow-items .jsonl with --elf): the decoded trace,
 with the same windows and mask.  --lines adds DWARF file:line.
+
+An end in untraced code (the kernel side of a syscall or interrupt, where
+tracing starts) is unknown: jsonl ``null``, text ``?``
+(hwtrace.branches.records explains which records have one).
 """
 
 from __future__ import annotations
@@ -110,18 +114,24 @@ class _Lines:
         return s
 
 
-def format_text(rec, names, lines=None) -> str:
-    f = names(rec.from_)
-    t = names(rec.to)
+def _end(addr, names, lines) -> str:
+    """One end of a text record: ``0x... sym (file:line)``, or ``?`` for
+    an end in untraced code (None)."""
+    if addr is None:
+        return "?"
+    n = names(addr)
     if lines is not None:
-        fl, tl = lines(rec.from_), lines(rec.to)
-        f = f"{f or ''} ({fl})".strip() if fl else f
-        t = f"{t or ''} ({tl})".strip() if tl else t
+        ln = lines(addr)
+        n = f"{n or ''} ({ln})".strip() if ln else n
+    return f"{addr:#x}{' ' + n if n else ''}"
+
+
+def format_text(rec, names, lines=None) -> str:
     d = "" if rec.depth is None else f"{rec.depth:>3} "
     who = f"{rec.pid}/{rec.tid}" if rec.pid is not None else (
         str(rec.tid) if rec.tid is not None else "-")
-    return (f"{who:>13} {d}{rec.kind:<14} {rec.from_:#x}"
-            f"{' ' + f if f else ''} -> {rec.to:#x}{' ' + t if t else ''}")
+    return (f"{who:>13} {d}{rec.kind:<14} {_end(rec.from_, names, lines)}"
+            f" -> {_end(rec.to, names, lines)}")
 
 
 def write(records, names, fmt: str, out, lines=None) -> int:
@@ -132,7 +142,8 @@ def write(records, names, fmt: str, out, lines=None) -> int:
         for r in records:
             d = r.to_json(names)
             if lines is not None:
-                fl, tl = lines(r.from_), lines(r.to)
+                fl = None if r.from_ is None else lines(r.from_)
+                tl = None if r.to is None else lines(r.to)
                 if fl:
                     d["from_line"] = fl
                 if tl:
