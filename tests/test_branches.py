@@ -451,6 +451,25 @@ def test_decoded_traced_kernel_and_per_cpu():
         (("iret", None, 0x1005), 0)]
 
 
+def test_decoded_ip_filter_exit():
+    """A call out of the traced ranges (TIP.PGD with the target IP) and the
+    enable at its fall-through: the callee ran untraced, a return from None."""
+    from hwtrace.branches.decoded import CodeReader, _Consumer
+    r = CodeReader()
+    r._files["mem"] = b"\xe8\xfb\x00\x00\x00\x90"       # 0x100 call 0x200 ; nop
+    r.add(0x100, 6, "mem", 0)
+    t = Tracker(None, Mask(frozenset(KINDS)))
+    c = _Consumer(t, t.thread(1, 1), r)
+    c.feed({"event": "enabled", "ip": 0x100})
+    c.insn(0x100, 5, "call")
+    c.feed({"event": "disabled", "ip": 0x200, "ip_suppressed": False})
+    c.feed({"event": "enabled", "ip": 0x105})
+    c.insn(0x105, 1, "other")
+    assert [(r.key(), r.depth) for r in t.out] == [
+        (("sysret", None, 0x100), 0), (("call", 0x100, 0x200), 0),
+        (("return", None, 0x105), 0)]
+
+
 def test_decoded_pull_batches_errors_and_close():
     import threading
     from hwtrace.branches.decoded import BATCH, DecodedError, _pull

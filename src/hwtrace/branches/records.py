@@ -29,7 +29,9 @@ transfer back, are two records whose unknown end is None (jsonl ``null``,
   overflow/decode error, or a disable with no transfer pending) is
   ``iret`` from None.
 * A transfer leaving traced code for another reason (out of an IP filter
-  range) keeps its kind, with ``to`` = the trace's address or None.
+  range) keeps its kind, with ``to`` = the trace's address or None; when
+  it was a call and tracing resumes at its fall-through, the resume is a
+  ``return`` from None (the callee ran untraced), otherwise ``iret``.
 
 Where the kernel is traced (the OS bit of a decoded trace), the records
 keep both real addresses.  A record from None has the depth of the code

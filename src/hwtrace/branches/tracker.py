@@ -163,10 +163,14 @@ class Tracker:
         th.exit = None
         if ex == "start" or (ex == "syscall" and to == at):
             kind = "sysret"
+        elif ex in _DOWN and to == at:
+            kind = "return"       # back from a callee outside the traced ranges
         else:
             kind = "iret"
         if not th.on:
             return
+        if kind == "return":
+            th.depth -= 1
         if handlers and ex in ("syscall", "interrupt", "async") and to != at:
             sig = th.sig
             if sig and sig[-1][0] == to:          # sigreturn to where it hit
