@@ -479,3 +479,29 @@ def test_async_exit_then_elsewhere_in_a_cpu_stream_is_a_gap():
     assert got[:2] == [("[untraced]", 1, Flag.ASYNC | Flag.TRUNCATED),
                        ("main", 0, Flag.TRUNCATED)]
     assert got[2] == ("handler", 0, Flag.NONE)
+
+
+def test_branch_records_with_unknown_ends():
+    """Records into and out of the untraced kernel carry ``None`` for the
+    unknown end (spec/branch-trace.md, as ``hwtrace branches`` writes them):
+    a syscall and an interrupt each become one kernel frame that ends where
+    user code resumes; a resume elsewhere (a signal handler) is an
+    asynchronous activation; tracing that begins at a record from None
+    starts the segment there."""
+    recs = [
+        {"pid": 1, "tid": 1, "kind": "sysret", "from": None, "to": 0x1000},
+        {"pid": 1, "tid": 1, "kind": "syscall", "from": 0x1010, "to": None},
+        {"pid": 1, "tid": 1, "kind": "sysret", "from": None, "to": 0x1012},
+        {"pid": 1, "tid": 1, "kind": "interrupt", "from": 0x1020, "to": None},
+        {"pid": 1, "tid": 1, "kind": "iret", "from": None, "to": 0x1020},
+        {"pid": 1, "tid": 1, "kind": "interrupt", "from": 0x1030, "to": None},
+        {"pid": 1, "tid": 1, "kind": "iret", "from": None, "to": 0x5000},
+    ]
+    out = list(reconstruct_branches(recs))
+    check_nesting(out)
+    a = acts(out)
+    names = Counter(x.name for x in a)
+    assert names["[syscall]"] == 1
+    assert names["[interrupt]"] == 2
+    handler = [x for x in a if x.name == "0x5000"]
+    assert len(handler) == 1 and handler[0].flags & Flag.ASYNC

@@ -244,6 +244,24 @@ class CallStackBuilder:
         self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
                    base=True)
 
+    def _resume(self, to: int) -> None:
+        """Execution comes back from untraced code (a record whose ``from``
+        is unknown).  Back where the kernel frame on top expected: that
+        frame ends.  Elsewhere (a signal handler): the kernel frame ends and
+        the code resumed at runs as an asynchronous activation that returns
+        to where the interrupted code stood."""
+        top = self._stack[-1] if self._stack else None
+        if top is None or not top.untraced:
+            return
+        expect = top.ret
+        if expect == to or (top.ret_lo is not None
+                            and 0 < to - top.ret_lo <= 15):
+            self._pop()
+            return
+        self._pop()
+        self._push(to, expect if expect is not None else top.ret_lo,
+                   Flag.ASYNC)
+
     def _return(self, target: int, far: bool = False) -> None:
         stack = self._stack
         top = stack[-1]
@@ -481,16 +499,32 @@ class CallStackBuilder:
         self.n += 1
         if time is not None:
             self.clock.anchor(self.n, time)
+        if frm is None and to is None:
+            return
         if not self._in_seg:
-            self._start_segment(frm)
+            self._start_segment(frm if frm is not None else to)
+            if frm is None:
+                # tracing begins here: the record only says where
+                return
         if kind in ("call", "indirect_call", "far", "syscall", "interrupt"):
             flags = (Flag.NONE if kind in ("call", "indirect_call") else
                      Flag.ASYNC if kind == "interrupt" else Flag.FAR)
-            f = self._push(to, frm if kind == "interrupt" else None, flags)
+            ret = frm if kind == "interrupt" else None
+            if to is None:
+                # into untraced code (the kernel): a frame that stands for it
+                f = self._push(None, ret, flags, name=f"[{kind}]",
+                               untraced=True)
+            else:
+                f = self._push(to, ret, flags)
             if kind != "interrupt":
                 f.ret_lo = frm
         elif kind in ("return", "sysret", "iret"):
-            self._return(to, kind != "return")
+            if to is None:
+                return
+            if frm is None:
+                self._resume(to)
+            else:
+                self._return(to, kind != "return")
         elif kind in ("jump", "indirect_jump", "cond"):
             top = self._stack[-1]
             if self._is_func_start(to, top):
