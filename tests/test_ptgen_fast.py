@@ -69,3 +69,29 @@ def test_eligibility():
     t.features = set()
     t.header.source = 2
     assert not fast.eligible(t, cfg)
+
+
+
+def test_stepper_migrations_switch_to_idle(tmp_path):
+    """A ptrace stepper log (the Python generator: stepper logs are not for
+    the compiled one), where a single thread migrates between CPUs: the CPU
+    it leaves gets a switch to idle (-1) in the sideband, as the compiled
+    twin writes it for QEMU logs."""
+    from hwtrace.engines.emulated import stepper
+    log = tmp_path / "s.log"
+    assert stepper.run(["/bin/date", "+%s"], log, stepper.Options(cpu_every=64)) == 0
+    full = flow.load(log.read_bytes())
+    assert not fast.eligible(full, ptgen.TraceConfig(ctl=CONFIGS[0]))
+    cr3 = flow.assign_cr3(full.processes)
+    sw = []
+    flow.generate(full, ptgen.TraceConfig(ctl=CONFIGS[0]), mode="cpu", num_cpus=2,
+                  switches=sw, cr3=cr3, exits={})
+    (th,) = full.threads.values()
+    cpus = [seg.cpu % 2 if seg.cpu >= 0 else 0 for seg in th.segments]
+    migrations = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
+    idle = [s for s in sw if s[4:] == (-1, -1)]
+    assert len(idle) == migrations
+    # per CPU, the switches alternate: thread in, idle (out), thread in, ...
+    for c in (0, 1):
+        nxt = [s[5] for s in sw if s[0] == c]
+        assert nxt and all(a != b for a, b in zip(nxt, nxt[1:]))

@@ -1,4 +1,5 @@
-"""System tests of ``hwtrace record`` with the QEMU engine: real programs'
+"""System tests of ``hwtrace record`` with both emulated engines (QEMU user
+mode and the ptrace stepper, the ``engine`` fixture): real programs'
 bundles decode with libipt (ptoracle, image arguments from ``hwtrace
 images``) with zero errors and exactly ``instructions_observed`` instructions."""
 
@@ -90,8 +91,15 @@ def symbol(exe, name):
         return s["st_value"], s["st_size"]
 
 
-def record(out, *args, expect_status=0):
-    r = run_hwtrace("record", "-o", out, *args)
+@pytest.fixture(params=["qemu", "ptrace"])
+def engine(request):
+    """The execution source: each system test runs with both."""
+    return request.param
+
+
+def record(out, *args, expect_status=0, engine=None):
+    eng = ["--engine", engine] if engine else []
+    r = run_hwtrace("record", "-o", out, *eng, *args)
     assert r.returncode == expect_status, r.stderr
     return r
 
@@ -129,26 +137,35 @@ def decode_bundle(ptoracle, bundle, want_ips=False):
 
 
 def load_base(bundle, exe):
+    """Where the program's ELF virtual address 0 is (from any of its
+    mappings: QEMU reports them all, the stepper only the executable ones)."""
+    from elftools.elf.elffile import ELFFile
+    with open(exe, "rb") as f:
+        loads = [(seg["p_offset"], seg["p_filesz"], seg["p_vaddr"])
+                 for seg in ELFFile(f).iter_segments() if seg["p_type"] == "PT_LOAD"]
     for line in (bundle / "sideband.jsonl").read_text().splitlines():
         o = json.loads(line)
-        if o["type"] == "mmap" and o["file"] == str(exe) and o["offset"] == 0:
-            return o["start"]
+        if o["type"] == "mmap" and o["file"] == str(exe):
+            for off, size, vaddr in loads:
+                if off <= o["offset"] < off + max(size, 1):
+                    return o["start"] - (vaddr + o["offset"] - off)
     raise AssertionError("no mapping of the program")
 
 
-def test_true_cpu_and_thread(tmp_path, ptoracle):
+def test_true_cpu_and_thread(tmp_path, ptoracle, engine):
     for mode in ("cpu", "thread"):
         b = tmp_path / mode
         record(b, "--mode", mode, *(["--copy-images"] if mode == "thread" else []),
-               "--", "/bin/true")
+               "--", "/bin/true", engine=engine)
         if mode == "thread":    # the images come from the bundle's copies
             (s,) = json.loads((b / "manifest.json").read_text())["streams"]
             args = run_hwtrace("images", b, "--pt", s["file"], "--lines").stdout.split()
             raws = [a for a in args if a != "--raw"]
             assert raws and all(a.startswith(str(b / "images") + "/") for a in raws)
+            assert any("/vdso-" in a for a in raws) == (engine == "ptrace")
         man, res = decode_bundle(ptoracle, b)
         assert man["mode"] == mode
-        assert (man["engine"], man["engine_info"]["source"]) == ("emulated", "qemu")
+        assert (man["engine"], man["engine_info"]["source"]) == ("emulated", engine)
         assert (man["cpu"]["family"], man["nom_freq"], man["cpuid_0x15_eax"],
                 man["cpuid_0x15_ebx"]) == (6, 22, 2, 176)
         assert "instruction" in man["timebase"]
@@ -170,9 +187,10 @@ def test_ls(tmp_path, ptoracle):
     ("cpu", "branch;user;retc;tsc;mtc;mtc-freq=3;cyc;cyc-thresh=2;psb-freq=1"),
     ("thread", "branch;user"),
 ])
-def test_recursion_known_call_count(tmp_path, ptoracle, progs, mode, config):
+def test_recursion_known_call_count(tmp_path, ptoracle, progs, mode, config, engine):
     b = tmp_path / "b"
-    r = record(b, "--mode", mode, "--config", config, "--", progs["rec"], expect_status=3)
+    r = record(b, "--mode", mode, "--config", config, "--", progs["rec"], expect_status=3,
+               engine=engine)
     assert r.stdout == "fib=610 calls=1973\n"
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     fib = load_base(b, progs["rec"]) + symbol(progs["rec"], "fib")[0]
@@ -181,10 +199,10 @@ def test_recursion_known_call_count(tmp_path, ptoracle, progs, mode, config):
     assert bool(ctl & (1 << 11)) == ("retc" not in config)
 
 
-def test_threads(tmp_path, ptoracle, progs):
+def test_threads(tmp_path, ptoracle, progs, engine):
     for mode in ("cpu", "thread"):
         b = tmp_path / mode
-        r = record(b, "--mode", mode, "--", progs["thr"])
+        r = record(b, "--mode", mode, "--", progs["thr"], engine=engine)
         assert r.stdout == "threads done\n"
         man, res = decode_bundle(ptoracle, b, want_ips=True)
         if mode == "thread":
@@ -193,10 +211,10 @@ def test_threads(tmp_path, ptoracle, progs):
         assert sum(v[1].count(work) for v in res.values()) == 4
 
 
-def test_signals(tmp_path, ptoracle, progs):
+def test_signals(tmp_path, ptoracle, progs, engine):
     for mode in ("cpu", "thread"):
         b = tmp_path / mode
-        r = record(b, "--mode", mode, "--", progs["sig"])
+        r = record(b, "--mode", mode, "--", progs["sig"], engine=engine)
         assert r.stdout == "alarms>=3:1 usr=1\n"
         man, res = decode_bundle(ptoracle, b, want_ips=True)
         base = load_base(b, progs["sig"])
@@ -206,10 +224,10 @@ def test_signals(tmp_path, ptoracle, progs):
         assert ips.count(usr) == 1 and ips.count(alarm) >= 3
 
 
-def test_fork_exec(tmp_path, ptoracle, progs):
+def test_fork_exec(tmp_path, ptoracle, progs, engine):
     for mode in ("cpu", "thread"):
         b = tmp_path / mode
-        r = record(b, "--mode", mode, "--", progs["fe"])
+        r = record(b, "--mode", mode, "--", progs["fe"], engine=engine)
         assert r.stdout == "child exit 0\nchild2 exit 7\n"
         man, res = decode_bundle(ptoracle, b)
         procs = [json.loads(x) for x in (b / "sideband.jsonl").read_text().splitlines()
@@ -222,18 +240,19 @@ def test_fork_exec(tmp_path, ptoracle, progs):
             parent = min(procs, key=lambda p: p["pid"])
             # CR3 filtering: only the process whose CR3 matches
             f = tmp_path / "cr3"
-            record(f, "--config", f"branch;user;retc;tsc;cr3-match={parent['cr3']}", "--", progs["fe"])
+            record(f, "--config", f"branch;user;retc;tsc;cr3-match={parent['cr3']}", "--",
+                   progs["fe"], engine=engine)
             _, fres = decode_bundle(ptoracle, f)
             traced = sum(v[0]["instructions_observed"] for v in fres.values())
             assert 0 < traced < total
 
 
-def test_address_filter_and_tracestop(tmp_path, ptoracle, progs):
+def test_address_filter_and_tracestop(tmp_path, ptoracle, progs, engine):
     exe = progs["rec"]
     start, size = symbol(exe, "fib")
     b = tmp_path / "filter"
     record(b, "--config", f"branch;user;retc;addr0=filter;addr0-range={exe},fib,fib", "--", exe,
-           expect_status=3)
+           expect_status=3, engine=engine)
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     lo = load_base(b, exe) + start
     ips = [ip for v in res.values() for ip in v[1]]
@@ -243,7 +262,7 @@ def test_address_filter_and_tracestop(tmp_path, ptoracle, progs):
 
     b = tmp_path / "stop"
     record(b, "--config", f"branch;user;retc;addr0=stop;addr0-range={exe},fib,fib", "--", exe,
-           expect_status=3)
+           expect_status=3, engine=engine)
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     lo = load_base(b, exe) + start
     ips = [ip for v in res.values() for ip in v[1]]
@@ -268,20 +287,21 @@ def test_status_and_errors(tmp_path):
     assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
 
 
-def test_killed_program_keeps_its_trace(tmp_path, ptoracle):
+def test_killed_program_keeps_its_trace(tmp_path, ptoracle, engine):
     b = tmp_path / "k"
-    r = run_hwtrace("record", "-o", b, "--", "sh", "-c", "kill -9 $$")
+    r = run_hwtrace("record", "--engine", engine, "-o", b, "--", "sh", "-c", "kill -9 $$")
     assert r.returncode == 128 + 9
     man, res = decode_bundle(ptoracle, b)
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000
 
 
-def test_faulting_instruction_retires_once(tmp_path, ptoracle, progs):
-    """A store faults (QEMU ends its block there), the SIGSEGV handler fixes
-    the page and returns: the store retires exactly once per iteration,
-    after the handler (FUP at it, then TIP.PGE back to it)."""
+def test_faulting_instruction_retires_once(tmp_path, ptoracle, progs, engine):
+    """A store faults (QEMU ends its block there; the stepper sees the
+    signal at it), the SIGSEGV handler fixes the page and returns: the store
+    retires exactly once per iteration, after the handler (FUP at it, then
+    TIP.PGE back to it)."""
     b = tmp_path / "f"
-    r = record(b, "--mode", "thread", "--", progs["fault"])
+    r = record(b, "--mode", "thread", "--", progs["fault"], engine=engine)
     assert r.stdout == "faults 3\n"
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     (s, ips, events) = next(iter(res.values()))

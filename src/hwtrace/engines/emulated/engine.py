@@ -67,9 +67,8 @@ def _config(out, ranges=None) -> ptgen.TraceConfig:
 
 
 def _load_base(trace, path: str) -> int | None:
-    bases = [m.addr for m in trace.mmaps
-             if m.offset == 0 and m.path and os.path.realpath(m.path) == path]
-    return min(bases) if bases else None
+    from .images import load_base
+    return load_base(trace.mmaps, path)
 
 
 class EmulatedEngine(Engine):

@@ -722,6 +722,10 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
                 if oprev is not None and oprev[0] == tid:
                     _switch_out(st, tracers[oc], oprev[2])
                     del on_cpu[oc]
+                if switches is not None and last_tid.get(oc) == tid:
+                    # it migrated: the CPU it left goes idle
+                    switches.append((oc, tracers[oc].t, st.pid, tid, -1, -1))
+                    last_tid[oc] = -1
         if switches is not None and last_tid.get(cpu) != tid:
             p = last_tid.get(cpu, -1)
             switches.append((cpu, tr.t, states[p].pid if p in states else -1, p,

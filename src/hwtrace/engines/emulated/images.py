@@ -67,6 +67,50 @@ def _build_id(read, seek) -> str:
     return ""
 
 
+def load_segments(path: str) -> list[tuple[int, int, int]]:
+    """(file offset, file size, virtual address) of each PT_LOAD segment of
+    an ELF64 file ([] if unreadable)."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            ehdr = f.read(64)
+            if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
+                return []
+            phoff, = struct.unpack_from("<Q", ehdr, 32)
+            phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+            f.seek(phoff)
+            phdrs = f.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _flags, off, va, _pa, filesz = struct.unpack_from(
+                    "<IIQQQQ", phdrs, i * phentsize)
+                if p_type == 1:
+                    out.append((off, filesz, va))
+    except (OSError, struct.error):
+        return []
+    return out
+
+
+def load_base(mmaps, path: str) -> int | None:
+    """Where ELF virtual address 0 of ``path`` is loaded, from any of its
+    mappings (QEMU reports every segment, the stepper only executable ones,
+    whose file offset is not 0): the lowest such base, None if unmapped."""
+    segs = None
+    bases = []
+    for m in mmaps:
+        if not m.path or os.path.realpath(m.path) != path:
+            continue
+        if m.offset == 0:
+            bases.append(m.addr)
+            continue
+        if segs is None:
+            segs = load_segments(path)
+        for off, size, va in segs:
+            if off <= m.offset < off + max(size, 1):
+                bases.append(m.addr - (va + m.offset - off))
+                break
+    return min(bases) if bases else None
+
+
 def _prot(p: int) -> str:
     return ("r" if p & 1 else "-") + ("w" if p & 2 else "-") + ("x" if p & 4 else "-")
 

@@ -587,6 +587,11 @@ int main(int argc, char **argv)
                     switch_out(th, &trs[oc], has_next[on_seg[oc]], next_ip[on_seg[oc]]);
                     on_tid[oc] = -1;
                 }
+                if (last_tid[oc] == ti) {   /* it migrated: the CPU it left goes idle */
+                    fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", oc, trs[oc].t,
+                            (long)th->pid, (long)th->tid);
+                    last_tid[oc] = -1;
+                }
             }
         }
         if (last_tid[cpu] != ti) {
