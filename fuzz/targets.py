@@ -46,6 +46,17 @@ FIXTURES = SHARED / "fixtures" / "hardware"
 MAX_SEED = 64 << 10
 
 
+def _scratch(given: str | None, prefix: str, owner) -> Path:
+    """A scratch directory, removed when ``owner`` goes (unless given)."""
+    if given:
+        return Path(given)
+    import shutil
+    import weakref
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    weakref.finalize(owner, shutil.rmtree, d, True)
+    return d
+
+
 class Violation(AssertionError):
     """An invariant of a reader broke (not an expected, documented error)."""
 
@@ -292,7 +303,7 @@ class ImportTarget:
     and its streams are exactly the sizes the importer reports."""
 
     def __init__(self, scratch: str | None = None):
-        self.root = Path(scratch or tempfile.mkdtemp(prefix="hwtrace-fuzz-import-"))
+        self.root = _scratch(scratch, "hwtrace-fuzz-import-", self)
 
     def check(self, data: bytes) -> None:
         from hwtrace.bundle import Bundle, BundleError
@@ -321,7 +332,7 @@ class RecoverTarget:
     def __init__(self, scratch: str | None = None):
         import hwtrace
         from hwtrace.engines.testing import TestEngine
-        self.root = Path(scratch or tempfile.mkdtemp(prefix="hwtrace-fuzz-recover-"))
+        self.root = _scratch(scratch, "hwtrace-fuzz-recover-", self)
         self.trace = self.root / "t"
         with hwtrace.open_device(engine=TestEngine({0: [self.SEG * 9], 1: [self.SEG * 30]}),
                                  directory=self.trace, lock_path=self.root / "lock") as dev:
@@ -381,7 +392,7 @@ class BundleTarget:
     and reads it back with every reader API."""
 
     def __init__(self, scratch: str | None = None):
-        self.root = Path(scratch or tempfile.mkdtemp(prefix="hwtrace-fuzz-bundle-"))
+        self.root = _scratch(scratch, "hwtrace-fuzz-bundle-", self)
         self.outside = self.root / "outside"
         self.outside.mkdir(exist_ok=True)
         (self.outside / "secret").write_bytes(b"not for the bundle")
