@@ -45,6 +45,12 @@ class Event:
         self.lost_mtc = 0
         self.lost_cyc = 0
         self.ip = 0
+        # IP fields a corrupt trace may leave unset (an async_branch whose
+        # TIP carried no IP): zero, so the decoder reports "no memory mapped"
+        # at address 0 as libipt does instead of failing.
+        self.at = 0
+        self.from_ = 0
+        self.to = 0
         self.offset = 0
         self.stamped = False
         for k, v in fields.items():
