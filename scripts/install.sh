@@ -24,6 +24,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# atheris: the fuzz harnesses' coverage-guided mode (fuzz/run.py --atheris).
+# Optional: a prebuilt wheel where one exists; the mutation mode needs nothing.
+python3 -m pip install -q --disable-pip-version-check atheris 2>/dev/null \
+    || echo "note: atheris not installable here; fuzz/run.py --atheris is unavailable"
 
 # speedscope, the flame-graph viewer the viewer tests open exports in (offline).
 if [ ! -f build/viewer/node_modules/speedscope/dist/release/index.html ]; then
