@@ -311,11 +311,6 @@ def test_import_writes_only_inside_its_output(tmp_path, outside):
 
 # -- commands that read bundles: outside files only when allowed ---------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 9 finding (cli/images.py, export/source.py, branches/decoded.py open every "
-    "bundle with allow_outside=True): a foreign bundle's sideband naming any absolute "
-    "path (here a file outside the bundle) gets that file loaded as an image without "
-    "--image-path or an explicit opt-in"))
 def test_images_cli_does_not_resolve_outside_paths_unasked(bdir, outside):
     (bdir / "cpu0.pt").write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
     _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": 18}])
@@ -364,21 +359,15 @@ def test_regression_import_time_conversion_stays_u64(tmp_path):
     assert abs(t - 123456789012) <= 4
 
 
-# -- hwtrace decode DIR (cli/decode.py reads the manifest itself) -------------
-
-_DECODE_XFAIL = ("issue 9 finding (cli/decode.py, owned elsewhere): decode DIR reads "
-                 "manifest.json with open()+json.load and the streams by path instead of "
-                 "through hwtrace.bundle.Bundle, so it %s")
+# -- hwtrace decode DIR (reads the bundle through hwtrace.bundle.Bundle) -------
 
 
-@pytest.mark.xfail(strict=True, reason=_DECODE_XFAIL % "tracebacks on a non-object manifest")
 def test_decode_dir_non_object_manifest_is_one_line(bdir):
     (bdir / "manifest.json").write_text("[1]")
     r = run_hwtrace("decode", bdir)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=_DECODE_XFAIL % "blocks forever on a FIFO manifest")
 def test_decode_dir_fifo_manifest_does_not_hang(bdir):
     os.mkfifo(bdir / "manifest.json")
     try:
@@ -388,9 +377,32 @@ def test_decode_dir_fifo_manifest_does_not_hang(bdir):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=_DECODE_XFAIL % "decodes a stream symlinked out of the bundle")
 def test_decode_dir_refuses_stream_symlinked_out(bdir, outside):
     os.symlink(outside / "secret", bdir / "cpu0.pt")
     _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": len(SECRET)}])
     r = run_hwtrace("decode", bdir)
     assert r.returncode == 2 and "symbolic link" in r.stderr
+
+
+def test_find_image_outside_needs_elf_with_recorded_build_id(bdir, outside):
+    """Without --image-path / allow_outside, a recorded absolute path is used
+    only if it is a regular ELF file whose build-id is the recorded one (what
+    ``hwtrace record`` writes on this machine); anything else is refused."""
+    from hwtrace.engines.emulated.images import build_id
+    _manifest(bdir)
+    exe = os.path.realpath(sys.executable)
+    bid = build_id(exe)
+    assert bid                          # Debian's python3 carries a GNU build-id
+    b = Bundle(bdir)
+    assert b.find_image(exe, bid) == Path(exe)
+    assert b.find_image(exe, bid.upper()) == Path(exe)
+    assert b.find_image(exe, "00" * 20) is None
+    assert b.find_image(exe) is None
+    assert b.find_image(str(outside / "secret")) is None
+    assert b.find_image(str(outside / "secret"), bid) is None
+    os.mkfifo(outside / "fifo")         # must neither hang nor be used
+    assert b.find_image(str(outside / "fifo")) is None
+    # an ELF linked without a build-id matches a record without one
+    (outside / "nobid").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(57))
+    assert b.find_image(str(outside / "nobid")) == outside / "nobid"
+    assert b.find_image(str(outside / "nobid"), bid) is None

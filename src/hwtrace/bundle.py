@@ -485,7 +485,10 @@ class Bundle:
 
     ``image_path`` lists directories the caller allows images to be found in
     (by base name); ``allow_outside`` allows the absolute paths the sideband
-    names on this machine. Neither is needed for images stored in the bundle.
+    names on this machine whatever they are. Without it, such a path is used
+    only if it is a regular ELF file with the recorded build-id (so bundles
+    recorded here decode, and a foreign sideband can't make the reader load
+    arbitrary files). Neither is needed for images stored in the bundle.
     """
 
     def __init__(self, path: str | os.PathLike, *, image_path: Iterable[str | os.PathLike] = (),
@@ -700,9 +703,31 @@ class Bundle:
                 p = d / base
                 if p.is_file():
                     return p
-        if self.allow_outside and os.path.isabs(filename) and os.path.isfile(filename):
-            return Path(filename)
+        if os.path.isabs(filename) and os.path.isfile(filename):
+            if self.allow_outside or _is_recorded_elf(filename, build_id):
+                return Path(filename)
         return None
+
+
+def _is_recorded_elf(filename: str, build_id: str) -> bool:
+    """Whether ``filename`` on this machine is plausibly the executable the
+    sideband recorded: a regular ELF file whose GNU build-id equals the
+    recorded one (both empty only for ELF files linked without one). So a
+    hostile sideband can name only ELF executables, never e.g. /etc/shadow."""
+    try:
+        fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK)    # a FIFO must not block
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or os.pread(fd, 4, 0) != b"\x7fELF":
+            return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    from hwtrace.engines.emulated.images import build_id as _elf_build_id
+    return _elf_build_id(filename) == build_id.lower()
 
 
 def is_bundle(path: str | os.PathLike) -> bool:

@@ -360,7 +360,7 @@ def _reader_for(path: Path, elf, image_path) -> CodeReader:
     if path.is_dir():
         from hwtrace.bundle import Bundle, BundleError, Mmap
         try:
-            b = Bundle(path, image_path=image_path, allow_outside=True)
+            b = Bundle(path, image_path=image_path)
             for m in b.iter_sideband():
                 if isinstance(m, Mmap):
                     f = b.find_image(m.file, m.build_id)

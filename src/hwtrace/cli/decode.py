@@ -188,27 +188,32 @@ def _trace(arg: str) -> bytes:
 
 def _bundle_streams(args):
     """(stream name, --pt path, extra argv) for each stream of a bundle."""
-    import json
-    import os
+    from hwtrace.bundle import Bundle, BundleError
     from hwtrace.cli.images import stream_args
 
     try:
-        with open(os.path.join(args.bundle, "manifest.json")) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CliError(f"decode: {args.bundle}: not a trace bundle ({e})") \
-            from None
-    streams = [s.get("file") for s in manifest.get("streams", [])]
-    if args.stream:
-        missing = [s for s in args.stream if s not in streams]
-        if missing:
-            raise CliError(f"decode: no stream {missing[0]!r} in "
-                           f"{args.bundle}")
-        streams = args.stream
+        b = Bundle(args.bundle)
+        infos = {s.file: s for s in b.streams}
+        streams = list(infos)
+        if args.stream:
+            missing = [s for s in args.stream if s not in infos]
+            if missing:
+                raise CliError(f"decode: no stream {missing[0]!r} in "
+                               f"{args.bundle}")
+            streams = args.stream
+        paths = {}
+        for name in streams:
+            paths[name] = b.stream_path(infos[name])   # refuses a symbolic link
+            b.open_stream(infos[name]).close()         # a regular file of its size
+    except BundleError as e:
+        raise CliError(f"decode: {args.bundle}: {e}") from None
+    manifest = b.manifest
     extra = []
-    cpu = manifest.get("cpu") or {}
-    if cpu.get("family") and not args.cpu:
-        extra += ["--cpu", f"{cpu['family']}/{cpu['model']}"]
+    cpu = manifest.get("cpu")
+    cpu = cpu if isinstance(cpu, dict) else {}
+    fam, mod = cpu.get("family"), cpu.get("model", 0)
+    if fam and not args.cpu and all(type(v) is int and 0 <= v < 256 for v in (fam, mod)):
+        extra += ["--cpu", f"{fam}/{mod}"]
     for key, opt in (("mtc_freq", "--mtc-freq"), ("nom_freq", "--nom-freq"),
                      ("cpuid_0x15_eax", "--cpuid-0x15.eax"),
                      ("cpuid_0x15_ebx", "--cpuid-0x15.ebx")):
@@ -216,7 +221,7 @@ def _bundle_streams(args):
             extra += [opt, str(manifest[key])]
     out = []
     for name in streams:
-        out.append((name, os.path.join(args.bundle, name),
+        out.append((name, str(paths[name]),
                     stream_args(args.bundle, name) + extra))
     return out
 

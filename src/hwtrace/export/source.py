@@ -186,7 +186,7 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
     except ImportError as e:
         raise SourceError(f"cannot decode bundles yet: {e}") from None
     try:
-        b = Bundle(p, image_path=image_path, allow_outside=True)
+        b = Bundle(p, image_path=image_path)
         maps = [r for r in b.iter_sideband() if isinstance(r, Mmap)]
         streams = list(b.streams)
         tsc_hz = b.manifest.get("tsc_hz") or None
