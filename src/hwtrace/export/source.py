@@ -12,7 +12,8 @@ Inputs:
 * a trace bundle directory (``hwtrace.bundle``), decoded with the
   instruction-flow decoder (``hwtrace.flow``): code images and symbols
   come from the sideband's memory maps (files found through the bundle:
-  stored copies, ``image_path``, or the recorded paths on this machine);
+  stored copies, ``image_path``, or the recorded paths on this machine
+  when they are ELF files with the recorded build-id: ``Bundle.find_image``);
 * a ``.jsonl`` file of ``ptoracle insn``-shaped items (one stream), with
   symbols from ``elf`` arguments (``FILE[:BIAS]``);
 * a ``.jsonl`` file of branch records (``spec/branch-trace.md``: pid, tid,
