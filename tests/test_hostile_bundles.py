@@ -406,3 +406,17 @@ def test_find_image_outside_needs_elf_with_recorded_build_id(bdir, outside):
     (outside / "nobid").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(57))
     assert b.find_image(str(outside / "nobid")) == outside / "nobid"
     assert b.find_image(str(outside / "nobid"), bid) is None
+
+
+def test_images_cli_allow_outside_is_an_explicit_opt_in(bdir, outside):
+    (bdir / "cpu0.pt").write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
+    _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": 18}])
+    (bdir / "sideband.jsonl").write_text(
+        '{"type":"process","pid":1,"cr3":4096}\n'
+        '{"type":"mmap","pid":1,"start":4194304,"size":4096,"offset":0,'
+        f'"file":"{outside / "secret"}"}}\n')
+    r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--lines")
+    assert r.returncode == 0 and r.stdout == ""
+    r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--lines", "--allow-outside")
+    assert r.returncode == 0 and r.stdout.splitlines() == [
+        "--raw", f"{outside / 'secret'}:0x0-0x{len(SECRET):x}:0x400000"]
