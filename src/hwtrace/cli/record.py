@@ -203,8 +203,11 @@ def run(args) -> int:
     if args.pid is None and not prog:
         raise CliError("no program given (hwtrace record -o DIR -- PROGRAM ARGS...)")
     out = Path(args.output)
-    if (out / "manifest.json").exists():
-        raise CliError(f"{out} already holds a trace bundle")
+    try:
+        if (out / "manifest.json").exists():
+            raise CliError(f"{out} already holds a trace bundle")
+    except OSError as e:
+        raise CliError(f"{out}: {e.strerror}") from None
     num_chunks, chunk_order = buffer_geometry(args)
     ctl, cr3, ranges = parse_config(args.config)
 
@@ -247,12 +250,23 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges) -> int:
     if dev is None:
         from hwtrace.control.device import open_device
         dev = open_device(engine=engine)
+    made = False
     try:
         eng = dev.engine
         if elf_ranges and hasattr(eng, "elf_ranges"):
             eng.elf_ranges = elf_ranges
         elif elf_ranges:
             raise CliError(f"engine {eng.name}: ELF-relative address ranges need the emulated engine")
+        if hasattr(eng, "log_dir"):
+            # the execution log lives in -o while the program runs (removed
+            # once the bundle is written): a recorder killed mid-trace leaves
+            # it where the user looks, not in /tmp
+            made = not out.exists()
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise CliError(f"{out}: {e.strerror}") from None
+            eng.log_dir = str(out)
         if args.mode == "cpu":
             dev.set_mode(Mode.CPU)
             descs = [dev.alloc_buffer(cfg) for _ in range(dev.num_cpus)]
@@ -270,6 +284,13 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges) -> int:
         dev.save_bundle(out)
         _finish_bundle(out, eng, args.copy_images)
         return status
+    except BaseException:
+        if made:
+            try:
+                out.rmdir()     # made for the execution log, still empty
+            except OSError:
+                pass
+        raise
     finally:
         dev.close()
 

@@ -96,6 +96,9 @@ class EmulatedEngine(Engine):
         self.vdso: bytes | None = None
         self.vdso_build_id = ""
         self.vdso_pid: int | None = None
+        #: where the temporary execution-log directory is made (None: the
+        #: system's temporary directory); ``hwtrace record`` sets its -o
+        self.log_dir: str | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -115,7 +118,7 @@ class EmulatedEngine(Engine):
     # ------------------------------------------------------------------
     def run(self, session, argv: Sequence[str], *, env=None, cwd=None) -> int:
         self._check_session(session)
-        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
             log = os.path.join(tmp, "exec.xlog")
             status = self._execute(list(argv), log, env, cwd)
             self._generate(session, log)
@@ -127,7 +130,7 @@ class EmulatedEngine(Engine):
                              "the qemu engine cannot attach to a running process (use --engine ptrace)")
         self._check_session(session)
         from . import stepper
-        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
             log = os.path.join(tmp, "exec.xlog")
             try:
                 status = stepper.run(pid, log, stepper.Options(), timeout=duration)
@@ -154,8 +157,7 @@ class EmulatedEngine(Engine):
                 self._exe = os.path.realpath(prog.elf)
             except qemu.QemuError as e:
                 raise TraceError(Status.INVALID_ARGS, str(e)) from None
-            import subprocess
-            proc = subprocess.Popen(cmd, env=dict(env) if env is not None else None, cwd=cwd)
+            proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
             try:
                 return proc.wait()
             except BaseException:

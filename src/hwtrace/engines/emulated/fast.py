@@ -30,6 +30,13 @@ class FastUnavailable(RuntimeError):
 
 
 def binary_path() -> Path:
+    try:
+        return _binary_path()
+    except OSError as e:    # the build cache can't be used: the Python generator runs
+        raise FastUnavailable(f"{e.filename}: {e.strerror}") from None
+
+
+def _binary_path() -> Path:
     src = SOURCE.read_bytes()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     out = Path(base) / "hwtrace" / f"ptgen_fast-{hashlib.sha256(src).hexdigest()[:16]}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -30,7 +31,17 @@ def cache_dir() -> Path:
 
 
 def plugin_path() -> Path:
-    """The built plugin, compiling it first if needed."""
+    """The built plugin, compiling it first if needed (QemuError, one
+    line, when the build cache can't be read or written)."""
+    try:
+        return _plugin_path()
+    except OSError as e:
+        where = e.filename or cache_dir()
+        raise QemuError(f"the QEMU plugin cache {where}: {e.strerror} "
+                        f"(set XDG_CACHE_HOME to a writable directory)") from None
+
+
+def _plugin_path() -> Path:
     src = PLUGIN_SOURCE.read_bytes()
     digest = hashlib.sha256(src).hexdigest()[:16]
     out = cache_dir() / f"qemu_plugin-{digest}.so"
@@ -121,12 +132,39 @@ def command(program: Program, log_path: str | os.PathLike) -> list[str]:
             "--", *program.argv]
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: the child gets SIGKILL when the process that
+    spawned it dies (so a SIGKILLed recorder leaves no traced program
+    running).  PR_SET_PDEATHSIG fires on the death of the spawning
+    *thread*, so spawn from a thread that lives as long as the recorder
+    (the main thread).  If the parent already died between fork and
+    prctl, the child exits at once."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setup() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGKILL)
+    return setup
+
+
+def spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **kwargs)`` whose child is SIGKILLed when
+    this process (the spawning thread) dies."""
+    return subprocess.Popen(cmd, preexec_fn=_die_with(os.getpid()), **kwargs)
+
+
 def run(program: Program, log_path: str | os.PathLike) -> int:
     """Run the program under QEMU with the plugin; the returncode as
     subprocess reports it (negative: killed by that signal).  stdin,
     stdout and stderr are the caller's."""
     cmd = command(program, log_path)
-    proc = subprocess.Popen(cmd)
+    proc = spawn(cmd)
     try:
         return proc.wait()
     except KeyboardInterrupt:

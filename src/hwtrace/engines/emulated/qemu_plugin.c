@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -323,9 +324,67 @@ static void report_mapping(uint64_t pc)
     fclose(f);
 }
 
+/* ---- a guest killed by a fault ----
+ * A guest access fault is a host SIGSEGV/SIGBUS in QEMU; with no guest
+ * handler QEMU 7.2 then dies of the signal without running the plugin's
+ * atexit callback, and the thread's buffer would be lost.  So the plugin
+ * puts a handler in front of QEMU's that writes the faulting thread's
+ * buffer to the log (a handled fault or one QEMU resolves itself merely
+ * starts a new chunk), then passes the signal on to QEMU's handler. */
+static struct sigaction qemu_segv, qemu_bus;
+
+static void on_host_fault(int sig, siginfo_t *si, void *uc)
+{
+    int saved = errno;
+    struct tbuf *b = tls_buf;
+    if (b && b->pos > b->hdr_end) {
+        for (int tries = 0; tries < 1000; tries++) {
+            if (pthread_mutex_trylock(&lock) == 0) {
+                flush_locked(b);
+                pthread_mutex_unlock(&lock);
+                break;
+            }
+            sched_yield();
+        }
+    }
+    errno = saved;
+    struct sigaction *q = sig == SIGSEGV ? &qemu_segv : &qemu_bus;
+    if (q->sa_flags & SA_SIGINFO) {
+        q->sa_sigaction(sig, si, uc);
+    } else if (q->sa_handler != SIG_DFL && q->sa_handler != SIG_IGN) {
+        q->sa_handler(sig);
+    } else {
+        signal(sig, SIG_DFL);       /* nothing to chain to: die of it */
+        raise(sig);
+    }
+}
+
+/* Called once QEMU has installed its own handlers (it does so after
+ * loading plugins, before running guest code). */
+static void hook_host_faults(void)
+{
+    static int done;
+    if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST))
+        return;
+    int sigs[2] = {SIGSEGV, SIGBUS};
+    struct sigaction *olds[2] = {&qemu_segv, &qemu_bus};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, act;
+        if (sigaction(sigs[i], NULL, &old) != 0)
+            continue;
+        *olds[i] = old;
+        memset(&act, 0, sizeof act);
+        act.sa_sigaction = on_host_fault;
+        act.sa_mask = old.sa_mask;
+        act.sa_flags = (old.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+        sigaction(sigs[i], &act, NULL);
+    }
+}
+
 static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
+    hook_host_faults();
     size_t n = qemu_plugin_tb_n_insns(tb);
     if (n == 0)
         return;

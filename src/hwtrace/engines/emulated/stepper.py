@@ -71,7 +71,18 @@ def cache_dir() -> Path:
 
 
 def stepper_path() -> Path:
-    """The built stepper executable, compiling it first if needed."""
+    """The built stepper executable, compiling it first if needed
+    (StepperError, one line, when the build cache can't be read or
+    written)."""
+    try:
+        return _stepper_path()
+    except OSError as e:
+        where = e.filename or cache_dir()
+        raise StepperError(f"the ptrace stepper cache {where}: {e.strerror} "
+                           f"(set XDG_CACHE_HOME to a writable directory)") from None
+
+
+def _stepper_path() -> Path:
     h = hashlib.sha256()
     for src in SOURCES:
         h.update(src.name.encode() + b"\0" + src.read_bytes())
@@ -198,7 +209,11 @@ def run(target: Sequence[str] | int, log_path: str | os.PathLike,
         side = Path(os.fspath(log_path) + suffix)
         if side.exists():
             side.unlink()
-    proc = subprocess.Popen(cmd)
+    if isinstance(target, int):
+        proc = subprocess.Popen(cmd)    # attached: never killed with us
+    else:
+        from .qemu import spawn
+        proc = spawn(cmd)               # launched: dies with the recorder
     status = _wait(proc, timeout if isinstance(target, int) else None)
     msg = error(log_path)
     if msg is not None and status == STEPPER_ERROR_STATUS:
