@@ -1,0 +1,987 @@
+/* The compiled flow core: instruction/block counting and edge coverage over
+ * Intel PT packets plus a block cache, for hwtrace.flow.fast.
+ *
+ *   decode(data, fill, flags, pkt_flags, want_edges)
+ *       -> (None, insns, blocks, edges)        decoded exactly
+ *       -> (reason, 0, 0, None)                 bailed out: the Python twin
+ *                                               must decode this trace
+ *
+ * It follows hwtrace.flow.query / insn / block / session (the Python twin)
+ * step by step for the packets of ordinary traces -- PSB+ (PAD, FUP,
+ * MODE.exec, TSC, CBR), TNT-8/64, TIP, TIP.PGE, TIP.PGD, MODE.exec, TSC,
+ * CBR, PAD -- and the events they make (enabled, disabled, exec_mode, cbr,
+ * with and without status update).  Anything else, every decode error and
+ * every case where the twin's behaviour has more branches than ported here
+ * bails out instead of guessing, so a result, when there is one, is the
+ * twin's.
+ *
+ * Block cache: per (mode, IP) the straight-line run up to the next
+ * instruction that is not a plain OTHER (a branch, PTWRITE, or one an
+ * event can bind to: far, CPL- or CR3-changing) or to the end of the
+ * mapping: instruction count, last IP, class, size, displacement, mapping
+ * bounds.  Runs come from ``fill(ip, mode)`` -- the Python instruction
+ * cache, so x86 decoding is the twin's -- once per run and decode call.
+ * Address space: one per call (PIP bails out), and the cache lives for one
+ * call, so an image change between calls is always seen.
+ *
+ * Edges: for each executed branch instruction (class not OTHER/PTWRITE),
+ * (its IP, the IP of the next executed instruction), counted.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../pt/_pt_packets.h"
+
+#define ABI_VERSION 1
+
+#ifndef HWTRACE_SOURCE_SHA256
+#define HWTRACE_SOURCE_SHA256 ""
+#endif
+
+/* IClass values (hwtrace.x86.insn.IClass) */
+enum { C_UNKNOWN = 0, C_OTHER = 1, C_CALL = 2, C_RETURN = 3, C_JUMP = 4,
+       C_COND = 5, C_FAR_CALL = 6, C_FAR_RETURN = 7, C_FAR_JUMP = 8,
+       C_PTWRITE = 9 };
+
+enum { F_BLOCK = 1, F_END_ON_CALL = 2, F_END_ON_JUMP = 4, F_BDM70 = 8 };
+
+/* events (the subset) */
+enum { EV_ENABLED, EV_DISABLED, EV_EXEC_MODE, EV_CBR };
+
+struct event {
+    int type;
+    int su;             /* status update */
+    int ip_supp;
+    uint64_t ip;
+    int mode;
+};
+
+struct run {
+    uint64_t ip, last_ip, lo, hi;
+    uint32_t ninsn;
+    uint8_t mode, size, iclass, indirect, special, used;
+    int64_t rel;
+};
+
+struct edge {
+    uint64_t from, to, n;
+};
+
+#define MAXEV 64
+#define RS_CAP 64
+
+struct dec {
+    const uint8_t *buf;
+    ptrdiff_t end;
+    unsigned pflags, flags;
+    jmp_buf bail;
+    const char *reason;
+    PyObject *fill;
+
+    /* packet cursor */
+    ptrdiff_t pos, cpos;     /* cpos: position pkt/pr were decoded at */
+    struct pt_pkt pkt;
+    int pr;
+
+    /* query state */
+    uint64_t lip;
+    int have_ip, ip_supp, q_enabled;
+    uint64_t tnt_bits, tnt_idx;
+    int cur_mode;            /* -1: none */
+    int mode_exec_pending;
+    int tipq_mode;           /* exec_mode queued for the next TIP*: -1 none */
+    struct event psbq[MAXEV];
+    int psbq_n;
+    int st_pend, st_eos;     /* status flags of the last query */
+
+    /* insn state */
+    uint64_t ip;
+    int mode, enabled;
+    uint64_t rs[RS_CAP];
+    int rs_top, rs_n;
+    int dis_pending, dis_supp;
+    uint64_t dis_ip;
+
+    /* the events of the current batch */
+    struct event ev[MAXEV];
+    int ev_n, ev_i;
+
+    /* block cache */
+    struct run *runs;
+    size_t runs_cap, runs_n;
+
+    /* edges */
+    int want_edges;
+    struct edge *edges;
+    size_t edges_cap, edges_n;
+    int have_from;
+    uint64_t from;
+
+    uint64_t insns, blocks;
+};
+
+#define BAIL(d, why) do { (d)->reason = (why); longjmp((d)->bail, 1); } while (0)
+
+/* -- packets ------------------------------------------------------------- */
+
+static int peek(struct dec *d)
+{
+    if (d->cpos != d->pos) {
+        d->cpos = d->pos;
+        if (d->pos >= d->end)
+            d->pr = PT_EOS;
+        else
+            d->pr = pt_decode_at(d->buf, d->pos, d->end, d->pflags, &d->pkt);
+    }
+    if (d->pr == PT_EOS)
+        return -1;
+    if (d->pr < 0)
+        BAIL(d, "packet decode error");
+    return d->pkt.kind;
+}
+
+static void consume(struct dec *d)
+{
+    d->pos += d->pkt.size;
+}
+
+static void update_ip(struct dec *d, const struct pt_pkt *p)
+{
+    uint64_t ipc = p->f[0], ip = p->f[1];
+    switch (ipc) {
+    case 0: d->ip_supp = 1; return;
+    case 1: d->lip = (d->lip & ~(uint64_t)0xffff) | ip; break;
+    case 2: d->lip = (d->lip & ~(uint64_t)0xffffffff) | ip; break;
+    case 3: d->lip = (ip & ((uint64_t)1 << 47)) ? (ip | ~(uint64_t)0xffffffffffff)
+                                              : ip; break;
+    case 4: d->lip = (d->lip & ~(uint64_t)0xffffffffffff) | ip; break;
+    case 6: d->lip = ip; break;
+    default: BAIL(d, "bad ip compression");
+    }
+    d->have_ip = 1;
+    d->ip_supp = 0;
+}
+
+static int query_ip(struct dec *d, uint64_t *ip)
+{
+    if (!d->have_ip || d->ip_supp)
+        return 0;
+    *ip = d->lip;
+    return 1;
+}
+
+static int exec_mode_of(struct dec *d, const struct pt_pkt *p)
+{
+    /* f: csl, csd, iflag;  (csl, csd): (0,0) 16, (0,1) 32, (1,0) 64 */
+    int csl = p->f[0] & 1, csd = p->f[1] & 1;
+    if (csl && csd)
+        BAIL(d, "reserved exec mode");
+    return csl ? 2 : csd ? 1 : 0;
+}
+
+static int is_event_kind(int k)
+{
+    switch (k) {
+    case PT_K_TIP_PGE: case PT_K_TIP_PGD: case PT_K_OVF: case PT_K_PIP:
+    case PT_K_STOP: case PT_K_VMCS: case PT_K_MNT: case PT_K_EXSTOP:
+    case PT_K_MWAIT: case PT_K_PWRE: case PT_K_PWRX: case PT_K_PTW:
+    case PT_K_CBR: case PT_K_CFE: case PT_K_EVD: case PT_K_TRIG:
+        return 1;
+    }
+    return 0;
+}
+
+/* _will_event for the packet at pos (-1: end of trace) */
+static int will_event(struct dec *d, int k)
+{
+    if (k < 0)
+        return 0;
+    if (is_event_kind(k))
+        return 1;
+    if (k == PT_K_PSBEND)
+        return d->psbq_n > 0;
+    if (k == PT_K_TIP)
+        return d->tipq_mode >= 0;
+    if (k == PT_K_FUP)
+        BAIL(d, "FUP outside PSB+");
+    return 0;
+}
+
+static void set_flags(struct dec *d)
+{
+    d->st_pend = d->st_eos = 0;
+    if (d->tnt_idx)
+        return;
+    int k = peek(d);
+    if (k < 0)
+        d->st_eos = 1;
+    else
+        d->st_pend = will_event(d, k);
+}
+
+static int bdm70(struct dec *d, ptrdiff_t pos)
+{
+    struct pt_pkt p;
+    for (;;) {
+        if (pos >= d->end)
+            return 0;
+        int r = pt_decode_at(d->buf, pos, d->end, d->pflags, &p);
+        if (r < 0)
+            return 0;
+        switch (p.kind) {
+        case PT_K_TIP_PGE:
+            return 1;
+        case PT_K_PAD: case PT_K_TSC: case PT_K_CBR: case PT_K_PSBEND:
+        case PT_K_PIP: case PT_K_MODE_EXEC: case PT_K_MODE_TSX:
+        case PT_K_VMCS: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
+        case PT_K_MNT:
+            break;
+        default:
+            return 0;
+        }
+        pos += p.size;
+    }
+}
+
+/* PSB+: pos at the PSB; leaves pos at the PSBEND with its events queued. */
+static void psb_header(struct dec *d)
+{
+    if (d->psbq_n || d->tipq_mode >= 0)
+        BAIL(d, "PSB with events pending");
+    if (peek(d) != PT_K_PSB)
+        BAIL(d, "no PSB");
+    consume(d);
+    d->lip = 0;
+    d->have_ip = d->ip_supp = 0;
+    d->q_enabled = 0;
+    d->psbq_n = 1;           /* the enabled/disabled status, filled in below */
+    for (;;) {
+        int k = peek(d);
+        if (k < 0)
+            BAIL(d, "end of trace in PSB+");
+        if (k == PT_K_PSBEND)
+            break;
+        struct pt_pkt *p = &d->pkt;
+        struct event *ev;
+        switch (k) {
+        case PT_K_PAD: case PT_K_TSC:
+            break;
+        case PT_K_FUP: {
+            int enabled = p->f[0] != 0;
+            if (enabled && (d->flags & F_BDM70) && bdm70(d, d->pos + p->size))
+                enabled = 0;
+            d->q_enabled = enabled;
+            if (enabled)
+                update_ip(d, p);
+            break;
+        }
+        case PT_K_MODE_EXEC:
+            if (d->psbq_n >= MAXEV)
+                BAIL(d, "too many PSB+ events");
+            d->cur_mode = exec_mode_of(d, p);
+            ev = &d->psbq[d->psbq_n++];
+            memset(ev, 0, sizeof *ev);
+            ev->type = EV_EXEC_MODE;
+            ev->su = 1;
+            ev->mode = d->cur_mode;
+            break;
+        case PT_K_CBR:
+            if (!p->f[0])
+                BAIL(d, "CBR 0");
+            if (d->psbq_n >= MAXEV)
+                BAIL(d, "too many PSB+ events");
+            ev = &d->psbq[d->psbq_n++];
+            memset(ev, 0, sizeof *ev);
+            ev->type = EV_CBR;
+            ev->su = 1;
+            break;
+        default:
+            BAIL(d, "unsupported packet in PSB+");
+        }
+        consume(d);
+    }
+    struct event *first = &d->psbq[0];
+    memset(first, 0, sizeof *first);
+    first->su = 1;
+    first->type = d->q_enabled ? EV_ENABLED : EV_DISABLED;
+    first->ip_supp = !d->q_enabled;
+}
+
+/* Decode status packets up to the next branch or event packet. */
+static void read_ahead(struct dec *d)
+{
+    for (;;) {
+        int k = peek(d);
+        if (k < 0)
+            return;
+        switch (k) {
+        case PT_K_TIP: case PT_K_TNT8: case PT_K_TNT64:
+            return;
+        case PT_K_PAD: case PT_K_TSC:
+            consume(d);
+            continue;
+        case PT_K_PSB:
+            psb_header(d);
+            continue;
+        case PT_K_MODE_EXEC: {
+            int mode = exec_mode_of(d, &d->pkt);
+            if (mode != d->cur_mode) {
+                if (d->tipq_mode >= 0)
+                    BAIL(d, "two exec modes queued");
+                d->tipq_mode = mode;
+                d->cur_mode = mode;
+            }
+            d->mode_exec_pending = 1;
+            consume(d);
+            continue;
+        }
+        default:
+            if (will_event(d, k))
+                return;
+            BAIL(d, "unsupported packet");
+        }
+    }
+}
+
+static void tnt_fill(struct dec *d)
+{
+    uint64_t n = d->pkt.f[0];
+    if (d->tnt_idx)
+        BAIL(d, "TNT cache not empty");
+    d->tnt_bits = d->pkt.f[1];
+    d->tnt_idx = n ? (uint64_t)1 << (n - 1) : 0;
+}
+
+/* 1 taken, 0 not taken, -1 no TNT here (next is a TIP or an event) */
+static int cond_branch(struct dec *d)
+{
+    if (!d->tnt_idx) {
+        int k = peek(d);
+        if (k < 0)
+            BAIL(d, "end of trace at a conditional branch");
+        if (will_event(d, k) || k == PT_K_TIP)
+            return -1;
+        if (k != PT_K_TNT8 && k != PT_K_TNT64)
+            BAIL(d, "unexpected packet");
+        tnt_fill(d);
+        consume(d);
+        read_ahead(d);
+        if (!d->tnt_idx)
+            BAIL(d, "empty TNT");
+    }
+    int taken = (d->tnt_bits & d->tnt_idx) != 0;
+    d->tnt_idx >>= 1;
+    set_flags(d);
+    return taken;
+}
+
+static uint64_t indirect_branch(struct dec *d)
+{
+    for (;;) {
+        int k = peek(d);
+        if (k < 0)
+            BAIL(d, "end of trace at an indirect branch");
+        if (will_event(d, k))
+            BAIL(d, "event at an indirect branch");
+        if (k == PT_K_TNT8 || k == PT_K_TNT64) {
+            if (d->tnt_idx)
+                BAIL(d, "TNT at an indirect branch");
+            tnt_fill(d);
+            consume(d);
+            read_ahead(d);
+            continue;
+        }
+        if (k != PT_K_TIP)
+            BAIL(d, "unexpected packet");
+        d->mode_exec_pending = 0;
+        update_ip(d, &d->pkt);
+        consume(d);
+        uint64_t target;
+        if (!query_ip(d, &target))
+            BAIL(d, "suppressed TIP");
+        read_ahead(d);
+        set_flags(d);
+        return target;
+    }
+}
+
+/* The events of the event packet at pos (status said one is pending). */
+static void fetch_batch(struct dec *d)
+{
+    int k = peek(d);
+    struct event *ev = d->ev;
+    d->ev_n = d->ev_i = 0;
+    struct pt_pkt *p = &d->pkt;
+    uint64_t ip;
+    switch (k) {
+    case PT_K_TIP_PGE:
+        d->mode_exec_pending = 0;
+        update_ip(d, p);
+        if (!query_ip(d, &ip))
+            BAIL(d, "TIP.PGE without IP");
+        memset(ev, 0, sizeof *ev);
+        ev->type = EV_ENABLED;
+        ev->ip = ip;
+        d->ev_n = 1;
+        if (d->tipq_mode >= 0) {
+            memset(ev + 1, 0, sizeof *ev);
+            ev[1].type = EV_EXEC_MODE;
+            ev[1].ip = ip;
+            ev[1].mode = d->tipq_mode;
+            d->tipq_mode = -1;
+            d->ev_n = 2;
+        }
+        d->tnt_idx = 0;
+        d->q_enabled = 1;
+        break;
+    case PT_K_TIP_PGD:
+        d->mode_exec_pending = 0;
+        update_ip(d, p);
+        if (d->tipq_mode >= 0)
+            BAIL(d, "exec mode bound to TIP.PGD");
+        memset(ev, 0, sizeof *ev);
+        ev->type = EV_DISABLED;
+        ev->ip_supp = !query_ip(d, &ev->ip);
+        d->ev_n = 1;
+        d->q_enabled = 0;
+        break;
+    case PT_K_CBR:
+        if (!p->f[0])
+            BAIL(d, "CBR 0");
+        memset(ev, 0, sizeof *ev);
+        ev->type = EV_CBR;
+        d->ev_n = 1;
+        break;
+    case PT_K_PSBEND:
+        if (!d->psbq_n)
+            BAIL(d, "internal: PSBEND without events");
+        memcpy(ev, d->psbq, d->psbq_n * sizeof *ev);
+        d->ev_n = d->psbq_n;
+        d->psbq_n = 0;
+        /* finish_psbend_event: enabled/exec_mode get the header's IP */
+        for (int i = 0; i < d->ev_n; i++)
+            if (ev[i].type == EV_ENABLED || ev[i].type == EV_EXEC_MODE) {
+                ev[i].ip_supp = !query_ip(d, &ev[i].ip);
+            }
+        break;
+    default:
+        BAIL(d, "unsupported event");
+    }
+    consume(d);
+    read_ahead(d);
+    set_flags(d);
+}
+
+/* _check_ip_event: does the current event apply now?  (The port handles
+ * only events that do; a disable waits for its instruction.) */
+static int binds_now(struct dec *d, const struct event *ev)
+{
+    switch (ev->type) {
+    case EV_DISABLED:
+        return ev->su;
+    case EV_EXEC_MODE:
+        if (!ev->ip_supp && ev->ip != d->ip)
+            BAIL(d, "exec mode event at another IP");
+        return 1;
+    default:
+        return 1;
+    }
+}
+
+static void process(struct dec *d, const struct event *ev)
+{
+    switch (ev->type) {
+    case EV_ENABLED:
+        if (ev->su) {
+            if (!d->enabled)
+                BAIL(d, "bad status update (enabled)");
+            return;
+        }
+        if (d->enabled)
+            BAIL(d, "enabled while enabled");
+        d->ip = ev->ip;
+        d->enabled = 1;
+        return;
+    case EV_DISABLED:
+        if (ev->su) {
+            if (d->enabled)
+                BAIL(d, "bad status update (disabled)");
+            return;
+        }
+        if (!d->enabled)
+            BAIL(d, "disabled while disabled");
+        d->enabled = 0;
+        return;
+    case EV_EXEC_MODE:
+        if (ev->su && d->enabled && d->mode >= 0 && d->mode != ev->mode)
+            BAIL(d, "bad status update (exec mode)");
+        d->mode = ev->mode;
+        return;
+    default:
+        return;
+    }
+}
+
+/* Process events from the current batch on (the first one is known to
+ * bind now), fetching more batches while the status says so.  A disable
+ * that waits for its instruction stops the drain. */
+static void drain(struct dec *d)
+{
+    for (;;) {
+        while (d->ev_i < d->ev_n) {
+            struct event *ev = &d->ev[d->ev_i];
+            if (!binds_now(d, ev)) {
+                if (ev->type != EV_DISABLED || d->ev_i + 1 != d->ev_n)
+                    BAIL(d, "internal: unbound event");
+                d->dis_pending = 1;
+                d->dis_supp = ev->ip_supp;
+                d->dis_ip = ev->ip;
+                d->ev_i++;
+                return;
+            }
+            process(d, ev);
+            d->ev_i++;
+        }
+        if (!d->st_pend)
+            return;
+        fetch_batch(d);
+    }
+}
+
+/* -- block cache ------------------------------------------------------------ */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static void runs_grow(struct dec *d);
+
+static struct run *lookup(struct dec *d, uint64_t ip, int mode)
+{
+    if (mode < 0)
+        BAIL(d, "unknown exec mode");
+    size_t mask = d->runs_cap - 1;
+    size_t i = mix(ip * 4 + mode) & mask;
+    for (;;) {
+        struct run *r = &d->runs[i];
+        if (!r->used)
+            break;
+        if (r->ip == ip && r->mode == mode)
+            return r;
+        i = (i + 1) & mask;
+    }
+    /* a miss: the Python twin decodes the run */
+    PyObject *t = PyObject_CallFunction(d->fill, "Ki", (unsigned long long)ip,
+                                        mode);
+    if (!t)
+        BAIL(d, NULL);
+    if (t == Py_None) {
+        Py_DECREF(t);
+        BAIL(d, "instruction fetch/decode error");
+    }
+    unsigned long long n, last, lo, hi;
+    long long rel;
+    int size, iclass, indirect, special;
+    if (!PyArg_ParseTuple(t, "KKiiiLiKK", &n, &last, &size, &iclass, &indirect,
+                          &rel, &special, &lo, &hi)) {
+        Py_DECREF(t);
+        BAIL(d, NULL);
+    }
+    Py_DECREF(t);
+    if (2 * (d->runs_n + 1) > d->runs_cap) {
+        runs_grow(d);
+        return lookup(d, ip, mode);     /* n.b. refills: rare, cheap */
+    }
+    struct run *r = &d->runs[i];
+    r->used = 1;
+    r->ip = ip;
+    r->mode = (uint8_t)mode;
+    r->ninsn = (uint32_t)n;
+    r->last_ip = last;
+    r->size = (uint8_t)size;
+    r->iclass = (uint8_t)iclass;
+    r->indirect = (uint8_t)indirect;
+    r->special = (uint8_t)special;
+    r->rel = rel;
+    r->lo = lo;
+    r->hi = hi;
+    d->runs_n++;
+    return r;
+}
+
+static void runs_grow(struct dec *d)
+{
+    size_t cap = d->runs_cap * 2;
+    struct run *nr = calloc(cap, sizeof *nr);
+    if (!nr)
+        BAIL(d, "out of memory");
+    for (size_t j = 0; j < d->runs_cap; j++) {
+        struct run *r = &d->runs[j];
+        if (!r->used)
+            continue;
+        size_t i = mix(r->ip * 4 + r->mode) & (cap - 1);
+        while (nr[i].used)
+            i = (i + 1) & (cap - 1);
+        nr[i] = *r;
+    }
+    free(d->runs);
+    d->runs = nr;
+    d->runs_cap = cap;
+}
+
+/* -- edges --------------------------------------------------------------- */
+
+static void edges_grow(struct dec *d)
+{
+    size_t cap = d->edges_cap * 2;
+    struct edge *ne = calloc(cap, sizeof *ne);
+    if (!ne)
+        BAIL(d, "out of memory");
+    for (size_t j = 0; j < d->edges_cap; j++) {
+        struct edge *e = &d->edges[j];
+        if (!e->n)
+            continue;
+        size_t i = mix(e->from ^ mix(e->to)) & (cap - 1);
+        while (ne[i].n)
+            i = (i + 1) & (cap - 1);
+        ne[i] = *e;
+    }
+    free(d->edges);
+    d->edges = ne;
+    d->edges_cap = cap;
+}
+
+static void add_edge(struct dec *d, uint64_t from, uint64_t to)
+{
+    size_t mask = d->edges_cap - 1;
+    size_t i = mix(from ^ mix(to)) & mask;
+    for (;;) {
+        struct edge *e = &d->edges[i];
+        if (!e->n) {
+            e->from = from;
+            e->to = to;
+            e->n = 1;
+            if (2 * ++d->edges_n > d->edges_cap)
+                edges_grow(d);
+            return;
+        }
+        if (e->from == from && e->to == to) {
+            e->n++;
+            return;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/* -- the flow ------------------------------------------------------------- */
+
+static void rs_push(struct dec *d, uint64_t ip)
+{
+    d->rs_top = (d->rs_top + 1) % RS_CAP;
+    d->rs[d->rs_top] = ip;
+    if (d->rs_n < RS_CAP)
+        d->rs_n++;
+}
+
+static uint64_t rs_pop(struct dec *d)
+{
+    if (!d->rs_n)
+        BAIL(d, "return stack empty");
+    uint64_t ip = d->rs[d->rs_top];
+    d->rs_top = (d->rs_top + RS_CAP - 1) % RS_CAP;
+    d->rs_n--;
+    return ip;
+}
+
+static int is_branch(int c)
+{
+    return c != C_OTHER && c != C_PTWRITE;
+}
+
+/* _at_disabled_event for the run's last instruction (the others are plain
+ * OTHER instructions a disable never binds to). */
+static int disable_binds(struct dec *d, const struct run *r)
+{
+    int c = r->iclass;
+    if (d->dis_supp) {
+        if (r->special)
+            return 1;
+        if ((d->flags & F_BLOCK) && (r->indirect || c == C_COND))
+            return 1;
+        return 0;
+    }
+    if (c == C_OTHER || c == C_PTWRITE)
+        return 0;
+    if ((c == C_CALL || c == C_JUMP) && !r->indirect)
+        return r->last_ip + r->size + r->rel == d->dis_ip;
+    if (c == C_UNKNOWN)
+        BAIL(d, "bad instruction");
+    return 1;
+}
+
+static uint64_t next_ip_after(const struct run *r)
+{
+    int c = r->iclass;
+    uint64_t fall = r->last_ip + r->size;
+    if (c == C_OTHER || c == C_PTWRITE)
+        return fall;
+    if ((c == C_CALL || c == C_JUMP) && !r->indirect)
+        return fall + r->rel;
+    if (c == C_CALL || c == C_FAR_CALL)
+        return fall;
+    return 0;
+}
+
+/* One block (block mode) or one stretch of instructions up to the next
+ * event / end (insn mode: then "blocks" are not counted by the caller). */
+static void one_block(struct dec *d)
+{
+    uint64_t lo = 0, hi = 0;
+    int have_bounds = 0;
+    d->blocks++;
+    for (;;) {
+        struct run *r = lookup(d, d->ip, d->mode);
+        if (!have_bounds) {
+            lo = r->lo;
+            hi = r->hi;
+            have_bounds = 1;
+        }
+        if (d->have_from) {
+            add_edge(d, d->from, d->ip);
+            d->have_from = 0;
+        }
+        int c = r->iclass;
+        if (d->dis_pending && disable_binds(d, r)) {
+            d->insns += r->ninsn;
+            d->ip = next_ip_after(r);
+            if (d->want_edges && is_branch(c)) {
+                d->from = r->last_ip;
+                d->have_from = 1;
+            }
+            d->dis_pending = 0;
+            d->enabled = 0;
+            drain(d);       /* the events after the disable */
+            return;
+        }
+        d->insns += r->ninsn;
+        uint64_t fall = r->last_ip + r->size;
+        int queried = 0;
+        switch (c) {
+        case C_OTHER: case C_PTWRITE:
+            d->ip = fall;
+            break;
+        case C_COND:
+            if (d->dis_pending)
+                BAIL(d, "query with a disable pending");
+            queried = 1;
+            switch (cond_branch(d)) {
+            case 1: d->ip = fall + r->rel; break;
+            case 0: d->ip = fall; break;
+            default: BAIL(d, "conditional branch without TNT");
+            }
+            break;
+        case C_RETURN:
+            if (d->dis_pending)
+                BAIL(d, "query with a disable pending");
+            queried = 1;
+            {
+                int t = cond_branch(d);
+                if (t == 0)
+                    BAIL(d, "bad return compression");
+                if (t == 1) {
+                    d->ip = rs_pop(d);
+                    break;
+                }
+            }
+            if (!r->indirect)
+                d->ip = fall + r->rel;
+            else
+                d->ip = indirect_branch(d);
+            break;
+        case C_UNKNOWN:
+            BAIL(d, "bad instruction");
+        default:
+            if (c == C_CALL && (r->rel || r->indirect))
+                rs_push(d, fall);
+            if (!r->indirect) {
+                d->ip = fall + r->rel;
+            } else {
+                if (d->dis_pending)
+                    BAIL(d, "query with a disable pending");
+                queried = 1;
+                d->ip = indirect_branch(d);
+            }
+        }
+        if (d->want_edges && is_branch(c)) {
+            d->from = r->last_ip;
+            d->have_from = 1;
+        }
+        if (queried) {
+            if (d->st_pend) {
+                fetch_batch(d);
+                if (binds_now(d, &d->ev[0])) {
+                    drain(d);
+                    return;
+                }
+                /* a disable that waits for its instruction */
+                if (d->ev_n != 1)
+                    BAIL(d, "internal: unbound event");
+                d->dis_pending = 1;
+                d->dis_supp = d->ev[0].ip_supp;
+                d->dis_ip = d->ev[0].ip;
+                d->ev_i = 1;
+            } else if (d->st_eos) {
+                return;
+            }
+        }
+        if (is_branch(c) || c == C_PTWRITE) {
+            if (c == C_CALL && !r->indirect) {
+                if (d->flags & F_END_ON_CALL)
+                    return;
+            } else if (c == C_JUMP && !r->indirect) {
+                if (d->flags & F_END_ON_JUMP)
+                    return;
+            } else {
+                return;
+            }
+        }
+        if (!(lo <= d->ip && d->ip < hi))
+            return;
+    }
+}
+
+static void run_all(struct dec *d)
+{
+    ptrdiff_t psb = pt_find_psb(d->buf, d->end, 0);
+    if (psb < 0)
+        return;
+    d->pos = psb;
+    psb_header(d);
+    uint64_t ip;
+    if (query_ip(d, &ip)) {
+        d->ip = ip;
+        d->enabled = 1;
+    }
+    read_ahead(d);
+    set_flags(d);
+    if (!d->st_pend)
+        BAIL(d, "internal: no PSB+ events");
+    fetch_batch(d);
+    if (!binds_now(d, &d->ev[0]))
+        BAIL(d, "internal: PSB+ event does not bind");
+    drain(d);
+    for (;;) {
+        /* the session loop: events are drained; end, or the next block */
+        if (d->st_eos && !d->dis_pending && d->ev_i >= d->ev_n)
+            return;
+        if (!d->enabled)
+            BAIL(d, "no tracing enabled and no event");
+        one_block(d);
+    }
+}
+
+/* -- Python boundary ---------------------------------------------------- */
+
+static PyObject *py_decode(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *fill;
+    unsigned int flags, pflags;
+    int want_edges;
+    if (!PyArg_ParseTuple(args, "y*OIIp", &view, &fill, &flags, &pflags,
+                          &want_edges))
+        return NULL;
+    struct dec *d = calloc(1, sizeof *d);
+    if (!d) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    d->buf = view.buf;
+    d->end = view.len;
+    d->flags = flags;
+    d->pflags = pflags;
+    d->fill = fill;
+    d->cpos = -1;
+    d->cur_mode = -1;
+    d->tipq_mode = -1;
+    d->mode = -1;
+    d->want_edges = want_edges;
+    d->runs_cap = 1024;
+    d->runs = calloc(d->runs_cap, sizeof *d->runs);
+    d->edges_cap = 1024;
+    d->edges = calloc(d->edges_cap, sizeof *d->edges);
+    PyObject *result = NULL;
+    if (!d->runs || !d->edges) {
+        PyErr_NoMemory();
+    } else if (setjmp(d->bail)) {
+        if (d->reason)
+            result = Py_BuildValue("(sKKO)", d->reason, 0ULL, 0ULL, Py_None);
+        /* else: a Python exception from fill is set */
+    } else {
+        run_all(d);
+        PyObject *edges = Py_None;
+        Py_INCREF(edges);
+        if (want_edges) {
+            Py_DECREF(edges);
+            edges = PyDict_New();
+            for (size_t i = 0; edges && i < d->edges_cap; i++) {
+                struct edge *e = &d->edges[i];
+                if (!e->n)
+                    continue;
+                PyObject *k = Py_BuildValue("(KK)", (unsigned long long)e->from,
+                                            (unsigned long long)e->to);
+                PyObject *v = PyLong_FromUnsignedLongLong(e->n);
+                if (!k || !v || PyDict_SetItem(edges, k, v) < 0) {
+                    Py_XDECREF(k);
+                    Py_XDECREF(v);
+                    Py_CLEAR(edges);
+                    break;
+                }
+                Py_DECREF(k);
+                Py_DECREF(v);
+            }
+        }
+        if (edges) {
+            result = Py_BuildValue("(OKKN)", Py_None,
+                                   (unsigned long long)d->insns,
+                                   (unsigned long long)d->blocks, edges);
+        }
+    }
+    free(d->runs);
+    free(d->edges);
+    free(d);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", py_decode, METH_VARARGS,
+     "decode(data, fill, flags, pkt_flags, want_edges) -> "
+     "(bail_reason|None, insns, blocks, edges|None)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_flow",
+                                    "hwtrace's compiled flow core", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__c_flow(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", ABI_VERSION) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE_SHA256",
+                                   HWTRACE_SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
