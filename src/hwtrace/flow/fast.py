@@ -182,6 +182,18 @@ def compiled_count(data, image, config=None, decoder="block",
     return Counts(r[1], r[2] if decoder == "block" else 0, 0, True)
 
 
+def count_into(sink, data, image, config, block: bool) -> bool:
+    """For ``hwtrace decode --quiet --stat``: if the compiled core decodes
+    the trace, add its counts to ``sink`` (a sinks.CountSink) and return
+    True; else False (the caller runs the Python decoder)."""
+    c = compiled_count(data, image, config, "block" if block else "insn")
+    if c is None:
+        return False
+    sink.insns += c.insns
+    sink.blocks += c.blocks
+    return True
+
+
 def count(data, image, config=None, decoder="block", impl=None) -> Counts:
     """Instructions (and blocks) ``hwtrace decode --quiet --stat`` counts."""
     if impl != "python":
