@@ -288,6 +288,11 @@ def _argv_of(args) -> list[str]:
     return argv
 
 
+def _fast():
+    from hwtrace.flow import fast
+    return fast
+
+
 def _run_one(args) -> int:
     from hwtrace.flow import session, sinks
     from hwtrace.flow.block import BlockDecoder
@@ -314,7 +319,11 @@ def _run_one(args) -> int:
                                show_blocks=args.show_blocks,
                                block_ids=stats)
     if True:
-        if use_block:
+        if stats and args.quiet and args.format == "text" and \
+                not args.show_blocks and \
+                _fast().count_into(sink, data, image, cfg, use_block):
+            pass        # counted by the compiled flow core (flow/fast.py)
+        elif use_block:
             dec = BlockDecoder(data, image, cfg)
             session.run_blocks(dec, sink, resync=args.resync)
         else:
