@@ -38,7 +38,8 @@ from .fetch import FetchError, FlowInsn, InsnCache
 from .query import QueryDecoder
 from .retstack import RetStack
 from .events import Event
-from .status import EOS, EVENT_PENDING, IP_SUPPRESSED
+from .status import DEFERRED, EOS, EVENT_PENDING, IP_SUPPRESSED
+from . import evtpos
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
 BDM64_MAX_STEPS = 0x100
@@ -50,6 +51,7 @@ _RETURN = int(IClass.RETURN)
 _JUMP = int(IClass.JUMP)
 _COND = int(IClass.COND_JUMP)
 _UNKNOWN = int(IClass.UNKNOWN)
+_SLOW = EVENT_PENDING | DEFERRED
 
 # Events whose IP comes from the trace: TRIG's instruction count restarts.
 _IP_REFERENCE = frozenset(("enabled", "async_branch", "overflow", "tsx",
@@ -113,6 +115,7 @@ class InsnDecoder:
         self.retstack.clear()
         self.cr3 = None
         self.vmcs = None
+        self.ev_offset = 0          # libipt 2.3's offset with self.ev
 
     @property
     def offset(self) -> int:
@@ -127,8 +130,22 @@ class InsnDecoder:
         self.cache = InsnCache(image)
 
     def _error(self, code: str, ip: int | None = None, insn=None) -> DecodeError:
-        return DecodeError(code, self.query.offset,
+        return DecodeError(code, self.error_offset(),
                            self.ip if ip is None else ip, insn)
+
+    def error_offset(self) -> int:
+        """The trace offset libipt 2.3 reports now: where its event decoder
+        stands with the event it holds (fetched ahead), see :mod:`.evtpos`."""
+        q = self.query
+        if self.process_event:
+            return self.ev_offset
+        if q.tnt.index:
+            return q.tnt_evt_pos
+        return evtpos.lookahead(q)
+
+    def _deferred(self) -> DecodeError:
+        d = self.query.deferred
+        return DecodeError(d.code, d.offset, self.ip)
 
     # -- status --------------------------------------------------------------
     def _status(self, flags: int) -> int:
@@ -147,6 +164,7 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
+        self.ev_offset = self.query.event_offset
         self.last_tsc = self.ev.tsc
         self.process_event = True
         return True
@@ -434,7 +452,7 @@ class InsnDecoder:
         # Fast path: tracing on, nothing pending, an already decoded
         # instruction that needs no trace.  Everything else: _next().
         if self.process_event or self.resyncing or not self.enabled or \
-                self.status & EVENT_PENDING:
+                self.status & _SLOW:
             return self._next()
         table = self.cache.tables.get(self.mode)
         if table is None:
@@ -451,6 +469,9 @@ class InsnDecoder:
         return (EOS if self.status & EOS else 0), insn
 
     def _next(self):
+        if self.status & DEFERRED and not self.process_event and \
+                not self.status & EVENT_PENDING:
+            return self._deferred()
         if self.resyncing:
             r = self.resync()
             if r.__class__ is DecodeError:
@@ -590,6 +611,13 @@ class InsnDecoder:
 
         Returns a status like :meth:`sync_forward` or a DecodeError; events
         without an IP met on the way are left pending for the user."""
+        if self.query.deferred is not None:
+            return self._deferred()
+        if self.process_event and self.ev.status_update and \
+                self.query.last_psb is not None:
+            # libipt 2.3 holds an event of a PSB+ met on the way: it
+            # starts over at that PSB, delivering its status again.
+            return self.sync_set(self.query.last_psb)
         self._clear_postponed()
         self.resyncing = False
         try:

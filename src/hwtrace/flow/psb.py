@@ -23,6 +23,7 @@ def read_psb_header(q):
     q.ip = 0
     q.have_ip = False
     q.ip_suppressed = False
+    was_enabled = q.enabled
     q.enabled = False
     # The enabled/disabled status comes first; filled in at the end.
     first = evq.enqueue(BIND_PSBEND, Event("disabled", status_update=True))
@@ -49,6 +50,11 @@ def read_psb_header(q):
             if enabled:
                 q._update_ip(nxt)
         elif t == "mode.exec":
+            # libipt 2.3 checks a PSB+ inside tracing against the
+            # execution mode it knows.
+            if was_enabled and q.enabled and q.cur_mode is not None and \
+                    _exec_mode(nxt) != q.cur_mode:
+                raise _fail(E.BAD_STATUS_UPDATE)
             q.cur_mode = _exec_mode(nxt)
             q.cur_if = bool(nxt.iflag)
             evq.enqueue(BIND_PSBEND, Event(

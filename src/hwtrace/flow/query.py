@@ -30,11 +30,11 @@ from hwtrace.pt.cpu import Errata as PacketErrata
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
-from . import evtrace, overflow, psb
+from . import evtpos, evtrace, overflow, psb
 from .config import FlowConfig
 from .events import (BIND_EXSTOP, BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
                      EventQueue)
-from .status import EOS, EVENT_PENDING
+from .status import DEFERRED, EOS, EVENT_PENDING
 from .timing import FlowTime, TimeError
 from .tnt import TntCache
 
@@ -97,6 +97,13 @@ class QueryDecoder:
         self.cur_mode = None
         self.cur_if = None
         self.mode_exec_pending = False
+        # libipt 2.3's offsets (see .evtpos): after the TNT packet whose
+        # bits are in use, after the last published event; the last PSB;
+        # an error found reading ahead, reported at the next query.
+        self.tnt_evt_pos = 0
+        self.event_offset = 0
+        self.last_psb = None
+        self.deferred = None
 
     @property
     def offset(self) -> int:
@@ -249,7 +256,7 @@ class QueryDecoder:
         return isinstance(nxt, PtError) and nxt.code == E.EOS
 
     def _status_flags(self) -> int:
-        flags = 0
+        flags = 0 if self.deferred is None else DEFERRED
         if not self.tnt.index:
             if self._will_event():
                 flags |= EVENT_PENDING
@@ -304,11 +311,14 @@ class QueryDecoder:
 
     def _read_ahead_tolerant(self) -> None:
         """Read ahead after a successful query (running out of trace is
-        reported by the next query)."""
+        reported by the next query, an inconsistent PSB+ when the decoder
+        proceeds: :attr:`deferred`)."""
         try:
             self._read_ahead()
         except Fail as f:
-            if f.code != E.EOS:
+            if f.code == E.BAD_STATUS_UPDATE:
+                self.deferred = PtError(f.code, self.pos)
+            elif f.code != E.EOS:
                 raise
 
     # -- queries -------------------------------------------------------------
@@ -422,11 +432,14 @@ class QueryDecoder:
                 if (t == "tip" or t in _TNT) and not self._will_event():
                     raise Fail(E.BAD_QUERY)
                 self.published = None
+                start = self.pos
                 self._decode(nxt)
                 ev = self.published
                 if ev is not None:
                     if not ev.stamped:
                         self.stamp(ev)
+                    self.event_offset = evtpos.after_event(
+                        self, t, ev, start, nxt.size)
                     break
                 self._read_ahead()
             self.time.mark()
@@ -461,6 +474,7 @@ class QueryDecoder:
     def _dec_tnt(self, pkt) -> None:
         if not self.tnt.fill(pkt.payload, pkt.bit_size):
             raise Fail(E.BAD_CONTEXT)
+        self.tnt_evt_pos = evtpos.after_packet(self, self.pos, pkt.size)
         self._consume()
 
     def _dec_tip(self, pkt) -> None:
@@ -717,12 +731,14 @@ class QueryDecoder:
     # -- PSB+ ----------------------------------------------------------------
     def _decode_psb(self) -> None:
         start = self.pos
+        self.last_psb = start
         self._consume()
         try:
             self._read_psb_header()
-        except Fail:
-            self.pos = start
-            self._fetch()
+        except Fail as f:
+            if f.code != E.BAD_STATUS_UPDATE:   # 2.3 stops at the MODE.EXEC
+                self.pos = start
+                self._fetch()
             self.evq.clear(BIND_PSBEND)
             raise
 

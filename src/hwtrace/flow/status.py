@@ -6,3 +6,7 @@ was reached."""
 IP_SUPPRESSED = 1 << 0
 EVENT_PENDING = 1 << 1
 EOS = 1 << 2
+
+# Internal (never returned to users): an error found while reading ahead
+# waits for the decoder to proceed (libipt 2.3 reports it then).
+DEFERRED = 1 << 7
