@@ -36,6 +36,16 @@ def register(sub) -> None:
                         "its sideband, decoder parameters from its manifest)")
     p.add_argument("--stream", action="append", default=[], metavar="NAME",
                    help="with DIR: decode only this stream (repeatable)")
+    p.add_argument("--image-path", action="append", default=[], metavar="DIR",
+                   help="with DIR: also look for the mapped files here (by "
+                        "file name; repeatable)")
+    p.add_argument("--allow-outside", action="store_true",
+                   help="with DIR: use any file the sideband names on this "
+                        "machine, even without a matching build-id (trusted "
+                        "bundles only)")
+    p.add_argument("--merge-time", action="store_true",
+                   help="with DIR: print all streams' items merged by time "
+                        "stamp, each line tagged with its stream")
     p.add_argument("--pt", metavar="FILE[:FROM[-TO]]",
                    help="the Intel PT trace")
     p.add_argument("--raw", action=_ImageArg, dest="images",
@@ -86,6 +96,12 @@ def register(sub) -> None:
                    action="store_true")
     p.add_argument("--block:keep-tcal-on-ovf", dest="keep_tcal_block",
                    action="store_true")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="decode PSB segments on N processes (0: all "
+                        "cores); the output is the sequential one")
+    p.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
+                   help="decode PSB segments on this Dask cluster (trace "
+                        "and images at the same paths on its workers)")
     p.set_defaults(func=run, images=[], decoder=None)
 
 
@@ -146,11 +162,12 @@ def _config(args, out):
     return cfg
 
 
-def _image(args):
+def _image(args, image=None):
+    """The --raw/--elf/--pagedump images (loaded into ``image`` if given)."""
     from hwtrace.flow.image import Image, ImageError
     from hwtrace.flow.loaders import load_elf, load_pagedump, load_raw
 
-    image = Image()
+    image = Image() if image is None else image
     for kind, arg in args.images:
         try:
             if kind == "raw":
@@ -187,12 +204,13 @@ def _trace(arg: str) -> bytes:
 
 
 def _bundle_streams(args):
-    """(stream name, --pt path, extra argv) for each stream of a bundle."""
+    """(Bundle, [(StreamInfo, path)], extra argv: the manifest's decoder
+    parameters the command line didn't give) for the streams to decode."""
     from hwtrace.bundle import Bundle, BundleError
-    from hwtrace.cli.images import stream_args
 
     try:
-        b = Bundle(args.bundle)
+        b = Bundle(args.bundle, image_path=args.image_path,
+                   allow_outside=args.allow_outside)
         infos = {s.file: s for s in b.streams}
         streams = list(infos)
         if args.stream:
@@ -219,11 +237,7 @@ def _bundle_streams(args):
                      ("cpuid_0x15_ebx", "--cpuid-0x15.ebx")):
         if manifest.get(key) and getattr(args, _DEST[opt]) is None:
             extra += [opt, str(manifest[key])]
-    out = []
-    for name in streams:
-        out.append((name, str(paths[name]),
-                    stream_args(args.bundle, name) + extra))
-    return out
+    return b, [(infos[n], str(paths[n])) for n in streams], extra
 
 
 _DEST = {"--mtc-freq": "mtc_freq", "--nom-freq": "nom_freq",
@@ -234,15 +248,11 @@ def run(args) -> int:
     if args.bundle:
         if args.pt:
             raise CliError("decode: give either a bundle DIR or --pt")
-        parser = _parser_of(args)
-        for name, path, extra in _bundle_streams(args):
-            sub = parser.parse_args(_argv_of(args) + ["--pt", path] + extra)
-            if sub.format == "jsonl":
-                sys.stdout.write('{"stream":"%s"}\n' % name)
-            else:
-                sys.stdout.write(f"[stream {name}]\n")
-            _run_one(sub)
-        return 0
+        from hwtrace.cli._decode_bundle import run_bundle
+        return run_bundle(args)
+    if args.image_path or args.allow_outside or args.merge_time:
+        raise CliError("decode: --image-path, --allow-outside and "
+                       "--merge-time need a bundle DIR")
     return _run_one(args)
 
 
@@ -293,16 +303,20 @@ def _fast():
     return fast
 
 
-def _run_one(args) -> int:
+def _run_one(args, image=None, wrap=None, write=None) -> int:
+    """Decode ``args.pt``; ``image`` instead of the --raw/--elf images,
+    ``wrap(decoder)`` to drive the decoder through a wrapper (the bundle's
+    address-space switcher), ``write`` instead of stdout."""
     from hwtrace.flow import session, sinks
     from hwtrace.flow.block import BlockDecoder
     from hwtrace.flow.insn import InsnDecoder
 
     if not args.pt:
         raise CliError("decode: no trace: use --pt FILE or a bundle DIR")
-    write = sys.stdout.write
+    write = write or sys.stdout.write
     cfg = _config(args, write)
-    image = _image(args)
+    if image is None:
+        image = _image(args)
     data = _trace(args.pt)
 
     use_block = args.decoder != "insn"
@@ -319,16 +333,22 @@ def _run_one(args) -> int:
                                show_blocks=args.show_blocks,
                                block_ids=stats)
     if True:
-        if stats and args.quiet and args.format == "text" and \
-                not args.show_blocks and \
+        if (getattr(args, "jobs", 1) != 1 or getattr(args, "dask", None)) \
+                and not getattr(args, "bundle", None):
+            from hwtrace.flow import parallel
+            parallel.decode_args(args, cfg, sink, write, block=use_block)
+        elif wrap is None and stats and args.quiet and \
+                args.format == "text" and not args.show_blocks and \
                 _fast().count_into(sink, data, image, cfg, use_block):
             pass        # counted by the compiled flow core (flow/fast.py)
         elif use_block:
             dec = BlockDecoder(data, image, cfg)
-            session.run_blocks(dec, sink, resync=args.resync)
+            session.run_blocks(wrap(dec) if wrap else dec, sink,
+                               resync=args.resync)
         else:
             dec = InsnDecoder(data, image, cfg)
-            session.run_insn(dec, sink, resync=args.resync)
+            session.run_insn(wrap(dec) if wrap else dec, sink,
+                             resync=args.resync)
         if stats and args.format == "text":
             want_insn = args.stat_insn or not (args.stat_insn or
                                                args.stat_blocks)

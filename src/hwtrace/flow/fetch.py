@@ -2,8 +2,10 @@
 
 :class:`InsnCache` maps an IP to its decoded form (the x86 length/class
 record, the libipt-style instruction record, and whether it crossed a
-section boundary).  The flow decoders decode each address once; the cache
-is dropped when the image changes.
+section boundary).  The flow decoders decode each address once; the
+tables live with the image (``Image.decoded``), so switching a decoder
+between address spaces keeps every space's decodes, and they are dropped
+when that image changes (its ``generation``).
 
 An instruction whose bytes end at a section boundary is completed from
 the next section, if any, and marked ``truncated`` (libipt's term).
@@ -103,10 +105,23 @@ class InsnCache:
 
     def __init__(self, image):
         self.image = image
-        self._gen = getattr(image, "generation", 0)
-        # One table per execution mode: ip -> Decoded (hot-path lookups).
-        self.tables = {m: {} for m in MODE_BY_NAME}
+        # One table per execution mode: ip -> Decoded (hot-path lookups),
+        # kept by the image when it can hold them.
+        tables = getattr(image, "decoded", None)
+        if tables is None:
+            tables = {}
+        for m in MODE_BY_NAME:
+            tables.setdefault(m, {})
+        self.tables = tables
         self._decoders = {m: decoder_for(MODE_BY_NAME[m]) for m in MODE_BY_NAME}
+        self._check_generation()
+
+    def _check_generation(self) -> None:
+        image = self.image
+        gen = getattr(image, "generation", 0)
+        if gen != getattr(image, "decoded_generation", gen):
+            self.clear()
+            image.decoded_generation = gen
 
     def clear(self) -> None:
         for t in self.tables.values():
@@ -123,10 +138,7 @@ class InsnCache:
         if d is not None:
             return d
         image = self.image
-        gen = getattr(image, "generation", 0)
-        if gen != self._gen:
-            self.clear()
-            self._gen = gen
+        self._check_generation()
         m = image.find(ip)
         if m is None:
             raise FetchError(E.NOMAP)

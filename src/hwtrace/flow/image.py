@@ -101,6 +101,11 @@ class Image:
     _starts: list = field(default_factory=list)
     _next_isid: int = 1
     generation: int = 0
+    # Decoded instructions of this image (hwtrace.flow.fetch.InsnCache keeps
+    # them here, so a decoder that switches between images keeps each
+    # image's decodes; dropped when the generation changes).
+    decoded: dict = field(default_factory=dict)
+    decoded_generation: int = 0
 
     def add(self, section: Section, vaddr: int) -> int:
         """Map ``section`` at ``vaddr``, cutting what it overlaps.

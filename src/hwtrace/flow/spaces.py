@@ -1,0 +1,476 @@
+"""Address spaces: which process's code a trace runs at each point.
+
+A cpu-mode stream runs whatever the scheduler put on that CPU; a bundle's
+sideband says what that was (``Process`` records with their CR3, ``Mmap``
+records with the files each process mapped, ``Switch`` records per CPU
+with their time).  This module turns that into one lazily loaded
+:class:`~hwtrace.flow.image.Image` per address space and switches a flow
+decoder between them:
+
+* :class:`AddressSpaces` builds the spaces: one per process, and a new one
+  after an exec (a later ``Process`` record of the same pid with a new
+  CR3 or a new executable).  A fork child starts with its parent's
+  mappings as they were at the fork, then its own on top (a record that
+  repeats one it inherited changes nothing).  Mappings of pid -1 (the
+  kernel) are in every space.  Files are located by the caller's
+  ``resolve(file, build_id)`` (a bundle's trust rules); sections are read
+  on first use and shared between spaces that map the same bytes.
+* :class:`Timeline` says which space a stream runs at a time: for a CPU
+  stream the ``Switch`` records of that CPU, for a thread stream its
+  process's exec epochs.
+* :class:`SpaceSwitcher` wraps an instruction or block decoder (same
+  verbs) and, when the decoder reports a paging event (PIP: the new CR3)
+  selects that CR3's space; when tracing (re)starts (an enable, an
+  overflow with IP, a synchronization) it selects by time: the space the
+  timeline gives at the event's time stamp, or, when that space does not
+  map the IP, the next one in the timeline that does (time stamps from
+  TSC alone lag behind, so the true space is never an earlier one).
+  Switching sets the decoder's image; the decoded instructions stay with
+  each image (:class:`~hwtrace.flow.fetch.InsnCache`), so a switch costs
+  nothing and one space's code is never served for another's.
+
+No I/O besides reading image files (lazily); no printing: the switcher
+reports each switch through a callback.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from .image import Image, ImageError, Section
+
+_CR3_MASK = 0xFFFFFFFFFFFFFFE0      # PIP carries CR3[63:5]
+LOOKAHEAD = 64                      # timeline entries tried for an IP
+PEEK_PACKETS = 256                  # packets searched for the next time stamp
+_TIMING = frozenset(("tsc", "mtc", "cyc", "tma", "cbr"))
+
+
+@dataclass(frozen=True, slots=True)
+class MappedFile:
+    """Bytes ``[offset, offset+size)`` of local file ``path`` at ``start``."""
+    start: int
+    size: int
+    offset: int
+    path: str
+    file: str           # the name the sideband recorded
+
+
+@dataclass(eq=False)
+class AddressSpace:
+    """A process's address space from ``time`` on (until its next exec)."""
+
+    pid: int
+    cr3: int = 0
+    time: int = 0
+    comm: str = ""
+    exe: str = ""
+    ppid: int = 0
+    mappings: list = field(default_factory=list)
+    _image: Image | None = None
+    _sections: dict | None = None
+    _extra: tuple = ()
+
+    @property
+    def image(self) -> Image:
+        """The space's image, built on first use (sections load lazily)."""
+        if self._image is None:
+            self._image = _build_image(self, self._sections
+                                       if self._sections is not None else {})
+            for extend in self._extra:
+                extend(self._image)
+        return self._image
+
+    def maps(self, ip: int) -> bool:
+        return self.image.find(ip) is not None
+
+    @property
+    def label(self) -> str:
+        return f"{self.pid} ({self.comm})" if self.comm else str(self.pid)
+
+
+def _build_image(space: AddressSpace, sections: dict) -> Image:
+    image = Image(name=f"pid {space.pid}")
+    for m in space.mappings:
+        key = (m.path, m.offset, m.size)
+        sec = sections.get(key)
+        if sec is None:
+            try:
+                fsize = os.path.getsize(m.path)
+            except OSError:
+                continue
+            size = min(m.size, fsize - m.offset)
+            if size <= 0:
+                continue
+            try:
+                sec = Section.from_file(m.path, m.offset, size)
+            except ImageError:
+                continue
+            sections[key] = sec
+        # A shared section keeps the isid of the first image it joined.
+        image.add(sec, m.start)
+    return image
+
+
+class AddressSpaces:
+    """All address spaces of a sideband, located through ``resolve``.
+
+    ``resolve(file, build_id)`` returns a local path (str / PathLike) or
+    None; files it can't find are listed in :attr:`missing` as
+    ``(pid, file, build_id)`` and left out of the images.
+    """
+
+    def __init__(self, records: Iterable, resolve: Callable | None = None,
+                 extend: Callable | None = None):
+        from hwtrace.bundle import Mmap, Process, Switch, Thread
+        self.resolve = resolve or (lambda file, build_id: file)
+        # extend(image) adds to every space's image (e.g. --raw/--elf).
+        self._extra = (extend,) if extend is not None else ()
+        self.spaces: list[AddressSpace] = []
+        self.missing: list[tuple[int, str, str]] = []
+        self._by_pid: dict[int, list[AddressSpace]] = {}
+        self._by_cr3: dict[int, list[AddressSpace]] = {}
+        self._sections: dict = {}
+        self._resolved: dict = {}
+        self.switches: dict[int, list] = {}
+        self.thread_pid: dict[int, int] = {}
+        procs, mmaps = [], []
+        for r in records:
+            t = type(r)
+            if t is Process:
+                procs.append(r)
+            elif t is Mmap:
+                mmaps.append(r)
+            elif t is Switch:
+                self.switches.setdefault(r.cpu, []).append(r)
+            elif t is Thread:
+                self.thread_pid.setdefault(r.tid, r.pid)
+        for sw in self.switches.values():
+            sw.sort(key=lambda s: s.time)           # stable: file order on ties
+        self._build(procs, mmaps)
+
+    # -- construction ---------------------------------------------------------
+    def _new_space(self, pid, cr3=0, time=0, comm="", exe="", ppid=0):
+        s = AddressSpace(pid, cr3, time, comm, exe, ppid, [], None,
+                         self._sections, self._extra)
+        self.spaces.append(s)
+        self._by_pid.setdefault(pid, []).append(s)
+        return s
+
+    def _build(self, procs, mmaps) -> None:
+        procs = sorted(procs, key=lambda p: p.time)
+        for p in procs:
+            cur = self._by_pid.get(p.pid)
+            if cur:
+                last = cur[-1]
+                new_cr3 = p.cr3 and p.cr3 != last.cr3
+                new_exe = p.exe and p.exe != last.exe and (last.exe or last.mappings)
+                if not (new_cr3 or new_exe):
+                    if p.comm:
+                        last.comm = p.comm
+                    if p.exe and not last.exe:
+                        last.exe = p.exe
+                    continue
+            self._new_space(p.pid, p.cr3, p.time, p.comm, p.exe, p.ppid)
+        kernel = []
+        own: dict[int, list] = {}
+        for m in sorted(mmaps, key=lambda m: m.time):
+            if m.pid == -1:
+                kernel.append(m)
+                continue
+            sp = self.of_pid(m.pid, m.time)
+            if sp is None:
+                sp = self._new_space(m.pid, time=m.time)
+            own.setdefault(id(sp), []).append(m)
+        # (MappedFile or None, time it appeared) per space, in add order.
+        entries: dict[int, list] = {}
+
+        def fill(sp, depth=0):
+            if id(sp) in entries:
+                return entries[id(sp)]
+            out = entries[id(sp)] = [(self._mapped(sp.pid, m), m.time)
+                                     for m in kernel]
+            inherited = set()
+            first = self._by_pid[sp.pid][0] is sp
+            parent = self.of_pid(sp.ppid, sp.time) if first and sp.ppid else None
+            if parent is not None and parent is not sp and depth < 64:
+                for mf, t in fill(parent, depth + 1)[len(kernel):]:
+                    if t <= sp.time:
+                        out.append((mf, t))
+                        if mf is not None:
+                            inherited.add(mf)
+            for m in own.get(id(sp), ()):
+                mf = self._mapped(sp.pid, m)
+                if mf is not None and mf in inherited:
+                    continue        # listed again for the child: no change
+                out.append((mf, m.time))
+            sp.mappings = [mf for mf, _ in out if mf is not None]
+            return out
+
+        for sp in self.spaces:
+            fill(sp)
+        for sp in self.spaces:
+            if sp.cr3:
+                self._by_cr3.setdefault(sp.cr3 & _CR3_MASK, []).append(sp)
+
+    def _mapped(self, pid: int, m) -> MappedFile | None:
+        key = (m.file, m.build_id)
+        if key not in self._resolved:
+            path = self.resolve(m.file, m.build_id)
+            self._resolved[key] = None if path is None else os.fspath(path)
+        path = self._resolved[key]
+        if path is None:
+            if (pid, m.file, m.build_id) not in self.missing:
+                self.missing.append((pid, m.file, m.build_id))
+            return None
+        return MappedFile(m.start, m.size, m.offset, path, m.file)
+
+    # -- queries --------------------------------------------------------------
+    def of_pid(self, pid: int, time: int | None = None) -> AddressSpace | None:
+        """The space of ``pid`` at ``time`` (None: its latest)."""
+        lst = self._by_pid.get(pid)
+        if not lst:
+            return None
+        if time is None:
+            return lst[-1]
+        best = lst[0]
+        for s in lst:
+            if s.time <= time:
+                best = s
+        return best
+
+    def of_cr3(self, cr3: int, time: int | None = None) -> AddressSpace | None:
+        lst = self._by_cr3.get(cr3 & _CR3_MASK)
+        if not lst:
+            return None
+        if time is None:
+            return lst[-1]
+        best = lst[0]
+        for s in lst:
+            if s.time <= time:
+                best = s
+        return best
+
+    def union(self) -> AddressSpace:
+        """Every mapping of every space in one (what a decoder without
+        sideband switching would use); later spaces win overlaps."""
+        u = AddressSpace(-1, comm="all", _sections=self._sections,
+                         _extra=self._extra)
+        seen = set()
+        for s in self.spaces:
+            for mf in s.mappings:
+                if mf not in seen:
+                    seen.add(mf)
+                    u.mappings.append(mf)
+        return u
+
+    def missing_for(self, spaces) -> list[tuple[int, str, str]]:
+        pids = {s.pid for s in spaces if s is not None}
+        return [m for m in self.missing if m[0] in pids]
+
+    def cpu_timeline(self, cpu: int) -> "Timeline | None":
+        """Who ran on ``cpu`` when (None without switch records for it)."""
+        sw = self.switches.get(cpu)
+        if not sw:
+            return None
+        return Timeline([(s.time, self.of_pid(s.next_pid, s.time)
+                          if s.next_pid >= 0 else None) for s in sw])
+
+    def thread_timeline(self, pid: int) -> "Timeline | None":
+        lst = self._by_pid.get(pid)
+        if not lst:
+            return None
+        return Timeline([(s.time, s) for s in lst])
+
+
+class Timeline:
+    """``(time, space or None)`` in time order: from ``time`` on, ``space``
+    runs (None: nothing traced, e.g. the idle task)."""
+
+    def __init__(self, entries: list):
+        self.entries = list(entries)
+        self.times = [t for t, _ in self.entries]
+
+    def spaces(self) -> list:
+        out = []
+        for _, s in self.entries:
+            if s is not None and s not in out:
+                out.append(s)
+        return out
+
+    def index_at(self, time: int, before: int | None = None) -> int:
+        """The last entry whose time is <= ``time``, or, with ``before``
+        (a later bound), the last one whose time is < ``before`` (0 if
+        none)."""
+        if before is not None and before > time:
+            return max(bisect.bisect_left(self.times, before) - 1, 0)
+        return max(bisect.bisect_right(self.times, time) - 1, 0)
+
+    def choose(self, time: int | None, ip: int | None,
+               current: AddressSpace | None,
+               before: int | None = None) -> AddressSpace | None:
+        """The space running at ``time`` that maps ``ip``: the timeline's
+        entry at ``time`` if it maps ``ip`` (or ``ip`` is unknown), else
+        the first later entry that does; without a time, the current space
+        if it maps ``ip``, else the first entry from the current one on.
+
+        ``before``: the point in question lies in ``[time, before]`` (the
+        time stamps of the timing packets around it): a switch recorded
+        in that window, strictly before ``before``, already happened."""
+        ents = self.entries
+        if not ents:
+            return current
+        if time is None:
+            if current is not None and (ip is None or current.maps(ip)):
+                return current
+            k = 0
+            for i, (_, s) in enumerate(ents):
+                if s is current:
+                    k = i
+                    break
+        else:
+            k = self.index_at(time, before)
+        first = ents[k][1]
+        if ip is None:
+            return first if first is not None else current
+        for i in range(k, min(len(ents), k + LOOKAHEAD)):
+            s = ents[i][1]
+            if s is not None and s.maps(ip):
+                return s
+        return first if first is not None else current
+
+
+class SpaceSwitcher:
+    """A flow decoder (:class:`~hwtrace.flow.insn.InsnDecoder` or
+    :class:`~hwtrace.flow.block.BlockDecoder`) that runs each part of the
+    trace in the right address space.
+
+    ``spaces`` gives the CR3 lookup for paging events; ``timeline`` (may be
+    None) the time-based choice; ``initial`` the space to start in.
+    ``on_switch(space, offset)`` is called whenever the space changes.
+    """
+
+    def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
+                 initial: AddressSpace | None = None,
+                 on_switch: Callable | None = None):
+        self.dec = dec
+        self.flow = getattr(dec, "insn", dec)       # the InsnDecoder
+        self.spaces = spaces
+        self.timeline = timeline
+        self.on_switch = on_switch
+        self.space = None
+        self.saw_pip = False
+        self.switches = 0
+        self._peek = None
+        if initial is not None:
+            self._select(initial)
+
+    # -- the decoder's verbs ---------------------------------------------------
+    @property
+    def offset(self) -> int:
+        return self.dec.offset
+
+    @property
+    def sync_offset(self) -> int:
+        return self.dec.sync_offset
+
+    def next(self):
+        return self.dec.next()
+
+    def time(self):
+        return self.dec.time()
+
+    def sync_forward(self):
+        return self._after_sync(self.dec.sync_forward())
+
+    def sync_backward(self):
+        return self._after_sync(self.dec.sync_backward())
+
+    def sync_set(self, offset: int):
+        return self._after_sync(self.dec.sync_set(offset))
+
+    def resync(self):
+        return self._after_sync(self.dec.resync())
+
+    def event(self):
+        r = self.dec.event()
+        if r.__class__ is tuple:
+            ev = r[1]
+            t = ev.type
+            if t == "paging" or t == "async_paging":
+                self.saw_pip = True
+                sp = self.spaces.of_cr3(ev.cr3, self._now(ev)) \
+                    if self.spaces is not None else None
+                if sp is not None:
+                    self._select(sp)
+            elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
+                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip)
+        return r
+
+    # -- choosing ------------------------------------------------------------------
+    def _now(self, ev=None):
+        if ev is not None and ev.has_tsc:
+            return ev.tsc
+        tsc, _, _, have = self.dec.time()
+        return tsc if have else None
+
+    def _after_sync(self, r):
+        if r.__class__ is int and self.flow.enabled:
+            self._by_time(self._now(), self.flow.ip)
+        return r
+
+    def _by_time(self, time, ip) -> None:
+        tl = self.timeline
+        if tl is None or self.saw_pip:
+            return
+        before = None
+        if time is not None and len(tl.entries) > 1:
+            before = self._time_ahead()
+        sp = tl.choose(time, ip, self.space, before)
+        if sp is not None:
+            self._select(sp)
+
+    def _time_ahead(self) -> int | None:
+        """The time stamp at the next timing packet (TSC, MTC, CYC) after
+        the decoder's position: an upper bound for the time of what the
+        decoder is at now (time stamps only move at timing packets).
+        None if there is none close by."""
+        from hwtrace.pt.decoder import PacketDecoder
+        from hwtrace.pt.errors import PtError
+        from .timing import TimeError
+        q = getattr(self.flow, "query", None)
+        if q is None or q.pos is None:
+            return None
+        if self._peek is None:
+            self._peek = PacketDecoder(q._pkt.buffer)
+        pk = self._peek
+        t = copy.deepcopy(q.time)
+        if pk.sync_set(q.pos).__class__ is PtError:
+            return None
+        try:
+            for _ in range(PEEK_PACKETS):
+                p = pk.next()
+                if p.__class__ is PtError:
+                    return None
+                typ = p.type
+                if typ in _TIMING:
+                    t.update(p)
+                    if typ != "tma" and typ != "cbr":
+                        return t.time.tsc if t.time.have_tsc else None
+                elif typ == "psb" or typ == "ovf":
+                    return None
+        except (TimeError, AttributeError):
+            return None
+        return None
+
+    def _select(self, space: AddressSpace) -> None:
+        if space is self.space:
+            return
+        self.space = space
+        self.switches += 1
+        self.flow.set_image(space.image)
+        if self.on_switch is not None:
+            self.on_switch(space, self.dec.offset)
