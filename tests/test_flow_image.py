@@ -131,3 +131,160 @@ def test_page_dump(tmp_path):
     pages.write_bytes(b"\xaa" * 4096)
     with pytest.raises(ImageError):
         load_pagedump(Image(), str(addrs), str(pages))
+
+
+# -- per-process address spaces (hwtrace.flow.spaces) ---------------------------
+
+from hwtrace.bundle import Mmap, Process, Switch, Thread  # noqa: E402
+from hwtrace.flow.spaces import AddressSpaces, SpaceSwitcher, Timeline  # noqa: E402
+
+
+def _files(tmp_path, **contents):
+    out = {}
+    for name, data in contents.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        out[name] = str(p)
+    return out
+
+
+def test_decode_tables_live_with_the_image():
+    """Two images with different code at the same address: a decoder
+    switched between them decodes each image's bytes, and switching back
+    finds the earlier decodes still there (nothing decoded twice)."""
+    from hwtrace.flow.fetch import InsnCache
+    a, b = Image(), Image()
+    a.add_bytes(b"\x90\xc3", 0x1000)            # nop; ret
+    b.add_bytes(b"\xff\xe0", 0x1000)            # jmp rax
+    ca = InsnCache(a)
+    assert ca.decode(0x1000, "64bit").insn.size == 1
+    cb = InsnCache(b)
+    assert cb.decode(0x1000, "64bit").insn.size == 2
+    again = InsnCache(a)
+    assert 0x1000 in again.tables["64bit"]
+    assert again.decode(0x1000, "64bit") is ca.decode(0x1000, "64bit")
+    a.add_bytes(b"\xcc", 0x1000)                # the image changed: redecode
+    assert InsnCache(a).decode(0x1000, "64bit").insn.size == 1
+    assert a.decoded["64bit"][0x1000].x86.size == 1
+    assert 0x1001 not in a.decoded["64bit"]
+
+
+def test_fork_child_inherits_then_its_own_mappings_win(tmp_path):
+    """A fork child starts with its parent's mappings and its own go on top,
+    even when a recorder lists the inherited ones again after the child's
+    own (as the emulated engine does); pid -1 (kernel) is in every space."""
+    f = _files(tmp_path, exe=b"E" * 64, a=b"A" * 32, b=b"B" * 32, k=b"K" * 16)
+    recs = [Process(pid=10, cr3=0x1000, comm="p", time=5),
+            Process(pid=11, cr3=0x2000, comm="c", ppid=10, time=5),
+            Thread(tid=11, pid=11, time=5),
+            Mmap(pid=10, start=0x400000, size=64, offset=0, file=f["exe"], time=5),
+            Mmap(pid=10, start=0x500000, size=32, offset=0, file=f["a"], time=5),
+            Mmap(pid=11, start=0x500000, size=32, offset=0, file=f["b"], time=5),
+            Mmap(pid=11, start=0x400000, size=64, offset=0, file=f["exe"], time=5),
+            Mmap(pid=11, start=0x500000, size=32, offset=0, file=f["a"], time=5),
+            Mmap(pid=-1, start=0xffff0000, size=16, offset=0, file=f["k"], time=0)]
+    sp = AddressSpaces(recs)
+    p, c = sp.of_pid(10), sp.of_pid(11)
+    assert p.image.read(0x500000, 2) == b"AA" and c.image.read(0x500000, 2) == b"BB"
+    assert p.image.read(0x400000, 1) == c.image.read(0x400000, 1) == b"E"
+    assert p.image.read(0xffff0000, 1) == c.image.read(0xffff0000, 1) == b"K"
+    assert sp.of_cr3(0x2000) is c and sp.of_cr3(0x2000 | 0x18) is c
+    assert sp.of_cr3(0x3000) is None
+    assert sp.thread_pid == {11: 11}
+    # the sections of files both map are read once
+    assert p.image.find(0x400000).section is c.image.find(0x400000).section
+    assert sp.missing == []
+
+
+def test_exec_starts_a_new_space_and_missing_files_are_listed(tmp_path):
+    f = _files(tmp_path, one=b"1" * 16, two=b"2" * 16)
+    recs = [Process(pid=7, cr3=0x1000, exe="/bin/one", time=100),
+            Mmap(pid=7, start=0x1000, size=16, offset=0, file=f["one"], time=100),
+            Process(pid=7, cr3=0x5000, exe="/bin/two", time=200),
+            Mmap(pid=7, start=0x1000, size=16, offset=0, file=f["two"], time=200),
+            Mmap(pid=7, start=0x9000, size=16, offset=0, file="/gone", build_id="ab",
+                 time=210)]
+    sp = AddressSpaces(recs, resolve=lambda file, bid: None if file == "/gone" else file)
+    first, second = sp.of_pid(7, 150), sp.of_pid(7, 250)
+    assert first is not second and first.cr3 == 0x1000 and second.cr3 == 0x5000
+    assert first.image.read(0x1000, 1) == b"1" and second.image.read(0x1000, 1) == b"2"
+    assert sp.missing == [(7, "/gone", "ab")]
+    assert sp.missing_for([first]) == sp.missing     # by pid
+    tl = sp.thread_timeline(7)
+    assert [s for _, s in tl.entries] == [first, second]
+    assert sp.cpu_timeline(0) is None
+
+
+def test_timeline_choice_by_time_window_and_ip(tmp_path):
+    f = _files(tmp_path, a=b"\x90" * 16, b=b"\x90" * 16)
+    recs = [Process(pid=1, cr3=0x1000, time=0), Process(pid=2, cr3=0x2000, time=0),
+            Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["a"]),
+            Mmap(pid=2, start=0x8000, size=16, offset=0, file=f["b"]),
+            Switch(cpu=0, time=10, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
+            Switch(cpu=0, time=50, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
+            Switch(cpu=0, time=90, prev_pid=2, prev_tid=2, next_pid=-1, next_tid=-1),
+            Switch(cpu=1, time=10, prev_pid=-1, prev_tid=-1, next_pid=2, next_tid=2)]
+    sp = AddressSpaces(recs)
+    one, two = sp.of_pid(1), sp.of_pid(2)
+    tl = sp.cpu_timeline(0)
+    assert tl.spaces() == [one, two]
+    assert tl.choose(20, None, None) is one
+    assert tl.choose(50, None, None) is two             # at the switch: the new one
+    assert tl.choose(45, None, one, before=55) is two   # switch inside [45, 55)
+    assert tl.choose(45, None, one, before=50) is one   # ... not strictly before
+    assert tl.choose(20, 0x8004, one) is two            # time lags: the IP decides
+    assert tl.choose(20, 0x1004, one) is one
+    assert tl.choose(95, None, two) is two              # idle: keep the current
+    assert tl.choose(None, 0x8000, one) is two
+    assert tl.choose(None, 0x1000, one) is one
+    assert sp.cpu_timeline(1).spaces() == [two]
+    assert Timeline([]).choose(5, 0x1000, one) is one
+
+
+def test_pip_switches_the_decoder_to_that_cr3s_image(tmp_path):
+    """MOV CR3 with a PIP: the next instruction comes from the new CR3's
+    space (there: two indirect jumps, one TIP each, the second disabling),
+    not the old one's (there: nops running off the mapping)."""
+    from hwtrace.flow import session
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.pt import encoder as enc
+    f = _files(tmp_path, a=b"\x90\x0f\x22\xd8" + b"\x90" * 4,
+               b=b"\x90\x0f\x22\xd8\xff\xe0\xff\xe0")
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["a"]),
+            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["b"])]
+    sp = AddressSpaces(recs)
+    trace = (enc.psb() + enc.mode_exec(csl=1) + enc.psbend() + enc.tip_pge(0x1000)
+             + enc.pip(0x2000) + enc.tip(0x1006) + enc.tip_pgd())
+
+    class Sink:
+        def __init__(self):
+            self.items = []
+
+        def insn(self, insn, offset):
+            self.items.append(("insn", insn.ip))
+
+        def event(self, ev, offset):
+            self.items.append((ev.type, getattr(ev, "cr3", None)))
+
+        def error(self, kind, offset, ip, code):
+            self.items.append(("error", code))
+
+        def status(self, name, offset):
+            self.items.append((name, None))
+
+    seen = []
+    dec = InsnDecoder(trace, sp.of_pid(1).image)
+    sw = SpaceSwitcher(dec, sp, None, sp.of_pid(1),
+                       on_switch=lambda s, off: seen.append(s.pid))
+    sink = Sink()
+    session.run_insn(sw, sink)
+    insns = [ip for k, ip in sink.items if k == "insn"]
+    assert insns == [0x1000, 0x1001, 0x1004, 0x1006]
+    assert ("paging", 0x2000) in sink.items and ("disabled", None) in sink.items
+    assert not [x for x in sink.items if x[0] == "error"]
+    assert seen == [1, 2] and sw.space is sp.of_pid(2)
+    # without the switch the old space's nops run off its mapping
+    sink2 = Sink()
+    session.run_insn(InsnDecoder(trace, sp.of_pid(1).image), sink2)
+    assert [x for x in sink2.items if x[0] == "error"]
