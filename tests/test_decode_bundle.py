@@ -1,0 +1,299 @@
+"""``hwtrace decode DIR`` on bundles where one cpu stream runs several
+processes: each part decodes in the address space of the process that ran
+it (sideband switches, PIP), checked against libipt (ptoracle) decoding
+each process's own thread stream with a hand-built image of that process.
+
+The program forks; parent and child each map a different code file at the
+same fixed address and run it, so only the right per-process image decodes
+the stream (the same addresses hold different instructions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import IN_CI, run_hwtrace
+
+BASE = 0x50000000
+CONFIG = "branch;user;retc;tsc;mtc;cyc"
+
+WORK_A = "long work(long n) { long s = 0; for (long i = 0; i < n; i++) { if (i % 3) s += i; else s ^= i; } return s; }\n"
+WORK_B = "long work(long n) { long s = 1; for (long i = 0; i < n; i++) { s = s * 3 + i; if (s & 8) s >>= 1; } return s; }\n"
+MAIN = r"""
+    #include <fcntl.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    #include <sys/wait.h>
+    #include <unistd.h>
+    static long run(const char *path, unsigned long off, long n) {
+      int fd = open(path, O_RDONLY);
+      if (fd < 0) { perror(path); exit(1); }
+      void *p = mmap((void *)0x50000000, 0x4000, PROT_READ | PROT_EXEC,
+                     MAP_PRIVATE | MAP_FIXED, fd, 0);
+      if (p == MAP_FAILED) { perror("mmap"); exit(1); }
+      return ((long (*)(long))((char *)p + off))(n);
+    }
+    int main(int argc, char **argv) {
+      unsigned long oa = strtoul(argv[2], 0, 0), ob = strtoul(argv[4], 0, 0);
+      fflush(stdout);
+      pid_t c = fork();
+      if (c == 0) _exit(run(argv[3], ob, 300) & 1);
+      long r = run(argv[1], oa, 200);
+      int st; waitpid(c, &st, 0);
+      r += run(argv[1], oa, 50);
+      printf("%ld %d\n", r, WEXITSTATUS(st));
+      return 0;
+    }
+"""
+
+
+def _need(what):
+    if IN_CI:
+        pytest.fail(f"{what} missing in CI")
+    pytest.skip(f"{what} unavailable")
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory, ptoracle):
+    for tool in ("qemu-x86_64", "gcc", "taskset"):
+        if shutil.which(tool) is None:
+            _need(tool)
+    d = tmp_path_factory.mktemp("twoproc")
+    (d / "wa.c").write_text(WORK_A)
+    (d / "wb.c").write_text(WORK_B)
+    (d / "two.c").write_text(textwrap.dedent(MAIN))
+    for so, src in (("wa.so", "wa.c"), ("wb.so", "wb.c")):
+        subprocess.run(["gcc", "-O1", "-fPIC", "-shared", "-nostdlib", "-o", str(d / so),
+                        str(d / src)], check=True)
+    r = subprocess.run(["gcc", "-O1", "-static", "-o", str(d / "two"), str(d / "two.c")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        _need("static libc")
+    from elftools.elf.elffile import ELFFile
+    offs = {}
+    for so in ("wa.so", "wb.so"):
+        with open(d / so, "rb") as f:
+            sym = ELFFile(f).get_section_by_name(".dynsym").get_symbol_by_name("work")[0]
+            offs[so] = sym["st_value"]
+    argv = [d / "two", d / "wa.so", hex(offs["wa.so"]), d / "wb.so", hex(offs["wb.so"])]
+    out = {}
+    for mode in ("cpu", "thread"):
+        b = d / mode
+        # one CPU: both processes land in the same cpu stream
+        p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
+                            "--mode", mode, "--config", CONFIG, "-o", str(b), "--",
+                            *map(str, argv)], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        out[mode] = b
+    out["dir"] = d
+    out["truth"] = _truth(ptoracle, out["thread"], d)
+    return out
+
+
+def _hwtrace_cmd():
+    import sys
+    return [sys.executable, "-m", "hwtrace"]
+
+
+def _sideband(bundle):
+    return [json.loads(x) for x in (bundle / "sideband.jsonl").read_text().splitlines()]
+
+
+def _roles(bundle):
+    """{"parent": pid, "child": pid}"""
+    procs = [r for r in _sideband(bundle) if r["type"] == "process"]
+    parent = next(p["pid"] for p in procs if p["ppid"] == 0)
+    child = next(p["pid"] for p in procs if p["ppid"] == parent)
+    return {"parent": parent, "child": child}
+
+
+def _truth(ptoracle, tbundle, d):
+    """The instruction IPs of each role, from libipt decoding that role's
+    thread stream with the image the test knows it ran: the program plus
+    its own code file at BASE."""
+    man = json.loads((tbundle / "manifest.json").read_text())
+    roles = _roles(tbundle)
+    so = {"parent": "wa.so", "child": "wb.so"}
+    cpu = man["cpu"]
+    out = {}
+    for role, pid in roles.items():
+        s = next(s for s in man["streams"] if s.get("pid") == pid)
+        o = subprocess.run([str(ptoracle), "insn", str(tbundle / s["file"]),
+                            "--elf", str(d / "two"), "--raw", f"{d / so[role]}:{BASE:#x}",
+                            "--cpu", f"{cpu['family']}/{cpu['model']}"],
+                           capture_output=True, text=True, check=True).stdout
+        items = [json.loads(x) for x in o.splitlines()]
+        assert [x for x in items if "error" in x] == []
+        ips = [x["ip"] for x in items if "iclass" in x]
+        assert len(ips) == s["instructions_observed"]
+        out[role] = ips
+    # the two really ran different code at the same addresses
+    inside = [{ip for ip in out[r] if BASE <= ip < BASE + 0x4000} for r in out]
+    assert inside[0] and inside[1] and inside[0] != inside[1]
+    return out
+
+
+def _by_process(lines):
+    """{stream: {pid: [ips]}} from decode --format jsonl output; asserts
+    there are no decode errors."""
+    res, stream, pid = {}, None, None
+    for line in lines:
+        x = json.loads(line)
+        if "stream" in x and len(x) == 1:
+            stream, pid = x["stream"], None
+            res[stream] = {}
+        elif "process" in x:
+            pid = x["process"]
+        elif "error" in x:
+            raise AssertionError(f"decode error in {stream}: {x}")
+        elif "iclass" in x:
+            res[stream].setdefault(pid, []).append(x["ip"])
+    return res
+
+
+def test_cpu_stream_with_two_processes_at_the_same_addresses(rec):
+    b = rec["cpu"]
+    man = json.loads((b / "manifest.json").read_text())
+    roles = _roles(b)
+    sb = _sideband(b)
+    # the premise: both processes ran on one CPU, mapping different files at BASE
+    cpus = {s["cpu"] for s in sb if s["type"] == "switch" and s["next_pid"] == roles["child"]}
+    assert cpus and all(any(s["type"] == "switch" and s["cpu"] == c and
+                            s["next_pid"] == roles["parent"] for s in sb) for c in cpus)
+    at_base = {(m["pid"], os.path.basename(m["file"])) for m in sb
+               if m["type"] == "mmap" and m["start"] == BASE}
+    assert (roles["parent"], "wa.so") in at_base and (roles["child"], "wb.so") in at_base
+    stream = next(s for s in man["streams"] if s.get("cpu") == min(cpus))
+    for decoder in ("--insn-decoder", "--block-decoder"):
+        r = run_hwtrace("decode", b, "--stream", stream["file"], "--format", "jsonl", decoder)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        got = _by_process(r.stdout.splitlines())[stream["file"]]
+        assert set(got) == set(roles.values())
+        for role, pid in roles.items():
+            assert got[pid] == rec["truth"][role], (decoder, role)
+        assert sum(map(len, got.values())) == stream["instructions_observed"]
+
+
+def test_text_output_names_each_process(rec):
+    b = rec["cpu"]
+    roles = _roles(b)
+    r = run_hwtrace("decode", b, "--insn-decoder")
+    assert r.returncode == 0 and r.stderr == ""
+    procs = [line for line in r.stdout.splitlines() if line.startswith("[process ")]
+    assert procs[:2] == [f"[process {roles['parent']} (two)]",
+                         f"[process {roles['child']} (two)]"]
+    insns = sum(1 for line in r.stdout.splitlines() if line[:1] in "0123456789abcdef")
+    assert insns == sum(len(v) for v in rec["truth"].values())
+    # --quiet prints no process lines: only the stream names and statistics
+    q = run_hwtrace("decode", b, "--quiet", "--stat:insn")
+    man = json.loads((b / "manifest.json").read_text())
+    assert q.stdout.split() == [w for s in man["streams"] for w in
+                                ("[stream", f"{s['file']}]", "insn:",
+                                 f"{s['instructions_observed']}.")]
+
+
+def test_thread_streams_keep_their_process(rec):
+    """The fork child's thread stream decodes in the child's space: the
+    mapping it inherited at BASE is replaced by its own (the recorder lists
+    the inherited one again after it)."""
+    b = rec["thread"]
+    roles = _roles(b)
+    r = run_hwtrace("decode", b, "--format", "jsonl", "--insn-decoder")
+    assert r.returncode == 0 and r.stderr == ""
+    got = _by_process(r.stdout.splitlines())
+    man = json.loads((b / "manifest.json").read_text())
+    for role, pid in roles.items():
+        s = next(s for s in man["streams"] if s.get("pid") == pid)
+        assert got[s["file"]] == {pid: rec["truth"][role]}
+
+
+def test_merge_time(rec):
+    b = rec["thread"]
+    sep = run_hwtrace("decode", b, "--format", "jsonl", "--insn-decoder")
+    r = run_hwtrace("decode", b, "--format", "jsonl", "--insn-decoder", "--merge-time")
+    assert r.returncode == 0 and r.stderr == ""
+    merged = [json.loads(x) for x in r.stdout.splitlines()]
+    times = [x["time"] for x in merged]
+    assert times == sorted(times)
+    per, stream = {}, None
+    for line in sep.stdout.splitlines():
+        x = json.loads(line)
+        if list(x) == ["stream"]:
+            stream = x["stream"]
+            per[stream] = []
+        else:
+            per[stream].append(x)
+    for name, items in per.items():
+        mine = [{k: v for k, v in x.items() if k not in ("stream", "time")}
+                for x in merged if x["stream"] == name]
+        assert mine == items
+    # both streams' items interleave: the parent goes on after the child ran
+    names = [x["stream"] for x in merged if "iclass" in x]
+    changes = sum(1 for a, c in zip(names, names[1:]) if a != c)
+    assert changes >= 2
+    t = run_hwtrace("decode", b, "--merge-time", "--quiet", "--stat:insn")
+    assert sorted(t.stdout.splitlines()) == sorted(
+        f"[{s}] insn: {sum(1 for x in per[s] if 'iclass' in x)}." for s in per)
+
+
+def _copy(src, dst, edit):
+    shutil.copytree(src, dst)
+    lines = []
+    for x in _sideband(dst):
+        if x["type"] == "mmap":
+            edit(x)
+        lines.append(json.dumps(x))
+    (dst / "sideband.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def _one_line_error(r, *words):
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[:200])
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_missing_images_and_image_path(rec, tmp_path):
+    """Mapped files the bundle can't find are a one-line error (exit 2)
+    naming one; --image-path finds them by file name; a path that is not a
+    directory is refused."""
+    moved = _copy(rec["cpu"], tmp_path / "moved", lambda m: m.update(
+        file="/nonexistent-dir/" + os.path.basename(m["file"]))
+        if m["file"].endswith(".so") else None)
+    r = run_hwtrace("decode", moved)
+    _one_line_error(r, "no image for /nonexistent-dir/w", "--image-path")
+    want = run_hwtrace("decode", rec["cpu"], "--format", "jsonl", "--insn-decoder").stdout
+    r = run_hwtrace("decode", moved, "--format", "jsonl", "--insn-decoder",
+                    "--image-path", tmp_path / "nothing-here", "--image-path", rec["dir"])
+    _one_line_error(r, "--image-path", "not a directory")
+    (tmp_path / "empty").mkdir()
+    r = run_hwtrace("decode", moved, "--image-path", tmp_path / "empty")
+    _one_line_error(r, "no image for")
+    r = run_hwtrace("decode", moved, "--format", "jsonl", "--insn-decoder",
+                    "--image-path", rec["dir"])
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == want
+
+
+def test_allow_outside_for_files_without_the_recorded_build_id(rec, tmp_path):
+    other = _copy(rec["cpu"], tmp_path / "other", lambda m: m.update(build_id="00" * 20)
+                  if m["file"].endswith("wb.so") else None)
+    r = run_hwtrace("decode", other)
+    _one_line_error(r, "no image for", "wb.so", "--allow-outside")
+    want = run_hwtrace("decode", rec["cpu"], "--quiet", "--stat:insn").stdout
+    r = run_hwtrace("decode", other, "--allow-outside", "--quiet", "--stat:insn")
+    assert r.returncode == 0 and r.stdout == want
+
+
+def test_bundle_options_need_a_bundle(tmp_path):
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(b"\x02\x82" * 8)
+    for opt in (["--merge-time"], ["--allow-outside"], ["--image-path", str(tmp_path)]):
+        r = run_hwtrace("decode", "--pt", pt, "--raw", f"{pt}:0x1000", *opt)
+        _one_line_error(r, "need a bundle DIR")
