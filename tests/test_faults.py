@@ -146,12 +146,6 @@ def test_program_sigkilled_from_outside_keeps_its_trace(tmp_path, ptoracle, fpro
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 20_000
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 9 finding, half fixed: the traced QEMU now dies with the recorder "
-    "(PR_SET_PDEATHSIG, see test_recorder_sigkilled_leaves_no_orphan) and its "
-    "execution log stays in -o/hwtrace-xlog-*/exec.xlog, but the ToPA buffers are only "
-    "filled from that log after the program ends, so 'hwtrace recover' finds no trace "
-    "directory to recover (it would need to generate the streams from a partial log)"))
 def test_recorder_sigkilled_mid_trace(tmp_path, ptoracle, fprogs):
     """The recorder dies mid-trace: the traced program does not outlive it,
     and what was captured is on disk and decodes after ``hwtrace recover``."""
@@ -175,8 +169,8 @@ def test_recorder_sigkilled_mid_trace(tmp_path, ptoracle, fprogs):
         if pid is not None and _alive(pid):
             os.kill(pid, signal.SIGKILL)        # clean up what the recorder left
             _gone(pid)
-        if xlog is not None and xlog.name.startswith("hwtrace-xlog-"):
-            shutil.rmtree(xlog, ignore_errors=True)   # the orphan's growing log
+            if xlog is not None and xlog.name.startswith("hwtrace-xlog-"):
+                shutil.rmtree(xlog, ignore_errors=True)   # the orphan's growing log
         if rec.poll() is None:
             rec.kill()
             rec.wait()

@@ -3,6 +3,12 @@ crashed mid-trace -- into a decodable bundle."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
 from hwtrace.cli import CliError
 
 
@@ -12,7 +18,11 @@ def register(subparsers) -> None:
         description="Read a trace directory's buffers (memory-mapped chunks and "
                     "their persisted ToPA output registers) and sideband, and "
                     "write a bundle: one stream per CPU or thread, oldest byte "
-                    "first, a wrapped circular buffer from its first PSB.")
+                    "first, a wrapped circular buffer from its first PSB. "
+                    "A 'hwtrace record -o DIR' killed mid-trace leaves instead "
+                    "the execution log (DIR/hwtrace-xlog-*/exec.xlog): the bundle "
+                    "is then generated from it as the recorder would have, up to "
+                    "its last whole record, with the recorder's settings.")
     p.add_argument("directory", metavar="DIR", help="the trace directory")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the bundle here (default: into DIR itself)")
@@ -21,11 +31,24 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import os
-    from hwtrace.bundle import Bundle, BundleError
-    from hwtrace.control.recover import RecoverError, write_bundle
+    from hwtrace.control.recover import is_trace_dir
+    from hwtrace.engines.emulated.salvage import find_logs
     if not os.path.isdir(args.directory):
         raise CliError(f"recover: {args.directory}: no such directory")
+    if not is_trace_dir(args.directory):
+        logs = find_logs(args.directory)
+        if logs:
+            return _salvage(args, logs)
+    return _trace_dir(args)
+
+
+def _already(out) -> CliError:
+    return CliError(f"recover: {out} already holds a bundle (use --force to replace it)")
+
+
+def _trace_dir(args) -> int:
+    from hwtrace.bundle import Bundle, BundleError
+    from hwtrace.control.recover import RecoverError, write_bundle
     out = args.output or args.directory
     try:
         path = write_bundle(args.directory, out, overwrite=args.force)
@@ -33,14 +56,85 @@ def run(args) -> int:
     except (RecoverError, BundleError) as e:
         msg = str(e)
         if "already holds a bundle" in msg:
-            msg += " (use --force to replace it)"
+            raise _already(out) from None
+        if "not a trace directory" in msg:
+            msg += " and no execution log (hwtrace-xlog-*/exec.xlog) in it"
         raise CliError(f"recover: {msg}") from None
     except OSError as e:
         raise CliError(f"recover: {e.filename or out}: {e.strerror}") from None
-    print(f"recovered {len(b.streams)} stream(s) into {path}")
+    _report(path, b)
+    return 0
+
+
+def _report(path, b, note: str = "") -> None:
+    print(f"recovered {len(b.streams)} stream(s) into {path}{note}")
     for s in b.streams:
         who = f"cpu {s.cpu}" if s.cpu is not None else f"tid {s.tid}"
         flags = [f for f, on in (("wrapped", s.wrapped), ("stopped", s.stopped)) if on]
         lost = f", {s.lost_bytes} bytes lost" if s.lost_bytes else ""
         print(f"  {s.file}: {who}, {s.size} bytes{', ' + ', '.join(flags) if flags else ''}{lost}")
+
+
+def _salvage(args, logs: list[Path]) -> int:
+    """The newest execution log a killed recorder left -> the bundle
+    ``hwtrace record`` would have written (its own code does the work)."""
+    from hwtrace.bundle import MANIFEST, Bundle, BundleError
+    from hwtrace.control.config import BufferConfig
+    from hwtrace.control.errors import TraceError
+    from hwtrace.engines.emulated import salvage
+    from . import record
+
+    log = logs[-1]
+    out = Path(args.output or args.directory)
+    try:
+        if (out / MANIFEST).exists():
+            if not args.force:
+                raise _already(out)
+            (out / MANIFEST).unlink()
+        st = salvage.read_settings(log)
+        if st.recorded:
+            cfg = BufferConfig.from_dict(st.config)
+        else:
+            num_chunks, order = record.buffer_geometry(argparse.Namespace(
+                buffer_size=None, num_chunks=None, chunk_order=None))
+            ctl, cr3, _ = record.parse_config(record.DEFAULT_CONFIG)
+            cfg = BufferConfig(num_chunks=num_chunks, chunk_order=order, ctl=ctl, cr3_match=cr3)
+        with tempfile.TemporaryDirectory(prefix="hwtrace-salvage-") as scratch:
+            prep = salvage.prepare(log, scratch)
+            eng = salvage.ReplayEngine(prep.path, prep.source, st.num_cpus or None, st.exe)
+            rec_args = argparse.Namespace(mode=st.mode, pid=None, copy_images=st.copy_images)
+            record._record(eng, rec_args, cfg, [str(log)], out, st.elf_ranges)
+        _mark(out, log, prep, st)
+        b = Bundle(out)
+    except salvage.SalvageError as e:
+        raise CliError(f"recover: {e}") from None
+    except TraceError as e:
+        raise CliError(f"recover: {log}: {e.message}") from None
+    except BundleError as e:
+        raise CliError(f"recover: {e}") from None
+    except OSError as e:
+        raise CliError(f"recover: {e.filename or out}: {e.strerror}") from None
+    cut = f", {prep.dropped} byte(s) of a cut-off record dropped" if prep.dropped else ""
+    _report(out, b, f" from the execution log {log} ({prep.used} bytes{cut})")
+    if not st.recorded:
+        print("  (no recording.json next to the log: hwtrace record's default settings used)")
+    for other in logs[:-1]:
+        print(f"  older execution log not used: {other}")
     return 0
+
+
+def _mark(out: Path, log: Path, prep, st) -> None:
+    """Say in the manifest that this bundle was recovered, from what."""
+    mpath = out / "manifest.json"
+    man = json.loads(mpath.read_text())
+    try:
+        where = os.path.relpath(log, out)
+    except ValueError:
+        where = str(log)
+    man["recovered"] = {"from": "execution log", "log": where, "source": prep.source,
+                        "log_bytes": prep.size, "used_bytes": prep.used,
+                        "dropped_bytes": prep.dropped,
+                        "settings": "recorded" if st.recorded else "defaults"}
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(man, indent=1) + "\n")
+    os.replace(tmp, mpath)

@@ -99,6 +99,11 @@ class EmulatedEngine(Engine):
         #: where the temporary execution-log directory is made (None: the
         #: system's temporary directory); ``hwtrace record`` sets its -o
         self.log_dir: str | None = None
+        #: how the recorder would turn the log into a bundle (JSON-able),
+        #: kept next to it as ``recording.json`` while the program runs, so
+        #: ``hwtrace recover`` (:mod:`.salvage`) can finish the job if the
+        #: recorder is killed; None: not kept
+        self.log_meta: dict | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -132,6 +137,7 @@ class EmulatedEngine(Engine):
         from . import stepper
         with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
             log = os.path.join(tmp, "exec.xlog")
+            self._keep_meta(log)
             try:
                 status = stepper.run(pid, log, stepper.Options(), timeout=duration)
             except stepper.StepperError as e:
@@ -157,6 +163,7 @@ class EmulatedEngine(Engine):
                 self._exe = os.path.realpath(prog.elf)
             except qemu.QemuError as e:
                 raise TraceError(Status.INVALID_ARGS, str(e)) from None
+            self._keep_meta(log)
             proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
             try:
                 return proc.wait()
@@ -168,10 +175,20 @@ class EmulatedEngine(Engine):
         import shutil
         found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
         self._exe = os.path.realpath(found) if found else ""
+        self._keep_meta(log)
         try:
             return stepper.run(argv, log, stepper.Options())
         except stepper.StepperError as e:
             raise TraceError(Status.INVALID_ARGS, str(e)) from None
+
+    def _keep_meta(self, log: str) -> None:
+        """Write ``log_meta`` (with the source and executable) next to ``log``."""
+        if self.log_meta is None:
+            return
+        import json
+        meta = {**self.log_meta, "source": self.source, "exe": getattr(self, "_exe", "")}
+        with open(os.path.join(os.path.dirname(log), "recording.json"), "w") as f:
+            json.dump(meta, f)
 
     def _generate(self, session, log: str) -> None:
         try:
