@@ -1,0 +1,199 @@
+"""The compiled flow core (hwtrace.flow._c_flow via hwtrace.flow.fast)
+against its Python twin: `decode --quiet --stat` output byte for byte over
+the ptxed corpus, instruction/block counts over emulated-engine recordings
+and seeded mutations of them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from conftest import CORPUS, _need, run_hwtrace
+from ptxed_corpus import argv_for, ptxed_variants, variant_id
+
+from hwtrace.flow import fast
+from hwtrace.flow.config import Errata, FlowConfig
+from hwtrace.flow.image import Image
+from hwtrace.flow.loaders import load_raw
+from hwtrace.pt import cpu as cpumod
+
+
+def test_compiled_core_loaded():
+    # Fails where the extension was built (or is required) but is unusable.
+    fast.STATUS.check()
+    if fast.STATUS.expected and not fast.STATUS.disabled:
+        assert fast.CORE is not None
+
+
+def _core():
+    st = fast.STATUS
+    if st.module is None:
+        probe = __import__("hwtrace._ext", fromlist=["probe"]).probe(
+            fast.NAME, fast.ABI)
+        if probe.module is None:
+            pytest.skip(f"compiled flow core unavailable: {probe.reason}")
+        return probe.module
+    return st.module
+
+
+_COUNT_INTO = fast.count_into
+
+
+def _cli(argv, core, monkeypatch, used):
+    """Run `hwtrace ARGV` in-process with fast.CORE = core; stdout."""
+    from hwtrace.cli import main
+    monkeypatch.setattr(fast, "CORE", core)
+    real = _COUNT_INTO
+
+    def spy(*a, **k):
+        r = real(*a, **k)
+        used.append(r)
+        return r
+    monkeypatch.setattr(fast, "count_into", spy)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(argv)
+    assert rc == 0
+    return out.getvalue()
+
+
+def test_corpus_quiet_stat_identical(monkeypatch):
+    """Every ptxed variant, both decoders, --stat / --stat:insn /
+    --stat:blocks with --quiet: compiled path == Python path, byte for
+    byte (the Python path is the one test_corpus_ptxed checks)."""
+    if not CORPUS.is_dir():
+        _need("corpus", f"{CORPUS} missing")
+    core = _core()
+    compiled = 0
+    total = 0
+    stats = ("--stat", "--stat:insn", "--stat:blocks")
+    for i, (d, v, meta) in enumerate(ptxed_variants()):
+        for decoder in ("insn", "block"):
+            stat = stats[(i + (decoder == "block")) % 3]
+            argv = argv_for(d, v, decoder) + ["--quiet", stat]
+            used = []
+            got = _cli(argv, core, monkeypatch, used)
+            ref = _cli(argv, None, monkeypatch, [])
+            assert got == ref, (variant_id(v), decoder, got, ref)
+            total += 1
+            compiled += bool(used and used[0])
+    # The core must actually decode a good share of the corpus (the rest
+    # uses packets and events it leaves to the twin).
+    assert total > 400
+    assert compiled >= 70, (compiled, total)   # 74 when written
+
+
+# -- recorded traces --------------------------------------------------------
+
+def _record(tmp: Path, argv: list[str]) -> Path:
+    out = tmp / "bundle"
+    r = run_hwtrace("record", "--copy-images", "-o", out, "--", *argv,
+                    timeout=300)
+    if r.returncode != 0:
+        _need("emulated engine", r.stderr.strip()[-300:])
+    return out
+
+
+def _load(bundle: Path):
+    """(trace bytes, image, config) of a bundle's largest stream."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    stream = max(manifest["streams"], key=lambda s: s.get("size", 0))["file"]
+    r = run_hwtrace("images", "--pt", stream, bundle, check=True)
+    opts = r.stdout.split()
+    image = Image()
+    for i in range(0, len(opts), 2):
+        assert opts[i] == "--raw"
+        load_raw(image, opts[i + 1])
+    cfg = FlowConfig()
+    c = manifest.get("cpu") or {}
+    if c.get("family"):
+        cfg.errata = Errata.from_flags(cpumod.errata(
+            cpumod.Cpu.parse(f"{c['family']}/{c['model']}")))
+    return (bundle / stream).read_bytes(), image, cfg
+
+
+@pytest.fixture(scope="module")
+def true_trace(tmp_path_factory):
+    return _load(_record(tmp_path_factory.mktemp("true"), ["/bin/true"]))
+
+
+@pytest.fixture(scope="module")
+def gzip_trace(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gzip")
+    text = tmp / "in.txt"
+    text.write_bytes((Path(__file__).read_bytes() * 4)[:4096])
+    return _load(_record(tmp, ["/usr/bin/gzip", "-9", "-f", str(text)]))
+
+
+@pytest.mark.parametrize("which", ["true_trace", "gzip_trace"])
+def test_recorded_counts_identical(which, request):
+    data, image, cfg = request.getfixturevalue(which)
+    _core()
+    for decoder in ("block", "insn"):
+        c = fast.count(data, image, cfg, decoder, impl="compiled")
+        p = fast.count(data, image, cfg, decoder, impl="python")
+        # An unmutated recording uses only what the core handles.
+        assert c.compiled and not p.compiled
+        assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
+        assert c.insns > 100000
+
+
+def test_recorded_cli_identical(true_trace, tmp_path):
+    """`hwtrace decode --pt ... --quiet --stat` as a user runs it, compiled
+    and with HWTRACE_NO_EXTENSIONS=1: the same bytes."""
+    data, image, cfg = true_trace
+    _core()
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(data)
+    argv = ["decode", "--pt", pt]
+    for m in image.mappings():
+        argv += ["--raw", f"{m.section.name}:{m.offset:#x}-"
+                          f"{m.offset + m.end - m.begin:#x}:{m.begin:#x}"]
+    if cfg.errata.bdm70:
+        argv += ["--cpu", "6/106"]
+    for extra in (["--quiet", "--stat"], ["--insn-decoder", "--quiet",
+                                          "--stat:insn"]):
+        a = run_hwtrace(*argv, *extra)
+        b = run_hwtrace(*argv, *extra, env={"HWTRACE_NO_EXTENSIONS": "1"})
+        assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+        assert a.stdout == b.stdout
+        assert a.stdout.startswith("insn: ")
+
+
+def _mutate(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    what = rng.randrange(4)
+    if what == 0:                         # flip a few bytes
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+    elif what == 1:                       # truncate
+        del b[rng.randrange(len(b) // 2, len(b)):]
+    elif what == 2:                       # drop a run of bytes
+        i = rng.randrange(len(b))
+        del b[i:i + rng.randint(1, 16)]
+    else:                                 # duplicate a run of bytes
+        i = rng.randrange(len(b))
+        b[i:i] = b[i:i + rng.randint(1, 64)]
+    return bytes(b)
+
+
+def test_mutations_identical(true_trace):
+    data, image, cfg = true_trace
+    _core()
+    rng = random.Random(20261129)
+    kinds = set()
+    for _ in range(16):
+        m = _mutate(data, rng)
+        for decoder in ("block", "insn"):
+            c = fast.count(m, image, cfg, decoder)
+            p = fast.count(m, image, cfg, decoder, impl="python")
+            assert (c.insns, c.blocks, c.errors) == \
+                (p.insns, p.blocks, p.errors)
+            kinds.add(c.compiled)
+    # both paths were exercised: some mutants decode compiled, some bail
+    assert kinds == {True, False}
