@@ -297,3 +297,30 @@ def test_bundle_options_need_a_bundle(tmp_path):
     for opt in (["--merge-time"], ["--allow-outside"], ["--image-path", str(tmp_path)]):
         r = run_hwtrace("decode", "--pt", pt, "--raw", f"{pt}:0x1000", *opt)
         _one_line_error(r, "need a bundle DIR")
+
+
+def test_images_of_one_process_for_libipt(rec, ptoracle):
+    """``hwtrace images`` gives a thread stream its process's space (the
+    fork child's own code at BASE, not the mapping it inherited), and
+    ``--pid`` the same space out of a cpu-mode bundle; libipt decodes the
+    child's stream with it exactly as with the test's own image."""
+    t, c = rec["thread"], rec["cpu"]
+    troles, croles = _roles(t), _roles(c)
+    man = json.loads((t / "manifest.json").read_text())
+    s = next(s for s in man["streams"] if s.get("pid") == troles["child"])
+    r = run_hwtrace("images", t, "--pt", s["file"], "--lines")
+    assert r.returncode == 0, r.stderr
+    args = r.stdout.split()
+    cpu = man["cpu"]
+    o = subprocess.run([str(ptoracle), "insn", str(t / s["file"]), *args,
+                        "--cpu", f"{cpu['family']}/{cpu['model']}"],
+                       capture_output=True, text=True, check=True).stdout
+    assert [json.loads(x)["ip"] for x in o.splitlines() if '"iclass"' in x] == \
+        rec["truth"]["child"]
+    first = json.loads((c / "manifest.json").read_text())["streams"][0]["file"]
+    r = run_hwtrace("images", c, "--pt", first, "--pid", croles["child"], "--lines")
+    assert r.returncode == 0 and r.stdout.split() == args
+    _one_line_error(run_hwtrace("images", c, "--pt", first, "--pid", "999999999"),
+                    "no process 999999999")
+    _one_line_error(run_hwtrace("images", c, "--pt", first, "--image-path", c / "nope"),
+                    "not a directory")

@@ -24,41 +24,71 @@ def register(subparsers) -> None:
     p.add_argument("--allow-outside", action="store_true",
                    help="use any file the sideband names on this machine, even "
                         "without a matching build-id (trusted bundles only)")
+    p.add_argument("--pid", type=int, metavar="PID",
+                   help="the image of this process (its latest address space: "
+                        "what a cpu stream runs while PID is scheduled)")
     p.add_argument("--lines", action="store_true", help="one argument per line")
     p.set_defaults(func=run)
 
 
-def stream_args(bundle_dir, stream: str, image_path=(), allow_outside: bool = False) -> list[str]:
+def stream_args(bundle_dir, stream: str, image_path=(), allow_outside: bool = False,
+                pid: int | None = None) -> list[str]:
+    """--raw arguments for ``stream``: its process's address space for a
+    thread stream (or ``pid``'s), else every mapping in the sideband."""
     from hwtrace.bundle import Bundle, BundleError
     from hwtrace.engines.emulated.images import raw_image_args
+    from hwtrace.flow.spaces import AddressSpaces
+    found = {}
     try:
         b = Bundle.open(bundle_dir, image_path=image_path, allow_outside=allow_outside)
         info = next((s for s in b.streams if s.file == stream), None)
         if info is None:
             names = ", ".join(s.file for s in b.streams)
             raise CliError(f"no stream {stream!r} in {bundle_dir} (streams: {names})")
-        mmaps = [r for r in b.iter_sideband() if type(r).__name__ == "Mmap"]
+
+        def resolve(file, build_id):
+            key = (file, build_id)
+            if key not in found:
+                found[key] = b.find_image(file, build_id)
+            return found[key]
+        if pid is None and info.tid is None:
+            mmaps = [r for r in b.iter_sideband() if type(r).__name__ == "Mmap"]
+            return raw_image_args(mmaps, resolve)
+        spaces = AddressSpaces(b.iter_sideband(), resolve)
     except BundleError as e:
         raise CliError(str(e)) from None
-    if info.tid is not None:
-        pid = info.pid
+    if pid is None:
+        pid = info.pid if info.pid is not None else spaces.thread_pid.get(info.tid)
         if pid is None:
-            pid = next((r.pid for r in b.iter_sideband()
-                        if type(r).__name__ == "Thread" and r.tid == info.tid), None)
-        if pid is not None:
-            mmaps = [m for m in mmaps if m.pid == pid]
-    found = {}
+            return _raw_args(spaces.union().mappings)
+    space = spaces.of_pid(pid)
+    if space is None:
+        raise CliError(f"no process {pid} in the sideband of {bundle_dir}")
+    return _raw_args(space.mappings)
 
-    def resolve(file, build_id):
-        key = (file, build_id)
-        if key not in found:
-            found[key] = b.find_image(file, build_id)
-        return found[key]
-    return raw_image_args(mmaps, resolve)
+
+def _raw_args(mappings) -> list[str]:
+    """``--raw FILE:FROM-TO:ADDR`` per mapping (clipped to the file)."""
+    import os
+    args: list[str] = []
+    for m in mappings:
+        try:
+            fsize = os.path.getsize(m.path)
+        except OSError:
+            continue
+        end = min(m.offset + m.size, fsize)
+        if end > m.offset:
+            args += ["--raw", f"{m.path}:{m.offset:#x}-{end:#x}:{m.start:#x}"]
+    return args
 
 
 def run(args) -> int:
-    argv = stream_args(args.bundle, args.pt, args.image_path, args.allow_outside)
+    import os
+    for d in args.image_path:
+        if not os.path.isdir(d):
+            raise CliError(f"images: --image-path {d}: not a directory")
+    argv = stream_args(args.bundle, args.pt, args.image_path, args.allow_outside,
+                       args.pid)
     if args.lines:
         for a in argv:
             print(a)
