@@ -1,0 +1,148 @@
+"""Edge coverage (hwtrace.flow.fast.edges, hwtrace coverage --edges): exact
+edge counts equal those computed here from the Python instruction decode,
+on the ptxed corpus and on emulated-engine recordings; the AFL-style
+bitmap; the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from conftest import CORPUS, _need, run_hwtrace
+from ptxed_corpus import argv_for, ptxed_variants, variant_id
+from test_flow_fast import _core, gzip_trace, true_trace  # noqa: F401
+
+from hwtrace.flow import fast, session
+from hwtrace.flow.insn import InsnDecoder
+from hwtrace.x86.insn import IClass
+
+_NOT_BRANCH = (int(IClass.OTHER), int(IClass.PTWRITE))
+
+
+class _Stream:
+    """The instruction decode as a list of segments (split at errors)."""
+
+    needs_offset = False
+
+    def __init__(self):
+        self.segments = [[]]
+
+    def insn(self, insn, offset):
+        self.segments[-1].append((insn.ip, insn.iclass))
+
+    def error(self, kind, offset, ip, code):
+        self.segments.append([])
+
+    def event(self, ev, offset):
+        pass
+
+    def status(self, name, offset):
+        pass
+
+
+def reference_edges(data, image, cfg) -> dict:
+    """Edges from the Python instruction decoder's instruction list: each
+    branch and the instruction after it, within an error-free stretch."""
+    s = _Stream()
+    session.run_insn(InsnDecoder(data, image, cfg), s)
+    out = {}
+    for seg in s.segments:
+        for (ip, c), (nip, _) in zip(seg, seg[1:]):
+            if c not in _NOT_BRANCH:
+                out[(ip, nip)] = out.get((ip, nip), 0) + 1
+    return out
+
+
+def _variant_inputs(d, v):
+    from hwtrace.cli import build_parser
+    from hwtrace.cli import decode as D
+    args = build_parser().parse_args(argv_for(d, v, "insn"))
+    cfg = D._config(args, lambda s: None)
+    return D._trace(args.pt), D._image(args), cfg
+
+
+def test_corpus_edges_exact():
+    if not CORPUS.is_dir():
+        _need("corpus", f"{CORPUS} missing")
+    _core()
+    compiled = total = 0
+    for d, v, meta in ptxed_variants():
+        data, image, cfg = _variant_inputs(d, v)
+        e = fast.edges(data, image, cfg)
+        ref = reference_edges(data, image, cfg)
+        assert e.counts == ref, variant_id(v)
+        p = fast.edges(data, image, cfg, impl="python")
+        assert p.counts == ref and p.insns == e.insns, variant_id(v)
+        compiled += e.compiled
+        total += 1
+    assert total > 200
+    assert compiled >= 35, (compiled, total)    # 37 of 430 when written
+
+
+@pytest.mark.parametrize("which", ["true_trace", "gzip_trace"])
+def test_recorded_edges_exact(which, request):
+    data, image, cfg = request.getfixturevalue(which)
+    _core()
+    e = fast.edges(data, image, cfg, impl="compiled")
+    assert e.compiled
+    ref = reference_edges(data, image, cfg)
+    assert e.counts == ref
+    assert len(ref) > 1000
+    assert e.insns == fast.count(data, image, cfg, "insn",
+                                 impl="python").insns
+
+
+def test_bitmap_hash_and_saturation():
+    counts = {(0x401000, 0x401020): 3, (0x401020, 0x401000): 300}
+    bm = fast.edge_bitmap(counts)
+    assert len(bm) == 65536
+
+    def h(x):
+        return ((x * 0x9E3779B97F4A7C15) % (1 << 64)) >> 48
+    i = h(0x401000) ^ (h(0x401020) >> 1)
+    j = h(0x401020) ^ (h(0x401000) >> 1)
+    assert i != j
+    assert fast.edge_index(0x401000, 0x401020) == i
+    assert bm[i] == 3 and bm[j] == 255
+    assert sum(1 for b in bm if b) == 2
+    small = fast.edge_bitmap(counts, 256)
+    assert len(small) == 256 and small[i % 256] == 3
+
+
+def test_cli_edges(true_trace, tmp_path):
+    data, image, cfg = true_trace
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(data)
+    argv = ["coverage", "--edges", "--pt", pt]
+    for m in image.mappings():
+        argv += ["--raw", f"{m.section.name}:{m.offset:#x}-"
+                          f"{m.offset + m.end - m.begin:#x}:{m.begin:#x}"]
+    if cfg.errata.bdm70:
+        argv += ["--cpu", "6/106"]
+    bm = tmp_path / "map.bin"
+    r = run_hwtrace(*argv, "--bitmap", bm)
+    assert r.returncode == 0, r.stderr
+    ref = reference_edges(data, image, cfg)
+    ninsn = fast.count(data, image, cfg, "insn").insns
+    want = [f"{f:016x} {t:016x} {n}" for (f, t), n in sorted(ref.items())]
+    want.append(f"edges: {len(ref)}, taken: {sum(ref.values())}, "
+                f"insns: {ninsn}.")
+    assert r.stdout.splitlines() == want
+    assert bm.read_bytes() == bytes(fast.edge_bitmap(ref))
+    q = run_hwtrace(*argv, "--quiet", env={"HWTRACE_NO_EXTENSIONS": "1"})
+    assert q.stdout.splitlines() == want[-1:]
+
+
+def test_cli_errors(tmp_path):
+    r = run_hwtrace("coverage", "--pt", tmp_path / "x.pt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--edges" in r.stderr
+    r = run_hwtrace("coverage", "--edges", "--pt", tmp_path / "missing.pt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "cannot read" in r.stderr
+    r = run_hwtrace("coverage", "--edges")
+    assert r.returncode == 2 and "no trace" in r.stderr
+    r = run_hwtrace("coverage", "--edges", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
