@@ -432,6 +432,39 @@ def test_decoded_enable_disable_events():
     ]
 
 
+def test_decoded_psb_status_updates_are_not_transfers():
+    """A PSB+ can fall between a branch and its target (ptgen's pacing, or
+    any hardware capture): its FUP is reported as a status-update enable
+    at the target.  That is no trip through untraced code: the branch keeps
+    its target and no iret from None appears (the async-signal window test
+    saw ('iret', None, 'spin', 0) where a PSB+ fell inside spin's loop,
+    and a handler's return to __restore_rt cut in two)."""
+    c = _event_consumer()
+    feed = c.feed
+    ins = lambda ip, cls="other": feed({"ip": ip, "size": 1, "iclass": cls})
+    psb_on = lambda ip: (feed({"event": "enabled", "ip": ip, "status_update": True,
+                               "resumed": True}),
+                         feed({"event": "exec_mode", "ip": ip, "status_update": True,
+                               "mode": "64bit"}))
+    psb_on(0x1002)                 # a trace starting at a PSB+: back from execve
+    ins(0x1002, "return")
+    psb_on(0x1005)                 # between the return and its target
+    ins(0x1005)
+    psb_on(0x1000)                 # between two plain instructions
+    ins(0x1000, "far_call")        # syscall
+    feed({"event": "disabled", "ip_suppressed": True})
+    feed({"event": "disabled", "status_update": True, "ip_suppressed": True})  # PSB+, off
+    feed({"event": "enabled", "ip": 0x1002})
+    ins(0x1002, "return")
+    feed({"event": "overflow"})    # after an overflow the state is unknown:
+    psb_on(0x1005)                 # the PSB+ resumes tracing
+    ins(0x1005)
+    assert [(r.kind, r.from_, r.to) for r in c.tracker.out] == [
+        ("sysret", None, 0x1002), ("return", 0x1002, 0x1005),
+        ("syscall", 0x1000, None), ("sysret", None, 0x1002),
+        ("iret", None, 0x1005)]
+
+
 def test_decoded_traced_kernel_and_per_cpu():
     # the kernel traced (OS bit): the syscall goes on to the kernel entry
     c = _event_consumer()

@@ -16,8 +16,10 @@ asynchronous FUP+TIP.PGD of an interrupt into an untraced kernel), the
 records have a None end (see :mod:`.records`): a synchronous disable
 ends the pending transfer with ``to`` None (a ``syscall``), an
 asynchronous one is an ``interrupt`` from the interrupted IP, and each
-enable is a ``sysret``/``iret`` from None to its IP.  Status-update
-disables (PSB+) are not exits.
+enable is a ``sysret``/``iret`` from None to its IP.  Status updates
+(a PSB+ restating the state: its FUP while tracing is on, or no FUP
+while it is off) are neither exits nor resumes, wherever the PSB+ falls
+-- even between a branch and its target.
 
 Per-CPU bundles (``hwtrace record --mode cpu``) interleave threads in one
 stream and the sideband's switch times are not on the trace's clock here:
@@ -106,6 +108,9 @@ class _Consumer:
         # elsewhere may be a context switch, not the same thread going on
         self.per_cpu = per_cpu
         self.time = None
+        # is tracing on as far as the events said (None: unknown -- the
+        # stream's start, or after an overflow or a decode error)
+        self.enabled: bool | None = None
         self._decode = decoder_for(Mode.BIT64)
         self._cache: dict[int, object] = {}
 
@@ -140,6 +145,7 @@ class _Consumer:
             return
         if "error" in item:
             self.tracker.gap(self.th)
+            self.enabled = None
             return
         ev = item.get("event")
         if ev is None:
@@ -153,17 +159,25 @@ class _Consumer:
         t = self.tracker
         if ev == "async_disabled":
             # interrupted at `at` (user-only trace: the kernel is not traced)
+            self.enabled = False
             at = item.get("at")
             if at is not None:
                 t.async_exit(th, at, self.time)
             else:
                 t.gap(th)
         elif ev == "disabled":
+            self.enabled = False
             if not item.get("status_update"):
                 # the pending transfer went into untraced code (a syscall
                 # into the kernel, or out of the filtered ranges)
                 t.leave(th, None if item.get("ip_suppressed") else item.get("ip"), self.time)
         elif ev == "enabled":
+            if item.get("status_update") and self.enabled:
+                # a PSB+ restating where tracing already is (its FUP): no
+                # transfer happened -- the pending branch goes on to the
+                # next instruction as usual
+                return
+            self.enabled = True
             ip = item.get("ip")
             if ip is None:
                 t.gap(th)
@@ -171,6 +185,7 @@ class _Consumer:
                 # per-CPU: tracing turned on again may be another thread
                 t.resume(th, ip, self.time, handlers=not self.per_cpu)
         elif ev == "overflow":
+            self.enabled = None
             t.gap(th)
 
 
