@@ -53,7 +53,8 @@ class DecodedError(Exception):
 
 
 class CodeReader:
-    """Instruction bytes at runtime addresses, from mapped files."""
+    """Instruction bytes at runtime addresses, from mapped files (the
+    source's ``code``: the same files its decoder read)."""
 
     def __init__(self):
         self._maps: list[tuple[int, int, str, int]] = []   # (start, end, path, off)
@@ -64,14 +65,6 @@ class CodeReader:
         self._maps.append((start, start + size, path, offset))
         self._maps.sort()
         self._starts = [m[0] for m in self._maps]
-
-    def add_elf(self, path: str, bias: int = 0) -> None:
-        from elftools.elf.elffile import ELFFile
-        with open(path, "rb") as f:
-            for seg in ELFFile(f).iter_segments():
-                h = seg.header
-                if h.p_type == "PT_LOAD" and h.p_flags & 1 and h.p_filesz:
-                    self.add(h.p_vaddr + bias, h.p_filesz, path, h.p_offset)
 
     def read(self, addr: int, n: int = 15) -> bytes:
         i = bisect.bisect_right(self._starts, addr) - 1
@@ -289,114 +282,20 @@ def _try_put(q, stop, item) -> None:
             continue
 
 
-def parse_elf_arg(arg: str) -> tuple[str, int]:
-    """``FILE`` or ``FILE:BIAS``."""
-    path, sep, bias = arg.rpartition(":")
-    if sep and path and os.path.exists(path) and not os.path.exists(arg):
-        try:
-            return path, int(bias, 0)
-        except ValueError:
-            raise DecodedError(f"--elf {arg}: bad bias") from None
-    return arg, 0
-
-
-class _FlowSink:
-    """hwtrace.flow.session's sink protocol -> the consumer protocol."""
-
-    def __init__(self, consumer, event_json):
-        self.c = consumer
-        self._event_json = event_json
-
-    def insn(self, insn, offset):
-        self.c.insn(insn.ip, insn.size, insn.iclass_name)
-
-    def block(self, block, offset):
-        for i in block.insns:
-            self.c.insn(i.ip, i.size, i.iclass_name)
-
-    def event(self, ev, offset):
-        self.c.feed(self._event_json(ev, offset))
-
-    def error(self, kind, offset, ip, code):
-        self.c.feed({"error": str(code), "kind": kind, "offset": offset, "ip": ip})
-
-    def status(self, name, offset):
-        self.c.feed({"status": name, "offset": offset})
-
-
-def _pt_source(p: Path, elf):
-    """A raw ``.pt`` stream decoded against ``--elf`` images."""
-    from elftools.elf.elffile import ELFFile
-
-    from hwtrace.analysis.records import StreamInfo
-    from hwtrace.analysis.symbols import Symbolizer, SymbolError
-    from hwtrace.export.source import Job, Source
-    from hwtrace.flow import session
-    from hwtrace.flow.config import FlowConfig
-    from hwtrace.flow.image import Image, Section
-    from hwtrace.flow.insn import InsnDecoder
-    from hwtrace.flow.sinks import event_json
-
-    if not elf:
-        raise DecodedError(f"{p}: a raw trace needs its code: --elf FILE[:BIAS]")
-    sym = Symbolizer()
-    image = Image()
-    for arg in elf:
-        f, bias = parse_elf_arg(arg)
-        try:
-            sym.add_image(f, bias)
-            with open(f, "rb") as fh:
-                for seg in ELFFile(fh).iter_segments():
-                    h = seg.header
-                    if h.p_type == "PT_LOAD" and h.p_filesz:
-                        image.add(Section.from_file(f, h.p_offset, h.p_filesz),
-                                  h.p_vaddr + bias)
-        except (OSError, SymbolError) as e:
-            raise DecodedError(f"--elf {arg}: {e}") from None
-        except Exception as e:          # the flow image's own errors
-            raise DecodedError(f"--elf {arg}: cannot load: {e}") from None
-
-    def run(consumer):
-        data = p.read_bytes()
-        session.run_insn(InsnDecoder(data, image, FlowConfig()),
-                         _FlowSink(consumer, event_json))
-    return Source(sym, [Job(StreamInfo(name=p.name), run, None, p.stat().st_size)],
-                  "thread", str(p))
-
-
-def _reader_for(path: Path, elf, image_path) -> CodeReader:
-    reader = CodeReader()
-    for arg in elf:
-        f, bias = parse_elf_arg(arg)
-        try:
-            reader.add_elf(f, bias)
-        except Exception as e:
-            raise DecodedError(f"--elf {arg}: {e}") from None
-    if path.is_dir():
-        from hwtrace.bundle import Bundle, BundleError, Mmap
-        try:
-            b = Bundle(path, image_path=image_path)
-            for m in b.iter_sideband():
-                if isinstance(m, Mmap):
-                    f = b.find_image(m.file, m.build_id)
-                    if f is not None:
-                        reader.add(m.start, m.size, str(f), m.offset)
-        except BundleError as e:
-            raise DecodedError(f"{path}: {e}") from None
-    return reader
-
-
 def decoded_records(path: str | os.PathLike, trigger: TriggerSpec = TriggerSpec(),
                     mask: MaskSpec = MaskSpec(), elf=(), image_path=()) -> DecodedTrace:
     """Open a bundle (or a flow-items ``.jsonl`` with ``elf`` images); raises
     DecodedError, resolve.SymbolNotFound or ValueError (bad trigger/range)."""
-    from hwtrace.export.source import SourceError, open_source
+    from hwtrace.export.source import SourceError, open_source, pt_source
     p = Path(path)
     try:
         if p.is_file() and p.suffix != ".jsonl":
-            src = _pt_source(p, list(elf))
+            src = pt_source(p, list(elf))
         else:
             src = open_source(p, list(elf), list(image_path))
     except SourceError as e:
         raise DecodedError(str(e)) from None
-    return DecodedTrace(src, _reader_for(p, elf, image_path), trigger, mask)
+    reader = CodeReader()
+    for m in src.code:              # the files the decoder read its code from
+        reader.add(m.start, m.size, m.path, m.offset)
+    return DecodedTrace(src, reader, trigger, mask)

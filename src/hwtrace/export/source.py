@@ -17,7 +17,13 @@ Inputs:
 * a ``.jsonl`` file of ``ptoracle insn``-shaped items (one stream), with
   symbols from ``elf`` arguments (``FILE[:BIAS]``);
 * a ``.jsonl`` file of branch records (``spec/branch-trace.md``: pid, tid,
-  kind, from, to, time): one stream per thread.
+  kind, from, to, time): one stream per thread;
+* (:func:`pt_source`) a raw ``.pt`` stream with its code from ``elf``
+  arguments, decoded with the instruction-flow decoder.
+
+Besides symbols and jobs a :class:`Source` lists the code its decoder read
+(``Source.code``: file mappings), so a consumer that needs instruction
+bytes (``hwtrace.branches``) reads the very same files.
 
 Everything that can go wrong is a :class:`SourceError` with a one-line
 message (the CLI prints it), including "the decoder is not available".
@@ -28,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.symbols import Symbolizer, SymbolError
@@ -47,16 +53,28 @@ class Job:
         self.size = size            # bytes of trace (for progress), 0 unknown
 
 
+class CodeMap(NamedTuple):
+    """``size`` bytes of ``path`` from ``offset`` are code at ``start``."""
+
+    start: int
+    size: int
+    path: str
+    offset: int
+
+
 class Source:
     def __init__(self, symbolizer: Symbolizer, jobs: list[Job], mode: str,
-                 description: str):
+                 description: str, code: list[CodeMap] = ()):
         self.symbolizer = symbolizer
         self.jobs = jobs
         self.mode = mode
         self.description = description
+        self.code = list(code)
 
 
-def _parse_elf_arg(arg: str) -> tuple[str, int]:
+def parse_elf_arg(arg: str) -> tuple[str, int]:
+    """``FILE`` or ``FILE:BIAS`` (a FILE whose name has a colon is taken
+    whole when it exists)."""
     path, sep, bias = arg.rpartition(":")
     if sep and path and os.path.exists(path) and not os.path.exists(arg):
         try:
@@ -66,20 +84,90 @@ def _parse_elf_arg(arg: str) -> tuple[str, int]:
     return arg, 0
 
 
+def elf_code(path: str, bias: int = 0, executable_only: bool = True) -> list[CodeMap]:
+    """An ELF file's PT_LOAD segments (with file bytes) as loaded at
+    ``bias``: the executable ones, or all of them."""
+    from elftools.elf.elffile import ELFFile
+    out = []
+    with open(path, "rb") as f:
+        for seg in ELFFile(f).iter_segments():
+            h = seg.header
+            if h.p_type == "PT_LOAD" and h.p_filesz and \
+                    (h.p_flags & 1 or not executable_only):
+                out.append(CodeMap(h.p_vaddr + bias, h.p_filesz, str(path), h.p_offset))
+    return out
+
+
+def _elf_args_code(elf) -> list[CodeMap]:
+    code = []
+    for arg in elf:
+        f, bias = parse_elf_arg(arg)
+        try:
+            code += elf_code(f, bias)
+        except Exception as e:          # OSError, pyelftools' own errors
+            raise SourceError(f"--elf {arg}: {e}") from None
+    return code
+
+
 def open_source(path, elf: list[str] = (), image_path=()) -> Source:
     p = Path(path)
     sym = Symbolizer()
     for arg in elf:
-        f, bias = _parse_elf_arg(arg)
+        f, bias = parse_elf_arg(arg)
         try:
             sym.add_image(f, bias)
         except SymbolError as e:
             raise SourceError(f"--elf: {e}") from None
     if p.is_file():
-        return _jsonl_source(p, sym)
-    if not p.is_dir():
+        src = _jsonl_source(p, sym)
+    elif not p.is_dir():
         raise SourceError(f"{path}: no such bundle or file")
-    return _bundle_source(p, sym, image_path)
+    else:
+        src = _bundle_source(p, sym, image_path)
+    src.code[:0] = _elf_args_code(elf)
+    return src
+
+
+def pt_source(path, elf: list[str]) -> Source:
+    """A raw ``.pt`` stream decoded against ``elf`` images (``FILE[:BIAS]``;
+    at least one)."""
+    p = Path(path)
+    if not elf:
+        raise SourceError(f"{p}: a raw trace needs its code: --elf FILE[:BIAS]")
+    try:
+        from hwtrace.flow import session
+        from hwtrace.flow.config import FlowConfig
+        from hwtrace.flow.image import Image, Section
+        from hwtrace.flow.insn import InsnDecoder
+        from hwtrace.flow.sinks import event_json
+    except ImportError as e:
+        raise SourceError(f"cannot decode raw traces yet: {e}") from None
+    sym = Symbolizer()
+    image = Image()
+    for arg in elf:
+        f, bias = parse_elf_arg(arg)
+        try:
+            sym.add_image(f, bias)
+            for m in elf_code(f, bias, executable_only=False):
+                image.add(Section.from_file(m.path, m.offset, m.size), m.start)
+        except (OSError, SymbolError) as e:
+            raise SourceError(f"--elf {arg}: {e}") from None
+        except Exception as e:          # the flow image's own errors
+            raise SourceError(f"--elf {arg}: cannot load: {e}") from None
+
+    def run(consumer):
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise SourceError(f"{p}: {e.strerror}") from None
+        session.run_insn(InsnDecoder(data, image, FlowConfig()),
+                         FlowSink(consumer, event_json))
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise SourceError(f"{p}: {e.strerror}") from None
+    return Source(sym, [Job(StreamInfo(name=p.name), run, None, size)],
+                  "thread", str(p), _elf_args_code(elf))
 
 
 def _first_object(p: Path):
@@ -150,8 +238,9 @@ def _jsonl_source(p: Path, sym: Symbolizer) -> Source:
                             p.stat().st_size)], "thread", str(p))
 
 
-class _FlowSink:
-    """hwtrace.flow.session's sink protocol -> consumer items."""
+class FlowSink:
+    """hwtrace.flow.session's sink protocol -> the consumer protocol
+    (``insn(ip, size, iclass)``, ``feed(item)``)."""
 
     def __init__(self, consumer, event_json):
         self.c = consumer
@@ -206,6 +295,7 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
         raise SourceError(f"{p}: bundle has no streams")
 
     images: dict = {}
+    code: list[CodeMap] = []
     missing = []
     seen = set()
     union = Image()
@@ -226,6 +316,7 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
             union.add(Section.from_file(str(f), m.offset, size), m.start)
         except Exception as e:          # a foreign module's error types
             raise SourceError(f"{m.file}: cannot load: {e}") from None
+        code.append(CodeMap(m.start, size, str(f), m.offset))
         if (str(f), m.start) not in seen:
             seen.add((str(f), m.start))
             try:
@@ -247,10 +338,10 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
             except BundleError as e:
                 raise SourceError(f"{p}: {e}") from None
             dec = InsnDecoder(data, image, cfg)
-            session.run_insn(dec, _FlowSink(consumer, event_json))
+            session.run_insn(dec, FlowSink(consumer, event_json))
 
         jobs.append(Job(info, run, tsc_hz, s.size))
-    return Source(sym, jobs, b.mode, str(p))
+    return Source(sym, jobs, b.mode, str(p), code)
 
 
 def _set_cpu(cfg, b) -> None:
