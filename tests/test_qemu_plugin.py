@@ -76,3 +76,115 @@ def test_resolve_program_errors(tmp_path):
     s.chmod(0o755)
     p = qemu.resolve_program([str(s), "a"])
     assert p.argv[-2:] == [str(s), "a"] and p.elf.endswith("sh")
+
+
+FATAL = {
+    # ud2 after a loop of 1001 iterations: SIGILL, a guest CPU exception
+    "ill": ("""
+        __attribute__((noinline)) int f(int n) { int s = 0; for (int i = 0; i < n; i++) s += i; if (n > 5) __builtin_trap(); return s; }
+        int main(int argc, char **argv) { return f(1000 + argc); }
+    """, 4, 1001),
+    # divide by zero after a loop of 1000 iterations: SIGFPE
+    "fpe": ("""
+        __attribute__((noinline)) int f(int d, int n) { int s = 0; for (int i = 0; i < n; i++) s += i; return s / d; }
+        int main(int argc, char **argv) { return f(argc - 1, 1000); }
+    """, 8, 1000),
+}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("name", sorted(FATAL))
+def test_fatal_guest_signal_keeps_every_record(tmp_path, name):
+    """QEMU kills itself with the guest's uncaught signal (no exit
+    callback): the log gets the thread's buffered records from its buffer
+    file, up to the block that faulted, and the buffer file is gone."""
+    src, sig, iters = FATAL[name]
+    c = tmp_path / f"{name}.c"
+    c.write_text(src)
+    exe = tmp_path / name
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(c)], check=True)
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program([str(exe)]), log) == -sig
+    assert qemu.buffer_files(log) == []
+    blocks, ran, tail = {}, [], []
+    for r in xl.parse(log.read_bytes()):
+        if type(r) is xl.Block:
+            blocks[r.id] = r
+        elif type(r) is xl.Exec:
+            ran += r.ids
+        tail.append(type(r))
+    assert xl.ProcExit not in tail and xl.ThreadExit not in tail
+    loop = [i for i, b in blocks.items() if len(b.sizes) == 4 and b.code.endswith(b"\x75\xf7")]
+    # the first iteration runs in the block that enters the loop
+    assert len(loop) == 1 and ran.count(loop[0]) == iters - 1
+    last = blocks[ran[-1]]
+    if name == "ill":
+        assert last.code == b"\x0f\x0b"          # the ud2 block, entered
+    else:
+        assert b"\xf7" in last.code and last.code.endswith(b"\xc3")   # cltd; idiv; ret
+
+
+def test_normal_exit_leaves_no_buffer_files(tmp_path):
+    """At a normal exit the exit callback writes everything to the log and
+    removes the buffer files: nothing for merge_buffers to add."""
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program(["true"]), log) == 0
+    assert qemu.buffer_files(log) == []
+    data = log.read_bytes()
+    assert list(xl.parse(data))[-1] == xl.ProcExit(0)
+    assert qemu.merge_buffers(log) == 0
+    assert log.read_bytes() == data
+
+
+def _chunk(tid: int, t: int, n: int) -> bytes:
+    w = xl.Writer()
+    w.take()
+    w.ctx(4242, tid, 0)
+    w.time(t)
+    w.exec(range(1, n + 1))
+    return w.take()
+
+
+def _buf_file(log, tid, chunk, *, flushing=0, flush_at=0, pid=None):
+    """A plugin buffer file (struct shdr, then the records) holding ``chunk``."""
+    pid = pid if pid is not None else 2 ** 22 + 7      # no such process
+    p = log.with_name(f"{log.name}.buf.{pid}.{tid}")
+    head = qemu.BUF_HEADER.pack(qemu.BUF_MAGIC, 1, len(chunk), 22, flush_at, flushing, pid, tid)
+    p.write_bytes(head.ljust(qemu.BUF_DATA, b"\0") + chunk + b"\xee" * 64)
+    return p
+
+
+def test_merge_buffers_appends_unwritten_chunks_in_start_order(tmp_path):
+    log = tmp_path / "x.log"
+    base = bytes(xl.Writer())
+    log.write_bytes(base)
+    a, b = _chunk(7, 200, 10), _chunk(8, 100, 3)
+    _buf_file(log, 7, a)
+    _buf_file(log, 8, b)
+    empty = _buf_file(log, 9, _chunk(9, 50, 0)[:22])    # header only: nothing
+    mine = _buf_file(log, 10, _chunk(10, 10, 5), pid=os.getpid())   # still running
+    assert qemu.merge_buffers(log) == len(a) + len(b)
+    assert log.read_bytes() == base + b + a
+    assert qemu.buffer_files(log) == [mine] and not empty.exists()
+    assert qemu.merge_buffers(log) == 0
+
+
+@pytest.mark.parametrize("cut", ["whole", "none", "in_header", "at_end", "mid"])
+def test_merge_buffers_completes_an_interrupted_flush(tmp_path, cut):
+    """flushing=1: the append of the chunk at flush_at may be whole, not
+    done, or cut (a SIGKILL stops a write at a page boundary) at the end of
+    the log or before what other processes appended later."""
+    log = tmp_path / "x.log"
+    head = bytes(xl.Writer()) + _chunk(1, 5, 1000)
+    other = _chunk(2, 6, 50)
+    chunk = _chunk(3, 7, 3000)
+    at = len(head)
+    written = {"whole": len(chunk), "none": 0, "in_header": 9, "at_end": 4096 - at % 4096,
+               "mid": 2 * 4096 - at % 4096}[cut]
+    after = other if cut == "mid" else b""
+    log.write_bytes(head + chunk[:written] + after)
+    _buf_file(log, 3, chunk, flushing=1, flush_at=at)
+    qemu.merge_buffers(log)
+    want = head + chunk + after
+    assert log.read_bytes() == want
+    assert [type(r) for r in xl.parse(want)].count(xl.Ctx) == (3 if after else 2)

@@ -4,12 +4,21 @@ The plugin (``qemu_plugin.c``, shipped with the package) is compiled with
 gcc at first use into ``$XDG_CACHE_HOME/hwtrace/`` (default
 ``~/.cache/hwtrace``), named by the hash of its source, so a changed plugin
 is rebuilt and concurrent first uses don't clash (atomic rename).
+
+The plugin keeps each guest thread's not-yet-written records in a file
+next to the log (``LOG.buf.PID.TID``, mapped shared), so they survive
+QEMU dying without its exit callback (an uncaught guest signal, SIGKILL).
+:func:`merge_buffers` appends what they hold to the log; :func:`spawn`'s
+process does it once QEMU has ended, before ``wait`` returns.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import mmap
 import os
+import struct
 import shutil
 import signal
 import subprocess
@@ -127,9 +136,164 @@ def check_elf(head: bytes, name: str) -> None:
 
 
 def command(program: Program, log_path: str | os.PathLike) -> list[str]:
-    """The qemu-user command line that runs ``program`` writing ``log_path``."""
-    return [qemu_binary(), "-plugin", f"{plugin_path()},out={os.fspath(log_path)}",
+    """The qemu-user command line that runs ``program`` writing ``log_path``
+    (made absolute: the buffer files go next to it whatever QEMU's cwd)."""
+    return [qemu_binary(), "-plugin", f"{plugin_path()},out={os.path.abspath(log_path)}",
             "--", *program.argv]
+
+
+def log_of(cmd: list[str]) -> str | None:
+    """The execution log a :func:`command` line writes (None: not one)."""
+    for i, a in enumerate(cmd[:-1]):
+        if a == "-plugin" and ",out=" in cmd[i + 1]:
+            return cmd[i + 1].rsplit(",out=", 1)[1]
+    return None
+
+
+# ---- the plugin's buffer files (struct shdr in qemu_plugin.c) ----
+BUF_MAGIC = b"HWXB"
+BUF_HEADER = struct.Struct("<4sIQQQIII")   # magic, version, valid, hdr_end, flush_at, flushing, pid, tid
+BUF_DATA = 4096                            # the records start here
+_PAGE = 4096
+_CHUNK_TIME = 14                           # CTX (1+12), then TIME's u64
+
+
+def buffer_files(log_path: str | os.PathLike) -> list[Path]:
+    log = Path(log_path)
+    return sorted(log.parent.glob(glob.escape(log.name) + ".buf.*"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _pending(path: Path) -> tuple[bytes, int, int] | None:
+    """(records not in the log, flushing, flush_at) of one buffer file;
+    None if it holds none (or is not a buffer file)."""
+    with open(path, "rb") as f:
+        head = f.read(BUF_HEADER.size)
+        if len(head) < BUF_HEADER.size:
+            return None
+        magic, version, valid, hdr_end, flush_at, flushing, _pid, _tid = BUF_HEADER.unpack(head)
+        if magic != BUF_MAGIC or version != 1 or not 0 < hdr_end < valid:
+            return None
+        f.seek(BUF_DATA)
+        data = f.read(valid)
+    if len(data) != valid:
+        return None
+    return data, flushing, flush_at
+
+
+def _place(log, chunk: bytes, flush_at: int) -> tuple[int, int] | None:
+    """Where an interrupted append of ``chunk`` left the log ``log``
+    (bytes-like): None if all of it is there; else (offset, written): the
+    chunk goes at ``offset`` replacing the ``written`` bytes of it already
+    there (a write cut by the kill stops at a page boundary)."""
+    size = len(log)
+    head = chunk[:_CHUNK_TIME + 8]             # CTX + TIME: unique per chunk
+    at = log.find(head, min(flush_at, size)) if flush_at <= size else -1
+    if at < 0:
+        tail = bytes(log[flush_at:]) if flush_at < size else b""
+        if tail and chunk.startswith(tail):
+            return flush_at, len(tail)         # cut inside the chunk's header
+        return size, 0                         # never written
+    if log[at:at + len(chunk)] == chunk:
+        return None
+    n = min(len(chunk), size - at)
+    same = len(head)
+    while same < n and log[at + same] == chunk[same]:
+        same += 1
+    if at + same == size:
+        return at, same                        # cut at the end of the log
+    # Other processes appended after the cut, which is at a page boundary
+    # (the common prefix may run a few bytes into what follows).
+    written = (at + same) // _PAGE * _PAGE - at
+    return at, written if written >= len(head) else same
+
+
+def merge_buffers(log_path: str | os.PathLike) -> int:
+    """Append to the execution log the records the plugin's buffer files
+    hold that never reached it (QEMU died without its exit callback), one
+    chunk per thread in the order the chunks began, and remove the files
+    (those of processes still running are left alone).  Returns the bytes
+    added.  Idempotent; a log without buffer files is untouched."""
+    log = Path(log_path)
+    pending = []
+    for path in buffer_files(log):
+        try:
+            pid = int(path.name.rsplit(".", 2)[1])
+        except ValueError:
+            continue
+        if _pid_alive(pid):
+            continue
+        try:
+            got = _pending(path)
+        except OSError:
+            continue
+        if got is not None:
+            pending.append(got)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    if not pending or not log.is_file():
+        return 0
+    pending.sort(key=lambda p: struct.unpack_from("<Q", p[0], _CHUNK_TIME))
+    added = 0
+    with open(log, "r+b") as f:
+        for chunk, flushing, flush_at in pending:
+            size = f.seek(0, os.SEEK_END)
+            where = (size, 0)
+            if flushing and size:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    where = _place(m, chunk, flush_at)
+            if where is None:
+                continue
+            at, written = where
+            if at + written == size:
+                f.seek(at)
+                f.write(chunk)
+                added += len(chunk) - written
+            else:
+                f.seek(at + written)
+                rest = f.read()
+                f.seek(at)
+                f.write(chunk)
+                f.write(rest)
+                added += len(chunk) - written
+    return added
+
+
+class TracedProcess(subprocess.Popen):
+    """A QEMU run with the plugin: once it has ended (``wait``/``poll``),
+    the records its buffer files kept are in the log."""
+
+    def __init__(self, cmd, log: str | None, **kwargs):
+        self._log = log
+        super().__init__(cmd, **kwargs)
+
+    def _merged(self) -> None:
+        log, self._log = self._log, None
+        if log is not None:
+            try:
+                merge_buffers(log)
+            except OSError:
+                pass            # the log stays as QEMU left it
+
+    def wait(self, timeout=None):
+        rc = super().wait(timeout)
+        self._merged()
+        return rc
+
+    def poll(self):
+        rc = super().poll()
+        if rc is not None:
+            self._merged()
+        return rc
 
 
 _PR_SET_PDEATHSIG = 1
@@ -155,8 +319,12 @@ def _die_with(parent: int):
 
 def spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
     """``subprocess.Popen(cmd, **kwargs)`` whose child is SIGKILLed when
-    this process (the spawning thread) dies."""
-    return subprocess.Popen(cmd, preexec_fn=_die_with(os.getpid()), **kwargs)
+    this process (the spawning thread) dies; for a :func:`command` line, a
+    :class:`TracedProcess` (the log is whole once it has ended)."""
+    log = log_of(cmd)
+    if log is None:
+        return subprocess.Popen(cmd, preexec_fn=_die_with(os.getpid()), **kwargs)
+    return TracedProcess(cmd, log, preexec_fn=_die_with(os.getpid()), **kwargs)
 
 
 def run(program: Program, log_path: str | os.PathLike) -> int:

@@ -5,12 +5,22 @@
  *   qemu-x86_64 -plugin hwtrace_plugin.so,out=LOG PROGRAM ARGS...
  *
  * Per translation block: a BLOCK record at translation time (address, size
- * and bytes of each instruction) and a callback at execution time that
- * appends the block id to the executing guest thread's buffer.  Buffers are
- * per host thread (qemu-user runs one host thread per guest thread), flushed
- * to LOG (O_APPEND) when full, at syscalls that end or replace a thread or
- * process, and at exit.  Nothing on the execution hot path takes a lock or
- * makes a system call.
+ * and bytes of each instruction), written to LOG at once, and a callback at
+ * execution time that appends the block id to the executing guest thread's
+ * buffer.  Buffers are per host thread (qemu-user runs one host thread per
+ * guest thread), flushed to LOG (O_APPEND) when full, at syscalls that end,
+ * signal or replace a thread or process, and at exit.  Nothing on the
+ * execution hot path takes a lock or makes a system call.
+ *
+ * A thread's buffer is a MAP_SHARED mapping of its own file next to LOG,
+ * LOG.buf.PID.TID (layout: struct shdr, then the records), whose header
+ * says after every record how many bytes are whole records not yet in LOG.
+ * So when QEMU dies without running the plugin's exit callback (an
+ * uncaught guest SIGSEGV/SIGFPE/SIGILL/SIGABRT ends in QEMU killing itself
+ * with the signal; SIGKILL from outside), what the thread recorded is in
+ * the page cache, and the recorder appends it to LOG afterwards (qemu.py,
+ * merge_buffers).  The files of threads and processes that end normally
+ * are removed, their contents being in LOG.
  *
  * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
  * QEMU 4.2 .. 8.x) used here is declared below.
@@ -28,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,9 +95,26 @@ enum {
 
 #define TBUF_SIZE (256 * 1024)
 #define TBUF_SLACK 256          /* room for any event record */
+#define SHDR_SIZE 4096          /* the buffer file's header page */
+
+/* The header of a buffer file (LOG.buf.PID.TID), read by qemu.py after
+ * QEMU died: data[0:valid] (data at SHDR_SIZE) are whole records, a chunk
+ * starting with its CTX+TIME header (hdr_end bytes), not yet in LOG.
+ * flushing=1: data[0:valid] were being appended to LOG, whose size was
+ * flush_at just before (the append may be whole, partial or not done). */
+struct shdr {
+    char magic[4];              /* "HWXB" */
+    uint32_t version;           /* 1 */
+    uint64_t valid;
+    uint64_t hdr_end;
+    uint64_t flush_at;
+    uint32_t flushing;
+    uint32_t pid, tid;
+};
 
 struct tbuf {
     unsigned char *data;
+    struct shdr *sh;            /* the file's header (or private memory) */
     size_t pos;
     size_t run_at;              /* offset of the open EXEC record's count */
     uint32_t run_n;             /* ids in it (0: no open EXEC record) */
@@ -101,9 +129,10 @@ struct tbinfo { uint32_t id; };
 struct span { uint64_t lo, hi; };
 
 static int out_fd = -1;
+static char *out_path;                  /* LOG */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tbuf *all_bufs;           /* guarded by lock */
-static unsigned char *defs;             /* BLOCK/MMAP records not yet written */
+static unsigned char *defs;             /* scratch for BLOCK/MMAP records */
 static size_t defs_pos, defs_cap;
 static uint32_t next_id = 1;
 static uint32_t pid;
@@ -132,12 +161,16 @@ static void write_all(const unsigned char *p, size_t n)
     }
 }
 
+/* Publish data[0:pos] as whole records (plain stores: x86 keeps their
+ * order, the barrier keeps the compiler's). */
+static inline void commit(struct tbuf *b)
+{
+    __atomic_store_n(&b->sh->valid, (uint64_t)b->pos, __ATOMIC_RELEASE);
+}
+
 static void close_run(struct tbuf *b)
 {
-    if (b->run_n) {
-        memcpy(b->data + b->run_at, &b->run_n, 4);
-        b->run_n = 0;
-    }
+    b->run_n = 0;               /* its count is kept up to date in on_exec */
 }
 
 static void begin_chunk(struct tbuf *b)
@@ -145,6 +178,7 @@ static void begin_chunk(struct tbuf *b)
     unsigned char *p = b->data;
     int32_t cpu = sched_getcpu();
     uint64_t now = __rdtsc();
+    __atomic_store_n(&b->sh->valid, 0, __ATOMIC_RELEASE);
     *p++ = T_CTX;
     put(&p, &pid, 4);
     put(&p, &b->tid, 4);
@@ -154,28 +188,66 @@ static void begin_chunk(struct tbuf *b)
     b->pos = (size_t)(p - b->data);
     b->hdr_end = b->pos;
     b->run_n = 0;
+    b->sh->hdr_end = b->hdr_end;
+    commit(b);
 }
 
-/* Write defs then this buffer; caller holds lock. */
+/* Append this buffer's chunk to LOG and start a new one; caller holds lock. */
 static void flush_locked(struct tbuf *b)
 {
-    if (defs_pos) {
-        write_all(defs, defs_pos);
-        defs_pos = 0;
+    close_run(b);
+    if (b->pos > b->hdr_end) {
+        off_t end = lseek(out_fd, 0, SEEK_END);
+        b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
+        __atomic_store_n(&b->sh->flushing, 1, __ATOMIC_RELEASE);
+        write_all(b->data, b->pos);
+        __atomic_store_n(&b->sh->valid, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&b->sh->flushing, 0, __ATOMIC_RELEASE);
     }
-    if (b) {
-        close_run(b);
-        if (b->pos > b->hdr_end)
-            write_all(b->data, b->pos);
-        begin_chunk(b);
-    }
+    begin_chunk(b);
 }
 
-static void flush_all_locked(void)
+static void buf_file_name(char *name, size_t n, uint32_t p, uint32_t t)
 {
-    flush_locked(NULL);
-    for (struct tbuf *b = all_bufs; b; b = b->next)
-        flush_locked(b);
+    snprintf(name, n, "%s.buf.%" PRIu32 ".%" PRIu32, out_path, p, t);
+}
+
+/* Map a new buffer for b (in its file; in private memory if the file
+ * can't be made, as a last resort that only loses the crash guarantee). */
+static void map_buf(struct tbuf *b)
+{
+    size_t size = SHDR_SIZE + TBUF_SIZE + TBUF_SLACK;
+    void *m = MAP_FAILED;
+    char name[4200];
+    buf_file_name(name, sizeof name, pid, b->tid);
+    int fd = open(name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        if (ftruncate(fd, (off_t)size) == 0)
+            m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            unlink(name);
+    }
+    if (m == MAP_FAILED)
+        m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        abort();
+    b->sh = m;
+    b->data = (unsigned char *)m + SHDR_SIZE;
+    memcpy(b->sh->magic, "HWXB", 4);
+    b->sh->version = 1;
+    b->sh->pid = pid;
+    b->sh->tid = b->tid;
+}
+
+/* The thread's records are all in LOG: its file goes (the mapping stays,
+ * so a stray later callback writes into memory, not into nothing). */
+static void drop_buf_file(struct tbuf *b)
+{
+    char name[4200];
+    __atomic_store_n(&b->sh->valid, 0, __ATOMIC_RELEASE);
+    buf_file_name(name, sizeof name, pid, b->tid);
+    unlink(name);
 }
 
 static void put_event_header(struct tbuf *b)
@@ -192,14 +264,15 @@ static void put_event_header(struct tbuf *b)
         put(&p, &parent, 4);
         b->pos = (size_t)(p - b->data);
         b->started = true;
+        commit(b);
     }
 }
 
 static struct tbuf *new_buf(void)
 {
     struct tbuf *b = calloc(1, sizeof(*b));
-    b->data = malloc(TBUF_SIZE + TBUF_SLACK);
     b->tid = my_tid();
+    map_buf(b);
     begin_chunk(b);
     pthread_mutex_lock(&lock);
     put_event_header(b);
@@ -258,6 +331,8 @@ static void on_exec(unsigned int vcpu, void *udata)
     memcpy(b->data + b->pos, &((struct tbinfo *)udata)->id, 4);
     b->pos += 4;
     b->run_n++;
+    memcpy(b->data + b->run_at, &b->run_n, 4);
+    commit(b);
 }
 
 /* ---- translation time ---- */
@@ -273,7 +348,8 @@ static void defs_reserve(size_t n)
 }
 
 /* Report the mapping (from the host's view, which is the guest's: qemu-user
- * maps x86-64 guests at their own addresses) that holds pc. Caller holds lock. */
+ * maps x86-64 guests at their own addresses) that holds pc, into defs.
+ * Caller holds lock. */
 static void report_mapping(uint64_t pc)
 {
     for (size_t i = 0; i < nspans; i++)
@@ -324,67 +400,9 @@ static void report_mapping(uint64_t pc)
     fclose(f);
 }
 
-/* ---- a guest killed by a fault ----
- * A guest access fault is a host SIGSEGV/SIGBUS in QEMU; with no guest
- * handler QEMU 7.2 then dies of the signal without running the plugin's
- * atexit callback, and the thread's buffer would be lost.  So the plugin
- * puts a handler in front of QEMU's that writes the faulting thread's
- * buffer to the log (a handled fault or one QEMU resolves itself merely
- * starts a new chunk), then passes the signal on to QEMU's handler. */
-static struct sigaction qemu_segv, qemu_bus;
-
-static void on_host_fault(int sig, siginfo_t *si, void *uc)
-{
-    int saved = errno;
-    struct tbuf *b = tls_buf;
-    if (b && b->pos > b->hdr_end) {
-        for (int tries = 0; tries < 1000; tries++) {
-            if (pthread_mutex_trylock(&lock) == 0) {
-                flush_locked(b);
-                pthread_mutex_unlock(&lock);
-                break;
-            }
-            sched_yield();
-        }
-    }
-    errno = saved;
-    struct sigaction *q = sig == SIGSEGV ? &qemu_segv : &qemu_bus;
-    if (q->sa_flags & SA_SIGINFO) {
-        q->sa_sigaction(sig, si, uc);
-    } else if (q->sa_handler != SIG_DFL && q->sa_handler != SIG_IGN) {
-        q->sa_handler(sig);
-    } else {
-        signal(sig, SIG_DFL);       /* nothing to chain to: die of it */
-        raise(sig);
-    }
-}
-
-/* Called once QEMU has installed its own handlers (it does so after
- * loading plugins, before running guest code). */
-static void hook_host_faults(void)
-{
-    static int done;
-    if (__atomic_exchange_n(&done, 1, __ATOMIC_SEQ_CST))
-        return;
-    int sigs[2] = {SIGSEGV, SIGBUS};
-    struct sigaction *olds[2] = {&qemu_segv, &qemu_bus};
-    for (int i = 0; i < 2; i++) {
-        struct sigaction old, act;
-        if (sigaction(sigs[i], NULL, &old) != 0)
-            continue;
-        *olds[i] = old;
-        memset(&act, 0, sizeof act);
-        act.sa_sigaction = on_host_fault;
-        act.sa_mask = old.sa_mask;
-        act.sa_flags = (old.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
-        sigaction(sigs[i], &act, NULL);
-    }
-}
-
 static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
-    hook_host_faults();
     size_t n = qemu_plugin_tb_n_insns(tb);
     if (n == 0)
         return;
@@ -413,6 +431,10 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         put(&p, qemu_plugin_insn_data(insn), qemu_plugin_insn_size(insn));
     }
     defs_pos = (size_t)(p - defs);
+    /* Straight to LOG: before any EXEC naming the block, and never left
+     * behind in memory by a death or in a fork child. */
+    write_all(defs, defs_pos);
+    defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
     qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
@@ -460,6 +482,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
     put(&p, &nr, 8);
     b->pos = (size_t)(p - b->data);
     put_time(b);
+    commit(b);
 
     if (num == NR_RT_SIGACTION && a2 != 0) {
         uint64_t act[2] = {0, 0};
@@ -472,15 +495,18 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
             put(&p, &act[1], 8);
             b->pos = (size_t)(p - b->data);
         }
+        commit(b);
     } else if (num == NR_EXIT) {
         int32_t st = (int32_t)a1;
         p = b->data + b->pos;
         *p++ = T_THREAD_EXIT;
         put(&p, &st, 4);
         b->pos = (size_t)(p - b->data);
+        commit(b);
         pthread_mutex_lock(&lock);
         flush_locked(b);
         b->pos = 0;     /* nothing more from this thread */
+        drop_buf_file(b);
         for (struct tbuf **q = &all_bufs; *q; q = &(*q)->next)
             if (*q == b) {
                 *q = b->next;
@@ -495,6 +521,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         *p++ = T_PROC_EXIT;
         put(&p, &st, 4);
         b->pos = (size_t)(p - b->data);
+        commit(b);
         pthread_mutex_lock(&lock);
         flush_locked(b);
         pthread_mutex_unlock(&lock);
@@ -516,14 +543,16 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         put(&p, &len, 2);
         put(&p, path, len);
         b->pos = (size_t)(p - b->data);
+        commit(b);
         /* Other threads' buffers are theirs to touch: only ours is flushed. */
         pthread_mutex_lock(&lock);
         flush_locked(b);
         pthread_mutex_unlock(&lock);
     } else if (num == NR_KILL || num == NR_TKILL || num == NR_TGKILL ||
                num == NR_RT_SIGQUEUEINFO || num == NR_RT_TGSIGQUEUEINFO) {
-        /* The signal may kill this process without an exit (SIGKILL): what
-         * this thread has seen so far must be in the log first. */
+        /* The signal may kill this process without an exit: what this
+         * thread has seen so far goes to the log first (the buffer file
+         * would keep it too, but a chunk here keeps the log as it was). */
         pthread_mutex_lock(&lock);
         flush_locked(b);
         pthread_mutex_unlock(&lock);
@@ -539,20 +568,26 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
 static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, int64_t ret)
 {
     (void)id; (void)vcpu;
-    struct tbuf *b = event_buf();
-    if (ret == 0 && (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3)
+    struct tbuf *b = tls_buf;
+    if (b && ret == 0 && (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3)
         && (uint32_t)getpid() != pid) {
-        /* The child of a fork: drop the parent's buffers (the parent
-         * writes them) and start this process's part of the log. */
+        /* The child of a fork, alone in its copy of the process: the
+         * buffers it inherited are the parent's (shared mappings: not to
+         * be touched), so this thread gets a file of its own and starts
+         * this process's part of the log.  The lock may have been held by
+         * a parent thread that has no copy here. */
+        pthread_mutex_init(&lock, NULL);
         pthread_mutex_lock(&lock);
-        /* Blocks translated by other parent threads after the parent's
-         * flush stay in defs (tagged with the parent's pid): the child may
-         * run them, and they reach the log before its PROC_START. */
+        for (struct tbuf *o = all_bufs; o; o = o->next)
+            if (o != b)
+                munmap(o->sh, SHDR_SIZE + TBUF_SIZE + TBUF_SLACK);
+        munmap(b->sh, SHDR_SIZE + TBUF_SIZE + TBUF_SLACK);
         parent_pid = pid;
         pid = (uint32_t)getpid();
         b->next = NULL;
         all_bufs = b;
         b->tid = my_tid();
+        map_buf(b);
         begin_chunk(b);
         proc_started = false;
         b->started = false;
@@ -560,6 +595,7 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
         nspans = 0;
         pthread_mutex_unlock(&lock);
     }
+    b = event_buf();
     unsigned char *p = b->data + b->pos;
     uint64_t nr = (uint64_t)num;
     *p++ = T_SYSRET;
@@ -567,13 +603,18 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
     put(&p, &ret, 8);
     b->pos = (size_t)(p - b->data);
     put_time(b);
+    commit(b);
 }
 
+/* QEMU exits normally: everything goes to LOG, the buffer files go. */
 static void on_exit_cb(qemu_plugin_id_t id, void *udata)
 {
     (void)id; (void)udata;
     pthread_mutex_lock(&lock);
-    flush_all_locked();
+    for (struct tbuf *b = all_bufs; b; b = b->next) {
+        flush_locked(b);
+        drop_buf_file(b);
+    }
     pthread_mutex_unlock(&lock);
 }
 
@@ -610,6 +651,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
         return -1;
     }
+    out_path = realpath(out, NULL);     /* buffer files: next to LOG */
+    if (!out_path)
+        out_path = strdup(out);
     pid = (uint32_t)getpid();
     unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
     uint64_t hz = calibrate_tsc_hz();
