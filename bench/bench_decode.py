@@ -13,7 +13,11 @@ existing bundle instead.  Without the emulated engine it falls back to the
 hardware fixture ``drpt2trace_simple`` (tiny: a start-up measurement only).
 
     python bench/bench_decode.py [--input-kib N] [--bundle DIR] [--stream NAME]
-                                 [--repeat N]
+                                 [--repeat N] [--python]
+
+``hwtrace decode --quiet --stat`` runs the compiled flow core
+(hwtrace.flow.fast) when it decodes the trace exactly, the Python decoders
+otherwise; ``--python`` also times the pure-Python path.
 """
 
 from __future__ import annotations
@@ -36,15 +40,6 @@ ORACLE = REPO / "build" / "ptoracle"
 def child_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def timed(cmd: list[str]) -> tuple[float, str]:
-    before = child_cpu()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    spent = child_cpu() - before
-    if r.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd[:3])}...: {r.stderr.strip()[-300:]}")
-    return spent, r.stdout
 
 
 def ensure_oracle() -> None:
@@ -92,54 +87,88 @@ def bundle_args(bundle: Path, stream: str | None) -> tuple[Path, list[str], str]
     return bundle / stream, opts, f"{bundle.name}/{stream}"
 
 
+def trace_for(a) -> tuple[Path, list[str], str, Path | None]:
+    """(trace, decode options, description, temporary directory)."""
+    if a.bundle:
+        pt, opts, name = bundle_args(a.bundle, a.stream)
+        return pt, opts, f"bundle {name}", None
+    tmp = Path(tempfile.mkdtemp(prefix="hwtrace-bench-"))
+    try:
+        bundle = record_gzip(tmp, a.input_kib)
+        pt, opts, name = bundle_args(bundle, None)
+        what = ("emulated-engine recording of `gzip -9` on "
+                f"{a.input_kib} KiB of text ({name})")
+    except Exception as e:  # no QEMU here: the small real capture
+        fx = SHARED / "fixtures" / "hardware" / "drpt2trace_simple"
+        pt = fx / "pt.bin"
+        opts = ["--elf", str(fx / "hello"), "--cpu", "6/85/4",
+                "--mtc-freq", "3", "--nom-freq", "37",
+                "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "308"]
+        what = f"hardware fixture drpt2trace_simple (no recording: {e})"
+    return pt, opts, what, tmp
+
+
+def best(cmd: list[str], repeat: int, env=None) -> tuple[float, str]:
+    out = None
+    t = None
+    for _ in range(repeat):
+        before = child_cpu()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        spent = child_cpu() - before
+        if r.returncode != 0:
+            sys.exit(f"bench: {' '.join(map(str, cmd[:4]))}...: "
+                     f"{r.stderr.strip()[-300:]}")
+        t = spent if t is None else min(t, spent)
+        out = r.stdout
+    return t, out
+
+
+def oracle_run(pt: Path, opts: list[str], repeat: int) -> tuple[float, int]:
+    to, out_o = best([str(ORACLE), "insn", str(pt), *opts, "--summary"],
+                     repeat)
+    return to, json.loads(out_o.splitlines()[-1])["insns"]
+
+
+def line(label: str, insns: int, t: float, mb: float, ref: float) -> str:
+    return (f"{label:<44}: {insns} insns, {t:.3f} s CPU, "
+            f"{insns / t / 1e6:.1f} M insn/s, {mb / t:.2f} MB/s, "
+            f"{ref / t:.2f}x libipt's speed")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path)
     ap.add_argument("--stream")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--input-kib", type=int, default=512)
+    ap.add_argument("--python", action="store_true",
+                    help="also time the pure-Python path "
+                         "(HWTRACE_NO_EXTENSIONS=1; slow)")
     a = ap.parse_args()
     ensure_oracle()
 
-    tmp = None
-    if a.bundle:
-        pt, opts, name = bundle_args(a.bundle, a.stream)
-        what = f"bundle {name}"
-    else:
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix="hwtrace-bench-"))
-            bundle = record_gzip(tmp, a.input_kib)
-            pt, opts, name = bundle_args(bundle, None)
-            what = ("emulated-engine recording of `gzip -9` on "
-                    f"{a.input_kib} KiB of text ({name})")
-        except Exception as e:  # no QEMU here: the small real capture
-            fx = SHARED / "fixtures" / "hardware" / "drpt2trace_simple"
-            pt = fx / "pt.bin"
-            opts = ["--elf", str(fx / "hello"), "--cpu", "6/85/4",
-                    "--mtc-freq", "3", "--nom-freq", "37",
-                    "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "308"]
-            what = f"hardware fixture drpt2trace_simple (no recording: {e})"
-
+    pt, opts, what, tmp = trace_for(a)
     size = pt.stat().st_size
-    best_h = best_o = None
-    for _ in range(a.repeat):
-        th, out_h = timed(hwtrace("decode", "--pt", pt, *opts,
-                                  "--insn-decoder", "--quiet", "--stat"))
-        to, out_o = timed([str(ORACLE), "insn", str(pt), *opts, "--summary"])
-        best_h = th if best_h is None else min(best_h, th)
-        best_o = to if best_o is None else min(best_o, to)
-    insns_h = int(out_h.split("insn:")[1].split(".")[0])
-    insns_o = json.loads(out_o.splitlines()[-1])["insns"]
-
     mb = size / 1e6
+    to, insns_o = oracle_run(pt, opts, a.repeat)
     print(f"trace: {what}: {size} bytes")
-    print(f"hwtrace decode --quiet --stat : {insns_h} insns, {best_h:.3f} s "
-          f"CPU, {insns_h / best_h / 1e6:.3f} M insn/s, {mb / best_h:.3f} MB/s")
-    print(f"ptoracle insn --summary       : {insns_o} insns, {best_o:.3f} s "
-          f"CPU, {insns_o / best_o / 1e6:.3f} M insn/s, {mb / best_o:.3f} MB/s")
-    print(f"ratio (hwtrace time / libipt time): {best_h / best_o:.1f}x"
-          + ("" if insns_h == insns_o else
-             f"  [instruction counts differ: {insns_h} vs {insns_o}]"))
+    print(line("ptoracle insn --summary (libipt 2.0.5)", insns_o, to, mb, to))
+    runs = [("hwtrace decode --quiet --stat", [], None),
+            ("hwtrace decode --insn-decoder --quiet --stat",
+             ["--insn-decoder"], None)]
+    if a.python:
+        env = dict(os.environ, HWTRACE_NO_EXTENSIONS="1")
+        runs.append(("  the same, Python twin (NO_EXTENSIONS)",
+                     ["--insn-decoder"], env))
+    for label, extra, env in runs:
+        th, out_h = best(hwtrace("decode", "--pt", pt, *opts, *extra,
+                                 "--quiet", "--stat"), a.repeat, env)
+        insns_h = int(out_h.split("insn:")[1].split(".")[0])
+        print(line(label, insns_h, th, mb, to) +
+              ("" if insns_h == insns_o else
+               f"  [instruction counts differ: {insns_h} vs {insns_o}]"))
+    print("(CPU times of the child processes, process start-up included; "
+          "best of --repeat)")
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
