@@ -34,7 +34,9 @@ class Event:
                  "payload", "ratio", "resumed", "iflag", "vector", "has_cr2",
                  "cr2", "has_vector", "vmxr", "has_vmxr", "vmxq", "has_vmxq",
                  "trbv", "icnt", "icntv", "mult", "bits", "offset",
-                 "stamped")
+                 "stamped",
+                 # internal: how an event-trace event binds (.evtrace)
+                 "bind")
 
     def __init__(self, type: str, **fields):
         self.type = type

@@ -428,7 +428,8 @@ class InsnDecoder:
                 return self._status(0)
             return pending
         elif t in ("exec_mode", "async_paging", "async_vmcs", "iflags"):
-            if not ev.ip_suppressed and ev.ip != ip:
+            if not ev.ip_suppressed and ev.ip != ip and (
+                    self.enabled or t in ("async_paging", "async_vmcs")):
                 return self._status(0)
             return pending
         elif t == "paging" or t == "vmcs" or t == "ptwrite":

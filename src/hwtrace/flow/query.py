@@ -44,7 +44,7 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 _TNT = frozenset(("tnt8", "tnt64"))
 _EVENT = frozenset(("tip.pge", "tip.pgd", "ovf", "pip",
                     "mode.tsx", "stop", "vmcs", "mnt", "exstop", "mwait",
-                    "pwre", "pwrx", "ptw", "cbr", "cfe", "evd", "trig"))
+                    "pwre", "pwrx", "ptw", "cbr", "trig"))
 _TIMING = frozenset(("tsc", "tma", "mtc", "cyc"))
 # Second bytes of extended opcodes of branch/event packets (TNT-64, PIP,
 # CBR, VMCS, OVF, STOP, MNT, EXSTOP, MWAIT, PWRE, PWRX).
@@ -240,13 +240,17 @@ class QueryDecoder:
         t = nxt.type
         if t in _EVENT:
             return True
+        if t == "cfe":
+            return evtrace.will_event(self, nxt)
+        if t == "evd":
+            return evtrace.evd_fails(self, nxt)
         if t == "psbend":
             return self.evq.pending(BIND_PSBEND)
         if t == "tip":
             return self.evq.pending(BIND_TIP)
         if t == "fup":
             q = self.evq
-            return q.pending(BIND_FUP) or (
+            return q.pending(BIND_FUP) or bool(self.evt.fup) or (
                 self.mode_exec_pending and q.pending(BIND_TIP) and
                 q.find(BIND_TIP, "async_branch") is None)
         return False
@@ -538,7 +542,10 @@ class QueryDecoder:
                 self._event_ip(ev)
             elif t in ("async_paging", "async_vmcs", "exec_mode", "iflags"):
                 ev.ip_suppressed = True
-            elif not evtrace.bind_tip_pgd(self, ev):
+            elif evtrace.bind_tip_pgd(self, ev):
+                self.published = ev     # the disable comes next
+                return
+            else:
                 raise Fail(E.BAD_CONTEXT)
         else:
             ev = self._new_event("disabled")
@@ -579,8 +586,8 @@ class QueryDecoder:
             self._consume()
             return
         if evtrace.fup_pending(self):
-            evtrace.bind_fup_cfe(self)
-            self._consume()
+            if evtrace.bind_fup_cfe(self):
+                self._consume()
             return
         if self.mode_exec_pending and \
                 self.evq.find(BIND_TIP, "async_branch") is None:
