@@ -324,3 +324,17 @@ def test_images_of_one_process_for_libipt(rec, ptoracle):
                     "no process 999999999")
     _one_line_error(run_hwtrace("images", c, "--pt", first, "--image-path", c / "nope"),
                     "not a directory")
+
+
+def test_unstored_pseudo_files_are_not_an_error(rec, tmp_path):
+    """Mappings of things that are no file on disk ("[vdso]", a kernel
+    image) decode only if the bundle stores them; if it doesn't, decoding
+    goes on (their code would show as "no memory mapped" errors)."""
+    b = _copy(rec["cpu"], tmp_path / "pseudo", lambda m: None)
+    with open(b / "sideband.jsonl", "a") as f:
+        f.write(json.dumps({"type": "mmap", "pid": -1, "start": 0xffffffff81000000,
+                            "size": 0x1000000, "offset": 0, "file": "[kernel.kallsyms]_text",
+                            "build_id": "", "prot": "r-x", "time": 0}) + "\n")
+    want = run_hwtrace("decode", rec["cpu"], "--quiet", "--stat:insn").stdout
+    r = run_hwtrace("decode", b, "--quiet", "--stat:insn")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == want

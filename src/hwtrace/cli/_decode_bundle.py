@@ -67,7 +67,12 @@ def run_bundle(args) -> int:
         timeline, initial = _plan(spaces, info)
         used = timeline.spaces() if timeline is not None else [initial]
         missing = spaces.missing_for(used) if timeline is not None else \
-            [m for m in spaces.missing]
+            list(spaces.missing)
+        # Files on disk only: "[vdso]", "[kernel.kallsyms]_text", "//anon"
+        # decode only if the bundle stores them; without, their code is a
+        # "no memory mapped" error in the output, as for any gap.
+        missing = [m for m in missing
+                   if m[1].startswith("/") and not m[1].startswith("//")]
         if missing:
             pid, file, bid = missing[0]
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -3,6 +3,12 @@
     hwtrace decode --pt T.pt --raw T.bin:0x1000 [--cpu F/M] [--no-inst]
     hwtrace decode --pt T.pt --elf prog[:BASE] --format jsonl
 
+    hwtrace decode DIR [--stream NAME] [--image-path D] [--merge-time]
+
+A bundle DIR decodes every stream; each part of a cpu-mode stream in the
+address space of the process that ran it (sideband context switches, PIP;
+see hwtrace.cli._decode_bundle and hwtrace.flow.spaces).
+
 Prints ptxed's text by default (instruction addresses, ``[event]`` lines,
 ``[offset, ip: error: message]`` lines) or, with ``--format jsonl``, one
 JSON object per instruction, event, status or error (ptoracle's ``insn``
