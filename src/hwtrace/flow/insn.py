@@ -115,7 +115,7 @@ class InsnDecoder:
         self.retstack.clear()
         self.cr3 = None
         self.vmcs = None
-        self.ev_offset = 0          # libipt 2.3's offset with self.ev
+        self.ev_at = None           # where the query published self.ev
 
     @property
     def offset(self) -> int:
@@ -138,12 +138,18 @@ class InsnDecoder:
         stands with the event it holds (fetched ahead), see :mod:`.evtpos`."""
         q = self.query
         if self.process_event:
-            return self.ev_offset
+            if self.ev_at is None:
+                return q.offset
+            return evtpos.after_event(q, *self.ev_at)
         if q.tnt.index:
-            return q.tnt_evt_pos
+            return evtpos.skip_pads(q, q.tnt_end)
         return evtpos.lookahead(q)
 
     def _deferred(self) -> DecodeError:
+        """The error found reading ahead, reported when the decoder
+        proceeds (a query that finds one sets ``resyncing``, which routes
+        the next instruction through :meth:`resync`, which reports it; so
+        every fast path that honours ``resyncing`` stops there)."""
         d = self.query.deferred
         return DecodeError(d.code, d.offset, self.ip)
 
@@ -164,7 +170,9 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
-        self.ev_offset = self.query.event_offset
+        if self.status & DEFERRED:
+            self.resyncing = True
+        self.ev_at = self.query.event_at
         self.last_tsc = self.ev.tsc
         self.process_event = True
         return True
@@ -206,6 +214,8 @@ class InsnDecoder:
         if self.config.enable_tick_events:
             self._tick(self.ip)
         self.status = status
+        if status & DEFERRED:
+            self.resyncing = True       # resync() reports it (see _deferred)
         return taken
 
     def _indirect_branch(self, evip: int) -> int:
@@ -217,6 +227,8 @@ class InsnDecoder:
         if self.config.enable_tick_events:
             self._tick(evip)
         self.status = status
+        if status & DEFERRED:
+            self.resyncing = True
         if status & IP_SUPPRESSED:
             raise _Err(E.NOIP)
         return target
@@ -257,6 +269,8 @@ class InsnDecoder:
                 if self.config.enable_tick_events:
                     self._tick(self.ip)
                 self.status = status
+                if status & DEFERRED:
+                    self.resyncing = True
                 if not taken:
                     raise _Err(E.BAD_RETCOMP)
                 target = self.retstack.pop()

@@ -97,11 +97,11 @@ class QueryDecoder:
         self.cur_mode = None
         self.cur_if = None
         self.mode_exec_pending = False
-        # libipt 2.3's offsets (see .evtpos): after the TNT packet whose
-        # bits are in use, after the last published event; the last PSB;
-        # an error found reading ahead, reported at the next query.
-        self.tnt_evt_pos = 0
-        self.event_offset = 0
+        # For libipt 2.3's offsets (.evtpos): the end of the TNT packet
+        # whose bits are in use, where the last event was published; the
+        # last PSB; an error found reading ahead, reported when proceeding.
+        self.tnt_end = 0
+        self.event_at = None
         self.last_psb = None
         self.deferred = None
 
@@ -442,8 +442,7 @@ class QueryDecoder:
                 if ev is not None:
                     if not ev.stamped:
                         self.stamp(ev)
-                    self.event_offset = evtpos.after_event(
-                        self, t, ev, start, nxt.size)
+                    self.event_at = (t, ev, start, nxt.size)
                     break
                 self._read_ahead()
             self.time.mark()
@@ -478,7 +477,7 @@ class QueryDecoder:
     def _dec_tnt(self, pkt) -> None:
         if not self.tnt.fill(pkt.payload, pkt.bit_size):
             raise Fail(E.BAD_CONTEXT)
-        self.tnt_evt_pos = evtpos.after_packet(self, self.pos, pkt.size)
+        self.tnt_end = self.pos + pkt.size
         self._consume()
 
     def _dec_tip(self, pkt) -> None:
