@@ -5,8 +5,6 @@ bitmap; the CLI."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 
 import pytest
 

@@ -7,10 +7,17 @@ branch, a PTWRITE, before an event, at a change of section, and — with
 ``end_on_call`` / ``end_on_jump`` — after direct calls / jumps (libipt's
 pt_block_decoder; ptxed's ``--block:*`` options).
 
-This first version builds blocks from the instruction decoder's stream,
-so both decoders agree by construction; per-block caching of the walk
-between branches (libipt's block cache) is a later optimisation behind
-this same interface.
+Blocks are built from the instruction decoder's stream, so both decoders
+agree by construction, with a **block cache**: per (exec mode, IP) the run
+of plain instructions (class OTHER, all inside the mapping of the first)
+up to the next decision point, decoded once.  Where the instruction
+decoder would take its fast path anyway (tracing on, no event pending or
+being processed, not resynchronizing, not at the end) the block decoder
+takes a cached run in one step -- the same instructions, IPs and
+instruction count the instruction decoder would have produced one by one
+-- and lets the instruction decoder handle the instruction that ends it.
+The cache is dropped when the image (its generation) or the instruction
+cache changes.  The compiled core (:mod:`.fast`) has the same cache in C.
 """
 
 from __future__ import annotations
@@ -20,7 +27,11 @@ from typing import NamedTuple
 from hwtrace.x86.insn import IClass
 
 from .insn import DecodeError, InsnDecoder
+from .fetch import FetchError
 from .status import EOS, EVENT_PENDING
+
+MASK64 = 0xFFFFFFFFFFFFFFFF
+_OTHER = 1      # IClass.OTHER
 
 _CONTINUES = frozenset((int(IClass.OTHER),))
 _CALL = int(IClass.CALL)
@@ -64,6 +75,49 @@ class BlockDecoder:
         self.insn = InsnDecoder(data, image, config)
         self.insn.disable_at_trace_branch = True
         self.config = self.insn.config
+        # The block cache: (mode, ip) -> (insns, speculative insns,
+        # next ip, mapping begin, mapping end) or None (no plain run there).
+        self._runs = {}
+        self._runs_key = None
+
+    def _run(self, dec):
+        """The cached run of plain instructions at the decoder's IP."""
+        cache = dec.cache
+        key = (cache, getattr(cache.image, "generation", 0))
+        if key != self._runs_key:
+            self._runs = {}
+            self._runs_key = key
+        k = (dec.mode, dec.ip)
+        runs = self._runs
+        if k in runs:
+            return runs[k]
+        run = runs[k] = self._fill(cache, dec.mode, dec.ip)
+        return run
+
+    @staticmethod
+    def _fill(cache, mode, ip):
+        if mode is None:
+            return None
+        m = cache.image.find(ip)
+        if m is None:
+            return None
+        lo, hi = m.begin, m.end
+        insns, spec = [], []
+        while True:
+            try:
+                d = cache.decode(ip, mode)
+            except FetchError:
+                break
+            if d.insn.iclass != _OTHER:
+                break
+            insns.append(d.insn)
+            spec.append(d.spec)
+            ip = (ip + d.insn.size) & MASK64
+            if not lo <= ip < hi:
+                break
+        if not insns:
+            return None
+        return tuple(insns), tuple(spec), ip, lo, hi
 
     @property
     def offset(self) -> int:
@@ -108,6 +162,21 @@ class BlockDecoder:
         insns = []
         lo = hi = 0
         while True:
+            if dec.enabled and not (dec.process_event or dec.resyncing or
+                                    dec.status & (EVENT_PENDING | EOS)):
+                run = self._run(dec)
+                if run is not None:
+                    # What dec.next() would return one by one (its fast
+                    # path: status 0), all in this block's mapping.
+                    seq = run[1] if dec.speculative else run[0]
+                    insns.extend(seq)
+                    dec.icount += len(seq)
+                    dec.ip = run[2]
+                    if hi == 0:
+                        lo, hi = run[3], run[4]
+                    if not lo <= dec.ip < hi:
+                        return 0, _block(insns)
+                    continue
             r = dec.next()
             if r.__class__ is DecodeError:
                 if r.insn is not None:
