@@ -188,3 +188,74 @@ def test_merge_buffers_completes_an_interrupted_flush(tmp_path, cut):
     want = head + chunk + after
     assert log.read_bytes() == want
     assert [type(r) for r in xl.parse(want)].count(xl.Ctx) == (3 if after else 2)
+
+
+THREADED_FPE = r"""
+#include <pthread.h>
+volatile int ready;
+volatile unsigned long sink;
+__attribute__((noinline)) void spin(int n) { for (int i = 0; i < n; i++) sink += i; }
+static void *worker(void *arg) { (void)arg; spin(30000); ready = 1; for (;;) sink++; return 0; }
+__attribute__((noinline)) int divide(int a, int b) { return a / b; }
+int main(int argc, char **argv) {
+  pthread_t t;
+  pthread_create(&t, 0, worker, 0);
+  while (!ready) sink--;
+  return divide(argc, argc - 1);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_fatal_signal_keeps_every_thread_records(tmp_path):
+    """Two threads with records only in their buffers (no system call since
+    the clone) when the main thread's divide error kills QEMU: both buffer
+    files are merged, each a chunk of its own thread, in the order they
+    began, and the worker's whole spin loop is there."""
+    c = tmp_path / "t.c"
+    c.write_text(THREADED_FPE)
+    exe = tmp_path / "t"
+    subprocess.run(["gcc", "-O1", "-no-pie", "-pthread", "-o", str(exe), str(c)], check=True)
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program([str(exe)]), log) == -8
+    assert qemu.buffer_files(log) == []
+    blocks, ran, tids, times = {}, {}, [], []
+    tid = None
+    for r in xl.parse(log.read_bytes()):
+        if type(r) is xl.Ctx:
+            tid = r.tid
+            tids.append(tid)
+        elif type(r) is xl.Time and tids and len(times) < len(tids):
+            times.append(r.value)
+        elif type(r) is xl.Block:
+            blocks[r.id] = r
+        elif type(r) is xl.Exec:
+            ran.setdefault(tid, []).extend(r.ids)
+    assert len(set(tids)) == 2
+    # the merged chunks end the log, one per thread, oldest first
+    assert tids[-1] != tids[-2] and times[-2] <= times[-1]
+    # spin()'s loop: its back edge (the last conditional jump in it)
+    # retired once per iteration, all in the worker's records
+    from elftools.elf.elffile import ELFFile
+    with open(exe, "rb") as f:
+        (sym,) = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name("spin")
+    lo, hi = sym["st_value"], sym["st_value"] + sym["st_size"]
+    jumps = [int(line.split(":")[0], 16) for line in subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo}", f"--stop-address={hi}",
+         str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+        if line.startswith(" ") and ":\tj" in line and ":\tjmp" not in line]
+    back = jumps[-1]
+
+    def edges(ids):
+        n = 0
+        for i in ids:
+            b = blocks[i]
+            at = b.pc
+            for size in b.sizes:
+                n += at == back
+                at += size
+        return n
+    worker = next(t for t in set(tids) if t != tids[0])
+    assert edges(ran[worker]) == 30000 and edges(ran[tids[0]]) == 0
+    main_last = blocks[ran[tids[0]][-1]]
+    assert b"\xf7" in main_last.code           # divide(): cltd; idiv; ret
