@@ -62,6 +62,7 @@ struct event {
 
 struct run {
     uint64_t ip, last_ip, lo, hi;
+    uint64_t succ_ip[2], succ_n[2];  /* edge counts to the first 2 successors */
     uint32_t ninsn;
     uint8_t mode, size, iclass, indirect, special, used;
     int64_t rel;
@@ -120,6 +121,7 @@ struct dec {
     size_t edges_cap, edges_n;
     int have_from;
     uint64_t from;
+    struct run *from_run;    /* the run whose last instruction is `from` */
 
     uint64_t insns, blocks;
 };
@@ -659,7 +661,7 @@ static void edges_grow(struct dec *d)
     d->edges_cap = cap;
 }
 
-static void add_edge(struct dec *d, uint64_t from, uint64_t to)
+static void add_edge(struct dec *d, uint64_t from, uint64_t to, uint64_t n)
 {
     size_t mask = d->edges_cap - 1;
     size_t i = mix(from ^ mix(to)) & mask;
@@ -668,16 +670,51 @@ static void add_edge(struct dec *d, uint64_t from, uint64_t to)
         if (!e->n) {
             e->from = from;
             e->to = to;
-            e->n = 1;
+            e->n = n;
             if (2 * ++d->edges_n > d->edges_cap)
                 edges_grow(d);
             return;
         }
         if (e->from == from && e->to == to) {
-            e->n++;
+            e->n += n;
             return;
         }
         i = (i + 1) & mask;
+    }
+}
+
+/* The edge from the last branch to d->ip: counted in the branch's run
+ * (two successor slots: a conditional branch's two ways, a jump's one
+ * target) or, past those, in the edge table.  Called before the next
+ * lookup, which may move the runs. */
+static void complete_edge(struct dec *d)
+{
+    struct run *f = d->from_run;
+    uint64_t to = d->ip;
+    d->have_from = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!f->succ_n[i]) {
+            f->succ_ip[i] = to;
+            f->succ_n[i] = 1;
+            return;
+        }
+        if (f->succ_ip[i] == to) {
+            f->succ_n[i]++;
+            return;
+        }
+    }
+    add_edge(d, d->from, to, 1);
+}
+
+static void flush_edges(struct dec *d)
+{
+    for (size_t j = 0; j < d->runs_cap; j++) {
+        struct run *r = &d->runs[j];
+        if (!r->used)
+            continue;
+        for (int i = 0; i < 2; i++)
+            if (r->succ_n[i])
+                add_edge(d, r->last_ip, r->succ_ip[i], r->succ_n[i]);
     }
 }
 
@@ -748,15 +785,13 @@ static void one_block(struct dec *d)
     int have_bounds = 0;
     d->blocks++;
     for (;;) {
+        if (d->have_from)
+            complete_edge(d);
         struct run *r = lookup(d, d->ip, d->mode);
         if (!have_bounds) {
             lo = r->lo;
             hi = r->hi;
             have_bounds = 1;
-        }
-        if (d->have_from) {
-            add_edge(d, d->from, d->ip);
-            d->have_from = 0;
         }
         int c = r->iclass;
         if (d->dis_pending && disable_binds(d, r)) {
@@ -764,6 +799,7 @@ static void one_block(struct dec *d)
             d->ip = next_ip_after(r);
             if (d->want_edges && is_branch(c)) {
                 d->from = r->last_ip;
+                d->from_run = r;
                 d->have_from = 1;
             }
             d->dis_pending = 0;
@@ -822,6 +858,7 @@ static void one_block(struct dec *d)
         }
         if (d->want_edges && is_branch(c)) {
             d->from = r->last_ip;
+            d->from_run = r;
             d->have_from = 1;
         }
         if (queried) {
@@ -927,6 +964,8 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
         /* else: a Python exception from fill is set */
     } else {
         run_all(d);
+        if (want_edges)
+            flush_edges(d);
         PyObject *edges = Py_None;
         Py_INCREF(edges);
         if (want_edges) {
