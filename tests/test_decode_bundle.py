@@ -61,6 +61,18 @@ def _need(what):
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory, ptoracle):
+    """Bundles of the QEMU engine (it runs the parent, then the child)."""
+    return _record(tmp_path_factory, ptoracle, "qemu")
+
+
+@pytest.fixture(scope="module")
+def rec_ptrace(tmp_path_factory, ptoracle):
+    """Bundles of the ptrace stepper (parent and child interleave on the
+    CPU: a dozen switches)."""
+    return _record(tmp_path_factory, ptoracle, "ptrace")
+
+
+def _record(tmp_path_factory, ptoracle, engine):
     for tool in ("qemu-x86_64", "gcc", "taskset"):
         if shutil.which(tool) is None:
             _need(tool)
@@ -87,7 +99,7 @@ def rec(tmp_path_factory, ptoracle):
         b = d / mode
         # one CPU: both processes land in the same cpu stream
         p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
-                            "--mode", mode, "--config", CONFIG, "-o", str(b), "--",
+                            "--engine", engine, "--mode", mode, "--config", CONFIG, "-o", str(b), "--",
                             *map(str, argv)], capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         out[mode] = b
@@ -157,7 +169,9 @@ def _by_process(lines):
     return res
 
 
-def test_cpu_stream_with_two_processes_at_the_same_addresses(rec):
+@pytest.mark.parametrize("engine", ["qemu", "ptrace"])
+def test_cpu_stream_with_two_processes_at_the_same_addresses(engine, request):
+    rec = request.getfixturevalue("rec" if engine == "qemu" else "rec_ptrace")
     b = rec["cpu"]
     man = json.loads((b / "manifest.json").read_text())
     roles = _roles(b)

@@ -14,7 +14,8 @@ Output: per stream a ``[stream NAME]`` line (jsonl: ``{"stream": NAME}``)
 then the decode; when the space changes, ``[process PID (COMM)]`` (jsonl:
 ``{"process": PID, "comm": ..., "cr3": ..., "offset": ...}``), except with
 ``--quiet``.  ``--merge-time`` prints all streams' lines merged by time
-stamp (the decoder's time when the line was produced), each tagged with
+stamp (the decoder's time when the line was produced, never running back
+within a stream), each tagged with
 its stream: ``[NAME] LINE`` (jsonl: ``"stream"`` and ``"time"`` keys
 first).  The merge goes through temporary files, so memory stays small.
 """
@@ -86,27 +87,36 @@ def run_bundle(args) -> int:
                 f"its trace has no MTC/CYC packets: process switches are "
                 f"placed by TSC alone (record with e.g. --config "
                 f"'branch;user;retc;tsc;mtc;cyc')\n")
-        plans.append((info, sub, timeline, initial))
+        plans.append((info, sub, timeline, initial, _cyc(b, info)))
 
     out = sys.stdout.write
     if args.merge_time:
         return _merged(plans, spaces, out, D, SpaceSwitcher)
-    for info, sub, timeline, initial in plans:
+    for info, sub, timeline, initial, cyc in plans:
         jsonl = sub.format == "jsonl"
         out('{"stream":%s}\n' % json.dumps(info.file) if jsonl
             else f"[stream {info.file}]\n")
-        wrap = _wrapper(spaces, timeline, initial, sub, out, SpaceSwitcher)
+        wrap = _wrapper(spaces, timeline, initial, sub, out, SpaceSwitcher,
+                        cyc=cyc)
         D._run_one(sub, image=initial.image, wrap=wrap, write=out)
     return 0
 
 
-def _fine_timing(b, info) -> bool:
-    """Whether the stream was recorded with MTC or CYC packets."""
+def _ctl(b, info) -> int | None:
     cfg = info.config if info.config is not None else b.manifest.get("config")
     ctl = cfg.get("ctl") if isinstance(cfg, dict) else None
-    if type(ctl) is not int:
-        return True             # unknown: don't warn
-    return bool(ctl & ((1 << 1) | (1 << 9)))      # CYCEn, MTCEn
+    return ctl if type(ctl) is int else None
+
+
+def _fine_timing(b, info) -> bool:
+    """Whether the stream was recorded with MTC or CYC packets."""
+    ctl = _ctl(b, info)
+    return ctl is None or bool(ctl & ((1 << 1) | (1 << 9)))   # CYCEn, MTCEn
+
+
+def _cyc(b, info) -> bool:
+    ctl = _ctl(b, info)
+    return ctl is not None and bool(ctl & (1 << 1))
 
 
 def _plan(spaces, info):
@@ -125,7 +135,8 @@ def _plan(spaces, info):
     return None, spaces.union()
 
 
-def _wrapper(spaces, timeline, initial, sub, write, SpaceSwitcher, hold=None):
+def _wrapper(spaces, timeline, initial, sub, write, SpaceSwitcher, hold=None,
+             cyc=False):
     """``wrap(decoder)`` for ``_run_one``: the switcher, reporting switches
     unless ``--quiet``; ``hold`` (a list) receives the switcher."""
     jsonl = sub.format == "jsonl"
@@ -141,7 +152,7 @@ def _wrapper(spaces, timeline, initial, sub, write, SpaceSwitcher, hold=None):
             write(f"[process {space.label}]\n")
 
     def wrap(dec):
-        sw = SpaceSwitcher(dec, spaces, timeline, initial, on_switch)
+        sw = SpaceSwitcher(dec, spaces, timeline, initial, on_switch, cyc=cyc)
         if hold is not None:
             hold.append(sw)
         return sw
@@ -153,20 +164,24 @@ def _merged(plans, spaces, out, D, SpaceSwitcher) -> int:
     then merge them by time (ties: stream order)."""
     files = []
     try:
-        for info, sub, timeline, initial in plans:
+        for info, sub, timeline, initial, cyc in plans:
             f = tempfile.TemporaryFile("w+", encoding="utf-8")
             files.append((info.file, sub.format == "jsonl", f))
             hold: list = []
+            last = [0]
 
-            def write(text, f=f, hold=hold):
-                tsc = 0
+            def write(text, f=f, hold=hold, last=last):
+                # A stream's lines keep their order: a time stamp that runs
+                # back (the time model re-anchoring at an MTC) is clamped.
+                tsc = last[0]
                 if hold:
                     t, _, _, have = hold[0].time()
-                    tsc = t if have else 0
+                    if have and t > tsc:
+                        tsc = last[0] = t
                 for line in text.splitlines():
                     f.write(f"{tsc:020d} {line}\n")
             wrap = _wrapper(spaces, timeline, initial, sub, write,
-                            SpaceSwitcher, hold)
+                            SpaceSwitcher, hold, cyc)
             D._run_one(sub, image=initial.image, wrap=wrap, write=write)
             f.seek(0)
 

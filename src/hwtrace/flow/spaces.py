@@ -343,6 +343,66 @@ class Timeline:
         return first if first is not None else current
 
 
+class CycClock:
+    """Cycle-accurate time stamps of trace offsets: the last TSC packet plus
+    the CYC cycles since, converted at the nominal/core ratio (``nom_freq``
+    / the last CBR).  Finer than the flow decoder's time (libipt's model
+    re-anchors at every MTC, so it can trail the true time by a few
+    cycles): with CYC on, a context switch recorded at time T is placed at
+    the first enable whose time is at or after T.  Offsets are asked in
+    increasing order (a smaller one starts over); None where the time is
+    unknown (no TSC yet, after an overflow or a decode error, no CBR or
+    nominal frequency)."""
+
+    def __init__(self, data, nom_freq: int):
+        self.nom = nom_freq
+        self._data = data
+        self._restart()
+
+    def _restart(self) -> None:
+        from hwtrace.pt.decoder import PacketDecoder
+        self._pk = PacketDecoder(self._data)
+        self._pos = 0
+        self.tsc = None
+        self.cycles = 0
+        self.cbr = 0
+        self._synced = False
+
+    def at(self, offset: int) -> int | None:
+        from hwtrace.pt.errors import PtError
+        if offset < self._pos:
+            self._restart()
+        pk = self._pk
+        while self._pos < offset:
+            if not self._synced:
+                r = pk.sync_forward()
+                if r.__class__ is PtError:
+                    self._pos = len(self._data)
+                    break
+                self._synced = True
+                self._pos = r
+                continue
+            p = pk.next()
+            if p.__class__ is PtError:
+                self._synced = False        # resync at the next PSB
+                self.tsc = None
+                continue
+            self._pos = p.offset + p.size
+            t = p.type
+            if t == "cyc":
+                self.cycles += p.value
+            elif t == "tsc":
+                self.tsc = p.tsc
+                self.cycles = 0
+            elif t == "cbr":
+                self.cbr = p.ratio
+            elif t == "ovf":
+                self.tsc = None
+        if self.tsc is None or not self.cbr or not self.nom:
+            return None
+        return self.tsc + self.cycles * self.nom // self.cbr
+
+
 class SpaceSwitcher:
     """A flow decoder (:class:`~hwtrace.flow.insn.InsnDecoder` or
     :class:`~hwtrace.flow.block.BlockDecoder`) that runs each part of the
@@ -355,7 +415,7 @@ class SpaceSwitcher:
 
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
-                 on_switch: Callable | None = None):
+                 on_switch: Callable | None = None, cyc: bool = False):
         self.dec = dec
         self.flow = getattr(dec, "insn", dec)       # the InsnDecoder
         self.spaces = spaces
@@ -365,6 +425,13 @@ class SpaceSwitcher:
         self.saw_pip = False
         self.switches = 0
         self._peek = None
+        # With CYC packets and a nominal frequency: cycle-accurate times.
+        self._clock = None
+        cfg = getattr(self.flow, "config", None)
+        q = getattr(self.flow, "query", None)
+        if cyc and timeline is not None and len(timeline.entries) > 1 and \
+                cfg is not None and cfg.nom_freq and q is not None:
+            self._clock = CycClock(q._pkt.buffer, cfg.nom_freq)
         if initial is not None:
             self._select(initial)
 
@@ -426,10 +493,16 @@ class SpaceSwitcher:
         tl = self.timeline
         if tl is None or self.saw_pip:
             return
-        before = None
-        if time is not None and len(tl.entries) > 1:
-            before = self._time_ahead()
-        sp = tl.choose(time, ip, self.space, before)
+        exact = None
+        if self._clock is not None:
+            exact = self._clock.at(self.flow.query.pos or 0)
+        if exact is not None:
+            sp = tl.choose(exact, ip, self.space)
+        else:
+            before = None
+            if time is not None and len(tl.entries) > 1:
+                before = self._time_ahead()
+            sp = tl.choose(time, ip, self.space, before)
         if sp is not None:
             self._select(sp)
 
