@@ -111,7 +111,7 @@ def test_ip_less_interrupt_happens_at_the_fup_of_its_branch(tmp_path, decoder):
         ("event", "async_disabled")]
     intr = next(x for x in items if x.get("event") == "interrupt")
     assert intr["vector"] == 14 and intr["cr2"] == 0xf00
-    assert intr["ip_suppressed"] is True
+    assert intr["ip_suppressed"] is False and intr["ip"] == 0x1002
 
 
 def test_ip_less_iret_binds_to_the_branch_that_needs_the_tip(tmp_path,

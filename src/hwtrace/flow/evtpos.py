@@ -40,19 +40,27 @@ def after_packet(q, pos: int, size: int) -> int:
     return skip_pads(q, pos + size)
 
 
-def after_event(q, ptype: str, ev, pos: int, size: int) -> int:
-    """Where the event decoder stands after delivering ``ev``, published by
-    the packet of type ``ptype`` at ``pos`` (``size`` bytes)."""
+def stays(ptype: str, ev) -> bool:
+    """Does the event decoder stay at the packet of type ``ptype`` that
+    published ``ev`` (it may publish more), rather than move past it?"""
     if ptype in _STAY:
-        return pos
+        return True
     t = ev.type
     if ptype == "tip.pgd" and t != "disabled":
-        return pos
+        return True
     if ptype == "exstop" and t == "mwait":
-        return pos
+        return True
     if ptype == "pwrx" and t != "pwrx":
-        return pos
-    return after_packet(q, pos, size)
+        return True
+    return False
+
+
+def after_event(q, stay: bool, pos: int, end: int) -> int:
+    """Where the event decoder stands after delivering an event published
+    by the packet at ``pos``, the decoder having moved on to ``end`` (past
+    the packet, or further where an erratum workaround skipped packets);
+    ``stay`` from :func:`stays`."""
+    return pos if stay else skip_pads(q, end)
 
 
 def clone(q):
@@ -90,7 +98,8 @@ def lookahead(q) -> int:
             c._decode(nxt)
             ev = c.published
             if ev is not None:
-                return after_event(c, t, ev, start, nxt.size)
+                return after_event(c, stays(t, ev), start,
+                                   max(c.pos, start + nxt.size))
             if c.pos == start and c.next is nxt:
                 return start
     except Fail:

@@ -13,8 +13,8 @@ Where an event binds, as libipt 2.3 reports it:
 * a CFE without IP while tracing is disabled stands alone;
 * a CFE without IP while tracing is enabled goes with the next IP packet:
   the FUP of an asynchronous branch (the event happens at the FUP's IP,
-  before that branch; its IP stays suppressed) or the TIP / TIP.PGD of
-  the branch that needs it (the event binds to that instruction);
+  which it gets, before that branch) or the TIP / TIP.PGD of the branch
+  that needs it (the event binds to that instruction, IP suppressed);
 * an EVD the CFE does not take (CR2 for anything but an interrupt, VMX
   data for anything but a VM exit) is a bad packet context at the CFE.
 
@@ -103,8 +103,12 @@ def bind_fup_cfe(q) -> bool:
         return not pending
     ip = q.query_ip()
     if ev.get("bind", None) == "ip":
-        # IP-less: happens at the FUP's IP, which stays for its branch.
+        # IP-less: happens at the FUP's IP (which it gets), the FUP stays
+        # for its asynchronous branch.
         ev.at = ip if ip is not None else 0
+        if ip is not None:
+            ev.ip = ip
+            ev.ip_suppressed = False
         q.published = ev
         return False
     if ip is None:

@@ -442,7 +442,8 @@ class QueryDecoder:
                 if ev is not None:
                     if not ev.stamped:
                         self.stamp(ev)
-                    self.event_at = (t, ev, start, nxt.size)
+                    self.event_at = (evtpos.stays(t, ev), start,
+                                     max(self.pos, start + nxt.size))
                     break
                 self._read_ahead()
             self.time.mark()

@@ -23,11 +23,20 @@ from .insn import DecodeError
 from .status import EOS, EVENT_PENDING, IP_SUPPRESSED
 
 
+def _offset23(dec) -> int:
+    """The trace offset libipt 2.3 reports at this point (where its event
+    decoder stands, one event ahead; see :mod:`.evtpos`)."""
+    f = getattr(dec, "error_offset", None)
+    if f is None:
+        f = getattr(getattr(dec, "insn", None), "error_offset", None)
+    return f() if f is not None else dec.offset
+
+
 def _drain(dec, status, sink):
     """Fetch and report pending events; returns the last status or the
     DecodeError that stopped it."""
     while status & EVENT_PENDING:
-        offset = dec.offset
+        offset = _offset23(dec)
         r = dec.event()
         if r.__class__ is DecodeError:
             return r
