@@ -288,3 +288,80 @@ def test_pip_switches_the_decoder_to_that_cr3s_image(tmp_path):
     sink2 = Sink()
     session.run_insn(InsnDecoder(trace, sp.of_pid(1).image), sink2)
     assert [x for x in sink2.items if x[0] == "error"]
+
+
+def test_cycle_accurate_clock():
+    """Last TSC plus the CYC cycles since, at nominal/CBR; unknown before
+    the first TSC, after an overflow (until the next PSB's TSC) and
+    without a CBR; asking for an earlier offset starts over."""
+    from hwtrace.flow.spaces import CycClock
+    from hwtrace.pt import encoder as enc
+    parts = [enc.psb(), enc.tsc(1000), enc.cbr(22), enc.psbend(), enc.cyc(5),
+             enc.tip_pge(0x1000), enc.cyc(7), enc.tip_pgd(), enc.ovf(), enc.cyc(3),
+             enc.psb(), enc.tsc(5000), enc.psbend(), enc.cyc(1)]
+    off, at = 0, []
+    for p in parts:
+        at.append(off)
+        off += len(p)
+    data = b"".join(parts)
+    c = CycClock(data, 44)                      # 2 TSC ticks per cycle
+    assert c.at(at[1]) is None                  # before the TSC
+    assert c.at(at[4]) == 1000
+    assert c.at(at[5]) == 1010
+    assert c.at(at[7]) == 1024
+    assert c.at(at[9]) is None                  # after the overflow
+    assert c.at(len(data)) == 5002
+    assert c.at(at[6]) == 1010                  # starts over
+    assert CycClock(data, 0).at(len(data)) is None
+    nocbr = enc.psb() + enc.tsc(7) + enc.psbend() + enc.cyc(4)
+    assert CycClock(nocbr, 44).at(len(nocbr)) is None
+
+
+def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
+    """Without CYC the time stamps may fit several processes around an
+    enable: the one that left user code exactly at the enable's IP goes on
+    (if only one did).  The switcher learns those IPs from the disables."""
+    from hwtrace.flow import session
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.pt import encoder as enc
+    # 0x1000: nop; syscall; nop; syscall; jmp rax
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
+            Switch(cpu=0, time=100, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
+            Switch(cpu=0, time=150, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
+            Switch(cpu=0, time=160, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1)]
+    sp = AddressSpaces(recs)
+    one, two = sp.of_pid(1), sp.of_pid(2)
+    tl = sp.cpu_timeline(0)
+
+    class Dec:                      # the switcher only asks these here
+        ip = 0
+        offset = 0
+
+        def set_image(self, image):
+            pass
+
+    sw = SpaceSwitcher(Dec(), sp, tl, one)
+    sw._resume = {one: 0x1003, two: 0x1006}
+    assert sw._resuming(120, 170, 0x1006) is two
+    assert sw._resuming(120, 170, 0x1003) is one
+    assert sw._resuming(120, 140, 0x1006) is None       # only pid 1 fits
+    assert sw._resuming(120, 170, 0x1000) is None       # nobody left there
+    sw._resume = {one: 0x1003, two: 0x1003}
+    assert sw._resuming(120, 170, 0x1003) is None       # both did
+    assert sw._resuming(None, None, 0x1003) is None
+    # a decode: the disables tell where each process left
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000) + enc.tip_pgd()
+             + enc.tip_pge(0x1003) + enc.fup(0x1004) + enc.tip_pgd())
+    dec = InsnDecoder(trace, one.image)
+    sw = SpaceSwitcher(dec, sp, tl, one)
+
+    class Sink:
+        def __getattr__(self, name):
+            return lambda *a: None
+    session.run_insn(sw, Sink())
+    assert sw._resume == {one: 0x1004}

@@ -425,6 +425,7 @@ class SpaceSwitcher:
         self.saw_pip = False
         self.switches = 0
         self._peek = None
+        self._resume: dict = {}         # space -> IP it left user code at
         # With CYC packets and a nominal frequency: cycle-accurate times.
         self._clock = None
         cfg = getattr(self.flow, "config", None)
@@ -475,6 +476,10 @@ class SpaceSwitcher:
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
                 self._by_time(ev.tsc if ev.has_tsc else None, ev.ip)
+            elif (t == "disabled" or t == "async_disabled") and \
+                    not ev.status_update and self.space is not None:
+                # where this process goes on when it comes back
+                self._resume[self.space] = self.flow.ip
         return r
 
     # -- choosing ------------------------------------------------------------------
@@ -502,9 +507,29 @@ class SpaceSwitcher:
             before = None
             if time is not None and len(tl.entries) > 1:
                 before = self._time_ahead()
-            sp = tl.choose(time, ip, self.space, before)
+            sp = self._resuming(time, before, ip)
+            if sp is None:
+                sp = tl.choose(time, ip, self.space, before)
         if sp is not None:
             self._select(sp)
+
+    def _resuming(self, time, before, ip) -> AddressSpace | None:
+        """With coarse time stamps several processes may run at an enable:
+        the one that left user code exactly at ``ip``, if only one did
+        (a process resumes where it stopped; a new one, or one entering a
+        signal handler, doesn't tell)."""
+        if time is None or not self._resume:
+            return None
+        tl = self.timeline
+        lo = tl.index_at(time)
+        hi = tl.index_at(time, before) if before is not None else lo
+        cands = {s for _, s in tl.entries[lo:hi + 1] if s is not None}
+        if self.space is not None:
+            cands.add(self.space)
+        if len(cands) < 2:
+            return None
+        hits = [s for s in cands if self._resume.get(s) == ip]
+        return hits[0] if len(hits) == 1 else None
 
     def _time_ahead(self) -> int | None:
         """The time stamp at the next timing packet (TSC, MTC, CYC) after
