@@ -62,10 +62,13 @@ struct event {
 
 struct run {
     uint64_t ip, last_ip, lo, hi;
-    uint64_t succ_ip[2], succ_n[2];  /* edge counts to the first 2 successors */
-    uint32_t ninsn;
-    uint8_t mode, size, iclass, indirect, special, used;
     int64_t rel;
+    /* the first two runs executed after this one (run index + 1, 0: none)
+     * and, if this one ends with a branch, the edge counts to them */
+    uint64_t succ_ip[2], succ_n[2];
+    uint32_t succ_run[2];
+    uint32_t ninsn;
+    uint8_t mode, size, iclass, indirect, special;
 };
 
 struct edge {
@@ -111,17 +114,19 @@ struct dec {
     struct event ev[MAXEV];
     int ev_n, ev_i;
 
-    /* block cache */
+    /* block cache: runs in a dense array (indices stay valid), found
+     * through an open-addressing index of run index + 1 */
     struct run *runs;
     size_t runs_cap, runs_n;
+    uint32_t *slots;
+    size_t slots_cap;
+    int have_prev;           /* prev: the run executed last */
+    uint32_t prev;
 
     /* edges */
     int want_edges;
     struct edge *edges;
     size_t edges_cap, edges_n;
-    int have_from;
-    uint64_t from;
-    struct run *from_run;    /* the run whose last instruction is `from` */
 
     uint64_t insns, blocks;
 };
@@ -564,20 +569,38 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
-static void runs_grow(struct dec *d);
+static void slots_grow(struct dec *d)
+{
+    size_t cap = d->slots_cap * 2;
+    uint32_t *ns = calloc(cap, sizeof *ns);
+    if (!ns)
+        BAIL(d, "out of memory");
+    for (size_t j = 0; j < d->runs_n; j++) {
+        struct run *r = &d->runs[j];
+        size_t i = mix(r->ip * 4 + r->mode) & (cap - 1);
+        while (ns[i])
+            i = (i + 1) & (cap - 1);
+        ns[i] = (uint32_t)j + 1;
+    }
+    free(d->slots);
+    d->slots = ns;
+    d->slots_cap = cap;
+}
 
-static struct run *lookup(struct dec *d, uint64_t ip, int mode)
+/* The index of the run at (ip, mode), decoded by fill() on a miss. */
+static uint32_t lookup(struct dec *d, uint64_t ip, int mode)
 {
     if (mode < 0)
         BAIL(d, "unknown exec mode");
-    size_t mask = d->runs_cap - 1;
+    size_t mask = d->slots_cap - 1;
     size_t i = mix(ip * 4 + mode) & mask;
     for (;;) {
-        struct run *r = &d->runs[i];
-        if (!r->used)
+        uint32_t k = d->slots[i];
+        if (!k)
             break;
+        struct run *r = &d->runs[k - 1];
         if (r->ip == ip && r->mode == mode)
-            return r;
+            return k - 1;
         i = (i + 1) & mask;
     }
     /* a miss: the Python twin decodes the run */
@@ -598,12 +621,17 @@ static struct run *lookup(struct dec *d, uint64_t ip, int mode)
         BAIL(d, NULL);
     }
     Py_DECREF(t);
-    if (2 * (d->runs_n + 1) > d->runs_cap) {
-        runs_grow(d);
-        return lookup(d, ip, mode);     /* n.b. refills: rare, cheap */
+    if (d->runs_n == d->runs_cap) {
+        size_t cap = d->runs_cap * 2;
+        struct run *nr = realloc(d->runs, cap * sizeof *nr);
+        if (!nr || cap > UINT32_MAX / 2)
+            BAIL(d, "out of memory");
+        d->runs = nr;
+        d->runs_cap = cap;
     }
-    struct run *r = &d->runs[i];
-    r->used = 1;
+    uint32_t idx = (uint32_t)d->runs_n++;
+    struct run *r = &d->runs[idx];
+    memset(r, 0, sizeof *r);
     r->ip = ip;
     r->mode = (uint8_t)mode;
     r->ninsn = (uint32_t)n;
@@ -615,28 +643,47 @@ static struct run *lookup(struct dec *d, uint64_t ip, int mode)
     r->rel = rel;
     r->lo = lo;
     r->hi = hi;
-    d->runs_n++;
-    return r;
+    d->slots[i] = idx + 1;
+    if (2 * d->runs_n > d->slots_cap)
+        slots_grow(d);
+    return idx;
 }
 
-static void runs_grow(struct dec *d)
+static int is_branch(int c);
+static void add_edge(struct dec *d, uint64_t from, uint64_t to, uint64_t n);
+
+/* The run at the current IP, executed after run d->prev (if any): the
+ * previous run remembers its first two successors, so the hot path needs
+ * no hash lookup; the edge from its branch is counted there. */
+static uint32_t next_run(struct dec *d)
 {
-    size_t cap = d->runs_cap * 2;
-    struct run *nr = calloc(cap, sizeof *nr);
-    if (!nr)
-        BAIL(d, "out of memory");
-    for (size_t j = 0; j < d->runs_cap; j++) {
-        struct run *r = &d->runs[j];
-        if (!r->used)
-            continue;
-        size_t i = mix(r->ip * 4 + r->mode) & (cap - 1);
-        while (nr[i].used)
-            i = (i + 1) & (cap - 1);
-        nr[i] = *r;
+    uint64_t ip = d->ip;
+    if (!d->have_prev) {
+        d->have_prev = 1;
+        return d->prev = lookup(d, ip, d->mode);
     }
-    free(d->runs);
-    d->runs = nr;
-    d->runs_cap = cap;
+    struct run *p = &d->runs[d->prev];
+    int edge = d->want_edges && is_branch(p->iclass);
+    for (int i = 0; i < 2; i++) {
+        uint32_t k = p->succ_run[i];
+        if (k && p->succ_ip[i] == ip && d->runs[k - 1].mode == d->mode) {
+            p->succ_n[i] += edge;
+            return d->prev = k - 1;
+        }
+    }
+    uint32_t idx = lookup(d, ip, d->mode);
+    p = &d->runs[d->prev];           /* lookup may have moved the runs */
+    for (int i = 0; i < 2; i++) {
+        if (!p->succ_run[i]) {
+            p->succ_run[i] = idx + 1;
+            p->succ_ip[i] = ip;
+            p->succ_n[i] = edge;
+            return d->prev = idx;
+        }
+    }
+    if (edge)
+        add_edge(d, p->last_ip, ip, 1);
+    return d->prev = idx;
 }
 
 /* -- edges --------------------------------------------------------------- */
@@ -683,35 +730,10 @@ static void add_edge(struct dec *d, uint64_t from, uint64_t to, uint64_t n)
     }
 }
 
-/* The edge from the last branch to d->ip: counted in the branch's run
- * (two successor slots: a conditional branch's two ways, a jump's one
- * target) or, past those, in the edge table.  Called before the next
- * lookup, which may move the runs. */
-static void complete_edge(struct dec *d)
-{
-    struct run *f = d->from_run;
-    uint64_t to = d->ip;
-    d->have_from = 0;
-    for (int i = 0; i < 2; i++) {
-        if (!f->succ_n[i]) {
-            f->succ_ip[i] = to;
-            f->succ_n[i] = 1;
-            return;
-        }
-        if (f->succ_ip[i] == to) {
-            f->succ_n[i]++;
-            return;
-        }
-    }
-    add_edge(d, d->from, to, 1);
-}
-
 static void flush_edges(struct dec *d)
 {
-    for (size_t j = 0; j < d->runs_cap; j++) {
+    for (size_t j = 0; j < d->runs_n; j++) {
         struct run *r = &d->runs[j];
-        if (!r->used)
-            continue;
         for (int i = 0; i < 2; i++)
             if (r->succ_n[i])
                 add_edge(d, r->last_ip, r->succ_ip[i], r->succ_n[i]);
@@ -785,9 +807,8 @@ static void one_block(struct dec *d)
     int have_bounds = 0;
     d->blocks++;
     for (;;) {
-        if (d->have_from)
-            complete_edge(d);
-        struct run *r = lookup(d, d->ip, d->mode);
+        uint32_t ri = next_run(d);          /* may move d->runs */
+        struct run *r = &d->runs[ri];
         if (!have_bounds) {
             lo = r->lo;
             hi = r->hi;
@@ -797,11 +818,6 @@ static void one_block(struct dec *d)
         if (d->dis_pending && disable_binds(d, r)) {
             d->insns += r->ninsn;
             d->ip = next_ip_after(r);
-            if (d->want_edges && is_branch(c)) {
-                d->from = r->last_ip;
-                d->from_run = r;
-                d->have_from = 1;
-            }
             d->dis_pending = 0;
             d->enabled = 0;
             drain(d);       /* the events after the disable */
@@ -855,11 +871,6 @@ static void one_block(struct dec *d)
                 queried = 1;
                 d->ip = indirect_branch(d);
             }
-        }
-        if (d->want_edges && is_branch(c)) {
-            d->from = r->last_ip;
-            d->from_run = r;
-            d->have_from = 1;
         }
         if (queried) {
             if (d->st_pend) {
@@ -953,10 +964,12 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     d->want_edges = want_edges;
     d->runs_cap = 1024;
     d->runs = calloc(d->runs_cap, sizeof *d->runs);
+    d->slots_cap = 4096;
+    d->slots = calloc(d->slots_cap, sizeof *d->slots);
     d->edges_cap = 1024;
     d->edges = calloc(d->edges_cap, sizeof *d->edges);
     PyObject *result = NULL;
-    if (!d->runs || !d->edges) {
+    if (!d->runs || !d->slots || !d->edges) {
         PyErr_NoMemory();
     } else if (setjmp(d->bail)) {
         if (d->reason)
@@ -995,6 +1008,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
         }
     }
     free(d->runs);
+    free(d->slots);
     free(d->edges);
     free(d);
     PyBuffer_Release(&view);
