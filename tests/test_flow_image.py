@@ -365,3 +365,22 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
             return lambda *a: None
     session.run_insn(sw, Sink())
     assert sw._resume == {one: 0x1004}
+
+
+def test_perf_style_fork_then_exec(tmp_path):
+    """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of
+    the same pid (with exe): the exec starts a fresh space, without the
+    parent's mappings; a rename (no exe) changes nothing."""
+    f = _files(tmp_path, sh=b"S" * 16, prog=b"P" * 16)
+    recs = [Process(pid=1, cr3=0, comm="sh", exe="/bin/sh", time=10),
+            Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["sh"], time=10),
+            Process(pid=2, cr3=0, comm="sh", ppid=1, time=20),
+            Process(pid=2, cr3=0, comm="prog", exe="/usr/bin/prog", time=30),
+            Mmap(pid=2, start=0x8000, size=16, offset=0, file=f["prog"], time=31),
+            Process(pid=2, cr3=0, comm="renamed", time=40)]
+    sp = AddressSpaces(recs)
+    forked, execd = sp.of_pid(2, 25), sp.of_pid(2, 35)
+    assert forked is not execd and sp.of_pid(2) is execd and execd.comm == "renamed"
+    assert forked.image.read(0x1000, 1) == b"S" and forked.image.read(0x8000, 1) is None
+    assert execd.image.read(0x1000, 1) is None and execd.image.read(0x8000, 1) == b"P"
+    assert sp.of_cr3(0) is None                     # CR3 0: unknown, never matched

@@ -131,6 +131,7 @@ class AddressSpaces:
         self._extra = (extend,) if extend is not None else ()
         self.spaces: list[AddressSpace] = []
         self.missing: list[tuple[int, str, str]] = []
+        self._missing: set = set()
         self._by_pid: dict[int, list[AddressSpace]] = {}
         self._by_cr3: dict[int, list[AddressSpace]] = {}
         self._sections: dict = {}
@@ -167,7 +168,7 @@ class AddressSpaces:
             if cur:
                 last = cur[-1]
                 new_cr3 = p.cr3 and p.cr3 != last.cr3
-                new_exe = p.exe and p.exe != last.exe and (last.exe or last.mappings)
+                new_exe = p.exe and p.exe != last.exe       # an exec
                 if not (new_cr3 or new_exe):
                     if p.comm:
                         last.comm = p.comm
@@ -223,8 +224,10 @@ class AddressSpaces:
             self._resolved[key] = None if path is None else os.fspath(path)
         path = self._resolved[key]
         if path is None:
-            if (pid, m.file, m.build_id) not in self.missing:
-                self.missing.append((pid, m.file, m.build_id))
+            key = (pid, m.file, m.build_id)
+            if key not in self._missing:
+                self._missing.add(key)
+                self.missing.append(key)
             return None
         return MappedFile(m.start, m.size, m.offset, path, m.file)
 
