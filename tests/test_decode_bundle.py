@@ -359,3 +359,27 @@ def test_unstored_pseudo_files_are_not_an_error(rec, tmp_path):
     want = run_hwtrace("decode", rec["cpu"], "--quiet", "--stat:insn").stdout
     r = run_hwtrace("decode", b, "--quiet", "--stat:insn")
     assert r.returncode == 0 and r.stderr == "" and r.stdout == want
+
+
+def test_imported_perf_capture(tmp_path):
+    """A real perf capture (hase's loopy, one cpu stream) imported and
+    decoded as a bundle: the fork of perf's wrapper and the exec of loopy
+    are two spaces of one pid; the trace runs in loopy's and decodes as
+    libipt does with every mapping (57 instructions, no errors)."""
+    from conftest import FIXTURES
+    hase = FIXTURES / "hase_loopy"
+    if not (hase / "loopy-20180404T162955.perf").exists():
+        _need("the hase_loopy fixture")
+    out = tmp_path / "b"
+    r = run_hwtrace("import", hase / "loopy-20180404T162955.perf", "-o", out,
+                    "--image", hase / "loopy")
+    assert r.returncode == 0, r.stderr
+    r = run_hwtrace("decode", out, "--format", "jsonl", "--insn-decoder")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    items = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x for x in items if "error" in x] == []
+    assert sum(1 for x in items if "iclass" in x) == 57
+    procs = [x for x in items if "process" in x]
+    assert procs[-1]["comm"] == "loopy"
+    first = next(i for i, x in enumerate(items) if "iclass" in x)
+    assert [x["comm"] for x in items[:first] if "process" in x][-1] == "loopy"
