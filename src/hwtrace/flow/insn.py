@@ -518,6 +518,8 @@ class InsnDecoder:
         inj = self.injected
         if inj is not None:
             self.injected = None
+            if inj.__class__ is DecodeError:
+                return inj
             return self._status(EVENT_PENDING), inj
         if not self.process_event:
             return self._error(E.BAD_QUERY)
@@ -579,6 +581,9 @@ class InsnDecoder:
             if t in _IP_REFERENCE and not ev.ip_suppressed:
                 self.icount = 0
             self.process_event = False
+        except _Err as e:
+            return self._error(e.code)
+        try:
             if self.process_insn:
                 status = self._check_insn_event(self.p_insn, self.p_x86)
                 if status & EVENT_PENDING:
@@ -586,7 +591,10 @@ class InsnDecoder:
                 self._proceed_postponed()
             return self._check_ip_event(None, None), ev
         except _Err as e:
-            return self._error(e.code)
+            # The event is delivered; what went wrong after it (fetching
+            # the next one) comes with the next call, as libipt 2.3 has it.
+            self.injected = self._error(e.code)
+            return self._status(EVENT_PENDING), ev
 
     def _process_enabled(self, ev) -> None:
         if ev.status_update:

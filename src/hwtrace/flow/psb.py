@@ -59,6 +59,9 @@ def read_psb_header(q):
             q.cur_if = bool(nxt.iflag)
             evq.enqueue(BIND_PSBEND, Event(
                 "exec_mode", mode=_exec_mode(nxt), status_update=True))
+            if q.config.enable_iflags_events:
+                evq.enqueue(BIND_PSBEND, Event(
+                    "iflags", iflag=bool(nxt.iflag), status_update=True))
             evtrace.mode_exec_header(q, nxt)
         elif t == "mode.tsx":
             evq.enqueue(BIND_PSBEND, Event(

@@ -32,6 +32,17 @@ def _offset23(dec) -> int:
     return f() if f is not None else dec.offset
 
 
+def _resynced(sink, dec, status) -> None:
+    """Report a resynchronization; sinks with ``status_ex`` also get
+    whether tracing is off there (ptoracle's ``ip_suppressed``)."""
+    ex = getattr(sink, "status_ex", None)
+    if ex is None:
+        sink.status("resynced", _offset23(dec))
+    else:
+        ex("resynced", _offset23(dec),
+           ip_suppressed=bool(status & IP_SUPPRESSED))
+
+
 def _drain(dec, status, sink):
     """Fetch and report pending events; returns the last status or the
     DecodeError that stopped it."""
@@ -76,7 +87,7 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
                     break
                 if status & EOS:
                     if not status & IP_SUPPRESSED:
-                        sink.status("end_of_trace", dec.offset)
+                        sink.status("end_of_trace", _offset23(dec))
                     err = None
                     break
                 if want_offset:
@@ -109,7 +120,7 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
                 break
             status = r
             last_ip = err.ip
-            sink.status("resynced", dec.offset)
+            _resynced(sink, dec, status)
     return ninsn
 
 
@@ -142,7 +153,7 @@ def run_blocks(dec, sink, resync: bool = False) -> int:
                     break
                 if status & EOS:
                     if not status & IP_SUPPRESSED:
-                        sink.status("end_of_trace", dec.offset)
+                        sink.status("end_of_trace", _offset23(dec))
                     break
                 offset = dec.offset
                 r = dec.next()
@@ -168,5 +179,5 @@ def run_blocks(dec, sink, resync: bool = False) -> int:
                 sink.error("resync error", r.offset, err.ip, r.code)
                 break
             status = r
-            sink.status("resynced", dec.offset)
+            _resynced(sink, dec, status)
     return ninsn

@@ -215,3 +215,7 @@ class JsonSink(CountSink):
 
     def status(self, name, offset):
         self._emit({"status": name, "offset": offset})
+
+    def status_ex(self, name, offset, *, ip_suppressed: bool):
+        self._emit({"status": name, "offset": offset,
+                    "ip_suppressed": ip_suppressed})
