@@ -144,3 +144,21 @@ def test_cli_errors(tmp_path):
     assert r.returncode == 2 and "no trace" in r.stderr
     r = run_hwtrace("coverage", "--edges", tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_cli_bundle_same_as_pt(tmp_path):
+    """`coverage --edges DIR` (images and CPU from the bundle) prints what
+    the --pt form with the same images prints."""
+    from test_flow_fast import _load, _record
+    bundle = _record(tmp_path, ["/bin/true"])
+    data, image, cfg = _load(bundle)
+    ref = reference_edges(data, image, cfg)
+    r = run_hwtrace("coverage", "--edges", bundle)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:-1] == [f"{f:016x} {t:016x} {n}"
+                          for (f, t), n in sorted(ref.items())]
+    assert lines[-1].startswith(f"edges: {len(ref)}, taken: "
+                                f"{sum(ref.values())}, insns: ")
+    r = run_hwtrace("coverage", "--edges", bundle, "--stream", "nope.pt")
+    assert r.returncode == 2 and "no stream" in r.stderr

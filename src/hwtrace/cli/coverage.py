@@ -53,7 +53,10 @@ def register(sub) -> None:
     p.set_defaults(func=run, images=[])
 
 
-def _config(cpu_arg):
+_TIMING = ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx")
+
+
+def _config(cpu_arg, timing=None):
     from hwtrace.flow.config import Errata, FlowConfig
     from hwtrace.pt import cpu as cpumod
     from hwtrace.pt.errors import PtError
@@ -69,6 +72,8 @@ def _config(cpu_arg):
             errata = cpumod.errata(cpu)
             if not isinstance(errata, PtError):
                 cfg.errata = Errata.from_flags(errata)
+    for key, v in (timing or {}).items():
+        setattr(cfg, key, v)
     return cfg
 
 
@@ -94,11 +99,12 @@ def _read(path: str) -> bytes:
 
 
 def _jobs(args):
-    """(label, trace path, image options, cpu) per trace to cover."""
+    """(label, trace path, image options, cpu, timing parameters) per trace
+    to cover."""
     if not args.bundle:
         if not args.pt:
             raise CliError("coverage: no trace: use --pt FILE or a bundle DIR")
-        return [(None, args.pt, args.images, args.cpu)]
+        return [(None, args.pt, args.images, args.cpu, {})]
     if args.pt:
         raise CliError("coverage: give either a bundle DIR or --pt")
     import json
@@ -121,6 +127,8 @@ def _jobs(args):
     if not cpu and isinstance(c, dict) and type(c.get("family")) is int and \
             type(c.get("model", 0)) is int:
         cpu = f"{c['family']}/{c.get('model', 0)}"
+    timing = {k: manifest[k] for k in _TIMING
+              if type(manifest.get(k)) is int and manifest[k] > 0}
     out = []
     for name in streams:
         argv = stream_args(args.bundle, name)
@@ -129,7 +137,8 @@ def _jobs(args):
                   if argv[i] in ("--raw", "--elf")]
         if os.path.basename(name) != name:
             raise CliError(f"coverage: bad stream name {name!r}")
-        out.append((name, os.path.join(args.bundle, name), images, cpu))
+        out.append((name, os.path.join(args.bundle, name), images, cpu,
+                    timing))
     return out
 
 
@@ -143,9 +152,9 @@ def run(args) -> int:
     write = sys.stdout.write
     total: dict = {}
     insns = 0
-    for label, path, images, cpu in _jobs(args):
+    for label, path, images, cpu, timing in _jobs(args):
         image = _image(images)
-        cfg = _config(cpu)
+        cfg = _config(cpu, timing)
         e = fast.edges(_read(path), image, cfg)
         insns += e.insns
         for k, n in e.counts.items():

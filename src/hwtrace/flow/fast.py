@@ -116,6 +116,8 @@ def _run_filler(image):
             return None
         m = image.find(ip)
         lo, hi = m.begin, m.end
+        if hi > MASK64:
+            return None         # a mapping up to 2**64: the twin decodes
         n = 0
         cur = ip
         while True:
