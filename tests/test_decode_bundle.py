@@ -383,3 +383,27 @@ def test_imported_perf_capture(tmp_path):
     assert procs[-1]["comm"] == "loopy"
     first = next(i for i, x in enumerate(items) if "iclass" in x)
     assert [x["comm"] for x in items[:first] if "process" in x][-1] == "loopy"
+
+
+def test_hostile_sideband_values_decode_or_fail_in_one_line(rec, tmp_path):
+    """Random but well-typed sideband values (addresses, sizes, offsets,
+    pids, CR3s, times; cycles of parents) never crash the decoder: exit 0,
+    or a one-line error with exit 2."""
+    import random
+    src = _sideband(rec["cpu"])
+    for seed in range(6):
+        rnd = random.Random(seed)
+        recs = [dict(x) for x in src]
+        for _ in range(4):
+            x = rnd.choice(recs)
+            key = rnd.choice([k for k, v in x.items() if isinstance(v, int)])
+            x[key] = rnd.choice([0, -1, 1, (1 << 64) - 1, -(1 << 63), x[key] + 1,
+                                 x[key] - 5, rnd.randrange(1 << 48),
+                                 rnd.choice(recs).get("pid", 0)])
+        d = tmp_path / f"s{seed}"
+        shutil.copytree(rec["cpu"], d)
+        (d / "sideband.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+        r = run_hwtrace("decode", d, "--quiet", "--stat")
+        assert "Traceback" not in r.stderr, (seed, r.stderr[-2000:])
+        assert r.returncode == 0 or (r.returncode == 2 and r.stderr.count("\n") == 1), \
+            (seed, r.returncode, r.stderr)
