@@ -259,3 +259,49 @@ def test_fatal_signal_keeps_every_thread_records(tmp_path):
     assert edges(ran[worker]) == 30000 and edges(ran[tids[0]]) == 0
     main_last = blocks[ran[tids[0]][-1]]
     assert b"\xf7" in main_last.code           # divide(): cltd; idiv; ret
+
+
+def test_merge_buffers_drops_a_block_record_cut_by_the_kill(tmp_path):
+    """The log ends, on a page boundary, inside a BLOCK record whose write
+    a kill cut short: it is cut back to its last whole record before the
+    buffered chunk is appended (else the chunk would be read as its rest)."""
+    log = tmp_path / "x.log"
+    w = xl.Writer()
+    w.ctx(4242, 1, 0)
+    w.time(1)
+    w.exec(range(1, 1000))
+    whole = bytes(w)
+    w.block(4242, 7, 0x401000, bytes([4] * 100), b"\x90\x90\x90\x90" * 100)
+    full = bytes(w)
+    cut = len(whole) // 4096 * 4096 + 4096
+    assert len(whole) < cut < len(full)
+    log.write_bytes(full[:cut])
+    chunk = _chunk(1, 2, 10)
+    _buf_file(log, 1, chunk)
+    assert qemu.merge_buffers(log) == len(chunk)
+    assert log.read_bytes() == whole + chunk
+
+
+def test_snapshot_buffers_of_a_running_program(tmp_path):
+    """While QEMU runs, a copy of its log plus what its buffer files hold
+    so far (the records that sit only there) parses whole; the files are
+    left for QEMU."""
+    import time
+    log = tmp_path / "x.log"
+    proc = qemu.spawn(qemu.command(qemu.resolve_program(["sh", "-c", "read x"]), log),
+                      stdin=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 60
+        while not qemu.buffer_files(log) and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(1.0)     # the shell is waiting in read(): its records are buffered
+        files = qemu.buffer_files(log)
+        copy = tmp_path / "copy.log"
+        copy.write_bytes(log.read_bytes())
+        added = qemu.snapshot_buffers(log, copy)
+        assert added > 0 and qemu.buffer_files(log) == files
+        recs = list(xl.parse(copy.read_bytes()))
+        assert recs[-2:] == [xl.Syscall(0), recs[-1]] and type(recs[-1]) is xl.Time  # in read()
+    finally:
+        proc.communicate(b"\n", timeout=60)
+    assert proc.returncode == 0 and qemu.buffer_files(log) == []

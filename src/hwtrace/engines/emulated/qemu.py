@@ -171,9 +171,11 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _pending(path: Path) -> tuple[bytes, int, int] | None:
+def _pending(path: Path, live: bool = False) -> tuple[bytes, int, int] | None:
     """(records not in the log, flushing, flush_at) of one buffer file;
-    None if it holds none (or is not a buffer file)."""
+    None if it holds none (or is not a buffer file).  ``live``: its thread
+    may still be writing it: what was read counts only if the chunk was
+    not flushed and restarted meanwhile (the header read again agrees)."""
     with open(path, "rb") as f:
         head = f.read(BUF_HEADER.size)
         if len(head) < BUF_HEADER.size:
@@ -183,6 +185,14 @@ def _pending(path: Path) -> tuple[bytes, int, int] | None:
             return None
         f.seek(BUF_DATA)
         data = f.read(valid)
+        if live:
+            if flushing:
+                return None
+            f.seek(0)
+            again = BUF_HEADER.unpack(f.read(BUF_HEADER.size))
+            f.seek(BUF_DATA)
+            if again[5] or again[2] < valid or f.read(hdr_end) != data[:hdr_end]:
+                return None
     if len(data) != valid:
         return None
     return data, flushing, flush_at
@@ -215,6 +225,22 @@ def _place(log, chunk: bytes, flush_at: int) -> tuple[int, int] | None:
     return at, written if written >= len(head) else same
 
 
+def _drop_cut_record(f, anywhere: bool = False) -> None:
+    """A kill can cut the last write to the log (a BLOCK record, a chunk)
+    at a page boundary: if the log ends on one, cut it back to its last
+    whole record, so what is appended is not read as part of it.  (A chunk
+    cut this way is appended again whole by merge_buffers.)  ``anywhere``:
+    the log is a copy taken while it was written, which may end anywhere."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0 or (size % _PAGE and not anywhere):
+        return
+    from .salvage import complete_prefix      # the execution log's record walker
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        whole = complete_prefix(m)
+    if 0 < whole < size:
+        f.truncate(whole)
+
+
 def merge_buffers(log_path: str | os.PathLike) -> int:
     """Append to the execution log the records the plugin's buffer files
     hold that never reached it (QEMU died without its exit callback), one
@@ -240,11 +266,32 @@ def merge_buffers(log_path: str | os.PathLike) -> int:
             path.unlink()
         except OSError:
             pass
+    return _append(log, pending)
+
+
+def snapshot_buffers(log_path: str | os.PathLike, copy_path: str | os.PathLike) -> int:
+    """Append to ``copy_path`` (a copy of the execution log ``log_path``
+    made just before) the records the buffer files of ``log_path`` hold so
+    far, those of running processes included, leaving the files alone: the
+    log as it would be if QEMU died now.  Returns the bytes added."""
+    pending = []
+    for path in buffer_files(log_path):
+        try:
+            got = _pending(path, live=True)
+        except OSError:
+            continue
+        if got is not None:
+            pending.append(got)
+    return _append(Path(copy_path), pending, copy=True)
+
+
+def _append(log: Path, pending: list, copy: bool = False) -> int:
     if not pending or not log.is_file():
         return 0
     pending.sort(key=lambda p: struct.unpack_from("<Q", p[0], _CHUNK_TIME))
     added = 0
     with open(log, "r+b") as f:
+        _drop_cut_record(f, anywhere=copy)
         for chunk, flushing, flush_at in pending:
             size = f.seek(0, os.SEEK_END)
             where = (size, 0)
