@@ -505,3 +505,306 @@ def test_branch_records_with_unknown_ends():
     assert names["[interrupt]"] == 2
     handler = [x for x in a if x.name == "0x5000"]
     assert len(handler) == 1 and handler[0].flags & Flag.ASYNC
+
+
+# ------------------------------------------------------------------ a CPU's stream, following context switches
+
+class CpuFlow:
+    """One CPU's flow items with threads 11 and 12 (same code, each its own
+    FlowSynth) taking turns, and the context switches of the sideband; the
+    TSC counts instructions from T0, as the emulated engines' clock does."""
+
+    NAMES = ["run", "work", "leaf", "other"]
+    T0 = 1000
+
+    def __init__(self):
+        self.s = {t: FlowSynth(self.NAMES) for t in (11, 12)}
+        self.items: list = []
+        self.n = 0
+        self.switches: list = []
+        self.cur = -1
+
+    def run(self, tid, *steps):
+        s = self.s[tid]
+        for st in steps:
+            if isinstance(st, int):
+                s.body(st)
+            elif st == "ret":
+                s.ret()
+            else:
+                s.call(st)
+        items = s.take()
+        self.n += sum("iclass" in i for i in items)
+        self.items += items
+
+    def ev(self, name, **kw):
+        self.items.append({"event": name, "offset": 0, "ip_suppressed": False,
+                           "tsc": self.T0 + self.n, **kw})
+
+    def switch(self, nxt):
+        from hwtrace.analysis.records import Switch
+        self.switches.append(Switch(0, self.T0 + self.n, 1, self.cur, 1, nxt))
+        self.cur = nxt
+
+    def out(self, tid):
+        """Interrupted (FUP + TIP.PGD) before its next instruction."""
+        self.ev("async_disabled", at=self.s[tid].ip)
+
+    def into(self, tid, start=None):
+        s = self.s[tid]
+        if start:
+            s.ip = s.addr[start]
+        self.ev("enabled", ip=s.ip, resumed=False)
+
+    def records(self, switches=True):
+        info = StreamInfo(cpu=0, switches=tuple(self.switches) if switches else ())
+        recs = list(reconstruct(self.items, info, lookup=self.s[11].lookup))
+        check_nesting(recs)
+        return recs
+
+
+def slices(recs):
+    return [(a.name, a.depth, a.insns, a.flags, a.tid) for a in acts(recs)]
+
+
+S_OUT, S_IN, ASYNC = Flag.SWITCHED_OUT, Flag.SWITCHED_IN, Flag.ASYNC
+
+
+def test_cpu_stream_follows_context_switches():
+    """Two threads take turns on a CPU, each resuming where it was switched
+    out: each keeps its own stack (no gap), its frames closed at the switch
+    and opened again as slices of the same activations, so the records
+    still nest on the CPU's one track; each slice says whose it is."""
+    c = CpuFlow()
+    c.switch(11)
+    c.into(11, "run")
+    c.run(11, 2, "work", 2, "leaf", 1)
+    c.out(11)
+    c.switch(12)
+    c.into(12, "other")
+    c.run(12, 3, "leaf", 1)
+    c.out(12)
+    c.switch(11)
+    c.into(11)
+    c.run(11, 1, "ret", 1, "ret", 1)          # leaf and work return
+    c.out(11)
+    c.switch(12)
+    c.into(12)
+    c.run(12, 1, "ret", 2)
+    recs = c.records()
+    assert not [r for r in recs if type(r) is Marker]
+    assert slices(recs) == [
+        ("[untraced]", 3, 0, ASYNC | S_OUT, 11), ("leaf", 2, 1, S_OUT, 11),
+        ("work", 1, 4, S_OUT, 11), ("run", 0, 7, S_OUT, 11),
+        # 12 is first seen here: what it runs began before
+        ("[untraced]", 2, 0, ASYNC | S_OUT, 12), ("leaf", 1, 1, S_OUT, 12),
+        ("other", 0, 5, Flag.BEGIN_UNKNOWN | S_OUT, 12),
+        ("[untraced]", 3, 0, ASYNC | S_IN, 11), ("leaf", 2, 2, S_IN, 11),
+        ("work", 1, 4, S_IN, 11),
+        ("[untraced]", 1, 0, ASYNC | S_OUT, 11), ("run", 0, 5, S_OUT | S_IN, 11),
+        ("[untraced]", 2, 0, ASYNC | S_IN, 12), ("leaf", 1, 2, S_IN, 12),
+        ("other", 0, 4, Flag.BEGIN_UNKNOWN | Flag.TRUNCATED | S_IN, 12)]
+    # every instruction in exactly one slice's exclusive share
+    assert sum(a.self_insns for a in acts(recs)) == c.n
+    # a slice going on with an earlier call is no call
+    from hwtrace.analysis.profile import Profile
+    p = Profile()
+    p.begin_stream(StreamInfo(cpu=0))
+    for r in recs:
+        p.add(r)
+    calls = {s.name: s.calls for s in p.funcs.values()}
+    assert (calls["run"], calls["work"], calls["leaf"], calls["other"]) == (1, 1, 2, 0)
+    # without the switches, as before: gaps at thread changes (the one back
+    # into leaf at the same offset as the other thread goes unnoticed)
+    old = c.records(switches=False)
+    assert [(m.kind, m.detail) for m in old if type(m) is Marker] == \
+        [("gap", "tracing resumed elsewhere")] * 2
+
+
+def test_thread_back_from_another_cpu_starts_afresh():
+    """A thread switched out here that comes back elsewhere ran on another
+    CPU meanwhile: its stack here is stale; it starts afresh, without a
+    gap (nothing was lost), and a switch to idle is nobody's resume."""
+    c = CpuFlow()
+    c.switch(11)
+    c.into(11, "run")
+    c.run(11, 2, "work", 2)
+    c.out(11)
+    c.switch(-1)                                # 11 migrated away
+    c.switch(12)
+    c.into(12, "other")
+    c.run(12, 3)
+    c.out(12)
+    c.switch(11)
+    s = c.s[11]
+    s.rets.pop()                                # work returned elsewhere
+    s.ip = s.addr["run"] + 0x40
+    c.into(11)
+    c.run(11, 2)
+    recs = c.records()
+    assert not [r for r in recs if type(r) is Marker]
+    assert slices(recs) == [
+        ("[untraced]", 2, 0, ASYNC | S_OUT, 11), ("work", 1, 2, S_OUT, 11),
+        ("run", 0, 5, S_OUT, 11),
+        ("[untraced]", 1, 0, ASYNC | S_OUT, 12),
+        ("other", 0, 3, Flag.BEGIN_UNKNOWN | S_OUT, 12),
+        ("run", 0, 2, Flag.BEGIN_UNKNOWN | Flag.TRUNCATED, 11)]
+
+
+def test_same_resume_address_decided_by_time():
+    """Both threads stopped at the same instruction (same code): an enable
+    there before the next switch's time is the running thread going on
+    (an interrupt, no switch); one at or after it is the other thread."""
+    c = CpuFlow()
+    c.switch(12)
+    c.into(12, "work")
+    c.run(12, 3)
+    c.out(12)
+    c.switch(11)
+    c.into(11, "work")
+    c.run(11, 3)
+    c.out(11)                                   # an interrupt: 11 goes on
+    c.into(11)
+    c.run(11, 1)
+    c.s[11].ip -= 4                             # a loop: back to work+12
+    c.out(11)
+    assert c.s[11].ip == c.s[12].ip             # where 12 stopped too
+    c.switch(12)
+    c.into(12)
+    c.run(12, 2)
+    recs = c.records()
+    assert not [r for r in recs if type(r) is Marker]
+    assert slices(recs) == [
+        ("[untraced]", 1, 0, ASYNC | S_OUT, 12),
+        ("work", 0, 3, Flag.NONE | S_OUT, 12),
+        ("[untraced]", 1, 0, ASYNC, 11),
+        ("[untraced]", 1, 0, ASYNC | S_OUT, 11),
+        ("work", 0, 4, Flag.BEGIN_UNKNOWN | S_OUT, 11),
+        ("[untraced]", 1, 0, ASYNC | S_IN, 12),
+        ("work", 0, 2, Flag.TRUNCATED | S_IN, 12)]
+
+
+def test_interrupt_right_after_a_call():
+    """An interrupt between a call and its target's first instruction (the
+    trace's FUP is the target): the callee's activation has begun, and
+    execution resumes at its entry -- no bogus untraced callee."""
+    s = FlowSynth(["main", "leaf"])
+    s.start("main")
+    s.body(2)
+    s.call("leaf")
+    items = s.take() + [
+        {"event": "async_disabled", "offset": 1, "ip_suppressed": True, "at": s.ip},
+        {"event": "enabled", "offset": 2, "ip_suppressed": False, "ip": s.ip,
+         "resumed": True}]
+    s.body(2)
+    s.ret()
+    s.body(1)
+    recs = list(reconstruct(items + s.take(), StreamInfo(1, 1), lookup=s.lookup))
+    check_nesting(recs)
+    assert [(a.name, a.depth, a.insns, a.flags) for a in acts(recs)] == [
+        ("[untraced]", 2, 0, Flag.ASYNC), ("leaf", 1, 3, Flag.NONE),
+        ("main", 0, 7, Flag.TRUNCATED)]
+    assert not [r for r in recs if type(r) is Marker]
+
+
+MT_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+__attribute__((noinline)) long leaf(long x) { return x * 3 + 1; }
+__attribute__((noinline)) long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += leaf(i);
+    return s;
+}
+static void *run(void *a) { return (void *)work((long)a); }
+int main(void)
+{
+    pthread_t t[2];
+    for (long i = 0; i < 2; i++)
+        pthread_create(&t[i], 0, run, (void *)3000);
+    long s = 0;
+    for (int i = 0; i < 2; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        s += (long)r;
+    }
+    printf("%ld\n", s);
+    return 0;
+}
+"""
+
+
+def test_cpu_mode_recording_of_two_threads(tmp_path):
+    """A real per-CPU recording (ptrace engine) of two threads running the
+    same loop, taking turns on two CPUs and migrating between them: with
+    the sideband's switches no "tracing resumed elsewhere" gap is left,
+    every call is counted once (work twice, leaf 2 x 3000 times, each
+    leaf exactly its instructions), and every stream's records nest."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import _need, run_hwtrace
+    from hwtrace.export.source import open_source
+
+    if sys.platform != "linux":
+        pytest.skip("the ptrace engine is Linux x86-64")
+    gcc, objdump = shutil.which("gcc"), shutil.which("objdump")
+    if gcc is None or objdump is None:
+        _need("gcc/objdump", "the two-thread program is built and inspected with them")
+    exe = tmp_path / "mt"
+    (tmp_path / "mt.c").write_text(MT_C)
+    subprocess.run([gcc, "-O1", "-static", "-pthread", "-o", str(exe), str(tmp_path / "mt.c")],
+                   check=True, capture_output=True)
+    dis = subprocess.run([objdump, "-d", "--no-show-raw-insn", "--disassemble=leaf", str(exe)],
+                         capture_output=True, text=True, check=True).stdout
+    leaf_insns = len(re.findall(r"^\s+[0-9a-f]+:\s+\S", dis, re.M))
+    b = tmp_path / "b"
+    cmd = ["record", "--engine", "ptrace", "--mode", "cpu", "-o", b, "--", exe]
+    # two CPUs at most, so the threads share them (and migrate) anywhere
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    taskset = shutil.which("taskset")
+    if taskset and len(cpus) == 2:
+        r = subprocess.run([taskset, "-c", ",".join(map(str, cpus)), sys.executable, "-m",
+                            "hwtrace", *map(str, cmd)], capture_output=True, text=True)
+    else:
+        r = run_hwtrace(*cmd)
+    assert r.returncode == 0 and r.stdout == f"{2 * sum(3 * i + 1 for i in range(3000))}\n", \
+        r.stderr
+
+    src = open_source(b)
+    assert src.mode == "cpu"
+    switched_in = gaps_before = 0
+    for job in src.jobs:
+        assert job.info.switches, "a CPU's stream gets the recording's switches"
+        for info in (job.info, job.info._replace(switches=())):
+            bld = CallStackBuilder(info, src.symbolizer.lookup)
+            job.run(bld)
+            bld.finish()
+            recs = bld.take()
+            check_nesting(recs)
+            markers = [m for m in recs if type(m) is Marker]
+            if info.switches:
+                assert markers == [], markers[:3]
+                tids = {s.next_tid for s in info.switches} - {-1}
+                assert {a.tid for a in acts(recs)} <= tids
+                switched_in += sum(1 for a in acts(recs) if a.flags & Flag.SWITCHED_IN)
+            else:
+                gaps_before += sum(m.detail == "tracing resumed elsewhere" for m in markers)
+    # the recording did exercise it: threads came back to a CPU, and the
+    # same streams without their switches have those gaps
+    assert switched_in > 0 and gaps_before > 0
+
+    out = run_hwtrace("summary", "--top", "40", b)
+    assert out.returncode == 0, out.stderr
+    assert "lost data / errors: none" in out.stdout
+    # function, calls, excl insns, excl%, incl insns
+    rows = {ln.split()[0]: ln.split()[1:5] for ln in out.stdout.splitlines()[5:]
+            if ln and not ln.startswith("...")}
+    assert rows["work"][0] == "2"
+    n = f"{6000 * leaf_insns:,}"
+    assert (rows["leaf"][0], rows["leaf"][1], rows["leaf"][3]) == ("6,000", n, n)

@@ -48,6 +48,19 @@ How control flow maps to activations:
   ``TRUNCATED`` too.  Nothing is left open to pile up as a staircase.
 * TSX: frames opened inside a transaction that aborts are closed
   ``ABORTED`` at the abort.
+* a CPU's stream whose :class:`StreamInfo` carries the recording's context
+  switches follows the threads: each has its own stack.  At an enable the
+  switches that certainly came before it (by time), or the next ones
+  whose thread is expected right there (its stack stopped with a return
+  address equal to the enable's IP), or a thread seen for the first time
+  (when the running one is not expected there) say who runs now
+  (:mod:`.switches`).  The thread going out has its open frames closed
+  ``SWITCHED_OUT`` and kept; when it comes back where it stopped they are
+  opened again as ``SWITCHED_IN`` slices of the same activations (so the
+  records still nest like parentheses, one CPU track), and its stack goes
+  on as if never interrupted: no gap.  A thread that comes back elsewhere
+  ran on another CPU meanwhile: it starts afresh (``BEGIN_UNKNOWN``), as
+  does a thread seen for the first time.  Records carry the thread's tid.
 
 Times come from the :class:`~hwtrace.analysis.clock.Clock` (TSC anchors
 from events carrying ``tsc``, interpolated by instruction index; or
@@ -63,6 +76,7 @@ from hwtrace.analysis.flowitems import (ERROR, EVENT, INSN, ObjectItem,
                                         enum_name, event_name, kind_of)
 from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
                                       StreamInfo)
+from hwtrace.analysis.switches import SwitchTimeline
 
 # transfer codes of the previous instruction
 _NONE, _CALL, _RET, _JUMP, _COND, _FCALL, _FRET, _FJUMP = range(8)
@@ -80,10 +94,10 @@ Lookup = Callable[[int], "tuple[int, str] | None"]
 class _Frame:
     __slots__ = ("func", "name", "ret", "depth", "begin_idx", "begin",
                  "flags", "child_insns", "child_time", "parent", "untraced",
-                 "tx", "ret_lo")
+                 "tx", "ret_lo", "tid")
 
     def __init__(self, func, name, ret, depth, begin_idx, flags, parent,
-                 untraced=False, tx=False):
+                 untraced=False, tx=False, tid=None):
         self.func = func
         self.name = name
         self.ret = ret
@@ -97,6 +111,7 @@ class _Frame:
         self.untraced = untraced
         self.tx = tx
         self.ret_lo = None      # branch records: returns land in (ret_lo, ret_lo+15]
+        self.tid = tid          # the thread (a CPU's stream following switches)
 
 
 class CallStackBuilder:
@@ -131,6 +146,14 @@ class CallStackBuilder:
         self._tx_depth: int | None = None
         self._after_abort = False
         self._codes: dict = {}
+        # a CPU's stream following context switches: the running thread,
+        # and the stacks of the others (frames, in_seg, paused, tx_depth)
+        tl = SwitchTimeline(self.stream.switches, self.stream.cpu) \
+            if self._cpu_mode and self.stream.switches else None
+        self._follow = tl if tl else None
+        self._thread: int | None = None
+        self._parked: dict[int, tuple] = {}
+        self._fresh = False             # switched in a thread without its stack
         # counters for summaries
         self.calls = 0
         self.markers: dict[str, int] = {}
@@ -147,7 +170,7 @@ class CallStackBuilder:
             f = item[1]
             f.begin = t
             self._out.append(Enter(f.func, f.name, f.depth, t, f.begin_idx,
-                                   f.flags, self._tid))
+                                   f.flags, self._tid if f.tid is None else f.tid))
         elif tag == 1:                     # exit
             _, f, end_idx, extra = item
             begin = f.begin if f.begin is not None else t
@@ -155,13 +178,15 @@ class CallStackBuilder:
                 t = begin
             self._out.append(Activation(
                 f.func, f.name, f.depth, begin, t, f.begin_idx, end_idx,
-                f.child_insns, f.child_time, f.flags | extra, self._tid))
+                f.child_insns, f.child_time, f.flags | extra,
+                self._tid if f.tid is None else f.tid))
             p = f.parent
             if p is not None:
                 p.child_time += t - begin
         else:                              # marker
-            _, kind, idx, offset, detail = item
-            self._out.append(Marker(kind, t, idx, offset, detail, self._tid))
+            _, kind, idx, offset, detail, tid = item
+            self._out.append(Marker(kind, t, idx, offset, detail,
+                                    self._tid if tid is None else tid))
 
     # -- symbols -------------------------------------------------------------
 
@@ -202,7 +227,7 @@ class CallStackBuilder:
                     func = start
         parent = stack[-1] if stack else None
         f = _Frame(func, name, ret, len(stack), self.n, flags, parent,
-                   untraced, self._tx_depth is not None)
+                   untraced, self._tx_depth is not None, self._thread)
         stack.append(f)
         self.calls += 1
         self.clock.push((0, f), self.n)
@@ -222,13 +247,17 @@ class CallStackBuilder:
 
     def _marker(self, kind: str, offset, detail: str) -> None:
         self.markers[kind] = self.markers.get(kind, 0) + 1
-        self.clock.push((2, kind, self.n, offset, detail), self.n)
+        self.clock.push((2, kind, self.n, offset, detail, self._thread), self.n)
 
     def _gap(self, kind: str, offset, detail: str) -> None:
         """Data lost here: close everything honestly and start over."""
         self.clock.seal(self.n)
         self._close_all(Flag.TRUNCATED)
         self._marker(kind, offset, detail)
+        if kind in ("overflow", "error"):
+            # other threads may have run in what was lost: their stacks
+            # are no longer known either
+            self._parked.clear()
         self._in_seg = False
         self._pend = _NONE
         self._paused = False
@@ -240,7 +269,8 @@ class CallStackBuilder:
         function's entry (a trace window opened at a function)."""
         self._in_seg = True
         start, _name, known = self._sym(ip)
-        at_entry = known and start == ip
+        at_entry = known and start == ip and not self._fresh
+        self._fresh = False
         self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
                    base=True)
 
@@ -364,6 +394,8 @@ class CallStackBuilder:
 
     def event(self, name: str, m) -> None:
         tsc = m.get("tsc")
+        if self._follow is not None:
+            self._follow.time(self.n, tsc)
         if name == "tick" or name not in _STRUCTURAL:
             if tsc is not None:
                 self.clock.anchor(self.n, tsc)
@@ -412,6 +444,8 @@ class CallStackBuilder:
 
     def _enabled(self, m, tsc) -> None:
         ip = m.get("ip")
+        if self._follow is not None and ip is not None:
+            self._follow_switches(ip)
         stack = self._stack
         top = stack[-1] if stack else None
         if self._paused and top is not None and top.untraced:
@@ -431,7 +465,8 @@ class CallStackBuilder:
                         self._pop(Flag.UNWOUND)
                     self._pop()
                     return
-            if ip is not None and not (top.flags & Flag.ASYNC and self._cpu_mode):
+            if ip is not None and not (top.flags & Flag.ASYNC and self._cpu_mode
+                                       and self._follow is None):
                 # called back from untraced code (a filtered-out callee
                 # calling a traced function; in a thread's stream, a signal
                 # handler run from an interrupt)
@@ -439,8 +474,8 @@ class CallStackBuilder:
                 self._paused = False
                 self._push(ip, None, top.flags & Flag.ASYNC, base=True)
                 return
-            # a CPU's stream going on elsewhere after an asynchronous exit:
-            # most likely another thread (context switch): a gap
+            # a CPU's stream (switches unknown) going on elsewhere after an
+            # asynchronous exit: most likely another thread: a gap
         elif self._paused and m.get("resumed"):
             self._anchor(tsc)
             self._paused = False
@@ -450,6 +485,118 @@ class CallStackBuilder:
         self._paused = False
         self._pend = _NONE
         self._anchor(tsc)
+
+    # -- context switches (a CPU's stream) -------------------------------------
+
+    @staticmethod
+    def _expects(stack: list, ip: int) -> bool:
+        """Did this stack stop where execution resumes at ``ip`` (an
+        untraced frame on top returning there, or one further down: a
+        sigreturn)?"""
+        if not stack or not stack[-1].untraced:
+            return False
+        top = stack[-1]
+        if top.ret == ip or (top.ret_lo is not None and 0 < ip - top.ret_lo <= 15):
+            return True
+        return any(f.untraced and f.ret == ip for f in stack[:-1])
+
+    def _fit(self, k: int, ip: int) -> int:
+        """How well the thread running once the switches before index ``k``
+        are applied fits resuming at ``ip``: 2 its stack stopped right
+        there, 1 nothing known against it (a thread seen for the first
+        time, one whose stack here is stale because it left this CPU
+        meanwhile, or idle: someone is still to come), 0 it is the running
+        thread, never switched out, and it stopped elsewhere."""
+        tl = self._follow
+        cur = self._thread
+        tid = tl.thread_after(k, cur)
+        if tid is None:
+            return 1
+        if tid == cur:
+            if not self._in_seg or not self._stack:
+                return 1
+            if self._expects(self._stack, ip):
+                return 2
+            return 1 if tl.leaves(cur, k) else 0
+        parked = self._parked.get(tid)
+        return 2 if parked is not None and self._expects(parked[0], ip) else 1
+
+    def _follow_switches(self, ip: int) -> None:
+        """Tracing is enabled at ``ip``: which thread is it?"""
+        tl = self._follow
+        best = tl.due(tl.known)                 # certainly before this enable
+        fit = self._fit(best, ip)
+        est = tl.estimate(self.n)
+        if est is not None:
+            k = tl.due(est)                     # before it by the estimate
+            if k > best:
+                f = self._fit(k, ip)
+                if f >= fit:
+                    best, fit = k, f
+        if fit < 2:
+            exact = fresh = None
+            for j in tl.upcoming(best):
+                if tl.thread_after(j + 1, None) is None:
+                    continue        # to idle: not who resumes here
+                f = self._fit(j + 1, ip)
+                if f == 2:
+                    exact = j + 1
+                    break
+                if f == 1 and fresh is None and \
+                        (est is None or tl.switches[j].time <= est or j == best):
+                    fresh = j + 1
+            if exact is not None:
+                best = exact
+            elif fit == 0 and fresh is not None:
+                best = fresh
+        if best > tl.i:
+            cur = self._thread
+            self._switch_to(tl.thread_after(best, cur), ip, tl.leaves(cur, best))
+            tl.advance(best)
+
+    def _switch_to(self, tid: int | None, ip: int, left: bool = True) -> None:
+        """Thread ``tid`` comes in (resuming at ``ip``): the running one's
+        frames end ``SWITCHED_OUT`` and are kept; the new one's kept frames
+        (if it stopped right at ``ip``) go on as ``SWITCHED_IN`` slices.
+        The running thread coming back (``left``: it was switched out
+        meanwhile) goes on with its stack if it stopped right there, else
+        afresh (it ran on another CPU)."""
+        if tid == self._thread and (not left or tid is None
+                                    or self._expects(self._stack, ip)):
+            return
+        stack = self._stack
+        if stack:
+            frames = list(stack)
+            while stack:
+                self._pop(Flag.SWITCHED_OUT)
+            if self._thread is not None:
+                self._parked[self._thread] = (frames, self._in_seg, self._paused,
+                                              self._tx_depth)
+        else:
+            self._parked.pop(self._thread, None)
+        self._thread = tid
+        self._pend = _NONE
+        self._after_abort = False
+        st = self._parked.pop(tid, None) if tid is not None else None
+        if st is None or not self._expects(st[0], ip):
+            # first seen, or back from another CPU: its stack starts afresh,
+            # in what it was doing before (nothing begins here) -- unless
+            # this is where the stream itself begins
+            self._fresh = self.n > 0
+            self._in_seg = False
+            self._paused = False
+            self._tx_depth = None
+            return
+        frames, self._in_seg, self._paused, self._tx_depth = st
+        n = self.n
+        parent = None
+        for t in frames:
+            f = _Frame(t.func, t.name, t.ret, t.depth, n, t.flags | Flag.SWITCHED_IN,
+                       parent, t.untraced, t.tx, tid)
+            f.ret_lo = t.ret_lo
+            stack.append(f)
+            self.clock.push((0, f), n)
+            parent = f
 
     def _anchor(self, tsc) -> None:
         if tsc is not None:
@@ -461,21 +608,24 @@ class CallStackBuilder:
         pend, self._pend = self._pend, _NONE
         stack = self._stack
         self._paused = True
-        if pend == _CALL or pend == _FCALL:
+        at = m.get("at") if name == "async_disabled" else None
+        if pend == _FCALL:
+            self._push(None, self._pend_ret, Flag.FAR, name="[syscall]",
+                       untraced=True)
+        elif at is not None:
+            # interrupted at `at`: the pending transfer (a call too) went
+            # there first, and execution resumes there
+            if pend:
+                self._pend = pend
+                self._settle(at)
+            self._push(None, at, Flag.ASYNC, name="[untraced]", untraced=True)
+        elif pend == _CALL:
             ip = None if m.get("ip_suppressed") else m.get("ip")
-            if pend == _FCALL:
-                self._push(None, self._pend_ret, Flag.FAR, name="[syscall]",
-                           untraced=True)
-            elif ip is not None:
+            if ip is not None:
                 self._push(ip, self._pend_ret, untraced=True)
             else:
                 self._push(None, self._pend_ret, name="[untraced]",
                            untraced=True)
-        elif name == "async_disabled" and m.get("at") is not None:
-            if pend:
-                self._settle(m.get("at"))
-            self._push(None, m.get("at"), Flag.ASYNC, name="[untraced]",
-                       untraced=True)
         elif pend == _RET and stack and stack[-1].ret is None \
                 and len(stack) > 1 and stack[-2].untraced:
             self._pop()              # a callback returned into untraced code
@@ -540,7 +690,11 @@ class CallStackBuilder:
             self._pop()
         self.clock.seal(self.n)
         if self._stack:
-            self._close_all(Flag.TRUNCATED)
+            tl = self._follow
+            # a thread switched out after its last instruction here goes on
+            # elsewhere; one still running when the trace ends is cut short
+            left = tl is not None and tl.leaves(self._thread, len(tl.switches))
+            self._close_all(Flag.SWITCHED_OUT if left else Flag.TRUNCATED)
         self._in_seg = False
         self._pend = _NONE
         self.clock.finish()

@@ -54,8 +54,8 @@ class Profile:
             s = self.funcs.get(key)
             if s is None:
                 s = self.funcs[key] = FuncStats(rec.name, rec.func)
-            if not rec.flags & Flag.BEGIN_UNKNOWN:
-                s.calls += 1
+            if not rec.flags & (Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN):
+                s.calls += 1        # a slice going on with an earlier call is none
             if rec.flags & Flag.TRUNCATED:
                 s.truncated += 1
             si = rec.self_insns

@@ -38,15 +38,39 @@ class Flag(IntFlag):
     #: left by a return whose target matched no frame (stack switch,
     #: overwritten return address)
     BAD_RETURN = 128
+    #: the slice ends because its thread was switched out of this CPU (a
+    #: CPU's stream following context switches): the activation goes on
+    #: in a later slice, here or in another CPU's stream
+    SWITCHED_OUT = 256
+    #: the slice goes on with an activation begun in an earlier slice of
+    #: this CPU's stream, before its thread was switched out (not a call)
+    SWITCHED_IN = 512
+
+
+class Switch(NamedTuple):
+    """On ``cpu`` at ``time`` (the trace's TSC), ``prev_tid`` was switched
+    out for ``next_tid`` (-1: idle, or nothing traced)."""
+
+    cpu: int
+    time: int
+    prev_pid: int
+    prev_tid: int
+    next_pid: int
+    next_tid: int
 
 
 class StreamInfo(NamedTuple):
-    """Who a stream belongs to: a thread (pid/tid) or a CPU (cpu mode)."""
+    """Who a stream belongs to: a thread (pid/tid) or a CPU (cpu mode).
+
+    ``switches``: for a CPU's stream, the recording's context switches
+    (:class:`Switch`, any CPU's; the builder takes its own), so its call
+    stacks follow the threads (empty: unknown)."""
 
     pid: int | None = None
     tid: int | None = None
     cpu: int | None = None
     name: str | None = None
+    switches: tuple = ()
 
     def label(self) -> str:
         if self.name:

@@ -23,9 +23,10 @@ def fmt_duration(t: float, unit: str | None) -> str:
 
 
 class _Entry:
-    __slots__ = ("depth", "name", "func", "insns", "duration", "flags")
+    __slots__ = ("depth", "name", "func", "insns", "duration", "flags", "tid")
 
-    def __init__(self, depth, name, func, flags):
+    def __init__(self, depth, name, func, flags, tid=None):
+        self.tid = tid
         self.depth = depth
         self.name = name
         self.func = func
@@ -53,7 +54,7 @@ class CallHistory:
         if t is Enter:
             if self.max_depth is not None and rec.depth > self.max_depth:
                 return
-            e = _Entry(rec.depth, rec.name, rec.func, rec.flags)
+            e = _Entry(rec.depth, rec.name, rec.func, rec.flags, rec.tid)
             self._cur.append(e)
             self._open[(rec.begin_idx, rec.depth)] = e
         elif t is Activation:
@@ -73,6 +74,8 @@ class CallHistory:
         """The rendered history, line by line."""
         for info, unit, entries in self.streams:
             yield f"{info.label()}:"
+            # a CPU's stream following context switches: say whose
+            threads = bool(getattr(info, "switches", ()))
             for e in entries:
                 if type(e) is Marker:
                     yield f"  -- {e.kind} at insn {e.idx:,}: {e.detail}"
@@ -87,6 +90,12 @@ class CallHistory:
                     notes.append("tail call")
                 if e.flags & Flag.UNWOUND:
                     notes.append("unwound")
+                if e.flags & Flag.SWITCHED_IN:
+                    notes.append("goes on after a switch")
+                if e.flags & Flag.SWITCHED_OUT:
+                    notes.append("switched out")
+                if threads and e.tid is not None:
+                    notes.append(f"tid {e.tid}")
                 head = "  " * (e.depth + 1) + name
                 if e.insns is None:
                     tail = "(open)"

@@ -267,7 +267,9 @@ class FlowSink:
 
 def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
     try:
+        from hwtrace.analysis.records import Switch
         from hwtrace.bundle import Bundle, BundleError, Mmap
+        from hwtrace.bundle import Switch as SwitchRecord
         from hwtrace.flow import session
         from hwtrace.flow.config import FlowConfig
         from hwtrace.flow.image import Image, Section
@@ -277,7 +279,15 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
         raise SourceError(f"cannot decode bundles yet: {e}") from None
     try:
         b = Bundle(p, image_path=image_path)
-        maps = [r for r in b.iter_sideband() if isinstance(r, Mmap)]
+        maps = []
+        switches = []
+        for r in b.iter_sideband():
+            if isinstance(r, Mmap):
+                maps.append(r)
+            elif isinstance(r, SwitchRecord):
+                switches.append(Switch(r.cpu, r.time, r.prev_pid, r.prev_tid,
+                                       r.next_pid, r.next_tid))
+        switches = tuple(switches)
         streams = list(b.streams)
         tsc_hz = b.manifest.get("tsc_hz") or None
         cfg = FlowConfig()
@@ -330,7 +340,10 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
     jobs = []
     for s in streams:
         image = images.get(s.pid, union) if s.pid is not None else union
-        info = StreamInfo(pid=s.pid, tid=s.tid, cpu=s.cpu)
+        # a CPU's stream: the context switches, for per-thread call stacks
+        per_cpu = s.tid is None and s.cpu is not None
+        info = StreamInfo(pid=s.pid, tid=s.tid, cpu=s.cpu,
+                          switches=switches if per_cpu else ())
 
         def run(consumer, s=s, image=image):
             try:

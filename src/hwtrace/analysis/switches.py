@@ -1,0 +1,96 @@
+"""Which thread runs on a CPU, from the recording's context switches (no I/O).
+
+A CPU's stream interleaves threads: each time the kernel switches threads,
+tracing stops for the one going out and starts again where the one coming
+in goes on (a disable, then an enable elsewhere).  The sideband says when
+(``Switch`` records, on the trace's TSC clock) but the decoded stream says
+*where*, and its times are coarse: an event carries the time of the last
+timing packet, which may be long before the enable it comes with.
+
+:class:`SwitchTimeline` holds one CPU's switches in time order and a
+cursor, and answers, at an enable: which switches certainly came before it
+(their time is no later than the last known time), and which come next,
+so the call-stack builder can weigh them against where each thread is
+expected to resume.  It also keeps an estimate of *now*: the last known
+time plus the instructions since, at the rate (ticks per instruction)
+measured between the last two timing values.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from hwtrace.analysis.records import Switch
+
+#: how many upcoming switches an enable may be matched with
+LOOKAHEAD = 4
+
+
+def _tid(t: int) -> int | None:
+    return None if t is None or t < 0 else t
+
+
+class SwitchTimeline:
+    def __init__(self, switches: Iterable, cpu: int):
+        mine = [s if isinstance(s, Switch) else Switch(*s)
+                for s in switches if (s.cpu if isinstance(s, Switch) else s[0]) == cpu]
+        mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
+        self.switches = mine
+        self.i = 0                                # next switch not yet applied
+        self._t: int | None = None                # last known time
+        self._n = 0                               # ... at instruction index
+        self._rate: float | None = None           # ticks per instruction
+
+    def __bool__(self) -> bool:
+        return bool(self.switches)
+
+    # -- time ----------------------------------------------------------------
+
+    def time(self, n: int, tsc: int | None) -> None:
+        """An event at instruction index ``n`` carries ``tsc``."""
+        if tsc is None or tsc == self._t:
+            return
+        if self._t is not None and n > self._n and tsc > self._t:
+            self._rate = (tsc - self._t) / (n - self._n)
+        self._t, self._n = tsc, n
+
+    @property
+    def known(self) -> int | None:
+        """The last known time (no later than now)."""
+        return self._t
+
+    def estimate(self, n: int) -> float | None:
+        """Now (instruction index ``n``), extrapolated; None without a rate."""
+        if self._t is None or self._rate is None:
+            return None
+        return self._t + (n - self._n) * self._rate
+
+    # -- switches ------------------------------------------------------------
+
+    def due(self, t: float | None) -> int:
+        """Index after the last pending switch at or before time ``t``."""
+        k = self.i
+        sw = self.switches
+        if t is None:
+            return k
+        while k < len(sw) and sw[k].time <= t:
+            k += 1
+        return k
+
+    def upcoming(self, start: int) -> range:
+        return range(start, min(start + LOOKAHEAD, len(self.switches)))
+
+    def thread_after(self, k: int, current: int | None) -> int | None:
+        """The thread running once the switches before index ``k`` are
+        applied (``current`` if none)."""
+        if k <= self.i:
+            return current
+        return _tid(self.switches[k - 1].next_tid)
+
+    def leaves(self, tid: int | None, k: int) -> bool:
+        """Is ``tid`` switched out by a pending switch before index ``k``?"""
+        return tid is not None and any(s.prev_tid == tid
+                                       for s in self.switches[self.i:k])
+
+    def advance(self, k: int) -> None:
+        self.i = max(self.i, k)
