@@ -542,7 +542,7 @@ class CpuFlow:
                            "tsc": self.T0 + self.n, **kw})
 
     def switch(self, nxt):
-        from hwtrace.analysis.records import Switch
+        from hwtrace.bundle import Switch
         self.switches.append(Switch(0, self.T0 + self.n, 1, self.cur, 1, nxt))
         self.cur = nxt
 

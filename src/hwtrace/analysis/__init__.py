@@ -32,8 +32,7 @@ The CLI's bridge from ``hwtrace.flow.session``'s sink protocol is
 :mod:`hwtrace.export.source`.  Per-stream context: :class:`.records.StreamInfo`
 (pid/tid/cpu from the bundle manifest; a stream with a ``cpu`` and no
 ``tid`` is a CPU's: with the recording's context switches
-(``StreamInfo.switches``, :class:`.records.Switch`, from the bundle's
-sideband) its call stacks follow the threads, one stack each (slices
+(``StreamInfo.switches``: the bundle's ``Switch`` sideband records) its call stacks follow the threads, one stack each (slices
 ``SWITCHED_OUT``/``SWITCHED_IN`` where a thread leaves and comes back);
 without them tracing resuming elsewhere after an asynchronous exit is
 taken as a context switch, a gap) and a symbolizer callback
@@ -57,7 +56,7 @@ Memory is bounded (stack depth, clock queue, symbol cache).
 from hwtrace.analysis.callstack import (CallStackBuilder, reconstruct,
                                         reconstruct_branches)
 from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
-                                      StreamInfo, Switch)
+                                      StreamInfo)
 
 __all__ = ["Activation", "CallStackBuilder", "Enter", "Flag", "Marker",
-           "StreamInfo", "Switch", "reconstruct", "reconstruct_branches"]
+           "StreamInfo", "reconstruct", "reconstruct_branches"]

@@ -47,24 +47,13 @@ class Flag(IntFlag):
     SWITCHED_IN = 512
 
 
-class Switch(NamedTuple):
-    """On ``cpu`` at ``time`` (the trace's TSC), ``prev_tid`` was switched
-    out for ``next_tid`` (-1: idle, or nothing traced)."""
-
-    cpu: int
-    time: int
-    prev_pid: int
-    prev_tid: int
-    next_pid: int
-    next_tid: int
-
-
 class StreamInfo(NamedTuple):
     """Who a stream belongs to: a thread (pid/tid) or a CPU (cpu mode).
 
     ``switches``: for a CPU's stream, the recording's context switches
-    (:class:`Switch`, any CPU's; the builder takes its own), so its call
-    stacks follow the threads (empty: unknown)."""
+    (``hwtrace.bundle.Switch`` records, or anything with their ``cpu``,
+    ``time``, ``prev_tid`` and ``next_tid``; any CPU's: the builder takes
+    its own), so its call stacks follow the threads (empty: unknown)."""
 
     pid: int | None = None
     tid: int | None = None

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from hwtrace.analysis.records import Switch
-
 #: how many upcoming switches an enable may be matched with
 LOOKAHEAD = 4
 
@@ -31,9 +29,11 @@ def _tid(t: int) -> int | None:
 
 
 class SwitchTimeline:
+    """``switches``: records with ``cpu``, ``time``, ``prev_tid`` and
+    ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
+
     def __init__(self, switches: Iterable, cpu: int):
-        mine = [s if isinstance(s, Switch) else Switch(*s)
-                for s in switches if (s.cpu if isinstance(s, Switch) else s[0]) == cpu]
+        mine = [s for s in switches if s.cpu == cpu]
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
         self.i = 0                                # next switch not yet applied

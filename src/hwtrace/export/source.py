@@ -267,9 +267,7 @@ class FlowSink:
 
 def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
     try:
-        from hwtrace.analysis.records import Switch
-        from hwtrace.bundle import Bundle, BundleError, Mmap
-        from hwtrace.bundle import Switch as SwitchRecord
+        from hwtrace.bundle import Bundle, BundleError, Mmap, Switch
         from hwtrace.flow import session
         from hwtrace.flow.config import FlowConfig
         from hwtrace.flow.image import Image, Section
@@ -284,9 +282,8 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
         for r in b.iter_sideband():
             if isinstance(r, Mmap):
                 maps.append(r)
-            elif isinstance(r, SwitchRecord):
-                switches.append(Switch(r.cpu, r.time, r.prev_pid, r.prev_tid,
-                                       r.next_pid, r.next_tid))
+            elif isinstance(r, Switch):
+                switches.append(r)
         switches = tuple(switches)
         streams = list(b.streams)
         tsc_hz = b.manifest.get("tsc_hz") or None
