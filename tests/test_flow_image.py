@@ -284,10 +284,19 @@ def test_pip_switches_the_decoder_to_that_cr3s_image(tmp_path):
     assert ("paging", 0x2000) in sink.items and ("disabled", None) in sink.items
     assert not [x for x in sink.items if x[0] == "error"]
     assert seen == [1, 2] and sw.space is sp.of_pid(2)
+    assert sw.saw_pip
     # without the switch the old space's nops run off its mapping
     sink2 = Sink()
     session.run_insn(InsnDecoder(trace, sp.of_pid(1).image), sink2)
     assert [x for x in sink2.items if x[0] == "error"]
+    # a CR3 the sideband doesn't know switches nothing and leaves the
+    # choice to time stamps
+    other = trace.replace(enc.pip(0x2000), enc.pip(0x9000))
+    sw = SpaceSwitcher(InsnDecoder(other, sp.of_pid(1).image), sp, None, sp.of_pid(1))
+    sink3 = Sink()
+    session.run_insn(sw, sink3)
+    assert sw.space is sp.of_pid(1) and not sw.saw_pip
+    assert [x for x in sink3.items if x[0] == "error"]
 
 
 def test_cycle_accurate_clock():

@@ -19,15 +19,28 @@ decoder between them:
   stream the ``Switch`` records of that CPU, for a thread stream its
   process's exec epochs.
 * :class:`SpaceSwitcher` wraps an instruction or block decoder (same
-  verbs) and, when the decoder reports a paging event (PIP: the new CR3)
-  selects that CR3's space; when tracing (re)starts (an enable, an
-  overflow with IP, a synchronization) it selects by time: the space the
-  timeline gives at the event's time stamp, or, when that space does not
-  map the IP, the next one in the timeline that does (time stamps from
-  TSC alone lag behind, so the true space is never an earlier one).
-  Switching sets the decoder's image; the decoded instructions stay with
-  each image (:class:`~hwtrace.flow.fetch.InsnCache`), so a switch costs
-  nothing and one space's code is never served for another's.
+  verbs).  When the decoder reports a paging event (PIP) whose CR3 the
+  sideband knows, it selects that CR3's space (and from then on PIPs
+  decide).  Otherwise, when tracing (re)starts (an enable, an overflow
+  with IP, a synchronization), it selects by time, the way a user-only
+  cpu-wide trace must (context switches happen while tracing is off):
+
+  - with CYC packets, at a cycle-accurate time (:class:`CycClock`: last
+    TSC + CYC cycles; libipt's time model re-anchors at MTCs and trails
+    the true time by a few cycles, too much where a process runs only a
+    dozen instructions between switches): the last switch at or before;
+  - else within the window the time stamps allow (the event's time and
+    the next timing packet's): if several processes fit, the one that
+    left user code exactly at the enable's IP (learnt from the disables);
+    else the switch before the window's end;
+  - and if that space doesn't map the IP, the next one in the timeline
+    that does.
+
+  Coarse timing (TSC only) can't place switches that fall between two
+  PSBs; ``hwtrace decode`` warns then.  Switching sets the decoder's
+  image; the decoded instructions stay with each image
+  (:class:`~hwtrace.flow.fetch.InsnCache`), so a switch costs nothing and
+  one space's code is never served for another's.
 
 No I/O besides reading image files (lazily); no printing: the switcher
 reports each switch through a callback.
@@ -472,10 +485,12 @@ class SpaceSwitcher:
             ev = r[1]
             t = ev.type
             if t == "paging" or t == "async_paging":
-                self.saw_pip = True
                 sp = self.spaces.of_cr3(ev.cr3, self._now(ev)) \
                     if self.spaces is not None else None
                 if sp is not None:
+                    # CR3s the sideband knows: PIPs decide from now on
+                    # (unknown ones, e.g. perf's CR3 0, leave it to time)
+                    self.saw_pip = True
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
                 self._by_time(ev.tsc if ev.has_tsc else None, ev.ip)
