@@ -393,3 +393,22 @@ def test_perf_style_fork_then_exec(tmp_path):
     assert forked.image.read(0x1000, 1) == b"S" and forked.image.read(0x8000, 1) is None
     assert execd.image.read(0x1000, 1) is None and execd.image.read(0x8000, 1) == b"P"
     assert sp.of_cr3(0) is None                     # CR3 0: unknown, never matched
+
+
+def test_for_stream(tmp_path):
+    f = _files(tmp_path, a=b"A" * 16)
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000, ppid=1),
+            Thread(tid=22, pid=2),
+            Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["a"]),
+            Switch(cpu=3, time=5, prev_pid=-1, prev_tid=-1, next_pid=-1, next_tid=-1),
+            Switch(cpu=3, time=9, prev_pid=-1, prev_tid=-1, next_pid=2, next_tid=22)]
+    sp = AddressSpaces(recs)
+    tl, first = sp.for_stream(cpu=3)
+    assert first is sp.of_pid(2) and tl.spaces() == [first]
+    assert first.image.read(0x1000, 1) == b"A"          # inherited from pid 1
+    tl, first = sp.for_stream(tid=22)
+    assert first is sp.of_pid(2) and tl.entries == [(0, first)]
+    tl, first = sp.for_stream(cpu=0)                    # no switches on cpu 0
+    assert tl is None and first.pid == -1 and first.image.read(0x1000, 1) == b"A"
+    single = AddressSpaces(recs[:1] + recs[3:4])
+    assert single.for_stream(cpu=0) == (None, single.of_pid(1))

@@ -121,18 +121,7 @@ def _cyc(b, info) -> bool:
 
 def _plan(spaces, info):
     """(timeline or None, initial space) for one stream."""
-    if info.tid is not None:
-        pid = info.pid if info.pid is not None else spaces.thread_pid.get(info.tid)
-        timeline = spaces.thread_timeline(pid) if pid is not None else None
-    else:
-        timeline = spaces.cpu_timeline(info.cpu)
-    if timeline is not None:
-        first = next((s for _, s in timeline.entries if s is not None), None)
-        if first is not None:
-            return timeline, first
-    if len(spaces.spaces) == 1:
-        return None, spaces.spaces[0]
-    return None, spaces.union()
+    return spaces.for_stream(info.cpu, info.tid, info.pid)
 
 
 def _wrapper(spaces, timeline, initial, sub, write, SpaceSwitcher, hold=None,

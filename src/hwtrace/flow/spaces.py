@@ -295,6 +295,26 @@ class AddressSpaces:
         return Timeline([(s.time, self.of_pid(s.next_pid, s.time)
                           if s.next_pid >= 0 else None) for s in sw])
 
+    def for_stream(self, cpu: int | None = None, tid: int | None = None,
+                   pid: int | None = None) -> tuple:
+        """``(timeline or None, initial space)`` for a bundle stream: a cpu
+        stream follows that CPU's switches, a thread stream its process
+        (``pid``, else the tid's from its Thread record); without sideband
+        to go by, the one space there is, or all mappings in one."""
+        if tid is not None:
+            if pid is None:
+                pid = self.thread_pid.get(tid)
+            timeline = self.thread_timeline(pid) if pid is not None else None
+        else:
+            timeline = self.cpu_timeline(cpu) if cpu is not None else None
+        if timeline is not None:
+            first = next((s for _, s in timeline.entries if s is not None), None)
+            if first is not None:
+                return timeline, first
+        if len(self.spaces) == 1:
+            return None, self.spaces[0]
+        return None, self.union()
+
     def thread_timeline(self, pid: int) -> "Timeline | None":
         lst = self._by_pid.get(pid)
         if not lst:
