@@ -197,3 +197,32 @@ def test_mutations_identical(true_trace):
             kinds.add(c.compiled)
     # both paths were exercised: some mutants decode compiled, some bail
     assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("call,jump", [(True, False), (False, True),
+                                       (True, True)])
+def test_block_end_options_identical(true_trace, call, jump):
+    """--block:end-on-call / --block:end-on-jump change block boundaries
+    (and so the block count) the same way in both implementations."""
+    data, image, cfg0 = true_trace
+    _core()
+    cfg = FlowConfig(errata=cfg0.errata, end_on_call=call, end_on_jump=jump)
+    c = fast.count(data, image, cfg, "block", impl="compiled")
+    p = fast.count(data, image, cfg, "block", impl="python")
+    assert c.compiled
+    assert (c.insns, c.blocks) == (p.insns, p.blocks)
+    plain = fast.count(data, image, cfg0, "block", impl="compiled")
+    assert c.insns == plain.insns and c.blocks > plain.blocks
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00" * 64, bytes(range(256)) * 4])
+def test_no_sync_point(data):
+    """No PSB: nothing decoded, by either implementation."""
+    _core()
+    image = Image()
+    for decoder in ("block", "insn"):
+        c = fast.count(data, image, None, decoder, impl="compiled")
+        p = fast.count(data, image, None, decoder, impl="python")
+        assert c == (0, 0, 0, True)
+        assert (p.insns, p.blocks, p.errors) == (0, 0, 0)
+    assert fast.edges(bytearray(data), image).counts == {}
