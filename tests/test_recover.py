@@ -5,9 +5,15 @@ trace directory into a bundle whose streams decode (ptoracle)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +170,405 @@ def test_recover_skips_damaged_buffers(tmp_path):
     (tmp_path / "t" / "buf-1" / "config.json").write_text(json.dumps(cfg))
     write_bundle(tmp_path / "t", tmp_path / "c")
     assert Bundle(tmp_path / "c").streams == ()
+
+
+# ---------------------------------------------------------------------------
+# A recorder killed mid-trace: ``hwtrace record`` (emulated engines) leaves
+# the execution log in -o/hwtrace-xlog-*/exec.xlog; ``hwtrace recover``
+# generates the bundle from it (engines/emulated/salvage.py).
+
+needs_emulation = pytest.mark.skipif(
+    shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
+    reason="needs qemu-user and gcc")
+
+# No libc: a short, fully deterministic instruction sequence (a loop with
+# calls and system calls: several chunks of records), so every prefix of
+# its log can be checked. It exits with status 95.
+TINY = r"""
+static long sys3(long n, long a, long b, long c) { long r;
+  __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+  return r; }
+__attribute__((noinline)) int f(int x) { return x % 3 ? x * 3 + 1 : x / 2; }
+void _start(void) {
+  volatile int s = 0;
+  for (int i = 0; i < 30; i++) { s += f(i); if (i % 5 == 4) s += sys3(39, 0, 0, 0) > 0; }
+  sys3(1, 1, (long)"hi\n", 3);
+  sys3(60, s & 0x7f, 0, 0);
+  for (;;) ;
+}
+"""
+
+# Writes its pid, then calls fib(10) every 50 ms until killed.
+SLEEPER = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) int fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+int main(int argc, char **argv) {
+  FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+  for (;;) { volatile int r = fib(10); usleep(50000); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cprogs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("salvageprogs")
+    (d / "tiny.c").write_text(TINY)
+    subprocess.run(["gcc", "-O1", "-static", "-nostdlib", "-fno-pie", "-no-pie",
+                    "-o", str(d / "tiny"), str(d / "tiny.c")], check=True)
+    (d / "sleeper.c").write_text(SLEEPER)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "sleeper"), str(d / "sleeper.c")], check=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_logs(cprogs, tmp_path_factory):
+    """{source: bytes of a whole real execution log of ``tiny``}, written
+    by each execution source the way the engine runs it."""
+    from hwtrace.engines.emulated import qemu, stepper
+    d = tmp_path_factory.mktemp("tinylogs")
+    out = {}
+    log = d / "qemu.xlog"
+    proc = qemu.spawn(qemu.command(qemu.resolve_program([str(cprogs / "tiny")]), log),
+                      stdout=subprocess.DEVNULL)
+    assert proc.wait() == 95
+    out["qemu"] = log.read_bytes()
+    log = d / "ptrace.xlog"
+    assert stepper.run([str(cprogs / "tiny")], str(log), stepper.Options()) == 95
+    out["ptrace"] = log.read_bytes()
+    return out
+
+
+def _boundaries(data: bytes) -> list[int]:
+    """The prefix lengths that xl.parse reads without error: the oracle for
+    where records end (independent of salvage's own size table)."""
+    from hwtrace.engines.emulated import execlog as xl
+    ok = []
+    for n in range(xl.HEADER.size, len(data) + 1):
+        try:
+            for _ in xl.parse(data[:n]):
+                pass
+        except xl.ExecLogError:
+            continue
+        ok.append(n)
+    return ok
+
+
+@needs_emulation
+@pytest.mark.parametrize("source", ["qemu", "ptrace"])
+def test_complete_prefix_every_byte(tiny_logs, source):
+    """For every byte prefix of a real log the usable length is the last
+    record end at or before it; a zero-filled or garbage tail is not read."""
+    from hwtrace.engines.emulated import execlog as xl
+    from hwtrace.engines.emulated.salvage import complete_prefix
+    data = tiny_logs[source]
+    ends = _boundaries(data)
+    records = list(xl.parse(data))
+    assert ends[0] == xl.HEADER.size and ends[-1] == len(data) and len(ends) == len(records) + 1
+    want = 0
+    for n in range(len(data) + 1):
+        if ends and want < len(ends) and n == ends[want]:
+            want += 1
+        expect = ends[want - 1] if want else 0
+        assert complete_prefix(data[:n]) == expect, n
+        assert complete_prefix(memoryview(data)[:n]) == expect, n
+    # a file extended but never written, or bytes that are not records
+    assert complete_prefix(data + bytes(4096)) == len(data)
+    assert complete_prefix(data + b"\x7f" + data[32:]) == len(data)
+    assert complete_prefix(b"HWXL") == 0 and complete_prefix(b"junk" * 20) == 0
+    # a BLOCK whose sizes don't add up to its code length is not a record
+    w = xl.Writer()
+    w.block(1, 1, 0x1000, b"\x01", b"\x90")
+    bad = bytearray(bytes(w))
+    bad[-2] = 2     # sizes[0] = 2, nbytes = 1
+    assert complete_prefix(bytes(bad)) == xl.HEADER.size
+
+
+def _salvage_in_process(src_dir, out_dir, capsys):
+    """``hwtrace recover SRC -o OUT`` in this process (fast enough to run
+    for every record boundary of a log); returns its stdout."""
+    import argparse
+    from hwtrace.cli import recover
+    capsys.readouterr()
+    assert recover.run(argparse.Namespace(directory=str(src_dir), output=str(out_dir),
+                                          force=False, copy_images=False)) == 0
+    return capsys.readouterr().out
+
+
+def _ips(ptoracle, bundle: Path, stream: dict, elf: Path) -> list[int]:
+    """Decoded instruction addresses (ptoracle), asserting no errors and
+    exactly instructions_observed of them."""
+    o = subprocess.run([str(ptoracle), "insn", str(bundle / stream["file"]), "--elf", str(elf)],
+                       capture_output=True, text=True, check=True)
+    ips, other = [], []
+    for line in o.stdout.splitlines():
+        if line.startswith('{"ip":'):
+            ips.append(int(line[6:line.index(",")]))
+        else:
+            other.append(json.loads(line))
+    assert [x for x in other if "error" in x] == []
+    assert len(ips) == stream["instructions_observed"]
+    return ips
+
+
+@needs_emulation
+@pytest.mark.parametrize("source", ["qemu", "ptrace"])
+def test_every_prefix_of_a_log_decodes_to_a_prefix(tmp_path, tiny_logs, cprogs, ptoracle,
+                                                   capsys, source):
+    """A log cut at any byte (its last record cut short where the cut is not
+    at a record end) recovers into a bundle whose stream decodes (libipt)
+    with zero errors to a prefix of the whole run's instructions; the whole
+    log gives exactly what ``hwtrace record`` gives for the same program."""
+    from hwtrace.cli.record import parse_config
+    data = tiny_logs[source]
+    ends = _boundaries(data)
+    ctl, _, _ = parse_config("branch;user;tsc;retc")
+    meta = {"format": "hwtrace-recording", "version": 1, "mode": "thread", "num_cpus": 2,
+            "config": {"num_chunks": 4, "chunk_order": 0, "is_circular": False, "ctl": ctl,
+                       "cr3_match": 0, "addr_ranges": []}}
+    rec = tmp_path / "rec"
+    r = run_hwtrace("record", "--engine", source, "--mode", "thread", "--num-chunks", "4",
+                    "--chunk-order", "0", "--config", "branch;user;tsc;retc", "-o", rec,
+                    "--", cprogs / "tiny")
+    assert r.returncode == 95, r.stderr
+    (s,) = json.loads((rec / "manifest.json").read_text())["streams"]
+    full = _ips(ptoracle, rec, s, cprogs / "tiny")
+    assert len(full) > 150
+    # cut each record short by one byte (the longest cut-off record), and keep
+    # the whole log; every other cut gives the same bytes as one of these
+    cuts = [b - 1 for b in ends[1:]] + [len(data)]
+    got = []
+    for i, cut in enumerate(cuts):
+        d = tmp_path / f"d{i}"
+        (d / "hwtrace-xlog-x").mkdir(parents=True)
+        (d / "hwtrace-xlog-x" / "exec.xlog").write_bytes(data[:cut])
+        (d / "hwtrace-xlog-x" / "recording.json").write_text(json.dumps(meta))
+        out = _salvage_in_process(d, tmp_path / f"o{i}", capsys)
+        used = max(b for b in ends if b <= cut)
+        man = json.loads((tmp_path / f"o{i}" / "manifest.json").read_text())
+        assert man["recovered"] == {"from": "execution log", "log": "../d%d/hwtrace-xlog-x/exec.xlog" % i,
+                                    "source": source, "log_bytes": cut, "used_bytes": used,
+                                    "dropped_bytes": cut - used, "settings": "recorded",
+                                    "unended_blocks_dropped": man["recovered"]["unended_blocks_dropped"]}
+        assert (f"{cut - used} byte(s) of a cut-off record dropped" in out) == (cut != used)
+        assert man["mode"] == "thread"
+        if man["streams"]:      # (no thread yet: no buffer, no config)
+            assert man["config"]["num_chunks"] == 4
+        ips = []
+        for st in man["streams"]:
+            ips += _ips(ptoracle, tmp_path / f"o{i}", st, cprogs / "tiny")
+        assert len(man["streams"]) <= 1
+        assert ips == full[:len(ips)], cut
+        got.append(len(ips))
+    assert got == sorted(got) and got[-1] == len(full)
+    assert len(set(got)) >= 8          # the prefixes really are partial runs
+
+
+@needs_emulation
+@pytest.mark.parametrize("source", ["qemu", "ptrace"])
+def test_a_run_killed_inside_its_last_exec_decodes_to_a_prefix(tmp_path, tiny_logs, cprogs,
+                                                               ptoracle, capsys, source):
+    """A killed program's log ends inside a run of blocks (the plugin's
+    buffer files keep every record up to the kill): for each EXEC record,
+    the log cut after each distinct last block of it recovers into a
+    stream that decodes (libipt, zero errors, exactly the instructions
+    observed) to a prefix of the whole run. A last block ending in a direct
+    call or jump is left out (the generator can't end a stream right after
+    one), and only then."""
+    import struct
+    from hwtrace.engines.emulated import execlog as xl
+    from hwtrace.engines.emulated.flow import split_block
+    from hwtrace.engines.emulated.ptgen import K_CALL, K_JMP
+    from hwtrace.engines.emulated.salvage import record_size
+    data = tiny_logs[source]
+    meta = {"format": "hwtrace-recording", "version": 1, "mode": "thread", "num_cpus": 2,
+            "config": {"num_chunks": 4, "chunk_order": 0, "ctl": 0x2408}}
+    whole = tmp_path / "whole"
+    (whole / "hwtrace-xlog-x").mkdir(parents=True)
+    (whole / "hwtrace-xlog-x" / "exec.xlog").write_bytes(data)
+    (whole / "hwtrace-xlog-x" / "recording.json").write_text(json.dumps(meta))
+    _salvage_in_process(whole, tmp_path / "whole-b", capsys)
+    (s,) = json.loads((tmp_path / "whole-b" / "manifest.json").read_text())["streams"]
+    full = _ips(ptoracle, tmp_path / "whole-b", s, cprogs / "tiny")
+    blocks = {r.id: r for r in xl.parse(data) if type(r) is xl.Block}
+    cases = []
+    off = xl.HEADER.size
+    while off < len(data):
+        n = record_size(data, off)
+        if data[off] == xl.T_EXEC:
+            (count,) = struct.unpack_from("<I", data, off + 1)
+            ids = struct.unpack_from(f"<{count}I", data, off + 5)
+            seen = set()
+            for k in range(1, count + 1):
+                if ids[k - 1] not in seen:
+                    seen.add(ids[k - 1])
+                    cases.append((off, ids[:k]))
+        off += n
+    assert len(cases) >= 10
+    got, trimmed = [], 0
+    for i, (off, ids) in enumerate(cases):
+        d = tmp_path / f"d{i}"
+        (d / "hwtrace-xlog-x").mkdir(parents=True)
+        log = data[:off] + bytes([xl.T_EXEC]) + struct.pack(f"<I{len(ids)}I", len(ids), *ids)
+        (d / "hwtrace-xlog-x" / "exec.xlog").write_bytes(log)
+        (d / "hwtrace-xlog-x" / "recording.json").write_text(json.dumps(meta))
+        _salvage_in_process(d, tmp_path / f"o{i}", capsys)
+        man = json.loads((tmp_path / f"o{i}" / "manifest.json").read_text())
+        # how many trailing blocks end in a direct call or jump
+        b = blocks[ids[-1]]
+        ends_direct = split_block(b.pc, b.sizes, b.code,
+                                  last_only=source == "qemu")[-1].kind in (K_CALL, K_JMP)
+        dropped = man["recovered"]["unended_blocks_dropped"]
+        assert (dropped > 0) == ends_direct, (i, dropped)
+        trimmed += dropped > 0
+        ips = []
+        for st in man["streams"]:
+            ips += _ips(ptoracle, tmp_path / f"o{i}", st, cprogs / "tiny")
+        assert ips == full[:len(ips)], i
+        got.append(len(ips))
+    assert trimmed >= 2 and len(set(got)) >= 10
+
+
+@needs_emulation
+def test_recover_a_directory_without_a_usable_log(tmp_path, tiny_logs):
+    r = run_hwtrace("recover", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "not a trace directory" in r.stderr and "no execution log" in r.stderr
+    # a log dir without the log, a symlinked log: not logs
+    (tmp_path / "hwtrace-xlog-a").mkdir()
+    (tmp_path / "hwtrace-xlog-b").mkdir()
+    (tmp_path / "hwtrace-xlog-b" / "exec.xlog").symlink_to(tmp_path / "elsewhere.xlog")
+    (tmp_path / "elsewhere.xlog").write_bytes(tiny_logs["qemu"])
+    r = run_hwtrace("recover", tmp_path)
+    assert r.returncode == 2 and "no execution log" in r.stderr
+    # an empty log (the recorder died before the program started)
+    (tmp_path / "hwtrace-xlog-a" / "exec.xlog").write_bytes(b"")
+    r = run_hwtrace("recover", tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "not an execution log (no complete header)" in r.stderr
+    assert not (tmp_path / "manifest.json").exists()
+
+
+@needs_emulation
+def test_recover_uses_the_newest_log_and_defaults(tmp_path, tiny_logs):
+    """Two logs: the newest is used, the other named. No recording.json (or
+    a junk one): hwtrace record's defaults (cpu mode, 64 MiB buffers)."""
+    old = tmp_path / "hwtrace-xlog-old" / "exec.xlog"
+    new = tmp_path / "hwtrace-xlog-new" / "exec.xlog"
+    for p, data in ((old, tiny_logs["ptrace"]), (new, tiny_logs["qemu"])):
+        p.parent.mkdir()
+        p.write_bytes(data)
+    os.utime(old, (1_000_000, 1_000_000))
+    (new.parent / "recording.json").write_text('{"format": "hwtrace-recording", "mode": 3}')
+    r = run_hwtrace("recover", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"older execution log not used: {old}" in r.stdout
+    assert "default settings used" in r.stdout
+    b = Bundle(tmp_path)
+    assert b.mode == "cpu" and b.config.num_chunks == 64 and b.config.chunk_order == 8
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["recovered"]["source"] == "qemu" and man["recovered"]["settings"] == "defaults"
+    assert man["recovered"]["log"] == "hwtrace-xlog-new/exec.xlog"
+    assert man["engine_info"] == {"source": "qemu"}
+    # refuses to write through a planted link
+    (tmp_path / "manifest.json.tmp").symlink_to(tmp_path / "victim")
+    r = run_hwtrace("recover", tmp_path, "--force")
+    assert r.returncode == 2 and "symbolic link" in r.stderr and not (tmp_path / "victim").exists()
+    assert (tmp_path / "manifest.json").is_file()      # the old bundle is kept
+
+
+def _wait_pid(p: Path, proc, timeout=120) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.exists() and p.read_text().endswith("\n"):
+            return int(p.read_text())
+        assert proc.poll() is None, f"recorder ended early: {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError("the traced program never started")
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@needs_emulation
+@pytest.mark.parametrize("engine,mode", [("qemu", "cpu"), ("ptrace", "thread")])
+def test_recorder_killed_then_recovered(tmp_path, cprogs, ptoracle, engine, mode):
+    """hwtrace record is SIGKILLed mid-trace: recover (in place) makes the
+    bundle with the recorder's settings; it decodes with libipt and with
+    ``hwtrace decode`` to exactly the instructions observed, ``hwtrace
+    summary`` shows the loop's function; recovering again is refused,
+    --force gives the same streams. While the recorder runs, recovering in
+    place is refused and -o gives a snapshot."""
+    from test_record import decode_bundle
+    b = tmp_path / "b"
+    pidf = tmp_path / "pid"
+    rec = subprocess.Popen([sys.executable, "-m", "hwtrace", "record", "--engine", engine,
+                            "--mode", mode, "--buffer-size", "1M", "--config",
+                            "branch;user;tsc;noretc", "-o", str(b), "--",
+                            str(cprogs / "sleeper"), str(pidf)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    pid = None
+    try:
+        pid = _wait_pid(pidf, rec)
+        time.sleep(0.5)
+        live = run_hwtrace("recover", b)
+        snap = run_hwtrace("recover", b, "-o", tmp_path / "snap")
+        rec.kill()
+        rec.wait()
+        end = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _running(pid), "the traced program outlived its recorder"
+    finally:
+        if pid is not None and _running(pid):
+            os.kill(pid, signal.SIGKILL)
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    assert live.returncode == 2 and live.stderr.count("\n") == 1
+    assert f"its recorder (pid {rec.pid}) is still running" in live.stderr
+    assert snap.returncode == 0, snap.stderr
+    assert "is still running: a snapshot" in snap.stdout
+    assert not (b / "manifest.json").exists()
+    decode_bundle(ptoracle, tmp_path / "snap")
+
+    r = run_hwtrace("recover", b)
+    assert r.returncode == 0, r.stderr
+    assert "recovered" in r.stdout and "default settings" not in r.stdout
+    man, res = decode_bundle(ptoracle, b)
+    assert man["recovered"]["settings"] == "recorded"
+    assert man["recovered"]["source"] == engine
+    assert man["mode"] == mode and man["engine_info"] == {"source": engine}
+    assert man["config"]["num_chunks"] << (12 + man["config"]["chunk_order"]) == 1 << 20
+    assert man["config"]["ctl"] & (1 << 11)                  # noretc: DisRETC
+    total = sum(v[0]["instructions_observed"] for v in res.values())
+    snap_total = sum(s["instructions_observed"] for s in
+                     json.loads((tmp_path / "snap" / "manifest.json").read_text())["streams"])
+    # (a snapshot has what the log held then: QEMU's plugin keeps a thread's
+    # newest records in its buffer file until it fills or the thread ends)
+    assert total >= snap_total and total > 20_000
+    streams = [s for s in man["streams"] if s["instructions_observed"]]
+    if mode == "thread":
+        assert [s["file"] for s in man["streams"]] == [f"tid{pid}.pt"]
+    # hwtrace's own decoder agrees, stream by stream
+    d = run_hwtrace("decode", b, "--stat", "--quiet")
+    assert d.returncode == 0, d.stderr
+    counts = dict(re.findall(r"\[stream (\S+)\]\ninsn: (\d+)\.", d.stdout))
+    assert {k: int(v) for k, v in counts.items()} == \
+        {s["file"]: s["instructions_observed"] for s in man["streams"]}
+    sm = run_hwtrace("summary", b)
+    assert sm.returncode == 0, sm.stderr
+    assert re.search(r"^fib\s+[\d,]+\s", sm.stdout, re.M), sm.stdout
+    assert f"{total:,} instructions" in sm.stdout
+    # again: refused; --force: the same streams
+    r = run_hwtrace("recover", b)
+    assert r.returncode == 2 and "--force" in r.stderr
+    before = {s["file"]: (b / s["file"]).read_bytes() for s in streams}
+    r = run_hwtrace("recover", b, "--force")
+    assert r.returncode == 0, r.stderr
+    assert {f: (b / f).read_bytes() for f in before} == before

@@ -267,12 +267,14 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges) -> int:
             except OSError as e:
                 raise CliError(f"{out}: {e.strerror}") from None
             eng.log_dir = str(out)
+            from hwtrace.engines.emulated.salvage import recorder_identity
             # and, next to it, how this recording makes its bundle, for
             # 'hwtrace recover' if the recorder is killed before it does
             eng.log_meta = {"format": "hwtrace-recording", "version": 1,
                             "mode": args.mode, "config": cfg.to_dict(),
                             "num_cpus": dev.num_cpus, "copy_images": bool(args.copy_images),
-                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()}}
+                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()},
+                            "recorder": recorder_identity(os.getpid())}
         if args.mode == "cpu":
             dev.set_mode(Mode.CPU)
             descs = [dev.alloc_buffer(cfg) for _ in range(dev.num_cpus)]

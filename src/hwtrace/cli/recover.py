@@ -27,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the bundle here (default: into DIR itself)")
     p.add_argument("--force", action="store_true", help="replace an existing manifest")
+    p.add_argument("--copy-images", action="store_true",
+                   help="store the mapped files the trace names in the bundle (never "
+                        "done unless asked: the directory may come from elsewhere)")
     p.set_defaults(func=run)
 
 
@@ -51,7 +54,8 @@ def _trace_dir(args) -> int:
     from hwtrace.control.recover import RecoverError, write_bundle
     out = args.output or args.directory
     try:
-        path = write_bundle(args.directory, out, overwrite=args.force)
+        path = write_bundle(args.directory, out, overwrite=args.force,
+                            copy_images=bool(getattr(args, "copy_images", False)))
         b = Bundle(path)
     except (RecoverError, BundleError) as e:
         msg = str(e)
@@ -86,12 +90,19 @@ def _salvage(args, logs: list[Path]) -> int:
 
     log = logs[-1]
     out = Path(args.output or args.directory)
+    st = salvage.read_settings(log)
+    live = salvage.recorder_running(st)
+    if live is not None and _same(out, args.directory):
+        raise CliError(f"recover: {args.directory}: its recorder (pid {live}) is still "
+                       f"running (use -o OUT for a snapshot of the trace so far)")
+    old = None
     try:
+        _no_links(out)
         if (out / MANIFEST).exists():
             if not args.force:
                 raise _already(out)
+            old = (out / MANIFEST).read_bytes()     # put back if this fails
             (out / MANIFEST).unlink()
-        st = salvage.read_settings(log)
         if st.recorded:
             cfg = BufferConfig.from_dict(st.config)
         else:
@@ -100,12 +111,14 @@ def _salvage(args, logs: list[Path]) -> int:
             ctl, cr3, _ = record.parse_config(record.DEFAULT_CONFIG)
             cfg = BufferConfig(num_chunks=num_chunks, chunk_order=order, ctl=ctl, cr3_match=cr3)
         with tempfile.TemporaryDirectory(prefix="hwtrace-salvage-") as scratch:
-            prep = salvage.prepare(log, scratch)
+            prep = salvage.prepare(log, scratch, live=live is not None)
             eng = salvage.ReplayEngine(prep.path, prep.source, st.num_cpus or None, st.exe)
-            rec_args = argparse.Namespace(mode=st.mode, pid=None, copy_images=st.copy_images)
+            rec_args = argparse.Namespace(mode=st.mode, pid=None,
+                                          copy_images=bool(getattr(args, "copy_images", False)))
             record._record(eng, rec_args, cfg, [str(log)], out, st.elf_ranges)
         _mark(out, log, prep, st)
         b = Bundle(out)
+        old = None
     except salvage.SalvageError as e:
         raise CliError(f"recover: {e}") from None
     except TraceError as e:
@@ -114,13 +127,45 @@ def _salvage(args, logs: list[Path]) -> int:
         raise CliError(f"recover: {e}") from None
     except OSError as e:
         raise CliError(f"recover: {e.filename or out}: {e.strerror}") from None
+    finally:
+        if old is not None and not (out / MANIFEST).exists():
+            (out / MANIFEST).write_bytes(old)
     cut = f", {prep.dropped} byte(s) of a cut-off record dropped" if prep.dropped else ""
-    _report(out, b, f" from the execution log {log} ({prep.used} bytes{cut})")
+    merged = (f", {prep.merged} of them merged from the plugin's buffer files"
+              if prep.merged else "")
+    _report(out, b, f" from the execution log {log} ({prep.used} bytes{merged}{cut})")
+    if prep.unended:
+        print(f"  ({prep.unended} block(s) a killed thread last entered, ending in a direct "
+              f"call or jump, left out: where they went is not in the log)")
     if not st.recorded:
         print("  (no recording.json next to the log: hwtrace record's default settings used)")
+    elif st.copy_images and not getattr(args, "copy_images", False):
+        print("  (the recording asked for --copy-images: add it to store the mapped files)")
+    if live is not None:
+        print(f"  (its recorder, pid {live}, is still running: a snapshot)")
     for other in logs[:-1]:
         print(f"  older execution log not used: {other}")
     return 0
+
+
+def _same(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _no_links(out: Path) -> None:
+    """The bundle's own files are written in place: refuse a directory whose
+    entries for them are symbolic links (they would be written through)."""
+    for p in (out / "manifest.json.tmp", out / "images"):
+        if p.is_symlink():
+            raise CliError(f"recover: {p} is a symbolic link (refusing to write through it)")
+    imgs = out / "images"
+    if imgs.is_dir():
+        for p in imgs.iterdir():
+            if p.is_symlink():
+                raise CliError(f"recover: {p} is a symbolic link (refusing to write through it)")
 
 
 def _mark(out: Path, log: Path, prep, st) -> None:
@@ -134,7 +179,12 @@ def _mark(out: Path, log: Path, prep, st) -> None:
     man["recovered"] = {"from": "execution log", "log": where, "source": prep.source,
                         "log_bytes": prep.size, "used_bytes": prep.used,
                         "dropped_bytes": prep.dropped,
+                        "unended_blocks_dropped": prep.unended,
                         "settings": "recorded" if st.recorded else "defaults"}
     tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(man, indent=1) + "\n")
+    if tmp.exists() or tmp.is_symlink():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(man, indent=1) + "\n")
     os.replace(tmp, mpath)

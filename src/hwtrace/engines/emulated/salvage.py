@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwtrace.control.config import BufferConfig
+from hwtrace.control.errors import TraceError
+
 from . import execlog as xl
 from .engine import EmulatedEngine
 
@@ -33,6 +36,7 @@ LOG_DIR_PREFIX = "hwtrace-xlog-"
 LOG_NAME = "exec.xlog"
 META_NAME = "recording.json"
 MAX_META = 1 << 16
+MAX_BUFFER = 1 << 34        # a recorded buffer configuration larger than this is not believed
 
 # Record payload sizes (without the type byte), execlog format version 1.
 _FIXED = {
@@ -136,6 +140,30 @@ class Settings:
     elf_ranges: dict = field(default_factory=dict)    # n -> (path, begin, end)
     exe: str = ""
     recorded: bool = False
+    recorder: dict | None = None    # {"pid", "start"} of the recording process
+
+
+def recorder_identity(pid: int) -> dict | None:
+    """{"pid", "start"}: a process, told apart from a later one with the same
+    pid by its start time (``/proc/PID/stat`` field 22); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return {"pid": pid, "start": int(fields[19])}
+
+
+def recorder_running(st: Settings) -> int | None:
+    """The pid of the recorder that wrote the log, if it still runs."""
+    r = st.recorder
+    if not r or isinstance(r.get("pid"), bool) or not isinstance(r.get("pid"), int) \
+            or r["pid"] <= 0:
+        return None
+    now = recorder_identity(r["pid"])
+    return r["pid"] if now is not None and now["start"] == r.get("start") else None
 
 
 def read_settings(log: str | os.PathLike) -> Settings:
@@ -161,9 +189,17 @@ def read_settings(log: str | os.PathLike) -> Settings:
                 or isinstance(ncpu, bool) or not isinstance(ncpu, int) or not 0 < ncpu <= 4096:
             return Settings()
         exe = m.get("exe")
+        try:
+            c = BufferConfig.from_dict(cfg)
+        except TraceError:
+            return Settings()
+        if c.num_chunks << (12 + c.chunk_order) > MAX_BUFFER:
+            return Settings()
+        rec = m.get("recorder")
         return Settings(mode=mode, config=cfg, num_cpus=ncpu,
                         copy_images=bool(m.get("copy_images")), elf_ranges=ranges,
-                        exe=exe if isinstance(exe, str) else "", recorded=True)
+                        exe=exe if isinstance(exe, str) else "", recorded=True,
+                        recorder=rec if isinstance(rec, dict) else None)
     except (OSError, ValueError, TypeError, AttributeError):
         return Settings()
 
@@ -171,39 +207,165 @@ def read_settings(log: str | os.PathLike) -> Settings:
 @dataclass(frozen=True)
 class Prepared:
     """A log cut to its whole records: ``path`` is the log to generate from
-    (the original when nothing was cut), ``used``/``size`` its bytes."""
+    (the original when nothing was cut), ``used``/``size`` its bytes,
+    ``merged`` the bytes :func:`gather` appended to it first, ``unended``
+    the blocks :func:`unended_transfers` dropped."""
     path: Path
     source: str
     used: int
     size: int
+    merged: int = 0
+    unended: int = 0        # trailing block runs dropped (unended_transfers)
 
     @property
     def dropped(self) -> int:
         return self.size - self.used
 
 
-def prepare(log: str | os.PathLike, scratch: str | os.PathLike) -> Prepared:
-    """Check ``log`` and, if its end is not a record boundary, write its
-    whole-record prefix (and the ``.vdso`` next to it) into ``scratch``."""
+def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
+            live: bool = False) -> Prepared:
+    """The usable log, as a copy in ``scratch`` (never generated from the
+    file itself: a writer still running would change it under the
+    generator): the records the QEMU plugin's buffer files hold first
+    merged into ``log`` as the recorder would have (:func:`gather`; with
+    ``live`` -- its recorder still runs -- or where ``log`` can't be
+    written, added to the copy only: :func:`snapshot`), then cut to its
+    whole records, without the blocks :func:`unended_transfers` drops; the
+    ``.vdso`` next to it is copied too."""
     log = Path(log)
-    with open(log, "rb") as f:
+    merged = 0
+    if not live:
+        try:
+            merged = gather(log)
+        except SalvageError:
+            live = True         # e.g. a read-only directory: leave it as it is
+    out = Path(scratch) / LOG_NAME
+    shutil.copyfile(log, out)
+    if live:
+        merged = snapshot(log, out)
+    with open(out, "rb") as f:
         data = f.read()
     used = complete_prefix(data)
     if used == 0:
         raise SalvageError(f"{log}: not an execution log (no complete header)")
-    header, _ = xl.parse_header(data[:used])
+    header, start = xl.parse_header(data[:used])
     source = _SOURCES.get(header.source)
     if source is None:
         raise SalvageError(f"{log}: unknown execution source {header.source}")
-    if used == len(data):
-        return Prepared(log, source, used, len(data))
-    out = Path(scratch) / LOG_NAME
-    with open(out, "wb") as f:
-        f.write(memoryview(data)[:used])
+    edits = unended_transfers(data, start, used, header.source == xl.SOURCE_QEMU)
+    if used != len(data) or edits:
+        mv = memoryview(data)
+        with open(out, "wb") as f:
+            at = 0
+            for off, size, repl, _ in edits:
+                f.write(mv[at:off])
+                f.write(repl)
+                at = off + size
+            f.write(mv[at:used])
     vdso = log.with_name(LOG_NAME + ".vdso")
     if vdso.is_file() and not vdso.is_symlink():
         shutil.copyfile(vdso, out.with_name(LOG_NAME + ".vdso"))
-    return Prepared(out, source, used, len(data))
+    return Prepared(out, source, used, len(data), merged, sum(e[3] for e in edits))
+
+
+def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tuple]:
+    """Edits ``(offset, size, replacement, blocks dropped)`` (by offset) that
+    drop, from the last EXEC of each thread whose log just stops (killed:
+    no exit, exec or system call after it), the trailing blocks that end in
+    a direct call or jump.
+
+    Why: the stream of such a thread ends with FUP + TIP.PGD at the
+    branch's next linear address, which for a direct call or jump is not
+    where the thread went -- a decoder follows the branch without needing a
+    packet and runs on past the end (``flow._end_thread`` and its twin in
+    ``ptgen_fast.c``; a jcc, ret or indirect branch ends right).  What such
+    a block did is unsure anyway: QEMU logs a block when it starts it.
+    """
+    from .flow import split_block
+    from .ptgen import K_CALL, K_JMP
+    blocks: dict = {}       # (pid, id) -> offset of its latest BLOCK record
+    parent: dict = {}       # pid -> parent pid (fork: the child's table starts as the parent's)
+    tail: dict = {}         # tid -> (offset, size, pid) of its last EXEC, or None
+    tid = pid = None
+    off = start
+    while off < end:
+        n = record_size(data, off)
+        t = data[off]
+        if t == xl.T_CTX:
+            pid, tid = _U32.unpack_from(data, off + 1)[0], _U32.unpack_from(data, off + 5)[0]
+        elif t == xl.T_BLOCK:
+            bpid, bid = _U32.unpack_from(data, off + 1)[0], _U32.unpack_from(data, off + 5)[0]
+            blocks[(bpid, bid)] = off
+        elif t == xl.T_EXEC:
+            tail[tid] = (off, n, pid)
+        elif t == xl.T_PROC_START:
+            parent[pid] = _U32.unpack_from(data, off + 1)[0]
+        elif t in _ENDS_UNKNOWN_TAIL:
+            tail[tid] = None
+        off += n
+    edits = []
+    for t in tail.values():
+        if t is None:
+            continue
+        off, size, tpid = t
+        (count,) = _U32.unpack_from(data, off + 1)
+        ids = list(struct.unpack_from(f"<{count}I", data, off + 5))
+        keep = len(ids)
+        while keep:
+            where = _find_block(blocks, parent, tpid, ids[keep - 1])
+            if where is None:
+                break
+            _p, _b, pc, ninsn, nbytes = _BLOCK_HEAD.unpack_from(data, where + 1)
+            q = where + 1 + _BLOCK_HEAD.size
+            sizes, code = bytes(data[q:q + ninsn]), bytes(data[q + ninsn:q + ninsn + nbytes])
+            if not sizes or split_block(pc, sizes, code, last_only=qemu_blocks)[-1].kind \
+                    not in (K_CALL, K_JMP):
+                break
+            keep -= 1
+        if keep < len(ids):
+            repl = b"" if keep == 0 else (bytes([xl.T_EXEC]) + _U32.pack(keep)
+                                          + struct.pack(f"<{keep}I", *ids[:keep]))
+            edits.append((off, size, repl, len(ids) - keep))
+    return sorted(edits)
+
+
+#: records after which a thread's end is not a killed run's arbitrary point
+_ENDS_UNKNOWN_TAIL = frozenset((xl.T_SYSCALL, xl.T_SIGNAL, xl.T_THREAD_EXIT, xl.T_PROC_EXIT,
+                                xl.T_PROC_EXEC, xl.T_INSN, xl.T_EXEC_PART))
+
+
+def _find_block(blocks: dict, parent: dict, pid: int, bid: int) -> int | None:
+    for _ in range(64):
+        where = blocks.get((pid, bid))
+        if where is not None or pid not in parent:
+            return where
+        pid = parent[pid]
+    return None
+
+
+def gather(log: str | os.PathLike) -> int:
+    """Append to ``log`` the records the QEMU plugin's per-thread buffer
+    files next to it hold that never reached it (its writer died before
+    merging them): ``qemu.merge_buffers``, where the plugin keeps such
+    files. Returns the bytes added."""
+    from . import qemu
+    if not qemu.buffer_files(log):
+        return 0
+    try:
+        return int(qemu.merge_buffers(log) or 0)
+    except (OSError, ValueError, struct.error) as e:
+        raise SalvageError(f"{log}: merging the plugin's buffer files: {e}") from None
+
+
+def snapshot(log: str | os.PathLike, copy: str | os.PathLike) -> int:
+    """Append to ``copy`` (just copied from ``log``) the records the buffer
+    files of ``log`` hold so far, a running thread's included, leaving them
+    alone (``qemu.snapshot_buffers``). Returns the bytes added."""
+    from . import qemu
+    try:
+        return int(qemu.snapshot_buffers(log, copy) or 0)
+    except (OSError, ValueError, struct.error) as e:
+        raise SalvageError(f"{log}: reading the plugin's buffer files: {e}") from None
 
 
 class ReplayEngine(EmulatedEngine):
