@@ -22,6 +22,12 @@ def fmt_duration(t: float, unit: str | None) -> str:
     return f"{t:,.0f} {unit or 'ticks'}"
 
 
+#: what a line notes about its activation, in this order
+_NOTES = ((Flag.BEGIN_UNKNOWN, "began before the trace"), (Flag.TRUNCATED, "truncated"),
+          (Flag.TAIL_CALL, "tail call"), (Flag.UNWOUND, "unwound"),
+          (Flag.SWITCHED_IN, "goes on after a switch"), (Flag.SWITCHED_OUT, "switched out"))
+
+
 class _Entry:
     __slots__ = ("depth", "name", "func", "insns", "duration", "flags", "tid")
 
@@ -81,19 +87,7 @@ class CallHistory:
                     yield f"  -- {e.kind} at insn {e.idx:,}: {e.detail}"
                     continue
                 name = e.name
-                notes = []
-                if e.flags & Flag.BEGIN_UNKNOWN:
-                    notes.append("began before the trace")
-                if e.flags & Flag.TRUNCATED:
-                    notes.append("truncated")
-                if e.flags & Flag.TAIL_CALL:
-                    notes.append("tail call")
-                if e.flags & Flag.UNWOUND:
-                    notes.append("unwound")
-                if e.flags & Flag.SWITCHED_IN:
-                    notes.append("goes on after a switch")
-                if e.flags & Flag.SWITCHED_OUT:
-                    notes.append("switched out")
+                notes = [text for flag, text in _NOTES if e.flags & flag]
                 if threads and e.tid is not None:
                     notes.append(f"tid {e.tid}")
                 head = "  " * (e.depth + 1) + name

@@ -132,18 +132,8 @@ class Tracker:
         kind = classify(x, frm, to if to is not None else -1)
         th.exit = kind
         th.exit_at = frm + x.size
-        if not th.on or kind is None:
-            return
-        d = th.depth
-        if th.wanted and self.mask.accepts(kind, frm):
-            self.out.append(Branch(th.pid, th.tid, kind, frm, to, th.pend_time, d))
-        if kind in _DOWN:
-            th.depth = d + 1
-        elif kind == "return":
-            if d == 0 and self.trigger.within is not None:
-                th.on = False
-            else:
-                th.depth = d - 1
+        if th.on and kind is not None:
+            self._taken(th, kind, frm, to)
 
     def async_exit(self, th: ThreadState, frm: int, time=None) -> None:
         if th.pend_x is not None:
@@ -223,8 +213,15 @@ class Tracker:
             return
         frm = th.pend_pc
         kind = classify(x, frm, to)
-        if kind is None:
-            return
+        if kind is not None:
+            self._taken(th, kind, frm, to)
+
+    def _taken(self, th: ThreadState, kind: str, frm: int, to: int | None) -> None:
+        """The pending transfer (inside the window) is a ``kind`` to ``to``:
+        its record, and the call depth it leaves (a return at depth 0 of a
+        ``within`` window closes it).  A syscall/int observed going straight
+        on (into a traced kernel) keeps the depth; one into untraced code
+        comes back via resume()."""
         d = th.depth
         if th.wanted and self.mask.accepts(kind, frm):
             self.out.append(Branch(th.pid, th.tid, kind, frm, to, th.pend_time, d))
@@ -235,8 +232,6 @@ class Tracker:
                 th.on = False
             else:
                 th.depth = d - 1
-        # a syscall/int observed going straight on (into a traced kernel)
-        # keeps the depth; one into untraced code comes back via resume()
 
     @staticmethod
     def _enter_handler(th: ThreadState, resume: int) -> None:
