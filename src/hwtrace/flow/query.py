@@ -20,7 +20,9 @@ MODE.TSX, OVF, EXSTOP.IP, MWAIT and PTW.IP bind to the following FUP, the
 contents of a PSB+ are status updates published at PSBEND.
 
 The newer event-trace packets (CFE, EVD) and TRIG are handled by
-:mod:`.evtrace`, which this module calls into.
+:mod:`.evtrace`, power events and PTWRITE by :mod:`.power`, PSB+ headers
+by :mod:`.psb`, OVF by :mod:`.overflow`; :mod:`.evtpos` works out the
+trace offsets libipt 2.3 reports.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from hwtrace.pt.cpu import Errata as PacketErrata
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
-from . import evtpos, evtrace, overflow, psb
+from . import evtpos, evtrace, overflow, power, psb
 from .config import FlowConfig
-from .events import (BIND_EXSTOP, BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
+from .events import (BIND_FUP, BIND_PSBEND, BIND_TIP, Event,
                      EventQueue)
 from .status import DEFERRED, EOS, EVENT_PENDING
 from .timing import FlowTime, TimeError
@@ -660,63 +662,6 @@ class QueryDecoder:
         self.published = self._new_event("mnt", payload=pkt.payload)
         self._consume()
 
-    def _dec_exstop(self, pkt) -> None:
-        # MWAITs waiting for this EXSTOP bind to the FUP it binds to, or
-        # are reported now (without IP) if it has none.
-        mwait = self.evq.take(BIND_EXSTOP, "mwait")
-        if mwait is not None:
-            if pkt.ip:
-                self.evq.enqueue(BIND_FUP, mwait)
-            else:
-                mwait.ip_suppressed = True
-                self.published = mwait
-            return
-        ev = self._new_event("exstop")
-        if pkt.ip:
-            self.evq.enqueue(BIND_FUP, ev)
-        else:
-            ev.ip_suppressed = True
-            self.published = ev
-        self._consume()
-
-    def _dec_mwait(self, pkt) -> None:
-        ev = self._new_event("mwait", hints=pkt.hints, ext=pkt.ext)
-        self.evq.enqueue(BIND_EXSTOP, ev)
-        self._consume()
-
-    def _dec_pwre(self, pkt) -> None:
-        # A power entry is reported after the EXSTOP (and the MWAIT) it
-        # goes with, i.e. it waits for the power exit (or an overflow).
-        ev = self._new_event("pwre", state=pkt.state,
-                             sub_state=pkt.sub_state, hw=bool(pkt.hw))
-        self.evq.enqueue(BIND_EXSTOP, ev)
-        self._consume()
-
-    def _dec_pwrx(self, pkt) -> None:
-        ev = self.evq.dequeue(BIND_EXSTOP)
-        if ev is not None:
-            if ev.type != "pwre":
-                ev.ip_suppressed = True
-            self.published = ev
-            return
-        self.published = self._new_event(
-            "pwrx", last=pkt.last, deepest=pkt.deepest,
-            interrupt=bool(pkt.interrupt), store=bool(pkt.store),
-            autonomous=bool(pkt.autonomous))
-        self._consume()
-
-    def _dec_ptw(self, pkt) -> None:
-        size = 4 if pkt.plc == 0 else 8 if pkt.plc == 1 else 0
-        if not size:
-            raise Fail(E.BAD_PACKET)
-        ev = self._new_event("ptwrite", size=size, payload=pkt.payload)
-        if pkt.ip:
-            self.evq.enqueue(BIND_FUP, ev)
-        else:
-            ev.ip_suppressed = True
-            self.published = ev
-        self._consume()
-
     def _dec_ovf(self, pkt) -> None:
         overflow.decode_ovf(self, pkt)
 
@@ -808,11 +753,11 @@ _DECODE = {
     "ovf": QueryDecoder._dec_ovf,
     "stop": QueryDecoder._dec_stop,
     "mnt": QueryDecoder._dec_mnt,
-    "exstop": QueryDecoder._dec_exstop,
-    "mwait": QueryDecoder._dec_mwait,
-    "pwre": QueryDecoder._dec_pwre,
-    "pwrx": QueryDecoder._dec_pwrx,
-    "ptw": QueryDecoder._dec_ptw,
+    "exstop": power.decode_exstop,
+    "mwait": power.decode_mwait,
+    "pwre": power.decode_pwre,
+    "pwrx": power.decode_pwrx,
+    "ptw": power.decode_ptw,
     "tsc": QueryDecoder._dec_timing,
     "tma": QueryDecoder._dec_timing,
     "mtc": QueryDecoder._dec_timing,
