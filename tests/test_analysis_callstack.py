@@ -808,3 +808,21 @@ def test_cpu_mode_recording_of_two_threads(tmp_path):
     assert rows["work"][0] == "2"
     n = f"{6000 * leaf_insns:,}"
     assert (rows["leaf"][0], rows["leaf"][1], rows["leaf"][3]) == ("6,000", n, n)
+
+
+def test_coverage_block_goes_on_across_a_psb():
+    """A PSB+ (status-update events) inside a straight line of code does not
+    cut the basic block in two; a real enable/disable does."""
+    from hwtrace.analysis.coverage import CoverageCollector
+    c = CoverageCollector()
+    ins = lambda ip, cls="other": c.feed({"ip": ip, "size": 4, "iclass": cls})
+    ins(0x100)
+    c.feed({"event": "enabled", "ip": 0x104, "status_update": True, "resumed": True})
+    c.feed({"event": "exec_mode", "ip": 0x104, "status_update": True, "mode": "64bit"})
+    ins(0x104)
+    ins(0x108, "jump")
+    ins(0x200)
+    c.feed({"event": "disabled", "ip_suppressed": True})
+    c.feed({"event": "enabled", "ip": 0x204})
+    ins(0x204)
+    assert c.finish() == {(0x100, 12): 1, (0x200, 4): 1, (0x204, 4): 1}

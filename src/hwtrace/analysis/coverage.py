@@ -46,7 +46,9 @@ class CoverageCollector:
         k = kind_of(m)
         if k == INSN:
             self.insn(m.get("ip"), m.get("size") or 0, m.get("iclass"))
-        elif k != INSN:
+        elif m.get("status_update") and m.get("error") is None:
+            return          # a PSB+ restating the state: the block goes on
+        else:
             name = m.get("event") or m.get("error") or m.get("status")
             if m.get("error") is not None or name in (
                     "overflow", "disabled", "async_disabled", "enabled",
