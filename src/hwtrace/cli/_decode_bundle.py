@@ -62,6 +62,8 @@ def run_bundle(args) -> int:
         spaces = AddressSpaces(b.iter_sideband(), resolve, extend)
     except BundleError as e:
         raise CliError(f"decode: {args.bundle}: {e}") from None
+    except OSError as e:
+        raise CliError(f"decode: {args.bundle}: sideband: {e.strerror}") from None
 
     plans = []
     for info, sub in subs:
@@ -76,7 +78,8 @@ def run_bundle(args) -> int:
                    if m[1].startswith("/") and not m[1].startswith("//")]
         if missing:
             pid, file, bid = missing[0]
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            n = len({m[1] for m in missing}) - 1
+            more = f" (and {n} more file{'s' if n > 1 else ''})" if n else ""
             raise CliError(
                 f"decode: {args.bundle}: no image for {file} of process {pid}"
                 f"{more}: record with --copy-images, or give --image-path DIR"
