@@ -111,6 +111,7 @@ def _record(tmp_path_factory, ptoracle, engine, config=CONFIG):
         assert p.returncode == 0, p.stderr
         out[mode] = b
     out["dir"] = d
+    out["argv"] = argv
     out["truth"] = _truth(ptoracle, out["thread"], d)
     return out
 
@@ -407,3 +408,19 @@ def test_hostile_sideband_values_decode_or_fail_in_one_line(rec, tmp_path):
         assert "Traceback" not in r.stderr, (seed, r.stderr[-2000:])
         assert r.returncode == 0 or (r.returncode == 2 and r.stderr.count("\n") == 1), \
             (seed, r.returncode, r.stderr)
+
+
+def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
+    """TSC packets alone (the default config) can't place a switch that
+    falls between two PSBs: decoding goes on, with one warning per such
+    stream saying how to record instead."""
+    b = tmp_path / "tsc"
+    p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
+                        "--mode", "cpu", "-o", str(b), "--", *map(str, rec["argv"])],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = run_hwtrace("decode", b, "--quiet", "--stat:insn")
+    assert r.returncode == 0
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 1 and "runs 2 processes" in warnings[0] and \
+        "mtc;cyc" in warnings[0]
