@@ -245,6 +245,42 @@ def test_decoded_python_api(progs, bundle):
     assert isinstance(a, np.ndarray)
 
 
+def test_psb_inside_the_window(progs):
+    """A longer recording (fib(18): ~5 KB of trace, a PSB+ every 2 KB) has
+    PSB+ headers inside fib; their status-update enables are no trips
+    through untraced code: every record is a call, return, jump or taken
+    cond, and the calls and returns are exactly fib's."""
+    from hwtrace.branches import MaskSpec, TriggerSpec, decoded_records, parse_kinds
+    from hwtrace.export.source import open_source
+    p = Prog(progs / "fib")
+    b = progs / "fib18"
+    r = run_hwtrace("record", "--engine", "ptrace", "--mode", "thread", "-o", b,
+                    "--", progs / "fib", 18)
+    assert r.returncode == fib(18) & 0x3f, r.stderr
+    end = p.fib + sum(s for _a, s, _t in disasm(progs / "fib", "fib"))
+
+    class PsbInFib:
+        n = 0
+
+        def insn(self, ip, size, iclass):
+            pass
+
+        def feed(self, item):
+            if item.get("event") == "enabled" and item.get("status_update") \
+                    and p.fib <= item.get("ip", 0) < end:
+                self.n += 1
+    seen = PsbInFib()
+    for job in open_source(b).jobs:
+        job.run(seen)
+    assert seen.n >= 1
+    recs = list(decoded_records(b, TriggerSpec(within="fib"),
+                                MaskSpec(parse_kinds("all"))).records())
+    assert {r.kind for r in recs} == {"call", "return", "jump", "cond"}
+    assert None not in {r.to for r in recs}
+    assert [(r.kind, r.from_, r.to, r.depth) for r in recs
+            if r.kind in ("call", "return")] == p.expected(18)
+
+
 # ------------------------------------------------------------------ bad input
 
 def test_unknown_symbol(progs, bundle):
