@@ -159,12 +159,7 @@ def _insn_in(exe: Path, func: str, mnemonic: str) -> int:
 
 @pytest.mark.parametrize("prog,sig", [
     (pytest.param("fpe", signal.SIGFPE, id="fpe")),     # divide error
-    (pytest.param("ill", signal.SIGILL, id="ill", marks=pytest.mark.xfail(strict=True, reason=(
-        "generator gap (flow.py/ptgen, not the recording): the log is whole (see "
-        "test_qemu_plugin.py::test_fatal_guest_signal_keeps_every_record), but a QEMU "
-        "block ending in ud2 is generated as a retired trap (TIP.PGD, IP suppressed) "
-        "while #UD is a fault: libipt does not bind that TIP.PGD to ud2 and decodes 5 "
-        "instructions past it; hardware shows FUP(ud2) + TIP.PGD, ud2 not retired")))),
+    (pytest.param("ill", signal.SIGILL, id="ill")),     # ud2: #UD, a fault
     (pytest.param("abrt", signal.SIGABRT, id="abrt")),  # abort(): raise -> tgkill
 ])
 def test_program_fatal_signal_keeps_its_trace(tmp_path, ptoracle, fprogs, prog, sig):

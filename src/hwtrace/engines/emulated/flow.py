@@ -26,6 +26,12 @@ from . import execlog as xl
 from .ptgen import (K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_OTHER,
                     K_REP, K_RET, K_TRAP, TraceConfig, Tracer)
 
+#: classify()'s kind for an instruction that always faults (ud0/ud1/ud2:
+#: #UD): it never retires, so split_block ends the run before it and the
+#: thread leaves user code *at* it (FUP(ud2) + TIP.PGD, as hardware traces
+#: a fault), not after it as after a trap.  The generator never sees it.
+K_FAULT = -1
+
 _KIND = {
     Kind.JCC: K_JCC, Kind.JRCXZ: K_JCC, Kind.LOOP: K_JCC, Kind.LOOPE: K_JCC,
     Kind.LOOPNE: K_JCC, Kind.JMP_REL: K_JMP, Kind.JMPABS: K_JMP,
@@ -35,7 +41,7 @@ _KIND = {
     Kind.JMP_FAR_IND: K_FAR, Kind.RETF: K_FAR, Kind.RETF_IMM: K_FAR,
     Kind.IRET: K_FAR,
     Kind.SYSCALL: K_TRAP, Kind.SYSENTER: K_TRAP, Kind.INT: K_TRAP,
-    Kind.INT3: K_TRAP, Kind.INTO: K_TRAP, Kind.INT1: K_TRAP, Kind.UD: K_TRAP,
+    Kind.INT3: K_TRAP, Kind.INTO: K_TRAP, Kind.INT1: K_TRAP, Kind.UD: K_FAULT,
     Kind.SYSRET: K_TRAP, Kind.SYSEXIT: K_TRAP, Kind.HLT: K_TRAP,
 }
 _PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0, 0xF2, 0xF3))
@@ -85,6 +91,12 @@ def _complete(code: bytes) -> bool:
         return False
 
 
+def _before_fault(b: BlockInfo) -> BlockInfo:
+    """The part of ``b`` that retired when its last instruction faulted:
+    a plain run whose next instruction is the faulting one."""
+    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last)
+
+
 def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
                 last_only: bool = False) -> list[BlockInfo]:
     """BlockInfos for one defined block: one, unless a branch is inside.
@@ -114,6 +126,8 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
             ip += sz
         kind, target = classify(addrs[-1], code[len(code) - sizes[-1]:])
         b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip)
+        if kind == K_FAULT:
+            b, addrs = _before_fault(b), addrs[:-1]
         if starts is not None:
             starts[b] = tuple(addrs)
         return [b]
@@ -125,6 +139,8 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         kind, target = classify(ip, insn)
         if i == last or (kind != K_OTHER and kind != K_REP):
             b = BlockInfo(start, n, ip, kind, target, ip + sz)
+            if kind == K_FAULT:
+                b, addrs = _before_fault(b), addrs[:-1]
             out.append(b)
             if starts is not None:
                 starts[b] = tuple(addrs)
