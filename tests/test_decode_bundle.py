@@ -424,3 +424,21 @@ def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
     warnings = r.stderr.splitlines()
     assert len(warnings) == 1 and "runs 2 processes" in warnings[0] and \
         "mtc;cyc" in warnings[0]
+
+
+def test_raw_images_go_on_top_of_every_space(rec, tmp_path):
+    """--raw/--elf with a bundle add to every process's image (last, so
+    they win): wa.so over BASE makes the parent decode as before and the
+    child run wa's code; a --raw file that can't be read is an error."""
+    b, d = rec["cpu"], rec["dir"]
+    roles = _roles(b)
+    r = run_hwtrace("decode", b, "--format", "jsonl", "--insn-decoder",
+                    "--raw", f"{d / 'wa.so'}:{BASE:#x}")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    stream = json.loads(lines[0])["stream"]
+    got = _by_process([x for x in lines if '"error"' not in x])[stream]
+    assert got[roles["parent"]] == rec["truth"]["parent"]
+    assert got.get(roles["child"]) != rec["truth"]["child"]
+    _one_line_error(run_hwtrace("decode", b, "--raw", f"{tmp_path / 'no'}:0x1000"),
+                    "--raw", "failed to load")

@@ -52,14 +52,14 @@ def run_bundle(args) -> int:
             found[key] = b.find_image(file, build_id)
         return found[key]
 
-    extend = None
+    def extend(image):
+        D._image(args, image)       # --raw/--elf on top of every space
+
     if args.images:
         D._image(args)              # a bad --raw/--elf is an error now
-
-        def extend(image):
-            D._image(args, image)
     try:
-        spaces = AddressSpaces(b.iter_sideband(), resolve, extend)
+        spaces = AddressSpaces(b.iter_sideband(), resolve,
+                               extend if args.images else None)
     except BundleError as e:
         raise CliError(f"decode: {args.bundle}: {e}") from None
     except OSError as e:
