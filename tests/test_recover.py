@@ -572,3 +572,35 @@ def test_recorder_killed_then_recovered(tmp_path, cprogs, ptoracle, engine, mode
     r = run_hwtrace("recover", b, "--force")
     assert r.returncode == 0, r.stderr
     assert {f: (b / f).read_bytes() for f in before} == before
+
+
+def test_read_settings_believes_only_sane_files(tmp_path):
+    """recording.json is taken as written only when every field makes
+    sense; otherwise hwtrace record's defaults (never an exception)."""
+    from hwtrace.engines.emulated.salvage import Settings, read_settings
+    log = tmp_path / "exec.xlog"
+    meta = tmp_path / "recording.json"
+    good = {"format": "hwtrace-recording", "version": 1, "mode": "thread", "num_cpus": 2,
+            "config": {"num_chunks": 2, "chunk_order": 1, "ctl": 0x2408},
+            "elf_ranges": {"1": ["/bin/true", 16, 32]}, "exe": "/bin/true",
+            "recorder": {"pid": 1, "start": 5}}
+    assert read_settings(log) == Settings()
+    meta.write_text(json.dumps(good))
+    st = read_settings(log)
+    assert (st.recorded, st.mode, st.num_cpus, st.elf_ranges, st.exe, st.recorder) == \
+        (True, "thread", 2, {1: ("/bin/true", 16, 32)}, "/bin/true", {"pid": 1, "start": 5})
+    bad = [{"mode": "both"}, {"num_cpus": 0}, {"num_cpus": True}, {"num_cpus": 10 ** 6},
+           {"config": [1]}, {"config": {"num_chunks": 0}},
+           {"config": {"num_chunks": 1 << 20, "chunk_order": 8}},
+           {"elf_ranges": {"9": ["/x", 1, 2]}}, {"elf_ranges": {"0": ["/x", "a", 2]}},
+           {"elf_ranges": [1]}, {"format": "other"}]
+    for change in bad:
+        meta.write_text(json.dumps({**good, **change}))
+        assert read_settings(log) == Settings(), change
+    for junk in ("[1]", "{", "null", "x" * 70000):
+        meta.write_text(junk)
+        assert read_settings(log) == Settings()
+    meta.unlink()
+    meta.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+    assert read_settings(log) == Settings()

@@ -8,12 +8,18 @@ before the program starts).  If the recorder is killed, the traced QEMU or
 stepper dies with it and the log stays there, cut wherever the kill fell.
 
 This module finds such logs (:func:`find_logs`), reads their settings
-(:func:`read_settings`), finds the longest prefix made of whole records
+(:func:`read_settings`) and prepares a usable copy of one
+(:func:`prepare`): the records the QEMU plugin's per-thread buffer files
+kept merged in (:func:`gather`, or :func:`snapshot` while the recorder
+still runs), cut to the longest prefix made of whole records
 (:func:`complete_prefix`: a truncated last record is dropped, never
-misread) and offers :class:`ReplayEngine`, the emulated engine with the
-execution already done: its ``run`` generates the streams and sideband from
-the log with the engine's own code, so a recovered bundle is what the
-recorder would have written had it been stopped at that point.
+misread), and without the trailing blocks of a killed thread that the
+generator can't end a stream after (:func:`unended_transfers`).
+:class:`ReplayEngine` is the emulated engine with the execution already
+done: its ``run`` generates the streams and sideband from the log with the
+engine's own code, so a recovered bundle is what the recorder would have
+written had it been stopped at that point (``hwtrace recover`` runs it
+through ``hwtrace record``'s own bundle-making code).
 """
 
 from __future__ import annotations
@@ -26,17 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwtrace.control.config import BufferConfig
+from hwtrace.control.config import BufferConfig, validate
+from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import TraceError
 
 from . import execlog as xl
-from .engine import EmulatedEngine
+from .engine import EMULATED_CAPS, EmulatedEngine
 
 LOG_DIR_PREFIX = "hwtrace-xlog-"
 LOG_NAME = "exec.xlog"
 META_NAME = "recording.json"
 MAX_META = 1 << 16
-MAX_BUFFER = 1 << 34        # a recorded buffer configuration larger than this is not believed
+MAX_BUFFER = 1 << 36        # recorded buffers (all CPUs) larger than this are not believed
 
 # Record payload sizes (without the type byte), execlog format version 1.
 _FIXED = {
@@ -149,11 +156,11 @@ def recorder_identity(pid: int) -> dict | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        if fields[0] in ("Z", "X"):
+            return None
+        return {"pid": pid, "start": int(fields[19])}
+    except (OSError, IndexError, ValueError):
         return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return {"pid": pid, "start": int(fields[19])}
 
 
 def recorder_running(st: Settings) -> int | None:
@@ -184,16 +191,19 @@ def read_settings(log: str | os.PathLike) -> Settings:
             path, b, e = v
             if not (isinstance(path, str) and isinstance(b, int) and isinstance(e, int)):
                 raise ValueError("bad elf range")
+            if not 0 <= int(k) <= 3:
+                raise ValueError("no such address range")
             ranges[int(k)] = (path, b, e)
         if mode not in ("cpu", "thread") or not isinstance(cfg, dict) \
                 or isinstance(ncpu, bool) or not isinstance(ncpu, int) or not 0 < ncpu <= 4096:
             return Settings()
         exe = m.get("exe")
         try:
-            c = BufferConfig.from_dict(cfg)
+            c = validate(BufferConfig.from_dict(cfg), EMULATED_CAPS,
+                         Mode.CPU if mode == "cpu" else Mode.THREAD)
         except TraceError:
             return Settings()
-        if c.num_chunks << (12 + c.chunk_order) > MAX_BUFFER:
+        if ncpu * (c.num_chunks << (12 + c.chunk_order)) > MAX_BUFFER:
             return Settings()
         rec = m.get("recorder")
         return Settings(mode=mode, config=cfg, num_cpus=ncpu,
