@@ -43,7 +43,7 @@ def after_packet(q, pos: int, size: int) -> int:
 def stays(ptype: str, ev) -> bool:
     """Does the event decoder stay at the packet of type ``ptype`` that
     published ``ev`` (it may publish more), rather than move past it?"""
-    if ptype in _STAY:
+    if ptype in _STAY or ev.status_update:     # PSB+ ends at PSBEND or OVF
         return True
     t = ev.type
     if ptype == "tip.pgd" and t != "disabled":
