@@ -24,6 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+python3 -m pip install -q --disable-pip-version-check -e '.[dask]'   # decode --dask
 # atheris: the fuzz harnesses' coverage-guided mode (fuzz/run.py --atheris).
 # Optional: a prebuilt wheel where one exists; the mutation mode needs nothing.
 python3 -m pip install -q --disable-pip-version-check atheris 2>/dev/null \

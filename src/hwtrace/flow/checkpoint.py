@@ -1,0 +1,340 @@
+"""Checkpoints of a running flow decode: where two decodes of the same
+trace are provably in the same state (the stitch of :mod:`.parallel`).
+
+A decode driven by :func:`hwtrace.flow.session.run_insn` / ``run_blocks``
+is deterministic: what it emits from an instruction (or block) on depends
+only on the decoder's state after it decoded that item, the status
+``next()`` returned with it and the session's ``last_ip`` (the item's IP).
+:class:`Recorder` wraps the session's sink and, once per PSB the decode
+moves past, records a :class:`Checkpoint` at the next item: a digest of
+that whole state, the position of the output written so far and the
+sink's counters.  Two decodes with equal digests at a checkpoint emit the
+same output from it on.
+
+What the digest leaves out, and why that is safe:
+
+* caches (``cache`` -- the per-address instruction cache, ``_runs`` --
+  the block decoder's walks between branches, and any attribute whose
+  name contains "cache": by convention a pure function of the image; a
+  cache of trace state must be named otherwise), the memory
+  image, the configuration and the trace buffer itself (``_pkt``, ``_buf``,
+  ``_end``, ``tconfig``): identical inputs, or pure functions of them;
+* the query decoder's ``sync`` offset: it is only ever compared with the
+  current position (``sync_forward`` skips a PSB it stands on), so the
+  digest holds ``pos == sync`` instead;
+* the return-address stack (``retstack``), which is kept apart
+  (:attr:`Checkpoint.stack`): a decoder that synchronized later may lack
+  entries pushed before its PSB.  If its stack is a suffix of the other's,
+  both pop the same addresses until it would pop past its bottom -- which
+  it reports as ``RETSTACK_EMPTY``; :class:`Recorder` notes every such
+  error (:attr:`Recorder.underflows`) so the stitch can refuse a segment
+  where that happened.
+
+Everything else reachable from the decoder (last IP, TNT cache, event
+queue, pending events and instructions, timing and its calibration, exec
+mode, CR3/VMCS, ...) is in the digest, found by walking the objects, so a
+field added to the decoders later is covered without a change here.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+from collections import deque
+from typing import NamedTuple
+
+from hwtrace.pt import errors as E
+from hwtrace.pt.decoder import find_psb_forward
+
+# Attributes that are inputs or caches, not decode state (see above).
+EXCLUDED = frozenset(("cache", "image", "config", "tconfig", "_pkt", "_buf",
+                      "_end", "retstack", "sync", "_runs"))
+
+
+def _excluded(name: str) -> bool:
+    """Inputs and caches (``_runs``: the block decoder's per-address walks
+    between branches; anything named ``*cache*``: a pure function of the
+    image, by this module's convention)."""
+    return name in EXCLUDED or name.startswith("_runs") or \
+        "cache" in name.lower()
+
+
+# Objects that are the image or derived from it alone, wherever found.
+_INPUT_TYPES = frozenset(("InsnCache", "Image", "FlowConfig"))
+
+_PLAIN = (int, str, bytes, float, type(None), bool)
+
+
+class Unhashable(Exception):
+    """The decoder holds an object the digest cannot describe."""
+
+
+class Checkpoint(NamedTuple):
+    pos: int            # the query decoder's trace position
+    key: bytes          # digest of the state (without the return stack)
+    stack: tuple        # the return-address stack, oldest first
+    out: int            # bytes of output written before this item
+    counts: tuple       # the sink's (insns, blocks, events, errors) before it
+
+
+def attribute_names() -> frozenset:
+    """Every name the flow and packet layers' code uses as an attribute
+    (a superset of the decoders' instance attributes).
+
+    Why not ``vars(obj)``: reading ``__dict__`` makes CPython (3.11+) move
+    an object's inline attribute values into a real dict, which slows
+    every later attribute access of the decoder by a third."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import hwtrace.flow
+    import hwtrace.pt
+
+    for pkg in (hwtrace.flow, hwtrace.pt):
+        for m in pkgutil.iter_modules(pkg.__path__):
+            try:
+                importlib.import_module(f"{pkg.__name__}.{m.name}")
+            except ImportError:
+                pass
+    names: set = set()
+    seen: set = set()
+
+    def code(co):
+        names.update(co.co_names)
+        for c in co.co_consts:
+            if hasattr(c, "co_names"):
+                code(c)
+
+    def visit(obj):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        if isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f)
+        elif hasattr(obj, "__code__"):
+            code(obj.__code__)
+        elif isinstance(obj, type):
+            for v in obj.__dict__.values():
+                visit(v)
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(("hwtrace.flow", "hwtrace.pt")):
+            continue
+        for v in list(vars(mod).values()):
+            if getattr(v, "__module__", None) == name:
+                visit(v)
+    return frozenset(names)
+
+
+_MISSING = object()
+
+
+def _class_attr(t, name):
+    for klass in t.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
+def _describe(obj, names, seen: set, depth: int = 0):
+    t = obj.__class__
+    if t in _PLAIN:
+        return obj if t is not bool else ("b", obj)
+    if depth > 40:
+        raise Unhashable("too deep")
+    d = depth + 1
+    if isinstance(obj, int):                # IntEnum, IntFlag
+        return (t.__name__, int(obj))
+    if isinstance(obj, (tuple, list, deque)):
+        return (t.__name__, tuple(_describe(x, names, seen, d) for x in obj))
+    if isinstance(obj, dict):
+        return ("dict", tuple(sorted(
+            ((repr(_describe(k, names, seen, d)), _describe(v, names, seen, d))
+             for k, v in obj.items()), key=lambda kv: kv[0])))
+    if isinstance(obj, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_describe(x, names, seen, d))
+                                    for x in obj)))
+    if t.__name__ in _INPUT_TYPES:
+        return ("<input>", t.__name__)
+    if id(obj) in seen:
+        return ("<seen>", t.__name__)
+    seen.add(id(obj))
+    slots = []
+    for klass in t.__mro__:
+        sl = klass.__dict__.get("__slots__", ())
+        slots.extend((sl,) if isinstance(sl, str) else sl)
+    has_dict = t.__dictoffset__ != 0
+    if not has_dict and not slots:
+        raise Unhashable(t.__name__)        # a C object: state unknown
+    fields = []
+    candidates = set(slots)
+    if has_dict:
+        candidates.update(n for n in names
+                          if _class_attr(t, n) is _MISSING)
+    for name in sorted(candidates):
+        if name in ("__dict__", "__weakref__"):
+            continue
+        v = getattr(obj, name, _MISSING)
+        if v is _MISSING:
+            if name in slots:
+                fields.append((name, "<unset>"))
+            continue
+        if name == "sync" and hasattr(obj, "pos"):
+            fields.append(("sync==pos", v == obj.pos))
+            continue
+        if _excluded(name):
+            continue
+        if callable(v) and (hasattr(v, "__self__") or hasattr(v, "__code__")):
+            continue                        # a method bound as an attribute
+        fields.append((name, _describe(v, names, seen, d)))
+    return (t.__name__, tuple(fields))
+
+
+def digest(dec, names: frozenset, extra=()) -> bytes:
+    """The digest of decoder ``dec``'s state (plus ``extra``); ``names``:
+    :func:`attribute_names`."""
+    # The walk makes many small tuples: without this, the collections they
+    # set off would traverse the whole (large) decoder heap each time.
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        desc = (_describe(dec, names, set()),
+                _describe(tuple(extra), names, set()))
+        return hashlib.blake2b(repr(desc).encode(), digest_size=20).digest()
+    finally:
+        if was:
+            gc.enable()
+
+
+def _insn_decoder(dec):
+    return getattr(dec, "insn", dec) if not hasattr(dec, "query") else dec
+
+
+class SpoolWriter:
+    """Collects text output, flushing it to a binary file; ``tell()`` is
+    the byte position of everything written so far."""
+
+    def __init__(self, f):
+        self.f = f
+        self.pieces = []
+        self.n = 0
+
+    def write(self, s: str) -> None:
+        p = self.pieces
+        p.append(s)
+        if len(p) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pieces:
+            self.f.write("".join(self.pieces).encode())
+            self.pieces = []
+
+    def tell(self) -> int:
+        self.flush()
+        return self.f.tell()
+
+
+class Stop(Exception):
+    """Raised through the session when a job has recorded enough."""
+
+
+class Recorder:
+    """A sink wrapper that records :class:`Checkpoint` s (see the module
+    doc).  ``stop_at``/``tail``: stop (raise :class:`Stop`) once ``tail``
+    checkpoints at or past trace offset ``stop_at`` are recorded."""
+
+    def __init__(self, inner, dec, out: SpoolWriter, *, stop_at=None,
+                 tail: int = 3):
+        self.inner = inner
+        self.needs_offset = getattr(inner, "needs_offset", True)
+        self.dec = dec
+        idec = _insn_decoder(dec)
+        self._idec = idec
+        self._q = idec.query
+        self._buf = self._q._buf
+        self._out = out
+        self._threshold = 0
+        self._armed = False
+        self._captured = None
+        self._stop_at = stop_at
+        self._tail = tail
+        self._past = 0
+        self._names = attribute_names()
+        self._plain = plain = type(dec)
+        rec = self
+
+        class Capturing(plain):
+            def next(self):
+                r = plain.next(self)
+                rec._captured = r
+                return r
+        self._capturing = Capturing
+        self.checkpoints: list[Checkpoint] = []
+        self.underflows: list[int] = []    # checkpoints recorded before each
+
+    # -- the session's sink interface -------------------------------------------
+    def insn(self, insn, offset):
+        pos = self._q.pos
+        if pos is not None and pos >= self._threshold:
+            self._at_item(insn, offset, insn.ip)
+        self.inner.insn(insn, offset)
+
+    def block(self, block, offset):
+        pos = self._q.pos
+        if pos is not None and pos >= self._threshold:
+            self._at_item(block, offset, block.end_ip)
+        self.inner.block(block, offset)
+
+    def event(self, ev, offset):
+        self.inner.event(ev, offset)
+
+    def error(self, kind, offset, ip, code):
+        if code == E.RETSTACK_EMPTY:
+            self.underflows.append(len(self.checkpoints))
+        self.inner.error(kind, offset, ip, code)
+
+    def status(self, name, offset):
+        self.inner.status(name, offset)
+
+    # -- checkpoints -------------------------------------------------------------
+    def counts(self) -> tuple:
+        s = self.inner
+        return (s.insns, s.blocks, s.events, s.errors)
+
+    def _at_item(self, item, offset, last_ip) -> None:
+        dec = self.dec
+        if not self._armed:
+            # Catch the status of the next item: a checkpoint needs it.
+            # (A class swap, not an instance attribute: that would slow
+            # every later attribute access of the decoder.)
+            self._captured = None
+            dec.__class__ = self._capturing
+            self._armed = True
+            return
+        r = self._captured
+        if r is None or r.__class__ is not tuple or r[1] is not item:
+            return                          # an error path: try the next one
+        dec.__class__ = self._plain
+        self._armed = False
+        q = self._q
+        pos = q.pos
+        try:
+            key = digest(dec, self._names, (r[0], offset, last_ip, item))
+        except Unhashable:
+            key = None
+        if key is not None:
+            self.checkpoints.append(Checkpoint(
+                pos, key, tuple(self._idec.retstack._stack), self._out.tell(),
+                self.counts()))
+        nxt = find_psb_forward(self._buf, pos + 1)
+        self._threshold = nxt if nxt >= 0 else 1 << 62
+        if self._stop_at is not None and pos >= self._stop_at:
+            self._past += 1
+            if self._past >= self._tail:
+                raise Stop()

@@ -1,0 +1,437 @@
+"""Parallel decoding: a trace cut at PSBs, the pieces decoded at once on
+all cores (or on a Dask cluster), stitched into exactly the output of one
+sequential decode.
+
+The plan
+--------
+The trace is cut into segments at PSBs.  Job 0 decodes from the start of
+the trace exactly as :mod:`.session` does; job *k* synchronizes at the
+PSB that starts segment *k* (a fresh decoder: empty return stack, time
+reset).  Every job runs past the end of its segment for a few PSBs and
+records :class:`~.checkpoint.Checkpoint` s on the way (a digest of the
+whole decode state once per PSB).
+
+A job's output is correct from the point where its state equals the
+sequential decoder's.  Job 0's is correct from the start.  If job *k*'s
+output is correct from checkpoint *c*, and job *k+1* reaches a checkpoint
+with the same digest at a later point (with a return stack that is a
+suffix of job *k*'s), both emit the same from there on, so the output is
+job *k*'s up to that checkpoint and job *k+1*'s after it.  Job *k+1*'s
+missing stack entries could only show as a ``RETSTACK_EMPTY`` error, so a
+piece of a job that did not start in an equal state is only taken if it
+has no such error.  Where either test fails the stitch does not guess: it
+re-runs the earlier job over the later job's segment too (in the worst
+case this is the sequential decode), so the result is always identical.
+
+Memory: a job holds one copy of the trace (the packet decoder's buffer)
+and writes its output to a spool file; the stitch copies the pieces in
+order.  On Dask the output comes back as bytes (workers may be other
+machines: the trace and images must be readable at the same paths there).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from typing import NamedTuple
+
+from hwtrace.pt.decoder import find_psb_forward
+
+from . import checkpoint as C
+
+TAIL = 3            # checkpoints a job records past the end of its segment
+SEGMENTS_PER_JOB = 4
+MIN_SEGMENT = 64 << 10
+
+
+class Source(NamedTuple):
+    """Where the trace is: a file range (``--pt FILE[:FROM[-TO]]``)."""
+
+    path: str
+    offset: int = 0
+    size: int | None = None
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read() if self.size is None else f.read(self.size)
+
+
+class Job(NamedTuple):
+    source: Source
+    images: tuple           # (kind, arg) as decode's --raw/--elf/--pagedump
+    config: object          # FlowConfig
+    block: bool             # block decoder (else instruction decoder)
+    sink: object            # a copy of the CLI's sink, write=None
+    resync: bool
+    start: int | None       # PSB to synchronize at; None: the trace start
+    end: int | None         # stop TAIL checkpoints past this; None: run out
+    spool_dir: str | None   # keep output in a file here; None: return bytes
+
+
+class Result(NamedTuple):
+    start: int | None
+    end: int | None
+    checkpoints: list
+    underflows: list
+    counts: tuple           # the sink's counters at the end
+    out_size: int
+    stopped: bool           # stopped past ``end`` (else the decode ended)
+    output: object          # a spool file path or bytes
+
+
+# -- segments ---------------------------------------------------------------
+def psb_offsets(buf) -> list[int]:
+    """The PSBs a decoder can synchronize at, in order."""
+    out = []
+    pos = 0
+    while True:
+        found = find_psb_forward(buf, pos)
+        if found < 0:
+            return out
+        out.append(found)
+        pos = found + 16
+
+
+def segment_starts(psbs: list[int], size: int, segments: int,
+                   min_size: int = MIN_SEGMENT) -> list[int]:
+    """Up to ``segments - 1`` PSBs cutting a ``size``-byte trace into
+    pieces of similar size (none smaller than ``min_size``)."""
+    if segments < 2 or len(psbs) < 2:
+        return []
+    starts = []
+    i = 1
+    for k in range(1, segments):
+        want = size * k // segments
+        while i < len(psbs) and psbs[i] < want:
+            i += 1
+        if i >= len(psbs):
+            break
+        at = psbs[i]
+        prev = starts[-1] if starts else 0
+        if at - prev >= min_size and size - at >= min_size:
+            starts.append(at)
+    return starts
+
+
+# -- one job ----------------------------------------------------------------
+def load_image(images):
+    from .image import Image
+    from .loaders import load_elf, load_pagedump, load_raw
+
+    image = Image()
+    for kind, arg in images:
+        if kind == "raw":
+            load_raw(image, arg)
+        elif kind == "elf":
+            load_elf(image, arg)
+        else:
+            addrs, _, pages = arg.rpartition(":")
+            load_pagedump(image, addrs, pages)
+    return image
+
+
+def _starting_at(plain, start: int):
+    """``plain`` whose first ``sync_forward`` synchronizes at ``start``
+    (later ones are the usual ones; a class swap keeps the decoder's
+    attribute access fast)."""
+
+    class StartingAt(plain):
+        def sync_forward(self):
+            self.__class__ = plain
+            return plain.sync_set(self, start)
+    return StartingAt
+
+
+def _fresh_copy(obj):
+    """A copy of ``obj`` whose attributes are set one by one (unlike
+    copy.copy, which leaves a slow materialized ``__dict__``)."""
+    new = object.__new__(type(obj))
+    for k, v in vars(obj).items():
+        setattr(new, k, v)
+    return new
+
+
+def run_job(job: Job, data=None) -> Result:
+    """Decode one segment (with its tail); see the module doc."""
+    from . import session
+    from .block import BlockDecoder
+    from .insn import InsnDecoder
+
+    if data is None:
+        data = job.source.read()
+    image = load_image(job.images)
+    dec = (BlockDecoder if job.block else InsnDecoder)(data, image, job.config)
+    fd, path = tempfile.mkstemp(prefix="hwtrace-seg-", suffix=".out",
+                                dir=job.spool_dir)
+    stopped = False
+    with os.fdopen(fd, "w+b") as f:
+        out = C.SpoolWriter(f)
+        sink = _fresh_copy(job.sink)
+        if "write" in vars(job.sink):
+            sink.write = out.write
+        rec = C.Recorder(sink, dec, out, stop_at=job.end, tail=TAIL)
+        if job.start is not None:
+            dec.__class__ = _starting_at(type(dec), job.start)
+        try:
+            if job.block:
+                session.run_blocks(dec, rec, resync=job.resync)
+            else:
+                session.run_insn(dec, rec, resync=job.resync)
+        except C.Stop:
+            stopped = True
+        size = out.tell()
+        if job.spool_dir is None:
+            f.seek(0)
+            output = f.read()
+        else:
+            output = path
+    if job.spool_dir is None:
+        os.unlink(path)
+    return Result(job.start, job.end, rec.checkpoints, rec.underflows,
+                  rec.counts(), size, stopped, output)
+
+
+# -- the stitch ---------------------------------------------------------------
+class Piece(NamedTuple):
+    result: Result
+    first: int          # checkpoint index the piece starts at (-1: output start)
+    last: int | None    # checkpoint index it ends before (None: output end)
+    exact: bool         # the job's state equals the sequential one at `first`
+
+
+def _merge(cur: Result, first: int, nxt: Result):
+    """(i, j, same_stack): the first checkpoint i >= first of ``cur`` whose
+    state job ``nxt`` also reaches, at its checkpoint j."""
+    index = {}
+    for j, cp in enumerate(nxt.checkpoints):
+        index.setdefault(cp.key, j)
+    for i in range(max(first, 0), len(cur.checkpoints)):
+        cp = cur.checkpoints[i]
+        if nxt.start is not None and cp.pos < nxt.start:
+            continue
+        j = index.get(cp.key)
+        if j is None:
+            continue
+        theirs = nxt.checkpoints[j].stack
+        if len(theirs) <= len(cp.stack) and \
+                cp.stack[len(cp.stack) - len(theirs):] == theirs:
+            return i, j, theirs == cp.stack
+    return None
+
+
+def _underflow_in(piece: Piece) -> bool:
+    lo = piece.first
+    hi = piece.last if piece.last is not None else 1 << 62
+    return any(lo < u <= hi for u in piece.result.underflows)
+
+
+def stitch(results: list[Result], rerun) -> list[Piece]:
+    """The pieces of job outputs that make up the sequential output.
+    ``rerun(start, end)`` decodes again from ``start`` to ``end`` (a job
+    covering more segments) when a boundary cannot be proven."""
+    pieces: list[Piece] = []
+    cur, first, exact = results[0], -1, True
+    k = 1
+    while True:
+        done = k >= len(results) or not cur.stopped
+        if done:
+            piece = Piece(cur, first, None, exact)
+        else:
+            nxt = results[k]
+            m = _merge(cur, first, nxt)
+            if m is None:
+                # No common state within the tail: decode on through the
+                # next segment from the same start.
+                cur = rerun(cur.start, nxt.end)
+                k += 1
+                continue
+            piece = Piece(cur, first, m[0], exact)
+        if not exact and _underflow_in(piece):
+            # Entries from before this job's PSB may have been needed:
+            # the previous job decodes this segment too.
+            prev = pieces.pop()
+            cur = rerun(prev.result.start, cur.end)
+            first, exact = prev.first, prev.exact
+            continue
+        pieces.append(piece)
+        if done:
+            return pieces
+        cur, first, exact = results[k], m[1], exact and m[2]
+        k += 1
+
+
+def piece_range(piece: Piece) -> tuple[int, int, tuple, tuple]:
+    """(out_from, out_to, counts_from, counts_to) of a piece."""
+    r = piece.result
+    zero = (0, 0, 0, 0)
+    if piece.first < 0:
+        a, ca = 0, zero
+    else:
+        cp = r.checkpoints[piece.first]
+        a, ca = cp.out, cp.counts
+    if piece.last is None:
+        b, cb = r.out_size, r.counts
+    else:
+        cp = r.checkpoints[piece.last]
+        b, cb = cp.out, cp.counts
+    return a, b, ca, cb
+
+
+# -- running it -----------------------------------------------------------------
+class Executor:
+    """Runs jobs: a local process pool, or a Dask client."""
+
+    def __init__(self, jobs: int = 0, dask: str | None = None):
+        self.dask = dask
+        self.jobs = jobs or os.cpu_count() or 1
+        self._pool = None
+        self._client = None
+
+    def __enter__(self):
+        if self.dask:
+            try:
+                from distributed import Client
+            except ImportError:
+                raise RuntimeError("--dask needs the 'dask' extra: "
+                                   "pip install 'hwtrace[dask]'") from None
+            self._client = Client(self.dask, timeout=30)
+        else:
+            import concurrent.futures as cf
+            import multiprocessing as mp
+            self._pool = cf.ProcessPoolExecutor(
+                self.jobs, mp_context=mp.get_context("fork"))
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+
+    @property
+    def local(self) -> bool:
+        return self._client is None
+
+    def map(self, jobs: list[Job]) -> list[Result]:
+        if self._client is not None:
+            futures = self._client.map(run_job, jobs, pure=False)
+            return self._client.gather(futures)
+        return list(self._pool.map(run_job, jobs))
+
+    def one(self, job: Job) -> Result:
+        return self.map([job])[0]
+
+
+def decode(source: Source, images, config, sink, write, *, block: bool,
+           resync: bool = False, jobs: int = 0, dask: str | None = None,
+           segments: int | None = None, min_segment: int = MIN_SEGMENT) -> dict:
+    """Decode ``source`` in parallel, writing exactly the sequential output
+    through ``write`` and leaving the sequential counters in ``sink``.
+    Returns statistics of the run (segments, re-runs)."""
+    import mmap
+
+    with open(source.path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        tsize = 0
+        if size == 0:
+            psbs = []
+        else:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                end = size if source.size is None else source.offset + source.size
+                view = mm[source.offset:end] if (source.offset or
+                                                 end != size) else mm
+                psbs = psb_offsets(view)
+                tsize = end - source.offset
+                del view
+    with Executor(jobs, dask) as ex:
+        nseg = segments or ex.jobs * SEGMENTS_PER_JOB
+        starts = segment_starts(psbs, tsize, nseg, min_segment)
+        spool = None if not ex.local else tempfile.mkdtemp(
+            prefix="hwtrace-par-")
+        try:
+            template = copy.copy(sink)
+            if hasattr(template, "write"):
+                template.write = None
+            for name in ("insns", "blocks", "events", "errors"):
+                setattr(template, name, 0)
+            bounds = [None] + starts
+            ends = starts + [None]
+
+            def job(start, end):
+                return Job(source, tuple(images), config, block, template,
+                           resync, start, end, spool)
+
+            results = ex.map([job(s, e) for s, e in zip(bounds, ends)])
+            reruns = []
+
+            def rerun(start, end):
+                reruns.append((start, end))
+                return ex.one(job(start, end))
+
+            pieces = stitch(results, rerun)
+            totals = [0, 0, 0, 0]
+            for piece in pieces:
+                a, b, ca, cb = piece_range(piece)
+                for n in range(4):
+                    totals[n] += cb[n] - ca[n]
+                _copy_out(piece.result.output, a, b, write)
+            sink.insns, sink.blocks, sink.events, sink.errors = totals
+        finally:
+            if spool is not None:
+                shutil.rmtree(spool, ignore_errors=True)
+    return {"segments": len(bounds), "reruns": reruns, "pieces": len(pieces),
+            "bytes": tsize}
+
+
+def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
+    if isinstance(output, (bytes, bytearray)):
+        for at in range(a, b, chunk):
+            write(output[at:min(b, at + chunk)].decode())
+        return
+    with open(output, "rb") as f:
+        f.seek(a)
+        left = b - a
+        while left > 0:
+            data = f.read(min(chunk, left))
+            if not data:
+                break
+            write(data.decode())
+            left -= len(data)
+
+
+def decode_args(args, config, sink, write, *, block: bool) -> dict:
+    """``hwtrace decode --jobs N / --dask ADDR`` for ``--pt`` traces."""
+    from hwtrace.cli import CliError
+    from .image import ImageError
+    from .loaders import split_range
+
+    try:
+        path, offset, size = split_range(args.pt)
+    except ImageError as e:
+        raise CliError(f"--pt: {e}") from None
+    if args.jobs < 0:
+        raise CliError(f"--jobs: bad argument: {args.jobs}")
+    if getattr(args, "show_blocks", False) and (
+            args.stat or args.stat_insn or args.stat_blocks):
+        # Block numbers count from the trace start: sequential only.
+        from .block import BlockDecoder
+        from .insn import InsnDecoder
+        from . import session
+        data = Source(path, offset, size).read()
+        image = load_image(args.images)
+        if block:
+            session.run_blocks(BlockDecoder(data, image, config), sink,
+                               resync=args.resync)
+        else:
+            session.run_insn(InsnDecoder(data, image, config), sink,
+                             resync=args.resync)
+        return {}
+    try:
+        return decode(Source(path, offset, size), args.images, config, sink,
+                      write, block=block, resync=args.resync, jobs=args.jobs,
+                      dask=args.dask)
+    except (OSError, RuntimeError) as e:
+        raise CliError(f"decode: {e}") from None
