@@ -430,8 +430,14 @@ def decode_args(args, config, sink, write, *, block: bool) -> dict:
                              resync=args.resync)
         return {}
     try:
+        # HWTRACE_PARALLEL_MIN_SEGMENT: smallest segment in bytes (tests
+        # cut small traces at every PSB with 0).
+        min_seg = int(os.environ.get("HWTRACE_PARALLEL_MIN_SEGMENT",
+                                     MIN_SEGMENT))
+        segs = os.environ.get("HWTRACE_PARALLEL_SEGMENTS")
         return decode(Source(path, offset, size), args.images, config, sink,
                       write, block=block, resync=args.resync, jobs=args.jobs,
-                      dask=args.dask)
-    except (OSError, RuntimeError) as e:
+                      dask=args.dask, min_segment=min_seg,
+                      segments=int(segs) if segs else None)
+    except (OSError, RuntimeError, ValueError) as e:
         raise CliError(f"decode: {e}") from None
