@@ -604,3 +604,33 @@ def test_read_settings_believes_only_sane_files(tmp_path):
     meta.symlink_to(tmp_path / "elsewhere.json")
     (tmp_path / "elsewhere.json").write_text(json.dumps(good))
     assert read_settings(log) == Settings()
+
+
+def test_a_killed_threads_empty_last_chunk_is_left_out():
+    """A chunk the source began for a thread and never wrote into (CTX and
+    TIME only) is dropped when it is that thread's last; an empty chunk
+    followed by more of the thread, or one holding anything else, stays."""
+    from hwtrace.engines.emulated import execlog as xl
+    from hwtrace.engines.emulated.salvage import unended_transfers
+    w = xl.Writer()
+    w.block(1, 1, 0x1000, b"\x01", b"\x90")
+    w.ctx(1, 1, 0)
+    w.time(5)
+    w.proc_start(0)
+    w.thread_start(0)
+    w.exec([1])
+    w.ctx(1, 2, 1)                      # thread 2: empty, but goes on later
+    w.time(6)
+    w.ctx(1, 2, 1)
+    w.thread_start(1)
+    w.exec([1])
+    start = len(bytes(w))
+    w.ctx(1, 1, 0)                      # thread 1's last chunk: empty
+    w.time(7)
+    w.time(8)
+    stop = len(bytes(w))
+    w.ctx(1, 2, 1)                      # thread 2's last chunk: a MUNMAP in it
+    w.munmap(1, 0x5000, 0x1000)
+    data = bytes(w)
+    edits = unended_transfers(data, xl.HEADER.size, len(data), False)
+    assert edits == [(start, stop - start, b"", 0)] and stop - start == 13 + 9 + 9

@@ -282,7 +282,8 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
     """Edits ``(offset, size, replacement, blocks dropped)`` (by offset) that
     drop, from the last EXEC of each thread whose log just stops (killed:
     no exit, exec or system call after it), the trailing blocks that end in
-    a direct call or jump.
+    a direct call or jump; and each thread's last chunk if it holds nothing
+    but CTX and TIME (the source began it and was killed before writing).
 
     Why: the stream of such a thread ends with FUP + TIP.PGD at the
     branch's next linear address, which for a direct call or jump is not
@@ -296,14 +297,21 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
     blocks: dict = {}       # (pid, id) -> offset of its latest BLOCK record
     parent: dict = {}       # pid -> parent pid (fork: the child's table starts as the parent's)
     tail: dict = {}         # tid -> (offset, size, pid) of its last EXEC, or None
+    chunk: dict = {}        # tid -> [offset of its last CTX, end of its chunk, only TIME in it]
+    cur = None
     tid = pid = None
     off = start
     while off < end:
         n = record_size(data, off)
         t = data[off]
         if t == xl.T_CTX:
+            if cur is not None:
+                cur[1] = off
             pid, tid = _U32.unpack_from(data, off + 1)[0], _U32.unpack_from(data, off + 5)[0]
-        elif t == xl.T_BLOCK:
+            cur = chunk[tid] = [off, end, True]
+        elif t != xl.T_TIME and cur is not None:
+            cur[2] = False
+        if t == xl.T_BLOCK:
             bpid, bid = _U32.unpack_from(data, off + 1)[0], _U32.unpack_from(data, off + 5)[0]
             blocks[(bpid, bid)] = off
         elif t == xl.T_EXEC:
@@ -313,7 +321,9 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
         elif t in _ENDS_UNKNOWN_TAIL:
             tail[tid] = None
         off += n
-    edits = []
+    # a thread's last chunk that holds nothing but its clock (the source
+    # began it and was killed): it would resume the thread only to end it
+    edits = [(c[0], c[1] - c[0], b"", 0) for c in chunk.values() if c[2]]
     for t in tail.values():
         if t is None:
             continue
