@@ -8,9 +8,13 @@
  *
  * It follows hwtrace.flow.query / insn / block / session (the Python twin)
  * step by step for the packets of ordinary traces -- PSB+ (PAD, FUP,
- * MODE.exec, TSC, CBR), TNT-8/64, TIP, TIP.PGE, TIP.PGD, MODE.exec, TSC,
- * CBR, PAD -- and the events they make (enabled, disabled, exec_mode, cbr,
- * with and without status update).  Anything else, every decode error and
+ * MODE.exec, TSC, TMA, MTC, CYC, CBR, MNT), TNT-8/64, TIP, TIP.PGE,
+ * TIP.PGD, MODE.exec, TSC, TMA, MTC, CYC, CBR, MNT, PAD -- and the events
+ * they make (enabled, disabled, exec_mode, cbr, mnt, with and without
+ * status update).  Timing packets change no flow without tick events, but
+ * the twin's time tracker can fail on them (a CTC going backwards, a TMA
+ * without TSC, ...), so the core keeps the same time state and bails out
+ * where the twin would report that error.  Anything else, every decode error and
  * every case where the twin's behaviour has more branches than ported here
  * bails out instead of guessing, so a result, when there is one, is the
  * twin's.
@@ -36,7 +40,7 @@
 
 #include "../pt/_pt_packets.h"
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
@@ -129,6 +133,24 @@ struct dec {
     size_t edges_cap, edges_n;
 
     uint64_t insns, blocks;
+
+    /* timing (hwtrace.pt.timing's Time and TimeCal), kept only to find the
+     * timing errors the twin reports; SKL168's check is never armed there
+     * (nothing calls TimeCal.update_psb), so it is not here either */
+    struct {
+        unsigned mtc_freq;
+        uint64_t nom_freq, eax, ebx;
+    } tcfg;
+    struct {
+        uint64_t tsc, base, fc, lost_cyc;
+        uint32_t ctc, ctc_cyc;
+        int have_tsc, have_tma, have_mtc;
+    } tm;
+    struct {
+        uint64_t fcr, min_fcr, max_fcr, tsc, cyc_tsc, cyc_mtc;
+        uint32_t ctc;
+        int have_mtc;
+    } tc;
 };
 
 #define BAIL(d, why) do { (d)->reason = (why); longjmp((d)->bail, 1); } while (0)
@@ -179,6 +201,241 @@ static int query_ip(struct dec *d, uint64_t *ip)
         return 0;
     *ip = d->lip;
     return 1;
+}
+
+/* -- timing (errors only) ------------------------------------------------- *
+ * A port of hwtrace.pt.timing (Time, TimeCal) and hwtrace.flow.timing
+ * (FlowTime.update): results that are configuration errors are ignored
+ * there ("BAD_CONFIG"); every other error is a decode error of the twin, so
+ * the core bails out on it. */
+
+enum { T_OK = 0, T_BAD_CONFIG = 1, T_ERROR = 2 };
+#define FCR_SHIFT 8
+#define U32 0xffffffffULL
+
+static void tc_reset(struct dec *d)
+{
+    memset(&d->tc, 0, sizeof d->tc);
+    d->tc.min_fcr = UINT64_MAX;
+}
+
+static int ctc_delta(struct dec *d, uint64_t ctc, uint64_t last, uint64_t *out)
+{
+    if (ctc < last) {
+        ctc = (ctc + ((uint64_t)1 << (d->tcfg.mtc_freq + 8))) & U32;
+        if (ctc < last)
+            return T_ERROR;
+    }
+    *out = ctc - last;
+    return T_OK;
+}
+
+static int ctc_to_fc(struct dec *d, uint64_t ctc, uint64_t *out)
+{
+    if (!d->tcfg.eax || !d->tcfg.ebx)
+        return T_BAD_CONFIG;
+    *out = (ctc * d->tcfg.ebx) / d->tcfg.eax;
+    return T_OK;
+}
+
+static int have_fcr(struct dec *d)
+{
+    return d->tc.min_fcr <= d->tc.max_fcr;
+}
+
+static void set_fcr(struct dec *d, uint64_t fcr)
+{
+    d->tc.fcr = fcr;
+    if (fcr < d->tc.min_fcr)
+        d->tc.min_fcr = fcr;
+    if (fcr > d->tc.max_fcr)
+        d->tc.max_fcr = fcr;
+}
+
+static int tc_header_tsc(struct dec *d, uint64_t tsc)
+{
+    uint64_t last = d->tc.tsc, cyc = d->tc.cyc_tsc;
+    d->tc.tsc = tsc;
+    d->tc.cyc_tsc = 0;
+    if (!last || !cyc || d->tc.have_mtc)
+        return T_OK;
+    if (tsc < last) {
+        tsc += (uint64_t)1 << 56;       /* TSC payloads have 56 bits */
+        if (tsc < last)
+            return T_ERROR;
+    }
+    uint64_t delta = tsc - last;
+    if (delta & ~(UINT64_MAX >> FCR_SHIFT))
+        return T_ERROR;
+    set_fcr(d, (delta << FCR_SHIFT) / cyc);
+    return T_OK;
+}
+
+static int tc_header_cbr(struct dec *d, uint64_t ratio)
+{
+    if (!d->tcfg.nom_freq)
+        return T_OK;
+    if (!ratio)
+        return T_ERROR;
+    set_fcr(d, (d->tcfg.nom_freq << FCR_SHIFT) / ratio);
+    return T_OK;
+}
+
+static int tc_update_mtc(struct dec *d, uint64_t payload)
+{
+    uint64_t last = d->tc.ctc, cyc = d->tc.cyc_mtc;
+    uint64_t ctc = (payload << d->tcfg.mtc_freq) & U32;
+    if (!d->tc.have_mtc) {
+        d->tc.cyc_mtc = 0;
+        d->tc.ctc = (uint32_t)ctc;
+        d->tc.have_mtc = 1;
+        return T_OK;
+    }
+    if (!cyc)
+        return T_OK;
+    d->tc.cyc_mtc = 0;
+    d->tc.ctc = (uint32_t)ctc;
+    uint64_t delta, fc;
+    if (ctc_delta(d, ctc, last, &delta))
+        return T_ERROR;
+    int r = ctc_to_fc(d, delta, &fc);
+    if (r)
+        return r;
+    if (fc & ~(UINT64_MAX >> FCR_SHIFT))
+        return T_ERROR;
+    set_fcr(d, (fc << FCR_SHIFT) / cyc);
+    return T_OK;
+}
+
+static int tm_update_tma(struct dec *d, uint64_t ctc, uint64_t fc)
+{
+    if (!d->tm.have_tsc || d->tm.have_tma)
+        return T_ERROR;
+    if (d->tm.have_mtc)
+        return T_ERROR;
+    unsigned hi = d->tcfg.mtc_freq + 8;
+    uint64_t mask = ((uint64_t)1 << hi) - 1;
+    d->tm.have_tma = 1;
+    d->tm.base -= fc;
+    d->tm.fc += fc;
+    if (hi <= 16)
+        d->tm.have_mtc = 1;
+    d->tm.ctc = d->tm.ctc_cyc = (uint32_t)(ctc & mask & U32);
+    return T_OK;
+}
+
+static int tm_update_mtc(struct dec *d, uint64_t payload)
+{
+    int have_tsc = d->tm.have_tsc, have_tma = d->tm.have_tma,
+        have_mtc = d->tm.have_mtc;
+    if (have_tsc && !have_tma)
+        return T_OK;
+    uint64_t base = d->tm.base, last = d->tm.ctc;
+    unsigned f = d->tcfg.mtc_freq;
+    uint64_t ctc = (payload << f) & U32;
+    if (d->tm.fc || d->tm.lost_cyc || !have_mtc)
+        d->tm.ctc_cyc = (uint32_t)ctc;
+    d->tm.have_mtc = 1;
+    d->tm.fc = 0;
+    d->tm.ctc = (uint32_t)ctc;
+    d->tm.lost_cyc = 0;
+    if (!have_mtc) {
+        if (!have_tma)
+            return T_OK;
+        if (last & ~(uint64_t)0xffff)
+            return T_ERROR;
+        uint64_t lo = ctc & 0xffff, hi = ctc & ~(uint64_t)0xffff & U32;
+        if (lo < last) {
+            hi = (hi - ((uint64_t)1 << 16)) & U32;
+            hi &= ((uint64_t)0xff << f) & U32;
+        }
+        last |= hi;
+    }
+    uint64_t delta, tsc;
+    if (ctc_delta(d, ctc, last, &delta))
+        return T_ERROR;
+    int r = ctc_to_fc(d, delta, &tsc);
+    if (r)
+        return r;
+    d->tm.tsc = d->tm.base = base + tsc;
+    return T_OK;
+}
+
+static int tm_update_cyc(struct dec *d, uint64_t cyc, uint64_t fcr)
+{
+    if (!fcr) {
+        d->tm.lost_cyc++;
+        return T_OK;
+    }
+    uint64_t fc = d->tm.fc;
+    if (!fc && d->tm.ctc != d->tm.ctc_cyc) {
+        /* _adjust_cyc */
+        uint64_t delta, f;
+        if (ctc_delta(d, d->tm.ctc, d->tm.ctc_cyc, &delta))
+            return T_ERROR;
+        int r = ctc_to_fc(d, delta, &f);
+        if (r)
+            return r;
+        uint64_t old = (f << FCR_SHIFT) / fcr;
+        if (cyc < old)
+            cyc = old;
+        cyc -= old;
+    }
+    fc += (cyc * fcr) >> FCR_SHIFT;
+    d->tm.fc = fc;
+    d->tm.tsc = d->tm.base + fc;
+    return T_OK;
+}
+
+static void tcheck(struct dec *d, int r)
+{
+    if (r == T_ERROR)
+        BAIL(d, "timing error");
+}
+
+/* FlowTime.update for the packet in d->pkt */
+static void time_update(struct dec *d, int header)
+{
+    const struct pt_pkt *p = &d->pkt;
+    switch (p->kind) {
+    case PT_K_TSC:
+        if (header) {
+            tcheck(d, tc_header_tsc(d, p->f[0]));
+        } else {
+            d->tc.tsc = p->f[0];
+            d->tc.cyc_tsc = 0;
+        }
+        d->tm.have_tsc = 1;
+        d->tm.have_tma = d->tm.have_mtc = 0;
+        d->tm.tsc = d->tm.base = p->f[0];
+        d->tm.ctc = 0;
+        d->tm.fc = 0;
+        d->tm.lost_cyc = 0;
+        break;
+    case PT_K_CBR:
+        if (!header)
+            tc_reset(d);
+        tcheck(d, tc_header_cbr(d, p->f[0]));
+        if (!p->f[0])
+            BAIL(d, "CBR 0");
+        break;
+    case PT_K_TMA:
+        tcheck(d, tm_update_tma(d, p->f[0], p->f[1]));
+        break;
+    case PT_K_MTC:
+        tcheck(d, tc_update_mtc(d, p->f[0]));
+        tcheck(d, tm_update_mtc(d, p->f[0]));
+        break;
+    case PT_K_CYC: {
+        d->tc.cyc_mtc += p->f[0];
+        d->tc.cyc_tsc += p->f[0];
+        uint64_t fcr = have_fcr(d) ? d->tc.fcr : 0;
+        tcheck(d, tm_update_cyc(d, p->f[0], fcr));
+        break;
+    }
+    default:
+        BAIL(d, "internal: not a timing packet");
+    }
 }
 
 static int exec_mode_of(struct dec *d, const struct pt_pkt *p)
@@ -275,7 +532,18 @@ static void psb_header(struct dec *d)
         struct pt_pkt *p = &d->pkt;
         struct event *ev;
         switch (k) {
-        case PT_K_PAD: case PT_K_TSC:
+        case PT_K_PAD:
+            break;
+        case PT_K_TSC: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
+            time_update(d, 1);
+            break;
+        case PT_K_MNT:
+            /* not a status update; binds at once and changes nothing */
+            if (d->psbq_n >= MAXEV)
+                BAIL(d, "too many PSB+ events");
+            ev = &d->psbq[d->psbq_n++];
+            memset(ev, 0, sizeof *ev);
+            ev->type = EV_CBR;
             break;
         case PT_K_FUP: {
             int enabled = p->f[0] != 0;
@@ -297,8 +565,7 @@ static void psb_header(struct dec *d)
             ev->mode = d->cur_mode;
             break;
         case PT_K_CBR:
-            if (!p->f[0])
-                BAIL(d, "CBR 0");
+            time_update(d, 1);
             if (d->psbq_n >= MAXEV)
                 BAIL(d, "too many PSB+ events");
             ev = &d->psbq[d->psbq_n++];
@@ -328,7 +595,11 @@ static void read_ahead(struct dec *d)
         switch (k) {
         case PT_K_TIP: case PT_K_TNT8: case PT_K_TNT64:
             return;
-        case PT_K_PAD: case PT_K_TSC:
+        case PT_K_PAD:
+            consume(d);
+            continue;
+        case PT_K_TSC: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
+            time_update(d, 0);
             consume(d);
             continue;
         case PT_K_PSB:
@@ -457,8 +728,9 @@ static void fetch_batch(struct dec *d)
         d->q_enabled = 0;
         break;
     case PT_K_CBR:
-        if (!p->f[0])
-            BAIL(d, "CBR 0");
+        time_update(d, 0);
+        /* fall through: like MNT, an event that changes no flow */
+    case PT_K_MNT:
         memset(ev, 0, sizeof *ev);
         ev->type = EV_CBR;
         d->ev_n = 1;
@@ -944,9 +1216,18 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     PyObject *fill;
     unsigned int flags, pflags;
     int want_edges;
-    if (!PyArg_ParseTuple(args, "y*OIIp", &view, &fill, &flags, &pflags,
-                          &want_edges))
+    unsigned int mtc_freq = 0;
+    unsigned long long nom_freq = 0, eax = 0, ebx = 0;
+    if (!PyArg_ParseTuple(args, "y*OIIp|(IKKK)", &view, &fill, &flags,
+                          &pflags, &want_edges, &mtc_freq, &nom_freq, &eax,
+                          &ebx))
         return NULL;
+    if (mtc_freq > 15 || nom_freq > UINT32_MAX || eax > UINT32_MAX ||
+        ebx > UINT32_MAX) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "timing parameter out of range");
+        return NULL;
+    }
     struct dec *d = calloc(1, sizeof *d);
     if (!d) {
         PyBuffer_Release(&view);
@@ -962,6 +1243,11 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     d->tipq_mode = -1;
     d->mode = -1;
     d->want_edges = want_edges;
+    d->tcfg.mtc_freq = mtc_freq;
+    d->tcfg.nom_freq = nom_freq;
+    d->tcfg.eax = eax;
+    d->tcfg.ebx = ebx;
+    tc_reset(d);
     d->runs_cap = 1024;
     d->runs = calloc(d->runs_cap, sizeof *d->runs);
     d->slots_cap = 4096;
@@ -1017,7 +1303,8 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"decode", py_decode, METH_VARARGS,
-     "decode(data, fill, flags, pkt_flags, want_edges) -> "
+     "decode(data, fill, flags, pkt_flags, want_edges[, (mtc_freq, "
+     "nom_freq, cpuid_0x15_eax, cpuid_0x15_ebx)]) -> "
      "(bail_reason|None, insns, blocks, edges|None)"},
     {NULL, NULL, 0, NULL}};
 

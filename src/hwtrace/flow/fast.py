@@ -26,9 +26,11 @@ byte adds up the counts of the edges mapped there, saturating at 255.
 
 **Which implementation.**  The compiled core decodes exactly like the
 Python decoders for the packets of ordinary traces (PSB+, TNT, TIP,
-TIP.PGE/PGD, MODE.exec, TSC, CBR, PAD) and bails out on anything else
-(errors, OVF, FUP outside PSB+, PIP, TSX, power and timing packets MTC/
-TMA/CYC, event trace, tick/iflags events, address filters); the Python
+TIP.PGE/PGD, MODE.exec, PAD, MNT and the timing packets TSC, CBR, MTC,
+TMA, CYC -- whose only flow effect without tick events is an error, so the
+core keeps the twin's time state to find those) and bails out on anything
+else (errors, OVF, FUP outside PSB+, PIP, TSX, STOP, power packets, event
+trace, tick/iflags events, address filters); the Python
 decoder then decodes that trace, so results never depend on which one
 ran.  ``impl="python"`` forces the twin, ``impl="compiled"`` requires the
 core (None from :func:`compiled_count` if it bails).  :data:`CORE` is the
@@ -53,7 +55,7 @@ from .fetch import (FetchError, InsnCache, binds_to_pip, binds_to_vmcs,
                     changes_cpl, changes_cr3)
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 1
+ABI = 2
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -141,10 +143,21 @@ def _run_filler(image):
     return fill
 
 
+_U32 = 0xFFFFFFFF
+
+
 def _supported(cfg: FlowConfig) -> bool:
-    """Configurations the compiled core decodes like the twin."""
+    """Configurations the compiled core decodes like the twin (timing
+    parameters in the ranges its 64-bit arithmetic reproduces exactly)."""
     return not (cfg.enable_tick_events or cfg.enable_iflags_events or
-                cfg.addr_filter.addr_cfg)
+                cfg.addr_filter.addr_cfg) and \
+        0 <= cfg.mtc_freq <= 15 and 0 <= cfg.nom_freq <= _U32 and \
+        0 <= cfg.cpuid_0x15_eax <= _U32 and 0 <= cfg.cpuid_0x15_ebx <= _U32
+
+
+def _timing(cfg: FlowConfig) -> tuple[int, int, int, int]:
+    return (cfg.mtc_freq, cfg.nom_freq, cfg.cpuid_0x15_eax,
+            cfg.cpuid_0x15_ebx)
 
 
 def _flags(cfg: FlowConfig, block: bool) -> tuple[int, int]:
@@ -171,7 +184,8 @@ def compiled_decode(data, image, config=None, decoder="block",
     if not _supported(cfg):
         return ("configuration", 0, 0, None)
     flags, pflags = _flags(cfg, decoder == "block")
-    return core.decode(data, _run_filler(image), flags, pflags, want_edges)
+    return core.decode(data, _run_filler(image), flags, pflags, want_edges,
+                       _timing(cfg))
 
 
 def compiled_count(data, image, config=None, decoder="block",
