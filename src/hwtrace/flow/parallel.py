@@ -402,8 +402,10 @@ def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
             left -= len(data)
 
 
-def decode_args(args, config, sink, write, *, block: bool) -> dict:
-    """``hwtrace decode --jobs N / --dask ADDR`` for ``--pt`` traces."""
+def decode_args(args, config, sink, write, *, block: bool,
+                data=None) -> dict:
+    """``hwtrace decode --jobs N / --dask ADDR`` for ``--pt`` traces
+    (``data``: the trace if the caller read it already)."""
     from hwtrace.cli import CliError
     from .image import ImageError
     from .loaders import split_range
@@ -414,13 +416,25 @@ def decode_args(args, config, sink, write, *, block: bool) -> dict:
         raise CliError(f"--pt: {e}") from None
     if args.jobs < 0:
         raise CliError(f"--jobs: bad argument: {args.jobs}")
+    stats = args.stat or args.stat_insn or args.stat_blocks
+    if stats and args.quiet and args.format == "text" and \
+            not args.show_blocks and args.dask is None:
+        # Counts only: the compiled core, where it decodes the trace, is
+        # faster on one core than the Python decoders on all of them.
+        from . import fast
+        if data is None:
+            data = Source(path, offset, size).read()
+        if fast.CORE is not None and fast.count_into(
+                sink, data, load_image(args.images), config, block):
+            return {}
     if getattr(args, "show_blocks", False) and (
             args.stat or args.stat_insn or args.stat_blocks):
         # Block numbers count from the trace start: sequential only.
         from .block import BlockDecoder
         from .insn import InsnDecoder
         from . import session
-        data = Source(path, offset, size).read()
+        if data is None:
+            data = Source(path, offset, size).read()
         image = load_image(args.images)
         if block:
             session.run_blocks(BlockDecoder(data, image, config), sink,

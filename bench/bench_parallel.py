@@ -1,0 +1,143 @@
+"""Benchmark: parallel decoding (``hwtrace decode --jobs N``) and memory.
+
+1. Speed: the same multi-MB trace of a real program (a recording of
+   ``gzip -9`` by the emulated engine, repeated to ``--mb`` MB) decoded by
+   ``hwtrace decode --quiet`` on one core and with ``--jobs 2``; prints wall
+   and CPU seconds, the ratio, and checks the outputs are identical.
+   (``--quiet`` without ``--stat``: the Python flow decoders on both sides.
+   ``--quiet --stat`` takes the compiled flow core on one core, which is
+   printed too: it is faster than the Python decoders on all cores.)
+2. Memory: a ~``--rss-mb`` MB trace (the recording repeated) decoded with
+   ``--quiet --stat`` and ``--quiet --stat --jobs 2``; prints each run's
+   peak RSS (ru_maxrss of the decode process and, for the pool, of its
+   largest worker) -- the target is under 500 MB for 100 MB.
+
+    python bench/bench_parallel.py [--input-kib N] [--mb N] [--rss-mb N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def hwtrace(*args) -> list[str]:
+    return [sys.executable, "-m", "hwtrace", *map(str, args)]
+
+
+def record(work: Path, kib: int) -> tuple[Path, list[str]]:
+    text = b"".join(p.read_bytes()
+                    for p in sorted((SHARED / "corpus" / "libipt").glob("*/*.ptt")))
+    while len(text) < kib << 10:
+        text += text
+    (work / "in.txt").write_bytes(text[:kib << 10])
+    gzip = shutil.which("gzip") or "/usr/bin/gzip"
+    r = subprocess.run(hwtrace("record", "--copy-images", "-o", work / "b",
+                               "--", gzip, "-9", "-k", "-f", work / "in.txt"),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: record failed: {r.stderr.strip()[-300:]}")
+    pt = max((work / "b").glob("*.pt"), key=lambda p: p.stat().st_size)
+    img = subprocess.run(hwtrace("images", "--pt", pt.name, work / "b"),
+                         capture_output=True, text=True, check=True).stdout
+    return pt, shlex.split(img)
+
+
+def repeated(src: Path, dst: Path, mb: float) -> Path:
+    data = src.read_bytes()
+    n = max(1, int(mb * 1e6) // len(data) + (1 if int(mb * 1e6) % len(data) else 0))
+    with open(dst, "wb") as f:
+        for _ in range(n):
+            f.write(data)
+    return dst
+
+
+def run(cmd: list[str]) -> tuple[float, float, int, int, str]:
+    """(wall s, cpu s of the process tree, its peak RSS KiB, largest
+    worker's peak RSS KiB, stdout)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    wrapper = [sys.executable, "-c", _WRAP, *cmd]
+    p = subprocess.run(wrapper, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd[2:6])}...: {p.stderr.strip()[-300:]}")
+    out, _, tail = p.stdout.rpartition("\n@rss ")
+    own, kids = (int(x) for x in tail.split())
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, own, kids, out
+
+
+# Runs the command as a child, then reports its peak RSS and that of its
+# largest descendant (the pool workers).
+_WRAP = r"""
+import os, resource, subprocess, sys
+p = subprocess.Popen(sys.argv[1:])
+_, status, ru = os.wait4(p.pid, 0)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+sys.stdout.flush()
+print("\n@rss %d %d" % (ru.ru_maxrss, kids))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input-kib", type=int, default=64)
+    ap.add_argument("--mb", type=float, default=1.0,
+                    help="size of the speed trace (MB)")
+    ap.add_argument("--rss-mb", type=float, default=100.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-par-") as tmp:
+        work = Path(tmp)
+        pt, images = record(work, a.input_kib)
+        speed = repeated(pt, work / "speed.pt", a.mb)
+        size = speed.stat().st_size
+        print(f"trace: gzip -9 of {a.input_kib} KiB recorded ({pt.stat().st_size} "
+              f"bytes), repeated to {size / 1e6:.1f} MB; {os.cpu_count()} cores")
+        base = hwtrace("decode", "--pt", speed, *images)
+        s_wall, s_cpu, s_rss, _, s_out = run(base + ["--quiet"])
+        p_wall, p_cpu, p_rss, p_kid, p_out = run(
+            base + ["--quiet", "--jobs", str(a.jobs)])
+        same = "identical" if s_out == p_out else "DIFFERENT"
+        print(f"decode --quiet           : {s_wall:7.2f} s wall {s_cpu:7.2f} s cpu")
+        print(f"decode --quiet --jobs {a.jobs}  : {p_wall:7.2f} s wall "
+              f"{p_cpu:7.2f} s cpu   output {same}")
+        print(f"parallel speed-up (wall) : {s_wall / p_wall:.2f}x (target 1.7x)")
+        c_wall, c_cpu, _, _, c_out = run(base + ["--quiet", "--stat"])
+        insns = next((int(x.split()[1].rstrip(".")) for x in c_out.splitlines()
+                      if x.startswith("insn:")), 0)
+        print(f"decode --quiet --stat    : {c_wall:7.2f} s wall {c_cpu:7.2f} s cpu "
+              f"({insns} insns; compiled flow core where it applies)")
+        print(f"peak RSS on {size / 1e6:.1f} MB: sequential {s_rss // 1024} MB, "
+              f"--jobs {a.jobs} parent {p_rss // 1024} MB, largest worker "
+              f"{p_kid // 1024} MB")
+
+        big = repeated(pt, work / "big.pt", a.rss_mb)
+        bsize = big.stat().st_size
+        bbase = hwtrace("decode", "--pt", big, *images, "--quiet", "--stat")
+        for extra in ([], ["--jobs", str(a.jobs)]):
+            wall, cpu, own, kids, out = run(bbase + extra)
+            line = " ".join(out.split())
+            print(f"{bsize / 1e6:.0f} MB trace, decode --quiet --stat "
+                  f"{' '.join(extra):9}: {wall:6.1f} s, peak RSS {own // 1024} MB"
+                  f" (largest child {kids // 1024} MB) [{line}]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
