@@ -180,3 +180,82 @@ def test_dask_local_cluster_same_output(recording):
                                  HWTRACE_PARALLEL_MIN_SEGMENT="0"))
         assert r.returncode == 0, r.stderr
         assert r.stdout == seq
+
+
+# -- the stitch's rules, on made-up job results ---------------------------------
+def _cp(pos, key, stack=(), out=0):
+    from hwtrace.flow.checkpoint import Checkpoint
+    return Checkpoint(pos, key, tuple(stack), out, (out, 0, 0, 0))
+
+
+def _res(start, end, cps, underflows=(), stopped=True, size=1000):
+    return parallel.Result(start, end, list(cps), list(underflows),
+                           (size, 0, 0, 0), size, stopped, b"")
+
+
+def test_stitch_takes_the_first_common_state():
+    a = _res(None, 100, [_cp(50, b"a", out=10), _cp(120, b"x", (1, 2), 20),
+                         _cp(140, b"y", (1, 2), 30)])
+    b = _res(100, None, [_cp(110, b"w"), _cp(120, b"x", (2,), 5),
+                         _cp(140, b"y", (2,), 9)], stopped=False)
+    pieces = parallel.stitch([a, b], rerun=None)
+    assert [(p.result is a, p.first, p.last, p.exact) for p in pieces] == \
+        [(True, -1, 1, True), (False, 1, None, False)]
+    assert [parallel.piece_range(p)[:2] for p in pieces] == [(0, 20), (5, 1000)]
+
+
+def test_stitch_needs_a_suffix_stack():
+    a = _res(None, 100, [_cp(120, b"x", (1, 2)), _cp(140, b"y", (1, 2))])
+    b = _res(100, None, [_cp(120, b"x", (3,)), _cp(140, b"y", (2,))],
+             stopped=False)
+    pieces = parallel.stitch([a, b], rerun=None)
+    assert [(p.first, p.last) for p in pieces] == [(-1, 1), (1, None)]
+
+
+def test_stitch_redecodes_when_no_state_meets():
+    a = _res(None, 100, [_cp(120, b"x")])
+    b = _res(100, 200, [_cp(120, b"z"), _cp(220, b"q")])
+    c = _res(200, None, [_cp(220, b"q")], stopped=False)
+    whole = _res(None, 200, [_cp(120, b"x"), _cp(220, b"q")])
+    calls = []
+
+    def rerun(start, end):
+        calls.append((start, end))
+        return whole
+    pieces = parallel.stitch([a, b, c], rerun)
+    assert calls == [(None, 200)]
+    assert [(p.result, p.first, p.last) for p in pieces] == \
+        [(whole, -1, 1), (c, 0, None)]
+
+
+def test_stitch_refuses_an_underflow_after_an_inexact_start():
+    # b met a with a shorter stack, then popped past its bottom: the piece
+    # of b is not taken; a decodes b's segment too.
+    a = _res(None, 100, [_cp(120, b"x", (7, 8))])
+    b = _res(100, None, [_cp(120, b"x", (8,))], underflows=[1], stopped=False)
+    a2 = _res(None, None, [_cp(120, b"x", (7, 8))], stopped=False)
+    calls = []
+
+    def rerun(start, end):
+        calls.append((start, end))
+        return a2
+    pieces = parallel.stitch([a, b], rerun)
+    assert calls == [(None, None)]
+    assert [(p.result, p.first, p.last) for p in pieces] == [(a2, -1, None)]
+
+
+def test_stitch_keeps_an_underflow_after_an_exact_start():
+    a = _res(None, 100, [_cp(120, b"x", (8,))])
+    b = _res(100, None, [_cp(120, b"x", (8,))], underflows=[1], stopped=False)
+    pieces = parallel.stitch([a, b], rerun=None)
+    assert [(p.first, p.last, p.exact) for p in pieces] == \
+        [(-1, 0, True), (0, None, True)]
+
+
+def test_segment_starts_are_psbs_of_similar_spacing():
+    psbs = list(range(0, 100_000, 1000))
+    assert parallel.segment_starts(psbs, 100_000, 4, min_size=0) == \
+        [25_000, 50_000, 75_000]
+    assert parallel.segment_starts(psbs, 100_000, 4, min_size=40_000) == \
+        [50_000]
+    assert parallel.segment_starts([0], 100_000, 4, min_size=0) == []
