@@ -131,6 +131,127 @@ def gzip_trace(tmp_path_factory):
     return _load(_record(tmp, ["/usr/bin/gzip", "-9", "-f", str(text)]))
 
 
+def _timing_cfg(bundle: Path, cfg: FlowConfig) -> FlowConfig:
+    """The bundle's timing parameters (as `hwtrace decode DIR` uses them)."""
+    m = json.loads((bundle / "manifest.json").read_text())
+    cfg.mtc_freq = m.get("mtc_freq", 0)
+    cfg.nom_freq = m.get("nom_freq", 0)
+    cfg.cpuid_0x15_eax = m.get("cpuid_0x15_eax", 0)
+    cfg.cpuid_0x15_ebx = m.get("cpuid_0x15_ebx", 0)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def timing_trace(tmp_path_factory):
+    """gzip recorded with TSC, MTC (every 2**3 CTC) and CYC packets."""
+    tmp = tmp_path_factory.mktemp("timing")
+    text = tmp / "in.txt"
+    text.write_bytes((Path(__file__).read_bytes() * 4)[:4096])
+    out = tmp / "bundle"
+    r = run_hwtrace("record", "--copy-images", "--config",
+                    "branch;user;tsc;retc;cyc;mtc;mtc-freq=3", "-o", out,
+                    "--", "/usr/bin/gzip", "-9", "-f", str(text), timeout=300)
+    if r.returncode != 0:
+        _need("emulated engine", r.stderr.strip()[-300:])
+    data, image, cfg = _load(out)
+    return data, image, _timing_cfg(out, cfg)
+
+
+def _kinds(data: bytes) -> set:
+    from hwtrace.pt.decoder import PacketDecoder
+    from hwtrace.pt.errors import PtError
+    d = PacketDecoder(data)
+    d.sync_forward()
+    kinds = set()
+    while True:
+        p = d.next()
+        if isinstance(p, PtError):
+            return kinds
+        kinds.add(p.type)
+
+
+def test_timing_recording_compiled(timing_trace):
+    """MTC/TMA/CYC no longer send a trace to the twin: a recording with
+    timing on decodes compiled, to the twin's counts and edges."""
+    data, image, cfg = timing_trace
+    _core()
+    assert {"mtc", "tma", "cyc", "tsc", "cbr"} <= _kinds(data)
+    for decoder in ("block", "insn"):
+        c = fast.count(data, image, cfg, decoder, impl="compiled")
+        p = fast.count(data, image, cfg, decoder, impl="python")
+        assert c.compiled and not p.compiled
+        assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
+        assert c.insns > 100000
+    c = fast.edges(data, image, cfg)
+    p = fast.edges(data, image, cfg, impl="python")
+    assert c.compiled and c.counts == p.counts and c.insns == p.insns
+
+
+@pytest.mark.parametrize("params", [
+    (0, 0, 0, 0),            # no calibration: every CYC is lost
+    (3, 22, 0, 0),           # no CTC->TSC ratio: configuration errors only
+    (0, 22, 2, 176),         # the wrong MTC period: CTCs misread
+    (15, 1, 1, 1),
+    (3, 22, 2, 176),         # as recorded
+])
+def test_timing_parameters_identical(timing_trace, params):
+    """Whatever timing parameters the user gives (wrong ones make the time
+    tracker fail somewhere or nowhere), both implementations agree."""
+    data, image, cfg0 = timing_trace
+    _core()
+    cfg = FlowConfig(errata=cfg0.errata, mtc_freq=params[0],
+                     nom_freq=params[1], cpuid_0x15_eax=params[2],
+                     cpuid_0x15_ebx=params[3])
+    for decoder in ("block", "insn"):
+        c = fast.count(data, image, cfg, decoder)
+        p = fast.count(data, image, cfg, decoder, impl="python")
+        assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
+
+
+def test_timing_error_bails(timing_trace):
+    """A second TMA after a PSB+ (that had its own TSC and TMA) is a
+    timing error of the twin ("bad context"): the core must not decode
+    that trace itself, and the counts (and the error) are the twin's."""
+    from hwtrace.pt.decoder import PacketDecoder
+    data, image, cfg = timing_trace
+    _core()
+    d = PacketDecoder(data)
+    d.sync_forward()
+    tma = psbend = None
+    while psbend is None:
+        p = d.next()
+        if p.type == "tma":
+            tma = data[p.offset:p.offset + p.size]
+        elif p.type == "psbend":
+            psbend = p.offset + p.size
+    assert tma is not None
+    bad = data[:psbend] + tma + data[psbend:]
+    for decoder in ("block", "insn"):
+        assert fast.compiled_decode(bad, image, cfg, decoder)[0] is not None
+        c = fast.count(bad, image, cfg, decoder)
+        p = fast.count(bad, image, cfg, decoder, impl="python")
+        assert not c.compiled and p.errors >= 1
+        assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
+
+
+def test_timing_mutations_identical(timing_trace):
+    """Seeded mutations of a timing trace (broken MTC/CYC/TMA sequences
+    among them): the same counts and errors from both paths."""
+    data, image, cfg = timing_trace
+    _core()
+    rng = random.Random(8)
+    kinds = set()
+    for _ in range(12):
+        m = _mutate(data, rng)
+        for decoder in ("block", "insn"):
+            c = fast.count(m, image, cfg, decoder)
+            p = fast.count(m, image, cfg, decoder, impl="python")
+            assert (c.insns, c.blocks, c.errors) == \
+                (p.insns, p.blocks, p.errors)
+            kinds.add(c.compiled)
+    assert kinds == {True, False}
+
+
 @pytest.mark.parametrize("which", ["true_trace", "gzip_trace"])
 def test_recorded_counts_identical(which, request):
     data, image, cfg = request.getfixturevalue(which)
