@@ -259,3 +259,41 @@ def test_segment_starts_are_psbs_of_similar_spacing():
     assert parallel.segment_starts(psbs, 100_000, 4, min_size=40_000) == \
         [50_000]
     assert parallel.segment_starts([0], 100_000, 4, min_size=0) == []
+
+
+def test_stitch_goes_sequential_after_two_misses_in_a_row():
+    a = _res(None, 100, [_cp(120, b"x")])
+    b = _res(100, 200, [_cp(120, b"z")])
+    c = _res(200, 300, [_cp(220, b"r")])
+    d = _res(300, None, [_cp(320, b"s")], stopped=False)
+    ab = _res(None, 200, [_cp(120, b"x"), _cp(220, b"q")])
+    rest = _res(None, None, [_cp(120, b"x"), _cp(220, b"q")], stopped=False)
+    calls = []
+
+    def rerun(start, end):
+        calls.append((start, end))
+        return ab if end == 200 else rest
+    pieces = parallel.stitch([a, b, c, d], rerun)
+    assert calls == [(None, 200), (None, None)]
+    assert [(p.result, p.first, p.last) for p in pieces] == [(rest, -1, None)]
+
+
+def test_timing_state_that_never_meets_still_identical(tmp_path):
+    # MTC/CYC timing: a decoder synchronized at a later PSB never reaches
+    # the calibration state of the one that ran from the start, so no
+    # boundary can be proven; the output is still the sequential one.
+    d = tmp_path
+    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
+    (d / "in.txt").write_bytes(text[:3 << 10])
+    r = run_hwtrace("record", "--copy-images", "--config",
+                    "branch;user;retc;tsc;mtc;mtc-freq=0;cyc;psb-freq=0",
+                    "-o", d / "b", "--", GZIP, "-9", "-k", "-f", d / "in.txt")
+    assert r.returncode == 0, r.stderr
+    pt = max((d / "b").glob("*.pt"), key=lambda p: p.stat().st_size)
+    images = shlex.split(run_hwtrace("images", "--pt", pt.name,
+                                     d / "b").stdout)
+    opts = ["--format", "jsonl", "--offset", "--nom-freq", "22",
+            "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "176"]
+    seq = decode("--pt", pt, *images, *opts)
+    assert '"lost_mtc"' in seq
+    assert decode("--pt", pt, *images, *opts, jobs=2) == seq

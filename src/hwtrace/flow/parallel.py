@@ -235,6 +235,7 @@ def stitch(results: list[Result], rerun) -> list[Piece]:
     pieces: list[Piece] = []
     cur, first, exact = results[0], -1, True
     k = 1
+    fails = 0
     while True:
         done = k >= len(results) or not cur.stopped
         if done:
@@ -244,10 +245,14 @@ def stitch(results: list[Result], rerun) -> list[Piece]:
             m = _merge(cur, first, nxt)
             if m is None:
                 # No common state within the tail: decode on through the
-                # next segment from the same start.
-                cur = rerun(cur.start, nxt.end)
+                # next segment from the same start; after a second miss
+                # in a row (state that never meets, e.g. MTC/CYC timing)
+                # on to the end, so a trace costs at most ~2 decodes.
+                fails += 1
+                cur = rerun(cur.start, nxt.end if fails < 2 else None)
                 k += 1
                 continue
+            fails = 0
             piece = Piece(cur, first, m[0], exact)
         if not exact and _underflow_in(piece):
             # Entries from before this job's PSB may have been needed:
