@@ -23,10 +23,18 @@ has no such error.  Where either test fails the stitch does not guess: it
 re-runs the earlier job over the later job's segment too (in the worst
 case this is the sequential decode), so the result is always identical.
 
+Where states never meet (MTC/CYC timing: a decoder synchronized later
+never reaches the same calibration state) the second miss in a row makes
+the stitch decode on to the end: identical output at the cost of about
+two decodes.  Counts only (``--quiet --stat``) go to the compiled flow
+core where it decodes the trace (faster on one core than the Python
+decoders on all cores).
+
 Memory: a job holds one copy of the trace (the packet decoder's buffer)
 and writes its output to a spool file; the stitch copies the pieces in
-order.  On Dask the output comes back as bytes (workers may be other
-machines: the trace and images must be readable at the same paths there).
+order, so output is never held in memory.  On Dask the output comes back
+as bytes (workers may be other machines: the trace and images must be
+readable at the same paths there).
 """
 
 from __future__ import annotations
