@@ -135,8 +135,8 @@ def _salvage(args, logs: list[Path]) -> int:
               if prep.merged else "")
     _report(out, b, f" from the execution log {log} ({prep.used} bytes{merged}{cut})")
     if prep.unended:
-        print(f"  ({prep.unended} block(s) a killed thread last entered, ending in a direct "
-              f"call or jump, left out: where they went is not in the log)")
+        print(f"  (killed threads end before their last branch: where it went is not in "
+              f"the log; {prep.unended} block(s) cut)")
     if not st.recorded:
         print("  (no recording.json next to the log: hwtrace record's default settings used)")
     elif st.copy_images and not getattr(args, "copy_images", False):
@@ -179,7 +179,7 @@ def _mark(out: Path, log: Path, prep, st) -> None:
     man["recovered"] = {"from": "execution log", "log": where, "source": prep.source,
                         "log_bytes": prep.size, "used_bytes": prep.used,
                         "dropped_bytes": prep.dropped,
-                        "unended_blocks_dropped": prep.unended,
+                        "unended_blocks_cut": prep.unended,
                         "settings": "recorded" if st.recorded else "defaults"}
     tmp = out / "manifest.json.tmp"
     if tmp.exists() or tmp.is_symlink():

@@ -38,6 +38,7 @@ from hwtrace.control.errors import TraceError
 
 from . import execlog as xl
 from .engine import EMULATED_CAPS, EmulatedEngine
+from .ptgen import K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_RET
 
 LOG_DIR_PREFIX = "hwtrace-xlog-"
 LOG_NAME = "exec.xlog"
@@ -219,13 +220,13 @@ class Prepared:
     """A log cut to its whole records: ``path`` is the log to generate from
     (the original when nothing was cut), ``used``/``size`` its bytes,
     ``merged`` the bytes :func:`gather` appended to it first, ``unended``
-    the blocks :func:`unended_transfers` dropped."""
+    the blocks :func:`unended_transfers` cut or dropped."""
     path: Path
     source: str
     used: int
     size: int
     merged: int = 0
-    unended: int = 0        # trailing block runs dropped (unended_transfers)
+    unended: int = 0        # blocks cut or dropped (unended_transfers)
 
     @property
     def dropped(self) -> int:
@@ -279,27 +280,31 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
 
 
 def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tuple]:
-    """Edits ``(offset, size, replacement, blocks dropped)`` (by offset) that
-    drop, from the last EXEC of each thread whose log just stops (killed:
-    no exit, exec or system call after it), the trailing blocks that end in
-    a direct call or jump; and each thread's last chunk if it holds nothing
-    but CTX and TIME (the source began it and was killed before writing).
+    """Edits ``(offset, size, replacement, blocks changed)`` (by offset)
+    that end each thread whose log just stops (killed: no exit, exec or
+    system call after its last EXEC) before its last control transfer: the
+    last block of that EXEC is replaced by a new BLOCK (a fresh id, defined
+    just before the EXEC) without its final branch, or dropped if it is
+    nothing but branches (and then the one before it is looked at); and
+    each thread's last chunk is dropped if it holds nothing but CTX and
+    TIME (the source began it and was killed before writing).
 
-    Why: the stream of such a thread ends with FUP + TIP.PGD at the
-    branch's next linear address, which for a direct call or jump is not
-    where the thread went -- a decoder follows the branch without needing a
-    packet and runs on past the end (``flow._end_thread`` and its twin in
-    ``ptgen_fast.c``; a jcc, ret or indirect branch ends right).  What such
-    a block did is unsure anyway: QEMU logs a block when it starts it.
+    Why: where a branch that ends a log went is not in the log, and the
+    generator (``flow._end_thread``, ``ptgen_fast.c``) ends such a stream
+    with FUP + TIP.PGD at the branch's next linear address: a decoder then
+    follows a direct call or jump on past the end, or, in a cpu-mode stream
+    where another thread follows, takes that thread's packets for a jcc,
+    ret or indirect branch.  Whether the branch retired is unsure anyway:
+    QEMU logs a block when it starts it.
     """
     from .flow import split_block
-    from .ptgen import K_CALL, K_JMP
     blocks: dict = {}       # (pid, id) -> offset of its latest BLOCK record
     parent: dict = {}       # pid -> parent pid (fork: the child's table starts as the parent's)
     tail: dict = {}         # tid -> (offset, size, pid) of its last EXEC, or None
     chunk: dict = {}        # tid -> [offset of its last CTX, end of its chunk, only TIME in it]
     cur = None
     tid = pid = None
+    max_id = 0
     off = start
     while off < end:
         n = record_size(data, off)
@@ -314,6 +319,7 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
         if t == xl.T_BLOCK:
             bpid, bid = _U32.unpack_from(data, off + 1)[0], _U32.unpack_from(data, off + 5)[0]
             blocks[(bpid, bid)] = off
+            max_id = max(max_id, bid)
         elif t == xl.T_EXEC:
             tail[tid] = (off, n, pid)
         elif t == xl.T_PROC_START:
@@ -324,13 +330,14 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
     # a thread's last chunk that holds nothing but its clock (the source
     # began it and was killed): it would resume the thread only to end it
     edits = [(c[0], c[1] - c[0], b"", 0) for c in chunk.values() if c[2]]
+    next_id = max_id + 1
     for t in tail.values():
         if t is None:
             continue
         off, size, tpid = t
         (count,) = _U32.unpack_from(data, off + 1)
         ids = list(struct.unpack_from(f"<{count}I", data, off + 5))
-        keep = len(ids)
+        keep, cut, changed = len(ids), None, 0
         while keep:
             where = _find_block(blocks, parent, tpid, ids[keep - 1])
             if where is None:
@@ -338,16 +345,40 @@ def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tup
             _p, _b, pc, ninsn, nbytes = _BLOCK_HEAD.unpack_from(data, where + 1)
             q = where + 1 + _BLOCK_HEAD.size
             sizes, code = bytes(data[q:q + ninsn]), bytes(data[q + ninsn:q + ninsn + nbytes])
-            if not sizes or split_block(pc, sizes, code, last_only=qemu_blocks)[-1].kind \
-                    not in (K_CALL, K_JMP):
+            shorter = False
+            while sizes:
+                parts = split_block(pc, sizes, code, last_only=qemu_blocks)
+                if parts[-1].kind not in _UNENDED:
+                    break
+                sizes = sizes[:sum(b.ninsn for b in parts) - 1]     # without the branch
+                code = code[:sum(sizes)]
+                shorter = True
+            if sizes:
+                if shorter:
+                    cut = (pc, sizes, code)
+                    changed += 1
                 break
-            keep -= 1
-        if keep < len(ids):
-            repl = b"" if keep == 0 else (bytes([xl.T_EXEC]) + _U32.pack(keep)
-                                          + struct.pack(f"<{keep}I", *ids[:keep]))
-            edits.append((off, size, repl, len(ids) - keep))
+            keep -= 1           # nothing but branches: the block goes
+            changed += 1
+        if not changed or next_id + 1 >= 1 << 32:
+            continue
+        repl = b""
+        if cut is not None:
+            pc, sizes, code = cut
+            ids[keep - 1] = next_id
+            repl = (bytes([xl.T_BLOCK]) + _BLOCK_HEAD.pack(tpid, next_id, pc, len(sizes), len(code))
+                    + sizes + code)
+            next_id += 1
+        if keep:
+            repl += bytes([xl.T_EXEC]) + _U32.pack(keep) + struct.pack(f"<{keep}I", *ids[:keep])
+        edits.append((off, size, repl, changed))
     return sorted(edits)
 
+
+#: the kinds (ptgen.K_*) of a last instruction whose outcome a stream can't
+#: show when the thread's log just stops: jcc, jmp, call, indirect jmp/call,
+#: ret, far transfers (not K_OTHER, K_TRAP, K_REP or a fault)
+_UNENDED = frozenset((K_JCC, K_JMP, K_CALL, K_JMP_IND, K_CALL_IND, K_RET, K_FAR))
 
 #: records after which a thread's end is not a killed run's arbitrary point
 _ENDS_UNKNOWN_TAIL = frozenset((xl.T_SYSCALL, xl.T_SIGNAL, xl.T_THREAD_EXIT, xl.T_PROC_EXIT,
