@@ -165,17 +165,29 @@ def test_bad_jobs_is_a_one_line_error(recording):
 def test_dask_local_cluster_same_output(recording):
     distributed = pytest.importorskip("distributed")
     pt, images = recording
-    seq = decode("--pt", pt, *images, "--format", "jsonl", "--offset")
+    # The first PSB segments only: the workers are threads of this process.
+    psbs = parallel.psb_offsets(pt.read_bytes())
+    ranged = f"{pt}:0-{psbs[5]:#x}"
+    seq = decode("--pt", ranged, *images, "--offset")
+    assert seq.count("\n") > 1000
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
                                   processes=False, dashboard_address=None,
                                   protocol="tcp") as cluster:
-        out, _, stats = _api_decode(pt, images, dask=cluster.scheduler_address,
-                                    segments=4)
-        assert stats["segments"] == 4
-        assert out == seq
+        from hwtrace.flow import sinks
+        from hwtrace.flow.config import FlowConfig
+        out = io.StringIO()
+        sink = sinks.PtxedSink(out.write, print_offset=True)
+        pairs = [(images[i].lstrip("-"), images[i + 1])
+                 for i in range(0, len(images), 2)]
+        stats = parallel.decode(parallel.Source(str(pt), 0, psbs[5]), pairs,
+                                FlowConfig(), sink, out.write, block=True,
+                                dask=cluster.scheduler_address, segments=4,
+                                min_segment=0)
+        assert stats["segments"] == 4 and stats["reruns"] == []
+        assert out.getvalue() == seq
         # the CLI path, as a user runs it
-        r = run_hwtrace("decode", "--pt", pt, *images, "--format", "jsonl",
-                        "--offset", "--dask", cluster.scheduler_address,
+        r = run_hwtrace("decode", "--pt", ranged, *images, "--offset",
+                        "--dask", cluster.scheduler_address,
                         env=dict(os.environ,
                                  HWTRACE_PARALLEL_MIN_SEGMENT="0"))
         assert r.returncode == 0, r.stderr
