@@ -13,7 +13,12 @@ existing bundle instead.  Without the emulated engine it falls back to the
 hardware fixture ``drpt2trace_simple`` (tiny: a start-up measurement only).
 
     python bench/bench_decode.py [--input-kib N] [--bundle DIR] [--stream NAME]
-                                 [--repeat N] [--python]
+                                 [--repeat N] [--python] [--timing]
+
+``--timing`` records with timing packets on (TSC, MTC every 2**3 CTC, CYC:
+``--config "branch;user;tsc;retc;cyc;mtc;mtc-freq=3"``), as real hardware
+traces usually are.  A bundle's timing parameters (MTC period, nominal
+frequency, CPUID 0x15) are passed to both decoders.
 
 ``hwtrace decode --quiet --stat`` runs the compiled flow core
 (hwtrace.flow.fast) when it decodes the trace exactly, the Python decoders
@@ -53,7 +58,10 @@ def hwtrace(*args) -> list[str]:
     return [sys.executable, "-m", "hwtrace", *map(str, args)]
 
 
-def record_gzip(workdir: Path, kib: int) -> Path:
+TIMING_CONFIG = "branch;user;tsc;retc;cyc;mtc;mtc-freq=3"
+
+
+def record_gzip(workdir: Path, kib: int, timing: bool = False) -> Path:
     text = workdir / "input.txt"
     chunks = []
     for p in sorted((SHARED / "corpus" / "libipt").glob("*/*.ptt")):
@@ -64,8 +72,9 @@ def record_gzip(workdir: Path, kib: int) -> Path:
     text.write_bytes(data[:kib << 10])
     bundle = workdir / "bundle"
     gzip = shutil.which("gzip") or "/usr/bin/gzip"
-    r = subprocess.run(hwtrace("record", "--copy-images", "-o", bundle, "--",
-                               gzip, "-9", "-c", text),
+    config = ["--config", TIMING_CONFIG] if timing else []
+    r = subprocess.run(hwtrace("record", "--copy-images", *config, "-o",
+                               bundle, "--", gzip, "-9", "-c", text),
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        text=True)
     if r.returncode != 0:
@@ -84,6 +93,11 @@ def bundle_args(bundle: Path, stream: str | None) -> tuple[Path, list[str], str]
     opts = r.stdout.split()
     if cpu.get("family"):
         opts += ["--cpu", f"{cpu['family']}/{cpu['model']}"]
+    for key, opt in (("mtc_freq", "--mtc-freq"), ("nom_freq", "--nom-freq"),
+                     ("cpuid_0x15_eax", "--cpuid-0x15.eax"),
+                     ("cpuid_0x15_ebx", "--cpuid-0x15.ebx")):
+        if manifest.get(key):
+            opts += [opt, str(manifest[key])]
     return bundle / stream, opts, f"{bundle.name}/{stream}"
 
 
@@ -94,10 +108,11 @@ def trace_for(a) -> tuple[Path, list[str], str, Path | None]:
         return pt, opts, f"bundle {name}", None
     tmp = Path(tempfile.mkdtemp(prefix="hwtrace-bench-"))
     try:
-        bundle = record_gzip(tmp, a.input_kib)
+        bundle = record_gzip(tmp, a.input_kib, a.timing)
         pt, opts, name = bundle_args(bundle, None)
         what = ("emulated-engine recording of `gzip -9` on "
-                f"{a.input_kib} KiB of text ({name})")
+                f"{a.input_kib} KiB of text ({name})" +
+                (f", timing on: {TIMING_CONFIG}" if a.timing else ""))
     except Exception as e:  # no QEMU here: the small real capture
         fx = SHARED / "fixtures" / "hardware" / "drpt2trace_simple"
         pt = fx / "pt.bin"
@@ -144,6 +159,8 @@ def main() -> int:
     ap.add_argument("--python", action="store_true",
                     help="also time the pure-Python path "
                          "(HWTRACE_NO_EXTENSIONS=1; slow)")
+    ap.add_argument("--timing", action="store_true",
+                    help="record with TSC/MTC/CYC packets on")
     a = ap.parse_args()
     ensure_oracle()
 

@@ -113,6 +113,10 @@ struct dec {
     int rs_top, rs_n;
     int dis_pending, dis_supp;
     uint64_t dis_ip;
+    /* an exec-mode event waiting for the flow to reach its IP (a PSB+
+     * whose FUP is ahead of the instruction the last query was for) */
+    int ipev_pending;
+    struct event ipev;
 
     /* the events of the current batch */
     struct event ev[MAXEV];
@@ -763,9 +767,8 @@ static int binds_now(struct dec *d, const struct event *ev)
     case EV_DISABLED:
         return ev->su;
     case EV_EXEC_MODE:
-        if (!ev->ip_supp && ev->ip != d->ip)
-            BAIL(d, "exec mode event at another IP");
-        return 1;
+        /* the twin's _check_ip_event: it waits for its IP */
+        return ev->ip_supp || ev->ip == d->ip || !d->enabled;
     default:
         return 1;
     }
@@ -805,6 +808,19 @@ static void process(struct dec *d, const struct event *ev)
     }
 }
 
+/* An exec-mode event that binds later, at its IP: the twin decodes on
+ * (queries included) and checks the IP after each instruction.  Only the
+ * simple case is ported: it is the last event there is for now. */
+static void wait_for_ip(struct dec *d, const struct event *ev)
+{
+    if (d->ev_i + 1 != d->ev_n || d->st_pend || d->dis_pending ||
+        d->ipev_pending)
+        BAIL(d, "event waiting for its IP with more events");
+    d->ipev = *ev;
+    d->ipev_pending = 1;
+    d->ev_i++;
+}
+
 /* Process events from the current batch on (the first one is known to
  * bind now), fetching more batches while the status says so.  A disable
  * that waits for its instruction stops the drain. */
@@ -814,6 +830,10 @@ static void drain(struct dec *d)
         while (d->ev_i < d->ev_n) {
             struct event *ev = &d->ev[d->ev_i];
             if (!binds_now(d, ev)) {
+                if (ev->type == EV_EXEC_MODE) {
+                    wait_for_ip(d, ev);
+                    return;
+                }
                 if (ev->type != EV_DISABLED || d->ev_i + 1 != d->ev_n)
                     BAIL(d, "internal: unbound event");
                 d->dis_pending = 1;
@@ -1087,6 +1107,8 @@ static void one_block(struct dec *d)
             have_bounds = 1;
         }
         int c = r->iclass;
+        if (d->ipev_pending && r->ip < d->ipev.ip && d->ipev.ip <= r->last_ip)
+            BAIL(d, "event IP inside a run");
         if (d->dis_pending && disable_binds(d, r)) {
             d->insns += r->ninsn;
             d->ip = next_ip_after(r);
@@ -1144,6 +1166,16 @@ static void one_block(struct dec *d)
                 d->ip = indirect_branch(d);
             }
         }
+        if (d->ipev_pending) {
+            if (d->st_pend || d->st_eos || d->dis_pending)
+                BAIL(d, "events while one waits for its IP");
+            if (d->ip == d->ipev.ip) {
+                /* it binds here: the block ends, the event is processed */
+                d->ipev_pending = 0;
+                process(d, &d->ipev);
+                return;
+            }
+        }
         if (queried) {
             if (d->st_pend) {
                 fetch_batch(d);
@@ -1152,7 +1184,7 @@ static void one_block(struct dec *d)
                     return;
                 }
                 /* a disable that waits for its instruction */
-                if (d->ev_n != 1)
+                if (d->ev_n != 1 || d->ev[0].type != EV_DISABLED)
                     BAIL(d, "internal: unbound event");
                 d->dis_pending = 1;
                 d->dis_supp = d->ev[0].ip_supp;
@@ -1200,7 +1232,8 @@ static void run_all(struct dec *d)
     drain(d);
     for (;;) {
         /* the session loop: events are drained; end, or the next block */
-        if (d->st_eos && !d->dis_pending && d->ev_i >= d->ev_n)
+        if (d->st_eos && !d->dis_pending && !d->ipev_pending &&
+            d->ev_i >= d->ev_n)
             return;
         if (!d->enabled)
             BAIL(d, "no tracing enabled and no event");
