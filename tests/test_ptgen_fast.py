@@ -95,3 +95,47 @@ def test_stepper_migrations_switch_to_idle(tmp_path):
     for c in (0, 1):
         nxt = [s[5] for s in sw if s[0] == c]
         assert all(a != b for a, b in zip(nxt, nxt[1:]))
+
+
+# A thread's log that ends right after a branch (the program was killed):
+# a direct call went to its target; a jcc's outcome is unknown, so it is
+# taken as not retired and the trace stops at it.  Both generators agree
+# and libipt decodes exactly the instructions that certainly retired.
+_XOR = b"\x31\xc0"                                    # xor eax, eax
+_CASES = {
+    "jcc": (_XOR + b"\x75\x02", [0x401000]),           # jne +2: unknown outcome
+    "call": (_XOR + b"\xe8\xfb\x0f\x00\x00", [0x401000, 0x401002]),   # call 0x402002
+    "plain": (_XOR + b"\x90", [0x401000, 0x401002]),   # no branch: stops after nop
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_log_ending_after_a_branch(tmp_path, ptoracle, case):
+    import json
+    from hwtrace.engines.emulated import execlog as xl
+    code, want = _CASES[case]
+    sizes = {"jcc": b"\x02\x02", "call": b"\x02\x05", "plain": b"\x02\x01"}[case]
+    w = xl.Writer(source=xl.SOURCE_QEMU)
+    w.ctx(1, 1, 0)
+    w.block(1, 1, 0x401000, sizes, code)
+    w.exec([1])
+    log = tmp_path / "x.log"
+    log.write_bytes(bytes(w))
+    full = flow.load(log.read_bytes())
+    index = flow.load(log.read_bytes(), index_only=True)
+    cr3 = flow.assign_cr3(index.processes)
+    cfg = ptgen.TraceConfig(ctl=(1 << 13) | (1 << 3) | (1 << 10))
+    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3)
+    assert res.tracer.insns == len(want)
+    if fast.eligible(index, cfg):
+        streams, _sw, _ex = fast.generate(log, index, cfg, "thread", 1, cr3)
+        assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns)
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(bytes(res.tracer.buf))
+    mem = tmp_path / "mem.bin"
+    mem.write_bytes(code.ljust(0x1010, b"\x90"))
+    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000"],
+                       capture_output=True, text=True, check=True)
+    items = [json.loads(line) for line in r.stdout.splitlines()]
+    assert not [i for i in items if "error" in i], items
+    assert [i["ip"] for i in items if "insn" in i or ("ip" in i and "size" in i)] == want

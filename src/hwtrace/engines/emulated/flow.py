@@ -640,10 +640,32 @@ def _switch_out(st: _ThreadState, tr: Tracer, next_ip: int | None) -> None:
         elif k not in (K_OTHER, K_REP):
             tr.branch(k, p.nlip, p.target if k in (K_JMP, K_CALL) else next_ip)
         tr.leave_async(next_ip)
+    elif p is not None:
+        _leave_unfinished(tr, p)
     else:
-        tr.leave_async(p.nlip if p is not None else tr.cur_ip)
+        tr.leave_async(tr.cur_ip)
     st.in_kernel = True
     st.pending = None
+
+
+def _leave_unfinished(tr: Tracer, p: BlockInfo) -> None:
+    """The thread's log ends after run ``p`` with nothing to say where it
+    went (the thread died or was killed): a direct jmp/call went to its
+    target; a branch whose outcome is unknown (jcc, return, indirect) is
+    taken as not retired, so the trace stops at it (FUP(branch) + TIP.PGD)
+    rather than at an address after it that the decoder can't reach."""
+    k = p.kind
+    if k == K_TRAP:
+        tr.leave_sync()
+    elif k == K_OTHER or k == K_REP:
+        tr.leave_async(p.nlip)
+    elif k == K_JMP or k == K_CALL:
+        tr.branch(k, p.nlip, p.target)
+        tr.leave_async(p.target)
+    else:
+        if tr.pkt_en:
+            tr.insns -= 1
+        tr.leave_async(p.last)
 
 
 @dataclass
@@ -765,10 +787,6 @@ def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
 def _end_thread(st: _ThreadState, tr: Tracer) -> None:
     """The thread's log ends: it exited (in the kernel), exec'd, or died."""
     if not st.in_kernel and st.pending is not None:
-        p = st.pending
-        if p.kind == K_TRAP:
-            tr.leave_sync()
-        else:
-            tr.leave_async(p.nlip)
+        _leave_unfinished(tr, st.pending)
     st.in_kernel = True
     st.pending = None

@@ -381,6 +381,16 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
     th->in_kernel = in_kernel;
 }
 
+/* flow._leave_unfinished: the log ends after run p, nothing says where it went */
+static void leave_unfinished(struct tracer *tr, struct blk *p)
+{
+    int k = p->kind;
+    if (k == K_TRAP) leave_sync(tr);
+    else if (k == K_OTHER || k == K_REP) leave_async(tr, p->nlip);
+    else if (k == K_JMP || k == K_CALL) { branch(tr, k, p->nlip, p->target); leave_async(tr, p->target); }
+    else { if (tr->pkt_en) tr->insns--; leave_async(tr, p->last); }
+}
+
 static void switch_out(struct thread *th, struct tracer *tr, int has_next, uint64_t next_ip)
 {
     if (th->in_kernel) return;
@@ -392,17 +402,16 @@ static void switch_out(struct thread *th, struct tracer *tr, int has_next, uint6
         else if (k != K_OTHER && k != K_REP)
             branch(tr, k, p->nlip, (k == K_JMP || k == K_CALL) ? p->target : next_ip);
         leave_async(tr, next_ip);
-    } else
-        leave_async(tr, p ? p->nlip : tr->cur_ip);
+    } else if (p)
+        leave_unfinished(tr, p);
+    else
+        leave_async(tr, tr->cur_ip);
     th->in_kernel = 1; th->pending = NULL;
 }
 
 static void end_thread(struct thread *th, struct tracer *tr)
 {
-    if (!th->in_kernel && th->pending) {
-        if (th->pending->kind == K_TRAP) leave_sync(tr);
-        else leave_async(tr, th->pending->nlip);
-    }
+    if (!th->in_kernel && th->pending) leave_unfinished(tr, th->pending);
     th->in_kernel = 1; th->pending = NULL;
 }
 
