@@ -143,13 +143,16 @@ def _timing_cfg(bundle: Path, cfg: FlowConfig) -> FlowConfig:
 
 @pytest.fixture(scope="module")
 def timing_trace(tmp_path_factory):
-    """gzip recorded with TSC, MTC (every 2**3 CTC) and CYC packets."""
+    """gzip recorded with TSC, MTC (every 2**3 CTC) and CYC packets, and a
+    PSB+ every 2 KiB (psb-freq=0): among those a PSB+ whose FUP is ahead of
+    the instruction the last query was for, so its exec-mode event waits
+    for its IP (the compiled core bailed on that before)."""
     tmp = tmp_path_factory.mktemp("timing")
     text = tmp / "in.txt"
     text.write_bytes((Path(__file__).read_bytes() * 4)[:4096])
     out = tmp / "bundle"
     r = run_hwtrace("record", "--copy-images", "--config",
-                    "branch;user;tsc;retc;cyc;mtc;mtc-freq=3", "-o", out,
+                    "branch;user;tsc;retc;cyc;mtc;mtc-freq=3;psb-freq=0", "-o", out,
                     "--", "/usr/bin/gzip", "-9", "-f", str(text), timeout=300)
     if r.returncode != 0:
         _need("emulated engine", r.stderr.strip()[-300:])
