@@ -351,3 +351,54 @@ def test_no_sync_point(data):
         assert c == (0, 0, 0, True)
         assert (p.insns, p.blocks, p.errors) == (0, 0, 0)
     assert fast.edges(bytearray(data), image).counts == {}
+
+
+# -- real hardware captures ---------------------------------------------------
+
+def _hardware_cases(tmp: Path):
+    """(name, trace, image, config) of the real captures with a binary."""
+    from conftest import FIXTURES
+    from hwtrace.flow.loaders import load_elf
+    hw = FIXTURES
+    if not hw.is_dir():
+        _need("fixtures", f"{hw} missing")
+    fx = hw / "drpt2trace_simple"
+    image = Image()
+    load_elf(image, str(fx / "hello"))
+    cfg = FlowConfig(errata=Errata.from_flags(cpumod.errata(
+        cpumod.Cpu.parse("6/85/4"))), mtc_freq=3, nom_freq=37,
+        cpuid_0x15_eax=2, cpuid_0x15_ebx=308)
+    yield "drpt2trace", (fx / "pt.bin").read_bytes(), image, cfg
+    hase = hw / "hase_loopy"
+    bundle = tmp / "hase"
+    run_hwtrace("import", "-o", bundle, "--image", hase / "loopy",
+                hase / "loopy-20180404T162955.perf", check=True)
+    m = json.loads((bundle / "manifest.json").read_text())
+    image = Image()
+    load_elf(image, str(hase / "loopy"))
+    c = m["cpu"]
+    cfg = _timing_cfg(bundle, FlowConfig(errata=Errata.from_flags(
+        cpumod.errata(cpumod.Cpu.parse(f"{c['family']}/{c['model']}")))))
+    for s in m["streams"]:
+        yield f"hase {s['file']}", (bundle / s["file"]).read_bytes(), \
+            image, cfg
+
+
+def test_hardware_captures_identical(tmp_path):
+    """Real Intel PT (MTC/CYC/TSC on, interrupts and syscalls as FUP+TIP /
+    FUP+TIP.PGD): counts and edges from the default path equal the
+    twin's, whichever implementation the default path ends up using."""
+    _core()
+    seen = 0
+    for name, data, image, cfg in _hardware_cases(tmp_path):
+        for decoder in ("block", "insn"):
+            c = fast.count(data, image, cfg, decoder)
+            p = fast.count(data, image, cfg, decoder, impl="python")
+            assert (c.insns, c.blocks, c.errors) == \
+                (p.insns, p.blocks, p.errors), (name, decoder)
+            assert p.insns > 0, name
+        e = fast.edges(data, image, cfg)
+        pe = fast.edges(data, image, cfg, impl="python")
+        assert (e.counts, e.insns) == (pe.counts, pe.insns), name
+        seen += 1
+    assert seen >= 2
