@@ -86,7 +86,8 @@ def test_corpus_quiet_stat_identical(monkeypatch):
     # uses packets and events it leaves to the twin).
     print(f"compiled core decoded {compiled} of {total} corpus decodes")
     assert total > 400
-    assert compiled >= 70, (compiled, total)   # 74 when written
+    assert compiled >= 90, (compiled, total)   # 94 (74 before timing
+    #                                            packets and FUP+TIP*)
 
 
 # -- recorded traces --------------------------------------------------------
@@ -385,9 +386,9 @@ def _hardware_cases(tmp: Path):
 
 
 def test_hardware_captures_identical(tmp_path):
-    """Real Intel PT (MTC/CYC/TSC on, interrupts and syscalls as FUP+TIP /
-    FUP+TIP.PGD): counts and edges from the default path equal the
-    twin's, whichever implementation the default path ends up using."""
+    """Real Intel PT (MTC/CYC/TSC on, syscalls and the exit as FUP +
+    TIP.PGD, SKD022's workaround on): the compiled core decodes them, to
+    the twin's counts and edges."""
     _core()
     seen = 0
     for name, data, image, cfg in _hardware_cases(tmp_path):
@@ -396,9 +397,9 @@ def test_hardware_captures_identical(tmp_path):
             p = fast.count(data, image, cfg, decoder, impl="python")
             assert (c.insns, c.blocks, c.errors) == \
                 (p.insns, p.blocks, p.errors), (name, decoder)
-            assert p.insns > 0, name
+            assert c.compiled and p.insns > 0, name
         e = fast.edges(data, image, cfg)
         pe = fast.edges(data, image, cfg, impl="python")
-        assert (e.counts, e.insns) == (pe.counts, pe.insns), name
+        assert e.compiled and (e.counts, e.insns) == (pe.counts, pe.insns)
         seen += 1
     assert seen >= 2

@@ -51,16 +51,19 @@ enum { C_UNKNOWN = 0, C_OTHER = 1, C_CALL = 2, C_RETURN = 3, C_JUMP = 4,
        C_COND = 5, C_FAR_CALL = 6, C_FAR_RETURN = 7, C_FAR_JUMP = 8,
        C_PTWRITE = 9 };
 
-enum { F_BLOCK = 1, F_END_ON_CALL = 2, F_END_ON_JUMP = 4, F_BDM70 = 8 };
+enum { F_BLOCK = 1, F_END_ON_CALL = 2, F_END_ON_JUMP = 4, F_BDM70 = 8,
+       F_SKD022 = 16 };
 
 /* events (the subset) */
-enum { EV_ENABLED, EV_DISABLED, EV_EXEC_MODE, EV_CBR };
+enum { EV_ENABLED, EV_DISABLED, EV_EXEC_MODE, EV_CBR, EV_ASYNC_BRANCH,
+       EV_ASYNC_DISABLED };
 
 struct event {
     int type;
     int su;             /* status update */
     int ip_supp;
-    uint64_t ip;
+    uint64_t ip;        /* async branch: from; async disabled: at */
+    uint64_t to;        /* async branch: to (async disabled: ip) */
     int mode;
 };
 
@@ -72,7 +75,7 @@ struct run {
     uint64_t succ_ip[2], succ_n[2];
     uint32_t succ_run[2];
     uint32_t ninsn;
-    uint8_t mode, size, iclass, indirect, special;
+    uint8_t mode, size, iclass, indirect, special, vmentry;
 };
 
 struct edge {
@@ -102,6 +105,8 @@ struct dec {
     int cur_mode;            /* -1: none */
     int mode_exec_pending;
     int tipq_mode;           /* exec_mode queued for the next TIP*: -1 none */
+    int async_q;             /* an async branch (FUP) queued for the TIP* */
+    uint64_t async_from;
     struct event psbq[MAXEV];
     int psbq_n;
     int st_pend, st_eos;     /* status flags of the last query */
@@ -473,9 +478,7 @@ static int will_event(struct dec *d, int k)
     if (k == PT_K_PSBEND)
         return d->psbq_n > 0;
     if (k == PT_K_TIP)
-        return d->tipq_mode >= 0;
-    if (k == PT_K_FUP)
-        BAIL(d, "FUP outside PSB+");
+        return d->tipq_mode >= 0 || d->async_q;
     return 0;
 }
 
@@ -518,7 +521,7 @@ static int bdm70(struct dec *d, ptrdiff_t pos)
 /* PSB+: pos at the PSB; leaves pos at the PSBEND with its events queued. */
 static void psb_header(struct dec *d)
 {
-    if (d->psbq_n || d->tipq_mode >= 0)
+    if (d->psbq_n || d->tipq_mode >= 0 || d->async_q)
         BAIL(d, "PSB with events pending");
     if (peek(d) != PT_K_PSB)
         BAIL(d, "no PSB");
@@ -609,6 +612,21 @@ static void read_ahead(struct dec *d)
         case PT_K_PSB:
             psb_header(d);
             continue;
+        case PT_K_FUP: {
+            /* _dec_fup outside PSB+: an asynchronous branch from the
+             * FUP's IP, bound to the next TIP/TIP.PGD.  (After a MODE.EXEC
+             * the twin takes it for a mode/iflags change: not ported.) */
+            uint64_t from;
+            if (d->mode_exec_pending || d->async_q)
+                BAIL(d, "FUP after MODE.EXEC");
+            update_ip(d, &d->pkt);
+            if (!query_ip(d, &from))
+                BAIL(d, "FUP without IP");
+            d->async_q = 1;
+            d->async_from = from;
+            consume(d);
+            continue;
+        }
         case PT_K_MODE_EXEC: {
             int mode = exec_mode_of(d, &d->pkt);
             if (mode != d->cur_mode) {
@@ -700,7 +718,32 @@ static void fetch_batch(struct dec *d)
     struct pt_pkt *p = &d->pkt;
     uint64_t ip;
     switch (k) {
+    case PT_K_TIP:
+        /* _dec_tip with an async branch queued: it, then an exec mode */
+        if (!d->async_q)
+            BAIL(d, "exec mode bound to a TIP");
+        d->mode_exec_pending = 0;
+        update_ip(d, p);
+        if (!query_ip(d, &ip))
+            BAIL(d, "async branch to a suppressed IP");
+        memset(ev, 0, sizeof *ev);
+        ev->type = EV_ASYNC_BRANCH;
+        ev->ip = d->async_from;
+        ev->to = ip;
+        d->async_q = 0;
+        d->ev_n = 1;
+        if (d->tipq_mode >= 0) {
+            memset(ev + 1, 0, sizeof *ev);
+            ev[1].type = EV_EXEC_MODE;
+            ev[1].ip = ip;
+            ev[1].mode = d->tipq_mode;
+            d->tipq_mode = -1;
+            d->ev_n = 2;
+        }
+        break;
     case PT_K_TIP_PGE:
+        if (d->async_q)
+            BAIL(d, "TIP.PGE with an async branch queued");
         d->mode_exec_pending = 0;
         update_ip(d, p);
         if (!query_ip(d, &ip))
@@ -726,8 +769,16 @@ static void fetch_batch(struct dec *d)
         if (d->tipq_mode >= 0)
             BAIL(d, "exec mode bound to TIP.PGD");
         memset(ev, 0, sizeof *ev);
-        ev->type = EV_DISABLED;
-        ev->ip_supp = !query_ip(d, &ev->ip);
+        if (d->async_q) {
+            /* FUP + TIP.PGD: disabled at the FUP's IP */
+            ev->type = EV_ASYNC_DISABLED;
+            ev->ip = d->async_from;
+            ev->ip_supp = !query_ip(d, &ev->to);
+            d->async_q = 0;
+        } else {
+            ev->type = EV_DISABLED;
+            ev->ip_supp = !query_ip(d, &ev->ip);
+        }
         d->ev_n = 1;
         d->q_enabled = 0;
         break;
@@ -761,6 +812,8 @@ static void fetch_batch(struct dec *d)
 
 /* _check_ip_event: does the current event apply now?  (The port handles
  * only events that do; a disable waits for its instruction.) */
+static uint32_t lookup(struct dec *d, uint64_t ip, int mode);
+
 static int binds_now(struct dec *d, const struct event *ev)
 {
     switch (ev->type) {
@@ -769,6 +822,16 @@ static int binds_now(struct dec *d, const struct event *ev)
     case EV_EXEC_MODE:
         /* the twin's _check_ip_event: it waits for its IP */
         return ev->ip_supp || ev->ip == d->ip || !d->enabled;
+    case EV_ASYNC_BRANCH:
+        return ev->ip == d->ip;
+    case EV_ASYNC_DISABLED:
+        if (ev->ip != d->ip)
+            return 0;
+        /* _skd022: at a VMLAUNCH/VMRESUME the twin turns it into a
+         * disable bound to that instruction (not ported) */
+        if ((d->flags & F_SKD022) && d->runs[lookup(d, d->ip, d->mode)].vmentry)
+            BAIL(d, "SKD022 at an async disable");
+        return 1;
     default:
         return 1;
     }
@@ -798,6 +861,16 @@ static void process(struct dec *d, const struct event *ev)
             BAIL(d, "disabled while disabled");
         d->enabled = 0;
         return;
+    case EV_ASYNC_BRANCH:
+        if (ev->su || !d->enabled)
+            BAIL(d, "async branch while disabled");
+        d->ip = ev->to;
+        return;
+    case EV_ASYNC_DISABLED:
+        if (!d->enabled)
+            BAIL(d, "async disable while disabled");
+        d->enabled = 0;
+        return;
     case EV_EXEC_MODE:
         if (ev->su && d->enabled && d->mode >= 0 && d->mode != ev->mode)
             BAIL(d, "bad status update (exec mode)");
@@ -813,12 +886,11 @@ static void process(struct dec *d, const struct event *ev)
  * simple case is ported: it is the last event there is for now. */
 static void wait_for_ip(struct dec *d, const struct event *ev)
 {
-    if (d->ev_i + 1 != d->ev_n || d->st_pend || d->dis_pending ||
-        d->ipev_pending)
+    (void)ev;
+    if (d->st_pend || d->dis_pending || d->ipev_pending)
         BAIL(d, "event waiting for its IP with more events");
-    d->ipev = *ev;
+    d->ipev = d->ev[d->ev_i];       /* it stays current (ev_i) */
     d->ipev_pending = 1;
-    d->ev_i++;
 }
 
 /* Process events from the current batch on (the first one is known to
@@ -830,7 +902,8 @@ static void drain(struct dec *d)
         while (d->ev_i < d->ev_n) {
             struct event *ev = &d->ev[d->ev_i];
             if (!binds_now(d, ev)) {
-                if (ev->type == EV_EXEC_MODE) {
+                if (ev->type == EV_EXEC_MODE || ev->type == EV_ASYNC_BRANCH ||
+                    ev->type == EV_ASYNC_DISABLED) {
                     wait_for_ip(d, ev);
                     return;
                 }
@@ -906,9 +979,9 @@ static uint32_t lookup(struct dec *d, uint64_t ip, int mode)
     }
     unsigned long long n, last, lo, hi;
     long long rel;
-    int size, iclass, indirect, special;
-    if (!PyArg_ParseTuple(t, "KKiiiLiKK", &n, &last, &size, &iclass, &indirect,
-                          &rel, &special, &lo, &hi)) {
+    int size, iclass, indirect, special, vmentry;
+    if (!PyArg_ParseTuple(t, "KKiiiLiKKi", &n, &last, &size, &iclass,
+                          &indirect, &rel, &special, &lo, &hi, &vmentry)) {
         Py_DECREF(t);
         BAIL(d, NULL);
     }
@@ -932,6 +1005,7 @@ static uint32_t lookup(struct dec *d, uint64_t ip, int mode)
     r->iclass = (uint8_t)iclass;
     r->indirect = (uint8_t)indirect;
     r->special = (uint8_t)special;
+    r->vmentry = (uint8_t)vmentry;
     r->rel = rel;
     r->lo = lo;
     r->hi = hi;
@@ -1169,10 +1243,10 @@ static void one_block(struct dec *d)
         if (d->ipev_pending) {
             if (d->st_pend || d->st_eos || d->dis_pending)
                 BAIL(d, "events while one waits for its IP");
-            if (d->ip == d->ipev.ip) {
-                /* it binds here: the block ends, the event is processed */
+            if (binds_now(d, &d->ipev)) {
+                /* it binds here: the block ends, the events are drained */
                 d->ipev_pending = 0;
-                process(d, &d->ipev);
+                drain(d);
                 return;
             }
         }
@@ -1183,8 +1257,13 @@ static void one_block(struct dec *d)
                     drain(d);
                     return;
                 }
+                if (d->ev[0].type != EV_DISABLED) {
+                    /* an event waiting for its IP */
+                    wait_for_ip(d, &d->ev[0]);
+                    goto next;
+                }
                 /* a disable that waits for its instruction */
-                if (d->ev_n != 1 || d->ev[0].type != EV_DISABLED)
+                if (d->ev_n != 1)
                     BAIL(d, "internal: unbound event");
                 d->dis_pending = 1;
                 d->dis_supp = d->ev[0].ip_supp;
@@ -1194,6 +1273,8 @@ static void one_block(struct dec *d)
                 return;
             }
         }
+    next:
+        r = &d->runs[ri];           /* binds_now's lookup may move runs */
         if (is_branch(c) || c == C_PTWRITE) {
             if (c == C_CALL && !r->indirect) {
                 if (d->flags & F_END_ON_CALL)

@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from hwtrace import _ext
-from hwtrace.x86.insn import IClass
+from hwtrace.x86.insn import IClass, Kind
 
 from .config import FlowConfig
 from .fetch import (FetchError, InsnCache, binds_to_pip, binds_to_vmcs,
@@ -67,9 +67,10 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 _MODES = ("16bit", "32bit", "64bit")
 _OTHER = int(IClass.OTHER)
 _PTWRITE = int(IClass.PTWRITE)
+_VMENTRY = (Kind.VMLAUNCH, Kind.VMRESUME)
 
 # flags of _c_flow.decode
-_F_BLOCK, _F_END_ON_CALL, _F_END_ON_JUMP, _F_BDM70 = 1, 2, 4, 8
+_F_BLOCK, _F_END_ON_CALL, _F_END_ON_JUMP, _F_BDM70, _F_SKD022 = 1, 2, 4, 8, 16
 _PT_FLAG_SKD007, _PT_FLAG_SKZ84 = 1, 2
 
 
@@ -103,7 +104,8 @@ def _core(impl):
 def _run_filler(image):
     """The block-cache miss handler: ``fill(ip, mode)`` -> the run starting
     at ``ip`` (count, last IP, its size, class, indirect, displacement,
-    special, mapping begin, mapping end) or None if ``ip`` does not decode.
+    special, mapping begin, mapping end, whether its first instruction is
+    VMLAUNCH/VMRESUME -- for SKD022) or None if ``ip`` does not decode.
 
     A run goes on over plain OTHER instructions inside the mapping of its
     first one and ends with the first instruction that is not plain
@@ -116,6 +118,7 @@ def _run_filler(image):
             d = cache.decode(ip, name)
         except FetchError:
             return None
+        vmentry = int(d.x86.kind in _VMENTRY)
         m = image.find(ip)
         lo, hi = m.begin, m.end
         if hi > MASK64:
@@ -139,7 +142,7 @@ def _run_filler(image):
                 break
             cur = nip
         return (n, cur, x.size, c, int(bool(x.is_indirect)), x.rel,
-                int(special), lo, hi)
+                int(special), lo, hi, vmentry)
     return fill
 
 
@@ -168,6 +171,8 @@ def _flags(cfg: FlowConfig, block: bool) -> tuple[int, int]:
         f |= _F_END_ON_JUMP
     if cfg.errata.bdm70:
         f |= _F_BDM70
+    if cfg.errata.skd022:
+        f |= _F_SKD022
     p = (_PT_FLAG_SKD007 if cfg.errata.skd007 else 0) | \
         (_PT_FLAG_SKZ84 if cfg.errata.skz84 else 0)
     return f, p
