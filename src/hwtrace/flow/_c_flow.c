@@ -9,9 +9,11 @@
  * It follows hwtrace.flow.query / insn / block / session (the Python twin)
  * step by step for the packets of ordinary traces -- PSB+ (PAD, FUP,
  * MODE.exec, TSC, TMA, MTC, CYC, CBR, MNT), TNT-8/64, TIP, TIP.PGE,
- * TIP.PGD, MODE.exec, TSC, TMA, MTC, CYC, CBR, MNT, PAD -- and the events
- * they make (enabled, disabled, exec_mode, cbr, mnt, with and without
- * status update).  Timing packets change no flow without tick events, but
+ * TIP.PGD, MODE.exec, TSC, TMA, MTC, CYC, CBR, MNT, PAD, FUP + TIP and
+ * FUP + TIP.PGD -- and the events they make (enabled, disabled, exec_mode,
+ * cbr, mnt, async_branch, async_disabled, with and without status update;
+ * an event bound to an IP ahead of the flow waits until the flow reaches
+ * it, as in the twin).  Timing packets change no flow without tick events, but
  * the twin's time tracker can fail on them (a CTC going backwards, a TMA
  * without TSC, ...), so the core keeps the same time state and bails out
  * where the twin would report that error.  Anything else, every decode error and

@@ -28,9 +28,12 @@ byte adds up the counts of the edges mapped there, saturating at 255.
 Python decoders for the packets of ordinary traces (PSB+, TNT, TIP,
 TIP.PGE/PGD, MODE.exec, PAD, MNT and the timing packets TSC, CBR, MTC,
 TMA, CYC -- whose only flow effect without tick events is an error, so the
-core keeps the twin's time state to find those) and bails out on anything
-else (errors, OVF, FUP outside PSB+, PIP, TSX, STOP, power packets, event
-trace, tick/iflags events, address filters); the Python
+core keeps the twin's time state to find those), FUP + TIP / FUP +
+TIP.PGD (asynchronous branches and disables, bound where the flow reaches
+the FUP's IP; likewise a PSB+ exec mode ahead of the flow) and bails out on
+anything else (errors, OVF, MODE.EXEC + FUP, PIP, VMCS, TSX, STOP, power
+packets, event trace, tick/iflags events, address filters, an event IP in
+the middle of a cached run); the Python
 decoder then decodes that trace, so results never depend on which one
 ran.  ``impl="python"`` forces the twin, ``impl="compiled"`` requires the
 core (None from :func:`compiled_count` if it bails).  :data:`CORE` is the
