@@ -403,3 +403,24 @@ def test_hardware_captures_identical(tmp_path):
         assert e.compiled and (e.counts, e.insns) == (pe.counts, pe.insns)
         seen += 1
     assert seen >= 2
+
+
+def test_hardware_mutations_identical(tmp_path):
+    """Seeded mutations of the real captures (their FUP+TIP.PGD, MTC/CYC
+    sequences broken up): both paths agree, and both are exercised."""
+    _core()
+    rng = random.Random(88)
+    kinds = set()
+    for name, data, image, cfg in _hardware_cases(tmp_path):
+        for _ in range(40):
+            m = _mutate(data, rng)
+            for decoder in ("block", "insn"):
+                c = fast.count(m, image, cfg, decoder)
+                p = fast.count(m, image, cfg, decoder, impl="python")
+                assert (c.insns, c.blocks, c.errors) == \
+                    (p.insns, p.blocks, p.errors), (name, decoder)
+                kinds.add(c.compiled)
+            e = fast.edges(m, image, cfg)
+            pe = fast.edges(m, image, cfg, impl="python")
+            assert (e.counts, e.insns) == (pe.counts, pe.insns), name
+    assert kinds == {True, False}
