@@ -16,17 +16,10 @@ exactly; otherwise the Python instruction decoder does (same result).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from hwtrace.cli import CliError
-
-
-class _ImageArg(argparse.Action):
-    def __call__(self, parser, ns, values, option_string=None):
-        items = list(getattr(ns, "images", None) or [])
-        items.append((option_string.lstrip("-"), values))
-        ns.images = items
+from hwtrace.cli.decode import _ImageArg, _image as _load_images
 
 
 def register(sub) -> None:
@@ -78,16 +71,9 @@ def _config(cpu_arg, timing=None):
 
 
 def _image(images):
-    from hwtrace.flow.image import Image, ImageError
-    from hwtrace.flow.loaders import load_elf, load_raw
-
-    image = Image()
-    for kind, arg in images:
-        try:
-            (load_raw if kind == "raw" else load_elf)(image, arg)
-        except ImageError as e:
-            raise CliError(f"--{kind}: failed to load '{arg}': {e}") from None
-    return image
+    """The --raw/--elf images, loaded as ``hwtrace decode`` loads them."""
+    from types import SimpleNamespace
+    return _load_images(SimpleNamespace(images=images))
 
 
 def _read(path: str) -> bytes:
