@@ -184,3 +184,22 @@ def select(name: str, abi: int, environ=None) -> Status:
         return Status(name, None, _built(name), extensions_required(environ),
                       True, f"disabled by {NO_EXTENSIONS}=1")
     return probe(name, abi, environ)
+
+
+def core_for(impl: str | None, default, name: str, abi: int, what: str):
+    """The core a caller asked for: ``impl`` None -> ``default`` (the
+    selector's choice), ``"python"`` -> None (the twin), ``"compiled"`` ->
+    the extension module even with ``HWTRACE_NO_EXTENSIONS=1``
+    (RuntimeError naming ``what`` if it is unusable)."""
+    if impl is None:
+        return default
+    if impl == "python":
+        return None
+    if impl == "compiled":
+        if default is not None:
+            return default
+        st = probe(name, abi)
+        if st.module is None:
+            raise RuntimeError(f"compiled {what} unavailable: {st.reason}")
+        return st.module
+    raise ValueError(f"impl must be None, 'python' or 'compiled': {impl!r}")

@@ -92,16 +92,7 @@ class Edges(NamedTuple):
 
 
 def _core(impl):
-    if impl == "python":
-        return None
-    if impl == "compiled":
-        if CORE is not None:
-            return CORE
-        st = _ext.probe(NAME, ABI)
-        if st.module is None:
-            raise RuntimeError(f"compiled flow core unavailable: {st.reason}")
-        return st.module
-    return CORE
+    return _ext.core_for(impl, CORE, NAME, ABI, "flow core")
 
 
 def _run_filler(image):

@@ -27,19 +27,7 @@ def core_for(impl: str | None):
     """The core for ``impl``: None -> the default (:data:`CORE`),
     ``"python"`` -> None, ``"compiled"`` -> the extension module (even with
     ``HWTRACE_NO_EXTENSIONS=1``; RuntimeError if it is unusable)."""
-    if impl is None:
-        return CORE
-    if impl == "python":
-        return None
-    if impl == "compiled":
-        if CORE is not None:
-            return CORE
-        st = _ext.probe(NAME, ABI)
-        if st.module is None:
-            raise RuntimeError(f"compiled packet scanner unavailable: "
-                               f"{st.reason}")
-        return st.module
-    raise ValueError(f"impl must be None, 'python' or 'compiled': {impl!r}")
+    return _ext.core_for(impl, CORE, NAME, ABI, "packet scanner")
 
 
 def flags(core, errata, disabled) -> int:
