@@ -90,6 +90,10 @@ def register(sub) -> None:
     p.add_argument("--event:tick", dest="event_tick", action="store_true")
     p.add_argument("--event:time", dest="event_time", action="store_true")
     p.add_argument("--resync-on-error", dest="resync", action="store_true")
+    p.add_argument("--error-offsets", choices=("2.3", "2.0"), default="2.3",
+                   help="report errors at the trace offset libipt 2.3 gives "
+                        "(default) or libipt 2.0 gives (to compare with "
+                        "Debian's libipt 2.0.5)")
     for n in range(4):
         for which in ("cfg", "a", "b"):
             p.add_argument(f"--filter:addr{n}_{which}",
@@ -164,6 +168,7 @@ def _config(args, out):
     block = args.decoder != "insn"
     cfg.keep_tcal_on_ovf = args.keep_tcal_block if block else args.keep_tcal
     cfg.end_on_call = args.end_on_call
+    cfg.error_offsets = args.error_offsets
     cfg.end_on_jump = args.end_on_jump
     return cfg
 
@@ -276,7 +281,7 @@ def _argv_of(args) -> list[str]:
         argv += [f"--{kind}", arg]
     if args.cpu:
         argv += ["--cpu", args.cpu]
-    argv += ["--format", args.format]
+    argv += ["--format", args.format, "--error-offsets", args.error_offsets]
     flags = {"no_inst": "--no-inst", "check": "--check", "quiet": "--quiet",
              "offset": "--offset", "stat": "--stat",
              "stat_insn": "--stat:insn", "stat_blocks": "--stat:blocks",

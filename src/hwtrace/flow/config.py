@@ -73,6 +73,10 @@ class FlowConfig:
     enable_tick_events: bool = False
     enable_iflags_events: bool = False
     keep_tcal_on_ovf: bool = False
+    # the trace offset an error is reported at: "2.3" where libipt 2.3's
+    # event decoder stands (one event fetched ahead, as the corpus expects),
+    # "2.0" where libipt 2.0's query decoder stands (Debian's libipt 2.0.5)
+    error_offsets: str = "2.3"
     # block decoder
     end_on_call: bool = False
     end_on_jump: bool = False

@@ -135,8 +135,12 @@ class InsnDecoder:
 
     def error_offset(self) -> int:
         """The trace offset libipt 2.3 reports now: where its event decoder
-        stands with the event it holds (fetched ahead), see :mod:`.evtpos`."""
+        stands with the event it holds (fetched ahead), see :mod:`.evtpos`;
+        with ``config.error_offsets == "2.0"``, where libipt 2.0's query
+        decoder stands."""
         q = self.query
+        if self.config.error_offsets == "2.0":
+            return q.offset
         if self.process_event:
             if self.ev_at is None:
                 return q.offset
