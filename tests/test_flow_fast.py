@@ -94,8 +94,10 @@ def test_corpus_quiet_stat_identical(monkeypatch):
 
 def _record(tmp: Path, argv: list[str]) -> Path:
     out = tmp / "bundle"
-    r = run_hwtrace("record", "--copy-images", "-o", out, "--", *argv,
-                    timeout=300)
+    # thread mode: the whole run in one stream (in cpu mode the run is split
+    # between CPUs as the host schedules QEMU, so a stream holds a varying part)
+    r = run_hwtrace("record", "--mode", "thread", "--copy-images", "-o", out,
+                    "--", *argv, timeout=300)
     if r.returncode != 0:
         _need("emulated engine", r.stderr.strip()[-300:])
     return out
