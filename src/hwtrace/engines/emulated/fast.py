@@ -10,15 +10,14 @@ input (the tests compare the two).  ``HWTRACE_NO_EXTENSIONS=1`` disables it.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
 from . import execlog as xl
+from .buildcache import BuildError, build
 from .ptgen import TraceConfig
 
 SOURCE = Path(__file__).with_name("ptgen_fast.c")
@@ -37,27 +36,10 @@ def binary_path() -> Path:
 
 
 def _binary_path() -> Path:
-    src = SOURCE.read_bytes()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    out = Path(base) / "hwtrace" / f"ptgen_fast-{hashlib.sha256(src).hexdigest()[:16]}"
-    if out.exists():
-        return out
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        raise FastUnavailable("no gcc")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ptgen_fast-", dir=out.parent)
-    os.close(fd)
     try:
-        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp, str(SOURCE)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise FastUnavailable((r.stderr.strip().splitlines() or ["gcc failed"])[-1])
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+        return build("ptgen_fast", [SOURCE], ["-O2", "-Wall", str(SOURCE)])
+    except BuildError as e:
+        raise FastUnavailable(str(e)) from None
 
 
 def eligible(trace, cfg: TraceConfig) -> bool:

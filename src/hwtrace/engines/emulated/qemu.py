@@ -15,16 +15,16 @@ process does it once QEMU has ended, before ``wait`` returns.
 from __future__ import annotations
 
 import glob
-import hashlib
 import mmap
 import os
 import struct
 import shutil
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .buildcache import BuildError, build, cache_dir
 
 PLUGIN_SOURCE = Path(__file__).with_name("qemu_plugin.c")
 QEMU = "qemu-x86_64"
@@ -32,11 +32,6 @@ QEMU = "qemu-x86_64"
 
 class QemuError(RuntimeError):
     """The QEMU engine cannot run here (one line, for the user)."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hwtrace"
 
 
 def plugin_path() -> Path:
@@ -51,29 +46,15 @@ def plugin_path() -> Path:
 
 
 def _plugin_path() -> Path:
-    src = PLUGIN_SOURCE.read_bytes()
-    digest = hashlib.sha256(src).hexdigest()[:16]
-    out = cache_dir() / f"qemu_plugin-{digest}.so"
-    if out.exists():
-        return out
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        raise QemuError("the QEMU engine needs gcc to build its plugin (apt-get install gcc)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".qemu_plugin-", suffix=".so", dir=out.parent)
-    os.close(fd)
     try:
-        r = subprocess.run([gcc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
-                            "-Wall", "-o", tmp, str(PLUGIN_SOURCE), "-lpthread"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            last = (r.stderr.strip().splitlines() or ["gcc failed"])[-1]
-            raise QemuError(f"building the QEMU plugin failed: {last}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+        return build("qemu_plugin", [PLUGIN_SOURCE],
+                     ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall",
+                      str(PLUGIN_SOURCE), "-lpthread"], suffix=".so")
+    except BuildError as e:
+        if e.missing_gcc:
+            raise QemuError("the QEMU engine needs gcc to build its plugin "
+                            "(apt-get install gcc)") from None
+        raise QemuError(f"building the QEMU plugin failed: {e}") from None
 
 
 def qemu_binary() -> str:

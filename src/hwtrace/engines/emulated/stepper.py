@@ -43,16 +43,15 @@ API::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
+
+from .buildcache import BuildError, build, cache_dir
 
 _HERE = Path(__file__).resolve().parent
 #: The stepper's C sources (compiled together) and headers (hashed too).
@@ -63,11 +62,6 @@ STEPPER_ERROR_STATUS = 125
 
 class StepperError(RuntimeError):
     """The stepper cannot run or trace this (one line, for the user)."""
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hwtrace"
 
 
 def stepper_path() -> Path:
@@ -83,30 +77,13 @@ def stepper_path() -> Path:
 
 
 def _stepper_path() -> Path:
-    h = hashlib.sha256()
-    for src in SOURCES:
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
-    out = cache_dir() / f"stepper-{h.hexdigest()[:16]}"
-    if out.exists():
-        return out
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        raise StepperError("the ptrace engine needs gcc to build its stepper (apt-get install gcc)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".stepper-", dir=out.parent)
-    os.close(fd)
     try:
-        r = subprocess.run([gcc, "-O2", "-Wall", "-o", tmp, *map(str, C_SOURCES)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            last = (r.stderr.strip().splitlines() or ["gcc failed"])[-1]
-            raise StepperError(f"building the ptrace stepper failed: {last}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+        return build("stepper", SOURCES, ["-O2", "-Wall", *map(str, C_SOURCES)])
+    except BuildError as e:
+        if e.missing_gcc:
+            raise StepperError("the ptrace engine needs gcc to build its stepper "
+                               "(apt-get install gcc)") from None
+        raise StepperError(f"building the ptrace stepper failed: {e}") from None
 
 
 Address = int | str
