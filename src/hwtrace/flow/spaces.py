@@ -128,6 +128,20 @@ def _build_image(space: AddressSpace, sections: dict) -> Image:
     return image
 
 
+def _at(lst, time):
+    """The last of ``lst`` (spaces in time order) begun at or before
+    ``time`` (None: the latest; before them all: the first)."""
+    if not lst:
+        return None
+    if time is None:
+        return lst[-1]
+    best = lst[0]
+    for s in lst:
+        if s.time <= time:
+            best = s
+    return best
+
+
 class AddressSpaces:
     """All address spaces of a sideband, located through ``resolve``.
 
@@ -248,27 +262,11 @@ class AddressSpaces:
     def of_pid(self, pid: int, time: int | None = None) -> AddressSpace | None:
         """The space of ``pid`` at ``time`` (None: its latest)."""
         lst = self._by_pid.get(pid)
-        if not lst:
-            return None
-        if time is None:
-            return lst[-1]
-        best = lst[0]
-        for s in lst:
-            if s.time <= time:
-                best = s
-        return best
+        return _at(lst, time)
 
     def of_cr3(self, cr3: int, time: int | None = None) -> AddressSpace | None:
         lst = self._by_cr3.get(cr3 & _CR3_MASK)
-        if not lst:
-            return None
-        if time is None:
-            return lst[-1]
-        best = lst[0]
-        for s in lst:
-            if s.time <= time:
-                best = s
-        return best
+        return _at(lst, time)
 
     def union(self) -> AddressSpace:
         """Every mapping of every space in one (what a decoder without
