@@ -1171,12 +1171,19 @@ static uint64_t next_ip_after(const struct run *r)
  * event / end (insn mode: then "blocks" are not counted by the caller). */
 static void one_block(struct dec *d)
 {
-    uint64_t lo = 0, hi = 0;
+    uint64_t lo = 0, hi = 0, n = 0;
     int have_bounds = 0;
     d->blocks++;
     for (;;) {
         uint32_t ri = next_run(d);          /* may move d->runs */
         struct run *r = &d->runs[ri];
+        /* Every query ends this loop, so n counts instructions without
+         * trace.  Past libipt's block limit (a uint16_t count) the Python
+         * decoders split the block and watch for a loop that never reads
+         * trace again (``jmp $``): theirs to do, not this core's. */
+        n += r->ninsn;
+        if (n > 0xFFFF)
+            BAIL(d, "long stretch without trace");
         if (!have_bounds) {
             lo = r->lo;
             hi = r->hi;

@@ -37,6 +37,12 @@ _CONTINUES = frozenset((int(IClass.OTHER),))
 _CALL = int(IClass.CALL)
 _JUMP = int(IClass.JUMP)
 
+# libipt's struct pt_block counts instructions in a uint16_t: a block that
+# reaches this many ends there (and the next block goes on), so a decode
+# through straight-line code or a loop without trace (``jmp $``) still
+# returns from every next().
+MAX_BLOCK_INSNS = 0xFFFF
+
 
 class Block(NamedTuple):
     """libipt's struct pt_block (with the instructions themselves)."""
@@ -161,14 +167,25 @@ class BlockDecoder:
         tables = dec.cache.tables
         insns = []
         lo = hi = 0
+        status = 0
         while True:
+            room = MAX_BLOCK_INSNS - len(insns)
+            if room <= 0:
+                return status, _block(insns)
             if dec.enabled and not (dec.process_event or dec.resyncing or
                                     dec.status & (EVENT_PENDING | EOS)):
                 run = self._run(dec)
                 if run is not None:
                     # What dec.next() would return one by one (its fast
                     # path: status 0), all in this block's mapping.
+                    status = 0
                     seq = run[1] if dec.speculative else run[0]
+                    if len(seq) > room:
+                        seq = seq[:room]
+                        insns.extend(seq)
+                        dec.icount += room
+                        dec.ip = run[0][room].ip
+                        return 0, _block(insns)
                     insns.extend(seq)
                     dec.icount += len(seq)
                     dec.ip = run[2]

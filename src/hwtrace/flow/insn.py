@@ -53,6 +53,10 @@ _COND = int(IClass.COND_JUMP)
 _UNKNOWN = int(IClass.UNKNOWN)
 _SLOW = EVENT_PENDING | DEFERRED
 
+# Instructions without a query after which direct branches are watched for
+# a loop that can never consume trace again (see _watch_loop).
+LOOP_WATCH = 1 << 16
+
 # Events whose IP comes from the trace: TRIG's instruction count restarts.
 _IP_REFERENCE = frozenset(("enabled", "async_branch", "overflow", "tsx",
                            "exstop", "mwait", "iflags", "trig",
@@ -112,6 +116,7 @@ class InsnDecoder:
         self.injected = None
         # Instructions since the last IP the trace gave (TRIG's icnt).
         self.icount = 0
+        self.loop_mark = None       # see _watch_loop
         self.retstack.clear()
         self.cr3 = None
         self.vmcs = None
@@ -174,6 +179,7 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
+        self.loop_mark = None
         if self.status & DEFERRED:
             self.resyncing = True
         self.ev_at = self.query.event_at
@@ -211,6 +217,7 @@ class InsnDecoder:
     # -- queries on behalf of instructions ---------------------------------------
     def _cond_branch(self) -> int:
         self.icount = 0
+        self.loop_mark = None
         r = self.query.cond_branch()
         if r.__class__ is PtError:
             raise _Err(r.code)
@@ -224,6 +231,7 @@ class InsnDecoder:
 
     def _indirect_branch(self, evip: int) -> int:
         self.icount = 0
+        self.loop_mark = None
         r = self.query.indirect_branch()
         if r.__class__ is PtError:
             raise _Err(r.code)
@@ -269,6 +277,7 @@ class InsnDecoder:
             r = self.query.cond_branch()
             if r.__class__ is not PtError:
                 self.icount = 0
+                self.loop_mark = None
                 status, taken = r
                 if self.config.enable_tick_events:
                     self._tick(self.ip)
@@ -286,8 +295,31 @@ class InsnDecoder:
             raise _Err(E.BAD_INSN)
         if not x.is_indirect:
             self.ip = (self.ip + x.rel) & MASK64
+            if self.icount > LOOP_WATCH:
+                self._watch_loop(insn)
         else:
             self.ip = self._indirect_branch(insn.ip)
+
+    def _watch_loop(self, insn: FlowInsn) -> None:
+        """A direct branch long after the last query: is the decoder in a
+        loop it can never leave (``jmp $``, or any cycle of plain
+        instructions and direct branches)?
+
+        Without queries the walk is a function of (IP, mode) alone: a
+        pending event that binds would be fetched or processed, which
+        clears the mark.  So reaching a marked branch again with no query
+        in between proves the decode would run forever without reading
+        another byte of trace -- libipt's decoders do exactly that.  This
+        reports it instead (``TRACELESS_LOOP``), so the session stops or
+        resynchronizes at the next PSB.  The mark moves to the current
+        branch each time the count doubles (Brent's cycle finding), so a
+        loop of any length is found within a few times its length."""
+        n = self.icount
+        mark = self.loop_mark
+        if mark is None or n >= mark[3]:
+            self.loop_mark = (insn.ip, insn.mode, n, 2 * n)
+        elif mark[0] == insn.ip and mark[1] == insn.mode:
+            raise _Err(E.TRACELESS_LOOP)
 
     def _at_skl014(self, ev, insn: FlowInsn, x) -> bool:
         if not ev.ip_suppressed:
@@ -527,6 +559,7 @@ class InsnDecoder:
             return self._status(EVENT_PENDING), inj
         if not self.process_event:
             return self._error(E.BAD_QUERY)
+        self.loop_mark = None
         ev = self.ev
         t = ev.type
         try:

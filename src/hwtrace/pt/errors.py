@@ -41,6 +41,10 @@ EVENT_IGNORED = "event ignored"
 OVERFLOW = "overflow"
 BAD_FILE = "bad file"
 BAD_CPU = "unknown cpu"
+# hwtrace's own: the decode reached a loop of instructions that need no
+# trace (e.g. ``jmp $``) and would run forever without reading more trace
+# (libipt's decoders loop there).
+TRACELESS_LOOP = "endless loop without trace"
 
 
 class PtError(NamedTuple):
