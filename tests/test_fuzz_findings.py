@@ -1,8 +1,6 @@
-"""Fuzzing findings in modules still being written by others (issue 9):
-each is a minimal reproducer, marked strict-xfail so that the fix turns it
-into a failure that asks for the marker to go (the owner then keeps it as
-their regression test).  Findings in modules we may fix are regression
-tests next to their fix (test_hostile_bundles.py).
+"""Fuzzing findings, each a named regression test with a minimal
+reproducer (issue 9).  Findings fixed in the bundle reader are next to
+their fix (test_hostile_bundles.py).
 """
 
 from __future__ import annotations
