@@ -195,7 +195,10 @@ def _image(args, image=None):
     return image
 
 
-def _trace(arg: str) -> bytes:
+def _trace(arg: str):
+    """The --pt trace, mapped rather than read (a read-only mmap or a
+    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap."""
+    from hwtrace.cli._tracemap import map_trace
     from hwtrace.flow.image import ImageError
     from hwtrace.flow.loaders import split_range
 
@@ -204,11 +207,12 @@ def _trace(arg: str) -> bytes:
     except ImageError as e:
         raise CliError(f"--pt: {e}") from None
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read() if size is None else f.read(size)
+        data = map_trace(path, offset, size)
     except OSError as e:
-        raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
+        raise CliError(f"--pt: cannot read {path}: "
+                       f"{e.strerror or e}") from None
+    except ValueError as e:     # an offset past what mmap can address
+        raise CliError(f"--pt: bad range in {arg}: {e}") from None
     if size is not None and len(data) < size:
         raise CliError(f"--pt: bad range in {arg}")
     return data

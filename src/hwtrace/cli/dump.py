@@ -67,7 +67,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _load(spec: str) -> bytes:
+def _load(spec: str):
+    """The trace FILE[:FROM[-TO]], mapped rather than read (see
+    hwtrace.cli._tracemap): offsets in the output count from FROM."""
+    from hwtrace.cli._tracemap import map_trace
+
     path, lo, hi = spec, 0, None
     if not os.path.exists(spec) and ":" in spec:
         head, _, rng = spec.rpartition(":")
@@ -83,14 +87,16 @@ def _load(spec: str) -> bytes:
         except ValueError:
             path, lo, hi = spec, 0, None
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = map_trace(path)
+        if lo or hi is not None:
+            n = len(data)
+            if lo >= n or (hi is not None and hi > n):
+                raise CliError(f"bad offset or range {spec}")
+            if data.__class__ is bytes:         # a pipe: read already
+                return data[lo:hi]
+            data = map_trace(path, lo, (n if hi is None else hi) - lo)
     except OSError as e:
         raise CliError(f"cannot read {path}: {e.strerror or e}") from None
-    if lo or hi is not None:
-        if lo >= len(data) or (hi is not None and hi > len(data)):
-            raise CliError(f"bad offset or range {spec}")
-        data = data[lo:hi]
     return data
 
 

@@ -6,17 +6,25 @@
  * The boundary is narrow and stateless:
  *
  *   decode(buf, pos, flags)          -> packet record or PtError at pos
- *   PacketIter(dec, buf, pos, sync, flags)
+ *   PacketIter(dec, buf, pos, sync, flags[, release])
  *                                    the packets() loop: records and
  *                                    PtErrors, resync at the next PSB;
- *                                    stores dec._pos/_sync like the twin
- *   count(buf, pos, sync, flags)     -> (packets, errors, pos, sync): the
- *                                    same loop without creating objects
+ *                                    stores dec._pos/_sync like the twin;
+ *                                    calls release(pos) -> next offset to
+ *                                    call it at, once the position reaches
+ *                                    that offset (the first call at pos 0)
+ *   count(buf, pos, sync, flags[, limit])
+ *                                    -> (packets, errors, pos, sync): the
+ *                                    same loop without creating objects,
+ *                                    stopping at the first packet boundary
+ *                                    at or past ``limit`` (default: the end)
  *   find_psb_forward(buf, start)     -> offset or -1
  *
- * ``buf`` is a bytes object, ``pos`` < len(buf) for decode().  ``flags``
- * are the FLAG_* constants (errata and libipt-2.0 switches).  Records are
- * the NamedTuple classes of hwtrace.pt.packets, built like tuple.__new__.
+ * ``buf`` is any object with the buffer protocol (bytes, a read-only mmap,
+ * a memoryview: never copied; PacketIter holds the buffer until it is
+ * exhausted or freed), ``pos`` < len(buf) for decode().  ``flags`` are the
+ * FLAG_* constants (errata and libipt-2.0 switches).  Records are the
+ * NamedTuple classes of hwtrace.pt.packets, built like tuple.__new__.
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -27,7 +35,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 1
+#define ABI 2
 
 #include "_pt_packets.h"
 
@@ -91,14 +99,17 @@ static PyObject *make_error(int r, Py_ssize_t offset)
     return t;
 }
 
-static int get_bytes(PyObject *o, const uint8_t **b, Py_ssize_t *n)
+/* The bytes of ``o`` (any C-contiguous buffer, read in place): fills
+ * ``view`` (release it with PyBuffer_Release, also after a failure). */
+static int get_buffer(PyObject *o, Py_buffer *view, const uint8_t **b,
+                      Py_ssize_t *n)
 {
-    if (!PyBytes_Check(o)) {
-        PyErr_SetString(PyExc_TypeError, "expected bytes");
+    if (PyObject_GetBuffer(o, view, PyBUF_SIMPLE) < 0) {
+        view->obj = NULL;
         return -1;
     }
-    *b = (const uint8_t *)PyBytes_AS_STRING(o);
-    *n = PyBytes_GET_SIZE(o);
+    *b = (const uint8_t *)view->buf;
+    *n = view->len;
     return 0;
 }
 
@@ -115,17 +126,29 @@ static PyObject *py_decode(PyObject *self, PyObject *const *args,
     const uint8_t *b;
     Py_ssize_t e, p, flags;
     struct pt_pkt k;
+    Py_buffer view;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "decode(buf, pos, flags)");
         return NULL;
     }
-    if (get_bytes(args[0], &b, &e) || get_ssize(args[1], &p)
-            || get_ssize(args[2], &flags))
+    if (get_ssize(args[1], &p) || get_ssize(args[2], &flags))
         return NULL;
+    if (PyBytes_CheckExact(args[0])) {      /* no buffer export needed */
+        b = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+        e = PyBytes_GET_SIZE(args[0]);
+        view.obj = NULL;
+    } else if (get_buffer(args[0], &view, &b, &e))
+        return NULL;
+    PyObject *res;
     if (p < 0 || p >= e)
-        return make_error(PT_EOS, p);
-    int r = pt_decode_at(b, p, e, (unsigned)flags, &k);
-    return r > 0 ? make_record(&k, p) : make_error(r, p);
+        res = make_error(PT_EOS, p);
+    else {
+        int r = pt_decode_at(b, p, e, (unsigned)flags, &k);
+        res = r > 0 ? make_record(&k, p) : make_error(r, p);
+    }
+    if (view.obj)
+        PyBuffer_Release(&view);
+    return res;
 }
 
 /* count(buf, pos, sync, flags) -> (packets, errors, pos, sync) */
@@ -133,18 +156,26 @@ static PyObject *py_count(PyObject *self, PyObject *const *args,
                           Py_ssize_t nargs)
 {
     const uint8_t *b;
-    Py_ssize_t e, pos, sync, flags, npk = 0, nerr = 0;
+    Py_ssize_t e, pos, sync, flags, limit = PY_SSIZE_T_MAX;
+    Py_ssize_t npk = 0, nerr = 0;
     struct pt_pkt k;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "count(buf, pos, sync, flags)");
+    Py_buffer view;
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "count(buf, pos, sync, flags[, limit])");
         return NULL;
     }
-    if (get_bytes(args[0], &b, &e) || get_ssize(args[1], &pos)
-            || get_ssize(args[2], &sync) || get_ssize(args[3], &flags))
+    if (get_ssize(args[1], &pos) || get_ssize(args[2], &sync)
+            || get_ssize(args[3], &flags)
+            || (nargs == 5 && get_ssize(args[4], &limit)))
         return NULL;
+    if (get_buffer(args[0], &view, &b, &e))
+        return NULL;
+    if (limit > e)
+        limit = e;
     unsigned fl = (unsigned)flags;
     Py_BEGIN_ALLOW_THREADS
-    while (pos < e) {
+    while (pos < limit) {
         int r = pt_decode_at(b, pos, e, fl, &k);
         if (r > 0) {
             pos += r;
@@ -160,6 +191,7 @@ static PyObject *py_count(PyObject *self, PyObject *const *args,
         pos = sync = found;
     }
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
     return Py_BuildValue("(nnnn)", npk, nerr, pos, sync);
 }
 
@@ -167,16 +199,19 @@ static PyObject *py_find_psb_forward(PyObject *self, PyObject *const *args,
                                      Py_ssize_t nargs)
 {
     const uint8_t *b;
-    Py_ssize_t e, start;
+    Py_ssize_t e, start, found;
+    Py_buffer view;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "find_psb_forward(buf, start)");
         return NULL;
     }
-    if (get_bytes(args[0], &b, &e) || get_ssize(args[1], &start))
+    if (get_ssize(args[1], &start) || get_buffer(args[0], &view, &b, &e))
         return NULL;
     if (start < 0)
         start = 0;
-    return PyLong_FromSsize_t(pt_find_psb(b, e, start));
+    found = pt_find_psb(b, e, start);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(found);
 }
 
 /* ---- PacketIter: the packets() loop ------------------------------------- */
@@ -184,7 +219,9 @@ static PyObject *py_find_psb_forward(PyObject *self, PyObject *const *args,
 typedef struct {
     PyObject_HEAD
     PyObject *dec;      /* the PacketDecoder whose _pos/_sync we keep */
-    PyObject *buf;
+    Py_buffer view;     /* the trace, held while iterating (obj: NULL after) */
+    PyObject *release;  /* release(pos) -> next release offset, or NULL */
+    Py_ssize_t release_at;
     Py_ssize_t pos, sync;
     unsigned flags;
     int done;           /* exhausted: position stored */
@@ -218,21 +255,46 @@ static int store_position(PacketIter *it, int with_sync)
     return rc;
 }
 
+/* Give the buffer back (its owner, e.g. an mmap, can then be closed). */
+static void iter_drop_buffer(PacketIter *it)
+{
+    if (it->view.obj)
+        PyBuffer_Release(&it->view);
+    it->view.obj = NULL;
+    Py_CLEAR(it->release);
+}
+
 static PyObject *iter_finish(PacketIter *it)
 {
     if (!it->done) {
         it->done = 1;
         store_position(it, 1);
     }
+    iter_drop_buffer(it);
     return NULL;
+}
+
+/* Call release(pos) once pos reaches release_at; it returns the next. */
+static int iter_release(PacketIter *it)
+{
+    PyObject *pos = PyLong_FromSsize_t(it->pos), *r;
+    if (!pos)
+        return -1;
+    r = PyObject_CallOneArg(it->release, pos);
+    Py_DECREF(pos);
+    if (!r)
+        return -1;
+    it->release_at = PyLong_AsSsize_t(r);
+    Py_DECREF(r);
+    return (it->release_at == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 static PyObject *iter_next(PacketIter *it)
 {
     if (it->done)
         return NULL;
-    const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(it->buf);
-    Py_ssize_t e = PyBytes_GET_SIZE(it->buf), p;
+    const uint8_t *b = (const uint8_t *)it->view.buf;
+    Py_ssize_t e = it->view.len, p;
     struct pt_pkt k;
     if (it->resync) {
         /* after an error: the twin's sync_forward() on resuming */
@@ -240,6 +302,7 @@ static PyObject *iter_next(PacketIter *it)
         Py_ssize_t found = pt_find_psb(b, e, pt_resync_start(it->pos, it->sync));
         if (found < 0) {
             it->done = 1;       /* offset stays at the error */
+            iter_drop_buffer(it);
             return NULL;
         }
         it->pos = it->sync = found;
@@ -249,6 +312,8 @@ static PyObject *iter_next(PacketIter *it)
     p = it->pos;
     if (p >= e)
         return iter_finish(it);
+    if (it->release && p >= it->release_at && iter_release(it) < 0)
+        return NULL;
     int r = pt_decode_at(b, p, e, it->flags, &k);
     if (r > 0) {
         PyObject *rec = make_record(&k, p);
@@ -269,22 +334,32 @@ static PyObject *iter_next(PacketIter *it)
 
 static PyObject *iter_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    PyObject *dec, *buf;
+    PyObject *dec, *buf, *release = Py_None;
     Py_ssize_t pos, sync, flags;
-    if (!PyArg_ParseTuple(args, "OSnnn:PacketIter", &dec, &buf, &pos, &sync,
-                          &flags))
+    if (!PyArg_ParseTuple(args, "OOnnn|O:PacketIter", &dec, &buf, &pos,
+                          &sync, &flags, &release))
         return NULL;
     if (pos < 0) {
         PyErr_SetString(PyExc_ValueError, "negative position");
         return NULL;
     }
+    if (release != Py_None && !PyCallable_Check(release)) {
+        PyErr_SetString(PyExc_TypeError, "release must be callable or None");
+        return NULL;
+    }
     PacketIter *it = (PacketIter *)type->tp_alloc(type, 0);
     if (!it)
         return NULL;
+    if (PyObject_GetBuffer(buf, &it->view, PyBUF_SIMPLE) < 0) {
+        it->view.obj = NULL;
+        it->done = 1;
+        Py_DECREF(it);
+        return NULL;
+    }
     Py_INCREF(dec);
-    Py_INCREF(buf);
     it->dec = dec;
-    it->buf = buf;
+    it->release = release == Py_None ? NULL : Py_NewRef(release);
+    it->release_at = 0;
     it->pos = pos;
     it->sync = sync;
     it->flags = (unsigned)flags;
@@ -302,14 +377,15 @@ static void iter_dealloc(PacketIter *it)
             PyErr_WriteUnraisable((PyObject *)it);
     }
     Py_CLEAR(it->dec);
-    Py_CLEAR(it->buf);
+    iter_drop_buffer(it);
     Py_TYPE(it)->tp_free((PyObject *)it);
 }
 
 static int iter_traverse(PacketIter *it, visitproc visit, void *arg)
 {
     Py_VISIT(it->dec);
-    Py_VISIT(it->buf);
+    Py_VISIT(it->view.obj);
+    Py_VISIT(it->release);
     return 0;
 }
 
@@ -317,7 +393,7 @@ static int iter_clear(PacketIter *it)
 {
     it->done = 1;
     Py_CLEAR(it->dec);
-    Py_CLEAR(it->buf);
+    iter_drop_buffer(it);
     return 0;
 }
 
@@ -326,7 +402,8 @@ static PyTypeObject PacketIterType = {
     .tp_name = "hwtrace.pt._c_packets.PacketIter",
     .tp_basicsize = sizeof(PacketIter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "PacketIter(decoder, buf, pos, sync, flags): packets() loop",
+    .tp_doc = "PacketIter(decoder, buf, pos, sync, flags[, release]): "
+              "packets() loop",
     .tp_new = iter_new,
     .tp_dealloc = (destructor)iter_dealloc,
     .tp_traverse = (traverseproc)iter_traverse,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.pt._c_packets"
-ABI = 1
+ABI = 2
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

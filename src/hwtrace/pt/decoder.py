@@ -1,6 +1,6 @@
 """The Intel PT packet decoder, with libipt's verbs.
 
-    dec = PacketDecoder(data)          # bytes, bytearray or memoryview
+    dec = PacketDecoder(data)          # bytes, an mmap, any buffer
     dec.sync_forward()                 # -> sync offset, or a PtError
     while True:
         pkt = dec.next()               # -> a packet record, or a PtError
@@ -40,6 +40,19 @@ before that search start.
 :meth:`PacketDecoder.count` runs the same loop as :meth:`packets` and
 returns only ``(packets, errors)`` (``hwtrace dump --stat``).
 
+**Buffers, without copies.**  ``data`` is decoded in place: ``bytes`` and
+``mmap.mmap`` objects (e.g. a read-only mapping of a trace file) are used
+as they are, any other buffer (bytearray, memoryview, array) through a
+read-only byte memoryview of it -- the caller must not change it while it
+is being decoded.  :attr:`PacketDecoder.buffer` is that object; the
+query/insn/block decoders above read the same one.  A buffer object (or a
+memoryview's ``.obj``) may offer ``release_before(offset) -> next
+offset``: the decoder calls it when its position first reaches 0 and then
+each time it reaches the offset the last call returned, so that the owner
+of a file mapping can drop the pages the decode has moved past (see
+:class:`hwtrace.cli._tracemap.TraceMap`); the decoder itself does no I/O
+and its results never depend on the hook.
+
 Two implementations: this module is the Python twin; the compiled core
 ``hwtrace.pt._c_packets`` (``_c_packets.c``) decodes the same packets and
 errors at the same offsets and runs by default when it is built (see
@@ -49,6 +62,8 @@ errors at the same offsets and runs by default when it is built (see
 
 from __future__ import annotations
 
+import mmap
+import sys
 from typing import Iterator
 
 from hwtrace.pt import errors as E
@@ -69,6 +84,25 @@ _BAD_PACKET = E.BAD_PACKET
 _EOS = E.EOS
 _from = int.from_bytes
 _tnew = tuple.__new__  # build records without the NamedTuple __new__ frame
+_NEVER = sys.maxsize   # release offset of a buffer without release_before
+
+
+def as_buffer(data):
+    """``data`` as the decoders read it, without copying: bytes and mmap
+    objects as they are, other buffers as a read-only byte memoryview."""
+    if data.__class__ is bytes or isinstance(data, mmap.mmap):
+        return data
+    mv = memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv.toreadonly()
+
+
+def release_hook(buf):
+    """The ``release_before`` of ``buf`` (or of the object a memoryview
+    shows), or None."""
+    owner = buf.obj if buf.__class__ is memoryview else buf
+    return getattr(owner, "release_before", None)
 
 # TNT-8 byte -> (bit_size, payload), for every even opcode byte.
 _TNT8 = [None] * 256
@@ -383,12 +417,15 @@ class PacketDecoder:
     """
 
     __slots__ = ("_buf", "_end", "_pos", "_sync", "_table", "cpu",
-                 "errata", "cpu_error", "_core", "_flags")
+                 "errata", "cpu_error", "_core", "_flags", "_release",
+                 "_release_at")
 
     def __init__(self, data, *, cpu=None, errata: Errata | None = None,
                  disabled=(), impl: str | None = None):
-        self._buf = bytes(data)
+        self._buf = as_buffer(data)
         self._end = len(self._buf)
+        self._release = release_hook(self._buf)
+        self._release_at = _NEVER if self._release is None else 0
         self._pos = None
         self._sync = None
         self.cpu = as_cpu(cpu)
@@ -428,7 +465,9 @@ class PacketDecoder:
         return self._end
 
     @property
-    def buffer(self) -> bytes:
+    def buffer(self):
+        """The trace as decoded: ``data`` itself (bytes, mmap) or a
+        read-only byte memoryview of it -- never a copy."""
         return self._buf
 
     # -- synchronization -----------------------------------------------------
@@ -479,6 +518,8 @@ class PacketDecoder:
             return PtError(E.NOSYNC, 0)
         if pos >= self._end:
             return PtError(E.EOS, pos)
+        if pos >= self._release_at:
+            self._release_at = self._release(pos)
         core = self._core
         if core is not None:
             r = core.decode(self._buf, pos, self._flags)
@@ -537,7 +578,7 @@ class PacketDecoder:
         if core is None:
             return self._packets_py()
         return core.PacketIter(self, self._buf, self._pos, self._sync,
-                               self._flags)
+                               self._flags, self._release)
 
     def count(self, *, no_sync: bool = False) -> tuple[int, int]:
         """``(packets, errors)`` that :meth:`packets` would yield, without
@@ -554,9 +595,25 @@ class PacketDecoder:
                 else:
                     npk += 1
             return npk, nerr
-        npk, nerr, self._pos, self._sync = core.count(
-            self._buf, self._pos, self._sync, self._flags)
-        return npk, nerr
+        release = self._release
+        if release is None:
+            npk, nerr, self._pos, self._sync = core.count(
+                self._buf, self._pos, self._sync, self._flags)
+            return npk, nerr
+        # In windows: count up to the next release offset, release, go on.
+        npk = nerr = 0
+        end = self._end
+        while True:
+            pos = self._pos
+            if pos >= self._release_at:
+                self._release_at = release(pos)
+            limit = max(self._release_at, pos + 1)
+            n, m, self._pos, self._sync = core.count(
+                self._buf, pos, self._sync, self._flags, limit)
+            npk += n
+            nerr += m
+            if self._pos < limit or self._pos >= end:
+                return npk, nerr
 
     def _start(self, no_sync: bool) -> bool:
         if no_sync:
@@ -570,8 +627,12 @@ class PacketDecoder:
         e = self._end
         table = self._table
         pos = self._pos
+        release = self._release
+        at = self._release_at
         try:
             while pos < e:
+                if pos >= at:
+                    at = self._release_at = release(pos)
                 r = table[b[pos]](b, pos, e)
                 if r.__class__ is str:
                     if r is _EOS:
@@ -603,7 +664,10 @@ def find_psb_forward(buf: bytes, start: int) -> int:
     aligned search; a PSB beginning before ``start`` is skipped), or -1."""
     pos = (start + 7) & ~7
     w1, w2 = _PSB_WORDS
-    find = buf.find
+    find = getattr(buf, "find", None)
+    if find is None:
+        def find(pat, at, _buf=buf):
+            return _find_in_view(_buf, pat, at)
     while True:
         # Any aligned pattern word is also a match of find(): jump to the
         # next match and look at it only if it is aligned.
@@ -624,6 +688,22 @@ def find_psb_forward(buf: bytes, start: int) -> int:
         if found >= start:
             return found
         pos = i + 8
+
+
+_FIND_CHUNK = 1 << 20
+
+
+def _find_in_view(buf, pat: bytes, pos: int) -> int:
+    """``bytes.find`` for a memoryview: searched in copies of 1 MiB
+    windows (overlapping by len(pat) - 1 bytes), never of the whole."""
+    end = len(buf)
+    over = len(pat) - 1
+    while pos < end:
+        i = bytes(buf[pos:pos + _FIND_CHUNK + over]).find(pat)
+        if i >= 0:
+            return pos + i
+        pos += _FIND_CHUNK
+    return -1
 
 
 def _psb_around_word(buf: bytes, pos: int) -> int:
