@@ -66,8 +66,14 @@ def test_decoders_read_the_callers_buffer_in_place(tmp_path):
     data = REAL.read_bytes()
     assert PacketDecoder(data).buffer is data
     ba = bytearray(data)
-    buf = PacketDecoder(ba).buffer
+    assert PacketDecoder(ba).buffer == data         # copied: it may grow
+    buf = PacketDecoder(memoryview(ba)).buffer
     assert isinstance(buf, memoryview) and buf.obj is ba and buf.readonly
+    import array
+    words = array.array("I", [0x82028202] * 4)
+    buf = PacketDecoder(words).buffer
+    assert buf.obj is words and buf.format == "B" and len(buf) == 16
+    assert PacketDecoder(words).sync_forward() == 0
     # a range that starts inside a page: a view of the mapping, offsets
     # counting from the range start
     v = map_trace(p, 100, 1000)

@@ -42,9 +42,10 @@ returns only ``(packets, errors)`` (``hwtrace dump --stat``).
 
 **Buffers, without copies.**  ``data`` is decoded in place: ``bytes`` and
 ``mmap.mmap`` objects (e.g. a read-only mapping of a trace file) are used
-as they are, any other buffer (bytearray, memoryview, array) through a
-read-only byte memoryview of it -- the caller must not change it while it
-is being decoded.  :attr:`PacketDecoder.buffer` is that object; the
+as they are, a memoryview (or another fixed-size buffer such as an array)
+through a read-only byte memoryview of it -- the caller must not change it
+while it is being decoded; a bytearray, which its owner may grow or
+change, is copied once as before.  :attr:`PacketDecoder.buffer` is that object; the
 query/insn/block decoders above read the same one.  A buffer object (or a
 memoryview's ``.obj``) may offer ``release_before(offset) -> next
 offset``: the decoder calls it when its position first reaches 0 and then
@@ -88,11 +89,16 @@ _NEVER = sys.maxsize   # release offset of a buffer without release_before
 
 
 def as_buffer(data):
-    """``data`` as the decoders read it, without copying: bytes and mmap
-    objects as they are, other buffers as a read-only byte memoryview."""
+    """``data`` as the decoders read it: bytes and mmap objects as they
+    are, a bytearray copied (its owner may resize it), other buffers as a
+    read-only byte memoryview (a copy only if not contiguous)."""
     if data.__class__ is bytes or isinstance(data, mmap.mmap):
         return data
+    if isinstance(data, bytearray):
+        return bytes(data)
     mv = memoryview(data)
+    if not mv.c_contiguous:
+        return mv.tobytes()
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv.toreadonly()
