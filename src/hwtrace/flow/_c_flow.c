@@ -32,17 +32,30 @@
  *
  * Edges: for each executed branch instruction (class not OTHER/PTWRITE),
  * (its IP, the IP of the next executed instruction), counted.
+ *
+ *   decode_segment(data, fill, flags, pkt_flags, timing, start, stop_at,
+ *                  tail, head)
+ *       -> (reason|None, insns, blocks, checkpoints, stopped)
+ *
+ * One job of the parallel counts path (hwtrace.flow.fast_parallel): the
+ * decode above, synchronized at the PSB at offset ``start`` (-1: the trace
+ * start, as decode() does), recording checkpoints (see "Checkpoints"
+ * below) at its first ``head`` PSBs and at every PSB at or after
+ * ``stop_at``, and stopping (stopped=True) once ``tail`` of the latter are
+ * recorded (stop_at -1: runs to the end).  A bail returns the checkpoints
+ * recorded before it too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../pt/_pt_packets.h"
 
-#define ABI_VERSION 2
+#define ABI_VERSION 3
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
@@ -144,6 +157,14 @@ struct dec {
     size_t edges_cap, edges_n;
 
     uint64_t insns, blocks;
+
+    /* decode_segment (seg.on == 0 for decode()): checkpoints, see below */
+    struct {
+        int on;
+        ptrdiff_t start, stop_at, arm;  /* arm: PSB awaiting its checkpoint */
+        int head, tail, psbs, past, stopped;
+        PyObject *cps;                  /* list of checkpoint tuples */
+    } seg;
 
     /* timing (hwtrace.pt.timing's Time and TimeCal), kept only to find the
      * timing errors the twin reports; SKL168's check is never armed there
@@ -520,6 +541,8 @@ static int bdm70(struct dec *d, ptrdiff_t pos)
     }
 }
 
+static void psb_seen(struct dec *d, ptrdiff_t pos);
+
 /* PSB+: pos at the PSB; leaves pos at the PSBEND with its events queued. */
 static void psb_header(struct dec *d)
 {
@@ -527,6 +550,8 @@ static void psb_header(struct dec *d)
         BAIL(d, "PSB with events pending");
     if (peek(d) != PT_K_PSB)
         BAIL(d, "no PSB");
+    if (d->seg.on)
+        psb_seen(d, d->pos);
     consume(d);
     d->lip = 0;
     d->have_ip = d->ip_supp = 0;
@@ -1300,9 +1325,216 @@ static void one_block(struct dec *d)
     }
 }
 
+/* -- checkpoints (decode_segment) ------------------------------------------ *
+ *
+ * Where: a PSB is *armed* when its header is read (psb_header) and it is
+ * one of the job's first ``head`` PSBs or at/after ``stop_at``.  Its
+ * checkpoint is recorded at the first top of the session loop (run_all:
+ * no block in progress) where
+ *   - the PSB+'s events have been fetched (psbq_n == 0: the PSBEND batch
+ *     was taken, so every TNT bit from before the PSB has been used),
+ *   - every fetched event has been processed (ev_i == ev_n),
+ *   - no disable waits for its instruction (!dis_pending) and no event
+ *     waits for its IP (!ipev_pending).
+ * A decoder synchronized at that PSB (a fresh job) is in such a state right
+ * after it processed the PSB+; the sequential decoder after it used up the
+ * TNT bits from before the PSB and its PSB+ events bound.  (A later PSB
+ * read before that point replaces the armed one.)
+ *
+ * What: (pos, key, stack, insns, blocks): the armed PSB's offset, the key
+ * (below), the return stack oldest first, the counters so far.  Two
+ * decoders with equal keys count the same from there on, up to the return
+ * stack: a decoder with fewer entries (a suffix of the other's) pops the
+ * same addresses until it would pop past its bottom, and then bails
+ * ("return stack empty") -- which a job reports (with the checkpoints
+ * before it), so the stitch sees it.
+ *
+ * The key is not a hash but the live decode state itself, serialized
+ * (injective: equal keys are equal states).  Every field of struct dec,
+ * state or not:
+ *
+ *   STATE (in the key)                        NOT STATE
+ *   pos            packet position            buf, end, pflags, flags,
+ *   lip, have_ip, ip_supp   last IP            tcfg: inputs (the same for
+ *   q_enabled      query-level enable           every job of a decode)
+ *   tnt_idx, tnt_bits (the bits still to use)  cpos, pkt, pr: the decoded
+ *   cur_mode, mode_exec_pending, tipq_mode     packet at pos (a cache)
+ *   async_q, async_from (if async_q)           runs, runs_*, slots*,
+ *   psbq_n, psbq[0..psbq_n)                    have_prev, prev: the block
+ *   st_pend, st_eos  status of the last query  cache (a function of the
+ *   ip, mode, enabled  the flow                image; prev/succ only feed
+ *   dis_pending, dis_supp + dis_ip (if         edges)
+ *     dis_pending)                             want_edges, edges*: output
+ *   ipev_pending, ipev (if pending)            insns, blocks: the counts
+ *   ev[ev_i..ev_n)  the batch still to do      rs, rs_top, rs_n: the
+ *   tm.*           the time (tsc and base are  return stack (apart, above)
+ *                  only ever written: kept     bail, reason, fill, seg:
+ *                  anyway)                     machinery
+ *   tc.tsc, tc.cyc_tsc, tc.have_mtc            ev beyond [ev_i, ev_n),
+ *   tc.ctc, tc.cyc_mtc (if tc.have_mtc:        psbq beyond psbq_n, ipev /
+ *     overwritten unread before the first      async_from / dis_* when not
+ *     MTC)                                     pending: dead, never read
+ *   have_fcr = tc.min_fcr <= tc.max_fcr,       tc.min_fcr, tc.max_fcr:
+ *     tc.fcr (if have_fcr)                     only their order is read
+ *
+ * The STATE table below lists the scalar ones; state_probe() (a test
+ * hook) checks that flipping any of them, or any field of a live event,
+ * changes the key. */
+
+enum { LIVE_ALWAYS, LIVE_ASYNC, LIVE_DIS, LIVE_IPEV, LIVE_TNT, LIVE_TC_MTC,
+       LIVE_FCR };
+
+struct sfield {
+    const char *name;
+    size_t off, size;
+    int live;
+};
+
+#define SF(f, live) {#f, offsetof(struct dec, f), sizeof(((struct dec *)0)->f), \
+                     live}
+static const struct sfield STATE[] = {
+    SF(pos, LIVE_ALWAYS), SF(lip, LIVE_ALWAYS), SF(have_ip, LIVE_ALWAYS),
+    SF(ip_supp, LIVE_ALWAYS), SF(q_enabled, LIVE_ALWAYS),
+    SF(tnt_idx, LIVE_ALWAYS), SF(tnt_bits, LIVE_TNT),
+    SF(cur_mode, LIVE_ALWAYS), SF(mode_exec_pending, LIVE_ALWAYS),
+    SF(tipq_mode, LIVE_ALWAYS), SF(async_q, LIVE_ALWAYS),
+    SF(async_from, LIVE_ASYNC), SF(psbq_n, LIVE_ALWAYS),
+    SF(st_pend, LIVE_ALWAYS), SF(st_eos, LIVE_ALWAYS),
+    SF(ip, LIVE_ALWAYS), SF(mode, LIVE_ALWAYS), SF(enabled, LIVE_ALWAYS),
+    SF(dis_pending, LIVE_ALWAYS), SF(dis_supp, LIVE_DIS),
+    SF(dis_ip, LIVE_DIS), SF(ipev_pending, LIVE_ALWAYS),
+    SF(tm.tsc, LIVE_ALWAYS), SF(tm.base, LIVE_ALWAYS), SF(tm.fc, LIVE_ALWAYS),
+    SF(tm.lost_cyc, LIVE_ALWAYS), SF(tm.ctc, LIVE_ALWAYS),
+    SF(tm.ctc_cyc, LIVE_ALWAYS), SF(tm.have_tsc, LIVE_ALWAYS),
+    SF(tm.have_tma, LIVE_ALWAYS), SF(tm.have_mtc, LIVE_ALWAYS),
+    SF(tc.tsc, LIVE_ALWAYS), SF(tc.cyc_tsc, LIVE_ALWAYS),
+    SF(tc.have_mtc, LIVE_ALWAYS), SF(tc.ctc, LIVE_TC_MTC),
+    SF(tc.cyc_mtc, LIVE_TC_MTC), SF(tc.fcr, LIVE_FCR),
+};
+#define NSTATE (sizeof STATE / sizeof STATE[0])
+
+/* the fields of a live event */
+#define EF(f) {#f, offsetof(struct event, f), sizeof(((struct event *)0)->f), 0}
+static const struct sfield EVFIELD[] = {
+    EF(type), EF(su), EF(ip_supp), EF(ip), EF(to), EF(mode),
+};
+#define NEVFIELD (sizeof EVFIELD / sizeof EVFIELD[0])
+
+static uint64_t field_value(const void *base, const struct sfield *f)
+{
+    const uint8_t *p = (const uint8_t *)base + f->off;
+    switch (f->size) {
+    case 1: return *(const uint8_t *)p;
+    case 2: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; memcpy(&v, p, 4); return v; }
+    default: { uint64_t v; memcpy(&v, p, 8); return v; }
+    }
+}
+
+static int field_live(const struct dec *d, int live)
+{
+    switch (live) {
+    case LIVE_ASYNC: return d->async_q;
+    case LIVE_DIS: return d->dis_pending;
+    case LIVE_IPEV: return d->ipev_pending;
+    case LIVE_TC_MTC: return d->tc.have_mtc;
+    case LIVE_FCR: return d->tc.min_fcr <= d->tc.max_fcr;
+    default: return 1;
+    }
+}
+
+#define KEY_MAX (NSTATE + 8 + (2 * MAXEV + 1) * NEVFIELD)
+
+static size_t put_events(uint64_t *w, size_t n, const struct event *ev,
+                         int count)
+{
+    w[n++] = (uint64_t)count;
+    for (int i = 0; i < count; i++)
+        for (size_t j = 0; j < NEVFIELD; j++)
+            w[n++] = field_value(&ev[i], &EVFIELD[j]);
+    return n;
+}
+
+/* The key of d's state (see above) into w; its length in words. */
+static size_t state_key(const struct dec *d, uint64_t *w)
+{
+    size_t n = 0;
+    w[n++] = 1;                         /* layout version */
+    for (size_t i = 0; i < NSTATE; i++) {
+        const struct sfield *f = &STATE[i];
+        uint64_t v = 0;
+        if (field_live(d, f->live))
+            v = field_value(d, f);
+        if (f->live == LIVE_TNT)        /* the bits not used yet */
+            v &= d->tnt_idx ? (d->tnt_idx << 1) - 1 : 0;
+        w[n++] = v;
+    }
+    w[n++] = field_live(d, LIVE_FCR);   /* have_fcr */
+    n = put_events(w, n, d->psbq, d->psbq_n);
+    n = put_events(w, n, d->ev + d->ev_i,
+                   d->ev_i < d->ev_n ? d->ev_n - d->ev_i : 0);
+    n = put_events(w, n, &d->ipev, d->ipev_pending ? 1 : 0);
+    return n;
+}
+
+static void psb_seen(struct dec *d, ptrdiff_t pos)
+{
+    d->seg.psbs++;
+    if (d->seg.psbs <= d->seg.head ||
+        (d->seg.stop_at >= 0 && pos >= d->seg.stop_at))
+        d->seg.arm = pos;
+}
+
+static PyObject *stack_tuple(const struct dec *d)
+{
+    PyObject *t = PyTuple_New(d->rs_n);
+    for (int i = 0; t && i < d->rs_n; i++) {
+        int at = (d->rs_top - (d->rs_n - 1 - i) + RS_CAP) % RS_CAP;
+        PyObject *v = PyLong_FromUnsignedLongLong(d->rs[at]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+/* At the top of the session loop: record the armed PSB's checkpoint if
+ * this is its place (see above); 1 if the job has recorded enough. */
+static int checkpoint(struct dec *d)
+{
+    if (d->seg.arm < 0 || d->psbq_n || d->ev_i < d->ev_n || d->dis_pending ||
+        d->ipev_pending)
+        return 0;
+    ptrdiff_t at = d->seg.arm;
+    d->seg.arm = -1;
+    uint64_t w[KEY_MAX];
+    size_t n = state_key(d, w);
+    PyObject *stack = stack_tuple(d);
+    if (!stack)
+        BAIL(d, NULL);
+    PyObject *t = Py_BuildValue("(ny#NKK)", (Py_ssize_t)at, (const char *)w,
+                                (Py_ssize_t)(n * sizeof *w), stack,
+                                (unsigned long long)d->insns,
+                                (unsigned long long)d->blocks);
+    if (!t || PyList_Append(d->seg.cps, t) < 0) {
+        Py_XDECREF(t);
+        BAIL(d, NULL);
+    }
+    Py_DECREF(t);
+    if (d->seg.stop_at >= 0 && at >= d->seg.stop_at &&
+        ++d->seg.past >= d->seg.tail) {
+        d->seg.stopped = 1;
+        return 1;
+    }
+    return 0;
+}
+
 static void run_all(struct dec *d)
 {
-    ptrdiff_t psb = pt_find_psb(d->buf, d->end, 0);
+    ptrdiff_t psb = d->seg.on && d->seg.start >= 0 ? d->seg.start
+                                                    : pt_find_psb(d->buf, d->end, 0);
     if (psb < 0)
         return;
     d->pos = psb;
@@ -1322,6 +1554,8 @@ static void run_all(struct dec *d)
     drain(d);
     for (;;) {
         /* the session loop: events are drained; end, or the next block */
+        if (d->seg.on && checkpoint(d))
+            return;
         if (d->st_eos && !d->dis_pending && !d->ipev_pending &&
             d->ev_i >= d->ev_n)
             return;
@@ -1333,31 +1567,25 @@ static void run_all(struct dec *d)
 
 /* -- Python boundary ---------------------------------------------------- */
 
-static PyObject *py_decode(PyObject *self, PyObject *args)
+static struct dec *dec_new(Py_buffer *view, PyObject *fill, unsigned flags,
+                           unsigned pflags, int want_edges, unsigned mtc_freq,
+                           unsigned long long nom_freq, unsigned long long eax,
+                           unsigned long long ebx)
 {
-    Py_buffer view;
-    PyObject *fill;
-    unsigned int flags, pflags;
-    int want_edges;
-    unsigned int mtc_freq = 0;
-    unsigned long long nom_freq = 0, eax = 0, ebx = 0;
-    if (!PyArg_ParseTuple(args, "y*OIIp|(IKKK)", &view, &fill, &flags,
-                          &pflags, &want_edges, &mtc_freq, &nom_freq, &eax,
-                          &ebx))
-        return NULL;
     if (mtc_freq > 15 || nom_freq > UINT32_MAX || eax > UINT32_MAX ||
         ebx > UINT32_MAX) {
-        PyBuffer_Release(&view);
+        PyBuffer_Release(view);
         PyErr_SetString(PyExc_ValueError, "timing parameter out of range");
         return NULL;
     }
     struct dec *d = calloc(1, sizeof *d);
     if (!d) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
+        PyBuffer_Release(view);
+        PyErr_NoMemory();
+        return NULL;
     }
-    d->buf = view.buf;
-    d->end = view.len;
+    d->buf = view->buf;
+    d->end = view->len;
     d->flags = flags;
     d->pflags = pflags;
     d->fill = fill;
@@ -1377,10 +1605,45 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     d->slots = calloc(d->slots_cap, sizeof *d->slots);
     d->edges_cap = 1024;
     d->edges = calloc(d->edges_cap, sizeof *d->edges);
-    PyObject *result = NULL;
     if (!d->runs || !d->slots || !d->edges) {
+        free(d->runs);
+        free(d->slots);
+        free(d->edges);
+        free(d);
+        PyBuffer_Release(view);
         PyErr_NoMemory();
-    } else if (setjmp(d->bail)) {
+        return NULL;
+    }
+    return d;
+}
+
+static void dec_free(struct dec *d, Py_buffer *view)
+{
+    free(d->runs);
+    free(d->slots);
+    free(d->edges);
+    free(d);
+    PyBuffer_Release(view);
+}
+
+static PyObject *py_decode(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *fill;
+    unsigned int flags, pflags;
+    int want_edges;
+    unsigned int mtc_freq = 0;
+    unsigned long long nom_freq = 0, eax = 0, ebx = 0;
+    if (!PyArg_ParseTuple(args, "y*OIIp|(IKKK)", &view, &fill, &flags,
+                          &pflags, &want_edges, &mtc_freq, &nom_freq, &eax,
+                          &ebx))
+        return NULL;
+    struct dec *d = dec_new(&view, fill, flags, pflags, want_edges, mtc_freq,
+                            nom_freq, eax, ebx);
+    if (!d)
+        return NULL;
+    PyObject *result = NULL;
+    if (setjmp(d->bail)) {
         if (d->reason)
             result = Py_BuildValue("(sKKO)", d->reason, 0ULL, 0ULL, Py_None);
         /* else: a Python exception from fill is set */
@@ -1416,11 +1679,157 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
                                    (unsigned long long)d->blocks, edges);
         }
     }
-    free(d->runs);
-    free(d->slots);
-    free(d->edges);
-    free(d);
-    PyBuffer_Release(&view);
+    dec_free(d, &view);
+    return result;
+}
+
+/* decode_segment(data, fill, flags, pkt_flags, timing, start, stop_at,
+ * tail, head): see the top of this file and "checkpoints". */
+static PyObject *py_decode_segment(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *fill;
+    unsigned int flags, pflags, mtc_freq;
+    unsigned long long nom_freq, eax, ebx;
+    Py_ssize_t start, stop_at;
+    int tail, head;
+    if (!PyArg_ParseTuple(args, "y*OII(IKKK)nnii", &view, &fill, &flags,
+                          &pflags, &mtc_freq, &nom_freq, &eax, &ebx, &start,
+                          &stop_at, &tail, &head))
+        return NULL;
+    if (start >= 0 && (start + 16 > view.len ||
+                       memcmp((const uint8_t *)view.buf + start, pt_psb_bytes,
+                              16))) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "start: no PSB there");
+        return NULL;
+    }
+    struct dec *d = dec_new(&view, fill, flags, pflags, 0, mtc_freq,
+                            nom_freq, eax, ebx);
+    if (!d)
+        return NULL;
+    d->seg.on = 1;
+    d->seg.start = start;
+    d->seg.stop_at = stop_at;
+    d->seg.arm = -1;
+    d->seg.tail = tail;
+    d->seg.head = head;
+    d->seg.cps = PyList_New(0);
+    PyObject *result = NULL;
+    if (!d->seg.cps) {
+        /* no memory */
+    } else if (setjmp(d->bail)) {
+        if (d->reason)
+            result = Py_BuildValue("(sKKOO)", d->reason,
+                                   (unsigned long long)d->insns,
+                                   (unsigned long long)d->blocks, d->seg.cps,
+                                   Py_False);
+    } else {
+        run_all(d);
+        result = Py_BuildValue("(OKKOO)", Py_None,
+                               (unsigned long long)d->insns,
+                               (unsigned long long)d->blocks, d->seg.cps,
+                               d->seg.stopped ? Py_True : Py_False);
+    }
+    Py_XDECREF(d->seg.cps);
+    dec_free(d, &view);
+    return result;
+}
+
+/* state_probe(data, fill, flags, pkt_flags, timing, start): a test hook.
+ * Decodes from the PSB at ``start`` to its checkpoint and returns, for
+ * every state field of the key and every field of an event in each live
+ * queue, (name, whether flipping its lowest bit changes the key) -- with
+ * the field made live first (its guard set) where it is conditional. */
+static PyObject *py_state_probe(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *fill;
+    unsigned int flags, pflags, mtc_freq;
+    unsigned long long nom_freq, eax, ebx;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*OII(IKKK)n", &view, &fill, &flags, &pflags,
+                          &mtc_freq, &nom_freq, &eax, &ebx, &start))
+        return NULL;
+    if (start < 0 || start + 16 > view.len ||
+        memcmp((const uint8_t *)view.buf + start, pt_psb_bytes, 16)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "start: no PSB there");
+        return NULL;
+    }
+    struct dec *d = dec_new(&view, fill, flags, pflags, 0, mtc_freq,
+                            nom_freq, eax, ebx);
+    if (!d)
+        return NULL;
+    d->seg.on = 1;
+    d->seg.start = d->seg.stop_at = start;
+    d->seg.arm = -1;
+    d->seg.tail = d->seg.head = 1;
+    d->seg.cps = PyList_New(0);
+    PyObject *result = NULL;
+    struct dec *tp = malloc(sizeof *tp);    /* large: not on the stack */
+    if (!d->seg.cps || !tp) {
+        PyErr_NoMemory();
+        /* no memory */
+    } else if (setjmp(d->bail)) {
+        if (d->reason)
+            PyErr_Format(PyExc_RuntimeError, "bailed: %s", d->reason);
+    } else {
+        run_all(d);
+        result = PyList_New(0);
+        uint64_t w0[KEY_MAX], w1[KEY_MAX];
+        size_t nf = NSTATE + 3 * NEVFIELD;
+        for (size_t i = 0; result && i < nf; i++) {
+            *tp = *d;
+            uint8_t *field;
+            char name[64];
+            if (i < NSTATE) {
+                const struct sfield *f = &STATE[i];
+                switch (f->live) {
+                case LIVE_ASYNC: tp->async_q = 1; break;
+                case LIVE_DIS: tp->dis_pending = 1; break;
+                case LIVE_TNT: tp->tnt_idx = 1 << 7; break;
+                case LIVE_TC_MTC: tp->tc.have_mtc = 1; break;
+                case LIVE_FCR: tp->tc.min_fcr = 0; tp->tc.max_fcr = 1; break;
+                }
+                field = (uint8_t *)tp + f->off;
+                snprintf(name, sizeof name, "%s", f->name);
+            } else {
+                size_t q = (i - NSTATE) / NEVFIELD, j = (i - NSTATE) % NEVFIELD;
+                struct event *ev;
+                if (q == 0) {
+                    if (!tp->psbq_n)
+                        tp->psbq_n = 1;
+                    ev = &tp->psbq[0];
+                } else if (q == 1) {
+                    if (tp->ev_i >= tp->ev_n) {
+                        tp->ev_i = 0;
+                        tp->ev_n = 1;
+                    }
+                    ev = &tp->ev[tp->ev_i];
+                } else {
+                    tp->ipev_pending = 1;
+                    ev = &tp->ipev;
+                }
+                field = (uint8_t *)ev + EVFIELD[j].off;
+                snprintf(name, sizeof name, "%s.%s",
+                         q == 0 ? "psbq[0]" : q == 1 ? "ev[ev_i]" : "ipev",
+                         EVFIELD[j].name);
+            }
+            size_t n0 = state_key(tp, w0);
+            field[0] ^= 1;
+            size_t n1 = state_key(tp, w1);
+            int changed = n0 != n1 || memcmp(w0, w1, n0 * sizeof *w0);
+            PyObject *t = Py_BuildValue("(sO)", name,
+                                        changed ? Py_True : Py_False);
+            if (!t || PyList_Append(result, t) < 0)
+                Py_CLEAR(result);
+            Py_XDECREF(t);
+        }
+    }
+    free(tp);
+    Py_XDECREF(d->seg.cps);
+    dec_free(d, &view);
     return result;
 }
 
@@ -1429,6 +1838,14 @@ static PyMethodDef methods[] = {
      "decode(data, fill, flags, pkt_flags, want_edges[, (mtc_freq, "
      "nom_freq, cpuid_0x15_eax, cpuid_0x15_ebx)]) -> "
      "(bail_reason|None, insns, blocks, edges|None)"},
+    {"decode_segment", py_decode_segment, METH_VARARGS,
+     "decode_segment(data, fill, flags, pkt_flags, (mtc_freq, nom_freq, "
+     "cpuid_0x15_eax, cpuid_0x15_ebx), start, stop_at, tail, head) -> "
+     "(bail_reason|None, insns, blocks, [(psb, key, stack, insns, blocks)], "
+     "stopped)"},
+    {"state_probe", py_state_probe, METH_VARARGS,
+     "state_probe(data, fill, flags, pkt_flags, timing, start) -> "
+     "[(field, flipping it changes the key)] (a test hook)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_flow",

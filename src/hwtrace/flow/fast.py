@@ -58,7 +58,7 @@ from .fetch import (FetchError, InsnCache, binds_to_pip, binds_to_vmcs,
                     changes_cpl, changes_cr3)
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 2
+ABI = 3
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -185,6 +185,26 @@ def compiled_decode(data, image, config=None, decoder="block",
     flags, pflags = _flags(cfg, decoder == "block")
     return core.decode(data, _run_filler(image), flags, pflags, want_edges,
                        _timing(cfg))
+
+
+def compiled_segment(data, image, config, block: bool, start: int,
+                     stop_at: int, tail: int, head: int, impl=None):
+    """One job of the parallel counts path (:mod:`.fast_parallel`): the
+    compiled core's ``decode_segment`` -- (reason|None, insns, blocks,
+    [(psb, key, return stack, insns, blocks)], stopped) -- synchronized at
+    the PSB at ``start`` (-1: the trace start), with checkpoints at its
+    first ``head`` PSBs and at PSBs at/after ``stop_at`` (-1: none), up to
+    ``tail`` of those.  None if there is no core or the configuration is
+    one the core does not decode."""
+    core = _core(impl)
+    if core is None:
+        return None
+    cfg = config or FlowConfig()
+    if not _supported(cfg):
+        return None
+    flags, pflags = _flags(cfg, block)
+    return core.decode_segment(data, _run_filler(image), flags, pflags,
+                               _timing(cfg), start, stop_at, tail, head)
 
 
 def compiled_count(data, image, config=None, decoder="block",

@@ -1,0 +1,136 @@
+"""Benchmark: the compiled counts path on several cores
+(hwtrace.flow.fast_parallel) against the sequential compiled decode and
+libipt.
+
+The trace: a recording of ``gzip -9`` by the emulated engine (``--timing``:
+with TSC/MTC/CYC), repeated to ``--mb`` MB.  Prints, on that same file in
+the same run:
+
+- the sequential compiled count (``fast.compiled_decode``: what ``hwtrace
+  decode --quiet --stat`` runs today, also with ``--jobs N``), wall time;
+- ``fast_parallel.count(jobs=N)``: wall time, the ratio to the sequential
+  one (target 1.7x on 2 cores) and whether the counts are identical;
+- ``ptoracle insn --summary`` (libipt 2.0.5) on the same input, wall time,
+  for reference.
+
+Times are best of ``--repeat`` (the machine is shared).  Both hwtrace
+figures include what the command pays: reading the trace (the sequential
+one from the page cache into memory, the parallel one through each job's
+read-only map) and loading the images; the parallel one also its process
+pool and every job's cold block cache.
+
+    python bench/bench_fast_parallel.py [--mb 30] [--jobs 2] [--timing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ptoracle  # noqa: E402
+from bench_decode import bundle_args, record_gzip  # noqa: E402
+from bench_parallel import repeated  # noqa: E402
+
+
+def _config(manifest: dict):
+    from hwtrace.flow.config import FlowConfig
+    return FlowConfig(mtc_freq=manifest.get("mtc_freq", 0),
+                      nom_freq=manifest.get("nom_freq", 0),
+                      cpuid_0x15_eax=manifest.get("cpuid_0x15_eax", 0),
+                      cpuid_0x15_ebx=manifest.get("cpuid_0x15_ebx", 0))
+
+
+def best(n: int, fn):
+    t, r = float("inf"), None
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = fn()
+        t = min(t, time.perf_counter() - t0)
+    return t, r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input-kib", type=int, default=256)
+    ap.add_argument("--mb", type=float, default=30.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--segments", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--timing", action="store_true")
+    a = ap.parse_args()
+
+    from hwtrace.flow import fast, fast_parallel, parallel
+    if fast.CORE is None:
+        sys.exit(f"bench: no compiled flow core ({fast.STATUS.reason})")
+
+    with tempfile.TemporaryDirectory(prefix="bench-fpar-") as tmp:
+        work = Path(tmp)
+        bundle = record_gzip(work, a.input_kib, a.timing)
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        stream = max(manifest["streams"], key=lambda s: s.get("size", 0))
+        src = bundle / stream["file"]
+        img = subprocess.run([sys.executable, "-m", "hwtrace", "images",
+                              "--pt", src.name, bundle], capture_output=True,
+                             text=True, check=True).stdout
+        opts = shlex.split(img)
+        pairs = [(opts[i].lstrip("-"), opts[i + 1])
+                 for i in range(0, len(opts), 2)]
+        cfg = _config(manifest)
+        big = repeated(src, work / "big.pt", a.mb)
+        size = big.stat().st_size
+        print(f"trace: gzip -9 of {a.input_kib} KiB{' (timing on)' if a.timing else ''}"
+              f", {src.stat().st_size} bytes repeated to {size / 1e6:.1f} MB; "
+              f"{os.cpu_count()} cores, jobs={a.jobs}")
+
+        def sequential():
+            image = parallel.load_image(pairs)
+            return fast.compiled_count(big.read_bytes(), image, cfg, "block")
+
+        def par():
+            return fast_parallel.count_stats(str(big), 0, None, pairs, cfg,
+                                             True, a.jobs,
+                                             segments=a.segments)
+
+        t_seq, c_seq = best(a.repeat, sequential)
+        t_par, (c_par, st) = best(a.repeat, par)
+        if c_seq is None:
+            sys.exit("bench: the compiled core does not decode this trace")
+        same = "identical" if c_par == c_seq else f"DIFFERENT ({c_par})"
+        print(f"sequential compiled count : {t_seq:7.3f} s  "
+              f"{c_seq.insns / t_seq / 1e6:7.1f} M insn/s  "
+              f"({c_seq.insns} insns, {c_seq.blocks} blocks)")
+        print(f"fast_parallel jobs={a.jobs}     : {t_par:7.3f} s  "
+              f"{c_seq.insns / t_par / 1e6:7.1f} M insn/s  counts {same}; "
+              f"{st['segments']} segments, {len(st['reruns'])} re-runs")
+        print(f"parallel speed-up (wall)  : {t_seq / t_par:.2f}x "
+              f"(target 1.7x)")
+        exe = ptoracle()
+        if exe is None:
+            print("ptoracle: unavailable (no compiler or libipt)")
+            return 0
+        _, oopts, _ = bundle_args(bundle, stream["file"])
+        argv = [str(exe), "insn", str(big), *oopts, "--summary"]
+        t_ora, r = best(1, lambda: subprocess.run(argv, capture_output=True,
+                                                   text=True))
+        if r.returncode != 0:
+            print(f"ptoracle failed: {r.stderr.strip()[-200:]}")
+            return 0
+        o_insns = json.loads(r.stdout.splitlines()[-1])["insns"]
+        print(f"ptoracle insn --summary   : {t_ora:7.3f} s  "
+              f"{o_insns / t_ora / 1e6:7.1f} M insn/s  ({o_insns} insns)")
+        print(f"fast_parallel vs libipt   : {t_ora / t_par:.1f}x  "
+              f"(sequential compiled: {t_ora / t_seq:.1f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

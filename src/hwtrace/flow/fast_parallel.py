@@ -1,0 +1,229 @@
+"""The compiled counts path on all cores: ``hwtrace decode --quiet --stat
+--jobs N`` for ``--pt`` traces.
+
+The plan is :mod:`.parallel`'s, with the compiled flow core doing each
+job::
+
+    from hwtrace.flow import fast_parallel
+    c = fast_parallel.count(path, 0, None, [("raw", spec)], config,
+                            block=True, jobs=2)      # fast.Counts or None
+
+1. The trace (``path[offset:offset+size]``) is cut at PSBs into about
+   ``segments`` (default: ``jobs``) pieces of similar size:
+   :func:`parallel.segment_starts` over the PSBs found at the cut points.
+2. Job 0 decodes from the trace start exactly as the sequential compiled
+   decode does (:func:`fast.compiled_decode`); job *k* synchronizes at the
+   PSB that starts segment *k* with a fresh decoder (empty return stack,
+   time reset).  Each job runs in a fork process pool, maps the file
+   read-only and reads only the pages it decodes: its segment, and a tail
+   of :data:`TAIL` PSBs past its end.  The core records checkpoints (see
+   ``_c_flow.c``, "checkpoints": the PSB offset, the whole live decode
+   state except the return stack, the return stack, the counts) at the
+   first :data:`HEAD` PSBs of a job and at the PSBs of its tail.
+3. :func:`parallel.stitch` merges job *k* and *k+1* at the first checkpoint
+   where their states are equal and *k+1*'s return stack is a suffix of
+   *k*'s, and re-runs a job over the next segment where it cannot prove
+   that.  A job *k > 0* that bails (the core's "return stack empty" when it
+   pops past the bottom of its stack, or anything a fresh start decodes
+   differently) stops there and reports it as an underflow after its last
+   checkpoint: the stitch then takes none of its output past that point
+   (it re-runs the job before it instead).
+4. The counts are the sum of the pieces' count differences.
+
+Result: exactly the sequential compiled decode's counts, or None where
+that decode (or job 0, which is its beginning) bails, where a piece that
+is the sequential decode bails, or where there is no compiled core
+(``HWTRACE_NO_EXTENSIONS=1``: the Python parallel decode handles it) --
+the caller then takes its usual path.
+
+Timing: the calibration state (the last MTC interval's frequency ratio)
+is the same in a fresh job two MTCs after its PSB, so timing traces merge
+at the second checkpoint instead of the first.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import NamedTuple
+
+from . import fast
+from . import parallel as P
+from .checkpoint import Checkpoint
+
+TAIL = 3            # checkpoints a job records at/after the end of its segment
+HEAD = 3            # checkpoints a job k > 0 records from its start
+MIN_SEGMENT = 256 << 10
+
+
+class SegmentJob(NamedTuple):
+    path: str
+    offset: int
+    size: int               # bytes of the trace from offset
+    images: tuple           # (kind, arg) as decode's --raw/--elf/--pagedump
+    config: object          # FlowConfig
+    block: bool
+    start: int | None       # PSB to synchronize at; None: the trace start
+    end: int | None         # record TAIL checkpoints from here; None: run out
+
+
+class Bailed(NamedTuple):
+    """Job 0 (the beginning of the sequential decode) bailed."""
+
+    reason: str
+
+
+def _map(path: str):
+    """(file, mmap or b"") of ``path``, read-only."""
+    f = open(path, "rb")
+    try:
+        if os.fstat(f.fileno()).st_size == 0:
+            return f, b""
+        return f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except BaseException:
+        f.close()
+        raise
+
+
+def run_segment(job: SegmentJob):
+    """Decode one job (see the module doc): a :class:`parallel.Result`
+    (checkpoints with counts, no output), or :class:`Bailed`."""
+    image = P.load_image(job.images)
+    f, mm = _map(job.path)
+    try:
+        with memoryview(mm) as whole, \
+                whole[job.offset:job.offset + job.size] as view:
+            r = fast.compiled_segment(
+                view, image, job.config, job.block,
+                -1 if job.start is None else job.start,
+                -1 if job.end is None else job.end, TAIL,
+                0 if job.start is None else HEAD)
+    finally:
+        if not isinstance(mm, bytes):
+            mm.close()
+        f.close()
+    if r is None:
+        return Bailed("no compiled core")
+    reason, insns, blocks, cps, stopped = r
+    if reason is not None and job.start is None:
+        return Bailed(reason)
+    checkpoints = [Checkpoint(pos, key, stack, 0, (ni, nb, 0, 0))
+                   for pos, key, stack, ni, nb in cps]
+    # A later job's bail (a return-stack underflow among them): nothing of
+    # its decode past its last checkpoint may be used (see the module doc).
+    underflows = [len(checkpoints)] if reason is not None else []
+    return P.Result(job.start, job.end, checkpoints, underflows,
+                    (insns, blocks, 0, 0), 0, bool(stopped), None)
+
+
+def cut_points(buf, offset: int, size: int, segments: int,
+               min_segment: int = MIN_SEGMENT) -> list[int]:
+    """Up to ``segments - 1`` PSB offsets (relative to ``offset``) cutting
+    ``buf[offset:offset+size]`` into pieces of similar size: the first PSB
+    at or after each ``size * k / segments`` (only those are searched for,
+    not every PSB of the trace), as :func:`parallel.segment_starts` picks
+    them."""
+    from hwtrace.pt.decoder import find_psb_forward
+
+    if segments < 2 or size <= 0:
+        return []
+    psbs = []
+    for k in range(segments):
+        at = find_psb_forward(buf, offset + size * k // segments)
+        if at < 0 or at + 16 > offset + size:
+            break
+        if not psbs or at - offset > psbs[-1]:
+            psbs.append(at - offset)
+    return P.segment_starts(psbs, size, segments, min_segment)
+
+
+def count(path: str, offset: int, size: int | None, images, config,
+          block: bool, jobs: int, *, segments: int | None = None,
+          min_segment: int = MIN_SEGMENT) -> fast.Counts | None:
+    """The sequential compiled decode's counts of ``path[offset:][:size]``
+    (``images``: (kind, arg) pairs), decoded on ``jobs`` cores; None if
+    the compiled core does not decode the trace (see the module doc)."""
+    return count_stats(path, offset, size, images, config, block, jobs,
+                       segments=segments, min_segment=min_segment)[0]
+
+
+def count_stats(path: str, offset: int, size: int | None, images, config,
+                block: bool, jobs: int, *, segments: int | None = None,
+                min_segment: int = MIN_SEGMENT):
+    """:func:`count` and statistics of the run: segments, re-runs
+    ((start, end) pairs), merged_at (for each piece after the first, the
+    index of the later job's checkpoint it starts at)."""
+    stats = {"segments": 1, "reruns": [], "merged_at": []}
+    if fast.CORE is None or not fast._supported(config or fast.FlowConfig()):
+        return None, stats
+    f, mm = _map(path)
+    try:
+        total = len(mm)
+        offset = min(offset, total)
+        tsize = total - offset if size is None else \
+            max(0, min(size, total - offset))
+        starts = cut_points(mm, offset, tsize, segments or jobs, min_segment) \
+            if jobs > 1 else []
+    finally:
+        if not isinstance(mm, bytes):
+            mm.close()
+        f.close()
+    images = tuple(images)
+
+    def job(start, end):
+        return SegmentJob(path, offset, tsize, images, config, block, start,
+                          end)
+
+    bounds = [None] + starts
+    ends = starts + [None]
+    stats["segments"] = len(bounds)
+    if len(bounds) == 1:
+        r = run_segment(job(None, None))
+        if isinstance(r, Bailed):
+            return None, stats
+        return _counts(r.counts, block), stats
+
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    class _Bail(Exception):
+        pass
+
+    with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
+                                mp_context=mp.get_context("fork")) as pool:
+        results = list(pool.map(run_segment,
+                                [job(s, e) for s, e in zip(bounds, ends)]))
+        if any(isinstance(r, Bailed) for r in results):
+            return None, stats
+
+        def rerun(start, end):
+            stats["reruns"].append((start, end))
+            r = pool.submit(run_segment, job(start, end)).result()
+            if isinstance(r, Bailed):
+                raise _Bail(r.reason)
+            return r
+
+        try:
+            pieces = P.stitch(results, rerun)
+        except _Bail:
+            return None, stats
+    totals = [0, 0]
+    for piece in pieces:
+        if _stops_in(piece):
+            # the sequential decode itself bails there
+            return None, stats
+        _, _, ca, cb = P.piece_range(piece)
+        totals[0] += cb[0] - ca[0]
+        totals[1] += cb[1] - ca[1]
+    stats["merged_at"] = [p.first for p in pieces[1:]]
+    return _counts(totals, block), stats
+
+
+def _stops_in(piece) -> bool:
+    """Whether a job's bail lies inside the piece of it that is used."""
+    hi = piece.last if piece.last is not None else 1 << 62
+    return any(piece.first < u <= hi for u in piece.result.underflows)
+
+
+def _counts(c, block: bool) -> fast.Counts:
+    return fast.Counts(c[0], c[1] if block else 0, 0, True)
