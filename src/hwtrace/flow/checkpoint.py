@@ -4,12 +4,12 @@ trace are provably in the same state (the stitch of :mod:`.parallel`).
 A decode driven by :func:`hwtrace.flow.session.run_insn` / ``run_blocks``
 is deterministic: what it emits from an instruction (or block) on depends
 only on the decoder's state after it decoded that item, the status
-``next()`` returned with it and the session's ``last_ip`` (the item's IP).
-:class:`Recorder` wraps the session's sink and, once per PSB the decode
-moves past, records a :class:`Checkpoint` at the next item: a digest of
-that whole state, the position of the output written so far and the
-sink's counters.  Two decodes with equal digests at a checkpoint emit the
-same output from it on.
+``next()`` returned with it, the item itself (its IP is the session's
+``last_ip``) and the trace offset it is reported at.  :class:`Recorder`
+records, at chosen PSBs, a :class:`Checkpoint` at the first item decoded
+after the PSB: a digest of that whole state, the position of the output
+written so far and the sink's counters.  Two decodes with equal digests at
+a checkpoint emit the same output from it on.
 
 What the digest leaves out, and why that is safe:
 
@@ -44,7 +44,6 @@ from collections import deque
 from typing import NamedTuple
 
 from hwtrace.pt import errors as E
-from hwtrace.pt.decoder import find_psb_forward
 
 # Attributes that are inputs or caches, not decode state (see above).
 EXCLUDED = frozenset(("cache", "image", "config", "tconfig", "_pkt", "_buf",
@@ -245,96 +244,145 @@ class Stop(Exception):
 
 
 class Recorder:
-    """A sink wrapper that records :class:`Checkpoint` s (see the module
-    doc).  ``stop_at``/``tail``: stop (raise :class:`Stop`) once ``tail``
-    checkpoints at or past trace offset ``stop_at`` are recorded."""
+    """Records :class:`Checkpoint` s of one decode driven by the session
+    (see the module doc); build the decoder with :meth:`decoder` and the
+    sink with :meth:`sink`.
 
-    def __init__(self, inner, dec, out: SpoolWriter, *, stop_at=None,
-                 tail: int = 3):
-        self.inner = inner
-        self.needs_offset = getattr(inner, "needs_offset", True)
-        self.dec = dec
-        idec = _insn_decoder(dec)
-        self._idec = idec
-        self._q = idec.query
-        self._buf = self._q._buf
+    Checkpoints are only taken where the stitch of :mod:`.parallel` can
+    use them: at the first ``head`` PSBs of the decode (where the previous
+    job's tail meets this one) and at every PSB at or past trace offset
+    ``stop_at`` (this job's tail).  Once ``tail`` checkpoints at or past
+    ``stop_at`` are recorded, or ``done(checkpoint)`` says the next job is
+    met there, the decode stops: :class:`Stop` is raised through the
+    session.  ``published(checkpoints)`` gets the head's checkpoints once
+    they are recorded (or from :meth:`publish`, at the end).
+
+    A PSB shows as the status updates its PSB+ publishes (events with
+    ``status_update``); the checkpoint is taken at the first item decoded
+    after them -- the item a decoder synchronized at that PSB decodes
+    first.  Nothing runs per instruction or block elsewhere: the decoder's
+    ``next`` is an instance attribute, its own bound method except for the
+    one item after such a PSB.  (Objects are built as instances of the
+    subclasses here: assigning ``__class__`` later, or reading ``vars()``,
+    makes CPython 3.11 move an object's attribute values into a dict,
+    which slows every later attribute access by a third or more.)"""
+
+    def __init__(self, out: SpoolWriter, *, head: int = 0, stop_at=None,
+                 tail: int = 3, done=None, published=None):
         self._out = out
-        self._threshold = 0
-        self._armed = False
-        self._captured = None
+        self._head = head
         self._stop_at = stop_at
         self._tail = tail
+        self._done = done
+        self._published = published
+        self._groups = 0
         self._past = 0
+        self._armed = False
         self._names = attribute_names()
-        self._plain = plain = type(dec)
-        rec = self
-
-        class Capturing(plain):
-            def next(self):
-                r = plain.next(self)
-                rec._captured = r
-                return r
-        self._capturing = Capturing
+        self.dec = None
+        self._idec = None
+        self._sink = None
         self.checkpoints: list[Checkpoint] = []
-        self.underflows: list[int] = []    # checkpoints recorded before each
+        self.underflows: list[int] = []
 
-    # -- the session's sink interface -------------------------------------------
-    def insn(self, insn, offset):
-        pos = self._q.pos
-        if pos is not None and pos >= self._threshold:
-            self._at_item(insn, offset, insn.ip)
-        self.inner.insn(insn, offset)
+    def decoder(self, plain, *args, start=None):
+        """``plain(*args)`` (a block or instruction decoder) recording
+        here; with ``start``, its first ``sync_forward`` synchronizes at
+        the PSB at ``start``."""
+        rec = self
+        first = [start]
 
-    def block(self, block, offset):
-        pos = self._q.pos
-        if pos is not None and pos >= self._threshold:
-            self._at_item(block, offset, block.end_ip)
-        self.inner.block(block, offset)
+        class Recording(plain):
+            def __init__(self, *a):
+                plain.__init__(self, *a)
+                self.next = plain.next.__get__(self)
 
-    def event(self, ev, offset):
-        self.inner.event(ev, offset)
+            def sync_forward(self):
+                if first[0] is not None:
+                    at, first[0] = first[0], None
+                    return plain.sync_set(self, at)
+                return plain.sync_forward(self)
 
-    def error(self, kind, offset, ip, code):
-        if code == E.RETSTACK_EMPTY:
-            self.underflows.append(len(self.checkpoints))
-        self.inner.error(kind, offset, ip, code)
+            def event(self):
+                r = plain.event(self)
+                if r.__class__ is tuple and r[1].status_update and \
+                        not rec._armed:
+                    rec._at_status_update()
+                return r
+        Recording.__name__ = Recording.__qualname__ = plain.__name__
+        dec = Recording(*args)
+        self.dec = dec
+        self._idec = _insn_decoder(dec)
+        self._plain_next = dec.next
 
-    def status(self, name, offset):
-        self.inner.status(name, offset)
+        def capturing():
+            offset = dec.offset
+            r = rec._plain_next()
+            if r.__class__ is tuple:
+                rec._at_item(r[0], r[1], offset)
+            return r
+        self._capturing = capturing
+        return dec
 
-    # -- checkpoints -------------------------------------------------------------
+    def sink(self, template, write=None):
+        """A copy of sink ``template`` (with ``write`` if given) that notes
+        each ``RETSTACK_EMPTY`` error in :attr:`underflows` (the number of
+        checkpoints recorded before it)."""
+        rec = self
+        plain = type(template)
+
+        class Noting(plain):
+            def error(self, kind, offset, ip, code):
+                if code == E.RETSTACK_EMPTY:
+                    rec.underflows.append(len(rec.checkpoints))
+                plain.error(self, kind, offset, ip, code)
+        Noting.__name__ = Noting.__qualname__ = plain.__name__
+        sink = object.__new__(Noting)
+        for k, v in vars(template).items():
+            setattr(sink, k, write if k == "write" and write else v)
+        self._sink = sink
+        return sink
+
     def counts(self) -> tuple:
-        s = self.inner
+        s = self._sink
         return (s.insns, s.blocks, s.events, s.errors)
 
-    def _at_item(self, item, offset, last_ip) -> None:
-        dec = self.dec
-        if not self._armed:
-            # Catch the status of the next item: a checkpoint needs it.
-            # (A class swap, not an instance attribute: that would slow
-            # every later attribute access of the decoder.)
-            self._captured = None
-            dec.__class__ = self._capturing
-            self._armed = True
+    def publish(self) -> None:
+        """Hand the checkpoints so far to ``published`` (once)."""
+        if self._published is not None:
+            f, self._published = self._published, None
+            f(list(self.checkpoints))
+
+    # -- the hooks -----------------------------------------------------------
+    def _at_status_update(self) -> None:
+        if self._groups < self._head:
+            self._groups += 1
+        elif self._stop_at is None or self.dec.offset < self._stop_at:
             return
-        r = self._captured
-        if r is None or r.__class__ is not tuple or r[1] is not item:
-            return                          # an error path: try the next one
-        dec.__class__ = self._plain
+        self._armed = True
+        self.dec.next = self._capturing
+
+    def _at_item(self, status, item, offset) -> None:
+        dec = self.dec
+        dec.next = self._plain_next
         self._armed = False
-        q = self._q
-        pos = q.pos
+        pos = dec.offset
+        # What the session does from here on depends on the decoder's
+        # state, the status and the item (its IP is the session's last_ip)
+        # and the offset the item is reported at.
         try:
-            key = digest(dec, self._names, (r[0], offset, last_ip, item))
+            key = digest(dec, self._names, (status, offset, item))
         except Unhashable:
             key = None
         if key is not None:
-            self.checkpoints.append(Checkpoint(
-                pos, key, tuple(self._idec.retstack._stack), self._out.tell(),
-                self.counts()))
-        nxt = find_psb_forward(self._buf, pos + 1)
-        self._threshold = nxt if nxt >= 0 else 1 << 62
-        if self._stop_at is not None and pos >= self._stop_at:
+            cp = Checkpoint(pos, key, tuple(self._idec.retstack._stack),
+                            self._out.tell(), self.counts())
+            self.checkpoints.append(cp)
+        if self._groups == self._head and self._head:
+            self.publish()
+        if key is not None and self._stop_at is not None and \
+                pos >= self._stop_at:
             self._past += 1
-            if self._past >= self._tail:
+            if self._past >= self._tail or (
+                    self._done is not None and self._done(cp)):
                 raise Stop()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import shutil
 import tempfile
 from typing import NamedTuple
@@ -50,6 +51,7 @@ from hwtrace.pt.decoder import find_psb_forward
 from . import checkpoint as C
 
 TAIL = 3            # checkpoints a job records past the end of its segment
+HEAD = 3            # checkpoints a job records from its start
 SEGMENTS_PER_JOB = 4
 MIN_SEGMENT = 64 << 10
 
@@ -141,25 +143,39 @@ def load_image(images):
     return image
 
 
-def _starting_at(plain, start: int):
-    """``plain`` whose first ``sync_forward`` synchronizes at ``start``
-    (later ones are the usual ones; a class swap keeps the decoder's
-    attribute access fast)."""
-
-    class StartingAt(plain):
-        def sync_forward(self):
-            self.__class__ = plain
-            return plain.sync_set(self, start)
-    return StartingAt
+def _board(spool_dir: str, start) -> str:
+    """Where the job starting at ``start`` leaves its head checkpoints for
+    the job before it (local runs: all jobs share ``spool_dir``)."""
+    return os.path.join(spool_dir, f"head-{start}.pickle")
 
 
-def _fresh_copy(obj):
-    """A copy of ``obj`` whose attributes are set one by one (unlike
-    copy.copy, which leaves a slow materialized ``__dict__``)."""
-    new = object.__new__(type(obj))
-    for k, v in vars(obj).items():
-        setattr(new, k, v)
-    return new
+def _publisher(spool_dir: str, start):
+    def publish(checkpoints):
+        path = _board(spool_dir, start)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(checkpoints, f)
+        os.replace(tmp, path)
+    return publish
+
+
+def _next_met(spool_dir: str, end):
+    """``done`` for the recorder of a job ending at ``end``: whether a
+    checkpoint of its tail meets the next job's head (read from the board
+    once that job has put it there) as :func:`_merge` will find it."""
+    index = None
+
+    def done(cp) -> bool:
+        nonlocal index
+        if index is None:
+            try:
+                with open(_board(spool_dir, end), "rb") as f:
+                    theirs = pickle.load(f)
+            except FileNotFoundError:
+                return False
+            index = _key_index(theirs)
+        return _meets(cp, index) is not None
+    return done
 
 
 def run_job(job: Job, data=None) -> Result:
@@ -171,25 +187,30 @@ def run_job(job: Job, data=None) -> Result:
     if data is None:
         data = job.source.read()
     image = load_image(job.images)
-    dec = (BlockDecoder if job.block else InsnDecoder)(data, image, job.config)
     fd, path = tempfile.mkstemp(prefix="hwtrace-seg-", suffix=".out",
                                 dir=job.spool_dir)
     stopped = False
+    board = job.spool_dir
     with os.fdopen(fd, "w+b") as f:
         out = C.SpoolWriter(f)
-        sink = _fresh_copy(job.sink)
-        if "write" in vars(job.sink):
-            sink.write = out.write
-        rec = C.Recorder(sink, dec, out, stop_at=job.end, tail=TAIL)
-        if job.start is not None:
-            dec.__class__ = _starting_at(type(dec), job.start)
+        rec = C.Recorder(
+            out, head=0 if job.start is None else HEAD,
+            stop_at=job.end, tail=TAIL,
+            done=_next_met(board, job.end) if board and job.end is not None
+            else None,
+            published=_publisher(board, job.start) if board and
+            job.start is not None else None)
+        dec = rec.decoder(BlockDecoder if job.block else InsnDecoder,
+                          data, image, job.config, start=job.start)
+        sink = rec.sink(job.sink, out.write)
         try:
             if job.block:
-                session.run_blocks(dec, rec, resync=job.resync)
+                session.run_blocks(dec, sink, resync=job.resync)
             else:
-                session.run_insn(dec, rec, resync=job.resync)
+                session.run_insn(dec, sink, resync=job.resync)
         except C.Stop:
             stopped = True
+        rec.publish()
         size = out.tell()
         if job.spool_dir is None:
             f.seek(0)
@@ -210,23 +231,39 @@ class Piece(NamedTuple):
     exact: bool         # the job's state equals the sequential one at `first`
 
 
+def _key_index(checkpoints) -> dict:
+    """digest -> index of its first checkpoint."""
+    index = {}
+    for j, cp in enumerate(checkpoints):
+        index.setdefault(cp.key, (j, cp.stack))
+    return index
+
+
+def _meets(cp, index):
+    """(j, same_stack) if checkpoint ``cp`` of a job meets the next job
+    (``index``: :func:`_key_index` of its checkpoints) at its checkpoint j:
+    the same state, with a return stack that is a suffix of ``cp``'s."""
+    hit = index.get(cp.key)
+    if hit is None:
+        return None
+    j, theirs = hit
+    if len(theirs) <= len(cp.stack) and \
+            cp.stack[len(cp.stack) - len(theirs):] == theirs:
+        return j, theirs == cp.stack
+    return None
+
+
 def _merge(cur: Result, first: int, nxt: Result):
     """(i, j, same_stack): the first checkpoint i >= first of ``cur`` whose
     state job ``nxt`` also reaches, at its checkpoint j."""
-    index = {}
-    for j, cp in enumerate(nxt.checkpoints):
-        index.setdefault(cp.key, j)
+    index = _key_index(nxt.checkpoints)
     for i in range(max(first, 0), len(cur.checkpoints)):
         cp = cur.checkpoints[i]
         if nxt.start is not None and cp.pos < nxt.start:
             continue
-        j = index.get(cp.key)
-        if j is None:
-            continue
-        theirs = nxt.checkpoints[j].stack
-        if len(theirs) <= len(cp.stack) and \
-                cp.stack[len(cp.stack) - len(theirs):] == theirs:
-            return i, j, theirs == cp.stack
+        m = _meets(cp, index)
+        if m is not None:
+            return i, m[0], m[1]
     return None
 
 
