@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -49,13 +50,24 @@ def _config(manifest: dict):
                       cpuid_0x15_ebx=manifest.get("cpuid_0x15_ebx", 0))
 
 
+def _cpu() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
 def best(n: int, fn):
-    t, r = float("inf"), None
+    """(best wall s, CPU s of that run -- this process and its finished
+    children, e.g. the pool's workers --, last result)."""
+    t, cpu, r = float("inf"), 0.0, None
     for _ in range(n):
+        c0 = _cpu()
         t0 = time.perf_counter()
         r = fn()
-        t = min(t, time.perf_counter() - t0)
-    return t, r
+        w = time.perf_counter() - t0
+        if w < t:
+            t, cpu = w, _cpu() - c0
+    return t, cpu, r
 
 
 def main() -> int:
@@ -100,26 +112,27 @@ def main() -> int:
                                              True, a.jobs,
                                              segments=a.segments)
 
-        t_seq, c_seq = best(a.repeat, sequential)
-        t_par, (c_par, st) = best(a.repeat, par)
+        t_seq, u_seq, c_seq = best(a.repeat, sequential)
+        t_par, u_par, (c_par, st) = best(a.repeat, par)
         if c_seq is None:
             sys.exit("bench: the compiled core does not decode this trace")
         same = "identical" if c_par == c_seq else f"DIFFERENT ({c_par})"
-        print(f"sequential compiled count : {t_seq:7.3f} s  "
+        print(f"sequential compiled count : {t_seq:7.3f} s ({u_seq:6.2f} s CPU)  "
               f"{c_seq.insns / t_seq / 1e6:7.1f} M insn/s  "
               f"({c_seq.insns} insns, {c_seq.blocks} blocks)")
-        print(f"fast_parallel jobs={a.jobs}     : {t_par:7.3f} s  "
+        print(f"fast_parallel jobs={a.jobs}     : {t_par:7.3f} s ({u_par:6.2f} s CPU)  "
               f"{c_seq.insns / t_par / 1e6:7.1f} M insn/s  counts {same}; "
               f"{st['segments']} segments, {len(st['reruns'])} re-runs")
         print(f"parallel speed-up (wall)  : {t_seq / t_par:.2f}x "
-              f"(target 1.7x)")
+              f"(target 1.7x); load average before: "
+              f"{os.getloadavg()[0]:.1f}")
         exe = ptoracle()
         if exe is None:
             print("ptoracle: unavailable (no compiler or libipt)")
             return 0
         _, oopts, _ = bundle_args(bundle, stream["file"])
         argv = [str(exe), "insn", str(big), *oopts, "--summary"]
-        t_ora, r = best(1, lambda: subprocess.run(argv, capture_output=True,
+        t_ora, _, r = best(1, lambda: subprocess.run(argv, capture_output=True,
                                                    text=True))
         if r.returncode != 0:
             print(f"ptoracle failed: {r.stderr.strip()[-200:]}")

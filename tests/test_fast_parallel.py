@@ -143,8 +143,8 @@ def test_trace_range(plain):
         seq = fast.count(data[lo:hi], image, cfg,
                          "block" if block else "insn", impl="compiled")
         assert seq.compiled and seq.insns > 100000
-        got = FP.count(path, lo, hi - lo, pairs, cfg, block, 2, segments=5,
-                       min_segment=0)
+        got = FP.count(path, lo, hi - lo, pairs, cfg, block, 0, segments=5,
+                       min_segment=0)          # jobs=0: every core
         assert got == seq
 
 
@@ -220,7 +220,7 @@ def _segment(path, pairs, cfg, start, stop_at, head):
 @pytest.mark.parametrize("which", ["plain", "timing"])
 def test_equal_keys_at_the_same_psb(which, request):
     """The sequential decode and a decode synchronized at a PSB reach the
-    same key there (timing: one PSB later), with the fresh one's return
+    same key there (timing: a PSB or two later), with the fresh one's return
     stack a suffix of the sequential one's; two decodes from the same PSB
     record identical checkpoints."""
     path, pairs, cfg = request.getfixturevalue(which)
@@ -233,12 +233,12 @@ def test_equal_keys_at_the_same_psb(which, request):
     assert fresh[3] == again[3] and fresh[1:3] == again[1:3]
     assert [c[0] for c in seq[3]] == psbs[len(psbs) // 2:][:3]
     assert [c[0] for c in fresh[3][:3]] == psbs[len(psbs) // 2:][:3]
-    meet = 0 if which == "plain" else 1
+    meet = next(i for i in range(3) if seq[3][i][1] == fresh[3][i][1])
     s, f = seq[3][meet], fresh[3][meet]
-    assert s[1] == f[1] and s[2][len(s[2]) - len(f[2]):] == f[2]
+    assert s[2][len(s[2]) - len(f[2]):] == f[2]
     assert seq[3][0][1] != seq[3][1][1]       # the position, at least
-    if which == "timing":
-        assert seq[3][0][1] != fresh[3][0][1]  # calibration not yet equal
+    # timing: the calibration (two MTCs, 2**9 CTC apart) is not equal yet
+    assert meet == 0 if which == "plain" else meet >= 1
 
 
 def test_every_state_field_changes_the_key(plain, core):

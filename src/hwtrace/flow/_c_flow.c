@@ -1504,8 +1504,7 @@ static PyObject *stack_tuple(const struct dec *d)
  * this is its place (see above); 1 if the job has recorded enough. */
 static int checkpoint(struct dec *d)
 {
-    if (d->seg.arm < 0 || d->psbq_n || d->ev_i < d->ev_n || d->dis_pending ||
-        d->ipev_pending)
+    if (d->psbq_n || d->ev_i < d->ev_n || d->dis_pending || d->ipev_pending)
         return 0;
     ptrdiff_t at = d->seg.arm;
     d->seg.arm = -1;
@@ -1554,7 +1553,7 @@ static void run_all(struct dec *d)
     drain(d);
     for (;;) {
         /* the session loop: events are drained; end, or the next block */
-        if (d->seg.on && checkpoint(d))
+        if (d->seg.arm >= 0 && checkpoint(d))
             return;
         if (d->st_eos && !d->dis_pending && !d->ipev_pending &&
             d->ev_i >= d->ev_n)
@@ -1598,6 +1597,7 @@ static struct dec *dec_new(Py_buffer *view, PyObject *fill, unsigned flags,
     d->tcfg.nom_freq = nom_freq;
     d->tcfg.eax = eax;
     d->tcfg.ebx = ebx;
+    d->seg.arm = -1;
     tc_reset(d);
     d->runs_cap = 1024;
     d->runs = calloc(d->runs_cap, sizeof *d->runs);

@@ -39,6 +39,10 @@ ran.  ``impl="python"`` forces the twin, ``impl="compiled"`` requires the
 core (None from :func:`compiled_count` if it bails).  :data:`CORE` is the
 extension or None (``HWTRACE_NO_EXTENSIONS=1``; tests monkeypatch it).
 
+Several cores: :mod:`.fast_parallel` runs :func:`compiled_segment` jobs
+(the core synchronized at a PSB, recording checkpoints of its state) in a
+process pool and stitches them into exactly these counts.
+
 Block cache: the compiled core caches, per (exec mode, IP), the
 straight-line run to the next decision point and asks :func:`_run_filler`'s
 function -- the Python instruction cache, so x86 decoding is the twin's --

@@ -141,8 +141,10 @@ def count(path: str, offset: int, size: int | None, images, config,
           block: bool, jobs: int, *, segments: int | None = None,
           min_segment: int = MIN_SEGMENT) -> fast.Counts | None:
     """The sequential compiled decode's counts of ``path[offset:][:size]``
-    (``images``: (kind, arg) pairs), decoded on ``jobs`` cores; None if
-    the compiled core does not decode the trace (see the module doc)."""
+    (``images``: (kind, arg) pairs), decoded on ``jobs`` cores (0: all);
+    None exactly where :func:`fast.compiled_count` is None too (no core,
+    a configuration it leaves to the twin, or the sequential core bails:
+    see the module doc), so a caller need not try that one after it."""
     return count_stats(path, offset, size, images, config, block, jobs,
                        segments=segments, min_segment=min_segment)[0]
 
@@ -154,6 +156,7 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
     ((start, end) pairs), merged_at (for each piece after the first, the
     index of the later job's checkpoint it starts at)."""
     stats = {"segments": 1, "reruns": [], "merged_at": []}
+    jobs = jobs or os.cpu_count() or 1          # 0: every core
     if fast.CORE is None or not fast._supported(config or fast.FlowConfig()):
         return None, stats
     f, mm = _map(path)
