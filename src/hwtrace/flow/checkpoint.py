@@ -61,6 +61,22 @@ def _excluded(name: str) -> bool:
 # Objects that are the image or derived from it alone, wherever found.
 _INPUT_TYPES = frozenset(("InsnCache", "Image", "FlowConfig"))
 
+
+def _tnt_empty(obj) -> bool:
+    tnt = getattr(obj, "tnt", obj)
+    return not getattr(tnt, "index", 1)
+
+
+# Values that are dead while a test holds: never read before they are set
+# again.  The TNT cache's bits when it is empty (tnt.py: index 0 means
+# empty; fill() sets the bits), and the query decoder's ``tnt_end``, the
+# end of the TNT packet whose bits are in use, while none are (read only
+# when the cache holds bits; set with them).  A decoder that ran through
+# a PSB holds the last TNT packet's values there, one synchronized at it
+# zeros: without this they would only meet where both saw the same TNT.
+_DEAD = {("TntCache", "bits"): _tnt_empty,
+         ("QueryDecoder", "tnt_end"): _tnt_empty}
+
 _PLAIN = (int, str, bytes, float, type(None), bool)
 
 
@@ -188,6 +204,10 @@ def _describe(obj, names, seen: set, depth: int = 0):
             continue
         if _excluded(name):
             continue
+        dead = _DEAD.get((t.__name__, name))
+        if dead is not None and dead(obj):
+            fields.append((name, "<dead>"))
+            continue
         if callable(v) and (hasattr(v, "__self__") or hasattr(v, "__code__")):
             continue                        # a method bound as an attribute
         fields.append((name, _describe(v, names, seen, d)))
@@ -243,42 +263,46 @@ class Stop(Exception):
     """Raised through the session when a job has recorded enough."""
 
 
+_NEVER = 1 << 64
+
+
 class Recorder:
     """Records :class:`Checkpoint` s of one decode driven by the session
     (see the module doc); build the decoder with :meth:`decoder` and the
     sink with :meth:`sink`.
 
     Checkpoints are only taken where the stitch of :mod:`.parallel` can
-    use them: at the first ``head`` PSBs of the decode (where the previous
-    job's tail meets this one) and at every PSB at or past trace offset
-    ``stop_at`` (this job's tail).  Once ``tail`` checkpoints at or past
-    ``stop_at`` are recorded, or ``done(checkpoint)`` says the next job is
-    met there, the decode stops: :class:`Stop` is raised through the
-    session.  ``published(checkpoints)`` gets the head's checkpoints once
-    they are recorded (or from :meth:`publish`, at the end).
+    use them, in two windows of the trace given as ``(from, until)``
+    offsets: ``head`` (where the previous job's tail meets this job) and
+    ``tail`` (where this job meets the next one).  A window records a
+    checkpoint at each PSB from offset ``from`` on, up to and including
+    the first checkpoint at or past ``until`` (None: no limit); at the end
+    of the tail window, or as soon as ``done(checkpoint)`` says the next
+    job is met at a tail checkpoint, the decode stops (:class:`Stop` is
+    raised through the session).
 
     A PSB shows as the status updates its PSB+ publishes (events with
     ``status_update``); the checkpoint is taken at the first item decoded
     after them -- the item a decoder synchronized at that PSB decodes
-    first.  Nothing runs per instruction or block elsewhere: the decoder's
-    ``next`` is an instance attribute, its own bound method except for the
-    one item after such a PSB.  (Objects are built as instances of the
-    subclasses here: assigning ``__class__`` later, or reading ``vars()``,
-    makes CPython 3.11 move an object's attribute values into a dict,
-    which slows every later attribute access by a third or more.)"""
+    first.  (Where a PSB's status updates come with items between them, as
+    the flow reaches their IPs, each group gets a checkpoint.)  Nothing
+    runs per instruction or block elsewhere: the decoder's ``next`` is an
+    instance attribute, its own bound method except for the one item after
+    such a PSB.  (Objects are built as instances of the subclasses here:
+    assigning ``__class__`` later, or reading ``vars()``, makes CPython
+    3.11 move an object's attribute values into a dict, which slows every
+    later attribute access by a third or more.)"""
 
-    def __init__(self, out: SpoolWriter, *, head: int = 0, stop_at=None,
-                 tail: int = 3, done=None, published=None):
+    def __init__(self, out: SpoolWriter, *, head=None, tail=None,
+                 done=None):
         self._out = out
-        self._head = head
-        self._stop_at = stop_at
-        self._tail = tail
+        self._head = (head[0], _NEVER if head[1] is None else head[1]) \
+            if head is not None else None
+        self._tail = (tail[0], _NEVER if tail[1] is None else tail[1]) \
+            if tail is not None else None
         self._done = done
-        self._published = published
-        self._groups = 0
-        self._past = 0
         self._armed = False
-        self._names = attribute_names()
+        self._names = None
         self.dec = None
         self._idec = None
         self._sink = None
@@ -347,29 +371,28 @@ class Recorder:
         s = self._sink
         return (s.insns, s.blocks, s.events, s.errors)
 
-    def publish(self) -> None:
-        """Hand the checkpoints so far to ``published`` (once)."""
-        if self._published is not None:
-            f, self._published = self._published, None
-            f(list(self.checkpoints))
-
     # -- the hooks -----------------------------------------------------------
     def _at_status_update(self) -> None:
-        if self._groups < self._head:
-            self._groups += 1
-        elif self._stop_at is None or self.dec.offset < self._stop_at:
-            return
-        self._armed = True
-        self.dec.next = self._capturing
+        at = self.dec.offset
+        head, tail = self._head, self._tail
+        if (head is not None and head[0] <= at) or \
+                (tail is not None and tail[0] <= at):
+            self._armed = True
+            self.dec.next = self._capturing
 
     def _at_item(self, status, item, offset) -> None:
         dec = self.dec
         dec.next = self._plain_next
         self._armed = False
         pos = dec.offset
+        head, tail = self._head, self._tail
+        if head is not None and pos >= head[1]:
+            self._head = None               # the head window is complete
         # What the session does from here on depends on the decoder's
         # state, the status and the item (its IP is the session's last_ip)
         # and the offset the item is reported at.
+        if self._names is None:
+            self._names = attribute_names()
         try:
             key = digest(dec, self._names, (status, offset, item))
         except Unhashable:
@@ -378,11 +401,7 @@ class Recorder:
             cp = Checkpoint(pos, key, tuple(self._idec.retstack._stack),
                             self._out.tell(), self.counts())
             self.checkpoints.append(cp)
-        if self._groups == self._head and self._head:
-            self.publish()
-        if key is not None and self._stop_at is not None and \
-                pos >= self._stop_at:
-            self._past += 1
-            if self._past >= self._tail or (
-                    self._done is not None and self._done(cp)):
-                raise Stop()
+        if tail is not None and pos >= tail[0] and (
+                pos >= tail[1] or (key is not None and self._done is not None
+                                   and self._done(cp))):
+            raise Stop()

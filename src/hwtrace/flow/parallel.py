@@ -40,8 +40,8 @@ readable at the same paths there).
 from __future__ import annotations
 
 import copy
+import io
 import os
-import pickle
 import shutil
 import tempfile
 from typing import NamedTuple
@@ -50,8 +50,8 @@ from hwtrace.pt.decoder import find_psb_forward
 
 from . import checkpoint as C
 
-TAIL = 3            # checkpoints a job records past the end of its segment
-HEAD = 3            # checkpoints a job records from its start
+TAIL = 3            # PSBs a job decodes on past its end (if need be)
+HEAD = 3            # PSBs from its start where a job records checkpoints
 SEGMENTS_PER_JOB = 4
 MIN_SEGMENT = 64 << 10
 
@@ -105,6 +105,15 @@ def psb_offsets(buf) -> list[int]:
         pos = found + 16
 
 
+def psb_after(buf, pos: int, n: int) -> int | None:
+    """The ``n``-th PSB after the one at ``pos`` (None: there is none)."""
+    for _ in range(n):
+        pos = find_psb_forward(buf, pos + 16)
+        if pos < 0:
+            return None
+    return pos
+
+
 def segment_starts(psbs: list[int], size: int, segments: int,
                    min_size: int = MIN_SEGMENT) -> list[int]:
     """Up to ``segments - 1`` PSBs cutting a ``size``-byte trace into
@@ -121,7 +130,7 @@ def segment_starts(psbs: list[int], size: int, segments: int,
             break
         at = psbs[i]
         prev = starts[-1] if starts else 0
-        if at - prev >= min_size and size - at >= min_size:
+        if at > prev and at - prev >= min_size and size - at >= min_size:
             starts.append(at)
     return starts
 
@@ -143,39 +152,40 @@ def load_image(images):
     return image
 
 
-def _board(spool_dir: str, start) -> str:
-    """Where the job starting at ``start`` leaves its head checkpoints for
-    the job before it (local runs: all jobs share ``spool_dir``)."""
-    return os.path.join(spool_dir, f"head-{start}.pickle")
-
-
-def _publisher(spool_dir: str, start):
-    def publish(checkpoints):
-        path = _board(spool_dir, start)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            pickle.dump(checkpoints, f)
-        os.replace(tmp, path)
-    return publish
-
-
-def _next_met(spool_dir: str, end):
-    """``done`` for the recorder of a job ending at ``end``: whether a
-    checkpoint of its tail meets the next job's head (read from the board
-    once that job has put it there) as :func:`_merge` will find it."""
+def _meets_next(job: Job, data, image):
+    """``done`` for the recorder of ``job``: whether a checkpoint of its
+    tail meets the next job (which synchronizes at ``job.end``) at that
+    job's first checkpoint, as :func:`_merge` will find it.  That first
+    checkpoint comes a few items after the PSB, so it is computed here,
+    by a decoder of our own (cheaper than decoding on for more tail)."""
     index = None
 
     def done(cp) -> bool:
         nonlocal index
         if index is None:
-            try:
-                with open(_board(spool_dir, end), "rb") as f:
-                    theirs = pickle.load(f)
-            except FileNotFoundError:
-                return False
-            index = _key_index(theirs)
+            index = _key_index(_first_checkpoints(job, data, image))
         return _meets(cp, index) is not None
     return done
+
+
+def _first_checkpoints(job: Job, data, image) -> list:
+    """The first checkpoint of a job starting at ``job.end`` (or none)."""
+    from . import session
+    from .block import BlockDecoder
+    from .insn import InsnDecoder
+
+    rec = C.Recorder(C.SpoolWriter(io.BytesIO()), tail=(job.end, job.end))
+    dec = rec.decoder(BlockDecoder if job.block else InsnDecoder,
+                      data, image, job.config, start=job.end)
+    sink = rec.sink(job.sink, lambda s: None)
+    try:
+        if job.block:
+            session.run_blocks(dec, sink, resync=job.resync)
+        else:
+            session.run_insn(dec, sink, resync=job.resync)
+    except C.Stop:
+        pass
+    return rec.checkpoints
 
 
 def run_job(job: Job, data=None) -> Result:
@@ -190,16 +200,14 @@ def run_job(job: Job, data=None) -> Result:
     fd, path = tempfile.mkstemp(prefix="hwtrace-seg-", suffix=".out",
                                 dir=job.spool_dir)
     stopped = False
-    board = job.spool_dir
     with os.fdopen(fd, "w+b") as f:
         out = C.SpoolWriter(f)
         rec = C.Recorder(
-            out, head=0 if job.start is None else HEAD,
-            stop_at=job.end, tail=TAIL,
-            done=_next_met(board, job.end) if board and job.end is not None
-            else None,
-            published=_publisher(board, job.start) if board and
-            job.start is not None else None)
+            out, head=None if job.start is None else
+            (job.start, psb_after(data, job.start, HEAD)),
+            tail=None if job.end is None else
+            (job.end, psb_after(data, job.end, TAIL)),
+            done=None if job.end is None else _meets_next(job, data, image))
         dec = rec.decoder(BlockDecoder if job.block else InsnDecoder,
                           data, image, job.config, start=job.start)
         sink = rec.sink(job.sink, out.write)
@@ -210,7 +218,6 @@ def run_job(job: Job, data=None) -> Result:
                 session.run_insn(dec, sink, resync=job.resync)
         except C.Stop:
             stopped = True
-        rec.publish()
         size = out.tell()
         if job.spool_dir is None:
             f.seek(0)
