@@ -132,6 +132,36 @@ def test_reruns_when_states_do_not_meet(timing, monkeypatch):
         assert len(st["reruns"]) >= 2
 
 
+def test_job_bail_is_rerun_not_none(plain, tmp_path):
+    """A PSB+ without its MODE.exec (padded out): the sequential decode
+    knows the mode from before, a job synchronized there does not and
+    bails.  That job's bail is a stop marker after its last checkpoint,
+    the job before it decodes its segment again, and the counts are the
+    sequential ones (not None)."""
+    path, pairs, cfg = plain
+    data = bytearray(Path(path).read_bytes())
+    psbs = parallel.psb_offsets(data)
+    k = len(psbs) // 2
+    d = PacketDecoder(bytes(data))
+    d.sync_set(psbs[k])
+    p = d.next()
+    while p.type != "mode.exec":
+        assert p.type != "psbend"
+        p = d.next()
+    data[p.offset:p.offset + p.size] = bytes(p.size)     # PADs
+    m = tmp_path / "nomode.pt"
+    m.write_bytes(data)
+    job = FP.run_segment(FP.SegmentJob(str(m), 0, len(data), tuple(pairs),
+                                       cfg, True, psbs[k], psbs[k + 1]))
+    assert job.underflows == [len(job.checkpoints)] and not job.stopped
+    for block in (True, False):
+        seq = _sequential(str(m), pairs, cfg, block)
+        c, st = FP.count_stats(str(m), 0, None, pairs, cfg, block, 2,
+                               segments=len(psbs), min_segment=0)
+        assert c == seq
+        assert (psbs[k - 1], psbs[k + 1]) in st["reruns"]
+
+
 def test_trace_range(plain):
     """``--pt FILE:FROM-TO``: the counts of that range decoded alone."""
     path, pairs, cfg = plain
