@@ -4,7 +4,7 @@ mapping costs in speed.
 The trace is an emulated recording of ``gzip -9`` (``hwtrace record``),
 repeated to each size, as bench_parallel.py builds it.
 
-1. **Peak RSS vs size** (``ru_maxrss`` of the ``hwtrace`` process; the CLI
+1. **Peak RSS vs size** (VmHWM of the ``hwtrace`` process; the CLI
    maps the trace read-only and drops the pages behind the decode, see
    hwtrace.cli._tracemap), each command on ``--sizes`` MB:
 
@@ -27,7 +27,7 @@ repeated to each size, as bench_parallel.py builds it.
    (mapped / bytes time: 1.00 = no change).
 
     python bench/bench_memory.py [--sizes 10,25,50,100] [--small-sizes 0.25,0.5,1]
-                                 [--speed-mb 20] [--before]
+                                 [--speed-mb 8] [--repeat 5] [--before]
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_parallel import hwtrace, record, repeated  # noqa: E402
 
-# Runs hwtrace's CLI in this child and prints its own peak RSS (KiB) last.
+# Runs hwtrace's CLI in this child and prints its own peak RSS (KiB) last:
+# VmHWM, the high-water mark of this process image's memory (ru_maxrss
+# would carry over the parent's peak through fork/vfork + exec).
 # argv[1] == "bytes": read the trace into bytes as before (no mapping).
 _WRAP = r"""
-import resource, sys
+import sys
 mode = sys.argv.pop(1)
 if mode == "bytes":
     from hwtrace.cli import _tracemap
@@ -61,7 +63,8 @@ try:
     rc = main(sys.argv[1:])
 finally:
     sys.stdout.flush()
-    print("\n@rss %d" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]
+    print("\n@rss %d" % int(hwm[0].split()[1]))
 sys.exit(rc)
 """
 
@@ -110,14 +113,10 @@ def speed(trace: Path, images: list[str], repeat: int) -> None:
     for i in range(0, len(images), 2):
         load_raw(image, images[i + 1])
 
-    def best(fn):
-        t = float("inf")
-        r = None
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            r = fn()
-            t = min(t, time.perf_counter() - t0)
-        return t, r
+    def timed(fn):
+        t0 = time.perf_counter()
+        r = fn()
+        return time.perf_counter() - t0, r
 
     def drain(it):
         k = 0
@@ -135,11 +134,15 @@ def speed(trace: Path, images: list[str], repeat: int) -> None:
     if fast.CORE is not None:
         rows.append(("fast.count block (compiled flow)", lambda b:
                      fast.count(b, image, FlowConfig(), decoder="block")[:3]))
-    print(f"\nspeed on {n / 1e6:.1f} MB, best of {repeat} "
-          "(mapped: a fresh releasing TraceMap per run)")
+    print(f"\nspeed on {n / 1e6:.1f} MB, best of {repeat} runs alternating "
+          "bytes and mapped (mapped: a fresh releasing TraceMap per run)")
     for label, fn in rows:
-        tb, rb = best(lambda: fn(data))
-        tm, rm = best(lambda: fn(map_trace(trace)))
+        tb = tm = float("inf")
+        for _ in range(repeat):
+            t, rb = timed(lambda: fn(data))
+            tb = min(tb, t)
+            t, rm = timed(lambda: fn(map_trace(trace)))
+            tm = min(tm, t)
         same = "same" if rb == rm else f"DIFFERENT {rb} {rm}"
         print(f"  {label:34}: bytes {n / tb / 1e6:8.1f} MB/s  mapped "
               f"{n / tm / 1e6:8.1f} MB/s  ratio {tm / tb:5.2f}  ({same})")
@@ -150,8 +153,8 @@ def main() -> int:
     ap.add_argument("--input-kib", type=int, default=12)
     ap.add_argument("--sizes", default="10,25,50,100")
     ap.add_argument("--small-sizes", default="0.25,0.5,1")
-    ap.add_argument("--speed-mb", type=float, default=20)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--speed-mb", type=float, default=8)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--before", action="store_true",
                     help="also run each command reading the trace into bytes")
     a = ap.parse_args()
