@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_parallel import hwtrace, record, repeated  # noqa: E402
+from bench_parallel import record, repeated  # noqa: E402
 
 # Runs hwtrace's CLI in this child and prints its own peak RSS (KiB) last:
 # VmHWM, the high-water mark of this process image's memory (ru_maxrss
