@@ -213,6 +213,40 @@ def test_bail_is_none(timing, tmp_path, where):
                         segments=segments, min_segment=0) is None
 
 
+def test_seeded_mutations_match_the_sequential_core(plain, tmp_path):
+    """Flipped bytes, cut-out and duplicated runs anywhere: the parallel
+    path returns the sequential core's counts, and None exactly where that
+    one bails."""
+    import random
+    path, pairs, cfg = plain
+    data = Path(path).read_bytes()
+    image = parallel.load_image(pairs)
+    npsb = len(parallel.psb_offsets(data))
+    rng = random.Random(8)
+    seen = set()
+    for n in range(10):
+        b = bytearray(data)
+        at = rng.randrange(len(b) // 8, len(b))
+        what = n % 3
+        if what == 0:
+            for _ in range(rng.randint(1, 3)):
+                b[rng.randrange(len(b) // 8, len(b))] = rng.randrange(256)
+        elif what == 1:
+            del b[at:at + rng.randint(1, 16)]
+        else:
+            b[at:at] = b[at:at + rng.randint(1, 64)]
+        m = tmp_path / f"m{n}.pt"
+        m.write_bytes(b)
+        block = bool(n % 2)
+        seq = fast.compiled_count(bytes(b), image, cfg,
+                                  "block" if block else "insn")
+        got = FP.count(str(m), 0, None, pairs, cfg, block, 2,
+                       segments=npsb, min_segment=0)
+        assert got == seq, n
+        seen.add(seq is None)
+    assert seen == {True, False}
+
+
 def test_no_core_is_none(plain, monkeypatch):
     path, pairs, cfg = plain
     monkeypatch.setattr(fast, "CORE", None)
