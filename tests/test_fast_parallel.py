@@ -247,6 +247,27 @@ def test_seeded_mutations_match_the_sequential_core(plain, tmp_path):
     assert seen == {True, False}
 
 
+def _dies_later(job):
+    """run_segment, except that a job after the first kills its worker."""
+    import os
+    if job.start is not None:
+        os._exit(3)
+    return _RUN_SEGMENT(job)
+
+
+_RUN_SEGMENT = FP.run_segment
+
+
+def test_dead_worker_is_none(plain, monkeypatch):
+    """A worker that dies (killed, out of memory) is no traceback: None,
+    and the caller takes its usual path."""
+    path, pairs, cfg = plain
+    monkeypatch.setattr(FP, "run_segment", _dies_later)
+    c, st = FP.count_stats(path, 0, None, pairs, cfg, True, 2, segments=4,
+                           min_segment=0)
+    assert c is None and st["broken"]
+
+
 def test_no_core_is_none(plain, monkeypatch):
     path, pairs, cfg = plain
     monkeypatch.setattr(fast, "CORE", None)

@@ -188,28 +188,33 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
 
     import concurrent.futures as cf
     import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
 
     class _Bail(Exception):
         pass
 
-    with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
-                                mp_context=mp.get_context("fork")) as pool:
-        results = list(pool.map(run_segment,
-                                [job(s, e) for s, e in zip(bounds, ends)]))
-        if any(isinstance(r, Bailed) for r in results):
-            return None, stats
+    try:
+        with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
+                                    mp_context=mp.get_context("fork")) as pool:
+            results = list(pool.map(
+                run_segment, [job(s, e) for s, e in zip(bounds, ends)]))
+            if any(isinstance(r, Bailed) for r in results):
+                return None, stats
 
-        def rerun(start, end):
-            stats["reruns"].append((start, end))
-            r = pool.submit(run_segment, job(start, end)).result()
-            if isinstance(r, Bailed):
-                raise _Bail(r.reason)
-            return r
+            def rerun(start, end):
+                stats["reruns"].append((start, end))
+                r = pool.submit(run_segment, job(start, end)).result()
+                if isinstance(r, Bailed):
+                    raise _Bail(r.reason)
+                return r
 
-        try:
             pieces = P.stitch(results, rerun)
-        except _Bail:
-            return None, stats
+    except _Bail:
+        return None, stats
+    except BrokenProcessPool:
+        # a worker died (killed, out of memory): the caller's usual path
+        stats["broken"] = True
+        return None, stats
     totals = [0, 0]
     for piece in pieces:
         if _stops_in(piece):
