@@ -22,12 +22,14 @@ repeated to each size, as bench_parallel.py builds it.
 
 2. **Speed, bytes vs mapped** (in-process, best of ``--repeat``) on a
    ``--speed-mb`` trace: ``PacketDecoder.count()`` and ``packets()`` (both
-   implementations) and the compiled flow count (``fast.count``), each on
-   the trace as bytes and as a releasing file mapping; prints the ratio
-   (mapped / bytes time: 1.00 = no change).
+   implementations) and the compiled flow count (``fast.count``), and on a
+   ``--flow-mb`` trace the Python block decoder's counts, each on the trace
+   as bytes and as a releasing file mapping; prints the ratio (mapped /
+   bytes time: 1.00 = no change).
 
     python bench/bench_memory.py [--sizes 10,25,50,100] [--small-sizes 0.25,0.5,1]
-                                 [--speed-mb 8] [--repeat 5] [--before]
+                                 [--speed-mb 8] [--flow-mb 0.1] [--repeat 5]
+                                 [--before]
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def rss_table(title, argv_of, paths, before: bool) -> None:
         print(f"{line}   [{last}]")
 
 
-def speed(trace: Path, images: list[str], repeat: int) -> None:
+def speed(trace: Path, small: Path, images: list[str], repeat: int) -> None:
     from hwtrace.cli._tracemap import map_trace
     from hwtrace.flow import fast
     from hwtrace.flow.config import FlowConfig
@@ -107,8 +109,6 @@ def speed(trace: Path, images: list[str], repeat: int) -> None:
     from hwtrace.pt import _impl
     from hwtrace.pt.decoder import PacketDecoder
 
-    data = trace.read_bytes()
-    n = len(data)
     image = Image()
     for i in range(0, len(images), 2):
         load_raw(image, images[i + 1])
@@ -127,25 +127,31 @@ def speed(trace: Path, images: list[str], repeat: int) -> None:
     rows = []
     impls = ["compiled", "python"] if _impl.STATUS.module else ["python"]
     for impl in impls:
-        rows.append((f"count()   {impl:8}", lambda b, i=impl:
+        rows.append((f"count()   {impl:8}", trace, lambda b, i=impl:
                      PacketDecoder(b, impl=i).count()))
-        rows.append((f"packets() {impl:8}", lambda b, i=impl:
+        rows.append((f"packets() {impl:8}", trace, lambda b, i=impl:
                      drain(PacketDecoder(b, impl=i).packets())))
     if fast.CORE is not None:
-        rows.append(("fast.count block (compiled flow)", lambda b:
+        rows.append(("fast.count block (compiled flow)", trace, lambda b:
                      fast.count(b, image, FlowConfig(), decoder="block")[:3]))
-    print(f"\nspeed on {n / 1e6:.1f} MB, best of {repeat} runs alternating "
-          "bytes and mapped (mapped: a fresh releasing TraceMap per run)")
-    for label, fn in rows:
+    rows.append(("Python block decoder counts", small, lambda b:
+                 fast.count(b, image, FlowConfig(), decoder="block",
+                            impl="python")[:3]))
+    print(f"\nspeed, best of {repeat} runs alternating bytes and mapped "
+          "(mapped: a fresh releasing TraceMap per run)")
+    for label, path, fn in rows:
+        data = path.read_bytes()
+        n = len(data)
         tb = tm = float("inf")
         for _ in range(repeat):
             t, rb = timed(lambda: fn(data))
             tb = min(tb, t)
-            t, rm = timed(lambda: fn(map_trace(trace)))
+            t, rm = timed(lambda: fn(map_trace(path)))
             tm = min(tm, t)
         same = "same" if rb == rm else f"DIFFERENT {rb} {rm}"
-        print(f"  {label:34}: bytes {n / tb / 1e6:8.1f} MB/s  mapped "
-              f"{n / tm / 1e6:8.1f} MB/s  ratio {tm / tb:5.2f}  ({same})")
+        print(f"  {label:28} {n / 1e6:5.2f} MB: bytes {n / tb / 1e6:7.2f} "
+              f"MB/s  mapped {n / tm / 1e6:7.2f} MB/s  ratio {tm / tb:5.2f}"
+              f"  ({same})")
 
 
 def main() -> int:
@@ -154,6 +160,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="10,25,50,100")
     ap.add_argument("--small-sizes", default="0.25,0.5,1")
     ap.add_argument("--speed-mb", type=float, default=8)
+    ap.add_argument("--flow-mb", type=float, default=0.1,
+                    help="trace size for the Python flow decoders' speed")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--before", action="store_true",
                     help="also run each command reading the trace into bytes")
@@ -186,7 +194,8 @@ def main() -> int:
         rss_table("dump --quiet (ptdump formatter over the compiled scan)",
                   lambda p: ["dump", "--quiet", p], big[:1] + few, a.before)
         sp = repeated(pt, work / "speed.pt", a.speed_mb)
-        speed(sp, images, a.repeat)
+        speed(sp, repeated(pt, work / "flow.pt", a.flow_mb), images,
+              a.repeat)
         print(f"\nimages: {shlex.join(images)[:120]}...")
     return 0
 
