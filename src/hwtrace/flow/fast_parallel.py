@@ -142,9 +142,9 @@ def count(path: str, offset: int, size: int | None, images, config,
           min_segment: int = MIN_SEGMENT) -> fast.Counts | None:
     """The sequential compiled decode's counts of ``path[offset:][:size]``
     (``images``: (kind, arg) pairs), decoded on ``jobs`` cores (0: all);
-    None exactly where :func:`fast.compiled_count` is None too (no core,
-    a configuration it leaves to the twin, or the sequential core bails:
-    see the module doc), so a caller need not try that one after it."""
+    None where :func:`fast.compiled_count` is None too (no core, a
+    configuration it leaves to the twin, or the sequential core bails: see
+    the module doc) -- and where a worker process died."""
     return count_stats(path, offset, size, images, config, block, jobs,
                        segments=segments, min_segment=min_segment)[0]
 
