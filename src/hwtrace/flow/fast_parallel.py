@@ -32,9 +32,9 @@ job::
 
 Result: exactly the sequential compiled decode's counts, or None where
 that decode (or job 0, which is its beginning) bails, where a piece that
-is the sequential decode bails, or where there is no compiled core
-(``HWTRACE_NO_EXTENSIONS=1``: the Python parallel decode handles it) --
-the caller then takes its usual path.
+is the sequential decode bails, where there is no compiled core
+(``HWTRACE_NO_EXTENSIONS=1``: the Python parallel decode handles it) or
+where a worker process died -- the caller then takes its usual path.
 
 Timing: the calibration state (the last MTC interval's frequency ratio)
 is the same in a fresh job two MTCs after its PSB, so timing traces merge
