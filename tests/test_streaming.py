@@ -303,3 +303,48 @@ def test_missing_file_and_bad_range_are_one_line(tmp_path, cmd):
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("hwtrace:"), \
             (spec, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_tracemap_release_keeps_the_window_behind_and_pages_aligned(tmp_path):
+    """release_before(offset) drops whole pages up to ``keep`` bytes
+    behind the offset (in mapping coordinates: a view's base added) and
+    asks to be called again a window later; reading after a release gives
+    the same bytes (pages come back from the page cache)."""
+    data = REAL.read_bytes() * 8
+    p = tmp_path / "t.pt"
+    p.write_bytes(data)
+    calls = []
+
+    class Spy(TraceMap):
+        window = 10000
+        keep = 5000
+
+        def madvise(self, option, start=0, length=None):
+            calls.append((option, start, length))
+            return super().madvise(option, start, length)
+
+    with open(p, "rb") as f:
+        m = Spy(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert m.release_before(0) == 10000 and calls == []
+    assert m.release_before(5000 + mmap.PAGESIZE + 7) == 15000 + \
+        mmap.PAGESIZE + 7
+    assert calls == [(mmap.MADV_DONTNEED, 0, mmap.PAGESIZE)]
+    m.view_base = 100
+    m.release_before(len(data))
+    assert calls[-1] == (mmap.MADV_DONTNEED, 0,
+                         (len(data) + 100 - 5000) & ~(mmap.PAGESIZE - 1))
+    assert m[:] == data
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_finished_decode_lets_go_of_the_mapping(tmp_path, impl):
+    """An exhausted packets() iterator holds no buffer export: the caller
+    can close its mapping."""
+    _impl_or_skip(impl)
+    p = tmp_path / "t.pt"
+    p.write_bytes(REAL.read_bytes())
+    m = map_trace(p)
+    it = PacketDecoder(m, impl=impl).packets()
+    assert sum(1 for _ in it) == 7966
+    m.close()
+    assert m.closed
