@@ -30,7 +30,9 @@ def recording():
     d.mkdir(parents=True)
     text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
     (d / "in.txt").write_bytes(text[:10 << 10])
-    r = run_hwtrace("record", "--copy-images", "--config",
+    # thread mode: the whole run in one stream (cpu mode splits it between
+    # CPUs as the host schedules QEMU)
+    r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     "branch;user;retc;tsc;psb-freq=0", "-o", d / "b", "--",
                     GZIP, "-9", "-k", "-f", d / "in.txt")
     assert r.returncode == 0, r.stderr
@@ -297,7 +299,7 @@ def test_timing_state_that_never_meets_still_identical(tmp_path):
     d = tmp_path
     text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
     (d / "in.txt").write_bytes(text[:3 << 10])
-    r = run_hwtrace("record", "--copy-images", "--config",
+    r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     "branch;user;retc;tsc;mtc;mtc-freq=0;cyc;psb-freq=0",
                     "-o", d / "b", "--", GZIP, "-9", "-k", "-f", d / "in.txt")
     assert r.returncode == 0, r.stderr
@@ -309,3 +311,194 @@ def test_timing_state_that_never_meets_still_identical(tmp_path):
     seq = decode("--pt", pt, *images, *opts)
     assert '"lost_mtc"' in seq
     assert decode("--pt", pt, *images, *opts, jobs=2) == seq
+
+
+def test_segment_starts_never_repeat_a_psb():
+    assert parallel.segment_starts([0, 1000, 2000], 3000, 8, min_size=0) == \
+        [1000, 2000]
+
+
+def test_psb_after_counts_psbs():
+    from hwtrace.pt import encoder as P
+    buf = (P.psb() + P.psbend() + P.pad() * 5) * 4
+    step = 16 + 2 + 5
+    assert parallel.psb_after(buf, 0, 1) == step
+    assert parallel.psb_after(buf, step, 2) == 3 * step
+    assert parallel.psb_after(buf, step, 3) is None
+
+
+# -- jobs and their checkpoints ----------------------------------------------
+def _pairs(images):
+    return tuple((images[i].lstrip("-"), images[i + 1])
+                 for i in range(0, len(images), 2))
+
+
+def _run_jobs(pt, pairs, starts, block, size=None):
+    """The jobs of a decode cut at ``starts`` (as parallel.decode runs
+    them, output in memory) and their stitched output."""
+    from hwtrace.flow import sinks
+    from hwtrace.flow.config import FlowConfig
+    template = sinks.PtxedSink(None, print_offset=True)
+    bounds, ends = [None] + starts, starts + [None]
+    results = [parallel.run_job(parallel.Job(
+        parallel.Source(str(pt), 0, size), pairs, FlowConfig(), block,
+        template,
+        False, s, e, None)) for s, e in zip(bounds, ends)]
+    return results
+
+
+def _stitched(results, rerun=None):
+    out = []
+    for piece in parallel.stitch(results, rerun):
+        a, b, _, _ = parallel.piece_range(piece)
+        out.append(piece.result.output[a:b].decode())
+    return "".join(out)
+
+
+@pytest.mark.parametrize("decoder", ["block", "insn"])
+def test_each_job_stops_at_the_first_psb_of_the_next_segment(recording,
+                                                             decoder):
+    # A job's first checkpoint in the next segment is at the first item
+    # after that segment's PSB+, where the next job takes its first one,
+    # in the same state: the job learns so from its probe and stops there.
+    pt, images = recording
+    psbs = parallel.psb_offsets(pt.read_bytes())
+    starts = [psbs[2], psbs[6]]
+    results = _run_jobs(pt, _pairs(images), starts, decoder == "block",
+                        size=psbs[9])
+    for cur, nxt in zip(results, results[1:]):
+        tail = [i for i, cp in enumerate(cur.checkpoints)
+                if cp.pos >= nxt.start]
+        assert cur.stopped and tail == [len(cur.checkpoints) - 1]
+        assert parallel._merge(cur, 0, nxt)[:2] == (tail[0], 0)
+        assert nxt.checkpoints[0].pos < parallel.psb_after(
+            pt.read_bytes(), nxt.start, 1)
+    # the head window: a checkpoint at each of the first HEAD PSBs of a
+    # job and one past them (job 0 needs none)
+    first = [cp.pos for cp in results[0].checkpoints]
+    assert len(first) == 1 and first[0] > starts[0]
+    head = [cp.pos for cp in results[1].checkpoints][:parallel.HEAD + 1]
+    assert [max(p for p in psbs if p < x) for x in head] == \
+        psbs[2:2 + parallel.HEAD + 1]
+    seq = decode("--pt", f"{pt}:0-{psbs[9]:#x}", *images,
+                 f"--{decoder}-decoder", "--offset")
+    assert _stitched(results) == seq
+
+
+# A call in a loop, a hand-made trace (64-bit code at 0x1000):
+#   0x1000: call 0x1010      0x1005: jmp 0x1000
+#   0x1010: jz 0x1012        0x1012: ret (compressed: a taken TNT bit)
+_LOOP = b"\xe8\x0b\x00\x00\x00\xeb\xf9" + b"\x90" * 9 + b"\x74\x00\xc3"
+
+
+def _loop_trace(second_psb_at: str) -> bytes:
+    """Four PSBs; the second (where a 2-way cut falls) stands at the
+    loop's top, at the jz (the return address pushed before it) or at the
+    ret (its jz done before it)."""
+    from hwtrace.pt import encoder as P
+
+    def psb(ip):
+        return P.psb() + P.fup(ip, ipc=6) + P.mode_exec(csl=1) + P.psbend()
+
+    def tnt(bits):
+        return b"".join(P.tnt8(bits[i:i + 6]) for i in range(0, len(bits), 6))
+
+    def loops(n):
+        return "".join(("t" if i % 3 else "n") + "t" for i in range(n))
+
+    ip, before, after = {"top": (0x1000, "", ""), "jz": (0x1010, "", "nt"),
+                         "ret": (0x1012, "n", "t")}[second_psb_at]
+    return (psb(0x1000) + tnt(loops(300) + before) + psb(ip) +
+            tnt(after + loops(20)) + psb(0x1000) + tnt(loops(20)) +
+            psb(0x1000) + tnt(loops(20)) + P.fup(0x1000, ipc=6) +
+            P.tip_pgd())
+
+
+@pytest.mark.parametrize("decoder", ["block", "insn"])
+@pytest.mark.parametrize("second_psb_at, reruns, pieces", [
+    ("top", [], 2),
+    # job 1 meets job 0 at the jz with an empty return stack, then pops
+    # past its bottom at the ret: its piece is refused, job 0 decodes on
+    ("jz", [(None, None)], 1),
+    # job 1 fails at the ret, resynchronizes at the next PSB and meets
+    # job 0 there (past the error: its piece is taken)
+    ("ret", [], 2)])
+def test_return_stack_across_the_cut(tmp_path, decoder, second_psb_at,
+                                     reruns, pieces):
+    from hwtrace.flow import sinks
+    from hwtrace.flow.config import FlowConfig
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(_loop_trace(second_psb_at))
+    (tmp_path / "c.bin").write_bytes(_LOOP)
+    pairs = (("raw", f"{tmp_path / 'c.bin'}:0x1000"),)
+    opts = ["--raw", f"{tmp_path / 'c.bin'}:0x1000",
+            f"--{decoder}-decoder", "--format", "jsonl", "--offset"]
+    seq = decode("--pt", pt, *opts)
+    assert '"error"' not in seq and seq.count('"ip"') > 1400
+    psbs = parallel.psb_offsets(pt.read_bytes())
+    assert parallel.segment_starts(psbs, len(pt.read_bytes()), 2, 0) == \
+        [psbs[1]]
+    out = io.StringIO()
+    sink = sinks.JsonSink(out.write, print_offset=True)
+    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+                            sink, out.write, block=decoder == "block",
+                            jobs=2, segments=2, min_segment=0)
+    assert (stats["reruns"], stats["pieces"]) == (reruns, pieces)
+    assert out.getvalue() == seq
+    assert decode("--pt", pt, *opts, jobs=2) == seq
+    job0, job1 = _run_jobs(pt, pairs, [psbs[1]], decoder == "block")
+    i, j, same = parallel._merge(job0, 0, job1)
+    if second_psb_at == "ret":
+        assert job1.underflows == [0] and job1.checkpoints[j].pos > psbs[2]
+        assert job0.checkpoints[i].pos > psbs[2]
+    else:
+        assert job0.checkpoints[i].pos < psbs[2] and j == 0
+        assert job1.underflows == ([1] if second_psb_at == "jz" else [])
+    # the same return stack, except where job 1 lacks the pushed entry
+    assert same == (second_psb_at != "jz")
+
+
+def test_dead_tnt_values_are_never_read(recording, tmp_path):
+    # The digest leaves out the TNT cache's bits while it is empty and the
+    # query decoder's tnt_end while no bits are cached; scrambling them at
+    # every step of a decode changes nothing (offsets of errors included).
+    from hwtrace.flow import session, sinks
+    from hwtrace.flow.block import BlockDecoder
+    from hwtrace.flow.config import FlowConfig
+    from hwtrace.flow.insn import InsnDecoder
+    pt, images = recording
+    data = pt.read_bytes()
+    data = data[:parallel.psb_offsets(data)[6]]
+    image = parallel.load_image(_pairs(images))
+    rng = random.Random(1)
+    mutated = bytearray(data)
+    for _ in range(12):
+        mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+    for buf in (data, bytes(mutated)):
+        for plain in (InsnDecoder, BlockDecoder):
+            class Scrambling(plain):
+                def _scramble(self):
+                    q = getattr(self, "insn", self).query
+                    if not q.tnt.index:
+                        q.tnt.bits = rng.randrange(1 << 47)
+                        q.tnt_end = rng.randrange(len(buf))
+
+                def next(self):
+                    self._scramble()
+                    return plain.next(self)
+
+                def event(self):
+                    self._scramble()
+                    return plain.event(self)
+            outs = []
+            for cls in (plain, Scrambling):
+                out = io.StringIO()
+                run = session.run_blocks if plain is BlockDecoder else \
+                    session.run_insn
+                run(cls(buf, image, FlowConfig()),
+                    sinks.PtxedSink(out.write, print_offset=True),
+                    resync=True)
+                outs.append(out.getvalue())
+            assert outs[0] == outs[1] and outs[0].count("\n") > 1000
+            if buf is not data:
+                assert "error" in outs[0]

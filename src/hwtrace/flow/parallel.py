@@ -7,9 +7,17 @@ The plan
 The trace is cut into segments at PSBs.  Job 0 decodes from the start of
 the trace exactly as :mod:`.session` does; job *k* synchronizes at the
 PSB that starts segment *k* (a fresh decoder: empty return stack, time
-reset).  Every job runs past the end of its segment for a few PSBs and
-records :class:`~.checkpoint.Checkpoint` s on the way (a digest of the
-whole decode state once per PSB).
+reset).  A job records :class:`~.checkpoint.Checkpoint` s (a digest of the
+whole decode state, at the first item after a PSB+) at its first ``HEAD``
+PSBs and past the end of its segment, where it decodes on into the next
+segment until it meets the next job's state -- at most ``TAIL`` PSBs.
+Whether it met it is known at once: the job decodes the next job's first
+checkpoint itself, with a second decoder synchronized at that PSB (a few
+items), and stops at the first checkpoint of its own with the same state;
+on valid traces that is the PSB where the next segment starts, so the
+overlap costs almost nothing.  Nothing else runs per instruction or block
+in a job (see :class:`~.checkpoint.Recorder`): a job decodes at the
+sequential decoder's speed.
 
 A job's output is correct from the point where its state equals the
 sequential decoder's.  Job 0's is correct from the start.  If job *k*'s
