@@ -348,3 +348,38 @@ def test_a_finished_decode_lets_go_of_the_mapping(tmp_path, impl):
     assert sum(1 for _ in it) == 7966
     m.close()
     assert m.closed
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_query_decoder_syncs_the_same_over_a_releasing_mapping(tmp_path,
+                                                               monkeypatch,
+                                                               impl):
+    """The query decoder's sync verbs over a mapping releasing every page
+    behind it: forward through every PSB, then backward from the end
+    (reading pages released before), the same statuses and offsets."""
+    from hwtrace.flow.query import QueryDecoder
+    _impl_or_skip(impl)
+    monkeypatch.setattr(_impl, "CORE", _impl.core_for(impl))
+    data = REAL.read_bytes() * 2
+    p = tmp_path / "t.pt"
+    p.write_bytes(data)
+    m = _recorder(p)
+    a, b = QueryDecoder(data), QueryDecoder(m)
+    fwd = 0
+    while True:
+        ra, rb = a.sync_forward(), b.sync_forward()
+        assert ra == rb and a.offset == b.offset
+        if ra.__class__ is PtError:
+            break
+        # a few queries between syncs move the packet decoder on
+        for _ in range(3):
+            assert a.cond_branch() == b.cond_branch()
+        fwd += 1
+    psbs, at = 0, find_psb_forward(data, 0)
+    while at >= 0:
+        psbs += 1
+        at = find_psb_forward(data, at + 16)
+    assert fwd == psbs >= 4 and m.calls
+    for _ in range(fwd + 1):
+        ra, rb = a.sync_backward(), b.sync_backward()
+        assert ra == rb and a.offset == b.offset
