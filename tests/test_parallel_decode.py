@@ -13,7 +13,7 @@ import shlex
 import shutil
 
 import pytest
-from conftest import BUILD, CORPUS, run_hwtrace
+from conftest import CORPUS, run_hwtrace
 
 from hwtrace.flow import parallel
 
@@ -21,13 +21,11 @@ GZIP = shutil.which("gzip") or "/usr/bin/gzip"
 
 
 @pytest.fixture(scope="module")
-def recording():
+def recording(tmp_path_factory):
     """gzip -9 of 10 KiB of text, recorded by the emulated engine with a
-    PSB every 2 KiB of trace: (trace path, image arguments)."""
-    d = BUILD / "test-parallel"
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
+    PSB every 2 KiB of trace: (trace path, image arguments).  (A directory
+    of this run's own: others may run the suite at the same time.)"""
+    d = tmp_path_factory.mktemp("parallel")
     text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
     (d / "in.txt").write_bytes(text[:10 << 10])
     # thread mode: the whole run in one stream (cpu mode splits it between

@@ -156,7 +156,35 @@ def _class_attr(t, name):
     return _MISSING
 
 
-def _describe(obj, names, seen: set, depth: int = 0):
+class Fields:
+    """The attribute names that may hold state, per type: its slots and,
+    for objects with a ``__dict__``, every name of :func:`attribute_names`
+    that is not a class attribute (memoized: one digest walks the same few
+    types many times)."""
+
+    def __init__(self, names: frozenset):
+        self.names = names
+        self._of = {}
+
+    def of(self, t) -> tuple[frozenset, tuple]:
+        got = self._of.get(t)
+        if got is None:
+            slots = []
+            for klass in t.__mro__:
+                sl = klass.__dict__.get("__slots__", ())
+                slots.extend((sl,) if isinstance(sl, str) else sl)
+            has_dict = t.__dictoffset__ != 0
+            if not has_dict and not slots:
+                raise Unhashable(t.__name__)    # a C object: state unknown
+            candidates = set(slots)
+            if has_dict:
+                candidates.update(n for n in self.names
+                                  if _class_attr(t, n) is _MISSING)
+            got = self._of[t] = (frozenset(slots), tuple(sorted(candidates)))
+        return got
+
+
+def _describe(obj, names: Fields, seen: set, depth: int = 0):
     t = obj.__class__
     if t in _PLAIN:
         return obj if t is not bool else ("b", obj)
@@ -179,19 +207,9 @@ def _describe(obj, names, seen: set, depth: int = 0):
     if id(obj) in seen:
         return ("<seen>", t.__name__)
     seen.add(id(obj))
-    slots = []
-    for klass in t.__mro__:
-        sl = klass.__dict__.get("__slots__", ())
-        slots.extend((sl,) if isinstance(sl, str) else sl)
-    has_dict = t.__dictoffset__ != 0
-    if not has_dict and not slots:
-        raise Unhashable(t.__name__)        # a C object: state unknown
+    slots, candidates = names.of(t)
     fields = []
-    candidates = set(slots)
-    if has_dict:
-        candidates.update(n for n in names
-                          if _class_attr(t, n) is _MISSING)
-    for name in sorted(candidates):
+    for name in candidates:
         if name in ("__dict__", "__weakref__"):
             continue
         v = getattr(obj, name, _MISSING)
@@ -214,9 +232,12 @@ def _describe(obj, names, seen: set, depth: int = 0):
     return (t.__name__, tuple(fields))
 
 
-def digest(dec, names: frozenset, extra=()) -> bytes:
+def digest(dec, names, extra=()) -> bytes:
     """The digest of decoder ``dec``'s state (plus ``extra``); ``names``:
-    :func:`attribute_names`."""
+    :func:`attribute_names` or a :class:`Fields` of them (faster when it
+    is kept for the next digest)."""
+    if not isinstance(names, Fields):
+        names = Fields(names)
     # The walk makes many small tuples: without this, the collections they
     # set off would traverse the whole (large) decoder heap each time.
     was = gc.isenabled()
@@ -392,7 +413,7 @@ class Recorder:
         # state, the status and the item (its IP is the session's last_ip)
         # and the offset the item is reported at.
         if self._names is None:
-            self._names = attribute_names()
+            self._names = Fields(attribute_names())
         try:
             key = digest(dec, self._names, (status, offset, item))
         except Unhashable:
