@@ -70,6 +70,28 @@ def best(n: int, fn):
     return t, cpu, r
 
 
+def _spin(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def cores_available(jobs: int, n: int = 10_000_000) -> float:
+    """How many cores the scheduler gives ``jobs`` busy processes right now
+    (1 on a machine whose other cores are taken)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    t0 = time.perf_counter()
+    _spin(n)
+    one = time.perf_counter() - t0
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as p:
+        t0 = time.perf_counter()
+        list(p.map(_spin, [n] * jobs))
+        many = time.perf_counter() - t0
+    return jobs * one / many
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input-kib", type=int, default=256)
@@ -124,8 +146,9 @@ def main() -> int:
               f"{c_seq.insns / t_par / 1e6:7.1f} M insn/s  counts {same}; "
               f"{st['segments']} segments, {len(st['reruns'])} re-runs")
         print(f"parallel speed-up (wall)  : {t_seq / t_par:.2f}x "
-              f"(target 1.7x); load average before: "
-              f"{os.getloadavg()[0]:.1f}")
+              f"(target 1.7x); load average {os.getloadavg()[0]:.1f}, "
+              f"cores {a.jobs} busy processes get now: "
+              f"{cores_available(a.jobs):.2f}")
         # On a shared machine the wall ratio is what the scheduler grants;
         # the work itself: each job's CPU time, run one after the other.
         jobs_cpu = []
