@@ -287,6 +287,16 @@ def test_no_extensions_is_none(plain):
     assert r.stdout == "None\n"
 
 
+def test_pipe_is_none(plain, tmp_path):
+    """A FIFO has no size to cut and cannot be mapped: None (the caller
+    reads it), not the counts of an empty trace."""
+    import os
+    path, pairs, cfg = plain
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert FP.count(str(fifo), 0, None, pairs, cfg, True, 2) is None
+
+
 @pytest.mark.parametrize("data", [b"", b"\x00" * 64])
 def test_no_sync_point(tmp_path, data):
     p = tmp_path / "t.pt"

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from typing import NamedTuple
 
 from . import fast
@@ -159,6 +160,8 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
     jobs = jobs or os.cpu_count() or 1          # 0: every core
     if fast.CORE is None or not fast._supported(config or fast.FlowConfig()):
         return None, stats
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None, stats          # a pipe, a device: not mapped here
     f, mm = _map(path)
     try:
         total = len(mm)
