@@ -59,7 +59,11 @@ from hwtrace.pt.decoder import find_psb_forward
 from . import checkpoint as C
 
 TAIL = 3            # PSBs a job decodes on past its end (if need be)
-HEAD = 3            # PSBs from its start where a job records checkpoints
+# PSBs from its start where a job records checkpoints.  At least TAIL: the
+# head holds every checkpoint the previous job's tail can meet, so the
+# stitch's indices into it stay valid when it re-runs the job with a later
+# end (the head is the same prefix of any run from the same start).
+HEAD = TAIL
 SEGMENTS_PER_JOB = 4
 MIN_SEGMENT = 64 << 10
 
