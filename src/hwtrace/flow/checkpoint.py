@@ -178,8 +178,8 @@ class Fields:
                 raise Unhashable(t.__name__)    # a C object: state unknown
             candidates = set(slots)
             if has_dict:
-                candidates.update(n for n in self.names
-                                  if _class_attr(t, n) is _MISSING)
+                # dir() of a class: the names in the __dict__ of its MRO
+                candidates.update(self.names.difference(dir(t)))
             got = self._of[t] = (frozenset(slots), tuple(sorted(candidates)))
         return got
 
