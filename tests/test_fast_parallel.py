@@ -108,9 +108,9 @@ def test_counts_identical(which, request):
             assert st["reruns"] == [] and set(st["merged_at"]) == {0}
             assert len(st["merged_at"]) >= npsb - 4
         else:
-            # (one segment here needs a re-run: no MTC pair before the
-            # third PSB of its tail)
-            assert len(st["reruns"]) <= 2
+            # (a segment may need a re-run: no MTC pair before the third
+            # PSB of its tail -- how many varies between recordings)
+            assert len(st["reruns"]) <= npsb // 8
             assert {1, 2} <= set(st["merged_at"]) <= {0, 1, 2}
             assert len(st["merged_at"]) >= npsb - 8
         assert FP.count(path, 0, None, pairs, cfg, block, 2, segments=3,
