@@ -6,8 +6,8 @@
    decoded by ``hwtrace decode --quiet`` (the block decoder) on one core
    and with ``--jobs N``; prints wall and CPU seconds, the ratio, and
    checks the outputs are identical.  The same for the instruction
-   decoder (``--insn-decoder``) on the trace's first ``--insn-kib`` KiB
-   (cut at a PSB).  ``--repeat R`` runs each pair R times (alternating
+   decoder (``--insn-decoder``), on the trace's first ``--insn-kib`` KiB
+   (cut at a PSB) if given.  ``--repeat R`` runs each pair R times (alternating
    which goes first) and prints every run.  The load average is printed
    before and after: other processes on the machine take cores from the
    parallel decode and skew the ratio.
@@ -130,8 +130,9 @@ def main() -> int:
     ap.add_argument("--input-kib", type=int, default=192)
     ap.add_argument("--mb", type=float, default=0.0,
                     help="repeat the recording to this size (MB)")
-    ap.add_argument("--insn-kib", type=int, default=256,
-                    help="trace KiB for the instruction decoder (0: skip)")
+    ap.add_argument("--insn-kib", type=int, default=None,
+                    help="trace KiB for the instruction decoder (default: "
+                    "the whole trace; 0: skip)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--rss-mb", type=float, default=100.0)
     ap.add_argument("--jobs", type=int, default=2)
@@ -152,7 +153,9 @@ def main() -> int:
               + f"; {npsb} PSBs; {os.cpu_count()} cores; load {_load()}")
         base = hwtrace("decode", "--pt", speed, *images, "--quiet")
         seq, par = _pair(base, a.jobs, a.repeat, "block decoder")
-        if a.insn_kib:
+        if a.insn_kib is None:
+            _pair(base + ["--insn-decoder"], a.jobs, a.repeat, "insn decoder")
+        elif a.insn_kib:
             psbs = psb_offsets(speed.read_bytes())
             cut = next((p for p in psbs if p >= a.insn_kib << 10), size)
             ibase = hwtrace("decode", "--pt", f"{speed}:0-{cut:#x}", *images,

@@ -65,7 +65,10 @@ TAIL = 3            # PSBs a job decodes on past its end (if need be)
 # end (the head is the same prefix of any run from the same start).
 HEAD = TAIL
 SEGMENTS_PER_JOB = 4
-MIN_SEGMENT = 64 << 10
+# A segment costs its job ~30 ms beyond the decode (images, the probe, a
+# few digests), about what 1 KB of trace takes to decode; 32 KB segments
+# still let the cores share out a trace of a few hundred KB evenly.
+MIN_SEGMENT = 32 << 10
 
 
 class Source(NamedTuple):
