@@ -389,6 +389,18 @@ def test_each_job_stops_at_the_first_psb_of_the_next_segment(recording,
 _LOOP = b"\xe8\x0b\x00\x00\x00\xeb\xf9" + b"\x90" * 9 + b"\x74\x00\xc3"
 
 
+def _psb(ip=None):
+    from hwtrace.pt import encoder as P
+    return P.psb() + (P.fup(ip, ipc=6) if ip is not None else b"") + \
+        P.mode_exec(csl=1) + P.psbend()
+
+
+def _loops(n: int) -> bytes:
+    from hwtrace.pt import encoder as P
+    bits = "".join(("t" if i % 3 else "n") + "t" for i in range(n))
+    return b"".join(P.tnt8(bits[i:i + 6]) for i in range(0, len(bits), 6))
+
+
 def _loop_trace(second_psb_at: str) -> bytes:
     """Four PSBs; the second (where a 2-way cut falls) stands at the
     loop's top, at the jz (the return address pushed before it) or at the
@@ -500,3 +512,39 @@ def test_dead_tnt_values_are_never_read(recording, tmp_path):
             assert outs[0] == outs[1] and outs[0].count("\n") > 1000
             if buf is not data:
                 assert "error" in outs[0]
+
+
+@pytest.mark.parametrize("decoder", ["block", "insn"])
+def test_tracing_off_across_the_cut(tmp_path, decoder):
+    # Tracing is off from before the cut to a few PSBs past the end of the
+    # tail window: no item, so no checkpoint, until it is on again; job 0
+    # decodes on through the PSB+s (no instructions: cheap) and meets job 1
+    # at the first instruction after them.
+    from hwtrace.flow import sinks
+    from hwtrace.flow.config import FlowConfig
+    from hwtrace.pt import encoder as P
+    trace = (_psb(0x1000) + _loops(600) + P.tip_pgd() + _psb() * 8 +
+             P.tip_pge(0x1000, ipc=6) + _loops(20) + _psb(0x1000) +
+             _loops(20) + P.fup(0x1000, ipc=6) + P.tip_pgd())
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(trace)
+    (tmp_path / "c.bin").write_bytes(_LOOP)
+    pairs = (("raw", f"{tmp_path / 'c.bin'}:0x1000"),)
+    psbs = parallel.psb_offsets(trace)
+    cut = parallel.segment_starts(psbs, len(trace), 2, 0)
+    assert psbs[1] <= cut[0] and \
+        parallel.psb_after(trace, cut[0], parallel.TAIL) < psbs[-3]
+    seq = decode("--pt", pt, "--raw", f"{tmp_path / 'c.bin'}:0x1000",
+                 f"--{decoder}-decoder", "--format", "jsonl", "--offset")
+    assert seq.count('"disabled"') >= 7 and seq.count('"ip"') > 1400
+    out = io.StringIO()
+    sink = sinks.JsonSink(out.write, print_offset=True)
+    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+                            sink, out.write, block=decoder == "block",
+                            jobs=2, segments=2, min_segment=0)
+    assert (stats["reruns"], stats["pieces"]) == ([], 2)
+    assert out.getvalue() == seq
+    job0, job1 = _run_jobs(pt, pairs, cut, decoder == "block")
+    assert [cp.pos for cp in job0.checkpoints] == \
+        [job1.checkpoints[0].pos] and job0.stopped
+    assert psbs[-2] < job1.checkpoints[0].pos < psbs[-1]

@@ -262,7 +262,6 @@ class SpoolWriter:
     def __init__(self, f):
         self.f = f
         self.pieces = []
-        self.n = 0
 
     def write(self, s: str) -> None:
         p = self.pieces

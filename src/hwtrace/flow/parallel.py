@@ -185,36 +185,39 @@ def _meets_next(job: Job, data, image):
 
 def _first_checkpoints(job: Job, data, image) -> list:
     """The first checkpoint of a job starting at ``job.end`` (or none)."""
-    from . import session
+    rec = C.Recorder(C.SpoolWriter(io.BytesIO()), tail=(job.end, job.end))
+    dec = rec.decoder(_decoder_class(job), data, image, job.config,
+                      start=job.end)
+    _drive(job, dec, rec.sink(job.sink, lambda s: None))
+    return rec.checkpoints
+
+
+def _decoder_class(job: Job):
     from .block import BlockDecoder
     from .insn import InsnDecoder
+    return BlockDecoder if job.block else InsnDecoder
 
-    rec = C.Recorder(C.SpoolWriter(io.BytesIO()), tail=(job.end, job.end))
-    dec = rec.decoder(BlockDecoder if job.block else InsnDecoder,
-                      data, image, job.config, start=job.end)
-    sink = rec.sink(job.sink, lambda s: None)
+
+def _drive(job: Job, dec, sink) -> bool:
+    """Run the session; True if the recorder stopped it."""
+    from . import session
     try:
         if job.block:
             session.run_blocks(dec, sink, resync=job.resync)
         else:
             session.run_insn(dec, sink, resync=job.resync)
     except C.Stop:
-        pass
-    return rec.checkpoints
+        return True
+    return False
 
 
 def run_job(job: Job, data=None) -> Result:
     """Decode one segment (with its tail); see the module doc."""
-    from . import session
-    from .block import BlockDecoder
-    from .insn import InsnDecoder
-
     if data is None:
         data = job.source.read()
     image = load_image(job.images)
     fd, path = tempfile.mkstemp(prefix="hwtrace-seg-", suffix=".out",
                                 dir=job.spool_dir)
-    stopped = False
     with os.fdopen(fd, "w+b") as f:
         out = C.SpoolWriter(f)
         rec = C.Recorder(
@@ -223,16 +226,9 @@ def run_job(job: Job, data=None) -> Result:
             tail=None if job.end is None else
             (job.end, psb_after(data, job.end, TAIL)),
             done=None if job.end is None else _meets_next(job, data, image))
-        dec = rec.decoder(BlockDecoder if job.block else InsnDecoder,
-                          data, image, job.config, start=job.start)
-        sink = rec.sink(job.sink, out.write)
-        try:
-            if job.block:
-                session.run_blocks(dec, sink, resync=job.resync)
-            else:
-                session.run_insn(dec, sink, resync=job.resync)
-        except C.Stop:
-            stopped = True
+        dec = rec.decoder(_decoder_class(job), data, image, job.config,
+                          start=job.start)
+        stopped = _drive(job, dec, rec.sink(job.sink, out.write))
         size = out.tell()
         if job.spool_dir is None:
             f.seek(0)
