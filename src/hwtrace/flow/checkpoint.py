@@ -22,6 +22,8 @@ What the digest leaves out, and why that is safe:
 * the query decoder's ``sync`` offset: it is only ever compared with the
   current position (``sync_forward`` skips a PSB it stands on), so the
   digest holds ``pos == sync`` instead;
+* values that are dead where they stand (``_DEAD``): the bits of an empty
+  TNT cache and the end of the TNT packet in use while none is;
 * the return-address stack (``retstack``), which is kept apart
   (:attr:`Checkpoint.stack`): a decoder that synchronized later may lack
   entries pushed before its PSB.  If its stack is a suffix of the other's,
