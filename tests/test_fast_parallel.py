@@ -351,3 +351,19 @@ def test_every_state_field_changes_the_key(plain, core):
             "psbq[0].type", "ev[ev_i].mode"} <= set(names)
     assert len(names) == len(set(names)) >= 50
     assert [n for n, changed in r if not changed] == []
+
+
+@pytest.mark.parametrize("which", ["plain", "timing"])
+@pytest.mark.parametrize("opts", [[], ["--insn-decoder"]])
+def test_cli_jobs_counts_identical(which, opts, request):
+    """``hwtrace decode --quiet --stat --jobs 2`` (the CLI's way into this
+    path, cut at every PSB) prints exactly the sequential counts."""
+    path, pairs, _ = request.getfixturevalue(which)
+    images = [a for k, v in pairs for a in (f"--{k}", v)]
+    base = ["decode", "--pt", path, *images, "--quiet", "--stat", *opts]
+    seq = run_hwtrace(*base, check=True).stdout
+    assert seq.startswith("insn: ") and "insn: 0." not in seq
+    par = run_hwtrace(*base, "--jobs", "2", check=True,
+                      env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
+                           "HWTRACE_PARALLEL_SEGMENTS": "6"}).stdout
+    assert par == seq

@@ -489,9 +489,25 @@ def decode_args(args, config, sink, write, *, block: bool,
             not args.show_blocks and args.dask is None:
         # Counts only: the compiled core, where it decodes the trace, is
         # faster on one core than the Python decoders on all of them.
-        from . import fast
-        if data is None:
-            data = Source(path, offset, size).read()
+        # On every core (flow/fast_parallel.py) where it can, else on one.
+        from . import fast, fast_parallel
+        env = os.environ
+        try:
+            # The same test knobs as below (segment size, count).
+            c = fast_parallel.count(
+                path, offset, size, args.images, config, block, args.jobs,
+                segments=int(env["HWTRACE_PARALLEL_SEGMENTS"])
+                if env.get("HWTRACE_PARALLEL_SEGMENTS") else None,
+                min_segment=int(env.get("HWTRACE_PARALLEL_MIN_SEGMENT",
+                                        fast_parallel.MIN_SEGMENT)))
+            if c is None and data is None:
+                data = Source(path, offset, size).read()
+        except OSError as e:
+            raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
+        if c is not None:
+            sink.insns += c.insns
+            sink.blocks += c.blocks
+            return {}
         if fast.CORE is not None and fast.count_into(
                 sink, data, load_image(args.images), config, block):
             return {}
