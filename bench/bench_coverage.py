@@ -52,6 +52,8 @@ def main() -> int:
     ap.add_argument("--stream")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--input-kib", type=int, default=512)
+    ap.add_argument("--timing", action="store_true",
+                    help="record with TSC/MTC/CYC packets on")
     a = ap.parse_args()
     ensure_oracle()
 

@@ -162,3 +162,29 @@ def test_cli_bundle_same_as_pt(tmp_path):
                                 f"{sum(ref.values())}, insns: ")
     r = run_hwtrace("coverage", "--edges", bundle, "--stream", "nope.pt")
     assert r.returncode == 2 and "no stream" in r.stderr
+
+
+def test_cli_timing_options_same_as_bundle(tmp_path):
+    """`coverage --edges --pt` takes decode's timing options (the bundle
+    form reads them from the manifest) and prints the same coverage."""
+    import json
+    out = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
+                    "branch;user;tsc;retc;cyc;mtc;mtc-freq=3", "-o", out,
+                    "--", "/bin/true", timeout=300)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    stream = max(m["streams"], key=lambda s: s.get("size", 0))["file"]
+    assert m["mtc_freq"] == 3 and m["nom_freq"] > 0
+    images = run_hwtrace("images", "--pt", stream, out, check=True).stdout.split()
+    timing = ["--mtc-freq", str(m["mtc_freq"]), "--nom-freq", str(m["nom_freq"]),
+              "--cpuid-0x15.eax", str(m["cpuid_0x15_eax"]),
+              "--cpuid-0x15.ebx", str(m["cpuid_0x15_ebx"])]
+    whole = run_hwtrace("coverage", "--edges", out, check=True).stdout
+    one = run_hwtrace("coverage", "--edges", "--pt", out / stream, *images,
+                      *timing, check=True, cwd=out).stdout
+    assert one == whole and whole.splitlines()[-1].startswith("edges: ")
+    r = run_hwtrace("coverage", "--edges", "--pt", out / stream,
+                    "--mtc-freq", "x")
+    assert r.returncode == 2 and r.stderr.strip() == \
+        "hwtrace: --mtc-freq: bad argument: x"

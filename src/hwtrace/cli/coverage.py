@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 
 from hwtrace.cli import CliError
-from hwtrace.cli.decode import _ImageArg, _image as _load_images
+from hwtrace.cli.decode import _DEST, _ImageArg, _image as _load_images, \
+    _number
 
 
 def register(sub) -> None:
@@ -38,6 +39,10 @@ def register(sub) -> None:
     p.add_argument("--elf", action=_ImageArg, dest="images",
                    metavar="FILE[:BASE]")
     p.add_argument("--cpu", metavar="none|F/M[/S]")
+    # The timing parameters `hwtrace images` prints with a stream's images
+    # (a bundle's manifest gives them otherwise).
+    for opt, dest in _DEST.items():
+        p.add_argument(opt, dest=dest, metavar="N")
     p.add_argument("--bitmap", metavar="FILE",
                    help="write the AFL-style edge bitmap here")
     p.add_argument("--bitmap-size", type=int, default=1 << 16, metavar="N")
@@ -47,6 +52,16 @@ def register(sub) -> None:
 
 
 _TIMING = ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx")
+
+
+def _timing_args(args) -> dict:
+    """The timing options given on the command line, by FlowConfig name."""
+    out = {}
+    for (opt, dest), key in zip(_DEST.items(), _TIMING):
+        v = _number(opt, getattr(args, dest, None))
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def _config(cpu_arg, timing=None):
@@ -76,10 +91,11 @@ def _image(images):
     return _load_images(SimpleNamespace(images=images))
 
 
-def _read(path: str) -> bytes:
+def _read(path: str):
+    """The trace, mapped in place (hwtrace.cli._tracemap), not copied."""
+    from hwtrace.cli._tracemap import map_trace
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return map_trace(path)
     except OSError as e:
         raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
 
@@ -90,7 +106,7 @@ def _jobs(args):
     if not args.bundle:
         if not args.pt:
             raise CliError("coverage: no trace: use --pt FILE or a bundle DIR")
-        return [(None, args.pt, args.images, args.cpu, {})]
+        return [(None, args.pt, args.images, args.cpu, _timing_args(args))]
     if args.pt:
         raise CliError("coverage: give either a bundle DIR or --pt")
     import json
@@ -115,6 +131,7 @@ def _jobs(args):
         cpu = f"{c['family']}/{c.get('model', 0)}"
     timing = {k: manifest[k] for k in _TIMING
               if type(manifest.get(k)) is int and manifest[k] > 0}
+    timing.update(_timing_args(args))
     out = []
     for name in streams:
         argv = stream_args(args.bundle, name)
