@@ -9,8 +9,8 @@ repeated to each size, as bench_parallel.py builds it.
    hwtrace.cli._tracemap), each command on ``--sizes`` MB:
 
    - ``dump --stat`` (compiled packet scan, windowed count),
-   - ``decode --quiet --stat`` (the compiled flow core: it reads the whole
-     mapping in one call, so its trace pages stay mapped until it returns),
+   - ``decode --quiet --stat`` (the compiled flow core: it calls the
+     mapping's release hook at PSBs as it moves on),
    - ``decode --quiet`` without images (the Python query/block decoders
      walking the whole trace: an error and a resync at every PSB),
 
@@ -178,8 +178,8 @@ def main() -> int:
         big = [repeated(pt, work / f"t{s:g}.pt", s) for s in sizes]
         rss_table("dump --stat (compiled packet count)",
                   lambda p: ["dump", "--stat", p], big, a.before)
-        rss_table("decode --quiet --stat (compiled flow core, whole mapping "
-                  "in one call)",
+        rss_table("decode --quiet --stat (compiled flow core, release hook "
+                  "at PSBs)",
                   lambda p: ["decode", "--pt", p, *images, "--quiet",
                              "--stat"], big, a.before)
         rss_table("decode --quiet, no images (Python query/block decoders: "

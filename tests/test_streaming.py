@@ -383,3 +383,38 @@ def test_query_decoder_syncs_the_same_over_a_releasing_mapping(tmp_path,
     for _ in range(fwd + 1):
         ra, rb = a.sync_backward(), b.sync_backward()
         assert ra == rb and a.offset == b.offset
+
+
+def test_compiled_flow_core_releases_behind_it(recording, tmp_path):
+    """The compiled flow core (``decode --quiet --stat``) calls a mapping's
+    release_before as it passes PSBs, forward only, and counts exactly what
+    it counts over bytes; an exception from the hook comes back as that
+    exception, not a crash or a wrong count."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.loaders import load_raw
+    from hwtrace.flow.image import Image
+    if fast.CORE is None:
+        pytest.skip("compiled flow core not loaded")
+    pt, images = recording
+    image = Image()
+    for i in range(0, len(images), 2):
+        assert images[i] == "--raw"
+        load_raw(image, images[i + 1])
+    big = tmp_path / "big.pt"
+    data = pt.read_bytes() * max(1, (3 * Recorder.window) // pt.stat().st_size + 1)
+    big.write_bytes(data)
+    want = fast.compiled_decode(data, image)
+    assert want[0] is None and want[1] > 1000
+    m = _recorder(big)
+    assert fast.compiled_decode(m, image) == want
+    assert m.calls[0] == 0 and m.calls == sorted(m.calls)
+    assert len(m.calls) >= len(data) // Recorder.window
+    assert all(b - a >= Recorder.window for a, b in zip(m.calls, m.calls[1:]))
+
+    class Boom(Recorder):
+        def release_before(self, offset):
+            raise OSError("boom")
+    with open(big, "rb") as f:
+        b = Boom(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with pytest.raises(OSError, match="boom"):
+        fast.compiled_decode(b, image)

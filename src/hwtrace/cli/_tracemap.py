@@ -20,9 +20,8 @@ faulted back in from the page cache -- so the hook affects memory only,
 never results.  What stays resident of the trace is then about
 ``WINDOW + KEEP`` plus what a decoder reads outside its forward pass (a
 ``sync_backward`` from the end, a long search for a PSB), up to the
-trace's size.  Code that reads the buffer in one call without the hook --
-the compiled flow core (``decode --quiet --stat``) -- keeps what it touched
-mapped until it returns: the whole trace, reclaimable file pages.
+trace's size.  The compiled flow core (``decode --quiet --stat``,
+``coverage``) calls the hook at the first PSB past each returned offset.
 
 Files that cannot be mapped (pipes, empty files, ``/proc`` files) are read
 into bytes as before.  A trace file must not be truncated while it is

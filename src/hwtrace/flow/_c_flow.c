@@ -1,7 +1,10 @@
 /* The compiled flow core: instruction/block counting and edge coverage over
  * Intel PT packets plus a block cache, for hwtrace.flow.fast.
  *
- *   decode(data, fill, flags, pkt_flags, want_edges)
+ *   decode(data, fill, flags, pkt_flags, want_edges[, timing[, release]])
+ *       release(pos) -> next pos: called at the first PSB at or past each
+ *       returned offset, so a file mapping can drop the pages behind the
+ *       decode (hwtrace.cli._tracemap); the core only reads forward
  *       -> (None, insns, blocks, edges)        decoded exactly
  *       -> (reason, 0, 0, None)                 bailed out: the Python twin
  *                                               must decode this trace
@@ -55,7 +58,7 @@
 
 #include "../pt/_pt_packets.h"
 
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
@@ -106,6 +109,8 @@ struct dec {
     unsigned pflags, flags;
     jmp_buf bail;
     const char *reason;
+    PyObject *release;       /* release(pos) -> next offset, or NULL */
+    ptrdiff_t release_at;
     PyObject *fill;
 
     /* packet cursor */
@@ -552,6 +557,16 @@ static void psb_header(struct dec *d)
         BAIL(d, "no PSB");
     if (d->seg.on)
         psb_seen(d, d->pos);
+    if (d->release && d->pos >= d->release_at) {
+        PyObject *r = PyObject_CallFunction(d->release, "n",
+                                            (Py_ssize_t)d->pos);
+        if (!r)
+            BAIL(d, NULL);
+        d->release_at = PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+        if (d->release_at == -1 && PyErr_Occurred())
+            BAIL(d, NULL);
+    }
     consume(d);
     d->lip = 0;
     d->have_ip = d->ip_supp = 0;
@@ -1634,14 +1649,22 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     int want_edges;
     unsigned int mtc_freq = 0;
     unsigned long long nom_freq = 0, eax = 0, ebx = 0;
-    if (!PyArg_ParseTuple(args, "y*OIIp|(IKKK)", &view, &fill, &flags,
+    PyObject *release = Py_None;
+    if (!PyArg_ParseTuple(args, "y*OIIp|(IKKK)O", &view, &fill, &flags,
                           &pflags, &want_edges, &mtc_freq, &nom_freq, &eax,
-                          &ebx))
+                          &ebx, &release))
         return NULL;
+    if (release != Py_None && !PyCallable_Check(release)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "release must be callable or None");
+        return NULL;
+    }
     struct dec *d = dec_new(&view, fill, flags, pflags, want_edges, mtc_freq,
                             nom_freq, eax, ebx);
     if (!d)
         return NULL;
+    d->release = release == Py_None ? NULL : release;   /* borrowed: the
+                                                            call holds it */
     PyObject *result = NULL;
     if (setjmp(d->bail)) {
         if (d->reason)

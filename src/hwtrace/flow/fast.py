@@ -62,7 +62,7 @@ from .fetch import (FetchError, InsnCache, binds_to_pip, binds_to_vmcs,
                     changes_cpl, changes_cr3)
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 3
+ABI = 4
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -187,8 +187,10 @@ def compiled_decode(data, image, config=None, decoder="block",
     if not _supported(cfg):
         return ("configuration", 0, 0, None)
     flags, pflags = _flags(cfg, decoder == "block")
+    # A file mapping's release_before (hwtrace.cli._tracemap) drops the
+    # pages behind the decode, so resident memory stays bounded.
     return core.decode(data, _run_filler(image), flags, pflags, want_edges,
-                       _timing(cfg))
+                       _timing(cfg), getattr(data, "release_before", None))
 
 
 def compiled_segment(data, image, config, block: bool, start: int,
