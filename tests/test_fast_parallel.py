@@ -244,7 +244,23 @@ def test_seeded_mutations_match_the_sequential_core(plain, tmp_path):
                        segments=npsb, min_segment=0)
         assert got == seq, n
         seen.add(seq is None)
-    assert seen == {True, False}
+    assert True in seen     # the core bails on (nearly) every corrupt trace
+    # Which random mutations still decode depends on the recording (made
+    # fresh each run), so a valid change is made on purpose too: PADs
+    # before a PSB in the middle change no count.
+    psbs = parallel.psb_offsets(data)
+    at = psbs[len(psbs) // 2]
+    padded = data[:at] + b"\0" * 7 + data[at:]
+    m = tmp_path / "padded.pt"
+    m.write_bytes(padded)
+    for block in (True, False):
+        want = fast.compiled_count(data, image, cfg,
+                                   "block" if block else "insn")
+        assert want is not None
+        assert fast.compiled_count(padded, image, cfg,
+                                   "block" if block else "insn") == want
+        assert FP.count(str(m), 0, None, pairs, cfg, block, 2,
+                        segments=npsb + 1, min_segment=0) == want
 
 
 def _dies_later(job):
