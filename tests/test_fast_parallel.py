@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS, _need, run_hwtrace
+from test_flow_fast import second_tma
 
 from hwtrace.flow import fast, fast_parallel as FP, parallel
 from hwtrace.flow.config import FlowConfig
@@ -178,22 +179,6 @@ def test_trace_range(plain):
         assert got == seq
 
 
-def _bad_timing(data: bytes, at: int) -> bytes:
-    """``data`` with a second TMA after the PSBEND of the first PSB at or
-    after ``at``: a timing error the twin reports (and the core bails on)."""
-    d = PacketDecoder(data)
-    d.sync_set(at)
-    tma = psbend = None
-    while psbend is None:
-        p = d.next()
-        if p.type == "tma":
-            tma = data[p.offset:p.offset + p.size]
-        elif p.type == "psbend":
-            psbend = p.offset + p.size
-    assert tma is not None
-    return data[:psbend] + tma + data[psbend:]
-
-
 @pytest.mark.parametrize("where", [0, 1, 2])
 def test_bail_is_none(timing, tmp_path, where):
     """Where the sequential core bails (here: at the start, in the middle,
@@ -203,7 +188,7 @@ def test_bail_is_none(timing, tmp_path, where):
     data = Path(path).read_bytes()
     psbs = parallel.psb_offsets(data)
     at = psbs[[0, len(psbs) // 2, len(psbs) - 3][where]]
-    bad = _bad_timing(data, at)
+    bad = second_tma(data, at)
     image = parallel.load_image(pairs)
     assert fast.compiled_decode(bad, image, cfg, "block")[0] is not None
     m = tmp_path / "bad.pt"

@@ -214,15 +214,13 @@ def test_timing_parameters_identical(timing_trace, params):
         assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
 
 
-def test_timing_error_bails(timing_trace):
-    """A second TMA after a PSB+ (that had its own TSC and TMA) is a
-    timing error of the twin ("bad context"): the core must not decode
-    that trace itself, and the counts (and the error) are the twin's."""
+def second_tma(data: bytes, at: int) -> bytes:
+    """``data`` with a second TMA after the PSBEND of the first PSB at or
+    after ``at``: a timing error the twin reports (and the core bails on).
+    Also used by test_fast_parallel."""
     from hwtrace.pt.decoder import PacketDecoder
-    data, image, cfg = timing_trace
-    _core()
     d = PacketDecoder(data)
-    d.sync_forward()
+    d.sync_set(at)
     tma = psbend = None
     while psbend is None:
         p = d.next()
@@ -231,7 +229,18 @@ def test_timing_error_bails(timing_trace):
         elif p.type == "psbend":
             psbend = p.offset + p.size
     assert tma is not None
-    bad = data[:psbend] + tma + data[psbend:]
+    return data[:psbend] + tma + data[psbend:]
+
+
+
+def test_timing_error_bails(timing_trace):
+    """A second TMA after a PSB+ (that had its own TSC and TMA) is a
+    timing error of the twin ("bad context"): the core must not decode
+    that trace itself, and the counts (and the error) are the twin's."""
+    from hwtrace.pt.decoder import find_psb_forward
+    data, image, cfg = timing_trace
+    _core()
+    bad = second_tma(data, find_psb_forward(data, 0))
     for decoder in ("block", "insn"):
         assert fast.compiled_decode(bad, image, cfg, decoder)[0] is not None
         c = fast.count(bad, image, cfg, decoder)

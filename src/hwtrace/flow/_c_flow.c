@@ -1706,6 +1706,37 @@ static PyObject *py_decode(PyObject *self, PyObject *args)
     return result;
 }
 
+/* A decoder for a segment job: a PSB must be at ``start`` (-1: the trace
+ * start, if ``start_optional``); seg.cps is a new list.  NULL with an
+ * exception set (the buffer released) on error. */
+static struct dec *seg_new(Py_buffer *view, PyObject *fill, unsigned flags,
+                           unsigned pflags, unsigned mtc_freq,
+                           unsigned long long nom_freq,
+                           unsigned long long eax, unsigned long long ebx,
+                           Py_ssize_t start, int start_optional)
+{
+    if (start < 0 ? !start_optional :
+        (start + 16 > view->len ||
+         memcmp((const uint8_t *)view->buf + start, pt_psb_bytes, 16))) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "start: no PSB there");
+        return NULL;
+    }
+    struct dec *d = dec_new(view, fill, flags, pflags, 0, mtc_freq,
+                            nom_freq, eax, ebx);
+    if (!d)
+        return NULL;
+    d->seg.on = 1;
+    d->seg.start = start;
+    d->seg.arm = -1;
+    d->seg.cps = PyList_New(0);
+    if (!d->seg.cps) {
+        dec_free(d, view);
+        return NULL;
+    }
+    return d;
+}
+
 /* decode_segment(data, fill, flags, pkt_flags, timing, start, stop_at,
  * tail, head): see the top of this file and "checkpoints". */
 static PyObject *py_decode_segment(PyObject *self, PyObject *args)
@@ -1720,28 +1751,15 @@ static PyObject *py_decode_segment(PyObject *self, PyObject *args)
                           &pflags, &mtc_freq, &nom_freq, &eax, &ebx, &start,
                           &stop_at, &tail, &head))
         return NULL;
-    if (start >= 0 && (start + 16 > view.len ||
-                       memcmp((const uint8_t *)view.buf + start, pt_psb_bytes,
-                              16))) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "start: no PSB there");
-        return NULL;
-    }
-    struct dec *d = dec_new(&view, fill, flags, pflags, 0, mtc_freq,
-                            nom_freq, eax, ebx);
+    struct dec *d = seg_new(&view, fill, flags, pflags, mtc_freq, nom_freq,
+                            eax, ebx, start, 1);
     if (!d)
         return NULL;
-    d->seg.on = 1;
-    d->seg.start = start;
     d->seg.stop_at = stop_at;
-    d->seg.arm = -1;
     d->seg.tail = tail;
     d->seg.head = head;
-    d->seg.cps = PyList_New(0);
     PyObject *result = NULL;
-    if (!d->seg.cps) {
-        /* no memory */
-    } else if (setjmp(d->bail)) {
+    if (setjmp(d->bail)) {
         if (d->reason)
             result = Py_BuildValue("(sKKOO)", d->reason,
                                    (unsigned long long)d->insns,
@@ -1774,24 +1792,15 @@ static PyObject *py_state_probe(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*OII(IKKK)n", &view, &fill, &flags, &pflags,
                           &mtc_freq, &nom_freq, &eax, &ebx, &start))
         return NULL;
-    if (start < 0 || start + 16 > view.len ||
-        memcmp((const uint8_t *)view.buf + start, pt_psb_bytes, 16)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "start: no PSB there");
-        return NULL;
-    }
-    struct dec *d = dec_new(&view, fill, flags, pflags, 0, mtc_freq,
-                            nom_freq, eax, ebx);
+    struct dec *d = seg_new(&view, fill, flags, pflags, mtc_freq, nom_freq,
+                            eax, ebx, start, 0);
     if (!d)
         return NULL;
-    d->seg.on = 1;
-    d->seg.start = d->seg.stop_at = start;
-    d->seg.arm = -1;
+    d->seg.stop_at = start;
     d->seg.tail = d->seg.head = 1;
-    d->seg.cps = PyList_New(0);
     PyObject *result = NULL;
     struct dec *tp = malloc(sizeof *tp);    /* large: not on the stack */
-    if (!d->seg.cps || !tp) {
+    if (!tp) {
         PyErr_NoMemory();
         /* no memory */
     } else if (setjmp(d->bail)) {
