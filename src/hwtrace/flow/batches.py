@@ -109,18 +109,23 @@ def _core(impl):
 def batches(data, image, config: FlowConfig | None = None, *,
             decoder: str = "block", resync: bool = False,
             want_insns: bool = False, max_records: int = 1 << 16,
-            impl: str | None = None) -> Iterator[Batch]:
-    """Decode ``data`` (any buffer) with ``image`` into batches."""
+            impl: str | None = None, spaces=None) -> Iterator[Batch]:
+    """Decode ``data`` (any buffer) with ``image`` into batches.
+    ``spaces``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch
+    address spaces by (``image`` is then its initial space's)."""
     core = _core(impl) if impl != "python" else None
     if core is not None:
         from . import fast
         return fast.compiled_batches(core, data, image, config,
                                      decoder=decoder, resync=resync,
                                      want_insns=want_insns,
-                                     max_records=max_records)
+                                     max_records=max_records, spaces=spaces)
+    dec = None
+    if spaces is not None:
+        dec = spaces.wrap(_decoder(data, image, config, decoder))
     return python_batches(data, image, config, decoder=decoder,
                           resync=resync, want_insns=want_insns,
-                          max_records=max_records)
+                          max_records=max_records, dec=dec)
 
 
 # -- the Python twin ---------------------------------------------------------------
