@@ -139,7 +139,8 @@ def _item_key(item) -> tuple:
     from hwtrace.flow.events import Event
     if isinstance(item, Event):
         return ("event",) + _event_key(item)
-    return (type(item).__name__,) + tuple(item)
+    return (type(item).__name__,) + tuple((type(v).__name__, v)
+                                          for v in item)
 
 
 def collect(batches, cap: int):

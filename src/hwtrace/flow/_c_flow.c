@@ -14,8 +14,9 @@
  *       flags     BLOCK 1, RESYNC 2, WANT_INSNS 4, PLAIN_OFFSETS 8
  *       release   a file mapping's release_before (memory only)
  *
- *   .batch(max_records, max_items) -> (blocks, insns, items, first_insn)
- *                                     or None at the end
+ *   .batch(max_records) -> (blocks, insns, items, first_insn), or None
+ *                          at the end: the next batch, cut after the
+ *                          record that makes max_records
  *   .counts() -> (insns, blocks, events, [(kind, offset, ip, code)])
  *   .edges()  -> ({(from, to): n}, insns, [(kind, offset, ip, code)])
  *
@@ -381,10 +382,10 @@ static int run(Decoder *self)
 
 static PyObject *Decoder_batch(Decoder *self, PyObject *args)
 {
-    Py_ssize_t max_records, max_items;
-    if (!PyArg_ParseTuple(args, "nn", &max_records, &max_items))
+    Py_ssize_t max_records;
+    if (!PyArg_ParseTuple(args, "n", &max_records))
         return NULL;
-    if (max_records < 1 || max_items < 1) {
+    if (max_records < 1) {
         PyErr_SetString(PyExc_ValueError, "batch sizes must be positive");
         return NULL;
     }
@@ -396,7 +397,6 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
     b->blocks.n = b->insns.n = 0;
     b->nrec = 0;
     b->max_records = (size_t)max_records;
-    b->max_items = (size_t)max_items;
     b->want_insns = self->s.want_insns;
     Py_XSETREF(b->items, PyList_New(0));
     if (!b->items)
@@ -591,8 +591,7 @@ static PyObject *Decoder_get_insns(Decoder *self, void *c)
 
 static PyMethodDef Decoder_methods[] = {
     {"batch", (PyCFunction)Decoder_batch, METH_VARARGS,
-     "batch(max_records, max_items) -> (blocks, insns, items, first_insn) "
-     "or None"},
+     "batch(max_records) -> (blocks, insns, items, first_insn) or None"},
     {"counts", (PyCFunction)Decoder_counts, METH_NOARGS,
      "counts() -> (insns, blocks, events, errors)"},
     {"edges", (PyCFunction)Decoder_edges, METH_NOARGS,
@@ -676,7 +675,9 @@ PyMODINIT_FUNC PyInit__c_flow(void)
         PyModule_AddStringConstant(m, "SOURCE_SHA256",
                                    HWTRACE_SOURCE_SHA256) < 0 ||
         PyModule_AddObject(m, "ERRORS", errs) < 0 ||
-        PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0) {
+        PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0 ||
+        PyModule_AddObjectRef(m, "decode_batches",
+                              (PyObject *)&DecoderType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -344,3 +344,113 @@ def edge_bitmap(counts: dict, size: int = 1 << 16) -> bytearray:
         i = edge_index(f, t, size)
         bm[i] = min(255, bm[i] + n)
     return bm
+
+
+# -- batches (docs/pipeline.md) ------------------------------------------------
+
+class _CoreFlow:
+    """What an address-space switcher (:class:`.spaces.SpaceSwitcher`)
+    reads of the decoder it wraps and calls on it, over a compiled core
+    ``Decoder``: the switcher's rules run unchanged, called back from the
+    core after each synchronization and each event (the verbs return what
+    the core just did)."""
+
+    def __init__(self, dec, data, config):
+        self._dec = dec
+        self.config = config or FlowConfig()
+        self.query = _CoreQuery(dec, data)
+        self._last = None
+
+    @property
+    def ip(self) -> int:
+        return self._dec.ip
+
+    @property
+    def enabled(self) -> bool:
+        return self._dec.enabled
+
+    @property
+    def offset(self) -> int:
+        return self._dec.offset
+
+    def set_image(self, image) -> None:
+        self._dec.set_image(image)
+
+    def time(self):
+        return self._dec.time()
+
+    def time_ahead(self, limit: int):
+        return self._dec.time_ahead(limit)
+
+    # the verbs a switcher wraps: what the core just returned
+    def sync_forward(self):
+        return 0
+
+    def event(self):
+        return self._last
+
+    def hooks(self, switcher):
+        def after_sync(dec):
+            switcher.sync_forward()
+
+        def after_event(dec, ev):
+            self._last = (0, ev)
+            switcher.event()
+        return after_sync, after_event
+
+
+class _CoreQuery:
+    """The query-decoder attributes a switcher reads (its position, the
+    trace buffer)."""
+
+    def __init__(self, dec, data):
+        self._dec = dec
+        self._pkt = _Buffer(data)
+
+    @property
+    def pos(self):
+        return self._dec.pos
+
+
+class _Buffer(NamedTuple):
+    buffer: object
+
+
+def compiled_batches(core, data, image, config=None, *, decoder="block",
+                     resync=False, want_insns=False, max_records=1 << 16,
+                     spaces=None):
+    """The compiled core's batches (see :func:`hwtrace.flow.batches.batches`):
+    the same records, items and batch boundaries as the twin's
+    ``python_batches``.  ``spaces``: a :class:`.spaces.SpacePlan`."""
+    import numpy as np
+
+    from . import batches as B
+    if decoder not in ("block", "insn"):
+        raise ValueError(f"unknown decoder {decoder!r}")
+    core.set_item_types(B.ErrorItem, B.StatusItem)
+    flags = (F_BLOCK if decoder == "block" else 0) | \
+        (F_RESYNC if resync else 0) | (F_WANT_INSNS if want_insns else 0)
+    if spaces is not None:
+        # the twin's session offsets through a switcher are dec.offset
+        flags |= F_PLAIN_OFFSETS
+    dec = core.Decoder(data, image, filler, config_tuple(config), flags,
+                       getattr(data, "release_before", None))
+    if spaces is not None:
+        flow = _CoreFlow(dec, data, config)
+        dec.set_hooks(*flow.hooks(spaces.wrap(flow)))
+    block_t, insn_t = B.BLOCK, B.INSN
+    Batch = B.Batch
+    max_records = max(1, max_records)
+    limit = min(B.FIRST_BATCH, max_records)
+
+    def gen(limit=limit):
+        while True:
+            r = dec.batch(limit)
+            if r is None:
+                return
+            blocks, insns, items, first = r
+            yield Batch(np.frombuffer(blocks, block_t),
+                        None if insns is None else np.frombuffer(insns, insn_t),
+                        items, first)
+            limit = min(limit * 2, max_records)
+    return gen()

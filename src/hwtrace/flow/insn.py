@@ -104,6 +104,7 @@ class InsnDecoder:
         self.enabled = False
         self.process_event = False
         self.ev = None
+        self.ev_failed = False      # processing self.ev failed (see resync)
         self.speculative = False
         self.process_insn = False
         self.p_insn = None
@@ -179,6 +180,7 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
+        self.ev_failed = False
         self.loop_mark = None
         if self.status & DEFERRED:
             self.resyncing = True
@@ -256,6 +258,7 @@ class InsnDecoder:
         ev = Event("tick", ip=ip, has_tsc=have, tsc=tsc, lost_mtc=lost_mtc,
                    lost_cyc=lost_cyc)
         self.ev = ev
+        self.ev_failed = False
         self.last_tsc = tsc
         self.process_event = True
 
@@ -619,6 +622,7 @@ class InsnDecoder:
                 self.icount = 0
             self.process_event = False
         except _Err as e:
+            self.ev_failed = True
             return self._error(e.code)
         try:
             if self.process_insn:
@@ -678,6 +682,11 @@ class InsnDecoder:
             # libipt 2.3 holds an event of a PSB+ met on the way: it
             # starts over at that PSB, delivering its status again.
             return self.sync_set(self.query.last_psb)
+        if self.process_event and self.ev_failed:
+            # The event that could not be applied (the error we resume
+            # from): handing it out again would fail the same way, for
+            # ever.  Drop it and look on.
+            self.process_event = False
         self._clear_postponed()
         self.resyncing = False
         try:

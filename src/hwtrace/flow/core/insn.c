@@ -14,6 +14,7 @@ static void reset(struct insn_dec *d)
     d->ip = 0;
     d->status = 0;
     d->enabled = d->process_event = d->speculative = d->process_insn = 0;
+    d->ev_failed = 0;
     d->p_insn = NULL;
     d->bound_paging = d->bound_vmcs = d->bound_ptwrite = 0;
     d->last_tsc = 0;
@@ -138,6 +139,7 @@ static int event_pending(struct insn_dec *d)
         return 0;
     int status;
     TRY(q_event(&d->q, &status, &d->ev));
+    d->ev_failed = 0;
     d->status = status;
     d->have_mark = 0;
     if (status & ST_DEFERRED)
@@ -167,6 +169,7 @@ static void tick(struct insn_dec *d, uint64_t ip)
     ev->tsc = t->m_tsc;
     ev->lost_mtc = t->m_lost_mtc;
     ev->lost_cyc = t->m_lost_cyc;
+    d->ev_failed = 0;
     d->last_tsc = t->m_tsc;
     d->process_event = 1;
 }
@@ -786,8 +789,10 @@ int insn_event(struct insn_dec *d, struct event *out)
         return error(d, E_BAD_QUERY, d->ip, NULL, 0);
     d->have_mark = 0;
     int r = process_event(d, &d->ev);
-    if (r < 0)
+    if (r < 0) {
+        d->ev_failed = 1;
         return error(d, r, d->ip, NULL, 0);
+    }
     *out = d->ev;
     int s = 0;
     if (d->process_insn) {
@@ -828,6 +833,8 @@ int insn_resync(struct insn_dec *d)
         return deferred(d);
     if (d->process_event && d->ev.status_update && d->q.last_psb >= 0)
         return insn_sync_set(d, d->q.last_psb);
+    if (d->process_event && d->ev_failed)
+        d->process_event = 0;       /* it would fail the same way again */
     clear_postponed(d);
     d->resyncing = 0;
     for (;;) {

@@ -232,9 +232,11 @@ static int batch_error(void *ctx, int kind, ptrdiff_t offset, uint64_t ip,
 
 static int batch_status(void *ctx, int name, ptrdiff_t offset, int supp)
 {
+    /* the session reports no ip_suppressed with "end_of_trace" */
     PyObject *o = PyObject_CallFunction(PYREFS.status_cls, "OnO",
                                         PYREFS.statuses[name],
                                         (Py_ssize_t)offset,
+                                        name == S_END_OF_TRACE ? Py_None :
                                         supp ? Py_True : Py_False);
     return batch_item(ctx, offset, o);
 }
@@ -242,8 +244,7 @@ static int batch_status(void *ctx, int name, ptrdiff_t offset, int supp)
 static int batch_full(void *ctx)
 {
     struct batch_sink *b = ctx;
-    return b->nrec >= b->max_records ||
-           (size_t)PyList_GET_SIZE(b->items) >= b->max_items;
+    return b->nrec >= b->max_records;
 }
 
 const struct sink_ops BATCH_OPS = {batch_record, batch_event, batch_error,

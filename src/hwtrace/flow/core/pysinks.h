@@ -37,7 +37,7 @@ struct batch_sink {
     struct bytebuf blocks, insns;
     PyObject *items;            /* list of (index, offset, item) */
     uint64_t nrec;
-    size_t max_records, max_items;
+    size_t max_records;
     int want_insns;
     PyObject *next_event;       /* an Event made for the switcher, reused */
 };

@@ -65,23 +65,24 @@ static void open_new(struct session *s, ptrdiff_t offset)
 }
 
 /* the instruction decoder's instructions: does one at ``offset`` with
- * speculative flag ``spec`` continue the open record? */
-static int continues(struct session *s, ptrdiff_t offset, int spec)
+ * speculative flag ``spec`` in ``mode`` continue the open record? */
+static int continues(struct session *s, ptrdiff_t offset, int spec, int mode)
 {
     return s->open.ninsn && s->open_other && s->open.offset == offset &&
-           s->open.spec == spec;
+           s->open.spec == spec && s->open.mode == mode;
 }
 
 static int add_insn(struct session *s, const struct insn_info *i, int spec,
                     ptrdiff_t offset)
 {
-    if (!continues(s, offset, spec)) {
+    if (!continues(s, offset, spec, i->mode)) {
         TRY(flush(s));
         open_new(s, offset);
     }
     TRY(rec_add(&s->open, i, spec));
     s->open_other = i->iclass == C_OTHER;
-    return 0;
+    /* a branch ends its record at once (a batch may end after it) */
+    return s->open_other ? 0 : flush(s);
 }
 
 static int item_event(struct session *s, const struct event *ev,
@@ -190,7 +191,7 @@ static int step_insn(struct session *s)
         return fatal(s, err);
     if (ru) {
         int spec = d->speculative;
-        if (!continues(s, offset, spec)) {
+        if (!continues(s, offset, spec, ru->mode)) {
             TRY(flush(s));
             open_new(s, offset);
         }
@@ -222,16 +223,18 @@ static int step_insn(struct session *s)
 
 static int step_err(struct session *s)
 {
-    struct insn_dec *d = &s->d;
     if (s->err.code == E_EOS) {
         s->state = SS_DONE;
         return 0;
     }
     TRY(item_error(s, K_ERROR, s->err.offset, s->err.ip, s->err.code));
-    if (!s->resync) {
-        s->state = SS_SYNC;
-        return 0;
-    }
+    s->state = s->resync ? SS_RESYNC : SS_SYNC;
+    return 0;
+}
+
+static int step_resync(struct session *s)
+{
+    struct insn_dec *d = &s->d;
     int r = insn_resync(d);
     if (r == R_FATAL)
         return fatal(s, d->fatal);
@@ -273,17 +276,22 @@ int sess_run(struct session *s)
 {
     for (;;) {
         int r;
+        /* one record or item at most per step: the sink may cut after
+         * any of them, as the twin's batches do */
+        if (s->ops->full(s->ctx))
+            return SESS_YIELD;
         switch (s->state) {
         case SS_SYNC:
             r = step_sync(s);
             break;
         case SS_LOOP:
-            if (s->ops->full(s->ctx))
-                return SESS_YIELD;
             r = step_loop(s);
             break;
         case SS_ERR:
             r = step_err(s);
+            break;
+        case SS_RESYNC:
+            r = step_resync(s);
             break;
         default:
             r = flush(s);

@@ -7,7 +7,9 @@
  * where the decoder's offset or the speculative flag changes.  Items:
  * events, errors, statuses, in the order the twin's session hands them to
  * its sink.  sess_run() returns when the trace is done (SESS_DONE) or
- * when the sink says it is full (SESS_YIELD, between records). */
+ * when the sink says it is full (SESS_YIELD): it asks before each step,
+ * and a step hands over at most one record or item, so a batch can end
+ * after any of them (never inside a record). */
 #ifndef HWTRACE_CORE_SESSION_H
 #define HWTRACE_CORE_SESSION_H
 
@@ -37,7 +39,7 @@ struct hooks {
     int (*after_event)(void *ctx, struct session *s, const struct event *ev);
 };
 
-enum { SS_SYNC, SS_LOOP, SS_ERR, SS_DONE };
+enum { SS_SYNC, SS_LOOP, SS_ERR, SS_RESYNC, SS_DONE };
 enum { SESS_DONE = 0, SESS_YIELD = 1, SESS_FATAL = -1 };
 
 struct session {
