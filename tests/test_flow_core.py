@@ -68,3 +68,23 @@ def test_regression_resync_does_not_repeat_a_failed_event():
     assert py[3] and c[3]                       # both ended
     errors = [i for i in py[2] if i[2][0] == "ErrorItem"]
     assert 1 <= len(errors) < 10
+
+
+def test_regression_resync_does_not_restart_at_a_failed_status_update():
+    """A PSB+ status update that cannot be applied (bad status update)
+    while resynchronizing on errors: resync started over at that PSB,
+    delivering the same status update, which failed again -- for ever
+    (both twins).  The failed event is dropped instead.  (The fuzz input,
+    fuzz/flowdiff.py's format: block decoder, resync on error.)"""
+    _core()
+    data = bytes.fromhex(
+        "030029000000000000000000001000000000007e02909090f402820282028202"
+        "820282028202820282990199217d0000000001060000000099017d0000100000"
+        "0099210223710000100000003d010001001000000000007e02909090f4028202"
+        "82028202820282028202820282990199217d0000100000000223210200028202"
+        "8202820282028202820282028299")
+    py, c = _both(data)
+    assert py[3] and c[3]
+    errors = [i[2] for i in py[2] if i[2][0] == "ErrorItem"]
+    assert errors[0][-1] == ("str", "bad status update")
+    assert len(errors) < 10

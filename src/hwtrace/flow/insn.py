@@ -677,16 +677,17 @@ class InsnDecoder:
         without an IP met on the way are left pending for the user."""
         if self.query.deferred is not None:
             return self._deferred()
+        if self.process_event and self.ev_failed:
+            # The event that could not be applied (the error we resume
+            # from): handing it out again -- or starting over at its PSB,
+            # below -- would fail the same way, for ever.  Drop it and
+            # look on.
+            self.process_event = False
         if self.process_event and self.ev.status_update and \
                 self.query.last_psb is not None:
             # libipt 2.3 holds an event of a PSB+ met on the way: it
             # starts over at that PSB, delivering its status again.
             return self.sync_set(self.query.last_psb)
-        if self.process_event and self.ev_failed:
-            # The event that could not be applied (the error we resume
-            # from): handing it out again would fail the same way, for
-            # ever.  Drop it and look on.
-            self.process_event = False
         self._clear_postponed()
         self.resyncing = False
         try:

@@ -831,10 +831,10 @@ int insn_resync(struct insn_dec *d)
 {
     if (d->q.deferred)
         return deferred(d);
-    if (d->process_event && d->ev.status_update && d->q.last_psb >= 0)
-        return insn_sync_set(d, d->q.last_psb);
     if (d->process_event && d->ev_failed)
         d->process_event = 0;       /* it would fail the same way again */
+    if (d->process_event && d->ev.status_update && d->q.last_psb >= 0)
+        return insn_sync_set(d, d->q.last_psb);
     clear_postponed(d);
     d->resyncing = 0;
     for (;;) {
