@@ -355,7 +355,8 @@ def _run_one(args, image=None, wrap=None, write=None) -> int:
                                  data=data)
         elif wrap is None and stats and args.quiet and \
                 args.format == "text" and not args.show_blocks and \
-                _fast().count_into(sink, data, image, cfg, use_block):
+                _fast().count_into(sink, data, image, cfg, use_block,
+                                   args.resync):
             pass        # counted by the compiled flow core (flow/fast.py)
         elif use_block:
             dec = BlockDecoder(data, image, cfg)

@@ -25,8 +25,16 @@
  * after_event) and the attributes ip, enabled, offset, pos, time(),
  * time_ahead(), and switches with set_image(image).
  *
- * segment(...) and state_probe(...) are the parallel counts path's jobs
- * (core/segment.c).
+ * The parallel paths' jobs (core/segment.h):
+ *
+ *   .segment(start, stop_at, tail, head)
+ *       -> (insns, blocks, events, errors, checkpoints, underflows, stopped)
+ *       counts from the PSB at ``start`` (-1: the trace start) recording
+ *       checkpoints (psb, key, stack, (insns, blocks, events, errors)) at
+ *       the first ``head`` PSBs and at PSBs at/after ``stop_at`` (-1:
+ *       none), stopping after ``tail`` of those
+ *   .state_probe(start) -> [(field, flipping it changes the key)]
+ *       a test hook: decodes to the first checkpoint after ``start``
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -485,6 +493,136 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
     return Py_BuildValue("(NKN)", d, (unsigned long long)e.insns, e.errors);
 }
 
+/* -- segment jobs -------------------------------------------------------------- */
+
+static void count_position(void *ctx, uint64_t out[4])
+{
+    struct count_sink *c = ctx;
+    out[0] = c->insns;
+    out[1] = c->blocks;
+    out[2] = c->events;
+    out[3] = (uint64_t)PyList_GET_SIZE(c->errors);
+}
+
+static PyObject *checkpoints_list(struct segment *g, int block)
+{
+    PyObject *l = PyList_New(g->ncps);
+    for (int i = 0; l && i < g->ncps; i++) {
+        struct checkpoint *cp = &g->cps[i];
+        PyObject *st = PyTuple_New(cp->nstack);
+        for (int k = 0; st && k < cp->nstack; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(cp->stack[k]);
+            if (!v) {
+                Py_CLEAR(st);
+                break;
+            }
+            PyTuple_SET_ITEM(st, k, v);
+        }
+        PyObject *t = st ? Py_BuildValue(
+            "(ny#N(KKKK))", (Py_ssize_t)cp->psb, (const char *)cp->key,
+            (Py_ssize_t)cp->keylen, st, (unsigned long long)cp->out[0],
+            (unsigned long long)(block ? cp->out[1] : 0),
+            (unsigned long long)cp->out[2],
+            (unsigned long long)cp->out[3]) : NULL;
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    return l;
+}
+
+static PyObject *Decoder_segment(Decoder *self, PyObject *args)
+{
+    Py_ssize_t start, stop_at;
+    int tail, head;
+    if (!PyArg_ParseTuple(args, "nnii", &start, &stop_at, &tail, &head))
+        return NULL;
+    if (ready(self, 2) < 0)
+        return NULL;
+    struct count_sink c = {0, 0, 0, PyList_New(0), self->s.block};
+    if (!c.errors)
+        return NULL;
+    struct segment g;
+    seg_init(&g, stop_at, head, tail);
+    g.position = count_position;
+    g.ctx = &c;
+    self->s.ops = &COUNT_OPS;
+    self->s.ctx = &c;
+    self->s.hooks = &self->hooks;
+    self->s.obs = &g.obs;
+    self->s.sync_at = start;
+    int r = run(self);
+    self->s.obs = NULL;
+    PyObject *result = NULL;
+    if (r >= 0) {
+        PyObject *cps = checkpoints_list(&g, self->s.block);
+        PyObject *under = PyList_New(g.nunder);
+        for (int i = 0; under && i < g.nunder; i++)
+            PyList_SET_ITEM(under, i, PyLong_FromLong(g.underflows[i]));
+        if (cps && under)
+            result = Py_BuildValue(
+                "(KKKONNO)", (unsigned long long)c.insns,
+                (unsigned long long)(self->s.block ? c.blocks : 0),
+                (unsigned long long)c.events, c.errors, cps, under,
+                g.stopped ? Py_True : Py_False);
+        else {
+            Py_XDECREF(cps);
+            Py_XDECREF(under);
+        }
+    }
+    Py_DECREF(c.errors);
+    seg_free(&g);
+    release_buffers(self);
+    return result;
+}
+
+static int probe_out(void *ctx, const char *name, int changed)
+{
+    PyObject *t = Py_BuildValue("(sO)", name, changed ? Py_True : Py_False);
+    if (!t)
+        return -1;
+    int r = PyList_Append(ctx, t);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *Decoder_state_probe(Decoder *self, PyObject *arg)
+{
+    Py_ssize_t start = PyLong_AsSsize_t(arg);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    if (ready(self, 2) < 0)
+        return NULL;
+    struct count_sink c = {0, 0, 0, PyList_New(0), self->s.block};
+    if (!c.errors)
+        return NULL;
+    struct segment g;
+    seg_init(&g, start, 1, 1);
+    self->s.ops = &COUNT_OPS;
+    self->s.ctx = &c;
+    self->s.obs = &g.obs;
+    self->s.sync_at = start;
+    int r = run(self);
+    self->s.obs = NULL;
+    PyObject *result = NULL;
+    if (r >= 0 && !g.stopped) {
+        PyErr_SetString(PyExc_ValueError, "no checkpoint after start");
+    } else if (r >= 0) {
+        result = PyList_New(0);
+        if (result && state_probe(&self->s, probe_out, result) < 0) {
+            Py_CLEAR(result);
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
+        }
+    }
+    Py_DECREF(c.errors);
+    seg_free(&g);
+    release_buffers(self);
+    return result;
+}
+
 static PyObject *Decoder_set_hooks(Decoder *self, PyObject *args)
 {
     PyObject *s, *e;
@@ -596,6 +734,11 @@ static PyMethodDef Decoder_methods[] = {
      "counts() -> (insns, blocks, events, errors)"},
     {"edges", (PyCFunction)Decoder_edges, METH_NOARGS,
      "edges() -> (edges, insns, errors)"},
+    {"segment", (PyCFunction)Decoder_segment, METH_VARARGS,
+     "segment(start, stop_at, tail, head) -> (insns, blocks, events, errors, "
+     "checkpoints, underflows, stopped)"},
+    {"state_probe", (PyCFunction)Decoder_state_probe, METH_O,
+     "state_probe(start) -> [(field, changed)] (a test hook)"},
     {"set_hooks", (PyCFunction)Decoder_set_hooks, METH_VARARGS,
      "set_hooks(after_sync(dec), after_event(dec, event))"},
     {"set_image", (PyCFunction)Decoder_set_image, METH_O,
@@ -645,8 +788,6 @@ static PyObject *py_set_item_types(PyObject *m, PyObject *args)
 static PyMethodDef methods[] = {
     {"set_item_types", py_set_item_types, METH_VARARGS,
      "set_item_types(ErrorItem, StatusItem): the item classes of batches"},
-    {"segment", py_segment, METH_VARARGS, SEGMENT_DOC},
-    {"state_probe", py_state_probe, METH_VARARGS, STATE_PROBE_DOC},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_c_flow",

@@ -454,3 +454,27 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
                         items, first)
             limit = min(limit * 2, max_records)
     return gen()
+
+
+def compiled_segment(data, image, config, block: bool, start: int,
+                     stop_at: int, tail: int, head: int, resync=False,
+                     impl=None):
+    """One job of the parallel counts path (:mod:`.fast_parallel`): the
+    counts from the PSB at ``start`` (-1: the trace start) with checkpoints
+    (see core/segment.h): ``(insns, blocks, events, errors, [(psb, key,
+    stack, (insns, blocks, events, errors))], underflows, stopped)``.
+    None if there is no core."""
+    if _core(impl) is None:
+        return None
+    dec = core_decoder(data, image, config, block=block, resync=resync,
+                       impl=impl or "compiled")
+    return dec.segment(start, stop_at, tail, head)
+
+
+def state_probe(data, image, config, block: bool, start: int, impl=None):
+    """The checkpoint key's self-check (a test hook): for every state field
+    and every field of a queued or processed event, whether flipping it
+    changes the key, at the first checkpoint after the PSB at ``start``."""
+    dec = core_decoder(data, image, config, block=block,
+                       impl=impl or "compiled")
+    return dec.state_probe(start)

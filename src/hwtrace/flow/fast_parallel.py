@@ -66,29 +66,13 @@ class SegmentJob(NamedTuple):
     block: bool
     start: int | None       # PSB to synchronize at; None: the trace start
     end: int | None         # record TAIL checkpoints from here; None: run out
-
-
-class Bailed(NamedTuple):
-    """Job 0 (the beginning of the sequential decode) bailed."""
-
-    reason: str
-
-
-def _map(path: str):
-    """(file, mmap or b"") of ``path``, read-only."""
-    f = open(path, "rb")
-    try:
-        if os.fstat(f.fileno()).st_size == 0:
-            return f, b""
-        return f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except BaseException:
-        f.close()
-        raise
+    resync: bool = False    # resynchronize on errors (--resync-on-error)
 
 
 def run_segment(job: SegmentJob):
     """Decode one job (see the module doc): a :class:`parallel.Result`
-    (checkpoints with counts, no output), or :class:`Bailed`."""
+    (checkpoints with counts; ``output``: the job's errors, as sinks get
+    them), or None without a compiled core."""
     image = P.load_image(job.images)
     f, mm = _map(job.path)
     try:
@@ -98,23 +82,19 @@ def run_segment(job: SegmentJob):
                 view, image, job.config, job.block,
                 -1 if job.start is None else job.start,
                 -1 if job.end is None else job.end, TAIL,
-                0 if job.start is None else HEAD)
+                0 if job.start is None else HEAD, job.resync)
     finally:
         if not isinstance(mm, bytes):
             mm.close()
         f.close()
     if r is None:
-        return Bailed("no compiled core")
-    reason, insns, blocks, cps, stopped = r
-    if reason is not None and job.start is None:
-        return Bailed(reason)
-    checkpoints = [Checkpoint(pos, key, stack, 0, (ni, nb, 0, 0))
-                   for pos, key, stack, ni, nb in cps]
-    # A later job's bail (a return-stack underflow among them): nothing of
-    # its decode past its last checkpoint may be used (see the module doc).
-    underflows = [len(checkpoints)] if reason is not None else []
+        return None
+    insns, blocks, events, errors, cps, underflows, stopped = r
+    checkpoints = [Checkpoint(pos, key, stack, 0, counts)
+                   for pos, key, stack, counts in cps]
     return P.Result(job.start, job.end, checkpoints, underflows,
-                    (insns, blocks, 0, 0), 0, bool(stopped), None)
+                    (insns, blocks, events, len(errors)), 0, bool(stopped),
+                    errors)
 
 
 def cut_points(buf, offset: int, size: int, segments: int,
@@ -139,27 +119,31 @@ def cut_points(buf, offset: int, size: int, segments: int,
 
 
 def count(path: str, offset: int, size: int | None, images, config,
-          block: bool, jobs: int, *, segments: int | None = None,
+          block: bool, jobs: int, *, resync: bool = False,
+          segments: int | None = None,
           min_segment: int = MIN_SEGMENT) -> fast.Counts | None:
-    """The sequential compiled decode's counts of ``path[offset:][:size]``
-    (``images``: (kind, arg) pairs), decoded on ``jobs`` cores (0: all);
-    None where :func:`fast.compiled_count` is None too (no core, a
-    configuration it leaves to the twin, or the sequential core bails: see
-    the module doc) -- and where a worker process died."""
+    """The sequential compiled decode's counts (and errors) of
+    ``path[offset:][:size]`` (``images``: (kind, arg) pairs), decoded on
+    ``jobs`` cores (0: all); None without a compiled core, for a trace
+    that is not a regular file, or where a worker process died (the caller
+    then decodes on one core)."""
     return count_stats(path, offset, size, images, config, block, jobs,
-                       segments=segments, min_segment=min_segment)[0]
+                       resync=resync, segments=segments,
+                       min_segment=min_segment)[0]
 
 
 def count_stats(path: str, offset: int, size: int | None, images, config,
-                block: bool, jobs: int, *, segments: int | None = None,
+                block: bool, jobs: int, *, resync: bool = False,
+                segments: int | None = None,
                 min_segment: int = MIN_SEGMENT):
     """:func:`count` and statistics of the run: segments, re-runs
     ((start, end) pairs), merged_at (for each piece after the first, the
     index of the later job's checkpoint it starts at)."""
     stats = {"segments": 1, "reruns": [], "merged_at": []}
     jobs = jobs or os.cpu_count() or 1          # 0: every core
-    if fast.CORE is None or not fast._supported(config or fast.FlowConfig()):
+    if fast.CORE is None:
         return None, stats
+    fast.config_tuple(config)       # Unsupported: the caller's error
     if not stat.S_ISREG(os.stat(path).st_mode):
         return None, stats          # a pipe, a device: not mapped here
     f, mm = _map(path)
@@ -178,63 +162,46 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
 
     def job(start, end):
         return SegmentJob(path, offset, tsize, images, config, block, start,
-                          end)
+                          end, resync)
 
     bounds = [None] + starts
     ends = starts + [None]
     stats["segments"] = len(bounds)
     if len(bounds) == 1:
         r = run_segment(job(None, None))
-        if isinstance(r, Bailed):
-            return None, stats
-        return _counts(r.counts, block), stats
+        return _counts([P.Piece(r, -1, None, True)], block), stats
 
     import concurrent.futures as cf
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
-
-    class _Bail(Exception):
-        pass
 
     try:
         with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
                                     mp_context=mp.get_context("fork")) as pool:
             results = list(pool.map(
                 run_segment, [job(s, e) for s, e in zip(bounds, ends)]))
-            if any(isinstance(r, Bailed) for r in results):
-                return None, stats
 
             def rerun(start, end):
                 stats["reruns"].append((start, end))
-                r = pool.submit(run_segment, job(start, end)).result()
-                if isinstance(r, Bailed):
-                    raise _Bail(r.reason)
-                return r
+                return pool.submit(run_segment, job(start, end)).result()
 
             pieces = P.stitch(results, rerun)
-    except _Bail:
-        return None, stats
     except BrokenProcessPool:
         # a worker died (killed, out of memory): the caller's usual path
         stats["broken"] = True
         return None, stats
-    totals = [0, 0]
-    for piece in pieces:
-        if _stops_in(piece):
-            # the sequential decode itself bails there
-            return None, stats
-        _, _, ca, cb = P.piece_range(piece)
-        totals[0] += cb[0] - ca[0]
-        totals[1] += cb[1] - ca[1]
     stats["merged_at"] = [p.first for p in pieces[1:]]
-    return _counts(totals, block), stats
+    return _counts(pieces, block), stats
 
 
-def _stops_in(piece) -> bool:
-    """Whether a job's bail lies inside the piece of it that is used."""
-    hi = piece.last if piece.last is not None else 1 << 62
-    return any(piece.first < u <= hi for u in piece.result.underflows)
-
-
-def _counts(c, block: bool) -> fast.Counts:
-    return fast.Counts(c[0], c[1] if block else 0, 0, True)
+def _counts(pieces, block: bool) -> fast.Counts:
+    """The counts and errors of the stitched pieces."""
+    totals = [0, 0, 0, 0]
+    errors = []
+    for piece in pieces:
+        _, _, ca, cb = P.piece_range(piece)
+        for n in range(4):
+            totals[n] += cb[n] - ca[n]
+        errors.extend(piece.result.output[ca[3]:cb[3]])
+    return fast.Counts(totals[0], totals[1] if block else 0, totals[3],
+                       True, totals[2], tuple(errors))

@@ -496,7 +496,7 @@ def decode_args(args, config, sink, write, *, block: bool,
             # The same test knobs as below (segment size, count).
             c = fast_parallel.count(
                 path, offset, size, args.images, config, block, args.jobs,
-                segments=int(env["HWTRACE_PARALLEL_SEGMENTS"])
+                resync=args.resync, segments=int(env["HWTRACE_PARALLEL_SEGMENTS"])
                 if env.get("HWTRACE_PARALLEL_SEGMENTS") else None,
                 min_segment=int(env.get("HWTRACE_PARALLEL_MIN_SEGMENT",
                                         fast_parallel.MIN_SEGMENT)))
@@ -505,11 +505,15 @@ def decode_args(args, config, sink, write, *, block: bool,
         except OSError as e:
             raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
         if c is not None:
+            for e in c.error_items:
+                sink.error(*e)
             sink.insns += c.insns
             sink.blocks += c.blocks
+            sink.events += c.events
             return {}
         if fast.CORE is not None and fast.count_into(
-                sink, data, load_image(args.images), config, block):
+                sink, data, load_image(args.images), config, block,
+                args.resync):
             return {}
     if getattr(args, "show_blocks", False) and (
             args.stat or args.stat_insn or args.stat_blocks):

@@ -10,6 +10,7 @@ void sess_init(struct session *s, const uint8_t *buf, ptrdiff_t end,
     s->d.disable_at_trace_branch = block;
     s->block = block;
     s->resync = resync;
+    s->sync_at = -1;
     s->state = SS_SYNC;
 }
 
@@ -96,6 +97,8 @@ static int item_error(struct session *s, int kind, ptrdiff_t offset,
                       uint64_t ip, int code)
 {
     TRY(flush(s));
+    if (s->obs && s->obs->at_error)
+        TRY(s->obs->at_error(s->obs->ctx, s, code));
     return s->ops->error(s->ctx, kind, offset, ip, code);
 }
 
@@ -109,7 +112,13 @@ static int item_status(struct session *s, int name, ptrdiff_t offset,
 static int step_sync(struct session *s)
 {
     struct insn_dec *d = &s->d;
-    int r = insn_sync_forward(d);
+    int r;
+    if (s->sync_at >= 0) {
+        r = insn_sync_set(d, s->sync_at);
+        s->sync_at = -1;
+    } else {
+        r = insn_sync_forward(d);
+    }
     s->last_ip = 0;
     if (r == R_FATAL)
         return fatal(s, d->fatal);
@@ -152,6 +161,8 @@ static int step_event(struct session *s)
         TRY(s->hooks->after_event(s->hooks->ctx, s, &ev));
     TRY(item_event(s, &ev, offset));
     s->status = r;
+    if (s->obs && s->obs->at_event)
+        TRY(s->obs->at_event(s->obs->ctx, s, &ev));
     return 0;
 }
 
@@ -269,6 +280,8 @@ static int step_loop(struct session *s)
         s->state = SS_DONE;
         return 0;
     }
+    if (s->obs && s->obs->before_record)
+        TRY(s->obs->before_record(s->obs->ctx, s));
     return s->block ? step_block(s) : step_insn(s);
 }
 
@@ -299,6 +312,8 @@ int sess_run(struct session *s)
                 return fatal(s, r);
             return SESS_DONE;
         }
+        if (r == -E_STOP)
+            return SESS_STOPPED;
         if (r < 0)
             return s->fatal ? SESS_FATAL : fatal(s, r);
         if (s->d.q.fatal)

@@ -39,8 +39,19 @@ struct hooks {
     int (*after_event)(void *ctx, struct session *s, const struct event *ev);
 };
 
+/* an observer of the decode (segment jobs' checkpoints): told of each
+ * event handed out, of each error, and asked before each record is
+ * decoded (the session loop's next(), nothing pending); -E_STOP stops the
+ * decode (sess_run returns SESS_STOPPED) */
+struct observer {
+    void *ctx;
+    int (*at_event)(void *ctx, struct session *s, const struct event *ev);
+    int (*at_error)(void *ctx, struct session *s, int code);
+    int (*before_record)(void *ctx, struct session *s);
+};
+
 enum { SS_SYNC, SS_LOOP, SS_ERR, SS_RESYNC, SS_DONE };
-enum { SESS_DONE = 0, SESS_YIELD = 1, SESS_FATAL = -1 };
+enum { SESS_DONE = 0, SESS_YIELD = 1, SESS_STOPPED = 2, SESS_FATAL = -1 };
 
 struct session {
     struct insn_dec d;
@@ -53,6 +64,9 @@ struct session {
     const struct sink_ops *ops;
     void *ctx;
     const struct hooks *hooks;
+    const struct observer *obs;
+    ptrdiff_t sync_at;          /* >= 0: the first synchronization is at
+                                   the PSB there (sync_set) */
     int state;
     int status;
     ptrdiff_t last_sync;
