@@ -1,4 +1,4 @@
-"""Parallel decoding (hwtrace.flow.parallel): the output of ``--jobs N``
+"""Parallel decoding (hwtrace.flow.parallel, run by hwtrace.jobs): the output of ``--jobs N``
 and of a Dask cluster is byte for byte the sequential decode's, on a real
 program's recording, on the libipt corpus traces with several PSBs and on
 seeded mutations of the recording (errors at the same offsets)."""
@@ -15,6 +15,7 @@ import shutil
 import pytest
 from conftest import CORPUS, run_hwtrace
 
+from hwtrace import jobs as J
 from hwtrace.flow import parallel
 
 GZIP = shutil.which("gzip") or "/usr/bin/gzip"
@@ -74,9 +75,9 @@ def _api_decode(pt, images, *, jobs=2, dask=None, block=True, segments=6):
     sink = sinks.JsonSink(out.write, print_offset=True)
     pairs = [(images[i].lstrip("-"), images[i + 1])
              for i in range(0, len(images), 2)]
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
-                            sink, out.write, block=block, jobs=jobs,
-                            dask=dask, segments=segments, min_segment=0)
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+                     sink, out.write, block=block, jobs=jobs,
+                     dask=dask, segments=segments, min_segment=0)
     return out.getvalue(), (sink.insns, sink.events, sink.errors), stats
 
 
@@ -179,7 +180,7 @@ def test_dask_local_cluster_same_output(recording):
         sink = sinks.PtxedSink(out.write, print_offset=True)
         pairs = [(images[i].lstrip("-"), images[i + 1])
                  for i in range(0, len(images), 2)]
-        stats = parallel.decode(parallel.Source(str(pt), 0, psbs[5]), pairs,
+        stats = J.decode(parallel.Source(str(pt), 0, psbs[5]), pairs,
                                 FlowConfig(), sink, out.write, block=True,
                                 dask=cluster.scheduler_address, segments=4,
                                 min_segment=0)
@@ -332,13 +333,13 @@ def _pairs(images):
 
 
 def _run_jobs(pt, pairs, starts, block, size=None):
-    """The jobs of a decode cut at ``starts`` (as parallel.decode runs
+    """The jobs of a decode cut at ``starts`` (as jobs.decode runs
     them, output in memory) and their stitched output."""
     from hwtrace.flow import sinks
     from hwtrace.flow.config import FlowConfig
     template = sinks.PtxedSink(None, print_offset=True)
     bounds, ends = [None] + starts, starts + [None]
-    results = [parallel.run_job(parallel.Job(
+    results = [J.run_job(parallel.Job(
         parallel.Source(str(pt), 0, size), pairs, FlowConfig(), block,
         template,
         False, s, e, None)) for s, e in zip(bounds, ends)]
@@ -450,7 +451,7 @@ def test_return_stack_across_the_cut(tmp_path, decoder, second_psb_at,
         [psbs[1]]
     out = io.StringIO()
     sink = sinks.JsonSink(out.write, print_offset=True)
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
                             sink, out.write, block=decoder == "block",
                             jobs=2, segments=2, min_segment=0)
     assert (stats["reruns"], stats["pieces"]) == (reruns, pieces)
@@ -479,7 +480,7 @@ def test_dead_tnt_values_are_never_read(recording, tmp_path):
     pt, images = recording
     data = pt.read_bytes()
     data = data[:parallel.psb_offsets(data)[6]]
-    image = parallel.load_image(_pairs(images))
+    image = J.load_image(_pairs(images))
     rng = random.Random(1)
     mutated = bytearray(data)
     for _ in range(12):
@@ -539,7 +540,7 @@ def test_tracing_off_across_the_cut(tmp_path, decoder):
     assert seq.count('"disabled"') >= 7 and seq.count('"ip"') > 1400
     out = io.StringIO()
     sink = sinks.JsonSink(out.write, print_offset=True)
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
                             sink, out.write, block=decoder == "block",
                             jobs=2, segments=2, min_segment=0)
     assert (stats["reruns"], stats["pieces"]) == ([], 2)

@@ -350,9 +350,8 @@ def _run_one(args, image=None, wrap=None, write=None) -> int:
     if True:
         if (getattr(args, "jobs", 1) != 1 or getattr(args, "dask", None)) \
                 and not getattr(args, "bundle", None):
-            from hwtrace.flow import parallel
-            parallel.decode_args(args, cfg, sink, write, block=use_block,
-                                 data=data)
+            from hwtrace.cli._parallel import decode_args
+            decode_args(args, cfg, sink, write, block=use_block, data=data)
         elif wrap is None and stats and args.quiet and \
                 args.format == "text" and not args.show_blocks and \
                 _fast().count_into(sink, data, image, cfg, use_block,

@@ -33,6 +33,10 @@
  *       checkpoints (psb, key, stack, (insns, blocks, events, errors)) at
  *       the first ``head`` PSBs and at PSBs at/after ``stop_at`` (-1:
  *       none), stopping after ``tail`` of those
+ *   .segment_batches(start, stop_at, tail, head)
+ *       -> (blocks, insns, items, checkpoints, underflows, stopped, ninsn)
+ *       the same decode into one batch (all records and items), the
+ *       checkpoints at (records, items, instructions, 0)
  *   .state_probe(start) -> [(field, flipping it changes the key)]
  *       a test hook: decodes to the first checkpoint after ``start``
  */
@@ -578,6 +582,70 @@ static PyObject *Decoder_segment(Decoder *self, PyObject *args)
     return result;
 }
 
+static void batch_position(void *ctx, uint64_t out[4])
+{
+    Decoder *self = ctx;
+    out[0] = self->bs.nrec;
+    out[1] = (uint64_t)PyList_GET_SIZE(self->bs.items);
+    out[2] = self->s.ninsn;
+    out[3] = 0;
+}
+
+/* segment_batches(start, stop_at, tail, head): the job's records and
+ * items as one batch, with checkpoints at (records, items, insns, 0) */
+static PyObject *Decoder_segment_batches(Decoder *self, PyObject *args)
+{
+    Py_ssize_t start, stop_at;
+    int tail, head;
+    if (!PyArg_ParseTuple(args, "nnii", &start, &stop_at, &tail, &head))
+        return NULL;
+    if (ready(self, 2) < 0)
+        return NULL;
+    struct batch_sink *b = &self->bs;
+    b->blocks.n = b->insns.n = 0;
+    b->nrec = 0;
+    b->max_records = (size_t)-1;
+    b->want_insns = self->s.want_insns;
+    Py_XSETREF(b->items, PyList_New(0));
+    if (!b->items)
+        return NULL;
+    struct segment g;
+    seg_init(&g, stop_at, head, tail);
+    g.position = batch_position;
+    g.ctx = self;
+    self->s.ops = &BATCH_OPS;
+    self->s.ctx = b;
+    self->s.hooks = &self->hooks;
+    self->s.obs = &g.obs;
+    self->s.sync_at = start;
+    int r = run(self);
+    self->s.obs = NULL;
+    PyObject *result = NULL;
+    if (r >= 0) {
+        PyObject *cps = checkpoints_list(&g, 1);
+        PyObject *under = PyList_New(g.nunder);
+        for (int i = 0; under && i < g.nunder; i++)
+            PyList_SET_ITEM(under, i, PyLong_FromLong(g.underflows[i]));
+        PyObject *blocks = PyBytes_FromStringAndSize(
+            (char *)b->blocks.p, (Py_ssize_t)b->blocks.n);
+        PyObject *insns = b->want_insns ? PyBytes_FromStringAndSize(
+            (char *)b->insns.p, (Py_ssize_t)b->insns.n) : Py_NewRef(Py_None);
+        if (cps && under && blocks && insns)
+            result = Py_BuildValue("(NNONNOK)", blocks, insns, b->items, cps,
+                                   under, g.stopped ? Py_True : Py_False,
+                                   (unsigned long long)self->s.ninsn);
+        else {
+            Py_XDECREF(cps);
+            Py_XDECREF(under);
+            Py_XDECREF(blocks);
+            Py_XDECREF(insns);
+        }
+    }
+    seg_free(&g);
+    release_buffers(self);
+    return result;
+}
+
 static int probe_out(void *ctx, const char *name, int changed)
 {
     PyObject *t = Py_BuildValue("(sO)", name, changed ? Py_True : Py_False);
@@ -737,6 +805,9 @@ static PyMethodDef Decoder_methods[] = {
     {"segment", (PyCFunction)Decoder_segment, METH_VARARGS,
      "segment(start, stop_at, tail, head) -> (insns, blocks, events, errors, "
      "checkpoints, underflows, stopped)"},
+    {"segment_batches", (PyCFunction)Decoder_segment_batches, METH_VARARGS,
+     "segment_batches(start, stop_at, tail, head) -> (blocks, insns, items, "
+     "checkpoints, underflows, stopped, insns_total)"},
     {"state_probe", (PyCFunction)Decoder_state_probe, METH_O,
      "state_probe(start) -> [(field, changed)] (a test hook)"},
     {"set_hooks", (PyCFunction)Decoder_set_hooks, METH_VARARGS,

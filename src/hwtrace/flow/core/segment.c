@@ -26,6 +26,11 @@
  *                        ev_failed, ev_at*) when none is, p_insn when no
  *                        instruction is postponed, the injected event /
  *                        error unless that is what is injected
+ *   last_ip unless the   the session's last IP is the IP of an error from
+ *   block decoder        the events before the next record; each record
+ *   resyncs              sets it, a synchronization clears it, and only the
+ *                        block decoder's resync keeps it (its next error
+ *                        could be such an event's)
  *   session bookkeeping  last_sync (compared only with later sync-error
  *                        positions, which lie past every PSB where
  *                        checkpoints are taken), ninsn, want_*, block, resync,
@@ -37,7 +42,7 @@
 #include "segment.h"
 
 enum { L_ALWAYS, L_TNT, L_EVD0, L_EVD1, L_EVD2, L_DEFERRED, L_TC_MTC, L_FCR,
-       L_MARK, L_PEV, L_PINSN, L_INJ_EV, L_INJ_ERR };
+       L_MARK, L_PEV, L_PINSN, L_INJ_EV, L_INJ_ERR, L_LAST_IP };
 
 struct sfield {
     const char *name;
@@ -49,7 +54,7 @@ struct sfield {
                      sizeof(((struct session *)0)->f), live}
 
 static const struct sfield STATE[] = {
-    SF(state, L_ALWAYS), SF(status, L_ALWAYS), SF(last_ip, L_ALWAYS),
+    SF(state, L_ALWAYS), SF(status, L_ALWAYS), SF(last_ip, L_LAST_IP),
     SF(d.q.pos, L_ALWAYS), SF(d.q.ip, L_ALWAYS), SF(d.q.have_ip, L_ALWAYS),
     SF(d.q.ip_suppressed, L_ALWAYS), SF(d.q.tnt_index, L_ALWAYS),
     SF(d.q.tnt_bits, L_TNT), SF(d.q.tnt_end, L_TNT),
@@ -135,6 +140,7 @@ static int is_live(const struct session *s, int live)
     case L_PINSN: return s->d.process_insn;
     case L_INJ_EV: return s->d.injected == 1;
     case L_INJ_ERR: return s->d.injected == 2;
+    case L_LAST_IP: return s->block && s->resync;
     default: return 1;
     }
 }
@@ -192,9 +198,9 @@ uint8_t *state_key(const struct session *s, size_t *len)
     }
     if (!e)
         e = put(&w, q->pos == q->sync) || put(&w, have_fcr(s));
+    const struct insn_info *pi = s->d.process_insn ? s->d.p_insn : NULL;
     if (!e)
-        e = put(&w, s->d.process_insn ? s->d.p_insn->ip : 0) ||
-            put(&w, s->d.process_insn ? (uint64_t)s->d.p_insn->mode : 0);
+        e = put(&w, pi ? pi->ip : 0) || put(&w, pi ? (uint64_t)pi->mode : 0);
     for (int b = 0; !e && b < NBIND; b++)
         e = put_list(&w, &q->evq.q[b]);
     if (!e)
@@ -251,6 +257,7 @@ static void make_live(struct session *tp, int live)
     case L_MARK: tp->d.have_mark = 1; break;
     case L_PEV: tp->d.process_event = 1; break;
     case L_INJ_ERR: tp->d.injected = 2; tp->d.inj_err.insn = NULL; break;
+    case L_LAST_IP: tp->block = tp->resync = 1; break;
     }
 }
 
