@@ -61,6 +61,7 @@ class PsbOpts:
     vmcs: bool = True
     cbr: bool = True
     tsc: bool = False
+    tma: bool = False       # with TSC: TMA (CTC, fast counter)
     # TNT bits pending at the PSB: written before it (True) or after its
     # PSBEND (False)
     flush_tnt: bool = True
@@ -75,6 +76,7 @@ class Gen:
     stack: list = field(default_factory=list)
     insns: list = field(default_factory=list)    # ground truth
     tsc: int = 0x10000
+    ctc: int = 0
     traced: int = 0     # instructions up to the last one that made trace
     # (index into insns, ip) of instructions the hypervisor emulated
     skipped: list = field(default_factory=list)
@@ -128,6 +130,21 @@ class Gen:
         if len(self.bits) == 6:
             self.flush()
 
+    def timing(self, rng: random.Random) -> "Gen":
+        """Timing packets as a CPU with CYC and MTC on writes them between
+        branches: CYCs, an MTC (now and then after lost ones), a CBR."""
+        e = self.enc
+        for _ in range(rng.randrange(0, 3)):
+            e.cyc(rng.randrange(1, 0x400))
+        r = rng.random()
+        if r < 0.5:
+            self.ctc = (self.ctc + (1 if r < 0.4 else rng.randrange(2, 40))) \
+                & 0xff
+            e.mtc(self.ctc)
+        elif r < 0.53:
+            e.cbr(rng.choice((20, 24, 37)))
+        return self
+
     def flush(self) -> None:
         if self.bits:
             self.enc.tnt8(self.bits)
@@ -143,6 +160,8 @@ class Gen:
         if o.tsc:
             self.tsc += 0x1000
             e.tsc(self.tsc)
+            if o.tma:
+                e.tma((self.ctc << 3) & 0xffff, 0x12)
         if o.tsx:
             e.mode_tsx()
         if fup is not None:             # MODE.EXEC and FUP: if PacketEn
