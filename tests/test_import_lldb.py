@@ -317,7 +317,7 @@ M0 = P0 + ("modules", 0)
     (_edit(M0 + ("loadAddress",), "0xzz"), "loadAddress: not a number"),
     (_edit(M0 + ("loadAddress",), "0x1" + "0" * 16), "out of range"),
     (_edit(M0 + ("loadAddress",), 1e30), "loadAddress: not a number"),
-    (_edit(M0 + ("file",), "3842849.trace"), "not a readable ELF file"),
+    (_edit(M0 + ("file",), "3842849.trace"), "not an ELF file"),
     (_edit(M0 + ("systemPath",), KeyError), "systemPath: missing"),
     (_edit(("cpus",), []), "tscPerfZeroConversion\" is required"),
     (_edit(("kernel",), {"file": "a.out"}), "must be empty with \"kernel\""),

@@ -200,8 +200,9 @@ def _process(v, path: str) -> Process:
     threads = tuple(_thread(t, f"{path}.threads[{i}]") for i, t in
                     enumerate(_list(_need(o, "threads", path),
                                     f"{path}.threads")))
+    raw = o.get("modules")
     modules = tuple(_module(m, f"{path}.modules[{i}]") for i, m in
-                    enumerate(_list(o.get("modules") or [],
+                    enumerate(_list([] if raw is None else raw,
                                     f"{path}.modules")))
     return Process(pid=_number(_need(o, "pid", path), f"{path}.pid", U32),
                    triple=_opt(o, "triple", lambda x, p: _string(x, p, 256),
@@ -255,8 +256,9 @@ def parse(value) -> Description:
         kernel = Kernel(_string(_need(k, "file", "trace.json.kernel"),
                                 "trace.json.kernel.file"),
                         _opt(k, "loadAddress", _number, "trace.json.kernel"))
+    raw = top.get("processes")
     procs = tuple(_process(x, f"trace.json.processes[{i}]") for i, x in
-                  enumerate(_list(top.get("processes") or [],
+                  enumerate(_list([] if raw is None else raw,
                                   "trace.json.processes")))
     if cpus is not None and conv is None:
         _fail("trace.json", "\"tscPerfZeroConversion\" is required with "

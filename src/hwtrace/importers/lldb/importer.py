@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,26 +163,49 @@ def read_description(path: str | os.PathLike) -> tuple[D.Description, Path]:
 
 
 def _segments(fd: int, what: str):
-    """(offset, filesz, vaddr, prot) of an ELF file's PT_LOAD segments."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    """(offset, filesz, vaddr, prot) of an ELF file's PT_LOAD segments with
+    file bytes, from its program headers (all a loader needs: truncated or
+    odd section headers don't matter)."""
     with os.fdopen(fd, "rb") as f:
-        try:
-            elf = ELFFile(f)
-            out = []
-            for seg in elf.iter_segments():
-                h = seg.header
-                if h.p_type != "PT_LOAD" or not h.p_filesz:
-                    continue
-                fl = h.p_flags
-                prot = ("r" if fl & _PF_R else "-") + \
-                    ("w" if fl & _PF_W else "-") + ("x" if fl & _PF_X else "-")
-                out.append((h.p_offset, h.p_filesz, h.p_vaddr, prot))
-        except (ELFError, ValueError, OSError, AttributeError, KeyError,
-                TypeError, IndexError) as e:
-            raise LldbTraceError(f"{what}: not a readable ELF file: "
-                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-                from None
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(64)
+        if len(head) < 52 or head[:4] != b"\x7fELF":
+            raise LldbTraceError(f"{what}: not an ELF file")
+        cls, order = head[4], head[5]
+        if cls not in (1, 2) or order not in (1, 2):
+            raise LldbTraceError(f"{what}: not a readable ELF file "
+                                 f"(class {cls}, data {order})")
+        e = "<" if order == 1 else ">"
+        if cls == 2:
+            if len(head) < 64:
+                raise LldbTraceError(f"{what}: truncated ELF header")
+            phoff, = struct.unpack_from(e + "Q", head, 32)
+            phentsize, phnum = struct.unpack_from(e + "HH", head, 54)
+            ph, need = e + "IIQQQQQQ", 56
+        else:
+            phoff, = struct.unpack_from(e + "I", head, 28)
+            phentsize, phnum = struct.unpack_from(e + "HH", head, 42)
+            ph, need = e + "IIIIIIII", 32
+        if phentsize < need or phoff + phnum * phentsize > size:
+            raise LldbTraceError(f"{what}: not a readable ELF file (program "
+                                 f"headers past its end)")
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+    out = []
+    for i in range(phnum):
+        v = struct.unpack_from(ph, table, i * phentsize)
+        if cls == 2:
+            typ, flags, off, vaddr, _pa, filesz = v[:6]
+        else:
+            typ, off, vaddr, _pa, filesz, _mem, flags = v[:7]
+        if typ != _PT_LOAD or not filesz:
+            continue
+        if off + filesz > size:
+            raise LldbTraceError(f"{what}: a segment runs past the end of "
+                                 f"the file")
+        prot = ("r" if flags & _PF_R else "-") + \
+            ("w" if flags & _PF_W else "-") + ("x" if flags & _PF_X else "-")
+        out.append((off, filesz, vaddr, prot))
     if not out:
         raise LldbTraceError(f"{what}: no loadable segment")
     return out
