@@ -11,7 +11,8 @@ An input is a decoder configuration, a memory image and a trace::
 
 ``flags``: block decoder 1, resync on error 2, tick events 4, iflags events
 8, end on call 16, end on jump 32, libipt 2.0's error offsets 64.
-``flags2``: keep the calibration over OVF 1, FILTERS 0x10.  ``errata``:
+``flags2``: keep the calibration over OVF 1, libipt 2.3's strict reading
+2, FILTERS 0x10.  ``errata``:
 one bit per :data:`hwtrace.flow.config.ERRATA` name, in that order.
 
 Both producers decode it (the compiled core's batches, cut small so batch
@@ -38,7 +39,7 @@ SEC = struct.Struct("<IQ")
 FILTERS = struct.Struct("<8Q")
 F_BLOCK, F_RESYNC, F_TICK, F_IFLAGS, F_CALL, F_JUMP, F_OFF20 = \
     1, 2, 4, 8, 16, 32, 64
-F2_KEEP_TCAL, F2_FILTERS = 1, 0x10
+F2_KEEP_TCAL, F2_STRICT, F2_FILTERS = 1, 2, 0x10
 MAX_SECTION = 256 << 10
 
 
@@ -67,6 +68,7 @@ def make_input(trace: bytes, sections, cfg=None, *, block=False,
         (F_OFF20 if cfg.error_offsets == "2.0" else 0)
     f = cfg.addr_filter
     flags2 = (F2_KEEP_TCAL if cfg.keep_tcal_on_ovf else 0) | \
+        (F2_STRICT if getattr(cfg, "strict", False) else 0) | \
         (F2_FILTERS if f.addr_cfg else 0)
     errata = sum(1 << i for i, n in enumerate(ERRATA)
                  if getattr(cfg.errata, n))
@@ -116,6 +118,7 @@ def parse(data: bytes):
                      enable_tick_events=bool(flags & F_TICK),
                      enable_iflags_events=bool(flags & F_IFLAGS),
                      keep_tcal_on_ovf=bool(flags2 & F2_KEEP_TCAL),
+                     strict=bool(flags2 & F2_STRICT),
                      error_offsets="2.0" if flags & F_OFF20 else "2.3",
                      end_on_call=bool(flags & F_CALL),
                      end_on_jump=bool(flags & F_JUMP))

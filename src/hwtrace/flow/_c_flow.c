@@ -82,12 +82,12 @@ typedef struct {
 int parse_config(PyObject *t, struct core_config *c)
 {
     unsigned long long errata, addr_cfg, a[4], b[4], mtc, nom, eax, ebx;
-    int tick, iflags, keep, off20, eoc, eoj;
+    int tick, iflags, keep, off20, eoc, eoj, strict;
     memset(c, 0, sizeof *c);
-    if (!PyArg_ParseTuple(t, "KK(KKKK)(KKKK)KKKKpppppp;config", &errata,
+    if (!PyArg_ParseTuple(t, "KK(KKKK)(KKKK)KKKKppppppp;config", &errata,
                           &addr_cfg, &a[0], &a[1], &a[2], &a[3], &b[0], &b[1],
                           &b[2], &b[3], &mtc, &nom, &eax, &ebx, &tick, &iflags,
-                          &keep, &off20, &eoc, &eoj))
+                          &keep, &off20, &eoc, &eoj, &strict))
         return -1;
     c->bdm70 = errata & 1;
     c->bdm64 = (errata >> 1) & 1;
@@ -116,6 +116,7 @@ int parse_config(PyObject *t, struct core_config *c)
     c->offsets20 = off20;
     c->end_on_call = eoc;
     c->end_on_jump = eoj;
+    c->strict = strict;
     return 0;
 }
 

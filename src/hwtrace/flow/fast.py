@@ -189,7 +189,8 @@ def config_tuple(cfg: FlowConfig | None) -> tuple:
             _u64("cpuid_0x15_ebx", cfg.cpuid_0x15_ebx),
             bool(cfg.enable_tick_events), bool(cfg.enable_iflags_events),
             bool(cfg.keep_tcal_on_ovf), cfg.error_offsets == "2.0",
-            bool(cfg.end_on_call), bool(cfg.end_on_jump))
+            bool(cfg.end_on_call), bool(cfg.end_on_jump),
+            bool(getattr(cfg, "strict", False)))
 
 
 def core_decoder(data, image, config=None, *, block=True, resync=False,

@@ -64,11 +64,20 @@ struct core_config {
              skl014 : 1, apl12 : 1, apl11 : 1, skl168 : 1, skz84 : 1;
     unsigned tick : 1, iflags : 1, keep_tcal : 1, offsets20 : 1,
              end_on_call : 1, end_on_jump : 1;
+    unsigned strict : 1;        /* libipt 2.3's strict reading (issue 16) */
     unsigned pflags;            /* packet decoder flags (SKD007, SKZ84) */
     uint64_t addr_cfg;
     uint64_t addr_a[4], addr_b[4];
     uint64_t mtc_freq, nom_freq, eax, ebx;
 };
+
+/* FlowConfig.psb_fup_announces_pge: a PSB+ FUP that a TIP.PGE follows
+ * announces where tracing will resume (BDM70's reading, and hwtrace's
+ * unless strict) */
+static inline int psb_fup_announces_pge(const struct core_config *c)
+{
+    return c->bdm70 || !c->strict;
+}
 
 /* AddrFilter.check */
 static inline int addr_filter_check(const struct core_config *c,

@@ -36,7 +36,7 @@ enum {
     EA_INTERRUPT, EA_STORE, EA_AUTONOMOUS, EA_SIZE, EA_PAYLOAD, EA_RATIO,
     EA_RESUMED, EA_IFLAG, EA_VECTOR, EA_HAS_CR2, EA_CR2, EA_HAS_VECTOR,
     EA_VMXR, EA_HAS_VMXR, EA_VMXQ, EA_HAS_VMXQ, EA_TRBV, EA_ICNT, EA_ICNTV,
-    EA_MULT, EA_BIND,
+    EA_MULT, EA_BIND, EA_FOLLOWS,
     EA_COUNT
 };
 
@@ -49,6 +49,7 @@ struct event {
     uint8_t non_root, speculative, aborted, hw, interrupt, store,
             autonomous, resumed, iflag, has_cr2, has_vector, has_vmxr,
             has_vmxq, icntv, mult, bind;
+    int8_t follows;             /* a packet kind (PT_K_*), -1: None */
     uint64_t set;               /* EA_* bits */
     uint64_t tsc, lost_mtc, lost_cyc;
     uint64_t ip, at, from, to;

@@ -648,11 +648,32 @@ int insn_next(struct insn_dec *d, const struct insn_info *known,
     return s;
 }
 
+/* _TRACE_ON: packets only a CPU that traces writes */
+static int trace_on(const struct event *ev)
+{
+    if (!EV_HAS(ev, FOLLOWS))
+        return 0;
+    switch (ev->follows) {
+    case PT_K_TNT8: case PT_K_TNT64: case PT_K_TIP: case PT_K_FUP:
+    case PT_K_TIP_PGD:
+        return 1;
+    }
+    return 0;
+}
+
 static int process_enabled(struct insn_dec *d, const struct event *ev)
 {
     if (ev->status_update) {
-        if (!d->enabled)
-            return -E_BAD_STATUS_UPDATE;
+        if (!d->enabled) {
+            if (d->cfg->strict)
+                return -E_BAD_STATUS_UPDATE;
+            /* tracing is on at the PSB's IP, the packets after the PSB+
+             * show it: go on there */
+            if (trace_on(ev) && !ev->ip_suppressed) {
+                d->ip = ev->ip;
+                d->enabled = 1;
+            }
+        }
         return 0;
     }
     if (ev->ip_suppressed)
@@ -667,8 +688,14 @@ static int process_enabled(struct insn_dec *d, const struct event *ev)
 static int process_disabled(struct insn_dec *d, const struct event *ev)
 {
     if (ev->status_update) {
-        if (d->enabled)
-            return -E_BAD_STATUS_UPDATE;
+        if (d->enabled) {
+            if (d->cfg->strict)
+                return -E_BAD_STATUS_UPDATE;
+            /* a PSB+ without FUP while we trace: a TIP.PGE next means
+             * tracing did stop; TNT/TIP next, the CPU still traced */
+            if (EV_HAS(ev, FOLLOWS) && ev->follows == PT_K_TIP_PGE)
+                d->enabled = 0;
+        }
         return 0;
     }
     if (!d->enabled)

@@ -15,7 +15,14 @@ static const char *const ATTR_NAMES[A_OPT + EA_COUNT] = {
     "ext", "state", "sub_state", "hw", "last", "deepest", "interrupt",
     "store", "autonomous", "size", "payload", "ratio", "resumed", "iflag",
     "vector", "has_cr2", "cr2", "has_vector", "vmxr", "has_vmxr", "vmxq",
-    "has_vmxq", "trbv", "icnt", "icntv", "mult", "bind"};
+    "has_vmxq", "trbv", "icnt", "icntv", "mult", "bind", "follows"};
+
+/* hwtrace.pt.packets type names by PT_K_* */
+static const char *const PACKET_NAMES[PT_K_COUNT] = {
+    "pad", "psb", "psbend", "ovf", "stop", "tnt8", "tnt64", "tip",
+    "tip.pge", "tip.pgd", "fup", "mode.exec", "mode.tsx", "pip", "tsc",
+    "cbr", "tma", "mtc", "cyc", "vmcs", "mnt", "exstop", "mwait", "pwre",
+    "pwrx", "ptw", "cfe", "evd", "trig", "invalid"};
 
 static PyObject *intern(const char *s)
 {
@@ -49,6 +56,9 @@ int pyrefs_init(void)
             return -1;
     for (int i = 0; i < 2; i++)
         if (!(PYREFS.statuses[i] = intern(STATUSES[i])))
+            return -1;
+    for (int i = 0; i < PT_K_COUNT; i++)
+        if (!(PYREFS.kinds_pt[i] = intern(PACKET_NAMES[i])))
             return -1;
     for (int i = 0; i < A_OPT + EA_COUNT; i++)
         if (!(PYREFS.attr[i] = intern(ATTR_NAMES[i])))
@@ -120,6 +130,12 @@ static PyObject *opt_value(const struct event *ev, int ea)
     case EA_MULT: return flag(ev->mult);
     case EA_BIND: {
         PyObject *o = PYREFS.binds[ev->bind < 3 ? ev->bind : 0];
+        Py_INCREF(o);
+        return o;
+    }
+    case EA_FOLLOWS: {
+        PyObject *o = ev->follows >= 0 && ev->follows < PT_K_COUNT ?
+                      PYREFS.kinds_pt[ev->follows] : Py_None;
         Py_INCREF(o);
         return o;
     }

@@ -25,6 +25,7 @@ struct pyrefs {
     PyObject *modes[3];
     PyObject *binds[3];
     PyObject *attr[64];         /* attribute names, see pysinks.c */
+    PyObject *kinds_pt[PT_K_COUNT];     /* packet type names */
 };
 
 extern struct pyrefs PYREFS;

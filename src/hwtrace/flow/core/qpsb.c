@@ -2,27 +2,33 @@
  * APL12 (hwtrace.flow.overflow) for the query decoder. */
 #include "query.h"
 
-/* psb.bdm70: a PSB+ FUP although tracing is only enabled by a TIP.PGE
- * right after it */
-static int bdm70(const struct query *q, ptrdiff_t pos)
+/* psb.next_kind: the kind of the first packet from pos on that is not
+ * one of the status and timing packets a PSB+ may hold (PSBEND skipped
+ * too); -1 (None) at the end or at a packet that does not decode */
+static int next_kind(const struct query *q, ptrdiff_t pos)
 {
     struct pt_pkt p;
     for (;;) {
         if (q_peek(q, pos, &p))
-            return 0;
+            return -1;
         switch (p.kind) {
-        case PT_K_TIP_PGE:
-            return 1;
         case PT_K_PAD: case PT_K_TSC: case PT_K_CBR: case PT_K_PSBEND:
         case PT_K_PIP: case PT_K_MODE_EXEC: case PT_K_MODE_TSX:
         case PT_K_VMCS: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
         case PT_K_MNT:
             break;
         default:
-            return 0;
+            return p.kind;
         }
         pos += p.size;
     }
+}
+
+/* psb.bdm70: a PSB+ FUP although tracing is only enabled by a TIP.PGE
+ * right after it */
+static int bdm70(const struct query *q, ptrdiff_t pos)
+{
+    return next_kind(q, pos) == PT_K_TIP_PGE;
 }
 
 /* psb.read_psb_header */
@@ -60,7 +66,7 @@ static int read_psb_header(struct query *q)
             break;
         case PT_K_FUP: {
             int enabled = p->f[0] != 0;
-            if (enabled && q->cfg->bdm70 &&
+            if (enabled && psb_fup_announces_pge(q->cfg) &&
                 bdm70(q, q->nxt_off + p->size))
                 enabled = 0;
             q->enabled = (uint8_t)enabled;
@@ -132,6 +138,8 @@ static int read_psb_header(struct query *q)
     }
     if (first) {
         struct event *f = evl_at(&evq->q[BIND_PSBEND], 0);
+        if (!q->cfg->strict)
+            EV_SET(f, FOLLOWS, f->follows = (int8_t)next_kind(q, q->pos));
         if (q->enabled) {
             f->type = EV_ENABLED;
             EV_SET(f, RESUMED, f->resumed = 0);
@@ -152,6 +160,9 @@ int q_decode_psb(struct query *q)
         return -E_PYERR;
     }
     q->last_psb = start;
+    /* arm SKL168's check of the next MTC's calibration (libipt 2.0's
+     * query decoder does this at every PSB) */
+    ft_psb(&q->time, q->cfg);
     q_consume(q);
     int r = read_psb_header(q);
     if (r < 0) {

@@ -101,7 +101,7 @@ static const struct sfield EVFIELD[] = {
     EF(mode), EF(non_root), EF(speculative), EF(aborted), EF(hw),
     EF(interrupt), EF(store), EF(autonomous), EF(resumed), EF(iflag),
     EF(has_cr2), EF(has_vector), EF(has_vmxr), EF(has_vmxq), EF(icntv),
-    EF(mult), EF(bind), EF(set), EF(tsc), EF(lost_mtc), EF(lost_cyc), EF(ip),
+    EF(mult), EF(bind), EF(follows), EF(set), EF(tsc), EF(lost_mtc), EF(lost_cyc), EF(ip),
     EF(at), EF(from), EF(to), EF(cr3), EF(base), EF(hints), EF(ext),
     EF(state), EF(sub_state), EF(last), EF(deepest), EF(size), EF(payload),
     EF(ratio), EF(vector), EF(cr2), EF(vmxr), EF(vmxq), EF(trbv), EF(icnt),
