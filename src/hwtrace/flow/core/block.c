@@ -7,9 +7,29 @@ struct run *fast_run(struct insn_dec *d, int slow_mask, int *err)
     if (!d->enabled || d->process_event || d->resyncing ||
         (d->status & slow_mask) || d->mode == MODE_NONE)
         return NULL;
-    struct run *ru = ic_run(d->ic, d->ip, d->mode, err);
+    uint64_t ip = d->ip;
+    int mode = d->mode;
+    struct run *p = d->prev_run, *ru;
+    /* the previous run's successors (the targets of its branch) first */
+    if (p) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            ru = p->succ[i];
+            if (ru && p->succ_ip[i] == ip && ru->mode == mode)
+                return ru->n ? ru : NULL;
+        }
+    }
+    ru = ic_run(d->ic, ip, mode, err);
     if (!ru)
         return NULL;
+    if (p) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            if (!p->succ[i]) {
+                p->succ[i] = ru;
+                p->succ_ip[i] = ip;
+                break;
+            }
+        }
+    }
     return ru->n ? ru : NULL;
 }
 
@@ -33,7 +53,10 @@ int blk_next(struct insn_dec *d, struct rec *r)
         uint32_t room = MAX_BLOCK_INSNS - r->ninsn;
         if (!room)
             return status;
-        struct run *ru = fast_run(d, ST_EVENT_PENDING | ST_EOS, &err);
+        /* right after a run its terminating branch comes (no run starts
+         * at a branch): no lookup for it */
+        struct run *ru = known ? NULL
+                               : fast_run(d, ST_EVENT_PENDING | ST_EOS, &err);
         if (err < 0) {
             d->fatal = -err;
             return R_FATAL;
@@ -56,6 +79,7 @@ int blk_next(struct insn_dec *d, struct rec *r)
             }
             d->icount += ru->n;
             d->ip = ru->next_ip;
+            d->prev_run = ru;
             if (!have_bounds) {
                 lo = ru->lo;
                 last = ru->last;

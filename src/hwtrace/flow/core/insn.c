@@ -179,7 +179,7 @@ static int cond_branch(struct insn_dec *d)
     d->icount = 0;
     d->have_mark = 0;
     int status, taken;
-    TRY(q_cond_branch(&d->q, &status, &taken));
+    TRY(q_cond_branch_fast(&d->q, &status, &taken));
     if (d->cfg->tick)
         tick(d, d->ip);
     d->status = status;
@@ -240,7 +240,7 @@ static int proceed(struct insn_dec *d, const struct insn_info *i)
             rs_push(d, ip);
     } else if (c == C_RETURN) {
         int status, taken;
-        if (q_cond_branch(&d->q, &status, &taken) == 0) {
+        if (q_cond_branch_fast(&d->q, &status, &taken) == 0) {
             d->icount = 0;
             d->have_mark = 0;
             if (d->cfg->tick)
@@ -635,14 +635,21 @@ int insn_next(struct insn_dec *d, const struct insn_info *known,
     int sp = d->speculative;
     *out = i;
     *spec = sp;
-    int s = check_insn_event(d, i);
+    int s = 0;
+    if (d->process_event || (d->status & ST_EVENT_PENDING)) {
+        s = check_insn_event(d, i);
+        if (s < 0)
+            return error(d, s, ip, i, sp);
+        if (s & ST_EVENT_PENDING)
+            return s;
+    }
+    s = proceed(d, i);
     if (s < 0)
         return error(d, s, ip, i, sp);
-    if (s & ST_EVENT_PENDING)
-        return s;
-    s = proceed(d, i);
-    if (s >= 0)
-        s = check_ip_event(d, i);
+    /* nothing pending: _check_ip_event is _status(0) */
+    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
+        return status_of(d, 0);
+    s = check_ip_event(d, i);
     if (s < 0)
         return error(d, s, ip, i, sp);
     return s;

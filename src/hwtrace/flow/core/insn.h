@@ -61,6 +61,9 @@ struct insn_dec {
     uint8_t ev_at_set, ev_at_stay;
     ptrdiff_t ev_at_start, ev_at_end;
     struct derr err;            /* the last error returned */
+    /* the run whose instructions were taken last (a cache: its successor
+     * runs save the next run's lookup; cleared with the image) */
+    struct run *prev_run;
 };
 
 void insn_init(struct insn_dec *d, const uint8_t *buf, ptrdiff_t end,
@@ -69,6 +72,7 @@ void insn_free(struct insn_dec *d);
 static inline void insn_set_image(struct insn_dec *d, struct icache *ic)
 {
     d->ic = ic;
+    d->prev_run = NULL;
 }
 
 int insn_sync_forward(struct insn_dec *d);

@@ -75,6 +75,21 @@ static inline ptrdiff_t q_sync_offset(const struct query *q)
 int q_sync_forward(struct query *q, int *status, uint64_t *ip);
 int q_sync_set(struct query *q, ptrdiff_t offset, int *status, uint64_t *ip);
 int q_cond_branch(struct query *q, int *status, int *taken);
+int q_status_flags(struct query *q);
+
+/* q_cond_branch where TNT bits are cached (the common case, inline) */
+static inline int q_cond_branch_fast(struct query *q, int *status,
+                                     int *taken)
+{
+    uint64_t index = q->tnt_index;
+    if (!index)
+        return q_cond_branch(q, status, taken);
+    q->tnt_index = index >> 1;
+    *taken = (q->tnt_bits & index) != 0;
+    *status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                           : q_status_flags(q);
+    return 0;
+}
 int q_indirect_branch(struct query *q, int *status, uint64_t *target);
 int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
                  int *have);
@@ -102,7 +117,6 @@ static inline void q_publish(struct query *q, const struct event *ev)
 }
 int q_decode(struct query *q);              /* _decode(self.next) */
 int q_read_ahead(struct query *q);
-int q_status_flags(struct query *q);
 int q_will_event(struct query *q);
 int q_exec_mode(const struct pt_pkt *p);   /* MODE.EXEC -> mode */
 void q_overflow_reset(struct query *q);

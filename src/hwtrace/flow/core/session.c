@@ -195,9 +195,12 @@ static int step_insn(struct session *s)
     ptrdiff_t offset = insn_offset(d);
     int err;
     /* the twin's fast path, a run at a time: tracing on, nothing pending,
-     * not at the end (then each instruction returns status 0) */
-    struct run *ru = fast_run(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS,
-                              &err);
+     * not at the end (then each instruction returns status 0); a run
+     * never starts at the branch that ends the one before */
+    const struct insn_info *known = s->known;
+    s->known = NULL;
+    struct run *ru = known && known->ip == d->ip ? NULL :
+        fast_run(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err);
     if (err < 0)
         return fatal(s, err);
     if (ru) {
@@ -210,13 +213,15 @@ static int step_insn(struct session *s)
         s->open_other = 1;
         d->icount += ru->n;
         d->ip = ru->next_ip;
+        d->prev_run = ru;
         s->last_ip = ru->last_ip;
         s->status = 0;
+        s->known = ru->term;
         return 0;
     }
     const struct insn_info *i;
     int spec;
-    int r = insn_next(d, NULL, &i, &spec);
+    int r = insn_next(d, known, &i, &spec);
     if (r == R_FATAL)
         return fatal(s, d->fatal);
     if (r == R_ERR) {

@@ -78,6 +78,9 @@ struct session {
     struct bytebuf stage;       /* its INSN records */
     uint64_t ninsn;             /* instructions handed to the sink */
     int fatal;
+    /* the instruction decoder: the entry at d.ip right after a run (its
+     * terminating branch), or NULL */
+    const struct insn_info *known;
 };
 
 void sess_init(struct session *s, const uint8_t *buf, ptrdiff_t end,
