@@ -275,3 +275,90 @@ def _bundle_seeds(bundle: Path, max_trace: int) -> list[bytes]:
             out.append(make_input(trace, sections, st.config, block=block,
                                   resync=bool(k & 1)))
     return out
+
+
+def _corpus_seeds(corpus: Path, max_trace: int) -> list[bytes]:
+    import io
+    import json
+
+    from hwtrace.cli import Parser
+    from hwtrace.cli import decode as D
+    out = []
+    sub = Parser(prog="fuzz").add_subparsers(parser_class=Parser)
+    D.register(sub)
+    p = sub.choices["decode"]
+    for d in sorted(corpus.iterdir()):
+        meta = d / "meta.json"
+        if not meta.is_file():
+            continue
+        for i, v in enumerate(json.loads(meta.read_text()).get("variants",
+                                                               [])):
+            if not v.get("exp", {}).get("ptxed"):
+                continue
+            argv = []
+            for r in v.get("raw") or []:
+                argv += ["--raw", str(d / r)]
+            if v.get("cpu"):
+                argv += ["--cpu", v["cpu"]]
+            opts = shlex.split(v.get("ptxed_opts") or "")
+            opts = [str(d / o) if prev in ("--raw", "--elf") and
+                    not o.startswith("/") else o
+                    for prev, o in zip([None] + opts, opts)]
+            try:
+                a = p.parse_args(argv + opts + ["--pt", str(d / v["pt"])])
+                cfg = D._config(a, io.StringIO().write)
+                image = D._image(a)
+                trace = (d / v["pt"]).read_bytes()[:max_trace]
+            except (SystemExit, Exception):
+                continue
+            block = (a.decoder == "block") if a.decoder else bool(i & 1)
+            out.append(make_input(trace, _sections(image), cfg, block=block,
+                                  resync=bool(i & 2)))
+    return out
+
+
+def _fixture_seeds(fx: Path, max_trace: int) -> list[bytes]:
+    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.image import Image
+    from hwtrace.flow.loaders import load_elf
+    from hwtrace.pt import cpu as cpumod
+
+    def cfg(cpu, **kw):
+        c = FlowConfig(**kw)
+        c.errata = Errata.from_flags(cpumod.errata(cpumod.Cpu.parse(cpu)))
+        return c
+
+    lldb = fx / "lldb_intelpt"
+    mc = lldb / "intelpt-multi-core-trace"
+    mf = lldb / "intelpt-trace-multi-file"
+    cases = [
+        (mc / "cores" / "45.intelpt_trace", [f"{mc}/modules/m.out:0x400000"],
+         cfg("6/85/4")),
+        (mc / "cores" / "51.intelpt_trace", [f"{mc}/modules/m.out:0x400000"],
+         cfg("6/85/4")),
+        (lldb / "intelpt-trace" / "3842849.trace",
+         [f"{lldb}/intelpt-trace/a.out:0x400000"], cfg("6/79/1")),
+        (mf / "multi-file.trace", [f"{mf}/a.out:0x400000",
+                                   f"{mf}/libfoo.so:0x7ffff7bd9000",
+                                   f"{mf}/libbar.so:0x7ffff79d7000"],
+         cfg("6/79/1")),
+        (fx / "drpt2trace_simple" / "pt.bin",
+         [str(fx / "drpt2trace_simple" / "hello")],
+         cfg("6/85/4", mtc_freq=3, nom_freq=37, cpuid_0x15_eax=2,
+             cpuid_0x15_ebx=308)),
+    ]
+    out = []
+    for k, (trace, elfs, c) in enumerate(cases):
+        if not trace.is_file():
+            continue
+        image = Image()
+        try:
+            for e in elfs:
+                load_elf(image, e)
+        except Exception:
+            continue
+        data = trace.read_bytes()[:max_trace]
+        for block in (False, True):
+            out.append(make_input(data, _sections(image), c, block=block,
+                                  resync=bool(k & 1)))
+    return out
