@@ -438,3 +438,27 @@ def test_hardware_mutations_identical(tmp_path):
             pe = fast.edges(m, image, cfg, impl="python")
             assert e.compiled
             assert (e.counts, e.insns) == (pe.counts, pe.insns), name
+
+
+def test_bundle_quiet_stat_compiled(tmp_path):
+    """``hwtrace decode --quiet --stat DIR`` of a cpu-mode recording (its
+    streams switch address spaces by the sideband): the compiled core
+    counts it, called back into the Python switcher, to the same output as
+    the Python decoders (HWTRACE_NO_EXTENSIONS=1)."""
+    _core()
+    text = tmp_path / "in.txt"
+    text.write_bytes((Path(__file__).read_bytes() * 4)[:4096])
+    out = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", "cpu", "--copy-images", "--config",
+                    "branch;user;tsc;mtc;cyc", "-o", out, "--",
+                    "/bin/sh", "-c", f"gzip -9 -c {text} | wc -c",
+                    timeout=300)
+    if r.returncode != 0:
+        _need("emulated engine", r.stderr.strip()[-300:])
+    for extra in ([], ["--insn-decoder", "--resync-on-error"]):
+        a = run_hwtrace("decode", "--quiet", "--stat", *extra, out)
+        b = run_hwtrace("decode", "--quiet", "--stat", *extra, out,
+                        env={"HWTRACE_NO_EXTENSIONS": "1"})
+        assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+        assert a.stdout == b.stdout
+        assert "insn: " in a.stdout and a.stdout.count("[stream ") >= 1

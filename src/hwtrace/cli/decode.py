@@ -359,10 +359,10 @@ def _run_one(args, image=None, wrap=None, write=None) -> int:
                 and not getattr(args, "bundle", None):
             from hwtrace.cli._parallel import decode_args
             decode_args(args, cfg, sink, write, block=use_block, data=data)
-        elif wrap is None and stats and args.quiet and \
+        elif stats and args.quiet and \
                 args.format == "text" and not args.show_blocks and \
                 _fast().count_into(sink, data, image, cfg, use_block,
-                                   args.resync):
+                                   args.resync, wrap):
             pass        # counted by the compiled flow core (flow/fast.py)
         elif use_block:
             dec = BlockDecoder(data, image, cfg)

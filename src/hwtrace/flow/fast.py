@@ -249,31 +249,44 @@ class _ErrorSink:
         pass
 
 
-def _python_run(data, image, config, block: bool, resync: bool, sink):
-    from . import session
+def _python_decoder(data, image, config, block: bool):
     if block:
         from .block import BlockDecoder
-        session.run_blocks(BlockDecoder(data, image, config), sink,
-                           resync=resync)
+        return BlockDecoder(data, image, config)
+    from .insn import InsnDecoder
+    return InsnDecoder(data, image, config)
+
+
+def _python_run(dec, block: bool, resync: bool, sink):
+    from . import session
+    if block:
+        session.run_blocks(dec, sink, resync=resync)
     else:
-        from .insn import InsnDecoder
-        session.run_insn(InsnDecoder(data, image, config), sink,
-                         resync=resync)
+        session.run_insn(dec, sink, resync=resync)
 
 
 def count(data, image, config=None, decoder="block", impl=None,
-          resync=False) -> Counts:
+          resync=False, wrap=None) -> Counts:
     """Instructions (and blocks) ``hwtrace decode --quiet --stat`` counts,
-    with the errors it reports."""
+    with the errors it reports.  ``wrap(decoder)``: an address-space
+    switcher around the decoder (:class:`.spaces.SpaceSwitcher`, as the
+    bundle decode builds it), called back by the core."""
     block = decoder == "block"
     if _core(impl) is not None:
         dec = core_decoder(data, image, config, block=block, resync=resync,
+                           plain_offsets=wrap is not None,
                            impl=impl or "compiled")
+        if wrap is not None:
+            flow = _CoreFlow(dec, data, config)
+            dec.set_hooks(*flow.hooks(wrap(flow)))
         insns, blocks, events, errors = dec.counts()
         return Counts(insns, blocks, len(errors), True, events,
                       tuple(errors))
     sink = _ErrorSink()
-    _python_run(data, image, config, block, resync, sink)
+    dec = _python_decoder(data, image, config, block)
+    if wrap is not None:
+        dec = wrap(dec)
+    _python_run(dec, block, resync, sink)
     return Counts(sink.insns, sink.blocks if block else 0, len(sink.errors),
                   False, sink.events, tuple(sink.errors))
 
@@ -287,15 +300,15 @@ def compiled_count(data, image, config=None, decoder="block",
 
 
 def count_into(sink, data, image, config, block: bool,
-               resync: bool = False) -> bool:
+               resync: bool = False, wrap=None) -> bool:
     """For ``hwtrace decode --quiet --stat``: if the compiled core is in
-    use, decode with it, add its counts to ``sink`` (a sinks.CountSink)
-    and hand it the errors in order; True.  False without a core (the
-    caller runs the Python decoder)."""
+    use, decode with it (``wrap``: see :func:`count`), add its counts to
+    ``sink`` (a sinks.CountSink) and hand it the errors in order; True.
+    False without a core (the caller runs the Python decoder)."""
     if CORE is None:
         return False
     c = count(data, image, config, "block" if block else "insn",
-              resync=resync)
+              resync=resync, wrap=wrap)
     for kind, offset, ip, code in c.error_items:
         sink.error(kind, offset, ip, code)
     sink.insns += c.insns
@@ -324,7 +337,8 @@ def edges(data, image, config=None, impl=None, resync=False) -> Edges:
         counts, insns, errors = dec.edges()
         return Edges(counts, insns, len(errors), True)
     sink = EdgeSink()
-    _python_run(data, image, config, False, resync, sink)
+    _python_run(_python_decoder(data, image, config, False), False, resync,
+                sink)
     return Edges(sink.edges, sink.insns, len(sink.errors), False)
 
 
