@@ -92,6 +92,27 @@ def test_regression_resync_does_not_restart_at_a_failed_status_update():
     assert len(errors) < 10
 
 
+def test_regression_resync_does_not_resume_twice_at_an_event():
+    """A PTWRITE event with an IP pending when the instruction before it
+    cannot be decoded, resynchronizing on errors: resync resumed at the
+    event's IP, the instruction there did not decode either, and resync
+    resumed at the same event again -- for ever (both twins).  An event
+    resync has resumed at is dropped by the next resync now.  (The fuzz
+    input: instruction decoder, resync on error.)"""
+    _core()
+    data = bytes.fromhex(
+        "0200290200000000000000010200000000001000000000000282028202820282"
+        "02820282028202829090f30faee0f3480faee090f40282028202820282028202"
+        "82028202827d000010000000990102230292cdab00003d010002b209ef000000"
+        "0000003d05003d0b0001f4028202820282028202820282028202827d00001000"
+        "00009901022302730101010100003d010001")
+    py, c = _both(data)
+    assert py[3] and c[3]
+    errors = [i[2] for i in py[2] if i[2][0] == "ErrorItem"]
+    assert errors[0][-1] == ("str", "unknown instruction")
+    assert len(errors) < 10
+
+
 # -- the proof: corpus, real captures, recordings -------------------------------
 #
 # Every decode below runs the compiled core (impl="compiled": it raises if

@@ -14,7 +14,7 @@ static void reset(struct insn_dec *d)
     d->ip = 0;
     d->status = 0;
     d->enabled = d->process_event = d->speculative = d->process_insn = 0;
-    d->ev_failed = 0;
+    d->ev_spent = 0;
     d->p_insn = NULL;
     d->bound_paging = d->bound_vmcs = d->bound_ptwrite = 0;
     d->last_tsc = 0;
@@ -139,7 +139,7 @@ static int event_pending(struct insn_dec *d)
         return 0;
     int status;
     TRY(q_event(&d->q, &status, &d->ev));
-    d->ev_failed = 0;
+    d->ev_spent = 0;
     d->status = status;
     d->have_mark = 0;
     if (status & ST_DEFERRED)
@@ -169,7 +169,7 @@ static void tick(struct insn_dec *d, uint64_t ip)
     ev->tsc = t->m_tsc;
     ev->lost_mtc = t->m_lost_mtc;
     ev->lost_cyc = t->m_lost_cyc;
-    d->ev_failed = 0;
+    d->ev_spent = 0;
     d->last_tsc = t->m_tsc;
     d->process_event = 1;
 }
@@ -824,7 +824,7 @@ int insn_event(struct insn_dec *d, struct event *out)
     d->have_mark = 0;
     int r = process_event(d, &d->ev);
     if (r < 0) {
-        d->ev_failed = 1;
+        d->ev_spent = 1;
         return error(d, r, d->ip, NULL, 0);
     }
     *out = d->ev;
@@ -865,7 +865,7 @@ int insn_resync(struct insn_dec *d)
 {
     if (d->q.deferred)
         return deferred(d);
-    if (d->process_event && d->ev_failed)
+    if (d->process_event && d->ev_spent)
         d->process_event = 0;       /* it would fail the same way again */
     if (d->process_event && d->ev.status_update && d->q.last_psb >= 0)
         return insn_sync_set(d, d->q.last_psb);
@@ -916,14 +916,17 @@ int insn_resync(struct insn_dec *d)
         if (t == EV_ASYNC_BRANCH) {
             d->ip = ev->from;
             d->enabled = 1;
+            d->ev_spent = 1;
             s = check_ip_event(d, NULL);
         } else if (t == EV_ASYNC_DISABLED) {
             d->ip = ev->at;
             d->enabled = 1;
+            d->ev_spent = 1;
             s = check_ip_event(d, NULL);
         } else if (ip_event_type(t) && !ev->ip_suppressed) {
             d->ip = ev->ip;
             d->enabled = 1;
+            d->ev_spent = 1;
             s = check_ip_event(d, NULL);
         } else if (t == EV_OVERFLOW || t == EV_DISABLED || t == EV_STOP) {
             return status_of(d, ST_EVENT_PENDING);

@@ -44,7 +44,9 @@ struct insn_dec {
     int status;
     uint8_t enabled, process_event, speculative, process_insn;
     struct event ev;
-    uint8_t ev_failed;          /* processing ev failed (see resync) */
+    uint8_t ev_spent;           /* resync must not hand ev out again: its
+                                   processing failed, or a resync resumed
+                                   at its IP */
     const struct insn_info *p_insn;
     uint8_t bound_paging, bound_vmcs, bound_ptwrite;
     uint64_t last_tsc;

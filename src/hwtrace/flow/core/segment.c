@@ -23,7 +23,7 @@
  *                        deferred, the calibration's ctc/cyc_mtc before its
  *                        first MTC and fcr without have_fcr, the mark
  *                        without have_mark, the event being processed (ev,
- *                        ev_failed, ev_at*) when none is, p_insn when no
+ *                        ev_spent, ev_at*) when none is, p_insn when no
  *                        instruction is postponed, the injected event /
  *                        error unless that is what is injected
  *   last_ip unless the   the session's last IP is the IP of an error from
@@ -86,7 +86,7 @@ static const struct sfield STATE[] = {
     SF(d.resyncing, L_ALWAYS), SF(d.injected, L_ALWAYS),
     SF(d.icount, L_ALWAYS), SF(d.have_mark, L_ALWAYS),
     SF(d.mark_mode, L_MARK), SF(d.mark_ip, L_MARK), SF(d.mark_lim, L_MARK),
-    SF(d.ev_failed, L_PEV), SF(d.ev_at_set, L_PEV), SF(d.ev_at_stay, L_PEV),
+    SF(d.ev_spent, L_PEV), SF(d.ev_at_set, L_PEV), SF(d.ev_at_stay, L_PEV),
     SF(d.ev_at_start, L_PEV), SF(d.ev_at_end, L_PEV),
     SF(d.inj_err.code, L_INJ_ERR), SF(d.inj_err.offset, L_INJ_ERR),
     SF(d.inj_err.ip, L_INJ_ERR), SF(d.inj_err.spec, L_INJ_ERR),
