@@ -212,8 +212,40 @@ def compare(py, c) -> None:
                         f"{cit[i:i + 1]} ({len(pit)} vs {len(cit)})")
 
 
+def expected_counts(py, block: bool):
+    """(insns, blocks, events, error items) fast.count must give, and the
+    edges fast.edges must give (the instruction decoder's: None for the
+    block decoder), from the twin's complete output."""
+    recs, insns, items, _done = py
+    events = sum(1 for _i, _o, k in items if k[0] == "event")
+    errors = tuple((k[1][1], k[2][1], k[3][1], k[4][1])
+                   for _i, _o, k in items if k[0] == "ErrorItem")
+    counts = (sum(r[4] for r in recs), len(recs) if block else 0, events,
+              errors)
+    if block:
+        return counts, None
+    # EdgeSink: (branch, next instruction); an error ends the pair
+    edges = {}
+    errs_at = {}
+    for i, _o, k in items:
+        if k[0] == "ErrorItem":
+            errs_at[i] = errs_at.get(i, 0) + 1
+    frm = None
+    pos = 0
+    for n, r in enumerate(recs):
+        if errs_at.get(n):
+            frm = None
+        for ip, _size, iclass in insns[pos:pos + r[4]]:
+            if frm is not None:
+                edges[(frm, ip)] = edges.get((frm, ip), 0) + 1
+            frm = ip if iclass not in (1, 9) else None
+        pos += r[4]
+    return counts, edges
+
+
 def check(data: bytes) -> None:
     from hwtrace.flow import batches as B
+    from hwtrace.flow import fast
     trace, image, cfg, block, resync = parse(data)
     decoder = "block" if block else "insn"
     cap = flow_items(data)
@@ -224,6 +256,19 @@ def check(data: bytes) -> None:
                           want_insns=True, max_records=7, impl="compiled"),
                 cap)
     compare(py, c)
+    if not py[3]:
+        return
+    # the counts and edges fast paths (no records) give the same
+    counts, edges = expected_counts(py, block)
+    got = fast.count(trace, image, cfg, decoder, impl="compiled",
+                     resync=resync)
+    if (got.insns, got.blocks, got.events, got.error_items) != counts:
+        raise Violation(f"counts: twin {counts}, compiled {got}")
+    if edges is not None:
+        e = fast.edges(trace, image, cfg, impl="compiled", resync=resync)
+        if e.counts != edges or e.insns != counts[0]:
+            raise Violation(f"edges differ: {len(edges)} twin, "
+                            f"{len(e.counts)} compiled")
 
 
 # -- seeds ----------------------------------------------------------------------

@@ -457,20 +457,24 @@ static PyObject *Decoder_counts(Decoder *self, PyObject *noargs)
     (void)noargs;
     if (ready(self, 2) < 0)
         return NULL;
-    struct count_sink c = {0, 0, 0, PyList_New(0), self->s.block};
+    struct count_sink c;
+    memset(&c, 0, sizeof c);
+    c.errors = PyList_New(0);
     if (!c.errors)
         return NULL;
     self->s.ops = &COUNT_OPS;
     self->s.ctx = &c;
     self->s.hooks = &self->hooks;
+    self->s.walk = &c.w;
     int r = run(self);
+    self->s.walk = NULL;
     release_buffers(self);
     if (r < 0) {
         Py_DECREF(c.errors);
         return NULL;
     }
-    return Py_BuildValue("(KKKN)", (unsigned long long)c.insns,
-                         (unsigned long long)(self->s.block ? c.blocks : 0),
+    return Py_BuildValue("(KKKN)", (unsigned long long)c.w.insns,
+                         (unsigned long long)(self->s.block ? c.w.blocks : 0),
                          (unsigned long long)c.events, c.errors);
 }
 
@@ -479,23 +483,34 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
     (void)noargs;
     if (ready(self, 2) < 0)
         return NULL;
-    struct edge_sink e;
-    memset(&e, 0, sizeof e);
-    e.errors = PyList_New(0);
-    if (!e.errors)
+    struct count_sink c;
+    struct edge_table table;
+    memset(&c, 0, sizeof c);
+    memset(&table, 0, sizeof table);
+    c.w.edges = &table;
+    c.errors = PyList_New(0);
+    if (!c.errors)
         return NULL;
     self->s.ops = &EDGE_OPS;
-    self->s.ctx = &e;
+    self->s.ctx = &c;
     self->s.hooks = &self->hooks;
+    self->s.walk = &c.w;
     int r = run(self);
+    self->s.walk = NULL;
+    for (int i = 0; r >= 0 && i < self->nimg; i++)
+        if (ic_each_run(self->imgs[i].ic, walk_flush_run, &c.w) < 0) {
+            PyErr_NoMemory();
+            r = -1;
+        }
     release_buffers(self);
-    PyObject *d = r < 0 ? NULL : edges_dict(&e);
-    free(e.tab);
+    PyObject *d = r < 0 ? NULL : edges_dict(&table);
+    edge_free(&table);
     if (!d) {
-        Py_DECREF(e.errors);
+        Py_DECREF(c.errors);
         return NULL;
     }
-    return Py_BuildValue("(NKN)", d, (unsigned long long)e.insns, e.errors);
+    return Py_BuildValue("(NKN)", d, (unsigned long long)c.w.insns,
+                         c.errors);
 }
 
 /* -- segment jobs -------------------------------------------------------------- */
@@ -503,8 +518,8 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
 static void count_position(void *ctx, uint64_t out[4])
 {
     struct count_sink *c = ctx;
-    out[0] = c->insns;
-    out[1] = c->blocks;
+    out[0] = c->w.insns;
+    out[1] = c->w.blocks;
     out[2] = c->events;
     out[3] = (uint64_t)PyList_GET_SIZE(c->errors);
 }
@@ -546,7 +561,9 @@ static PyObject *Decoder_segment(Decoder *self, PyObject *args)
         return NULL;
     if (ready(self, 2) < 0)
         return NULL;
-    struct count_sink c = {0, 0, 0, PyList_New(0), self->s.block};
+    struct count_sink c;
+    memset(&c, 0, sizeof c);
+    c.errors = PyList_New(0);
     if (!c.errors)
         return NULL;
     struct segment g;
@@ -568,8 +585,8 @@ static PyObject *Decoder_segment(Decoder *self, PyObject *args)
             PyList_SET_ITEM(under, i, PyLong_FromLong(g.underflows[i]));
         if (cps && under)
             result = Py_BuildValue(
-                "(KKKONNO)", (unsigned long long)c.insns,
-                (unsigned long long)(self->s.block ? c.blocks : 0),
+                "(KKKONNO)", (unsigned long long)c.w.insns,
+                (unsigned long long)(self->s.block ? c.w.blocks : 0),
                 (unsigned long long)c.events, c.errors, cps, under,
                 g.stopped ? Py_True : Py_False);
         else {
@@ -664,7 +681,9 @@ static PyObject *Decoder_state_probe(Decoder *self, PyObject *arg)
         return NULL;
     if (ready(self, 2) < 0)
         return NULL;
-    struct count_sink c = {0, 0, 0, PyList_New(0), self->s.block};
+    struct count_sink c;
+    memset(&c, 0, sizeof c);
+    c.errors = PyList_New(0);
     if (!c.errors)
         return NULL;
     struct segment g;

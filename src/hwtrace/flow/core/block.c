@@ -1,38 +1,6 @@
 /* The block decoder: a port of hwtrace.flow.block.BlockDecoder.next. */
 #include "block.h"
 
-struct run *fast_run(struct insn_dec *d, int slow_mask, int *err)
-{
-    *err = 0;
-    if (!d->enabled || d->process_event || d->resyncing ||
-        (d->status & slow_mask) || d->mode == MODE_NONE)
-        return NULL;
-    uint64_t ip = d->ip;
-    int mode = d->mode;
-    struct run *p = d->prev_run, *ru;
-    /* the previous run's successors (the targets of its branch) first */
-    if (p) {
-        for (int i = 0; i < RUN_SUCC; i++) {
-            ru = p->succ[i];
-            if (ru && p->succ_ip[i] == ip && ru->mode == mode)
-                return ru->n ? ru : NULL;
-        }
-    }
-    ru = ic_run(d->ic, ip, mode, err);
-    if (!ru)
-        return NULL;
-    if (p) {
-        for (int i = 0; i < RUN_SUCC; i++) {
-            if (!p->succ[i]) {
-                p->succ[i] = ru;
-                p->succ_ip[i] = ip;
-                break;
-            }
-        }
-    }
-    return ru->n ? ru : NULL;
-}
-
 /* _ends_block for a branch (iclass not OTHER) */
 static int ends_block(const struct insn_dec *d, const struct insn_info *i)
 {
@@ -90,9 +58,11 @@ int blk_next(struct insn_dec *d, struct rec *r)
             known = ru->term;
             continue;
         }
-        const struct insn_info *i;
-        int spec;
-        int s = insn_next(d, known, &i, &spec);
+        const struct insn_info *i = known;
+        int spec = d->speculative;
+        int s = insn_next_quick(d, known);
+        if (s == R_SLOW)
+            s = insn_next(d, known, &i, &spec);
         known = NULL;
         if (s == R_FATAL)
             return s;

@@ -101,8 +101,38 @@ static inline int rec_add_run(struct rec *r, const struct run *ru,
 int blk_next(struct insn_dec *d, struct rec *r);
 
 /* the run the fast paths may take at d's IP (enabled, nothing pending,
- * not resynchronizing; ``eos_ok``: EOS in the status allowed), else NULL
- * (*err < 0: a fatal error) */
-struct run *fast_run(struct insn_dec *d, int slow_mask, int *err);
+ * not resynchronizing, none of ``slow_mask`` in the status), else NULL
+ * (*err < 0: a fatal error); the previous run's successors first */
+static inline struct run *fast_run(struct insn_dec *d, int slow_mask,
+                                   int *err)
+{
+    *err = 0;
+    if (!d->enabled || d->process_event || d->resyncing ||
+        (d->status & slow_mask) || d->mode == MODE_NONE)
+        return NULL;
+    uint64_t ip = d->ip;
+    int mode = d->mode;
+    struct run *p = d->prev_run, *ru;
+    if (p) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            ru = p->succ[i];
+            if (ru && p->succ_ip[i] == ip && ru->mode == mode)
+                return ru->n ? ru : NULL;
+        }
+    }
+    ru = ic_run(d->ic, ip, mode, err);
+    if (!ru)
+        return NULL;
+    if (p) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            if (!p->succ[i]) {
+                p->succ[i] = ru;
+                p->succ_ip[i] = ip;
+                break;
+            }
+        }
+    }
+    return ru->n ? ru : NULL;
+}
 
 #endif

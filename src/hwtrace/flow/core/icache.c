@@ -206,9 +206,18 @@ static int build_run(struct icache *ic, struct run *r, uint64_t ip, int mode)
     }
     r->next_ip = cur;
     if (r->n && r->lo <= cur && cur <= r->last && !i->err && i->ip == cur) {
-        r->term = i;
+        /* a copy next to the run: one cache line less per block */
+        r->term_info = *i;
+        r->term = &r->term_info;
         r->has_term = 1;
     }
+    return 0;
+}
+
+int ic_each_run(struct icache *ic, int (*fn)(void *, struct run *), void *ctx)
+{
+    for (uint32_t i = 0; i < ic->nr; i++)
+        TRY(fn(ctx, rentry(ic, i)));
     return 0;
 }
 

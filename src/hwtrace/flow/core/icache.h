@@ -43,6 +43,7 @@ static inline int insn_next_ip(const struct insn_info *i, uint64_t *out)
 #define RUN_SUCC 2
 
 struct run {                    /* a cached plain run (block._fill) */
+    /* what the hot path reads, together */
     uint64_t ip;
     uint64_t next_ip;           /* the IP after the run */
     uint64_t lo, last;          /* the mapping of its first instruction */
@@ -50,17 +51,22 @@ struct run {                    /* a cached plain run (block._fill) */
     int8_t mode;
     uint8_t has_term;
     uint8_t last_size, last_trunc;  /* the run's last instruction */
-    uint64_t last_ip;
-    const struct insn_info *first;  /* its first instruction's entry */
-    const struct insn_info *term;   /* the entry at next_ip if in the same
-                                       mapping and already known, else NULL */
-    uint8_t *packed;            /* n INSN records (ip u8, size u1, iclass
-                                   u1) */
-    /* the runs executed after this one's terminating branch (edges and
-     * the next-run lookup without hashing) */
+    /* the runs executed after this one's terminating branch (the
+     * next-run lookup without hashing) */
     uint64_t succ_ip[RUN_SUCC];
     struct run *succ[RUN_SUCC];
+    const struct insn_info *term;   /* the entry at next_ip if in the same
+                                       mapping and already known (a copy:
+                                       term_info), else NULL */
+    struct insn_info term_info;
+    /* edges: times each successor followed the terminating branch,
+     * counted here by the walk and added up at the end (walk.h) */
     uint64_t succ_n[RUN_SUCC];
+    /* the rest */
+    uint64_t last_ip;
+    const struct insn_info *first;  /* its first instruction's entry */
+    uint8_t *packed;            /* n INSN records (ip u8, size u1, iclass
+                                   u1) */
 };
 
 struct icache;
@@ -91,6 +97,9 @@ int ic_add(struct icache *ic, const struct insn_info *i);
  * (-E_PYERR / -E_NOMEM) if the fill failed */
 const struct insn_info *ic_lookup(struct icache *ic, uint64_t ip, int mode,
                                   int *err);
+/* calls fn(ctx, run) for every run (fn returns < 0 to stop) */
+int ic_each_run(struct icache *ic, int (*fn)(void *, struct run *),
+                void *ctx);
 /* the run at (ip, mode) (n == 0: none); NULL with *err on failure */
 struct run *ic_run(struct icache *ic, uint64_t ip, int mode, int *err);
 

@@ -4,7 +4,6 @@
 #include "insn.h"
 
 #define BDM64_MAX_STEPS 0x100
-#define LOOP_WATCH (1u << 16)
 
 /* -- state ---------------------------------------------------------------- */
 
@@ -42,23 +41,6 @@ void insn_free(struct insn_dec *d)
     q_free(&d->q);
 }
 
-static void rs_push(struct insn_dec *d, uint64_t ip)
-{
-    d->rs_top = (d->rs_top + 1) % RS_CAP;
-    d->rs[d->rs_top] = ip;
-    if (d->rs_n < RS_CAP)
-        d->rs_n++;
-}
-
-static int rs_pop(struct insn_dec *d, uint64_t *ip)
-{
-    if (!d->rs_n)
-        return 0;
-    *ip = d->rs[d->rs_top];
-    d->rs_top = (d->rs_top + RS_CAP - 1) % RS_CAP;
-    d->rs_n--;
-    return 1;
-}
 
 int insn_stack(const struct insn_dec *d, uint64_t *out)
 {
@@ -120,14 +102,6 @@ static int deferred(struct insn_dec *d)
     return R_ERR;
 }
 
-static int status_of(const struct insn_dec *d, int flags)
-{
-    if (!d->enabled)
-        flags |= ST_IP_SUPPRESSED;
-    if ((d->status & ST_EOS) && !d->process_event)
-        flags |= ST_EOS;
-    return flags;
-}
 
 /* _event_pending: 1 if an event is being processed (fetching it if the
  * status says one is pending), 0 if not, -E_* */
@@ -666,6 +640,14 @@ static int trace_on(const struct event *ev)
         return 1;
     }
     return 0;
+}
+
+int insn_finish(struct insn_dec *d, const struct insn_info *i)
+{
+    int s = check_ip_event(d, i);
+    if (s < 0)
+        return error(d, s, i->ip, i, d->speculative);
+    return s;
 }
 
 static int process_enabled(struct insn_dec *d, const struct event *ev)

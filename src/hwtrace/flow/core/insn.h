@@ -12,6 +12,7 @@
 
 #define R_ERR (-1)
 #define R_FATAL (-2)
+#define R_SLOW (-3)             /* insn_next_quick: take insn_next */
 
 static inline int is_fatal(int code)
 {
@@ -85,6 +86,106 @@ int insn_resync(struct insn_dec *d);
  * has it, else NULL */
 int insn_next(struct insn_dec *d, const struct insn_info *known,
               const struct insn_info **out, int *spec);
+/* Instructions without a query after which direct branches are watched
+ * for a loop that never reads trace again (insn.c, watch_loop) */
+#define LOOP_WATCH (1u << 16)
+
+static inline void rs_push(struct insn_dec *d, uint64_t ip)
+{
+    d->rs_top = (d->rs_top + 1) % RS_CAP;
+    d->rs[d->rs_top] = ip;
+    if (d->rs_n < RS_CAP)
+        d->rs_n++;
+}
+
+static inline int rs_pop(struct insn_dec *d, uint64_t *ip)
+{
+    if (!d->rs_n)
+        return 0;
+    *ip = d->rs[d->rs_top];
+    d->rs_top = (d->rs_top + RS_CAP - 1) % RS_CAP;
+    d->rs_n--;
+    return 1;
+}
+
+/* _status */
+static inline int status_of(const struct insn_dec *d, int flags)
+{
+    if (!d->enabled)
+        flags |= ST_IP_SUPPRESSED;
+    if ((d->status & ST_EOS) && !d->process_event)
+        flags |= ST_EOS;
+    return flags;
+}
+
+/* the end of next() after the instruction proceeded, an event pending */
+int insn_finish(struct insn_dec *d, const struct insn_info *i);
+
+/* insn_next for ``i``, the entry at d->ip, where nothing is pending and
+ * it needs no trace beyond a cached TNT bit (plain instructions, direct
+ * jumps and calls, conditional branches and compressed returns with their
+ * bit cached): the same status, state and errors; R_SLOW without changing
+ * anything where insn_next must do it.  Inline: the hot path. */
+static inline __attribute__((always_inline)) int
+insn_next_quick(struct insn_dec *d, const struct insn_info *i)
+{
+    if ((d->status & (ST_DEFERRED | ST_EVENT_PENDING)) || d->process_event ||
+        d->resyncing || !d->enabled || d->cfg->tick)
+        return R_SLOW;
+    if (!i || i->ip != d->ip || i->mode != d->mode || i->err)
+        return R_SLOW;
+    struct query *q = &d->q;
+    uint64_t fall = d->ip + i->size;
+    uint64_t index;
+    int status;
+    switch (i->iclass) {
+    case C_OTHER: case C_PTWRITE:
+        d->icount++;
+        d->ip = fall;
+        break;
+    case C_COND:
+        index = q->tnt_index;
+        if (!index)
+            return R_SLOW;
+        q->tnt_index = index >> 1;
+        d->icount = 0;
+        d->have_mark = 0;
+        status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                              : q_status_flags(q);
+        d->status = status;
+        if (status & ST_DEFERRED)
+            d->resyncing = 1;
+        d->ip = (q->tnt_bits & index) ? fall + (uint64_t)i->rel : fall;
+        break;
+    case C_CALL: case C_JUMP:
+        if ((i->flags & IF_INDIRECT) || d->icount + 1 > LOOP_WATCH)
+            return R_SLOW;
+        d->icount++;
+        if (i->iclass == C_CALL && i->rel)
+            rs_push(d, fall);
+        d->ip = fall + (uint64_t)i->rel;
+        break;
+    case C_RETURN:
+        index = q->tnt_index;
+        if (!index || !(q->tnt_bits & index) || !d->rs_n)
+            return R_SLOW;
+        q->tnt_index = index >> 1;
+        d->icount = 0;
+        d->have_mark = 0;
+        status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                              : q_status_flags(q);
+        d->status = status;
+        if (status & ST_DEFERRED)
+            d->resyncing = 1;
+        rs_pop(d, &d->ip);
+        break;
+    default:
+        return R_SLOW;
+    }
+    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
+        return status_of(d, 0);
+    return insn_finish(d, i);
+}
 /* event(): *ev the event */
 int insn_event(struct insn_dec *d, struct event *ev);
 /* the offset libipt 2.3 reports now (error_offset) */

@@ -266,14 +266,14 @@ static int batch_full(void *ctx)
 const struct sink_ops BATCH_OPS = {batch_record, batch_event, batch_error,
                                    batch_status, batch_full};
 
-/* -- counts ----------------------------------------------------------------------- */
+/* -- counts and edges ------------------------------------------------------------ */
 
 static int count_record(void *ctx, const struct rec *r, const uint8_t *insns)
 {
     struct count_sink *c = ctx;
     (void)insns;
-    c->insns += r->ninsn;
-    c->blocks++;
+    c->w.insns += r->ninsn;
+    c->w.blocks++;
     return 0;
 }
 
@@ -286,24 +286,19 @@ static int count_event(void *ctx, const struct event *ev, ptrdiff_t offset)
     return 0;
 }
 
-static int append_error(PyObject *list, int kind, ptrdiff_t offset,
-                        uint64_t ip, int code)
+static int count_error(void *ctx, int kind, ptrdiff_t offset, uint64_t ip,
+                       int code)
 {
+    struct count_sink *c = ctx;
     PyObject *t = Py_BuildValue("(OnKN)", PYREFS.kinds[kind],
                                 (Py_ssize_t)offset, (unsigned long long)ip,
                                 code_obj(code));
     if (!t)
         return -E_PYERR;
-    int r = PyList_Append(list, t);
+    int r = PyList_Append(c->errors, t);
     Py_DECREF(t);
+    c->w.have_from = 0;         /* no edge across an error */
     return r < 0 ? -E_PYERR : 0;
-}
-
-static int count_error(void *ctx, int kind, ptrdiff_t offset, uint64_t ip,
-                       int code)
-{
-    struct count_sink *c = ctx;
-    return append_error(c->errors, kind, offset, ip, code);
 }
 
 static int no_status(void *ctx, int name, ptrdiff_t offset, int supp)
@@ -324,92 +319,25 @@ static int never_full(void *ctx)
 const struct sink_ops COUNT_OPS = {count_record, count_event, count_error,
                                    no_status, never_full};
 
-/* -- edges -------------------------------------------------------------------------- */
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
-static int edge_grow(struct edge_sink *e)
-{
-    size_t cap = e->cap ? e->cap * 2 : 1024;
-    struct edge *nt = calloc(cap, sizeof *nt);
-    if (!nt)
-        return -E_NOMEM;
-    for (size_t j = 0; j < e->cap; j++) {
-        struct edge *x = &e->tab[j];
-        if (!x->n)
-            continue;
-        size_t i = mix(x->from ^ mix(x->to)) & (cap - 1);
-        while (nt[i].n)
-            i = (i + 1) & (cap - 1);
-        nt[i] = *x;
-    }
-    free(e->tab);
-    e->tab = nt;
-    e->cap = cap;
-    return 0;
-}
-
-static int edge_add(struct edge_sink *e, uint64_t from, uint64_t to)
-{
-    if (2 * (e->n + 1) > e->cap)
-        TRY(edge_grow(e));
-    size_t mask = e->cap - 1;
-    size_t i = mix(from ^ mix(to)) & mask;
-    for (;;) {
-        struct edge *x = &e->tab[i];
-        if (!x->n) {
-            x->from = from;
-            x->to = to;
-            x->n = 1;
-            e->n++;
-            return 0;
-        }
-        if (x->from == from && x->to == to) {
-            x->n++;
-            return 0;
-        }
-        i = (i + 1) & mask;
-    }
-}
-
+/* edges (fast.EdgeSink): (branch, next instruction) for each executed
+ * branch, from the instruction decoder's records */
 static int edge_record(void *ctx, const struct rec *r, const uint8_t *insns)
 {
-    struct edge_sink *e = ctx;
+    struct count_sink *c = ctx;
     (void)insns;
-    e->insns += r->ninsn;
-    if (e->have_from)
-        TRY(edge_add(e, e->from, r->ip));
-    e->have_from = r->iclass != C_OTHER && r->iclass != C_PTWRITE;
-    e->from = r->end_ip;
+    c->w.insns += r->ninsn;
+    c->w.blocks++;
+    if (c->w.have_from)
+        TRY(edge_add(c->w.edges, c->w.from, r->ip, 1));
+    c->w.have_from = r->iclass != C_OTHER && r->iclass != C_PTWRITE;
+    c->w.from = r->end_ip;
     return 0;
 }
 
-static int edge_event(void *ctx, const struct event *ev, ptrdiff_t offset)
-{
-    (void)ctx;
-    (void)ev;
-    (void)offset;
-    return 0;
-}
-
-static int edge_error(void *ctx, int kind, ptrdiff_t offset, uint64_t ip,
-                      int code)
-{
-    struct edge_sink *e = ctx;
-    e->have_from = 0;
-    return append_error(e->errors, kind, offset, ip, code);
-}
-
-const struct sink_ops EDGE_OPS = {edge_record, edge_event, edge_error,
+const struct sink_ops EDGE_OPS = {edge_record, count_event, count_error,
                                   no_status, never_full};
 
-PyObject *edges_dict(struct edge_sink *e)
+PyObject *edges_dict(struct edge_table *e)
 {
     PyObject *d = PyDict_New();
     for (size_t i = 0; d && i < e->cap; i++) {

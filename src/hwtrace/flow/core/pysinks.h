@@ -10,6 +10,7 @@
 #include <Python.h>
 
 #include "session.h"
+#include "walk.h"
 
 #define BLOCK_REC 40
 
@@ -44,26 +45,13 @@ struct batch_sink {
 };
 
 struct count_sink {
-    uint64_t insns, blocks, events;
+    struct walk w;              /* instructions, blocks (and edges) */
+    uint64_t events;
     PyObject *errors;           /* [(kind, offset, ip, code)] */
-    int block;
-};
-
-struct edge {
-    uint64_t from, to, n;
-};
-
-struct edge_sink {
-    uint64_t insns;
-    PyObject *errors;
-    struct edge *tab;
-    size_t cap, n;
-    uint64_t from;
-    int have_from;
 };
 
 extern const struct sink_ops BATCH_OPS, COUNT_OPS, EDGE_OPS;
 
-PyObject *edges_dict(struct edge_sink *e);
+PyObject *edges_dict(struct edge_table *e);
 
 #endif

@@ -1,5 +1,6 @@
 /* The drive loop: see session.h and hwtrace.flow.session. */
 #include "session.h"
+#include "walk.h"
 
 void sess_init(struct session *s, const uint8_t *buf, ptrdiff_t end,
                const struct core_config *cfg, struct icache *ic, int block,
@@ -219,9 +220,11 @@ static int step_insn(struct session *s)
         s->known = ru->term;
         return 0;
     }
-    const struct insn_info *i;
-    int spec;
-    int r = insn_next(d, known, &i, &spec);
+    const struct insn_info *i = known;
+    int spec = d->speculative;
+    int r = insn_next_quick(d, known);
+    if (r == R_SLOW)
+        r = insn_next(d, known, &i, &spec);
     if (r == R_FATAL)
         return fatal(s, d->fatal);
     if (r == R_ERR) {
@@ -303,7 +306,16 @@ int sess_run(struct session *s)
             r = step_sync(s);
             break;
         case SS_LOOP:
-            r = step_loop(s);
+            if (s->walk && !s->obs &&
+                !(s->status & (ST_EVENT_PENDING | ST_EOS))) {
+                /* no record open: the walk's instructions come after
+                 * the open record's */
+                r = flush(s);
+                if (r >= 0)
+                    r = walk(s, s->walk);
+            } else {
+                r = step_loop(s);
+            }
             break;
         case SS_ERR:
             r = step_err(s);

@@ -65,6 +65,7 @@ struct session {
     void *ctx;
     const struct hooks *hooks;
     const struct observer *obs;
+    struct walk *walk;          /* counts/edges: the fast path (walk.h) */
     ptrdiff_t sync_at;          /* >= 0: the first synchronization is at
                                    the PSB there (sync_set) */
     int state;
