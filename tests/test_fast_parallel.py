@@ -398,3 +398,38 @@ def test_cli_jobs_counts_identical(which, opts, request):
                       env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
                            "HWTRACE_PARALLEL_SEGMENTS": "6"}).stdout
     assert par == seq
+
+
+def test_dask_counts_and_batches(plain):
+    """The compiled core's segment jobs on a Dask cluster (threads of this
+    process): the sequential counts and flatten()-equal batches; the CLI's
+    ``decode --quiet --stat --dask`` prints the sequential output."""
+    distributed = pytest.importorskip("distributed")
+    path, pairs, cfg = plain
+    data = Path(path).read_bytes()
+    image = jobs.load_image(pairs)
+    want = fast.count(data, image, cfg, "block")
+    want_b = B.flatten(B.batches(data, image, cfg, want_insns=True,
+                                 impl="compiled"))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                  processes=False, dashboard_address=None,
+                                  protocol="tcp") as cluster:
+        addr = cluster.scheduler_address
+        st = {}
+        c, st = jobs.count_stats(path, 0, None, pairs, cfg, True, 2,
+                                 segments=4, min_segment=0, dask=addr)
+        assert c == want and st["segments"] == 4
+        got = B.flatten(jobs.batches(path, 0, None, pairs, cfg,
+                                     want_insns=True, segments=4,
+                                     min_segment=0, dask=addr))
+        assert len(got[0]) == len(want_b[0]) and (got[0] == want_b[0]).all()
+        assert (got[1] == want_b[1]).all()
+        assert [(i, o, repr(x)) for i, o, x in got[2]] == \
+            [(i, o, repr(x)) for i, o, x in want_b[2]]
+        images = [a for k, v in pairs for a in (f"--{k}", v)]
+        base = ["decode", "--pt", path, *images, "--quiet", "--stat"]
+        seq = run_hwtrace(*base, check=True).stdout
+        par = run_hwtrace(*base, "--dask", addr, check=True,
+                          env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
+                               "HWTRACE_PARALLEL_SEGMENTS": "4"}).stdout
+        assert par == seq

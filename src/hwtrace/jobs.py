@@ -275,26 +275,26 @@ def _plan(path: str, offset: int, size: int | None, segments: int,
     return offset, tsize, starts
 
 
-def _stitched(run, job, starts, workers: int, stats: dict):
-    """Run the jobs of ``starts`` on ``workers`` processes and stitch
-    them: the pieces, or None if a worker died."""
+def _stitched(run, job, starts, workers: int, stats: dict,
+              dask: str | None = None, unwrap=None):
+    """Run the jobs of ``starts`` on ``workers`` processes (or a Dask
+    cluster) and stitch them: the pieces, or None if a worker died.
+    ``unwrap(result)``: the :class:`Result` of what ``run`` returns."""
+    unwrap = unwrap or (lambda r: r)
     bounds = [None] + starts
     ends = starts + [None]
     stats["segments"] = len(bounds)
-    if len(bounds) == 1:
-        return [P.Piece(run(job(None, None)), -1, None, True)]
-    import concurrent.futures as cf
-    import multiprocessing as mp
+    if len(bounds) == 1 and dask is None:
+        return [P.Piece(unwrap(run(job(None, None))), -1, None, True)]
     from concurrent.futures.process import BrokenProcessPool
     try:
-        with cf.ProcessPoolExecutor(min(workers, len(bounds)),
-                                    mp_context=mp.get_context("fork")) as pool:
-            results = list(pool.map(run, [job(s, e)
-                                          for s, e in zip(bounds, ends)]))
+        with Executor(min(workers, len(bounds)), dask) as ex:
+            results = [unwrap(r) for r in ex.map(
+                run, [job(s, e) for s, e in zip(bounds, ends)])]
 
             def rerun(start, end):
                 stats["reruns"].append((start, end))
-                return pool.submit(run, job(start, end)).result()
+                return unwrap(ex.one(run, job(start, end)))
 
             pieces = P.stitch(results, rerun)
     except BrokenProcessPool:
@@ -307,22 +307,23 @@ def _stitched(run, job, starts, workers: int, stats: dict):
 
 def count(path: str, offset: int, size: int | None, images, config,
           block: bool, jobs: int, *, resync: bool = False,
-          segments: int | None = None,
-          min_segment: int = FP.MIN_SEGMENT) -> fast.Counts | None:
+          segments: int | None = None, min_segment: int = FP.MIN_SEGMENT,
+          dask: str | None = None) -> fast.Counts | None:
     """The sequential compiled decode's counts and errors of
     ``path[offset:][:size]`` (``images``: (kind, arg) pairs), decoded on
-    ``jobs`` cores (0: all); None without a compiled core, for a trace
-    that is not a regular file, or where a worker process died (the caller
-    then decodes on one core)."""
+    ``jobs`` cores (0: all) or a Dask cluster (``dask``: its scheduler);
+    None without a compiled core, for a trace that is not a regular file,
+    or where a worker process died (the caller then decodes on one
+    core)."""
     return count_stats(path, offset, size, images, config, block, jobs,
                        resync=resync, segments=segments,
-                       min_segment=min_segment)[0]
+                       min_segment=min_segment, dask=dask)[0]
 
 
 def count_stats(path: str, offset: int, size: int | None, images, config,
                 block: bool, jobs: int, *, resync: bool = False,
                 segments: int | None = None,
-                min_segment: int = FP.MIN_SEGMENT):
+                min_segment: int = FP.MIN_SEGMENT, dask: str | None = None):
     """:func:`count` and statistics of the run: segments, re-runs
     ((start, end) pairs), merged_at (for each piece after the first, the
     index of the later job's checkpoint it starts at)."""
@@ -334,14 +335,14 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
     if not _regular(path):
         return None, stats          # a pipe, a device: not mapped here
     offset, tsize, starts = _plan(path, offset, size,
-                                  (segments or jobs) if jobs > 1 else 1,
-                                  min_segment)
+                                  (segments or jobs) if jobs > 1 or dask
+                                  else 1, min_segment)
     images = tuple(images)
 
     def job(start, end):
         return SegmentJob(path, offset, tsize, images, config, block, start,
                           end, resync)
-    pieces = _stitched(run_segment, job, starts, jobs, stats)
+    pieces = _stitched(run_segment, job, starts, jobs, stats, dask)
     if pieces is None:
         return None, stats
     return FP.counts_of(pieces, block), stats
@@ -399,24 +400,26 @@ def batches(path: str, offset: int, size: int | None, images, config,
             decoder: str = "block", *, resync: bool = False,
             want_insns: bool = False, max_records: int = 1 << 16,
             jobs: int = 0, segments: int | None = None,
-            min_segment: int = FP.MIN_SEGMENT, stats: dict | None = None):
+            min_segment: int = FP.MIN_SEGMENT, stats: dict | None = None,
+            dask: str | None = None):
     """The compiled core's batches of ``path[offset:][:size]`` decoded on
-    ``jobs`` cores: flatten()-equal to the sequential ones.  The records
-    wait in spool files, mapped when they are handed out."""
+    ``jobs`` cores (or a Dask cluster): flatten()-equal to the sequential
+    ones.  Local jobs leave their records in spool files, mapped when they
+    are handed out; Dask jobs send them back."""
     from hwtrace.flow import batches as B
     stats = {} if stats is None else stats
     stats.update(segments=1, reruns=[], merged_at=[])
     jobs = jobs or os.cpu_count() or 1
     offset, tsize, starts = _plan(path, offset, size,
-                                  (segments or jobs) if jobs > 1 else 1,
-                                  min_segment)
+                                  (segments or jobs) if jobs > 1 or dask
+                                  else 1, min_segment)
     images = tuple(images)
     spool = tempfile.mkdtemp(prefix="hwtrace-batches-")
     outputs = {}
 
     def job(start, end):
         return BatchJob(path, offset, tsize, images, config, decoder, start,
-                        end, resync, want_insns, spool)
+                        end, resync, want_insns, None if dask else spool)
 
     def as_result(r):
         res, out = r
@@ -424,27 +427,10 @@ def batches(path: str, offset: int, size: int | None, images, config,
         return res
 
     try:
-        bounds = [None] + starts
-        ends = starts + [None]
-        stats["segments"] = len(bounds)
-        if len(bounds) == 1:
-            pieces = [P.Piece(as_result(run_batch_job(job(None, None))), -1,
-                              None, True)]
-        else:
-            import concurrent.futures as cf
-            import multiprocessing as mp
-            with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
-                                        mp_context=mp.get_context("fork")) \
-                    as pool:
-                results = [as_result(r) for r in pool.map(
-                    run_batch_job, [job(s, e) for s, e in zip(bounds, ends)])]
-
-                def rerun(start, end):
-                    stats["reruns"].append((start, end))
-                    return as_result(pool.submit(run_batch_job,
-                                                 job(start, end)).result())
-                pieces = P.stitch(results, rerun)
-            stats["merged_at"] = [p.first for p in pieces[1:]]
+        pieces = _stitched(run_batch_job, job, starts, jobs, stats, dask,
+                           as_result)
+        if pieces is None:
+            raise RuntimeError("a batches job's worker died")
 
         def parts():
             for piece in pieces:

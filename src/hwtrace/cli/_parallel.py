@@ -47,20 +47,19 @@ def decode_args(args, config, sink, write, *, block: bool, data=None) -> dict:
         raise CliError(f"--jobs: bad argument: {args.jobs}")
     stats = args.stat or args.stat_insn or args.stat_blocks
     if stats and args.quiet and args.format == "text" and \
-            not args.show_blocks and args.dask is None and \
-            fast.CORE is not None:
-        # Counts only: the compiled core's segment jobs on every core,
-        # else the core on one (a pipe, a dead worker).
+            not args.show_blocks and fast.CORE is not None:
+        # Counts only: the compiled core's segment jobs on every core (or
+        # the Dask cluster), else the core on one (a pipe, a dead worker).
         segs, min_seg = _knobs(FP.MIN_SEGMENT)
         try:
             c = jobs.count(path, offset, size, args.images, config, block,
                            args.jobs, resync=args.resync, segments=segs,
-                           min_segment=min_seg)
+                           min_segment=min_seg, dask=args.dask)
             if c is None and data is None:
                 data = jobs.read(P.Source(path, offset, size))
         except OSError as e:
             raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
-        except fast.Unsupported as e:
+        except (fast.Unsupported, RuntimeError) as e:
             raise CliError(f"decode: {e}") from None
         if c is None:
             c = fast.count(data, jobs.load_image(args.images), config,
