@@ -1,0 +1,352 @@
+"""Where two step streams part, and where they meet again (no I/O).
+
+:func:`compare` walks two threads' steps (:mod:`.steps`, B's addresses
+already in A's terms) side by side:
+
+* **in step**: the longest common run is found a chunk at a time with one
+  vectorized comparison (address of the first and last instruction,
+  instruction count, gap), so identical stretches cost a few numpy
+  operations per 64 Ki steps;
+* **a divergence**: the first step that differs.  The step before it is
+  the last one both ran; it ended in the branch that decided (a
+  conditional that went two ways, an indirect branch or return with two
+  targets) -- or the difference is in the step itself (one run's trace
+  ends or loses data there);
+* **meeting again**: the runs are back in step where both are at the same
+  code at the same call depth in a frame that was open when they parted
+  (the divergent function itself -- back in the same function at the
+  same depth -- or a caller both returned to).  Both sides are scanned
+  in lockstep from the divergence; each step that runs in such a frame
+  (its depth is the lowest the side has been at since) is hashed with its
+  depth, and the first pair of equal steps, lowest ``max`` of the two
+  distances, is where the runs meet.  Steps inside calls made after the
+  divergence never match: they run in frames the other side never had.
+  A side that ends keeps the steps it had; the other side is scanned on
+  alone.  Up to ``window`` steps per side are held; past that the rest
+  is reported as one region.
+
+Results are :class:`Divergence` records with both sides'
+:class:`Point` s (own addresses, for symbols) and, once known, the
+:class:`Region` until the runs meet again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .stack import ShadowStack
+from .steps import STEP
+
+#: steps per side held while looking for the meeting point
+WINDOW = 1 << 20
+_ROUND = 1 << 12
+
+_P = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F),
+      np.uint64(0x165667B19E3779F9), np.uint64(0xD6E8FEB86659FD93))
+
+
+@dataclass
+class Point:
+    """One side where the runs part (or meet)."""
+
+    idx: int                    # instruction index (of the thread) of the step
+    off: int | None             # its trace offset
+    ip: int | None              # its first instruction (None: the trace ended)
+    end: int | None
+    n: int = 0
+    gap: bool = False
+    depth: int = 0
+    stack: list = field(default_factory=list)   # call sites, outermost first
+    prev: tuple | None = None   # the step before: (ip, end, n, cls, size, off)
+    tip: int | None = None      # ip and end as compared (in A's terms)
+    tend: int | None = None
+
+
+@dataclass
+class Region:
+    """What each side did from the divergence until the runs meet."""
+
+    a_insns: int = 0
+    b_insns: int = 0
+    a_calls: int = 0
+    b_calls: int = 0
+    a_callees: dict = field(default_factory=dict)   # entry address -> calls
+    b_callees: dict = field(default_factory=dict)
+    meet: tuple | None = None   # (Point A, Point B) where they are in step again
+    depth: int | None = None    # depth at the meeting
+    why: str | None = None      # no meeting: "a-ended", "b-ended", "ended", "window"
+
+
+@dataclass
+class Divergence:
+    number: int                 # 1 for the first
+    a: Point
+    b: Point
+    region: Region | None = None
+
+
+class _Side:
+    """One run's steps: a growable buffer ahead of the comparison."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.buf = np.zeros(1 << 12, STEP)
+        self.head = 0
+        self.len = 0
+        self.stack = ShadowStack()
+        self.prev = None            # the last consumed step (a STEP record)
+        self.insns = 0              # instructions consumed
+
+    @property
+    def avail(self) -> int:
+        return self.len - self.head
+
+    @property
+    def ended(self) -> bool:
+        return self.reader.done and self.avail == 0
+
+    def fill(self, k: int) -> None:
+        """At least ``k`` steps ahead, unless the stream ends first."""
+        while self.avail < k:
+            try:
+                chunk = next(self.reader)
+            except StopIteration:
+                return
+            self._append(chunk)
+
+    def more(self) -> bool:
+        """Read one more chunk; False at the end."""
+        try:
+            chunk = next(self.reader)
+        except StopIteration:
+            return False
+        self._append(chunk)
+        return True
+
+    def _append(self, chunk: np.ndarray) -> None:
+        n = len(chunk)
+        if self.len + n > len(self.buf) and self.head:
+            live = self.avail
+            self.buf[:live] = self.buf[self.head:self.len]
+            self.head, self.len = 0, live
+        if self.len + n > len(self.buf):
+            big = np.zeros(max(2 * len(self.buf), self.len + n), STEP)
+            big[:self.len] = self.buf[:self.len]
+            self.buf = big
+        self.buf[self.len:self.len + n] = chunk
+        self.len += n
+
+    def view(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        stop = self.avail if stop is None else min(stop, self.avail)
+        return self.buf[self.head + start:self.head + stop]
+
+    def consume(self, k: int) -> None:
+        if k <= 0:
+            return
+        steps = self.view(0, k)
+        self.stack.advance(steps)
+        self.prev = steps[-1].copy()
+        self.insns = int(steps[-1]["idx"]) + int(steps[-1]["n"])
+        self.head += k
+
+    def point(self) -> Point:
+        """Where this side stands: its next step (or its end)."""
+        prev = None
+        if self.prev is not None:
+            p = self.prev
+            prev = (int(p["rip"]), int(p["rend"]), int(p["n"]), int(p["cls"]),
+                    int(p["size"]), int(p["off"]))
+        if self.avail:
+            s = self.buf[self.head]
+            return Point(int(s["idx"]), int(s["off"]), int(s["rip"]),
+                         int(s["rend"]), int(s["n"]), bool(s["gap"]),
+                         int(s["depth"]), self.stack.snapshot(), prev,
+                         int(s["ip"]), int(s["end"]))
+        depth = int(self.prev["depth"]) + int(self.prev["delta"]) \
+            if self.prev is not None else 0
+        return Point(self.insns, None, None, None, 0, False, depth,
+                     self.stack.snapshot(), prev)
+
+    def drain(self) -> tuple[int, int]:
+        """Read to the end without comparing: (instructions, calls)."""
+        v = self.view()
+        insns = int(v["n"].sum())
+        calls = int(np.count_nonzero(v["delta"] > 0))
+        self.head = self.len
+        for chunk in self.reader:
+            insns += int(chunk["n"].sum())
+            calls += int(np.count_nonzero(chunk["delta"] > 0))
+        return insns, calls
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> int:
+    """Index of the first step that differs (len if none)."""
+    neq = (a["ip"] != b["ip"]) | (a["end"] != b["end"]) | \
+        (a["n"] != b["n"]) | (a["gap"] != b["gap"])
+    hit = np.flatnonzero(neq)
+    return int(hit[0]) if len(hit) else len(a)
+
+
+def _keys(steps: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (steps["ip"] * _P[0] + steps["end"] * _P[1] +
+                steps["n"].astype(np.uint64) * _P[2] +
+                steps["depth"].astype(np.int64).view(np.uint64) * _P[3])
+
+
+class _Seen:
+    """First position of each eligible step key on one side."""
+
+    def __init__(self, depth: int):
+        self.keys = np.zeros(0, np.uint64)      # sorted
+        self.pos = np.zeros(0, np.int64)
+        self.low = depth                        # lowest depth so far
+        self.scanned = 0
+
+    def eligible(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and positions of the steps of ``steps`` (the next ones
+        after what was scanned) that run in a frame open at the divergence."""
+        d = steps["depth"].astype(np.int64)
+        low = np.minimum.accumulate(np.minimum(d, self.low))
+        self.low = int(low[-1]) if len(low) else self.low
+        ok = d == low
+        pos = np.flatnonzero(ok) + self.scanned
+        self.scanned += len(steps)
+        return _keys(steps[ok]), pos
+
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(indices into keys, first positions here) of the keys seen."""
+        if not len(self.keys) or not len(keys):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        k = np.searchsorted(self.keys, keys)
+        k = np.minimum(k, len(self.keys) - 1)
+        hit = self.keys[k] == keys
+        return np.flatnonzero(hit), self.pos[k[hit]]
+
+    def add(self, keys: np.ndarray, pos: np.ndarray) -> None:
+        if not len(keys):
+            return
+        allk = np.concatenate([self.keys, keys])
+        allp = np.concatenate([self.pos, pos])
+        order = np.argsort(allp, kind="stable")
+        allk, allp = allk[order], allp[order]
+        self.keys, first = np.unique(allk, return_index=True)
+        self.pos = allp[first]
+
+
+def compare(reader_a, reader_b, *, max_divergences: int | None = None,
+            window: int = WINDOW, status: dict | None = None
+            ) -> Iterator[Divergence]:
+    """Yield the divergences of two step streams in order (see the module
+    doc); a divergence is yielded once its region is known.  After
+    ``max_divergences`` the rest is read without comparing (coverage
+    taps still see it; ``status["more"]`` is then set).  The readers'
+    ``insns`` hold the totals after."""
+    a, b = _Side(reader_a), _Side(reader_b)
+    number = 0
+    while True:
+        # -- in step --------------------------------------------------------
+        while True:
+            a.fill(1)
+            b.fill(1)
+            m = min(a.avail, b.avail)
+            if m == 0:
+                break
+            va, vb = a.view(0, m), b.view(0, m)
+            j = _differ(va, vb)
+            a.consume(j)
+            b.consume(j)
+            if j < m:
+                break
+        if a.ended and b.ended:
+            return
+        number += 1
+        if max_divergences is not None and number > max_divergences:
+            if status is not None:
+                status["more"] = True
+            a.drain()
+            b.drain()
+            return
+        div = Divergence(number, a.point(), b.point())
+        div.region = _meet(a, b, window)
+        yield div
+        if div.region.meet is None:
+            return
+
+
+def _meet(a: _Side, b: _Side, window: int) -> Region:
+    """Find where the runs are in step again; consume both up to there."""
+    depth = int(a.view(0, 1)["depth"][0]) if a.avail else \
+        int(b.view(0, 1)["depth"][0])
+    sa, sb = _Seen(depth), _Seen(depth)
+    r = _ROUND
+    best = None
+    while best is None:
+        a.fill(sa.scanned + r)
+        b.fill(sb.scanned + r)
+        na = a.view(sa.scanned, sa.scanned + r)
+        nb = b.view(sb.scanned, sb.scanned + r)
+        if not len(na) and not len(nb):
+            break
+        ka, pa = sa.eligible(na)
+        kb, pb = sb.eligible(nb)
+        cands = []
+        i, q = sb.find(ka)                  # A's new steps B had before
+        cands.extend(zip(pa[i].tolist(), q.tolist()))
+        i, q = sa.find(kb)                  # B's new steps A had before
+        cands.extend(zip(q.tolist(), pb[i].tolist()))
+        if len(ka) and len(kb):             # new on both sides
+            _k, ia, ib = np.intersect1d(ka, kb, assume_unique=False,
+                                        return_indices=True)
+            cands.extend(zip(pa[ia].tolist(), pb[ib].tolist()))
+        cands.sort(key=lambda c: (max(c), c[0] + c[1]))
+        for ta, tb in cands:
+            x, y = a.view(ta, ta + 1)[0], b.view(tb, tb + 1)[0]
+            if x["ip"] == y["ip"] and x["end"] == y["end"] and \
+                    x["n"] == y["n"] and x["depth"] == y["depth"] and \
+                    x["gap"] == y["gap"]:
+                best = (ta, tb)
+                break
+        sa.add(ka, pa)
+        sb.add(kb, pb)
+        if sa.scanned > window or sb.scanned > window:
+            break
+        r = min(r * 2, 1 << 16)
+    reg = Region()
+    if best is not None:
+        ta, tb = best
+        _count(reg, a.view(0, ta + 1), b.view(0, tb + 1), ta, tb)
+        reg.depth = int(a.view(ta, ta + 1)["depth"][0])
+        a.consume(ta)
+        b.consume(tb)
+        reg.meet = (a.point(), b.point())
+        return reg
+    if sa.scanned > window or sb.scanned > window:
+        reg.why = "window"
+    elif a.ended and b.ended:
+        reg.why = "ended"
+    reg.why = reg.why or ("a-ended" if a.ended else "b-ended")
+    _count(reg, a.view(), b.view(), a.avail, b.avail)
+    ia, ca = a.drain()
+    ib, cb = b.drain()
+    reg.a_insns, reg.a_calls = ia, ca
+    reg.b_insns, reg.b_calls = ib, cb
+    return reg
+
+
+def _count(reg: Region, va: np.ndarray, vb: np.ndarray, ta: int, tb: int) -> None:
+    """Instructions, calls and callees of the first ``ta`` / ``tb`` steps
+    (the views hold one more step where there is one: the callees of a
+    last call)."""
+    for side, v, t in (("a", va, ta), ("b", vb, tb)):
+        body = v[:t]
+        setattr(reg, f"{side}_insns", int(body["n"].sum()))
+        calls = np.flatnonzero(body["delta"] > 0)
+        setattr(reg, f"{side}_calls", len(calls))
+        calls = calls[calls + 1 < len(v)]
+        if len(calls):
+            u, c = np.unique(v["rip"][calls + 1], return_counts=True)
+            setattr(reg, f"{side}_callees", dict(zip(u.tolist(), c.tolist())))
