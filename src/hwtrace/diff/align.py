@@ -60,9 +60,13 @@ class Point:
     gap: bool = False
     depth: int = 0
     stack: list = field(default_factory=list)   # call sites, outermost first
+    before: list = field(default_factory=list)  # ... as they were at the
+                                                # last instruction of ``prev``
     prev: tuple | None = None   # the step before: (ip, end, n, cls, size, off)
     tip: int | None = None      # ip and end as compared (in A's terms)
     tend: int | None = None
+    stop: tuple | None = None   # the trace ends (after this step): how its
+                                # last stretch stopped
 
 
 @dataclass
@@ -97,6 +101,7 @@ class _Side:
         self.head = 0
         self.len = 0
         self.stack = ShadowStack()
+        self.before: list = []      # the stack before the last consumed step
         self.prev = None            # the last consumed step (a STEP record)
         self.insns = 0              # instructions consumed
 
@@ -147,7 +152,9 @@ class _Side:
         if k <= 0:
             return
         steps = self.view(0, k)
-        self.stack.advance(steps)
+        self.stack.advance(steps[:-1])
+        self.before = self.stack.snapshot()
+        self.stack.advance(steps[-1:])
         self.prev = steps[-1].copy()
         self.insns = int(steps[-1]["idx"]) + int(steps[-1]["n"])
         self.head += k
@@ -163,12 +170,15 @@ class _Side:
             s = self.buf[self.head]
             return Point(int(s["idx"]), int(s["off"]), int(s["rip"]),
                          int(s["rend"]), int(s["n"]), bool(s["gap"]),
-                         int(s["depth"]), self.stack.snapshot(), prev,
-                         int(s["ip"]), int(s["end"]))
+                         int(s["depth"]), self.stack.snapshot(), self.before,
+                         prev, int(s["ip"]), int(s["end"]),
+                         self.reader.last_stop if self.reader.done and
+                         self.avail == 1 else None)
         depth = int(self.prev["depth"]) + int(self.prev["delta"]) \
             if self.prev is not None else 0
         return Point(self.insns, None, None, None, 0, False, depth,
-                     self.stack.snapshot(), prev)
+                     self.stack.snapshot(), self.before, prev,
+                     stop=self.reader.last_stop if self.reader.done else None)
 
     def drain(self) -> tuple[int, int]:
         """Read to the end without comparing: (instructions, calls)."""
@@ -190,32 +200,23 @@ def _differ(a: np.ndarray, b: np.ndarray) -> int:
     return int(hit[0]) if len(hit) else len(a)
 
 
-def _keys(steps: np.ndarray) -> np.ndarray:
+def _keys(steps: np.ndarray, loose: bool = False) -> np.ndarray:
+    """Hash of each step and its depth (``loose``: of its first address
+    and depth only)."""
     with np.errstate(over="ignore"):
-        return (steps["ip"] * _P[0] + steps["end"] * _P[1] +
-                steps["n"].astype(np.uint64) * _P[2] +
-                steps["depth"].astype(np.int64).view(np.uint64) * _P[3])
+        k = steps["ip"] * _P[0] + \
+            steps["depth"].astype(np.int64).view(np.uint64) * _P[3]
+        if not loose:
+            k = k + steps["end"] * _P[1] + steps["n"].astype(np.uint64) * _P[2]
+        return k
 
 
-class _Seen:
-    """First position of each eligible step key on one side."""
+class _KeySet:
+    """Sorted keys with the first position each was seen at."""
 
-    def __init__(self, depth: int):
-        self.keys = np.zeros(0, np.uint64)      # sorted
+    def __init__(self):
+        self.keys = np.zeros(0, np.uint64)
         self.pos = np.zeros(0, np.int64)
-        self.low = depth                        # lowest depth so far
-        self.scanned = 0
-
-    def eligible(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and positions of the steps of ``steps`` (the next ones
-        after what was scanned) that run in a frame open at the divergence."""
-        d = steps["depth"].astype(np.int64)
-        low = np.minimum.accumulate(np.minimum(d, self.low))
-        self.low = int(low[-1]) if len(low) else self.low
-        ok = d == low
-        pos = np.flatnonzero(ok) + self.scanned
-        self.scanned += len(steps)
-        return _keys(steps[ok]), pos
 
     def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(indices into keys, first positions here) of the keys seen."""
@@ -235,6 +236,33 @@ class _Seen:
         allk, allp = allk[order], allp[order]
         self.keys, first = np.unique(allk, return_index=True)
         self.pos = allp[first]
+
+
+class _Seen:
+    """One side's steps scanned since the divergence: those that run in a
+    frame open at the divergence, by full key and by loose key."""
+
+    def __init__(self, depth: int):
+        self.full = _KeySet()
+        self.loose = _KeySet()
+        self.low = depth                        # lowest depth so far
+        self.scanned = 0
+        self.last = None        # (loose key, position) of the last step scanned
+
+    def scan(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Full keys and positions of the eligible steps among ``steps``
+        (the next ones after those scanned); remembers them."""
+        d = steps["depth"].astype(np.int64)
+        low = np.minimum.accumulate(np.minimum(d, self.low))
+        self.low = int(low[-1]) if len(low) else self.low
+        ok = d == low
+        pos = np.flatnonzero(ok) + self.scanned
+        self.scanned += len(steps)
+        el = steps[ok]
+        full, loose = _keys(el), _keys(el, loose=True)
+        if len(steps):
+            self.last = (loose[-1], pos[-1]) if ok[-1] else None
+        return full, loose, pos
 
 
 def compare(reader_a, reader_b, *, max_divergences: int | None = None,
@@ -278,7 +306,11 @@ def compare(reader_a, reader_b, *, max_divergences: int | None = None,
 
 
 def _meet(a: _Side, b: _Side, window: int) -> Region:
-    """Find where the runs are in step again; consume both up to there."""
+    """Find where the runs are in step again; consume both up to there.
+
+    A side whose trace has ended may also meet the other at its very
+    last step when that starts at the same code and depth, however short
+    it was cut (a fault inside it): the next divergence then shows it."""
     depth = int(a.view(0, 1)["depth"][0]) if a.avail else \
         int(b.view(0, 1)["depth"][0])
     sa, sb = _Seen(depth), _Seen(depth)
@@ -291,27 +323,41 @@ def _meet(a: _Side, b: _Side, window: int) -> Region:
         nb = b.view(sb.scanned, sb.scanned + r)
         if not len(na) and not len(nb):
             break
-        ka, pa = sa.eligible(na)
-        kb, pb = sb.eligible(nb)
+        ka, la, pa = sa.scan(na)
+        kb, lb, pb = sb.scan(nb)
         cands = []
-        i, q = sb.find(ka)                  # A's new steps B had before
+        i, q = sb.full.find(ka)             # A's new steps B had before
         cands.extend(zip(pa[i].tolist(), q.tolist()))
-        i, q = sa.find(kb)                  # B's new steps A had before
+        i, q = sa.full.find(kb)             # B's new steps A had before
         cands.extend(zip(q.tolist(), pb[i].tolist()))
         if len(ka) and len(kb):             # new on both sides
-            _k, ia, ib = np.intersect1d(ka, kb, assume_unique=False,
-                                        return_indices=True)
+            _k, ia, ib = np.intersect1d(ka, kb, return_indices=True)
             cands.extend(zip(pa[ia].tolist(), pb[ib].tolist()))
+        sa.full.add(ka, pa)
+        sb.full.add(kb, pb)
+        sa.loose.add(la, pa)
+        sb.loose.add(lb, pb)
+        for side, mine, other, flip in ((a, sa, sb, False), (b, sb, sa, True)):
+            if side.ended or side.reader.done and mine.scanned >= side.avail:
+                if mine.last is not None:
+                    _i, q = other.loose.find(np.array([mine.last[0]], np.uint64))
+                    for t in q.tolist():
+                        c = (t, int(mine.last[1])) if flip else \
+                            (int(mine.last[1]), t)
+                        cands.append(c)
         cands.sort(key=lambda c: (max(c), c[0] + c[1]))
         for ta, tb in cands:
+            if ta == 0 and tb == 0:
+                continue
             x, y = a.view(ta, ta + 1)[0], b.view(tb, tb + 1)[0]
-            if x["ip"] == y["ip"] and x["end"] == y["end"] and \
-                    x["n"] == y["n"] and x["depth"] == y["depth"] and \
-                    x["gap"] == y["gap"]:
+            if x["ip"] != y["ip"] or x["depth"] != y["depth"]:
+                continue                    # a hash collision
+            last_a = a.reader.done and ta == a.avail - 1
+            last_b = b.reader.done and tb == b.avail - 1
+            if (x["end"] == y["end"] and x["n"] == y["n"] and
+                    x["gap"] == y["gap"]) or last_a or last_b:
                 best = (ta, tb)
                 break
-        sa.add(ka, pa)
-        sb.add(kb, pb)
         if sa.scanned > window or sb.scanned > window:
             break
         r = min(r * 2, 1 << 16)

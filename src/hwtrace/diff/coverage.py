@@ -117,7 +117,13 @@ def difference(a: Coverage, b: Coverage, relocate, top: int = 10) -> CoverageDif
     """A's and B's counts set side by side (``relocate``: a
     :class:`~.relocate.Relocation` of B's addresses into A's)."""
     d = CoverageDiff()
-    fa, fb = a.functions(), b.functions()
+    fa = a.functions()
+    rename = relocate.module_names()
+    fb = {}
+    for (mod, name), v in b.functions().items():
+        k = (rename.get(mod, mod), name)
+        c, n = fb.get(k, (0, 0))
+        fb[k] = (c + v[0], n + v[1])
     for key, (c, n) in sorted(fa.items(), key=lambda kv: -kv[1][1]):
         if key not in fb:
             d.only_a.append(FunctionRow(key[0], key[1], a_calls=c, a_insns=n))

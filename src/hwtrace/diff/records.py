@@ -50,6 +50,7 @@ class SideContext:
     symtab: object          # .symtab.SymTab of the thread's process
     read: object            # read(addr, size) -> bytes | None
     label: str = ""
+    relocation: object = None   # B: .relocate.Relocation into A's terms
 
     def where(self, ip: int | None) -> dict:
         if ip is None:
@@ -89,11 +90,18 @@ class SideContext:
         return i, disasm.text_of(code[:i.size], ip, i)
 
 
-def frames(side: SideContext, point: Point, here: int | None) -> list:
+def frames(side: SideContext, point: Point, at_branch: bool) -> list:
     """Open frames, outermost first: each frame's function and where it
-    stands (its call site; the top one at ``here``)."""
+    stands (its call site; the top one at the deciding branch, with
+    ``at_branch``, else at the first differing step, or where the trace
+    ended)."""
+    if at_branch or point.ip is None:
+        sites = list(point.before)
+        here = point.prev[1] if point.prev is not None else None
+    else:
+        sites, here = list(point.stack), point.ip
     out = []
-    for ip in list(point.stack) + ([here] if here is not None else []):
+    for ip in sites + ([here] if here is not None else []):
         out.append({"function": side.function(ip), **side.where(ip)})
     return out
 
@@ -104,15 +112,44 @@ def _branch(ca: SideContext, cb: SideContext, pa: Point, pb: Point) -> tuple:
         return None, "both traces end here"
     if pa.ip is None or pb.ip is None:
         who, other = ("A", "B") if pa.ip is None else ("B", "A")
-        return None, f"{who}'s trace ends here; {other} goes on"
+        side, p = (ca, pa) if pa.ip is None else (cb, pb)
+        return None, f"{who}'s trace ends here{_how_ended(side, p)}; " \
+            f"{other} goes on"
     if pa.gap != pb.gap:
         return None, f"{'A' if pa.gap else 'B'} lost trace data here"
     if pa.prev is None:
         return None, "the runs begin at different places"
     if pa.tip == pb.tip:
-        return None, ("the same code, cut short in one run (an interrupt, "
-                      "a fault or the end of its trace)")
+        who, side, p = ("A", ca, pa) if pa.n < pb.n else ("B", cb, pb)
+        if p.stop is not None:
+            return None, f"the same code, cut short in {who}: {who}'s " \
+                f"trace ends inside it{_how_ended(side, p)}"
+        if cb.relocation is not None and \
+                cb.relocation.how_at(pb.ip) == "symbol":
+            return None, (f"the builds' code differs here: A runs {pa.n} "
+                          f"instructions to {ca.symtab.describe(pa.end)}, "
+                          f"B {pb.n} to {cb.symtab.describe(pb.end)}")
+        return None, (f"the same code, cut short in {who} (an interrupt, "
+                      f"a fault or a gap)")
     return _decided(ca, cb, pa, pb, pa.prev), None
+
+
+def _how_ended(side: SideContext, p: Point) -> str:
+    """How a trace's last stretch stopped, as a phrase."""
+    if p.stop is None:
+        return ""
+    what, addr = p.stop
+    at = f" at {side.symtab.describe(addr)}" if addr else ""
+    line = side.symtab.line(addr) if addr else None
+    at += f" ({line.rsplit('/', 1)[-1]})" if line else ""
+    if what == "async_disabled":
+        return f": tracing stopped{at} before that instruction ran " \
+            f"(a fault or a signal)"
+    if what == "disabled":
+        return f": tracing was disabled{at}"
+    if what == "overflow":
+        return f": the trace overflowed{at}"
+    return f": a decode error ({what}){at}"
 
 
 def _decided(ca: SideContext, cb: SideContext, pa: Point, pb: Point,
@@ -151,10 +188,8 @@ def divergence(pair: int, div: Divergence, ca: SideContext, cb: SideContext,
     """The record of one divergence."""
     pa, pb = div.a, div.b
     branch, reason = _branch(ca, cb, pa, pb)
-    here_a = pa.prev[1] if pa.prev is not None else pa.ip
-    here_b = pb.prev[1] if pb.prev is not None else pb.ip
-    fa = frames(ca, pa, here_a)
-    fb = frames(cb, pb, here_b)
+    fa = frames(ca, pa, branch is not None)
+    fb = frames(cb, pb, branch is not None)
     rec = {
         "type": "divergence", "pair": pair, "number": div.number,
         "function": fa[-1]["function"] if fa else None,

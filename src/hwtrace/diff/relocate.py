@@ -48,6 +48,8 @@ class Note:
     moved: int = 0              # module: A's bias - B's bias
     matched: int = 0            # symbol: functions found by name in both
     unmatched: int = 0          # symbol: B's functions A has not
+    low: int = 0                # B's module
+    high: int = 0
 
 
 @dataclass
@@ -92,6 +94,20 @@ class Relocation:
     def one(self, addr: int) -> int:
         return int(self(np.array([addr], np.uint64))[0])
 
+    def how_at(self, addr: int) -> str | None:
+        """How B's code at ``addr`` is compared ("address", "module",
+        "symbol", "none"; None outside every module)."""
+        for n in self.notes:
+            if n.low <= addr < n.high:
+                return n.how
+        return None
+
+    def module_names(self) -> dict:
+        """{B's module name: A's} for the modules paired."""
+        import os
+        return {os.path.basename(n.b): os.path.basename(n.a)
+                for n in self.notes if n.a is not None}
+
 
 def relocation(a: SymTab, b: SymTab) -> Relocation:
     """How to read B's addresses as A's (see the module doc)."""
@@ -109,26 +125,30 @@ def relocation(a: SymTab, b: SymTab) -> Relocation:
             used.add(ai)
             if ma.bias == mb.bias and ma.low == mb.low:
                 notes.append(Note("address", ma.file, mb.file, ma.build_id,
-                                  mb.build_id))
+                                  mb.build_id, low=mb.low, high=mb.high))
             else:
                 d = ma.bias - mb.bias
                 ranges.append((mb.low, mb.high, d, False))
                 notes.append(Note("module", ma.file, mb.file, ma.build_id,
-                                  mb.build_id, moved=d))
+                                  mb.build_id, moved=d, low=mb.low,
+                                  high=mb.high))
             continue
         ai = _counterpart(a, mb, used)
         if ai is None:
             ranges.append((mb.low, mb.high, 0, True))
-            notes.append(Note("none", None, mb.file, None, mb.build_id))
+            notes.append(Note("none", None, mb.file, None, mb.build_id,
+                              low=mb.low, high=mb.high))
             continue
         used.add(ai)
         ma = a.modules[ai]
         if ma.build_id == mb.build_id and ma.low == mb.low and \
                 ma.bias == mb.bias:
             # no build-ids to tell (files without a note): same name, same place
-            notes.append(Note("address", ma.file, mb.file))
+            notes.append(Note("address", ma.file, mb.file, low=mb.low,
+                              high=mb.high))
             continue
-        note = Note("symbol", ma.file, mb.file, ma.build_id, mb.build_id)
+        note = Note("symbol", ma.file, mb.file, ma.build_id, mb.build_id,
+                    low=mb.low, high=mb.high)
         ranges.extend(_by_symbol(a, ai, b, bi, note))
         notes.append(note)
     ranges.sort()

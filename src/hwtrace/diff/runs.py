@@ -104,7 +104,7 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
         rb = StepReader(tb.stream.batches(view=True, impl=opts.impl),
                         None if rel.identity else rel, taps=[cb])
         ctx_a = R.SideContext(sa, A.reader(ta.pid), "A")
-        ctx_b = R.SideContext(sb, B.reader(tb.pid), "B")
+        ctx_b = R.SideContext(sb, B.reader(tb.pid), "B", rel)
         n = 0
         status: dict = {}
         for div in compare(ra, rb, max_divergences=opts.max_divergences,

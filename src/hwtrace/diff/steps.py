@@ -86,6 +86,8 @@ class StepReader:
         self.insns = 0                      # index of the next step's first insn
         self.depth = 0                      # depth of the next step
         self.gaps = 0                       # gaps seen
+        self.last_stop = None               # (event, address) of the last
+                                            # disable, error or overflow
         self.done = False
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -133,6 +135,9 @@ class StepReader:
             else:
                 pending = True
         for index, _offset, item in batch.items:
+            stop = _stop(item)
+            if stop is not None:
+                self.last_stop = stop
             if is_gap(item):
                 self.gaps += 1
                 k = nc + index
@@ -210,6 +215,19 @@ class StepReader:
             out["ip"] = out["rip"]
             out["end"] = out["rend"]
         return out
+
+
+def _stop(item):
+    """(what, address) if ``item`` stops the flow (tracing disabled, data
+    lost), else None."""
+    if isinstance(item, ErrorItem):
+        return (item.kind, item.ip)
+    t = getattr(item, "type", None)
+    if t == "async_disabled":
+        return (t, item.at)
+    if t in ("disabled", "overflow") and not item.status_update:
+        return (t, None if item.ip_suppressed else item.ip)
+    return None
 
 
 # a batch record plus the gap flag (carried with the open step)
