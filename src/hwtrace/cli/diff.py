@@ -78,5 +78,7 @@ def run(args) -> int:
                 same = r["same"]
     except (ThreadsError, StreamsError) as e:
         raise CliError(f"diff: {e}") from None
+    except OSError as e:            # an image file gone while decoding
+        raise CliError(f"diff: {e.filename or ''}: {e.strerror or e}") from None
     out.flush()
     return 0 if same else 1

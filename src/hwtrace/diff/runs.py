@@ -59,7 +59,7 @@ class _Run:
         if sp is None and spaces is not None:
             sp = spaces.union()
         if sp is None:
-            image = self.ts.streams[0].image
+            image = self.ts.streams[0].image      # a raw trace's image
 
             def read(addr, size, image=image):
                 return image.read(addr, size)
@@ -99,10 +99,9 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
         ca, cb = Coverage(sa), Coverage(sb)
         yield {"type": "pair", "pair": number, "paired_by": how,
                "a": _who(ta), "b": _who(tb), "compared_by": rel.by}
-        ra = StepReader(ta.stream.batches(view=True, impl=opts.impl),
-                        taps=[ca])
-        rb = StepReader(tb.stream.batches(view=True, impl=opts.impl),
-                        None if rel.identity else rel, taps=[cb])
+        ra = StepReader(ta.batches(opts.impl), taps=[ca])
+        rb = StepReader(tb.batches(opts.impl), None if rel.identity else rel,
+                        taps=[cb])
         ctx_a = R.SideContext(sa, A.reader(ta.pid), "A")
         ctx_b = R.SideContext(sb, B.reader(tb.pid), "B", rel)
         n = 0

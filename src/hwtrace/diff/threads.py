@@ -9,13 +9,13 @@ the kernel hands out ids in increasing order).  ``--thread A:TID=B:TID``
 pairs fixes pairs by hand; the rest are matched as above around them.
 
 Where a thread's flow is: a thread-mode bundle has one stream per
-thread.  A cpu-mode bundle has one per CPU; a CPU's stream is a thread's
-flow when the recording's context switches put only that thread on that
-CPU and it ran nowhere else (a single-threaded program: always).  A CPU
-stream that interleaves several threads cannot be cut into threads
-exactly from the switch times (tracing is off across a switch and the
-trace's time stamps are coarse), so :class:`ThreadsError` says to record
-with ``--mode thread``.
+thread.  A cpu-mode bundle has one per CPU; the CPUs whose context
+switches put only one thread on them hold that thread's flow (in pieces
+when it moved between CPUs: :mod:`.cpumerge` joins them).  A CPU stream
+that interleaves several threads cannot be cut into threads exactly from
+the switch times (tracing is off across a switch and the trace's time
+stamps are coarse), so :class:`ThreadsError` says to record with
+``--mode thread``.
 
 No I/O: works on a :class:`hwtrace.streams.TraceSet` and its sideband
 records.
@@ -35,11 +35,18 @@ class ThreadsError(Exception):
 class Thread:
     pid: int | None
     tid: int | None
-    stream: object                  # hwtrace.streams.Stream
+    streams: list                   # hwtrace.streams.Stream s holding its flow
     comm: str = ""
     time: int = 0                   # when it began (sideband clock)
     exit: int | None = None         # exit status, where the sideband has it
     insns: int = 0                  # what the recorder saw (0: unknown)
+    left: dict = field(default_factory=dict)    # cpu -> first switch out
+
+    def batches(self, impl: str | None = None):
+        """Its flow as batches (every branch ends a record)."""
+        from .cpumerge import merged_batches
+        return merged_batches([(st.info.cpu, st.batches(view=True, impl=impl))
+                               for st in self.streams], self.left)
 
     def label(self) -> str:
         who = f"{self.pid}/{self.tid}" if self.pid is not None and \
@@ -85,16 +92,15 @@ def threads_of(traceset) -> list[Process]:
             tid, pid = st.info.tid, st.info.pid
             if pid is None and tid in born:
                 pid = born[tid].pid
-            found.append(_thread(st, pid, tid, born, exits, procs))
+            found.append(_thread([st], pid, tid, born, exits, procs))
     else:
-        on_cpu: dict = {}           # cpu -> tids; tid -> cpus
-        cpus_of: dict = {}
+        on_cpu: dict = {}           # cpu -> tids
         for r in recs:
             if isinstance(r, Switch) and r.next_tid >= 0:
                 on_cpu.setdefault(r.cpu, set()).add(r.next_tid)
-                cpus_of.setdefault(r.next_tid, set()).add(r.cpu)
         pids = {r.next_tid: r.next_pid for r in recs
                 if isinstance(r, Switch) and r.next_tid >= 0}
+        mine: dict = {}             # tid -> its CPU streams
         for st in traceset.streams:
             if not st.entry.instructions_observed and not st.entry.size > 64:
                 continue
@@ -102,19 +108,21 @@ def threads_of(traceset) -> list[Process]:
             if not tids:
                 if len(procs) == 1 and st.entry.instructions_observed:
                     pid = next(iter(procs))
-                    found.append(_thread(st, pid, pid, born, exits, procs))
+                    mine.setdefault(pid, []).append(st)
+                    pids.setdefault(pid, pid)
                 continue
-            if len(tids) > 1 or len(cpus_of[next(iter(tids))]) > 1:
-                many = sorted(tids) if len(tids) > 1 else \
-                    sorted(cpus_of[next(iter(tids))])
-                what = f"threads {', '.join(map(str, many))}" \
-                    if len(tids) > 1 else \
-                    f"thread {next(iter(tids))} on cpus {', '.join(map(str, many))}"
+            if len(tids) > 1:
                 raise ThreadsError(
-                    f"{traceset.description}: {st.name} interleaves {what}: "
-                    f"diff compares threads; record with --mode thread")
-            tid = next(iter(tids))
-            found.append(_thread(st, pids.get(tid), tid, born, exits, procs))
+                    f"{traceset.description}: {st.name} interleaves threads "
+                    f"{', '.join(map(str, sorted(tids)))}: diff compares "
+                    f"threads; record with --mode thread")
+            mine.setdefault(next(iter(tids)), []).append(st)
+        for tid, sts in mine.items():
+            t = _thread(sts, pids.get(tid), tid, born, exits, procs)
+            for r in recs:
+                if isinstance(r, Switch) and r.prev_tid == tid:
+                    t.left[r.cpu] = min(t.left.get(r.cpu, r.time), r.time)
+            found.append(t)
     for t in found:
         p = procs.get(t.pid)
         if p is None:
@@ -136,11 +144,11 @@ def _has_threads(p: Process) -> bool:
     return bool(p.threads) or any(_has_threads(c) for c in p.children)
 
 
-def _thread(st, pid, tid, born, exits, procs) -> Thread:
+def _thread(sts, pid, tid, born, exits, procs) -> Thread:
     b = born.get(tid)
     p = procs.get(pid)
-    return Thread(pid, tid, st, p.comm if p else "", b.time if b else 0,
-                  exits.get(tid), st.entry.instructions_observed)
+    return Thread(pid, tid, sts, p.comm if p else "", b.time if b else 0,
+                  exits.get(tid), sum(s.entry.instructions_observed for s in sts))
 
 
 def all_threads(roots: list[Process]) -> list[Thread]:
