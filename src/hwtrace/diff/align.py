@@ -32,13 +32,14 @@ Results are :class:`Divergence` records with both sides'
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 from .stack import ShadowStack
-from .steps import STEP
+from .steps import KEY_WORDS, STEP
 
 #: steps per side held while looking for the meeting point
 WINDOW = 1 << 20
@@ -93,34 +94,23 @@ class Divergence:
 
 
 class _Side:
-    """One run's steps: a growable buffer ahead of the comparison."""
+    """One run's steps read ahead of the comparison: a queue of chunks as
+    the reader made them (views into them cost nothing; a range across
+    chunks is copied, which only the search for a meeting point needs)."""
 
     def __init__(self, reader):
         self.reader = reader
-        self.buf = np.zeros(1 << 12, STEP)
-        self.head = 0
-        self.len = 0
+        self.chunks: deque = deque()
+        self.pos = 0                # into chunks[0]
+        self.avail = 0
         self.stack = ShadowStack()
         self.before: list = []      # the stack before the last consumed step
         self.prev = None            # the last consumed step (a STEP record)
         self.insns = 0              # instructions consumed
 
     @property
-    def avail(self) -> int:
-        return self.len - self.head
-
-    @property
     def ended(self) -> bool:
         return self.reader.done and self.avail == 0
-
-    def fill(self, k: int) -> None:
-        """At least ``k`` steps ahead, unless the stream ends first."""
-        while self.avail < k:
-            try:
-                chunk = next(self.reader)
-            except StopIteration:
-                return
-            self._append(chunk)
 
     def more(self) -> bool:
         """Read one more chunk; False at the end."""
@@ -128,36 +118,61 @@ class _Side:
             chunk = next(self.reader)
         except StopIteration:
             return False
-        self._append(chunk)
+        self.chunks.append(chunk)
+        self.avail += len(chunk)
         return True
 
-    def _append(self, chunk: np.ndarray) -> None:
-        n = len(chunk)
-        if self.len + n > len(self.buf) and self.head:
-            live = self.avail
-            self.buf[:live] = self.buf[self.head:self.len]
-            self.head, self.len = 0, live
-        if self.len + n > len(self.buf):
-            big = np.zeros(max(2 * len(self.buf), self.len + n), STEP)
-            big[:self.len] = self.buf[:self.len]
-            self.buf = big
-        self.buf[self.len:self.len + n] = chunk
-        self.len += n
+    def fill(self, k: int) -> None:
+        """At least ``k`` steps ahead, unless the stream ends first."""
+        while self.avail < k and self.more():
+            pass
+
+    def head(self) -> np.ndarray:
+        """The unconsumed part of the first chunk (no copy)."""
+        while self.chunks and self.pos >= len(self.chunks[0]):
+            self.chunks.popleft()
+            self.pos = 0
+        return self.chunks[0][self.pos:] if self.chunks else _EMPTY
 
     def view(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         stop = self.avail if stop is None else min(stop, self.avail)
-        return self.buf[self.head + start:self.head + stop]
+        if stop <= start:
+            return _EMPTY
+        h = self.head()
+        if stop <= len(h):
+            return h[start:stop]
+        parts, at = [], 0
+        for c in self.chunks:
+            c = c[self.pos:] if c is self.chunks[0] else c
+            lo, hi = max(start - at, 0), min(stop - at, len(c))
+            if lo < hi:
+                parts.append(c[lo:hi])
+            at += len(c)
+            if at >= stop:
+                break
+        return np.concatenate(parts)
 
     def consume(self, k: int) -> None:
         if k <= 0:
             return
-        steps = self.view(0, k)
-        self.stack.advance(steps[:-1])
-        self.before = self.stack.snapshot()
-        self.stack.advance(steps[-1:])
-        self.prev = steps[-1].copy()
-        self.insns = int(steps[-1]["idx"]) + int(steps[-1]["n"])
-        self.head += k
+        last = None
+        left = k
+        while left:
+            h = self.head()
+            take = min(left, len(h))
+            part = h[:take]
+            if take == left:
+                self.stack.advance(part[:-1])
+                self.before = self.stack.snapshot()
+                self.stack.advance(part[-1:])
+            else:
+                self.stack.advance(part)
+            last = part[-1]
+            self.pos += take
+            self.avail -= take
+            left -= take
+        self.prev = last.copy()
+        self.insns = int(last["idx"]) + int(last["n"])
 
     def point(self) -> Point:
         """Where this side stands: its next step (or its end)."""
@@ -167,7 +182,7 @@ class _Side:
             prev = (int(p["rip"]), int(p["rend"]), int(p["n"]), int(p["cls"]),
                     int(p["size"]), int(p["off"]))
         if self.avail:
-            s = self.buf[self.head]
+            s = self.head()[0]
             return Point(int(s["idx"]), int(s["off"]), int(s["rip"]),
                          int(s["rend"]), int(s["n"]), bool(s["gap"]),
                          int(s["depth"]), self.stack.snapshot(), self.before,
@@ -182,20 +197,33 @@ class _Side:
 
     def drain(self) -> tuple[int, int]:
         """Read to the end without comparing: (instructions, calls)."""
-        v = self.view()
-        insns = int(v["n"].sum())
-        calls = int(np.count_nonzero(v["delta"] > 0))
-        self.head = self.len
+        insns = calls = 0
+        for c in list(self.chunks):
+            c = c[self.pos:] if c is self.chunks[0] else c
+            insns += int(c["n"].sum())
+            calls += int(np.count_nonzero(c["delta"] > 0))
+        self.chunks.clear()
+        self.pos = self.avail = 0
         for chunk in self.reader:
             insns += int(chunk["n"].sum())
             calls += int(np.count_nonzero(chunk["delta"] > 0))
         return insns, calls
 
 
+_EMPTY = np.zeros(0, STEP)
+
+
+def _words(steps: np.ndarray) -> np.ndarray:
+    """The compared part of each step as KEY_WORDS 64-bit words."""
+    return steps.view(np.uint64).reshape(len(steps), -1)[:, :KEY_WORDS]
+
+
 def _differ(a: np.ndarray, b: np.ndarray) -> int:
     """Index of the first step that differs (len if none)."""
-    neq = (a["ip"] != b["ip"]) | (a["end"] != b["end"]) | \
-        (a["n"] != b["n"]) | (a["gap"] != b["gap"])
+    wa, wb = _words(a), _words(b)
+    neq = wa[:, 0] != wb[:, 0]
+    for k in range(1, KEY_WORDS):
+        neq |= wa[:, k] != wb[:, k]
     hit = np.flatnonzero(neq)
     return int(hit[0]) if len(hit) else len(a)
 
@@ -280,11 +308,11 @@ def compare(reader_a, reader_b, *, max_divergences: int | None = None,
         while True:
             a.fill(1)
             b.fill(1)
-            m = min(a.avail, b.avail)
+            ha, hb = a.head(), b.head()
+            m = min(len(ha), len(hb))
             if m == 0:
                 break
-            va, vb = a.view(0, m), b.view(0, m)
-            j = _differ(va, vb)
+            j = _differ(ha[:m], hb[:m])
             a.consume(j)
             b.consume(j)
             if j < m:

@@ -41,10 +41,15 @@ import numpy as np
 from hwtrace.flow.batches import ErrorItem, StatusItem
 from hwtrace.x86.insn import IClass
 
-STEP = np.dtype([("ip", "<u8"), ("end", "<u8"), ("rip", "<u8"),
-                 ("rend", "<u8"), ("idx", "<u8"), ("off", "<u8"),
-                 ("n", "<u4"), ("depth", "<i4"), ("cls", "u1"),
-                 ("size", "u1"), ("gap", "u1"), ("delta", "i1")])
+#: a step; ``ip``, ``end`` and the word of ``n``/``gap``/``cls``/``size``
+#: come first: these three 64-bit words are what is compared (KEY_WORDS)
+STEP = np.dtype([("ip", "<u8"), ("end", "<u8"), ("n", "<u4"), ("gap", "u1"),
+                 ("cls", "u1"), ("size", "u1"), ("_pad", "u1"),
+                 ("rip", "<u8"), ("rend", "<u8"), ("idx", "<u8"),
+                 ("off", "<u8"), ("depth", "<i4"), ("delta", "i1"),
+                 ("_pad2", "u1", (3,))])
+KEY_WORDS = 3
+assert STEP.itemsize == 64
 
 OTHER = int(IClass.OTHER)
 PTWRITE = int(IClass.PTWRITE)
@@ -52,6 +57,12 @@ CALL = int(IClass.CALL)
 FAR_CALL = int(IClass.FAR_CALL)
 RETURN = int(IClass.RETURN)
 FAR_RETURN = int(IClass.FAR_RETURN)
+
+# per instruction class: 1 ends no step (plain), 2 a call, 3 a return
+_KIND = np.zeros(256, np.int8)
+_KIND[[OTHER, PTWRITE]] = 1
+_KIND[[CALL, FAR_CALL]] = 2
+_KIND[[RETURN, FAR_RETURN]] = 3
 
 #: events after which the flow is not known to go on from where it stood
 GAP_EVENTS = frozenset({"overflow"})
@@ -66,23 +77,39 @@ def is_gap(item) -> bool:
     return getattr(item, "type", None) in GAP_EVENTS
 
 
+class _Open:
+    """The step still open at the end of a batch (its last record may
+    be followed by the next instruction in the next batch)."""
+
+    __slots__ = ("ip", "off", "n", "gap", "end", "cls", "size")
+
+    def __init__(self, ip, off, n, gap, end, cls, size):
+        self.ip, self.off, self.n, self.gap = ip, off, n, gap
+        self.end, self.cls, self.size = end, cls, size
+
+    def goes_on(self, ip: int, gap: bool) -> bool:
+        return _KIND[self.cls] == 1 and not gap and ip == self.end + self.size
+
+
 class StepReader:
     """Steps of one thread's batches, in chunks (numpy arrays of
     :data:`STEP`).
 
     ``translate(addresses) -> addresses`` maps this run's code addresses
     into the other run's space (default: as they are).  ``taps`` are
-    called with every chunk as it is read (coverage counters); the last
-    step of a batch is held back until the next batch says whether it
-    goes on (a chunk never ends in a step that might still grow)."""
+    called with every chunk as it is read (coverage counters).  The
+    records of the last step of a batch are held back until the next
+    batch says whether it goes on, so a chunk never ends in a step that
+    might still grow, and no batch is ever copied whole."""
 
     def __init__(self, batches: Iterable, translate: Callable | None = None,
                  taps=()):
         self._batches = iter(batches)
         self._translate = translate
         self._taps = list(taps)
-        self._carry = np.zeros(0, _REC)     # records of the open step
-        self._carry_gap = False             # a gap before the next record
+        self._open: _Open | None = None
+        self._gap_next = False              # a gap before the next record
+        self._ready: list = []              # chunks made, not yet handed out
         self.insns = 0                      # index of the next step's first insn
         self.depth = 0                      # depth of the next step
         self.gaps = 0                       # gaps seen
@@ -94,119 +121,32 @@ class StepReader:
         return self
 
     def __next__(self) -> np.ndarray:
-        while not self.done:
+        while not self._ready:
+            if self.done:
+                raise StopIteration
             try:
                 b = next(self._batches)
             except StopIteration:
                 self.done = True
-                out = self._steps(self._carry, self._carry["gapb"],
-                                  final=True)
-                self._carry = np.zeros(0, _REC)
-                if len(out):
-                    return self._tap(out)
-                break
-            out = self._feed(b)
-            if len(out):
-                return self._tap(out)
-        raise StopIteration
+                o, self._open = self._open, None
+                if o is not None:
+                    self._emit(self._one(o, None))
+                continue
+            self._feed(b)
+        out = self._ready.pop(0)
+        for t in self._taps:
+            t(out)
+        return out
 
     # -- internals -----------------------------------------------------------
 
-    def _tap(self, steps: np.ndarray) -> np.ndarray:
-        for t in self._taps:
-            t(steps)
-        return steps
-
-    def _feed(self, batch) -> np.ndarray:
-        blocks = batch.blocks
-        nc = len(self._carry)
-        recs = np.empty(nc + len(blocks), _REC)
-        if nc:
-            recs[:nc] = self._carry
-        for f in _REC.names[:-1]:
-            recs[f][nc:] = blocks[f]
-        gap = np.zeros(len(recs), bool)
-        if nc:
-            gap[:nc] = self._carry["gapb"]
-        pending = False
-        if self._carry_gap:
-            if nc < len(recs):
-                gap[nc] = True
-            else:
-                pending = True
-        for index, _offset, item in batch.items:
-            stop = _stop(item)
-            if stop is not None:
-                self.last_stop = stop
-            if is_gap(item):
-                self.gaps += 1
-                k = nc + index
-                if k < len(recs):
-                    gap[k] = True
-                else:
-                    pending = True
-        self._carry_gap = pending
-        recs["gapb"] = gap
-        return self._steps(recs, gap, final=False)
-
-    def _steps(self, recs: np.ndarray, gap: np.ndarray, final: bool) -> np.ndarray:
-        """Group ``recs`` into steps; keep the open one (unless ``final``)."""
-        n = len(recs)
-        if n == 0:
-            return np.zeros(0, STEP)
-        ip = recs["ip"]
-        end = recs["end_ip"]
-        cls = recs["iclass"]
-        # record i ends a step when its last instruction is a branch, or
-        # the next record does not follow on, or data was lost before it
-        ends = np.empty(n, bool)
-        plain = (cls == OTHER) | (cls == PTWRITE)
-        if n > 1:
-            follows = ip[1:] == end[:-1] + recs["size"][:-1]
-            ends[:-1] = ~plain[:-1] | ~follows | gap[1:]
-        ends[-1] = True
-        last = np.flatnonzero(ends)
-        if not final:
-            keep = last[:-1]            # the last record's step may go on
-            cut = int(keep[-1]) + 1 if len(keep) else 0
-            self._carry = recs[cut:].copy()
-            last = keep
-        if not len(last):
-            return np.zeros(0, STEP)
-        first = np.empty(len(last), np.intp)
-        first[0] = 0
-        first[1:] = last[:-1] + 1
-        out = np.empty(len(last), STEP)
-        out["rip"] = ip[first]
-        out["rend"] = end[last]
-        counts = np.add.reduceat(
-            recs["ninsn"][:int(last[-1]) + 1].astype(np.uint64), first)
-        out["n"] = counts
-        csum = np.cumsum(counts)
-        out["idx"] = self.insns + csum - counts
-        self.insns += int(csum[-1])
-        out["off"] = recs["offset"][first]
-        c = cls[last]
-        out["cls"] = c
-        sz = recs["size"][last]
-        out["size"] = sz
-        out["gap"] = gap[first]
-        # the next step's first address: the one after, or the open step's
-        nxt = np.empty(len(last), np.uint64)
-        nxt[:-1] = out["rip"][1:]
-        has_next = np.ones(len(last), bool)
-        if final:
-            has_next[-1] = False
-            nxt[-1] = 0
-        else:
-            nxt[-1] = self._carry["ip"][0]
-        fall = out["rend"] + sz
-        calls = ((c == CALL) | (c == FAR_CALL)) & (nxt != fall) & has_next
-        rets = (c == RETURN) | (c == FAR_RETURN)
-        delta = calls.astype(np.int8) - rets.astype(np.int8)
-        out["delta"] = delta
-        dsum = np.cumsum(delta, dtype=np.int64)
-        out["depth"] = self.depth + dsum - delta
+    def _emit(self, out: np.ndarray) -> None:
+        """Finish ``out`` (depth, translation) and queue it."""
+        if not len(out):
+            return
+        d = out["delta"]
+        dsum = np.cumsum(d, dtype=np.int64)
+        out["depth"] = self.depth + dsum - d
         self.depth += int(dsum[-1])
         if self._translate is not None:
             out["ip"] = self._translate(out["rip"])
@@ -214,7 +154,119 @@ class StepReader:
         else:
             out["ip"] = out["rip"]
             out["end"] = out["rend"]
+        self._ready.append(out)
+
+    def _one(self, o: _Open, nxt: int | None) -> np.ndarray:
+        """The open step alone (its next step starts at ``nxt``)."""
+        out = np.zeros(1, STEP)
+        r = out[0]
+        r["rip"], r["rend"], r["n"], r["off"] = o.ip, o.end, o.n, o.off
+        r["cls"], r["size"], r["gap"], r["idx"] = o.cls, o.size, o.gap, self.insns
+        k = _KIND[o.cls]
+        r["delta"] = -1 if k == 3 else \
+            1 if k == 2 and nxt is not None and nxt != o.end + o.size else 0
+        self.insns += o.n
         return out
+
+    def _feed(self, batch) -> None:
+        blocks = batch.blocks
+        n = len(blocks)
+        pending, self._gap_next = self._gap_next, False
+        gapat = None
+        for index, _offset, item in batch.items:
+            stop = _stop(item)
+            if stop is not None:
+                self.last_stop = stop
+            if is_gap(item):
+                self.gaps += 1
+                if index >= n:              # before the next batch's first
+                    self._gap_next = True
+                    continue
+                if gapat is None:
+                    gapat = np.zeros(n, bool)
+                gapat[index] = True
+        if n == 0:
+            self._gap_next |= pending
+            return
+        if pending:
+            if gapat is None:
+                gapat = np.zeros(n, bool)
+            gapat[0] = True
+        ip = blocks["ip"]
+        end = blocks["end_ip"]
+        size = blocks["size"]
+        cls = blocks["iclass"]
+        o = self._open
+        cont = o is not None and o.goes_on(int(ip[0]), bool(gapat is not None
+                                                             and gapat[0]))
+        if o is not None and not cont:
+            self._emit(self._one(o, int(ip[0])))
+        # which records end a step (the last one: not known yet)
+        plain = _KIND[cls[:-1]] == 1
+        if gapat is None and not plain.any():
+            last = np.arange(n - 1)
+        else:
+            ends = ~plain | (ip[1:] != end[:-1] + size[:-1])
+            if gapat is not None:
+                ends |= gapat[1:]
+            last = np.flatnonzero(ends)
+        k = len(last)
+        if k:
+            first = np.empty(k, np.intp)
+            first[0] = 0
+            first[1:] = last[:-1] + 1
+            out = np.empty(k, STEP)
+            out["_pad"] = 0                     # in a compared word
+            if gapat is None:
+                out["gap"] = 0
+            if k == n - 1:                      # one record per step
+                out["rip"] = ip[:-1]
+                out["rend"] = end[:-1]
+                counts = blocks["ninsn"][:-1].astype(np.uint64)
+                out["off"] = blocks["offset"][:-1]
+                c, sz = cls[:-1], size[:-1]
+                if gapat is not None:
+                    out["gap"] = gapat[:-1]
+            else:
+                out["rip"] = ip[first]
+                out["rend"] = end[last]
+                counts = np.add.reduceat(
+                    blocks["ninsn"][:int(last[-1]) + 1].astype(np.uint64), first)
+                out["off"] = blocks["offset"][first]
+                c, sz = cls[last], size[last]
+                if gapat is not None:
+                    out["gap"] = gapat[first]
+            if cont:
+                out["rip"][0] = o.ip
+                out["off"][0] = o.off
+                out["gap"][0] = o.gap
+                counts[0] += o.n
+            out["n"] = counts
+            out["cls"] = c
+            out["size"] = sz
+            csum = np.cumsum(counts)
+            out["idx"] = self.insns + csum - counts
+            self.insns += int(csum[-1])
+            nxt = np.empty(k, np.uint64)
+            nxt[:-1] = out["rip"][1:]
+            nxt[-1] = ip[int(last[-1]) + 1]
+            kind = _KIND[c]
+            delta = (kind == 2) & (nxt != out["rend"] + sz)
+            out["delta"] = delta.astype(np.int8) - (kind == 3).astype(np.int8)
+            self._emit(out)
+            start = int(last[-1]) + 1
+            self._open = _Open(int(ip[start]), int(blocks["offset"][start]),
+                               int(blocks["ninsn"][start:].sum()),
+                               bool(gapat is not None and gapat[start]),
+                               int(end[-1]), int(cls[-1]), int(size[-1]))
+        elif cont:
+            o.n += int(blocks["ninsn"].sum())
+            o.end, o.cls, o.size = int(end[-1]), int(cls[-1]), int(size[-1])
+        else:
+            self._open = _Open(int(ip[0]), int(blocks["offset"][0]),
+                               int(blocks["ninsn"].sum()),
+                               bool(gapat is not None and gapat[0]),
+                               int(end[-1]), int(cls[-1]), int(size[-1]))
 
 
 def _stop(item):
@@ -228,12 +280,6 @@ def _stop(item):
     if t in ("disabled", "overflow") and not item.status_update:
         return (t, None if item.ip_suppressed else item.ip)
     return None
-
-
-# a batch record plus the gap flag (carried with the open step)
-_REC = np.dtype([("ip", "<u8"), ("end_ip", "<u8"), ("offset", "<u8"),
-                 ("ninsn", "<u4"), ("iclass", "u1"), ("size", "u1"),
-                 ("gapb", "?")])
 
 
 def read_all(batches: Iterable, translate: Callable | None = None) -> np.ndarray:
