@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import IN_CI, run_hwtrace
+from conftest import FIXTURES, IN_CI, run_hwtrace
 
 FIB_C = r"""
 #include <stdio.h>
@@ -426,6 +426,27 @@ def test_thread_override(threads):
                if d["function"] == "work"}
     assert in_work == {p["pair"] for p in given}
     assert r.returncode == 1
+
+
+# -- a hardware recording ------------------------------------------------------------------
+
+def test_perf_import_of_a_cpu_wide_recording(tmp_path):
+    """perf's CPU-wide context switches name every task that ran on the CPU
+    (idle, kernel threads, perf itself): only the traced process's threads
+    are paired, and a real Intel PT recording compares equal with itself."""
+    fx = FIXTURES / "hase_loopy"
+    if not fx.is_dir():
+        pytest.skip("no hardware fixtures")
+    out = tmp_path / "loopy"
+    r = run_hwtrace("import", "-o", out, "--image", fx / "loopy",
+                    fx / "loopy-20180404T162955.perf")
+    assert r.returncode == 0, r.stderr
+    recs = jsonl(diff(out, out, "--format", "jsonl"))
+    (p,) = of_type(recs, "pair")
+    assert p["a"]["tid"] == p["b"]["tid"] == 19233 and p["a"]["comm"] == "loopy"
+    end = of_type(recs, "pair_end")[0]
+    assert end["same"] and end["a"]["insns"] == end["b"]["insns"] == 57
+    assert of_type(recs, "summary")[0]["same"] is True
 
 
 # -- bad input ---------------------------------------------------------------------------

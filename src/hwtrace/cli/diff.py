@@ -78,6 +78,8 @@ def run(args) -> int:
                 same = r["same"]
     except (ThreadsError, StreamsError) as e:
         raise CliError(f"diff: {e}") from None
+    except BrokenPipeError:
+        raise                       # the reader left: main() ends quietly
     except OSError as e:            # an image file gone while decoding
         raise CliError(f"diff: {e.filename or ''}: {e.strerror or e}") from None
     out.flush()

@@ -163,7 +163,10 @@ def _process(out, r: dict) -> None:
     for m in r["modules"]:
         if m["how"] == "symbol+offset":
             bid = m.get("build_id", {})
-            out(f"  {os.path.basename(m['b'])}: different builds "
+            na, nb = os.path.basename(m["a"]), os.path.basename(m["b"])
+            what = "different builds" if na == nb else \
+                f"different executables ({na} | {nb})"
+            out(f"  {nb}: {what} "
                 f"(A {m['a']} build-id {str(bid.get('a'))[:12]}, "
                 f"B {m['b']} build-id {str(bid.get('b'))[:12]}): compared "
                 f"by symbol+offset, {m['functions']['matched']} functions "

@@ -94,9 +94,13 @@ def threads_of(traceset) -> list[Process]:
                 pid = born[tid].pid
             found.append(_thread([st], pid, tid, born, exits, procs))
     else:
+        # a CPU-wide recording's switches name every task that ran
+        # (idle, kernel threads, the recorder): only traced processes count
+        traced = set(procs) or None
         on_cpu: dict = {}           # cpu -> tids
         for r in recs:
-            if isinstance(r, Switch) and r.next_tid >= 0:
+            if isinstance(r, Switch) and r.next_tid >= 0 and \
+                    (traced is None or r.next_pid in traced):
                 on_cpu.setdefault(r.cpu, set()).add(r.next_tid)
         pids = {r.next_tid: r.next_pid for r in recs
                 if isinstance(r, Switch) and r.next_tid >= 0}
@@ -120,7 +124,8 @@ def threads_of(traceset) -> list[Process]:
         for tid, sts in mine.items():
             t = _thread(sts, pids.get(tid), tid, born, exits, procs)
             for r in recs:
-                if isinstance(r, Switch) and r.prev_tid == tid:
+                if isinstance(r, Switch) and r.prev_tid == tid and \
+                        r.cpu in {st.info.cpu for st in sts}:
                     t.left[r.cpu] = min(t.left.get(r.cpu, r.time), r.time)
             found.append(t)
     for t in found:
