@@ -290,6 +290,7 @@ def test_crash_names_the_branch_on_the_input_byte(parse):
     last = divs[-1]
     assert last["b"]["ip"] is None or "cut short in B" in last.get("reason", "")
     assert "B's trace ends" in last["reason"]
+    assert last["function"] == "handle"
     assert last["region"]["meet"] is None
     # printf ran in A only
     only_a = {c["function"] for c in of_type(recs, "coverage")

@@ -188,8 +188,11 @@ def divergence(pair: int, div: Divergence, ca: SideContext, cb: SideContext,
     """The record of one divergence."""
     pa, pb = div.a, div.b
     branch, reason = _branch(ca, cb, pa, pb)
-    fa = frames(ca, pa, branch is not None)
-    fb = frames(cb, pb, branch is not None)
+    # where the runs were last together: at the deciding branch, or at
+    # the last instruction both ran when one trace ends there
+    last = branch is not None or pa.ip is None or pb.ip is None
+    fa = frames(ca, pa, last)
+    fb = frames(cb, pb, last)
     rec = {
         "type": "divergence", "pair": pair, "number": div.number,
         "function": fa[-1]["function"] if fa else None,

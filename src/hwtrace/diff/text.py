@@ -43,12 +43,17 @@ def _where(d: dict) -> str:
     return f"{_at(d)}{' (' + line + ')' if line else ''}"
 
 
-def _went(branch: dict, side: str) -> str:
+def _went(branch: dict, side: str, pad: bool = True) -> str:
     t = branch.get(side) or {}
     where = _where(t) if t.get("ip") is not None else "(end of trace)"
     if "taken" in t:
-        return f"{'taken' if t['taken'] else 'not taken':<9} -> {where}"
+        how = "taken" if t["taken"] else "not taken"
+        return f"{how:<9} -> {where}" if pad else f"{how} -> {where}"
     return f"-> {where}"
+
+
+def _calls(n: int) -> str:
+    return f"{_n(n)} call{'' if n == 1 else 's'}"
 
 
 def _branch_line(b: dict) -> str:
@@ -88,10 +93,9 @@ def _region(out, reg: dict, indent: str) -> None:
     parts = []
     for side in ("a", "b"):
         r = reg[side]
-        calls = r["calls"]
         who = ", ".join(f"{c['function']} x{c['calls']}" for c in r["callees"])
-        parts.append(f"{side.upper()} {_n(r['insns'])} instructions, "
-                     f"{_n(calls)} call{'s' if calls != 1 else ''}"
+        parts.append(f"{side.upper()} {_n(r['insns'])} instruction"
+                     f"{'' if r['insns'] == 1 else 's'}, {_calls(r['calls'])}"
                      f"{' (' + who + ')' if who else ''}")
     out(f"{indent}apart: {'; '.join(parts)}")
     m = reg.get("meet")
@@ -140,7 +144,8 @@ def _later(out, d: dict) -> None:
     ind = "     "
     br = d.get("branch")
     if br:
-        head = f"{_branch_line(br)}: A {_went(br, 'a')}, B {_went(br, 'b')}"
+        head = (f"{_branch_line(br)}: A {_went(br, 'a', False)}, "
+                f"B {_went(br, 'b', False)}")
     else:
         head = f"{d.get('reason')}: A at {_at(d['a'])}, B at {_at(d['b'])}"
     out(f"  #{d['number']} in {d.get('function')}, {d['depth']} frames deep, "
@@ -255,7 +260,7 @@ class TextWriter:
                 out(f"  functions only in {side.upper()} ({len(fs)}):")
                 w = max(len(r["function"]) for r in fs[:ROWS])
                 for r in fs[:ROWS]:
-                    out(f"    {r['function']:<{w}}  {_n(r['calls']):>8} calls  "
+                    out(f"    {r['function']:<{w}}  {_calls(r['calls']):>10}  "
                         f"{_n(r['insns']):>12} instructions")
                 if len(fs) > ROWS:
                     out(f"    ... {len(fs) - ROWS} more")
