@@ -429,6 +429,54 @@ def test_thread_override(threads):
     assert r.returncode == 1
 
 
+FORK_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+__attribute__((noinline)) static long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)                /* LINE:loop */
+        s += i % 7;
+    return s;
+}
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? 1000 : 2000;
+    pid_t p = fork();
+    if (p == 0) {
+        printf("%ld\n", work(n));
+        return 0;
+    }
+    waitpid(p, 0, 0);
+    printf("%ld\n", work(3000));
+    return 0;
+}
+"""
+
+
+def test_processes_paired_parent_with_parent_child_with_child(work):
+    exe = build(work, "forky", FORK_C, "-O1")
+    a = record(work / "fork-a", exe, mode="thread")
+    b = record(work / "fork-b", exe, "x", mode="thread")
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "0"))
+    pairs = of_type(recs, "pair")
+    assert len(pairs) == 2
+    parent, child = pairs
+    assert parent["a"]["tid"] == parent["a"]["pid"]
+    assert child["a"]["pid"] != parent["a"]["pid"]
+    assert child["b"]["pid"] != parent["b"]["pid"]
+    divs = of_type(recs, "divergence")
+    # the child loops 2000 times in A, 1000 in B: it parts at the loop test
+    first = [d for d in divs if d["pair"] == child["pair"]][0]
+    assert first["function"] == "work"
+    assert first["branch"]["line"].endswith(f"forky.c:{line_of(FORK_C, 'loop')}")
+    assert first["region"]["a"]["insns"] > first["region"]["b"]["insns"] == 0
+    # the parents both run work(3000)
+    assert all(d["function"] != "work" for d in divs
+               if d["pair"] == parent["pair"])
+
+
 # -- a hardware recording ------------------------------------------------------------------
 
 def test_perf_import_of_a_cpu_wide_recording(tmp_path):
