@@ -33,14 +33,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwtrace.x86.decoder import decode
-from hwtrace.x86.insn import X86Error
+from hwtrace.x86.insn import Kind, X86Error
 
 from . import disasm
 from .align import Divergence, Point
-from .steps import CALL, FAR_CALL, FAR_RETURN, OTHER, RETURN
+from .steps import CALL, FAR_CALL, FAR_RETURN, RETURN
 
 #: instructions shown before and after the parting
 CONTEXT = 4
+
+_SYSCALLS = frozenset({Kind.SYSCALL, Kind.SYSENTER, Kind.INT, Kind.INT3,
+                       Kind.INT1, Kind.INTO})
 
 
 @dataclass
@@ -154,7 +157,7 @@ def _how_ended(side: SideContext, p: Point) -> str:
 
 def _decided(ca: SideContext, cb: SideContext, pa: Point, pb: Point,
              prev: tuple) -> dict:
-    ip, end, _n, cls, size, _off = prev
+    _ip, end, _n, cls, size, _off = prev
     insn, text = ca.insn(end)
     fall = end + size
     d = {"kind": None, **ca.where(end)}
@@ -165,8 +168,8 @@ def _decided(ca: SideContext, cb: SideContext, pa: Point, pb: Point,
     elif cls in (RETURN, FAR_RETURN):
         d["kind"] = "return"
     elif cls == FAR_CALL:
-        d["kind"] = "syscall" if insn is None or not insn.is_indirect or \
-            (text or "").startswith(("syscall", "sysenter", "int")) else "far"
+        d["kind"] = "syscall" if insn is not None and insn.kind in _SYSCALLS \
+            else "far"
     elif insn is not None and insn.is_indirect:
         d["kind"] = "indirect"
     elif cls == CALL or insn is not None and insn.is_branch:
@@ -183,8 +186,8 @@ def _decided(ca: SideContext, cb: SideContext, pa: Point, pb: Point,
     return d
 
 
-def divergence(pair: int, div: Divergence, ca: SideContext, cb: SideContext,
-               a_depth0: int = 0) -> dict:
+def divergence(pair: int, div: Divergence, ca: SideContext,
+               cb: SideContext) -> dict:
     """The record of one divergence."""
     pa, pb = div.a, div.b
     branch, reason = _branch(ca, cb, pa, pb)
