@@ -52,6 +52,10 @@ def _went(branch: dict, side: str, pad: bool = True) -> str:
     return f"-> {where}"
 
 
+def _deep(n: int) -> str:
+    return f"{n} frame{'' if n == 1 else 's'} deep"
+
+
 def _calls(n: int) -> str:
     return f"{_n(n)} call{'' if n == 1 else 's'}"
 
@@ -112,7 +116,7 @@ def _first(out, d: dict) -> None:
     fa = d.get("frames", {}).get("a", [])
     out(f"  #{d['number']} first divergence in {d.get('function')}"
         f"{' (' + _line(fa[-1]) + ')' if fa and _line(fa[-1]) else ''}, "
-        f"{d['depth']} frames deep")
+        f"{_deep(d['depth'])}")
     a, b = d["a"], d["b"]
     out(f"{ind}A: instruction {_n(a['insn'])}"
         f"{', trace offset ' + _n(a['offset']) if a.get('offset') is not None else ''}"
@@ -148,7 +152,7 @@ def _later(out, d: dict) -> None:
                 f"B {_went(br, 'b', False)}")
     else:
         head = f"{d.get('reason')}: A at {_at(d['a'])}, B at {_at(d['b'])}"
-    out(f"  #{d['number']} in {d.get('function')}, {d['depth']} frames deep, "
+    out(f"  #{d['number']} in {d.get('function')}, {_deep(d['depth'])}, "
         f"A instruction {_n(d['a']['insn'])}, B instruction {_n(d['b']['insn'])}")
     out(f"{ind}{head}")
     if d.get("region"):

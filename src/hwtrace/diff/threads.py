@@ -6,7 +6,8 @@ first of B, then each process's children in the order they were created,
 and within a process the main thread with the main thread and the
 others in creation order (time of their sideband record, then thread id:
 the kernel hands out ids in increasing order).  ``--thread A:TID=B:TID``
-pairs fixes pairs by hand; the rest are matched as above around them.
+pairs fixes pairs by hand; the rest are matched as above around them (a
+thread whose partner in the tree was taken by hand stays unpaired).
 
 Where a thread's flow is: a thread-mode bundle has one stream per
 thread.  A cpu-mode bundle has one per CPU; the CPUs whose context
