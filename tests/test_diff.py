@@ -97,9 +97,9 @@ def build(tmp, name, src, *flags, out=None):
 ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
 
-def record(out, *argv, engine=None, mode=None, ok=(0,)):
+def record(out, *argv, engine=None, mode=None, ok=(0,), extra=()):
     extra = (["--engine", engine] if engine else []) + \
-        (["--mode", mode] if mode else [])
+        (["--mode", mode] if mode else []) + list(extra)
     r = subprocess.run([sys.executable, "-m", "hwtrace", "record", *extra,
                         "-o", str(out), "--", *map(str, argv)],
                        capture_output=True, text=True, env=ENV, timeout=600)
@@ -257,6 +257,27 @@ def test_identical_runs_at_other_addresses(work):
         assert how == ("module+offset" if name in moved else "address"), name
     assert proc["compared_by"] == ("module+offset" if moved else "address")
     assert diff(a, b).returncode == 0
+
+
+def test_a_wrapped_trace_meets_where_it_begins(work, fib):
+    """A circular buffer kept only the end of B's run: the recorder's
+    instruction count says where in the run B's trace begins, and from
+    there the runs are the same."""
+    exe = work / "fib"
+    full = record(work / "fib18", exe, 18)
+    wrapped = record(work / "fib18-wrapped", exe, 18, extra=("--circular",
+                                                            "--buffer-size", "4K"))
+    recs = jsonl(diff(full, wrapped, "--format", "jsonl", "--max", "0"))
+    (d,) = of_type(recs, "divergence")
+    end = of_type(recs, "pair_end")[0]
+    assert end["b"]["wrapped"] and not end["a"]["wrapped"]
+    assert 0 < end["b"]["insns"] < end["a"]["insns"]
+    meet = d["region"]["meet"]
+    assert meet["how"] == "where B's trace begins"
+    assert meet["b"]["insn"] == 0
+    assert meet["a"]["insn"] == end["a"]["insns"] - end["b"]["insns"]
+    assert d["region"]["a"]["insns"] == meet["a"]["insn"]
+    assert "kept only the end of its run" in diff(full, wrapped).stdout
 
 
 # -- a crash versus a clean run -------------------------------------------------------

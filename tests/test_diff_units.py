@@ -197,6 +197,47 @@ def test_the_same_callee_from_other_call_sites_is_no_meeting_point():
     assert d.region.a_callees == d.region.b_callees == {0x900: 1}
 
 
+def test_after_lost_data_the_runs_meet_where_the_trace_resumes():
+    """B lost the call into f and f's first steps: B resumes inside f at a
+    depth it can't know; the runs meet at that step, B's depth is re-based
+    on A's, and the rest compares equal."""
+    call = (0x100, 0x105, 2, C, 5)
+    f1 = (0x400, 0x40a, 3, JC, 2)
+    f2 = (0x40c, 0x410, 2, J, 2)
+    ret = (0x500, 0x501, 1, R, 1)
+    back = (0x10a, 0x110, 2, R, 1)
+    a = [call, f1, f2, ret, back]
+    rb_batches = [batch([ret, back], items=[(0, 4, Event("overflow"))])]
+    ra = steps.StepReader(split(a, 2))
+    rb = steps.StepReader(rb_batches)
+    (d,) = list(align.compare(ra, rb))
+    assert d.b.gap and (d.a.ip, d.b.ip) == (call[0], ret[0])
+    r = d.region
+    assert r.how == "after lost data" and r.meet[0].ip == ret[0]
+    assert (r.a_insns, r.b_insns) == (2 + 3 + 2, 0)
+    assert r.meet[1].depth == r.meet[0].depth == 1
+    assert r.meet[1].stack == r.meet[0].stack == [0x105]
+    assert ra.depth == rb.depth == -1 and rb.gaps == 1
+
+
+def test_a_trace_that_begins_later_meets_where_it_begins():
+    """A circular buffer kept only A's newest trace: A begins at a step B
+    runs later; they meet there, and the rest is the same."""
+    b = [H, BODY, H, BODY, H, X, T]
+    late = b[1:]
+    (d,), ra, rb = run(late, b)
+    assert (d.a.ip, d.b.ip) == (BODY[0], H[0]) and d.a.prev is None
+    r = d.region
+    assert r.how == "where A's trace begins"
+    assert (r.a_insns, r.b_insns) == (0, 4)
+    assert r.meet[0].ip == r.meet[1].ip == BODY[0]
+    assert (r.meet[0].idx, r.meet[1].idx) == (0, 4)
+    assert ra.insns == rb.insns - 4
+    (d,), _ra, _rb = run(b, late)
+    assert d.region.how == "where B's trace begins"
+    assert (d.region.a_insns, d.region.b_insns) == (4, 0)
+
+
 def test_window_gives_up():
     a = [H, X] + [T] * 10
     b = [H, BODY] * 50

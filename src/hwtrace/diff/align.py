@@ -82,6 +82,8 @@ class Region:
     b_callees: dict = field(default_factory=dict)
     meet: tuple | None = None   # (Point A, Point B) where they are in step again
     depth: int | None = None    # depth at the meeting
+    how: str | None = None      # "same function, same depth", "returned to
+                                # a common frame", "after lost data"
     why: str | None = None      # no meeting: "a-ended", "b-ended", "ended", "window"
 
 
@@ -173,6 +175,17 @@ class _Side:
             left -= take
         self.prev = last.copy()
         self.insns = int(last["idx"]) + int(last["n"])
+
+    def rebase(self, shift: int, sites: list) -> None:
+        """After lost data: this side's depths move by ``shift``, its next
+        step no longer counts as after a gap (the meeting accounted for
+        it), and its open frames are taken to be ``sites``."""
+        for i, c in enumerate(self.chunks):
+            part = c[self.pos:] if i == 0 else c
+            part["depth"] += shift
+        self.reader.depth += shift
+        self.head()[0:1]["gap"] = 0
+        self.stack.sites = list(sites)
 
     def point(self) -> Point:
         """Where this side stands: its next step (or its end)."""
@@ -294,13 +307,18 @@ class _Seen:
 
 
 def compare(reader_a, reader_b, *, max_divergences: int | None = None,
-            window: int = WINDOW, status: dict | None = None
+            window: int = WINDOW, status: dict | None = None,
+            same_space: bool = True, begins: tuple = (None, None)
             ) -> Iterator[Divergence]:
     """Yield the divergences of two step streams in order (see the module
     doc); a divergence is yielded once its region is known.  After
     ``max_divergences`` the rest is read without comparing (coverage
     taps still see it; ``status["more"]`` is then set).  The readers'
-    ``insns`` hold the totals after."""
+    ``insns`` hold the totals after.  ``same_space``: the runs' raw
+    addresses are alike (no relocation), so after lost data one side's
+    call stack can stand in for the other's.  ``begins``: where in its run
+    each trace begins (instruction index; None unknown), for traces that
+    kept only the newest part of a run."""
     a, b = _Side(reader_a), _Side(reader_b)
     number = 0
     while True:
@@ -327,18 +345,28 @@ def compare(reader_a, reader_b, *, max_divergences: int | None = None,
             b.drain()
             return
         div = Divergence(number, a.point(), b.point())
-        div.region = _meet(a, b, window)
+        div.region = _meet(a, b, window, same_space, begins)
         yield div
         if div.region.meet is None:
             return
 
 
-def _meet(a: _Side, b: _Side, window: int) -> Region:
+def _meet(a: _Side, b: _Side, window: int, same_space: bool = True,
+          begins: tuple = (None, None)) -> Region:
     """Find where the runs are in step again; consume both up to there.
 
     A side whose trace has ended may also meet the other at its very
     last step when that starts at the same code and depth, however short
     it was cut (a fault inside it): the next divergence then shows it."""
+    ga = bool(a.avail and a.head()[0]["gap"])
+    gb = bool(b.avail and b.head()[0]["gap"])
+    if ga != gb:
+        return _after_gap(a, b, window, same_space) if ga else \
+            _flip(_after_gap(b, a, window, same_space))
+    if a.prev is None and b.prev is None and a.avail and b.avail:
+        reg = _late_start(a, b, window, same_space, begins)
+        if reg is not None:
+            return reg
     depth = int(a.view(0, 1)["depth"][0]) if a.avail else \
         int(b.view(0, 1)["depth"][0])
     sa, sb = _Seen(depth), _Seen(depth)
@@ -394,6 +422,8 @@ def _meet(a: _Side, b: _Side, window: int) -> Region:
         ta, tb = best
         _count(reg, a.view(0, ta + 1), b.view(0, tb + 1), ta, tb)
         reg.depth = int(a.view(ta, ta + 1)["depth"][0])
+        reg.how = "same function, same depth" if reg.depth == depth else \
+            "returned to a common frame"
         a.consume(ta)
         b.consume(tb)
         reg.meet = (a.point(), b.point())
@@ -408,6 +438,124 @@ def _meet(a: _Side, b: _Side, window: int) -> Region:
     ib, cb = b.drain()
     reg.a_insns, reg.a_calls = ia, ca
     reg.b_insns, reg.b_calls = ib, cb
+    return reg
+
+
+def _find(o: _Side, x, window: int) -> int | None:
+    """Index of the first step of ``o`` with the addresses and length of
+    step ``x`` (any depth), reading ahead at most ``window`` steps."""
+    scanned = 0
+    while scanned <= window:
+        if o.avail <= scanned and not o.more():
+            break
+        v = o.view(scanned, o.avail)
+        hit = np.flatnonzero((v["ip"] == x["ip"]) & (v["end"] == x["end"]) &
+                             (v["n"] == x["n"]))
+        if len(hit):
+            return scanned + int(hit[0])
+        scanned += len(v)
+    return None
+
+
+def _skip_to(o: _Side, idx: int) -> tuple[int, int]:
+    """Consume ``o``'s steps that begin before instruction index ``idx``
+    (without holding them): (instructions, calls) consumed."""
+    insns = calls = 0
+    while True:
+        if not o.avail and not o.more():
+            break
+        h = o.head()
+        k = int(np.searchsorted(h["idx"], np.uint64(idx), side="left"))
+        if k:
+            insns += int(h["n"][:k].sum())
+            calls += int(np.count_nonzero(h["delta"][:k] > 0))
+            o.consume(k)
+        if k < len(h):
+            break
+    return insns, calls
+
+
+def _after_gap(g: _Side, o: _Side, window: int, same_space: bool,
+               t: int | None = None, how: str = "after lost data",
+               skipped: tuple = (0, 0)) -> Region:
+    """``g``'s trace lost data (or began) right before its next step: what
+    ran before it there, and so its call depth, is unknown.  The runs meet
+    where ``o`` first runs the step ``g`` resumes with (same addresses and
+    length, any depth); ``g``'s depths from there on are re-based on
+    ``o``'s and its call stack taken to be ``o``'s where the runs share
+    addresses, else left empty (the frames lost with the data are not
+    known)."""
+    x = g.head()[0].copy()
+    if t is None:
+        t = _find(o, x, window)
+    reg = Region()
+    if t is None:
+        reg.why = "gap"
+        _count(reg, g.view(), o.view(), g.avail, o.avail)
+        reg.a_insns, reg.a_calls = g.drain()
+        reg.b_insns, reg.b_calls = o.drain()
+        return reg
+    _count(reg, g.view(0, 1), o.view(0, t + 1), 0, t)
+    reg.b_insns += skipped[0]
+    reg.b_calls += skipped[1]
+    o.consume(t)
+    shift = int(o.head()[0]["depth"]) - int(x["depth"])
+    g.rebase(shift, o.stack.sites if same_space else [])
+    reg.depth = int(o.head()[0]["depth"])
+    reg.how = how
+    reg.meet = (g.point(), o.point())
+    return reg
+
+
+def _late_start(a: _Side, b: _Side, window: int, same_space: bool,
+                begins: tuple = (None, None)):
+    """Both traces begin here, at different places: if one begins at a
+    step the other runs later (a circular buffer kept only the newest
+    trace), they meet there -- at the instruction index the recordings
+    say (``begins``) when they do, else where the two stay in step longer
+    when either could be the later one -- else None."""
+    xa, xb = a.head()[0].copy(), b.head()[0].copy()
+    ba, bb = begins
+    if ba is not None and bb is not None and ba != bb:
+        # the later trace begins that many instructions into the other
+        g, o, first, who = (b, a, bb - ba, "B") if bb > ba else \
+            (a, b, ba - bb, "A")
+        skipped = _skip_to(o, o.insns + first)
+        t = _find(o, g.head()[0], window)
+        if t is None:
+            return None
+        reg = _after_gap(g, o, window, same_space, t,
+                         f"where {who}'s trace begins", skipped)
+        return _flip(reg) if g is b else reg
+    tb = _find(b, xa, window)           # A begins at B's step tb
+    ta = _find(a, xb, window)           # B begins at A's step ta
+    if ta is None and tb is None:
+        return None
+
+    def agree(g, o, t):
+        o.fill(t + _AGREE)
+        g.fill(_AGREE)
+        x, y = g.view(0, _AGREE), o.view(t, t + _AGREE)
+        m = min(len(x), len(y))
+        return _differ(x[:m], y[:m])
+    if ta is None or (tb is not None and
+                      (agree(a, b, tb), -tb) >= (agree(b, a, ta), -ta)):
+        return _after_gap(a, b, window, same_space, tb, "where A's trace begins")
+    return _flip(_after_gap(b, a, window, same_space, ta,
+                            "where B's trace begins"))
+
+
+#: steps compared to choose which trace began later
+_AGREE = 256
+
+
+def _flip(reg: Region) -> Region:
+    """A region found with the sides swapped, put back as (A, B)."""
+    reg.a_insns, reg.b_insns = reg.b_insns, reg.a_insns
+    reg.a_calls, reg.b_calls = reg.b_calls, reg.a_calls
+    reg.a_callees, reg.b_callees = reg.b_callees, reg.a_callees
+    if reg.meet is not None:
+        reg.meet = (reg.meet[1], reg.meet[0])
     return reg
 
 

@@ -233,9 +233,7 @@ def region(div: Divergence, ca: SideContext, cb: SideContext, top: int = 3) -> d
                     "callees": [{"function": n, "calls": c} for n, c in most]}
     if r.meet is not None:
         ma, mb = r.meet
-        how = "same function, same depth" if r.depth == div.a.depth else \
-            "returned to a common frame"
-        out["meet"] = {"how": how, **ca.where(ma.ip),
+        out["meet"] = {"how": r.how, **ca.where(ma.ip),
                        "function": ca.function(ma.ip) if ma.ip is not None else None,
                        "a": {"insn": ma.idx, "offset": ma.off},
                        "b": {"insn": mb.idx, "offset": mb.off}}
@@ -245,5 +243,8 @@ def region(div: Divergence, ca: SideContext, cb: SideContext, top: int = 3) -> d
                       "b-ended": "B's trace ended; A never came back to a common frame",
                       "ended": "both traces ended apart",
                       "window": "no common point within the look-ahead: "
-                                "the rest is one region"}.get(r.why, r.why)
+                                "the rest is one region",
+                      "gap": "the other run never reaches the code the "
+                             "trace resumes at after the lost data"
+                      }.get(r.why, r.why)
     return out

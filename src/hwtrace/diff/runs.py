@@ -106,8 +106,10 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
         ctx_b = R.SideContext(sb, B.reader(tb.pid), "B", rel)
         n = 0
         status: dict = {}
+        begins = (_begins(ta, opts.impl), _begins(tb, opts.impl))
         for div in compare(ra, rb, max_divergences=opts.max_divergences,
-                           window=opts.window, status=status):
+                           window=opts.window, status=status,
+                           same_space=rel.identity, begins=begins):
             n += 1
             yield R.divergence(number, div, ctx_a, ctx_b)
         more = bool(status.get("more"))
@@ -116,8 +118,10 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
         total_div += n
         yield {"type": "pair_end", "pair": number, "same": n == 0,
                "divergences": n, "more": more,
-               "a": {"insns": ra.insns, "gaps": ra.gaps},
-               "b": {"insns": rb.insns, "gaps": rb.gaps}}
+               "a": {"insns": ra.insns, "gaps": ra.gaps,
+                     "wrapped": any(st.entry.wrapped for st in ta.streams)},
+               "b": {"insns": rb.insns, "gaps": rb.gaps,
+                     "wrapped": any(st.entry.wrapped for st in tb.streams)}}
         got = covs.get(key)
         if got is None:
             covs[key] = (ca, cb)
@@ -137,6 +141,20 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
            "pairs": len(pairing.pairs), "only_a": len(pairing.only_a),
            "only_b": len(pairing.only_b),
            "compared_by": sorted(by)}
+
+
+def _begins(t, impl) -> int | None:
+    """Where in its run a thread's trace begins (instruction index): 0
+    for a complete trace; for one that kept only the newest part (a
+    circular buffer wrapped), the instructions the recorder saw less those
+    the trace holds (counted here: such a trace is as small as its
+    buffer); None where the recorder didn't count."""
+    if not any(st.entry.wrapped for st in t.streams):
+        return 0
+    if not t.insns:
+        return None
+    held = sum(int(b.blocks["ninsn"].sum()) for b in t.batches(impl))
+    return max(t.insns - held, 0)
 
 
 def _process(ta, tb, rel: Relocation) -> dict:

@@ -231,6 +231,9 @@ class TextWriter:
                     f"{_n(b['insns'])}; {r['divergences']} divergence"
                     f"{'s' if r['divergences'] != 1 else ''} shown{more}")
             for side in ("a", "b"):
+                if r[side].get("wrapped"):
+                    out(f"  {side.upper()}'s trace kept only the end of its "
+                        f"run (its circular buffer wrapped)")
                 if r[side].get("gaps"):
                     out(f"  {side.upper()}'s trace has {r[side]['gaps']} "
                         f"gap(s) (data lost)")
