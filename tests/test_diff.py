@@ -280,6 +280,33 @@ def test_a_wrapped_trace_meets_where_it_begins(work, fib):
     assert "kept only the end of its run" in diff(full, wrapped).stdout
 
 
+def test_lost_data_is_stepped_over(work, tmp_path):
+    """Bytes of B's trace destroyed mid-stream: the decoder resyncs at the
+    next PSB, and diff finds where A runs the code B's trace resumes with
+    -- among the thousands of places fib runs it, the one from which the
+    two stay in step -- so what B lost is exactly what A ran meanwhile."""
+    a = record(work / "fib20", work / "fib", 20)
+    b = tmp_path / "fib20-damaged"
+    shutil.copytree(a, b)
+    m = json.loads((b / "manifest.json").read_text())
+    st = max(m["streams"], key=lambda s: s["size"])
+    pt = b / st["file"]
+    data = bytearray(pt.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 40] = b"\xff" * 40
+    pt.write_bytes(bytes(data))
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "0"))
+    (d,) = of_type(recs, "divergence")
+    assert d["reason"] == "B lost trace data here"
+    meet = d["region"]["meet"]
+    assert meet["how"] == "after lost data"
+    end = of_type(recs, "pair_end")[0]
+    assert end["b"]["gaps"] >= 1
+    lost = end["a"]["insns"] - end["b"]["insns"]
+    assert lost > 0 and meet["a"]["insn"] - meet["b"]["insn"] == lost
+    assert d["region"]["a"]["insns"] == lost
+
+
 # -- a crash versus a clean run -------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -441,20 +441,49 @@ def _meet(a: _Side, b: _Side, window: int, same_space: bool = True,
     return reg
 
 
-def _find(o: _Side, x, window: int) -> int | None:
+def _find(o: _Side, x, window: int, g: _Side | None = None) -> int | None:
     """Index of the first step of ``o`` with the addresses and length of
-    step ``x`` (any depth), reading ahead at most ``window`` steps."""
+    step ``x`` (any depth), reading ahead at most ``window`` steps.  With
+    ``g`` (the side whose next step ``x`` is): of all such steps, the one
+    from which ``o`` and ``g`` stay in step longest (up to
+    :data:`_AGREE_MAX` steps; the first among equals) -- code that repeats
+    (a loop, a recursion) runs the same step many times."""
     scanned = 0
-    while scanned <= window:
+    found: list = []
+    while scanned <= window and (g is not None or not found):
         if o.avail <= scanned and not o.more():
             break
         v = o.view(scanned, o.avail)
         hit = np.flatnonzero((v["ip"] == x["ip"]) & (v["end"] == x["end"]) &
                              (v["n"] == x["n"]))
-        if len(hit):
-            return scanned + int(hit[0])
+        found.extend((scanned + hit).tolist())
         scanned += len(v)
-    return None
+    if g is None or len(found) <= 1:
+        return found[0] if found else None
+    alive = np.array(found, np.int64)
+    length = _AGREE
+    while len(alive) > 1 and length <= _AGREE_MAX:
+        g.fill(length)
+        o.fill(int(alive[-1]) + length)
+        # from the step after: the first one matched already (and one
+        # side may mark it as following lost data)
+        ref = _words(g.view(1, length))
+        mine = _words(o.view(0, o.avail))
+        score = np.zeros(len(alive), np.int64)
+        for k in range(0, len(alive), _BLOCK):      # bounded memory
+            c = alive[k:k + _BLOCK] + 1
+            at = c[:, None] + np.arange(len(ref))[None, :]
+            inside = at < len(mine)
+            same = (mine[np.minimum(at, len(mine) - 1)] == ref[None]).all(2)
+            same &= inside
+            score[k:k + _BLOCK] = np.where(same.all(1), len(ref),
+                                           np.argmin(same, axis=1))
+        top = int(score.max())
+        alive = alive[score == top]
+        if top < len(ref):
+            break                       # all part before the end of ref
+        length *= 4
+    return int(alive[0])
 
 
 def _skip_to(o: _Side, idx: int) -> tuple[int, int]:
@@ -487,7 +516,7 @@ def _after_gap(g: _Side, o: _Side, window: int, same_space: bool,
     known)."""
     x = g.head()[0].copy()
     if t is None:
-        t = _find(o, x, window)
+        t = _find(o, x, window, g)
     reg = Region()
     if t is None:
         reg.why = "gap"
@@ -545,8 +574,12 @@ def _late_start(a: _Side, b: _Side, window: int, same_space: bool,
                             "where B's trace begins"))
 
 
-#: steps compared to choose which trace began later
+#: steps compared to choose which trace began later; re-alignment after
+#: lost data compares up to _AGREE_MAX steps from each place the other run
+#: runs the step the damaged trace resumes with (_BLOCK places at a time)
 _AGREE = 256
+_AGREE_MAX = 1 << 16
+_BLOCK = 1024
 
 
 def _flip(reg: Region) -> Region:

@@ -46,7 +46,8 @@ class Thread:
     def batches(self, impl: str | None = None):
         """Its flow as batches (every branch ends a record)."""
         from .cpumerge import merged_batches
-        return merged_batches([(st.info.cpu, st.batches(view=True, impl=impl))
+        return merged_batches([(st.info.cpu, st.batches(view=True, impl=impl,
+                                                         resync=True))
                                for st in self.streams], self.left)
 
     def label(self) -> str:
