@@ -120,3 +120,41 @@ def test_engine_exception_ends_the_run_cleanly(tmp_path):
             dev.run(["p"])
         assert dev.state == State.THREAD_IDLE
         assert not dev.get_buffer_info(0).status & 4       # TriggerEn off again
+
+
+def test_buffer_table_covers_every_buffer_state():
+    """Buffers have their own row of the table (unbound, bound to a CPU,
+    assigned to a thread); an operation missing from a row is BAD_STATE
+    there, naming the buffer."""
+    from hwtrace.control.states import BUFFER_TRANSITIONS, BufferState, check_buffer
+    assert set(BUFFER_TRANSITIONS) == set(BufferState)
+    concerned = {op for row in BUFFER_TRANSITIONS.values() for op in row}
+    for state, row in BUFFER_TRANSITIONS.items():
+        for op in concerned:
+            if op in row:
+                assert check_buffer(state, op, 3) in BufferState
+            else:
+                with pytest.raises(TraceError) as e:
+                    check_buffer(state, op, 3)
+                assert e.value.status == "BAD_STATE" and "buffer 3" in str(e.value)
+    assert Op.FREE_BUFFER in BUFFER_TRANSITIONS[BufferState.UNBOUND]
+    assert Op.FREE_BUFFER not in BUFFER_TRANSITIONS[BufferState.CPU_BOUND]
+    assert Op.SET_MODE_CPU not in BUFFER_TRANSITIONS[BufferState.THREAD_ASSIGNED]
+
+
+def test_buffer_bound_to_a_cpu_until_cpu_mode_free(tmp_path):
+    with hwtrace.open_device(engine=TestEngine(), lock_path=tmp_path / "l") as dev:
+        ds = [dev.alloc_buffer(CFG) for _ in range(dev.num_cpus)]
+        dev.cpu_mode_alloc()
+        dev.free_buffer(ds[1])          # not yet bound: freed
+        ds[1] = dev.alloc_buffer(CFG)
+        dev.cpu_mode_start()
+        dev.cpu_mode_stop()
+        with pytest.raises(TraceError) as e:
+            dev.free_buffer(ds[0])
+        assert e.value.status == "BAD_STATE" and dev.state == State.CPU_ALLOCATED
+        extra = dev.alloc_buffer(CFG)   # never bound: free any time
+        dev.free_buffer(extra)
+        dev.cpu_mode_free()
+        for d in ds:
+            dev.free_buffer(d)

@@ -34,9 +34,9 @@ from typing import Any, Mapping, Sequence
 from hwtrace.topa import STATUS_ERROR, linearize
 
 from .config import BufferConfig, validate
-from .ctl import Mode
+from .ctl import Ctl, Mode
 from .errors import Status, TraceError, invalid, not_supported
-from .states import Op, State, check, is_tracing
+from .states import BufferState, Op, State, check, check_buffer, is_tracing
 from .storage import DEVICE_FILE, SIDEBAND_FILE, BufferStore, write_json
 
 DEFAULT_MAX_BUFFERS = 256
@@ -132,12 +132,19 @@ def _take_lock(path: Path) -> int:
 
 
 class _Buffer:
-    __slots__ = ("d", "store", "cpu", "tid", "pid", "stream_cpu", "stream_tid")
+    __slots__ = ("d", "store", "state", "cpu", "tid", "pid", "stream_cpu", "stream_tid")
 
     def __init__(self, d: int, store: BufferStore):
         self.d, self.store = d, store
+        self.state = BufferState.UNBOUND               # per the buffer table of .states
         self.cpu = self.tid = self.pid = None          # current binding
         self.stream_cpu = self.stream_tid = None       # what its bytes belong to
+
+    def go(self, op: Op) -> BufferState:
+        """The buffer's state after ``op`` (BAD_STATE from the table)."""
+        whom = (f"(CPU {self.cpu})" if self.cpu is not None
+                else f"(thread {self.tid})" if self.tid is not None else "")
+        return check_buffer(self.state, op, self.d, whom)
 
 
 class Device:
@@ -223,7 +230,10 @@ class Device:
                 pass
         if m is None:
             raise invalid(f"unknown mode {mode!r}")
-        nxt = self._go(Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD)
+        op = Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD
+        nxt = self._go(op)
+        for b in self._buffers.values():
+            b.go(op)
         if m not in self.engine.modes:
             raise not_supported(f"engine {self.engine.name} has no {m.name.lower()} mode")
         changed = nxt != self._state
@@ -235,7 +245,7 @@ class Device:
     def alloc_buffer(self, config: Any) -> int:
         """Validate ``config``, build its ToPA and files; the lowest free descriptor."""
         self._go(Op.ALLOC_BUFFER)
-        cfg = validate(config, self.capabilities, self.mode)
+        cfg = self._validate(config)
         if self.mode == Mode.CPU:
             sizes = {b.store.config.total_size for b in self._buffers.values()}
             if sizes and cfg.total_size not in sizes:
@@ -249,6 +259,16 @@ class Device:
                 raise TraceError(Status.NO_MEMORY, "buffer memory limit reached")
         self._buffers[d] = _Buffer(d, BufferStore.create(self.directory, d, cfg))
         return d
+
+    def _validate(self, config: Any) -> BufferConfig:
+        """The spec's checks, then what this engine can't do: an engine that
+        sees user-mode execution only refuses the OS bit here, not when
+        the workload starts."""
+        cfg = validate(config, self.capabilities, self.mode)
+        if cfg.ctl & Ctl.OS and not self.engine.kernel_tracing:
+            raise not_supported(f"engine {self.engine.name} sees user-mode execution "
+                                "only: no OS (kernel) tracing")
+        return cfg
 
     def get_buffer_config(self, d: int) -> BufferConfig:
         self._go(Op.GET_BUFFER_CONFIG)
@@ -300,19 +320,17 @@ class Device:
         return len(data)
 
     def free_buffer(self, d: int) -> None:
-        """Free a buffer and its files; BAD_STATE while tracing or assigned."""
+        """Free a buffer and its files; BAD_STATE while tracing, bound to a
+        CPU (until cpu_mode_free) or assigned to a thread."""
         self._go(Op.FREE_BUFFER)
         b = self._buffer(d)
-        if b.tid is not None:
-            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        b.go(Op.FREE_BUFFER)
         try:
             b.store.remove()
         except OSError as e:
             raise TraceError(Status.BAD_STATE, f"buffer {d} could not be freed "
                              f"({e.strerror or e}); it stays allocated") from None
         del self._buffers[d]
-        if self._cpu_state is not None:
-            self._cpu_state = [x if x != d else -1 for x in self._cpu_state]
 
     # ------------------------------------------------------------ cpu mode
     def cpu_mode_alloc(self) -> None:
@@ -324,8 +342,10 @@ class Device:
         missing = [c for c in range(self.num_cpus) if c not in self._buffers]
         if missing:
             raise TraceError(Status.BAD_STATE, f"CPU {missing[0]} has no buffer")
+        bound = [self._buffers[c].go(Op.CPU_MODE_START) for c in range(self.num_cpus)]
         for c in range(self.num_cpus):
             b = self._buffers[c]
+            b.state = bound[c]
             b.cpu = b.stream_cpu = c
             b.store.set_binding(cpu=c, tid=None, pid=None)
             b.store.unit.enable()
@@ -344,6 +364,8 @@ class Device:
         """Free per-CPU state only; buffers stay until free_buffer."""
         nxt = self._go(Op.CPU_MODE_FREE)
         for b in self._buffers.values():
+            if b.state == BufferState.CPU_BOUND:
+                b.state = b.go(Op.CPU_MODE_FREE)
             b.cpu = None
         self._cpu_state = None
         self._state = nxt
@@ -355,14 +377,14 @@ class Device:
         b = self._buffer(d)
         if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 1 << 32:
             raise invalid(f"bad thread id {tid!r}")
-        if b.tid is not None:
-            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        b.go(Op.ASSIGN_THREAD_BUFFER)
         if tid in self._threads:
             raise TraceError(Status.BAD_STATE,
                              f"thread {tid} already has buffer {self._threads[tid]}")
         self._bind_thread(b, tid, None)
 
     def _bind_thread(self, b: _Buffer, tid: int, pid: int | None) -> None:
+        b.state = b.go(Op.ASSIGN_THREAD_BUFFER)
         b.tid = b.stream_tid = tid
         b.pid = pid
         self._threads[tid] = b.d
@@ -374,6 +396,7 @@ class Device:
         b = self._buffer(d)
         if b.tid != tid or isinstance(tid, bool):
             raise invalid(f"buffer {d} is not assigned to thread {tid!r}")
+        b.state = b.go(Op.RELEASE_THREAD_BUFFER)
         del self._threads[tid]
         b.tid = None
 
@@ -410,7 +433,7 @@ class Device:
     def _traced(self, body, follow_threads) -> int:
         nxt = self._go(Op.RUN)
         if follow_threads is not None:
-            validate(follow_threads, self.capabilities, self.mode)
+            self._validate(follow_threads)
         self._stop.clear()
         self.untraced_threads = []
         before = self._state

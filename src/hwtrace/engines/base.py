@@ -150,6 +150,9 @@ class Engine(abc.ABC):
     machine_wide: bool = False
     #: Modes this engine can trace in.
     modes: frozenset[Mode] = frozenset({Mode.CPU, Mode.THREAD})
+    #: False: the engine sees user-mode execution only, and the device
+    #: refuses the OS bit (NOT_SUPPORTED) when a buffer is allocated.
+    kernel_tracing: bool = True
 
     @property
     @abc.abstractmethod

@@ -43,8 +43,6 @@ EMULATED_CPU = CpuInfo(
              "core clock = TSC clock; ART = TSC * eax / ebx",
     tsc_hz=0)
 
-OS_BIT = 1 << 2
-
 
 class _Sink:
     """Adapts a device Output to what a Tracer writes into."""
@@ -75,6 +73,7 @@ class EmulatedEngine(Engine):
     name = "emulated"
     machine_wide = False
     modes = frozenset({Mode.CPU, Mode.THREAD})
+    kernel_tracing = False      # QEMU user mode and ptrace see user code only
 
     def __init__(self, source: str = "qemu", num_cpus: int | None = None, **_: Any):
         if source not in ("qemu", "ptrace"):
@@ -122,7 +121,6 @@ class EmulatedEngine(Engine):
 
     # ------------------------------------------------------------------
     def run(self, session, argv: Sequence[str], *, env=None, cwd=None) -> int:
-        self._check_session(session)
         with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
             log = os.path.join(tmp, "exec.xlog")
             status = self._execute(list(argv), log, env, cwd)
@@ -133,7 +131,6 @@ class EmulatedEngine(Engine):
         if self.source != "ptrace":
             raise TraceError(Status.NOT_SUPPORTED,
                              "the qemu engine cannot attach to a running process (use --engine ptrace)")
-        self._check_session(session)
         from . import stepper
         with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
             log = os.path.join(tmp, "exec.xlog")
@@ -144,15 +141,6 @@ class EmulatedEngine(Engine):
                 raise TraceError(Status.NOT_SUPPORTED, str(e)) from None
             self._generate(session, log)
         return status
-
-    def _check_session(self, session) -> None:
-        outs = []
-        if session.mode == Mode.CPU:
-            outs = [session.cpu_output(c) for c in range(session.num_cpus)]
-        for o in outs:
-            if int(o.ctl) & OS_BIT:
-                raise TraceError(Status.NOT_SUPPORTED,
-                                 "the emulated engine sees user-mode execution only (no OS tracing)")
 
     def _execute(self, argv, log, env, cwd) -> int:
         if self.source == "qemu":
