@@ -58,7 +58,8 @@ def _reach(dev, state):
 
 @pytest.mark.parametrize("state", [State.CPU_IDLE, State.CPU_ALLOCATED, State.CPU_TRACING,
                                    State.THREAD_IDLE])
-@pytest.mark.parametrize("op", [o for o in Op if o not in (Op.RUN_END, Op.RELEASE_THREAD_BUFFER)])
+@pytest.mark.parametrize("op", [o for o in Op if o not in (Op.RUN_END, Op.RELEASE_THREAD_BUFFER,
+                                                           Op.SNAPSHOT, Op.SNAPSHOT_END)])
 def test_device_refuses_exactly_what_the_table_lacks(tmp_path, state, op):
     with hwtrace.open_device(engine=TestEngine(), lock_path=tmp_path / "l") as dev:
         _reach(dev, state)
@@ -158,3 +159,52 @@ def test_buffer_bound_to_a_cpu_until_cpu_mode_free(tmp_path):
         dev.cpu_mode_free()
         for d in ds:
             dev.free_buffer(d)
+
+
+@pytest.mark.parametrize("mode", [Mode.CPU, Mode.THREAD])
+def test_snapshot_state_mid_run(tmp_path, mode):
+    """An engine that takes a snapshot mid-run (the workload goes on
+    untraced): the run's on_snapshot sees the snapshot state, where the
+    buffers are readable and save_bundle works but nothing else; the run
+    then goes on and ends as usual."""
+    psb = b"\x02\x82" * 8
+    seen = {}
+
+    class Snap(TestEngine):
+        def run(self, session, argv, **kw):
+            out = session.cpu_output(0) if mode == Mode.CPU else session.thread_output(5, 5)
+            out.write(psb)
+            session.snapshot_taken("trigger")
+            seen["after"] = dev.state
+            return 4
+
+    def on_snapshot(reason):
+        seen["reason"], seen["state"] = reason, dev.state
+        seen["data"] = dev.read_buffer(0)
+        dev.save_bundle(tmp_path / "b")
+        bad = []
+        for op in (lambda: dev.free_buffer(0), lambda: dev.alloc_buffer(CFG),
+                   dev.cpu_mode_stop, lambda: dev.run(["again"])):
+            with pytest.raises(TraceError) as e:
+                op()
+            bad.append(e.value.status)
+        seen["bad"] = bad
+
+    with hwtrace.open_device(engine=Snap(), lock_path=tmp_path / "l") as dev:
+        if mode == Mode.CPU:
+            _reach(dev, State.CPU_TRACING)
+            assert dev.run(["p"], on_snapshot=on_snapshot) == 4
+            assert dev.state == State.CPU_TRACING
+            dev.cpu_mode_stop()
+        else:
+            dev.set_mode(Mode.THREAD)
+            dev.assign_thread_buffer(dev.alloc_buffer(CFG), 5)
+            assert dev.run(["p"], on_snapshot=on_snapshot) == 4
+            assert dev.state == State.THREAD_IDLE
+        assert dev.snapshot_taken == "trigger"
+        assert dev.read_buffer(0) == psb
+    snap = State.CPU_SNAPSHOT if mode == Mode.CPU else State.THREAD_SNAPSHOT
+    running = State.CPU_TRACING if mode == Mode.CPU else State.THREAD_TRACING
+    assert seen == {"reason": "trigger", "state": snap, "data": psb,
+                    "bad": ["BAD_STATE"] * 4, "after": running}
+    assert (tmp_path / "b" / "manifest.json").is_file()

@@ -21,6 +21,8 @@ class State(Enum):
     CPU_TRACING = "cpu mode, tracing"
     THREAD_IDLE = "thread mode"
     THREAD_TRACING = "thread mode, tracing"
+    CPU_SNAPSHOT = "cpu mode, a snapshot of the running workload"
+    THREAD_SNAPSHOT = "thread mode, a snapshot of the running workload"
     CLOSED = "closed"
 
 
@@ -41,6 +43,8 @@ class Op(StrEnum):
     RELEASE_THREAD_BUFFER = "release_thread_buffer"
     RUN = "run"            # start of dev.run / dev.attach
     RUN_END = "run end"    # its end
+    SNAPSHOT = "snapshot"              # the engine stopped tracing mid-run: buffers readable
+    SNAPSHOT_END = "snapshot end"      # back to the run (the workload goes on untraced)
     SAVE = "save_bundle"
 
 
@@ -64,6 +68,11 @@ TRANSITIONS: dict[State, dict[Op, State | None]] = {
     S.CPU_TRACING: {
         O.ALLOC_BUFFER: None, O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_HANDLE: None,
         O.CPU_MODE_STOP: S.CPU_ALLOCATED, O.RUN: None, O.RUN_END: None,
+        O.SNAPSHOT: S.CPU_SNAPSHOT,
+    },
+    S.CPU_SNAPSHOT: {
+        O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_INFO: None, O.GET_BUFFER_HANDLE: None,
+        O.READ_BUFFER: None, O.SAVE: None, O.SNAPSHOT_END: S.CPU_TRACING,
     },
     S.THREAD_IDLE: {
         **_BUFFER_OPS,
@@ -74,7 +83,11 @@ TRANSITIONS: dict[State, dict[Op, State | None]] = {
     S.THREAD_TRACING: {
         O.ALLOC_BUFFER: None, O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_HANDLE: None,
         O.GET_BUFFER_INFO: None, O.READ_BUFFER: None, O.ASSIGN_THREAD_BUFFER: None,
-        O.RUN_END: S.THREAD_IDLE,
+        O.RUN_END: S.THREAD_IDLE, O.SNAPSHOT: S.THREAD_SNAPSHOT,
+    },
+    S.THREAD_SNAPSHOT: {
+        O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_INFO: None, O.GET_BUFFER_HANDLE: None,
+        O.READ_BUFFER: None, O.SAVE: None, O.SNAPSHOT_END: S.THREAD_TRACING,
     },
     S.CLOSED: {},
 }
@@ -86,6 +99,8 @@ _WHY: dict[State, str] = {
     S.CPU_TRACING: "while tracing",
     S.THREAD_IDLE: "in thread mode",
     S.THREAD_TRACING: "while tracing",
+    S.CPU_SNAPSHOT: "during a snapshot",
+    S.THREAD_SNAPSHOT: "during a snapshot",
     S.CLOSED: "on a closed device",
 }
 

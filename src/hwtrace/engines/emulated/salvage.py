@@ -152,26 +152,15 @@ class Settings:
 
 
 def recorder_identity(pid: int) -> dict | None:
-    """{"pid", "start"}: a process, told apart from a later one with the same
-    pid by its start time (``/proc/PID/stat`` field 22); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return {"pid": pid, "start": int(fields[19])}
-    except (OSError, IndexError, ValueError):
-        return None
+    """{"pid", "start"} of a running process (:func:`hwtrace.control.collector.identity`)."""
+    from hwtrace.control.collector import identity
+    return identity(pid)
 
 
 def recorder_running(st: Settings) -> int | None:
     """The pid of the recorder that wrote the log, if it still runs."""
-    r = st.recorder
-    if not r or isinstance(r.get("pid"), bool) or not isinstance(r.get("pid"), int) \
-            or r["pid"] <= 0:
-        return None
-    now = recorder_identity(r["pid"])
-    return r["pid"] if now is not None and now["start"] == r.get("start") else None
+    from hwtrace.control.collector import running
+    return running(st.recorder)
 
 
 def read_settings(log: str | os.PathLike) -> Settings:
