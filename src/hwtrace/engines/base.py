@@ -184,6 +184,8 @@ class Engine(abc.ABC):
     #: False: the engine sees user-mode execution only, and the device
     #: refuses the OS bit (NOT_SUPPORTED) when a buffer is allocated.
     kernel_tracing: bool = True
+    #: True: the engine honours snapshot requests mid-run (see Session).
+    can_snapshot: bool = False
 
     @property
     @abc.abstractmethod

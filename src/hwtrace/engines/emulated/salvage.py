@@ -37,12 +37,9 @@ from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import TraceError
 
 from . import execlog as xl
-from .engine import EMULATED_CAPS, EmulatedEngine
+from .engine import EMULATED_CAPS, LOG_DIR_PREFIX, LOG_NAME, META_NAME, EmulatedEngine
 from .ptgen import K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_RET
 
-LOG_DIR_PREFIX = "hwtrace-xlog-"
-LOG_NAME = "exec.xlog"
-META_NAME = "recording.json"
 MAX_META = 1 << 16
 MAX_BUFFER = 1 << 36        # recorded buffers (all CPUs) larger than this are not believed
 
@@ -239,6 +236,7 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
             merged = gather(log)
         except SalvageError:
             live = True         # e.g. a read-only directory: leave it as it is
+    Path(scratch).mkdir(parents=True, exist_ok=True)
     out = Path(scratch) / LOG_NAME
     shutil.copyfile(log, out)
     if live:
