@@ -29,13 +29,35 @@ pytestmark = pytest.mark.skipif(
 BUNDLE_FILES = {"manifest.json", "sideband.jsonl"}
 
 
+# handles SIGINT (and goes on), writes its pid to argv[1], computes forever
+STUBBORN = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static volatile int hits;
+__attribute__((noinline)) static void on_int(int s) { hits++; }
+int main(int argc, char **argv) {
+  signal(SIGINT, on_int);
+  FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+  volatile unsigned long s = 0;
+  for (;;) { for (int i = 0; i < 20000; i++) s += i % 7; usleep(2000); }
+}
+"""
+
+
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
-    """Writes its pid to argv[1], then computes forever."""
+def progs(tmp_path_factory):
     d = tmp_path_factory.mktemp("stopprogs")
-    (d / "loop.c").write_text(SOURCES["loop"])
-    subprocess.run(["gcc", "-O1", "-o", str(d / "loop"), str(d / "loop.c")], check=True)
-    return d / "loop"
+    for name, src in (("loop", SOURCES["loop"]), ("stubborn", STUBBORN)):
+        (d / f"{name}.c").write_text(src)
+        subprocess.run(["gcc", "-O1", "-o", str(d / name), str(d / f"{name}.c")], check=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def loop(progs):
+    """Writes its pid to argv[1], then computes forever."""
+    return progs / "loop"
 
 
 @pytest.fixture
@@ -174,3 +196,58 @@ def test_failed_start_leaves_nothing(tmp_path, tmpdir_env):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "b").exists()
     assert list(tmpdir.iterdir()) == []
+
+
+def test_ctrl_c_at_a_terminal(tmp_path, progs, ptoracle):
+    """A real terminal's Ctrl-C (a pty: the tty driver signals the whole
+    foreground process group) on a program that handles SIGINT and goes on:
+    hwtrace stops, the program is killed, and the trace ends where Ctrl-C
+    was pressed -- the program's handler, run after it, is not in it."""
+    import pty
+    import select
+    from test_record import symbol
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    pid = None
+    child, fd = pty.fork()
+    if child == 0:                          # hwtrace, as a shell would run it
+        try:
+            os.chdir(REPO)
+            os.execv(sys.executable, [sys.executable, "-m", "hwtrace", "record", "-o", str(b),
+                                      "--", str(progs / "stubborn"), str(pidf)])
+        finally:
+            os._exit(127)
+    said = b""
+    try:
+        end = time.monotonic() + 300
+        while not (pidf.exists() and pidf.read_text().endswith("\n")):
+            assert time.monotonic() < end, "the traced program never started"
+            if select.select([fd], [], [], 0.1)[0]:
+                said += os.read(fd, 4096)
+        pid = int(pidf.read_text())
+        os.write(fd, b"\x03")                 # Ctrl-C
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            said += data
+        _, st = os.waitpid(child, 0)
+        child = None
+    finally:
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        os.close(fd)
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert os.waitstatus_to_exitcode(st) == 130, said
+    assert _gone(pid)
+    assert b"stopped by SIGINT: the program was killed" in said
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert man["recording"]["stop"] == "SIGINT"
+    from test_record import load_base
+    handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert len(ips) > 10_000 and handler not in ips

@@ -442,6 +442,10 @@ def _finish_bundle(out: Path, eng, copy_images: bool, ended: Ended | None = None
     man = json.loads(mpath.read_text())
     if ended is not None:
         man["recording"] = ended.to_dict()
+        if getattr(eng, "generator", ""):
+            # which generator made the streams: "compiled", or "python" (the
+            # reference, far slower: e.g. a signal handler ran)
+            man["recording"]["generator"] = eng.generator
     resolved = getattr(eng, "resolved_ranges", None)
     if resolved:
         for where in [man.get("config")] + [s.get("config") for s in man.get("streams", [])]:

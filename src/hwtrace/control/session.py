@@ -31,6 +31,7 @@ class Requests:
         self.stop_reason: str | None = None
         self._snapshot: str | None = None
         self.snapshot_taken: str | None = None
+        self._stop_hooks: list = []
 
     @property
     def wake_fd(self) -> int:
@@ -39,9 +40,22 @@ class Requests:
 
     def stop(self, reason: str) -> None:
         with self._lock:
-            if self.stop_reason is None:
+            first = self.stop_reason is None
+            if first:
                 self.stop_reason = reason
+            hooks = list(self._stop_hooks) if first else []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                pass        # a hook only hastens the stop; waking up does it anyway
         self._wake()
+
+    def add_stop_hook(self, hook) -> None:
+        """Call ``hook()`` the moment a stop is requested (in the requesting
+        thread or signal handler: it must be quick and never block)."""
+        with self._lock:
+            self._stop_hooks.append(hook)
 
     def snapshot(self, reason: str) -> None:
         with self._lock:
@@ -70,6 +84,7 @@ class Requests:
     def reset(self) -> None:
         with self._lock:
             self.stop_reason = self._snapshot = self.snapshot_taken = None
+            self._stop_hooks = []
         self.drain()
 
     def close(self) -> None:
@@ -148,6 +163,18 @@ class Session:
 
     def drain_wake(self) -> None:
         self._dev.requests.drain()
+
+    def request_stop(self, reason: str) -> None:
+        """The engine learnt of a reason to stop (e.g. the terminal's Ctrl-C
+        reached the workload): the same as the user's request."""
+        self._dev.requests.stop(reason)
+
+    def on_stop(self, hook) -> None:
+        """Have ``hook()`` called the moment a stop is requested (from a
+        signal handler, say: quick, non-blocking), before the engine wakes
+        up -- e.g. to end the tracing before the workload reacts to the
+        same Ctrl-C."""
+        self._dev.requests.add_stop_hook(hook)
 
     def snapshot_requested(self) -> str | None:
         """The reason of a pending snapshot request (consumed), or None."""

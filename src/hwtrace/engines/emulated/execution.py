@@ -49,6 +49,12 @@ def qemu_run(engine, session, prog, log: str, env, cwd) -> Outcome:
             cmd = qemu.command(prog, log, control)
         except qemu.QemuError as e:
             raise TraceError(Status.INVALID_ARGS, str(e)) from None
+        # On Ctrl-C the program gets the SIGINT too: end the logging at once,
+        # before it runs its handler -- the trace ends where the user
+        # stopped it, not in the program's reaction (and a program whose
+        # handler never ran keeps the compiled generator's speed)
+        if hasattr(session, "on_stop"):
+            session.on_stop(control.stop)
         proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
         try:
             return _follow_qemu(engine, session, proc, control, log)
@@ -77,8 +83,20 @@ def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
             running.kill_tree(proc.pid)
             status = proc.wait()
             return Outcome(status, cut=snapshot is None, snapshot=snapshot)
-        # a snapshot: asked for, or a trigger fired
         control.drain()
+        tty = control.tty_signal()
+        if ev.kind == "notice" and tty:
+            # the terminal's Ctrl-C (or hangup) reached the program: hwtrace
+            # got it too (its handler may not have run yet): the same stop
+            if hasattr(session, "request_stop"):
+                try:
+                    session.request_stop(signal.Signals(tty).name)
+                except ValueError:
+                    session.request_stop("SIGINT")
+            running.kill_tree(proc.pid)
+            status = proc.wait()
+            return Outcome(status, cut=snapshot is None, snapshot=snapshot)
+        # a snapshot: asked for, or a trigger fired
         fired = control.fired()
         reason = _trigger_reason(fired) if fired is not None else str(ev.detail)
         control.stop()

@@ -32,7 +32,12 @@
  * (.symtab or .dynsym, STT_FUNC) of any ELF file the program maps, resolved
  * when code of that mapping is first translated; its entry instruction is
  * logged as a one-instruction block, then the stop word is set and a byte
- * written to FIFO (the recorder waits on it).
+ * written to FIFO (the recorder waits on it).  A SIGINT or SIGHUP the
+ * terminal sends (si_code SI_KERNEL: Ctrl-C, hangup) goes to the recorder
+ * too, which stops the recording; the plugin sets the stop word in QEMU's
+ * own host signal handler (wrapped), before the guest sees the signal, so
+ * the trace ends where the user stopped it and not in the program's
+ * handler, and tells the recorder (tty_signal).
  *
  * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
  * QEMU 4.2 .. 8.x) used here is declared below.
@@ -167,6 +172,7 @@ struct hwctl {
     uint32_t fired_pid, fired_tid;
     uint64_t fired_pc;
     char fired_name[128];
+    uint32_t tty_signal;        /* the terminal's SIGINT/SIGHUP stopped the logging */
 };
 #define MAX_TRIGGERS 16
 #define MAX_TRIGGER_ADDRS 256
@@ -181,6 +187,39 @@ static int ntaddr;
 static inline bool stopped(void)
 {
     return ctl && __atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE);
+}
+
+static void notify_recorder(void);
+
+/* QEMU's host handlers of SIGINT and SIGHUP, wrapped: a terminal's signal
+ * stops the logging before QEMU queues it for the guest. */
+static struct sigaction qemu_act[NSIG];
+
+static void on_host_signal(int sig, siginfo_t *info, void *uc)
+{
+    if (ctl && info && info->si_code == SI_KERNEL && !__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&ctl->tty_signal, (uint32_t)sig, __ATOMIC_RELEASE);
+        __atomic_store_n(&ctl->stop, 1, __ATOMIC_RELEASE);
+        notify_recorder();      /* open(2) and write(2): async-signal-safe */
+    }
+    struct sigaction *o = &qemu_act[sig];
+    if (o->sa_flags & SA_SIGINFO)
+        o->sa_sigaction(sig, info, uc);
+    else if (o->sa_handler != SIG_IGN && o->sa_handler != SIG_DFL)
+        o->sa_handler(sig);
+}
+
+/* (Re)wrap QEMU's handler of sig: QEMU installs it at start and again at
+ * every guest rt_sigaction of that signal. */
+static void wrap_signal(int sig)
+{
+    struct sigaction cur;
+    if (!ctl || sigaction(sig, NULL, &cur) != 0 || !(cur.sa_flags & SA_SIGINFO) ||
+        cur.sa_sigaction == on_host_signal)
+        return;
+    qemu_act[sig] = cur;
+    cur.sa_sigaction = on_host_signal;
+    sigaction(sig, &cur, NULL);
 }
 
 static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
@@ -613,6 +652,12 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     if (n == 0 || stopped())
         return;
     uint64_t pc = qemu_plugin_tb_vaddr(tb);
+    static bool wrapped;
+    if (!wrapped) {             /* QEMU's handlers are in place once guest code runs */
+        wrapped = true;
+        wrap_signal(SIGINT);
+        wrap_signal(SIGHUP);
+    }
 
     pthread_mutex_lock(&lock);
     report_mapping(pc);
@@ -783,6 +828,10 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
     (void)id; (void)vcpu;
     if (stopped())
         return;
+    if (num == NR_RT_SIGACTION) {
+        wrap_signal(SIGINT);
+        wrap_signal(SIGHUP);
+    }
     struct tbuf *b = tls_buf;
     if (b && ret == 0 && (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3)
         && (uint32_t)getpid() != pid) {
