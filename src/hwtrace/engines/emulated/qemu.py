@@ -28,6 +28,9 @@ from typing import NamedTuple
 from .buildcache import BuildError, build, cache_dir
 
 PLUGIN_SOURCE = Path(__file__).with_name("qemu_plugin.c")
+#: compiled together with it; with the header, what the build is named after
+PLUGIN_SOURCES = (PLUGIN_SOURCE, PLUGIN_SOURCE.with_name("qemu_plugin_elf.c"))
+PLUGIN_HEADERS = (PLUGIN_SOURCE.with_name("qemu_plugin_elf.h"),)
 QEMU = "qemu-x86_64"
 
 
@@ -48,9 +51,9 @@ def plugin_path() -> Path:
 
 def _plugin_path() -> Path:
     try:
-        return build("qemu_plugin", [PLUGIN_SOURCE],
+        return build("qemu_plugin", [*PLUGIN_SOURCES, *PLUGIN_HEADERS],
                      ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall",
-                      str(PLUGIN_SOURCE), "-lpthread"], suffix=".so")
+                      *map(str, PLUGIN_SOURCES), "-lpthread"], suffix=".so")
     except BuildError as e:
         if e.missing_gcc:
             raise QemuError("the QEMU engine needs gcc to build its plugin "

@@ -43,7 +43,6 @@
  * QEMU 4.2 .. 8.x) used here is declared below.
  */
 #define _GNU_SOURCE
-#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -61,6 +60,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
+
+#include "qemu_plugin_elf.h"
 
 /* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
 #define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -429,20 +430,6 @@ static void defs_reserve(size_t n)
 }
 
 /* ---- triggers: function symbols of the mapped ELF files ---- */
-#define MAX_TABLE (256u << 20)
-
-static void *read_at(int fd, uint64_t off, uint64_t size)
-{
-    if (size == 0 || size > MAX_TABLE)
-        return NULL;
-    void *p = malloc(size);
-    if (p && pread(fd, p, size, (off_t)off) != (ssize_t)size) {
-        free(p);
-        p = NULL;
-    }
-    return p;
-}
-
 static void add_trigger_addr(uint64_t pc, int name)
 {
     for (int i = 0; i < ntaddr; i++)
@@ -455,65 +442,12 @@ static void add_trigger_addr(uint64_t pc, int name)
     }
 }
 
-/* The trigger functions of ELF file `path` that lie in its mapping
- * [lo, hi) of file offset `off` (a symbol's address -> its file offset
- * through the PT_LOAD segment holding it -> the mapping).  Caller holds
- * lock.  Anything malformed: nothing is found. */
+/* The trigger functions of ELF file `path` in its mapping [lo, hi) of
+ * file offset `off`.  Caller holds lock. */
 static void resolve_triggers(const char *path, uint64_t lo, uint64_t hi, uint64_t off)
 {
-    if (ntrig == 0 || path[0] != '/')
-        return;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    Elf64_Ehdr eh;
-    Elf64_Phdr *ph = NULL;
-    Elf64_Shdr *sh = NULL;
-    if (pread(fd, &eh, sizeof eh, 0) != sizeof eh || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
-        eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_phnum == 0 || eh.e_shnum == 0)
-        goto out;
-    ph = read_at(fd, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof *ph);
-    sh = read_at(fd, eh.e_shoff, (uint64_t)eh.e_shnum * sizeof *sh);
-    if (!ph || !sh)
-        goto out;
-    for (unsigned i = 0; i < eh.e_shnum; i++) {
-        if ((sh[i].sh_type != SHT_SYMTAB && sh[i].sh_type != SHT_DYNSYM) ||
-            sh[i].sh_entsize != sizeof(Elf64_Sym) || sh[i].sh_link >= eh.e_shnum)
-            continue;
-        Elf64_Shdr *st = &sh[sh[i].sh_link];
-        Elf64_Sym *syms = read_at(fd, sh[i].sh_offset, sh[i].sh_size);
-        char *strs = read_at(fd, st->sh_offset, st->sh_size);
-        size_t nsyms = syms ? sh[i].sh_size / sizeof *syms : 0;
-        for (size_t k = 0; strs && k < nsyms; k++) {
-            Elf64_Sym *y = &syms[k];
-            if (ELF64_ST_TYPE(y->st_info) != STT_FUNC || y->st_shndx == SHN_UNDEF ||
-                y->st_value == 0 || y->st_name >= st->sh_size)
-                continue;
-            const char *name = strs + y->st_name;
-            size_t room = st->sh_size - y->st_name;
-            if (strnlen(name, room) == room)
-                continue;
-            for (int t = 0; t < ntrig; t++) {
-                if (strcmp(name, trig_names[t]) != 0)
-                    continue;
-                for (unsigned j = 0; j < eh.e_phnum; j++) {
-                    if (ph[j].p_type != PT_LOAD || y->st_value < ph[j].p_vaddr ||
-                        y->st_value - ph[j].p_vaddr >= ph[j].p_filesz)
-                        continue;
-                    uint64_t fo = y->st_value - ph[j].p_vaddr + ph[j].p_offset;
-                    if (fo >= off && fo - off < hi - lo)
-                        add_trigger_addr(lo + (fo - off), t);
-                }
-            }
-        }
-        free(syms);
-        free(strs);
-    }
-out:
-    free(ph);
-    free(sh);
-    close(fd);
+    if (ntrig && path[0] == '/')
+        elf_find_functions(path, lo, hi, off, trig_names, ntrig, add_trigger_addr);
 }
 
 static int trigger_at(uint64_t pc)
