@@ -82,7 +82,9 @@ def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
         if ev.kind == "stop":
             running.kill_tree(proc.pid)
             status = proc.wait()
-            return Outcome(status, cut=snapshot is None, snapshot=snapshot)
+            fired = control.fired() if snapshot is None else None
+            return Outcome(status, cut=snapshot is None, snapshot=snapshot,
+                           fired=_trigger_reason(fired) if fired is not None else None)
         control.drain()
         tty = control.tty_signal()
         if ev.kind == "notice" and tty:
