@@ -546,6 +546,27 @@ def test_perf_import_of_a_cpu_wide_recording(tmp_path):
     assert of_type(recs, "summary")[0]["same"] is True
 
 
+def test_lldb_import_of_a_multi_core_recording(tmp_path):
+    """LLDB's per-CPU capture of a 3-thread process (context switches of
+    every task on those CPUs): each CPU's stream is one traced thread's,
+    and the recording compares equal with itself, thread by thread."""
+    fx = FIXTURES / "lldb_intelpt" / "intelpt-multi-core-trace"
+    if not fx.is_dir():
+        pytest.skip("no hardware fixtures")
+    out = tmp_path / "mc"
+    r = run_hwtrace("import", "-o", out, fx / "trace.json")
+    assert r.returncode == 0, r.stderr
+    recs = jsonl(diff(out, out, "--format", "jsonl"))
+    pairs = of_type(recs, "pair")
+    assert len(pairs) == 2
+    assert all(p["a"]["pid"] == 3497234 and p["a"]["tid"] == p["b"]["tid"]
+               for p in pairs)
+    ends = of_type(recs, "pair_end")
+    assert all(e["same"] and e["a"]["insns"] == e["b"]["insns"] > 0
+               for e in ends)
+    assert of_type(recs, "summary")[0]["same"] is True
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 def _one_line_error(r):
