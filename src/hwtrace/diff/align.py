@@ -24,6 +24,13 @@ already in A's terms) side by side:
   A side that ends keeps the steps it had; the other side is scanned on
   alone.  Up to ``window`` steps per side are held; past that the rest
   is reported as one region.
+* **after lost data** (one side's step follows a gap) its depth is
+  unknown, so the runs meet where the other side runs the step the
+  damaged trace resumes with -- of all the places it does, the one from
+  which the two stay in step longest -- and the damaged side's depths are
+  re-based there.  Two traces that **begin at different places** (one
+  kept only the newest part of its run) meet likewise, at the
+  instruction index the recordings' counts give when they do.
 
 Results are :class:`Divergence` records with both sides'
 :class:`Point` s (own addresses, for symbols) and, once known, the
