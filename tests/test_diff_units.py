@@ -77,6 +77,9 @@ def test_calls_returns_and_depth():
     s = all_steps(split(recs, 2))
     assert s["delta"].tolist() == [1, 0, 0, -1, -1]
     assert s["depth"].tolist() == [0, 1, 1, 1, 0]
+    # whatever the batch boundaries, the same steps (whole records)
+    for k in (1, 3, 4, 5):
+        assert (all_steps(split(recs, k)) == s).all(), k
 
 
 def test_translate_reads_addresses_in_the_other_runs_terms():

@@ -46,7 +46,7 @@ from typing import Iterator
 import numpy as np
 
 from .stack import ShadowStack
-from .steps import KEY_WORDS, STEP
+from .steps import KEY_WORDS, STEP, concat
 
 #: steps per side held while looking for the meeting point
 WINDOW = 1 << 20
@@ -159,7 +159,7 @@ class _Side:
             at += len(c)
             if at >= stop:
                 break
-        return np.concatenate(parts)
+        return concat(parts)
 
     def consume(self, k: int) -> None:
         if k <= 0:

@@ -43,11 +43,14 @@ from hwtrace.x86.insn import IClass
 
 #: a step; ``ip``, ``end`` and the word of ``n``/``gap``/``cls``/``size``
 #: come first: these three 64-bit words are what is compared (KEY_WORDS)
-STEP = np.dtype([("ip", "<u8"), ("end", "<u8"), ("n", "<u4"), ("gap", "u1"),
-                 ("cls", "u1"), ("size", "u1"), ("_pad", "u1"),
-                 ("rip", "<u8"), ("rend", "<u8"), ("idx", "<u8"),
-                 ("off", "<u8"), ("depth", "<i4"), ("delta", "i1"),
-                 ("_pad2", "u1", (3,))])
+_FIELDS = [("ip", "<u8"), ("end", "<u8"), ("n", "<u4"), ("gap", "u1"),
+           ("cls", "u1"), ("size", "u1"), ("_pad", "u1"),   # zero: compared
+           ("rip", "<u8"), ("rend", "<u8"), ("idx", "<u8"),
+           ("off", "<u8"), ("depth", "<i4"), ("delta", "i1")]
+STEP = np.dtype({"names": [n for n, _ in _FIELDS],
+                 "formats": [f for _, f in _FIELDS],
+                 "offsets": [0, 8, 16, 20, 21, 22, 23, 24, 32, 40, 48, 56, 60],
+                 "itemsize": 64})
 KEY_WORDS = 3
 assert STEP.itemsize == 64
 
@@ -282,7 +285,17 @@ def _stop(item):
     return None
 
 
+def concat(parts: list) -> np.ndarray:
+    """Step arrays end to end, as :data:`STEP` (``np.concatenate`` would
+    pack the records and lose the layout the comparison reads words of)."""
+    out = np.empty(sum(len(p) for p in parts), STEP)
+    at = 0
+    for p in parts:
+        out[at:at + len(p)] = p
+        at += len(p)
+    return out
+
+
 def read_all(batches: Iterable, translate: Callable | None = None) -> np.ndarray:
     """Every step of ``batches`` in one array (tests, small traces)."""
-    chunks = list(StepReader(batches, translate))
-    return np.concatenate(chunks) if chunks else np.zeros(0, STEP)
+    return concat(list(StepReader(batches, translate)))
