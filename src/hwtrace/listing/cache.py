@@ -83,7 +83,9 @@ class LineCache:
     def _find(self, keys: np.ndarray) -> np.ndarray:
         """Ids of ``keys`` (-1 where absent)."""
         mask = self.mask
-        h = ((keys * _MULT) >> self.shift).astype(np.intp)
+        h = keys * _MULT
+        h >>= self.shift
+        h = h.view(np.int64)            # indices (no copy)
         ids = self.vals[h]
         # a slot holding another key: probe on (rare at load <= 1/2)
         todo = np.flatnonzero((ids >= 0) & (self.keys[h] != keys))
@@ -100,7 +102,8 @@ class LineCache:
         """Cache ids of the instructions (``modes``: one mode number for
         all, or an array per instruction)."""
         if np.isscalar(modes):
-            keys = ips ^ mode_tag(int(modes))
+            tag = mode_tag(int(modes))
+            keys = ips ^ tag if tag else ips
         else:
             keys = ips ^ (((3 - modes.astype(np.uint64)) & np.uint64(3))
                           << np.uint64(56))

@@ -73,6 +73,9 @@ class JsonFormat:
                  for ip, s, c, x in zip(ips, sizes, iclasses, extras)]
         return [h + b"false}\n" for h in heads], heads
 
+    def per_record(self, block: bool) -> bool:
+        return False
+
     def decorated(self, recs, block: bool):
         if self.print_offset:
             return True

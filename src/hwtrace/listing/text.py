@@ -61,6 +61,10 @@ class TextFormat:
         return [("%016x%s\n" % (ip, note_text(n, sl))).encode()
                 for ip, n in zip(ips, notes)]
 
+    def per_record(self, block: bool) -> bool:
+        """Whether each record needs a line of its own ([block])."""
+        return self.show_blocks and block
+
     def decorated(self, recs, block: bool):
         """Records that need record(): True for all of them."""
         if self.print_offset or (self.show_blocks and block):

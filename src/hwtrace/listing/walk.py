@@ -113,9 +113,10 @@ class Walker:
         if text:
             self._out(text)
 
-    def _lines(self, a: int, b: int):
-        """(lines, heads, base): the cache's texts for the instructions of
-        records [a, ...) up to the next address-space switch."""
+    def _ids(self, a: int, b: int):
+        """(cache, ids, base): cache ids of the instructions of records
+        [a, ...) up to the next address-space switch (``base``: the
+        batch index of the first)."""
         sp = self._span
         if sp is not None and sp[0] <= a and b <= sp[1]:
             return sp[2], sp[3], sp[4]
@@ -137,53 +138,102 @@ class Walker:
             m = np.repeat(modes, recs["ninsn"])
         cache = self.cache
         ids = cache.ids(ins["ip"], ins["size"], ins["iclass"], m)
-        lines = cache.columns[0][ids].tolist()
-        heads = cache.columns[-1][ids].tolist() if cache.ncols > 1 else lines
-        self._span = (a, end, lines, heads, lo)
-        return lines, heads, lo
+        self._span = (a, end, cache, ids, lo)
+        return cache, ids, lo
 
     def _records(self, a: int, b: int) -> None:
-        lines, heads, base = self._lines(a, b)
+        """Records [a, b): in chunks of about CHUNK instructions, plain
+        stretches joined whole, decorated records one by one."""
+        cache, ids, base = self._ids(a, b)
+        lines_of = cache.columns[0]
+        heads_of = cache.columns[-1]
         cum = self._cum
         deco = self._deco
-        if deco is not None:
-            # plain stretches joined whole, decorated records one by one
-            i = bisect.bisect_left(deco, a)
-            r = a
-            while r < b:
-                nxt = deco[i] if i < len(deco) and deco[i] < b else b
-                if nxt > r:
-                    self._plain(lines, int(cum[r]) - base,
-                                int(cum[nxt]) - base)
+        r = a
+        while r < b:
+            lo = int(cum[r])
+            e = int(np.searchsorted(cum, lo + CHUNK, side="right")) - 1
+            e = min(max(e, r + 1), b)
+            hi = int(cum[e])
+            sel = ids[lo - base:hi - base]
+            lines = lines_of[sel].tolist()
+            if deco is None:
+                first = 0
+            else:
+                first = bisect.bisect_left(deco, r)
+                if first == len(deco) or deco[first] >= e:
+                    self._out(b"".join(lines))       # all plain
                     if self.block:
-                        self.blocks += nxt - r
-                    r = nxt
-                if r < b:
-                    self._decorated(r, lines, heads, base)
-                    r += 1
-                    i += 1
-            return
-        for r in range(a, b):
-            self._decorated(r, lines, heads, base)
+                        self.blocks += e - r
+                    r = e
+                    continue
+            heads = lines if heads_of is lines_of else heads_of[sel].tolist()
+            self._chunk(r, e, lo, lines, heads, first)
+            r = e
 
-    def _plain(self, lines, lo: int, hi: int) -> None:
-        for s in range(lo, hi, CHUNK):
-            self._out(b"".join(lines[s:min(hi, s + CHUNK)]))
-
-    def _decorated(self, r: int, lines, heads, base: int) -> None:
-        rec = self._b.blocks[r]
+    def _chunk(self, r: int, e: int, lo: int, lines, heads, i: int) -> None:
+        """Records [r, e) whose instructions' texts are ``lines``/``heads``
+        (from instruction ``lo``); ``i``: the index in the decorated list
+        of the first at or after r (every record is, without a list)."""
         cum = self._cum
-        lo, hi = int(cum[r]) - base, int(cum[r + 1]) - base
+        deco = self._deco
+        if deco is None and not self.fmt.per_record(self.block):
+            self._groups(r, e, lo, lines, heads)
+            return
+        while r < e:
+            if deco is None:
+                nxt = r
+            else:
+                nxt = deco[i] if i < len(deco) and deco[i] < e else e
+            if nxt > r:
+                self._out(b"".join(lines[int(cum[r]) - lo:int(cum[nxt]) - lo]))
+                if self.block:
+                    self.blocks += nxt - r
+                r = nxt
+            if r < e:
+                a, b = int(cum[r]) - lo, int(cum[r + 1]) - lo
+                self._decorated(r, lines[a:b], heads[a:b])
+                r += 1
+                i += 1
+
+    def _groups(self, r: int, e: int, lo: int, lines, heads) -> None:
+        """Every record of [r, e) decorated (--offset, --merge-time):
+        consecutive records alike in what decorates them (offset,
+        speculative, time) go to record() as one, a truncated one last
+        (its last instruction is the truncated one)."""
+        recs = self._b.blocks[r:e]
+        offs, fl = recs["offset"], recs["flags"]
+        brk = (offs[1:] != offs[:-1]) | \
+            (((fl[1:] ^ fl[:-1]) & SPECULATIVE) != 0) | \
+            ((fl[:-1] & TRUNCATED) != 0)
+        if self.timed:
+            tsc = recs["tsc"]
+            brk |= tsc[1:] != tsc[:-1]
+        starts = [0] + (np.flatnonzero(brk) + 1).tolist()
+        ends = starts[1:] + [e - r]
+        cum = (self._cum[r:e + 1] - lo).tolist()
+        offs, fl = offs.tolist(), fl.tolist()
+        tscs = recs["tsc"].tolist() if self.timed else None
+        record = self.fmt.record
+        for g0, g1 in zip(starts, ends):
+            if self.timed:
+                self._tick(tscs[g0])
+            flags = (fl[g0] & SPECULATIVE) | (fl[g1 - 1] & TRUNCATED)
+            a, b = cum[g0], cum[g1]
+            text = record(offs[g0], flags, lines[a:b], heads[a:b], None)
+            if text:
+                self._out(text)
+        if self.block:
+            self.blocks += e - r
+
+    def _decorated(self, r: int, lines, heads) -> None:
+        rec = self._b.blocks[r]
         if self.block:
             self.blocks += 1
         if self.timed:
             self._tick(int(rec["tsc"]))
         text = self.fmt.record(int(rec["offset"]), int(rec["flags"]),
-                               lines[lo:hi], heads[lo:hi],
+                               lines, heads,
                                self.blocks if self.block else None)
         if text:
             self._out(text)
-
-
-def flags_of(recs) -> np.ndarray:
-    return recs["flags"] & (SPECULATIVE | TRUNCATED)
