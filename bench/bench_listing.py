@@ -228,16 +228,13 @@ def oracle_run(case: Case, repeat: int) -> float:
     return best
 
 
-def format_only(case: Case, extra: list, repeat: int) -> tuple:
-    """(best CPU seconds of making the output from ready batches,
-    instructions): the listing's own cost."""
+def make_batches(case: Case) -> list:
+    """[(stream, [batches])]: the case decoded once, with every
+    instruction, for the formatting-only measurements."""
     from hwtrace import streams
     from hwtrace.cli import build_parser
     from hwtrace.cli import decode as D
-    from hwtrace.listing.walk import Walker
-    args = build_parser().parse_args(["decode", *case.decode_args, *extra])
-    fmt = D.listing_format(args)
-    block = args.decoder != "insn"
+    args = build_parser().parse_args(["decode", *case.decode_args])
     if args.bundle:
         ts = streams.open_bundle(args.bundle,
                                  config=lambda o: D._config(args, str, o))
@@ -246,9 +243,19 @@ def format_only(case: Case, extra: list, repeat: int) -> tuple:
         path, off, size = split_range(args.pt)
         ts = streams.open_trace(path, D._image(args), D._config(args, str),
                                 offset=off, length=size)
-    made = [(st, list(st.batches("block" if block else "insn",
-                                 want_insns=fmt.lines)))
+    return [(st, list(st.batches("block", want_insns=True)))
             for st in ts.streams]
+
+
+def format_only(case: Case, made: list, extra: list, repeat: int) -> tuple:
+    """(best CPU seconds of making the output from ready batches,
+    instructions): the listing's own cost."""
+    from hwtrace.cli import build_parser
+    from hwtrace.cli import decode as D
+    from hwtrace.listing.walk import Walker
+    args = build_parser().parse_args(["decode", *case.decode_args, *extra])
+    fmt = D.listing_format(args)
+    block = args.decoder != "insn"
     best, n = None, 0
     with open(os.devnull, "wb") as null:
         for _ in range(repeat):
@@ -279,6 +286,9 @@ def main(argv=None) -> int:
     ap.add_argument("--python-program", action="store_true")
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--end-to-end", action="store_true",
+                    help="time hwtrace decode as a whole even when the "
+                         "Python twin makes the batches (slow)")
     a = ap.parse_args(argv)
 
     exe = ptoracle()
@@ -315,14 +325,20 @@ def main(argv=None) -> int:
               f"{'hwtrace':>9} {'ratio':>6} {'format':>8} {'ratio':>6}  "
               f"producer")
         bad = []
+        whole = want_compiled or a.end_to_end
         for c in cases:
             ref = oracle_run(c, a.repeat)
+            made = make_batches(c)
             for out, extra in OUTPUTS:
-                t, used = hwtrace_run(c, extra, a.repeat)
-                f, n = format_only(c, extra, a.repeat)
+                if whole:
+                    t, used = hwtrace_run(c, extra, a.repeat)
+                    e2e = f"{t:9.3f} {ref / t:6.2f}"
+                else:
+                    used, e2e = "", f"{'-':>9} {'-':>6}"
+                f, n = format_only(c, made, extra, a.repeat)
                 print(f"{c.name[:28]:28} {out:6} {n:11,d} {ref:9.3f} "
-                      f"{t:9.3f} {ref / t:6.2f} {f:8.3f} {ref / f:6.2f}  "
-                      f"{used or '-'}", flush=True)
+                      f"{e2e} {f:8.3f} {ref / f:6.2f}  "
+                      f"{used or 'not run'}", flush=True)
                 if want_compiled and "python" in used:
                     bad.append(f"{c.name} {out}")
         print("CPU seconds, best of", a.repeat, "; ratio = ptoracle insn "
