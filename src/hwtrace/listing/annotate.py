@@ -16,7 +16,7 @@ import os
 from typing import NamedTuple
 
 from hwtrace.analysis.symbols import Image as SymImage
-from hwtrace.analysis.symbols import SymbolError, Symbolizer
+from hwtrace.analysis.symbols import SymbolError, Symbolizer, demangle_names
 
 from .disasm import Disassembler
 
@@ -47,7 +47,8 @@ class SymbolFiles:
             try:
                 with open(path, "rb") as f:
                     if f.read(4) == b"\x7fELF":
-                        img = SymImage(path, 0)
+                        # C++ names are demangled as the listing meets them
+                        img = SymImage(path, 0, demangle=False)
             except (OSError, SymbolError):
                 img = None
             except Exception:           # pyelftools on a damaged file
@@ -139,6 +140,7 @@ class Annotator:
         self.sym = symbolizer
         self.lines = lines
         self._names: dict[int, str] = {}
+        self._plain: dict[str, str] = {}     # C++ names demangled so far
 
     def _where(self, addr: int) -> tuple[str, int, str]:
         """(function, offset, "function+0xOFF" or "[file+0xADDR]")."""
@@ -153,8 +155,26 @@ class Annotator:
             link = addr - img.bias
             return "", 0, f"[{os.path.basename(img.path)}]+0x{link:x}"
         start, name = r
+        name = self._plain.get(name, name)
         off = addr - start
         return name, off, name if not off else f"{name}+0x{off:x}"
+
+    def _demangle(self, addrs) -> None:
+        """Demangle the C++ names of the functions at ``addrs`` that are
+        new (one c++filt run for all, not one per file read)."""
+        sym = self.sym
+        if sym is None:
+            return
+        todo = set()
+        for a in addrs:
+            r = sym.lookup(a)
+            if r is not None and r[1].startswith("_Z") and \
+                    r[1] not in self._plain:
+                todo.add(r[1])
+        if todo:
+            names = sorted(todo)
+            self._plain.update(dict(zip(names, names)))
+            self._plain.update(demangle_names(names))
 
     def name(self, addr: int) -> str:
         """``<function+0xOFF>`` for a branch or memory target ("" if none)."""
@@ -169,6 +189,15 @@ class Annotator:
         texts = self.dis.texts(ips, sizes, mode)
         out = []
         dis = self.dis
+        targets = []
+        for ip, size, ic in zip(ips, sizes, iclasses):
+            ops = texts[ip][1]
+            if ic in _BRANCHES and ops.startswith("0x"):
+                try:
+                    targets.append(int(ops, 16))
+                except ValueError:
+                    pass
+        self._demangle(ips + targets)
         for ip, size, ic in zip(ips, sizes, iclasses):
             mnem, ops = texts[ip]
             text = f"{mnem} {ops}" if ops else mnem
