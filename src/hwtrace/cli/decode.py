@@ -446,10 +446,18 @@ def decode_stream(args, stream, fmt, ctx, out, *, data=None,
     w = Walker(fmt, out.write,
                lambda space: ctx.for_space(space, stream.image),
                block=block, timed=timed)
+    switched = []
     for b in stream.batches("block" if block else "insn",
                             want_insns=fmt.lines, resync=args.resync,
-                            data=data):
+                            data=data, space_items=True,
+                            on_switch=lambda sp, off: switched.append(off)):
         w.batch(b)
+    if len(switched) != w.switches:
+        # a producer that switches spaces without saying where would
+        # print one process's code as another's
+        raise RuntimeError(f"{stream.name}: the batches report "
+                           f"{w.switches} of {len(switched)} address-space "
+                           f"switches")
     return w
 
 

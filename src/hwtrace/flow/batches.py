@@ -122,20 +122,25 @@ def _core(impl):
 def batches(data, image, config: FlowConfig | None = None, *,
             decoder: str = "block", resync: bool = False,
             want_insns: bool = False, max_records: int = 1 << 16,
-            impl: str | None = None, spaces=None) -> Iterator[Batch]:
+            impl: str | None = None, spaces=None,
+            space_items: bool = False) -> Iterator[Batch]:
     """Decode ``data`` (any buffer) with ``image`` into batches.
     ``spaces``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch
-    address spaces by (``image`` is then its initial space's)."""
+    address spaces by (``image`` is then its initial space's);
+    ``space_items``: each switch is a :class:`SpaceItem` in the items."""
     core = _core(impl) if impl != "python" else None
     if core is not None:
         from . import fast
         return fast.compiled_batches(core, data, image, config,
                                      decoder=decoder, resync=resync,
                                      want_insns=want_insns,
-                                     max_records=max_records, spaces=spaces)
+                                     max_records=max_records, spaces=spaces,
+                                     **({"space_items": True}
+                                        if space_items else {}))
     return python_batches(data, image, config, decoder=decoder,
                           resync=resync, want_insns=want_insns,
-                          max_records=max_records, plan=spaces)
+                          max_records=max_records, plan=spaces,
+                          space_items=space_items)
 
 
 # -- the Python twin ---------------------------------------------------------------
@@ -153,24 +158,28 @@ def _decoder(data, image, config, decoder):
 def python_batches(data, image, config: FlowConfig | None = None, *,
                    decoder: str = "block", resync: bool = False,
                    want_insns: bool = False, max_records: int = 1 << 16,
-                   dec=None, plan=None) -> Iterator[Batch]:
+                   dec=None, plan=None,
+                   space_items: bool = False) -> Iterator[Batch]:
     """The twin producer.  ``dec`` (optional) is a ready decoder with the
     usual verbs (e.g. a :class:`~hwtrace.flow.spaces.SpaceSwitcher`
     around one); ``data``/``image``/``config`` are then not used.
     ``plan``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch address
-    spaces by; each switch becomes a :class:`SpaceItem`."""
+    spaces by; with ``space_items`` each switch becomes a
+    :class:`SpaceItem`."""
     g = _Grouper(decoder == "block", want_insns, max_records)
     if dec is None:
         dec = _decoder(data, image, config, decoder)
         if plan is not None:
-            import dataclasses
-            told = plan.on_switch
+            if space_items:
+                import dataclasses
+                told = plan.on_switch
 
-            def on_switch(space, offset):
-                g.switch(space, offset)
-                if told is not None:
-                    told(space, offset)
-            dec = dataclasses.replace(plan, on_switch=on_switch).wrap(dec)
+                def on_switch(space, offset):
+                    g.switch(space, offset)
+                    if told is not None:
+                        told(space, offset)
+                plan = dataclasses.replace(plan, on_switch=on_switch)
+            dec = plan.wrap(dec)
     g.bind(dec)
     if decoder == "block":
         steps = session.iter_blocks(dec, resync)

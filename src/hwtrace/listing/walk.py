@@ -47,6 +47,7 @@ class Walker:
         self.block = block
         self.timed = timed
         self.insns = self.blocks = self.events = self.errors = 0
+        self.switches = 0
         self.time = 0
         self.space = None
         self.cache = None
@@ -100,6 +101,7 @@ class Walker:
     def _item(self, offset: int, item) -> None:
         t = item.type
         if t == "space":
+            self.switches += 1
             self.space = item.space
             self.cache = None
             self._span = None
