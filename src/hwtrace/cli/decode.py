@@ -437,7 +437,7 @@ class Output:
 
 
 def decode_stream(args, stream, fmt, ctx, out, *, data=None,
-                  timed: bool = False) -> tuple:
+                  timed: bool = False):
     """Print one stream's decode through ``out`` (``out.write(bytes)``,
     or with ``timed`` ``out.write(bytes, time)``); returns the walker (its
     counts)."""
@@ -505,7 +505,11 @@ def _run_one(args, write=None) -> int:
     else:
         from hwtrace.flow.loaders import split_range
         path, offset, size = split_range(args.pt)
-        ts = streams.open_trace(path, image, cfg, offset=offset, length=size)
+        try:
+            ts = streams.open_trace(path, image, cfg, offset=offset,
+                                    length=size)
+        except streams.StreamsError as e:
+            raise CliError(f"--pt: {e}") from None
         w = decode_stream(args, ts.streams[0], fmt, contexts(args, fmt), out,
                           data=data)
         counts = (w.insns, w.blocks, w.events, w.errors)
