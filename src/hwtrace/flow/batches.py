@@ -136,11 +136,24 @@ def batches(data, image, config: FlowConfig | None = None, *,
                                      want_insns=want_insns,
                                      max_records=max_records, spaces=spaces,
                                      **({"space_items": True}
-                                        if space_items else {}))
+                                        if space_items and spaces is not None
+                                        else {}))
     return python_batches(data, image, config, decoder=decoder,
                           resync=resync, want_insns=want_insns,
                           max_records=max_records, plan=spaces,
                           space_items=space_items)
+
+
+def reports_switches(impl: str | None = None) -> bool:
+    """Whether the producer ``batches(impl=...)`` picks gives
+    :class:`SpaceItem` s when asked (``space_items=True``)."""
+    core = _core(impl) if impl != "python" else None
+    if core is None:
+        return True
+    import inspect
+    from . import fast
+    return "space_items" in inspect.signature(
+        fast.compiled_batches).parameters
 
 
 # -- the Python twin ---------------------------------------------------------------
