@@ -381,7 +381,7 @@ def test_each_job_stops_at_the_first_psb_of_the_next_segment(recording,
     assert [max(p for p in psbs if p < x) for x in head] == \
         psbs[2:2 + parallel.HEAD + 1]
     seq = decode("--pt", f"{pt}:0-{psbs[9]:#x}", *images,
-                 f"--{decoder}-decoder", "--offset")
+                 f"--{decoder}-decoder", "--offset", "--no-inst")
     assert _stitched(results) == seq
 
 
