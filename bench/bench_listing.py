@@ -5,7 +5,7 @@ same streams, measured in the same run.
 
     python bench/bench_listing.py [--bundle DIR]... [--input-kib N]
                                   [--python-program] [--repeat N]
-                                  [--no-fixtures]
+                                  [--no-fixtures] [--end-to-end]
 
 Inputs: a fresh emulated recording of ``gzip -9`` over ``--input-kib``
 KiB of text (default 200; a program nobody here wrote), each ``--bundle``
@@ -21,7 +21,8 @@ For each input and each output it prints CPU seconds (user+sys, best of
 
 * ``ptoracle insn STREAM IMAGES > /dev/null`` summed over the streams;
 * ``hwtrace decode ... > /dev/null`` end to end (a child process: start-up,
-  symbols, decoding, formatting);
+  symbols, decoding, formatting); run where the compiled core makes the
+  batches, or with ``--end-to-end``;
 * the formatting alone: the same output made in this process from
   batches decoded beforehand (fresh caches each time: symbols read,
   instructions disassembled), i.e. the listing's own cost;
