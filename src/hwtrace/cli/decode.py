@@ -169,6 +169,11 @@ def _decoder_options(p) -> None:
     g.add_argument("--resync-on-error", dest="resync", action="store_true",
                    help="after an error, go on right after it (libipt's "
                         "pt_*_resync) instead of at the next PSB")
+    g.add_argument("--strict", action="store_true",
+                   help="libipt 2.3's strict reading: report the PSB+ "
+                        "status updates real CPUs write at VM entries as "
+                        "errors instead of decoding on (see README, "
+                        "\"lossless by default\")")
     g.add_argument("--error-offsets", choices=("2.3", "2.0"), default="2.3",
                    help="report errors at the trace offset libipt 2.3 "
                         "gives (default) or libipt 2.0 gives (to compare "
@@ -290,6 +295,7 @@ def _config(args, out, options=None):
     cfg.end_on_call = args.end_on_call
     cfg.error_offsets = args.error_offsets
     cfg.end_on_jump = args.end_on_jump
+    cfg.strict = args.strict
     return cfg
 
 
