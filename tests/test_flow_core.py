@@ -308,8 +308,8 @@ def test_recordings_compiled_batches_are_the_twins(tmp_path, mode):
     """A gzip recording with timing packets (TSC, MTC, CYC), in thread and
     in cpu mode, every stream of the bundle opened as the commands open it
     (hwtrace.streams: images from the sideband, address spaces switched
-    by the Python switcher the core calls back): compiled batches == twin
-    batches, both decoders, views included."""
+    by the Python switcher the core calls back, each switch a SpaceItem):
+    compiled batches == twin batches, both decoders, views included."""
     import hwtrace.streams as S
     _core()
     bundle = _record(tmp_path, mode)
@@ -323,15 +323,20 @@ def test_recordings_compiled_batches_are_the_twins(tmp_path, mode):
             def got(impl):
                 sw = switches.setdefault(impl, [])
                 return [(b.blocks.tobytes(), b.insns.tobytes(),
-                         [(i, o, _key(x)) for i, o, x in b.items],
+                         [(i, o, _key(x) if not isinstance(x, B.SpaceItem)
+                           else ("SpaceItem", x.space.pid, x.offset))
+                          for i, o, x in b.items],
                          b.first_insn)
                         for b in st.batches(decoder, view=view,
                                             want_insns=True, impl=impl,
+                                            space_items=True,
                                             on_switch=lambda sp, off:
                                             sw.append((sp.pid, off)))]
             c, p = got("compiled"), got("python")
             assert c == p, (st.name, decoder, view)
             assert switches["compiled"] == switches["python"]
+            spaces = [x for b in c for x in b[2] if x[2][0] == "SpaceItem"]
+            assert spaces and spaces[0][0] == 0
             total += sum(len(x[1]) // 10 for x in c)
     assert total > 100000
 

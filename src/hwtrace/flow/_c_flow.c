@@ -75,6 +75,8 @@ typedef struct {
     uint64_t first_insn;
     int used;                   /* 1 batches, 2 counts/edges */
     int done;
+    int in_batch;               /* batch() is running */
+    PyObject *pending;          /* items added before the first batch */
 } Decoder;
 
 /* -- config --------------------------------------------------------------- */
@@ -334,6 +336,7 @@ static int Decoder_traverse(Decoder *self, visitproc visit, void *arg)
     Py_VISIT(self->after_event);
     Py_VISIT(self->bs.items);
     Py_VISIT(self->bs.next_event);
+    Py_VISIT(self->pending);
     return 0;
 }
 
@@ -342,6 +345,7 @@ static int Decoder_clear(Decoder *self)
     Py_CLEAR(self->after_sync);
     Py_CLEAR(self->after_event);
     Py_CLEAR(self->bs.next_event);
+    Py_CLEAR(self->pending);
     return 0;
 }
 
@@ -417,8 +421,20 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
     self->s.ops = &BATCH_OPS;
     self->s.ctx = b;
     self->s.hooks = &self->hooks;
+    if (self->pending) {
+        /* what was added before the first batch comes first */
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(self->pending); k++) {
+            PyObject *t = PyList_GET_ITEM(self->pending, k);
+            if (batch_add_item(b, PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0)),
+                               Py_NewRef(PyTuple_GET_ITEM(t, 1))) < 0)
+                return NULL;
+        }
+        Py_CLEAR(self->pending);
+    }
     uint64_t before = self->first_insn;
+    self->in_batch = 1;
     int r = run(self);
+    self->in_batch = 0;
     if (r < 0)
         return NULL;
     if (r == SESS_DONE)
@@ -711,6 +727,39 @@ static PyObject *Decoder_state_probe(Decoder *self, PyObject *arg)
     return result;
 }
 
+/* add_item(offset, item): an item of the batches at this point of the
+ * decode (an address-space switch reported by the switcher the core calls
+ * back): after the records so far, before what comes next */
+static PyObject *Decoder_add_item(Decoder *self, PyObject *args)
+{
+    Py_ssize_t offset;
+    PyObject *item;
+    if (!PyArg_ParseTuple(args, "nO", &offset, &item))
+        return NULL;
+    if (self->in_batch) {
+        if (sess_flush(&self->s) < 0 ||
+            batch_add_item(&self->bs, offset, Py_NewRef(item)) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    if (self->used && self->used != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "items go with batches");
+        return NULL;
+    }
+    if (!self->pending && !(self->pending = PyList_New(0)))
+        return NULL;
+    PyObject *t = Py_BuildValue("(nO)", offset, item);
+    if (!t || PyList_Append(self->pending, t) < 0) {
+        Py_XDECREF(t);
+        return NULL;
+    }
+    Py_DECREF(t);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Decoder_set_hooks(Decoder *self, PyObject *args)
 {
     PyObject *s, *e;
@@ -830,6 +879,8 @@ static PyMethodDef Decoder_methods[] = {
      "checkpoints, underflows, stopped, insns_total)"},
     {"state_probe", (PyCFunction)Decoder_state_probe, METH_O,
      "state_probe(start) -> [(field, changed)] (a test hook)"},
+    {"add_item", (PyCFunction)Decoder_add_item, METH_VARARGS,
+     "add_item(offset, item): an item of the batches here"},
     {"set_hooks", (PyCFunction)Decoder_set_hooks, METH_VARARGS,
      "set_hooks(after_sync(dec), after_event(dec, event))"},
     {"set_image", (PyCFunction)Decoder_set_image, METH_O,

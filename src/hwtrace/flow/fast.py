@@ -433,10 +433,12 @@ class _Buffer(NamedTuple):
 
 def compiled_batches(core, data, image, config=None, *, decoder="block",
                      resync=False, want_insns=False, max_records=1 << 16,
-                     spaces=None):
+                     spaces=None, space_items=False):
     """The compiled core's batches (see :func:`hwtrace.flow.batches.batches`):
     the same records, items and batch boundaries as the twin's
-    ``python_batches``.  ``spaces``: a :class:`.spaces.SpacePlan`."""
+    ``python_batches``.  ``spaces``: a :class:`.spaces.SpacePlan`;
+    ``space_items``: each address-space switch is a ``SpaceItem`` among
+    the items, where the switcher made it."""
     import numpy as np
 
     from . import batches as B
@@ -451,6 +453,15 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
     dec = core.Decoder(data, image, filler, config_tuple(config), flags,
                        getattr(data, "release_before", None))
     if spaces is not None:
+        if space_items:
+            import dataclasses
+            told = spaces.on_switch
+
+            def on_switch(space, offset):
+                dec.add_item(offset, B.SpaceItem(space, offset))
+                if told is not None:
+                    told(space, offset)
+            spaces = dataclasses.replace(spaces, on_switch=on_switch)
         flow = _CoreFlow(dec, data, config)
         dec.set_hooks(*flow.hooks(spaces.wrap(flow)))
     block_t, insn_t = B.BLOCK, B.INSN

@@ -202,7 +202,7 @@ static int batch_record(void *ctx, const struct rec *r, const uint8_t *insns)
     return 0;
 }
 
-static int batch_item(struct batch_sink *b, ptrdiff_t offset, PyObject *item)
+int batch_add_item(struct batch_sink *b, ptrdiff_t offset, PyObject *item)
 {
     if (!item)
         return -E_PYERR;
@@ -222,7 +222,7 @@ static int batch_event(void *ctx, const struct event *ev, ptrdiff_t offset)
     b->next_event = NULL;
     if (!o)
         o = event_to_py(ev);
-    return batch_item(b, offset, o);
+    return batch_add_item(b, offset, o);
 }
 
 static PyObject *code_obj(int code)
@@ -243,7 +243,7 @@ static PyObject *error_item(int kind, ptrdiff_t offset, uint64_t ip, int code)
 static int batch_error(void *ctx, int kind, ptrdiff_t offset, uint64_t ip,
                        int code)
 {
-    return batch_item(ctx, offset, error_item(kind, offset, ip, code));
+    return batch_add_item(ctx, offset, error_item(kind, offset, ip, code));
 }
 
 static int batch_status(void *ctx, int name, ptrdiff_t offset, int supp)
@@ -254,7 +254,7 @@ static int batch_status(void *ctx, int name, ptrdiff_t offset, int supp)
                                         (Py_ssize_t)offset,
                                         name == S_END_OF_TRACE ? Py_None :
                                         supp ? Py_True : Py_False);
-    return batch_item(ctx, offset, o);
+    return batch_add_item(ctx, offset, o);
 }
 
 static int batch_full(void *ctx)

@@ -52,6 +52,9 @@ struct count_sink {
 
 extern const struct sink_ops BATCH_OPS, COUNT_OPS, EDGE_OPS;
 
+/* an item of the batch at the current record index (steals ``item``) */
+int batch_add_item(struct batch_sink *b, ptrdiff_t offset, PyObject *item);
+
 PyObject *edges_dict(struct edge_table *e);
 
 #endif

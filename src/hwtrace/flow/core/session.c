@@ -293,6 +293,11 @@ static int step_loop(struct session *s)
     return s->block ? step_block(s) : step_insn(s);
 }
 
+int sess_flush(struct session *s)
+{
+    return flush(s);
+}
+
 int sess_run(struct session *s)
 {
     for (;;) {

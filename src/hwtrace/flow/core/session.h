@@ -89,5 +89,8 @@ void sess_init(struct session *s, const uint8_t *buf, ptrdiff_t end,
                int resync);
 void sess_free(struct session *s);
 int sess_run(struct session *s);
+/* hand the open record (the instruction decoder's) to the sink now: an
+ * item from outside the loop (an address-space switch) comes after it */
+int sess_flush(struct session *s);
 
 #endif
