@@ -363,3 +363,37 @@ def test_vm_traces_compiled_batches_are_the_twins():
                 _same(data, image, FlowConfig(strict=strict), decoder)
                 n += 1
     assert n == 4 * len(gens) >= 4 * 168
+
+
+def test_fingerprint_covers_every_source_of_the_core(tmp_path):
+    """One extension from several C files: the staleness fingerprint (the
+    same computation in setup.py and hwtrace._ext) covers _c_flow.c,
+    every file in flow/core/ and the packet header they include, and
+    changes when any of them does; the built core carries it."""
+    import shutil
+    from hwtrace._ext import sources
+    core_mod = fast.CORE or fast._core("compiled")
+    src = Path(fast.__file__).with_name("_c_flow.c")
+    names = {p.relative_to(src.parent.parent).as_posix()
+             for p in sources.inputs(src)}
+    assert {"flow/_c_flow.c", "flow/core/session.c", "flow/core/query.h",
+            "flow/core/walk.c", "pt/_pt_packets.h"} <= names
+    assert [p.name for p in sources.sources(src)][0] == "_c_flow.c"
+    assert len(sources.sources(src)) >= 12
+    assert core_mod.SOURCE_SHA256 == sources.fingerprint(src)
+    # a copy of the package: touching any one file changes the fingerprint
+    pkg = tmp_path / "hwtrace"
+    shutil.copytree(src.parent.parent / "flow", pkg / "flow",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(src.parent.parent / "pt", pkg / "pt",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    copy = pkg / "flow" / "_c_flow.c"
+    base = sources.fingerprint(copy)
+    assert base == sources.fingerprint(src)
+    for rel in ("flow/core/insn.c", "flow/core/block.h", "pt/_pt_packets.h"):
+        f = pkg / rel
+        old = f.read_bytes()
+        f.write_bytes(old + b"\n")
+        assert sources.fingerprint(copy) != base, rel
+        f.write_bytes(old)
+    assert sources.fingerprint(copy) == base
