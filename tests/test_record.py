@@ -6,6 +6,7 @@ images``) with zero errors and exactly ``instructions_observed`` instructions.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -232,7 +233,17 @@ def test_fork_exec(tmp_path, ptoracle, progs, engine):
         man, res = decode_bundle(ptoracle, b)
         procs = [json.loads(x) for x in (b / "sideband.jsonl").read_text().splitlines()
                  if json.loads(x)["type"] == "process"]
-        assert len(procs) == 3 and len({p["cr3"] for p in procs}) == 3
+        # three processes, each with its CR3; the first child's exec of
+        # /bin/true is a record of its own (new comm and executable, later)
+        assert len({p["pid"] for p in procs}) == 3 and len({p["cr3"] for p in procs}) == 3
+        firsts = {}
+        for p in procs:
+            firsts.setdefault(p["pid"], p)
+        (execd,) = [p for p in procs if firsts[p["pid"]] is not p]
+        assert all(p["comm"] == "fe" for p in firsts.values())
+        assert execd["comm"] == "true" and execd["time"] > firsts[execd["pid"]]["time"]
+        assert os.path.realpath(execd["exe"]) == os.path.realpath("/bin/true")
+        procs = list(firsts.values())
         if mode == "thread":
             assert len(man["streams"]) == 3
         else:

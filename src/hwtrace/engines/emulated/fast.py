@@ -55,9 +55,11 @@ def eligible(trace, cfg: TraceConfig) -> bool:
     return True
 
 
-def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict):
+def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict,
+             starts: dict | None = None, execs: dict | None = None):
     """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)},
-    switches, {tid: exit time})."""
+    switches, {tid: exit time}); ``starts`` and ``execs`` (dicts) get what
+    flow.generate's do."""
     exe = binary_path()
     tm = cfg.timing
     with tempfile.TemporaryDirectory(prefix="hwtrace-gen-") as tmp:
@@ -91,4 +93,8 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
                     switches.append(tuple(int(x) for x in w[1:]))
                 elif w[0] == "exit":
                     exits[int(w[1])] = int(w[2])
+                elif w[0] == "start" and starts is not None:
+                    starts[int(w[1])] = int(w[2])
+                elif w[0] == "exec" and execs is not None:
+                    execs.setdefault(int(w[1]), []).append(int(w[2]))
         return streams, switches, exits

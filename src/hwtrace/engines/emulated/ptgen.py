@@ -319,6 +319,30 @@ class Tracer:
                     self._cyc()
                 self._emit(enc.mtc(p & 0xFF))
 
+    def idle_until(self, t: int) -> None:
+        """The processor ran nothing traced until TSC ``t`` (PacketEn is
+        clear: the thread that ran last left user code): its clock jumps
+        there, and as after a wake from a C-state it says so with a TSC
+        packet (and TMA, with MTC on: the decoder's MTC count starts over
+        from it; without TSC, the MTC of the new period).  The cycles not
+        yet reported in a CYC packet are dropped: the TSC supersedes them."""
+        if t <= self.t:
+            return
+        self.t = t
+        if not self.triggered:
+            return
+        self._flush_tnt()
+        self.cyc_acc = 0
+        p = self._art(t) >> self.mtc_freq
+        if self.tsc_en:
+            self._emit(enc.tsc(t & ((1 << 56) - 1)))
+            if self.mtc_en:
+                art = self._art(t)
+                self._emit(enc.tma(art & 0xFFFF, min(t - art * self.ebx // self.eax, 511)))
+        elif self.mtc_en and p != self.mtc_p:
+            self._emit(enc.mtc(p & 0xFF))
+        self.mtc_p = p
+
     def branch(self, kind: int, nlip: int, next_ip: int) -> None:
         """A near branch (or far transfer within user mode) retired and
         execution goes on at ``next_ip``; ``nlip`` is the address after it."""

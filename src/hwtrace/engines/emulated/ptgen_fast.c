@@ -10,8 +10,9 @@
  * BLOCKS: per BLOCK record of LOG, in order, 40 bytes:
  *   u64 pc, u64 last, u64 target, u64 nlip, u32 ninsn, u8 kind, u8[3] pad.
  * CR3FILE: lines "pid cr3".  Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt and
- * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID" and
- * "exit TID T" lines (times on the stream's emulated TSC).
+ * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID",
+ * "start TID T", "exec TID T" (per PROC_EXEC record) and "exit TID T" lines
+ * (times on the emulated TSC: every thread on one clock, as schedule.py).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -241,9 +242,39 @@ static void finish(struct tracer *tr)
     flush_tnt(tr);
 }
 
+/* ptgen.Tracer.idle_until: nothing traced ran until TSC t; the clock jumps
+ * there, said by TSC (+ TMA with MTC; without TSC, the new period's MTC) */
+static void idle_until(struct tracer *tr, uint64_t t)
+{
+    if (t <= tr->t) return;
+    tr->t = t;
+    if (!tr->triggered) return;
+    flush_tnt(tr);
+    tr->cyc_acc = 0;
+    uint64_t p = art(tr, t) >> tr->mtc_freq;
+    if (tr->tsc_en) {
+        unsigned char b[8] = {0x19};
+        uint64_t v = t & ((1ULL << 56) - 1);
+        memcpy(b + 1, &v, 7);
+        emit(tr, b, 8);
+        if (tr->mtc_en) {
+            uint64_t a = art(tr, t);
+            uint64_t fc = t - (uint64_t)((unsigned __int128)a * tr->ebx / tr->eax);
+            if (fc > 511) fc = 511;
+            unsigned char m[7] = {0x02, 0x73, (unsigned char)(a & 0xff), (unsigned char)((a >> 8) & 0xff), 0,
+                                  (unsigned char)(fc & 0xff), (unsigned char)(fc >> 8)};
+            emit(tr, m, 7);
+        }
+    } else if (tr->mtc_en && p != tr->mtc_p) {
+        unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
+        emit(tr, b, 2);
+    }
+    tr->mtc_p = p;
+}
+
 static uint64_t g_ctl, g_t0, g_nom, g_eax, g_ebx; static int g_long_tnt;
 
-static void tracer_init(struct tracer *tr)
+static void tracer_init(struct tracer *tr, uint64_t t0)
 {
     memset(tr, 0, sizeof *tr);
     uint64_t ctl = g_ctl;
@@ -260,7 +291,7 @@ static void tracer_init(struct tracer *tr)
     tr->tnt_max = g_long_tnt ? 47 : 6;
     tr->eax = g_eax; tr->ebx = g_ebx; tr->cbr = g_nom;
     tr->triggered = 1; tr->ctx_ok = 1;
-    tr->t = g_t0;
+    tr->t = t0;
     tr->mtc_p = art(tr, tr->t) >> tr->mtc_freq;
     psb_plus(tr);
 }
@@ -270,6 +301,19 @@ struct table { struct blk **b; uint32_t n; };          /* id -> block */
 struct proc { uint32_t pid; struct table t; int ctx_ok; };
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
 struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0; };
+
+/* A slice (schedule.py): a thread's records from one TIME to the next */
+struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last;
+               size_t start, end; uint64_t h0, h1, first_ip, next_ip; };
+static struct slice *raw; static int nraw, curraw = -1;
+
+static void raw_open(uint32_t tid_i, int seg, size_t start, uint64_t h0)
+{
+    raw = realloc(raw, (nraw + 1) * sizeof *raw);
+    memset(&raw[nraw], 0, sizeof raw[nraw]);
+    raw[nraw].tid_i = tid_i; raw[nraw].seg = seg; raw[nraw].start = start; raw[nraw].h0 = h0;
+    curraw = nraw++;
+}
 
 static struct proc *procs; static int nprocs;
 static struct thread *threads; static int nthreads;
@@ -330,15 +374,6 @@ static size_t rec_size(size_t o)
     case 0x31: return 21;
     }
     return 0;
-}
-
-static int cmp_seg(const void *a, const void *b)
-{
-    const struct seg *x = a, *y = b;
-    if (x->time != y->time) return x->time < y->time ? -1 : 1;
-    uint32_t tx = threads[x->tid_i].tid, ty = threads[y->tid_i].tid;
-    if (tx != ty) return tx < ty ? -1 : 1;
-    return x->index - y->index;
 }
 
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
@@ -424,6 +459,221 @@ static void write_file(const char *dir, const char *name, struct tracer *tr)
     fclose(f);
 }
 
+/* ------------------------------------------------------------ schedule.py */
+static struct slice *sl;
+
+static int cmp_slice(const void *a, const void *b)
+{
+    const struct slice *x = a, *y = b;
+    if (x->h0 != y->h0) return x->h0 < y->h0 ? -1 : 1;
+    if (x->h1 != y->h1) return x->h1 < y->h1 ? -1 : 1;
+    uint32_t tx = threads[x->tid_i].tid, ty = threads[y->tid_i].tid;
+    if (tx != ty) return tx < ty ? -1 : 1;
+    return x->ordinal - y->ordinal;
+}
+
+/* schedule.thread_slices for every thread, then sorted as schedule.slices */
+static int build_slices(void)
+{
+    sl = malloc((nraw ? nraw : 1) * sizeof *sl);
+    int n = 0;
+    int *idx = malloc((nraw ? nraw : 1) * sizeof(int));
+    for (int ti = 0; ti < nthreads; ti++) {
+        int k = 0;
+        for (int i = 0; i < nraw; i++) if ((int)raw[i].tid_i == ti) idx[k++] = i;
+        for (int j = 1; j < k; j++)             /* the host clock never runs back */
+            if (raw[idx[j]].h0 < raw[idx[j - 1]].h0) raw[idx[j]].h0 = raw[idx[j - 1]].h0;
+        int first = n, nxt_has = 0; uint64_t nxt = 0;
+        for (int j = k - 1; j >= 0; j--) {
+            struct slice *r = &raw[idx[j]];
+            if (!r->items) continue;
+            struct slice v = *r;
+            v.ordinal = j;
+            v.h1 = j + 1 < k ? raw[idx[j + 1]].h0 : r->h0;
+            v.next_ip = nxt; v.has_next = nxt_has;
+            v.last = n == first;
+            sl[n++] = v;
+            if (r->has_first) { nxt = r->first_ip; nxt_has = 1; }
+        }
+    }
+    free(idx);
+    qsort(sl, n, sizeof *sl, cmp_slice);
+    return n;
+}
+
+/* schedule.Frontier: a min-heap of (h1, E_end) */
+struct fent { uint64_t h1, e; };
+static struct fent *fh; static int nfh, capfh; static uint64_t fval;
+
+static void fr_add(uint64_t h1, uint64_t e)
+{
+    if (nfh == capfh) { capfh = capfh ? capfh * 2 : 1024; fh = realloc(fh, capfh * sizeof *fh); }
+    int i = nfh++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (fh[p].h1 < h1 || (fh[p].h1 == h1 && fh[p].e <= e)) break;
+        fh[i] = fh[p]; i = p;
+    }
+    fh[i].h1 = h1; fh[i].e = e;
+}
+
+static uint64_t fr_at(uint64_t h0)
+{
+    while (nfh && fh[0].h1 <= h0) {
+        if (fh[0].e > fval) fval = fh[0].e;
+        struct fent last = fh[--nfh];
+        int i = 0;
+        for (;;) {
+            int c = 2 * i + 1;
+            if (c >= nfh) break;
+            if (c + 1 < nfh && (fh[c + 1].h1 < fh[c].h1 || (fh[c + 1].h1 == fh[c].h1 && fh[c + 1].e < fh[c].e))) c++;
+            if (last.h1 < fh[c].h1 || (last.h1 == fh[c].h1 && last.e <= fh[c].e)) break;
+            fh[i] = fh[c]; i = c;
+        }
+        fh[i] = last;
+    }
+    return fval;
+}
+
+static void run_slice(struct thread *th, struct tracer *tr, const struct slice *x)
+{
+    struct seg s = segs[x->seg];
+    s.start = x->start; s.end = x->end;
+    run_seg(th, tr, &s);
+}
+
+/* schedule._catch_up */
+static void catch_up(struct thread *th, struct tracer *tr, const struct slice *x, uint64_t start, int running)
+{
+    if (start <= tr->t) return;
+    if (running && !th->in_kernel)
+        switch_out(th, tr, x->has_first || x->has_next, x->has_first ? x->first_ip : x->next_ip);
+    idle_until(tr, start);
+}
+
+static void ran(FILE *sum, const struct slice *x, struct tracer *tr, int *started)
+{
+    struct thread *th = &threads[x->tid_i];
+    if (!started[x->tid_i]) {
+        started[x->tid_i] = 1;
+        fprintf(sum, "start %u %" PRIu64 "\n", th->tid, tr->t);
+    }
+    for (int i = 0; i < x->execs; i++) fprintf(sum, "exec %u %" PRIu64 "\n", th->tid, tr->t);
+}
+
+/* schedule.run_cpus */
+static void run_cpus(FILE *sum, const char *outdir, int ncpu, int n)
+{
+    for (int si = 0; si < nsegs; si++) segs[si].cpu = segs[si].cpu >= 0 ? segs[si].cpu % ncpu : 0;
+    struct tracer *trs = calloc(ncpu, sizeof *trs);
+    for (int c = 0; c < ncpu; c++) tracer_init(&trs[c], g_t0);
+    fval = g_t0;
+    int *on_tid = malloc(ncpu * sizeof(int)), *on_has = malloc(ncpu * sizeof(int));
+    uint64_t *on_next = malloc(ncpu * sizeof(uint64_t));
+    int *last_tid = malloc(ncpu * sizeof(int));
+    for (int c = 0; c < ncpu; c++) { on_tid[c] = -1; last_tid[c] = -1; }
+    int *where = malloc((nthreads + 1) * sizeof(int)), *started = calloc(nthreads + 1, sizeof(int));
+    uint64_t *own_end = calloc(nthreads + 1, sizeof(uint64_t));
+    for (int i = 0; i < nthreads; i++) where[i] = -1;
+    for (int k = 0; k < n; k++) {
+        struct slice *x = &sl[k];
+        int ti = (int)x->tid_i, cpu = segs[x->seg].cpu;
+        struct thread *th = &threads[ti];
+        struct tracer *tr = &trs[cpu];
+        int prev = on_tid[cpu];
+        if (prev != ti) {
+            if (prev >= 0 && where[prev] == cpu)
+                switch_out(&threads[prev], tr, on_has[cpu], on_next[cpu]);
+            if (where[ti] >= 0 && where[ti] != cpu) {
+                int oc = where[ti];
+                if (on_tid[oc] == ti) {
+                    switch_out(th, &trs[oc], on_has[oc], on_next[oc]);
+                    on_tid[oc] = -1;
+                }
+                if (last_tid[oc] == ti) {   /* it migrated: the CPU it left goes idle */
+                    fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", oc, trs[oc].t,
+                            (long)th->pid, (long)th->tid);
+                    last_tid[oc] = -1;
+                }
+            }
+        }
+        uint64_t start = fr_at(x->h0);
+        if (own_end[ti] > start) start = own_end[ti];
+        if (start > tr->t) {
+            int p = last_tid[cpu];
+            if (p >= 0 && p != ti) {       /* the CPU idles */
+                fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", cpu, tr->t,
+                        (long)threads[p].pid, (long)threads[p].tid);
+                last_tid[cpu] = -1;
+            }
+            catch_up(th, tr, x, start, prev == ti);
+        }
+        if (last_tid[cpu] != ti) {
+            int p = last_tid[cpu];
+            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, tr->t,
+                    p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
+        }
+        last_tid[cpu] = ti;
+        ran(sum, x, tr, started);
+        run_slice(th, tr, x);
+        on_tid[cpu] = ti; on_has[cpu] = x->has_next; on_next[cpu] = x->next_ip;
+        where[ti] = cpu;
+        own_end[ti] = tr->t;
+        fr_add(x->h1, tr->t);
+        if (x->last) {
+            end_thread(th, tr);
+            fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
+            on_tid[cpu] = -1;
+            where[ti] = -1;
+        }
+    }
+    for (int c = 0; c < ncpu; c++) {
+        finish(&trs[c]);
+        char name[64];
+        snprintf(name, sizeof name, "cpu%d.pt", c);
+        write_file(outdir, name, &trs[c]);
+        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
+    }
+}
+
+static void thread_done(FILE *sum, const char *outdir, struct thread *th, struct tracer *tr)
+{
+    finish(tr);
+    fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
+    char name[64];
+    snprintf(name, sizeof name, "tid%u.pt", th->tid);
+    write_file(outdir, name, tr);
+    fprintf(sum, "stream tid %u %" PRIu64 "\n", th->tid, tr->insns);
+    free(tr->buf);
+    tr->buf = NULL;
+}
+
+/* schedule.run_threads: a tracer per thread, begun when the thread begins */
+static void run_threads(FILE *sum, const char *outdir, int n)
+{
+    struct tracer *trs = calloc(nthreads + 1, sizeof *trs);
+    int *begun = calloc(nthreads + 1, sizeof(int)), *started = calloc(nthreads + 1, sizeof(int));
+    fval = g_t0;
+    for (int k = 0; k < n; k++) {
+        struct slice *x = &sl[k];
+        int ti = (int)x->tid_i;
+        struct thread *th = &threads[ti];
+        struct tracer *tr = &trs[ti];
+        uint64_t start = fr_at(x->h0);
+        if (!begun[ti]) { begun[ti] = 1; tracer_init(tr, start); }
+        else catch_up(th, tr, x, start, 1);
+        ran(sum, x, tr, started);
+        run_slice(th, tr, x);
+        fr_add(x->h1, tr->t);
+        if (x->last) {
+            end_thread(th, tr);
+            thread_done(sum, outdir, th, tr);
+        }
+    }
+    for (int ti = 0; ti < nthreads; ti++)
+        if (!begun[ti]) { tracer_init(&trs[ti], g_t0); thread_done(sum, outdir, &threads[ti], &trs[ti]); }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 14) { fprintf(stderr, "usage: see ptgen_fast.c\n"); return 2; }
@@ -471,11 +721,20 @@ int main(int argc, char **argv)
             s->start = o + sz; s->index = threads[ti].nseg++;
             cur_seg = nsegs++;
             proc_of(pid);
+            if (curraw >= 0) raw[curraw].end = o;
+            raw_open((uint32_t)ti, cur_seg, o + sz, last_time);
             break;
         }
         case 0x02:
             last_time = rd64(o + 1);
             if (cur_seg >= 0 && !segs[cur_seg].has_items) segs[cur_seg].time = last_time;
+            if (cur_seg >= 0 && raw[curraw].start == segs[cur_seg].start && !raw[curraw].items) {
+                raw[curraw].h0 = last_time;         /* nothing before the segment's first TIME */
+                raw[curraw].start = o;
+            } else if (cur_seg >= 0) {
+                raw[curraw].end = o;
+                raw_open(segs[cur_seg].tid_i, cur_seg, o, last_time);
+            }
             break;
         case 0x03: {
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
@@ -509,16 +768,25 @@ int main(int argc, char **argv)
         }
         }
         if (cur_seg >= 0) {
+            struct slice *r = &raw[curraw];
             switch (L[o]) {     /* records the Python loader keeps as items */
-            case 0x04: if (rd32(o + 1)) segs[cur_seg].has_items = 1; break;
+            case 0x04: if (rd32(o + 1)) segs[cur_seg].has_items = r->items = 1; break;
             case 0x05: case 0x06: case 0x11: case 0x13: case 0x14:
             case 0x20: case 0x21: case 0x22: case 0x23:
-                segs[cur_seg].has_items = 1; break;
+                segs[cur_seg].has_items = r->items = 1; break;
+            }
+            if (L[o] == 0x13) r->execs++;
+            if (!r->has_first && ((L[o] == 0x04 && rd32(o + 1)) || L[o] == 0x05)) {
+                int pi = proc_of(threads[segs[cur_seg].tid_i].pid);
+                uint32_t id = rd32(o + (L[o] == 0x04 ? 5 : 1));
+                struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
+                if (b) { r->first_ip = b->pc; r->has_first = 1; }
             }
         }
         o += sz;
     }
     if (cur_seg >= 0) segs[cur_seg].end = LN;
+    if (curraw >= 0) raw[curraw].end = LN;
     /* CR3 filter: per-process context */
     FILE *cf = fopen(argv[13], "r");
     unsigned long cpid, ccr3;
@@ -532,100 +800,9 @@ int main(int argc, char **argv)
     char sp[4096];
     snprintf(sp, sizeof sp, "%s/summary.txt", outdir);
     FILE *sum = fopen(sp, "w");
-    if (!cpu_mode) {
-        for (int ti = 0; ti < nthreads; ti++) {
-            struct tracer tr;
-            tracer_init(&tr);
-            for (int si = 0; si < nsegs; si++)
-                if ((int)segs[si].tid_i == ti) run_seg(&threads[ti], &tr, &segs[si]);
-            end_thread(&threads[ti], &tr);
-            finish(&tr);
-            fprintf(sum, "exit %u %" PRIu64 "\n", threads[ti].tid, tr.t);
-            char name[64];
-            snprintf(name, sizeof name, "tid%u.pt", threads[ti].tid);
-            write_file(outdir, name, &tr);
-            fprintf(sum, "stream tid %u %" PRIu64 "\n", threads[ti].tid, tr.insns);
-            free(tr.buf);
-        }
-        fclose(sum);
-        return 0;
-    }
-    /* cpu mode: segments in time order on their CPU */
-    for (int si = 0; si < nsegs; si++) segs[si].cpu = segs[si].cpu >= 0 ? segs[si].cpu % ncpu : 0;
-    /* next segment's first ip per segment, in thread order (before sorting) */
-    uint64_t *next_ip = calloc(nsegs + 1, 8); int *has_next = calloc(nsegs + 1, sizeof(int));
-    int *seg_total = calloc(nthreads, sizeof(int));
-    for (int si = 0; si < nsegs; si++) {
-        for (int sj = si + 1; sj < nsegs; sj++)
-            if (segs[sj].tid_i == segs[si].tid_i) { next_ip[si] = segs[sj].first_ip; has_next[si] = segs[sj].has_first; break; }
-        seg_total[segs[si].tid_i]++;
-    }
-    for (int si = 0; si < nsegs; si++) segs[si].end |= 0; /* keep */
-    /* sort an index array */
-    int *ord = malloc(nsegs * sizeof(int));
-    for (int i = 0; i < nsegs; i++) ord[i] = i;
-    struct seg *base = segs;
-    /* simple insertion-free sort via qsort on copies with their indices */
-    struct sidx { struct seg s; int i; } *tmp = malloc(nsegs * sizeof *tmp);
-    for (int i = 0; i < nsegs; i++) { tmp[i].s = base[i]; tmp[i].i = i; }
-    qsort(tmp, nsegs, sizeof *tmp, cmp_seg);   /* struct seg is the first member */
-    for (int i = 0; i < nsegs; i++) ord[i] = tmp[i].i;
-    free(tmp);
-
-    struct tracer *trs = calloc(ncpu, sizeof *trs);
-    for (int c = 0; c < ncpu; c++) tracer_init(&trs[c]);
-    int *on_tid = malloc(ncpu * sizeof(int)), *on_idx = malloc(ncpu * sizeof(int)), *on_seg = malloc(ncpu * sizeof(int));
-    int *last_tid = malloc(ncpu * sizeof(int));
-    for (int c = 0; c < ncpu; c++) { on_tid[c] = -1; last_tid[c] = -1; }
-    int *where = malloc(nthreads * sizeof(int));
-    for (int i = 0; i < nthreads; i++) where[i] = -1;
-    for (int k = 0; k < nsegs; k++) {
-        int si = ord[k];
-        struct seg *s = &segs[si];
-        int ti = (int)s->tid_i, cpu = s->cpu;
-        struct thread *th = &threads[ti];
-        struct tracer *tr = &trs[cpu];
-        if (!(on_tid[cpu] == ti && on_idx[cpu] == s->index - 1)) {
-            if (on_tid[cpu] >= 0) {
-                int pt = on_tid[cpu];
-                if (where[pt] == cpu) switch_out(&threads[pt], tr, has_next[on_seg[cpu]], next_ip[on_seg[cpu]]);
-            }
-            if (where[ti] >= 0 && where[ti] != cpu) {
-                int oc = where[ti];
-                if (on_tid[oc] == ti) {
-                    switch_out(th, &trs[oc], has_next[on_seg[oc]], next_ip[on_seg[oc]]);
-                    on_tid[oc] = -1;
-                }
-                if (last_tid[oc] == ti) {   /* it migrated: the CPU it left goes idle */
-                    fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", oc, trs[oc].t,
-                            (long)th->pid, (long)th->tid);
-                    last_tid[oc] = -1;
-                }
-            }
-        }
-        if (last_tid[cpu] != ti) {
-            int p = last_tid[cpu];
-            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, tr->t,
-                    p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
-        }
-        last_tid[cpu] = ti;
-        run_seg(th, tr, s);
-        on_tid[cpu] = ti; on_idx[cpu] = s->index; on_seg[cpu] = si;
-        where[ti] = cpu;
-        if (s->index + 1 == seg_total[ti]) {
-            end_thread(th, tr);
-            fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
-            on_tid[cpu] = -1;
-            where[ti] = -1;
-        }
-    }
-    for (int c = 0; c < ncpu; c++) {
-        finish(&trs[c]);
-        char name[64];
-        snprintf(name, sizeof name, "cpu%d.pt", c);
-        write_file(outdir, name, &trs[c]);
-        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
-    }
+    int nsl = build_slices();
+    if (cpu_mode) run_cpus(sum, outdir, ncpu, nsl);
+    else run_threads(sum, outdir, nsl);
     fclose(sum);
     return 0;
 }
