@@ -163,17 +163,13 @@ def lives(trace, starts: dict, exec_times: dict, root_exe: str = "") -> list[Lif
             comm, exe = at[-1].comm, at[-1].exe
         else:
             exe = root_exe if not parent else ""
-            exe = exe or main_executable(trace, pid, 0) or main_executable(trace, pid)
+            exe = exe or main_executable(trace, pid)
             comm = os.path.basename(exe)[:15]
         lst = out[pid] = [Life(pid, 0, t, comm, exe, ppid)]
         epoch = 0
         for when, rec in sorted(events.get(pid, ()), key=lambda e: e[0]):
-            if rec.followed:
-                epoch += 1
-                exe = main_executable(trace, pid, epoch) or rec.path
-            else:
-                exe = rec.path
-            lst.append(Life(pid, epoch, when, os.path.basename(rec.path)[:15], exe, ppid,
+            epoch += 1 if rec.followed else 0
+            lst.append(Life(pid, epoch, when, os.path.basename(rec.path)[:15], rec.path, ppid,
                             rec.followed))
         return lst
 
@@ -241,19 +237,14 @@ def file_mappings(trace, vdso_build_id: str | None = None, lives_=None) -> list[
     return out
 
 
-def main_executable(trace, pid: int, epoch: int | None = None) -> str:
-    """The program a process runs (its first non-loader file mapping; of
-    image ``epoch`` if given: 0 is the one it started with, inherited from
-    its parent when it mapped none itself)."""
-    epochs = trace.mmap_epochs or [0] * len(trace.mmaps)
+def main_executable(trace, pid: int) -> str:
+    """The program a process started with (its first non-loader file
+    mapping, or its parent's)."""
     p = pid
     for _ in range(64):
-        for m, e in zip(trace.mmaps, epochs):
-            if m.pid == p and m.path.startswith("/") and "/ld-linux" not in m.path and \
-                    (epoch is None or e == epoch):
+        for m in trace.mmaps:
+            if m.pid == p and m.path.startswith("/") and "/ld-linux" not in m.path:
                 return m.path
-        if epoch not in (None, 0):
-            return ""
         p = trace.processes.get(p, {}).get("ppid", 0)
         if not p:
             break

@@ -322,9 +322,10 @@ class Tracer:
     def idle_until(self, t: int) -> None:
         """The processor ran nothing traced until TSC ``t`` (PacketEn is
         clear: the thread that ran last left user code): its clock jumps
-        there, and as after a wake from a C-state it says so with a TSC
-        packet (and TMA, with MTC on: the decoder's MTC count starts over
-        from it; without TSC, the MTC of the new period).  The cycles not
+        there, and as after a wake from a C-state (or, for a thread's own
+        stream, TraceEn set again when it is scheduled in) it says so with
+        TSC, TMA (with MTC on: the decoder's MTC count starts over from it)
+        and CBR packets (without TSC, the MTC of the new period).  The cycles not
         yet reported in a CYC packet are dropped: the TSC supersedes them."""
         if t <= self.t:
             return
@@ -341,6 +342,7 @@ class Tracer:
                 self._emit(enc.tma(art & 0xFFFF, min(t - art * self.ebx // self.eax, 511)))
         elif self.mtc_en and p != self.mtc_p:
             self._emit(enc.mtc(p & 0xFF))
+        self._emit(enc.cbr(self.cbr))
         self.mtc_p = p
 
     def branch(self, kind: int, nlip: int, next_ip: int) -> None:

@@ -243,7 +243,7 @@ static void finish(struct tracer *tr)
 }
 
 /* ptgen.Tracer.idle_until: nothing traced ran until TSC t; the clock jumps
- * there, said by TSC (+ TMA with MTC; without TSC, the new period's MTC) */
+ * there, said by TSC (+ TMA with MTC; without TSC, the new period's MTC), CBR */
 static void idle_until(struct tracer *tr, uint64_t t)
 {
     if (t <= tr->t) return;
@@ -269,6 +269,8 @@ static void idle_until(struct tracer *tr, uint64_t t)
         unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
         emit(tr, b, 2);
     }
+    unsigned char c[4] = {0x02, 0x03, (unsigned char)tr->cbr, 0};
+    emit(tr, c, 4);
     tr->mtc_p = p;
 }
 

@@ -38,7 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,6 +141,7 @@ static uint32_t pid;
 static uint32_t parent_pid;
 static uint32_t cloning_tid;            /* last thread that called clone(CLONE_VM) */
 static bool proc_started;
+static bool cont_thread;                /* an exec'd image: its first thread is the one that exec'd */
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
@@ -275,6 +278,10 @@ static struct tbuf *new_buf(void)
     map_buf(b);
     begin_chunk(b);
     pthread_mutex_lock(&lock);
+    if (cont_thread && b->tid == pid) {
+        cont_thread = false;
+        b->started = true;      /* the thread that exec'd goes on */
+    }
     put_event_header(b);
     b->next = all_bufs;
     all_bufs = b;
@@ -470,11 +477,285 @@ static bool clone_is_thread(int64_t num, uint64_t a1)
     return false;
 }
 
+/* ---- following execve: the new image runs under QEMU with this plugin ----
+ *
+ * qemu-user executes a guest's execve natively (no binfmt_misc here), so
+ * the new program would leave the trace.  Instead, at the execve entry the
+ * plugin checks the target as the kernel would (a regular executable
+ * x86-64 ELF file, or a "#!" script whose interpreter is one; not set-id),
+ * logs PROC_EXEC (followed=1, the absolute path) and replaces the process
+ * itself: execve(qemu, [its own options, -plugin THIS,ARGS,cont=NEXT_ID,
+ * -0 ARGV0, --, TARGET, ARGV[1..]], the guest's environment).  Same pid,
+ * same thread; the new plugin instance appends to LOG (cont=: no header,
+ * block ids go on from NEXT_ID, no PROC_START/THREAD_START: the process and
+ * thread go on).  The guest's LD_* variables are handed to the guest with
+ * -E (they must not change how the host's qemu itself is loaded).  Any
+ * other target (a 32-bit program, an unreadable file, a failed lookup) is
+ * left to QEMU: PROC_EXEC followed=0, and a SYSRET after it if it failed. */
+static int plugin_argc;
+static char **plugin_argv;             /* this instance's install arguments */
+static uint32_t cont_id;               /* cont=N: this instance continues an exec'd process */
+
+static size_t read_guest_str(uint64_t addr, char *dst, size_t cap)
+{
+    size_t got = 0;
+    while (got + 1 < cap) {
+        size_t want = cap - 1 - got < 256 ? cap - 1 - got : 256;
+        size_t r = read_guest(addr + got, dst + got, want);
+        if (r == 0)
+            return (size_t)-1;
+        char *z = memchr(dst + got, 0, r);
+        if (z)
+            return (size_t)(z - dst);
+        got += r;
+    }
+    return (size_t)-1;
+}
+
+/* The guest's NULL-terminated string array at addr (malloc'd, NULL on error). */
+static char **read_guest_vec(uint64_t addr, size_t *count)
+{
+    size_t n = 0, cap = 16;
+    char **v = malloc(cap * sizeof *v);
+    for (;; n++) {
+        uint64_t p = 0;
+        if (n > 65536 || read_guest(addr + 8 * n, &p, 8) != 8)
+            goto bad;
+        if (n + 2 > cap) {
+            cap *= 2;
+            v = realloc(v, cap * sizeof *v);
+        }
+        if (!p)
+            break;
+        char *s = malloc(131072);
+        size_t len = read_guest_str(p, s, 131072);
+        if (len == (size_t)-1) {
+            free(s);
+            goto bad;
+        }
+        v[n] = s;
+    }
+    v[n] = NULL;
+    *count = n;
+    return v;
+bad:
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+    return NULL;
+}
+
+static bool x86_64_elf(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & (S_ISUID | S_ISGID)) ||
+        access(path, X_OK) != 0)
+        return false;
+    unsigned char h[20];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t r = read(fd, h, sizeof h);
+    close(fd);
+    return r == (ssize_t)sizeof h && memcmp(h, "\x7f" "ELF", 4) == 0 && h[4] == 2 && h[5] == 1 &&
+           (h[16] == 2 || h[16] == 3) && h[17] == 0 && h[18] == 62 && h[19] == 0;
+}
+
+/* The interpreter line of a "#!" script: interp and its one optional
+ * argument (arg[0] = 0 if none); false if path is not such a script. */
+static bool script_interp(const char *path, char *interp, char *arg, size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & (S_ISUID | S_ISGID)) ||
+        access(path, X_OK) != 0)
+        return false;
+    char line[256];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t r = read(fd, line, sizeof line - 1);
+    close(fd);
+    if (r < 3 || line[0] != '#' || line[1] != '!')
+        return false;
+    line[r] = 0;
+    char *nl = strchr(line, '\n');
+    if (!nl)
+        return false;
+    *nl = 0;
+    char *p = line + 2;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t n = strcspn(p, " \t");
+    if (!n || n >= cap)
+        return false;
+    memcpy(interp, p, n);
+    interp[n] = 0;
+    p += n;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    size_t m = strlen(p);
+    while (m && (p[m - 1] == ' ' || p[m - 1] == '\t'))
+        m--;
+    if (m >= cap)
+        return false;
+    memcpy(arg, p, m);
+    arg[m] = 0;
+    return true;
+}
+
+/* The command line that runs target under QEMU with this plugin, or NULL. */
+static char **exec_command(const char *target, char **gargv, size_t gargc, char **genv,
+                           char ***qenv_out)
+{
+    char interp[4096], iarg[4096];
+    bool script = false;
+    if (!x86_64_elf(target)) {
+        if (!script_interp(target, interp, iarg, sizeof interp) || !x86_64_elf(interp))
+            return NULL;
+        script = true;
+    }
+    /* our own command line: QEMU's options up to "--" (qemu.py's layout) */
+    static char cmd[65536];
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    ssize_t len = fd < 0 ? -1 : read(fd, cmd, sizeof cmd - 1);
+    if (fd >= 0)
+        close(fd);
+    if (len <= 0 || len >= (ssize_t)sizeof cmd - 1)
+        return NULL;
+    cmd[len] = 0;
+    size_t nopt = 0;
+    char *opts[256];
+    for (char *p = cmd; p < cmd + len && nopt < 255; p += strlen(p) + 1) {
+        if (strcmp(p, "--") == 0)
+            break;
+        opts[nopt++] = p;
+    }
+    if (nopt < 3)
+        return NULL;
+    static char qemu_exe[4096];
+    ssize_t k = readlink("/proc/self/exe", qemu_exe, sizeof qemu_exe - 1);
+    if (k <= 0)
+        return NULL;
+    qemu_exe[k] = 0;
+    size_t n = 0, cap = nopt + gargc + 16;
+    char **v = calloc(cap, sizeof *v);
+    v[n++] = qemu_exe;
+    static char plug[16384];
+    for (size_t i = 1; i < nopt; i++) {
+        if (strcmp(opts[i], "-0") == 0 && i + 1 < nopt) {
+            i++;                        /* argv[0] is the guest's now */
+            continue;
+        }
+        if (strcmp(opts[i], "-plugin") == 0 && i + 1 < nopt) {
+            /* this plugin, with its arguments (but cont=) and cont=NEXT_ID */
+            const char *so = opts[i + 1];
+            size_t sl = strcspn(so, ",");
+            int w = snprintf(plug, sizeof plug, "%.*s", (int)sl, so);
+            for (int a = 0; a < plugin_argc && w > 0 && w < (int)sizeof plug; a++)
+                if (strncmp(plugin_argv[a], "cont=", 5) != 0)
+                    w += snprintf(plug + w, sizeof plug - (size_t)w, ",%s", plugin_argv[a]);
+            if (w <= 0 || w >= (int)sizeof plug - 32)
+                return NULL;
+            snprintf(plug + w, sizeof plug - (size_t)w, ",cont=%" PRIu32, next_id);
+            v[n++] = opts[i];
+            v[n++] = plug;
+            i++;
+            continue;
+        }
+        v[n++] = opts[i];
+    }
+    /* LD_* of the guest: for the guest only */
+    size_t ne = 0;
+    while (genv[ne])
+        ne++;
+    char **qenv = calloc(ne + 1, sizeof *qenv);
+    size_t nq = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (strncmp(genv[i], "LD_", 3) == 0) {
+            if (strchr(genv[i], ',') || n + 4 >= cap)
+                return NULL;            /* -E can't carry it */
+            v[n++] = "-E";
+            v[n++] = genv[i];
+        } else {
+            qenv[nq++] = genv[i];
+        }
+    }
+    qenv[nq] = NULL;
+    *qenv_out = qenv;
+    static char a0[4096];
+    if (!script) {
+        snprintf(a0, sizeof a0, "%s", gargc ? gargv[0] : target);
+        v[n++] = "-0";
+        v[n++] = a0;
+    }
+    v[n++] = "--";
+    if (script) {
+        static char si[4096], sa[4096];
+        snprintf(si, sizeof si, "%s", interp);
+        snprintf(sa, sizeof sa, "%s", iarg);
+        v = realloc(v, (cap + 3) * sizeof *v);
+        v[n++] = si;
+        if (sa[0])
+            v[n++] = sa;
+    }
+    v[n++] = (char *)target;
+    for (size_t i = 1; i < gargc; i++)
+        v[n++] = gargv[i];
+    v[n] = NULL;
+    return v;
+}
+
+/* At an execve entry: log it, and (if the target can run under QEMU)
+ * become QEMU running it; back here only if that can't be done. */
+static void follow_exec(struct tbuf *b, int64_t num, uint64_t a1, uint64_t a2, uint64_t a3,
+                        uint64_t a4, uint64_t a5)
+{
+    char path[4096], real[PATH_MAX];
+    const uint64_t at_fdcwd = (uint64_t)(int64_t)-100;
+    uint64_t pa = num == NR_EXECVE ? a1 : a2, av = num == NR_EXECVE ? a2 : a3,
+             ev = num == NR_EXECVE ? a3 : a4;
+    size_t got = read_guest_str(pa, path, sizeof path);
+    if (got == (size_t)-1)
+        got = 0;
+    path[got] = 0;
+    char **cmd = NULL, **qenv = NULL, **gargv = NULL, **genv = NULL;
+    size_t gargc = 0, genc = 0;
+    bool plain = num == NR_EXECVE || ((a1 == at_fdcwd || path[0] == '/') && !(a5 & 0x1000));
+    if (got && plain && realpath(path, real)) {
+        gargv = read_guest_vec(av, &gargc);
+        genv = read_guest_vec(ev, &genc);
+        if (gargv && genv)
+            cmd = exec_command(real, gargv, gargc, genv, &qenv);
+    }
+    const char *logged = cmd ? real : path;
+    uint16_t len = (uint16_t)strnlen(logged, 4000);
+    if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    }
+    unsigned char *p = b->data + b->pos;
+    *p++ = T_PROC_EXEC;
+    *p++ = cmd ? 1 : 0;
+    put(&p, &len, 2);
+    put(&p, logged, len);
+    b->pos = (size_t)(p - b->data);
+    commit(b);
+    /* Other threads' buffers are theirs to touch: only ours is flushed. */
+    pthread_mutex_lock(&lock);
+    flush_locked(b);
+    pthread_mutex_unlock(&lock);
+    if (cmd) {
+        execve(cmd[0], cmd, qenv);
+        /* not replaced: QEMU runs the guest's execve (it fails the same way) */
+    }
+}
+
 static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
                        uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
                        uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
 {
-    (void)id; (void)vcpu; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
+    (void)id; (void)vcpu; (void)a6; (void)a7; (void)a8;
     struct tbuf *b = event_buf();
     unsigned char *p = b->data + b->pos;
     uint64_t nr = (uint64_t)num;
@@ -526,28 +807,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         flush_locked(b);
         pthread_mutex_unlock(&lock);
     } else if (num == NR_EXECVE || num == NR_EXECVEAT) {
-        /* qemu-user execs the new image natively: it leaves the trace. */
-        char path[4096];
-        uint64_t pa = num == NR_EXECVE ? a1 : a2;
-        size_t got = read_guest(pa, path, sizeof path - 1);
-        path[got] = 0;
-        uint16_t len = (uint16_t)strnlen(path, got);
-        if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
-            pthread_mutex_lock(&lock);
-            flush_locked(b);
-            pthread_mutex_unlock(&lock);
-        }
-        p = b->data + b->pos;
-        *p++ = T_PROC_EXEC;
-        *p++ = 0;
-        put(&p, &len, 2);
-        put(&p, path, len);
-        b->pos = (size_t)(p - b->data);
-        commit(b);
-        /* Other threads' buffers are theirs to touch: only ours is flushed. */
-        pthread_mutex_lock(&lock);
-        flush_locked(b);
-        pthread_mutex_unlock(&lock);
+        follow_exec(b, num, a1, a2, a3, a4, a5);
     } else if (num == NR_KILL || num == NR_TKILL || num == NR_TGKILL ||
                num == NR_RT_SIGQUEUEINFO || num == NR_RT_TGSIGQUEUEINFO) {
         /* The signal may kill this process without an exit: what this
@@ -631,6 +891,18 @@ static uint64_t calibrate_tsc_hz(void)
     return (uint64_t)((double)(c1 - c0) * 1e9 / ns);
 }
 
+/* Keep the install arguments (for an exec'd image's plugin) and cont=. */
+static void exec_args(int argc, char **argv)
+{
+    plugin_argc = argc;
+    plugin_argv = calloc((size_t)argc + 1, sizeof *plugin_argv);
+    for (int i = 0; i < argc; i++) {
+        plugin_argv[i] = strdup(argv[i]);
+        if (strncmp(argv[i], "cont=", 5) == 0)
+            cont_id = (uint32_t)strtoul(argv[i] + 5, NULL, 10);
+    }
+}
+
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
                                            int argc, char **argv)
 {
@@ -646,7 +918,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         fprintf(stderr, "hwtrace plugin: target %s is not x86_64\n", info->target_name);
         return -1;
     }
-    out_fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    exec_args(argc, argv);
+    out_fd = open(out, O_WRONLY | O_CREAT | (cont_id ? 0 : O_TRUNC) | O_APPEND | O_CLOEXEC, 0644);
     if (out_fd < 0) {
         fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
         return -1;
@@ -655,10 +928,16 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
     if (!out_path)
         out_path = strdup(out);
     pid = (uint32_t)getpid();
-    unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
-    uint64_t hz = calibrate_tsc_hz();
-    memcpy(hdr + 16, &hz, 8);
-    write_all(hdr, sizeof hdr);
+    if (cont_id) {              /* an exec'd image of a process already in LOG */
+        next_id = cont_id;
+        proc_started = true;
+        cont_thread = true;
+    } else {
+        unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
+        uint64_t hz = calibrate_tsc_hz();
+        memcpy(hdr + 16, &hz, 8);
+        write_all(hdr, sizeof hdr);
+    }
 
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_trans);
     qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);
