@@ -150,10 +150,10 @@ def _entries(space) -> set[int]:
     """Where the space's program starts: the entry of every ELF file it maps
     at offset 0 (the dynamic loader's, or a static program's own)."""
     import struct
+
+    from hwtrace.engines.emulated.images import load_segments
     out = set()
     for m in space.mappings:
-        if m.offset:
-            continue
         try:
             with open(m.path, "rb") as f:
                 h = f.read(64)
@@ -163,8 +163,13 @@ def _entries(space) -> set[int]:
             continue
         etype, = struct.unpack_from("<H", h, 16)
         entry, = struct.unpack_from("<Q", h, 24)
-        if entry:
-            out.add(m.start + entry if etype == 3 else entry)
+        if not entry or etype != 3:
+            if entry:
+                out.add(entry)
+            continue
+        for off, size, va in load_segments(m.path):     # where its vaddr 0 is
+            if off <= m.offset < off + max(size, 1):
+                out.add(m.start - (va + m.offset - off) + entry)
     return out
 
 
