@@ -37,6 +37,8 @@ interrupted code restores the depth it had.
 
 * ``close(th)``: the source ended the window (the stepper's return-address
   and stack-pointer match); ``gap(th)``: continuity lost.
+* ``snapshot(th)`` at a fork, ``inherit(child, snapshot)`` for the child's
+  thread: a process forked inside a window is inside it too.
 
 Finished records accumulate in ``tracker.out`` (a list the source drains).
 """
@@ -188,6 +190,19 @@ class Tracker:
         th.exit = "start"
         th.depth = 0
         th.sig.clear()
+
+    def snapshot(self, th: ThreadState) -> tuple:
+        """The window state a fork would hand on (at the fork syscall)."""
+        return th.on, th.depth, tuple(th.sig)
+
+    def inherit(self, child: ThreadState, snap: tuple) -> None:
+        """``child`` is a forked process's thread: it starts where its parent
+        was (inside the same activations), in the window state of
+        :meth:`snapshot`; its first record is the kernel's return (sysret)."""
+        child.on, child.depth, sig = snap
+        child.sig = list(sig)
+        child.pend_x = None
+        child.exit = "start"
 
     def gap(self, th: ThreadState) -> None:
         th.pend_x = None

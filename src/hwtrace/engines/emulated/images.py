@@ -91,6 +91,28 @@ def load_segments(path: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def interpreter(path: str) -> str:
+    """The dynamic loader an ELF64 program names (PT_INTERP; "" if none)."""
+    try:
+        with open(path, "rb") as f:
+            ehdr = f.read(64)
+            if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
+                return ""
+            phoff, = struct.unpack_from("<Q", ehdr, 32)
+            phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+            f.seek(phoff)
+            phdrs = f.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _flags, off, _va, _pa, filesz = struct.unpack_from(
+                    "<IIQQQQ", phdrs, i * phentsize)
+                if p_type == 3 and filesz < 4096:
+                    f.seek(off)
+                    return f.read(filesz).split(b"\0", 1)[0].decode("utf-8", "replace")
+    except (OSError, struct.error):
+        return ""
+    return ""
+
+
 def load_base(mmaps, path: str) -> int | None:
     """Where ELF virtual address 0 of ``path`` is loaded, from any of its
     mappings (QEMU reports every segment, the stepper only executable ones,
