@@ -167,6 +167,12 @@ class Tracker:
             sig = th.sig
             if sig and sig[-1][0] == to:          # sigreturn to where it hit
                 th.depth = sig.pop()[1]
+            elif ex == "syscall" and sig and th.depth == sig[-1][1]:
+                # the innermost handler returned to its trampoline (the
+                # depth it interrupted), whose only syscall is rt_sigreturn:
+                # a signal pending there is delivered on the way out, and
+                # its handler returns where the first one would have
+                th.depth = sig[-1][1] + 1
             else:                                 # a handler, entered on the way back
                 self._enter_handler(th, at)
         if th.wanted and self.mask.accepts(kind, None, to):
