@@ -44,10 +44,8 @@ EMULATED_CPU = CpuInfo(
     nom_freq=_TIMING.nom_freq, cpuid_0x15_eax=_TIMING.cpuid_15_eax,
     cpuid_0x15_ebx=_TIMING.cpuid_15_ebx,
     timebase="instruction count: TSC starts at the host TSC when the program "
-             "started and advances 1 tick per retired user instruction; all threads "
-             "on one clock: a CPU's (or a thread's) stream that ran nothing jumps to "
-             "when what it runs next began, after everything that ended before that "
-             "by the host clock (TSC, TMA, CBR as after a C-state); "
+             "started and advances 1 tick per retired user instruction, all threads "
+             "on one clock (an idle stream jumps ahead: TSC+TMA+CBR); "
              "core clock = TSC clock; ART = TSC * eax / ebx",
     tsc_hz=0)
 
