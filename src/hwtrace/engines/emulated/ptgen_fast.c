@@ -479,19 +479,26 @@ static int build_slices(void)
 {
     sl = malloc((nraw ? nraw : 1) * sizeof *sl);
     int n = 0;
-    int *idx = malloc((nraw ? nraw : 1) * sizeof(int));
+    /* each thread's raw slices, in log order (a counting sort by thread) */
+    int *idx = malloc((nraw ? nraw : 1) * sizeof(int)), *at = calloc(nthreads + 1, sizeof(int));
+    for (int i = 0; i < nraw; i++) at[raw[i].tid_i + 1]++;
+    for (int ti = 0; ti < nthreads; ti++) at[ti + 1] += at[ti];
+    int *fill = malloc((nthreads + 1) * sizeof(int));
+    memcpy(fill, at, (nthreads + 1) * sizeof(int));
+    for (int i = 0; i < nraw; i++) idx[fill[raw[i].tid_i]++] = i;
+    free(fill);
     for (int ti = 0; ti < nthreads; ti++) {
-        int k = 0;
-        for (int i = 0; i < nraw; i++) if ((int)raw[i].tid_i == ti) idx[k++] = i;
+        int k = at[ti + 1] - at[ti];
+        int *mine = idx + at[ti];
         for (int j = 1; j < k; j++)             /* the host clock never runs back */
-            if (raw[idx[j]].h0 < raw[idx[j - 1]].h0) raw[idx[j]].h0 = raw[idx[j - 1]].h0;
+            if (raw[mine[j]].h0 < raw[mine[j - 1]].h0) raw[mine[j]].h0 = raw[mine[j - 1]].h0;
         int first = n, nxt_has = 0; uint64_t nxt = 0;
         for (int j = k - 1; j >= 0; j--) {
-            struct slice *r = &raw[idx[j]];
+            struct slice *r = &raw[mine[j]];
             if (!r->items) continue;
             struct slice v = *r;
             v.ordinal = j;
-            v.h1 = j + 1 < k ? raw[idx[j + 1]].h0 : r->h0;
+            v.h1 = j + 1 < k ? raw[mine[j + 1]].h0 : r->h0;
             v.next_ip = nxt; v.has_next = nxt_has;
             v.last = n == first;
             sl[n++] = v;
@@ -499,6 +506,7 @@ static int build_slices(void)
         }
     }
     free(idx);
+    free(at);
     qsort(sl, n, sizeof *sl, cmp_slice);
     return n;
 }
