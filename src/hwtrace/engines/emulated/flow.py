@@ -82,6 +82,7 @@ class BlockInfo(NamedTuple):
     kind: int       # its kind (ptgen.K_*)
     target: int     # its direct target (0 if none)
     nlip: int       # the address after it
+    sizes: bytes = b""  # instruction lengths (the first ninsn count): where PSB+ can go
 
 
 def _complete(code: bytes) -> bool:
@@ -94,7 +95,7 @@ def _complete(code: bytes) -> bool:
 def _before_fault(b: BlockInfo) -> BlockInfo:
     """The part of ``b`` that retired when its last instruction faulted:
     a plain run whose next instruction is the faulting one."""
-    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last)
+    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last, b.sizes)
 
 
 def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
@@ -114,6 +115,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         sizes = sizes[:-1]
     out = []
     start = pc
+    first = 0
     n = 0
     off = 0
     ip = pc
@@ -125,7 +127,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
             addrs.append(ip)
             ip += sz
         kind, target = classify(addrs[-1], code[len(code) - sizes[-1]:])
-        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip)
+        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip, bytes(sizes))
         if kind == K_FAULT:
             b, addrs = _before_fault(b), addrs[:-1]
         if starts is not None:
@@ -138,7 +140,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         insn = code[off:off + sz]
         kind, target = classify(ip, insn)
         if i == last or (kind != K_OTHER and kind != K_REP):
-            b = BlockInfo(start, n, ip, kind, target, ip + sz)
+            b = BlockInfo(start, n, ip, kind, target, ip + sz, bytes(sizes[first:i + 1]))
             if kind == K_FAULT:
                 b, addrs = _before_fault(b), addrs[:-1]
             out.append(b)
@@ -146,6 +148,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
                 starts[b] = tuple(addrs)
             addrs = []
             start = ip + sz
+            first = i + 1
             n = 0
         off += sz
         ip += sz
@@ -272,7 +275,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
                     seg.items.append(b)
                 else:
                     # the cut instruction never retired: a plain run
-                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0))
+                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0, b.sizes))
                 left -= b.ninsn
         elif t is xl.ProcStart:
             p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
@@ -417,7 +420,7 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
                 and starts and ip in starts.get(prev, ()):
             # a fault: the instructions from ip on never retired
             n = starts[prev].index(ip)
-            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip)
+            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip, prev.sizes)
         if not ip:
             k = prev.kind
             ip = prev.target if k in (K_JMP, K_CALL) else prev.nlip
@@ -465,6 +468,7 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
         return i
     bits, nb, tnt_max = tr.tnt_bits, tr.tnt_n, tr.tnt_max
     insns, t, cyc = tr.insns, tr.t, tr.cyc_acc
+    psb_at = tr.psb_at
     rs = tr.retstack
     retc = tr.retc
     period = tr.psb_period
@@ -527,17 +531,24 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
             bits, nb = 0, 0
         else:
             break
-        if tr.since_psb >= period:
-            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
-            tr.boundary(pc)
-            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
         n = b.ninsn
-        insns += n
-        t += n
-        cyc += n
+        if psb_at < 0 and tr.since_psb >= period:
+            psb_at = t + 1          # see Tracer.run
+        if 0 <= psb_at < t + n:
+            # PSB+ is due inside (or at the start of) this run
+            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+            tr.psb_at = psb_at
+            tr.run(pc, n, b.sizes)
+            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
+            psb_at = tr.psb_at
+        else:
+            insns += n
+            t += n
+            cyc += n
         pending = b
         i += 1
     tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+    tr.psb_at = psb_at
     tr.cur_ip = pending.nlip
     st.pending = pending
     return i
@@ -580,9 +591,10 @@ def _run_one(st: _ThreadState, tr: Tracer, b) -> None:
                 _interrupted(tr, pc, pc)
             else:
                 branch(k, pending.nlip, pc)
-        if n:
-            tr.boundary(pc)
-            tr.retire(n)
+        if n == b.ninsn:
+            tr.run(pc, n, b.sizes)
+        elif n:     # after the rep instruction that went on
+            tr.run(pc + b.sizes[0], n, b.sizes, 1)
         pending = b
     else:
         t = type(b)

@@ -38,6 +38,7 @@ struct tracer {
     uint64_t last_ip, tnt_bits; int tnt_n;
     uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
     uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+    int psb_due; uint64_t psb_at;       /* PSB+ due where t reaches psb_at */
 };
 
 static void emit(struct tracer *tr, const void *p, size_t n)
@@ -136,6 +137,7 @@ static void psb_plus(struct tracer *tr)
     flush_tnt(tr);
     emit(tr, PSB, 16);
     tr->since_psb = 0;
+    tr->psb_due = 0;
     tr->have_last = 0;
     rs_clear(tr);
     tr->mode_sent = 0;
@@ -195,12 +197,6 @@ static void leave_async(struct tracer *tr, uint64_t next_ip)
     tr->in_user = 0; tr->pkt_en = 0;
 }
 
-static void boundary(struct tracer *tr, uint64_t next_ip)
-{
-    tr->cur_ip = next_ip;
-    if (tr->since_psb >= tr->psb_period && tr->triggered) psb_plus(tr);
-}
-
 static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
@@ -216,6 +212,32 @@ static void retire(struct tracer *tr, uint64_t n)
             emit(tr, b, 2);
         }
     }
+}
+
+/* ptgen.Tracer.run: n instructions of a straight-line run retire, the
+ * first at ip, their lengths in sizes; PSB+ where it is due (one retired
+ * instruction after PacketByteCnt reached the period), mid-block included */
+static void run_insns(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned char *sizes)
+{
+    for (;;) {
+        if (!tr->psb_due) {
+            if (tr->since_psb < tr->psb_period || !tr->triggered) break;
+            tr->psb_due = 1;
+            tr->psb_at = tr->t + 1;
+        }
+        uint64_t j = tr->psb_at > tr->t ? tr->psb_at - tr->t : 0;
+        if (j >= n || !tr->triggered) break;
+        if (j) {
+            retire(tr, j);
+            for (uint64_t k = 0; k < j; k++) ip += sizes[k];
+            sizes += j;
+            n -= j;
+        }
+        tr->cur_ip = ip;
+        psb_plus(tr);
+    }
+    tr->cur_ip = ip;
+    if (n) retire(tr, n);
 }
 
 static void branch(struct tracer *tr, int kind, uint64_t nlip, uint64_t next_ip)
@@ -307,6 +329,8 @@ static void table_set(struct table *t, uint32_t id, struct blk *b)
 }
 
 static const unsigned char *L; static size_t LN;
+static struct blk *blocks;                      /* the BLOCKS file */
+static const unsigned char **blk_sizes;         /* per block: its sizes[] in L */
 static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
 static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
 
@@ -368,7 +392,9 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
                     } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
                     else branch(tr, kd, pending->nlip, pc);
                 }
-                if (cnt) { boundary(tr, pc); retire(tr, cnt); }
+                const unsigned char *sz = blk_sizes[b - blocks];
+                if (cnt == b->ninsn) run_insns(tr, pc, cnt, sz);
+                else if (cnt) run_insns(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
                 pending = b;
             }
         } else if (L[o] == 0x20) {
@@ -446,7 +472,8 @@ int main(int argc, char **argv)
     fseek(bf, 0, SEEK_END);
     long nb = ftell(bf) / (long)sizeof(struct blk);
     fseek(bf, 0, SEEK_SET);
-    struct blk *blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blk_sizes = malloc((nb ? nb : 1) * sizeof *blk_sizes);
     if (nb && fread(blocks, sizeof *blocks, nb, bf) != (size_t)nb) { perror("blocks"); return 1; }
     fclose(bf);
 
@@ -481,6 +508,7 @@ int main(int argc, char **argv)
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
             if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
             int pi = proc_of(pid);
+            blk_sizes[bi] = L + o + 21;
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
         }
