@@ -48,8 +48,11 @@ type  name        payload
 0x04  EXEC        u32 n, u32 ids[n]: the current thread executed these
                   blocks, every instruction of each, in this order.
 0x05  EXEC_PART   u32 id, u16 count: the current thread executed only the
-                  first ``count`` instructions of block ``id`` (the next
-                  one faulted: a SIGNAL record with async=0 follows).
+                  first ``count`` instructions of block ``id``: the next
+                  one faulted (a SIGNAL record with async=0 may follow; a
+                  source that sees no signals, like QEMU, writes none), or
+                  the thread's log ends here (it died or was stopped
+                  before that instruction retired).
 0x06  INSN        u64 pc, u8 size, u8 code[size]: the current thread
                   executed this one instruction (a source that sees single
                   instructions, like a stepper, may use this instead of

@@ -199,6 +199,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     "multi")."""
     order_blocks: list = []
     features: set = set()
+    cuts: set = set()           # id() of the runs EXEC_PART cut short
     starts: dict = {}           # BlockInfo -> its instruction addresses
     sync_handlers: dict = {}    # pid -> handlers of fault signals
     header, off = xl.parse_header(data)
@@ -267,16 +268,25 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             if blocks is None:
                 raise xl.ExecLogError("execution log: EXEC_PART of an undefined block")
             blocks = blocks if type(blocks) is tuple else (blocks,)
+            if index_only:
+                if not seg.busy:
+                    seg.busy = True
+                    seg.first_ip = blocks[0].pc
+                continue
             left = r.count
             for b in blocks:
-                if left <= 0:
-                    break
-                if b.ninsn <= left:
+                if left >= b.ninsn:
                     seg.items.append(b)
-                else:
-                    # the cut instruction never retired: a plain run
-                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0, b.sizes))
-                left -= b.ninsn
+                    left -= b.ninsn
+                    continue
+                # the next instruction never retired (it faulted, or the
+                # thread stopped before it): a plain run up to it, maybe empty
+                nlip = b.pc + sum(b.sizes[:left])
+                cut = BlockInfo(b.pc, left, nlip - b.sizes[left - 1] if left else 0,
+                                K_OTHER, 0, nlip, b.sizes)
+                seg.items.append(cut)
+                cuts.add(id(cut))
+                break
         elif t is xl.ProcStart:
             p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
             p["ppid"] = r.parent_pid
@@ -317,7 +327,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             seg.items.append(r)
     for th in threads.values():
         _find_signals(th, handlers.get(th.pid, set()), starts,
-                      sync_handlers.get(th.pid, set()))
+                      sync_handlers.get(th.pid, set()), cuts)
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
@@ -362,7 +372,7 @@ SYNC_SIGNALS = frozenset((4, 5, 7, 8, 11))
 
 
 def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
-                  sync_handlers=frozenset()) -> None:
+                  sync_handlers=frozenset(), cuts=frozenset()) -> None:
     """Mark where signals were delivered asynchronously (QEMU reports no
     delivery): a transfer no instruction explains, or an indirect one into
     a handler.  The interrupted IP is where the handler's rt_sigreturn
@@ -370,8 +380,11 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     handler's first block.  If the handler is one of a fault signal and
     that IP lies inside the block before (an instruction of it faulted:
     QEMU ends a block early there), the block is cut before it, so
-    exactly the retired instructions count.  Sources
-    that log SIGNAL themselves are left alone."""
+    exactly the retired instructions count.  If the source said the block
+    before was left early (EXEC_PART: QEMU saw which instruction faulted,
+    in ``cuts``), the signal is at that instruction, wherever the handler
+    returns to (it may skip it, or never return).  Sources that log
+    SIGNAL themselves are left alone."""
     if not handlers:
         return      # no handler: no signal is delivered to user code
     prev = None
@@ -416,7 +429,9 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     by_seg: dict[int, list] = {}
     for seg, i, slot, prev, handler, (pseg, pi) in fixes:
         ip = slots[slot]
-        if ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
+        if id(prev) in cuts:
+            ip = prev.nlip
+        elif ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
                 and starts and ip in starts.get(prev, ()):
             # a fault: the instructions from ip on never retired
             n = starts[prev].index(ip)

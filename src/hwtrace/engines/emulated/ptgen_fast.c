@@ -1,7 +1,7 @@
 /*
  * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
  * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
- * EXEC_PART / SIGNAL records).  Python (fast.py) decides eligibility,
+ * SIGNAL records).  Python (fast.py) decides eligibility,
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
@@ -291,7 +291,8 @@ static void tracer_init(struct tracer *tr)
 struct table { struct blk **b; uint32_t n; };          /* id -> block */
 struct proc { uint32_t pid; struct table t; int ctx_ok; };
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
-struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0; };
+struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
+                struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
 
 static struct proc *procs; static int nprocs;
 static struct thread *threads; static int nthreads;
@@ -365,6 +366,33 @@ static int cmp_seg(const void *a, const void *b)
     return x->index - y->index;
 }
 
+/* One block of the thread's flow: its predecessor's outcome, then its
+ * instructions (sz: their lengths). */
+static void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
+                 int *in_kernel, int ctx_ok)
+{
+    struct blk *pending = *pendp;
+    uint64_t pc = b->pc, cnt = b->ninsn;
+    if (*in_kernel) { enter(tr, pc, ctx_ok); *in_kernel = 0; }
+    else if (pending) {
+        int kd = pending->kind;
+        if (kd == K_REP && pc == pending->last) cnt--;
+        else if (kd == K_OTHER || kd == K_REP) {
+            if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JCC) {
+            if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
+            else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JMP || kd == K_CALL) {
+            branch(tr, kd, pending->nlip, pending->target);
+            if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
+        else branch(tr, kd, pending->nlip, pc);
+    }
+    if (cnt == b->ninsn) run_insns(tr, pc, cnt, sz);
+    else if (cnt) run_insns(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+    *pendp = b;
+}
+
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
 {
     struct table *tab = &procs[th->proc_i].t;
@@ -376,27 +404,20 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             uint32_t n = rd32(o + 1);
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                uint64_t pc = b->pc, cnt = b->ninsn;
-                if (in_kernel) { enter(tr, pc, ctx_ok); in_kernel = 0; }
-                else if (pending) {
-                    int kd = pending->kind;
-                    if (kd == K_REP && pc == pending->last) cnt--;
-                    else if (kd == K_OTHER || kd == K_REP) {
-                        if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JCC) {
-                        if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
-                        else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JMP || kd == K_CALL) {
-                        branch(tr, kd, pending->nlip, pending->target);
-                        if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
-                    else branch(tr, kd, pending->nlip, pc);
-                }
-                const unsigned char *sz = blk_sizes[b - blocks];
-                if (cnt == b->ninsn) run_insns(tr, pc, cnt, sz);
-                else if (cnt) run_insns(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
-                pending = b;
+                step(tr, b, blk_sizes[b - blocks], &pending, &in_kernel, ctx_ok);
             }
+        } else if (L[o] == 0x05) {
+            /* EXEC_PART: the block ran only so far (flow.load's cut) */
+            struct blk *b = tab->b[rd32(o + 1)];
+            const unsigned char *sz = blk_sizes[b - blocks];
+            uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
+            if (left >= b->ninsn) { step(tr, b, sz, &pending, &in_kernel, ctx_ok); continue; }
+            struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
+            for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
+            if (left) cut.last = cut.nlip - sz[left - 1];
+            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok);
+            th->cut = cut;
+            pending = &th->cut;
         } else if (L[o] == 0x20) {
             if (pending && !in_kernel) { leave_sync(tr); tr->cur_ip = pending->nlip; }
             in_kernel = 1;
@@ -512,11 +533,11 @@ int main(int argc, char **argv)
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
         }
-        case 0x04:
-            if (cur_seg >= 0 && !segs[cur_seg].has_first && rd32(o + 1)) {
+        case 0x04: case 0x05:
+            if (cur_seg >= 0 && !segs[cur_seg].has_first && (L[o] == 0x05 || rd32(o + 1))) {
                 struct seg *s = &segs[cur_seg];
                 int pi = proc_of(threads[s->tid_i].pid);
-                uint32_t id = rd32(o + 5);
+                uint32_t id = rd32(o + (L[o] == 0x05 ? 1 : 5));
                 struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
                 if (!b) { fprintf(stderr, "undefined block %u\n", id); return 1; }
                 s->first_ip = b->pc; s->has_first = 1;

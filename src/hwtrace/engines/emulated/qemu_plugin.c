@@ -7,7 +7,12 @@
  * Per translation block: a BLOCK record at translation time (address, size
  * and bytes of each instruction), written to LOG at once, and a callback at
  * execution time that appends the block id to the executing guest thread's
- * buffer.  Buffers are per host thread (qemu-user runs one host thread per
+ * buffer.  QEMU reports execution per block, at its start; so that a block
+ * left in the middle (an instruction faulted: a divide error, a bad load;
+ * the process died) is traced only as far as it ran, the block being run
+ * stays an EXEC_PART record (count = the instructions before the last one
+ * that started) until the next block starts, and a callback before each
+ * instruction that can fault keeps the count (see on_exec).  Buffers are per host thread (qemu-user runs one host thread per
  * guest thread), flushed to LOG (O_APPEND) when full, at syscalls that end,
  * signal or replace a thread or process, and at exit.  Nothing on the
  * execution hot path takes a lock or makes a system call.
@@ -81,13 +86,15 @@ extern size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
 extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
+extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
+        enum qemu_plugin_cb_flags flags, void *userdata);
 extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
 /* ---- execution log records (execlog.py is the specification) ---- */
 enum {
-    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04,
+    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04, T_EXEC_PART = 0x05,
     T_THREAD_START = 0x10, T_THREAD_EXIT = 0x11, T_PROC_START = 0x12,
     T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_SYSCALL = 0x20, T_SYSRET = 0x21,
     T_SIGACTION = 0x23, T_MMAP = 0x30,
@@ -118,13 +125,20 @@ struct tbuf {
     size_t pos;
     size_t run_at;              /* offset of the open EXEC record's count */
     uint32_t run_n;             /* ids in it (0: no open EXEC record) */
+    size_t part_at;             /* the EXEC_PART record of the block being run (0: none) */
+    struct tbinfo *part;        /* that block */
+    uint16_t *part_cnt;         /* where its count is kept (a dummy when none) */
     uint32_t tid;
     size_t hdr_end;             /* end of the chunk's CTX+TIME header */
     bool started;               /* THREAD_START written */
     struct tbuf *next;          /* all live buffers of this process */
 };
 
-struct tbinfo { uint32_t id; };
+/* A translation block: its id, where it starts and ends, the direct target
+ * of its last instruction (0: none), its instruction count, and whether the
+ * last one is a branch (it retired if it started: a fault that follows is
+ * at its target). */
+struct tbinfo { uint32_t id; uint16_t n; uint8_t last_branch; uint64_t pc, end, target; };
 
 struct span { uint64_t lo, hi; };
 
@@ -142,6 +156,9 @@ static bool proc_started;
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+static uint16_t no_part;                /* part_cnt when no block is being run */
+static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
+static const int fault_signo[5] = {4, 5, 7, 8, 11};
 
 static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
 
@@ -168,8 +185,42 @@ static inline void commit(struct tbuf *b)
     __atomic_store_n(&b->sh->valid, (uint64_t)b->pos, __ATOMIC_RELEASE);
 }
 
+/* The block being run finished: its EXEC_PART record becomes an id of
+ * the open EXEC record (or of a new one). */
+static void complete_part(struct tbuf *b)
+{
+    size_t at = b->part_at;
+    uint32_t id = b->part->id;
+    if (b->run_n) {
+        memcpy(b->data + at, &id, 4);
+        b->pos = at + 4;
+    } else {
+        b->data[at] = T_EXEC;
+        b->run_at = at + 1;
+        memcpy(b->data + at + 5, &id, 4);
+        b->pos = at + 9;
+    }
+    b->run_n++;
+    memcpy(b->data + b->run_at, &b->run_n, 4);
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+}
+
+/* The block being run (if any) stays an EXEC_PART record: it was left
+ * before instruction *part_cnt (which faulted) or the thread stops here. */
+static void keep_part(struct tbuf *b)
+{
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+    b->run_n = 0;
+}
+
+/* An event record follows: the block being run finished (it ended with
+ * the system call) and the EXEC record is closed. */
 static void close_run(struct tbuf *b)
 {
+    if (b->part_at)
+        complete_part(b);
     b->run_n = 0;               /* its count is kept up to date in on_exec */
 }
 
@@ -188,14 +239,17 @@ static void begin_chunk(struct tbuf *b)
     b->pos = (size_t)(p - b->data);
     b->hdr_end = b->pos;
     b->run_n = 0;
+    b->part_at = 0;
+    b->part_cnt = &no_part;
     b->sh->hdr_end = b->hdr_end;
     commit(b);
 }
 
-/* Append this buffer's chunk to LOG and start a new one; caller holds lock. */
+/* Append this buffer's chunk to LOG and start a new one; caller holds lock.
+ * A block still being run (another thread's, at exit) goes as EXEC_PART. */
 static void flush_locked(struct tbuf *b)
 {
-    close_run(b);
+    keep_part(b);
     if (b->pos > b->hdr_end) {
         off_t end = lseek(out_fd, 0, SEEK_END);
         b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
@@ -311,28 +365,182 @@ static void put_time(struct tbuf *b)
 }
 
 /* ---- the hot path ---- */
+static bool is_fault_handler(uint64_t pc)
+{
+    for (int i = 0; i < 5; i++)
+        if (fault_handler[i] == pc)
+            return true;
+    return false;
+}
+
+/* Whether the block before, whose last started instruction with a
+ * callback is *cnt, was left early: a fault handler runs next and the
+ * block's own way out (its end, its direct target) was not taken, and
+ * it did not get to a last branch (which retires: a fault after it is at
+ * its target, as with a NULL function pointer). */
+static bool left_early(const struct tbinfo *prev, uint16_t cnt, uint64_t pc)
+{
+    if (pc == prev->end || pc == prev->target)
+        return false;
+    return !(cnt + 1 == prev->n && prev->last_branch);
+}
+
+/* A block starts.  The one before it finished (its EXEC_PART record becomes
+ * an EXEC id), unless it was left early for a fault handler; this one is
+ * an EXEC_PART record with count 0 until the next one starts, the
+ * callbacks of its instructions that can fault updating the count. */
 static void on_exec(unsigned int vcpu, void *udata)
 {
     struct tbuf *b = tls_buf;
+    struct tbinfo *info = udata;
     (void)vcpu;
-    if (__builtin_expect(b == NULL || b->pos + 16 > TBUF_SIZE, 0)) {
+    if (__builtin_expect(b == NULL, 0))
         b = cur_buf();
-        if (b->pos + 16 > TBUF_SIZE) {
-            pthread_mutex_lock(&lock);
-            flush_locked(b);
-            pthread_mutex_unlock(&lock);
-        }
+    if (b->part_at) {
+        if (__builtin_expect(fault_handler[0] | fault_handler[1] | fault_handler[2] |
+                             fault_handler[3] | fault_handler[4], 0) &&
+            is_fault_handler(info->pc) && left_early(b->part, *b->part_cnt, info->pc))
+            keep_part(b);
+        else
+            complete_part(b);
     }
-    if (!b->run_n) {
-        b->data[b->pos] = T_EXEC;
-        b->run_at = b->pos + 1;
-        b->pos += 5;
+    if (__builtin_expect(b->pos + 32 > TBUF_SIZE, 0)) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
     }
-    memcpy(b->data + b->pos, &((struct tbinfo *)udata)->id, 4);
-    b->pos += 4;
-    b->run_n++;
-    memcpy(b->data + b->run_at, &b->run_n, 4);
+    unsigned char *p = b->data + b->pos;
+    b->part_at = b->pos;
+    b->part = info;
+    p[0] = T_EXEC_PART;
+    memcpy(p + 1, &info->id, 4);
+    p[5] = p[6] = 0;
+    b->part_cnt = (uint16_t *)(p + 5);
+    b->pos += 7;
     commit(b);
+}
+
+/* Before an instruction that can fault: the ones before it retired. */
+static void on_insn(unsigned int vcpu, void *udata)
+{
+    (void)vcpu;
+    *tls_buf->part_cnt = (uint16_t)(uintptr_t)udata;
+}
+
+/* What the plugin needs to know of one instruction: whether it can fault
+ * (raise a synchronous exception, which QEMU turns into a signal, in the
+ * middle of a block), and whether it is a branch (with its direct target).
+ * Can fault: every memory access (explicit, or push/pop/call/ret/string
+ * ops/enter/leave/xlat), divide, x87, I/O, privileged and system
+ * instructions, lock prefixes, anything not known; the register forms of
+ * ALU, shift, move, bit, multiply and SSE/AVX instructions can't. */
+enum { II_FAULT = 1, II_BRANCH = 2, II_DIRECT = 4 };
+
+static bool modrm_reg_form(const uint8_t *b, size_t i, size_t n)
+{
+    return i < n && (b[i] >> 6) == 3;
+}
+
+static int insn_info(const uint8_t *b, size_t n, uint64_t pc, uint64_t *target)
+{
+    size_t i = 0;
+    *target = 0;
+    for (; i < n; i++) {
+        uint8_t c = b[i];
+        if (c == 0xf0)
+            return II_FAULT;                 /* lock: a memory operand, or #UD */
+        if (!(c == 0x66 || c == 0x67 || c == 0xf2 || c == 0xf3 || c == 0x2e ||
+              c == 0x36 || c == 0x3e || c == 0x26 || c == 0x64 || c == 0x65))
+            break;
+    }
+    if (i < n && (b[i] & 0xf0) == 0x40)
+        i++;                                /* REX */
+    if (i >= n)
+        return II_FAULT;
+    uint8_t op = b[i++];
+    if (op == 0xc4 || op == 0xc5 || op == 0x62) {   /* VEX, EVEX */
+        size_t plen = op == 0xc5 ? 1 : op == 0xc4 ? 2 : 3;
+        if (i + plen >= n)
+            return II_FAULT;
+        int map = op == 0xc5 ? 1 : (b[i] & (op == 0x62 ? 7 : 0x1f));
+        uint8_t vop = b[i + plen];
+        if (op != 0x62 && map == 1 && vop == 0x77)
+            return 0;                        /* vzeroupper / vzeroall */
+        return modrm_reg_form(b, i + plen + 1, n) ? 0 : II_FAULT;
+    }
+    if (op == 0x0f) {
+        if (i >= n)
+            return II_FAULT;
+        uint8_t o2 = b[i++];
+        if (o2 >= 0x80 && o2 <= 0x8f) {     /* jcc rel32 */
+            if (n >= 4) {
+                int32_t rel;
+                memcpy(&rel, b + n - 4, 4);
+                *target = pc + n + (int64_t)rel;
+            }
+            return II_BRANCH | II_DIRECT;
+        }
+        if (o2 == 0x38 || o2 == 0x3a) {     /* SSSE3/SSE4/AES..., reg forms */
+            if (i >= n)
+                return II_FAULT;
+            uint8_t o3 = b[i++];
+            if (o2 == 0x38 && o3 >= 0xf0)
+                return II_FAULT;             /* movbe, crc32, ADX, ...: be safe */
+            return modrm_reg_form(b, i, n) ? 0 : II_FAULT;
+        }
+        if (o2 == 0x1f || o2 == 0x0d || (o2 >= 0x18 && o2 <= 0x1e))
+            return 0;                        /* nop, prefetch, hint nops, endbr */
+        if (o2 == 0x31 || o2 == 0xa2 || o2 == 0x77 || (o2 >= 0xc8 && o2 <= 0xcf))
+            return 0;                        /* rdtsc, cpuid, emms, bswap */
+        if (o2 == 0xae && i < n && (b[i] == 0xe8 || b[i] == 0xf0 || b[i] == 0xf8))
+            return 0;                        /* lfence, mfence, sfence */
+        if ((o2 >= 0x10 && o2 <= 0x17) || (o2 >= 0x28 && o2 <= 0x2f) ||
+            (o2 >= 0x40 && o2 <= 0x7f) || (o2 >= 0x90 && o2 <= 0x9f) ||
+            o2 == 0xa3 || o2 == 0xa4 || o2 == 0xa5 || o2 == 0xab || o2 == 0xac ||
+            o2 == 0xad || o2 == 0xaf || o2 == 0xb0 || o2 == 0xb1 || o2 == 0xb3 ||
+            (o2 >= 0xb6 && o2 <= 0xb8) || (o2 >= 0xba && o2 <= 0xbf) || o2 == 0xc0 ||
+            o2 == 0xc1 || o2 == 0xc2 || (o2 >= 0xc4 && o2 <= 0xc6) ||
+            (o2 >= 0xd0 && o2 <= 0xfe))
+            return modrm_reg_form(b, i, n) ? 0 : II_FAULT;
+        return II_FAULT;
+    }
+    if ((op >= 0x70 && op <= 0x7f) || (op >= 0xe0 && op <= 0xe3) || op == 0xeb) {
+        *target = pc + n + (int8_t)b[n - 1];
+        return II_BRANCH | II_DIRECT;
+    }
+    if (op == 0xe9 || op == 0xe8) {
+        if (n >= 5) {
+            int32_t rel;
+            memcpy(&rel, b + n - 4, 4);
+            *target = pc + n + (int64_t)rel;
+        }
+        return op == 0xe9 ? II_BRANCH | II_DIRECT : II_BRANCH | II_DIRECT | II_FAULT;
+    }
+    if (op == 0xc3 || op == 0xc2)
+        return II_BRANCH | II_FAULT;         /* ret: pops */
+    if (op == 0xff && i < n) {
+        int reg = (b[i] >> 3) & 7;
+        if (reg == 2 || reg == 3 || reg == 5)
+            return II_BRANCH | II_FAULT;     /* call pushes; far forms read memory */
+        if (reg == 4)
+            return II_BRANCH | (modrm_reg_form(b, i, n) ? 0 : II_FAULT);
+        if (reg == 6 || reg == 7)
+            return II_FAULT;                 /* push r/m */
+        return modrm_reg_form(b, i, n) ? 0 : II_FAULT;   /* inc, dec */
+    }
+    if (op == 0x8d)
+        return 0;                            /* lea: no access */
+    if ((op == 0xf6 || op == 0xf7) && i < n && ((b[i] >> 3) & 7) >= 6)
+        return II_FAULT;                     /* div, idiv: #DE */
+    if ((op < 0x40 && (op & 7) < 4) || op == 0x63 || op == 0x69 || op == 0x6b ||
+        (op >= 0x80 && op <= 0x8b) || op == 0xc0 || op == 0xc1 || op == 0xc6 ||
+        op == 0xc7 || (op >= 0xd0 && op <= 0xd3) || op == 0xf6 || op == 0xf7 || op == 0xfe)
+        return modrm_reg_form(b, i, n) ? 0 : II_FAULT;   /* ModRM: memory unless mod 3 */
+    if ((op < 0x40 && ((op & 7) == 4 || (op & 7) == 5)) || (op >= 0x90 && op <= 0x99) ||
+        op == 0x9e || op == 0x9f || op == 0xa8 || op == 0xa9 || (op >= 0xb0 && op <= 0xbf) ||
+        op == 0xf5 || op == 0xf8 || op == 0xf9 || op == 0xfc || op == 0xfd)
+        return 0;                            /* immediates, xchg/nop, flags, mov imm */
+    return II_FAULT;
 }
 
 /* ---- translation time ---- */
@@ -437,7 +645,32 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
+    info->n = n16;
+    info->pc = pc;
+    info->end = pc + nbytes;
     qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
+    /* A callback before each instruction that can fault (the first one's
+     * count, 0, is on_exec's), and before a last one that is not a direct
+     * jump (so a last branch that started is known to have retired, and a
+     * last instruction QEMU ends the block at because it raises, like ud2,
+     * is known to have started). */
+    uint64_t ip = pc;
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        size_t sz = qemu_plugin_insn_size(insn);
+        uint64_t target;
+        int f = insn_info(qemu_plugin_insn_data(insn), sz, ip, &target);
+        if (i + 1 == n) {
+            info->last_branch = (f & II_BRANCH) != 0;
+            info->target = (f & II_DIRECT) ? target : 0;
+            if (!(f & II_DIRECT))
+                f |= II_FAULT;
+        }
+        if (i > 0 && (f & II_FAULT))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_NO_REGS,
+                                                   (void *)(uintptr_t)i);
+        ip += sz;
+    }
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
@@ -488,6 +721,9 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         uint64_t act[2] = {0, 0};
         if (read_guest(a2, act, sizeof act) == sizeof act) {
             uint32_t signo = (uint32_t)a1;
+            for (int i = 0; i < 5; i++)
+                if (fault_signo[i] == (int)signo)
+                    fault_handler[i] = act[0] > 1 ? act[0] : 0;
             p = b->data + b->pos;
             *p++ = T_SIGACTION;
             put(&p, &signo, 4);
