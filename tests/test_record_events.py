@@ -68,6 +68,17 @@ SOURCES = {
           return r;
         }
     """,
+    # an uncaught fault: a bad load that is the first instruction after a
+    # taken jcc ("load"), or a divide error inside a block ("divide")
+    "fatal": r"""
+        #include <string.h>
+        __attribute__((noinline)) int get(int *p, int n) { int s = 0; for (int i = 0; i < n; i++) s += i; if (s > 10) return *p + s; return s; }
+        __attribute__((noinline)) int divide(int a, int b, int c) { int x = a * 3 + c; x ^= c << 2; return x / b + c; }
+        int main(int argc, char **argv) {
+          if (strcmp(argv[1], "divide") == 0) return divide(argc, argc - 2, 7);
+          return get((int *)(long)(argc - 2), 100);
+        }
+    """,
     # SIGALRM every 2 ms into a tight loop; the handler records where it
     # interrupted and how many iterations had run (a delivery on the way
     # out of another handler's rt_sigreturn interrupts no user code: it
@@ -118,11 +129,12 @@ def engine(request):
     return request.param
 
 
-def record_one(tmp_path, engine, exe, *config):
-    """Record ``exe`` in thread mode: (its stdout, the one stream's file)."""
+def record_one(tmp_path, engine, exe, *config, args=(), status=0):
+    """Record ``exe`` in thread mode: (its stdout, the bundle, its stream)."""
     b = tmp_path / "b"
-    r = run_hwtrace("record", "--engine", engine, "--mode", "thread", *config, "-o", b, "--", exe)
-    assert r.returncode == 0, r.stderr
+    r = run_hwtrace("record", "--engine", engine, "--mode", "thread", *config, "-o", b, "--",
+                    exe, *args)
+    assert r.returncode == status, r.stderr
     (s,) = json.loads((b / "manifest.json").read_text())["streams"]
     return r.stdout, b, s
 
@@ -181,6 +193,21 @@ def test_psb_plus_lands_mid_block(tmp_path, ptoracle, progs, engine):
     assert mid > len(psbs) // 4, (mid, len(psbs))
 
 
+def _disassemble(exe, func):
+    """[(link-time address, mnemonic, operands)] of ``func`` (objdump)."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-w", str(exe)],
+                         capture_output=True, text=True, check=True).stdout
+    insns, inside = [], False
+    for line in out.splitlines():
+        if line.endswith(">:"):
+            inside = line.endswith(f"<{func}>:")
+        elif inside and re.match(r"^\s+[0-9a-f]+:\t", line):
+            addr, _, text = line.partition(":\t")
+            mn, _, ops = text.partition(" ")
+            insns.append((int(addr, 16), mn, ops.strip()))
+    return insns
+
+
 def _async_fups(items):
     return [x["at"] for x in items if x.get("event") == "async_disabled"]
 
@@ -216,3 +243,28 @@ def test_signal_interrupts_a_tight_loop(tmp_path, ptoracle, progs, engine):
     assert _async_fups(items) == want
     loop = {x["ip"] for x in items if "iclass" in x}
     assert all(rip in loop for rip in want)
+
+
+@pytest.mark.parametrize("case,sig", [("load", 11), ("divide", 8)])
+def test_fatal_fault_ends_the_trace_at_it(tmp_path, ptoracle, progs, engine, case, sig):
+    """A fault nothing handles ends the program: the trace ends with FUP +
+    TIP.PGD at the faulting instruction, after everything before it
+    retired -- the jcc whose target it is ("load"; QEMU logs that block
+    as started with nothing retired, the stepper logs the signal), or the
+    instruction before it in its block ("divide")."""
+    from test_record import load_base
+    exe = progs["fatal"]
+    out, b, s = record_one(tmp_path, engine, exe, args=(case,), status=128 + sig)
+    items = decode(ptoracle, b, s)
+    base = load_base(b, exe)
+    code = _disassemble(exe, "get" if case == "load" else "divide")
+    if case == "load":      # jg to the load: the last jg's target
+        jg = [(a, ops) for a, mn, ops in code if mn == "jg"][-1]
+        before, fault = base + jg[0], base + int(jg[1].split()[0], 16)
+    else:
+        k = next(i for i, (_, mn, _o) in enumerate(code) if mn == "idiv")
+        before, fault = base + code[k - 1][0], base + code[k][0]
+    insns = [x for x in items if "iclass" in x]
+    assert insns[-1]["ip"] == before and fault not in [x["ip"] for x in insns]
+    assert _async_fups(items)[-1] == fault
+    assert items[-1] == next(x for x in reversed(items) if x.get("event") == "async_disabled")

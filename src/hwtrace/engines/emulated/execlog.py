@@ -81,7 +81,8 @@ type  name        payload
                   that would have executed (0 = the source doesn't know;
                   the generator then infers it).  async=0: the instruction
                   at ``ip`` faulted and did not retire.  The next executed
-                  instruction is the first one of the handler.
+                  instruction is the first one of the handler; handler 0:
+                  there is none, the signal killed the thread there.
 0x23  SIGACTION   u32 signo, u64 handler, u64 flags: rt_sigaction
                   installed a handler (0 = SIG_DFL, 1 = SIG_IGN).
 0x30  MMAP        u32 pid, u64 addr, u64 size, u64 offset, u32 prot,
