@@ -191,6 +191,9 @@ static void complete_part(struct tbuf *b)
 {
     size_t at = b->part_at;
     uint32_t id = b->part->id;
+    /* what is published must stay whole records while the tail changes
+     * (the caller publishes the new end) */
+    __atomic_store_n(&b->sh->valid, (uint64_t)at, __ATOMIC_RELEASE);
     if (b->run_n) {
         memcpy(b->data + at, &id, 4);
         b->pos = at + 4;
@@ -246,10 +249,15 @@ static void begin_chunk(struct tbuf *b)
 }
 
 /* Append this buffer's chunk to LOG and start a new one; caller holds lock.
- * A block still being run (another thread's, at exit) goes as EXEC_PART. */
+ * The calling thread's block is done with (it flushes between blocks, or
+ * logs the one it is at); another thread's, still being run (at exit),
+ * goes as EXEC_PART. */
 static void flush_locked(struct tbuf *b)
 {
-    keep_part(b);
+    if (b == tls_buf)
+        close_run(b);
+    else
+        keep_part(b);
     if (b->pos > b->hdr_end) {
         off_t end = lseek(out_fd, 0, SEEK_END);
         b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
@@ -608,6 +616,36 @@ static void report_mapping(uint64_t pc)
     fclose(f);
 }
 
+/* info describes instructions [from, to) of tb (a block of the log): where
+ * it ends, its last instruction, and a callback before each instruction
+ * that can fault (the first one's count, 0, is on_exec's) and before a
+ * last one that is not a direct jump (so a last branch that started is
+ * known to have retired, and a last instruction QEMU ends the block at
+ * because it raises, like ud2, is known to have started). */
+static void watch_block(struct qemu_plugin_tb *tb, size_t from, size_t to, struct tbinfo *info)
+{
+    uint64_t ip = qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, from));
+    info->pc = ip;
+    info->n = (uint16_t)(to - from);
+    for (size_t i = from; i < to; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        size_t sz = qemu_plugin_insn_size(insn);
+        uint64_t target;
+        int f = insn_info(qemu_plugin_insn_data(insn), sz, ip, &target);
+        if (i + 1 == to) {
+            info->last_branch = (f & II_BRANCH) != 0;
+            info->target = (f & II_DIRECT) ? target : 0;
+            if (!(f & II_DIRECT))
+                f |= II_FAULT;
+        }
+        if (i > from && (f & II_FAULT))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_NO_REGS,
+                                                   (void *)(uintptr_t)(i - from));
+        ip += sz;
+    }
+    info->end = ip;
+}
+
 static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
@@ -645,32 +683,8 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
-    info->n = n16;
-    info->pc = pc;
-    info->end = pc + nbytes;
     qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
-    /* A callback before each instruction that can fault (the first one's
-     * count, 0, is on_exec's), and before a last one that is not a direct
-     * jump (so a last branch that started is known to have retired, and a
-     * last instruction QEMU ends the block at because it raises, like ud2,
-     * is known to have started). */
-    uint64_t ip = pc;
-    for (size_t i = 0; i < n; i++) {
-        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
-        size_t sz = qemu_plugin_insn_size(insn);
-        uint64_t target;
-        int f = insn_info(qemu_plugin_insn_data(insn), sz, ip, &target);
-        if (i + 1 == n) {
-            info->last_branch = (f & II_BRANCH) != 0;
-            info->target = (f & II_DIRECT) ? target : 0;
-            if (!(f & II_DIRECT))
-                f |= II_FAULT;
-        }
-        if (i > 0 && (f & II_FAULT))
-            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_NO_REGS,
-                                                   (void *)(uintptr_t)i);
-        ip += sz;
-    }
+    watch_block(tb, 0, n, info);
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
