@@ -12,7 +12,9 @@
  * the process died) is traced only as far as it ran, the block being run
  * stays an EXEC_PART record (count = the instructions before the last one
  * that started) until the next block starts, and a callback before each
- * instruction that can fault keeps the count (see on_exec).  Buffers are per host thread (qemu-user runs one host thread per
+ * instruction that can fault keeps the count (see on_exec).
+ *
+ * Buffers are per host thread (qemu-user runs one host thread per
  * guest thread), flushed to LOG (O_APPEND) when full, at syscalls that end,
  * signal or replace a thread or process, and at exit.  Nothing on the
  * execution hot path takes a lock or makes a system call.
