@@ -217,7 +217,7 @@ static void retire(struct tracer *tr, uint64_t n)
 /* ptgen.Tracer.run: n instructions of a straight-line run retire, the
  * first at ip, their lengths in sizes; PSB+ where it is due (one retired
  * instruction after PacketByteCnt reached the period), mid-block included */
-static void run_insns(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned char *sizes)
+static void run_insns_psb(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned char *sizes)
 {
     for (;;) {
         if (!tr->psb_due) {
@@ -238,6 +238,14 @@ static void run_insns(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned
     }
     tr->cur_ip = ip;
     if (n) retire(tr, n);
+}
+
+/* Whether a run of n instructions needs no PSB+ (the common case). */
+static inline int no_psb_in(const struct tracer *tr, uint64_t n)
+{
+    if (tr->psb_due)
+        return tr->psb_at >= tr->t + n || !tr->triggered;
+    return tr->since_psb < tr->psb_period || !tr->triggered;
 }
 
 static void branch(struct tracer *tr, int kind, uint64_t nlip, uint64_t next_ip)
@@ -368,8 +376,9 @@ static int cmp_seg(const void *a, const void *b)
 
 /* One block of the thread's flow: its predecessor's outcome, then its
  * instructions (sz: their lengths). */
-static void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
-                 int *in_kernel, int ctx_ok)
+static inline __attribute__((always_inline))
+void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
+          int *in_kernel, int ctx_ok)
 {
     struct blk *pending = *pendp;
     uint64_t pc = b->pc, cnt = b->ninsn;
@@ -388,8 +397,14 @@ static void step(struct tracer *tr, struct blk *b, const unsigned char *sz, stru
         } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
         else branch(tr, kd, pending->nlip, pc);
     }
-    if (cnt == b->ninsn) run_insns(tr, pc, cnt, sz);
-    else if (cnt) run_insns(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+    if (cnt == b->ninsn && cnt && no_psb_in(tr, cnt)) {
+        tr->cur_ip = pc;
+        retire(tr, cnt);
+    } else if (cnt) {
+        if (!sz) sz = blk_sizes[b - blocks];
+        if (cnt == b->ninsn) run_insns_psb(tr, pc, cnt, sz);
+        else run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+    }
     *pendp = b;
 }
 
@@ -404,14 +419,14 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             uint32_t n = rd32(o + 1);
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                step(tr, b, blk_sizes[b - blocks], &pending, &in_kernel, ctx_ok);
+                step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
             }
         } else if (L[o] == 0x05) {
             /* EXEC_PART: the block ran only so far (flow.load's cut) */
             struct blk *b = tab->b[rd32(o + 1)];
             const unsigned char *sz = blk_sizes[b - blocks];
             uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
-            if (left >= b->ninsn) { step(tr, b, sz, &pending, &in_kernel, ctx_ok); continue; }
+            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
             struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
             for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
             if (left) cut.last = cut.nlip - sz[left - 1];

@@ -160,6 +160,7 @@ static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
 static uint16_t no_part;                /* part_cnt when no block is being run */
 static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
+static bool any_fault_handler;          /* one of them is set */
 static const int fault_signo[5] = {4, 5, 7, 8, 11};
 
 static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
@@ -407,9 +408,8 @@ static void on_exec(unsigned int vcpu, void *udata)
     if (__builtin_expect(b == NULL, 0))
         b = cur_buf();
     if (b->part_at) {
-        if (__builtin_expect(fault_handler[0] | fault_handler[1] | fault_handler[2] |
-                             fault_handler[3] | fault_handler[4], 0) &&
-            is_fault_handler(info->pc) && left_early(b->part, *b->part_cnt, info->pc))
+        if (__builtin_expect(any_fault_handler, 0) && is_fault_handler(info->pc) &&
+            left_early(b->part, *b->part_cnt, info->pc))
             keep_part(b);
         else
             complete_part(b);
@@ -737,9 +737,12 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         uint64_t act[2] = {0, 0};
         if (read_guest(a2, act, sizeof act) == sizeof act) {
             uint32_t signo = (uint32_t)a1;
-            for (int i = 0; i < 5; i++)
+            any_fault_handler = false;
+            for (int i = 0; i < 5; i++) {
                 if (fault_signo[i] == (int)signo)
                     fault_handler[i] = act[0] > 1 ? act[0] : 0;
+                any_fault_handler |= fault_handler[i] != 0;
+            }
             p = b->data + b->pos;
             *p++ = T_SIGACTION;
             put(&p, &signo, 4);
