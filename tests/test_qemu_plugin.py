@@ -319,25 +319,12 @@ def test_snapshot_buffers_of_a_running_program(tmp_path):
     assert proc.returncode == 0 and qemu.buffer_files(log) == []
 
 
-# The plugin's instruction classifier (insn_info) on its own: the plugin
-# source with the QEMU API stubbed out, reading "ADDR HEXBYTES..." lines.
+# The plugin's instruction classifier (qemu_plugin_insn.c) on its own,
+# reading "ADDR HEXBYTES..." lines.
 _CLASSIFIER_DRIVER = r"""
-#include PLUGIN
-#define STUB(ret, name, ...) ret name(__VA_ARGS__) { return (ret)0; }
-void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t i, qemu_plugin_vcpu_tb_trans_cb_t c) {}
-void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *t, qemu_plugin_vcpu_udata_cb_t c,
-                                          enum qemu_plugin_cb_flags f, void *u) {}
-void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *n, qemu_plugin_vcpu_udata_cb_t c,
-                                            enum qemu_plugin_cb_flags f, void *u) {}
-STUB(size_t, qemu_plugin_tb_n_insns, const struct qemu_plugin_tb *t)
-STUB(uint64_t, qemu_plugin_tb_vaddr, const struct qemu_plugin_tb *t)
-STUB(struct qemu_plugin_insn *, qemu_plugin_tb_get_insn, const struct qemu_plugin_tb *t, size_t i)
-STUB(const void *, qemu_plugin_insn_data, const struct qemu_plugin_insn *n)
-STUB(size_t, qemu_plugin_insn_size, const struct qemu_plugin_insn *n)
-STUB(uint64_t, qemu_plugin_insn_vaddr, const struct qemu_plugin_insn *n)
-void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t i, qemu_plugin_vcpu_syscall_cb_t c) {}
-void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t i, qemu_plugin_vcpu_syscall_ret_cb_t c) {}
-void qemu_plugin_register_atexit_cb(qemu_plugin_id_t i, qemu_plugin_udata_cb_t c, void *u) {}
+#include <stdio.h>
+#include <stdlib.h>
+#include "qemu_plugin_insn.h"
 int main(void) {
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
@@ -371,9 +358,11 @@ def test_fault_classifier_is_conservative(tmp_path):
     get their targets."""
     import re
     drv = tmp_path / "drv.c"
-    drv.write_text(_CLASSIFIER_DRIVER.replace("PLUGIN", json.dumps(str(qemu.PLUGIN_SOURCE))))
+    drv.write_text(_CLASSIFIER_DRIVER)
     exe = tmp_path / "drv"
-    subprocess.run(["gcc", "-O1", "-w", "-o", str(exe), str(drv), "-lpthread"], check=True)
+    src = qemu.PLUGIN_SOURCE.with_name("qemu_plugin_insn.c")
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(src.parent), "-o", str(exe), str(drv),
+                    str(src)], check=True)
     line = re.compile(r"^\s*([0-9a-f]+):\t((?:[0-9a-f]{2} )+)\s*\t?(.*)$")
     libc = subprocess.run(["gcc", "-print-file-name=libc.so.6"], capture_output=True,
                           text=True).stdout.strip()
