@@ -2,7 +2,7 @@
 
 :func:`eligible` says whether a log and configuration are in the subset the
 C twin implements (QEMU logs, no signal handler ever ran, no address ranges, no
-INSN / EXEC_PART / SIGNAL records, no block with a branch inside);
+INSN / SIGNAL records, no block with a branch inside);
 :func:`generate` then runs it and returns ``{key: (bytes, insns)}`` and the
 cpu-mode switches, exactly what :func:`flow.generate` gives for the same
 input (the tests compare the two).  ``HWTRACE_NO_EXTENSIONS=1`` disables it.
@@ -45,7 +45,7 @@ def _binary_path() -> Path:
 def eligible(trace, cfg: TraceConfig) -> bool:
     if os.environ.get("HWTRACE_NO_EXTENSIONS") == "1":
         return False
-    if trace.header.source != xl.SOURCE_QEMU or trace.features:
+    if trace.header.source != xl.SOURCE_QEMU or trace.features - {"exec_part"}:
         return False
     handlers = set().union(*trace.handlers.values()) if trace.handlers else set()
     if handlers and any(parts[0].pc in handlers for parts in trace.blocks):

@@ -82,6 +82,7 @@ class BlockInfo(NamedTuple):
     kind: int       # its kind (ptgen.K_*)
     target: int     # its direct target (0 if none)
     nlip: int       # the address after it
+    sizes: bytes = b""  # instruction lengths (the first ninsn count): where PSB+ can go
 
 
 def _complete(code: bytes) -> bool:
@@ -94,7 +95,7 @@ def _complete(code: bytes) -> bool:
 def _before_fault(b: BlockInfo) -> BlockInfo:
     """The part of ``b`` that retired when its last instruction faulted:
     a plain run whose next instruction is the faulting one."""
-    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last)
+    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last, b.sizes)
 
 
 def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
@@ -114,6 +115,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         sizes = sizes[:-1]
     out = []
     start = pc
+    first = 0
     n = 0
     off = 0
     ip = pc
@@ -125,7 +127,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
             addrs.append(ip)
             ip += sz
         kind, target = classify(addrs[-1], code[len(code) - sizes[-1]:])
-        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip)
+        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip, bytes(sizes))
         if kind == K_FAULT:
             b, addrs = _before_fault(b), addrs[:-1]
         if starts is not None:
@@ -138,7 +140,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         insn = code[off:off + sz]
         kind, target = classify(ip, insn)
         if i == last or (kind != K_OTHER and kind != K_REP):
-            b = BlockInfo(start, n, ip, kind, target, ip + sz)
+            b = BlockInfo(start, n, ip, kind, target, ip + sz, bytes(sizes[first:i + 1]))
             if kind == K_FAULT:
                 b, addrs = _before_fault(b), addrs[:-1]
             out.append(b)
@@ -146,6 +148,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
                 starts[b] = tuple(addrs)
             addrs = []
             start = ip + sz
+            first = i + 1
             n = 0
         off += sz
         ip += sz
@@ -202,6 +205,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     "multi")."""
     order_blocks: list = []
     features: set = set()
+    cuts: set = set()           # id() of the runs EXEC_PART cut short
     starts: dict = {}           # BlockInfo -> its instruction addresses
     sync_handlers: dict = {}    # pid -> handlers of fault signals
     header, off = xl.parse_header(data)
@@ -276,16 +280,25 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             if blocks is None:
                 raise xl.ExecLogError("execution log: EXEC_PART of an undefined block")
             blocks = blocks if type(blocks) is tuple else (blocks,)
+            if index_only:
+                if not seg.busy:
+                    seg.busy = True
+                    seg.first_ip = blocks[0].pc
+                continue
             left = r.count
             for b in blocks:
-                if left <= 0:
-                    break
-                if b.ninsn <= left:
+                if left >= b.ninsn:
                     seg.items.append(b)
-                else:
-                    # the cut instruction never retired: a plain run
-                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0))
-                left -= b.ninsn
+                    left -= b.ninsn
+                    continue
+                # the next instruction never retired (it faulted, or the
+                # thread stopped before it): a plain run up to it, maybe empty
+                nlip = b.pc + sum(b.sizes[:left])
+                cut = BlockInfo(b.pc, left, nlip - b.sizes[left - 1] if left else 0,
+                                K_OTHER, 0, nlip, b.sizes)
+                seg.items.append(cut)
+                cuts.add(id(cut))
+                break
         elif t is xl.ProcStart:
             p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": [], "exec_ok": []})
             p["ppid"] = r.parent_pid
@@ -337,7 +350,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             seg.items.append(r)
     for th in threads.values():
         _find_signals(th, handlers.get(th.pid, set()), starts,
-                      sync_handlers.get(th.pid, set()))
+                      sync_handlers.get(th.pid, set()), cuts)
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
@@ -386,7 +399,7 @@ SYNC_SIGNALS = frozenset((4, 5, 7, 8, 11))
 
 
 def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
-                  sync_handlers=frozenset()) -> None:
+                  sync_handlers=frozenset(), cuts=frozenset()) -> None:
     """Mark where signals were delivered asynchronously (QEMU reports no
     delivery): a transfer no instruction explains, or an indirect one into
     a handler.  The interrupted IP is where the handler's rt_sigreturn
@@ -394,8 +407,11 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     handler's first block.  If the handler is one of a fault signal and
     that IP lies inside the block before (an instruction of it faulted:
     QEMU ends a block early there), the block is cut before it, so
-    exactly the retired instructions count.  Sources
-    that log SIGNAL themselves are left alone."""
+    exactly the retired instructions count.  If the source said the block
+    before was left early (EXEC_PART: QEMU saw which instruction faulted,
+    in ``cuts``), the signal is at that instruction, wherever the handler
+    returns to (it may skip it, or never return).  Sources that log
+    SIGNAL themselves are left alone."""
     if not handlers:
         return      # no handler: no signal is delivered to user code
     prev = None
@@ -440,11 +456,13 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     by_seg: dict[int, list] = {}
     for seg, i, slot, prev, handler, (pseg, pi) in fixes:
         ip = slots[slot]
-        if ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
+        if id(prev) in cuts:
+            ip = prev.nlip
+        elif ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
                 and starts and ip in starts.get(prev, ()):
             # a fault: the instructions from ip on never retired
             n = starts[prev].index(ip)
-            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip)
+            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip, prev.sizes)
         if not ip:
             k = prev.kind
             ip = prev.target if k in (K_JMP, K_CALL) else prev.nlip
@@ -494,6 +512,7 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int, end: int) -> in
         return i
     bits, nb, tnt_max = tr.tnt_bits, tr.tnt_n, tr.tnt_max
     insns, t, cyc = tr.insns, tr.t, tr.cyc_acc
+    psb_at = tr.psb_at
     rs = tr.retstack
     retc = tr.retc
     period = tr.psb_period
@@ -555,17 +574,24 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int, end: int) -> in
             bits, nb = 0, 0
         else:
             break
-        if tr.since_psb >= period:
-            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
-            tr.boundary(pc)
-            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
         n = b.ninsn
-        insns += n
-        t += n
-        cyc += n
+        if psb_at < 0 and tr.since_psb >= period:
+            psb_at = t + 1          # see Tracer.run
+        if 0 <= psb_at < t + n:
+            # PSB+ is due inside (or at the start of) this run
+            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+            tr.psb_at = psb_at
+            tr.run(pc, n, b.sizes)
+            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
+            psb_at = tr.psb_at
+        else:
+            insns += n
+            t += n
+            cyc += n
         pending = b
         i += 1
     tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+    tr.psb_at = psb_at
     tr.cur_ip = pending.nlip
     st.pending = pending
     return i
@@ -608,9 +634,10 @@ def _run_one(st: _ThreadState, tr: Tracer, b) -> None:
                 _interrupted(tr, pc, pc)
             else:
                 branch(k, pending.nlip, pc)
-        if n:
-            tr.boundary(pc)
-            tr.retire(n)
+        if n == b.ninsn:
+            tr.run(pc, n, b.sizes)
+        elif n:     # after the rep instruction that went on
+            tr.run(pc + b.sizes[0], n, b.sizes, 1)
         pending = b
     else:
         t = type(b)

@@ -1,7 +1,7 @@
 /*
  * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
  * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
- * EXEC_PART / SIGNAL records).  Python (fast.py) decides eligibility,
+ * SIGNAL records).  Python (fast.py) decides eligibility,
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
@@ -39,6 +39,7 @@ struct tracer {
     uint64_t last_ip, tnt_bits; int tnt_n;
     uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
     uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+    int psb_due; uint64_t psb_at;       /* PSB+ due where t reaches psb_at */
 };
 
 static void emit(struct tracer *tr, const void *p, size_t n)
@@ -137,6 +138,7 @@ static void psb_plus(struct tracer *tr)
     flush_tnt(tr);
     emit(tr, PSB, 16);
     tr->since_psb = 0;
+    tr->psb_due = 0;
     tr->have_last = 0;
     rs_clear(tr);
     tr->mode_sent = 0;
@@ -196,12 +198,6 @@ static void leave_async(struct tracer *tr, uint64_t next_ip)
     tr->in_user = 0; tr->pkt_en = 0;
 }
 
-static void boundary(struct tracer *tr, uint64_t next_ip)
-{
-    tr->cur_ip = next_ip;
-    if (tr->since_psb >= tr->psb_period && tr->triggered) psb_plus(tr);
-}
-
 static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
@@ -217,6 +213,40 @@ static void retire(struct tracer *tr, uint64_t n)
             emit(tr, b, 2);
         }
     }
+}
+
+/* ptgen.Tracer.run: n instructions of a straight-line run retire, the
+ * first at ip, their lengths in sizes; PSB+ where it is due (one retired
+ * instruction after PacketByteCnt reached the period), mid-block included */
+static void run_insns_psb(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned char *sizes)
+{
+    for (;;) {
+        if (!tr->psb_due) {
+            if (tr->since_psb < tr->psb_period || !tr->triggered) break;
+            tr->psb_due = 1;
+            tr->psb_at = tr->t + 1;
+        }
+        uint64_t j = tr->psb_at > tr->t ? tr->psb_at - tr->t : 0;
+        if (j >= n || !tr->triggered) break;
+        if (j) {
+            retire(tr, j);
+            for (uint64_t k = 0; k < j; k++) ip += sizes[k];
+            sizes += j;
+            n -= j;
+        }
+        tr->cur_ip = ip;
+        psb_plus(tr);
+    }
+    tr->cur_ip = ip;
+    if (n) retire(tr, n);
+}
+
+/* Whether a run of n instructions needs no PSB+ (the common case). */
+static inline int no_psb_in(const struct tracer *tr, uint64_t n)
+{
+    if (tr->psb_due)
+        return tr->psb_at >= tr->t + n || !tr->triggered;
+    return tr->since_psb < tr->psb_period || !tr->triggered;
 }
 
 static void branch(struct tracer *tr, int kind, uint64_t nlip, uint64_t next_ip)
@@ -302,7 +332,8 @@ static void tracer_init(struct tracer *tr, uint64_t t0)
 struct table { struct blk **b; uint32_t n; };          /* id -> block */
 struct proc { uint32_t pid; struct table t; int ctx_ok; };
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
-struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0; };
+struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
+                struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
 struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last;
@@ -353,6 +384,8 @@ static void table_set(struct table *t, uint32_t id, struct blk *b)
 }
 
 static const unsigned char *L; static size_t LN;
+static struct blk *blocks;                      /* the BLOCKS file */
+static const unsigned char **blk_sizes;         /* per block: its sizes[] in L */
 static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
 static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
 
@@ -378,6 +411,38 @@ static size_t rec_size(size_t o)
     return 0;
 }
 
+static inline __attribute__((always_inline))
+void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
+          int *in_kernel, int ctx_ok)
+{
+    struct blk *pending = *pendp;
+    uint64_t pc = b->pc, cnt = b->ninsn;
+    if (*in_kernel) { enter(tr, pc, ctx_ok); *in_kernel = 0; }
+    else if (pending) {
+        int kd = pending->kind;
+        if (kd == K_REP && pc == pending->last) cnt--;
+        else if (kd == K_OTHER || kd == K_REP) {
+            if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JCC) {
+            if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
+            else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JMP || kd == K_CALL) {
+            branch(tr, kd, pending->nlip, pending->target);
+            if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
+        else branch(tr, kd, pending->nlip, pc);
+    }
+    if (cnt == b->ninsn && cnt && no_psb_in(tr, cnt)) {
+        tr->cur_ip = pc;
+        retire(tr, cnt);
+    } else if (cnt) {
+        if (!sz) sz = blk_sizes[b - blocks];
+        if (cnt == b->ninsn) run_insns_psb(tr, pc, cnt, sz);
+        else run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+    }
+    *pendp = b;
+}
+
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
 {
     struct table *tab = &procs[th->proc_i].t;
@@ -389,25 +454,20 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             uint32_t n = rd32(o + 1);
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                uint64_t pc = b->pc, cnt = b->ninsn;
-                if (in_kernel) { enter(tr, pc, ctx_ok); in_kernel = 0; }
-                else if (pending) {
-                    int kd = pending->kind;
-                    if (kd == K_REP && pc == pending->last) cnt--;
-                    else if (kd == K_OTHER || kd == K_REP) {
-                        if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JCC) {
-                        if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
-                        else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JMP || kd == K_CALL) {
-                        branch(tr, kd, pending->nlip, pending->target);
-                        if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
-                    else branch(tr, kd, pending->nlip, pc);
-                }
-                if (cnt) { boundary(tr, pc); retire(tr, cnt); }
-                pending = b;
+                step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
             }
+        } else if (L[o] == 0x05) {
+            /* EXEC_PART: the block ran only so far (flow.load's cut) */
+            struct blk *b = tab->b[rd32(o + 1)];
+            const unsigned char *sz = blk_sizes[b - blocks];
+            uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
+            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
+            struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
+            for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
+            if (left) cut.last = cut.nlip - sz[left - 1];
+            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok);
+            th->cut = cut;
+            pending = &th->cut;
         } else if (L[o] == 0x20) {
             if (pending && !in_kernel) { leave_sync(tr); tr->cur_ip = pending->nlip; }
             in_kernel = 1;
@@ -706,7 +766,8 @@ int main(int argc, char **argv)
     fseek(bf, 0, SEEK_END);
     long nb = ftell(bf) / (long)sizeof(struct blk);
     fseek(bf, 0, SEEK_SET);
-    struct blk *blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blk_sizes = malloc((nb ? nb : 1) * sizeof *blk_sizes);
     if (nb && fread(blocks, sizeof *blocks, nb, bf) != (size_t)nb) { perror("blocks"); return 1; }
     fclose(bf);
 
@@ -750,14 +811,15 @@ int main(int argc, char **argv)
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
             if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
             int pi = proc_of(pid);
+            blk_sizes[bi] = L + o + 21;
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
         }
-        case 0x04:
-            if (cur_seg >= 0 && !segs[cur_seg].has_first && rd32(o + 1)) {
+        case 0x04: case 0x05:
+            if (cur_seg >= 0 && !segs[cur_seg].has_first && (L[o] == 0x05 || rd32(o + 1))) {
                 struct seg *s = &segs[cur_seg];
                 int pi = proc_of(threads[s->tid_i].pid);
-                uint32_t id = rd32(o + 5);
+                uint32_t id = rd32(o + (L[o] == 0x05 ? 1 : 5));
                 struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
                 if (!b) { fprintf(stderr, "undefined block %u\n", id); return 1; }
                 s->first_ip = b->pc; s->has_first = 1;

@@ -7,7 +7,14 @@
  * Per translation block: a BLOCK record at translation time (address, size
  * and bytes of each instruction), written to LOG at once, and a callback at
  * execution time that appends the block id to the executing guest thread's
- * buffer.  Buffers are per host thread (qemu-user runs one host thread per
+ * buffer.  QEMU reports execution per block, at its start; so that a block
+ * left in the middle (an instruction faulted: a divide error, a bad load;
+ * the process died) is traced only as far as it ran, the block being run
+ * stays an EXEC_PART record (count = the instructions before the last one
+ * that started) until the next block starts, and a callback before each
+ * instruction that can fault keeps the count (see on_exec).
+ *
+ * Buffers are per host thread (qemu-user runs one host thread per
  * guest thread), flushed to LOG (O_APPEND) when full, at syscalls that end,
  * signal or replace a thread or process, and at exit.  Nothing on the
  * execution hot path takes a lock or makes a system call.
@@ -65,6 +72,7 @@
 
 #include "qemu_plugin_elf.h"
 #include "qemu_plugin_exec.h"
+#include "qemu_plugin_insn.h"
 
 /* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
 #define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -103,6 +111,8 @@ extern size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
 extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
+extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
+        enum qemu_plugin_cb_flags flags, void *userdata);
 extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
         enum qemu_plugin_cb_flags flags, void *userdata);
@@ -111,7 +121,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
 /* ---- execution log records (execlog.py is the specification) ---- */
 enum {
-    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04,
+    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04, T_EXEC_PART = 0x05,
     T_THREAD_START = 0x10, T_THREAD_EXIT = 0x11, T_PROC_START = 0x12,
     T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_SYSCALL = 0x20, T_SYSRET = 0x21,
     T_SIGACTION = 0x23, T_MMAP = 0x30,
@@ -142,13 +152,20 @@ struct tbuf {
     size_t pos;
     size_t run_at;              /* offset of the open EXEC record's count */
     uint32_t run_n;             /* ids in it (0: no open EXEC record) */
+    size_t part_at;             /* the EXEC_PART record of the block being run (0: none) */
+    struct tbinfo *part;        /* that block */
+    uint16_t *part_cnt;         /* where its count is kept (a dummy when none) */
     uint32_t tid;
     size_t hdr_end;             /* end of the chunk's CTX+TIME header */
     bool started;               /* THREAD_START written */
     struct tbuf *next;          /* all live buffers of this process */
 };
 
-struct tbinfo { uint32_t id; int trigger; uint64_t pc; };
+/* A block of the log: its id, where it starts and ends, the direct target
+ * of its last instruction (0: none), its instruction count, whether the
+ * last one is a branch (it retired if it started: a fault that follows is
+ * at its target), and the trigger it is the entry of (on_trigger's). */
+struct tbinfo { uint32_t id; int trigger; uint16_t n; uint8_t last_branch; uint64_t pc, end, target; };
 
 struct span { uint64_t lo, hi; };
 
@@ -167,6 +184,10 @@ static bool cont_thread;                /* an exec'd image: its first thread is 
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+static uint16_t no_part;                /* part_cnt when no block is being run */
+static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
+static bool any_fault_handler;          /* one of them is set */
+static const int fault_signo[5] = {4, 5, 7, 8, 11};
 
 /* ---- stopping mid-run: the page shared with the recorder (qemu.py, Control) ---- */
 struct hwctl {
@@ -252,8 +273,45 @@ static inline void commit(struct tbuf *b)
     __atomic_store_n(&b->sh->valid, (uint64_t)b->pos, __ATOMIC_RELEASE);
 }
 
+/* The block being run finished: its EXEC_PART record becomes an id of
+ * the open EXEC record (or of a new one). */
+static void complete_part(struct tbuf *b)
+{
+    size_t at = b->part_at;
+    uint32_t id = b->part->id;
+    /* what is published must stay whole records while the tail changes
+     * (the caller publishes the new end) */
+    __atomic_store_n(&b->sh->valid, (uint64_t)at, __ATOMIC_RELEASE);
+    if (b->run_n) {
+        memcpy(b->data + at, &id, 4);
+        b->pos = at + 4;
+    } else {
+        b->data[at] = T_EXEC;
+        b->run_at = at + 1;
+        memcpy(b->data + at + 5, &id, 4);
+        b->pos = at + 9;
+    }
+    b->run_n++;
+    memcpy(b->data + b->run_at, &b->run_n, 4);
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+}
+
+/* The block being run (if any) stays an EXEC_PART record: it was left
+ * before instruction *part_cnt (which faulted) or the thread stops here. */
+static void keep_part(struct tbuf *b)
+{
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+    b->run_n = 0;
+}
+
+/* An event record follows: the block being run finished (it ended with
+ * the system call) and the EXEC record is closed. */
 static void close_run(struct tbuf *b)
 {
+    if (b->part_at)
+        complete_part(b);
     b->run_n = 0;               /* its count is kept up to date in on_exec */
 }
 
@@ -272,14 +330,22 @@ static void begin_chunk(struct tbuf *b)
     b->pos = (size_t)(p - b->data);
     b->hdr_end = b->pos;
     b->run_n = 0;
+    b->part_at = 0;
+    b->part_cnt = &no_part;
     b->sh->hdr_end = b->hdr_end;
     commit(b);
 }
 
-/* Append this buffer's chunk to LOG and start a new one; caller holds lock. */
+/* Append this buffer's chunk to LOG and start a new one; caller holds lock.
+ * The calling thread's block is done with (it flushes between blocks, or
+ * logs the one it is at); another thread's, still being run (at exit),
+ * goes as EXEC_PART. */
 static void flush_locked(struct tbuf *b)
 {
-    close_run(b);
+    if (b == tls_buf)
+        close_run(b);
+    else
+        keep_part(b);
     if (b->pos > b->hdr_end) {
         off_t end = lseek(out_fd, 0, SEEK_END);
         b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
@@ -399,30 +465,82 @@ static void put_time(struct tbuf *b)
 }
 
 /* ---- the hot path ---- */
+static bool is_fault_handler(uint64_t pc)
+{
+    for (int i = 0; i < 5; i++)
+        if (fault_handler[i] == pc)
+            return true;
+    return false;
+}
+
+/* Whether the block before, whose last started instruction with a
+ * callback is *cnt, was left early: a fault handler runs next and the
+ * block's own way out (its end, its direct target) was not taken, and
+ * it did not get to a last branch (which retires: a fault after it is at
+ * its target, as with a NULL function pointer). */
+static bool left_early(const struct tbinfo *prev, uint16_t cnt, uint64_t pc)
+{
+    if (pc == prev->end || pc == prev->target)
+        return false;
+    return !(cnt + 1 == prev->n && prev->last_branch);
+}
+
+/* A block starts.  The one before it finished (its EXEC_PART record becomes
+ * an EXEC id), unless it was left early for a fault handler; this one is
+ * an EXEC_PART record with count 0 until the next one starts, the
+ * callbacks of its instructions that can fault updating the count. */
 static void on_exec(unsigned int vcpu, void *udata)
 {
     struct tbuf *b = tls_buf;
+    struct tbinfo *info = udata;
     (void)vcpu;
-    if (__builtin_expect(stopped(), 0))
+    if (__builtin_expect(stopped(), 0)) {
+        if (b)
+            b->part_cnt = &no_part;     /* its EXEC_PART record stays as it is */
         return;
-    if (__builtin_expect(b == NULL || b->pos + 16 > TBUF_SIZE, 0)) {
+    }
+    if (__builtin_expect(b == NULL, 0))
         b = cur_buf();
-        if (b->pos + 16 > TBUF_SIZE) {
-            pthread_mutex_lock(&lock);
-            flush_locked(b);
-            pthread_mutex_unlock(&lock);
-        }
+    size_t at = b->part_at;
+    if (__builtin_expect(at && b->run_n && !any_fault_handler, 1)) {
+        /* the common case, complete_part inline: the id of the block that
+         * finished replaces its EXEC_PART record */
+        uint32_t id;
+        memcpy(&id, b->data + at + 1, 4);
+        __atomic_store_n(&b->sh->valid, (uint64_t)at, __ATOMIC_RELEASE);
+        memcpy(b->data + at, &id, 4);
+        b->run_n++;
+        memcpy(b->data + b->run_at, &b->run_n, 4);
+        b->pos = at + 4;
+        b->part_at = 0;
+    } else if (at) {
+        if (__builtin_expect(any_fault_handler, 0) && is_fault_handler(info->pc) &&
+            left_early(b->part, *b->part_cnt, info->pc))
+            keep_part(b);
+        else
+            complete_part(b);
     }
-    if (!b->run_n) {
-        b->data[b->pos] = T_EXEC;
-        b->run_at = b->pos + 1;
-        b->pos += 5;
+    if (__builtin_expect(b->pos + 32 > TBUF_SIZE, 0)) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
     }
-    memcpy(b->data + b->pos, &((struct tbinfo *)udata)->id, 4);
-    b->pos += 4;
-    b->run_n++;
-    memcpy(b->data + b->run_at, &b->run_n, 4);
+    unsigned char *p = b->data + b->pos;
+    b->part_at = b->pos;
+    b->part = info;
+    p[0] = T_EXEC_PART;
+    memcpy(p + 1, &info->id, 4);
+    p[5] = p[6] = 0;
+    b->part_cnt = (uint16_t *)(p + 5);
+    b->pos += 7;
     commit(b);
+}
+
+/* Before an instruction that can fault: the ones before it retired. */
+static void on_insn(unsigned int vcpu, void *udata)
+{
+    (void)vcpu;
+    *tls_buf->part_cnt = (uint16_t)(uintptr_t)udata;
 }
 
 /* ---- translation time ---- */
@@ -521,6 +639,36 @@ static void report_mapping(uint64_t pc)
         break;
     }
     fclose(f);
+}
+
+/* info describes instructions [from, to) of tb (a block of the log): where
+ * it ends, its last instruction, and a callback before each instruction
+ * that can fault (the first one's count, 0, is on_exec's) and before a
+ * last one that is not a direct jump (so a last branch that started is
+ * known to have retired, and a last instruction QEMU ends the block at
+ * because it raises, like ud2, is known to have started). */
+static void watch_block(struct qemu_plugin_tb *tb, size_t from, size_t to, struct tbinfo *info)
+{
+    uint64_t ip = qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, from));
+    info->pc = ip;
+    info->n = (uint16_t)(to - from);
+    for (size_t i = from; i < to; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        size_t sz = qemu_plugin_insn_size(insn);
+        uint64_t target;
+        int f = insn_info(qemu_plugin_insn_data(insn), sz, ip, &target);
+        if (i + 1 == to) {
+            info->last_branch = (f & II_BRANCH) != 0;
+            info->target = (f & II_DIRECT) ? target : 0;
+            if (!(f & II_DIRECT))
+                f |= II_FAULT;
+        }
+        if (i > from && (f & II_FAULT))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_NO_REGS,
+                                                   (void *)(uintptr_t)(i - from));
+        ip += sz;
+    }
+    info->end = ip;
 }
 
 /* A BLOCK record for instructions [from, to) of tb, in defs; caller holds lock. */
@@ -631,11 +779,15 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
-    if (info)
+    if (info) {
         qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
-    if (tinfo)
+        watch_block(tb, 0, k, info);
+    }
+    if (tinfo) {
+        watch_block(tb, k, k + 1, tinfo);
         qemu_plugin_register_vcpu_insn_exec_cb(qemu_plugin_tb_get_insn(tb, k), on_trigger,
                                                QEMU_PLUGIN_CB_NO_REGS, tinfo);
+    }
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
@@ -803,6 +955,12 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         uint64_t act[2] = {0, 0};
         if (read_guest(a2, act, sizeof act) == sizeof act) {
             uint32_t signo = (uint32_t)a1;
+            any_fault_handler = false;
+            for (int i = 0; i < 5; i++) {
+                if (fault_signo[i] == (int)signo)
+                    fault_handler[i] = act[0] > 1 ? act[0] : 0;
+                any_fault_handler |= fault_handler[i] != 0;
+            }
             p = b->data + b->pos;
             *p++ = T_SIGACTION;
             put(&p, &signo, 4);

@@ -40,7 +40,8 @@
  *     handler's, when the kernel delivered a signal on the way out; the
  *     re-executed `syscall` when an interrupted one restarts);
  *   - SIGNAL when a handler interrupts user code (async=1, ip = the next
- *     instruction) or a faulting instruction (async=0, ip = it);
+ *     instruction) or a faulting instruction (async=0, ip = it), or
+ *     (handler 0) when such a signal killed the thread;
  *     SIGACTION after a successful rt_sigaction;
  *   - THREAD_START/EXIT, PROC_START/EXEC/EXIT; MMAP/MUNMAP of executable
  *     mappings (with build-ids) at start, exec and after mmap-family calls;
@@ -661,6 +662,13 @@ static void on_exit_status(struct thread *t, int st)
         t->in_sys = 0;
     }
     end_run(t);
+    if (t->started && !t->native && !t->in_sys && WIFSIGNALED(st) &&
+        t->injected == WTERMSIG(st) && t->sig_ip) {
+        /* a signal delivered in user code killed it: where (a fault: at
+         * the instruction that faulted, which did not retire) */
+        rec(t); w8(0x22); w32((uint32_t)t->injected); w8(t->sig_async ? 1 : 0);
+        w64(0); w64(t->sig_ip);
+    }
     if (t->started) {
         rec(t); w8(0x11); w32((uint32_t)status);
         if (t->tid == t->pid) { w8(0x14); w32((uint32_t)status); t->p->live = 0; }
