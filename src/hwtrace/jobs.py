@@ -302,6 +302,8 @@ def _stitched(run, job, starts, workers: int, stats: dict,
         stats["broken"] = True
         return None
     stats["merged_at"] = [p.first for p in pieces[1:]]
+    stats["merged_pos"] = [(p.result.start, p.result.checkpoints[p.first].pos)
+                           for p in pieces[1:] if p.first >= 0]
     return pieces
 
 
@@ -326,7 +328,8 @@ def count_stats(path: str, offset: int, size: int | None, images, config,
                 min_segment: int = FP.MIN_SEGMENT, dask: str | None = None):
     """:func:`count` and statistics of the run: segments, re-runs
     ((start, end) pairs), merged_at (for each piece after the first, the
-    index of the later job's checkpoint it starts at)."""
+    index of the later job's checkpoint it starts at), merged_pos (the
+    (job start, trace position) of those checkpoints)."""
     stats = {"segments": 1, "reruns": [], "merged_at": []}
     jobs = jobs or os.cpu_count() or 1          # 0: every core
     if fast.CORE is None:

@@ -47,7 +47,7 @@ from . import fast
 from . import parallel as P
 from .checkpoint import Checkpoint
 
-TAIL = 3            # checkpoints a job records at/after the end of its segment
+TAIL = 3            # PSBs a job decodes on past the end of its segment
 HEAD = 3            # checkpoints a job k > 0 records from its start
 MIN_SEGMENT = 256 << 10
 

@@ -355,6 +355,13 @@ static int seg_at_event(void *ctx, struct session *s, const struct event *ev)
     if (psb != g->last_armed) {
         g->last_armed = psb;
         g->psbs_armed++;
+        /* tail PSBs done (each may have given two checkpoints: a PSB+
+         * whose FUP is inside a block publishes its status in two
+         * groups): stop at the next one's first status update */
+        if (g->stop_at >= 0 && psb >= g->stop_at && ++g->past > g->tail) {
+            g->stopped = 1;
+            return -E_STOP;
+        }
     }
     if (g->psbs_armed <= g->head || (g->stop_at >= 0 && psb >= g->stop_at))
         g->armed = psb;
@@ -404,9 +411,5 @@ static int seg_before_record(void *ctx, struct session *s)
     if (g->position)
         g->position(g->ctx, cp->out);
     g->ncps++;
-    if (g->stop_at >= 0 && psb >= g->stop_at && ++g->past >= g->tail) {
-        g->stopped = 1;
-        return -E_STOP;
-    }
     return 0;
 }

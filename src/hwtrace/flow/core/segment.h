@@ -9,8 +9,9 @@
  * PSBs or at/after ``stop_at``; its checkpoint is recorded just before the
  * next record is decoded (nothing pending).  A decoder synchronized at
  * that PSB is then where the sequential one is after the same PSB+ events
- * (the Python twin's checkpoint.Recorder takes the same point).  Once
- * ``tail`` checkpoints at/after ``stop_at`` are recorded the job stops.
+ * (the Python twin's checkpoint.Recorder takes the same point).  After
+ * ``tail`` PSBs at/after ``stop_at`` (one or two checkpoints each) the job
+ * stops, at the next PSB's first status update.
  *
  * What: the key -- the live decode state serialized (injective: equal keys
  * are equal states; see segment.c for every field and why the few left
@@ -38,7 +39,7 @@ struct segment {
     int psbs_armed;             /* distinct PSBs armed so far */
     ptrdiff_t armed;            /* the PSB awaiting its checkpoint, -1 */
     ptrdiff_t last_armed;
-    int past;                   /* checkpoints at/after stop_at */
+    int past;                   /* PSBs at/after stop_at */
     int stopped;
     struct checkpoint *cps;
     int ncps, capcps;
