@@ -87,6 +87,12 @@ class SwitchTimeline:
             return current
         return _tid(self.switches[k - 1].next_tid)
 
+    def pid_after(self, k: int, current: int | None) -> int | None:
+        """The process of :meth:`thread_after`."""
+        if k <= self.i:
+            return current
+        return _tid(getattr(self.switches[k - 1], "next_pid", None))
+
     def leaves(self, tid: int | None, k: int) -> bool:
         """Is ``tid`` switched out by a pending switch before index ``k``?"""
         return tid is not None and any(s.prev_tid == tid

@@ -1,0 +1,188 @@
+"""The call-stack builder's output side: rows waiting for their time.
+
+The builder appends begin rows, end rows (both :data:`~.slices.SLICE`)
+and markers as it goes -- numpy arrays from a vectorized run, tuples from
+the one-at-a-time paths -- each with its sequence number, in order.
+:meth:`Pending.flush` hands out, as :class:`~.slices.Slices`, every row
+an anchor of the clock (:class:`~.clock.TimeBase`) follows, timed:
+
+* a begin row gets the time of its begin index;
+* an end row the time of its end index, its begin time (from its begin
+  row: in the same flush, or remembered from an earlier one while the
+  activation was open), and its callees' instructions and time (summed
+  from the end rows whose parent it is: in the same flush, or carried
+  over from earlier ones).
+
+Memory: pending rows wait for at most ``max_pending`` rows (then the
+clock is sealed: extrapolated), remembered begin times and callee sums
+only for activations still open.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwtrace.analysis.clock import TimeBase
+from hwtrace.analysis.slices import SLICE, Slices, empty
+
+
+class _Parts:
+    """Rows in order: numpy parts and a tuple buffer."""
+
+    def __init__(self):
+        self.parts: list[np.ndarray] = []
+        self.py: list[tuple] = []
+        self.n = 0
+
+    def add_array(self, a: np.ndarray) -> None:
+        if len(a):
+            self._close()
+            self.parts.append(a)
+            self.n += len(a)
+
+    def add_row(self, row: tuple) -> None:
+        self.py.append(row)
+        self.n += 1
+
+    def _close(self) -> None:
+        if self.py:
+            self.parts.append(np.array(self.py, SLICE))
+            self.py = []
+
+    def take(self) -> np.ndarray:
+        self._close()
+        if not self.parts:
+            return empty()
+        a = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
+        self.parts = []
+        self.n = 0
+        return a
+
+    def put_back(self, a: np.ndarray) -> None:
+        if len(a):
+            self.parts.insert(0, a)
+            self.n += len(a)
+
+
+class Pending:
+    def __init__(self, clock: TimeBase):
+        self.clock = clock
+        self.enters = _Parts()
+        self.exits = _Parts()
+        self.markers: list = []           # (seq, idx, kind, offset, detail, tid)
+        self._begin: dict[int, float] = {}      # open activation id -> begin time
+        self._child: dict[int, list] = {}       # id -> [callee insns, callee time]
+
+    @property
+    def count(self) -> int:
+        return self.enters.n + self.exits.n + len(self.markers)
+
+    def oldest_seq(self) -> int | None:
+        seqs = []
+        for p, col in ((self.enters, "eseq"), (self.exits, "xseq")):
+            if p.parts:
+                seqs.append(int(p.parts[0][col][0]))
+            elif p.py:
+                seqs.append(p.py[0][10 if col == "eseq" else 11])
+        if self.markers:
+            seqs.append(self.markers[0][0])
+        return min(seqs) if seqs else None
+
+    def flush(self) -> tuple[Slices, list]:
+        """The rows an anchor follows now, timed.  Returns the chunk and
+        the raw markers (seq, idx, kind, offset, detail, tid, time)."""
+        clock = self.clock
+        E = self.enters.take()
+        X = self.exits.take()
+        ne = clock.ready(E["eseq"])
+        nx = clock.ready(X["xseq"])
+        if ne < len(E):
+            self.enters.put_back(E[ne:])
+            E = E[:ne]
+        if nx < len(X):
+            self.exits.put_back(X[nx:])
+            X = X[:nx]
+        if len(E):
+            E["begin"] = clock.times(E["eseq"], E["begin_idx"])
+        if len(X):
+            X["end"] = clock.times(X["xseq"], X["end_idx"])
+            self._begins(E, X)
+            np.maximum(X["end"], X["begin"], out=X["end"])
+            self._children(X)
+        if len(E):
+            self._remember(E, X)
+        marks = []
+        if self.markers:
+            mseq = np.array([m[0] for m in self.markers], np.int64)
+            nm = clock.ready(mseq)
+            if nm:
+                t = clock.times(mseq[:nm], np.array([m[1] for m in self.markers[:nm]],
+                                                    np.int64))
+                marks = [m + (ti,) for m, ti in zip(self.markers[:nm], t.tolist())]
+                del self.markers[:nm]
+        old = self.oldest_seq()
+        if old is not None:
+            clock.forget_before(old)
+        return Slices(E, X, []), marks
+
+    # -- begin times and callee sums -------------------------------------------------
+    def _begins(self, E: np.ndarray, X: np.ndarray) -> None:
+        begin = X["begin"]
+        found = np.zeros(len(X), bool)
+        if len(E):
+            eid = E["id"]
+            j = np.searchsorted(eid, X["id"])
+            jj = np.minimum(j, len(eid) - 1)
+            found = eid[jj] == X["id"]
+            begin[found] = E["begin"][jj[found]]
+        if not found.all():
+            rem = self._begin
+            for i in np.flatnonzero(~found).tolist():
+                t = rem.pop(int(X["id"][i]), None)
+                begin[i] = X["end"][i] if t is None else t
+
+    def _remember(self, E: np.ndarray, X: np.ndarray) -> None:
+        """Begin times of the activations begun here that did not end here."""
+        still = ~np.isin(E["id"], X["id"]) if len(X) else np.ones(len(E), bool)
+        if still.any():
+            rem = self._begin
+            for i, t in zip(E["id"][still].tolist(), E["begin"][still].tolist()):
+                rem[i] = t
+
+    def _children(self, X: np.ndarray) -> None:
+        insns = X["end_idx"] - X["begin_idx"]
+        dur = X["end"] - X["begin"]
+        ids = X["id"]
+        order = np.argsort(ids, kind="stable")
+        sid = ids[order]
+        par = X["parent"]
+        j = np.searchsorted(sid, par)
+        jj = np.minimum(j, len(sid) - 1)
+        here = (par >= 0) & (sid[jj] == par)
+        tgt = order[jj[here]]
+        ci = np.zeros(len(X), np.int64)
+        ct = np.zeros(len(X), np.float64)
+        np.add.at(ci, tgt, insns[here])
+        np.add.at(ct, tgt, dur[here])
+        acc = self._child
+        if acc:
+            keys = np.fromiter(acc.keys(), np.int64, len(acc))
+            for i in np.flatnonzero(np.isin(ids, keys)).tolist():
+                a = acc.pop(int(ids[i]))
+                ci[i] += a[0]
+                ct[i] += a[1]
+        X["child_insns"] = ci
+        X["child_time"] = ct
+        away = (par >= 0) & ~here
+        if away.any():
+            p = par[away]
+            u, inv = np.unique(p, return_inverse=True)
+            si = np.bincount(inv, insns[away], len(u))
+            st = np.bincount(inv, dur[away], len(u))
+            for pid, a, b in zip(u.tolist(), si.tolist(), st.tolist()):
+                cur = acc.get(pid)
+                if cur is None:
+                    acc[pid] = [int(a), b]
+                else:
+                    cur[0] += int(a)
+                    cur[1] += b

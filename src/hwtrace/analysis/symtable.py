@@ -1,0 +1,148 @@
+"""Naming many addresses at once: the call-stack builder's symbol lookups
+over numpy arrays.
+
+:class:`AddrTable` answers, for an array of addresses, the function each
+lies in -- ``(start, name id, known)`` arrays -- as
+``lookup(addr) -> (start, name) | None`` would one by one; unknown code
+is named by its address (``0x401000``), as the builder always named it.
+
+* Over a :class:`~hwtrace.analysis.symbols.Symbolizer` the images'
+  symbol tables are merged once into one step function over the address
+  space (the first image that covers an address claims it, as
+  ``Symbolizer.lookup`` decides): a lookup is one ``searchsorted``.
+* Over any other callback (a test's synthetic program) the distinct
+  addresses are looked up one by one and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwtrace.analysis.slices import NameTable
+
+_U8 = np.uint64
+
+
+class AddrTable:
+    def __init__(self, lookup, names: NameTable):
+        self.names = names
+        self.lookup = lookup
+        self._cache: dict[int, tuple[int, int, bool]] = {}
+        self._lo = self._hi = self._start = self._nid = None
+        images = getattr(lookup, "images", None)
+        if images is None:
+            images = getattr(getattr(lookup, "__self__", None), "images", None)
+        if lookup is not None and images is not None:
+            self._merge(images)
+
+    # -- the merged table --------------------------------------------------------
+    def _merge(self, images) -> None:
+        claimed: list[tuple[int, int]] = []
+        los, his, starts, nids = [], [], [], []
+        for img in images:
+            free = _subtract((img.low, img.high), claimed)
+            claimed.append((img.low, img.high))
+            if not free or not img._starts:
+                continue
+            bias = img.bias
+            s = np.array([a + bias for a in img._starts], _U8)
+            e = np.array([a + bias for a in img._ends], _U8)
+            hi = np.minimum(e, np.append(s[1:], _U8(0xFFFFFFFFFFFFFFFF)))
+            ids = self.names.ids(img._names)
+            for a, b in free:
+                keep = (s < _U8(b)) & (hi > _U8(a))
+                if not keep.any():
+                    continue
+                los.append(np.maximum(s[keep], _U8(a)))
+                his.append(np.minimum(hi[keep], _U8(b)))
+                starts.append(s[keep])
+                nids.append(ids[keep])
+        if not los:
+            self._lo = np.zeros(0, _U8)
+            self._hi = self._start = self._lo
+            self._nid = np.zeros(0, np.int32)
+            return
+        lo = np.concatenate(los)
+        order = np.argsort(lo, kind="stable")
+        self._lo = lo[order]
+        self._hi = np.concatenate(his)[order]
+        self._start = np.concatenate(starts)[order]
+        self._nid = np.concatenate(nids)[order]
+
+    # -- queries ---------------------------------------------------------------------
+    def resolve(self, addrs: np.ndarray):
+        """``(start u8, name id i4, known bool)`` for every address."""
+        addrs = np.asarray(addrs, _U8)
+        if self._lo is not None:
+            i = np.searchsorted(self._lo, addrs, side="right") - 1
+            ok = i >= 0
+            j = np.where(ok, i, 0)
+            if len(self._lo):
+                ok &= addrs < self._hi[j]
+                start = np.where(ok, self._start[j], addrs)
+                nid = np.where(ok, self._nid[j], -1).astype(np.int32)
+            else:
+                ok = np.zeros(len(addrs), bool)
+                start = addrs.copy()
+                nid = np.full(len(addrs), -1, np.int32)
+            if not ok.all():
+                bad = np.flatnonzero(~ok)
+                nid[bad] = self._unknown_ids(addrs[bad])
+            return start, nid, ok
+        if not len(addrs):
+            return addrs.copy(), np.zeros(0, np.int32), np.zeros(0, bool)
+        u, inv = np.unique(addrs, return_inverse=True)
+        rows = [self.one(a) for a in u.tolist()]
+        start = np.array([r[0] for r in rows], _U8)[inv]
+        nid = np.array([r[1] for r in rows], np.int32)[inv]
+        known = np.array([r[2] for r in rows], bool)[inv]
+        return start, nid, known
+
+    def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
+        u, inv = np.unique(addrs, return_inverse=True)
+        ids = np.fromiter((self.names.id(f"0x{a:x}") for a in u.tolist()),
+                          np.int32, len(u))
+        return ids[inv]
+
+    def one(self, addr: int) -> tuple[int, int, bool]:
+        """``(start, name id, known)`` of one address (cached)."""
+        c = self._cache.get(addr)
+        if c is not None:
+            return c
+        if self._lo is not None:
+            s, n, k = self.resolve(np.array([addr], _U8))
+            c = (int(s[0]), int(n[0]), bool(k[0]))
+        else:
+            r = self.lookup(addr) if self.lookup is not None else None
+            if r:
+                c = (r[0], self.names.id(r[1]), True)
+            else:
+                c = (addr, self.names.id(f"0x{addr:x}"), False)
+        if len(self._cache) > 1 << 20:
+            self._cache.clear()
+        self._cache[addr] = c
+        return c
+
+    def starts(self, addrs: np.ndarray) -> np.ndarray:
+        """bool per address: a known function starts exactly there, and
+        it is not a ``.cold`` part (a jump there may be a tail call)."""
+        start, nid, known = self.resolve(addrs)
+        cold = self.names.cold()
+        return known & (start == addrs) & ~cold[nid]
+
+
+def _subtract(iv: tuple[int, int], taken: list) -> list:
+    """``iv`` minus the intervals ``taken`` (a short list)."""
+    out = [iv]
+    for a, b in taken:
+        nxt = []
+        for lo, hi in out:
+            if b <= lo or a >= hi:
+                nxt.append((lo, hi))
+                continue
+            if lo < a:
+                nxt.append((lo, a))
+            if b < hi:
+                nxt.append((b, hi))
+        out = nxt
+    return [(lo, hi) for lo, hi in out if lo < hi]
