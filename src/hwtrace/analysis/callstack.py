@@ -73,7 +73,7 @@ from hwtrace.analysis import runs
 from hwtrace.analysis.clock import TimeBase
 from hwtrace.analysis.flowitems import ERROR, EVENT, INSN, ObjectItem, \
     enum_name, event_name, kind_of
-from hwtrace.analysis.records import Flag, Marker, StreamInfo
+from hwtrace.analysis.records import LOSS_KINDS, Flag, Marker, StreamInfo
 from hwtrace.analysis.rows import Pending
 from hwtrace.analysis.slices import (SLICE, NameTable, PathTable, Slices,
                                      path_of, to_records, _UNKNOWN)
@@ -181,6 +181,8 @@ class CallStackBuilder(FollowThreads):
         # counters for summaries
         self.calls = 0
         self.markers: dict[str, int] = {}
+        #: the first few losses: (kind, trace offset, instruction index, detail)
+        self.loss_samples: list[tuple] = []
 
     # -- output ------------------------------------------------------------------
     def _next(self) -> int:
@@ -295,6 +297,8 @@ class CallStackBuilder(FollowThreads):
 
     def _marker(self, kind: str, offset, detail: str) -> None:
         self.markers[kind] = self.markers.get(kind, 0) + 1
+        if kind in LOSS_KINDS and len(self.loss_samples) < 5:
+            self.loss_samples.append((kind, offset, self.n, detail))
         tid = self._thread if self._thread is not None else self._tid
         self.pending.markers.append((self._next(), self.n, kind, offset,
                                      detail, tid))

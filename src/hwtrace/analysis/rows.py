@@ -72,6 +72,8 @@ class Pending:
         self.markers: list = []           # (seq, idx, kind, offset, detail, tid)
         self._begin: dict[int, float] = {}      # open activation id -> begin time
         self._child: dict[int, list] = {}       # id -> [callee insns, callee time]
+        #: a window to cut to (``apply(E, X, marks)``; see analysis.window)
+        self.clip = None
 
     @property
     def count(self) -> int:
@@ -108,7 +110,6 @@ class Pending:
             X["end"] = clock.times(X["xseq"], X["end_idx"])
             self._begins(E, X)
             np.maximum(X["end"], X["begin"], out=X["end"])
-            self._children(X)
         if len(E):
             self._remember(E, X)
         marks = []
@@ -120,6 +121,10 @@ class Pending:
                                                     np.int64))
                 marks = [m + (ti,) for m, ti in zip(self.markers[:nm], t.tolist())]
                 del self.markers[:nm]
+        if self.clip is not None:
+            E, X, marks = self.clip.apply(E, X, marks)
+        if len(X):
+            self._children(X)
         old = self.oldest_seq()
         if old is not None:
             clock.forget_before(old)

@@ -207,6 +207,7 @@ class RecordChunker:
 
     def __init__(self, names: NameTable | None = None):
         self.names = names or NameTable()
+        self.paths = PathTable()
         self._seq = 0
         self._next_id = 0
         self._open: list[tuple[int, int, int]] = []   # (id, eseq, path)
@@ -223,6 +224,7 @@ class RecordChunker:
             del self._open[rec.depth:]
             nid = self.names.id(rec.name)
             path = path_of(ppath, nid)
+            self.paths.add(path, ppath, nid)
             i = self._next_id
             self._next_id += 1
             self._open.append((i, self._seq, path))
