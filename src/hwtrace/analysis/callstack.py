@@ -461,7 +461,7 @@ class CallStackBuilder(FollowThreads):
         """Records [r0, r1) of the batch, with no event between them."""
         self._at_record(a, r0)
         t, last = r0, r1 - 1
-        window = 4096
+        window = 1 << 20           # the whole run, until irregular ones show
         while t < last:
             k = 0
             if self.vectorize and self._in_seg and self._stack:
@@ -471,7 +471,7 @@ class CallStackBuilder(FollowThreads):
                 if t == end:
                     window = min(2 * window, 1 << 17)
                     continue
-                window = max(256, min(1 << 17, 2 * k))
+                window = max(4096, min(1 << 20, 4 * k))
             # irregular (or not vectorizing): one at a time, a few
             steps = 1 if k >= 16 or not self.vectorize else 64
             for _ in range(min(steps, last - t)):

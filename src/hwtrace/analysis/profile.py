@@ -100,8 +100,12 @@ class Profile:
             o["tid"] = E["tid"]
             o["main"] = E["name"] == main_id if main_id is not None else False
             o["key"] = _hkey(E)
-            if o["main"].any():
-                for t in np.unique(o["tid"][o["main"]]).tolist():
+            # a thread whose main was called in the trace: what ran there
+            # outside main is start-up or exit (a main begun before the
+            # trace says nothing about what came before it)
+            called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
+            if called.any():
+                for t in np.unique(o["tid"][called]).tolist():
                     self._main_seen.add(thr(t))
             self._open = np.concatenate((self._open, o))
         if not len(X):
@@ -137,10 +141,14 @@ class Profile:
         vals[:, 3] = self_t
         vals[:, 4] = np.where(outer, ins, 0)
         vals[:, 5] = np.where(outer, dur, 0)
-        np.add.at(self._acc, rows, vals)
+        nrow = len(self._acc)
+        for c in range(len(_COLS)):
+            self._acc[:, c] += np.bincount(rows, vals[:, c], nrow)
         self.insns += int(self_i.sum())
         self.time += float(self_t.sum())
-        self._open = op[~np.isin(op["id"], X["id"])]
+        keep = np.ones(len(op), bool)
+        keep[jj[found]] = False
+        self._open = op[keep]
 
     def _thread_keys(self, tid: int):
         return (self._stream, tid)
@@ -153,7 +161,12 @@ class Profile:
         if not found.any():
             return out
         xkey = _hkey(X)
-        cand = np.flatnonzero(np.isin(op["key"], xkey))
+        # the ones ending here, and those still open of the same functions
+        ending = np.zeros(len(op), bool)
+        ending[jj[found]] = True
+        rest = np.flatnonzero(~ending)
+        rest = rest[np.isin(op["key"][rest], xkey)]
+        cand = np.sort(np.concatenate((jj[found], rest)))
         key, e, x = op["key"][cand], op["eseq"][cand], xend[cand]
         order = np.lexsort((e, key))
         key, x = key[order], x[order]
@@ -173,8 +186,10 @@ class Profile:
 
     def _rows(self, X, names, part) -> np.ndarray:
         """Accumulator row of every activation (new keys added)."""
-        hk = np.stack((_hkey(X), part), 1)
-        u, first, inv = np.unique(hk, axis=0, return_index=True, return_inverse=True)
+        with np.errstate(over="ignore"):
+            hk = (_hkey(X).view(np.uint64) * np.uint64(0x100000001B3)
+                  + part.astype(np.uint64)).view(np.int64)
+        u, first, inv = np.unique(hk, return_index=True, return_inverse=True)
         inv = np.asarray(inv).reshape(-1)
         out = np.empty(len(u), np.int64)
         nt = names.names

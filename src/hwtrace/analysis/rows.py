@@ -23,13 +23,15 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.analysis.clock import TimeBase
-from hwtrace.analysis.slices import SLICE, Slices, empty
+from hwtrace.analysis.slices import Cols, Slices, empty
 
 
 class _Parts:
-    """Rows in order: numpy parts and a tuple buffer."""
+    """Rows in order: numpy parts and a tuple buffer (``col``: the
+    sequence-number field they are ordered by)."""
 
-    def __init__(self):
+    def __init__(self, col: str):
+        self.col = col
         self.parts: list[np.ndarray] = []
         self.py: list[tuple] = []
         self.n = 0
@@ -46,29 +48,45 @@ class _Parts:
 
     def _close(self) -> None:
         if self.py:
-            self.parts.append(np.array(self.py, SLICE))
+            self.parts.append(Cols.from_rows(self.py))
             self.py = []
 
-    def take(self) -> np.ndarray:
-        self._close()
-        if not self.parts:
-            return empty()
-        a = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-        self.parts = []
-        self.n = 0
-        return a
+    def first_seq(self) -> int | None:
+        if self.parts:
+            return int(self.parts[0][self.col][0])
+        if self.py:
+            return self.py[0][10 if self.col == "eseq" else 11]
+        return None
 
-    def put_back(self, a: np.ndarray) -> None:
-        if len(a):
-            self.parts.insert(0, a)
-            self.n += len(a)
+    def take(self, ready) -> np.ndarray:
+        """The leading rows ``ready(seqs)`` says can go (a count per
+        part, in order), as one array; the rest stays."""
+        self._close()
+        out = []
+        col = self.col
+        while self.parts:
+            p = self.parts[0]
+            k = ready(p[col])
+            if k >= len(p):
+                out.append(p)
+                self.parts.pop(0)
+                continue
+            if k:
+                out.append(p[:k])
+                self.parts[0] = p[k:]
+            break
+        n = sum(len(x) for x in out)
+        self.n -= n
+        if not out:
+            return empty()
+        return Cols.concat(out)
 
 
 class Pending:
     def __init__(self, clock: TimeBase):
         self.clock = clock
-        self.enters = _Parts()
-        self.exits = _Parts()
+        self.enters = _Parts("eseq")
+        self.exits = _Parts("xseq")
         self.markers: list = []           # (seq, idx, kind, offset, detail, tid)
         self._begin: dict[int, float] = {}      # open activation id -> begin time
         self._child: dict[int, list] = {}       # id -> [callee insns, callee time]
@@ -80,12 +98,8 @@ class Pending:
         return self.enters.n + self.exits.n + len(self.markers)
 
     def oldest_seq(self) -> int | None:
-        seqs = []
-        for p, col in ((self.enters, "eseq"), (self.exits, "xseq")):
-            if p.parts:
-                seqs.append(int(p.parts[0][col][0]))
-            elif p.py:
-                seqs.append(p.py[0][10 if col == "eseq" else 11])
+        seqs = [s for s in (self.enters.first_seq(), self.exits.first_seq())
+                if s is not None]
         if self.markers:
             seqs.append(self.markers[0][0])
         return min(seqs) if seqs else None
@@ -94,16 +108,8 @@ class Pending:
         """The rows an anchor follows now, timed.  Returns the chunk and
         the raw markers (seq, idx, kind, offset, detail, tid, time)."""
         clock = self.clock
-        E = self.enters.take()
-        X = self.exits.take()
-        ne = clock.ready(E["eseq"])
-        nx = clock.ready(X["xseq"])
-        if ne < len(E):
-            self.enters.put_back(E[ne:])
-            E = E[:ne]
-        if nx < len(X):
-            self.exits.put_back(X[nx:])
-            X = X[:nx]
+        E = self.enters.take(clock.ready)
+        X = self.exits.take(clock.ready)
         if len(E):
             E["begin"] = clock.times(E["eseq"], E["begin_idx"])
         if len(X):
@@ -165,10 +171,8 @@ class Pending:
         jj = np.minimum(j, len(sid) - 1)
         here = (par >= 0) & (sid[jj] == par)
         tgt = order[jj[here]]
-        ci = np.zeros(len(X), np.int64)
-        ct = np.zeros(len(X), np.float64)
-        np.add.at(ci, tgt, insns[here])
-        np.add.at(ct, tgt, dur[here])
+        ci = np.bincount(tgt, insns[here], len(X)).astype(np.int64)
+        ct = np.bincount(tgt, dur[here], len(X))
         acc = self._child
         if acc:
             keys = np.fromiter(acc.keys(), np.int64, len(acc))

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hwtrace.analysis.records import Flag
-from hwtrace.analysis.slices import PATH_MUL, SLICE, UNKNOWN_FUNC
+from hwtrace.analysis.slices import PATH_MUL, SLICE, Cols, UNKNOWN_FUNC
 
 # transfer codes (as the builder's)
 NONE, CALL, RET, JUMP, COND, FCALL, FRET, FJUMP = range(8)
@@ -63,6 +63,7 @@ STACK = np.dtype([("id", "<i8"), ("parent", "<i8"), ("func", "<u8"),
                   ("tid", "<i8"), ("begin_idx", "<i8"), ("eseq", "<i8"),
                   ("path", "<u8"), ("ret", "<u8"), ("ret_ok", "?")])
 
+SLICE_T = {f: SLICE.fields[f][0] for f in SLICE.names}
 _FAR = int(Flag.FAR)
 _TAIL = int(Flag.TAIL_CALL)
 _U8 = np.uint64
@@ -110,14 +111,14 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     spec = np.zeros(n, bool)
     if lookup and jumpish.any():
         jpos = np.flatnonzero(jumpish)
-        start, _nid, known = names.resolve(tgt[jpos])
-        cold = names.names.cold()
-        is_start = known & (start == tgt[jpos]) & ~cold[_nid]
+        is_start = names.starts(tgt[jpos])
         tail[jpos[is_start]] = True
-        j2 = jpos[~is_start & known & (code[jpos] == JUMP)]
-        spec[j2] = True
+        # an unconditional jump into a known function: maybe unwinding
+        j2 = jpos[~is_start & (code[jpos] == JUMP)]
+        start, _nid, known = names.resolve(tgt[j2])
+        spec[j2[known]] = True
         spec_start = np.zeros(n, _U8)
-        spec_start[jpos] = start
+        spec_start[j2] = start
     ev = np.flatnonzero(opener | closer | tail | spec)
     if not len(ev):
         return _nothing(n, stack)
@@ -135,7 +136,15 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     o_ev = np.flatnonzero(e_open | e_tail)
     o_lvl = np.where(e_open[o_ev], depth[o_ev], depth[o_ev] - 1)
     o_key = o_lvl * M + 2 * o_ev + 1
-    order = np.argsort(o_key, kind="stable")
+    # a stable sort by level (positions are in order already); levels
+    # span less than 2**16 (max_depth): a radix sort
+    if len(o_lvl):
+        lo = int(o_lvl.min())
+        span = int(o_lvl.max()) - lo
+        rel = (o_lvl - lo).astype(np.uint16 if span < 1 << 16 else np.int64)
+        order = np.argsort(rel, kind="stable")
+    else:
+        order = np.zeros(0, np.int64)
     s_key = o_key[order]
 
     def frame_at(lvl, qpos):
@@ -236,7 +245,7 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     flags = np.where(e_tail[o_ev_c], _TAIL | np.where(o_far[:no], _FAR, 0),
                      np.where(o_far[:no], _FAR, 0)).astype(np.uint32)
     o_tr = ev[o_ev_c]
-    enters = np.zeros(no, SLICE)
+    enters = Cols.zeros(no)
     enters["id"] = ids
     enters["parent"] = parent
     enters["func"] = o_func[:no]
@@ -257,18 +266,23 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     x_lvl = c_lvl[cm]
     x_run = x_fr >= 0
     xf = np.maximum(x_fr, 0)
-    exits = np.zeros(len(x_ev), SLICE)
-    if no:
-        exits[x_run] = enters[xf[x_run]]
-    if (~x_run).any():
-        lv = x_lvl[~x_run]
-        st = stack[lv]
-        ex = exits[~x_run]
-        for f in ("id", "parent", "func", "name", "flags", "pid", "tid",
-                  "begin_idx", "eseq", "path"):
-            ex[f] = st[f]
-        ex["depth"] = lv
-        exits[~x_run] = ex
+    lv = np.minimum(x_lvl, s0 - 1)
+    src = xf if no else np.zeros(len(xf), np.int64)
+    cols = {}
+    for f in ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
+              "path", "pid", "tid"):
+        run_v = enters[f]
+        cols[f] = np.where(x_run, run_v[src], stack[f][lv]) if no else \
+            stack[f][lv].copy()
+    cols["depth"] = x_lvl.astype(np.int32)
+    m = len(x_ev)
+    cols["begin"] = np.zeros(m)
+    cols["end"] = np.zeros(m)
+    cols["child_insns"] = np.zeros(m, np.int64)
+    cols["child_time"] = np.zeros(m)
+    cols["end_idx"] = np.zeros(m, np.int64)
+    cols["xseq"] = np.zeros(m, np.int64)
+    exits = Cols({f: cols[f].astype(SLICE_T[f], copy=False) for f in SLICE_T}, m)
     x_tr = ev[x_ev]
     exits["end_idx"] = land[x_tr]
     exits["xseq"] = seq0 + 4 * x_tr.astype(np.int64) + 1
@@ -293,7 +307,7 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
 
 
 def _nothing(k: int, stack: np.ndarray) -> Committed:
-    z = np.zeros(0, SLICE)
+    z = Cols.zeros(0)
     return Committed(k, z, z, len(stack), np.zeros(0, STACK), 0,
                      (np.zeros(0, _U8), np.zeros(0, _U8), np.zeros(0, np.int32)))
 

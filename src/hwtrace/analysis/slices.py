@@ -63,8 +63,67 @@ PATH_MUL = np.uint64(0x100000001B3)
 PATH_ROOT = np.uint64(0)
 
 
-def empty(n: int = 0) -> np.ndarray:
-    return np.zeros(n, SLICE)
+_FIELDS = SLICE.names
+_TYPES = [SLICE.fields[f][0] for f in _FIELDS]
+
+
+class Cols:
+    """Rows of :data:`SLICE` kept as one contiguous array per field (what
+    the views read a field at a time, much faster than a structured
+    array's strided fields).  ``c["field"]`` is a column, ``c[mask]`` /
+    ``c[i:j]`` / ``c[index_array]`` the selected rows."""
+
+    __slots__ = ("d", "n")
+    dtype = SLICE
+
+    def __init__(self, d: dict, n: int):
+        self.d = d
+        self.n = n
+
+    @classmethod
+    def zeros(cls, n: int = 0) -> "Cols":
+        return cls({f: np.zeros(n, t) for f, t in zip(_FIELDS, _TYPES)}, n)
+
+    @classmethod
+    def from_records(cls, a: np.ndarray) -> "Cols":
+        return cls({f: np.ascontiguousarray(a[f]) for f in _FIELDS}, len(a))
+
+    @classmethod
+    def from_rows(cls, rows: list) -> "Cols":
+        return cls.from_records(np.array(rows, SLICE))
+
+    @staticmethod
+    def concat(parts: list) -> "Cols":
+        parts = [p for p in parts if p.n]
+        if not parts:
+            return Cols.zeros()
+        if len(parts) == 1:
+            return parts[0]
+        return Cols({f: np.concatenate([p.d[f] for p in parts]) for f in _FIELDS},
+                    sum(p.n for p in parts))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            return self.d[k]
+        d = {f: a[k] for f, a in self.d.items()}
+        return Cols(d, len(next(iter(d.values()))))
+
+    def __setitem__(self, k, v) -> None:
+        self.d[k][...] = v
+
+    def copy(self) -> "Cols":
+        return Cols({f: a.copy() for f, a in self.d.items()}, self.n)
+
+    def tolist(self) -> list[tuple]:
+        cols = [self.d[f].tolist() for f in _FIELDS]
+        return list(zip(*cols))
+
+
+def empty(n: int = 0) -> Cols:
+    return Cols.zeros(n)
 
 
 class NameTable:
@@ -158,8 +217,8 @@ def path_of(parent: int, name: int) -> int:
 class Slices(NamedTuple):
     """One chunk of the builder's output (see the module doc)."""
 
-    enters: np.ndarray
-    exits: np.ndarray
+    enters: "Cols"
+    exits: "Cols"
     markers: list           # [(seq, Marker)] in order
 
     def __bool__(self) -> bool:
@@ -255,7 +314,7 @@ class RecordChunker:
                 rec.end, rec.child_insns, rec.child_time)
 
     def take(self) -> Slices:
-        s = Slices(np.array(self._enters, SLICE), np.array(self._exits, SLICE),
+        s = Slices(Cols.from_rows(self._enters), Cols.from_rows(self._exits),
                    self._markers)
         self._enters, self._exits, self._markers = [], [], []
         return s

@@ -25,6 +25,35 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+import numpy as np
+
+
+def _symbol_array(elf: ELFFile, sec):
+    """A symbol table as arrays: (names(i) -> str, value, size, type,
+    bind, section index), or None if it cannot be read so."""
+    try:
+        data = sec.data()
+        strtab = elf.get_section(sec.header.sh_link).data()
+    except Exception:           # pyelftools' errors on broken files
+        return None
+    little = elf.little_endian
+    e = "<" if little else ">"
+    if elf.elfclass == 64:
+        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
+                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
+    else:
+        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
+    n = len(data) // dt.itemsize
+    a = np.frombuffer(data, dt, n)
+    off = a["name"].astype(np.int64)
+
+    def names(i: int) -> str:
+        o = int(off[i])
+        end = strtab.find(b"\0", o)
+        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
+            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
 
 
 class SymbolError(Exception):
@@ -127,7 +156,8 @@ class Image:
     def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
         """{link-time address: (size, name)} of functions.  Untyped symbols
         in executable sections (assembly labels) count where no function
-        symbol starts; symbols of size 0 extend to the next symbol."""
+        symbol starts; symbols of size 0 extend to the next symbol.  The
+        symbol tables are read as arrays (numpy), not symbol by symbol."""
         funcs: dict[int, tuple[int, str]] = {}
         labels: dict[int, tuple[int, str]] = {}
         exec_secs = {i for i, sec in enumerate(elf.iter_sections())
@@ -136,21 +166,29 @@ class Image:
             sec = elf.get_section_by_name(secname)
             if not isinstance(sec, SymbolTableSection):
                 continue
-            for sym in sec.iter_symbols():
-                e = sym.entry
-                if not sym.name or not isinstance(e.st_shndx, int):
+            syms = _symbol_array(elf, sec)
+            if syms is None:
+                continue
+            names, value, size, typ, bind, shndx = syms
+            # STT_FUNC 2, STT_GNU_IFUNC 10, STT_NOTYPE 0; SHN_UNDEF 0 and
+            # the reserved indices (>= 0xff00) are not in a section
+            insec = (shndx != 0) & (shndx < 0xFF00)
+            isf = insec & ((typ == 2) | (typ == 10))
+            isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
+            for i in np.flatnonzero(isf | isl).tolist():
+                name = names(i)
+                if not name:
                     continue
-                typ = e.st_info.type
-                if typ in ("STT_FUNC", "STT_GNU_IFUNC"):
-                    old = funcs.get(e.st_value)
+                v, z, glob = int(value[i]), int(size[i]), bind[i] == 1
+                if isf[i]:
+                    old = funcs.get(v)
                     # prefer global names and .symtab's (later) ones
-                    if old is None or e.st_info.bind == "STB_GLOBAL" or old[0] == 0:
-                        funcs[e.st_value] = (e.st_size, sym.name)
-                elif typ == "STT_NOTYPE" and e.st_shndx in exec_secs \
-                        and not sym.name.startswith((".L", "$")):
-                    old = labels.get(e.st_value)
-                    if old is None or e.st_info.bind == "STB_GLOBAL":
-                        labels[e.st_value] = (e.st_size, sym.name)
+                    if old is None or glob or old[0] == 0:
+                        funcs[v] = (z, name)
+                elif not name.startswith((".L", "$")):
+                    old = labels.get(v)
+                    if old is None or glob:
+                        labels[v] = (z, name)
         for a, v in labels.items():
             funcs.setdefault(a, v)
         if plt:
@@ -190,11 +228,19 @@ class Image:
             first = 16
         if sec is None or not isinstance(dynsym, SymbolTableSection):
             return {}
+        syms = _symbol_array(elf, dynsym)
+        data = rela.data()
+        if syms is None or len(data) % 24:
+            return {}
+        info = np.frombuffer(data, "<u8").reshape(-1, 3)[:, 1]
+        idx = (info >> np.uint64(32)).astype(np.int64)
+        names = syms[0]
+        nsym = len(syms[1])
         out = {}
-        for i, rel in enumerate(rela.iter_relocations()):
-            sym = dynsym.get_symbol(rel["r_info_sym"])
-            name = sym.name if sym is not None and sym.name else f"plt{i}"
-            out[sec.header.sh_addr + first + 16 * i] = (16, name + "@plt")
+        base = sec.header.sh_addr + first
+        for i, k in enumerate(idx.tolist()):
+            name = names(k) if 0 < k < nsym else ""
+            out[base + 16 * i] = (16, (name or f"plt{i}") + "@plt")
         return out
 
     # -- queries (runtime addresses) ---------------------------------------

@@ -29,6 +29,7 @@ class AddrTable:
         self.lookup = lookup
         self._cache: dict[int, tuple[int, int, bool]] = {}
         self._lo = self._hi = self._start = self._nid = None
+        self._fstarts = None
         images = getattr(lookup, "images", None)
         if images is None:
             images = getattr(getattr(lookup, "__self__", None), "images", None)
@@ -61,30 +62,34 @@ class AddrTable:
             self._lo = np.zeros(0, _U8)
             self._hi = self._start = self._lo
             self._nid = np.zeros(0, np.int32)
+            self._fstarts = np.zeros(0, _U8)
             return
         lo = np.concatenate(los)
         order = np.argsort(lo, kind="stable")
-        self._lo = lo[order]
-        self._hi = np.concatenate(his)[order]
-        self._start = np.concatenate(starts)[order]
-        self._nid = np.concatenate(nids)[order]
+        # a first segment that names nothing: every lookup lands somewhere
+        self._lo = np.concatenate(([_U8(0)], lo[order]))
+        self._hi = np.concatenate(([_U8(0)], np.concatenate(his)[order]))
+        self._start = np.concatenate(([_U8(0)], np.concatenate(starts)[order]))
+        self._nid = np.concatenate(([-1], np.concatenate(nids)[order])).astype(np.int32)
+        whole = (self._lo == self._start) & (self._hi > self._lo)
+        cold = self.names.cold()
+        whole &= ~cold[np.maximum(self._nid, 0)]
+        self._fstarts = np.unique(self._start[whole])
 
     # -- queries ---------------------------------------------------------------------
     def resolve(self, addrs: np.ndarray):
         """``(start u8, name id i4, known bool)`` for every address."""
         addrs = np.asarray(addrs, _U8)
         if self._lo is not None:
-            i = np.searchsorted(self._lo, addrs, side="right") - 1
-            ok = i >= 0
-            j = np.where(ok, i, 0)
-            if len(self._lo):
-                ok &= addrs < self._hi[j]
-                start = np.where(ok, self._start[j], addrs)
-                nid = np.where(ok, self._nid[j], -1).astype(np.int32)
-            else:
+            if not len(self._lo):
                 ok = np.zeros(len(addrs), bool)
                 start = addrs.copy()
                 nid = np.full(len(addrs), -1, np.int32)
+            else:
+                j = np.searchsorted(self._lo, addrs, side="right") - 1
+                ok = addrs < self._hi[j]
+                start = np.where(ok, self._start[j], addrs)
+                nid = self._nid[j]
             if not ok.all():
                 bad = np.flatnonzero(~ok)
                 nid[bad] = self._unknown_ids(addrs[bad])
@@ -126,6 +131,12 @@ class AddrTable:
     def starts(self, addrs: np.ndarray) -> np.ndarray:
         """bool per address: a known function starts exactly there, and
         it is not a ``.cold`` part (a jump there may be a tail call)."""
+        fs = self._fstarts
+        if fs is not None:
+            if not len(fs):
+                return np.zeros(len(addrs), bool)
+            j = np.minimum(np.searchsorted(fs, addrs), len(fs) - 1)
+            return fs[j] == addrs
         start, nid, known = self.resolve(addrs)
         cold = self.names.cold()
         return known & (start == addrs) & ~cold[nid]

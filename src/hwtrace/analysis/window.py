@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.analysis.records import Flag
-from hwtrace.analysis.slices import SLICE, Slices
+from hwtrace.analysis.slices import Cols, Slices
 
 _CLIPPED = int(Flag.CLIPPED)
 _TRUNC = int(Flag.TRUNCATED)
@@ -58,7 +58,7 @@ class WindowClip:
         self.lo, self.hi = lo, hi           # idx, or time from the origin
         self.origin = origin                # shared by the streams: {"t": time}
         self.crossed = lo is None
-        self.held = np.zeros(0, SLICE)
+        self.held = Cols.zeros()
         self.done = False                   # past the window's end
 
     def _bounds(self, E, X, marks):
@@ -90,13 +90,13 @@ class WindowClip:
         if not self.crossed:
             early = E[cb] < lo
             if early.any():
-                self.held = np.concatenate((self.held, E[early]))
+                self.held = Cols.concat([self.held, E[early]])
                 E = E[~early]
             now = [a[c].max() for a, c in ((E, cb), (X, ce)) if len(a)]
             if now and max(now) >= lo:
                 self.crossed = True
                 H = self.held
-                self.held = np.zeros(0, SLICE)
+                self.held = Cols.zeros()
                 if len(H):
                     ref = E[:1] if len(E) else X[-1:]
                     H = H.copy()
@@ -112,7 +112,7 @@ class WindowClip:
                                                   * (ri - H["begin_idx"])).astype(np.int64)
                         H["begin"] = lo
                     H["flags"] |= _CLIPPED
-                    E = np.concatenate((H, E))
+                    E = Cols.concat([H, E])
         E = E[E[cb] < hi]
         # cut what overlaps the edges
         if len(X):
@@ -136,7 +136,7 @@ class WindowClip:
                 else:
                     X["end_idx"][cut] = other
                     X["end"][cut] = hi
-                X["flags"][cut] = (X["flags"][cut] | _CLIPPED) & ~np.uint32(_TRUNC)
+                X["flags"][cut] = (X["flags"][cut] | np.uint32(_CLIPPED)) & ~np.uint32(_TRUNC)
         marks = [m for m in marks
                  if lo <= (m[1] if self.by_idx else m[-1]) < hi]
         return E, X, marks
@@ -167,7 +167,7 @@ class ViewFilter:
             builder.pending.clip = self
         self._min = min_duration           # (value, unit) or None
         self._mind = None
-        self._held = np.zeros(0, SLICE)    # begins waiting for min_duration
+        self._held = Cols.zeros()          # begins waiting for min_duration
         self._roots = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("depth", "<i4")])
         self._unit = unit
         self._b = builder
@@ -286,7 +286,7 @@ class ViewFilter:
             now = max(times) if times else None
             el = lambda H: (now - H["begin"]) if now is not None \
                 else np.zeros(len(H))                     # noqa: E731
-        H = np.concatenate((self._held, E)) if len(E) else self._held
+        H = Cols.concat([self._held, E])
         keepx = xd >= d
         # begins: out once long enough, or when their activation qualified
         ready = (el(H) >= d) | np.isin(H["id"], X["id"][keepx])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
-from hwtrace.analysis.slices import SLICE, RecordChunker
+from hwtrace.analysis.slices import Cols, RecordChunker
 from hwtrace.export import track_label
 from hwtrace.export.textcols import Lines
 
@@ -55,14 +55,16 @@ class CallHistory:
     them for :meth:`lines`)."""
 
     def __init__(self, max_depth: int | None = None, out=None,
-                 hold: int = 1 << 14):
+                 hold: int = 1 << 14, show_time: bool = True):
         self.max_depth = max_depth
+        self.show_time = show_time
+        self._last_tid = -1
         self.out = out
         self.hold = hold
         self._kept: list[str] = []
         self._info = None
         self._unit = None
-        self._q = np.zeros(0, SLICE)         # enters waiting for their end, in order
+        self._q = Cols.zeros()               # enters waiting for their end, in order
         self._done = np.zeros(0, bool)
         self._early: set[int] = set()        # ids written early
         self._marks: list = []               # (seq, Marker) waiting
@@ -82,6 +84,7 @@ class CallHistory:
     def begin_stream(self, info, unit=None) -> None:
         self._end_stream()
         self._info = info
+        self._last_tid = -1
         self._unit = unit
         self._write(f"{track_label(info)}:\n")
 
@@ -99,7 +102,7 @@ class CallHistory:
             E = E[E["depth"] <= md]
             X = X[X["depth"] <= md]
         if len(E):
-            self._q = np.concatenate((self._q, E))
+            self._q = Cols.concat([self._q, E])
             self._done = np.concatenate((self._done, np.zeros(len(E), bool)))
         if len(X):
             self._ends(X)
@@ -125,8 +128,8 @@ class CallHistory:
             mine = np.isin(late["id"], np.fromiter(self._early, np.int64,
                                                    len(self._early)))
             if mine.any():
-                for r in late[mine]:
-                    self._early.discard(int(r["id"]))
+                for i in late["id"][mine].tolist():
+                    self._early.discard(i)
                 self._late_ends(late[mine])
 
     def _emit(self, final: bool = False) -> None:
@@ -192,11 +195,11 @@ class CallHistory:
         insns = rows["end_idx"] - rows["begin_idx"]
         t.int(insns, 10, commas=True).only(ok).when(ok, b" insns")
         unit = self._unit
-        if unit != "insns":
+        if unit != "insns" and self.show_time:
             t.when(ok, b"  ")
             _durations(t, rows["end"] - rows["begin"], unit, ok)
         t.when(~ok, _OPEN if final else _EARLY)
-        _notes(t, rows, self._info)
+        self._last_tid = _notes(t, rows, self._info, self._last_tid)
         t.lit(b"\n")
         self.lines_written += n
         return t.render().decode("utf-8", "replace")
@@ -254,7 +257,9 @@ def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> N
     t.strs(tab, suffix).only(show)
 
 
-def _notes(t: Lines, rows: np.ndarray, info) -> None:
+def _notes(t: Lines, rows: np.ndarray, info, last_tid: int) -> int:
+    """Flags in words; in a CPU's stream following its threads, the
+    thread where it changes.  Returns the last line's thread."""
     flags = rows["flags"]
     u, inv = np.unique(flags, return_inverse=True)
     texts = []
@@ -264,10 +269,12 @@ def _notes(t: Lines, rows: np.ndarray, info) -> None:
     has = np.array([bool(x) for x in texts])[inv]
     threads = bool(getattr(info, "switches", ()))
     tid = rows["tid"]
-    show_tid = (tid >= 0) & threads
+    prev = np.concatenate(([last_tid], tid[:-1]))
+    show_tid = (tid >= 0) & threads & (tid != prev)
     t.when(has | show_tid, b"  [")
     t.strs(texts, inv)
     t.when(has & show_tid, b", ")
     t.when(show_tid, b"tid ")
     t.int(np.maximum(tid, 0)).only(show_tid)
     t.when(has | show_tid, b"]")
+    return int(tid[-1]) if len(tid) else last_tid

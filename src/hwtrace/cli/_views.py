@@ -30,7 +30,8 @@ def add_input_args(p) -> None:
                    help="TSC frequency (default: the bundle's tsc_hz)")
 
 
-def decode_into(args, writers, coverage=None, label="export", window=None):
+def decode_into(args, writers, coverage=None, label="export", window=None,
+                opened=None):
     """Open the input, push every stream through writers; returns
     (input, totals, progress).  All failures become one-line CliErrors."""
     from hwtrace.cli._inputs import open_input
@@ -42,6 +43,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None):
     if args.tsc_hz is not None and args.tsc_hz <= 0:
         raise CliError("--tsc-hz must be positive")
     inp = open_input(args.input, args.elf, args.image_path)
+    if opened is not None:
+        opened(inp)
     total = sum(s.size for s in inp.streams)
     progress = Progress(f"hwtrace {label}", total or None,
                         unit="bytes" if total else "items")

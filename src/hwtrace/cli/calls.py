@@ -35,8 +35,16 @@ def run(args) -> int:
 
     window = window_of(args)
     hist = CallHistory(None, out=sys.stdout)
-    _inp, totals, progress = decode_into(args, [hist], label="calls", window=window)
+    _inp, totals, progress = decode_into(args, [hist], label="calls", window=window,
+                                         opened=lambda inp: _times(hist, inp))
     hist.close()
     progress.done(summary_line("calls", totals))
     nothing_decoded("calls", totals)
     return 0
+
+
+def _times(hist, inp) -> None:
+    """No duration column where the clock only counts instructions again
+    (an emulated recording's TSC): it would repeat the count."""
+    if inp.timebase.startswith("instruction count"):
+        hist.show_time = False
