@@ -54,15 +54,25 @@ def blocks_dtype():
 
 
 def cached_batches(cache: str, name: str):
-    """The saved batches of stream ``name`` (the block array memory-mapped)."""
-    from hwtrace.flow.batches import Batch
-    arr = np.load(os.path.join(cache, name + ".blocks.npy"), mmap_mode="r")
+    """The saved batches of stream ``name``, read batch by batch (not
+    mapped: mapped pages would count in the view's RSS)."""
+    from hwtrace.flow.batches import BLOCK, Batch
+    path = os.path.join(cache, name + ".blocks.npy")
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+            else np.lib.format.read_array_header_2_0
+        shape, _order, _dt = read(f)
+        base = f.tell()
     with open(os.path.join(cache, name + ".items.pickle"), "rb") as f:
         d = pickle.load(f)
-    bounds = d["bounds"] + [len(arr)]
-    for k, items in enumerate(d["items"]):
-        yield Batch(np.array(arr[bounds[k]:bounds[k + 1]]), None, items,
-                    d["firsts"][k])
+    bounds = d["bounds"] + [shape[0]]
+    with open(path, "rb") as f:
+        for k, items in enumerate(d["items"]):
+            n = bounds[k + 1] - bounds[k]
+            f.seek(base + bounds[k] * BLOCK.itemsize)
+            blocks = np.fromfile(f, BLOCK, n)
+            yield Batch(blocks, None, items, d["firsts"][k])
 
 
 def load(bundle: str, cache: str):

@@ -45,7 +45,8 @@ VIEWS = {
 
 
 def _timed(argv, stdout=subprocess.DEVNULL, env=None):
-    """(wall seconds, peak RSS bytes, exit status) of one process."""
+    """(wall seconds, peak RSS bytes, exit status, stderr, cpu seconds) of
+    one process."""
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, env=env)
     err = p.stderr.read()
@@ -54,13 +55,15 @@ def _timed(argv, stdout=subprocess.DEVNULL, env=None):
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         sys.stderr.write(err.decode(errors="replace"))
-    return dt, ru.ru_maxrss * 1024, p.returncode, err.decode(errors="replace")
+    return (dt, ru.ru_maxrss * 1024, p.returncode, err.decode(errors="replace"),
+            ru.ru_utime + ru.ru_stime)
 
 
-def reference(bundle: str, oracle: str, env) -> tuple[float, int, int]:
-    """ptoracle insn --summary over every stream: (seconds, insns, peak)."""
+def reference(bundle: str, oracle: str, env) -> tuple[float, int, int, float]:
+    """ptoracle insn --summary over every stream: (seconds, insns, peak,
+    cpu seconds)."""
     m = json.load(open(os.path.join(bundle, "manifest.json")))
-    total, insns, peak = 0.0, 0, 0
+    total, insns, peak, cpu = 0.0, 0, 0, 0.0
     for s in m["streams"]:
         name = s["file"]
         r = subprocess.run([sys.executable, "-m", "hwtrace", "images", bundle,
@@ -79,15 +82,16 @@ def reference(bundle: str, oracle: str, env) -> tuple[float, int, int]:
         if c.get("family"):
             argv += ["--cpu", f"{c['family']}/{c.get('model', 0)}"]
         with tempfile.TemporaryFile() as out:
-            dt, rss, rc, _e = _timed(argv, stdout=out)
+            dt, rss, rc, _e, c = _timed(argv, stdout=out)
             out.seek(0)
             line = out.read().decode().strip().splitlines()[-1]
         if rc:
             raise SystemExit(f"ptoracle failed on {name}")
         total += dt
+        cpu += c
         insns += json.loads(line)["insns"]
         peak = max(peak, rss)
-    return total, insns, peak
+    return total, insns, peak, cpu
 
 
 def producer(cache: str | None) -> str:
@@ -147,12 +151,15 @@ def main() -> int:
                          f"Use --cache DIR to time the views' own cost, or "
                          f"--allow-python")
     ref = min(reference(a.bundle, str(oracle), env) for _ in range(a.repeat))
-    ref_t, ninsn, ref_rss = ref
+    ref_t, ninsn, ref_rss, ref_cpu = ref
     print(f"bundle: {a.bundle}: {ninsn:,} instructions")
     print(f"batches: {prod}")
     print(f"reference: ptoracle insn --summary over the same streams: "
-          f"{ref_t:.2f} s ({ninsn / ref_t / 1e6:.1f} M insn/s)")
-    print(f"{'view':<10} {'seconds':>8} {'ratio':>6} {'peak RSS':>9} {'output':>10}")
+          f"{ref_t:.2f} s ({ninsn / ref_t / 1e6:.1f} M insn/s), cpu {ref_cpu:.2f} s")
+    print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          f"(others share this machine: wall ratios move with it, cpu ratios less)")
+    print(f"{'view':<10} {'seconds':>8} {'ratio':>6} {'cpu s':>7} {'cpu ratio':>9} "
+          f"{'peak RSS':>9} {'output':>10}")
     with tempfile.TemporaryDirectory(prefix="bench-views-") as d:
         for v in a.views.split(","):
             argv = [x.format(b=a.bundle, o=os.path.join(d, v)) for x in VIEWS[v]]
@@ -169,7 +176,8 @@ def main() -> int:
             out = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
                       if f.startswith(v + "."))
             print(f"{v:<10} {best[0]:>8.2f} {ref_t / best[0]:>6.2f} "
-                  f"{best[1] / 1e6:>7.0f}MB {out / 1e6:>8.0f}MB")
+                  f"{best[4]:>7.2f} {ref_cpu / best[4]:>9.2f} "
+                  f"{best[1] / 1e6:>7.0f}MB {out / 1e6:>8.0f}MB", flush=True)
             for f in os.listdir(d):
                 os.unlink(os.path.join(d, f))
     return 0

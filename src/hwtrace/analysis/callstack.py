@@ -142,7 +142,7 @@ class CallStackBuilder(FollowThreads):
                  max_depth: int = 1 << 16, vectorize: bool = True):
         self.stream = stream or StreamInfo()
         st = self.stream
-        self._tid = st.tid if st.tid is not None else st.cpu
+        self._tid = st.tid              # a CPU's stream: its thread, where known
         self._spid = st.pid
         self._cpu_mode = st.tid is None and st.cpu is not None
         self._lookup = lookup
@@ -419,12 +419,15 @@ class CallStackBuilder(FollowThreads):
             self.time.anchor(self._next(), self.n, tsc)
 
     # -- input: batches ------------------------------------------------------------
-    def feed_batch(self, batch) -> None:
+    def feed_batch(self, batch, every_item: bool = False) -> None:
         """One :class:`hwtrace.flow.batches.Batch` of this stream (decoded
-        with every branch ending a record), in order."""
+        with every branch ending a record), in order.  Events that only
+        tell the time are skipped (the records carry it) unless
+        ``every_item``."""
         blocks = batch.blocks
         m = len(blocks)
-        items = [it for it in batch.items if _matters(it[2])]
+        items = batch.items if every_item else \
+            [it for it in batch.items if _matters(it[2])]
         if m:
             ninsn = blocks["ninsn"].astype(np.int64)
             start = np.empty(m + 1, np.int64)
@@ -586,7 +589,7 @@ class CallStackBuilder(FollowThreads):
     def _grouper(self):
         if self._items is None:
             from hwtrace.analysis.itemflow import ItemGrouper
-            self._items = ItemGrouper(self.feed_batch)
+            self._items = ItemGrouper(lambda b: self.feed_batch(b, True))
         return self._items
 
     def _feed_one(self, item) -> None:

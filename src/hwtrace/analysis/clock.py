@@ -86,14 +86,15 @@ class TimeBase:
         return int(self._a_idx[-1]), float(self._a_t[-1])
 
     # -- anchors -----------------------------------------------------------------
-    def anchors(self, seq: np.ndarray, idx: np.ndarray, tsc: np.ndarray) -> None:
-        """Anchors in sequence order (``tsc`` raw ticks; 0 or a repeated
-        value is no anchor)."""
+    def anchors(self, seq: np.ndarray, idx: np.ndarray, tsc: np.ndarray,
+                zero: bool = False) -> None:
+        """Anchors in sequence order (``tsc`` raw ticks; a repeated value is
+        no anchor, nor is 0 -- a record's "no time" -- unless ``zero``)."""
         if self.mode == "insns" or not len(tsc):
             return
         tsc = np.asarray(tsc, np.uint64)
         keep = tsc != 0
-        if not keep.all():
+        if not zero and not keep.all():
             seq, idx, tsc = seq[keep], idx[keep], tsc[keep]
             if not len(tsc):
                 return
@@ -128,8 +129,9 @@ class TimeBase:
         self._last_real = (int(idx[-1]), float(t[-1]))
 
     def anchor(self, seq: int, idx: int, tsc: int) -> None:
+        """One anchor (an event's time: 0 is a time)."""
         self.anchors(np.array([seq], np.int64), np.array([idx], np.int64),
-                     np.array([tsc], np.uint64))
+                     np.array([tsc], np.uint64), zero=True)
 
     def seal(self, seq: int, idx: int) -> bool:
         """A synthetic anchor at (``seq``, ``idx``): the last rate carried

@@ -8,9 +8,9 @@ ending at a branch -- with the events, errors and statuses between them
 as the batch's items, so that the call-stack builder has one input: the
 batches every view consumes.
 
-An event that only tells the time (``tick``, or any event that changes
-nothing but carries ``tsc``) ends the open record and stamps the records
-after it with its time, as a decoder's ``tsc`` field would.
+Records made from items carry no time of their own (``tsc`` 0): the
+events' ``tsc`` anchor the clock where they stand, as the items say.  An
+event that changes nothing and tells no time is left out.
 """
 
 from __future__ import annotations
@@ -96,14 +96,10 @@ class ItemGrouper:
         self._close()
         if k == EVENT:
             name = event_name(m)
-            tsc = m.get("tsc")
             if name == "tick" or name not in _STRUCTURAL or \
                     (m.get("status_update") and name in ("enabled", "disabled")):
-                if tsc is not None:
-                    self.tsc = tsc      # only the time: on the next records
-                return
-            if tsc is not None:
-                self.tsc = tsc
+                if m.get("tsc") is None:
+                    return              # changes nothing, tells no time
         elif k == ERROR:
             pass
         else:

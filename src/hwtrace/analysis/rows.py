@@ -114,10 +114,12 @@ class Pending:
             E["begin"] = clock.times(E["eseq"], E["begin_idx"])
         if len(X):
             X["end"] = clock.times(X["xseq"], X["end_idx"])
-            self._begins(E, X)
+            ended = self._begins(E, X)
             np.maximum(X["end"], X["begin"], out=X["end"])
+        else:
+            ended = None
         if len(E):
-            self._remember(E, X)
+            self._remember(E, ended)
         marks = []
         if self.markers:
             mseq = np.array([m[0] for m in self.markers], np.int64)
@@ -137,24 +139,30 @@ class Pending:
         return Slices(E, X, []), marks
 
     # -- begin times and callee sums -------------------------------------------------
-    def _begins(self, E: np.ndarray, X: np.ndarray) -> None:
+    def _begins(self, E, X) -> np.ndarray | None:
+        """Begin times of the ending rows; returns which begin rows (E)
+        ended here."""
         begin = X["begin"]
         found = np.zeros(len(X), bool)
+        ended = None
         if len(E):
             eid = E["id"]
             j = np.searchsorted(eid, X["id"])
             jj = np.minimum(j, len(eid) - 1)
             found = eid[jj] == X["id"]
             begin[found] = E["begin"][jj[found]]
+            ended = np.zeros(len(E), bool)
+            ended[jj[found]] = True
         if not found.all():
             rem = self._begin
             for i in np.flatnonzero(~found).tolist():
                 t = rem.pop(int(X["id"][i]), None)
                 begin[i] = X["end"][i] if t is None else t
+        return ended
 
-    def _remember(self, E: np.ndarray, X: np.ndarray) -> None:
+    def _remember(self, E, ended) -> None:
         """Begin times of the activations begun here that did not end here."""
-        still = ~np.isin(E["id"], X["id"]) if len(X) else np.ones(len(E), bool)
+        still = ~ended if ended is not None else np.ones(len(E), bool)
         if still.any():
             rem = self._begin
             for i, t in zip(E["id"][still].tolist(), E["begin"][still].tolist()):

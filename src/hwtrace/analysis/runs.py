@@ -268,12 +268,17 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     xf = np.maximum(x_fr, 0)
     lv = np.minimum(x_lvl, s0 - 1)
     src = xf if no else np.zeros(len(xf), np.int64)
+    old_i = np.flatnonzero(~x_run)
+    old_lv = lv[old_i]
     cols = {}
     for f in ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
               "path", "pid", "tid"):
-        run_v = enters[f]
-        cols[f] = np.where(x_run, run_v[src], stack[f][lv]) if no else \
-            stack[f][lv].copy()
+        if no:
+            c = enters[f][src]
+            c[old_i] = stack[f][old_lv]
+        else:
+            c = stack[f][lv].copy()
+        cols[f] = c
     cols["depth"] = x_lvl.astype(np.int32)
     m = len(x_ev)
     cols["begin"] = np.zeros(m)

@@ -25,7 +25,9 @@ LOOKAHEAD = 4
 
 
 def _tid(t: int) -> int | None:
-    return None if t is None or t < 0 else t
+    """A thread id, or None for idle: -1 (the emulated engines) or 0 (perf:
+    the swapper, which runs no user code)."""
+    return None if t is None or t <= 0 else t
 
 
 class SwitchTimeline:

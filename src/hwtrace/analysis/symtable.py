@@ -30,6 +30,7 @@ class AddrTable:
         self._cache: dict[int, tuple[int, int, bool]] = {}
         self._lo = self._hi = self._start = self._nid = None
         self._fstarts = None
+        self._bits = None
         images = getattr(lookup, "images", None)
         if images is None:
             images = getattr(getattr(lookup, "__self__", None), "images", None)
@@ -135,11 +136,28 @@ class AddrTable:
         if fs is not None:
             if not len(fs):
                 return np.zeros(len(addrs), bool)
-            j = np.minimum(np.searchsorted(fs, addrs), len(fs) - 1)
-            return fs[j] == addrs
+            # a bitmap of hashed starts first: most addresses are no start
+            if self._bits is None:
+                self._bits = np.zeros(1 << _HBITS, bool)
+                self._bits[_hash(fs)] = True
+            out = self._bits[_hash(addrs)]
+            maybe = np.flatnonzero(out)
+            if len(maybe):
+                a = addrs[maybe]
+                j = np.minimum(np.searchsorted(fs, a), len(fs) - 1)
+                out[maybe] = fs[j] == a
+            return out
         start, nid, known = self.resolve(addrs)
         cold = self.names.cold()
         return known & (start == addrs) & ~cold[nid]
+
+
+_HBITS = 22
+
+
+def _hash(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, _U8)
+    return ((a ^ (a >> _U8(_HBITS))) & _U8((1 << _HBITS) - 1)).astype(np.intp)
 
 
 def _subtract(iv: tuple[int, int], taken: list) -> list:

@@ -70,9 +70,6 @@ def render(profile, totals: dict, description: str, top: int = 15,
         for s in [s for s in profile.marker_samples if s.kind != "lost"][:3]:
             off = f"offset {s.offset:#x}: " if s.offset is not None else ""
             lines.append(f"  at insn {s.idx:,}: {off}{s.kind}: {s.detail}")
-        if totals.get("insns") and any(k in m for k in ("error", "overflow", "gap", "lost")):
-            lines.append("  (counts cover what could be decoded; activations cut "
-                         "by a loss are marked truncated)")
     else:
         lines.append("lost data / errors: none")
     show_time = unit not in ("insns", "mixed") and not counts_insns
@@ -115,6 +112,9 @@ def render(profile, totals: dict, description: str, top: int = 15,
         if more > 0:
             lines.append(f"... {more} more functions")
     if legend:
+        if lost:
+            lines += ["", "incomplete: the counts cover what could be decoded; "
+                      "activations cut by a loss are marked truncated."]
         lines += ["",
                   "calls: activations (runs of the function, from call to return); "
                   "excl: in the function itself;",

@@ -48,6 +48,7 @@ class ChromeTraceWriter:
         self._seen_tracks: set = set()
         self._info = StreamInfo()
         self._default = (0, 0)
+        self._default_names = ("process 0", "trace")
         self._legacy: RecordChunker | None = None
         self._flags: dict[int, bytes] = {}
         fp.write('{"traceEvents":[\n')
@@ -74,9 +75,14 @@ class ChromeTraceWriter:
         self._info = info
         pid, tid, pname, tname = track_of(info, CPU_PID)
         self._default = (pid, tid)
+        self._default_names = (pname, tname)
         self._div = UNITS_PER_US.get(unit, 1000.0)
         self._units.add(unit or "insns")
-        self._track(pid, tid, pname, tname)
+
+    def _use_default(self) -> None:
+        """The stream's own track, named where first used (a CPU's stream
+        that follows its threads may never use it)."""
+        self._track(*self._default, *self._default_names)
 
     def _k(self, t: np.ndarray) -> np.ndarray:
         """Times -> 2**-10 us grid units from the origin."""
@@ -153,6 +159,8 @@ class ChromeTraceWriter:
         has = X["tid"] >= 0
         info = self._info
         cpu_stream = info.tid is None and info.cpu is not None
+        if not cpu_stream or not has.all():
+            self._use_default()
         if not cpu_stream:
             return (np.full(len(X), dp, np.int64), np.full(len(X), dt, np.int64))
         pid = np.where(has, np.maximum(X["pid"], 0), dp)
@@ -167,6 +175,7 @@ class ChromeTraceWriter:
         args = {"detail": m.detail, "insn": m.idx}
         if m.offset is not None:
             args["offset"] = m.offset
+        self._use_default()
         pid, tid = self._default
         k = self._k(np.array([m.time], np.float64))[0]
         self._event(json.dumps({"ph": "i", "s": "t", "name": m.kind,

@@ -72,6 +72,7 @@ class PerfettoTraceWriter:
         self._fresh = False
         self._info = StreamInfo()
         self._track_field = b""
+        self._pending_track = None
         self._legacy: RecordChunker | None = None
         self.slices = 0
         self.instants = 0
@@ -101,7 +102,9 @@ class PerfettoTraceWriter:
         self._info = info
         pid, tid, pname, tname = track_of(info, CPU_PID)
         self._track = (2 << 40) + self._seq
-        self._thread_track(self._track, pid, tid, pname, tname)
+        # described where first used (a CPU's stream that follows its
+        # threads may never use its own track)
+        self._pending_track = (self._track, pid, tid, pname, tname)
         self._seq_head = f_varint(_PKT_SEQ, self._seq)
         self._fresh = True
         self._track_field = f_varint(_TE_TRACK, self._track)
@@ -136,6 +139,9 @@ class PerfettoTraceWriter:
         isb, ise, ism = kind == 0, kind == 1, kind == 2
         # tracks: a thread's own, where the stream follows its threads
         track_ids, track_tab = self._tracks(E, X, kind, src)
+        if self._pending_track is not None and (track_ids == 0).any():
+            self._thread_track(*self._pending_track)
+            self._pending_track = None
         # names: interned on first use in this sequence
         name = np.zeros(n, np.int64)
         name[isb] = E["name"][src[isb]]
