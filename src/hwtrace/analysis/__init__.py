@@ -38,7 +38,7 @@ overflow, error, lost).  :func:`.callstack.reconstruct` gives the same as
 inputs.  Memory is bounded (stack depth, rows waiting for a time, symbol
 tables).  Views narrowed to a question: :mod:`.window`; totals:
 :mod:`.profile`; coverage: :mod:`.coverage`.
-
+"""
 
 from hwtrace.analysis.callstack import (CallStackBuilder, reconstruct,
                                         reconstruct_branches)
