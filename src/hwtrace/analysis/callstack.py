@@ -20,9 +20,10 @@ rules:
   whose return address is the call's fall-through.  A call to its own
   fall-through (``call 1f; 1: pop``, the PIC idiom) is not a call.
 * a jump (typically indirect: longjmp, an unwinder installing a context)
-  into the middle of a function of a frame below the top: the frames above
-  it are closed ``UNWOUND`` at once (without stack pointers in the trace,
-  the nearest such frame is taken).
+  out of its function into the middle of a function of a frame below the
+  top: the frames above it are closed ``UNWOUND`` at once (without stack
+  pointers in the trace, the nearest such frame is taken).  A jump within
+  one function unwinds nothing.
 * ``return``: pops the top frame if the target is its return address.  If
   not, the stack is searched downwards for a frame with that return address
   and everything above it is closed as ``UNWOUND`` (longjmp, exception
@@ -380,6 +381,15 @@ class CallStackBuilder(FollowThreads):
         if not stack:
             self._push(target, None, Flag.BEGIN_UNKNOWN, base=True)
 
+    def _same_function(self, a: int, b: int) -> bool:
+        """Both addresses in one known function (a jump that stays inside
+        its function unwinds nothing)."""
+        sa, _n, ka = self._sym(a)
+        if not ka:
+            return False
+        sb, _n, kb = self._sym(b)
+        return kb and sa == sb
+
     def _jump_into(self, ip: int) -> None:
         """A jump into the middle of a function that is not the top frame's
         but a caller's: longjmp (or an unwinder installing a context) went
@@ -409,7 +419,8 @@ class CallStackBuilder(FollowThreads):
             if self._is_func_start(ip, stack[-1]):
                 old = self._pop()
                 self._push(ip, old.ret, Flag.TAIL_CALL | (old.flags & Flag.FAR))
-            elif pend == _JUMP and self._lookup is not None and len(stack) > 1:
+            elif pend == _JUMP and self._lookup is not None and len(stack) > 1 \
+                    and not self._same_function(self._pend_ip, ip):
                 self._jump_into(ip)
         elif pend == _FCALL:
             self._push(ip, self._pend_ret, Flag.FAR)
@@ -486,6 +497,7 @@ class CallStackBuilder(FollowThreads):
 
     def _set_pend(self, a: "_Arrays", r: int) -> None:
         self._pend = int(a.code[r])
+        self._pend_ip = int(a.end[r])
         self._pend_ret = int(a.fall[r])
 
     def _at_record(self, a: "_Arrays", r: int) -> None:
@@ -525,7 +537,7 @@ class CallStackBuilder(FollowThreads):
         """Transfers [t0, t1) vectorized, as far as they are regular."""
         seq0 = self._seq + 1
         tr = runs.Transfers(a.code[t0:t1], a.fall[t0:t1], a.ip[t0 + 1:t1 + 1],
-                            a.start[t0 + 1:t1 + 1])
+                            a.start[t0 + 1:t1 + 1], a.end[t0:t1])
         tid = self._thread if self._thread is not None else self._tid
         pid = self._pid if self._pid is not None else self._spid
         c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
@@ -809,10 +821,11 @@ def _matters(item) -> bool:
 class _Arrays:
     """A batch's records as the builder reads them."""
 
-    __slots__ = ("ip", "code", "fall", "tsc", "start")
+    __slots__ = ("ip", "end", "code", "fall", "tsc", "start")
 
     def __init__(self, blocks: np.ndarray, start: np.ndarray):
         self.ip = blocks["ip"]
+        self.end = blocks["end_ip"]
         self.code = runs.ICLASS_CODE[blocks["iclass"]]
         self.fall = blocks["end_ip"] + blocks["size"].astype(np.uint64)
         self.tsc = blocks["tsc"]

@@ -15,9 +15,9 @@ as they are *regular*:
 * a jump or taken conditional jump to the start of another function
   closes the top activation and opens the target at the same depth, with
   the same return address (a tail call: ``TAIL_CALL``, keeping ``FAR``);
-* anything else changes nothing -- except an unconditional jump into a
-  known function other than the top activation's (a longjmp may be
-  unwinding), which is not regular.
+* anything else changes nothing -- except an unconditional jump out of
+  its function into a known function other than the top activation's (a
+  longjmp may be unwinding), which is not regular.
 
 Levels: the stack's frames are numbered from the bottom (0).  A call with
 ``d`` frames on the stack opens level ``d``, a return closes level
@@ -77,6 +77,7 @@ class Transfers(NamedTuple):
     fall: np.ndarray        # u8 fall-through (return address)
     tgt: np.ndarray         # u8 where it went
     land_idx: np.ndarray    # i8 instruction index where it landed
+    src: np.ndarray         # u8 the branch instruction
 
 
 class Committed(NamedTuple):
@@ -113,8 +114,10 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         jpos = np.flatnonzero(jumpish)
         is_start = names.starts(tgt[jpos])
         tail[jpos[is_start]] = True
-        # an unconditional jump into a known function: maybe unwinding
+        # an unconditional jump out of its function into a known one: maybe
+        # unwinding (a jump within one function unwinds nothing)
         j2 = jpos[~is_start & (code[jpos] == JUMP)]
+        j2 = j2[~names.same_function(tr.src[j2], tgt[j2])]
         start, _nid, known = names.resolve(tgt[j2])
         spec[j2[known]] = True
         spec_start = np.zeros(n, _U8)

@@ -129,6 +129,23 @@ class AddrTable:
         self._cache[addr] = c
         return c
 
+    def same_function(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """bool per pair: both addresses inside one known function."""
+        if self._lo is not None:
+            if not len(self._lo):
+                return np.zeros(len(a), bool)
+            ja = np.searchsorted(self._lo, a, side="right") - 1
+            jb = np.searchsorted(self._lo, b, side="right") - 1
+            same = (ja == jb) & (a < self._hi[ja]) & (b < self._hi[jb])
+            # two segments of one function (cut where images overlap)
+            diff = np.flatnonzero(~same & (a < self._hi[ja]) & (b < self._hi[jb]))
+            if len(diff):
+                same[diff] = self._start[ja[diff]] == self._start[jb[diff]]
+            return same
+        sa, _na, ka = self.resolve(a)
+        sb, _nb, kb = self.resolve(b)
+        return ka & kb & (sa == sb)
+
     def starts(self, addrs: np.ndarray) -> np.ndarray:
         """bool per address: a known function starts exactly there, and
         it is not a ``.cold`` part (a jump there may be a tail call)."""

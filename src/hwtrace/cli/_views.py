@@ -115,18 +115,23 @@ def summary_line(label: str, totals: dict) -> str:
 
 
 def nothing_decoded(label: str, totals: dict) -> None:
-    """Exit status 1, one line, when not one instruction was decoded and
-    the trace says why (errors, loss)."""
+    """Exit status 1, one line, when not one instruction was decoded:
+    the trace says why (errors, loss), or it holds nothing to decode."""
     if totals["insns"]:
         return
     lost = loss_parts(totals)
-    samples = totals.get("errors", ())
+    samples = [s for s in totals.get("errors", ()) if s[0] != "lost"]
     if samples:
         kind, off, _idx, detail = samples[0]
         at = f" at offset {off:#x}" if off is not None else ""
         why = f"{kind}{at}: {detail}"
     elif lost:
         why = lost[0]
+    elif not totals.get("bytes"):
+        why = "the trace is empty"
+    elif not totals.get("events"):
+        why = (f"no Intel PT synchronization point (PSB) in "
+               f"{totals['bytes']:,} bytes: not a trace?")
     else:
-        return
+        why = "tracing never reached an instruction"
     raise CliError(f"{label}: nothing could be decoded ({why})", 1)

@@ -38,8 +38,8 @@ def run(args) -> int:
     _inp, totals, progress = decode_into(args, [hist], label="calls", window=window,
                                          opened=lambda inp: _times(hist, inp))
     hist.close()
-    progress.done(summary_line("calls", totals))
     nothing_decoded("calls", totals)
+    progress.done(summary_line("calls", totals))
     return 0
 
 

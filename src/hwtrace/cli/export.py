@@ -118,8 +118,8 @@ def run(args) -> int:
                 f.close()
             except OSError:
                 pass
-    progress.done(summary_line("export", totals) + extra)
     nothing_decoded("export", totals)
+    progress.done(summary_line("export", totals) + extra)
     return 0
 
 

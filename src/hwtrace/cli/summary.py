@@ -134,8 +134,8 @@ def run(args) -> int:
     inp, totals, progress = decode_into(args, [prof], label="summary",
                                         window=window_of(args))
     prof.close()
+    nothing_decoded("summary", totals)
     sys.stdout.write(render(prof, totals, inp.description, args.top, args.sort,
                             legend=True, timebase=inp.timebase))
     progress.done(summary_line("summary", totals))
-    nothing_decoded("summary", totals)
     return 0

@@ -38,7 +38,7 @@ class Stream:
 
 def new_totals() -> dict:
     return {"streams": 0, "insns": 0, "activations": 0, "markers": {},
-            "errors": [], "lost": [], "bytes": 0}
+            "errors": [], "lost": [], "bytes": 0, "events": 0}
 
 
 class ViewRun:
@@ -91,6 +91,7 @@ class ViewRun:
         win = state.get("window")
         for batch in batches:
             b.feed_batch(batch)
+            self.totals["events"] += len(batch.items)
             if cov is not None:
                 cov.add_batch(batch)
             self._deliver(b, state)
