@@ -25,7 +25,7 @@ import numpy as np
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 from hwtrace.analysis.slices import Cols, RecordChunker
 from hwtrace.export import track_label
-from hwtrace.export.textcols import Lines
+from hwtrace.export.textcols import Lines, _digits, small_ids
 
 
 def fmt_duration(t: float, unit: str | None) -> str:
@@ -250,10 +250,7 @@ def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> N
     t.spaces(np.where(show, 10 - ln, 0))
     t.int(whole).only(show)
     t.when(show & ~plain, b".")
-    fr = Lines(n)
-    fr.int(frac + 100)          # two digits: drop the leading 1
-    m, k = fr._cols[0]
-    t._cols.append((m[:, -2:], np.broadcast_to((show & ~plain)[:, None], (n, 2))))
+    t._cols.append((_digits(frac, 2), "L", np.where(show & ~plain, 2, 0)))
     t.strs(tab, suffix).only(show)
 
 
@@ -261,7 +258,7 @@ def _notes(t: Lines, rows: np.ndarray, info, last_tid: int) -> int:
     """Flags in words; in a CPU's stream following its threads, the
     thread where it changes.  Returns the last line's thread."""
     flags = rows["flags"]
-    u, inv = np.unique(flags, return_inverse=True)
+    u, inv = small_ids(flags)
     texts = []
     for f in u.tolist():
         notes = [text for flag, text in _NOTES if f & flag]

@@ -97,11 +97,8 @@ def _sym(t: Lines, table, nid, off, known):
     """``name`` or ``name+0xOFF`` where known."""
     t.strs(table, np.where(known, nid, 0)).only(known)
     inside = known & (off != 0)
-    t.when(inside, b"+")
-    t.hex(off).only(inside)
-    # the "0x" of hex() is a literal column: show it only inside
-    m, k = t._cols[-2]
-    t._cols[-2] = (m, np.broadcast_to(inside[:, None], (len(inside), len(m))))
+    t.when(inside, b"+0x")
+    t.hex(off, b"").only(inside)
 
 
 def _jsonl(t, a, names, u, top, fok, tok, fn, fo, fk, tn, to_, tk, namer):
@@ -163,9 +160,8 @@ def _text(t, a, names, u, top, fok, tok, fn, fo, fk, tn, to_, tk, namer):
 
 def _end(t, addr, ok, tab, nid, off, known, namer):
     t.when(~ok, b"?")
-    t.hex(addr).only(ok)
-    m, k = t._cols[-2]
-    t._cols[-2] = (m, np.broadcast_to(ok[:, None], (len(ok), len(m))))
+    t.when(ok, b"0x")
+    t.hex(addr, b"").only(ok)
     t.when(known, b" ")
     _sym(t, tab, nid, off, known)
     if namer.lines:

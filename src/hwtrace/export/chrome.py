@@ -22,7 +22,7 @@ import numpy as np
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.slices import RecordChunker
 from hwtrace.export import UNITS_PER_US, flag_names, track_of
-from hwtrace.export.textcols import Lines
+from hwtrace.export.textcols import Lines, small_ids
 
 #: the made-up process that holds one track per CPU in cpu mode (same as
 #: the Perfetto writer's)
@@ -146,7 +146,7 @@ class ChromeTraceWriter:
     def _flag_table(self, flags: np.ndarray, head: bytes, tail: bytes) -> list:
         """Strings per distinct flags value (ids in self._flag_ids)."""
         from hwtrace.analysis.records import Flag
-        u, inv = np.unique(flags, return_inverse=True)
+        u, inv = small_ids(flags)
         table = []
         for f in u.tolist():
             table.append(head + flag_names(Flag(f)).encode() + tail if f else b"")
@@ -166,8 +166,8 @@ class ChromeTraceWriter:
         pid = np.where(has, np.maximum(X["pid"], 0), dp)
         tid = np.where(has, X["tid"], dt)
         if has.any():
-            pairs = np.unique(np.stack((pid[has], tid[has]), 1), axis=0)
-            for p, t in pairs.tolist():
+            for k in np.unique((pid[has] << 32) | tid[has]).tolist():
+                p, t = k >> 32, k & 0xFFFFFFFF
                 self._track(p, t, f"process {p}", f"thread {t}")
         return pid, tid
 

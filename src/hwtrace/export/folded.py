@@ -6,7 +6,10 @@ One line per distinct stack: frame names from the bottom up joined by
 time in the clock's unit (``"time"``, rounded to integers).  Weights are
 summed per call path (the builder's path hashes: memory grows with the
 program's distinct call paths, not the trace length) a chunk of
-activations at a time, and written at ``close``.  Frame names have ``;``
+activations at a time, and written at ``close``, each stack's text built
+from its caller's as the paths are walked (never all in memory at once;
+a stack seen in two streams is written once per stream -- folded-stack
+tools add duplicates up).  Frame names have ``;``
 replaced (it is the separator).  ``root``: stacks start at the first
 frame of that name (``--function``).
 """
@@ -29,14 +32,17 @@ class FoldedWriter:
         self._weight = weight
         self._per_thread = per_thread
         self._root = root
-        self._weights: dict[str, float] = {}
-        self._keys: dict = {}                 # (names id, prefix, path) -> str
+        # per builder: its (names, paths) and {(thread, path hash): weight}
+        self._groups: list[tuple[object, str, dict]] = []
+        self._cur: dict | None = None
+        self._ctx = None
         self._info = StreamInfo()
         self._legacy: RecordChunker | None = None
 
     def begin_stream(self, info: StreamInfo, unit: str | None = None) -> None:
         self._flush_legacy()
         self._info = info
+        self._ctx = None
 
     def add_slices(self, chunk, ctx) -> None:
         """A chunk of activations (``ctx``: its builder's ``names`` and
@@ -44,6 +50,11 @@ class FoldedWriter:
         X = chunk.exits
         if not len(X):
             return
+        if ctx is not self._ctx:
+            self._ctx = ctx
+            self._cur = {}
+            self._groups.append((ctx, track_label(self._info).replace(";", ":"),
+                                 self._cur))
         if self._weight == "insns":
             w = (X["end_idx"] - X["begin_idx"] - X["child_insns"]).astype(np.float64)
         else:
@@ -57,39 +68,60 @@ class FoldedWriter:
             follows = info.tid is None and info.cpu is not None
             thr = np.where(X["tid"] >= 0, X["tid"], -1) if follows \
                 else np.full(len(X), -1, np.int64)
+            key = (X["path"].view(np.int64) * 1000003) ^ thr
         else:
-            thr = np.full(len(X), -2, np.int64)
-        key = np.stack((X["path"].view(np.int64), thr), 1)
-        u, inv = np.unique(key, axis=0, return_inverse=True)
+            thr = None
+            key = X["path"].view(np.int64)
+        u, first, inv = np.unique(key, return_index=True, return_inverse=True)
         sums = np.bincount(np.asarray(inv).reshape(-1), w, len(u))
-        paths = ctx.paths
-        tab = ctx.names.names
-        label = track_label(self._info).replace(";", ":")
-        ws = self._weights
-        for (p, t), s in zip(u.tolist(), sums.tolist()):
-            ck = (id(ctx), t, p)
-            k = self._keys.get(ck)
-            if k is None:
-                frames = [tab[i].replace(";", ":")
-                          for i in paths.names(p & 0xFFFFFFFFFFFFFFFF)]
-                if self._root is not None:
-                    if self._root not in frames:
-                        self._keys[ck] = k = ""
-                        continue
-                    frames = frames[frames.index(self._root):]
-                if t == -1:
-                    frames.insert(0, label)
-                elif t >= 0:
-                    frames.insert(0, f"thread {t}")
-                k = self._keys[ck] = ";".join(frames)
-            if k:
-                ws[k] = ws.get(k, 0) + s
+        paths = X["path"][first].tolist()
+        ts = thr[first].tolist() if thr is not None else [-2] * len(u)
+        cur = self._cur
+        for p, t, s in zip(paths, ts, sums.tolist()):
+            k = (t, p)
+            cur[k] = cur.get(k, 0) + s
+
+    def _lines(self):
+        """(stack, weight) of every stack, walking each builder's call
+        paths once (a path's text is built from its parent's)."""
+        for ctx, label, weights in self._groups:
+            nodes = ctx.paths.nodes
+            names = ctx.names.names
+            by_thread: dict = {}
+            for (t, p), w in weights.items():
+                by_thread.setdefault(t, {})[p] = w
+            for t, ws in by_thread.items():
+                # the nodes needed: every weighted path and its ancestors
+                children: dict[int, list[int]] = {}
+                need = set()
+                for p in ws:
+                    q = p
+                    while q and q not in need:
+                        need.add(q)
+                        parent = nodes[q][0]
+                        children.setdefault(parent, []).append(q)
+                        q = parent
+                head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
+                stack = [(0, head, self._root is None)]
+                while stack:
+                    node, prefix, rooted = stack.pop()
+                    for c in children.get(node, ()):
+                        name = names[nodes[c][1]].replace(";", ":")
+                        r = rooted or name == self._root
+                        frames = prefix + [name] if rooted or r else prefix
+                        w = ws.get(c)
+                        if w and r:
+                            yield ";".join(frames), w
+                        stack.append((c, frames, r))
 
     @property
     def stacks(self) -> dict[str, float]:
         """{"a;b;c": weight}."""
         self._flush_legacy()
-        return dict(self._weights)
+        out: dict[str, float] = {}
+        for k, w in self._lines():
+            out[k] = out.get(k, 0) + w
+        return out
 
     def add(self, rec) -> None:
         if self._legacy is None:
@@ -98,11 +130,14 @@ class FoldedWriter:
 
     def _flush_legacy(self) -> None:
         if self._legacy is not None:
-            self.add_slices(self._legacy.take(), self._legacy)
+            lg, self._legacy = self._legacy, None
+            self._ctx = None
+            self.add_slices(lg.take(), lg)
 
     def close(self) -> None:
         self._flush_legacy()
-        for key, w in self._weights.items():
-            w = int(round(w))
-            if w > 0:
-                self._fp.write(f"{key} {w}\n")
+        w = self._fp.write
+        for key, v in self._lines():
+            v = int(round(v))
+            if v > 0:
+                w(f"{key} {v}\n")

@@ -26,7 +26,7 @@ from hwtrace.analysis.slices import RecordChunker
 from hwtrace.export import flag_names, track_of
 from hwtrace.export._pb import f_bytes, f_str, f_varint, varint
 from hwtrace.export.chrome import CPU_PID
-from hwtrace.export.textcols import Lines
+from hwtrace.export.textcols import Lines, small_ids
 
 # field numbers (perfetto_trace.proto)
 _PKT_TS, _PKT_SEQ, _PKT_TRACK_EVENT, _PKT_INTERNED, _PKT_FLAGS = 8, 10, 11, 12, 13
@@ -99,6 +99,7 @@ class PerfettoTraceWriter:
         self._flush_legacy()
         self._seq += 1
         self._iids = {}
+        self._sent: dict[str, bool] = {}
         self._info = info
         pid, tid, pname, tname = track_of(info, CPU_PID)
         self._track = (2 << 40) + self._seq
@@ -136,93 +137,136 @@ class PerfettoTraceWriter:
         ts = np.concatenate((E["begin"], X["end"],
                              np.array([m.time for _s, m in M], np.float64)))[order]
         ts = np.maximum(np.round(ts), 0).astype(np.uint64)
-        isb, ise, ism = kind == 0, kind == 1, kind == 2
-        # tracks: a thread's own, where the stream follows its threads
+        isb, ise = kind == 0, kind == 1
         track_ids, track_tab = self._tracks(E, X, kind, src)
         if self._pending_track is not None and (track_ids == 0).any():
             self._thread_track(*self._pending_track)
             self._pending_track = None
-        # names: interned on first use in this sequence
-        name = np.zeros(n, np.int64)
-        name[isb] = E["name"][src[isb]]
+        # names: interned on first use in this sequence -- those packets,
+        # the markers' and the sequence's first are made one by one
         iid = np.zeros(n, np.int64)
-        intern = np.zeros(n, np.int64)     # 0: nothing, else blob index
-        blobs = [b""]
+        special: dict[int, bytes] = {}
         if ne:
-            bn = name[isb]
+            bpos = np.flatnonzero(isb)
+            bn = E["name"][src[bpos]]
             u, first, inv = np.unique(bn, return_index=True, return_inverse=True)
             uiids = np.empty(len(u), np.int64)
-            bpos = np.flatnonzero(isb)
             for j, nid in enumerate(u.tolist()):
                 label = names.names[nid]
                 v = self._iids.get(label)
                 if v is None:
                     v = self._iids[label] = len(self._iids) + 1
-                    blobs.append(f_bytes(_PKT_INTERNED, f_bytes(
-                        _ID_EVENT_NAMES, f_varint(_EN_IID, v) + f_str(_EN_NAME, label))))
-                    intern[bpos[first[j]]] = len(blobs) - 1
+                    p = int(bpos[first[j]])
+                    special[p] = None           # made below, with its blob
                 uiids[j] = v
-            iid[isb] = uiids[inv]
-        # markers: names interned too, annotated with the detail
-        mark = [b""]
-        mark_id = np.zeros(n, np.int64)
-        for j, p in enumerate(np.flatnonzero(ism).tolist()):
-            m = M[src[p]][1]
-            v = self._iids.get(m.kind)
-            blob = b""
-            if v is None:
-                v = self._iids[m.kind] = len(self._iids) + 1
-                blob = f_bytes(_PKT_INTERNED, f_bytes(
-                    _ID_EVENT_NAMES, f_varint(_EN_IID, v) + f_str(_EN_NAME, m.kind)))
-            iid[p] = v
-            ann = f_bytes(_TE_ANNOT, f_str(_DA_NAME, "detail") + f_str(_DA_STR, m.detail))
-            mark.append((ann, blob))
-            mark_id[p] = j + 1
-            self.instants += 1
-        # END annotations: instructions, and flags where any
+            iid[bpos] = uiids[np.asarray(inv).reshape(-1)]
+        for p in np.flatnonzero(kind == 2).tolist():
+            special[p] = None
+        if self._fresh:
+            special[0] = None
         insns = np.zeros(n, np.int64)
         flg = np.zeros(n, np.int64)
         if nx:
             xs = src[ise]
             insns[ise] = X["end_idx"][xs] - X["begin_idx"][xs]
             flg[ise] = X["flags"][xs]
-        uf, finv = np.unique(flg, return_inverse=True)
-        ftab = [f_bytes(_TE_ANNOT, f_str(_DA_NAME, "flags")
-                        + f_str(_DA_STR, flag_names(Flag(f)))) if f else b""
-                for f in uf.tolist()]
-        # the TrackEvent
-        te = Lines(n)
-        te.strs([_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END],
-                 _TYPE_FIELD[INSTANT]], kind.astype(np.int64))
-        te.strs(track_tab, track_ids)
-        te.when(~ise, _IID_TAG)
-        te_iid = np.where(ise, 0, iid)
-        te.extend(_masked_varint(te_iid, ~ise))
-        # insns annotation: tag, length, name, int tag, varint
-        vl = _varint_len(insns)
-        alen = len(_INSNS_NAME) + len(_DA_INT_TAG) + vl
-        te.when(ise, _ANNOT_TAG)
-        te.extend(_masked_varint(alen, ise))
-        te.when(ise, _INSNS_NAME + _DA_INT_TAG)
-        te.extend(_masked_varint(insns, ise))
-        te.strs(ftab, finv)
-        te.strs([b""] + [m[0] for m in mark[1:]], mark_id)
-        te_len = te.lengths()
-        # the packet body
-        body = Lines(n)
-        body.lit(_TS_TAG).varint(ts).lit(self._seq_head)
-        body.lit(_TE_TAG).varint(te_len).extend(te)
-        body.strs(blobs, intern)
-        body.strs([b""] + [m[1] for m in mark[1:]], mark_id)
-        first = np.zeros(n, np.int64)
-        if self._fresh:
-            first[0] = 1
-            self._fresh = False
-        body.strs([_NEEDS_STATE, _FIRST_FLAGS], first)
-        pkt = Lines(n)
-        pkt.lit(_PACKET_TAG).varint(body.lengths()).extend(body)
-        self._fp.write(pkt.render())
+        for p in sorted(special):
+            special[p] = self._one(int(kind[p]), int(ts[p]), track_tab[track_ids[p]],
+                                   int(iid[p]), int(insns[p]), int(flg[p]),
+                                   M[src[p]][1] if kind[p] == 2 else None,
+                                   names.names[E["name"][src[p]]] if kind[p] == 0 else None)
         self.slices += nx
+        plain = np.ones(n, bool)
+        if special:
+            plain[list(special)] = False
+        pb = plain & isb
+        pe = plain & ise
+        out = self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe)
+        if not special:
+            self._fp.write(out[0])
+            return
+        # splice the one-by-one packets in, in order
+        data, lens = out
+        pos = np.flatnonzero(plain)
+        offs = np.concatenate(([0], np.cumsum(lens)))
+        done = 0
+        parts = []
+        for p in sorted(special):
+            k = int(np.searchsorted(pos, p))      # plain packets before p
+            if k > done:
+                parts.append(data[offs[done]:offs[k]])
+                done = k
+            parts.append(special[p])
+        parts.append(data[offs[done]:])
+        self._fp.write(b"".join(parts))
+
+    def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe):
+        """The plain packets (BEGIN without interning, END): bytes (and,
+        when asked for splicing, each packet's length)."""
+        sel = pb | pe
+        idx = np.flatnonzero(sel)
+        n = len(idx)
+        if not n:
+            return b"", np.zeros(0, np.int64)
+        b = pb[idx]
+        e = ~b
+        tr = track_ids[idx]
+        te = Lines(n)
+        te.strs([_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END]], e.astype(np.int64))
+        te.strs(track_tab, tr)
+        te.when(b, _IID_TAG)
+        te.extend(_masked_varint(iid[idx], b))
+        ins = insns[idx]
+        alen = len(_INSNS_NAME) + len(_DA_INT_TAG) + _varint_len(ins)
+        te.when(e, _ANNOT_TAG)
+        te.extend(_masked_varint(alen, e))
+        te.when(e, _INSNS_NAME + _DA_INT_TAG)
+        te.extend(_masked_varint(ins, e))
+        f = flg[idx]
+        if f.any():
+            uf, finv = small_ids(f)
+            ftab = [_flags_annot(x) for x in uf.tolist()]
+            te.strs(ftab, finv)
+        body = Lines(n)
+        body.lit(_TS_TAG).varint(ts[idx]).lit(self._seq_head)
+        body.lit(_TE_TAG).varint(te.lengths()).extend(te)
+        body.lit(_NEEDS_STATE)
+        blen = body.lengths()
+        pkt = Lines(n)
+        pkt.lit(_PACKET_TAG).varint(blen).extend(body)
+        return pkt.render(), blen + 1 + _varint_len(blen)
+
+    def _one(self, kind, ts, track_field, iid, insns, flags, marker, name) -> bytes:
+        """One packet, made the plain way (rare ones: interning, markers,
+        the sequence's first)."""
+        te = _TYPE_FIELD[(SLICE_BEGIN, SLICE_END, INSTANT)[kind]] + track_field
+        interned = b""
+        if kind == 0:
+            te += f_varint(_TE_NAME_IID, iid)
+            if self._iids.get(name) == iid and not self._sent.get(name):
+                self._sent[name] = True
+                interned = f_bytes(_PKT_INTERNED, f_bytes(
+                    _ID_EVENT_NAMES, f_varint(_EN_IID, iid) + f_str(_EN_NAME, name)))
+        elif kind == 1:
+            te += f_bytes(_TE_ANNOT, _INSNS_NAME + f_varint(_DA_INT, insns))
+            if flags:
+                te += _flags_annot(flags)
+        else:
+            v = self._iids.get(marker.kind)
+            if v is None:
+                v = self._iids[marker.kind] = len(self._iids) + 1
+                interned = f_bytes(_PKT_INTERNED, f_bytes(
+                    _ID_EVENT_NAMES, f_varint(_EN_IID, v) + f_str(_EN_NAME, marker.kind)))
+            te += f_varint(_TE_NAME_IID, v)
+            te += f_bytes(_TE_ANNOT, f_str(_DA_NAME, "detail") + f_str(_DA_STR, marker.detail))
+            self.instants += 1
+        body = _TS_TAG + varint(ts) + self._seq_head + f_bytes(_PKT_TRACK_EVENT, te) + interned
+        if self._fresh:
+            self._fresh = False
+            body += _FIRST_FLAGS
+        else:
+            body += _NEEDS_STATE
+        return _PACKET_TAG + varint(len(body)) + body
 
     def _tracks(self, E, X, kind, src):
         """Track-uuid field per event (ids into the returned table)."""
@@ -241,10 +285,10 @@ class PerfettoTraceWriter:
         ids = np.zeros(n, np.int64)
         table = [self._track_field]
         if has.any():
-            pairs, inv = np.unique(np.stack((np.maximum(pid[has], 0), tid[has]), 1),
-                                   axis=0, return_inverse=True)
-            for p, t in pairs.tolist():
-                table.append(f_varint(_TE_TRACK, self._thread_uuid(p, t)))
+            key = (np.maximum(pid[has], 0) << 32) | tid[has]
+            u, inv = np.unique(key, return_inverse=True)
+            for k in u.tolist():
+                table.append(f_varint(_TE_TRACK, self._thread_uuid(k >> 32, k & 0xFFFFFFFF)))
             ids[has] = np.asarray(inv).reshape(-1) + 1
         return ids, table
 
@@ -263,6 +307,11 @@ class PerfettoTraceWriter:
         self._fp.flush()
 
 
+def _flags_annot(flags: int) -> bytes:
+    return f_bytes(_TE_ANNOT, f_str(_DA_NAME, "flags")
+                   + f_str(_DA_STR, flag_names(Flag(flags))))
+
+
 def _varint_len(v: np.ndarray) -> np.ndarray:
     a = np.asarray(v).astype(np.uint64)
     n = np.ones(len(a), np.int64)
@@ -273,7 +322,5 @@ def _varint_len(v: np.ndarray) -> np.ndarray:
 
 def _masked_varint(v: np.ndarray, cond: np.ndarray) -> Lines:
     t = Lines(len(v))
-    t.varint(np.where(cond, v, 0))
-    m, k = t._cols[0]
-    t._cols[0] = (m, k & np.asarray(cond, bool)[:, None])
+    t.varint(np.where(cond, v, 0)).only(cond)
     return t

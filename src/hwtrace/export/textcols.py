@@ -1,11 +1,13 @@
-"""Text lines built a column at a time (numpy), for the views' output.
+"""Text lines (and binary records) built a column at a time (numpy), for
+the views' output.
 
-A view that writes a line per activation (``calls``, Chrome JSON) would
-spend most of its time formatting them one by one.  :class:`Lines`
-formats a whole chunk of rows at once: each column (a literal, strings
-from a table, integers, exact binary fractions) becomes a byte matrix of
-one row per line and a mask of the bytes that are there; the line is the
-columns side by side, and ``mat[mask]`` squeezes out what is not there.
+A view that writes a line per activation (``calls``, Chrome JSON,
+Perfetto packets) would spend most of its time formatting them one by
+one.  :class:`Lines` formats a whole chunk of rows at once: each column (a
+literal, strings from a table, integers, exact binary fractions, varints)
+becomes a byte matrix of one row per line, aligned left or right, with
+each row's length; the line is the columns side by side, and
+``mat[mask]`` squeezes out what is not there.
 
     t = Lines(len(rows))
     t.lit(b'{"ts":'); t.frac(ts_k, 10); t.lit(b"}\\n")
@@ -44,15 +46,41 @@ def _digits(v: np.ndarray, width: int) -> np.ndarray:
     return mat
 
 
+def small_ids(ids: np.ndarray, size: int | None = None):
+    """(distinct values, index of each) for small non-negative integers,
+    without sorting."""
+    ids = np.asarray(ids, np.int64)
+    if not len(ids):
+        return ids, ids
+    top = int(ids.max()) + 1 if size is None else size
+    seen = np.bincount(ids, minlength=top) != 0
+    u = np.flatnonzero(seen)
+    lut = np.zeros(top, np.int64)
+    lut[u] = np.arange(len(u))
+    return u, lut[ids]
+
+
 class Lines:
+    """Columns are (matrix, align, lengths): ``align`` "L"/"R" (the row's
+    bytes at the left or right of its matrix row), lengths per row (None:
+    every row has the full width)."""
+
     def __init__(self, n: int):
         self.n = n
-        self._cols: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._cols: list[tuple[np.ndarray, str, np.ndarray | None]] = []
 
     # -- columns ----------------------------------------------------------------
     def lit(self, b: bytes) -> "Lines":
         if b:
-            self._cols.append((np.frombuffer(b, np.uint8), None))
+            self._cols.append((np.frombuffer(b, np.uint8), "L", None))
+        return self
+
+    def when(self, cond: np.ndarray, b: bytes) -> "Lines":
+        """``b`` on the lines where ``cond`` holds."""
+        if b and self.n:
+            c = np.asarray(cond, bool)
+            self._cols.append((np.frombuffer(b, np.uint8), "L",
+                               np.where(c, len(b), 0)))
         return self
 
     def strs(self, table: list[bytes], ids: np.ndarray, width: int = 0,
@@ -62,22 +90,26 @@ class Lines:
         n = self.n
         if not n:
             return self
-        u, inv = np.unique(ids, return_inverse=True)
-        sub = [table[i] for i in u.tolist()]
-        lens = np.array([len(s) for s in sub], np.int64)
-        w = int(max(lens.max(initial=0), width))
+        ids = np.asarray(ids, np.int64)
+        if len(table) <= 4096:
+            sub, inv = table, ids
+        else:
+            u, inv = np.unique(ids, return_inverse=True)
+            inv = np.asarray(inv).reshape(-1)
+            sub = [table[i] for i in u.tolist()]
+        lens = np.fromiter((len(s) for s in sub), np.int64, len(sub))
+        rl = lens[inv]
+        w = int(max(rl.max(initial=0), width))
+        if not w:
+            return self
         tab = np.full((len(sub), w), _SPACE, np.uint8)
         for j, s in enumerate(sub):
-            if s:
+            if s and len(s) <= w:
                 if right:
                     tab[j, w - len(s):] = np.frombuffer(s, np.uint8)
                 else:
                     tab[j, :len(s)] = np.frombuffer(s, np.uint8)
-        shown = np.maximum(lens, width)[inv]
-        mat = tab[inv]
-        pos = np.arange(w)
-        mask = pos >= (w - shown)[:, None] if right else pos < shown[:, None]
-        self._cols.append((mat, mask))
+        self._cols.append((tab[inv], "R" if right else "L", np.maximum(rl, width)))
         return self
 
     def int(self, v: np.ndarray, width: int = 0, commas: bool = False) -> "Lines":
@@ -88,11 +120,12 @@ class Lines:
             return self
         v = np.asarray(v)
         neg = v < 0 if v.dtype.kind == "i" else np.zeros(n, bool)
-        a = np.where(neg, -v, v).astype(np.uint64) if neg.any() else v.astype(np.uint64)
+        anyneg = bool(neg.any())
+        a = np.where(neg, -v, v).astype(np.uint64) if anyneg else v.astype(np.uint64)
         nd = _ndigits(a)
         D = int(nd.max())
         dig = _digits(a, D)
-        if commas:
+        if commas and D > 3:
             W = D + (D - 1) // 3
             p = np.arange(W)[::-1]              # position from the right
             is_comma = p % 4 == 3
@@ -105,18 +138,21 @@ class Lines:
             W = D
             body = dig
             ln = nd
-        ln = ln + neg
-        full = int(max(ln.max(), width))
-        mat = np.full((n, full), _SPACE, np.uint8)
-        mat[:, full - W:] = body
-        pos = np.arange(full)
-        mat[pos < (full - ln)[:, None]] = _SPACE
-        if neg.any():
-            rows = np.flatnonzero(neg)
-            mat[rows, full - ln[rows]] = ord("-")
-        shown = np.maximum(ln, width)
-        mask = pos >= (full - shown)[:, None]
-        self._cols.append((mat, mask))
+        if anyneg:
+            ln = ln + neg
+        full = int(max(int(ln.max()), width))
+        if full > W:
+            mat = np.full((n, full), _SPACE, np.uint8)
+            mat[:, full - W:] = body
+        else:
+            mat = body
+        if width or anyneg:
+            pos = np.arange(full)
+            mat[pos < (full - ln)[:, None]] = _SPACE
+            if anyneg:
+                rows = np.flatnonzero(neg)
+                mat[rows, full - ln[rows]] = ord("-")
+        self._cols.append((mat, "R", np.maximum(ln, width)))
         return self
 
     def hex(self, v: np.ndarray, prefix: bytes = b"0x") -> "Lines":
@@ -134,9 +170,8 @@ class Lines:
         nd = np.ones(n, np.int64)
         for k in range(1, 16):
             nd += (a >> np.uint64(4 * k)) != 0
-        mask = np.arange(16) >= (16 - nd)[:, None]
         self.lit(prefix)
-        self._cols.append((mat, mask))
+        self._cols.append((mat, "R", nd))
         return self
 
     def frac(self, k: np.ndarray, bits: int = 10) -> "Lines":
@@ -150,18 +185,14 @@ class Lines:
         a = np.abs(k)
         ip = a >> bits
         fp = (a & ((1 << bits) - 1)) * (5 ** bits)       # / 10**bits
-        self_cols = self._cols
-        # sign
-        sign = np.full((n, 1), ord("-"), np.uint8)
-        self_cols.append((sign, neg[:, None]))
+        self.when(neg, b"-")
         self.int(ip)
         self.lit(b".")
         fd = _digits(fp, bits)
         # strip trailing zeros, keep one digit
         nz = fd != ord("0")
         last = np.where(nz.any(1), bits - 1 - np.argmax(nz[:, ::-1], 1), 0)
-        mask = np.arange(bits) <= last[:, None]
-        self_cols.append((fd, mask))
+        self._cols.append((fd, "L", last + 1))
         return self
 
     def varint(self, v: np.ndarray) -> "Lines":
@@ -177,32 +208,22 @@ class Lines:
             mat[:, k] = (x & np.uint64(0x7F)).astype(np.uint8)
             x >>= np.uint64(7)
             more = x != 0
-            if k < 9:
-                mat[more, k] |= 0x80
-                ln += more
             if not more.any():
                 mat = mat[:, :k + 1]
                 break
-        w = mat.shape[1]
-        self._cols.append((mat, np.arange(w) < ln[:, None]))
-        return self
-
-    def when(self, cond: np.ndarray, b: bytes) -> "Lines":
-        """``b`` on the lines where ``cond`` holds."""
-        if b and self.n:
-            self._cols.append((np.frombuffer(b, np.uint8),
-                               np.broadcast_to(np.asarray(cond, bool)[:, None],
-                                               (self.n, len(b)))))
+            if k < 9:
+                mat[:, k] |= more.astype(np.uint8) << 7
+                ln += more
+        self._cols.append((mat, "L", ln))
         return self
 
     def only(self, cond: np.ndarray) -> "Lines":
         """The column just added shows only where ``cond`` holds."""
         if self.n and self._cols:
-            m, k = self._cols[-1]
-            c = np.asarray(cond, bool)[:, None]
-            w = m.shape[-1]
-            k = np.broadcast_to(c, (self.n, w)) if k is None else (k & c)
-            self._cols[-1] = (m, k)
+            m, al, ln = self._cols[-1]
+            c = np.asarray(cond, bool)
+            full = ln if ln is not None else np.full(self.n, m.shape[-1], np.int64)
+            self._cols[-1] = (m, al, np.where(c, full, 0))
         return self
 
     def spaces(self, count: np.ndarray) -> "Lines":
@@ -211,8 +232,7 @@ class Lines:
             c = np.maximum(np.asarray(count, np.int64), 0)
             w = int(c.max(initial=0))
             if w:
-                self._cols.append((np.full(w, _SPACE, np.uint8),
-                                   np.arange(w) < c[:, None]))
+                self._cols.append((np.full(w, _SPACE, np.uint8), "L", c))
         return self
 
     def extend(self, other: "Lines") -> "Lines":
@@ -222,9 +242,13 @@ class Lines:
     def lengths(self) -> np.ndarray:
         """Bytes per line so far."""
         out = np.zeros(self.n, np.int64)
-        for m, k in self._cols:
-            out += m.shape[-1] if k is None else k.sum(1)
-        return out
+        fixed = 0
+        for m, _al, ln in self._cols:
+            if ln is None:
+                fixed += m.shape[-1]
+            else:
+                out += ln
+        return out + fixed
 
     # -- output --------------------------------------------------------------------
     def render(self) -> bytes:
@@ -236,8 +260,13 @@ class Lines:
         mat = np.empty((n, W), np.uint8)
         mask = np.empty((n, W), bool)
         c = 0
-        for (m, k), w in zip(self._cols, widths):
+        for (m, al, ln), w in zip(self._cols, widths):
             mat[:, c:c + w] = m
-            mask[:, c:c + w] = True if k is None else k
+            if ln is None:
+                mask[:, c:c + w] = True
+            elif al == "L":
+                np.less(np.arange(w), ln[:, None], out=mask[:, c:c + w])
+            else:
+                np.greater_equal(np.arange(w), (w - ln)[:, None], out=mask[:, c:c + w])
             c += w
         return mat[mask].tobytes()
