@@ -202,7 +202,7 @@ class CallHistory:
         self._last_tid = _notes(t, rows, self._info, self._last_tid)
         t.lit(b"\n")
         self.lines_written += n
-        return t.render().decode("utf-8", "replace")
+        return t.text().decode("utf-8", "replace")
 
     def _late_ends(self, X: np.ndarray) -> None:
         """Activations written early: their totals, where they end."""

@@ -243,8 +243,11 @@ class _Consumer:
             out.clear()
 
     def take(self) -> list[np.ndarray]:
+        """The records so far, as one array (or none)."""
         self._out()
         c, self.chunks = self.chunks, []
+        if len(c) > 1:
+            c = [np.concatenate(c)]
         return c
 
     def feed_batch(self, batch) -> None:

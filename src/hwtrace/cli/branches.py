@@ -170,16 +170,27 @@ def _open_out(path):
 
 def _emit(chunks, symbolizer, args) -> int:
     """Write record chunks (numpy, records.dtype) as they come."""
+    import numpy as np
     from hwtrace.branches.format import Namer, format_chunk
     out, close = _open_out(args.output)
     namer = Namer(symbolizer, lines=args.lines)
     n = 0
     try:
         sys.stdout.flush()
+        held, nheld, first = [], 0, True
         for a in chunks:
             if len(a):
-                out.write(format_chunk(a, namer, args.format))
-                n += len(a)
+                held.append(a)
+                nheld += len(a)
+                # the first records at once; then a few thousand at a time
+                if first or nheld >= 1 << 15:
+                    out.write(format_chunk(np.concatenate(held), namer, args.format))
+                    out.flush() if first else None
+                    n += nheld
+                    held, nheld, first = [], 0, False
+        if held:
+            out.write(format_chunk(np.concatenate(held), namer, args.format))
+            n += nheld
         out.flush()
     finally:
         if close:

@@ -135,7 +135,7 @@ class ChromeTraceWriter:
                    self._flag_ids)
             t.lit(b"}")
         t.lit(b",\n")
-        text = t.render()
+        text = t.text()
         if self._first:
             self._first = False
         else:
