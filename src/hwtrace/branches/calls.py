@@ -8,9 +8,10 @@ A writer for the views' pipeline (``begin_stream`` / ``add_slices`` /
 (:mod:`hwtrace.analysis.slices`).  Lines stream out: a line is written as
 soon as its activation has ended and every line before it is written;
 lines formatted a chunk at a time (:mod:`hwtrace.export.textcols`).  So
-that the output starts at once (``calls | head``), an activation that
-holds back more than ``hold`` lines (``main`` holds back everything) is
-written early, ``(open)``, and gets a line of its own where it ends::
+that the output starts at once (``calls | head``: the first screenful
+once 256 K instructions have gone by), an activation that holds back more than ``hold``
+lines (``main`` holds back everything) is written early, ``(open)``, and
+gets a line of its own where it ends::
 
       main                                         (open: totals where it ends)
         fib                                             8 insns
@@ -46,6 +47,8 @@ _NOTES = ((Flag.BEGIN_UNKNOWN, "began before the trace"), (Flag.TRUNCATED, "trun
           (Flag.CLIPPED, "cut at the window's edge"))
 
 _HEAD = 48
+#: instructions after which the first lines come out, complete or not
+EARLY = 1 << 18
 _OPEN = b"(open)"
 _EARLY = b"(open: totals where it ends)"
 
@@ -136,10 +139,15 @@ class CallHistory:
         q, done = self._q, self._done
         n = len(q)
         upto = n if final else (int(np.argmin(done)) if not done.all() else n)
-        if not final and n - upto > self.hold:
-            # something long-lived holds everything back: write what began
-            # long enough ago, the open ones early
-            upto = n - self.hold // 2
+        # a screenful comes out early (once 256 K instructions have
+        # gone by with nothing written), then lines wait for their totals
+        # unless something long-lived holds back too many
+        hold = self.hold
+        if not self.lines_written and n and int(q["begin_idx"][-1]) >= EARLY:
+            hold = min(hold, 64)
+        if not final and n - upto > hold:
+            # write what began long enough ago, the open ones early
+            upto = n - hold // 2
         if not upto and not self._marks:
             return
         rows = q[:upto]
