@@ -101,3 +101,20 @@ def _range(opt: str, text, one):
     lo = one(a, opt) if a.strip() else None
     hi = one(b, opt) if b.strip() else None
     return (lo, hi)
+
+
+def describe(args) -> str:
+    """The narrowing options in words ('' if none)."""
+    parts = []
+    if getattr(args, "function", None):
+        parts.append(f"activations of {args.function} and what they call")
+    if getattr(args, "max_depth", None) is not None:
+        parts.append(f"depth at most {args.max_depth}")
+    if getattr(args, "min_duration", None):
+        parts.append(f"at least {args.min_duration} long")
+    for opt in ("insns", "time"):
+        v = getattr(args, opt, None)
+        if v:
+            what = "instructions" if opt == "insns" else "time"
+            parts.append(f"{what} {v} (activations cut at its edges)")
+    return "; ".join(parts)

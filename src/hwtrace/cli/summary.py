@@ -48,7 +48,8 @@ _CLOCKS = {"insns": "instructions (no timing in the trace: times are instruction
 
 
 def render(profile, totals: dict, description: str, top: int = 15,
-           sort: str = "excl", legend: bool = False, timebase: str = "") -> str:
+           sort: str = "excl", legend: bool = False, timebase: str = "",
+           narrowed: str = "") -> str:
     from hwtrace.cli._views import loss_parts
     unit = next(iter(profile.units)) if len(profile.units) == 1 else "mixed"
     key = {"excl": "excl_insns", "incl": "incl_insns", "calls": "calls"}[sort]
@@ -72,6 +73,8 @@ def render(profile, totals: dict, description: str, top: int = 15,
             lines.append(f"  at insn {s.idx:,}: {off}{s.kind}: {s.detail}")
     else:
         lines.append("lost data / errors: none")
+    if narrowed:
+        lines.append(f"narrowed to: {narrowed}")
     show_time = unit not in ("insns", "mixed") and not counts_insns
     tu = "" if unit == "ns" else f" ({unit})"
     head = f"{'function':<32} {'calls':>8} {'excl insns':>12} {'excl%':>6} {'incl insns':>12}"
@@ -125,7 +128,7 @@ def render(profile, totals: dict, description: str, top: int = 15,
 
 def run(args) -> int:
     from hwtrace.analysis.profile import Profile
-    from hwtrace.cli._filters import window_of
+    from hwtrace.cli._filters import describe, window_of
     from hwtrace.cli._views import decode_into, nothing_decoded, summary_line
 
     if args.top < 1:
@@ -136,6 +139,7 @@ def run(args) -> int:
     prof.close()
     nothing_decoded("summary", totals)
     sys.stdout.write(render(prof, totals, inp.description, args.top, args.sort,
-                            legend=True, timebase=inp.timebase))
+                            legend=True, timebase=inp.timebase,
+                            narrowed=describe(args)))
     progress.done(summary_line("summary", totals))
     return 0
