@@ -3,9 +3,11 @@ inclusive and exclusive instructions and time, plus markers (lost data,
 errors) -- summed a chunk of activations at a time (numpy).
 
 Inclusive totals count only the outermost activation of a function on the
-stack (no activation of that name below it on its call path), so
-recursion is not counted twice (fib's inclusive time is the time of the
-top-level fib call, not the sum over the whole recursion).
+stack, so recursion is not counted twice (fib's inclusive time is the time
+of the top-level fib call, not the sum over the whole recursion): the
+activations of one function nest or follow each other, so one sort by
+(function, begin) and a running maximum of the ends say which are
+enclosed.
 
 The program apart from its start-up: an activation inside ``main`` (main
 itself and everything it calls) is the program's (part ``"program"``);
@@ -56,6 +58,8 @@ class Profile:
         self._keys: dict[tuple, int] = {}          # (name, func, part) -> row
         self._key_list: list[tuple] = []
         self._acc = np.zeros((0, len(_COLS)), np.float64)
+        self._open = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
+                                  ("main", "?"), ("tid", "<i8")])
         self._main_seen: set = set()               # thread keys that ran main
         self._stream = 0
         self._legacy: RecordChunker | None = None
@@ -67,6 +71,7 @@ class Profile:
         self.streams += 1
         self._stream += 1
         self._info = info
+        self._open = self._open[:0]
         if unit:
             self.units.add(unit)
 
@@ -88,20 +93,44 @@ class Profile:
             self.markers[m.kind] = self.markers.get(m.kind, 0) + 1
             if len(self.marker_samples) < 5:
                 self.marker_samples.append(m)
+        if not len(E) and not len(X):
+            return
+        thr = self._thread_keys
         main_id = names.get(self.split) if self.split else None
-        if len(E) and main_id is not None:
+        if len(E):
+            o = np.zeros(len(E), self._open.dtype)
+            o["id"], o["eseq"] = E["id"], E["eseq"]
+            o["tid"] = E["tid"]
+            o["main"] = E["name"] == main_id if main_id is not None else False
+            o["key"] = _hkey(E)
             # a thread whose main was called in the trace: what ran there
             # outside main is start-up or exit (a main begun before the
             # trace says nothing about what came before it)
-            called = (E["name"] == main_id) & ((E["flags"] & _NOT_A_CALL) == 0)
+            called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
             if called.any():
-                for t in np.unique(E["tid"][called]).tolist():
-                    self._main_seen.add(self._thread_keys(t))
+                for t in np.unique(o["tid"][called]).tolist():
+                    self._main_seen.add(thr(t))
+            self._open = np.concatenate((self._open, o))
         if not len(X):
             return
-        # from the call paths: recursion (counted once, at the outermost
-        # activation) and whether main is on the stack
-        recursive, inside = ctx.paths.flags(X["path"], main_id)
+        op = self._open
+        # where each activation ends: this chunk, or later (+inf)
+        j = np.searchsorted(op["id"], X["id"])
+        jj = np.minimum(j, len(op) - 1)
+        found = (j < len(op)) & (op["id"][jj] == X["id"]) if len(op) else \
+            np.zeros(len(X), bool)
+        xend = np.full(len(op), np.iinfo(np.int64).max, np.int64)
+        xend[jj[found]] = X["xseq"][found]
+        # inside main: within a main activation (itself included)
+        inside = np.zeros(len(X), bool)
+        if main_id is not None and op["main"].any():
+            m = op["main"]
+            me, mx = op["eseq"][m], np.maximum.accumulate(xend[m])
+            k = np.searchsorted(me, X["eseq"], side="right") - 1
+            inside = (k >= 0) & (mx[np.maximum(k, 0)] >= X["xseq"])
+        # outermost: no activation of the same function around it
+        outer = self._outermost(op, xend, X, jj, found)
+        # parts and rows
         part = np.where(inside, _PROGRAM, X["tid"])
         rows = self._rows(X, names, part)
         ins = (X["end_idx"] - X["begin_idx"]).astype(np.float64)
@@ -114,14 +143,47 @@ class Profile:
         acc[:, 1] += np.bincount(rows, (X["flags"] & _TRUNC) != 0, nrow)
         acc[:, 2] += np.bincount(rows, self_i, nrow)
         acc[:, 3] += np.bincount(rows, self_t, nrow)
-        outer = ~recursive
         acc[:, 4] += np.bincount(rows, np.where(outer, ins, 0), nrow)
         acc[:, 5] += np.bincount(rows, np.where(outer, dur, 0), nrow)
         self.insns += int(self_i.sum())
         self.time += float(self_t.sum())
+        keep = np.ones(len(op), bool)
+        keep[jj[found]] = False
+        self._open = op[keep]
 
     def _thread_keys(self, tid: int):
         return (self._stream, tid)
+
+    @staticmethod
+    def _outermost(op, xend, X, jj, found) -> np.ndarray:
+        """For every ending activation: no activation of the same function
+        (begun before it, ending after it) encloses it."""
+        out = np.ones(len(X), bool)
+        if not found.any():
+            return out
+        xkey = _hkey(X)
+        # the ones ending here, and those still open of the same functions
+        ending = np.zeros(len(op), bool)
+        ending[jj[found]] = True
+        rest = np.flatnonzero(~ending)
+        rest = rest[np.isin(op["key"][rest], xkey)]
+        cand = np.sort(np.concatenate((jj[found], rest)))
+        key, e, x = op["key"][cand], op["eseq"][cand], xend[cand]
+        order = np.lexsort((e, key))
+        key, x = key[order], x[order]
+        sorted_idx = cand[order]
+        inv = np.full(len(op), -1, np.int64)
+        inv[sorted_idx] = np.arange(len(sorted_idx))
+        grp = np.concatenate(([0], np.cumsum(key[1:] != key[:-1]))).astype(np.int64)
+        big = np.int64(1) << 40
+        run = np.maximum.accumulate(np.minimum(x, big - 1) + grp * big)
+        prev = np.concatenate(([np.int64(-1)], run[:-1]))
+        p = inv[jj[found]]
+        ok = p >= 0
+        pf = np.where(ok, p, 0)
+        enclosed = ok & (prev[pf] > grp[pf] * big + X["xseq"][found])
+        out[found] = ~enclosed
+        return out
 
     def _rows(self, X, names, part) -> np.ndarray:
         """Accumulator row of every activation (new keys added)."""

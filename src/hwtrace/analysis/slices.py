@@ -179,7 +179,6 @@ class PathTable:
 
     def __init__(self):
         self.nodes: dict[int, tuple[int, int]] = {}
-        self._flags: dict[tuple, tuple[bool, bool]] = {}
 
     def add(self, path: int, parent: int, name: int) -> None:
         if path not in self.nodes:
@@ -197,39 +196,6 @@ class PathTable:
             nn = names[new].tolist()
             for j, i in enumerate(new):
                 nodes[int(paths[i])] = (pp[j], nn[j])
-
-    def flags(self, paths: np.ndarray, main: int | None):
-        """Per path: (recursive: its own name is on the stack below it,
-        in_main: ``main`` is on it, itself included) -- cached per path."""
-        rec = np.zeros(len(paths), bool)
-        inm = np.zeros(len(paths), bool)
-        if not len(paths):
-            return rec, inm
-        u, inv = np.unique(paths, return_inverse=True)
-        cache = self._flags
-        ru = np.zeros(len(u), bool)
-        mu = np.zeros(len(u), bool)
-        nodes = self.nodes
-        for i, p in enumerate(u.tolist()):
-            key = (p, main)
-            f = cache.get(key)
-            if f is None:
-                parent, name = nodes[p]
-                r = m = False
-                q = parent
-                while q:
-                    pq, nq = nodes[q]
-                    if nq == name:
-                        r = True
-                    if nq == main:
-                        m = True
-                    if r and (m or main is None):
-                        break
-                    q = pq
-                f = cache[key] = (r, m or name == main)
-            ru[i], mu[i] = f
-        inv = np.asarray(inv).reshape(-1)
-        return ru[inv], mu[inv]
 
     def names(self, path: int) -> list[int]:
         """Name ids from the bottom of the stack to ``path``."""
