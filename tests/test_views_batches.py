@@ -227,6 +227,12 @@ def test_export_function_holds_only_it_and_its_callees(rec, tmp_path):
     assert r.returncode == 0, r.stderr
     slices, _tracks, _inst = _slices_from_perfetto(pf.read_bytes())
     assert Counter(s[0] for s in slices) == Counter({"fib": 177, "leaf": 89})
+    # an end carries its instructions, and flags only where there are some
+    from test_export_formats import perfetto_pb2
+    pb = perfetto_pb2()
+    ends = [p.track_event for p in pb.Trace.FromString(pf.read_bytes()).packet
+            if p.HasField("track_event") and p.track_event.type == 2]
+    assert ends and all([a.name for a in te.debug_annotations] == ["insns"] for te in ends)
     xs = [e for e in json.loads(cj.read_text())["traceEvents"] if e["ph"] == "X"]
     assert Counter(e["name"] for e in xs) == Counter({"fib": 177, "leaf": 89})
     stacks = [ln.rsplit(" ", 1)[0] for ln in fo.read_text().splitlines()]

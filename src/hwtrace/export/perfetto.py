@@ -225,7 +225,7 @@ class PerfettoTraceWriter:
         f = flg[idx]
         if f.any():
             uf, finv = small_ids(f)
-            ftab = [_flags_annot(x) for x in uf.tolist()]
+            ftab = [_flags_annot(x) if x else b"" for x in uf.tolist()]
             te.strs(ftab, finv)
         body = Lines(n)
         body.lit(_TS_TAG).varint(ts[idx]).lit(self._seq_head)
