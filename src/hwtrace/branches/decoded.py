@@ -205,7 +205,7 @@ class _Consumer:
             self.enabled = True
             ip = item.get("ip")
             if self.follow is not None and not item.get("status_update"):
-                self._switch()
+                self._switch(ip)
                 th = self.th
             if ip is None:
                 t.gap(th)
@@ -216,19 +216,64 @@ class _Consumer:
             self.enabled = None
             t.gap(th)
 
-    def _switch(self) -> None:
-        """Tracing resumes in a CPU's stream: the thread the sideband says
-        runs now (switched in last by the estimated time)."""
+    def _switch(self, ip: int | None) -> None:
+        """Tracing resumes in a CPU's stream at ``ip``: the thread the
+        sideband says runs now, as the call-stack builder decides it
+        (:mod:`hwtrace.analysis.threads`): the switches certainly before
+        (by the last timing packet) or estimated before, or the next few,
+        weighed by who left off right at ``ip`` (an interrupted or
+        syscalling thread resumes where it stopped), a thread seen for the
+        first time taken when the running one stopped elsewhere."""
         tl = self.follow
-        now = tl.known
-        est = tl.estimate(self.n)
-        if est is not None and (now is None or est > now):
-            now = est
-        k = tl.due(now)
         cur = self.th
-        tid = tl.thread_after(k, cur.tid if cur is not None else None)
-        pid = tl.pid_after(k, cur.pid if cur is not None else None)
-        tl.advance(k)
+        ctid = cur.tid if cur is not None else None
+        cpid = cur.pid if cur is not None else None
+        threads = self.tracker._threads
+
+        def stopped_at(th) -> bool:
+            return th is not None and ip is not None and th.exit_at == ip and \
+                th.exit in ("async", "syscall", "interrupt")
+
+        def fit(k) -> int:
+            tid = tl.thread_after(k, ctid)
+            if tid is None:
+                return 1
+            if tid == ctid:
+                if cur is None:
+                    return 1
+                if stopped_at(cur):
+                    return 2
+                return 1 if tl.leaves(ctid, k) else 0
+            return 2 if stopped_at(threads.get((tl.pid_after(k, cpid), tid))) else 1
+
+        best = tl.due(tl.known)
+        f = fit(best)
+        est = tl.estimate(self.n)
+        if est is not None:
+            k = tl.due(est)
+            if k > best:
+                fk = fit(k)
+                if fk >= f:
+                    best, f = k, fk
+        if f < 2:
+            exact = fresh = None
+            for j in tl.upcoming(best):
+                if tl.thread_after(j + 1, None) is None:
+                    continue            # to idle: not who resumes here
+                fj = fit(j + 1)
+                if fj == 2:
+                    exact = j + 1
+                    break
+                if fj == 1 and fresh is None and \
+                        (est is None or tl.switches[j].time <= est or j == best):
+                    fresh = j + 1
+            if exact is not None:
+                best = exact
+            elif f == 0 and fresh is not None:
+                best = fresh
+        tid = tl.thread_after(best, ctid)
+        pid = tl.pid_after(best, cpid)
+        tl.advance(best)
         if cur is None or (cur.pid, cur.tid) != (pid, tid):
             if cur is not None and cur.pend_x is not None:
                 self.tracker.leave(cur, None, self.time)
