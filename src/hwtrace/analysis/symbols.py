@@ -27,6 +27,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 import numpy as np
 
+from hwtrace.analysis.elfraw import EM_X86_64, RawElf, RawElfError
+
 
 def _symbol_array(elf: ELFFile, sec):
     """A symbol table as arrays: (names(i) -> str, value, size, type,
@@ -54,6 +56,102 @@ def _symbol_array(elf: ELFFile, sec):
         return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
     return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
             a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+
+
+def _raw_symtab(elf: "RawElf", i: int):
+    """Like :func:`_symbol_array`, from a RawElf section index."""
+    data = elf.section_data(i)
+    strtab = elf.section_data(int(elf.sh["link"][i]))
+    e = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:
+        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
+                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
+    else:
+        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
+    a = np.frombuffer(data, dt, len(data) // dt.itemsize)
+    off = a["name"].astype(np.int64)
+
+    def names(k: int) -> str:
+        o = int(off[k])
+        end = strtab.find(b"\0", o)
+        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
+            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+
+
+def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
+    """:meth:`Image._read_symbols` over a RawElf (same rules)."""
+    funcs: dict[int, tuple[int, str]] = {}
+    labels: dict[int, tuple[int, str]] = {}
+    exec_secs = elf.exec_sections()
+    for secname in (".dynsym", ".symtab"):
+        i = elf.section_index(secname)
+        if i is None or int(elf.sh["type"][i]) not in (2, 11):   # SYMTAB, DYNSYM
+            continue
+        names, value, size, typ, bind, shndx = _raw_symtab(elf, i)
+        insec = (shndx != 0) & (shndx < 0xFF00)
+        isf = insec & ((typ == 2) | (typ == 10))
+        isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
+        for k in np.flatnonzero(isf | isl).tolist():
+            name = names(k)
+            if not name:
+                continue
+            v, z, glob = int(value[k]), int(size[k]), bind[k] == 1
+            if isf[k]:
+                old = funcs.get(v)
+                if old is None or glob or old[0] == 0:
+                    funcs[v] = (z, name)
+            elif not name.startswith((".L", "$")):
+                old = labels.get(v)
+                if old is None or glob:
+                    labels[v] = (z, name)
+    for a, v in labels.items():
+        funcs.setdefault(a, v)
+    if plt:
+        funcs.update(_raw_plt(elf))
+    ends = elf.exec_ranges()
+    starts = sorted(funcs)
+    sec_starts = sorted(ends)
+    for k, a in enumerate(starts):
+        size, name = funcs[a]
+        if size:
+            continue
+        nxt = starts[k + 1] if k + 1 < len(starts) else None
+        j = bisect.bisect_right(sec_starts, a) - 1
+        sec_end = ends[sec_starts[j]] if j >= 0 and a < ends[sec_starts[j]] else None
+        cands = [x for x in (nxt, sec_end) if x is not None and x > a]
+        if cands:
+            funcs[a] = (min(cands) - a, name)
+    return funcs
+
+
+def _raw_plt(elf: "RawElf") -> dict:
+    """:meth:`Image._plt_symbols` over a RawElf."""
+    ri = elf.section_index(".rela.plt")
+    if ri is None or elf.e_machine != EM_X86_64:
+        return {}
+    dyn = int(elf.sh["link"][ri])
+    si = elf.section_index(".plt.sec")
+    first = 0
+    if si is None:
+        si = elf.section_index(".plt")
+        first = 16
+    if si is None or dyn >= len(elf.sh) or int(elf.sh["type"][dyn]) not in (2, 11):
+        return {}
+    names, value, *_rest = _raw_symtab(elf, dyn)
+    data = elf.section_data(ri)
+    if len(data) % 24:
+        return {}
+    info = np.frombuffer(data, "<u8" if elf.little_endian else ">u8").reshape(-1, 3)[:, 1]
+    idx = (info >> np.uint64(32)).astype(np.int64)
+    nsym = len(value)
+    base = int(elf.sh["addr"][si]) + first
+    out = {}
+    for k, j in enumerate(idx.tolist()):
+        name = names(j) if 0 < j < nsym else ""
+        out[base + 16 * k] = (16, (name or f"plt{k}") + "@plt")
+    return out
 
 
 class SymbolError(Exception):
@@ -105,22 +203,33 @@ class Image:
         self.path = str(path)
         self.bias = bias
         try:
-            with open(self.path, "rb") as f:
-                elf = ELFFile(f)
-                self.build_id = _build_id(elf)
-                self.segments = [(s.header.p_vaddr, s.header.p_memsz,
-                                  s.header.p_offset, s.header.p_filesz)
-                                 for s in elf.iter_segments()
-                                 if s.header.p_type == "PT_LOAD"]
-                self.is_pie = elf.header.e_type == "ET_DYN"
-                funcs = self._read_symbols(elf)
-        except (OSError, ELFError) as e:
+            funcs = self._read_raw()
+        except OSError as e:
             raise SymbolError(f"{self.path}: {e}") from None
+        except (RawElfError, ValueError, IndexError):
+            funcs = None
+        if funcs is None:
+            try:
+                with open(self.path, "rb") as f:
+                    elf = ELFFile(f)
+                    self.build_id = _build_id(elf)
+                    self.segments = [(s.header.p_vaddr, s.header.p_memsz,
+                                      s.header.p_offset, s.header.p_filesz)
+                                     for s in elf.iter_segments()
+                                     if s.header.p_type == "PT_LOAD"]
+                    self.is_pie = elf.header.e_type == "ET_DYN"
+                    funcs = self._read_symbols(elf)
+            except (OSError, ELFError) as e:
+                raise SymbolError(f"{self.path}: {e}") from None
         self.debug_file = self._find_debug(debug_roots)
         if self.debug_file:
             try:
-                with open(self.debug_file, "rb") as f:
-                    funcs.update(self._read_symbols(ELFFile(f), plt=False))
+                try:
+                    with open(self.debug_file, "rb") as f:
+                        funcs.update(_raw_symbols(RawElf(f.read()), plt=False))
+                except (RawElfError, ValueError, IndexError):
+                    with open(self.debug_file, "rb") as f:
+                        funcs.update(self._read_symbols(ELFFile(f), plt=False))
             except (OSError, ELFError):
                 self.debug_file = None
         items = sorted(funcs.items())
@@ -142,6 +251,16 @@ class Image:
         self.low, self.high = lo + bias, hi + bias
 
     # -- reading ---------------------------------------------------------
+
+    def _read_raw(self) -> dict | None:
+        """Headers, build-id and symbols by :class:`.elfraw.RawElf`."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        elf = RawElf(data)
+        self.build_id = elf.build_id()
+        self.segments = elf.loads()
+        self.is_pie = elf.e_type == 3
+        return _raw_symbols(elf)
 
     def _find_debug(self, roots) -> str | None:
         if not self.build_id or len(self.build_id) < 3:
