@@ -133,7 +133,11 @@ class CallHistory:
             if mine.any():
                 for i in late["id"][mine].tolist():
                     self._early.discard(i)
-                self._late_ends(late[mine])
+                # their totals go where they end, after the lines before
+                L = late[mine]
+                for k in np.argsort(L["xseq"], kind="stable").tolist():
+                    self._marks.append((int(L["xseq"][k]), L[k:k + 1]))
+                self._marks.sort(key=lambda m: m[0])
 
     def _emit(self, final: bool = False) -> None:
         q, done = self._q, self._done
@@ -152,17 +156,21 @@ class CallHistory:
             return
         rows = q[:upto]
         ok = done[:upto]
-        last_seq = int(rows["eseq"][-1]) if upto else None
         self._q, self._done = q[upto:], done[upto:]
+        # markers and late totals go out once every line begun before
+        # them is out: before the first line still waiting
         marks = []
         if self._marks:
-            if final:
+            if final or not len(self._q):
                 marks, self._marks = self._marks, []
-            elif last_seq is not None:
+            else:
+                head = int(self._q["eseq"][0])
                 k = 0
-                while k < len(self._marks) and self._marks[k][0] < last_seq:
+                while k < len(self._marks) and self._marks[k][0] < head:
                     k += 1
                 marks, self._marks = self._marks[:k], self._marks[k:]
+        if not upto and not marks:
+            return
         if (~ok).any():
             if not final:
                 self._early.update(rows["id"][~ok].tolist())
@@ -177,7 +185,10 @@ class CallHistory:
         prev = 0
         for c, (_s, m) in zip(cut.tolist(), marks):
             self._write(self._format(rows[prev:c], ok[prev:c], final))
-            self._write(f"  -- {m.kind} at insn {m.idx:,}: {m.detail}\n")
+            if isinstance(m, Marker):
+                self._write(f"  -- {m.kind} at insn {m.idx:,}: {m.detail}\n")
+            else:
+                self._write(self._format(m, np.ones(1, bool), False, end_of=True))
             prev = c
         self._write(self._format(rows[prev:], ok[prev:], final))
 
@@ -211,11 +222,6 @@ class CallHistory:
         t.lit(b"\n")
         self.lines_written += n
         return t.text().decode("utf-8", "replace")
-
-    def _late_ends(self, X: np.ndarray) -> None:
-        """Activations written early: their totals, where they end."""
-        X = X[np.argsort(X["xseq"], kind="stable")]
-        self._write(self._format(X, np.ones(len(X), bool), False, end_of=True))
 
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
