@@ -64,15 +64,30 @@ def cached_batches(cache: str, name: str):
             else np.lib.format.read_array_header_2_0
         shape, _order, _dt = read(f)
         base = f.tell()
-    with open(os.path.join(cache, name + ".items.pickle"), "rb") as f:
-        d = pickle.load(f)
+    d = _blobs(cache, name)
     bounds = d["bounds"] + [shape[0]]
     with open(path, "rb") as f:
-        for k, items in enumerate(d["items"]):
+        for k, blob in enumerate(d["items"]):
             n = bounds[k + 1] - bounds[k]
             f.seek(base + bounds[k] * BLOCK.itemsize)
             blocks = np.fromfile(f, BLOCK, n)
-            yield Batch(blocks, None, items, d["firsts"][k])
+            yield Batch(blocks, None, pickle.loads(blob), d["firsts"][k])
+
+
+def _blobs(cache: str, name: str) -> dict:
+    """The items of each batch, pickled one batch apiece (made from the
+    saved items once): a batch's items become objects only when it is
+    replayed, as a decoder would make them."""
+    path = os.path.join(cache, name + ".items.blobs.pickle")
+    if not os.path.exists(path):
+        with open(os.path.join(cache, name + ".items.pickle"), "rb") as f:
+            d = pickle.load(f)
+        d["items"] = [pickle.dumps(x) for x in d["items"]]
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(d, f)
+        os.replace(path + ".tmp", path)
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def load(bundle: str, cache: str):

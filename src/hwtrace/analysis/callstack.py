@@ -140,7 +140,8 @@ class CallStackBuilder(FollowThreads):
     def __init__(self, stream: StreamInfo | None = None,
                  lookup: Lookup | None = None, clock: str = "auto",
                  tsc_hz: float | None = None, max_pending: int = 1 << 16,
-                 max_depth: int = 1 << 16, vectorize: bool = True):
+                 max_depth: int = 1 << 16, vectorize: bool = True,
+                 paths: bool = True):
         self.stream = stream or StreamInfo()
         st = self.stream
         self._tid = st.tid              # a CPU's stream: its thread, where known
@@ -156,6 +157,9 @@ class CallStackBuilder(FollowThreads):
         self.max_pending = max_pending
         self.max_depth = max_depth
         self.vectorize = vectorize
+        #: call-path hashes (``Slices`` column ``path``, :attr:`paths`)
+        #: wanted -- by folded stacks; else every path is 0
+        self.want_paths = paths
         self.n = 0                     # instructions seen
         self._seq = 0                  # rows and anchors, in order
         self._next_id = 0
@@ -267,9 +271,12 @@ class CallStackBuilder(FollowThreads):
         f.ret_lo = None
         f.tid = self._thread
         f.pid = self._pid
-        ppath = parent.path if parent is not None else 0
-        f.path = path_of(ppath, nid)
-        self.paths.add(f.path, ppath, nid)
+        if self.want_paths:
+            ppath = parent.path if parent is not None else 0
+            f.path = path_of(ppath, nid)
+            self.paths.add(f.path, ppath, nid)
+        else:
+            f.path = 0
         stack.append(f)
         if count:
             self.calls += 1
@@ -545,7 +552,7 @@ class CallStackBuilder(FollowThreads):
                        pid=-1 if pid is None else pid,
                        tid=-1 if tid is None else tid,
                        tx=self._tx_depth is not None,
-                       lookup=self._lookup is not None)
+                       lookup=self._lookup is not None, paths=self.want_paths)
         k = c.k
         if not k:
             return 0
@@ -562,7 +569,8 @@ class CallStackBuilder(FollowThreads):
         self.calls += c.opened
         self.pending.enters.add_array(c.enters)
         self.pending.exits.add_array(c.exits)
-        self.paths.add_many(*c.paths)
+        if self.want_paths:
+            self.paths.add_many(*c.paths)
         self._restack(c)
         self.n = int(a.start[t0 + k])
         return k

@@ -179,10 +179,16 @@ class TimeBase:
         t = np.where(d > 0, t0 + d * slope, t0)
         return np.where(p < 0, t1, t)
 
-    def forget_before(self, seq: int) -> None:
-        """No row older than ``seq`` will be asked about any more: drop
-        the anchors it no longer needs (all but the last one before it)."""
+    def forget_before(self, seq: int | None) -> None:
+        """No row older than ``seq`` (None: no row at all) will be asked
+        about any more: drop the anchors it no longer needs (all but the
+        last one before it)."""
         if len(self._a_seq) < 2:
+            return
+        if seq is None:
+            self._a_seq = self._a_seq[-1:]
+            self._a_idx = self._a_idx[-1:]
+            self._a_t = self._a_t[-1:]
             return
         k = int(np.searchsorted(self._a_seq, seq, side="left")) - 1
         if k > 0:

@@ -133,9 +133,7 @@ class Pending:
             E, X, marks = self.clip.apply(E, X, marks)
         if len(X):
             self._children(X)
-        old = self.oldest_seq()
-        if old is not None:
-            clock.forget_before(old)
+        clock.forget_before(self.oldest_seq())
         return Slices(E, X, []), marks
 
     # -- begin times and callee sums -------------------------------------------------

@@ -92,7 +92,7 @@ class Committed(NamedTuple):
 
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
-          lookup: bool) -> Committed:
+          lookup: bool, paths: bool = True) -> Committed:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -100,7 +100,8 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     number of transfer 0 (transfer ``j`` lands at record ``j + 1``, whose
     anchor gets ``seq0 + 4j``, its close ``+1`` and its open ``+2``);
     ``tx``: frames opened now are inside a TSX transaction; ``lookup``:
-    symbols exist (tail calls and unwinding jumps can be recognized)."""
+    symbols exist (tail calls and unwinding jumps can be recognized);
+    ``paths``: compute call-path hashes (else 0)."""
     code, fall, tgt = tr.code, tr.fall, tr.tgt
     n = len(code)
     s0 = len(stack)
@@ -243,8 +244,11 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     # call paths: parent path * MUL + name + 1, parents first (pointer doubling)
     base_path = np.where(p_lvl < 0, _U8(0),
                          np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
-    path = _paths(o_nid, np.where(p_run & (p_lvl >= 0), p_fr, -1), base_path)
-    ppath = np.where(p_run & (p_lvl >= 0), path[np.maximum(p_fr, 0)], base_path)
+    if paths:
+        path = _paths(o_nid, np.where(p_run & (p_lvl >= 0), p_fr, -1), base_path)
+        ppath = np.where(p_run & (p_lvl >= 0), path[np.maximum(p_fr, 0)], base_path)
+    else:
+        path = ppath = np.zeros(no, _U8)
     flags = np.where(e_tail[o_ev_c], _TAIL | np.where(o_far[:no], _FAR, 0),
                      np.where(o_far[:no], _FAR, 0)).astype(np.uint32)
     o_tr = ev[o_ev_c]

@@ -24,6 +24,9 @@ from hwtrace.export import track_label
 
 
 class FoldedWriter:
+    #: the builder must hash call paths for this writer
+    needs_paths = True
+
     def __init__(self, fp, weight: str = "insns", per_thread: bool = False,
                  root: str | None = None):
         if weight not in ("insns", "time"):

@@ -57,8 +57,10 @@ class ViewRun:
         self.totals = new_totals()
 
     def _builder(self, info, tsc_hz, clock=None) -> CallStackBuilder:
+        paths = any(getattr(w, "needs_paths", False) for w in self.writers)
         return CallStackBuilder(info, self.lookup, clock or self.clock,
-                                self.tsc_hz or tsc_hz, self.max_pending)
+                                self.tsc_hz or tsc_hz, self.max_pending,
+                                paths=paths)
 
     def _deliver(self, b: CallStackBuilder, state: dict) -> None:
         chunks = b.take_slices()
