@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hwtrace.analysis.records import Flag
-from hwtrace.analysis.slices import PATH_MUL, SLICE, Cols, UNKNOWN_FUNC
+from hwtrace.analysis.slices import PATH_MUL, SLICE, Cols
 
 # transfer codes (as the builder's)
 NONE, CALL, RET, JUMP, COND, FCALL, FRET, FJUMP = range(8)

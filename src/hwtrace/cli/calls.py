@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError
-
 
 def register(sub) -> None:
     from hwtrace.cli._filters import add_filter_args
