@@ -18,6 +18,7 @@ Lighthouse or Cutter; .info with genhtml.
 from __future__ import annotations
 
 import os
+import sys
 
 from hwtrace.cli import CliError
 from hwtrace.cli._views import (add_input_args, decode_into, nothing_decoded,
@@ -120,7 +121,22 @@ def run(args) -> int:
                 pass
     nothing_decoded("export", totals)
     progress.done(summary_line("export", totals) + extra)
+    if sys.stderr.isatty():
+        sys.stderr.write(_how_to_open(args) + "\n")
     return 0
+
+
+def _how_to_open(args) -> str:
+    """One line on opening what was written (a terminal only)."""
+    parts = []
+    for path, where in ((args.perfetto, "https://ui.perfetto.dev"),
+                        (args.chrome, "https://ui.perfetto.dev or speedscope"),
+                        (args.folded, "speedscope (npx speedscope FILE) or flamegraph.pl"),
+                        (args.drcov, "Lighthouse or Cutter"),
+                        (args.lcov, "genhtml")):
+        if path:
+            parts.append(f"{path} in {where}")
+    return "hwtrace export: open " + "; ".join(parts)
 
 
 def _lost_note(totals) -> list[str]:
