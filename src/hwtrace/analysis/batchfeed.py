@@ -205,6 +205,8 @@ def _matters(item) -> bool:
     t = getattr(item, "type", None)
     if t in ("error", "status"):
         return True
+    if t == "space":
+        return False            # an address-space switch: the records say it
     if hasattr(item, "status_update"):
         return structural(item)
     return True
