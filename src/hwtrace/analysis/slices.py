@@ -174,37 +174,72 @@ class NameTable:
 
 class PathTable:
     """Call paths by hash: ``hash -> (parent hash, name id)``, registered
-    by the builder as paths first appear (memory grows with the distinct
-    call paths of the program, not with the trace)."""
+    by the builder as paths first appear.  Kept in sorted numpy arrays (a
+    few dozen bytes a path: a Python run's hundreds of thousands of deep
+    paths would take hundreds of MB as dict entries); new ones wait in a
+    buffer until :meth:`lookup` or the buffer's size merges them in."""
+
+    _MERGE = 1 << 16
 
     def __init__(self):
-        self.nodes: dict[int, tuple[int, int]] = {}
+        self._h = np.zeros(0, np.uint64)
+        self._p = np.zeros(0, np.uint64)
+        self._n = np.zeros(0, np.int32)
+        self._buf: list = []            # (paths, parents, names) arrays
+        self._row: list = []            # (path, parent, name) one by one
+        self._pending = 0
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self._h)
 
     def add(self, path: int, parent: int, name: int) -> None:
-        if path not in self.nodes:
-            self.nodes[path] = (parent, name)
+        self._row.append((path, parent, name))
+        self._pending += 1
+        if self._pending >= self._MERGE:
+            self._merge()
 
     def add_many(self, paths: np.ndarray, parents: np.ndarray,
                  names: np.ndarray) -> None:
-        if not len(paths):
+        if len(paths):
+            self._buf.append((paths, parents, names))
+            self._pending += len(paths)
+            if self._pending >= self._MERGE:
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
             return
-        u, first = np.unique(paths, return_index=True)
-        nodes = self.nodes
-        new = [i for p, i in zip(u.tolist(), first.tolist()) if p not in nodes]
-        if new:
-            pp = parents[new].tolist()
-            nn = names[new].tolist()
-            for j, i in enumerate(new):
-                nodes[int(paths[i])] = (pp[j], nn[j])
+        hs, ps, ns = [self._h], [self._p], [self._n]
+        for h, p, n in self._buf:
+            hs.append(np.asarray(h, np.uint64))
+            ps.append(np.asarray(p, np.uint64))
+            ns.append(np.asarray(n, np.int32))
+        if self._row:
+            r = np.array(self._row, dtype=object)
+            hs.append(r[:, 0].astype(np.uint64))
+            ps.append(r[:, 1].astype(np.uint64))
+            ns.append(r[:, 2].astype(np.int32))
+        h = np.concatenate(hs)
+        u, first = np.unique(h, return_index=True)
+        self._h = u
+        self._p = np.concatenate(ps)[first]
+        self._n = np.concatenate(ns)[first]
+        self._buf, self._row, self._pending = [], [], 0
+
+    def lookup(self, paths: np.ndarray):
+        """(parent hashes, name ids) of known paths."""
+        self._merge()
+        j = np.searchsorted(self._h, np.asarray(paths, np.uint64))
+        return self._p[j], self._n[j]
 
     def names(self, path: int) -> list[int]:
         """Name ids from the bottom of the stack to ``path``."""
         out = []
-        nodes = self.nodes
         while path != 0:
-            parent, name = nodes[path]
-            out.append(name)
-            path = parent
+            p, n = self.lookup(np.array([path], np.uint64))
+            out.append(int(n[0]))
+            path = int(p[0])
         out.reverse()
         return out
 

@@ -35,9 +35,9 @@ class FoldedWriter:
         self._weight = weight
         self._per_thread = per_thread
         self._root = root
-        # per builder: its (names, paths) and {(thread, path hash): weight}
-        self._groups: list[tuple[object, str, dict]] = []
-        self._cur: dict | None = None
+        # per builder: its (names, paths) and weights per (thread, path)
+        self._groups: list[tuple[object, str, "_Weights"]] = []
+        self._cur: "_Weights | None" = None
         self._ctx = None
         self._info = StreamInfo()
         self._legacy: RecordChunker | None = None
@@ -55,7 +55,7 @@ class FoldedWriter:
             return
         if ctx is not self._ctx:
             self._ctx = ctx
-            self._cur = {}
+            self._cur = _Weights()
             self._groups.append((ctx, track_label(self._info).replace(";", ":"),
                                  self._cur))
         if self._weight == "insns":
@@ -71,48 +71,50 @@ class FoldedWriter:
             follows = info.tid is None and info.cpu is not None
             thr = np.where(X["tid"] >= 0, X["tid"], -1) if follows \
                 else np.full(len(X), -1, np.int64)
-            key = (X["path"].view(np.int64) * 1000003) ^ thr
         else:
-            thr = None
-            key = X["path"].view(np.int64)
-        u, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        sums = np.bincount(np.asarray(inv).reshape(-1), w, len(u))
-        paths = X["path"][first].tolist()
-        ts = thr[first].tolist() if thr is not None else [-2] * len(u)
-        cur = self._cur
-        for p, t, s in zip(paths, ts, sums.tolist()):
-            k = (t, p)
-            cur[k] = cur.get(k, 0) + s
+            thr = np.full(len(X), -2, np.int64)
+        self._cur.add(thr, X["path"], w)
 
     def _lines(self):
         """(stack, weight) of every stack, walking each builder's call
         paths once (a path's text is built from its parent's)."""
         for ctx, label, weights in self._groups:
-            nodes = ctx.paths.nodes
+            paths = ctx.paths
             names = ctx.names.names
-            by_thread: dict = {}
-            for (t, p), w in weights.items():
-                by_thread.setdefault(t, {})[p] = w
-            for t, ws in by_thread.items():
-                # the nodes needed: every weighted path and its ancestors
-                children: dict[int, list[int]] = {}
-                need = set()
-                for p in ws:
-                    q = p
-                    while q and q not in need:
-                        need.add(q)
-                        parent = nodes[q][0]
-                        children.setdefault(parent, []).append(q)
-                        q = parent
+            th, ph, wt = weights.arrays()
+            for t in np.unique(th).tolist():
+                sel = th == t
+                wp, ww = ph[sel], wt[sel]
+                # every weighted path and its ancestors, with their parents
+                nodes, parents, nids = [], [], []
+                frontier = np.unique(wp)
+                seen = np.zeros(0, np.uint64)
+                while len(frontier):
+                    par, nid = paths.lookup(frontier)
+                    nodes.append(frontier)
+                    parents.append(par)
+                    nids.append(nid)
+                    seen = np.union1d(seen, frontier)
+                    nxt = np.unique(par[par != 0])
+                    frontier = nxt[~np.isin(nxt, seen)]
+                node = np.concatenate(nodes)
+                parent = np.concatenate(parents)
+                nid = np.concatenate(nids)
+                order = np.argsort(parent, kind="stable")
+                sp = parent[order]
+                wmap = dict(zip(wp.tolist(), ww.tolist()))
                 head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
                 stack = [(0, head, self._root is None)]
                 while stack:
-                    node, prefix, rooted = stack.pop()
-                    for c in children.get(node, ()):
-                        name = names[nodes[c][1]].replace(";", ":")
+                    q, prefix, rooted = stack.pop()
+                    lo = int(np.searchsorted(sp, np.uint64(q), "left"))
+                    hi = int(np.searchsorted(sp, np.uint64(q), "right"))
+                    for k in order[lo:hi].tolist():
+                        c = int(node[k])
+                        name = names[int(nid[k])].replace(";", ":")
                         r = rooted or name == self._root
-                        frames = prefix + [name] if rooted or r else prefix
-                        w = ws.get(c)
+                        frames = prefix + [name] if r else prefix
+                        w = wmap.get(c)
                         if w and r:
                             yield ";".join(frames), w
                         stack.append((c, frames, r))
@@ -144,3 +146,41 @@ class FoldedWriter:
             v = int(round(v))
             if v > 0:
                 w(f"{key} {v}\n")
+
+
+class _Weights:
+    """Weights summed per (thread, call path), in numpy arrays (merged a
+    few hundred thousand rows at a time)."""
+
+    def __init__(self):
+        self._t = np.zeros(0, np.int64)
+        self._p = np.zeros(0, np.uint64)
+        self._w = np.zeros(0, np.float64)
+        self._buf: list = []
+        self._n = 0
+
+    def add(self, t, p, w) -> None:
+        self._buf.append((np.asarray(t, np.int64), np.asarray(p, np.uint64),
+                          np.asarray(w, np.float64)))
+        self._n += len(w)
+        if self._n >= 1 << 19:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._buf:
+            return
+        t = np.concatenate([self._t] + [b[0] for b in self._buf])
+        p = np.concatenate([self._p] + [b[1] for b in self._buf])
+        w = np.concatenate([self._w] + [b[2] for b in self._buf])
+        order = np.lexsort((p, t))
+        t, p, w = t[order], p[order], w[order]
+        new = np.ones(len(t), bool)
+        new[1:] = (t[1:] != t[:-1]) | (p[1:] != p[:-1])
+        starts = np.flatnonzero(new)
+        self._t, self._p = t[starts], p[starts]
+        self._w = np.add.reduceat(w, starts) if len(w) else w
+        self._buf, self._n = [], 0
+
+    def arrays(self):
+        self._merge()
+        return self._t, self._p, self._w
