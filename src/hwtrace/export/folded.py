@@ -102,22 +102,27 @@ class FoldedWriter:
                 nid = np.concatenate(nids)
                 order = np.argsort(parent, kind="stable")
                 sp = parent[order]
-                wmap = dict(zip(wp.tolist(), ww.tolist()))
+                # each node's own weight (0: a caller only)
+                wo = np.argsort(wp)
+                j = np.minimum(np.searchsorted(wp[wo], node), len(wp) - 1)
+                wnode = np.where(wp[wo][j] == node, ww[wo][j], 0.0)
+                del seen, nodes, parents, nids
                 head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
-                stack = [(0, head, self._root is None)]
+                # pending children share their parent's frames (a child's
+                # list is made when it is taken)
+                stack = [(0, head, None, self._root is None)]
                 while stack:
-                    q, prefix, rooted = stack.pop()
+                    q, prefix, name, rooted = stack.pop()
+                    frames = prefix if name is None else prefix + [name]
                     lo = int(np.searchsorted(sp, np.uint64(q), "left"))
                     hi = int(np.searchsorted(sp, np.uint64(q), "right"))
                     for k in order[lo:hi].tolist():
-                        c = int(node[k])
-                        name = names[int(nid[k])].replace(";", ":")
-                        r = rooted or name == self._root
-                        frames = prefix + [name] if r else prefix
-                        w = wmap.get(c)
+                        cn = names[int(nid[k])].replace(";", ":")
+                        r = rooted or cn == self._root
+                        w = wnode[k]
                         if w and r:
-                            yield ";".join(frames), w
-                        stack.append((c, frames, r))
+                            yield ";".join(frames + [cn]), w
+                        stack.append((int(node[k]), frames, cn if r else None, r))
 
     @property
     def stacks(self) -> dict[str, float]:
