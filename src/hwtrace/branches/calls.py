@@ -73,6 +73,8 @@ class CallHistory:
         self._marks: list = []               # (seq, Marker) waiting
         self._legacy: RecordChunker | None = None
         self._ctx = None
+        self._heads: dict = {}
+        self._notes: dict = {}
         self.lines_written = 0
 
     # -- output ------------------------------------------------------------------
@@ -88,6 +90,7 @@ class CallHistory:
         self._end_stream()
         self._info = info
         self._last_tid = -1
+        self._heads = {}
         self._unit = unit
         self._write(f"{track_label(info)}:\n")
 
@@ -196,6 +199,8 @@ class CallHistory:
         n = len(rows)
         if not n:
             return ""
+        if self._unit == "insns" or not self.show_time:
+            return self._format_counts(rows, ok, final, end_of)
         names = self._ctx.names
         t = Lines(n)
         depth = rows["depth"].astype(np.int64)
@@ -222,6 +227,43 @@ class CallHistory:
         t.lit(b"\n")
         self.lines_written += n
         return t.text().decode("utf-8", "replace")
+
+    def _format_counts(self, rows, ok, final, end_of: bool) -> str:
+        """Lines with instruction counts only, by %-formatting over the
+        columns: deep stacks make the indented head hundreds of bytes wide
+        in places, which column assembly pays on every line; each
+        (depth, function) head is made once."""
+        n = len(rows)
+        names = self._ctx.names.names
+        heads = self._heads
+        depth = rows["depth"].tolist()
+        nid = rows["name"].tolist()
+        insns = (rows["end_idx"] - rows["begin_idx"]).tolist()
+        flags = rows["flags"].tolist()
+        tids = rows["tid"].tolist()
+        threads = bool(getattr(self._info, "switches", ()))
+        last = self._last_tid
+        notes = self._notes
+        opened = (_OPEN if final else _EARLY).decode()
+        out = []
+        add = out.append
+        for d, i, c, f, tid, done in zip(depth, nid, insns, flags, tids, ok.tolist()):
+            key = (d, i, end_of)
+            h = heads.get(key)
+            if h is None:
+                text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
+                h = heads[key] = f"{text:<48} "
+            note = notes.get(f)
+            if note is None:
+                note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+            if threads and tid >= 0 and tid != last:
+                note = f"{note}, tid {tid}" if note else f"tid {tid}"
+            last = tid
+            tail = f"{c:>10,} insns" if done else opened
+            add(f"{h}{tail}  [{note}]\n" if note else f"{h}{tail}\n")
+        self._last_tid = last
+        self.lines_written += n
+        return "".join(out)
 
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
