@@ -5,6 +5,8 @@
 # for speedscope / Perfetto / chrome://tracing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# hwtrace from the clone's environment (scripts/install.sh) when there is one.
+if [ -x .venv/bin/hwtrace ]; then PATH=$PWD/.venv/bin:$PATH; fi
 out=build/example
 mkdir -p "$out"
 gcc -O1 -g -o "$out/fib" examples/fib.c
