@@ -121,6 +121,10 @@ fi
 if [ ! -f build/viewer/node_modules/speedscope/dist/release/index.html ]; then
     if command -v npm >/dev/null 2>&1; then
         mkdir -p build/viewer
+        # Trust the system's CA store as apt and pip do (node has its own).
+        if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+            export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+        fi
         npm install --prefix build/viewer --no-audit --no-fund --loglevel=error \
             speedscope >/dev/null \
             || say "note: npm could not install speedscope; the viewer tests will be skipped"
