@@ -125,7 +125,7 @@ if [ ! -f build/viewer/node_modules/speedscope/dist/release/index.html ]; then
         if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
             export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
         fi
-        npm install --prefix build/viewer --no-audit --no-fund --loglevel=error \
+        npm install --prefix build/viewer --no-audit --no-fund --no-update-notifier --loglevel=error \
             speedscope >/dev/null \
             || say "note: npm could not install speedscope; the viewer tests will be skipped"
     fi

@@ -246,6 +246,8 @@ def stepping_note(info: dict) -> str | None:
 
 def _decoded(args, path, trig, mask) -> int:
     from hwtrace.branches.decoded import DecodedError, decoded_records
+    from hwtrace.cli._tracemap import check_view_input
+    check_view_input(path, args.elf, raw_trace=True)
     try:
         tr = decoded_records(path, trig, mask, args.elf, args.image_path)
         _emit(tr.records(), tr.symbolizer, args)

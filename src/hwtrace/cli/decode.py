@@ -195,10 +195,12 @@ def _image(args, image=None):
     return image
 
 
-def _trace(arg: str):
+def _trace(arg: str, check: bool = True):
     """The --pt trace, mapped rather than read (a read-only mmap or a
-    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap."""
-    from hwtrace.cli._tracemap import map_trace
+    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap.
+    ``check``: refuse one with nothing to decode (a bundle's streams are
+    not refused: an idle CPU's may be empty)."""
+    from hwtrace.cli._tracemap import check_trace, map_trace
     from hwtrace.flow.image import ImageError
     from hwtrace.flow.loaders import split_range
 
@@ -215,6 +217,8 @@ def _trace(arg: str):
         raise CliError(f"--pt: bad range in {arg}: {e}") from None
     if size is not None and len(data) < size:
         raise CliError(f"--pt: bad range in {arg}")
+    if check:
+        check_trace(data, f"--pt: {arg}")
     return data
 
 
@@ -332,7 +336,7 @@ def _run_one(args, image=None, wrap=None, write=None) -> int:
     cfg = _config(args, write)
     if image is None:
         image = _image(args)
-    data = _trace(args.pt)
+    data = _trace(args.pt, check=wrap is None)
 
     use_block = args.decoder != "insn"
     stats = args.stat or args.stat_insn or args.stat_blocks

@@ -61,8 +61,10 @@ def decode_into(args, writers, coverage=None, label="export"):
     (source, totals).  All failures become one-line CliErrors."""
     from hwtrace.export.pipeline import StreamExporter, add_totals, new_totals
     from hwtrace.export.progress import Progress
+    from hwtrace.cli._tracemap import check_view_input
     from hwtrace.export.source import SourceError, open_source
 
+    check_view_input(args.input, args.elf)
     try:
         src = open_source(args.input, args.elf, args.image_path)
     except SourceError as e:
