@@ -52,7 +52,7 @@ def test_corpus_is_complete(corpus):
 
 
 @pytest.mark.parametrize("d,v,decoder", _params())
-def test_ptxed_variant(d, v, decoder):
+def test_ptxed_variant(d, v, decoder, corpus):
     ok, got, err = run_variant(d, v, decoder)
     if not ok:
         exp = (d / v["exp"]["ptxed"]).read_text()

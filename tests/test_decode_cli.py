@@ -15,14 +15,8 @@ HELLO_INSNS = [0x401000, 0x401005, 0x40100a, 0x401014, 0x401019,
                0x40101b, 0x401020, 0x401025]
 
 
-def _need(path):
-    if not path.exists():
-        pytest.skip(f"{path} missing")
-
-
 @pytest.mark.parametrize("decoder", ["--insn-decoder", "--block-decoder"])
-def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder):
-    _need(SIMPLE)
+def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder, hardware):
     r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
                     SIMPLE / "hello", *SIMPLE_OPTS, decoder)
     assert r.returncode == 0, r.stderr
@@ -37,8 +31,7 @@ def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder):
         [f"{i:016x}" for i in HELLO_INSNS[5:]] + ["[disabled]"]
 
 
-def test_drpt2trace_simple_jsonl_and_stat():
-    _need(SIMPLE)
+def test_drpt2trace_simple_jsonl_and_stat(hardware):
     r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
                     SIMPLE / "hello", *SIMPLE_OPTS, "--format", "jsonl")
     assert r.returncode == 0, r.stderr
@@ -80,11 +73,10 @@ def test_no_trace_given_is_exit_2():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_garbage_and_truncation_become_errors_not_crashes(tmp_path):
+def test_garbage_and_truncation_become_errors_not_crashes(tmp_path, corpus):
     """Corrupt streams: errors are reported with offsets, decoding goes on,
     nothing escapes."""
     src = CORPUS / "call_direct-ret_compressed"
-    _need(src)
     data = (src / "call_direct-ret_compressed.pt").read_bytes()
     rnd = random.Random(1234)
     for seed in range(12):

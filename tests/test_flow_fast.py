@@ -62,12 +62,10 @@ def _cli(argv, core, monkeypatch, used):
     return out.getvalue()
 
 
-def test_corpus_quiet_stat_identical(monkeypatch):
+def test_corpus_quiet_stat_identical(monkeypatch, corpus):
     """Every ptxed variant, both decoders, --stat / --stat:insn /
     --stat:blocks with --quiet: compiled path == Python path, byte for
     byte (the Python path is the one test_corpus_ptxed checks)."""
-    if not CORPUS.is_dir():
-        _need("corpus", f"{CORPUS} missing")
     core = _core()
     compiled = 0
     total = 0
@@ -372,8 +370,6 @@ def _hardware_cases(tmp: Path):
     from conftest import FIXTURES
     from hwtrace.flow.loaders import load_elf
     hw = FIXTURES
-    if not hw.is_dir():
-        _need("fixtures", f"{hw} missing")
     fx = hw / "drpt2trace_simple"
     image = Image()
     load_elf(image, str(fx / "hello"))
@@ -396,7 +392,7 @@ def _hardware_cases(tmp: Path):
             image, cfg
 
 
-def test_hardware_captures_identical(tmp_path):
+def test_hardware_captures_identical(tmp_path, hardware):
     """Real Intel PT (MTC/CYC/TSC on, syscalls and the exit as FUP +
     TIP.PGD, SKD022's workaround on): the compiled core decodes them, to
     the twin's counts and edges."""
@@ -416,7 +412,7 @@ def test_hardware_captures_identical(tmp_path):
     assert seen >= 2
 
 
-def test_hardware_mutations_identical(tmp_path):
+def test_hardware_mutations_identical(tmp_path, hardware):
     """Seeded mutations of the real captures (their FUP+TIP.PGD, MTC/CYC
     sequences broken up): both paths agree, and both are exercised."""
     _core()

@@ -109,10 +109,8 @@ def test_elf_segments_and_base(tmp_path):
         load_elf(Image(), str(f2))
 
 
-def test_elf_hardware_fixture_hello():
+def test_elf_hardware_fixture_hello(hardware):
     hello = FIXTURES / "drpt2trace_simple" / "hello"
-    if not hello.exists():
-        pytest.skip("fixture missing")
     im = Image()
     load_elf(im, str(hello))
     assert [(m.begin, m.end) for m in im.mappings()] == [

@@ -352,7 +352,7 @@ def test_psb_search_agrees():
                 find_psb_forward(data, start)
 
 
-def test_cli_subprocess_same_output_both_ways(tmp_path):
+def test_cli_subprocess_same_output_both_ways(tmp_path, corpus):
     """python -m hwtrace dump with and without HWTRACE_NO_EXTENSIONS."""
     _compiled_core()
     src = CORPUS / "ptdump-trunc-resync" / "ptdump-trunc-resync.pt"

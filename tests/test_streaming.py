@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, IN_CI, run_hwtrace
+from conftest import CORPUS, IN_CI, run_hwtrace, sample_text
 
 from hwtrace.cli import _tracemap
 from hwtrace.cli._tracemap import TraceMap, map_trace
@@ -220,8 +220,7 @@ def recording(tmp_path_factory):
     if shutil.which("gzip") is None:
         need("gzip missing")
     work = tmp_path_factory.mktemp("rec")
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    (work / "in.txt").write_bytes(text[:3000])
+    (work / "in.txt").write_bytes(sample_text(3000))
     r = run_hwtrace("record", "--copy-images", "-o", work / "b", "--",
                     shutil.which("gzip"), "-9", "-k", "-f", work / "in.txt")
     if r.returncode != 0:
