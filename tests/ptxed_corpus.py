@@ -52,6 +52,20 @@ def argv_for(d: Path, v: dict, decoder: str) -> list[str]:
     return argv
 
 
+def decode_inputs(d: Path, v: dict, decoder: str):
+    """What ``hwtrace decode`` would decode for this variant: (data, image,
+    FlowConfig, decoder name, resync, parsed args) -- for tests that drive
+    the decoders or the batch producers directly."""
+    from hwtrace.cli import Parser
+    from hwtrace.cli import decode as D
+    sub = Parser(prog="hwtrace").add_subparsers(parser_class=Parser)
+    D.register(sub)
+    args = sub.choices["decode"].parse_args(argv_for(d, v, decoder)[1:])
+    cfg = D._config(args, lambda s: None)
+    return (D._trace(args.pt), D._image(args), cfg,
+            "insn" if args.decoder == "insn" else "block", args.resync, args)
+
+
 def normalize(text: str) -> list[str]:
     return [re.sub(r"[ \t]+", " ", line).rstrip()
             for line in text.splitlines()]

@@ -12,6 +12,11 @@ everything to a *sink*:
     sink.error(kind, offset, ip, code)  # kind: "sync error" | "error" | ...
     sink.status(name, offset)           # "end_of_trace", "resynced"
 
+The loops themselves are generators (:func:`iter_insn`,
+:func:`iter_blocks`) yielding those calls as tuples, so a consumer can
+pull (:mod:`.batches` groups them into record batches) and
+:func:`deliver` pushes them into a sink.
+
 No printing here: the sinks in :mod:`.sinks` format ptxed text or JSON.
 """
 
@@ -32,37 +37,36 @@ def _offset23(dec) -> int:
     return f() if f is not None else dec.offset
 
 
-def _resynced(sink, dec, status) -> None:
-    """Report a resynchronization; sinks with ``status_ex`` also get
-    whether tracing is off there (ptoracle's ``ip_suppressed``)."""
-    ex = getattr(sink, "status_ex", None)
-    if ex is None:
-        sink.status("resynced", _offset23(dec))
-    else:
-        ex("resynced", _offset23(dec),
-           ip_suppressed=bool(status & IP_SUPPRESSED))
+#: what the step generators yield (first element of each tuple)
+INSN, BLOCK, EVENT, ERROR, STATUS = range(5)
 
 
-def _drain(dec, status, sink):
-    """Fetch and report pending events; returns the last status or the
-    DecodeError that stopped it."""
+def _drain(dec, status):
+    """Fetch pending events, yielding (EVENT, ev, offset); returns the
+    last status or the DecodeError that stopped it."""
     while status & EVENT_PENDING:
         offset = _offset23(dec)
         r = dec.event()
         if r.__class__ is DecodeError:
             return r
         status, ev = r
-        sink.event(ev, offset)
+        yield (EVENT, ev, offset)
     return status
 
 
-def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
-    """Drive an :class:`~hwtrace.flow.insn.InsnDecoder` over its trace.
-    Returns the number of instructions."""
-    ninsn = 0
+def _resynced(dec, status):
+    return (STATUS, "resynced", _offset23(dec),
+            bool(status & IP_SUPPRESSED))
+
+
+def iter_insn(dec, resync: bool = False, want_offset: bool = True):
+    """Drive an :class:`~hwtrace.flow.insn.InsnDecoder` over its trace,
+    yielding what a sink is handed, in order: ``(INSN, insn, offset)``,
+    ``(EVENT, ev, offset)``, ``(ERROR, kind, offset, ip, code)``,
+    ``(STATUS, name, offset, ip_suppressed)`` (``ip_suppressed`` None for
+    "end_of_trace").  ``want_offset`` False passes 0 as an instruction's
+    offset (saves a property read per instruction)."""
     last_sync = 0
-    want_offset = getattr(sink, "needs_offset", True)
-    on_insn = sink.insn
     offset = 0
     while True:
         r = dec.sync_forward()
@@ -70,7 +74,7 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
         if r.__class__ is DecodeError:
             if r.code == E.EOS:
                 break
-            sink.error("sync error", dec.offset, 0, r.code)
+            yield (ERROR, "sync error", dec.offset, 0, r.code)
             pos = dec.offset
             if pos <= last_sync:
                 break
@@ -80,14 +84,13 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
         while True:
             err = None
             while True:
-                status = _drain(dec, status, sink)
+                status = yield from _drain(dec, status)
                 if status.__class__ is DecodeError:
-                    err = status
-                    err = DecodeError(err.code, err.offset, last_ip)
+                    err = DecodeError(status.code, status.offset, last_ip)
                     break
                 if status & EOS:
                     if not status & IP_SUPPRESSED:
-                        sink.status("end_of_trace", _offset23(dec))
+                        yield (STATUS, "end_of_trace", _offset23(dec), None)
                     err = None
                     break
                 if want_offset:
@@ -95,41 +98,34 @@ def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
                 r = dec.next()
                 if r.__class__ is DecodeError:
                     if r.insn is not None:
-                        on_insn(r.insn, offset)
-                        ninsn += 1
+                        yield (INSN, r.insn, offset)
                     err = r
                     break
                 status, insn = r
                 last_ip = insn.ip
-                on_insn(insn, offset)
-                ninsn += 1
-                if max_insns and ninsn >= max_insns:
-                    return ninsn
-            if err is None:
-                return ninsn
-            if err.code == E.EOS:
-                return ninsn
-            sink.error("error", err.offset, err.ip, err.code)
+                yield (INSN, insn, offset)
+            if err is None or err.code == E.EOS:
+                return
+            yield (ERROR, "error", err.offset, err.ip, err.code)
             if not resync:
                 break
             r = dec.resync()
             if r.__class__ is DecodeError:
                 if r.code == E.EOS:
-                    return ninsn
-                sink.error("resync error", r.offset, err.ip, r.code)
+                    return
+                yield (ERROR, "resync error", r.offset, err.ip, r.code)
                 break
             status = r
             last_ip = err.ip
-            _resynced(sink, dec, status)
-    return ninsn
+            yield _resynced(dec, status)
 
 
-def run_blocks(dec, sink, resync: bool = False) -> int:
+def iter_blocks(dec, resync: bool = False):
     """Drive a :class:`~hwtrace.flow.block.BlockDecoder`; ptxed's block
-    loop.  Returns the number of instructions."""
+    loop.  Yields like :func:`iter_insn`, with ``(BLOCK, block, offset)``
+    instead of instructions."""
     from .block import BlockError
 
-    ninsn = 0
     last_sync = 0
     while True:
         r = dec.sync_forward()
@@ -137,7 +133,7 @@ def run_blocks(dec, sink, resync: bool = False) -> int:
         if r.__class__ is DecodeError:
             if r.code == E.EOS:
                 break
-            sink.error("sync error", dec.offset, 0, r.code)
+            yield (ERROR, "sync error", dec.offset, 0, r.code)
             pos = dec.offset
             if pos <= last_sync:
                 break
@@ -147,37 +143,86 @@ def run_blocks(dec, sink, resync: bool = False) -> int:
         while True:
             err = None
             while True:
-                status = _drain(dec, status, sink)
+                status = yield from _drain(dec, status)
                 if status.__class__ is DecodeError:
                     err = DecodeError(status.code, status.offset, last_ip)
                     break
                 if status & EOS:
                     if not status & IP_SUPPRESSED:
-                        sink.status("end_of_trace", _offset23(dec))
+                        yield (STATUS, "end_of_trace", _offset23(dec), None)
                     break
                 offset = dec.offset
                 r = dec.next()
                 if r.__class__ is BlockError:
                     if r.block is not None:
-                        sink.block(r.block, offset)
-                        ninsn += r.block.ninsn
+                        yield (BLOCK, r.block, offset)
                     err = DecodeError(r.code, r.offset, r.ip)
                     break
                 status, block = r
                 last_ip = block.end_ip
-                sink.block(block, offset)
-                ninsn += block.ninsn
+                yield (BLOCK, block, offset)
             if err is None or err.code == E.EOS:
-                return ninsn
-            sink.error("error", err.offset, err.ip, err.code)
+                return
+            yield (ERROR, "error", err.offset, err.ip, err.code)
             if not resync:
                 break
             r = dec.resync()
             if r.__class__ is DecodeError:
                 if r.code == E.EOS:
-                    return ninsn
-                sink.error("resync error", r.offset, err.ip, r.code)
+                    return
+                yield (ERROR, "resync error", r.offset, err.ip, r.code)
                 break
             status = r
-            _resynced(sink, dec, status)
-    return ninsn
+            yield _resynced(dec, status)
+
+
+def deliver(steps, sink) -> int:
+    """Hand what a step generator yields to a sink; returns the number of
+    instructions.  A "resynced" status goes to ``sink.status_ex`` where
+    the sink has one (ptoracle's ``ip_suppressed`` with it)."""
+    n = 0
+    on_insn = getattr(sink, "insn", None)
+    on_block = getattr(sink, "block", None)
+    ex = getattr(sink, "status_ex", None)
+    for step in steps:
+        k = step[0]
+        if k == INSN:
+            on_insn(step[1], step[2])
+            n += 1
+        elif k == BLOCK:
+            on_block(step[1], step[2])
+            n += step[1].ninsn
+        elif k == EVENT:
+            sink.event(step[1], step[2])
+        elif k == ERROR:
+            sink.error(step[1], step[2], step[3], step[4])
+        elif step[3] is None or ex is None:
+            sink.status(step[1], step[2])
+        else:
+            ex(step[1], step[2], ip_suppressed=step[3])
+    return n
+
+
+def run_insn(dec, sink, resync: bool = False, max_insns: int = 0) -> int:
+    """Drive an :class:`~hwtrace.flow.insn.InsnDecoder` over its trace into
+    ``sink``.  Returns the number of instructions (stops after
+    ``max_insns`` if that is not 0)."""
+    steps = iter_insn(dec, resync, getattr(sink, "needs_offset", True))
+    if not max_insns:
+        return deliver(steps, sink)
+
+    def limited():
+        n = 0
+        for step in steps:
+            yield step
+            if step[0] == INSN:
+                n += 1
+                if n >= max_insns:
+                    return
+    return deliver(limited(), sink)
+
+
+def run_blocks(dec, sink, resync: bool = False) -> int:
+    """Drive a :class:`~hwtrace.flow.block.BlockDecoder` into ``sink``;
+    ptxed's block loop.  Returns the number of instructions."""
+    return deliver(iter_blocks(dec, resync), sink)

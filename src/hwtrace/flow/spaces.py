@@ -608,3 +608,27 @@ class SpaceSwitcher:
         self.flow.set_image(space.image)
         if self.on_switch is not None:
             self.on_switch(space, self.dec.offset)
+
+
+@dataclass
+class SpacePlan:
+    """How a stream switches address spaces, as data: what a
+    :class:`SpaceSwitcher` is built from.  The Python twin wraps its
+    decoder in one (:meth:`wrap`); the compiled core calls back into the
+    same switching rules at the (rare) events that decide.
+
+    ``spaces`` the CR3 lookup for paging events, ``timeline`` (may be
+    None) the time-based choice, ``initial`` the space to start in,
+    ``cyc`` whether the trace has CYC packets (cycle-accurate times),
+    ``on_switch(space, offset)`` told of every switch."""
+
+    spaces: AddressSpaces | None
+    timeline: Timeline | None
+    initial: AddressSpace | None
+    cyc: bool = False
+    on_switch: Callable | None = None
+
+    def wrap(self, dec) -> "SpaceSwitcher":
+        return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,
+                             self.on_switch, cyc=self.cyc)
+

@@ -1,0 +1,341 @@
+"""The streams a command decodes, and their batches: the I/O side of the
+decoding pipeline (docs/pipeline.md).
+
+Every command that decodes (``decode``, ``calls``, ``summary``,
+``export``, ``branches``, ``coverage``, ``diff``) opens its input here and
+gets a :class:`TraceSet`: one :class:`Stream` per ``.pt`` stream, each
+knowing who it belongs to (:attr:`Stream.info`: pid/tid/cpu and, for a
+CPU's stream, the context switches), what was lost while recording
+(:attr:`Stream.entry`: lost bytes, wrapped, stopped), its decoder
+configuration and its code (the initial image and, for bundles, the plan
+to switch address spaces by PIP or by the sideband's context switches:
+:class:`hwtrace.flow.spaces.SpacePlan`).  :meth:`Stream.batches` decodes
+it (compiled core or Python twin: :func:`hwtrace.flow.batches.batches`),
+reading the trace through a read-only file mapping whose pages are
+released behind the decoder.
+
+Inputs:
+
+* a bundle directory (:func:`open_bundle`): streams from the manifest,
+  decoder parameters (CPU, MTC/nominal frequency, CPUID 0x15) from the
+  manifest, images from the sideband through the bundle's trust rules
+  (:meth:`hwtrace.bundle.Bundle.find_image`);
+* a raw trace with its images (:func:`open_trace`).
+
+Everything that can go wrong before decoding starts is a
+:class:`StreamsError` with one line for the user.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from hwtrace.analysis.records import StreamInfo
+from hwtrace.flow.config import Errata, FlowConfig
+
+
+class StreamsError(Exception):
+    """The input cannot be decoded (one line, for the user)."""
+
+
+@dataclass
+class Entry:
+    """What the recorder said about a stream (a bundle's manifest entry;
+    for a raw trace, its size only)."""
+
+    file: str
+    size: int = 0
+    instructions_observed: int = 0
+    capture_end: int = 0
+    wrapped: bool = False
+    stopped: bool = False
+    lost_bytes: int = 0
+    ctl: int | None = None          # IA32_RTIT_CTL it was recorded with
+
+    @property
+    def lossy(self) -> bool:
+        return bool(self.wrapped or self.stopped or self.lost_bytes)
+
+
+@dataclass
+class Stream:
+    """One decodable stream."""
+
+    name: str
+    path: str
+    info: StreamInfo
+    entry: Entry
+    config: FlowConfig
+    image: object                   # the initial hwtrace.flow.image.Image
+    plan: object = None             # hwtrace.flow.spaces.SpacePlan or None
+    offset: int = 0                 # --pt FILE:FROM-TO: a slice of the file
+    length: int | None = None
+
+    def data(self):
+        """The trace bytes, mapped (see hwtrace.cli._tracemap)."""
+        from hwtrace.cli._tracemap import map_trace
+        try:
+            return map_trace(self.path, self.offset, self.length)
+        except OSError as e:
+            raise StreamsError(f"{self.path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise StreamsError(f"{self.path}: {e}") from None
+
+    def batches(self, decoder: str = "block", *, view: bool = False,
+                want_insns: bool = False, resync: bool = False,
+                max_records: int = 1 << 16, impl: str | None = None,
+                on_switch: Callable | None = None, data=None):
+        """Decode into :class:`hwtrace.flow.batches.Batch` es.  ``view``:
+        every branch ends a record (what call stacks, branch records and
+        coverage want); ``on_switch(space, offset)`` hears address-space
+        switches."""
+        from hwtrace.flow import batches as B
+        cfg = B.view_config(self.config) if view else self.config
+        plan = self.plan
+        if plan is not None and on_switch is not None:
+            plan = replace(plan, on_switch=on_switch)
+        return B.batches(self.data() if data is None else data, self.image,
+                         cfg, decoder=decoder, resync=resync,
+                         want_insns=want_insns, max_records=max_records,
+                         impl=impl, spaces=plan)
+
+
+@dataclass
+class TraceSet:
+    """What one command decodes."""
+
+    streams: list
+    mode: str                       # "cpu" | "thread"
+    description: str
+    bundle: object = None           # hwtrace.bundle.Bundle or None
+    spaces: object = None           # hwtrace.flow.spaces.AddressSpaces
+    warnings: list = field(default_factory=list)
+    tsc_hz: float | None = None
+    _symbolizer: object = None
+    _mapped: list = field(default_factory=list)   # (path, start, offset)
+
+    @property
+    def symbolizer(self):
+        """Symbols of every mapped file (built on first use)."""
+        if self._symbolizer is None:
+            from hwtrace.analysis.symbols import Symbolizer, SymbolError
+            sym = Symbolizer()
+            for path, start, offset in self._mapped:
+                try:
+                    sym.add_mapping(path, start, offset)
+                except SymbolError:
+                    pass
+            self._symbolizer = sym
+        return self._symbolizer
+
+    def add_elf_symbols(self, path: str, bias: int = 0) -> None:
+        from hwtrace.analysis.symbols import SymbolError
+        try:
+            self.symbolizer.add_image(path, bias)
+        except SymbolError as e:
+            raise StreamsError(f"{path}: {e}") from None
+
+
+# -- decoder parameters ------------------------------------------------------------
+
+def manifest_options(manifest: dict) -> dict:
+    """A bundle manifest's decoder parameters: ``cpu`` ("F/M/S") and the
+    timing fields, each only where the manifest has a usable value."""
+    out = {}
+    cpu = manifest.get("cpu")
+    cpu = cpu if isinstance(cpu, dict) else {}
+    fam, mod, step = cpu.get("family"), cpu.get("model", 0), \
+        cpu.get("stepping", 0)
+    if fam and cpu.get("vendor", "GenuineIntel") == "GenuineIntel" and \
+            all(type(v) is int and 0 <= v < 256 for v in (fam, mod, step)):
+        out["cpu"] = f"{fam}/{mod}/{step}" if step else f"{fam}/{mod}"
+    for key in ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx"):
+        v = manifest.get(key)
+        if type(v) is int and 0 < v < 1 << 32:
+            out[key] = v
+    return out
+
+
+def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
+    """``base`` (or a default FlowConfig) with ``options`` (as from
+    :func:`manifest_options`) applied: the CPU's errata, timing."""
+    cfg = replace(base) if base is not None else FlowConfig()
+    cpu = options.get("cpu")
+    if cpu:
+        from hwtrace.pt import cpu as cpumod
+        try:
+            c = cpumod.Cpu.parse(cpu)
+        except ValueError as e:
+            raise StreamsError(f"cpu {cpu}: {e}") from None
+        cfg.cpu = c
+        if c is not None:
+            errata = cpumod.errata(c)
+            if not isinstance(errata, Exception):
+                cfg.errata = Errata.from_flags(errata)
+    for key in ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx"):
+        if key in options:
+            setattr(cfg, key, options[key])
+    return cfg
+
+
+def _about(path, e) -> str:
+    """``path: message`` unless the message names the path already."""
+    msg = str(e)
+    return msg if msg.startswith(str(path)) else f"{path}: {msg}"
+
+
+# -- bundles -----------------------------------------------------------------------------
+
+_CYC_EN, _MTC_EN = 1 << 1, 1 << 9
+
+
+def open_bundle(path, *, image_path=(), allow_outside: bool = False,
+                only=(), config: Callable | FlowConfig | None = None,
+                extend: Callable | None = None,
+                require_images: bool = True) -> TraceSet:
+    """The streams of the bundle at ``path``.
+
+    ``only``: stream names to keep (default all).  ``config``: a
+    FlowConfig to use as is, or ``config(options) -> FlowConfig`` given
+    the manifest's :func:`manifest_options` (a CLI merges its own options);
+    default :func:`flow_config` of them.  ``extend(image)`` loads more code
+    into every address space (``--raw``/``--elf`` on top).  With
+    ``require_images`` a mapped file that can't be found is an error
+    naming it; else its code is "no memory mapped" in the decode."""
+    from hwtrace.bundle import Bundle, BundleError, Mmap, Switch
+    from hwtrace.flow.spaces import AddressSpaces, SpacePlan
+
+    for d in image_path:
+        if not os.path.isdir(d):
+            raise StreamsError(f"--image-path {d}: not a directory")
+    try:
+        b = Bundle(path, image_path=list(image_path),
+                   allow_outside=allow_outside)
+        entries = {s.file: s for s in b.streams}
+        names = list(entries)
+        if only:
+            missing = [n for n in only if n not in entries]
+            if missing:
+                raise StreamsError(f"no stream {missing[0]!r} in {path}")
+            names = list(only)
+        paths = {}
+        for n in names:
+            paths[n] = b.stream_path(entries[n])     # refuses a symbolic link
+            b.open_stream(entries[n]).close()        # a regular file of its size
+        records = list(b.iter_sideband())
+        manifest = b.manifest
+    except BundleError as e:
+        raise StreamsError(_about(path, e)) from None
+    except OSError as e:
+        raise StreamsError(f"{path}: {e.strerror or e}") from None
+    if not names:
+        raise StreamsError(f"{path}: bundle has no streams")
+
+    options = manifest_options(manifest)
+    if isinstance(config, FlowConfig):
+        cfg = config
+    elif config is not None:
+        cfg = config(options)
+    else:
+        cfg = flow_config(options)
+
+    found: dict = {}
+
+    def resolve(file, build_id):
+        key = (file, build_id)
+        if key not in found:
+            found[key] = b.find_image(file, build_id)
+        return found[key]
+
+    try:
+        spaces = AddressSpaces(records, resolve, extend)
+    except BundleError as e:
+        raise StreamsError(_about(path, e)) from None
+    except OSError as e:
+        raise StreamsError(f"{path}: sideband: {e.strerror}") from None
+
+    switches = tuple(r for r in records if isinstance(r, Switch))
+    tsc_hz = manifest.get("tsc_hz") or None
+    ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
+    seen = set()
+    for r in records:
+        if isinstance(r, Mmap):
+            f = found.get((r.file, r.build_id))
+            if f is None:
+                f = resolve(r.file, r.build_id)
+            if f is not None and (str(f), r.start) not in seen:
+                seen.add((str(f), r.start))
+                ts._mapped.append((str(f), r.start, r.offset))
+
+    for n in names:
+        e = entries[n]
+        timeline, initial = spaces.for_stream(e.cpu, e.tid, e.pid)
+        used = timeline.spaces() if timeline is not None else [initial]
+        missing = spaces.missing_for(used) if timeline is not None else \
+            list(spaces.missing)
+        # Files on disk only: "[vdso]", "[kernel.kallsyms]_text", "//anon"
+        # decode only if the bundle stores them; without, their code is a
+        # "no memory mapped" error in the output, as for any gap.
+        missing = [m for m in missing
+                   if m[1].startswith("/") and not m[1].startswith("//")]
+        if missing and require_images:
+            pid, file, _bid = missing[0]
+            k = len({m[1] for m in missing}) - 1
+            more = f" (and {k} more file{'s' if k > 1 else ''})" if k else ""
+            raise StreamsError(
+                f"{path}: no image for {file} of process {pid}{more}: record "
+                f"with --copy-images, or give --image-path DIR (or "
+                f"--allow-outside for a trusted bundle)")
+        ectl = e.config.get("ctl") if isinstance(e.config, dict) else None
+        mctl = manifest.get("config", {}).get("ctl") \
+            if isinstance(manifest.get("config"), dict) else None
+        ctl = ectl if type(ectl) is int else mctl if type(mctl) is int else None
+        if timeline is not None and len(used) > 1 and ctl is not None and \
+                not ctl & (_CYC_EN | _MTC_EN):
+            ts.warnings.append(
+                f"{n} runs {len(used)} processes but its trace has no "
+                f"MTC/CYC packets: process switches are placed by TSC alone "
+                f"(record with e.g. --config 'branch;user;retc;tsc;mtc;cyc')")
+        per_cpu = e.tid is None and e.cpu is not None
+        info = StreamInfo(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
+                          switches=switches if per_cpu else ())
+        entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
+                      e.wrapped, e.stopped, e.lost_bytes, ctl)
+        plan = SpacePlan(spaces, timeline, initial,
+                         cyc=ctl is not None and bool(ctl & _CYC_EN))
+        ts.streams.append(Stream(n, str(paths[n]), info, entry, cfg,
+                                 initial.image, plan))
+    return ts
+
+
+# -- raw traces --------------------------------------------------------------------------
+
+def open_trace(path: str, image, config: FlowConfig | None = None, *,
+               offset: int = 0, length: int | None = None,
+               name: str | None = None) -> TraceSet:
+    """One raw trace file (or ``length`` bytes of it from ``offset``)
+    decoded with ``image``."""
+    p = Path(path)
+    try:
+        size = os.stat(p).st_size
+    except OSError as e:
+        raise StreamsError(f"{path}: {e.strerror}") from None
+    if length is None:
+        length_ = max(0, size - offset)
+    else:
+        length_ = length
+    n = name or p.name
+    st = Stream(n, str(p), StreamInfo(name=n), Entry(n, length_),
+                config or FlowConfig(), image, None, offset, length)
+    return TraceSet([st], "thread", str(p))
+
+
+def iter_batches(ts: TraceSet, **kw) -> Iterator[tuple]:
+    """``(stream, batch)`` for every stream in order (a convenience for
+    views that take one stream after the other)."""
+    for st in ts.streams:
+        for b in st.batches(**kw):
+            yield st, b
