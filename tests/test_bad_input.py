@@ -226,3 +226,16 @@ def test_a_bundle_stream_without_data_is_not_refused(tmp_path):
     from hwtrace.cli import CliError
     with pytest.raises(CliError, match="empty file"):
         D._trace(str(empty))
+
+
+def test_streams_open_trace_names_what_it_cannot_decode(files):
+    """hwtrace.streams, where the views open a raw trace, makes the same
+    checks (one StreamsError line naming the file)."""
+    from hwtrace.flow.image import Image
+    from hwtrace.streams import StreamsError, open_trace
+    for kind, why in (("junk", "no PSB"), ("empty", "empty file"),
+                      ("dir", "is a directory")):
+        with pytest.raises(StreamsError, match=why) as e:
+            open_trace(str(files[kind]), Image())
+        assert str(files[kind]) in str(e.value) and "\n" not in str(e.value)
+    assert len(open_trace(str(files["good"]), Image()).streams) == 1
