@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 venv=$root/.venv
-shared=${HWTRACE_SHARED:-$root/../shared}
+shared=${HWTRACE_SHARED:-$(dirname "$root")/shared}
 say() { printf 'install: %s\n' "$*"; }
 die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 

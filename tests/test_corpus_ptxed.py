@@ -63,6 +63,7 @@ def test_ptxed_variant(d, v, decoder, corpus):
         pytest.fail(f"output differs:\n{diff}\n{err}")
 
 
+@pytest.mark.slow
 def test_report_pass_count(corpus, capsys):
     """Not a check: prints how many variants pass per decoder."""
     counts = {}

@@ -247,6 +247,7 @@ def test_timing_error_bails(timing_trace):
         assert (c.insns, c.blocks, c.errors) == (p.insns, p.blocks, p.errors)
 
 
+@pytest.mark.slow
 def test_timing_mutations_identical(timing_trace):
     """Seeded mutations of a timing trace (broken MTC/CYC/TMA sequences
     among them): the same counts and errors from both paths."""

@@ -54,6 +54,7 @@ OUTPUTS = (["--quiet", "--stat"], ["--format", "jsonl", "--offset"],
            ["--block-decoder", "--block:show-blocks"])
 
 
+@pytest.mark.slow
 def test_real_program_identical(recording):
     pt, images = recording
     assert len(parallel.psb_offsets(pt.read_bytes())) >= 8
@@ -95,6 +96,7 @@ def test_segments_stitched_without_redecoding(recording):
                             if line.startswith('{"ip"'))
 
 
+@pytest.mark.slow
 def test_seeded_mutations_identical(recording, tmp_path):
     pt, images = recording
     data = pt.read_bytes()

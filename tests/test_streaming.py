@@ -232,6 +232,7 @@ def recording(tmp_path_factory):
     return pt, img
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_recording_decodes_the_same_from_a_mapping(recording, monkeypatch,
                                                    impl):
