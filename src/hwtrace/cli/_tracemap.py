@@ -140,13 +140,12 @@ def check_view_input(path, elf=(), raw_trace: bool = False) -> None:
     and any ``--elf FILE[:BIAS]`` that is not an x86 ELF file.  A directory
     or a missing path is left to the bundle reader, whose messages say
     what is wrong with it."""
-    from hwtrace.export.source import SourceError, parse_elf_arg
     from hwtrace.flow.image import ImageError
-    from hwtrace.flow.loaders import elf_segments
+    from hwtrace.flow.loaders import elf_segments, split_elf_arg
     for arg in elf:
         try:
-            elf_segments(parse_elf_arg(arg)[0])
-        except (ImageError, SourceError) as e:
+            elf_segments(split_elf_arg(arg)[0])
+        except ImageError as e:
             raise CliError(f"--elf: {e}") from None
     p = os.fspath(path)
     try:

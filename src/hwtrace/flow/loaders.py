@@ -158,11 +158,18 @@ def elf_segments(path: str) -> list[tuple[int, int, int]]:
     return segs
 
 
-def load_elf(image: Image, arg: str) -> list[int]:
-    """ptxed's ``--elf FILE[:BASE]``; returns the isids added."""
+def split_elf_arg(arg: str) -> tuple[str, int | None]:
+    """``FILE[:BASE]`` -> (FILE, BASE or None); a FILE whose name ends in
+    ``:NUMBER`` is taken whole when it exists and the shorter name doesn't."""
     path, base = split_base(arg)
     if base is not None and not os.path.exists(path) and os.path.exists(arg):
-        path, base = arg, None
+        return arg, None
+    return path, base
+
+
+def load_elf(image: Image, arg: str) -> list[int]:
+    """ptxed's ``--elf FILE[:BASE]``; returns the isids added."""
+    path, base = split_elf_arg(arg)
     segs = elf_segments(path)
     bias = 0
     if base is not None and segs:
