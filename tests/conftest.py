@@ -67,6 +67,7 @@ def pytest_configure(config):
         "(CI sets it)")
 
 
+@pytest.hookimpl(trylast=True)        # after -k/-m deselection
 def pytest_collection_modifyitems(config, items):
     need = {name: 0 for name in MISSING}
     anyone = slow = 0

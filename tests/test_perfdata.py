@@ -91,7 +91,7 @@ def test_auxtrace_records_and_aux_sizes(path, hardware):
     assert dict(aux) == {e[0]: e[1] for e in exp}
 
 
-def test_header_and_features_file_layout():
+def test_header_and_features_file_layout(hardware):
     pd = _load(FILE)
     assert (pd.data.offset, pd.data.size) == (744, 168128)
     assert pd.feature_names() == [
@@ -135,7 +135,7 @@ def test_build_ids_match_buildids_listing(hardware):
     assert got == listed and len(got) == 66
 
 
-def test_pipe_features_and_attrs_match_file_recording_machine():
+def test_pipe_features_and_attrs_match_file_recording_machine(hardware):
     # Two different recordings (different pids, sizes) on the same machine
     # with the same command: the machine-level data must agree.
     f, p = _load(FILE), _load(PIPE)
@@ -152,7 +152,7 @@ def test_pipe_features_and_attrs_match_file_recording_machine():
     assert info[0].type == 1
 
 
-def test_sideband_records_decoded_file():
+def test_sideband_records_decoded_file(hardware):
     pd = _load(FILE)
     recs = list(pd.records())
     tc = [r.body for r in recs if r.type == abi.TIME_CONV]
@@ -226,7 +226,7 @@ def test_streams_decode_at_packet_level(path, ptoracle, tmp_path, hardware):
         assert summary["errors"] == 0 and summary["bytes"] == r.body.size
 
 
-def test_time_conv_round_trip():
+def test_time_conv_round_trip(hardware):
     pd = _load(FILE)
     tc = next(pd.records({abi.TIME_CONV})).body
     # ITRACE_START on cpu 3 at perf time 641256844131: TSC -> time -> TSC

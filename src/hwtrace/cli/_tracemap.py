@@ -82,7 +82,8 @@ def map_trace(path, offset: int = 0, size: int | None = None):
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-            f.seek(offset)
+            if offset:          # a pipe cannot seek: read up to the offset
+                f.read(offset)
             return f.read() if size is None else f.read(size)
         avail = max(0, st.st_size - offset)
         n = avail if size is None else min(size, avail)
