@@ -28,7 +28,7 @@ die() { printf 'install: error: %s\n' "$*" >&2; exit 1; }
 # programs with it as an independent witness).  Optional, for the viewer
 # tests: chromium (opens exported timelines in a real viewer) and npm
 # (installs that viewer, speedscope).
-required=(python3 python3-venv python3-dev gcc g++ libc6-dev make
+required=(python3 python3-venv python3-dev gcc g++ libc6-dev
           libipt-dev qemu-user binutils gdb)
 optional=(chromium)
 command -v npm >/dev/null 2>&1 || optional+=(npm)
