@@ -18,6 +18,10 @@ enforces the reader's contract:
                 persisted ToPA registers and sideband.
 - ``bundle``    the bundle reader (``hwtrace.bundle``) over a directory the
                 input describes: only ``BundleError`` escapes.
+- ``lldbimport`` LLDB trace directory -> bundle (``hwtrace import
+                trace.json``) over a directory the input describes (with
+                planted FIFOs and links out): only LldbTraceError /
+                BundleError escape; what it writes reads back.
 
 Seeds are built at run time from ../shared (the libipt corpus and the
 hardware fixtures): nothing from there is copied into the repo.
@@ -496,6 +500,63 @@ def seeds_bundle() -> list[bytes]:
     return out
 
 
+class LldbImportTarget(BundleTarget):
+    """An LLDB ``trace save`` directory -- trace.json, then the files it
+    names (the bundle target's input layout: trace.json first) -- imported
+    into a private scratch dir: only LldbTraceError / BundleError escape,
+    nothing outside the trace directory is read into the bundle, and the
+    bundle written reads back with the sizes the importer reports."""
+
+    def check(self, data: bytes) -> None:
+        import shutil
+        from hwtrace.bundle import Bundle, BundleError
+        from hwtrace.importers.lldb import LldbTraceError, import_lldb_trace
+        d = self._write(data)
+        (d / "manifest.json").rename(d / "trace.json")
+        out = self.root / "out"
+        if out.exists():
+            shutil.rmtree(out)
+        try:
+            res = import_lldb_trace(d / "trace.json", out)
+        except (LldbTraceError, BundleError):
+            return
+        b = Bundle(out)
+        sizes = {s.file: len(b.read_stream(s)) for s in b.streams}
+        if sizes != dict(res.streams):
+            raise Violation(f"imported streams {dict(res.streams)} read "
+                            f"back as {sizes}")
+        secret = (self.outside / "secret").read_bytes()
+        for s in b.streams:
+            if secret in b.read_stream(s):
+                raise Violation("a file outside the trace directory was read")
+        list(b.iter_sideband())
+
+
+def seeds_lldbimport() -> list[bytes]:
+    out = []
+    lldb = FIXTURES / "lldb_intelpt"
+    for name in ("intelpt-trace", "intelpt-multi-core-trace"):
+        d = lldb / name
+        if not (d / "trace.json").is_file():
+            continue
+        desc = json.loads((d / "trace.json").read_text())
+        files = {}
+        for p in sorted(d.rglob("*")):
+            rel = str(p.relative_to(d))
+            if p.is_file() and rel != "trace.json" and \
+                    not rel.endswith((".cpp", ".h")):
+                # the layout keeps one directory level: cores/x -> cores_x
+                flat = rel.replace("/", "_")
+                files[flat] = p.read_bytes()[:MAX_SEED // 4]
+        text = json.dumps(desc)
+        for rel in sorted({str(p.relative_to(d)) for p in d.rglob("*")},
+                          key=len, reverse=True):
+            if "/" in rel:
+                text = text.replace(f'"{rel}"', f'"{rel.replace("/", "_")}"')
+        out.append(bundle_input(text.encode(), b"", files))
+    return out
+
+
 # ---------------------------------------------------------------- registry
 
 def _passes(n: int):
@@ -516,7 +577,8 @@ def budget(name: str):
     per decoding pass (packets: Python packets + count + ptdump = 3, the
     compiled passes are noise; perfdata: PerfData + iter_records = 2)."""
     return {"packets": _passes(3), "flow": _flow_budget, "perfdata": _passes(2),
-            "perfimport": _passes(2), "bundle": _passes(1), "recover": _passes(1)}[name]
+            "perfimport": _passes(2), "bundle": _passes(1), "recover": _passes(1),
+            "lldbimport": _passes(2)}[name]
 
 
 def make(name: str):
@@ -535,7 +597,10 @@ def make(name: str):
         return t.check, t.seeds
     if name == "perfimport":
         return ImportTarget().check, seeds_perfdata
+    if name == "lldbimport":
+        return LldbImportTarget().check, seeds_lldbimport
     raise KeyError(name)
 
 
-TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle", "recover")
+TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle", "recover",
+           "lldbimport")

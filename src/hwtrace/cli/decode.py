@@ -90,6 +90,11 @@ def register(sub) -> None:
     p.add_argument("--event:tick", dest="event_tick", action="store_true")
     p.add_argument("--event:time", dest="event_time", action="store_true")
     p.add_argument("--resync-on-error", dest="resync", action="store_true")
+    p.add_argument("--strict", action="store_true",
+                   help="libipt 2.3's strict reading: report the PSB+ "
+                        "status updates real CPUs write at VM entries as "
+                        "errors instead of decoding on (see README, "
+                        "\"lossless by default\")")
     p.add_argument("--error-offsets", choices=("2.3", "2.0"), default="2.3",
                    help="report errors at the trace offset libipt 2.3 gives "
                         "(default) or libipt 2.0 gives (to compare with "
@@ -169,6 +174,7 @@ def _config(args, out):
     cfg.keep_tcal_on_ovf = args.keep_tcal_block if block else args.keep_tcal
     cfg.end_on_call = args.end_on_call
     cfg.error_offsets = args.error_offsets
+    cfg.strict = args.strict
     cfg.end_on_jump = args.end_on_jump
     return cfg
 
@@ -298,6 +304,7 @@ def _argv_of(args) -> list[str]:
              "end_on_jump": "--block:end-on-jump", "event_ip": "--event:ip",
              "event_iflags": "--event:iflags", "event_tick": "--event:tick",
              "event_time": "--event:time", "resync": "--resync-on-error",
+             "strict": "--strict",
              "keep_tcal": "--insn:keep-tcal-on-ovf",
              "keep_tcal_block": "--block:keep-tcal-on-ovf"}
     for dest, opt in flags.items():

@@ -77,6 +77,18 @@ class FlowConfig:
     # event decoder stands (one event fetched ahead, as the corpus expects),
     # "2.0" where libipt 2.0's query decoder stands (Debian's libipt 2.0.5)
     error_offsets: str = "2.3"
+    # libipt 2.3's strict reading of real-CPU quirks (see README, "lossless
+    # by default"): False (the default) decodes what the hardware reported
+    # where 2.3 stops with an error; True reports 2.3's errors.
+    strict: bool = False
     # block decoder
     end_on_call: bool = False
     end_on_jump: bool = False
+
+    def psb_fup_announces_pge(self) -> bool:
+        """Is a FUP in a PSB+ that a TIP.PGE follows (after PSBEND and
+        status packets only) where tracing *will* resume rather than
+        proof that it is on?  BDM70's reading, which libipt applies on the
+        CPUs in its errata table; every CPU writes this pattern at a VM
+        entry, so hwtrace reads it so unless ``strict``."""
+        return self.errata.bdm70 or not self.strict

@@ -36,7 +36,10 @@ class Event:
                  "trbv", "icnt", "icntv", "mult", "bits", "offset",
                  "stamped",
                  # internal: how an event-trace event binds (.evtrace)
-                 "bind")
+                 "bind",
+                 # internal: for a PSB+'s enabled/disabled status, the
+                 # first packet type after the PSB+ (.psb.next_kind)
+                 "follows")
 
     def __init__(self, type: str, **fields):
         self.type = type

@@ -167,7 +167,7 @@ def _flags(cfg: FlowConfig, block: bool) -> tuple[int, int]:
         f |= _F_END_ON_CALL
     if cfg.end_on_jump:
         f |= _F_END_ON_JUMP
-    if cfg.errata.bdm70:
+    if cfg.psb_fup_announces_pge():
         f |= _F_BDM70
     if cfg.errata.skd022:
         f |= _F_SKD022

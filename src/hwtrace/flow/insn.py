@@ -62,6 +62,9 @@ _IP_REFERENCE = frozenset(("enabled", "async_branch", "overflow", "tsx",
                            "exstop", "mwait", "iflags", "trig",
                            "async_disabled", "exec_mode"))
 
+# Packets only a CPU that traces writes (see _process_enabled).
+_TRACE_ON = frozenset(("tnt8", "tnt64", "tip", "fup", "tip.pgd"))
+
 # Events that only carry information and never bind to an instruction.
 _USER_ONLY = frozenset(("pwre", "pwrx", "tick", "cbr", "mnt"))
 
@@ -636,7 +639,16 @@ class InsnDecoder:
     def _process_enabled(self, ev) -> None:
         if ev.status_update:
             if not self.enabled:
-                raise _Err(E.BAD_STATUS_UPDATE)
+                if self.config.strict:
+                    raise _Err(E.BAD_STATUS_UPDATE)
+                # Tracing is on at the PSB's IP, the packets after the PSB+
+                # show it: go on there (a TIP.PGE after it was read as
+                # BDM70 has it, see .psb; at the end of the trace or
+                # another PSB, nothing more to decode: stay disabled).
+                if ev.get("follows", None) in _TRACE_ON and \
+                        not ev.ip_suppressed:
+                    self.ip = ev.ip
+                    self.enabled = True
             return
         if ev.ip_suppressed:
             raise _Err(E.NOIP)
@@ -648,7 +660,14 @@ class InsnDecoder:
     def _process_disabled(self, ev) -> None:
         if ev.status_update:
             if self.enabled:
-                raise _Err(E.BAD_STATUS_UPDATE)
+                if self.config.strict:
+                    raise _Err(E.BAD_STATUS_UPDATE)
+                # A PSB+ without FUP while we trace: where a TIP.PGE comes
+                # next, tracing did stop (resume at the TIP.PGE); where
+                # TNT/TIP packets come next, the CPU still traced branches:
+                # read them (libipt 2.0's reading).
+                if ev.get("follows", None) == "tip.pge":
+                    self.enabled = False
             return
         if not self.enabled:
             raise _Err(E.BAD_CONTEXT)

@@ -1,6 +1,12 @@
 """PSB+ headers for the query decoder: the packets between PSB and PSBEND
 give the current state; they become status-update events published at
-PSBEND (the enabled/disabled status first), with BDM70's workaround."""
+PSBEND (the enabled/disabled status first), with BDM70's workaround.
+
+Unless ``config.strict``, the enabled/disabled status also records what
+the trace does right after the PSB+ (:func:`next_kind`, in the event's
+``follows``): the flow decoder uses it to read a status that disagrees
+with what it knows the way the packets after it show (see
+:mod:`.insn`, ``_process_enabled`` / ``_process_disabled``)."""
 
 from __future__ import annotations
 
@@ -43,7 +49,7 @@ def read_psb_header(q):
             pass
         elif t == "fup":
             enabled = nxt.ipc != 0
-            if enabled and q.config.errata.bdm70 and \
+            if enabled and q.config.psb_fup_announces_pge() and \
                     bdm70(q, nxt.offset + nxt.size):
                 enabled = False
             q.enabled = enabled
@@ -88,6 +94,8 @@ def read_psb_header(q):
             raise _fail(E.BAD_CONTEXT)
         q.pos += nxt.size
         q._fetch()
+    if first is not None and not q.config.strict:
+        first.follows = next_kind(q, q.pos)
     if first is not None:
         if q.enabled:
             first.type = "enabled"
@@ -100,14 +108,19 @@ def read_psb_header(q):
 def bdm70(q, pos: int):
     """BDM70: a PSB+ may carry a FUP although tracing is only enabled
     by a TIP.PGE right after it."""
+    return next_kind(q, pos) == "tip.pge"
+
+
+def next_kind(q, pos: int) -> str | None:
+    """The type of the first packet from ``pos`` on that is not one of
+    the status and timing packets a PSB+ may hold (PSBEND skipped too);
+    None at the end of the trace or a packet that does not decode."""
     while True:
         p = q.peek_after(pos)
         if isinstance(p, PtError):
-            return False
-        if p.type == "tip.pge":
-            return True
+            return None
         if p.type not in _BDM70_SKIP:
-            return False
+            return p.type
         pos += p.size
 
 

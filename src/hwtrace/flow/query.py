@@ -684,6 +684,10 @@ class QueryDecoder:
     def _decode_psb(self) -> None:
         start = self.pos
         self.last_psb = start
+        # Arm SKL168's check of the next MTC's calibration (libipt 2.0's
+        # query decoder does this at every PSB; 2.3's event decoder never
+        # does, so its flow timing misses the erratum workaround).
+        self.time.psb()
         self._consume()
         try:
             self._read_psb_header()
