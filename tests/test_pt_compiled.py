@@ -165,8 +165,8 @@ def test_jsonl_matches_live_oracle(impl, ptoracle, corpus, tmp_path):
         ptoracle, corpus, tmp_path)
 
 
-def test_real_captures_match_oracle(impl, ptoracle):
-    test_pt_oracle.test_real_captures_match_oracle(ptoracle)
+def test_real_captures_match_oracle(impl, ptoracle, hardware):
+    test_pt_oracle.test_real_captures_match_oracle(ptoracle, hardware)
 
 
 def test_packet_unit_tests(impl, corpus):
