@@ -49,9 +49,11 @@ def cpu_session(dev, cfg=CFG):
 
 def still_usable(dev):
     """A full cpu-mode session works after whatever went wrong before."""
+    if dev.state == State.CPU_TRACING:
+        dev.cpu_mode_stop()
+    if dev.state == State.CPU_ALLOCATED:
+        dev.cpu_mode_free()         # buffers stay bound to their CPUs until then
     for d in list(dev._buffers):
-        if dev.state == State.CPU_TRACING:
-            dev.cpu_mode_stop()
         if dev.state != State.THREAD_TRACING:
             for tid, dd in dev.thread_buffers.items():
                 dev.release_thread_buffer(dd, tid)

@@ -129,3 +129,51 @@ def test_address_range_filter_is_applied(emulated, tmp_path, ptoracle):
     assert [x for x in lines if "error" in x] == []
     assert len(ips) == s.instructions_observed and all(lo <= ip <= hi for ip in ips)
     assert {"enabled", "disabled"} <= {x.get("event") for x in lines}
+
+
+def test_spec_deviations_fixed_on_a_real_program(emulated, tmp_path):
+    """Issue 17's control-API deviations, checked against the spec text on a
+    real run: free_buffer is BAD_STATE while the buffer is still bound to
+    its CPU (after cpu_mode_stop, before cpu_mode_free: "tracing or
+    assigned"); set_mode(CPU) is BAD_STATE while a thread buffer is
+    assigned (else that buffer could be neither released nor freed); the
+    OS bit, which the emulated engine can't honour, is refused when the
+    buffer is allocated (NOT_SUPPORTED), not when the workload starts."""
+    ctl = hwtrace.Ctl.BRANCH_EN | hwtrace.Ctl.USER
+    cfg = hwtrace.BufferConfig(num_chunks=4, chunk_order=2, ctl=ctl)
+    with hwtrace.open_device(engine=emulated) as dev:
+        for mode in (hwtrace.Mode.CPU, hwtrace.Mode.THREAD):
+            dev.set_mode(mode)
+            with pytest.raises(hwtrace.TraceError) as e:
+                dev.alloc_buffer(hwtrace.BufferConfig(num_chunks=1, ctl=ctl | hwtrace.Ctl.OS))
+            assert e.value.status == "NOT_SUPPORTED" and "OS" in str(e.value)
+            assert dev._buffers == {}
+        dev.set_mode(hwtrace.Mode.CPU)
+        descs = [dev.alloc_buffer(cfg) for _ in range(dev.num_cpus)]
+        dev.cpu_mode_alloc()
+        dev.cpu_mode_start()
+        assert dev.run(["/bin/true"]) == 0
+        dev.cpu_mode_stop()
+        for d in descs:
+            with pytest.raises(hwtrace.TraceError) as e:
+                dev.free_buffer(d)
+            assert e.value.status == "BAD_STATE" and f"CPU {d}" in str(e.value)
+        assert sum(dev.get_buffer_info(d).capture_end for d in descs) > 0   # data kept
+        dev.cpu_mode_free()
+        for d in descs:
+            dev.free_buffer(d)
+
+        dev.set_mode(hwtrace.Mode.THREAD)
+        assert dev.run(["/bin/true"], follow_threads=cfg) == 0
+        ((tid, d),) = dev.thread_buffers.items()
+        with pytest.raises(hwtrace.TraceError) as e:
+            dev.set_mode(hwtrace.Mode.CPU)
+        assert e.value.status == "BAD_STATE" and f"thread {tid}" in str(e.value)
+        assert dev.mode == hwtrace.Mode.THREAD
+        with pytest.raises(hwtrace.TraceError) as e:
+            dev.free_buffer(d)
+        assert e.value.status == "BAD_STATE"
+        dev.release_thread_buffer(d, tid)
+        dev.set_mode(hwtrace.Mode.CPU)
+        dev.free_buffer(d)
+        assert dev._buffers == {}

@@ -439,3 +439,36 @@ def test_raw_images_go_on_top_of_every_space(rec, tmp_path):
     assert got.get(roles["child"]) != rec["truth"]["child"]
     _one_line_error(run_hwtrace("decode", b, "--raw", f"{tmp_path / 'no'}:0x1000"),
                     "--raw", "failed to load")
+
+
+def test_listing_follows_each_process(rec):
+    """The listing disassembles and names each process's own code: at
+    BASE the parent runs wa.so's work() and the child wb.so's, and each
+    line there shows that file's instruction (capstone over the file's
+    bytes) in ``work+0x..``."""
+    import capstone
+    b, d = rec["cpu"], rec["dir"]
+    roles = _roles(b)
+    code = {roles["parent"]: (d / "wa.so").read_bytes(),
+            roles["child"]: (d / "wb.so").read_bytes()}
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    r = run_hwtrace("decode", b, "--insn-decoder")
+    assert r.returncode == 0 and r.stderr == ""
+    pid, seen = None, {}
+    for line in r.stdout.splitlines():
+        if line.startswith("[process "):
+            pid = int(line.split()[1])
+            continue
+        if line.startswith("["):
+            continue
+        ip, where, text = line.split(None, 2)
+        ip = int(ip, 16)
+        if not BASE <= ip < BASE + 0x4000:
+            continue
+        off = ip - BASE
+        _a, _s, m, o = next(cs.disasm_lite(code[pid][off:off + 16], ip, 1))
+        assert text == (f"{m} {o}" if o else m).strip() or \
+            text.startswith(f"{m} {o}".strip() + " <"), (pid, line)
+        assert where.startswith("work"), line
+        seen[pid] = seen.get(pid, 0) + 1
+    assert set(seen) == set(code)

@@ -18,7 +18,7 @@ HELLO_INSNS = [0x401000, 0x401005, 0x40100a, 0x401014, 0x401019,
 @pytest.mark.parametrize("decoder", ["--insn-decoder", "--block-decoder"])
 def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder, hardware):
     r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
-                    SIMPLE / "hello", *SIMPLE_OPTS, decoder)
+                    SIMPLE / "hello", *SIMPLE_OPTS, decoder, "--no-inst")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     insns = [int(x, 16) for x in lines if not x.startswith("[")]
@@ -29,6 +29,51 @@ def test_drpt2trace_simple_is_exactly_the_8_instructions(decoder, hardware):
                      "[resumed]"] + [f"{i:016x}" for i in HELLO_INSNS[:5]] + \
         ["[disabled]", "[resumed]"] + \
         [f"{i:016x}" for i in HELLO_INSNS[5:]] + ["[disabled]"]
+
+
+HELLO_LISTING = [
+    "0000000000401000  _start                        mov eax, 1",
+    "0000000000401005  _start+0x5                    mov edi, 1",
+    "000000000040100a  _start+0xa                    movabs rsi, 0x402000",
+    "0000000000401014  _start+0x14                   mov edx, 0xe",
+    "0000000000401019  _start+0x19                   syscall",
+    "000000000040101b  _start+0x1b                   mov eax, 0x3c",
+    "0000000000401020  _start+0x20                   mov edi, 0",
+    "0000000000401025  _start+0x25                   syscall"]
+
+
+@pytest.mark.parametrize("decoder", ["--insn-decoder", "--block-decoder"])
+def test_drpt2trace_simple_listing(decoder, hardware):
+    """Without --no-inst: each instruction with its function and
+    disassembly (drpt2trace's expected.templatex: mov, mov, mov of
+    0x402000 to rsi, mov, syscall, mov, mov, syscall), the events as in
+    ptxed."""
+    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                    SIMPLE / "hello", *SIMPLE_OPTS, decoder)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = r.stdout.splitlines()
+    assert lines == ["[enabled]", "[exec mode: 64-bit]", "[disabled]",
+                     "[resumed]"] + HELLO_LISTING[:5] + \
+        ["[disabled]", "[resumed]"] + HELLO_LISTING[5:] + ["[disabled]"]
+    att = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                      SIMPLE / "hello", *SIMPLE_OPTS, decoder, "--att")
+    assert [x.split(None, 2)[2] for x in att.stdout.splitlines()
+            if x[0] != "["] == ["movl $1, %eax", "movl $1, %edi",
+                                "movabsq $0x402000, %rsi", "movl $0xe, %edx",
+                                "syscall", "movl $0x3c, %eax", "movl $0, %edi",
+                                "syscall"]
+
+
+def test_drpt2trace_simple_jsonl_annotate(hardware):
+    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf",
+                    SIMPLE / "hello", *SIMPLE_OPTS, "--format", "jsonl",
+                    "--annotate")
+    assert r.returncode == 0, r.stderr
+    insns = [json.loads(x) for x in r.stdout.splitlines() if '"iclass"' in x]
+    assert [(o["ip"], o["function"], o["function_offset"], o["disasm"])
+            for o in insns] == [
+        (int(x[:16], 16), "_start", int(x[16:].split()[0][7:] or "0", 16),
+         x.split(None, 2)[2]) for x in HELLO_LISTING]
 
 
 def test_drpt2trace_simple_jsonl_and_stat(hardware):

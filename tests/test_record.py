@@ -294,7 +294,12 @@ def test_status_and_errors(tmp_path):
     r = run_hwtrace("record", "-o", tmp_path / "z", "--config", "branch;bogus", "--", "/bin/true")
     assert r.returncode == 2 and "unknown item" in r.stderr
     r = run_hwtrace("record", "-o", tmp_path / "w", "--", "sh", "-c", "echo out; echo err >&2; exit 5")
-    assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
+    # the program's output and status pass through unchanged; hwtrace adds
+    # one line on stderr after it saying what it wrote (issue 17)
+    assert (r.returncode, r.stdout) == (5, "out\n")
+    err, said = r.stderr.splitlines(keepends=True)
+    assert err == "err\n" and said.startswith(f"hwtrace: wrote {tmp_path / 'w'}: ")
+    assert said.rstrip().endswith("nothing lost; the program exited with status 5")
 
 
 def test_killed_program_keeps_its_trace(tmp_path, ptoracle, engine):

@@ -641,3 +641,61 @@ def test_a_killed_threads_empty_last_chunk_is_left_out():
     data = bytes(w)
     edits = unended_transfers(data, xl.HEADER.size, len(data), False)
     assert edits == [(start, stop - start, b"", 0)] and stop - start == 13 + 9 + 9
+
+
+API_COLLECTOR = textwrap.dedent("""
+    import sys
+    import hwtrace
+    engine, mode, directory, prog, pidf = sys.argv[1:]
+    dev = hwtrace.open_device(engine=engine, directory=directory)
+    cfg = hwtrace.BufferConfig(num_chunks=16, chunk_order=4,
+                               ctl=hwtrace.Ctl.BRANCH_EN | hwtrace.Ctl.USER | hwtrace.Ctl.TSC_EN)
+    if mode == "cpu":
+        dev.set_mode(hwtrace.Mode.CPU)
+        for _ in range(dev.num_cpus):
+            dev.alloc_buffer(cfg)
+        dev.cpu_mode_alloc()
+        dev.cpu_mode_start()
+        dev.run([prog, pidf])
+    else:
+        dev.set_mode(hwtrace.Mode.THREAD)
+        dev.run([prog, pidf], follow_threads=cfg)
+""")
+
+
+@needs_emulation
+@pytest.mark.parametrize("engine,mode", [("qemu", "cpu"), ("qemu", "thread"), ("ptrace", "thread")])
+def test_python_api_collector_killed_then_recovered(tmp_path, cprogs, ptoracle, engine, mode):
+    """A collector using the Python API (an emulated engine, a trace
+    directory of its choice) is SIGKILLed mid-run: the engine's execution
+    log is in the trace directory, with the device's settings, and
+    ``hwtrace recover`` makes the streams from it -- not empty ones -- that
+    libipt decodes to exactly the instructions observed."""
+    from test_record import decode_bundle
+    trace, pidf = tmp_path / "trace", tmp_path / "pid"
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmpdir")}
+    (tmp_path / "tmpdir").mkdir()
+    col = subprocess.Popen([sys.executable, "-c", API_COLLECTOR, engine, mode, str(trace),
+                            str(cprogs / "sleeper"), str(pidf)], cwd=REPO, env=env)
+    pid = None
+    try:
+        pid = _wait_pid(pidf, col)
+        col.kill()
+        col.wait()
+        end = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _running(pid), "the traced program outlived its collector"
+    finally:
+        if pid is not None and _running(pid):
+            os.kill(pid, signal.SIGKILL)
+        if col.poll() is None:
+            col.kill()
+            col.wait()
+    assert list((tmp_path / "tmpdir").iterdir()) == []
+    r = run_hwtrace("recover", trace)
+    assert r.returncode == 0, r.stderr
+    man, res = decode_bundle(ptoracle, trace)
+    assert man["mode"] == mode and man["recovered"]["settings"] == "recorded"
+    assert man["config"]["num_chunks"] == 16 and man["config"]["chunk_order"] == 4
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000

@@ -254,6 +254,16 @@ class StreamInfo:
     stopped: bool = False
     lost_bytes: int = 0
     config: Mapping[str, Any] | None = None
+    #: bytes the tracer produced for this stream: stored (a wrapped buffer
+    #: overwrote the oldest of them) plus lost (a stopped buffer dropped
+    #: them); None in bundles that don't say
+    generated_bytes: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every byte the tracer produced is in the stream (nothing dropped
+        by a full stop-on-full buffer nor overwritten by a wrapped one)."""
+        return not (self.wrapped or self.stopped or self.lost_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"file": self.file}
@@ -266,6 +276,8 @@ class StreamInfo:
         d.update(instructions_observed=self.instructions_observed, size=self.size,
                  capture_end=self.capture_end, wrapped=self.wrapped,
                  stopped=self.stopped, lost_bytes=self.lost_bytes)
+        if self.generated_bytes is not None:
+            d["generated_bytes"] = self.generated_bytes
         if self.config is not None:
             d["config"] = dict(self.config)
         return d
@@ -401,7 +413,8 @@ class BundleWriter:
                        instructions_observed=instructions_observed, size=size,
                        capture_end=info.pop("capture_end", size),
                        wrapped=info.pop("wrapped", False), stopped=info.pop("stopped", False),
-                       lost_bytes=info.pop("lost_bytes", 0), config=cfg)
+                       lost_bytes=info.pop("lost_bytes", 0), config=cfg,
+                       generated_bytes=info.pop("generated_bytes", None))
         if info:
             raise TypeError(f"unknown stream fields: {sorted(info)}")
         self.streams.append(s)
@@ -559,7 +572,8 @@ class Bundle:
                 instructions_observed=_uint(s, "instructions_observed", what),
                 size=_uint(s, "size", what), capture_end=_uint(s, "capture_end", what),
                 wrapped=_bool(s, "wrapped", what), stopped=_bool(s, "stopped", what),
-                lost_bytes=_uint(s, "lost_bytes", what), config=cfg)
+                lost_bytes=_uint(s, "lost_bytes", what), config=cfg,
+                generated_bytes=_uint(s, "generated_bytes", what, None))
 
     # -- manifest views
     @property

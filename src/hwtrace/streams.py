@@ -87,11 +87,13 @@ class Stream:
     def batches(self, decoder: str = "block", *, view: bool = False,
                 want_insns: bool = False, resync: bool = False,
                 max_records: int = 1 << 16, impl: str | None = None,
-                on_switch: Callable | None = None, data=None):
+                on_switch: Callable | None = None, data=None,
+                space_items: bool = False):
         """Decode into :class:`hwtrace.flow.batches.Batch` es.  ``view``:
         every branch ends a record (what call stacks, branch records and
         coverage want); ``on_switch(space, offset)`` hears address-space
-        switches."""
+        switches; ``space_items``: they are items of the batches too
+        (:class:`hwtrace.flow.batches.SpaceItem`, where they happened)."""
         from hwtrace.flow import batches as B
         cfg = B.view_config(self.config) if view else self.config
         plan = self.plan
@@ -100,7 +102,7 @@ class Stream:
         return B.batches(self.data() if data is None else data, self.image,
                          cfg, decoder=decoder, resync=resync,
                          want_insns=want_insns, max_records=max_records,
-                         impl=impl, spaces=plan)
+                         impl=impl, spaces=plan, space_items=space_items)
 
 
 @dataclass

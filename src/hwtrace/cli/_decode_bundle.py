@@ -1,30 +1,31 @@
 """``hwtrace decode DIR``: every stream of a bundle, each part of it in the
 address space of the process that ran it.
 
-Thread-mode streams run in their process's space (a new one after an
-exec); cpu-mode streams switch spaces as the sideband's context switches
-(by time) and the trace's PIP packets (by CR3) say
-(:mod:`hwtrace.flow.spaces`).  Files are found by the bundle's rules
-(:meth:`hwtrace.bundle.Bundle.find_image`: the bundle's copies,
-``--image-path``, recorded paths that are ELF files with the recorded
-build-id, anything with ``--allow-outside``); a mapped file that can't be
-found is a one-line error naming it.
+The bundle is opened by :func:`hwtrace.streams.open_bundle` (streams,
+decoder parameters from the manifest under the command line's, images
+by the bundle's trust rules: the bundle's copies, ``--image-path``,
+recorded paths that are ELF files with the recorded build-id, anything
+with ``--allow-outside``; a mapped file that can't be found is a one-line
+error naming it).  Thread-mode streams run in their process's space (a
+new one after an exec); cpu-mode streams switch spaces as the sideband's
+context switches (by time) and the trace's PIP packets (by CR3) say
+(:mod:`hwtrace.flow.spaces`); each switch is an item of the batches, and
+the listing's symbols and disassembly follow it.
 
 Output: per stream a ``[stream NAME]`` line (jsonl: ``{"stream": NAME}``)
 then the decode; when the space changes, ``[process PID (COMM)]`` (jsonl:
 ``{"process": PID, "comm": ..., "cr3": ..., "offset": ...}``), except with
 ``--quiet``.  ``--merge-time`` prints all streams' lines merged by time
-stamp (the decoder's time when the line was produced, never running back
-within a stream), each tagged with
-its stream: ``[NAME] LINE`` (jsonl: ``"stream"`` and ``"time"`` keys
-first).  The merge goes through temporary files, so memory stays small.
+stamp (the decoder's time when the line was decoded, never running back
+within a stream), each tagged with its stream: ``[NAME] LINE`` (jsonl:
+``"stream"`` and ``"time"`` keys first).  The merge goes through
+temporary files, so memory stays small.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
-import os
 import sys
 import tempfile
 
@@ -32,166 +33,126 @@ from hwtrace.cli import CliError
 
 
 def run_bundle(args) -> int:
-    from hwtrace.bundle import BundleError
+    from hwtrace import streams
     from hwtrace.cli import decode as D
-    from hwtrace.flow.spaces import AddressSpaces, SpaceSwitcher
 
-    for d in args.image_path:
-        if not os.path.isdir(d):
-            raise CliError(f"decode: --image-path {d}: not a directory")
-    b, streams, extra = D._bundle_streams(args)
-    parser = D._parser_of(args)
-    subs = [(info, parser.parse_args(D._argv_of(args) + ["--pt", path] + extra))
-            for info, path in streams]
+    if args.images:
+        D._image(args)              # a bad --raw/--elf is an error now
+    cfg_lines: list = []
 
-    found: dict = {}
-
-    def resolve(file, build_id):
-        key = (file, build_id)
-        if key not in found:
-            found[key] = b.find_image(file, build_id)
-        return found[key]
+    def config(options):
+        return D._config(args, cfg_lines.append, options)
 
     def extend(image):
         D._image(args, image)       # --raw/--elf on top of every space
 
-    if args.images:
-        D._image(args)              # a bad --raw/--elf is an error now
     try:
-        spaces = AddressSpaces(b.iter_sideband(), resolve,
-                               extend if args.images else None)
-    except BundleError as e:
-        raise CliError(f"decode: {args.bundle}: {e}") from None
-    except OSError as e:
-        raise CliError(f"decode: {args.bundle}: sideband: {e.strerror}") from None
-
-    plans = []
-    for info, sub in subs:
-        timeline, initial = _plan(spaces, info)
-        used = timeline.spaces() if timeline is not None else [initial]
-        missing = spaces.missing_for(used) if timeline is not None else \
-            list(spaces.missing)
-        # Files on disk only: "[vdso]", "[kernel.kallsyms]_text", "//anon"
-        # decode only if the bundle stores them; without, their code is a
-        # "no memory mapped" error in the output, as for any gap.
-        missing = [m for m in missing
-                   if m[1].startswith("/") and not m[1].startswith("//")]
-        if missing:
-            pid, file, bid = missing[0]
-            n = len({m[1] for m in missing}) - 1
-            more = f" (and {n} more file{'s' if n > 1 else ''})" if n else ""
-            raise CliError(
-                f"decode: {args.bundle}: no image for {file} of process {pid}"
-                f"{more}: record with --copy-images, or give --image-path DIR"
-                f" (or --allow-outside for a trusted bundle)")
-        if timeline is not None and len(used) > 1 and not _fine_timing(b, info):
-            sys.stderr.write(
-                f"hwtrace: warning: {info.file} runs {len(used)} processes but "
-                f"its trace has no MTC/CYC packets: process switches are "
-                f"placed by TSC alone (record with e.g. --config "
-                f"'branch;user;retc;tsc;mtc;cyc')\n")
-        plans.append((info, sub, timeline, initial, _cyc(b, info)))
-
-    out = sys.stdout.write
+        ts = streams.open_bundle(args.bundle, image_path=args.image_path,
+                                 allow_outside=args.allow_outside,
+                                 only=args.stream, config=config,
+                                 extend=extend if args.images else None)
+    except streams.StreamsError as e:
+        raise CliError(f"decode: {e}") from None
+    for w in ts.warnings:
+        sys.stderr.write(f"hwtrace: warning: {w}\n")
+    sys.stderr.flush()
+    fmt = D.listing_format(args)
+    ctx = D.contexts(args, fmt)
+    cfg_line = "".join(cfg_lines)
+    out = D.Output()
     if args.merge_time:
-        return _merged(plans, spaces, out, D, SpaceSwitcher)
-    for info, sub, timeline, initial, cyc in plans:
-        jsonl = sub.format == "jsonl"
-        out('{"stream":%s}\n' % json.dumps(info.file) if jsonl
-            else f"[stream {info.file}]\n")
-        wrap = _wrapper(spaces, timeline, initial, sub, out, SpaceSwitcher,
-                        cyc=cyc)
-        D._run_one(sub, image=initial.image, wrap=wrap, write=out)
+        return _merged(args, ts, fmt, ctx, cfg_line, out)
+    jsonl = args.format == "jsonl"
+    for st in ts.streams:
+        out.text('{"stream":%s}\n' % json.dumps(st.name) if jsonl
+                 else f"[stream {st.name}]\n")
+        out.text(cfg_line)
+        w = _decode(args, st, fmt, ctx, out)
+        out.text(D.stats_text(args, w.insns, w.blocks, st.entry.size,
+                              w.events, w.errors))
+    out.flush()
     return 0
 
 
-def _ctl(b, info) -> int | None:
-    cfg = info.config if info.config is not None else b.manifest.get("config")
-    ctl = cfg.get("ctl") if isinstance(cfg, dict) else None
-    return ctl if type(ctl) is int else None
-
-
-def _fine_timing(b, info) -> bool:
-    """Whether the stream was recorded with MTC or CYC packets."""
-    ctl = _ctl(b, info)
-    return ctl is None or bool(ctl & ((1 << 1) | (1 << 9)))   # CYCEn, MTCEn
-
-
-def _cyc(b, info) -> bool:
-    ctl = _ctl(b, info)
-    return ctl is not None and bool(ctl & (1 << 1))
-
-
-def _plan(spaces, info):
-    """(timeline or None, initial space) for one stream."""
-    return spaces.for_stream(info.cpu, info.tid, info.pid)
-
-
-def _wrapper(spaces, timeline, initial, sub, write, SpaceSwitcher, hold=None,
-             cyc=False):
-    """``wrap(decoder)`` for ``_run_one``: the switcher, reporting switches
-    unless ``--quiet``; ``hold`` (a list) receives the switcher."""
-    jsonl = sub.format == "jsonl"
-
-    def on_switch(space, offset):
-        if sub.quiet or space.pid == -1:     # -1: no sideband to go by
-            return
-        if jsonl:
-            write(json.dumps({"process": space.pid, "comm": space.comm,
-                              "cr3": space.cr3, "offset": offset},
-                             separators=(",", ":")) + "\n")
-        else:
-            write(f"[process {space.label}]\n")
-
-    def wrap(dec):
-        sw = SpaceSwitcher(dec, spaces, timeline, initial, on_switch, cyc=cyc)
-        if hold is not None:
-            hold.append(sw)
-        return sw
-    return wrap
-
-
-def _merged(plans, spaces, out, D, SpaceSwitcher) -> int:
-    """Decode each stream into a temporary file of time-prefixed lines,
-    then merge them by time (ties: stream order)."""
-    files = []
+def _decode(args, st, fmt, ctx, out, timed: bool = False):
+    from hwtrace import streams
+    from hwtrace.cli import decode as D
     try:
-        for info, sub, timeline, initial, cyc in plans:
-            f = tempfile.TemporaryFile("w+", encoding="utf-8")
-            files.append((info.file, sub.format == "jsonl", f))
-            hold: list = []
-            last = [0]
+        return D.decode_stream(args, st, fmt, ctx, out, timed=timed)
+    except streams.StreamsError as e:
+        raise CliError(f"decode: {e}") from None
 
-            def write(text, f=f, hold=hold, last=last):
-                # A stream's lines keep their order: a time stamp that runs
-                # back (the time model re-anchoring at an MTC) is clamped.
-                tsc = last[0]
-                if hold:
-                    t, _, _, have = hold[0].time()
-                    if have and t > tsc:
-                        tsc = last[0] = t
-                for line in text.splitlines():
-                    f.write(f"{tsc:020d} {line}\n")
-            wrap = _wrapper(spaces, timeline, initial, sub, write,
-                            SpaceSwitcher, hold, cyc)
-            D._run_one(sub, image=initial.image, wrap=wrap, write=write)
-            f.seek(0)
 
-        def tagged(name, jsonl, f):
-            tag = json.dumps(name)
-            for line in f:
-                tsc, text = line[:20], line[21:]
-                if jsonl:
-                    body = text[1:] if text.startswith("{") else "}\n"
-                    sep = "," if body != "}\n" else ""
-                    yield tsc, '{"stream":%s,"time":%d%s%s' % (
-                        tag, int(tsc), sep, body)
-                else:
-                    yield tsc, f"[{name}] {text}"
-        for _, line in heapq.merge(*(tagged(*x) for x in files),
-                                   key=lambda x: x[0]):
-            out(line)
+class _Spool:
+    """One stream's output as (time, bytes) chunks in a temporary file."""
+
+    def __init__(self, name: str, jsonl: bool):
+        self.f = tempfile.TemporaryFile("w+b")
+        self.jsonl = jsonl
+        tag = json.dumps(name)
+        self.tag = (b'{"stream":' + tag.encode() + b',"time":') if jsonl \
+            else f"[{name}] ".encode()
+
+    def write(self, data: bytes, time: int = 0) -> None:
+        if data:
+            self.f.write(b"%020d %d\n" % (time, len(data)))
+            self.f.write(data)
+
+    def text(self, s: str, time: int = 0) -> None:
+        self.write(s.encode(), time)
+
+    def chunks(self):
+        """(time, tagged lines) in the order written."""
+        f = self.f
+        f.seek(0)
+        while True:
+            head = f.readline()
+            if not head:
+                return
+            t, n = head.split()
+            yield int(t), self._tagged(f.read(int(n)), int(t))
+
+    def _tagged(self, data: bytes, time: int) -> bytes:
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        if not self.jsonl:
+            return b"".join(self.tag + x + b"\n" for x in lines)
+        pre = self.tag + b"%d" % time
+        out = []
+        for x in lines:
+            body = x[1:] if x.startswith(b"{") else b"}"
+            out.append(pre + (b"," if body != b"}" else b"") + body + b"\n")
+        return b"".join(out)
+
+
+class _Timed:
+    """``out`` for decode_stream with --merge-time: pieces go to the spool
+    with their time."""
+
+    def __init__(self, spool: _Spool):
+        self.write = spool.write
+
+
+def _merged(args, ts, fmt, ctx, cfg_line: str, out) -> int:
+    """Decode each stream into a temporary file of timed chunks, then
+    merge them by time (ties: stream order; a stream's own order is kept,
+    its times never run back)."""
+    from hwtrace.cli import decode as D
+    spools = []
+    try:
+        for st in ts.streams:
+            sp = _Spool(st.name, args.format == "jsonl")
+            spools.append(sp)
+            sp.text(cfg_line, 0)
+            w = _decode(args, st, fmt, ctx, _Timed(sp), timed=True)
+            sp.text(D.stats_text(args, w.insns, w.blocks, st.entry.size,
+                                 w.events, w.errors), w.time)
+        for _t, data in heapq.merge(*(sp.chunks() for sp in spools),
+                                    key=lambda x: x[0]):
+            out.write(data)
     finally:
-        for _, _, f in files:
-            f.close()
+        for sp in spools:
+            sp.f.close()
+    out.flush()
     return 0

@@ -1,19 +1,21 @@
-"""hwtrace decode: the executed instructions of a trace (ptxed-compatible).
+"""hwtrace decode: every executed instruction of a trace.
 
-    hwtrace decode --pt T.pt --raw T.bin:0x1000 [--cpu F/M] [--no-inst]
-    hwtrace decode --pt T.pt --elf prog[:BASE] --format jsonl
+    hwtrace decode DIR [--stream NAME] [--lines] [--format jsonl]
+    hwtrace decode --pt T.pt --elf prog[:BASE] [--cpu F/M] [--no-inst]
+    hwtrace decode --pt T.pt --raw T.bin:0x1000 --format jsonl
 
-    hwtrace decode DIR [--stream NAME] [--image-path D] [--merge-time]
+Text output is an instruction listing: per instruction its address, the
+function and offset it is in, its disassembly (capstone) and, with
+``--lines``, its source file:line (DWARF); events, errors and statuses
+are ptxed's bracketed lines (``[enabled]``, ``[OFFSET, IP: error:
+MESSAGE]``).  ``--no-inst`` prints addresses only, exactly as ptxed
+``--no-inst`` does.  ``--format jsonl`` prints one JSON object per
+instruction, event, status or error (ptoracle's ``insn`` schema).
 
-A bundle DIR decodes every stream; each part of a cpu-mode stream in the
-address space of the process that ran it (sideband context switches, PIP;
-see hwtrace.cli._decode_bundle and hwtrace.flow.spaces).
-
-Prints ptxed's text by default (instruction addresses, ``[event]`` lines,
-``[offset, ip: error: message]`` lines) or, with ``--format jsonl``, one
-JSON object per instruction, event, status or error (ptoracle's ``insn``
-schema).  Decode errors are reported in the output and decoding goes on;
-unreadable files are a one-line error with exit status 2.
+A bundle DIR decodes every stream, each part of a cpu-mode stream in the
+address space of the process that ran it (see
+hwtrace.cli._decode_bundle).  Decode errors are reported in the output
+and decoding goes on; unreadable input is a one-line error, exit 2.
 """
 
 from __future__ import annotations
@@ -33,91 +35,200 @@ class _ImageArg(argparse.Action):
         ns.images = items
 
 
+USAGE = """hwtrace decode DIR [options]
+       hwtrace decode --pt FILE (--elf FILE[:BASE] | --raw FILE:ADDR)... [options]"""
+
+DESCRIPTION = """\
+Print every executed instruction of a trace: its address, the function
+and offset it is in, its disassembly and, with --lines, its source
+file:line.  Events, errors and statuses are ptxed's bracketed lines
+([enabled], [OFFSET, IP: error: MESSAGE]).  --no-inst prints addresses
+only, exactly as ptxed --no-inst does; --format jsonl prints one JSON
+object per instruction, event, status or error (ptoracle's insn schema).
+
+A bundle DIR (what hwtrace record writes) decodes every stream, each part
+of it in the address space of the process that ran it: a [stream NAME]
+line starts each stream, a [process PID (COMM)] line each process."""
+
+EPILOG = """\
+examples:
+  hwtrace decode rec/ | less            the listing of every stream
+  hwtrace decode rec/ --lines           ... with source lines (build with -g)
+  hwtrace decode rec/ --quiet --stat    instruction counts only
+  hwtrace decode rec/ --format jsonl --annotate
+  hwtrace decode --pt t.pt --elf prog --no-inst     ptxed's output"""
+
+
 def register(sub) -> None:
-    p = sub.add_parser("decode", help="decode the executed instructions "
-                       "(ptxed-compatible)",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("bundle", nargs="?", metavar="DIR",
+    p = sub.add_parser(
+        "decode", help="list the executed instructions (symbolized, "
+        "disassembled; ptxed-compatible with --no-inst)",
+        usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _input_options(p)
+    _output_options(p)
+    _decoder_options(p)
+    _config_options(p)
+    p.set_defaults(func=run, images=[], decoder=None)
+
+
+def _input_options(p) -> None:
+    g = p.add_argument_group("input: a bundle")
+    g.add_argument("bundle", nargs="?", metavar="DIR",
                    help="a trace bundle: decode its streams (images from "
-                        "its sideband, decoder parameters from its manifest)")
-    p.add_argument("--stream", action="append", default=[], metavar="NAME",
-                   help="with DIR: decode only this stream (repeatable)")
-    p.add_argument("--image-path", action="append", default=[], metavar="DIR",
-                   help="with DIR: also look for the mapped files here (by "
-                        "file name; repeatable)")
-    p.add_argument("--allow-outside", action="store_true",
-                   help="with DIR: use any file the sideband names on this "
-                        "machine, even without a matching build-id (trusted "
-                        "bundles only)")
-    p.add_argument("--merge-time", action="store_true",
-                   help="with DIR: print all streams' items merged by time "
-                        "stamp, each line tagged with its stream")
-    p.add_argument("--pt", metavar="FILE[:FROM[-TO]]",
-                   help="the Intel PT trace")
-    p.add_argument("--raw", action=_ImageArg, dest="images",
+                        "its sideband, decoder parameters from its "
+                        "manifest)")
+    g.add_argument("--stream", action="append", default=[], metavar="NAME",
+                   help="decode only this stream of DIR (repeatable)")
+    g.add_argument("--image-path", action="append", default=[],
+                   metavar="DIR",
+                   help="also look for DIR's mapped files here, by file "
+                        "name (repeatable)")
+    g.add_argument("--allow-outside", action="store_true",
+                   help="use any file DIR's sideband names on this "
+                        "machine, even without a matching build-id "
+                        "(trusted bundles only)")
+    g.add_argument("--merge-time", action="store_true",
+                   help="print all of DIR's streams merged by time stamp, "
+                        "each line tagged with its stream")
+    g = p.add_argument_group(
+        "input: a raw trace, as ptxed (with DIR: code for every process)")
+    g.add_argument("--pt", metavar="FILE[:FROM[-TO]]",
+                   help="the Intel PT trace (bytes FROM to TO of FILE)")
+    g.add_argument("--raw", action=_ImageArg, dest="images",
                    metavar="FILE[:FROM[-TO]]:ADDR",
-                   help="load raw bytes of FILE at ADDR")
-    p.add_argument("--elf", action=_ImageArg, dest="images",
-                   metavar="FILE[:BASE]", help="load an ELF's PT_LOAD segments")
-    p.add_argument("--pagedump", action=_ImageArg, dest="images",
+                   help="load bytes FROM to TO of FILE at address ADDR "
+                        "(an ELF file's symbols are used too)")
+    g.add_argument("--elf", action=_ImageArg, dest="images",
+                   metavar="FILE[:BASE]",
+                   help="load an ELF file's PT_LOAD segments (its lowest "
+                        "at BASE if given) and its symbols")
+    g.add_argument("--pagedump", action=_ImageArg, dest="images",
                    metavar="ADDRS:PAGES",
-                   help="load a page dump (u64 page addresses, 4 KiB pages)")
-    p.add_argument("--cpu", metavar="none|F/M[/S]",
-                   help="decode for this CPU (selects erratum workarounds)")
-    p.add_argument("--format", choices=("text", "jsonl"), default="text")
-    p.add_argument("--no-inst", action="store_true",
-                   help="print addresses only (the only text mode so far)")
-    p.add_argument("--check", action="store_true",
-                   help="accepted for ptxed compatibility")
-    p.add_argument("--quiet", "-q", action="store_true")
-    p.add_argument("--offset", action="store_true",
-                   help="print the trace offset of each item")
-    p.add_argument("--stat", action="store_true", help="print statistics")
-    p.add_argument("--stat:insn", dest="stat_insn", action="store_true")
-    p.add_argument("--stat:blocks", dest="stat_blocks", action="store_true")
-    p.add_argument("--insn-decoder", dest="decoder", action="store_const",
-                   const="insn")
-    p.add_argument("--block-decoder", dest="decoder", action="store_const",
-                   const="block")
-    p.add_argument("--block:show-blocks", dest="show_blocks",
-                   action="store_true")
-    p.add_argument("--block:end-on-call", dest="end_on_call",
-                   action="store_true")
-    p.add_argument("--block:end-on-jump", dest="end_on_jump",
-                   action="store_true")
-    p.add_argument("--event:ip", dest="event_ip", action="store_true")
-    p.add_argument("--event:iflags", dest="event_iflags", action="store_true")
-    p.add_argument("--event:tick", dest="event_tick", action="store_true")
-    p.add_argument("--event:time", dest="event_time", action="store_true")
-    p.add_argument("--resync-on-error", dest="resync", action="store_true")
-    p.add_argument("--strict", action="store_true",
+                   help="load a page dump: ADDRS holds little-endian u64 "
+                        "page addresses, PAGES the 4 KiB pages in order")
+
+
+def _output_options(p) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--format", choices=("text", "jsonl"), default="text",
+                   help="text: the instruction listing (default); jsonl: "
+                        "one JSON object per instruction, event, status or "
+                        "error (ptoracle's insn schema)")
+    g.add_argument("--no-inst", action="store_true",
+                   help="text: addresses only, no function or disassembly "
+                        "(ptxed --no-inst's exact output)")
+    g.add_argument("--lines", action="store_true",
+                   help="add each instruction's source file:line (from "
+                        "DWARF: build with -g)")
+    g.add_argument("--att", action="store_true",
+                   help="disassemble in AT&T syntax (default: Intel)")
+    g.add_argument("--annotate", action="store_true",
+                   help="jsonl: add \"function\", \"function_offset\" and "
+                        "\"disasm\" (with --lines \"file\", \"line\") to "
+                        "each instruction")
+    g.add_argument("--quiet", "-q", action="store_true",
+                   help="print no instructions or events (errors, "
+                        "statistics and stream names only)")
+    g.add_argument("--offset", action="store_true",
+                   help="print the trace offset of each instruction and "
+                        "event (ptxed --print-offset)")
+    g.add_argument("--stat", action="store_true",
+                   help="print the number of instructions (and blocks) "
+                        "at the end of each stream")
+    g.add_argument("--stat:insn", dest="stat_insn", action="store_true",
+                   help="--stat: the instruction count only")
+    g.add_argument("--stat:blocks", dest="stat_blocks", action="store_true",
+                   help="--stat: the block count only (block decoder)")
+    g.add_argument("--event:ip", dest="event_ip", action="store_true",
+                   help="text: print the IP of events that have one")
+    g.add_argument("--event:time", dest="event_time", action="store_true",
+                   help="text: print the time stamp (TSC) of events")
+    g.add_argument("--block:show-blocks", dest="show_blocks",
+                   action="store_true",
+                   help="text, block decoder: a [block] line before each "
+                        "block's instructions (numbered with --stat)")
+    g.add_argument("--check", action="store_true",
+                   help="accepted for ptxed compatibility (no effect)")
+
+
+def _decoder_options(p) -> None:
+    g = p.add_argument_group("decoder (libipt's, as ptxed's options)")
+    g.add_argument("--insn-decoder", dest="decoder", action="store_const",
+                   const="insn",
+                   help="use the instruction decoder (pt_insn)")
+    g.add_argument("--block-decoder", dest="decoder", action="store_const",
+                   const="block",
+                   help="use the block decoder (pt_blk; the default)")
+    g.add_argument("--block:end-on-call", dest="end_on_call",
+                   action="store_true",
+                   help="block decoder: end a block after every call")
+    g.add_argument("--block:end-on-jump", dest="end_on_jump",
+                   action="store_true",
+                   help="block decoder: end a block after every jump")
+    g.add_argument("--resync-on-error", dest="resync", action="store_true",
+                   help="after an error, go on right after it (libipt's "
+                        "pt_*_resync) instead of at the next PSB")
+    g.add_argument("--strict", action="store_true",
                    help="libipt 2.3's strict reading: report the PSB+ "
                         "status updates real CPUs write at VM entries as "
                         "errors instead of decoding on (see README, "
                         "\"lossless by default\")")
-    p.add_argument("--error-offsets", choices=("2.3", "2.0"), default="2.3",
-                   help="report errors at the trace offset libipt 2.3 gives "
-                        "(default) or libipt 2.0 gives (to compare with "
-                        "Debian's libipt 2.0.5)")
+    g.add_argument("--error-offsets", choices=("2.3", "2.0"), default="2.3",
+                   help="report errors at the trace offset libipt 2.3 "
+                        "gives (default) or libipt 2.0 gives (to compare "
+                        "with Debian's libipt 2.0.5)")
+    g.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="raw trace: decode PSB segments on N processes (0: "
+                        "all cores); the output is the sequential one")
+    g.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
+                   help="raw trace: decode PSB segments on this Dask "
+                        "cluster (trace and images at the same paths on "
+                        "its workers)")
+
+
+def _config_options(p) -> None:
+    g = p.add_argument_group(
+        "processor (a bundle's manifest gives these unless set here)")
+    g.add_argument("--cpu", metavar="none|F/M[/S]",
+                   help="the CPU that recorded the trace, family/model"
+                        "[/stepping] (selects erratum workarounds)")
+    g.add_argument("--mtc-freq", metavar="N",
+                   help="IA32_RTIT_CTL.MTCFreq the trace was recorded with")
+    g.add_argument("--nom-freq", metavar="N",
+                   help="the nominal frequency (MSR_PLATFORM_INFO[15:8], "
+                        "the TSC's ratio to the bus clock)")
+    g.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", metavar="N",
+                   help="CPUID leaf 0x15 EAX (TSC/core crystal clock ratio "
+                        "denominator)")
+    g.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", metavar="N",
+                   help="CPUID leaf 0x15 EBX (the ratio's numerator)")
+    g.add_argument("--event:tick", dest="event_tick", action="store_true",
+                   help="report timing packets as tick events")
+    g.add_argument("--event:iflags", dest="event_iflags",
+                   action="store_true",
+                   help="report changes of the interrupt flag (event "
+                        "trace)")
+    g.add_argument("--insn:keep-tcal-on-ovf", dest="keep_tcal",
+                   action="store_true",
+                   help="instruction decoder: keep the timing calibration "
+                        "across an overflow")
+    g.add_argument("--block:keep-tcal-on-ovf", dest="keep_tcal_block",
+                   action="store_true",
+                   help="block decoder: keep the timing calibration across "
+                        "an overflow")
+    g = p.add_argument_group(
+        "address filters the trace was recorded with (IA32_RTIT_CTL."
+        "ADDRn_CFG, IA32_RTIT_ADDRn_A/B; n = 0..3)")
     for n in range(4):
-        for which in ("cfg", "a", "b"):
-            p.add_argument(f"--filter:addr{n}_{which}",
-                           dest=f"filter_{n}_{which}", metavar="N")
-    p.add_argument("--mtc-freq", metavar="N")
-    p.add_argument("--nom-freq", metavar="N")
-    p.add_argument("--cpuid-0x15.eax", dest="cpuid_eax", metavar="N")
-    p.add_argument("--cpuid-0x15.ebx", dest="cpuid_ebx", metavar="N")
-    p.add_argument("--insn:keep-tcal-on-ovf", dest="keep_tcal",
-                   action="store_true")
-    p.add_argument("--block:keep-tcal-on-ovf", dest="keep_tcal_block",
-                   action="store_true")
-    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                   help="decode PSB segments on N processes (0: all "
-                        "cores); the output is the sequential one")
-    p.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
-                   help="decode PSB segments on this Dask cluster (trace "
-                        "and images at the same paths on its workers)")
-    p.set_defaults(func=run, images=[], decoder=None)
+        g.add_argument(f"--filter:addr{n}_cfg", dest=f"filter_{n}_cfg",
+                       metavar="N",
+                       help=f"ADDR{n}_CFG: 1 trace only in range {n}, 2 "
+                            f"stop tracing there")
+        g.add_argument(f"--filter:addr{n}_a", dest=f"filter_{n}_a",
+                       metavar="ADDR", help=f"range {n}: first address")
+        g.add_argument(f"--filter:addr{n}_b", dest=f"filter_{n}_b",
+                       metavar="ADDR", help=f"range {n}: last address")
 
 
 def _number(opt: str, text) -> int | None:
@@ -130,26 +241,34 @@ def _number(opt: str, text) -> int | None:
     return n
 
 
-def _config(args, out):
+_DEST = {"--mtc-freq": "mtc_freq", "--nom-freq": "nom_freq",
+         "--cpuid-0x15.eax": "cpuid_eax", "--cpuid-0x15.ebx": "cpuid_ebx"}
+_MANIFEST_KEY = {"mtc_freq": "mtc_freq", "nom_freq": "nom_freq",
+                 "cpuid_eax": "cpuid_0x15_eax", "cpuid_ebx": "cpuid_0x15_ebx"}
+
+
+def _config(args, out, options=None):
+    """The FlowConfig of the options (``options``: a bundle manifest's,
+    :func:`hwtrace.streams.manifest_options`, for what the command line
+    leaves out).  An unknown CPU is a ``config error`` line through
+    ``out``, as ptxed prints it."""
     from hwtrace.flow.config import Errata, FlowConfig
     from hwtrace.pt import cpu as cpumod
     from hwtrace.pt.errors import PtError
 
+    options = options or {}
     cfg = FlowConfig()
-    if args.cpu:
+    cpu_arg = args.cpu or options.get("cpu")
+    if cpu_arg:
         try:
-            cpu = cpumod.Cpu.parse(args.cpu)
+            cpu = cpumod.Cpu.parse(cpu_arg)
         except ValueError as e:
             raise CliError(f"--cpu: {e}") from None
         cfg.cpu = cpu
         if cpu is not None:
             errata = cpumod.errata(cpu)
             if isinstance(errata, PtError):
-                if args.format == "jsonl":
-                    out('{"error":"%s","kind":"config error","offset":0,'
-                        '"ip":0}\n' % errata.code)
-                else:
-                    out(f"[0, 0: config error: {errata.code}]\n")
+                out(config_error_line(args.format, errata.code))
             else:
                 cfg.errata = Errata.from_flags(errata)
     for n in range(4):
@@ -164,19 +283,27 @@ def _config(args, out):
         b = _number(f"--filter:addr{n}_b", getattr(args, f"filter_{n}_b"))
         if b is not None:
             cfg.addr_filter.b[n] = b
-    cfg.mtc_freq = _number("--mtc-freq", args.mtc_freq) or 0
-    cfg.nom_freq = _number("--nom-freq", args.nom_freq) or 0
-    cfg.cpuid_0x15_eax = _number("--cpuid-0x15.eax", args.cpuid_eax) or 0
-    cfg.cpuid_0x15_ebx = _number("--cpuid-0x15.ebx", args.cpuid_ebx) or 0
+    for opt, dest in _DEST.items():
+        v = _number(opt, getattr(args, dest))
+        if v is None:
+            v = options.get(_MANIFEST_KEY[dest])
+        setattr(cfg, _MANIFEST_KEY[dest], v or 0)
     cfg.enable_tick_events = args.event_tick
     cfg.enable_iflags_events = args.event_iflags
     block = args.decoder != "insn"
     cfg.keep_tcal_on_ovf = args.keep_tcal_block if block else args.keep_tcal
     cfg.end_on_call = args.end_on_call
     cfg.error_offsets = args.error_offsets
-    cfg.strict = args.strict
     cfg.end_on_jump = args.end_on_jump
+    cfg.strict = args.strict
     return cfg
+
+
+def config_error_line(fmt: str, code: str) -> str:
+    if fmt == "jsonl":
+        return '{"error":"%s","kind":"config error","offset":0,"ip":0}\n' \
+            % code
+    return f"[0, 0: config error: {code}]\n"
 
 
 def _image(args, image=None):
@@ -201,11 +328,10 @@ def _image(args, image=None):
     return image
 
 
-def _trace(arg: str, check: bool = True):
+def _trace(arg: str):
     """The --pt trace, mapped rather than read (a read-only mmap or a
-    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap.
-    ``check``: refuse one with nothing to decode (a bundle's streams are
-    not refused: an idle CPU's may be empty)."""
+    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap.  One
+    with nothing to decode (empty, no PSB) is a one-line error there."""
     from hwtrace.cli._tracemap import check_trace, map_trace
     from hwtrace.flow.image import ImageError
     from hwtrace.flow.loaders import split_range
@@ -223,50 +349,8 @@ def _trace(arg: str, check: bool = True):
         raise CliError(f"--pt: bad range in {arg}: {e}") from None
     if size is not None and len(data) < size:
         raise CliError(f"--pt: bad range in {arg}")
-    if check:
-        check_trace(data, f"--pt: {arg}")
+    check_trace(data, f"--pt: {arg}")
     return data
-
-
-def _bundle_streams(args):
-    """(Bundle, [(StreamInfo, path)], extra argv: the manifest's decoder
-    parameters the command line didn't give) for the streams to decode."""
-    from hwtrace.bundle import Bundle, BundleError
-
-    try:
-        b = Bundle(args.bundle, image_path=args.image_path,
-                   allow_outside=args.allow_outside)
-        infos = {s.file: s for s in b.streams}
-        streams = list(infos)
-        if args.stream:
-            missing = [s for s in args.stream if s not in infos]
-            if missing:
-                raise CliError(f"decode: no stream {missing[0]!r} in "
-                               f"{args.bundle}")
-            streams = args.stream
-        paths = {}
-        for name in streams:
-            paths[name] = b.stream_path(infos[name])   # refuses a symbolic link
-            b.open_stream(infos[name]).close()         # a regular file of its size
-    except BundleError as e:
-        raise CliError(f"decode: {args.bundle}: {e}") from None
-    manifest = b.manifest
-    extra = []
-    cpu = manifest.get("cpu")
-    cpu = cpu if isinstance(cpu, dict) else {}
-    fam, mod = cpu.get("family"), cpu.get("model", 0)
-    if fam and not args.cpu and all(type(v) is int and 0 <= v < 256 for v in (fam, mod)):
-        extra += ["--cpu", f"{fam}/{mod}"]
-    for key, opt in (("mtc_freq", "--mtc-freq"), ("nom_freq", "--nom-freq"),
-                     ("cpuid_0x15_eax", "--cpuid-0x15.eax"),
-                     ("cpuid_0x15_ebx", "--cpuid-0x15.ebx")):
-        if manifest.get(key) and getattr(args, _DEST[opt]) is None:
-            extra += [opt, str(manifest[key])]
-    return b, [(infos[n], str(paths[n])) for n in streams], extra
-
-
-_DEST = {"--mtc-freq": "mtc_freq", "--nom-freq": "nom_freq",
-         "--cpuid-0x15.eax": "cpuid_eax", "--cpuid-0x15.ebx": "cpuid_ebx"}
 
 
 def run(args) -> int:
@@ -281,116 +365,176 @@ def run(args) -> int:
     return _run_one(args)
 
 
-def _parser_of(args):
-    from hwtrace.cli import Parser
-    sub = Parser(prog="hwtrace decode").add_subparsers(parser_class=Parser)
-    register(sub)
-    return sub.choices["decode"]
+# -- what to print ---------------------------------------------------------------
+
+def annotated(args) -> bool:
+    """Whether instructions get function, disassembly (and lines)."""
+    if args.format == "jsonl":
+        return args.annotate
+    return not args.no_inst and not args.quiet
 
 
-def _argv_of(args) -> list[str]:
-    """The options of ``args`` again as a command line (for one stream)."""
-    argv = []
-    for kind, arg in args.images:
-        argv += [f"--{kind}", arg]
-    if args.cpu:
-        argv += ["--cpu", args.cpu]
-    argv += ["--format", args.format, "--error-offsets", args.error_offsets]
-    flags = {"no_inst": "--no-inst", "check": "--check", "quiet": "--quiet",
-             "offset": "--offset", "stat": "--stat",
-             "stat_insn": "--stat:insn", "stat_blocks": "--stat:blocks",
-             "show_blocks": "--block:show-blocks",
-             "end_on_call": "--block:end-on-call",
-             "end_on_jump": "--block:end-on-jump", "event_ip": "--event:ip",
-             "event_iflags": "--event:iflags", "event_tick": "--event:tick",
-             "event_time": "--event:time", "resync": "--resync-on-error",
-             "strict": "--strict",
-             "keep_tcal": "--insn:keep-tcal-on-ovf",
-             "keep_tcal_block": "--block:keep-tcal-on-ovf"}
-    for dest, opt in flags.items():
-        if getattr(args, dest):
-            argv.append(opt)
-    if args.decoder:
-        argv.append(f"--{args.decoder}-decoder")
-    for n in range(4):
-        for which in ("cfg", "a", "b"):
-            v = getattr(args, f"filter_{n}_{which}")
-            if v is not None:
-                argv += [f"--filter:addr{n}_{which}", v]
-    for opt, dest in _DEST.items():
-        v = getattr(args, dest)
-        if v is not None:
-            argv += [opt, v]
-    return argv
+def listing_format(args):
+    """The :mod:`hwtrace.listing` format the options ask for."""
+    from hwtrace.listing.jsonl import JsonFormat
+    from hwtrace.listing.text import TextFormat
+    stats = args.stat or args.stat_insn or args.stat_blocks
+    if annotated(args):
+        from hwtrace.listing import disasm
+        if not disasm.available():
+            raise CliError("decode: disassembly needs capstone (pip install "
+                           "capstone); --no-inst prints addresses only")
+    if args.format == "jsonl":
+        return JsonFormat(print_offset=args.offset, quiet=args.quiet,
+                          annotate=args.annotate, lines=args.lines)
+    if args.quiet:
+        return TextFormat(quiet=True)
+    return TextFormat(event_ip=args.event_ip, event_time=args.event_time,
+                      print_offset=args.offset, show_blocks=args.show_blocks,
+                      block_ids=stats, annotate=annotated(args),
+                      lines=args.lines)
+
+
+def contexts(args, fmt):
+    from hwtrace.listing.contexts import Contexts
+    return Contexts(fmt, annotate=annotated(args), lines=args.lines,
+                    syntax="att" if args.att else "intel",
+                    images=args.images)
+
+
+def stats_text(args, insns: int, blocks: int, nbytes: int, events: int,
+               errors: int) -> str:
+    """The --stat lines after a stream ("" without --stat)."""
+    if not (args.stat or args.stat_insn or args.stat_blocks):
+        return ""
+    if args.format == "jsonl":
+        import json
+        return json.dumps({"summary": "insn", "bytes": nbytes,
+                           "insns": insns, "events": events,
+                           "errors": errors}, separators=(",", ":")) + "\n"
+    from hwtrace.flow import ptxed
+    want_insn = args.stat_insn or not args.stat_blocks
+    want_blocks = args.stat_blocks or not args.stat_insn
+    lines = ptxed.stats_lines(insns if want_insn else None,
+                              blocks if (want_blocks and
+                                         args.decoder != "insn") else None)
+    return "".join(line + "\n" for line in lines)
+
+
+class Output:
+    """Where a decode's bytes go: stdout's binary buffer (the text layer
+    flushed first), or a text ``write`` callable (tests, in-process)."""
+
+    def __init__(self, write=None):
+        buf = getattr(sys.stdout, "buffer", None) if write is None else None
+        if buf is not None:
+            sys.stdout.flush()
+            self.write = buf.write
+            self._flush = buf.flush
+        else:
+            text = write or sys.stdout.write
+            self.write = lambda data: text(data.decode())
+            self._flush = getattr(sys.stdout, "flush", lambda: None)
+
+    def text(self, s: str) -> None:
+        if s:
+            self.write(s.encode())
+
+    def flush(self) -> None:
+        self._flush()
+
+
+def decode_stream(args, stream, fmt, ctx, out, *, data=None,
+                  timed: bool = False):
+    """Print one stream's decode through ``out`` (``out.write(bytes)``,
+    or with ``timed`` ``out.write(bytes, time)``); returns the walker (its
+    counts)."""
+    from hwtrace.flow import batches as B
+    from hwtrace.listing.walk import Walker
+    block = args.decoder != "insn"
+    w = Walker(fmt, out.write,
+               lambda space: ctx.for_space(space, stream.image),
+               block=block, timed=timed)
+    impl = None
+    if stream.plan is not None and not B.reports_switches():
+        # said, not silent: the bench fails on it where it should not be
+        sys.stderr.write("hwtrace: warning: the compiled core does not "
+                         "report address-space switches yet: this bundle "
+                         "decodes with the Python decoders\n")
+        impl = "python"
+    switched = []
+    for b in stream.batches("block" if block else "insn",
+                            want_insns=fmt.lines, resync=args.resync,
+                            data=data, space_items=True, impl=impl,
+                            on_switch=lambda sp, off: switched.append(off)):
+        w.batch(b)
+    if len(switched) != w.switches:
+        # a producer that switches spaces without saying where would
+        # print one process's code as another's
+        raise RuntimeError(f"{stream.name}: the batches report "
+                           f"{w.switches} of {len(switched)} address-space "
+                           f"switches")
+    return w
+
+
+def _run_one(args, write=None) -> int:
+    """Decode ``args.pt`` (``write``: a text writer instead of stdout)."""
+    from hwtrace import streams
+    from hwtrace.flow import sinks
+
+    if not args.pt:
+        raise CliError("decode: no trace: use --pt FILE or a bundle DIR")
+    out = Output(write)
+    cfg = _config(args, out.text)
+    image = _image(args)
+    data = _trace(args.pt)
+    fmt = listing_format(args)
+    use_block = args.decoder != "insn"
+    stats = args.stat or args.stat_insn or args.stat_blocks
+    if args.jobs != 1 or args.dask:
+        from hwtrace.flow import parallel
+        from hwtrace.listing.single import InsnNotes
+        notes = None
+        if annotated(args):
+            notes = InsnNotes(args.images, args.format, lines=args.lines,
+                              syntax="att" if args.att else "intel")
+        if args.format == "jsonl":
+            sink = sinks.JsonSink(out.text, print_offset=args.offset,
+                                  notes=notes)
+        elif args.quiet and not args.show_blocks:
+            sink = sinks.PtxedSink(out.text, quiet=True)
+        else:
+            sink = sinks.PtxedSink(out.text, quiet=args.quiet,
+                                   event_ip=args.event_ip,
+                                   event_time=args.event_time,
+                                   print_offset=args.offset,
+                                   show_blocks=args.show_blocks,
+                                   block_ids=stats, notes=notes)
+        parallel.decode_args(args, cfg, sink, out.text, block=use_block,
+                             data=data)
+        counts = (sink.insns, sink.blocks, sink.events, sink.errors)
+    elif stats and args.quiet and args.format == "text" and \
+            not args.show_blocks and _fast().count_into(
+                sink := sinks.CountSink(), data, image, cfg, use_block):
+        # counted by the compiled flow core (flow/fast.py)
+        counts = (sink.insns, sink.blocks, 0, 0)
+    else:
+        from hwtrace.flow.loaders import split_range
+        path, offset, size = split_range(args.pt)
+        try:
+            ts = streams.open_trace(path, image, cfg, offset=offset,
+                                    length=size)
+        except streams.StreamsError as e:
+            raise CliError(f"--pt: {e}") from None
+        w = decode_stream(args, ts.streams[0], fmt, contexts(args, fmt), out,
+                          data=data)
+        counts = (w.insns, w.blocks, w.events, w.errors)
+    out.text(stats_text(args, counts[0], counts[1], len(data), counts[2],
+                        counts[3]))
+    out.flush()
+    return 0
 
 
 def _fast():
     from hwtrace.flow import fast
     return fast
-
-
-def _run_one(args, image=None, wrap=None, write=None) -> int:
-    """Decode ``args.pt``; ``image`` instead of the --raw/--elf images,
-    ``wrap(decoder)`` to drive the decoder through a wrapper (the bundle's
-    address-space switcher), ``write`` instead of stdout."""
-    from hwtrace.flow import session, sinks
-    from hwtrace.flow.block import BlockDecoder
-    from hwtrace.flow.insn import InsnDecoder
-
-    if not args.pt:
-        raise CliError("decode: no trace: use --pt FILE or a bundle DIR")
-    write = write or sys.stdout.write
-    cfg = _config(args, write)
-    if image is None:
-        image = _image(args)
-    data = _trace(args.pt, check=wrap is None)
-
-    use_block = args.decoder != "insn"
-    stats = args.stat or args.stat_insn or args.stat_blocks
-    if args.format == "jsonl":
-        sink = sinks.JsonSink(write, print_offset=args.offset)
-    elif args.quiet and not args.show_blocks:
-        sink = sinks.PtxedSink(write, quiet=True)
-    else:
-        sink = sinks.PtxedSink(write, quiet=args.quiet,
-                               event_ip=args.event_ip,
-                               event_time=args.event_time,
-                               print_offset=args.offset,
-                               show_blocks=args.show_blocks,
-                               block_ids=stats)
-    if True:
-        if (getattr(args, "jobs", 1) != 1 or getattr(args, "dask", None)) \
-                and not getattr(args, "bundle", None):
-            from hwtrace.flow import parallel
-            parallel.decode_args(args, cfg, sink, write, block=use_block,
-                                 data=data)
-        elif wrap is None and stats and args.quiet and \
-                args.format == "text" and not args.show_blocks and \
-                _fast().count_into(sink, data, image, cfg, use_block):
-            pass        # counted by the compiled flow core (flow/fast.py)
-        elif use_block:
-            dec = BlockDecoder(data, image, cfg)
-            session.run_blocks(wrap(dec) if wrap else dec, sink,
-                               resync=args.resync)
-        else:
-            dec = InsnDecoder(data, image, cfg)
-            session.run_insn(wrap(dec) if wrap else dec, sink,
-                             resync=args.resync)
-        if stats and args.format == "text":
-            want_insn = args.stat_insn or not (args.stat_insn or
-                                               args.stat_blocks)
-            want_blocks = args.stat_blocks or not (args.stat_insn or
-                                                   args.stat_blocks)
-            from hwtrace.flow import ptxed
-            for line in ptxed.stats_lines(
-                    sink.insns if want_insn else None,
-                    sink.blocks if (want_blocks and use_block) else None):
-                write(line + "\n")
-        elif args.format == "jsonl" and stats:
-            import json
-            write(json.dumps({"summary": "insn", "bytes": len(data),
-                              "insns": sink.insns, "events": sink.events,
-                              "errors": sink.errors},
-                             separators=(",", ":")) + "\n")
-        sys.stdout.flush()
-    return 0

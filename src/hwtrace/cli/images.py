@@ -18,7 +18,8 @@ def register(subparsers) -> None:
                     "Intel's ptxed or ptoracle can decode the stream.")
     p.add_argument("bundle", metavar="DIR", help="trace bundle")
     p.add_argument("--pt", required=True, metavar="STREAM",
-                   help="stream file name in the bundle (e.g. cpu0.pt, tid1234.pt)")
+                   help="a stream of the bundle: its file name (e.g. cpu0.pt, tid1234.pt) "
+                        "or the path to it (e.g. DIR/cpu0.pt)")
     p.add_argument("--image-path", action="append", default=[], metavar="DIR",
                    help="also look for images (by file name) here")
     p.add_argument("--allow-outside", action="store_true",
@@ -41,7 +42,7 @@ def stream_args(bundle_dir, stream: str, image_path=(), allow_outside: bool = Fa
     found = {}
     try:
         b = Bundle.open(bundle_dir, image_path=image_path, allow_outside=allow_outside)
-        info = next((s for s in b.streams if s.file == stream), None)
+        info = find_stream(b, stream)
         if info is None:
             names = ", ".join(s.file for s in b.streams)
             raise CliError(f"no stream {stream!r} in {bundle_dir} (streams: {names})")
@@ -65,6 +66,23 @@ def stream_args(bundle_dir, stream: str, image_path=(), allow_outside: bool = Fa
     if space is None:
         raise CliError(f"no process {pid} in the sideband of {bundle_dir}")
     return _raw_args(space.mappings)
+
+
+def find_stream(b, stream: str):
+    """The manifest entry of ``stream``: a stream's file name, or a path
+    (absolute, or relative to the working directory) to that file inside
+    the bundle; None if it names no stream of the bundle."""
+    import os
+    info = next((s for s in b.streams if s.file == stream), None)
+    if info is not None or os.sep not in stream:
+        return info
+    for s in b.streams:
+        try:
+            if os.path.samefile(stream, b.path / s.file):
+                return s
+        except OSError:
+            continue
+    return None
 
 
 def _raw_args(mappings) -> list[str]:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from hwtrace.cli import CliError
@@ -28,10 +29,21 @@ def register(subparsers) -> None:
                     "a trace bundle to DIR: the per-CPU or per-thread .pt streams "
                     "exactly as Intel PT hardware writes them, manifest.json and "
                     "sideband. The program's stdout, stderr and exit status pass "
-                    "through unchanged.")
-    p.add_argument("--engine", default="qemu", metavar="ENGINE",
-                   help="qemu (QEMU user mode, default), ptrace (native single "
-                        "stepping), perf (Intel PT hardware), auto")
+                    "through unchanged; hwtrace says on stderr what it wrote, and "
+                    "warns when a buffer filled or wrapped. Stop any time: Ctrl-C "
+                    "(SIGINT), SIGTERM or the end of --duration ends the recording -- "
+                    "a program hwtrace started is killed (with the processes it "
+                    "started), one it attached to (--pid) is detached and runs on -- "
+                    "and the bundle holds everything until then (exit status 130 "
+                    "after SIGINT, 143 after SIGTERM, 0 after --duration). SIGUSR2 "
+                    "takes a snapshot (qemu engine): the bundle is written at once and "
+                    "the program runs on untraced. If hwtrace itself is killed, DIR "
+                    "keeps what 'hwtrace recover DIR' needs; otherwise its working "
+                    "files are removed.")
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="qemu (QEMU user mode; the default for a PROGRAM), ptrace "
+                        "(native single stepping; the default with --pid), perf (Intel "
+                        "PT hardware), auto")
     p.add_argument("--mode", choices=("cpu", "thread"), default="cpu",
                    help="one stream per logical CPU (default) or per thread")
     p.add_argument("--num-chunks", type=int, metavar="N", help="chunks per buffer")
@@ -52,7 +64,17 @@ def register(subparsers) -> None:
     p.add_argument("--copy-images", action="store_true",
                    help="store the mapped executables in the bundle")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="bundle directory")
-    p.add_argument("--pid", type=int, help="attach to this running process")
+    p.add_argument("--pid", type=int, help="attach to this running process (ptrace "
+                   "engine); detach when it exits, at --duration's end or on Ctrl-C")
+    p.add_argument("--duration", type=float, metavar="S",
+                   help="stop after S seconds (see above)")
+    p.add_argument("--trigger", action="append", default=[], metavar="FUNC",
+                   help="snapshot mode (qemu engine): record into circular buffers and "
+                        "save them when function FUNC (a symbol of the program or of "
+                        "any shared library it loads) is first entered: the trace ends "
+                        "with FUNC's first instruction and the program runs on untraced. "
+                        "If FUNC is never entered, the bundle holds the end of the run "
+                        "(e.g. the path to a crash)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the program to run")
     p.set_defaults(func=run)
@@ -192,7 +214,6 @@ def _elf_relative(elf: str, begin, end) -> tuple[int, int, bool]:
 
 def run(args) -> int:
     from hwtrace.control.config import BufferConfig
-    from hwtrace.control.ctl import Mode
     from hwtrace.control.errors import TraceError
 
     prog = list(args.program)
@@ -202,12 +223,20 @@ def run(args) -> int:
         raise CliError("give a PROGRAM or --pid, not both")
     if args.pid is None and not prog:
         raise CliError("no program given (hwtrace record -o DIR -- PROGRAM ARGS...)")
+    engine = args.engine or ("ptrace" if args.pid is not None else "qemu")
+    if args.pid is not None and engine == "qemu":
+        raise CliError("the qemu engine cannot attach to a running process (it traces "
+                       "programs it starts); use --engine ptrace")
+    if args.duration is not None and not 0 <= args.duration < 1e9:
+        raise CliError("--duration must be a number of seconds >= 0")
+    triggers = list(getattr(args, "trigger", None) or [])
+    if triggers and engine != "qemu":
+        raise CliError(f"--trigger needs the qemu engine (engine {engine} can't stop "
+                       "tracing mid-run)")
+    for t in triggers:
+        if not re.fullmatch(r"[A-Za-z_.$@][A-Za-z0-9_.$@]*", t):
+            raise CliError(f"--trigger: {t!r} is not a function symbol name")
     out = Path(args.output)
-    try:
-        if (out / "manifest.json").exists():
-            raise CliError(f"{out} already holds a trace bundle")
-    except OSError as e:
-        raise CliError(f"{out}: {e.strerror}") from None
     num_chunks, chunk_order = buffer_geometry(args)
     ctl, cr3, ranges = parse_config(args.config)
 
@@ -227,87 +256,196 @@ def run(args) -> int:
             abs_ranges.append((b, e))
             if pie:
                 elf_ranges[n] = (os.path.realpath(elf), b, e)
-    engine = args.engine
     try:
         cfg = BufferConfig(num_chunks=num_chunks, chunk_order=chunk_order,
-                           is_circular=bool(args.circular), ctl=ctl, cr3_match=cr3,
-                           addr_ranges=tuple(abs_ranges))
+                           is_circular=bool(args.circular or triggers), ctl=ctl,
+                           cr3_match=cr3, addr_ranges=tuple(abs_ranges))
     except TraceError as e:
         raise CliError(e.message) from None
     try:
-        status = _record(engine, args, cfg, prog, out, elf_ranges)
+        status, ended = _record(engine, args, cfg, prog, out, elf_ranges,
+                                engine_options={"triggers": triggers} if triggers else None)
     except TraceError as e:
         raise CliError(e.message) from None
+    if ended.stop is not None:
+        from ._stop import EXIT_STATUS
+        return EXIT_STATUS.get(ended.stop, 0)
     if status < 0:
         return 128 - status
     return status
 
 
-def _record(engine, args, cfg, prog, out: Path, elf_ranges) -> int:
+class Ended:
+    """How a recording ended: ``stop`` the stop request's reason (SIGINT,
+    SIGTERM, SIGHUP, duration), ``snapshot`` the snapshot's, ``status``
+    the program's exit status (subprocess convention; None: still running
+    when the bundle was written)."""
+
+    def __init__(self, stop=None, snapshot=None, status=None, attached=None):
+        self.stop, self.snapshot, self.status, self.attached = stop, snapshot, status, attached
+
+    def text(self) -> str:
+        if self.snapshot is not None:
+            if self.status is None and self.stop is None:
+                return f"snapshot: {self.snapshot}; the program runs on untraced"
+            after = Ended(self.stop, None, self.status, self.attached).text()
+            return f"snapshot: {self.snapshot}; then, untraced, {after}"
+        if self.stop is not None:
+            how = "after --duration" if self.stop == "duration" else f"by {self.stop}"
+            if self.attached is not None:
+                return f"stopped {how}: detached from pid {self.attached}, which runs on"
+            return f"stopped {how}: the program was killed"
+        if self.status is None:
+            return "the program was still running"
+        if self.status < 0:
+            import signal
+            try:
+                name = signal.Signals(-self.status).name
+            except ValueError:
+                name = f"signal {-self.status}"
+            return f"the program died of {name}: the trace ends there"
+        return f"the program exited with status {self.status}"
+
+    def to_dict(self) -> dict:
+        return {"stop": self.stop, "snapshot": self.snapshot, "status": self.status,
+                "ended": self.text()}
+
+
+def check_output(out: Path) -> None:
+    """-o must not hold a bundle nor an unfinished recording."""
+    from hwtrace.control.recover import is_trace_dir
+    from hwtrace.engines.emulated.salvage import find_logs
+    try:
+        if (out / "manifest.json").exists():
+            raise CliError(f"{out} already holds a trace bundle")
+        if is_trace_dir(out) or find_logs(out):
+            raise CliError(f"{out} holds an unfinished recording (make it a bundle with "
+                           f"'hwtrace recover {out}', or remove it)")
+    except OSError as e:
+        raise CliError(f"{out}: {e.strerror}") from None
+
+
+def _record(engine, args, cfg, prog, out: Path, elf_ranges, *, work: Path | None = None,
+            engine_options=None, say: bool = True):
+    """Record into the bundle ``out``: (program status, :class:`Ended`).
+    While it runs the trace directory (buffers, the engine's working files,
+    sideband) is ``work`` (default: ``out`` itself, checked to hold no
+    bundle or recording); removed once the bundle is written, kept if the
+    writing is interrupted (for ``hwtrace recover``)."""
     import hwtrace
     from hwtrace.control.ctl import Mode
-    dev = hwtrace.open_device(engine=engine) if hasattr(hwtrace, "open_device") else None
-    if dev is None:
-        from hwtrace.control.device import open_device
-        dev = open_device(engine=engine)
-    made = False
+    from . import _record_report, _stop
+
+    if work is None:
+        work = out
+        check_output(out)
+    made = [p for p in (out, work) if not p.exists()]
+    dev = hwtrace.open_device(engine=engine, directory=work, **(engine_options or {}))
+    keep = ok = False
+    ended = Ended(attached=args.pid)
     try:
         eng = dev.engine
         if elf_ranges and hasattr(eng, "elf_ranges"):
             eng.elf_ranges = elf_ranges
         elif elf_ranges:
             raise CliError(f"engine {eng.name}: ELF-relative address ranges need the emulated engine")
-        if hasattr(eng, "log_dir"):
-            # the execution log lives in -o while the program runs (removed
-            # once the bundle is written): a recorder killed mid-trace leaves
-            # it where the user looks, not in /tmp
-            made = not out.exists()
-            try:
-                out.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise CliError(f"{out}: {e.strerror}") from None
-            eng.log_dir = str(out)
-            from hwtrace.engines.emulated.salvage import recorder_identity
-            # and, next to it, how this recording makes its bundle, for
-            # 'hwtrace recover' if the recorder is killed before it does
-            eng.log_meta = {"format": "hwtrace-recording", "version": 1,
-                            "mode": args.mode, "config": cfg.to_dict(),
-                            "num_cpus": dev.num_cpus, "copy_images": bool(args.copy_images),
-                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()},
-                            "recorder": recorder_identity(os.getpid())}
-        if args.mode == "cpu":
-            dev.set_mode(Mode.CPU)
-            descs = [dev.alloc_buffer(cfg) for _ in range(dev.num_cpus)]
-            dev.cpu_mode_alloc()
-            dev.cpu_mode_start()
-            try:
-                status = (dev.attach(args.pid) if args.pid is not None else dev.run(prog))
-            finally:
-                dev.cpu_mode_stop()
-        else:
-            dev.set_mode(Mode.THREAD)
-            descs = []
-            status = (dev.attach(args.pid, follow_threads=cfg) if args.pid is not None
-                      else dev.run(prog, follow_threads=cfg))
-        dev.save_bundle(out)
-        _finish_bundle(out, eng, args.copy_images)
-        return status
-    except BaseException:
-        if made:
-            try:
-                out.rmdir()     # made for the execution log, still empty
-            except OSError:
-                pass
-        raise
+        if hasattr(eng, "log_meta"):
+            # with the mode, buffers and CPU count the device gives, how
+            # 'hwtrace recover' makes this bundle if hwtrace is killed
+            eng.log_meta = {"copy_images": bool(args.copy_images),
+                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()}}
+
+        def on_snapshot(reason):
+            ended.snapshot = reason
+            _write(dev, out, eng, args.copy_images, ended)
+            if say:
+                _record_report.say(_bundle(out), ended.text())
+
+        duration = getattr(args, "duration", None)
+        with _stop.Steering(dev, can_snapshot=eng.can_snapshot) as steer:
+            if args.mode == "cpu":
+                dev.set_mode(Mode.CPU)
+                for _ in range(dev.num_cpus):
+                    dev.alloc_buffer(cfg)
+                dev.cpu_mode_alloc()
+                dev.cpu_mode_start()
+                try:
+                    status = (dev.attach(args.pid, duration=duration) if args.pid is not None
+                              else dev.run(prog, duration=duration, on_snapshot=on_snapshot))
+                finally:
+                    dev.cpu_mode_stop()
+            else:
+                dev.set_mode(Mode.THREAD)
+                status = (dev.attach(args.pid, duration=duration, follow_threads=cfg)
+                          if args.pid is not None else
+                          dev.run(prog, follow_threads=cfg, duration=duration,
+                                  on_snapshot=on_snapshot))
+            steer.writing()
+            ended.stop, ended.status = dev.stop_reason, status
+            if ended.snapshot is None:
+                _write(dev, out, eng, args.copy_images, ended)
+            else:
+                _set_ended(out, ended)
+        ok = True
+    except KeyboardInterrupt:
+        keep = True
+        raise CliError(f"interrupted: the bundle was not written; 'hwtrace recover {out}' "
+                       f"makes it from what was recorded", 130) from None
     finally:
-        dev.close()
+        dev.close(discard=not keep)
+        if not ok and not keep:
+            for p in made:
+                try:
+                    p.rmdir()       # made for this recording, and empty again
+                except OSError:
+                    pass
+        elif ok and work != out:
+            shutil.rmtree(work, ignore_errors=True)
+    if say and ended.snapshot is None:
+        _record_report.say(_bundle(out), ended.text())
+        triggers = (engine_options or {}).get("triggers")
+        if triggers:
+            print(f"hwtrace: the trigger ({', '.join(triggers)}) was never entered: the "
+                  f"bundle holds the end of the run", file=sys.stderr)
+    return status, ended
 
 
-def _finish_bundle(out: Path, eng, copy_images: bool) -> None:
-    """Record resolved address ranges and copy the images (manifest edit)."""
+def _bundle(out: Path):
+    from hwtrace.bundle import Bundle
+    return Bundle.open(out)
+
+
+def _write(dev, out: Path, eng, copy_images: bool, ended: Ended) -> None:
+    dev.save_bundle(out)
+    _finish_bundle(out, eng, copy_images, ended)
+
+
+def _set_ended(out: Path, ended: Ended) -> None:
+    """Record how the run ended in the manifest (its program ended after a snapshot)."""
+    _edit_manifest(out, lambda man: man.__setitem__("recording", ended.to_dict()))
+
+
+def _edit_manifest(out: Path, edit) -> None:
+    mpath = out / "manifest.json"
+    man = json.loads(mpath.read_text())
+    edit(man)
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(man, indent=1) + "\n")
+    os.replace(tmp, mpath)
+
+
+def _finish_bundle(out: Path, eng, copy_images: bool, ended: Ended | None = None) -> None:
+    """Record resolved address ranges, how the recording ended, and copy the
+    images (manifest edit)."""
     from hwtrace.bundle import Bundle
     mpath = out / "manifest.json"
     man = json.loads(mpath.read_text())
+    if ended is not None:
+        man["recording"] = ended.to_dict()
+        if getattr(eng, "generator", ""):
+            # which generator made the streams: "compiled", or "python" (the
+            # reference, far slower: e.g. a signal handler ran)
+            man["recording"]["generator"] = eng.generator
     resolved = getattr(eng, "resolved_ranges", None)
     if resolved:
         for where in [man.get("config")] + [s.get("config") for s in man.get("streams", [])]:

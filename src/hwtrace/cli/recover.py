@@ -19,10 +19,11 @@ def register(subparsers) -> None:
                     "their persisted ToPA output registers) and sideband, and "
                     "write a bundle: one stream per CPU or thread, oldest byte "
                     "first, a wrapped circular buffer from its first PSB. "
-                    "A 'hwtrace record -o DIR' killed mid-trace leaves instead "
-                    "the execution log (DIR/hwtrace-xlog-*/exec.xlog): the bundle "
-                    "is then generated from it as the recorder would have, up to "
-                    "its last whole record, with the recorder's settings.")
+                    "A collector of the emulated engines ('hwtrace record -o DIR', or "
+                    "the Python API) killed mid-trace leaves instead the execution "
+                    "log (DIR/hwtrace-xlog-*/exec.xlog): the bundle is then generated "
+                    "from it as the collector would have, up to its last whole "
+                    "record, with the collector's settings.")
     p.add_argument("directory", metavar="DIR", help="the trace directory")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the bundle here (default: into DIR itself)")
@@ -38,10 +39,11 @@ def run(args) -> int:
     from hwtrace.engines.emulated.salvage import find_logs
     if not os.path.isdir(args.directory):
         raise CliError(f"recover: {args.directory}: no such directory")
-    if not is_trace_dir(args.directory):
-        logs = find_logs(args.directory)
-        if logs:
-            return _salvage(args, logs)
+    logs = find_logs(args.directory)
+    if logs:
+        # an emulated engine's collector died before it generated the
+        # streams (its buffers are empty): generate them from the log
+        return _salvage(args, logs)
     return _trace_dir(args)
 
 
@@ -110,12 +112,17 @@ def _salvage(args, logs: list[Path]) -> int:
                 buffer_size=None, num_chunks=None, chunk_order=None))
             ctl, cr3, _ = record.parse_config(record.DEFAULT_CONFIG)
             cfg = BufferConfig(num_chunks=num_chunks, chunk_order=order, ctl=ctl, cr3_match=cr3)
-        with tempfile.TemporaryDirectory(prefix="hwtrace-salvage-") as scratch:
-            prep = salvage.prepare(log, scratch, live=live is not None)
+        out.mkdir(parents=True, exist_ok=True)
+        # scratch space in the output directory, not in $TMPDIR
+        with tempfile.TemporaryDirectory(prefix="hwtrace-salvage-", dir=out) as scratch:
+            prep = salvage.prepare(log, Path(scratch) / "log", live=live is not None)
             eng = salvage.ReplayEngine(prep.path, prep.source, st.num_cpus or None, st.exe)
             rec_args = argparse.Namespace(mode=st.mode, pid=None,
                                           copy_images=bool(getattr(args, "copy_images", False)))
-            record._record(eng, rec_args, cfg, [str(log)], out, st.elf_ranges)
+            record._record(eng, rec_args, cfg, [str(log)], out, st.elf_ranges,
+                           work=Path(scratch) / "trace", say=False)
+        if live is None and _same(out, args.directory):
+            _drop_dead_trace_files(out)
         _mark(out, log, prep, st)
         b = Bundle(out)
         old = None
@@ -146,6 +153,20 @@ def _salvage(args, logs: list[Path]) -> int:
     for other in logs[:-1]:
         print(f"  older execution log not used: {other}")
     return 0
+
+
+def _drop_dead_trace_files(d: Path) -> None:
+    """The dead collector's device file and (never filled) buffers: the
+    log they would have been generated from is kept, they are not."""
+    import shutil
+    from hwtrace.control.storage import BUFFER_PREFIX, DEVICE_FILE
+    for p in d.glob(BUFFER_PREFIX + "*"):
+        if p.is_dir() and not p.is_symlink() and p.name[len(BUFFER_PREFIX):].isdigit():
+            shutil.rmtree(p, ignore_errors=True)
+    for name in (DEVICE_FILE, DEVICE_FILE + ".tmp"):
+        p = d / name
+        if p.is_file() and not p.is_symlink():
+            p.unlink()
 
 
 def _same(a, b) -> bool:

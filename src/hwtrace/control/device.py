@@ -17,12 +17,18 @@
 Every operation checks the state table of :mod:`.states` first; failures are
 :class:`TraceError` with the spec's status, and leave the device as it was.
 Buffers live in the trace directory (:mod:`.storage`); it is a temporary
-directory removed by :meth:`Device.close` unless one was given.
+directory removed by :meth:`Device.close` unless one was given. An engine
+keeps its working files (e.g. an execution log) there too, so a collector
+killed mid-run leaves what ``hwtrace recover`` needs.
+
+A running ``run``/``attach`` can be asked to stop (:meth:`Device.request_stop`)
+or to take a snapshot (:meth:`Device.request_snapshot`: the trace so far is
+written to the buffers, ``on_snapshot`` runs -- typically ``save_bundle`` --
+and the workload goes on untraced), from another thread or a signal handler.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -34,10 +40,12 @@ from typing import Any, Mapping, Sequence
 from hwtrace.topa import STATUS_ERROR, linearize
 
 from .config import BufferConfig, validate
-from .ctl import Mode
+from .ctl import Ctl, Mode
 from .errors import Status, TraceError, invalid, not_supported
-from .states import Op, State, check, is_tracing
-from .storage import DEVICE_FILE, SIDEBAND_FILE, BufferStore, write_json
+from . import collector
+from .session import Requests, Session
+from .states import BufferState, Op, State, check, check_buffer, is_tracing
+from .storage import BUFFER_PREFIX, DEVICE_FILE, SIDEBAND_FILE, BufferStore, write_json
 
 DEFAULT_MAX_BUFFERS = 256
 
@@ -66,15 +74,6 @@ class BufferInfo:
     error: bool = False
 
 
-def _lock_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    d = Path(base) / f"hwtrace-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid():
-        raise TraceError(Status.NO_RESOURCES, f"lock directory {d} is not this user's")
-    return d
-
 
 def open_device(engine: Any = "auto", *, directory: str | os.PathLike | None = None,
                 max_buffers: int = DEFAULT_MAX_BUFFERS, memory_limit: int | None = None,
@@ -86,7 +85,8 @@ def open_device(engine: Any = "auto", *, directory: str | os.PathLike | None = N
     ``directory``: the trace directory (kept after close; default: a
     temporary one, removed by close). One opener at a time: a second open
     while one is open fails with ALREADY_BOUND (machine-wide for hardware
-    engines, per process otherwise). No PT or no ToPA output: NOT_SUPPORTED.
+    engines, per process otherwise; ``lock_path``: a lock file of your
+    choice). No PT or no ToPA output: NOT_SUPPORTED.
     """
     from hwtrace.engines.base import Engine
     if isinstance(engine, Engine):
@@ -106,48 +106,42 @@ def open_device(engine: Any = "auto", *, directory: str | os.PathLike | None = N
             raise not_supported(f"engine {eng.name}: no Intel PT")
         if not caps.topa_output:
             raise not_supported(f"engine {eng.name}: no ToPA output")
-        if lock_path is None:
-            lock_path = _lock_dir() / (f"device-{eng.name}.lock" if eng.machine_wide
-                                       else f"device-{os.getpid()}.lock")
-        lock_fd = _take_lock(Path(lock_path))
+        lock = collector.take(eng.name, eng.machine_wide, lock_path)
     except BaseException:
         eng.close()
         raise
     try:
-        return Device(eng, lock_fd, Path(lock_path), directory, max_buffers, memory_limit)
+        return Device(eng, lock, directory, max_buffers, memory_limit)
     except BaseException:
-        os.close(lock_fd)
+        lock.release()
         eng.close()
         raise
 
-
-def _take_lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise TraceError(Status.ALREADY_BOUND, f"the device is already open ({path})") from None
-    return fd
 
 
 class _Buffer:
-    __slots__ = ("d", "store", "cpu", "tid", "pid", "stream_cpu", "stream_tid")
+    __slots__ = ("d", "store", "state", "cpu", "tid", "pid", "stream_cpu", "stream_tid")
 
     def __init__(self, d: int, store: BufferStore):
         self.d, self.store = d, store
+        self.state = BufferState.UNBOUND               # per the buffer table of .states
         self.cpu = self.tid = self.pid = None          # current binding
         self.stream_cpu = self.stream_tid = None       # what its bytes belong to
+
+    def go(self, op: Op) -> BufferState:
+        """The buffer's state after ``op`` (BAD_STATE from the table)."""
+        whom = (f"(CPU {self.cpu})" if self.cpu is not None
+                else f"(thread {self.tid})" if self.tid is not None else "")
+        return check_buffer(self.state, op, self.d, whom)
 
 
 class Device:
     """The opened device (see the module doc). Use :func:`open_device`."""
 
-    def __init__(self, engine, lock_fd: int, lock_path: Path, directory, max_buffers: int,
+    def __init__(self, engine, lock: "collector.Lock", directory, max_buffers: int,
                  memory_limit: int | None):
         self.engine = engine
-        self._lock_fd = lock_fd
-        self._lock_path = lock_path
+        self._lock = lock
         self._own_dir = directory is None
         if directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix="hwtrace-trace-"))
@@ -169,7 +163,7 @@ class Device:
         self._buffers: dict[int, _Buffer] = {}
         self._threads: dict[int, int] = {}             # tid -> descriptor
         self._cpu_state: list[int] | None = None       # per-CPU: descriptor
-        self._stop = threading.Event()
+        self.requests = Requests()
         self.untraced_threads: list[int] = []
         from hwtrace.bundle import SidebandWriter
         self._sideband = SidebandWriter(self.directory / SIDEBAND_FILE)
@@ -182,7 +176,8 @@ class Device:
     # ------------------------------------------------------------ basics
     @property
     def mode(self) -> Mode:
-        return Mode.THREAD if self._state in (State.THREAD_IDLE, State.THREAD_TRACING) else Mode.CPU
+        return Mode.THREAD if self._state in (State.THREAD_IDLE, State.THREAD_TRACING,
+                                              State.THREAD_SNAPSHOT) else Mode.CPU
 
     @property
     def state(self) -> State:
@@ -205,6 +200,7 @@ class Device:
             "engine": self.engine.name, "mode": self.mode.name.lower(),
             "num_cpus": self.num_cpus, "capabilities": self.capabilities.to_dict(),
             "cpu": self.cpu_info.to_dict(), "engine_info": dict(self.engine.describe()),
+            "collector": collector.identity(os.getpid()),
         })
 
     def _buffer(self, d: Any) -> _Buffer:
@@ -223,7 +219,10 @@ class Device:
                 pass
         if m is None:
             raise invalid(f"unknown mode {mode!r}")
-        nxt = self._go(Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD)
+        op = Op.SET_MODE_CPU if m == Mode.CPU else Op.SET_MODE_THREAD
+        nxt = self._go(op)
+        for b in self._buffers.values():
+            b.go(op)
         if m not in self.engine.modes:
             raise not_supported(f"engine {self.engine.name} has no {m.name.lower()} mode")
         changed = nxt != self._state
@@ -235,7 +234,7 @@ class Device:
     def alloc_buffer(self, config: Any) -> int:
         """Validate ``config``, build its ToPA and files; the lowest free descriptor."""
         self._go(Op.ALLOC_BUFFER)
-        cfg = validate(config, self.capabilities, self.mode)
+        cfg = self._validate(config)
         if self.mode == Mode.CPU:
             sizes = {b.store.config.total_size for b in self._buffers.values()}
             if sizes and cfg.total_size not in sizes:
@@ -249,6 +248,16 @@ class Device:
                 raise TraceError(Status.NO_MEMORY, "buffer memory limit reached")
         self._buffers[d] = _Buffer(d, BufferStore.create(self.directory, d, cfg))
         return d
+
+    def _validate(self, config: Any) -> BufferConfig:
+        """The spec's checks, then what this engine can't do: an engine that
+        sees user-mode execution only refuses the OS bit here, not when
+        the workload starts."""
+        cfg = validate(config, self.capabilities, self.mode)
+        if cfg.ctl & Ctl.OS and not self.engine.kernel_tracing:
+            raise not_supported(f"engine {self.engine.name} sees user-mode execution "
+                                "only: no OS (kernel) tracing")
+        return cfg
 
     def get_buffer_config(self, d: int) -> BufferConfig:
         self._go(Op.GET_BUFFER_CONFIG)
@@ -300,19 +309,17 @@ class Device:
         return len(data)
 
     def free_buffer(self, d: int) -> None:
-        """Free a buffer and its files; BAD_STATE while tracing or assigned."""
+        """Free a buffer and its files; BAD_STATE while tracing, bound to a
+        CPU (until cpu_mode_free) or assigned to a thread."""
         self._go(Op.FREE_BUFFER)
         b = self._buffer(d)
-        if b.tid is not None:
-            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        b.go(Op.FREE_BUFFER)
         try:
             b.store.remove()
         except OSError as e:
             raise TraceError(Status.BAD_STATE, f"buffer {d} could not be freed "
                              f"({e.strerror or e}); it stays allocated") from None
         del self._buffers[d]
-        if self._cpu_state is not None:
-            self._cpu_state = [x if x != d else -1 for x in self._cpu_state]
 
     # ------------------------------------------------------------ cpu mode
     def cpu_mode_alloc(self) -> None:
@@ -324,8 +331,10 @@ class Device:
         missing = [c for c in range(self.num_cpus) if c not in self._buffers]
         if missing:
             raise TraceError(Status.BAD_STATE, f"CPU {missing[0]} has no buffer")
+        bound = [self._buffers[c].go(Op.CPU_MODE_START) for c in range(self.num_cpus)]
         for c in range(self.num_cpus):
             b = self._buffers[c]
+            b.state = bound[c]
             b.cpu = b.stream_cpu = c
             b.store.set_binding(cpu=c, tid=None, pid=None)
             b.store.unit.enable()
@@ -344,6 +353,8 @@ class Device:
         """Free per-CPU state only; buffers stay until free_buffer."""
         nxt = self._go(Op.CPU_MODE_FREE)
         for b in self._buffers.values():
+            if b.state == BufferState.CPU_BOUND:
+                b.state = b.go(Op.CPU_MODE_FREE)
             b.cpu = None
         self._cpu_state = None
         self._state = nxt
@@ -355,14 +366,14 @@ class Device:
         b = self._buffer(d)
         if isinstance(tid, bool) or not isinstance(tid, int) or not 0 < tid < 1 << 32:
             raise invalid(f"bad thread id {tid!r}")
-        if b.tid is not None:
-            raise TraceError(Status.BAD_STATE, f"buffer {d} is assigned to thread {b.tid}")
+        b.go(Op.ASSIGN_THREAD_BUFFER)
         if tid in self._threads:
             raise TraceError(Status.BAD_STATE,
                              f"thread {tid} already has buffer {self._threads[tid]}")
         self._bind_thread(b, tid, None)
 
     def _bind_thread(self, b: _Buffer, tid: int, pid: int | None) -> None:
+        b.state = b.go(Op.ASSIGN_THREAD_BUFFER)
         b.tid = b.stream_tid = tid
         b.pid = pid
         self._threads[tid] = b.d
@@ -374,51 +385,88 @@ class Device:
         b = self._buffer(d)
         if b.tid != tid or isinstance(tid, bool):
             raise invalid(f"buffer {d} is not assigned to thread {tid!r}")
+        b.state = b.go(Op.RELEASE_THREAD_BUFFER)
         del self._threads[tid]
         b.tid = None
 
     # ------------------------------------------------------------ running
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-            cwd: str | None = None, follow_threads: BufferConfig | None = None) -> int:
+            cwd: str | None = None, follow_threads: BufferConfig | None = None,
+            duration: float | None = None, on_snapshot=None) -> int:
         """Run a workload while tracing; returns its exit status.
 
         cpu mode: between cpu_mode_start and cpu_mode_stop. thread mode: the
         threads with assigned buffers are traced; with ``follow_threads`` a
         BufferConfig, every other thread that appears gets a buffer of that
         config (``thread_buffers`` tells which); untraced threads are listed
-        in ``untraced_threads``.
+        in ``untraced_threads``. ``duration``: stop after that many seconds
+        (as :meth:`request_stop` does). ``on_snapshot(reason)``: called when
+        the engine took a snapshot (see :meth:`request_snapshot`), with the
+        buffers readable and ``save_bundle`` allowed.
         """
         if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)) or not argv \
                 or not all(isinstance(a, (str, bytes, os.PathLike)) for a in argv):
             raise invalid("argv must be a non-empty list of strings")
         args = [os.fsdecode(a) for a in argv]
         return self._traced(lambda s: self.engine.run(s, args, env=env, cwd=cwd),
-                            follow_threads)
+                            follow_threads, duration, on_snapshot)
 
     def attach(self, pid: int, *, duration: float | None = None,
-               follow_threads: BufferConfig | None = None) -> int:
-        """Trace the running process ``pid`` (see :meth:`run`)."""
+               follow_threads: BufferConfig | None = None, on_snapshot=None) -> int:
+        """Trace the running process ``pid`` (see :meth:`run`); at the end
+        (it exits, ``duration`` passes, a stop is requested) the engine
+        detaches and the process runs on."""
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise invalid(f"bad pid {pid!r}")
         return self._traced(lambda s: self.engine.attach(s, pid, duration=duration),
-                            follow_threads)
+                            follow_threads, duration, on_snapshot)
 
-    def request_stop(self) -> None:
-        """Ask a running ``run``/``attach`` to end tracing early (thread-safe)."""
-        self._stop.set()
+    def request_stop(self, reason: str = "requested") -> None:
+        """Ask a running ``run``/``attach`` to end tracing now (thread-safe,
+        fine from a signal handler): a launched workload is ended, an
+        attached one detached, and the trace so far kept. ``reason`` is
+        what ``stop_reason`` then says."""
+        self.requests.stop(reason)
 
-    def _traced(self, body, follow_threads) -> int:
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the last run was asked to stop (None: it wasn't)."""
+        return self.requests.stop_reason
+
+    def request_snapshot(self, reason: str = "requested") -> None:
+        """Ask a running ``run`` to take a snapshot now: the engine writes
+        the trace so far into the buffers and stops tracing, the run's
+        ``on_snapshot`` is called, and the workload goes on untraced.
+        Engines that can't do this mid-run ignore it."""
+        self.requests.snapshot(reason)
+
+    @property
+    def snapshot_taken(self) -> str | None:
+        """The reason of the snapshot the last run took (None: none)."""
+        return self.requests.snapshot_taken
+
+    def _traced(self, body, follow_threads, duration=None, on_snapshot=None) -> int:
         nxt = self._go(Op.RUN)
         if follow_threads is not None:
-            validate(follow_threads, self.capabilities, self.mode)
-        self._stop.clear()
+            self._validate(follow_threads)
+        if duration is not None and not (isinstance(duration, (int, float))
+                                         and not isinstance(duration, bool) and duration >= 0):
+            raise invalid(f"bad duration {duration!r}")
+        self.requests.reset()
         self.untraced_threads = []
         before = self._state
         self._state = nxt
-        session = _Session(self, follow_threads)
+        session = Session(self, follow_threads, on_snapshot)
+        timer = None
+        if duration is not None:
+            timer = threading.Timer(duration, self.requests.stop, ("duration",))
+            timer.daemon = True
+            timer.start()
         try:
             return body(session)
         finally:
+            if timer is not None:
+                timer.cancel()
             for b in session.enabled:
                 if b.store.unit is not None:
                     b.store.unit.disable()
@@ -439,8 +487,12 @@ class Device:
         except RecoverError as e:
             raise invalid(str(e)) from None
 
-    def close(self) -> None:
-        """Stop tracing if needed, release everything, drop the lock."""
+    def close(self, *, discard: bool = False) -> None:
+        """Stop tracing if needed, release everything, drop the lock.
+        ``discard``: also remove the trace directory's own files (device
+        file, buffers, and the sideband unless a bundle saved in place
+        uses it) from a directory given at open (a temporary one always
+        goes)."""
         if self._state == State.CLOSED:
             return
         self._state = State.CLOSED
@@ -451,14 +503,12 @@ class Device:
             for b in self._buffers.values():
                 b.store.close()
             self._buffers.clear()
+            self.requests.close()
             if self._own_dir:
                 shutil.rmtree(self.directory, ignore_errors=True)
-            os.close(self._lock_fd)
-            if self._lock_path.name == f"device-{os.getpid()}.lock":
-                try:
-                    self._lock_path.unlink()
-                except OSError:
-                    pass
+            elif discard:
+                _discard(self.directory)
+            self._lock.release()
 
     def __enter__(self) -> "Device":
         return self
@@ -474,52 +524,17 @@ class Device:
                 pass
 
 
-class _Session:
-    """What the engine sees during run/attach (hwtrace.engines.base.Session)."""
-
-    def __init__(self, dev: Device, follow: BufferConfig | None):
-        self._dev = dev
-        self._follow = follow
-        self.mode = dev.mode
-        self.num_cpus = dev.num_cpus
-        self.sideband = dev._sideband
-        self.enabled: list[_Buffer] = []
-
-    def cpu_output(self, cpu: int):
-        dev = self._dev
-        if self.mode != Mode.CPU:
-            raise TraceError(Status.BAD_STATE, "cpu_output in thread mode")
-        if isinstance(cpu, bool) or not isinstance(cpu, int) or not 0 <= cpu < dev.num_cpus:
-            raise invalid(f"no CPU {cpu!r}")
-        return dev._buffers[dev._cpu_state[cpu]].store.output
-
-    def thread_output(self, tid: int, pid: int, parent_tid: int = 0):
-        dev = self._dev
-        if self.mode != Mode.THREAD:
-            raise TraceError(Status.BAD_STATE, "thread_output in cpu mode")
-        d = dev._threads.get(tid)
-        if d is None and self._follow is not None:
-            try:
-                d = dev.alloc_buffer(self._follow)
-            except TraceError:
-                d = None
-            else:
-                dev._bind_thread(dev._buffers[d], tid, pid)
-        if d is None:
-            dev.untraced_threads.append(tid)
-            return None
-        b = dev._buffers[d]
-        if b.pid is None and pid:
-            b.pid = pid
-            b.store.set_binding(pid=pid)
-        b.store.unit.enable()
-        self.enabled.append(b)
-        return b.store.output
-
-    def thread_exited(self, tid: int) -> None:
-        d = self._dev._threads.get(tid)
-        if d is not None:
-            self._dev._buffers[d].store.unit.disable()
-
-    def should_stop(self) -> bool:
-        return self._dev._stop.is_set()
+def _discard(directory: Path) -> None:
+    """Remove a trace directory's own files, leaving anything else."""
+    from hwtrace.bundle import MANIFEST
+    for p in directory.glob(BUFFER_PREFIX + "*"):
+        if p.is_dir() and not p.is_symlink() and p.name[len(BUFFER_PREFIX):].isdigit():
+            shutil.rmtree(p, ignore_errors=True)
+    names = [DEVICE_FILE, DEVICE_FILE + ".tmp"]
+    if not (directory / MANIFEST).exists():
+        names.append(SIDEBAND_FILE)
+    for name in names:
+        try:
+            (directory / name).unlink()
+        except OSError:
+            pass

@@ -101,7 +101,7 @@ def write_bundle(trace_dir: str | os.PathLike, out: str | os.PathLike, *,
                          pid=pid if isinstance(pid, int) else None,
                          instructions_observed=r.instructions, capture_end=ce,
                          wrapped=r.wrapped, stopped=r.stopped, lost_bytes=r.lost,
-                         config=s.config)
+                         generated_bytes=r.stored + r.lost, config=s.config)
         sb = src / SIDEBAND_FILE
         if sb.is_file() and not sb.is_symlink():   # never read through a planted link
             seen: set[str] = set()

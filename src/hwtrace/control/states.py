@@ -1,9 +1,11 @@
-"""The device's legal state transitions: one table, checked in one place.
+"""The device's legal state transitions: two tables, checked in one place.
 
-Every device operation calls :func:`check` with the current state and the
-operation; an operation missing from the state's row is refused with
-``BAD_STATE`` here and nowhere else. (Argument and resource checks -- bad
-descriptors, a CPU without a buffer -- are the operations' own.)
+Every device operation calls :func:`check` with the device's state and the
+operation, and :func:`check_buffer` with the state of each buffer it
+touches (unbound, bound to a CPU, assigned to a thread); an operation
+missing from a state's row is refused with ``BAD_STATE`` here and nowhere
+else. (Argument and resource checks -- bad descriptors, a CPU without a
+buffer, a thread that already has one -- are the operations' own.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class State(Enum):
     CPU_TRACING = "cpu mode, tracing"
     THREAD_IDLE = "thread mode"
     THREAD_TRACING = "thread mode, tracing"
+    CPU_SNAPSHOT = "cpu mode, a snapshot of the running workload"
+    THREAD_SNAPSHOT = "thread mode, a snapshot of the running workload"
     CLOSED = "closed"
 
 
@@ -39,6 +43,8 @@ class Op(StrEnum):
     RELEASE_THREAD_BUFFER = "release_thread_buffer"
     RUN = "run"            # start of dev.run / dev.attach
     RUN_END = "run end"    # its end
+    SNAPSHOT = "snapshot"              # the engine stopped tracing mid-run: buffers readable
+    SNAPSHOT_END = "snapshot end"      # back to the run (the workload goes on untraced)
     SAVE = "save_bundle"
 
 
@@ -62,6 +68,11 @@ TRANSITIONS: dict[State, dict[Op, State | None]] = {
     S.CPU_TRACING: {
         O.ALLOC_BUFFER: None, O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_HANDLE: None,
         O.CPU_MODE_STOP: S.CPU_ALLOCATED, O.RUN: None, O.RUN_END: None,
+        O.SNAPSHOT: S.CPU_SNAPSHOT,
+    },
+    S.CPU_SNAPSHOT: {
+        O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_INFO: None, O.GET_BUFFER_HANDLE: None,
+        O.READ_BUFFER: None, O.SAVE: None, O.SNAPSHOT_END: S.CPU_TRACING,
     },
     S.THREAD_IDLE: {
         **_BUFFER_OPS,
@@ -72,7 +83,11 @@ TRANSITIONS: dict[State, dict[Op, State | None]] = {
     S.THREAD_TRACING: {
         O.ALLOC_BUFFER: None, O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_HANDLE: None,
         O.GET_BUFFER_INFO: None, O.READ_BUFFER: None, O.ASSIGN_THREAD_BUFFER: None,
-        O.RUN_END: S.THREAD_IDLE,
+        O.RUN_END: S.THREAD_IDLE, O.SNAPSHOT: S.THREAD_SNAPSHOT,
+    },
+    S.THREAD_SNAPSHOT: {
+        O.GET_BUFFER_CONFIG: None, O.GET_BUFFER_INFO: None, O.GET_BUFFER_HANDLE: None,
+        O.READ_BUFFER: None, O.SAVE: None, O.SNAPSHOT_END: S.THREAD_TRACING,
     },
     S.CLOSED: {},
 }
@@ -84,8 +99,40 @@ _WHY: dict[State, str] = {
     S.CPU_TRACING: "while tracing",
     S.THREAD_IDLE: "in thread mode",
     S.THREAD_TRACING: "while tracing",
+    S.CPU_SNAPSHOT: "during a snapshot",
+    S.THREAD_SNAPSHOT: "during a snapshot",
     S.CLOSED: "on a closed device",
 }
+
+
+class BufferState(Enum):
+    UNBOUND = "unbound"
+    CPU_BOUND = "bound to a CPU"              # from cpu_mode_start to cpu_mode_free
+    THREAD_ASSIGNED = "assigned to a thread"  # from assign_thread_buffer to release
+
+
+B = BufferState
+#: buffer state -> {operation: next buffer state (None: unchanged)}. An
+#: operation not listed for any state doesn't concern buffers. The spec:
+#: free_buffer is BAD_STATE while a buffer is "tracing or assigned" -- a
+#: buffer stays bound to its CPU after cpu_mode_stop (its STATUS and output
+#: pointers are that CPU's) until cpu_mode_free; and the mode can't change
+#: under a buffer assigned to a thread (it would stay assigned in cpu
+#: mode, where it can be neither released nor freed).
+BUFFER_TRANSITIONS: dict[BufferState, dict[Op, BufferState | None]] = {
+    B.UNBOUND: {
+        O.FREE_BUFFER: None, O.CPU_MODE_START: B.CPU_BOUND,
+        O.ASSIGN_THREAD_BUFFER: B.THREAD_ASSIGNED,
+        O.SET_MODE_CPU: None, O.SET_MODE_THREAD: None,
+    },
+    B.CPU_BOUND: {
+        O.CPU_MODE_FREE: B.UNBOUND, O.SET_MODE_CPU: None,
+    },
+    B.THREAD_ASSIGNED: {
+        O.RELEASE_THREAD_BUFFER: B.UNBOUND, O.SET_MODE_THREAD: None,
+    },
+}
+_BUFFER_OPS_ALL = frozenset(op for row in BUFFER_TRANSITIONS.values() for op in row)
 
 
 def check(state: State, op: Op) -> State:
@@ -99,3 +146,17 @@ def check(state: State, op: Op) -> State:
 
 def is_tracing(state: State) -> bool:
     return state in (S.CPU_TRACING, S.THREAD_TRACING)
+
+
+def check_buffer(state: BufferState, op: Op, d: int, whom: str = "") -> BufferState:
+    """The state of buffer ``d`` after ``op``; TraceError BAD_STATE if the
+    operation is not allowed on a buffer in ``state`` (``whom``: the CPU or
+    thread it is bound to, for the message)."""
+    if op not in _BUFFER_OPS_ALL:
+        return state
+    row = BUFFER_TRANSITIONS[state]
+    if op not in row:
+        raise bad_state(f"{op} is not allowed while buffer {d} is {state.value}"
+                        + (f" {whom}" if whom else ""))
+    nxt = row[op]
+    return state if nxt is None else nxt

@@ -41,7 +41,22 @@ The session
   its CR3, ``Thread``, ``Mmap`` with file/offset/build-id, ``Switch``,
   ``Exit``) via ``.add(record)``; they are on disk as soon as added.
 * ``session.should_stop()`` becomes true when the user asked to stop
-  (e.g. ``dev.request_stop()``); stop tracing, let or make the workload end.
+  (``dev.request_stop(reason)``: Ctrl-C, SIGTERM, the end of a duration;
+  ``session.stop_reason`` says which): end a launched workload (or detach
+  from an attached one) and keep the trace so far. ``session.wake_fd``
+  becomes readable on every request (wait on it with the workload's
+  process; ``session.drain_wake()`` after waking), so no polling is needed.
+* ``session.snapshot_requested()`` returns the reason of a snapshot request
+  (``dev.request_snapshot``: SIGUSR2, a trigger) once: an engine that can
+  write the trace so far and stop tracing while the workload goes on does
+  so, then calls ``session.snapshot_taken(reason)`` (the user's
+  ``on_snapshot`` saves the bundle then) and writes nothing more.
+* ``session.work_dir`` is a directory inside the trace directory for the
+  engine's working files (an execution log to generate the streams from):
+  a collector killed mid-run leaves them where ``hwtrace recover`` looks;
+  remove them once the streams are written. ``session.recovery_settings()``
+  is what to keep with them (mode, buffer configuration, CPU count, the
+  collector's identity) so recover can make the streams the same way.
 
 Each :class:`Output` carries its buffer's configuration — ``ctl`` (the
 caller's bits plus ``TOPA | TRACE_EN``), ``cr3_match``, ``addr_ranges``,
@@ -137,6 +152,22 @@ class Session(Protocol):
     def should_stop(self) -> bool:
         """True once tracing should end early."""
 
+    work_dir: "Any"
+    wake_fd: int
+    stop_reason: str | None
+
+    def drain_wake(self) -> None:
+        """Consume the wake-ups of :attr:`wake_fd`."""
+
+    def snapshot_requested(self) -> str | None:
+        """A pending snapshot request's reason (consumed), or None."""
+
+    def snapshot_taken(self, reason: str) -> None:
+        """The trace so far is in the outputs and nothing more will be."""
+
+    def recovery_settings(self) -> dict:
+        """How this run's streams are made, for ``hwtrace recover``."""
+
 
 class Engine(abc.ABC):
     """Base class of engines. Subclasses set ``name`` and implement the
@@ -150,6 +181,11 @@ class Engine(abc.ABC):
     machine_wide: bool = False
     #: Modes this engine can trace in.
     modes: frozenset[Mode] = frozenset({Mode.CPU, Mode.THREAD})
+    #: False: the engine sees user-mode execution only, and the device
+    #: refuses the OS bit (NOT_SUPPORTED) when a buffer is allocated.
+    kernel_tracing: bool = True
+    #: True: the engine honours snapshot requests mid-run (see Session).
+    can_snapshot: bool = False
 
     @property
     @abc.abstractmethod

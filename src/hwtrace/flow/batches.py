@@ -69,6 +69,19 @@ class StatusItem(NamedTuple):
     type = "status"
 
 
+class SpaceItem(NamedTuple):
+    """The stream went on in another address space (a bundle stream
+    switching processes by the sideband or by PIP): the records after it
+    run ``space``'s code (an :class:`~hwtrace.flow.spaces.AddressSpace`).
+    ``offset`` is the decoder's when it switched.  A stream with a plan
+    has one first, at index 0, for the space it starts in."""
+
+    space: object
+    offset: int
+
+    type = "space"
+
+
 class Batch(NamedTuple):
     blocks: np.ndarray          # BLOCK records
     insns: np.ndarray | None    # INSN records (want_insns) or None
@@ -109,23 +122,38 @@ def _core(impl):
 def batches(data, image, config: FlowConfig | None = None, *,
             decoder: str = "block", resync: bool = False,
             want_insns: bool = False, max_records: int = 1 << 16,
-            impl: str | None = None, spaces=None) -> Iterator[Batch]:
+            impl: str | None = None, spaces=None,
+            space_items: bool = False) -> Iterator[Batch]:
     """Decode ``data`` (any buffer) with ``image`` into batches.
     ``spaces``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch
-    address spaces by (``image`` is then its initial space's)."""
+    address spaces by (``image`` is then its initial space's);
+    ``space_items``: each switch is a :class:`SpaceItem` in the items."""
     core = _core(impl) if impl != "python" else None
     if core is not None:
         from . import fast
         return fast.compiled_batches(core, data, image, config,
                                      decoder=decoder, resync=resync,
                                      want_insns=want_insns,
-                                     max_records=max_records, spaces=spaces)
-    dec = None
-    if spaces is not None:
-        dec = spaces.wrap(_decoder(data, image, config, decoder))
+                                     max_records=max_records, spaces=spaces,
+                                     **({"space_items": True}
+                                        if space_items and spaces is not None
+                                        else {}))
     return python_batches(data, image, config, decoder=decoder,
                           resync=resync, want_insns=want_insns,
-                          max_records=max_records, dec=dec)
+                          max_records=max_records, plan=spaces,
+                          space_items=space_items)
+
+
+def reports_switches(impl: str | None = None) -> bool:
+    """Whether the producer ``batches(impl=...)`` picks gives
+    :class:`SpaceItem` s when asked (``space_items=True``)."""
+    core = _core(impl) if impl != "python" else None
+    if core is None:
+        return True
+    import inspect
+    from . import fast
+    return "space_items" in inspect.signature(
+        fast.compiled_batches).parameters
 
 
 # -- the Python twin ---------------------------------------------------------------
@@ -143,18 +171,34 @@ def _decoder(data, image, config, decoder):
 def python_batches(data, image, config: FlowConfig | None = None, *,
                    decoder: str = "block", resync: bool = False,
                    want_insns: bool = False, max_records: int = 1 << 16,
-                   dec=None) -> Iterator[Batch]:
+                   dec=None, plan=None,
+                   space_items: bool = False) -> Iterator[Batch]:
     """The twin producer.  ``dec`` (optional) is a ready decoder with the
     usual verbs (e.g. a :class:`~hwtrace.flow.spaces.SpaceSwitcher`
-    around one); ``data``/``image``/``config`` are then not used."""
+    around one); ``data``/``image``/``config`` are then not used.
+    ``plan``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch address
+    spaces by; with ``space_items`` each switch becomes a
+    :class:`SpaceItem`."""
+    g = _Grouper(decoder == "block", want_insns, max_records)
     if dec is None:
         dec = _decoder(data, image, config, decoder)
+        if plan is not None:
+            if space_items:
+                import dataclasses
+                told = plan.on_switch
+
+                def on_switch(space, offset):
+                    g.switch(space, offset)
+                    if told is not None:
+                        told(space, offset)
+                plan = dataclasses.replace(plan, on_switch=on_switch)
+            dec = plan.wrap(dec)
+    g.bind(dec)
     if decoder == "block":
         steps = session.iter_blocks(dec, resync)
     else:
         steps = session.iter_insn(dec, resync)
-    return _Grouper(dec, decoder == "block", want_insns,
-                    max_records).run(steps)
+    return g.run(steps)
 
 
 def _flow_of(dec):
@@ -167,9 +211,8 @@ class _Grouper:
     """Turns session steps into batches (see docs/pipeline.md for what a
     record is with each decoder)."""
 
-    def __init__(self, dec, block: bool, want_insns: bool, max_records: int):
-        self.dec = dec
-        self.flow = _flow_of(dec)
+    def __init__(self, block: bool, want_insns: bool, max_records: int):
+        self.dec = self.flow = None
         self.block = block
         self.want_insns = want_insns
         self.max_records = max(1, max_records)
@@ -177,6 +220,16 @@ class _Grouper:
         self.first_insn = 0
         self._new()
         self.run_rec = None     # insn decoder: the open record (a list)
+
+    def bind(self, dec) -> None:
+        self.dec = dec
+        self.flow = _flow_of(dec)
+
+    def switch(self, space, offset: int) -> None:
+        """An address-space switch: an item before what follows (an open
+        run ends here, its instructions ran in the old space)."""
+        self._close_run()
+        self.items.append((len(self.recs), offset, SpaceItem(space, offset)))
 
     def _new(self) -> None:
         self.recs = []
@@ -328,6 +381,10 @@ def replay(batch_iter, sink, decoder: str = "block") -> int:
                     else:
                         ex(item.name, item.offset,
                            ip_suppressed=item.ip_suppressed)
+                elif t == "space" and isinstance(item, SpaceItem):
+                    tell = getattr(sink, "space", None)
+                    if tell is not None:
+                        tell(item.space, item.offset)
                 else:
                     sink.event(item, offset)
             if i == len(recs):

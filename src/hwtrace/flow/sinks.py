@@ -41,12 +41,15 @@ class CountSink:
 
 
 class PtxedSink(CountSink):
-    """ptxed's ``--no-inst`` text."""
+    """ptxed's ``--no-inst`` text; with ``notes`` (an
+    :class:`hwtrace.listing.single.InsnNotes`) each instruction line goes
+    on with what it returns (function, disassembly)."""
 
     def __init__(self, write, *, quiet=False, event_ip=False,
                  event_time=False, print_offset=False, show_blocks=False,
-                 block_ids=False):
+                 block_ids=False, notes=None):
         super().__init__()
+        self.notes = notes
         self.write = write
         self.quiet = quiet
         self.event_ip = event_ip
@@ -56,12 +59,17 @@ class PtxedSink(CountSink):
         self.block_ids = block_ids
         self.needs_offset = print_offset
 
+    def _line(self, insn, offset) -> str:
+        s = ptxed.insn_line(insn.ip, insn.speculative,
+                            offset if self.print_offset else None)
+        if self.notes is not None:
+            s += self.notes(insn.ip, insn.size, insn.iclass, insn.mode)
+        return s + "\n"
+
     def insn(self, insn, offset):
         self.insns += 1
         if not self.quiet:
-            self.write(ptxed.insn_line(
-                insn.ip, insn.speculative,
-                offset if self.print_offset else None) + "\n")
+            self.write(self._line(insn, offset))
 
     def block(self, block, offset):
         self.blocks += 1
@@ -72,8 +80,7 @@ class PtxedSink(CountSink):
         if self.show_blocks:
             w(f"[block {self.blocks:x}]\n" if self.block_ids else "[block]\n")
         for insn in block.insns:
-            w(ptxed.insn_line(insn.ip, insn.speculative,
-                              offset if self.print_offset else None) + "\n")
+            w(self._line(insn, offset))
 
     def event(self, ev, offset):
         self.events += 1
@@ -179,10 +186,13 @@ def event_json(ev, offset: int) -> dict:
 
 
 class JsonSink(CountSink):
-    """ptoracle ``insn`` JSON lines."""
+    """ptoracle ``insn`` JSON lines; ``notes`` (an
+    :class:`hwtrace.listing.single.InsnNotes`) adds its keys after
+    ``"iclass"``."""
 
-    def __init__(self, write, *, print_offset=False):
+    def __init__(self, write, *, print_offset=False, notes=None):
         super().__init__()
+        self.notes = notes
         self.write = write
         self.print_offset = print_offset
         self.needs_offset = print_offset
@@ -192,6 +202,16 @@ class JsonSink(CountSink):
 
     def insn(self, insn, offset):
         self.insns += 1
+        if self.notes is not None:
+            from hwtrace.listing.jsonl import insn_head, insn_tail
+            from .batches import MODE_NUMBER
+            self.write(insn_head(insn.ip, insn.size, insn.iclass,
+                                 MODE_NUMBER.get(insn.mode, 0),
+                                 self.notes(insn.ip, insn.size, insn.iclass,
+                                            insn.mode)) +
+                       insn_tail(insn.speculative, insn.truncated,
+                                 offset if self.print_offset else None))
+            return
         d = {"ip": insn.ip, "size": insn.size, "iclass": insn.iclass_name,
              "mode": insn.mode or "unknown", "speculative": insn.speculative}
         if insn.truncated:

@@ -7,7 +7,10 @@ Registry entry points (see :mod:`hwtrace.engines`): :func:`probe` and
 Modules:
 
 * ``execlog``   the execution-log format (the sources' output; no I/O)
-* ``qemu``, ``qemu_plugin.c``   QEMU user mode + TCG plugin (built at first use)
+* ``qemu``, ``qemu_plugin.c``   QEMU user mode + TCG plugin (built at first use;
+                ``qemu_plugin_elf.c`` finds --trigger functions in mapped ELF files)
+* ``execution`` runs a source under the user's control (stop, snapshot);
+                ``running`` waits on it and ends process trees
 * ``stepper*``  the ptrace stepper (native single-stepping)
 * ``flow``      log -> per-thread segments -> tracers (cpu / thread mode,
                 kernel transitions, signal deliveries, faults)

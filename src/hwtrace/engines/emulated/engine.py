@@ -12,6 +12,7 @@ executable mappings (with build-ids), exits and, in cpu mode, switches.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +22,11 @@ from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import Status, TraceError
 from hwtrace.engines.base import Engine
 
-from . import execlog as xl, fast, flow, ptgen
+from . import execlog as xl, execution, fast, flow, ptgen
+
+LOG_DIR_PREFIX = "hwtrace-xlog-"
+LOG_NAME = "exec.xlog"
+META_NAME = "recording.json"
 
 #: What the emulation offers (CPUID leaf 0x14): no PTWRITE / power events,
 #: two address ranges, the usual Skylake-class masks.
@@ -42,8 +47,6 @@ EMULATED_CPU = CpuInfo(
              "started and advances 1 tick per retired user instruction; "
              "core clock = TSC clock; ART = TSC * eax / ebx",
     tsc_hz=0)
-
-OS_BIT = 1 << 2
 
 
 class _Sink:
@@ -75,11 +78,16 @@ class EmulatedEngine(Engine):
     name = "emulated"
     machine_wide = False
     modes = frozenset({Mode.CPU, Mode.THREAD})
+    kernel_tracing = False      # QEMU user mode and ptrace see user code only
 
-    def __init__(self, source: str = "qemu", num_cpus: int | None = None, **_: Any):
+    def __init__(self, source: str = "qemu", num_cpus: int | None = None,
+                 triggers: Sequence[str] = (), **_: Any):
         if source not in ("qemu", "ptrace"):
             raise TraceError(Status.INVALID_ARGS, f"unknown execution source {source!r}")
         self.source = source
+        #: function symbols whose first entry takes a snapshot (QEMU source):
+        #: the trace ends at that entry and the program runs on untraced
+        self.triggers: tuple[str, ...] = tuple(triggers)
         self._num_cpus = num_cpus or os.cpu_count() or 1
         self.last_trace: flow.ExecTrace | None = None
         #: n -> (ELF path, begin, end): ADDRn ranges given relative to a
@@ -104,6 +112,7 @@ class EmulatedEngine(Engine):
         #: ``hwtrace recover`` (:mod:`.salvage`) can finish the job if the
         #: recorder is killed; None: not kept
         self.log_meta: dict | None = None
+        self._session = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -120,77 +129,109 @@ class EmulatedEngine(Engine):
     def describe(self) -> Mapping[str, Any]:
         return {"source": self.source}
 
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether a snapshot can be taken mid-run (the QEMU source)."""
+        return self.source == "qemu"
+
     # ------------------------------------------------------------------
     def run(self, session, argv: Sequence[str], *, env=None, cwd=None) -> int:
-        self._check_session(session)
-        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
-            log = os.path.join(tmp, "exec.xlog")
-            status = self._execute(list(argv), log, env, cwd)
-            self._generate(session, log)
-        return status
+        self._session = session
+        try:
+            return self._traced(session, lambda log: self._execute(list(argv), log, env, cwd))
+        finally:
+            self._session = None
 
     def attach(self, session, pid: int, *, duration: float | None = None) -> int:
+        """Attach with the ptrace stepper; it detaches at the end (the
+        device's timer or a stop request), and the process runs on."""
         if self.source != "ptrace":
             raise TraceError(Status.NOT_SUPPORTED,
-                             "the qemu engine cannot attach to a running process (use --engine ptrace)")
-        self._check_session(session)
-        from . import stepper
-        with tempfile.TemporaryDirectory(prefix="hwtrace-xlog-", dir=self.log_dir) as tmp:
-            log = os.path.join(tmp, "exec.xlog")
-            self._keep_meta(log)
-            try:
-                status = stepper.run(pid, log, stepper.Options(), timeout=duration)
-            except stepper.StepperError as e:
-                raise TraceError(Status.NOT_SUPPORTED, str(e)) from None
-            self._generate(session, log)
-        return status
+                             "the qemu engine cannot attach to a running process "
+                             "(it runs programs it starts; use --engine ptrace)")
+        return self._traced(session, lambda log: execution.stepper_run(self, session, pid, log))
 
-    def _check_session(self, session) -> None:
-        outs = []
-        if session.mode == Mode.CPU:
-            outs = [session.cpu_output(c) for c in range(session.num_cpus)]
-        for o in outs:
-            if int(o.ctl) & OS_BIT:
-                raise TraceError(Status.NOT_SUPPORTED,
-                                 "the emulated engine sees user-mode execution only (no OS tracing)")
+    def _traced(self, session, execute) -> int:
+        """Execute into a log in a working directory of the trace directory,
+        generate the streams from it, and remove it -- unless interrupted
+        (then it stays for ``hwtrace recover``)."""
+        work = self._work_dir(session)
+        log = os.path.join(work, LOG_NAME)
+        done = False
+        try:
+            out = execute(log)
+            if isinstance(out, int):      # an _execute that just ran the program
+                out = execution.Outcome(out)
+            if out.snapshot is None:
+                self._generate(session, log, cut=out.cut, scratch=work)
+                if out.fired is not None:     # the program ended before we saw it
+                    session.snapshot_taken(out.fired)
+            done = True
+            return out.status
+        except TraceError:
+            done = True
+            raise
+        finally:
+            if done:
+                shutil.rmtree(work, ignore_errors=True)
 
-    def _execute(self, argv, log, env, cwd) -> int:
+    def _work_dir(self, session) -> str:
+        where = getattr(session, "work_dir", None) or self.log_dir
+        try:
+            return tempfile.mkdtemp(prefix=LOG_DIR_PREFIX, dir=where)
+        except OSError as e:
+            raise TraceError(Status.NO_RESOURCES,
+                             f"cannot make a working directory in {where}: {e.strerror}") from None
+
+    def _execute(self, argv, log, env, cwd):
+        """Run ``argv`` under the source into ``log``: an execution.Outcome."""
+        session = self._session
         if self.source == "qemu":
             from . import qemu
             try:
                 prog = qemu.resolve_program(argv)
-                cmd = qemu.command(prog, log)
                 self._exe = os.path.realpath(prog.elf)
             except qemu.QemuError as e:
                 raise TraceError(Status.INVALID_ARGS, str(e)) from None
-            self._keep_meta(log)
-            proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
-            try:
-                return proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-        from . import stepper
-        import shutil
+            self._keep_meta(log, session)
+            return execution.qemu_run(self, session, prog, log, env, cwd)
         found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
         self._exe = os.path.realpath(found) if found else ""
-        self._keep_meta(log)
-        try:
-            return stepper.run(argv, log, stepper.Options())
-        except stepper.StepperError as e:
-            raise TraceError(Status.INVALID_ARGS, str(e)) from None
+        self._keep_meta(log, session)
+        return execution.stepper_run(self, session, argv, log)
 
-    def _keep_meta(self, log: str) -> None:
-        """Write ``log_meta`` (with the source and executable) next to ``log``."""
-        if self.log_meta is None:
-            return
+    def _keep_meta(self, log: str, session=None) -> None:
+        """Write how the streams are made (the session's recovery settings,
+        ``log_meta``, the source and executable) next to ``log``."""
         import json
-        meta = {**self.log_meta, "source": self.source, "exe": getattr(self, "_exe", "")}
-        with open(os.path.join(os.path.dirname(log), "recording.json"), "w") as f:
+        base = session.recovery_settings() if hasattr(session, "recovery_settings") else {}
+        if not base and self.log_meta is None:
+            return
+        meta = {**base, **(self.log_meta or {}), "source": self.source,
+                "exe": getattr(self, "_exe", "")}
+        with open(os.path.join(os.path.dirname(log), META_NAME), "w") as f:
             json.dump(meta, f)
 
-    def _generate(self, session, log: str) -> None:
+    def snapshot_now(self, session, log: str, reason: str) -> None:
+        """Mid-run: generate the streams from the log as it is now (the
+        plugin's buffer files read live), then tell the session."""
+        self._generate(session, log, cut=True, scratch=os.path.dirname(log), live=True)
+        session.snapshot_taken(reason)
+
+    def _generate(self, session, log: str, *, cut: bool = False, scratch: str | None = None,
+                  live: bool = False) -> None:
+        """The streams and sideband from the log. ``cut``: the log just
+        stops (the program was killed, or tracing stopped mid-run): first
+        cut it to whole records and end each thread before a transfer whose
+        outcome it doesn't show (salvage.prepare, into ``scratch``);
+        ``live``: the source still runs (read its buffer files as they are)."""
+        if cut and os.path.isfile(log) and os.path.getsize(log):
+            from .salvage import SalvageError, prepare
+            where = tempfile.mkdtemp(prefix="cut-", dir=scratch or os.path.dirname(log))
+            try:
+                log = str(prepare(log, where, live=live).path)
+            except SalvageError as e:
+                raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
         try:
             with open(log, "rb") as f:
                 data = f.read()

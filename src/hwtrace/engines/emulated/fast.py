@@ -60,7 +60,10 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
     switches, {tid: exit time})."""
     exe = binary_path()
     tm = cfg.timing
-    with tempfile.TemporaryDirectory(prefix="hwtrace-gen-") as tmp:
+    # next to the log (the recording's working directory), not in $TMPDIR:
+    # a generator killed mid-way leaves nothing behind elsewhere
+    with tempfile.TemporaryDirectory(prefix="hwtrace-gen-",
+                                     dir=os.path.dirname(os.path.abspath(log_path))) as tmp:
         blocks = os.path.join(tmp, "blocks.bin")
         with open(blocks, "wb") as f:
             for parts in trace.blocks:

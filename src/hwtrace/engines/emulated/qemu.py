@@ -23,10 +23,14 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .buildcache import BuildError, build, cache_dir
 
 PLUGIN_SOURCE = Path(__file__).with_name("qemu_plugin.c")
+#: compiled together with it; with the header, what the build is named after
+PLUGIN_SOURCES = (PLUGIN_SOURCE, PLUGIN_SOURCE.with_name("qemu_plugin_elf.c"))
+PLUGIN_HEADERS = (PLUGIN_SOURCE.with_name("qemu_plugin_elf.h"),)
 QEMU = "qemu-x86_64"
 
 
@@ -47,9 +51,9 @@ def plugin_path() -> Path:
 
 def _plugin_path() -> Path:
     try:
-        return build("qemu_plugin", [PLUGIN_SOURCE],
+        return build("qemu_plugin", [*PLUGIN_SOURCES, *PLUGIN_HEADERS],
                      ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall",
-                      str(PLUGIN_SOURCE), "-lpthread"], suffix=".so")
+                      *map(str, PLUGIN_SOURCES), "-lpthread"], suffix=".so")
     except BuildError as e:
         if e.missing_gcc:
             raise QemuError("the QEMU engine needs gcc to build its plugin "
@@ -116,11 +120,21 @@ def check_elf(head: bytes, name: str) -> None:
         raise QemuError(f"{name}: not an executable ELF (type {etype})")
 
 
-def command(program: Program, log_path: str | os.PathLike) -> list[str]:
+def command(program: Program, log_path: str | os.PathLike,
+            control: "Control | None" = None) -> list[str]:
     """The qemu-user command line that runs ``program`` writing ``log_path``
-    (made absolute: the buffer files go next to it whatever QEMU's cwd)."""
-    return [qemu_binary(), "-plugin", f"{plugin_path()},out={os.path.abspath(log_path)}",
-            "--", *program.argv]
+    (made absolute: the buffer files go next to it whatever QEMU's cwd);
+    with ``control``, the recorder can stop the logging mid-run and the
+    plugin stops it at ``control``'s triggers."""
+    arg = f"{plugin_path()}"
+    if control is not None:
+        arg += f",ctl={control.path},fifo={control.fifo}"
+        for name in control.triggers:
+            if not name or any(c in name for c in ",= \t\n\0"):
+                raise QemuError(f"bad trigger symbol name {name!r}")
+            arg += f",trigger={name}"
+    arg += f",out={os.path.abspath(log_path)}"      # last: the rest of the argument
+    return [qemu_binary(), "-plugin", arg, "--", *program.argv]
 
 
 def log_of(cmd: list[str]) -> str | None:
@@ -129,6 +143,67 @@ def log_of(cmd: list[str]) -> str | None:
         if a == "-plugin" and ",out=" in cmd[i + 1]:
             return cmd[i + 1].rsplit(",out=", 1)[1]
     return None
+
+
+# ---- the page shared with the plugin (struct hwctl in qemu_plugin.c) ----
+CTL_MAGIC = b"HWXC"
+CTL_HEADER = struct.Struct("<4sIIIIIQ128sI")  # magic, version, stop, fired, pid, tid, pc, name, tty
+_CTL_TTY = 160
+
+
+class Fired(NamedTuple):
+    """Where a trigger fired: the process, thread, entry address, symbol."""
+    pid: int
+    tid: int
+    pc: int
+    name: str
+
+
+class Control:
+    """The recorder's side of the control page (``LOG.ctl``) and the FIFO
+    (``LOG.fifo``) the plugin writes a byte to when a trigger fires
+    (:attr:`fd` becomes readable). :meth:`stop` ends the logging of every
+    process of the run; the program runs on."""
+
+    def __init__(self, log_path: str | os.PathLike, triggers=()):
+        base = os.path.abspath(log_path)
+        self.path, self.fifo = base + ".ctl", base + ".fifo"
+        self.triggers = tuple(triggers)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, CTL_HEADER.pack(CTL_MAGIC, 1, 0, 0, 0, 0, 0, b"", 0).ljust(_PAGE, b"\0"))
+            self._map = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        os.mkfifo(self.fifo, 0o600)
+        # a reader held open: the plugin's non-blocking open for writing works
+        self.fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def stop(self) -> None:
+        struct.pack_into("<I", self._map, 8, 1)
+
+    def fired(self) -> Fired | None:
+        _, _, _, fired, pid, tid, pc, name, _ = CTL_HEADER.unpack_from(self._map, 0)
+        if not fired:
+            return None
+        return Fired(pid, tid, pc, name.split(b"\0", 1)[0].decode(errors="replace"))
+
+    def tty_signal(self) -> int:
+        """The terminal's signal (SIGINT, SIGHUP) that stopped the logging, or 0."""
+        return struct.unpack_from("<I", self._map, _CTL_TTY)[0]
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.fd, 64):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._map.close()
 
 
 # ---- the plugin's buffer files (struct shdr in qemu_plugin.c) ----

@@ -22,6 +22,23 @@
  * merge_buffers).  The files of threads and processes that end normally
  * are removed, their contents being in LOG.
  *
+ * Stopping mid-run (ctl=CTL, fifo=FIFO, trigger=NAME...): CTL is a page
+ * shared with the recorder (struct hwctl; inherited by forked guest
+ * processes, which map the same file).  Once its stop word is set -- by the
+ * recorder (a snapshot on request) or by this plugin when a trigger
+ * function is first entered -- no callback of any process writes anything
+ * more: the log and the buffer files hold the trace up to that point, and
+ * the program runs on untraced.  A trigger NAME is a function symbol
+ * (.symtab or .dynsym, STT_FUNC) of any ELF file the program maps, resolved
+ * when code of that mapping is first translated; its entry instruction is
+ * logged as a one-instruction block, then the stop word is set and a byte
+ * written to FIFO (the recorder waits on it).  A SIGINT or SIGHUP the
+ * terminal sends (si_code SI_KERNEL: Ctrl-C, hangup) goes to the recorder
+ * too, which stops the recording; the plugin sets the stop word in QEMU's
+ * own host signal handler (wrapped), before the guest sees the signal, so
+ * the trace ends where the user stopped it and not in the program's
+ * handler, and tells the recorder (tty_signal).
+ *
  * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
  * QEMU 4.2 .. 8.x) used here is declared below.
  */
@@ -43,6 +60,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
+
+#include "qemu_plugin_elf.h"
 
 /* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
 #define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -82,6 +101,8 @@ extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
 extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
+extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
+        enum qemu_plugin_cb_flags flags, void *userdata);
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
@@ -124,7 +145,7 @@ struct tbuf {
     struct tbuf *next;          /* all live buffers of this process */
 };
 
-struct tbinfo { uint32_t id; };
+struct tbinfo { uint32_t id; int trigger; uint64_t pc; };
 
 struct span { uint64_t lo, hi; };
 
@@ -142,6 +163,65 @@ static bool proc_started;
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+
+/* ---- stopping mid-run: the page shared with the recorder (qemu.py, Control) ---- */
+struct hwctl {
+    char magic[4];              /* "HWXC" */
+    uint32_t version;           /* 1 */
+    uint32_t stop;              /* set: nothing more is logged, by any process */
+    uint32_t fired;             /* a trigger fired (claimed with a CAS) */
+    uint32_t fired_pid, fired_tid;
+    uint64_t fired_pc;
+    char fired_name[128];
+    uint32_t tty_signal;        /* the terminal's SIGINT/SIGHUP stopped the logging */
+};
+#define MAX_TRIGGERS 16
+#define MAX_TRIGGER_ADDRS 256
+struct trig_addr { uint64_t pc; int name; };
+static struct hwctl *ctl;               /* NULL: no control page */
+static char *fifo_path;
+static char *trig_names[MAX_TRIGGERS];
+static int ntrig;
+static struct trig_addr trig_addrs[MAX_TRIGGER_ADDRS];  /* guarded by lock */
+static int ntaddr;
+
+static inline bool stopped(void)
+{
+    return ctl && __atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE);
+}
+
+static void notify_recorder(void);
+
+/* QEMU's host handlers of SIGINT and SIGHUP, wrapped: a terminal's signal
+ * stops the logging before QEMU queues it for the guest. */
+static struct sigaction qemu_act[NSIG];
+
+static void on_host_signal(int sig, siginfo_t *info, void *uc)
+{
+    if (ctl && info && info->si_code == SI_KERNEL && !__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&ctl->tty_signal, (uint32_t)sig, __ATOMIC_RELEASE);
+        __atomic_store_n(&ctl->stop, 1, __ATOMIC_RELEASE);
+        notify_recorder();      /* open(2) and write(2): async-signal-safe */
+    }
+    struct sigaction *o = &qemu_act[sig];
+    if (o->sa_flags & SA_SIGINFO)
+        o->sa_sigaction(sig, info, uc);
+    else if (o->sa_handler != SIG_IGN && o->sa_handler != SIG_DFL)
+        o->sa_handler(sig);
+}
+
+/* (Re)wrap QEMU's handler of sig: QEMU installs it at start and again at
+ * every guest rt_sigaction of that signal. */
+static void wrap_signal(int sig)
+{
+    struct sigaction cur;
+    if (!ctl || sigaction(sig, NULL, &cur) != 0 || !(cur.sa_flags & SA_SIGINFO) ||
+        cur.sa_sigaction == on_host_signal)
+        return;
+    qemu_act[sig] = cur;
+    cur.sa_sigaction = on_host_signal;
+    sigaction(sig, &cur, NULL);
+}
 
 static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
 
@@ -315,6 +395,8 @@ static void on_exec(unsigned int vcpu, void *udata)
 {
     struct tbuf *b = tls_buf;
     (void)vcpu;
+    if (__builtin_expect(stopped(), 0))
+        return;
     if (__builtin_expect(b == NULL || b->pos + 16 > TBUF_SIZE, 0)) {
         b = cur_buf();
         if (b->pos + 16 > TBUF_SIZE) {
@@ -345,6 +427,35 @@ static void defs_reserve(size_t n)
         defs = realloc(defs, cap);
         defs_cap = cap;
     }
+}
+
+/* ---- triggers: function symbols of the mapped ELF files ---- */
+static void add_trigger_addr(uint64_t pc, int name)
+{
+    for (int i = 0; i < ntaddr; i++)
+        if (trig_addrs[i].pc == pc)
+            return;
+    if (ntaddr < MAX_TRIGGER_ADDRS) {
+        trig_addrs[ntaddr].pc = pc;
+        trig_addrs[ntaddr].name = name;
+        ntaddr++;
+    }
+}
+
+/* The trigger functions of ELF file `path` in its mapping [lo, hi) of
+ * file offset `off`.  Caller holds lock. */
+static void resolve_triggers(const char *path, uint64_t lo, uint64_t hi, uint64_t off)
+{
+    if (ntrig && path[0] == '/')
+        elf_find_functions(path, lo, hi, off, trig_names, ntrig, add_trigger_addr);
+}
+
+static int trigger_at(uint64_t pc)
+{
+    for (int i = 0; i < ntaddr; i++)
+        if (trig_addrs[i].pc == pc)
+            return trig_addrs[i].name;
+    return -1;
 }
 
 /* Report the mapping (from the host's view, which is the guest's: qemu-user
@@ -395,49 +506,128 @@ static void report_mapping(uint64_t pc)
         spans[nspans].lo = lo;
         spans[nspans].hi = hi;
         nspans++;
+        char saved = path[len];
+        path[len] = 0;
+        resolve_triggers(path, lo, hi, off);     /* pc is code here (host perms may differ) */
+        path[len] = saved;
         break;
     }
     fclose(f);
+}
+
+/* A BLOCK record for instructions [from, to) of tb, in defs; caller holds lock. */
+static uint32_t define_block(struct qemu_plugin_tb *tb, size_t from, size_t to)
+{
+    uint64_t pc = qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, from));
+    size_t nbytes = 0;
+    for (size_t i = from; i < to; i++)
+        nbytes += qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
+    uint32_t id = next_id++;
+    defs_reserve(1 + 20 + (to - from) + nbytes);
+    unsigned char *p = defs + defs_pos;
+    uint16_t n16 = (uint16_t)(to - from), b16 = (uint16_t)nbytes;
+    *p++ = T_BLOCK;
+    put(&p, &pid, 4);
+    put(&p, &id, 4);
+    put(&p, &pc, 8);
+    put(&p, &n16, 2);
+    put(&p, &b16, 2);
+    for (size_t i = from; i < to; i++)
+        *p++ = (unsigned char)qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
+    for (size_t i = from; i < to; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        put(&p, qemu_plugin_insn_data(insn), qemu_plugin_insn_size(insn));
+    }
+    defs_pos = (size_t)(p - defs);
+    return id;
+}
+
+static void notify_recorder(void)
+{
+    if (!fifo_path)
+        return;
+    int fd = open(fifo_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        if (write(fd, "T", 1) < 0) { /* the recorder reads the page anyway */ }
+        close(fd);
+    }
+}
+
+/* Before the first instruction of a trigger function: it is logged (the
+ * trace ends with it), then every process stops logging and the recorder
+ * is told.  Only the first entry (of any thread or process) counts. */
+static void on_trigger(unsigned int vcpu, void *udata)
+{
+    struct tbinfo *info = udata;
+    if (stopped())
+        return;
+    uint32_t zero = 0;
+    if (!__atomic_compare_exchange_n(&ctl->fired, &zero, 1, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE))
+        return;                 /* another thread fired first: it stops us all */
+    on_exec(vcpu, udata);
+    struct tbuf *b = tls_buf;
+    ctl->fired_pid = pid;
+    ctl->fired_tid = b ? b->tid : my_tid();
+    ctl->fired_pc = info->pc;
+    snprintf(ctl->fired_name, sizeof ctl->fired_name, "%s", trig_names[info->trigger]);
+    pthread_mutex_lock(&lock);
+    if (b)
+        flush_locked(b);
+    __atomic_store_n(&ctl->stop, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&lock);
+    notify_recorder();
 }
 
 static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
     size_t n = qemu_plugin_tb_n_insns(tb);
-    if (n == 0)
+    if (n == 0 || stopped())
         return;
     uint64_t pc = qemu_plugin_tb_vaddr(tb);
-    size_t nbytes = 0;
-    for (size_t i = 0; i < n; i++)
-        nbytes += qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
-    struct tbinfo *info = malloc(sizeof *info);
+    static bool wrapped;
+    if (!wrapped) {             /* QEMU's handlers are in place once guest code runs */
+        wrapped = true;
+        wrap_signal(SIGINT);
+        wrap_signal(SIGHUP);
+    }
 
     pthread_mutex_lock(&lock);
     report_mapping(pc);
-    info->id = next_id++;
-    defs_reserve(1 + 20 + n + nbytes);
-    unsigned char *p = defs + defs_pos;
-    uint16_t n16 = (uint16_t)n, b16 = (uint16_t)nbytes;
-    *p++ = T_BLOCK;
-    put(&p, &pid, 4);
-    put(&p, &info->id, 4);
-    put(&p, &pc, 8);
-    put(&p, &n16, 2);
-    put(&p, &b16, 2);
-    for (size_t i = 0; i < n; i++)
-        *p++ = (unsigned char)qemu_plugin_insn_size(qemu_plugin_tb_get_insn(tb, i));
-    for (size_t i = 0; i < n; i++) {
-        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
-        put(&p, qemu_plugin_insn_data(insn), qemu_plugin_insn_size(insn));
+    /* a trigger inside: the instructions before it are one block, its
+     * first instruction another, watched by its own callback */
+    size_t k = n;
+    int trig = -1;
+    for (size_t i = 0; ntaddr && i < n; i++) {
+        trig = trigger_at(qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, i)));
+        if (trig >= 0) {
+            k = i;
+            break;
+        }
     }
-    defs_pos = (size_t)(p - defs);
+    struct tbinfo *info = NULL, *tinfo = NULL;
+    if (k > 0) {
+        info = malloc(sizeof *info);
+        info->id = define_block(tb, 0, k);
+    }
+    if (k < n) {
+        tinfo = malloc(sizeof *tinfo);
+        tinfo->id = define_block(tb, k, k + 1);
+        tinfo->pc = qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, k));
+        tinfo->trigger = trig;
+    }
     /* Straight to LOG: before any EXEC naming the block, and never left
      * behind in memory by a death or in a fork child. */
     write_all(defs, defs_pos);
     defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
-    qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
+    if (info)
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
+    if (tinfo)
+        qemu_plugin_register_vcpu_insn_exec_cb(qemu_plugin_tb_get_insn(tb, k), on_trigger,
+                                               QEMU_PLUGIN_CB_NO_REGS, tinfo);
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
@@ -475,6 +665,8 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
                        uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
 {
     (void)id; (void)vcpu; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
+    if (stopped())
+        return;
     struct tbuf *b = event_buf();
     unsigned char *p = b->data + b->pos;
     uint64_t nr = (uint64_t)num;
@@ -568,6 +760,12 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
 static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, int64_t ret)
 {
     (void)id; (void)vcpu;
+    if (stopped())
+        return;
+    if (num == NR_RT_SIGACTION) {
+        wrap_signal(SIGINT);
+        wrap_signal(SIGHUP);
+    }
     struct tbuf *b = tls_buf;
     if (b && ret == 0 && (num == NR_CLONE || num == NR_FORK || num == NR_VFORK || num == NR_CLONE3)
         && (uint32_t)getpid() != pid) {
@@ -610,6 +808,8 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
 static void on_exit_cb(qemu_plugin_id_t id, void *udata)
 {
     (void)id; (void)udata;
+    if (stopped())
+        return;                 /* the trace ended earlier; the files stay as they are */
     pthread_mutex_lock(&lock);
     for (struct tbuf *b = all_bufs; b; b = b->next) {
         flush_locked(b);
@@ -634,10 +834,17 @@ static uint64_t calibrate_tsc_hz(void)
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
                                            int argc, char **argv)
 {
-    const char *out = NULL;
-    for (int i = 0; i < argc; i++)
+    const char *out = NULL, *ctl_path = NULL;
+    for (int i = 0; i < argc; i++) {
         if (strncmp(argv[i], "out=", 4) == 0)
             out = argv[i] + 4;
+        else if (strncmp(argv[i], "ctl=", 4) == 0)
+            ctl_path = argv[i] + 4;
+        else if (strncmp(argv[i], "fifo=", 5) == 0)
+            fifo_path = strdup(argv[i] + 5);
+        else if (strncmp(argv[i], "trigger=", 8) == 0 && ntrig < MAX_TRIGGERS && argv[i][8])
+            trig_names[ntrig++] = strdup(argv[i] + 8);
+    }
     if (!out) {
         fprintf(stderr, "hwtrace plugin: missing out=FILE argument\n");
         return -1;
@@ -649,6 +856,22 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
     out_fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (out_fd < 0) {
         fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
+        return -1;
+    }
+    if (ctl_path) {
+        int cfd = open(ctl_path, O_RDWR | O_CLOEXEC);
+        void *m = cfd < 0 ? MAP_FAILED
+                          : mmap(NULL, sizeof(struct hwctl), PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0);
+        if (cfd >= 0)
+            close(cfd);
+        if (m == MAP_FAILED || memcmp(((struct hwctl *)m)->magic, "HWXC", 4) != 0) {
+            fprintf(stderr, "hwtrace plugin: bad control file %s\n", ctl_path);
+            return -1;
+        }
+        ctl = m;
+    }
+    if (ntrig && !ctl) {
+        fprintf(stderr, "hwtrace plugin: trigger= needs ctl=\n");
         return -1;
     }
     out_path = realpath(out, NULL);     /* buffer files: next to LOG */

@@ -37,12 +37,9 @@ from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import TraceError
 
 from . import execlog as xl
-from .engine import EMULATED_CAPS, EmulatedEngine
+from .engine import EMULATED_CAPS, LOG_DIR_PREFIX, LOG_NAME, META_NAME, EmulatedEngine
 from .ptgen import K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_RET
 
-LOG_DIR_PREFIX = "hwtrace-xlog-"
-LOG_NAME = "exec.xlog"
-META_NAME = "recording.json"
 MAX_META = 1 << 16
 MAX_BUFFER = 1 << 36        # recorded buffers (all CPUs) larger than this are not believed
 
@@ -152,26 +149,15 @@ class Settings:
 
 
 def recorder_identity(pid: int) -> dict | None:
-    """{"pid", "start"}: a process, told apart from a later one with the same
-    pid by its start time (``/proc/PID/stat`` field 22); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None
-        return {"pid": pid, "start": int(fields[19])}
-    except (OSError, IndexError, ValueError):
-        return None
+    """{"pid", "start"} of a running process (:func:`hwtrace.control.collector.identity`)."""
+    from hwtrace.control.collector import identity
+    return identity(pid)
 
 
 def recorder_running(st: Settings) -> int | None:
     """The pid of the recorder that wrote the log, if it still runs."""
-    r = st.recorder
-    if not r or isinstance(r.get("pid"), bool) or not isinstance(r.get("pid"), int) \
-            or r["pid"] <= 0:
-        return None
-    now = recorder_identity(r["pid"])
-    return r["pid"] if now is not None and now["start"] == r.get("start") else None
+    from hwtrace.control.collector import running
+    return running(st.recorder)
 
 
 def read_settings(log: str | os.PathLike) -> Settings:
@@ -250,6 +236,7 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
             merged = gather(log)
         except SalvageError:
             live = True         # e.g. a read-only directory: leave it as it is
+    Path(scratch).mkdir(parents=True, exist_ok=True)
     out = Path(scratch) / LOG_NAME
     shutil.copyfile(log, out)
     if live:
@@ -432,7 +419,6 @@ class ReplayEngine(EmulatedEngine):
             self._exe = exe
 
     def run(self, session, argv, *, env=None, cwd=None) -> int:
-        self._check_session(session)
         self._generate(session, self.log)
         return 0
 

@@ -181,17 +181,29 @@ def run(target: Sequence[str] | int, log_path: str | os.PathLike,
     Raises :class:`StepperError` (one line) when the stepper cannot start,
     trace or write the log.
     """
+    proc = start(target, log_path, options)
+    return finish(proc, log_path, _wait(proc, timeout if isinstance(target, int) else None))
+
+
+def start(target: Sequence[str] | int, log_path: str | os.PathLike,
+          options: Options | None = None) -> subprocess.Popen:
+    """Start the stepper on ``target`` (see :func:`run`); wait for it (send
+    it SIGTERM to end the tracing early: a launched program is killed, an
+    attached one detached) and pass its status to :func:`finish`."""
     cmd = command(target, log_path, options)
     for suffix in (".err", ".info", ".windows", ".vdso"):
         side = Path(os.fspath(log_path) + suffix)
         if side.exists():
             side.unlink()
     if isinstance(target, int):
-        proc = subprocess.Popen(cmd)    # attached: never killed with us
-    else:
-        from .qemu import spawn
-        proc = spawn(cmd)               # launched: dies with the recorder
-    status = _wait(proc, timeout if isinstance(target, int) else None)
+        return subprocess.Popen(cmd)    # attached: never killed with us
+    from .qemu import spawn
+    return spawn(cmd)                   # launched: dies with the recorder
+
+
+def finish(proc: subprocess.Popen, log_path: str | os.PathLike, status: int) -> int:
+    """The program's status once the stepper ended with ``status``;
+    StepperError (one line) if the stepper failed."""
     msg = error(log_path)
     if msg is not None and status == STEPPER_ERROR_STATUS:
         raise StepperError(msg)

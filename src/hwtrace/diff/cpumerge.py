@@ -1,0 +1,182 @@
+"""One thread's flow from the streams of every CPU it ran on.
+
+In a cpu-mode recording a thread that migrates leaves its flow in pieces
+in several CPU streams: tracing stops where it leaves a CPU (a disable,
+or an asynchronous disable at the instruction it was interrupted before)
+and starts again where it goes on (an enable at that instruction), on
+the same CPU or another.  A *segment* is one such stretch: from an
+enable (or the start of the stream) to the next disable.
+
+:func:`merged_batches` walks the CPU streams side by side, a segment at a
+time, and yields their batches in the thread's order: after a segment
+that stopped at address X, the next is the head segment (of any CPU)
+that starts at X; among several (or none), the earliest by its enable's
+time stamp, then the CPU the thread left first (the sideband's switch
+out), then the same CPU, then the lowest CPU number.  (Time stamps alone
+can't order them: they advance only at timing packets, and an emulated
+engine may give every enable the same one; where a thread stopped and
+went on is exact.)
+
+Only whole batches or slices of them are yielded: the records and items
+are the decoder's, untouched.  No I/O: takes batch iterators.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from hwtrace.flow.batches import Batch
+
+
+def _starts(item) -> bool:
+    return getattr(item, "type", None) == "enabled" and \
+        not getattr(item, "status_update", False)
+
+
+def _stops(item) -> bool:
+    return getattr(item, "type", None) in ("disabled", "async_disabled") \
+        and not getattr(item, "status_update", False)
+
+
+class _Cursor:
+    """One CPU stream, cut at segment boundaries."""
+
+    def __init__(self, cpu: int, batches: Iterable[Batch]):
+        self.cpu = cpu
+        self._it = iter(batches)
+        self._b: Batch | None = None        # the batch being walked
+        self._rec = 0                       # its next record
+        self._item = 0                      # its next item
+        self._carry: list = []              # (offset, item) for the next piece
+        self.start = None                   # (ip, tsc) of the head segment
+
+    def _spent(self) -> bool:
+        b = self._b
+        return b is None or (self._rec >= len(b.blocks) and
+                             self._item >= len(b.items))
+
+    def _fetch(self) -> bool:
+        try:
+            self._b = next(self._it)
+        except StopIteration:
+            self._b = None
+            return False
+        self._rec = self._item = 0
+        return True
+
+    def peek(self) -> bool:
+        """Find where the head segment starts; False at the end."""
+        if self.start is not None:
+            return True
+        while True:
+            if self._spent():
+                if not self._fetch():
+                    return False
+                continue
+            b = self._b
+            k = self._item
+            while k < len(b.items) and b.items[k][0] <= self._rec:
+                it = b.items[k][2]
+                if _starts(it):
+                    self.start = (getattr(it, "ip", None),
+                                  it.tsc if getattr(it, "has_tsc", False) else None)
+                    return True
+                k += 1
+            if self._rec < len(b.blocks):
+                r = b.blocks[self._rec]     # the stream began traced
+                self.start = (int(r["ip"]), int(r["tsc"]) or None)
+                return True
+            # only items are left, none an enable: they go with the next piece
+            self._carry.extend((off, it) for _i, off, it in b.items[self._item:])
+            self._item = len(b.items)
+
+    def segment(self) -> Iterator[tuple[Batch, object]]:
+        """The head segment: (batch slice, the item that stopped it or None)."""
+        self.start = None
+        began = False                       # anything of it taken yet
+        while True:
+            if self._spent():
+                if not self._fetch():
+                    return
+                continue
+            b = self._b
+            r0, i0 = self._rec, self._item
+            k = i0
+            while k < len(b.items):
+                idx, _off, it = b.items[k]
+                began = began or idx > r0
+                if _starts(it):
+                    if began:               # the next segment's enable
+                        yield self._piece(b, r0, idx, i0, k), None
+                        self._rec, self._item = idx, k
+                        return
+                    began = True
+                elif _stops(it):
+                    yield self._piece(b, r0, idx, i0, k + 1), it
+                    self._rec, self._item = idx, k + 1
+                    return
+                k += 1
+            yield self._piece(b, r0, len(b.blocks), i0, len(b.items)), None
+            began = began or len(b.blocks) > r0
+            self._rec, self._item = len(b.blocks), len(b.items)
+
+    def _piece(self, b: Batch, r0: int, r1: int, i0: int, i1: int) -> Batch:
+        piece = _slice(b, r0, r1, i0, i1)
+        if self._carry:
+            piece.items[:0] = [(0, off, it) for off, it in self._carry]
+            self._carry = []
+        return piece
+
+
+def _slice(b: Batch, r0: int, r1: int, i0: int, i1: int) -> Batch:
+    blocks = b.blocks[r0:r1]
+    insns = None
+    if b.insns is not None:
+        n0 = int(b.blocks["ninsn"][:r0].sum())
+        n1 = n0 + int(blocks["ninsn"].sum())
+        insns = b.insns[n0:n1]
+    items = [(idx - r0, off, it) for idx, off, it in b.items[i0:i1]]
+    first = b.first_insn + int(b.blocks["ninsn"][:r0].sum())
+    return Batch(blocks, insns, items, first)
+
+
+def _resume_at(last_block, stop) -> int | None:
+    """Where the flow goes on after a segment that ended with ``stop``."""
+    if stop is not None and getattr(stop, "type", None) == "async_disabled":
+        return getattr(stop, "at", None)
+    if last_block is not None:
+        return int(last_block["end_ip"]) + int(last_block["size"])
+    return None
+
+
+def merged_batches(streams: list[tuple[int, Iterable[Batch]]],
+                   left: dict | None = None) -> Iterator[Batch]:
+    """The thread's batches from ``streams`` (``(cpu, batches)`` each; a
+    single stream passes through as it is).  ``left``: {cpu: time the
+    thread was first switched out of it}."""
+    left = left or {}
+    if len(streams) == 1:
+        yield from streams[0][1]
+        return
+    cursors = [_Cursor(cpu, it) for cpu, it in streams]
+    cur = None
+    resume = None
+    while True:
+        live = [c for c in cursors if c.peek()]
+        if not live:
+            return
+        big = float("inf")
+
+        def rank(c):
+            ip, tsc = c.start
+            return (0 if resume is not None and ip == resume else 1,
+                    tsc if tsc is not None else big,
+                    left.get(c.cpu, big), 0 if c is cur else 1, c.cpu)
+        cur = min(live, key=rank)
+        last = None
+        stop = None
+        for piece, stop in cur.segment():
+            if len(piece.blocks):
+                last = piece.blocks[-1]
+            yield piece
+        resume = _resume_at(last, stop)

@@ -1,0 +1,120 @@
+"""Waiting for a traced workload while the user may ask to stop or snapshot.
+
+:func:`wait` blocks until the execution source's process ends, or the
+session asks to stop or to take a snapshot, or one of the caller's
+descriptors becomes readable (the QEMU plugin's trigger notice) -- on a
+pidfd and the session's wake-up descriptor, so it reacts at once without
+polling. :func:`kill_tree` ends a process with every process it started
+(QEMU runs each forked guest process as a QEMU process of its own): all are
+stopped first, so none forks away while the others are killed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+from typing import NamedTuple
+
+
+class Woken(NamedTuple):
+    kind: str               # "exit", "stop", "snapshot", "notice"
+    detail: object = None   # snapshot: its reason; notice: the readable descriptor
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None         # old kernel or Python: fall back to polling
+
+
+def wait(proc: subprocess.Popen, session, fds=(), *, snapshots: bool = True) -> Woken:
+    """What happened first: the process ended ("exit"; not reaped), a stop
+    ("stop") or -- with ``snapshots`` -- a snapshot ("snapshot", its
+    reason) was requested, or a descriptor of ``fds`` became readable
+    ("notice", the descriptor)."""
+    wake = getattr(session, "wake_fd", None)
+    pidfd = _pidfd(proc.pid)
+    try:
+        while True:
+            if session.should_stop():
+                return Woken("stop", session.stop_reason)
+            if snapshots:
+                reason = session.snapshot_requested()
+                if reason is not None:
+                    return Woken("snapshot", reason)
+            if _ended(proc):
+                return Woken("exit")
+            watch = [f for f in (pidfd, wake, *fds) if f is not None]
+            timeout = None if pidfd is not None and wake is not None else 0.05
+            try:
+                ready, _, _ = select.select(watch, [], [], timeout)
+            except InterruptedError:
+                continue
+            if wake is not None and wake in ready:
+                session.drain_wake()
+            for f in fds:
+                if f in ready:
+                    return Woken("notice", f)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _ended(proc: subprocess.Popen) -> bool:
+    """Whether the process has ended, without reaping it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (children first)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants, stopping them all first."""
+    stopped: list[int] = []
+    for _ in range(16):
+        new = [p for p in [pid, *descendants(pid)] if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            _signal(p, signal.SIGSTOP)
+            stopped.append(p)
+    for p in stopped:
+        _signal(p, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,600 @@
+"""hwtrace diff on real recordings: programs compiled and recorded here
+with ``hwtrace record`` (the default engine, QEMU, unless said)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, IN_CI, run_hwtrace
+
+FIB_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+static int fib(int n)
+{
+    if (n < 2)                                  /* LINE:test */
+        return n;
+    return fib(n - 1) + fib(n - 2);
+}
+int main(int argc, char **argv)
+{
+    printf("%d\n", fib(argc > 1 ? atoi(argv[1]) : 10));
+    return 0;
+}
+"""
+
+# Reads a file; a record starting with '!' has no name and crashes.
+PARSE_C = r"""
+#include <stdio.h>
+#include <string.h>
+struct rec { int kind; char name[16]; };
+static int checksum(const char *buf, int n)
+{
+    int s = 0;
+    for (int i = 0; i < n; i++)
+        s = s * 31 + buf[i];
+    return s;
+}
+static void handle(struct rec *r, const char *buf, int n)
+{
+    if (buf[0] == '!')                          /* LINE:byte */
+        r = NULL;
+    r->kind = checksum(buf, n);                 /* LINE:crash */
+    memcpy(r->name, buf, n < 15 ? n : 15);
+}
+int main(int argc, char **argv)
+{
+    char buf[64];
+    struct rec rec;
+    FILE *f = fopen(argv[1], "rb");
+    if (!f)
+        return 2;
+    int n = (int)fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    handle(&rec, buf, n);
+    printf("%d\n", rec.kind);
+    return 0;
+}
+"""
+
+
+def line_of(src: str, tag: str) -> int:
+    for i, text in enumerate(src.splitlines(), 1):
+        if f"LINE:{tag}" in text:
+            return i
+    raise AssertionError(tag)
+
+
+def need(*tools):
+    for t in tools:
+        if shutil.which(t) is None:
+            if IN_CI:
+                pytest.fail(f"{t} missing in CI")
+            pytest.skip(f"needs {t}")
+
+
+def build(tmp, name, src, *flags, out=None):
+    c = tmp / f"{name}.c"
+    c.write_text(src)
+    exe = out or tmp / name
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-g", *flags, "-o", str(exe), str(c)], check=True,
+                   capture_output=True)
+    return exe
+
+
+# The recorded programs see the same environment in every test: pytest
+# names the current test in PYTEST_CURRENT_TEST, and a longer environment
+# moves argv[0] on the stack, where libc's vectorized strrchr (finding the
+# program's short name) branches on the string's alignment -- a real
+# difference between two runs that diff duly reports.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def record(out, *argv, engine=None, mode=None, ok=(0,), extra=()):
+    extra = (["--engine", engine] if engine else []) + \
+        (["--mode", mode] if mode else []) + list(extra)
+    r = subprocess.run([sys.executable, "-m", "hwtrace", "record", *extra,
+                        "-o", str(out), "--", *map(str, argv)],
+                       capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode in ok, r.stderr
+    assert (out / "manifest.json").exists(), r.stderr
+    return out
+
+
+def diff(a, b, *more):
+    return run_hwtrace("diff", a, b, *more)
+
+
+def jsonl(r) -> list[dict]:
+    assert not r.stderr, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def of_type(recs, t):
+    return [r for r in recs if r["type"] == t]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    need("gcc", "qemu-x86_64")
+    return tmp_path_factory.mktemp("diff")
+
+
+@pytest.fixture(scope="module")
+def fib(work):
+    exe = build(work, "fib", FIB_C, "-O0", "-static")
+    return {n: record(work / f"fib{n}", exe, n) for n in (10, 11)}
+
+
+# -- same program, different argument -----------------------------------------------
+
+def test_fib_10_vs_11_first_divergence_at_the_test(fib):
+    r = diff(fib[10], fib[11], "--format", "jsonl")
+    assert r.returncode == 1
+    recs = jsonl(r)
+    first = of_type(recs, "divergence")[0]
+    assert first["number"] == 1 and first["pair"] == 1
+    assert first["function"] == "fib"
+    # the conditional of `n < 2`, taken one way in each run
+    br = first["branch"]
+    assert br["kind"] == "conditional"
+    assert br["line"].endswith(f"fib.c:{line_of(FIB_C, 'test')}")
+    assert br["at"].startswith("fib+")
+    assert br["a"]["taken"] != br["b"]["taken"]
+    # fib(10) ... fib(1) in A: ten activations deep when A's n is 1 and
+    # B's (fib(11) ... fib(2)) is 2
+    stack = first["stack"]
+    assert stack.count("fib") == 10
+    assert stack[-1] == "fib" and stack[-11] == "main"
+    assert stack == [f["function"] for f in first["frames"]["a"]]
+    assert stack == [f["function"] for f in first["frames"]["b"]]
+    # the same instructions ran before: same index, same trace offset
+    a, b = first["a"], first["b"]
+    assert a["insn"] == b["insn"] > 0
+    assert a["offset"] == b["offset"]
+    assert a["ip"] != b["ip"] and a["ip"] == br["a"]["ip"]
+    assert first["common"][-1]["ip"] == br["ip"]
+    # back in step once the divergent fib activation returned in both
+    meet = first["region"]["meet"]
+    assert meet is not None and meet["function"] == "fib"
+    assert meet["a"]["insn"] > a["insn"] and meet["b"]["insn"] > b["insn"]
+    # fib(11) makes 287 calls, fib(10) 177: the coverage rows say so
+    counts = {c["function"]: c for c in of_type(recs, "coverage")
+              if c["kind"] == "count"}
+    assert counts["fib"]["calls"] == {"a": 177, "b": 287}
+    end = of_type(recs, "pair_end")[0]
+    assert end["divergences"] == 10 and end["more"] is True   # --max 10
+    assert of_type(recs, "summary")[0]["same"] is False
+
+
+def test_fib_text_and_max(fib):
+    r = diff(fib[10], fib[11], "--max", "2")
+    assert r.returncode == 1 and not r.stderr
+    out = r.stdout
+    assert "#1 first divergence in fib" in out
+    assert f"fib.c:{line_of(FIB_C, 'test')}" in out
+    assert "#2 in fib" in out and "#3" not in out
+    assert "more follow (--max 2)" in out
+    assert "the runs differ" in out
+
+
+def test_all_divergences_are_the_leaves(fib):
+    """fib(11)'s call tree is fib(10)'s with every leaf that is fib(1) in
+    A grown into fib(2) in B: A has 55 fib(1) leaves, so 55 divergences,
+    each at the n < 2 test; the rest of the runs is the same."""
+    recs = jsonl(diff(fib[10], fib[11], "--format", "jsonl", "--max", "0"))
+    divs = of_type(recs, "divergence")
+    assert len(divs) == 55
+    for d in divs:
+        assert d["function"] == "fib"
+        assert d["branch"]["line"].endswith(f"fib.c:{line_of(FIB_C, 'test')}")
+        assert d["region"]["a"]["calls"] == 0          # A's fib(1) returns
+        assert d["region"]["b"]["calls"] == 2          # B's fib(2) calls twice
+    assert not of_type(recs, "pair_end")[0]["more"]
+
+
+# -- identical runs -------------------------------------------------------------------
+
+def test_identical_runs_are_the_same(work, fib):
+    exe = work / "fib"
+    again = record(work / "fib10-again", exe, 10)
+    r = diff(fib[10], again)
+    assert r.returncode == 0, r.stdout
+    assert "the runs are the same" in r.stdout
+    recs = jsonl(diff(fib[10], again, "--format", "jsonl"))
+    assert not of_type(recs, "divergence") and not of_type(recs, "coverage")
+    assert of_type(recs, "summary")[0]["same"] is True
+    assert of_type(recs, "process")[0]["compared_by"] == "address"
+
+
+HELLO_C = r"""
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv)
+{
+    size_t n = 0;
+    for (int i = 0; i < argc; i++)
+        n += strlen(argv[i]);
+    printf("%zu\n", n);
+    return 0;
+}
+"""
+
+
+def _starts(bundle):
+    out = {}
+    for line in (bundle / "sideband.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["type"] == "mmap":
+            out.setdefault(r["file"].rsplit("/", 1)[-1], r["start"])
+    return out
+
+
+def test_identical_runs_at_other_addresses(work):
+    """Natively (ptrace engine) ASLR loads a static PIE and the vdso at
+    other addresses each run: the runs still compare equal, module by
+    module offset, and the output says so.  (A dynamically linked program
+    would not be a fair case: ASLR also moves the loader's mapping of
+    ld.so.cache, and strcmp takes another path for strings at another
+    page offset -- a real difference, which diff reports.)"""
+    need("gcc")
+    exe = build(work, "hello", HELLO_C, "-O1", "-static-pie")
+    a = record(work / "hello-a", exe, "aa", "bbb", engine="ptrace", mode="thread")
+    b = record(work / "hello-b", exe, "aa", "bbb", engine="ptrace", mode="thread")
+    recs = jsonl(diff(a, b, "--format", "jsonl"))
+    assert of_type(recs, "summary")[0]["same"] is True
+    moved = {k for k, v in _starts(a).items() if _starts(b).get(k) != v}
+    proc = of_type(recs, "process")[0]
+    notes = {m["b"].rsplit("/", 1)[-1]: m["how"] for m in proc["modules"]}
+    for name, how in notes.items():
+        assert how == ("module+offset" if name in moved else "address"), name
+    assert proc["compared_by"] == ("module+offset" if moved else "address")
+    assert diff(a, b).returncode == 0
+
+
+def test_a_wrapped_trace_meets_where_it_begins(work, fib):
+    """A circular buffer kept only the end of B's run: the recorder's
+    instruction count says where in the run B's trace begins, and from
+    there the runs are the same."""
+    exe = work / "fib"
+    full = record(work / "fib18", exe, 18)
+    wrapped = record(work / "fib18-wrapped", exe, 18, extra=("--circular",
+                                                            "--buffer-size", "4K"))
+    recs = jsonl(diff(full, wrapped, "--format", "jsonl", "--max", "0"))
+    (d,) = of_type(recs, "divergence")
+    end = of_type(recs, "pair_end")[0]
+    assert end["b"]["wrapped"] and not end["a"]["wrapped"]
+    assert 0 < end["b"]["insns"] < end["a"]["insns"]
+    meet = d["region"]["meet"]
+    assert meet["how"] == "where B's trace begins"
+    assert meet["b"]["insn"] == 0
+    assert meet["a"]["insn"] == end["a"]["insns"] - end["b"]["insns"]
+    assert d["region"]["a"]["insns"] == meet["a"]["insn"]
+    assert "kept only the end of its run" in diff(full, wrapped).stdout
+
+
+def test_lost_data_is_stepped_over(work, tmp_path):
+    """Bytes of B's trace destroyed mid-stream: the decoder resyncs at the
+    next PSB, and diff finds where A runs the code B's trace resumes with
+    -- among the thousands of places fib runs it, the one from which the
+    two stay in step -- so what B lost is exactly what A ran meanwhile."""
+    a = record(work / "fib20", work / "fib", 20)
+    b = tmp_path / "fib20-damaged"
+    shutil.copytree(a, b)
+    m = json.loads((b / "manifest.json").read_text())
+    st = max(m["streams"], key=lambda s: s["size"])
+    pt = b / st["file"]
+    data = bytearray(pt.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 40] = b"\xff" * 40
+    pt.write_bytes(bytes(data))
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "0"))
+    (d,) = of_type(recs, "divergence")
+    assert d["reason"] == "B lost trace data here"
+    meet = d["region"]["meet"]
+    assert meet["how"] == "after lost data"
+    end = of_type(recs, "pair_end")[0]
+    assert end["b"]["gaps"] >= 1
+    lost = end["a"]["insns"] - end["b"]["insns"]
+    assert lost > 0 and meet["a"]["insn"] - meet["b"]["insn"] == lost
+    assert d["region"]["a"]["insns"] == lost
+
+
+# -- a crash versus a clean run -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def parse(work):
+    exe = build(work, "parse", PARSE_C, "-O0", "-static")
+    (work / "good.txt").write_text("hello world\n")
+    (work / "bad.txt").write_text("!ello world\n")
+    good = record(work / "good", exe, work / "good.txt")
+    bad = record(work / "bad", exe, work / "bad.txt", ok=(139,))
+    return good, bad
+
+
+def test_crash_names_the_branch_on_the_input_byte(parse):
+    good, bad = parse
+    r = diff(good, bad, "--format", "jsonl")
+    assert r.returncode == 1
+    recs = jsonl(r)
+    divs = of_type(recs, "divergence")
+    first = divs[0]
+    assert first["function"] == "handle"
+    br = first["branch"]
+    assert br["kind"] == "conditional"
+    assert br["line"].endswith(f"parse.c:{line_of(PARSE_C, 'byte')}")
+    # the crashing run went on to the line that sets the null pointer
+    assert br["b"]["line"].endswith(f"parse.c:{line_of(PARSE_C, 'byte') + 1}")
+    assert br["a"]["line"].endswith(f"parse.c:{line_of(PARSE_C, 'crash')}")
+    assert first["stack"][-2:] == ["main", "handle"]
+    # then B's trace ends (the fault) while A goes on
+    last = divs[-1]
+    assert last["b"]["ip"] is None or "cut short in B" in last.get("reason", "")
+    assert "B's trace ends" in last["reason"]
+    assert last["function"] == "handle"
+    assert last["region"]["meet"] is None
+    # printf ran in A only
+    only_a = {c["function"] for c in of_type(recs, "coverage")
+              if c["kind"] == "function" and c["only"] == "a"}
+    assert "main" not in only_a and only_a
+
+
+def test_crash_text(parse):
+    good, bad = parse
+    r = diff(good, bad)
+    assert r.returncode == 1 and not r.stderr
+    assert "#1 first divergence in handle" in r.stdout
+    assert f"parse.c:{line_of(PARSE_C, 'byte')}" in r.stdout
+    assert "B's trace ends" in r.stdout
+
+
+def test_crash_natively_ends_at_the_faulting_instruction(work, parse):
+    """With the ptrace engine the trace stops right before the faulting
+    store: the last divergence is B's step cut short there."""
+    exe = work / "parse"
+    good = record(work / "good-p", exe, work / "good.txt", engine="ptrace")
+    bad = record(work / "bad-p", exe, work / "bad.txt", engine="ptrace", ok=(139,))
+    recs = jsonl(diff(good, bad, "--format", "jsonl"))
+    divs = of_type(recs, "divergence")
+    assert divs[0]["branch"]["line"].endswith(
+        f"parse.c:{line_of(PARSE_C, 'byte')}")
+    last = divs[-1]
+    assert "cut short in B" in last["reason"]
+    assert "before that instruction ran (a fault or a signal)" in last["reason"]
+    assert f"parse.c:{line_of(PARSE_C, 'crash')}" in last["reason"]
+    assert last["function"] == "handle"
+
+
+# -- different builds -------------------------------------------------------------------
+
+def test_builds_compared_by_symbol(work):
+    # same path length, so the loader's look at its own path runs alike
+    o0 = build(work, "fibsrc", FIB_C, "-O0", "-static", out=work / "O0" / "fib")
+    o2 = build(work, "fibsrc", FIB_C, "-O2", "-static", out=work / "O2" / "fib")
+    a = record(work / "fib-O0", o0, 10)
+    b = record(work / "fib-O2", o2, 10)
+    r = diff(a, b, "--format", "jsonl")
+    assert r.returncode == 1
+    recs = jsonl(r)
+    proc = of_type(recs, "process")[0]
+    assert proc["compared_by"] == "symbol+offset"
+    (exe,) = [m for m in proc["modules"] if m["b"].endswith("/O2/fib")]
+    assert exe["how"] == "symbol+offset" and exe["a"].endswith("/O0/fib")
+    assert exe["build_id"]["a"] != exe["build_id"]["b"]
+    assert exe["functions"]["matched"] > 100
+    # libc's start-up code is the same in both: they part in main
+    first = of_type(recs, "divergence")[0]
+    assert first["function"] == "main"
+    assert "builds' code differs" in first["reason"]
+    # back in step when main returns into libc
+    assert first["region"]["meet"]["how"] == "returned to a common frame"
+    counts = {c["function"]: c for c in of_type(recs, "coverage")
+              if c["kind"] == "count"}
+    assert counts["fib"]["calls"]["a"] == 177
+    text = diff(a, b).stdout
+    assert "compared by symbol+offset" in text and "different builds" in text
+
+
+# -- threads ----------------------------------------------------------------------------
+
+THREADS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+static long out[3];
+__attribute__((noinline)) static long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i % 7;
+    return s;
+}
+static void *worker(void *arg)
+{
+    long k = (long)arg;
+    out[k] = work(2000 * (k + 1));
+    return 0;
+}
+int main(void)
+{
+    pthread_t t[3];
+    for (long k = 0; k < 3; k++) {
+        pthread_create(&t[k], 0, worker, (void *)k);
+        pthread_join(t[k], 0);
+    }
+    printf("%ld %ld %ld\n", out[0], out[1], out[2]);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def threads(work):
+    exe = build(work, "threads", THREADS_C, "-O1", "-pthread")
+    return [record(work / f"threads{i}", exe, mode="thread") for i in (1, 2)]
+
+
+def _tids(bundle):
+    return sorted(s["tid"] for s in
+                  json.loads((bundle / "manifest.json").read_text())["streams"])
+
+
+def test_threads_paired_in_creation_order(threads):
+    """Worker k loops 2000*(k+1) times: paired in creation order, no two
+    paired workers part in work()."""
+    a, b = threads
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "0"))
+    pairs = of_type(recs, "pair")
+    assert len(pairs) == 4
+    ta, tb = _tids(a), _tids(b)
+    assert [p["a"]["tid"] for p in pairs] == ta     # main thread first
+    assert [p["b"]["tid"] for p in pairs] == tb
+    assert pairs[0]["a"]["tid"] == pairs[0]["a"]["pid"]
+    assert all(d["function"] != "work" for d in of_type(recs, "divergence"))
+
+
+def test_thread_override(threads):
+    a, b = threads
+    ta, tb = _tids(a), _tids(b)
+    # swap the first two workers by hand: they part in work()
+    r = diff(a, b, "--format", "jsonl", "--max", "0",
+             "--thread", f"A:{ta[1]}=B:{tb[2]}",
+             "--thread", f"A:{ta[2]}=B:{tb[1]}")
+    recs = jsonl(r)
+    pairs = {p["pair"]: p for p in of_type(recs, "pair")}
+    given = [p for p in pairs.values() if p["paired_by"] == "given"]
+    assert {(p["a"]["tid"], p["b"]["tid"]) for p in given} == \
+        {(ta[1], tb[2]), (ta[2], tb[1])}
+    in_work = {d["pair"] for d in of_type(recs, "divergence")
+               if d["function"] == "work"}
+    assert in_work == {p["pair"] for p in given}
+    assert r.returncode == 1
+
+
+FORK_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+__attribute__((noinline)) static long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)                /* LINE:loop */
+        s += i % 7;
+    return s;
+}
+int main(int argc, char **argv)
+{
+    long n = argc > 1 ? 1000 : 2000;
+    pid_t p = fork();
+    if (p == 0) {
+        printf("%ld\n", work(n));
+        return 0;
+    }
+    waitpid(p, 0, 0);
+    printf("%ld\n", work(3000));
+    return 0;
+}
+"""
+
+
+def test_processes_paired_parent_with_parent_child_with_child(work):
+    exe = build(work, "forky", FORK_C, "-O1")
+    a = record(work / "fork-a", exe, mode="thread")
+    b = record(work / "fork-b", exe, "x", mode="thread")
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "0"))
+    pairs = of_type(recs, "pair")
+    assert len(pairs) == 2
+    parent, child = pairs
+    assert parent["a"]["tid"] == parent["a"]["pid"]
+    assert child["a"]["pid"] != parent["a"]["pid"]
+    assert child["b"]["pid"] != parent["b"]["pid"]
+    divs = of_type(recs, "divergence")
+    # the child loops 2000 times in A, 1000 in B: it parts at the loop test
+    first = [d for d in divs if d["pair"] == child["pair"]][0]
+    assert first["function"] == "work"
+    assert first["branch"]["line"].endswith(f"forky.c:{line_of(FORK_C, 'loop')}")
+    assert first["region"]["a"]["insns"] > first["region"]["b"]["insns"] == 0
+    # the parents both run work(3000)
+    assert all(d["function"] != "work" for d in divs
+               if d["pair"] == parent["pair"])
+
+
+# -- a hardware recording ------------------------------------------------------------------
+
+def test_perf_import_of_a_cpu_wide_recording(tmp_path):
+    """perf's CPU-wide context switches name every task that ran on the CPU
+    (idle, kernel threads, perf itself): only the traced process's threads
+    are paired, and a real Intel PT recording compares equal with itself."""
+    fx = FIXTURES / "hase_loopy"
+    if not fx.is_dir():
+        pytest.skip("no hardware fixtures")
+    out = tmp_path / "loopy"
+    r = run_hwtrace("import", "-o", out, "--image", fx / "loopy",
+                    fx / "loopy-20180404T162955.perf")
+    assert r.returncode == 0, r.stderr
+    recs = jsonl(diff(out, out, "--format", "jsonl"))
+    (p,) = of_type(recs, "pair")
+    assert p["a"]["tid"] == p["b"]["tid"] == 19233 and p["a"]["comm"] == "loopy"
+    end = of_type(recs, "pair_end")[0]
+    assert end["same"] and end["a"]["insns"] == end["b"]["insns"] == 57
+    assert of_type(recs, "summary")[0]["same"] is True
+
+
+def test_lldb_import_of_a_multi_core_recording(tmp_path):
+    """LLDB's per-CPU capture of a 3-thread process (context switches of
+    every task on those CPUs): each CPU's stream is one traced thread's,
+    and the recording compares equal with itself, thread by thread."""
+    fx = FIXTURES / "lldb_intelpt" / "intelpt-multi-core-trace"
+    if not fx.is_dir():
+        pytest.skip("no hardware fixtures")
+    out = tmp_path / "mc"
+    r = run_hwtrace("import", "-o", out, fx / "trace.json")
+    assert r.returncode == 0, r.stderr
+    recs = jsonl(diff(out, out, "--format", "jsonl"))
+    pairs = of_type(recs, "pair")
+    assert len(pairs) == 2
+    assert all(p["a"]["pid"] == 3497234 and p["a"]["tid"] == p["b"]["tid"]
+               for p in pairs)
+    ends = of_type(recs, "pair_end")
+    assert all(e["same"] and e["a"]["insns"] == e["b"]["insns"] > 0
+               for e in ends)
+    assert of_type(recs, "summary")[0]["same"] is True
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+def _one_line_error(r):
+    assert r.returncode == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_missing_bundle(fib, tmp_path):
+    msg = _one_line_error(diff(fib[10], tmp_path / "nope"))
+    assert "nope" in msg
+
+
+def test_bundle_without_streams(fib, tmp_path):
+    empty = tmp_path / "empty"
+    shutil.copytree(fib[10], empty)
+    m = json.loads((empty / "manifest.json").read_text())
+    m["streams"] = []
+    (empty / "manifest.json").write_text(json.dumps(m))
+    msg = _one_line_error(diff(empty, fib[10]))
+    assert "no streams" in msg
+
+
+def test_bad_thread_options(fib):
+    assert "A:TID=B:TID" in _one_line_error(
+        diff(fib[10], fib[11], "--thread", "12=13"))
+    assert "no thread 1 in A" in _one_line_error(
+        diff(fib[10], fib[11], "--thread", "A:1=B:2"))
+    assert "--max" in _one_line_error(diff(fib[10], fib[11], "--max", "-1"))

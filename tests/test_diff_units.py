@@ -1,0 +1,395 @@
+"""hwtrace.diff's pieces on hand-made flows: steps, call stacks, the
+aligner, the pair counter, CPU-stream joining, thread pairing and
+relocation."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from hwtrace.diff import align, counting, cpumerge, relocate, stack, steps
+from hwtrace.diff.symtab import Module, SymTab
+from hwtrace.diff.threads import (Process, Thread, ThreadsError, pair,
+                                  parse_override)
+from hwtrace.flow.batches import BLOCK, Batch, ErrorItem
+from hwtrace.flow.events import Event
+from hwtrace.x86.insn import IClass
+
+O, C, R, J, JC, FC = (int(IClass.OTHER), int(IClass.CALL), int(IClass.RETURN),
+                      int(IClass.JUMP), int(IClass.COND_JUMP),
+                      int(IClass.FAR_CALL))
+
+
+def batch(recs, items=(), first=0, at=0):
+    """recs: (ip, end_ip, ninsn, iclass, size); record i's trace offset
+    is 16 * (at + i)."""
+    b = np.zeros(len(recs), BLOCK)
+    for i, (ip, end, n, c, sz) in enumerate(recs):
+        b[i] = (ip, end, 16 * (at + i), 0, n, c, sz, 3, 0)
+    return Batch(b, None, list(items), first)
+
+
+def split(recs, k):
+    """recs as batches of at most k records."""
+    return [batch(recs[i:i + k], at=i) for i in range(0, len(recs), k)] or \
+        [batch([])]
+
+
+def all_steps(batches, **kw):
+    return steps.read_all(batches, **kw)
+
+
+# -- steps ---------------------------------------------------------------------------
+
+def test_records_cut_without_a_branch_join_into_one_step():
+    recs = [(0x100, 0x104, 2, O, 4),        # cut (a PSB, say): goes on at 0x108
+            (0x108, 0x10a, 1, JC, 2),
+            (0x200, 0x210, 5, O, 3),        # not followed by 0x213: a new step
+            (0x300, 0x301, 1, R, 1)]
+    for k in (1, 2, 3, 4):
+        s = all_steps(split(recs, k))
+        assert [(int(x["rip"]), int(x["rend"]), int(x["n"])) for x in s] == \
+            [(0x100, 0x10a, 3), (0x200, 0x210, 5), (0x300, 0x301, 1)], k
+        assert s["idx"].tolist() == [0, 3, 8]
+        assert s["off"].tolist() == [0, 32, 48]
+
+
+def test_a_gap_splits_and_marks_the_step_after_it():
+    recs = [(0x100, 0x104, 2, O, 4), (0x108, 0x10a, 1, JC, 2)]
+    b = batch(recs, items=[(1, 20, ErrorItem("error", 20, 0x108, "lost"))])
+    s = all_steps([b])
+    assert [(int(x["rip"]), int(x["gap"])) for x in s] == [(0x100, 0), (0x108, 1)]
+    # the same gap at the very end of a batch applies to the next one
+    b1 = batch(recs[:1], items=[(1, 20, Event("overflow"))])
+    s2 = all_steps([b1, batch(recs[1:])])
+    assert [(int(x["rip"]), int(x["gap"])) for x in s2] == [(0x100, 0), (0x108, 1)]
+
+
+def test_calls_returns_and_depth():
+    recs = [(0x100, 0x105, 2, C, 5),        # call 0x400
+            (0x400, 0x401, 1, C, 5),        # call to its own fall-through: no call
+            (0x406, 0x407, 1, FC, 2),       # syscall back to the next insn: no call
+            (0x409, 0x40a, 1, R, 1),        # return to 0x10a
+            (0x10a, 0x10b, 1, R, 1)]        # return out of the traced start
+    s = all_steps(split(recs, 2))
+    assert s["delta"].tolist() == [1, 0, 0, -1, -1]
+    assert s["depth"].tolist() == [0, 1, 1, 1, 0]
+    # whatever the batch boundaries, the same steps (whole records)
+    for k in (1, 3, 4, 5):
+        assert (all_steps(split(recs, k)) == s).all(), k
+
+
+def test_translate_reads_addresses_in_the_other_runs_terms():
+    recs = [(0x100, 0x104, 2, JC, 2)]
+    s = all_steps([batch(recs)], translate=lambda a: a + np.uint64(0x1000))
+    assert (int(s[0]["ip"]), int(s[0]["end"]), int(s[0]["rip"])) == \
+        (0x1100, 0x1104, 0x100)
+
+
+# -- stack ---------------------------------------------------------------------------
+
+def test_shadow_stack_matches_a_step_by_step_stack():
+    rng = random.Random(7)
+    for trial in range(50):
+        n = rng.randrange(1, 200)
+        st = np.zeros(n, steps.STEP)
+        st["delta"] = [rng.choice((1, 1, 0, -1, -1)) for _ in range(n)]
+        st["rend"] = np.arange(n) + 1000
+        naive: list = []
+        for d, site in zip(st["delta"].tolist(), st["rend"].tolist()):
+            if d > 0:
+                naive.append(site)
+            elif d < 0 and naive:
+                naive.pop()
+        sh = stack.ShadowStack()
+        cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))
+        prev = 0
+        for c in cuts + [n]:
+            sh.advance(st[prev:c])
+            prev = c
+        assert sh.sites == naive, trial
+
+
+# -- the aligner -----------------------------------------------------------------------
+
+H = (0x100, 0x10a, 4, JC, 2)     # loop header: taken -> body, else exit
+BODY = (0x200, 0x20e, 5, J, 2)   # back to the header
+X = (0x10c, 0x120, 6, J, 2)      # after the loop
+T = (0x300, 0x308, 3, R, 1)      # the rest
+
+
+def run(a_recs, b_recs, k=3, **kw):
+    ra = steps.StepReader(split(a_recs, k))
+    rb = steps.StepReader(split(b_recs, k))
+    return list(align.compare(ra, rb, **kw)), ra, rb
+
+
+def test_identical_flows_have_no_divergence():
+    flow = [H, BODY, H, BODY, H, X, T]
+    divs, ra, rb = run(flow, flow, k=2)
+    assert divs == [] and ra.insns == rb.insns == 4 * 3 + 5 * 2 + 6 + 3
+
+
+def test_loop_run_longer_meets_after_the_loop():
+    a = [H, BODY, H, X, T]
+    b = [H, BODY, H, BODY, H, BODY, H, X, T]
+    divs, _ra, _rb = run(a, b)
+    (d,) = divs
+    assert (d.a.ip, d.b.ip) == (X[0], BODY[0])
+    assert d.a.idx == d.b.idx == 4 + 5 + 4
+    assert d.a.prev[1] == H[1]                          # the deciding branch
+    r = d.region
+    assert (r.a_insns, r.b_insns) == (0, 2 * (5 + 4))
+    ma, mb = r.meet
+    assert ma.ip == mb.ip == X[0] and r.depth == d.a.depth
+
+
+def test_a_trace_that_ends_never_meets():
+    a = [H, BODY, H, X, T]
+    b = [H, BODY, H]
+    (d,), _ra, _rb = run(a, b)
+    assert d.a.ip == X[0] and d.b.ip is None
+    assert d.region.meet is None and d.region.why == "b-ended"
+    assert d.region.a_insns == 6 + 3
+
+
+def test_max_divergences_stops_and_says_so():
+    a = [H, X, T, H, X, T]
+    b = [H, BODY, H, X, T, H, BODY, H, X, T]
+    divs, _ra, _rb = run(a, b)
+    assert len(divs) == 2
+    status: dict = {}
+    divs, ra, rb = run(a, b, max_divergences=1, status=status)
+    assert len(divs) == 1 and status["more"]
+    assert ra.done and rb.done
+
+
+def test_calls_after_the_divergence_are_not_meeting_points():
+    call = (0x100, 0x105, 2, C, 5)          # call f
+    f1 = (0x400, 0x40a, 3, JC, 2)           # f: taken -> f2, else f3
+    f2 = (0x500, 0x502, 1, R, 1)
+    f3 = (0x40c, 0x40d, 1, R, 1)
+    back = (0x10a, 0x110, 2, J, 2)
+    a = [call, f1, f3, back, T]
+    b = [call, f1, f2, back, T]
+    (d,), _ra, _rb = run(a, b)
+    assert d.a.stack == [0x105] and d.a.depth == 1
+    assert d.region.meet[0].ip == back[0] and d.region.depth == 0
+
+
+def test_the_same_callee_from_other_call_sites_is_no_meeting_point():
+    """Both runs call g after parting, from different call sites: g's code
+    runs in frames the other run never had, so they meet after, in the
+    frame that was open when they parted."""
+    top = (0x100, 0x10a, 4, JC, 2)          # taken -> 0x700, else 0x10c
+    site1 = (0x10c, 0x110, 2, C, 5)         # call g from 0x110
+    site2 = (0x700, 0x704, 2, C, 5)         # call g from 0x704
+    g = (0x900, 0x904, 2, R, 1)
+    after1 = (0x115, 0x118, 1, J, 2)        # -> join
+    after2 = (0x709, 0x70c, 1, J, 2)        # -> join
+    join = (0x800, 0x808, 3, R, 1)
+    a = [top, site1, g, after1, join]
+    b = [top, site2, g, after2, join]
+    (d,), _ra, _rb = run(a, b)
+    ma, mb = d.region.meet
+    assert ma.ip == mb.ip == join[0]
+    assert (d.region.a_calls, d.region.b_calls) == (1, 1)
+    assert d.region.a_callees == d.region.b_callees == {0x900: 1}
+
+
+def test_after_lost_data_the_runs_meet_where_the_trace_resumes():
+    """B lost the call into f and f's first steps: B resumes inside f at a
+    depth it can't know; the runs meet at that step, B's depth is re-based
+    on A's, and the rest compares equal."""
+    call = (0x100, 0x105, 2, C, 5)
+    f1 = (0x400, 0x40a, 3, JC, 2)
+    f2 = (0x40c, 0x410, 2, J, 2)
+    ret = (0x500, 0x501, 1, R, 1)
+    back = (0x10a, 0x110, 2, R, 1)
+    a = [call, f1, f2, ret, back]
+    rb_batches = [batch([ret, back], items=[(0, 4, Event("overflow"))])]
+    ra = steps.StepReader(split(a, 2))
+    rb = steps.StepReader(rb_batches)
+    (d,) = list(align.compare(ra, rb))
+    assert d.b.gap and (d.a.ip, d.b.ip) == (call[0], ret[0])
+    r = d.region
+    assert r.how == "after lost data" and r.meet[0].ip == ret[0]
+    assert (r.a_insns, r.b_insns) == (2 + 3 + 2, 0)
+    assert r.meet[1].depth == r.meet[0].depth == 1
+    assert r.meet[1].stack == r.meet[0].stack == [0x105]
+    assert ra.depth == rb.depth == -1 and rb.gaps == 1
+
+
+def test_a_trace_that_begins_later_meets_where_it_begins():
+    """A circular buffer kept only A's newest trace: A begins at a step B
+    runs later; they meet there, and the rest is the same."""
+    b = [H, BODY, H, BODY, H, X, T]
+    late = b[1:]
+    (d,), ra, rb = run(late, b)
+    assert (d.a.ip, d.b.ip) == (BODY[0], H[0]) and d.a.prev is None
+    r = d.region
+    assert r.how == "where A's trace begins"
+    assert (r.a_insns, r.b_insns) == (0, 4)
+    assert r.meet[0].ip == r.meet[1].ip == BODY[0]
+    assert (r.meet[0].idx, r.meet[1].idx) == (0, 4)
+    assert ra.insns == rb.insns - 4
+    (d,), _ra, _rb = run(b, late)
+    assert d.region.how == "where B's trace begins"
+    assert (d.region.a_insns, d.region.b_insns) == (4, 0)
+
+
+def test_window_gives_up():
+    a = [H, X] + [T] * 10
+    b = [H, BODY] * 50
+    (d,), _ra, _rb = run(a, b, window=20)
+    assert d.region.meet is None and d.region.why == "window"
+
+
+# -- counting ------------------------------------------------------------------------------
+
+def test_pair_counter_is_exact_even_when_buckets_collide():
+    rng = random.Random(3)
+    pc = counting.PairCounter(bits=4)         # tiny: collisions, growth
+    want: Counter = Counter()
+    for _ in range(20):
+        a = np.array([rng.randrange(50) for _ in range(300)], np.uint64)
+        b = np.array([rng.randrange(3) for _ in range(300)], np.uint64)
+        pc.add(a, b)
+        want.update(zip(a.tolist(), b.tolist()))
+    fa, fb, c = pc.items()
+    assert dict(zip(zip(fa.tolist(), fb.tolist()), c.tolist())) == dict(want)
+    assert list(zip(fa.tolist(), fb.tolist())) == sorted(want)
+    xa = np.array([1, 2, 999], np.uint64)
+    xb = np.array([0, 7, 0], np.uint64)
+    hit = counting.pairs_in(xa, xb, fa, fb)
+    assert hit.tolist() == [(1, 0) in want, (2, 7) in want, False]
+
+
+# -- CPU streams ---------------------------------------------------------------------------
+
+def ev(kind, **kw):
+    return Event(kind, **kw)
+
+
+def test_a_thread_that_moved_between_cpus_is_joined_in_order():
+    s1 = (0x100, 0x10a, 4, JC, 2)
+    s2 = (0x10c, 0x110, 2, J, 2)
+    s3 = (0x200, 0x204, 2, FC, 2)       # syscall at 0x204: resumes at 0x206
+    s4 = (0x206, 0x208, 1, R, 1)
+    # cpu0: s1 then interrupted before 0x10c; later s4 after the syscall
+    cpu0 = [batch([s1], [(0, 0, ev("enabled", ip=0x100)),
+                         (1, 5, ev("async_disabled", at=0x10c))]),
+            batch([s4], [(0, 9, ev("enabled", ip=0x206))])]
+    # cpu1: goes on at 0x10c, runs s2, s3, disabled at the syscall
+    cpu1 = [batch([s2, s3], [(0, 0, ev("enabled", ip=0x10c)),
+                             (2, 7, ev("disabled", ip_suppressed=True))])]
+    for order in ((0, 1), (1, 0)):
+        streams = [(0, iter(cpu0)), (1, iter(cpu1))]
+        streams = [streams[i] for i in order]
+        got = [int(r["ip"]) for b in cpumerge.merged_batches(streams)
+               for r in b.blocks]
+        assert got == [0x100, 0x10c, 0x200, 0x206], order
+
+
+def test_equal_times_are_ordered_by_who_left_first():
+    a = (0x100, 0x10a, 4, JC, 2)
+    b = (0x300, 0x304, 2, R, 1)
+    cpu0 = [batch([b], [(0, 0, ev("enabled", ip=0x300, has_tsc=True, tsc=5))])]
+    cpu1 = [batch([a], [(0, 0, ev("enabled", ip=0x100, has_tsc=True, tsc=5)),
+                        (1, 3, ev("async_disabled", at=0x999))])]
+    got = [int(r["ip"]) for b_ in cpumerge.merged_batches(
+        [(0, iter(cpu0)), (1, iter(cpu1))], left={1: 10}) for r in b_.blocks]
+    assert got == [0x100, 0x300]
+
+
+# -- thread pairing ---------------------------------------------------------------------------
+
+def th(pid, tid, time=0):
+    return Thread(pid, tid, [], "p", time)
+
+
+def proc(pid, threads, children=(), ppid=0):
+    p = Process(pid, ppid, "p")
+    p.threads = list(threads)
+    p.children = list(children)
+    return p
+
+
+def test_pairing_follows_the_process_tree_and_creation_order():
+    a = [proc(10, [th(10, 10), th(10, 11, 1), th(10, 12, 2)],
+              [proc(20, [th(20, 20)]), proc(30, [th(30, 30)])])]
+    b = [proc(50, [th(50, 50), th(50, 52, 1), th(50, 53, 2)],
+              [proc(60, [th(60, 60)])])]
+    p = pair(a, b)
+    assert [(x.tid, y.tid) for x, y, _how in p.pairs] == \
+        [(10, 50), (11, 52), (12, 53), (20, 60)]
+    assert [t.tid for t in p.only_a] == [30] and p.only_b == []
+    p2 = pair(a, b, [(11, 53)])
+    assert [(x.tid, y.tid, how) for x, y, how in p2.pairs] == \
+        [(10, 50, "tree"), (11, 53, "given"), (12, 52, "tree"), (20, 60, "tree")]
+    with pytest.raises(ThreadsError, match="no thread 99 in A"):
+        pair(a, b, [(99, 50)])
+    with pytest.raises(ThreadsError, match="paired twice"):
+        pair(a, b, [(11, 52), (12, 52)])
+    assert parse_override("A:1=B:2") == (1, 2)
+    with pytest.raises(ThreadsError):
+        parse_override("1=2")
+
+
+# -- relocation -------------------------------------------------------------------------------
+
+class FakeImage:
+    def __init__(self, bias, funcs):
+        self.bias = bias
+        self._f = funcs                      # (link address, size, name)
+
+    def functions(self):
+        for a, sz, n in self._f:
+            yield a + self.bias, sz, n
+
+    def line(self, addr):
+        return None
+
+
+def mod(path, build, low, size, bias, funcs, main=False):
+    return Module(path, path, build, low, low + size, FakeImage(bias, funcs),
+                  main)
+
+
+def test_relocation_by_module_offset_and_by_symbol():
+    libc = [(0x100, 0x40, "memcpy"), (0x200, 0x80, "printf")]
+    a = SymTab([mod("/lib/libc.so", "aa", 0x7000, 0x1000, 0x7000, libc),
+                mod("/bin/prog", "p1", 0x400000, 0x1000, 0,
+                    [(0x400100, 0x20, "main"), (0x400200, 0x10, "f")], True)])
+    b = SymTab([mod("/lib/libc.so", "aa", 0x9000, 0x1000, 0x9000, libc),
+                mod("/bin/prog", "p2", 0x500000, 0x1000, 0,
+                    [(0x500300, 0x30, "main"), (0x500400, 0x10, "g")], True),
+                mod("/lib/extra.so", "ee", 0xa000, 0x100, 0xa000, [])])
+    rel = relocate.relocation(a, b)
+    assert rel.by == "symbol+offset"
+    hows = {n.b: n.how for n in rel.notes}
+    assert hows == {"/lib/libc.so": "module", "/bin/prog": "symbol",
+                    "/lib/extra.so": "none"}
+    x = np.array([0x9210,        # printf+0x10 in B's libc
+                  0x500304,      # main+4
+                  0x500325,      # main+0x25: past A's main (0x20 long)
+                  0x500400,      # g: A has none
+                  0xa010,        # only B has this module
+                  0x123], np.uint64)   # outside every module: as it is
+    got = rel(x).tolist()
+    F = 1 << 63
+    assert got == [0x7210, 0x400104, 0x500325 ^ F, 0x500400 ^ F, 0xa010 ^ F,
+                   0x123]
+    assert rel.module_names() == {"libc.so": "libc.so", "prog": "prog"}
+    assert rel.how_at(0x500304) == "symbol" and rel.how_at(0x9210) == "module"
+
+
+def test_same_modules_at_the_same_place_need_no_relocation():
+    f = [(0x100, 0x40, "main")]
+    a = SymTab([mod("/bin/p", "x", 0x1000, 0x1000, 0x1000, f, True)])
+    b = SymTab([mod("/bin/p", "x", 0x1000, 0x1000, 0x1000, f, True)])
+    rel = relocate.relocation(a, b)
+    assert rel.identity and rel.by == "address"

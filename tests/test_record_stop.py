@@ -1,0 +1,253 @@
+"""Stop a recording any time (issue 17): Ctrl-C (SIGINT to the whole
+process group, as a terminal sends it), SIGTERM or the end of --duration
+end a never-ending program and write a complete bundle that libipt decodes
+to exactly the instructions observed; --pid attaches (ptrace) and detaches,
+leaving the program running; a SIGKILLed hwtrace leaves what ``hwtrace
+recover`` needs. Working files live in the output directory and are gone
+once the bundle is written: nothing is left in $TMPDIR."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_hwtrace
+from test_faults import SOURCES, _alive, _gone, _wait_pid_file
+from test_record import decode_bundle
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v qemu-x86_64 && command -v gcc"],
+                   capture_output=True).returncode != 0, reason="needs qemu-user and gcc")
+
+BUNDLE_FILES = {"manifest.json", "sideband.jsonl"}
+
+
+# handles SIGINT (and goes on), writes its pid to argv[1], computes forever
+STUBBORN = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static volatile int hits;
+__attribute__((noinline)) static void on_int(int s) { hits++; }
+int main(int argc, char **argv) {
+  signal(SIGINT, on_int);
+  FILE *f = fopen(argv[1], "w"); fprintf(f, "%d\n", getpid()); fclose(f);
+  volatile unsigned long s = 0;
+  for (;;) { for (int i = 0; i < 20000; i++) s += i % 7; usleep(2000); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def progs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stopprogs")
+    for name, src in (("loop", SOURCES["loop"]), ("stubborn", STUBBORN)):
+        (d / f"{name}.c").write_text(src)
+        subprocess.run(["gcc", "-O1", "-o", str(d / name), str(d / f"{name}.c")], check=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def loop(progs):
+    """Writes its pid to argv[1], then computes forever."""
+    return progs / "loop"
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path):
+    t = tmp_path / "tmpdir"
+    t.mkdir()
+    return t, {**os.environ, "TMPDIR": str(t)}
+
+
+def _start(args, env, **kw):
+    """hwtrace in a process group of its own, as a shell runs a job."""
+    return subprocess.Popen([sys.executable, "-m", "hwtrace", *map(str, args)], cwd=REPO,
+                            env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _finish(rec, timeout=300):
+    try:
+        out, err = rec.communicate(timeout=timeout)
+    finally:
+        if rec.poll() is None:
+            os.killpg(rec.pid, signal.SIGKILL)
+            rec.wait()
+    return out, err
+
+
+def _only_bundle(b: Path, man) -> None:
+    """The bundle's files and nothing else (no buffers, logs, device file)."""
+    want = BUNDLE_FILES | {s["file"] for s in man["streams"]}
+    if man.get("images"):
+        want.add("images")          # e.g. the [vdso] the stepper saved
+    assert {p.name for p in b.iterdir()} == want
+
+
+@pytest.mark.parametrize("engine", ["qemu", "ptrace"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stop_a_never_ending_program(tmp_path, tmpdir_env, loop, ptoracle, engine, how):
+    tmpdir, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "--engine", engine, "-o", b, "--", loop, pidf], env)
+    pid = None
+    try:
+        pid = _wait_pid_file(pidf, rec)
+        if how == "ctrl-c":
+            os.killpg(rec.pid, signal.SIGINT)       # hwtrace and the program: the job
+        else:
+            os.kill(rec.pid, signal.SIGTERM)        # hwtrace only
+        out, err = _finish(rec)
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert rec.returncode == (130 if how == "ctrl-c" else 143), err
+    assert _gone(pid), "the traced program outlived the recording"
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hwtrace: wrote {b}: ") \
+        and "nothing lost" in lines[0] and "stopped by SIG" in lines[0], err
+    man, res = decode_bundle(ptoracle, b)
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000
+    assert man["recording"]["stop"] == ("SIGINT" if how == "ctrl-c" else "SIGTERM")
+    _only_bundle(b, man)
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_duration_ends_the_recording(tmp_path, tmpdir_env, loop, ptoracle):
+    tmpdir, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "--duration", "0.5", "--mode", "thread", "-o", b, "--", loop, pidf],
+                 env)
+    out, err = _finish(rec)
+    assert rec.returncode == 0, err
+    assert "stopped after --duration: the program was killed" in err
+    man, res = decode_bundle(ptoracle, b)
+    assert man["recording"]["stop"] == "duration"
+    _only_bundle(b, man)
+    assert list(tmpdir.iterdir()) == []
+    pid = int(pidf.read_text())
+    assert _gone(pid)
+
+
+def test_attach_with_ptrace_and_detach(tmp_path, tmpdir_env, loop, ptoracle):
+    """record --pid: the ptrace engine attaches, --duration's end detaches,
+    and the program runs on; the QEMU engine says in one line it can't."""
+    tmpdir, env = tmpdir_env
+    pidf = tmp_path / "pid"
+    prog = subprocess.Popen([str(loop), str(pidf)])
+    try:
+        pid = _wait_pid_file(pidf, prog)
+        r = run_hwtrace("record", "--engine", "qemu", "--pid", pid, "-o", tmp_path / "q", env=env)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "qemu engine cannot attach" in r.stderr and "--engine ptrace" in r.stderr
+        assert not (tmp_path / "q").exists()
+        r = run_hwtrace("record", "--pid", pid, "--duration", "0.5", "-o", tmp_path / "b",
+                        env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"detached from pid {pid}, which runs on" in r.stderr
+        assert _alive(pid) and prog.poll() is None
+        man, res = decode_bundle(ptoracle, tmp_path / "b")
+        assert man["engine_info"] == {"source": "ptrace"}
+        assert sum(v[0]["instructions_observed"] for v in res.values()) > 1000
+        _only_bundle(tmp_path / "b", man)
+    finally:
+        prog.kill()
+        prog.wait()
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_sigkilled_recorder_leaves_what_recover_needs(tmp_path, tmpdir_env, loop, ptoracle):
+    tmpdir, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "-o", b, "--", loop, pidf], env)
+    pid = None
+    try:
+        pid = _wait_pid_file(pidf, rec)
+        rec.kill()
+        _finish(rec)
+        assert _gone(pid), "the traced program outlived its recorder"
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert list(tmpdir.iterdir()) == []            # all of it is in -o
+    assert not (b / "manifest.json").exists()
+    assert list(b.glob("hwtrace-xlog-*/exec.xlog"))
+    r = run_hwtrace("record", "-o", b, "--", "/bin/true", env=env)
+    assert r.returncode == 2 and "unfinished recording" in r.stderr and "recover" in r.stderr
+    r = run_hwtrace("recover", b, env=env)
+    assert r.returncode == 0, r.stderr
+    man, res = decode_bundle(ptoracle, b)
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000
+    assert not (b / "device.json").exists() and not list(b.glob("buf-*"))
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_failed_start_leaves_nothing(tmp_path, tmpdir_env):
+    tmpdir, env = tmpdir_env
+    r = run_hwtrace("record", "-o", tmp_path / "b", "--", tmp_path / "nope", env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "b").exists()
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_ctrl_c_at_a_terminal(tmp_path, progs, ptoracle):
+    """A real terminal's Ctrl-C (a pty: the tty driver signals the whole
+    foreground process group) on a program that handles SIGINT and goes on:
+    hwtrace stops, the program is killed, and the trace ends where Ctrl-C
+    was pressed -- the program's handler, run after it, is not in it."""
+    import pty
+    import select
+    from test_record import symbol
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    pid = None
+    child, fd = pty.fork()
+    if child == 0:                          # hwtrace, as a shell would run it
+        try:
+            os.chdir(REPO)
+            os.execv(sys.executable, [sys.executable, "-m", "hwtrace", "record", "-o", str(b),
+                                      "--", str(progs / "stubborn"), str(pidf)])
+        finally:
+            os._exit(127)
+    said = b""
+    try:
+        end = time.monotonic() + 300
+        while not (pidf.exists() and pidf.read_text().endswith("\n")):
+            assert time.monotonic() < end, "the traced program never started"
+            if select.select([fd], [], [], 0.1)[0]:
+                said += os.read(fd, 4096)
+        pid = int(pidf.read_text())
+        os.write(fd, b"\x03")                 # Ctrl-C
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            said += data
+        _, st = os.waitpid(child, 0)
+        child = None
+    finally:
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        os.close(fd)
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert os.waitstatus_to_exitcode(st) == 130, said
+    assert _gone(pid)
+    assert b"stopped by SIGINT: the program was killed" in said
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert man["recording"]["stop"] == "SIGINT"
+    from test_record import load_base
+    handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert len(ips) > 10_000 and handler not in ips
