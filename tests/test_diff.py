@@ -527,13 +527,11 @@ def test_processes_paired_parent_with_parent_child_with_child(work):
 
 # -- a hardware recording ------------------------------------------------------------------
 
-def test_perf_import_of_a_cpu_wide_recording(tmp_path):
+def test_perf_import_of_a_cpu_wide_recording(tmp_path, hardware):
     """perf's CPU-wide context switches name every task that ran on the CPU
     (idle, kernel threads, perf itself): only the traced process's threads
     are paired, and a real Intel PT recording compares equal with itself."""
     fx = FIXTURES / "hase_loopy"
-    if not fx.is_dir():
-        pytest.skip("no hardware fixtures")
     out = tmp_path / "loopy"
     r = run_hwtrace("import", "-o", out, "--image", fx / "loopy",
                     fx / "loopy-20180404T162955.perf")
@@ -546,13 +544,11 @@ def test_perf_import_of_a_cpu_wide_recording(tmp_path):
     assert of_type(recs, "summary")[0]["same"] is True
 
 
-def test_lldb_import_of_a_multi_core_recording(tmp_path):
+def test_lldb_import_of_a_multi_core_recording(tmp_path, hardware):
     """LLDB's per-CPU capture of a 3-thread process (context switches of
     every task on those CPUs): each CPU's stream is one traced thread's,
     and the recording compares equal with itself, thread by thread."""
     fx = FIXTURES / "lldb_intelpt" / "intelpt-multi-core-trace"
-    if not fx.is_dir():
-        pytest.skip("no hardware fixtures")
     out = tmp_path / "mc"
     r = run_hwtrace("import", "-o", out, fx / "trace.json")
     assert r.returncode == 0, r.stderr
