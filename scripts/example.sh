@@ -5,6 +5,7 @@
 # write a timeline to open in a viewer.  Each step says what it shows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1       # each command's lines in the order it prints them
 # hwtrace from the clone's environment (scripts/install.sh) when there is one.
 if [ -x .venv/bin/hwtrace ]; then PATH=$PWD/.venv/bin:$PATH; fi
 out=build/example
@@ -28,7 +29,14 @@ of an indirect branch or return; tip.pgd: tracing stops (a syscall, exit).
 EOF
 hwtrace dump "$stream" | head -n 12
 
-step "3. where the instructions went: hwtrace summary --sort calls --top 8 $out/trace"
+step "3. the instructions: hwtrace decode --lines $out/trace | grep -m1 -A9 '  fib  '"
+note <<'EOF'
+address, function+offset, disassembly, source line (--lines; the program
+was built with -g): the first call of fib, as it ran.
+EOF
+hwtrace decode --lines "$out/trace" | grep -m1 -A9 '  fib  '
+
+step "4. where the instructions went: hwtrace summary --sort calls --top 8 $out/trace"
 note <<'EOF'
 calls: times the function was entered; excl insns: instructions executed in
 the function itself, incl insns: with what it called; excl%: share of all
@@ -37,7 +45,7 @@ loader (ld.so) starting the program; sorted by calls, fib is first.
 EOF
 hwtrace summary --sort calls --top 8 "$out/trace"
 
-step "4. calls and returns inside fib: hwtrace branches --kinds call,return --within fib $out/trace | sed -n 9,20p"
+step "5. calls and returns inside fib: hwtrace branches --kinds call,return --within fib $out/trace | sed -n 9,20p"
 note <<'EOF'
 columns: thread (pid/tid; - where the stream does not say), call depth of
 the code taking the branch, kind, from -> to (address, function+offset).
@@ -45,7 +53,7 @@ fib(12) recurses 11 calls deep, then returns and calls again as it unwinds.
 EOF
 hwtrace branches --kinds call,return --within fib "$out/trace" | sed -n 9,20p
 
-step "5. a timeline and a flame graph: hwtrace export $out/trace --chrome $out/fib-timeline.json --folded $out/fib.folded"
+step "6. a timeline and a flame graph: hwtrace export $out/trace --chrome $out/fib-timeline.json --folded $out/fib.folded"
 hwtrace export "$out/trace" --chrome "$out/fib-timeline.json" --folded "$out/fib.folded"
 viewer=build/viewer/node_modules/.bin/speedscope
 echo "   open the timeline in speedscope (a browser window):"
