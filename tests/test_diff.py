@@ -264,8 +264,10 @@ def test_a_wrapped_trace_meets_where_it_begins(work, fib):
     instruction count says where in the run B's trace begins, and from
     there the runs are the same."""
     exe = work / "fib"
-    full = record(work / "fib18", exe, 18)
-    wrapped = record(work / "fib18-wrapped", exe, 18, extra=("--circular",
+    # fib(22): a trace several times the 4 KiB buffer (fib(18)'s, ~3.7 KiB
+    # under a small environment, did not wrap)
+    full = record(work / "fib22", exe, 22)
+    wrapped = record(work / "fib22-wrapped", exe, 22, extra=("--circular",
                                                             "--buffer-size", "4K"))
     recs = jsonl(diff(full, wrapped, "--format", "jsonl", "--max", "0"))
     (d,) = of_type(recs, "divergence")
