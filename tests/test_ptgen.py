@@ -78,13 +78,36 @@ def test_timing_packets_and_psb_interval():
     t.enter(0x401000)
     t.retire(88)                              # one ART tick: one MTC (MTCFreq 0)
     assert bytes(t.buf).endswith(E.mtc((art + 1) & 0xFF))
-    # PSBFreq 0: a PSB+ after 2 KiB at the next boundary, with FUP
+    # PSBFreq 0: past 2 KiB, PSB+ at the boundary after the next retired
+    # instruction (mid-block), with the TSC and FUP of that boundary
     for _ in range(1100):
         t.branch(G.K_JMP_IND, 0, 0x401000)
         t.branch(G.K_JMP_IND, 0, 0x402000)
-    t.boundary(0x402000)
+    assert bytes(t.buf).count(E.psb()) == 1
+    t.run(0x402000, 3, b"\x02\x03\x01")
     assert bytes(t.buf).count(E.psb()) == 2
-    assert bytes(t.buf).endswith(E.mode_exec(csl=1) + E.fup(0x402000, ipc=3) + E.psbend())
+    assert bytes(t.buf).endswith(E.psb() + E.tsc(1089) + E.tma(12, 1089 - 12 * 88) + E.cbr(22)
+                                 + E.mode_exec(csl=1) + E.fup(0x402002, ipc=3) + E.psbend())
+    assert t.t == 1091 and t.insns == 91
+
+
+def test_psb_lands_one_instruction_after_the_crossing_packet():
+    """The packet that reaches PacketByteCnt's period is at a branch; PSB+
+    follows one retired instruction later: inside the next run when it has
+    two or more instructions, at the start of the one after a run of one."""
+    for sizes, runs, want in (
+            (b"\x01\x04\x02", [(0x401000, 3)], 0x401001),            # mid-block
+            (b"\x05", [(0x401000, 1), (0x401010, 1)], 0x401010)):      # next run's start
+        t = tracer(BR | USER)
+        t.enter(0x400000)
+        while t.since_psb < t.psb_period:
+            t.branch(G.K_JMP_IND, 0, 0x400000 + (t.since_psb & 0xFFF0))
+        before = len(t.buf)
+        for pc, n in runs:
+            t.run(pc, n, sizes)
+        tail = bytes(t.buf[before:])
+        assert tail == (E.psb() + E.cbr(22) + E.mode_exec(csl=1) + E.fup(want, ipc=3)
+                        + E.psbend()), tail.hex()
 
 
 def test_cyc_and_tnt64():

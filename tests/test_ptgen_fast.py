@@ -55,6 +55,48 @@ def test_compiled_equals_python(tmp_path):
                     assert csw == sw
 
 
+DYING = r"""
+#include <pthread.h>
+volatile unsigned long sink;
+static void *worker(void *a) { for (;;) sink++; return a; }
+__attribute__((noinline)) int divide(int a, int b) { int x = a * 3 + 1; x ^= b; return x / b; }
+int main(int argc, char **argv) {
+  pthread_t t; pthread_create(&t, 0, worker, 0);
+  for (volatile int i = 0; i < 100000; i++) sink += i;
+  return divide(argc, argc - 1); }
+"""
+
+
+def test_compiled_equals_python_when_blocks_end_early(tmp_path):
+    """A program dies of a divide error in the middle of a block while a
+    second thread spins: the log ends each thread with an EXEC_PART record
+    (the block it was in, as far as it got); both generators cut it there,
+    byte for byte, in both modes."""
+    src = tmp_path / "d.c"
+    src.write_text(DYING)
+    exe = tmp_path / "d"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src), "-lpthread"], check=True)
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program([str(exe)]), log) == -8
+    data = log.read_bytes()
+    full = flow.load(data)
+    index = flow.load(data, index_only=True)
+    assert index.features == {"exec_part"}
+    cr3 = flow.assign_cr3(index.processes)
+    for ctl in CONFIGS:
+        cfg = ptgen.TraceConfig(ctl=ctl)
+        assert fast.eligible(index, cfg)
+        for mode in ("thread", "cpu"):
+            sw, ex = [], {}
+            res = flow.generate(full, cfg, mode=mode, num_cpus=2, switches=sw, cr3=cr3, exits=ex)
+            streams, csw, cex = fast.generate(log, index, cfg, mode, 2, cr3)
+            assert (cex, sorted(streams)) == (ex, sorted(r.key for r in res))
+            for r in res:
+                assert streams[r.key] == (bytes(r.tracer.buf), r.tracer.insns), (ctl, mode, r.key)
+            if mode == "cpu":
+                assert csw == sw
+
+
 def test_eligibility():
     class T:
         pass

@@ -97,7 +97,9 @@ FATAL = {
 def test_fatal_guest_signal_keeps_every_record(tmp_path, name):
     """QEMU kills itself with the guest's uncaught signal (no exit
     callback): the log gets the thread's buffered records from its buffer
-    file, up to the block that faulted, and the buffer file is gone."""
+    file, up to the block that faulted, and the buffer file is gone.  That
+    block is an EXEC_PART record whose count is the instructions that
+    retired before the faulting one (the plugin's per-instruction count)."""
     src, sig, iters = FATAL[name]
     c = tmp_path / f"{name}.c"
     c.write_text(src)
@@ -112,16 +114,20 @@ def test_fatal_guest_signal_keeps_every_record(tmp_path, name):
             blocks[r.id] = r
         elif type(r) is xl.Exec:
             ran += r.ids
-        tail.append(type(r))
-    assert xl.ProcExit not in tail and xl.ThreadExit not in tail
+        tail.append(r)
+    assert not [r for r in tail if type(r) in (xl.ProcExit, xl.ThreadExit)]
     loop = [i for i, b in blocks.items() if len(b.sizes) == 4 and b.code.endswith(b"\x75\xf7")]
     # the first iteration runs in the block that enters the loop
     assert len(loop) == 1 and ran.count(loop[0]) == iters - 1
-    last = blocks[ran[-1]]
+    part = tail[-1]
+    assert type(part) is xl.ExecPart and part.id not in ran
+    last = blocks[part.id]
     if name == "ill":
-        assert last.code == b"\x0f\x0b"          # the ud2 block, entered
+        assert (last.code, part.count) == (b"\x0f\x0b", 0)   # the ud2 block, ud2 not retired
     else:
-        assert b"\xf7" in last.code and last.code.endswith(b"\xc3")   # cltd; idiv; ret
+        # cltd; idiv; ret: cltd retired, idiv faulted
+        assert last.code[:3] == b"\x99\xf7\xff" and last.code.endswith(b"\xc3")
+        assert part.count == 1
 
 
 def test_normal_exit_leaves_no_buffer_files(tmp_path):
@@ -219,9 +225,11 @@ def test_fatal_signal_keeps_every_thread_records(tmp_path):
     log = tmp_path / "x.log"
     assert qemu.run(qemu.resolve_program([str(exe)]), log) == -8
     assert qemu.buffer_files(log) == []
-    blocks, ran, tids, times = {}, {}, [], []
+    blocks, ran, tids, times, last = {}, {}, [], [], {}
     tid = None
     for r in xl.parse(log.read_bytes()):
+        if tid is not None and type(r) is not xl.Ctx:
+            last[tid] = r
         if type(r) is xl.Ctx:
             tid = r.tid
             tids.append(tid)
@@ -257,8 +265,12 @@ def test_fatal_signal_keeps_every_thread_records(tmp_path):
         return n
     worker = next(t for t in set(tids) if t != tids[0])
     assert edges(ran[worker]) == 30000 and edges(ran[tids[0]]) == 0
-    main_last = blocks[ran[tids[0]][-1]]
-    assert b"\xf7" in main_last.code           # divide(): cltd; idiv; ret
+    # the main thread's log ends in divide(), before its idiv (which
+    # faulted): its block ran only so far
+    part = last[tids[0]]
+    assert type(part) is xl.ExecPart
+    b = blocks[part.id]
+    assert b.code[sum(b.sizes[:part.count])] == 0xF7       # idiv
 
 
 def test_merge_buffers_drops_a_block_record_cut_by_the_kill(tmp_path):
@@ -305,3 +317,78 @@ def test_snapshot_buffers_of_a_running_program(tmp_path):
     finally:
         proc.communicate(b"\n", timeout=60)
     assert proc.returncode == 0 and qemu.buffer_files(log) == []
+
+
+# The plugin's instruction classifier (qemu_plugin_insn.c) on its own,
+# reading "ADDR HEXBYTES..." lines.
+_CLASSIFIER_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "qemu_plugin_insn.h"
+int main(void) {
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        uint8_t b[16]; size_t n = 0; int k; char *p = line;
+        unsigned long long pc = strtoull(p, &p, 16);
+        while (n < 16 && sscanf(p, " %2hhx%n", &b[n], &k) == 1) { n++; p += k; }
+        uint64_t target;
+        int f = insn_info(b, n, pc, &target);
+        printf("%d %llx\n", f, (unsigned long long)target);
+    }
+    return 0;
+}
+"""
+
+_PREFIXES = ("cs ", "ds ", "ss ", "es ", "data16 ", "addr32 ", "rex.W ", "rex.WB ", "rex.B ", "rex ",
+             "bnd ", "notrack ")
+#: instructions that access memory without a memory operand in objdump's
+#: text, or raise an exception with register operands (integer divide, x87)
+_IMPLICIT = ("push", "pop", "call", "ret", "leave", "enter", "xlat", "div", "idiv", "int", "int3",
+             "ud", "hlt", "in", "out", "ins", "outs", "cli", "sti", "syscall", "iret", "lret",
+             "lcall", "ljmp", "lock", "xsave", "xrstor", "fxsave", "fxrstor", "(bad)")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("objdump") is None,
+                    reason="needs gcc and objdump")
+def test_fault_classifier_is_conservative(tmp_path):
+    """Every instruction of libc that accesses memory (objdump
+    shows a memory operand, or it is one of the implicit-access kinds) or
+    divides integers is one the plugin counts before (a fault can be there);
+    most register-only instructions are not (no callback).  Direct branches
+    get their targets."""
+    import re
+    drv = tmp_path / "drv.c"
+    drv.write_text(_CLASSIFIER_DRIVER)
+    exe = tmp_path / "drv"
+    src = qemu.PLUGIN_SOURCE.with_name("qemu_plugin_insn.c")
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(src.parent), "-o", str(exe), str(drv),
+                    str(src)], check=True)
+    line = re.compile(r"^\s*([0-9a-f]+):\t((?:[0-9a-f]{2} )+)\s*\t?(.*)$")
+    libc = subprocess.run(["gcc", "-print-file-name=libc.so.6"], capture_output=True,
+                          text=True).stdout.strip()
+    for lib in (os.path.realpath(libc),):
+        dump = subprocess.run(["objdump", "-d", "-w", "--insn-width=16", lib],
+                              capture_output=True, text=True, check=True).stdout
+        rows = [m.groups() for m in map(line.match, dump.splitlines()) if m]
+        out = subprocess.run([str(exe)], input="".join(f"{a} {b}\n" for a, b, _ in rows),
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        missed, safe = [], 0
+        for (addr, raw, text), res in zip(rows, out):
+            flags, target = res.split()
+            t = text
+            while t.startswith(_PREFIXES):
+                t = t[next(len(p) for p in _PREFIXES if t.startswith(p)):]
+            mn = t.split(" ")[0]
+            memory = "(" in t and not mn.startswith(("lea", "nop", "prefetch"))
+            implicit = mn in _IMPLICIT or mn.startswith(
+                ("push", "pop", "call", "ret", "iret", "xsave", "xrstor", "fxsave", "fxrstor",
+                 "idiv", "div", "ud")) or (mn.startswith("f") and not mn.startswith("fs"))
+            if mn.startswith(("divs", "divp", "vdiv")):
+                implicit = False        # SSE/AVX divide: #XM only when unmasked
+            if (memory or implicit) and not int(flags) & 1:
+                missed.append((addr, raw, text))
+            safe += not int(flags) & 1
+            if re.match(r"(j[a-z]+|call|loop[a-z]*|jrcxz) +[0-9a-f]+ <", t) and "*" not in t:
+                assert int(target, 16) == int(t.split()[1], 16), (addr, raw, text)
+        assert missed == [], missed[:20]
+        assert safe > len(rows) // 2, (lib, safe, len(rows))

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from hwtrace.analysis.symbols import Symbolizer, SymbolError
+from hwtrace.analysis.symbols import SymbolError
 from hwtrace.engines.emulated import execlog as X
 from hwtrace.x86 import Mode, X86Error, decoder_for
 
 from . import resolve
 from .classify import TO_KERNEL, is_transfer
+from .livesyms import ImageCache, LazySymbolizer, proc_mappings
 from .mask import MaskSpec
 from .records import Branch
 from .tracker import Tracker
@@ -112,17 +113,15 @@ def program_path(argv0: str) -> str:
     return p
 
 
-def _pre_symbolizer(target) -> tuple[Symbolizer, bool]:
+def _pre_symbolizer(target, cache: ImageCache):
     """Symbols to turn the triggers into stepper addresses before the run:
     (symbolizer, relative) -- relative: addresses are offsets from the main
-    executable's load base (a PIE about to be launched)."""
-    sym = Symbolizer()
+    executable's load base (a PIE about to be launched).  Nothing is read
+    but what a trigger needs (lazily)."""
+    sym = LazySymbolizer(cache)
     if isinstance(target, int):
-        for start, off, path in _proc_maps(target):
-            try:
-                sym.add_mapping(path, start, off)
-            except SymbolError:
-                pass
+        for lo, hi, off, path in proc_mappings(target):
+            sym.add_mapping(path, lo, off, hi - lo)
         return sym, False
     path = program_path(str(target[0]))
     try:
@@ -139,49 +138,82 @@ def _link_time(v: str | None) -> str | None:
     return f"+{n:#x}" if n is not None else v
 
 
-def _is_dynamic(sym: Symbolizer) -> bool:
-    if not sym.images:
+def _is_dynamic(sym) -> bool:
+    img = next(sym.iter_images(), None)
+    if img is None:
         return False
     try:
         from elftools.elf.elffile import ELFFile
-        with open(sym.images[0].path, "rb") as f:
+        with open(img.path, "rb") as f:
             return any(seg.header.p_type == "PT_INTERP" for seg in ELFFile(f).iter_segments())
     except Exception:
         return False
 
 
-def _proc_maps(pid: int):
-    seen = set()
-    try:
-        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1]:
-            continue
-        path = parts[5].strip()
-        if not path.startswith("/") or path.endswith(" (deleted)"):
-            continue
-        lo = int(parts[0].split("-")[0], 16)
-        if (path, lo) in seen:
-            continue
-        seen.add((path, lo))
-        yield lo, int(parts[2], 16), path
-
-
-def stepper_options(spec: TriggerSpec, sym: Symbolizer, relative: bool, clock: str = "tsc"):
+def stepper_options(spec: TriggerSpec, sym, relative: bool, clock: str = "tsc",
+                    libs: Sequence[str] = ()):
+    """The stepper's trigger addresses: ``+OFF`` (a PIE about to run),
+    absolute, or ``FILE@OFF`` (a function of a shared library ``libs``
+    names, resolved by the stepper when the library is mapped)."""
     from hwtrace.engines.emulated import stepper
 
     def conv(v):
         if v is None:
             return None
-        if relative:
-            # link-time address of a PIE = offset from its load base
-            return "+" + hex(resolve.address(sym, v, base=0))
-        return resolve.address(sym, v, base=resolve.main_base(sym))
+        try:
+            if relative:
+                # link-time address of a PIE = offset from its load base
+                return "+" + hex(resolve.address(sym, v, base=0))
+            return resolve.address(sym, v, base=resolve.main_base(sym))
+        except resolve.SymbolNotFound:
+            hit = library_offset(libs, v, sym.cache)
+            if hit is None:
+                raise
+            return f"{hit[0]}@{hit[1]:#x}"
     return stepper.Options(start=conv(spec.start), stop=conv(spec.stop),
                            within=conv(spec.within), clock=clock)
+
+
+def needed_libraries(exe: str) -> list[str]:
+    """The shared libraries the dynamic loader loads for ``exe`` at start,
+    in its order ([] for a static program), as ``ld.so --list`` shows them."""
+    import subprocess
+
+    from hwtrace.engines.emulated.images import interpreter
+    interp = interpreter(exe)
+    if not interp:
+        return []
+    try:
+        r = subprocess.run([interp, "--list", exe], capture_output=True, text=True,
+                           timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    out = []
+    for line in r.stdout.splitlines():
+        left, arrow, right = line.strip().partition("=>")
+        path = (right if arrow else left).strip().split(" (")[0].strip()
+        if path.startswith("/") and os.path.isfile(path) and path not in out:
+            out.append(path)
+    return out
+
+
+def library_offset(libs: Sequence[str], text: str, cache: ImageCache):
+    """(library, file offset) of ``NAME[+OFF]`` in the first of ``libs``
+    defining it (each read only when reached); None if none does."""
+    from hwtrace.engines.emulated.images import load_segments
+    if resolve.parse_number(text.strip()) is not None or text.strip().startswith("+"):
+        return None
+    for lib in libs:
+        one = LazySymbolizer(cache)
+        try:
+            one.add_image(lib, 0)
+            addr = resolve.address(one, text, base=0)
+        except (SymbolError, resolve.SymbolNotFound):
+            continue
+        for off, size, va in load_segments(lib):
+            if va <= addr < va + max(size, 1):
+                return lib, addr - va + off
+    return None
 
 
 # ---------------------------------------------------------------- the run
@@ -193,14 +225,23 @@ class LiveRun:
     trigger: TriggerSpec
     mask: MaskSpec
     info: dict = field(default_factory=dict)
-    _sym: Symbolizer | None = None
+    _sym: LazySymbolizer | None = None
+    #: what the run knew before it started: an attached process's mappings
+    #: (None for a launch: its PIE was not placed yet) and the images read
+    pre: LazySymbolizer | None = None
+    cache: ImageCache | None = None
 
     @property
-    def symbolizer(self) -> Symbolizer:
-        """Symbols of what the process mapped (from the log's MMAP records)."""
+    def symbolizer(self) -> LazySymbolizer:
+        """Symbols of what the process mapped (an attached process's
+        mappings at the start, then the log's MMAP records), read lazily."""
         if self._sym is None:
+            sym = LazySymbolizer(self.cache)
+            if self.pre is not None:
+                for path, lo, pgoff, size in self.pre.mappings():
+                    sym.add_mapping(path, lo, pgoff, size)
             with _mapped(self.log) as data:
-                self._sym = symbolizer_from_log(data)
+                self._sym = symbolizer_from_log(data, sym)
         return self._sym
 
     def records(self) -> Iterator[Branch]:
@@ -250,24 +291,25 @@ def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
         check_attach(pid)
     elif not target:
         raise LiveError("no program given")
-    sym, relative = _pre_symbolizer(target)
+    cache = ImageCache()
+    sym, relative = _pre_symbolizer(target, cache)
     if relative:
         # a PIE about to run at an unknown base: numbers are link-time
         # addresses (as objdump shows them), i.e. offsets from the base
         trigger = TriggerSpec(*(_link_time(v) for v in (trigger.start, trigger.stop,
                                                         trigger.within)))
-    try:
-        opts = stepper_options(trigger, sym, relative, clock)
-        # ranges are resolved now too, so a bad one fails before the run
-        mask.bind(sym, 0 if relative else resolve.main_base(sym))
-    except resolve.SymbolNotFound as e:
-        if pid is None and _is_dynamic(sym):
-            raise resolve.SymbolNotFound(
-                e.name, e.candidates,
-                "; a program about to be launched offers only its executable's "
-                "symbols (shared libraries are not loaded yet): give an address, "
-                "or trace a recording (hwtrace record) instead") from None
-        raise
+    # a program about to be launched: its shared libraries' functions are
+    # found in the files the loader will map (and resolved when it does)
+    libs = needed_libraries(sym.images[0].path) if pid is None and _is_dynamic(sym) else []
+    opts = stepper_options(trigger, sym, relative, clock, libs)
+    # ranges are resolved now too, so a bad one fails before the run
+    check = sym
+    if libs:
+        check = LazySymbolizer(cache)
+        check.add_image(sym.images[0].path, 0)
+        for lib in libs:
+            check.add_file(lib)
+    mask.bind(check, 0 if relative else resolve.main_base(sym))
     log = Path(workdir) / "live.xlog"
     try:
         status = stepper.run(target if pid is not None else [str(a) for a in target],
@@ -280,24 +322,19 @@ def trace_live(target: Sequence[str] | int, workdir: str | os.PathLike,
         info = {}
     if not log.exists():
         raise LiveError("the stepper wrote no execution log")
-    return LiveRun(status, log, trigger, mask, info)
+    return LiveRun(status, log, trigger, mask, info,
+                   pre=sym if pid is not None else None, cache=cache)
 
 
 # ---------------------------------------------------------------- the log
 
-def symbolizer_from_log(data: bytes) -> Symbolizer:
-    sym = Symbolizer()
-    seen = set()
+def symbolizer_from_log(data: bytes, sym: LazySymbolizer | None = None) -> LazySymbolizer:
+    """``sym`` (default: a new one) with the executable file mappings of the
+    log's MMAP records (read lazily)."""
+    sym = sym if sym is not None else LazySymbolizer()
     for r in X.parse(data):
         if type(r) is X.Mmap and r.prot & 4 and r.path.startswith("/"):
-            key = (r.path, r.addr)
-            if key in seen:
-                continue
-            seen.add(key)
-            try:
-                sym.add_mapping(r.path, r.addr, r.offset)
-            except (SymbolError, OSError):
-                pass
+            sym.add_mapping(r.path, r.addr, r.offset, r.size)
     return sym
 
 
@@ -317,6 +354,10 @@ def _decode_block(decode, pc: int, sizes: bytes, code: bytes) -> list:
     return out
 
 
+#: clone, fork, vfork, clone3: a syscall that may start a process
+_FORKS = frozenset((56, 57, 58, 435))
+
+
 def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]:
     """Feed an execution log (and the stepper's window edges) through the
     tracker, yielding records as they are made."""
@@ -328,6 +369,8 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
         wq.setdefault(w.tid, deque()).append(w)
     counts: dict[int, int] = {}
     times: dict[int, int] = {}
+    pend: dict[int, tuple] = {}     # pid -> window state at its fork syscall
+    forks: dict[int, tuple] = {}    # child pid -> the window state it starts in
     out = tracker.out
     th = None
     ths = {}
@@ -401,6 +444,18 @@ def records_from_log(data: bytes, windows, tracker: Tracker) -> Iterator[Branch]
                 for (p, bid), v in list(blocks.items()):
                     if p == r.parent_pid:
                         blocks[(pid, bid)] = v
+                # forked inside a window: so is it (the parent's fork syscall
+                # is logged before the child starts; its SYSRET, which names
+                # the child, may come before or after)
+                snap = forks.pop(pid, None) or pend.pop(r.parent_pid, None)
+                if snap is not None:
+                    tracker.inherit(th, snap)
+        elif typ is X.Syscall:
+            if r.nr in _FORKS and th.on:
+                pend[pid] = tracker.snapshot(th)
+        elif typ is X.Sysret:
+            if r.nr in _FORKS and r.ret > 0 and pid in pend:
+                forks[r.ret] = pend.pop(pid)
         elif typ is X.ProcExec:
             for key in [k for k in blocks if k[0] == pid]:
                 del blocks[key]

@@ -34,19 +34,25 @@ def parse_number(text: str) -> int | None:
     return v if v >= 0 else None
 
 
+def _images(symbolizer):
+    """The symbolizer's images in order, read one at a time where it can."""
+    it = getattr(symbolizer, "iter_images", None)
+    return it() if it is not None else iter(symbolizer.images)
+
+
 def _names(symbolizer):
-    for img in symbolizer.images:
+    for img in _images(symbolizer):
         for _s, _n, name in img.functions():
             yield name
 
 
 def function(symbolizer, name: str) -> tuple[int, int]:
-    """(runtime start, size) of function ``name`` (first image defining it)."""
-    for img in symbolizer.images:
+    """(runtime start, size) of function ``name`` (first image defining it;
+    images after it are not read)."""
+    for img in _images(symbolizer):
         for start, size, n in img.functions():
             if n == name:
                 return start, size
-    for img in symbolizer.images:
         hit = _alias(img, name)
         if hit is not None:
             return hit
@@ -125,7 +131,7 @@ def address_range(symbolizer, text: str, base: int | None = None) -> tuple[int, 
 
 def main_base(symbolizer) -> int | None:
     """Load base of the first image (the main executable, by convention)."""
-    if not symbolizer.images:
+    img = next(_images(symbolizer), None)
+    if img is None:
         return None
-    img = symbolizer.images[0]
     return img.low if img.is_pie else 0

@@ -37,6 +37,8 @@ interrupted code restores the depth it had.
 
 * ``close(th)``: the source ended the window (the stepper's return-address
   and stack-pointer match); ``gap(th)``: continuity lost.
+* ``snapshot(th)`` at a fork, ``inherit(child, snapshot)`` for the child's
+  thread: a process forked inside a window is inside it too.
 
 Finished records accumulate in ``tracker.out`` (a list the source drains).
 """
@@ -165,6 +167,12 @@ class Tracker:
             sig = th.sig
             if sig and sig[-1][0] == to:          # sigreturn to where it hit
                 th.depth = sig.pop()[1]
+            elif ex == "syscall" and sig and th.depth == sig[-1][1]:
+                # the innermost handler returned to its trampoline (the
+                # depth it interrupted), whose only syscall is rt_sigreturn:
+                # a signal pending there is delivered on the way out, and
+                # its handler returns where the first one would have
+                th.depth = sig[-1][1] + 1
             else:                                 # a handler, entered on the way back
                 self._enter_handler(th, at)
         if th.wanted and self.mask.accepts(kind, None, to):
@@ -188,6 +196,19 @@ class Tracker:
         th.exit = "start"
         th.depth = 0
         th.sig.clear()
+
+    def snapshot(self, th: ThreadState) -> tuple:
+        """The window state a fork would hand on (at the fork syscall)."""
+        return th.on, th.depth, tuple(th.sig)
+
+    def inherit(self, child: ThreadState, snap: tuple) -> None:
+        """``child`` is a forked process's thread: it starts where its parent
+        was (inside the same activations), in the window state of
+        :meth:`snapshot`; its first record is the kernel's return (sysret)."""
+        child.on, child.depth, sig = snap
+        child.sig = list(sig)
+        child.pend_x = None
+        child.exit = "start"
 
     def gap(self, th: ThreadState) -> None:
         th.pend_x = None

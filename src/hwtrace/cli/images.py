@@ -62,6 +62,16 @@ def stream_args(bundle_dir, stream: str, image_path=(), allow_outside: bool = Fa
         pid = info.pid if info.pid is not None else spaces.thread_pid.get(info.tid)
         if pid is None:
             return _raw_args(spaces.union().mappings)
+        tl = spaces.thread_timeline(pid)
+        lives = [sp for _, sp in tl.entries] if tl is not None else []
+        if len(lives) > 1:          # it exec'd: every image the thread ran, later ones last
+            seen, maps = set(), []
+            for sp in lives:
+                for m in sp.mappings:
+                    if m not in seen:
+                        seen.add(m)
+                        maps.append(m)
+            return _raw_args(maps)
     space = spaces.of_pid(pid)
     if space is None:
         raise CliError(f"no process {pid} in the sideband of {bundle_dir}")

@@ -58,6 +58,7 @@ def gather(engine: str = "auto") -> dict:
         "engines": {n: {"available": a.available, "reason": a.reason} for n, a in avail.items()},
         "auto": auto,
     }
+    out["debug_hardware"] = debug_hardware()
     if chosen is not None and avail[chosen].available:
         name, caps, cpu, why = _engine_caps(chosen)
         out["engine"] = {"name": chosen, "available": why is None, "reason": why or "",
@@ -66,6 +67,35 @@ def gather(engine: str = "auto") -> dict:
     elif chosen is not None:
         out["engine"] = {"name": chosen, "available": False, "reason": avail[chosen].reason}
     return out
+
+
+def debug_hardware() -> dict:
+    """Whether debug-register breakpoints and BTF block-stepping work here
+    (what live branch tracing and the ptrace engine use), probed."""
+    from hwtrace.engines.emulated import stepper
+    try:
+        return stepper.probe()
+    except stepper.StepperError as e:
+        return {"debug_registers": "unknown", "debug_registers_reason": str(e),
+                "block_step": "unknown"}
+
+
+def _debug_lines(d: dict):
+    dr = d.get("debug_registers")
+    if dr == "work":
+        yield "  debug registers      work (execute breakpoints in DR0-DR3 through ptrace)"
+    else:
+        yield f"  debug registers      {'do not work' if dr == 'fail' else 'unknown'}: " \
+              f"{d.get('debug_registers_reason') or 'not probed'}"
+    bs = d.get("block_step")
+    if bs == "honoured":
+        yield "  BTF block-stepping   works (PTRACE_SINGLEBLOCK stops only after branches)"
+    elif bs == "ignored":
+        yield ("  BTF block-stepping   does not work here: DEBUGCTL.BTF is ignored "
+               "(PTRACE_SINGLEBLOCK stops after every instruction, as in many VMs); "
+               "single-stepping with straight lines run to a debug-register breakpoint instead")
+    else:
+        yield "  BTF block-stepping   unknown"
 
 
 def run(args) -> int:
@@ -87,6 +117,9 @@ def run(args) -> int:
         state = "usable" if e["available"] else f"not usable: {e['reason']}"
         print(f"  {name:<9} {state}")
     print(f"auto: {info['auto'] or 'no engine usable here'}")
+    print("debug hardware (live branch tracing, ptrace engine):")
+    for line in _debug_lines(info["debug_hardware"]):
+        print(line)
     eng = info.get("engine")
     if pt["available"]:
         print("capabilities (this CPU, CPUID leaf 0x14):")

@@ -290,8 +290,16 @@ class AddressSpaces:
         sw = self.switches.get(cpu)
         if not sw:
             return None
-        return Timeline([(s.time, self.of_pid(s.next_pid, s.time)
-                          if s.next_pid >= 0 else None) for s in sw])
+        entries = []
+        for i, s in enumerate(sw):
+            entries.append((s.time, self.of_pid(s.next_pid, s.time)
+                            if s.next_pid >= 0 else None))
+            # the process execs while it runs here: its new image from then on
+            end = sw[i + 1].time if i + 1 < len(sw) else None
+            for sp in self._by_pid.get(s.next_pid, ()) if s.next_pid >= 0 else ():
+                if s.time < sp.time and (end is None or sp.time < end):
+                    entries.append((sp.time, sp))
+        return Timeline(entries)
 
     def for_stream(self, cpu: int | None = None, tid: int | None = None,
                    pid: int | None = None) -> tuple:

@@ -44,7 +44,8 @@ EMULATED_CPU = CpuInfo(
     nom_freq=_TIMING.nom_freq, cpuid_0x15_eax=_TIMING.cpuid_15_eax,
     cpuid_0x15_ebx=_TIMING.cpuid_15_ebx,
     timebase="instruction count: TSC starts at the host TSC when the program "
-             "started and advances 1 tick per retired user instruction; "
+             "started and advances 1 tick per retired user instruction, all threads "
+             "on one clock (an idle stream jumps ahead: TSC+TMA+CBR); "
              "core clock = TSC clock; ART = TSC * eax / ebx",
     tsc_hz=0)
 
@@ -260,7 +261,6 @@ class EmulatedEngine(Engine):
     def _generate_from(self, session, log: str, data: bytes) -> None:
         index = flow.load(data, index_only=True)
         cr3 = flow.assign_cr3(index.processes)
-        self._sideband(session, index, cr3)
 
         def resolve(out_ranges):
             if not self.elf_ranges:
@@ -290,15 +290,19 @@ class EmulatedEngine(Engine):
                     keyed[("tid", tid)] = out
                     cfgs.add(_config(out, resolve(out.addr_ranges)))
             if not keyed:
+                self._sideband(session, index, cr3, {}, {})
                 return
             cfg = cfgs.pop() if len(cfgs) == 1 else None
         mode = "cpu" if session.mode == Mode.CPU else "thread"
         switches: list = []
         exits: dict = {}
+        starts: dict = {}           # tid -> emulated time it began
+        execs: dict = {}            # tid -> time of each of its PROC_EXEC records
         if cfg is not None and fast.eligible(index, cfg):
             try:
                 streams, switches, exits = fast.generate(log, index, cfg, mode,
-                                                         session.num_cpus, cr3)
+                                                         session.num_cpus, cr3,
+                                                         starts=starts, execs=execs)
             except fast.FastUnavailable:
                 streams = None
             if streams is not None:
@@ -307,7 +311,7 @@ class EmulatedEngine(Engine):
                     data_, insns = streams.get(key, (b"", 0))
                     out.write(data_)
                     out.add_instructions(insns)
-                self._finish(session, index, keyed, switches, exits)
+                self._finish(session, index, cr3, keyed, switches, exits, starts, execs)
                 return
         self.generator = "python"
         trace = flow.load(data)
@@ -315,42 +319,53 @@ class EmulatedEngine(Engine):
         if mode == "cpu":
             results = flow.generate(trace, cfg, mode="cpu", num_cpus=session.num_cpus,
                                     sink_for=lambda key, pid: _Sink(keyed[key]), cr3=cr3,
-                                    switches=switches, exits=exits)
+                                    switches=switches, exits=exits, starts=starts,
+                                    execs=execs)
             for r in results:
                 keyed[r.key].add_instructions(r.tracer.insns)
         else:
+            from . import schedule
+            cfgs_by_tid = {key[1]: _config(out, resolve(out.addr_ranges))
+                           for key, out in keyed.items()}
+            tracers = schedule.run_threads(trace, cfgs_by_tid.get,
+                                           lambda tid: _Sink(keyed[("tid", tid)]), cr3,
+                                           exits=exits, starts=starts, execs=execs)
             for key, out in keyed.items():
-                tr = flow.generate_thread(trace, key[1], _config(out, resolve(out.addr_ranges)),
-                                          _Sink(out), cr3)
-                out.add_instructions(tr.insns)
-                exits[key[1]] = tr.t
-        self._finish(session, index, keyed, switches, exits)
+                out.add_instructions(tracers[key[1]].insns)
+        self._finish(session, index, cr3, keyed, switches, exits, starts, execs)
 
-    def _finish(self, session, index, keyed, switches, exits) -> None:
-        """Sideband known after generation, on the streams' clock: context
-        switches and exits (untraced threads end at the start time)."""
+    def _finish(self, session, index, cr3, keyed, switches, exits, starts, execs) -> None:
+        """Sideband, on the streams' clock: processes, execs, threads and
+        mappings as of when they began, context switches, and exits (a
+        process's -- its main thread's record -- after every thread's)."""
+        self._sideband(session, index, cr3, starts, execs)
         for sw in switches:
             session.sideband.add(Switch(*sw))
+        ends: dict = {}
+        for tid, th in index.threads.items():
+            t = exits.get(tid, starts.get(tid, index.t0))
+            ends[th.pid] = max(ends.get(th.pid, t), t)
         for tid, th in index.threads.items():
             st = th.exit_status if th.exit_status is not None else 0
-            session.sideband.add(Exit(pid=th.pid, tid=tid, time=exits.get(tid, index.t0),
-                                      status=st))
+            t = ends[th.pid] if tid == th.pid else exits.get(tid, starts.get(tid, index.t0))
+            session.sideband.add(Exit(pid=th.pid, tid=tid, time=t, status=st))
         if session.mode == Mode.THREAD:
             for key in keyed:
                 session.thread_exited(key[1])
 
-    def _sideband(self, session, trace: flow.ExecTrace, cr3: dict) -> None:
+    def _sideband(self, session, trace: flow.ExecTrace, cr3: dict, starts: dict,
+                  execs: dict) -> None:
         from . import images
         sb = session.sideband
-        t0 = trace.t0
-        for pid, p in trace.processes.items():
-            exe = getattr(self, "_exe", "") or images.main_executable(trace, pid)
-            sb.add(Process(pid=pid, cr3=cr3[pid], comm=os.path.basename(exe)[:15],
-                           exe=exe, ppid=p["ppid"], time=t0))
+        lives = images.lives(trace, starts, execs, getattr(self, "_exe", ""))
+        for life in lives:
+            sb.add(Process(pid=life.pid, cr3=cr3[life.pid], comm=life.comm, exe=life.exe,
+                           ppid=life.ppid, time=life.time))
         for tid, th in trace.threads.items():
-            sb.add(Thread(tid=tid, pid=th.pid, time=t0, parent_tid=th.parent_tid))
+            sb.add(Thread(tid=tid, pid=th.pid, time=starts.get(tid, trace.t0),
+                          parent_tid=th.parent_tid))
         vdso_bid = self.vdso_build_id if self.vdso is not None else None
-        for m in images.file_mappings(trace, vdso_bid):
+        for m in images.file_mappings(trace, vdso_bid, lives):
             if m.file == images.VDSO:
                 m = Mmap(pid=m.pid, start=m.start, size=min(m.size, len(self.vdso)),
                          offset=0, file=m.file, build_id=m.build_id, prot=m.prot,

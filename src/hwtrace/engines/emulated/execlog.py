@@ -48,8 +48,11 @@ type  name        payload
 0x04  EXEC        u32 n, u32 ids[n]: the current thread executed these
                   blocks, every instruction of each, in this order.
 0x05  EXEC_PART   u32 id, u16 count: the current thread executed only the
-                  first ``count`` instructions of block ``id`` (the next
-                  one faulted: a SIGNAL record with async=0 follows).
+                  first ``count`` instructions of block ``id``: the next
+                  one faulted (a SIGNAL record with async=0 may follow; a
+                  source that sees no signals, like QEMU, writes none), or
+                  the thread's log ends here (it died or was stopped
+                  before that instruction retired).
 0x06  INSN        u64 pc, u8 size, u8 code[size]: the current thread
                   executed this one instruction (a source that sees single
                   instructions, like a stepper, may use this instead of
@@ -78,7 +81,8 @@ type  name        payload
                   that would have executed (0 = the source doesn't know;
                   the generator then infers it).  async=0: the instruction
                   at ``ip`` faulted and did not retire.  The next executed
-                  instruction is the first one of the handler.
+                  instruction is the first one of the handler; handler 0:
+                  there is none, the signal killed the thread there.
 0x23  SIGACTION   u32 signo, u64 handler, u64 flags: rt_sigaction
                   installed a handler (0 = SIG_DFL, 1 = SIG_IGN).
 0x30  MMAP        u32 pid, u64 addr, u64 size, u64 offset, u32 prot,

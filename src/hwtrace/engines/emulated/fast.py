@@ -2,7 +2,7 @@
 
 :func:`eligible` says whether a log and configuration are in the subset the
 C twin implements (QEMU logs, no signal handler ever ran, no address ranges, no
-INSN / EXEC_PART / SIGNAL records, no block with a branch inside);
+INSN / SIGNAL records, no block with a branch inside);
 :func:`generate` then runs it and returns ``{key: (bytes, insns)}`` and the
 cpu-mode switches, exactly what :func:`flow.generate` gives for the same
 input (the tests compare the two).  ``HWTRACE_NO_EXTENSIONS=1`` disables it.
@@ -45,7 +45,7 @@ def _binary_path() -> Path:
 def eligible(trace, cfg: TraceConfig) -> bool:
     if os.environ.get("HWTRACE_NO_EXTENSIONS") == "1":
         return False
-    if trace.header.source != xl.SOURCE_QEMU or trace.features:
+    if trace.header.source != xl.SOURCE_QEMU or trace.features - {"exec_part"}:
         return False
     handlers = set().union(*trace.handlers.values()) if trace.handlers else set()
     if handlers and any(parts[0].pc in handlers for parts in trace.blocks):
@@ -55,9 +55,11 @@ def eligible(trace, cfg: TraceConfig) -> bool:
     return True
 
 
-def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict):
+def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict,
+             starts: dict | None = None, execs: dict | None = None):
     """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)},
-    switches, {tid: exit time})."""
+    switches, {tid: exit time}); ``starts`` and ``execs`` (dicts) get what
+    flow.generate's do."""
     exe = binary_path()
     tm = cfg.timing
     # next to the log (the recording's working directory), not in $TMPDIR:
@@ -94,4 +96,8 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
                     switches.append(tuple(int(x) for x in w[1:]))
                 elif w[0] == "exit":
                     exits[int(w[1])] = int(w[2])
+                elif w[0] == "start" and starts is not None:
+                    starts[int(w[1])] = int(w[2])
+                elif w[0] == "exec" and execs is not None:
+                    execs.setdefault(int(w[1]), []).append(int(w[2]))
         return streams, switches, exits

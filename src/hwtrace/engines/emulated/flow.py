@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 from hwtrace.x86 import decode
 from hwtrace.x86.insn import Kind, X86Error
 
-from . import execlog as xl
+from . import execlog as xl, schedule
 from .ptgen import (K_CALL, K_CALL_IND, K_FAR, K_JCC, K_JMP, K_JMP_IND, K_OTHER,
                     K_REP, K_RET, K_TRAP, TraceConfig, Tracer)
 
@@ -82,6 +82,7 @@ class BlockInfo(NamedTuple):
     kind: int       # its kind (ptgen.K_*)
     target: int     # its direct target (0 if none)
     nlip: int       # the address after it
+    sizes: bytes = b""  # instruction lengths (the first ninsn count): where PSB+ can go
 
 
 def _complete(code: bytes) -> bool:
@@ -94,7 +95,7 @@ def _complete(code: bytes) -> bool:
 def _before_fault(b: BlockInfo) -> BlockInfo:
     """The part of ``b`` that retired when its last instruction faulted:
     a plain run whose next instruction is the faulting one."""
-    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last)
+    return BlockInfo(b.pc, b.ninsn - 1, b.last, K_OTHER, 0, b.last, b.sizes)
 
 
 def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
@@ -114,6 +115,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         sizes = sizes[:-1]
     out = []
     start = pc
+    first = 0
     n = 0
     off = 0
     ip = pc
@@ -125,7 +127,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
             addrs.append(ip)
             ip += sz
         kind, target = classify(addrs[-1], code[len(code) - sizes[-1]:])
-        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip)
+        b = BlockInfo(pc, len(sizes), addrs[-1], kind, target, ip, bytes(sizes))
         if kind == K_FAULT:
             b, addrs = _before_fault(b), addrs[:-1]
         if starts is not None:
@@ -138,7 +140,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
         insn = code[off:off + sz]
         kind, target = classify(ip, insn)
         if i == last or (kind != K_OTHER and kind != K_REP):
-            b = BlockInfo(start, n, ip, kind, target, ip + sz)
+            b = BlockInfo(start, n, ip, kind, target, ip + sz, bytes(sizes[first:i + 1]))
             if kind == K_FAULT:
                 b, addrs = _before_fault(b), addrs[:-1]
             out.append(b)
@@ -146,6 +148,7 @@ def split_block(pc: int, sizes: bytes, code: bytes, starts: dict | None = None,
                 starts[b] = tuple(addrs)
             addrs = []
             start = ip + sz
+            first = i + 1
             n = 0
         off += sz
         ip += sz
@@ -171,6 +174,9 @@ class ThreadInfo:
     parent_tid: int = 0
     segments: list = field(default_factory=list)
     exit_status: int | None = None
+    #: per PROC_EXEC record of the thread, in order: [the record, void]
+    #: (void: a SYSRET followed, the execve failed)
+    execs: list = field(default_factory=list)
 
 
 @dataclass
@@ -184,6 +190,9 @@ class ExecTrace:
     t0: int = 0
     blocks: list = field(default_factory=list)   # index-only: BLOCK parts in log order
     features: set = field(default_factory=set)   # record kinds that need the Python path
+    #: per MMAP record (as ``mmaps``): the image it belongs to, as the
+    #: number of execve calls its process had made before it (epoch)
+    mmap_epochs: list = field(default_factory=list)
 
 
 def load(data: bytes, index_only: bool = False) -> ExecTrace:
@@ -196,6 +205,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     "multi")."""
     order_blocks: list = []
     features: set = set()
+    cuts: set = set()           # id() of the runs EXEC_PART cut short
     starts: dict = {}           # BlockInfo -> its instruction addresses
     sync_handlers: dict = {}    # pid -> handlers of fault signals
     header, off = xl.parse_header(data)
@@ -210,10 +220,14 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     multi: dict[int, bool] = {}     # pid -> some block has a branch inside
     t0 = None
     last_time = 0
+    mmap_execs: list = []       # per MMAP: its process's PROC_EXEC records before it
+    open_exec: dict = {}        # tid -> (process, index) of an execve not yet known to succeed
     for r in xl.parse(data, off):
         t = type(r)
         if seg is None and t not in (xl.Block, xl.Ctx, xl.Time, xl.Mmap, xl.Munmap):
             raise xl.ExecLogError(f"execution log: {t.__name__} record before any CTX")
+        if t is xl.Exec and open_exec:
+            open_exec.pop(seg.tid, None)        # code ran after the execve
         if t is xl.Exec and index_only:
             if r.ids and not seg.busy:
                 seg.busy = True
@@ -248,13 +262,15 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             seg = Segment(r.pid, r.tid, r.cpu, last_time)
             th.segments.append(seg)
             table = tables.setdefault(r.pid, {})
-            processes.setdefault(r.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
+            processes.setdefault(r.pid, {"ppid": 0, "exe": "", "exit": None, "execs": [], "exec_ok": []})
         elif t is xl.Time:
             last_time = r.value
             if t0 is None:
                 t0 = r.value
-            if seg is not None and not seg.items and not seg.busy:
-                seg.time = r.value
+            if seg is not None:
+                if not seg.items and not seg.busy:
+                    seg.time = r.value
+                seg.items.append(r)         # where the slices of schedule start
         elif t is xl.Insn:
             features.add("insn")
             seg.items.extend(split_block(r.pc, bytes((len(r.code),)), r.code))
@@ -264,18 +280,27 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             if blocks is None:
                 raise xl.ExecLogError("execution log: EXEC_PART of an undefined block")
             blocks = blocks if type(blocks) is tuple else (blocks,)
+            if index_only:
+                if not seg.busy:
+                    seg.busy = True
+                    seg.first_ip = blocks[0].pc
+                continue
             left = r.count
             for b in blocks:
-                if left <= 0:
-                    break
-                if b.ninsn <= left:
+                if left >= b.ninsn:
                     seg.items.append(b)
-                else:
-                    # the cut instruction never retired: a plain run
-                    seg.items.append(BlockInfo(b.pc, left, 0, K_OTHER, 0, 0))
-                left -= b.ninsn
+                    left -= b.ninsn
+                    continue
+                # the next instruction never retired (it faulted, or the
+                # thread stopped before it): a plain run up to it, maybe empty
+                nlip = b.pc + sum(b.sizes[:left])
+                cut = BlockInfo(b.pc, left, nlip - b.sizes[left - 1] if left else 0,
+                                K_OTHER, 0, nlip, b.sizes)
+                seg.items.append(cut)
+                cuts.add(id(cut))
+                break
         elif t is xl.ProcStart:
-            p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": []})
+            p = processes.setdefault(seg.pid, {"ppid": 0, "exe": "", "exit": None, "execs": [], "exec_ok": []})
             p["ppid"] = r.parent_pid
             if r.parent_pid and multi.get(r.parent_pid):
                 multi[seg.pid] = True
@@ -297,8 +322,14 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
             seg.items.append(r)
         elif t is xl.Mmap:
             mmaps.append(r)
+            p = processes.get(r.pid)
+            mmap_execs.append(len(p["execs"]) if p else 0)
         elif t is xl.ProcExec:
-            processes[seg.pid]["execs"].append(r)
+            p = processes[seg.pid]
+            p["execs"].append(r)
+            p["exec_ok"].append(r.followed)
+            threads[seg.tid].execs.append([r, False])
+            open_exec[seg.tid] = (p, len(p["execs"]) - 1)
             seg.items.append(r)
         elif t is xl.ProcExit:
             processes[seg.pid]["exit"] = r.status
@@ -311,17 +342,26 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
         else:
             if t is xl.Signal:
                 features.add("signal")
+            elif t is xl.Sysret and open_exec:
+                got = open_exec.pop(seg.tid, None)
+                if got is not None:     # the execve failed: its PROC_EXEC is void
+                    got[0]["exec_ok"][got[1]] = False
+                    threads[seg.tid].execs[-1][1] = True
             seg.items.append(r)
     for th in threads.values():
         _find_signals(th, handlers.get(th.pid, set()), starts,
-                      sync_handlers.get(th.pid, set()))
+                      sync_handlers.get(th.pid, set()), cuts)
         for s in th.segments:
             for it in s.items:
                 if type(it) is BlockInfo:
                     s.first_ip = it.pc
                     break
+    epochs = []
+    for m, k in zip(mmaps, mmap_execs):
+        ok = processes.get(m.pid, {}).get("exec_ok", ())
+        epochs.append(sum(1 for x in ok[:k] if x))
     return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0,
-                     order_blocks, features)
+                     order_blocks, features, epochs)
 
 
 def _expand_multi(items: list, n: int) -> None:
@@ -359,7 +399,7 @@ SYNC_SIGNALS = frozenset((4, 5, 7, 8, 11))
 
 
 def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
-                  sync_handlers=frozenset()) -> None:
+                  sync_handlers=frozenset(), cuts=frozenset()) -> None:
     """Mark where signals were delivered asynchronously (QEMU reports no
     delivery): a transfer no instruction explains, or an indirect one into
     a handler.  The interrupted IP is where the handler's rt_sigreturn
@@ -367,8 +407,11 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     handler's first block.  If the handler is one of a fault signal and
     that IP lies inside the block before (an instruction of it faulted:
     QEMU ends a block early there), the block is cut before it, so
-    exactly the retired instructions count.  Sources
-    that log SIGNAL themselves are left alone."""
+    exactly the retired instructions count.  If the source said the block
+    before was left early (EXEC_PART: QEMU saw which instruction faulted,
+    in ``cuts``), the signal is at that instruction, wherever the handler
+    returns to (it may skip it, or never return).  Sources that log
+    SIGNAL themselves are left alone."""
     if not handlers:
         return      # no handler: no signal is delivered to user code
     prev = None
@@ -413,11 +456,13 @@ def _find_signals(th: ThreadInfo, handlers, starts: dict | None = None,
     by_seg: dict[int, list] = {}
     for seg, i, slot, prev, handler, (pseg, pi) in fixes:
         ip = slots[slot]
-        if ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
+        if id(prev) in cuts:
+            ip = prev.nlip
+        elif ip and handler in sync_handlers and prev.pc <= ip <= prev.last \
                 and starts and ip in starts.get(prev, ()):
             # a fault: the instructions from ip on never retired
             n = starts[prev].index(ip)
-            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip)
+            pseg.items[pi] = BlockInfo(prev.pc, n, 0, K_OTHER, 0, ip, prev.sizes)
         if not ip:
             k = prev.kind
             ip = prev.target if k in (K_JMP, K_CALL) else prev.nlip
@@ -443,19 +488,21 @@ class _ThreadState:
         self.started = False
 
 
-def _run_items(st: _ThreadState, tr: Tracer, items: list) -> None:
-    """Feed one segment's items to a tracer: the steady state (packets on,
-    no filters, no timing packets) in a tight loop, the rest item by item."""
-    i = 0
-    end = len(items)
+def _run_items(st: _ThreadState, tr: Tracer, items: list, i: int = 0,
+               end: int | None = None) -> None:
+    """Feed a segment's items (``items[i:end]``) to a tracer: the steady
+    state (packets on, no filters, no timing packets) in a tight loop, the
+    rest item by item."""
+    if end is None:
+        end = len(items)
     while i < end:
-        i = _run_fast(st, tr, items, i)
+        i = _run_fast(st, tr, items, i, end)
         if i < end:
             _run_one(st, tr, items[i])
             i += 1
 
 
-def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
+def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int, end: int) -> int:
     """The hot loop: consume items from ``i`` while every one is a block
     whose predecessor's outcome needs at most a TNT bit; return where it
     stopped.  Tracer state lives in locals and is written back on exit."""
@@ -465,10 +512,10 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
         return i
     bits, nb, tnt_max = tr.tnt_bits, tr.tnt_n, tr.tnt_max
     insns, t, cyc = tr.insns, tr.t, tr.cyc_acc
+    psb_at = tr.psb_at
     rs = tr.retstack
     retc = tr.retc
     period = tr.psb_period
-    end = len(items)
     while i < end:
         b = items[i]
         if type(b) is not BlockInfo:
@@ -527,17 +574,24 @@ def _run_fast(st: _ThreadState, tr: Tracer, items: list, i: int) -> int:
             bits, nb = 0, 0
         else:
             break
-        if tr.since_psb >= period:
-            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
-            tr.boundary(pc)
-            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
         n = b.ninsn
-        insns += n
-        t += n
-        cyc += n
+        if psb_at < 0 and tr.since_psb >= period:
+            psb_at = t + 1          # see Tracer.run
+        if 0 <= psb_at < t + n:
+            # PSB+ is due inside (or at the start of) this run
+            tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+            tr.psb_at = psb_at
+            tr.run(pc, n, b.sizes)
+            bits, nb, insns, t, cyc = tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc
+            psb_at = tr.psb_at
+        else:
+            insns += n
+            t += n
+            cyc += n
         pending = b
         i += 1
     tr.tnt_bits, tr.tnt_n, tr.insns, tr.t, tr.cyc_acc = bits, nb, insns, t, cyc
+    tr.psb_at = psb_at
     tr.cur_ip = pending.nlip
     st.pending = pending
     return i
@@ -580,9 +634,10 @@ def _run_one(st: _ThreadState, tr: Tracer, b) -> None:
                 _interrupted(tr, pc, pc)
             else:
                 branch(k, pending.nlip, pc)
-        if n:
-            tr.boundary(pc)
-            tr.retire(n)
+        if n == b.ninsn:
+            tr.run(pc, n, b.sizes)
+        elif n:     # after the rep instruction that went on
+            tr.run(pc + b.sizes[0], n, b.sizes, 1)
         pending = b
     else:
         t = type(b)
@@ -689,99 +744,34 @@ def _ctx_ok(cfg: TraceConfig, cr3: dict, pid: int) -> bool:
     return not (int(cfg.ctl) & (1 << 7)) or cr3.get(pid) == cfg.cr3_match
 
 
-def generate_thread(trace: ExecTrace, tid: int, cfg: TraceConfig, sink=None,
-                    cr3: dict | None = None) -> Tracer:
-    """Thread mode: the stream of thread ``tid`` (its own tracer)."""
-    cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
-    th = trace.threads[tid]
-    tr = Tracer(_with_t0(trace, cfg), sink)
-    st = _ThreadState(tid, th.pid, _ctx_ok(cfg, cr3, th.pid),
-                      set(trace.handlers.get(th.pid, ())))
-    for seg in th.segments:
-        _run_items(st, tr, seg.items)
-    _end_thread(st, tr)
-    tr.finish()
-    return tr
-
-
 def generate(trace: ExecTrace, cfg: TraceConfig, mode: str = "thread",
              num_cpus: int = 1, sink_for: Callable | None = None,
              cr3: dict | None = None, switches: list | None = None,
-             exits: dict | None = None) -> list[StreamResult]:
+             exits: dict | None = None, starts: dict | None = None,
+             execs: dict | None = None) -> list[StreamResult]:
     """Drive tracers over the trace; returns one result per stream.
 
     ``sink_for(key, pid)`` gives the sink of a stream (None: bytes stay in
-    the tracer's ``buf``).  In cpu mode, ``switches`` (a list) receives
-    ``(cpu, time, prev_pid, prev_tid, next_pid, next_tid)`` per context
-    switch between threads on a CPU; ``exits`` (a dict) gets tid -> time
-    its trace ended.  Times are the stream's TSC (the emulated clock).
+    the tracer's ``buf``).  Threads run on one clock (:mod:`.schedule`).
+    In cpu mode, ``switches`` (a list) receives ``(cpu, time, prev_pid,
+    prev_tid, next_pid, next_tid)`` per context switch on a CPU (-1: idle);
+    ``exits`` (a dict) gets tid -> time its trace ended, ``starts`` tid ->
+    time it began, ``execs`` tid -> the time of each of its PROC_EXEC
+    records.  Times are the streams' TSC (the emulated clock).
     """
+    from . import schedule
     cr3 = cr3 if cr3 is not None else assign_cr3(trace.processes)
-    results: list[StreamResult] = []
     if mode == "thread":
-        for tid, th in trace.threads.items():
-            key = ("tid", tid)
-            tr = generate_thread(trace, tid, cfg, sink_for(key, th.pid) if sink_for else None, cr3)
-            if exits is not None:
-                exits[tid] = tr.t
-            results.append(StreamResult(key, tr, th.pid))
-        return results
-
-    cfg = _with_t0(trace, cfg)
-    states = {tid: _ThreadState(tid, th.pid, _ctx_ok(cfg, cr3, th.pid),
-                                set(trace.handlers.get(th.pid, ())))
-              for tid, th in trace.threads.items()}
-    tracers = {}
-    for c in range(num_cpus):
-        key = ("cpu", c)
-        tracers[c] = Tracer(cfg, sink_for(key, 0) if sink_for else None)
-    order = []
-    for tid, th in trace.threads.items():
-        for i, seg in enumerate(th.segments):
-            nxt = th.segments[i + 1].first_ip if i + 1 < len(th.segments) else None
-            cpu = seg.cpu % num_cpus if seg.cpu >= 0 else 0
-            order.append((seg.time, cpu, tid, i, seg, nxt))
-    order.sort(key=lambda x: (x[0], x[2], x[3]))
-    on_cpu: dict[int, tuple] = {}       # cpu -> (tid, seg index, next ip)
-    where: dict[int, int] = {}          # tid -> cpu it last ran on
-    last_tid: dict[int, int] = {}       # cpu -> tid that ran last (for switches)
-    for time, cpu, tid, i, seg, nxt in order:
-        st = states[tid]
-        tr = tracers[cpu]
-        prev = on_cpu.get(cpu)
-        if not (prev is not None and prev[0] == tid and prev[1] == i - 1):
-            if prev is not None:
-                ptid, _, pnext = prev
-                if where.get(ptid) == cpu:
-                    _switch_out(states[ptid], tr, pnext)
-            if tid in where and where[tid] != cpu:
-                oc = where[tid]
-                oprev = on_cpu.get(oc)
-                if oprev is not None and oprev[0] == tid:
-                    _switch_out(st, tracers[oc], oprev[2])
-                    del on_cpu[oc]
-                if switches is not None and last_tid.get(oc) == tid:
-                    # it migrated: the CPU it left goes idle
-                    switches.append((oc, tracers[oc].t, st.pid, tid, -1, -1))
-                    last_tid[oc] = -1
-        if switches is not None and last_tid.get(cpu) != tid:
-            p = last_tid.get(cpu, -1)
-            switches.append((cpu, tr.t, states[p].pid if p in states else -1, p,
-                             st.pid, tid))
-        last_tid[cpu] = tid
-        _run_items(st, tr, seg.items)
-        on_cpu[cpu] = (tid, i, nxt)
-        where[tid] = cpu
-        if i + 1 == len(trace.threads[tid].segments):
-            _end_thread(st, tr)
-            if exits is not None:
-                exits[tid] = tr.t
-            del on_cpu[cpu]
-            del where[tid]
-    for c, tr in tracers.items():
-        tr.finish()
-        results.append(StreamResult(("cpu", c), tr, 0))
-    return results
+        def sink(tid):
+            return sink_for(("tid", tid), trace.threads[tid].pid) if sink_for else None
+        tracers = schedule.run_threads(trace, lambda tid: cfg, sink, cr3, exits=exits,
+                                       starts=starts, execs=execs)
+        return [StreamResult(("tid", tid), tracers[tid], th.pid)
+                for tid, th in trace.threads.items()]
+    tracers = schedule.run_cpus(trace, _with_t0(trace, cfg), num_cpus,
+                                (lambda c: sink_for(("cpu", c), 0)) if sink_for else None,
+                                cr3, switches=switches, exits=exits, starts=starts, execs=execs)
+    return [StreamResult(("cpu", c), tr, 0) for c, tr in enumerate(tracers)]
 
 
 def _end_thread(st: _ThreadState, tr: Tracer) -> None:

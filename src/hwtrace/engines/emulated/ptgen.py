@@ -10,9 +10,15 @@ What it emits, following the SDM (Vol. 3C, "Intel Processor Trace": the
 packet generation tables) and what real captures show:
 
 * PSB+ at enable and whenever PacketByteCnt reached ``2**(11+PSBFreq)``
-  bytes, at the next instruction boundary: PSB, TSC (TSCEn), TMA
-  (TSCEn+MTCEn), CBR, and when PacketEn is set MODE.Exec and FUP(next IP),
-  then PSBEND.  No PIP: with OS=0 the CR3 writes happen where ContextEn is
+  bytes: PSB, TSC (TSCEn), TMA (TSCEn+MTCEn), CBR, and when PacketEn is
+  set MODE.Exec and FUP(the IP of the next instruction), then PSBEND.  The
+  SDM promises only "as quickly after the threshold as possible"; this CPU
+  inserts it at the first instruction boundary after the next instruction
+  retired, mid-block included, as a Skylake does (lldb_intelpt core 45: the
+  TNT that crossed the threshold came from ``jne 0x400bd5``, the PSB+
+  after the following ``addl``, with FUP 0x400bdb).  So its FUP is
+  usually not the target of a branch.  :meth:`Tracer.run` is given each
+  straight-line run's instruction lengths to place it.  No PIP: with OS=0 the CR3 writes happen where ContextEn is
   clear, and the hardware emits PIP only if OS=1.  Last IP and the return
   compression stack are reset.
 * TNT bits for conditional branches and compressed returns, in TNT-8
@@ -148,6 +154,7 @@ class Tracer:
         self.cyc_acc = 0
         self.cur_ip = 0             # the next instruction of the running thread
         self.insns = 0              # instructions that went into this stream
+        self.psb_at = -1            # PSB+ due at the boundary where t reaches this
         self._psb_plus()
 
     # ---- helpers ---------------------------------------------------------
@@ -229,6 +236,7 @@ class Tracer:
         self.buf += enc.PSB_BYTES
         self.total += 16
         self.since_psb = 0
+        self.psb_at = -1
         self.last_ip = None
         self.retstack.clear()
         self.mode_sent = False
@@ -264,11 +272,31 @@ class Tracer:
         self._ip(_PGE, ip)
 
     # ---- the interface the flow drives ------------------------------------
-    def boundary(self, next_ip: int) -> None:
-        """An instruction boundary; ``next_ip`` executes next (PSB pacing)."""
-        self.cur_ip = next_ip
-        if self.since_psb >= self.psb_period and self.triggered:
+    def run(self, ip: int, n: int, sizes, first: int = 0) -> None:
+        """``n`` instructions of a straight-line run retire, the first at
+        ``ip``; their lengths are ``sizes[first:first + n]``.  PSB+ goes
+        where it is due: PacketByteCnt reached the period (noticed here: no
+        instruction retired since the packet that crossed it) and one more
+        instruction retired."""
+        while True:
+            if self.psb_at < 0:
+                if self.since_psb < self.psb_period or not self.triggered:
+                    break
+                self.psb_at = self.t + 1
+            j = self.psb_at - self.t
+            if j >= n or not self.triggered:
+                break
+            if j > 0:
+                self.retire(j)
+                for k in range(first, first + j):
+                    ip += sizes[k]
+                first += j
+                n -= j
+            self.cur_ip = ip
             self._psb_plus()
+        self.cur_ip = ip
+        if n:
+            self.retire(n)
 
     def enter(self, ip: int, ctx_ok: bool = True) -> None:
         """The thread (re)enters user mode at ``ip`` (sysret, iret, thread
@@ -318,6 +346,32 @@ class Tracer:
                 if self.cyc_en:
                     self._cyc()
                 self._emit(enc.mtc(p & 0xFF))
+
+    def idle_until(self, t: int) -> None:
+        """The processor ran nothing traced until TSC ``t`` (PacketEn is
+        clear: the thread that ran last left user code): its clock jumps
+        there, and as after a wake from a C-state (or, for a thread's own
+        stream, TraceEn set again when it is scheduled in) it says so with
+        TSC, TMA (with MTC on: the decoder's MTC count starts over from it)
+        and CBR packets (without TSC, the MTC of the new period).  The cycles not
+        yet reported in a CYC packet are dropped: the TSC supersedes them."""
+        if t <= self.t:
+            return
+        self.t = t
+        if not self.triggered:
+            return
+        self._flush_tnt()
+        self.cyc_acc = 0
+        p = self._art(t) >> self.mtc_freq
+        if self.tsc_en:
+            self._emit(enc.tsc(t & ((1 << 56) - 1)))
+            if self.mtc_en:
+                art = self._art(t)
+                self._emit(enc.tma(art & 0xFFFF, min(t - art * self.ebx // self.eax, 511)))
+        elif self.mtc_en and p != self.mtc_p:
+            self._emit(enc.mtc(p & 0xFF))
+        self._emit(enc.cbr(self.cbr))
+        self.mtc_p = p
 
     def branch(self, kind: int, nlip: int, next_ip: int) -> None:
         """A near branch (or far transfer within user mode) retired and

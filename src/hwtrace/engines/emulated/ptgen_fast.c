@@ -1,7 +1,7 @@
 /*
  * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
  * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
- * EXEC_PART / SIGNAL records).  Python (fast.py) decides eligibility,
+ * SIGNAL records).  Python (fast.py) decides eligibility,
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
@@ -10,8 +10,9 @@
  * BLOCKS: per BLOCK record of LOG, in order, 40 bytes:
  *   u64 pc, u64 last, u64 target, u64 nlip, u32 ninsn, u8 kind, u8[3] pad.
  * CR3FILE: lines "pid cr3".  Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt and
- * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID" and
- * "exit TID T" lines (times on the stream's emulated TSC).
+ * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID",
+ * "start TID T", "exec TID T" (per PROC_EXEC record) and "exit TID T" lines
+ * (times on the emulated TSC: every thread on one clock, as schedule.py).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -38,6 +39,7 @@ struct tracer {
     uint64_t last_ip, tnt_bits; int tnt_n;
     uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
     uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+    int psb_due; uint64_t psb_at;       /* PSB+ due where t reaches psb_at */
 };
 
 static void emit(struct tracer *tr, const void *p, size_t n)
@@ -136,6 +138,7 @@ static void psb_plus(struct tracer *tr)
     flush_tnt(tr);
     emit(tr, PSB, 16);
     tr->since_psb = 0;
+    tr->psb_due = 0;
     tr->have_last = 0;
     rs_clear(tr);
     tr->mode_sent = 0;
@@ -195,12 +198,6 @@ static void leave_async(struct tracer *tr, uint64_t next_ip)
     tr->in_user = 0; tr->pkt_en = 0;
 }
 
-static void boundary(struct tracer *tr, uint64_t next_ip)
-{
-    tr->cur_ip = next_ip;
-    if (tr->since_psb >= tr->psb_period && tr->triggered) psb_plus(tr);
-}
-
 static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
@@ -216,6 +213,40 @@ static void retire(struct tracer *tr, uint64_t n)
             emit(tr, b, 2);
         }
     }
+}
+
+/* ptgen.Tracer.run: n instructions of a straight-line run retire, the
+ * first at ip, their lengths in sizes; PSB+ where it is due (one retired
+ * instruction after PacketByteCnt reached the period), mid-block included */
+static void run_insns_psb(struct tracer *tr, uint64_t ip, uint64_t n, const unsigned char *sizes)
+{
+    for (;;) {
+        if (!tr->psb_due) {
+            if (tr->since_psb < tr->psb_period || !tr->triggered) break;
+            tr->psb_due = 1;
+            tr->psb_at = tr->t + 1;
+        }
+        uint64_t j = tr->psb_at > tr->t ? tr->psb_at - tr->t : 0;
+        if (j >= n || !tr->triggered) break;
+        if (j) {
+            retire(tr, j);
+            for (uint64_t k = 0; k < j; k++) ip += sizes[k];
+            sizes += j;
+            n -= j;
+        }
+        tr->cur_ip = ip;
+        psb_plus(tr);
+    }
+    tr->cur_ip = ip;
+    if (n) retire(tr, n);
+}
+
+/* Whether a run of n instructions needs no PSB+ (the common case). */
+static inline int no_psb_in(const struct tracer *tr, uint64_t n)
+{
+    if (tr->psb_due)
+        return tr->psb_at >= tr->t + n || !tr->triggered;
+    return tr->since_psb < tr->psb_period || !tr->triggered;
 }
 
 static void branch(struct tracer *tr, int kind, uint64_t nlip, uint64_t next_ip)
@@ -241,9 +272,41 @@ static void finish(struct tracer *tr)
     flush_tnt(tr);
 }
 
+/* ptgen.Tracer.idle_until: nothing traced ran until TSC t; the clock jumps
+ * there, said by TSC (+ TMA with MTC; without TSC, the new period's MTC), CBR */
+static void idle_until(struct tracer *tr, uint64_t t)
+{
+    if (t <= tr->t) return;
+    tr->t = t;
+    if (!tr->triggered) return;
+    flush_tnt(tr);
+    tr->cyc_acc = 0;
+    uint64_t p = art(tr, t) >> tr->mtc_freq;
+    if (tr->tsc_en) {
+        unsigned char b[8] = {0x19};
+        uint64_t v = t & ((1ULL << 56) - 1);
+        memcpy(b + 1, &v, 7);
+        emit(tr, b, 8);
+        if (tr->mtc_en) {
+            uint64_t a = art(tr, t);
+            uint64_t fc = t - (uint64_t)((unsigned __int128)a * tr->ebx / tr->eax);
+            if (fc > 511) fc = 511;
+            unsigned char m[7] = {0x02, 0x73, (unsigned char)(a & 0xff), (unsigned char)((a >> 8) & 0xff), 0,
+                                  (unsigned char)(fc & 0xff), (unsigned char)(fc >> 8)};
+            emit(tr, m, 7);
+        }
+    } else if (tr->mtc_en && p != tr->mtc_p) {
+        unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
+        emit(tr, b, 2);
+    }
+    unsigned char c[4] = {0x02, 0x03, (unsigned char)tr->cbr, 0};
+    emit(tr, c, 4);
+    tr->mtc_p = p;
+}
+
 static uint64_t g_ctl, g_t0, g_nom, g_eax, g_ebx; static int g_long_tnt;
 
-static void tracer_init(struct tracer *tr)
+static void tracer_init(struct tracer *tr, uint64_t t0)
 {
     memset(tr, 0, sizeof *tr);
     uint64_t ctl = g_ctl;
@@ -260,7 +323,7 @@ static void tracer_init(struct tracer *tr)
     tr->tnt_max = g_long_tnt ? 47 : 6;
     tr->eax = g_eax; tr->ebx = g_ebx; tr->cbr = g_nom;
     tr->triggered = 1; tr->ctx_ok = 1;
-    tr->t = g_t0;
+    tr->t = t0;
     tr->mtc_p = art(tr, tr->t) >> tr->mtc_freq;
     psb_plus(tr);
 }
@@ -269,7 +332,21 @@ static void tracer_init(struct tracer *tr)
 struct table { struct blk **b; uint32_t n; };          /* id -> block */
 struct proc { uint32_t pid; struct table t; int ctx_ok; };
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
-struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0; };
+struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
+                struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
+
+/* A slice (schedule.py): a thread's records from one TIME to the next */
+struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last;
+               size_t start, end; uint64_t h0, h1, first_ip, next_ip; };
+static struct slice *raw; static int nraw, curraw = -1;
+
+static void raw_open(uint32_t tid_i, int seg, size_t start, uint64_t h0)
+{
+    raw = realloc(raw, (nraw + 1) * sizeof *raw);
+    memset(&raw[nraw], 0, sizeof raw[nraw]);
+    raw[nraw].tid_i = tid_i; raw[nraw].seg = seg; raw[nraw].start = start; raw[nraw].h0 = h0;
+    curraw = nraw++;
+}
 
 static struct proc *procs; static int nprocs;
 static struct thread *threads; static int nthreads;
@@ -307,6 +384,8 @@ static void table_set(struct table *t, uint32_t id, struct blk *b)
 }
 
 static const unsigned char *L; static size_t LN;
+static struct blk *blocks;                      /* the BLOCKS file */
+static const unsigned char **blk_sizes;         /* per block: its sizes[] in L */
 static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
 static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
 
@@ -332,13 +411,36 @@ static size_t rec_size(size_t o)
     return 0;
 }
 
-static int cmp_seg(const void *a, const void *b)
+static inline __attribute__((always_inline))
+void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
+          int *in_kernel, int ctx_ok)
 {
-    const struct seg *x = a, *y = b;
-    if (x->time != y->time) return x->time < y->time ? -1 : 1;
-    uint32_t tx = threads[x->tid_i].tid, ty = threads[y->tid_i].tid;
-    if (tx != ty) return tx < ty ? -1 : 1;
-    return x->index - y->index;
+    struct blk *pending = *pendp;
+    uint64_t pc = b->pc, cnt = b->ninsn;
+    if (*in_kernel) { enter(tr, pc, ctx_ok); *in_kernel = 0; }
+    else if (pending) {
+        int kd = pending->kind;
+        if (kd == K_REP && pc == pending->last) cnt--;
+        else if (kd == K_OTHER || kd == K_REP) {
+            if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JCC) {
+            if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
+            else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_JMP || kd == K_CALL) {
+            branch(tr, kd, pending->nlip, pending->target);
+            if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+        } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
+        else branch(tr, kd, pending->nlip, pc);
+    }
+    if (cnt == b->ninsn && cnt && no_psb_in(tr, cnt)) {
+        tr->cur_ip = pc;
+        retire(tr, cnt);
+    } else if (cnt) {
+        if (!sz) sz = blk_sizes[b - blocks];
+        if (cnt == b->ninsn) run_insns_psb(tr, pc, cnt, sz);
+        else run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+    }
+    *pendp = b;
 }
 
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
@@ -352,25 +454,20 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             uint32_t n = rd32(o + 1);
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                uint64_t pc = b->pc, cnt = b->ninsn;
-                if (in_kernel) { enter(tr, pc, ctx_ok); in_kernel = 0; }
-                else if (pending) {
-                    int kd = pending->kind;
-                    if (kd == K_REP && pc == pending->last) cnt--;
-                    else if (kd == K_OTHER || kd == K_REP) {
-                        if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JCC) {
-                        if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
-                        else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_JMP || kd == K_CALL) {
-                        branch(tr, kd, pending->nlip, pending->target);
-                        if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
-                    } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
-                    else branch(tr, kd, pending->nlip, pc);
-                }
-                if (cnt) { boundary(tr, pc); retire(tr, cnt); }
-                pending = b;
+                step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
             }
+        } else if (L[o] == 0x05) {
+            /* EXEC_PART: the block ran only so far (flow.load's cut) */
+            struct blk *b = tab->b[rd32(o + 1)];
+            const unsigned char *sz = blk_sizes[b - blocks];
+            uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
+            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
+            struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
+            for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
+            if (left) cut.last = cut.nlip - sz[left - 1];
+            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok);
+            th->cut = cut;
+            pending = &th->cut;
         } else if (L[o] == 0x20) {
             if (pending && !in_kernel) { leave_sync(tr); tr->cur_ip = pending->nlip; }
             in_kernel = 1;
@@ -424,6 +521,229 @@ static void write_file(const char *dir, const char *name, struct tracer *tr)
     fclose(f);
 }
 
+/* ------------------------------------------------------------ schedule.py */
+static struct slice *sl;
+
+static int cmp_slice(const void *a, const void *b)
+{
+    const struct slice *x = a, *y = b;
+    if (x->h0 != y->h0) return x->h0 < y->h0 ? -1 : 1;
+    if (x->h1 != y->h1) return x->h1 < y->h1 ? -1 : 1;
+    uint32_t tx = threads[x->tid_i].tid, ty = threads[y->tid_i].tid;
+    if (tx != ty) return tx < ty ? -1 : 1;
+    return x->ordinal - y->ordinal;
+}
+
+/* schedule.thread_slices for every thread, then sorted as schedule.slices */
+static int build_slices(void)
+{
+    sl = malloc((nraw ? nraw : 1) * sizeof *sl);
+    int n = 0;
+    /* each thread's raw slices, in log order (a counting sort by thread) */
+    int *idx = malloc((nraw ? nraw : 1) * sizeof(int)), *at = calloc(nthreads + 1, sizeof(int));
+    for (int i = 0; i < nraw; i++) at[raw[i].tid_i + 1]++;
+    for (int ti = 0; ti < nthreads; ti++) at[ti + 1] += at[ti];
+    int *fill = malloc((nthreads + 1) * sizeof(int));
+    memcpy(fill, at, (nthreads + 1) * sizeof(int));
+    for (int i = 0; i < nraw; i++) idx[fill[raw[i].tid_i]++] = i;
+    free(fill);
+    for (int ti = 0; ti < nthreads; ti++) {
+        int k = at[ti + 1] - at[ti];
+        int *mine = idx + at[ti];
+        for (int j = 1; j < k; j++)             /* the host clock never runs back */
+            if (raw[mine[j]].h0 < raw[mine[j - 1]].h0) raw[mine[j]].h0 = raw[mine[j - 1]].h0;
+        int first = n, nxt_has = 0; uint64_t nxt = 0;
+        for (int j = k - 1; j >= 0; j--) {
+            struct slice *r = &raw[mine[j]];
+            if (!r->items) continue;
+            struct slice v = *r;
+            v.ordinal = j;
+            v.h1 = j + 1 < k ? raw[mine[j + 1]].h0 : r->h0;
+            v.next_ip = nxt; v.has_next = nxt_has;
+            v.last = n == first;
+            sl[n++] = v;
+            if (r->has_first) { nxt = r->first_ip; nxt_has = 1; }
+        }
+    }
+    free(idx);
+    free(at);
+    qsort(sl, n, sizeof *sl, cmp_slice);
+    return n;
+}
+
+/* schedule.Frontier: a min-heap of (h1, E_end) */
+struct fent { uint64_t h1, e; };
+static struct fent *fh; static int nfh, capfh; static uint64_t fval;
+
+static void fr_add(uint64_t h1, uint64_t e)
+{
+    if (nfh == capfh) { capfh = capfh ? capfh * 2 : 1024; fh = realloc(fh, capfh * sizeof *fh); }
+    int i = nfh++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (fh[p].h1 < h1 || (fh[p].h1 == h1 && fh[p].e <= e)) break;
+        fh[i] = fh[p]; i = p;
+    }
+    fh[i].h1 = h1; fh[i].e = e;
+}
+
+static uint64_t fr_at(uint64_t h0)
+{
+    while (nfh && fh[0].h1 <= h0) {
+        if (fh[0].e > fval) fval = fh[0].e;
+        struct fent last = fh[--nfh];
+        int i = 0;
+        for (;;) {
+            int c = 2 * i + 1;
+            if (c >= nfh) break;
+            if (c + 1 < nfh && (fh[c + 1].h1 < fh[c].h1 || (fh[c + 1].h1 == fh[c].h1 && fh[c + 1].e < fh[c].e))) c++;
+            if (last.h1 < fh[c].h1 || (last.h1 == fh[c].h1 && last.e <= fh[c].e)) break;
+            fh[i] = fh[c]; i = c;
+        }
+        fh[i] = last;
+    }
+    return fval;
+}
+
+static void run_slice(struct thread *th, struct tracer *tr, const struct slice *x)
+{
+    struct seg s = segs[x->seg];
+    s.start = x->start; s.end = x->end;
+    run_seg(th, tr, &s);
+}
+
+/* schedule._catch_up */
+static void catch_up(struct thread *th, struct tracer *tr, const struct slice *x, uint64_t start, int running)
+{
+    if (start <= tr->t) return;
+    if (running && !th->in_kernel)
+        switch_out(th, tr, x->has_first || x->has_next, x->has_first ? x->first_ip : x->next_ip);
+    idle_until(tr, start);
+}
+
+static void ran(FILE *sum, const struct slice *x, struct tracer *tr, int *started)
+{
+    struct thread *th = &threads[x->tid_i];
+    if (!started[x->tid_i]) {
+        started[x->tid_i] = 1;
+        fprintf(sum, "start %u %" PRIu64 "\n", th->tid, tr->t);
+    }
+    for (int i = 0; i < x->execs; i++) fprintf(sum, "exec %u %" PRIu64 "\n", th->tid, tr->t);
+}
+
+/* schedule.run_cpus */
+static void run_cpus(FILE *sum, const char *outdir, int ncpu, int n)
+{
+    for (int si = 0; si < nsegs; si++) segs[si].cpu = segs[si].cpu >= 0 ? segs[si].cpu % ncpu : 0;
+    struct tracer *trs = calloc(ncpu, sizeof *trs);
+    for (int c = 0; c < ncpu; c++) tracer_init(&trs[c], g_t0);
+    fval = g_t0;
+    int *on_tid = malloc(ncpu * sizeof(int)), *on_has = malloc(ncpu * sizeof(int));
+    uint64_t *on_next = malloc(ncpu * sizeof(uint64_t));
+    int *last_tid = malloc(ncpu * sizeof(int));
+    for (int c = 0; c < ncpu; c++) { on_tid[c] = -1; last_tid[c] = -1; }
+    int *where = malloc((nthreads + 1) * sizeof(int)), *started = calloc(nthreads + 1, sizeof(int));
+    uint64_t *own_end = calloc(nthreads + 1, sizeof(uint64_t));
+    for (int i = 0; i < nthreads; i++) where[i] = -1;
+    for (int k = 0; k < n; k++) {
+        struct slice *x = &sl[k];
+        int ti = (int)x->tid_i, cpu = segs[x->seg].cpu;
+        struct thread *th = &threads[ti];
+        struct tracer *tr = &trs[cpu];
+        int prev = on_tid[cpu];
+        if (prev != ti) {
+            if (prev >= 0 && where[prev] == cpu)
+                switch_out(&threads[prev], tr, on_has[cpu], on_next[cpu]);
+            if (where[ti] >= 0 && where[ti] != cpu) {
+                int oc = where[ti];
+                if (on_tid[oc] == ti) {
+                    switch_out(th, &trs[oc], on_has[oc], on_next[oc]);
+                    on_tid[oc] = -1;
+                }
+                if (last_tid[oc] == ti) {   /* it migrated: the CPU it left goes idle */
+                    fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", oc, trs[oc].t,
+                            (long)th->pid, (long)th->tid);
+                    last_tid[oc] = -1;
+                }
+            }
+        }
+        uint64_t start = fr_at(x->h0);
+        if (own_end[ti] > start) start = own_end[ti];
+        if (start > tr->t) {
+            int p = last_tid[cpu];
+            if (p >= 0 && p != ti) {       /* the CPU idles */
+                fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", cpu, tr->t,
+                        (long)threads[p].pid, (long)threads[p].tid);
+                last_tid[cpu] = -1;
+            }
+            catch_up(th, tr, x, start, prev == ti);
+        }
+        if (last_tid[cpu] != ti) {
+            int p = last_tid[cpu];
+            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, tr->t,
+                    p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
+        }
+        last_tid[cpu] = ti;
+        ran(sum, x, tr, started);
+        run_slice(th, tr, x);
+        on_tid[cpu] = ti; on_has[cpu] = x->has_next; on_next[cpu] = x->next_ip;
+        where[ti] = cpu;
+        own_end[ti] = tr->t;
+        fr_add(x->h1, tr->t);
+        if (x->last) {
+            end_thread(th, tr);
+            fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
+            on_tid[cpu] = -1;
+            where[ti] = -1;
+        }
+    }
+    for (int c = 0; c < ncpu; c++) {
+        finish(&trs[c]);
+        char name[64];
+        snprintf(name, sizeof name, "cpu%d.pt", c);
+        write_file(outdir, name, &trs[c]);
+        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
+    }
+}
+
+static void thread_done(FILE *sum, const char *outdir, struct thread *th, struct tracer *tr)
+{
+    finish(tr);
+    fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
+    char name[64];
+    snprintf(name, sizeof name, "tid%u.pt", th->tid);
+    write_file(outdir, name, tr);
+    fprintf(sum, "stream tid %u %" PRIu64 "\n", th->tid, tr->insns);
+    free(tr->buf);
+    tr->buf = NULL;
+}
+
+/* schedule.run_threads: a tracer per thread, begun when the thread begins */
+static void run_threads(FILE *sum, const char *outdir, int n)
+{
+    struct tracer *trs = calloc(nthreads + 1, sizeof *trs);
+    int *begun = calloc(nthreads + 1, sizeof(int)), *started = calloc(nthreads + 1, sizeof(int));
+    fval = g_t0;
+    for (int k = 0; k < n; k++) {
+        struct slice *x = &sl[k];
+        int ti = (int)x->tid_i;
+        struct thread *th = &threads[ti];
+        struct tracer *tr = &trs[ti];
+        uint64_t start = fr_at(x->h0);
+        if (!begun[ti]) { begun[ti] = 1; tracer_init(tr, start); }
+        else catch_up(th, tr, x, start, 1);
+        ran(sum, x, tr, started);
+        run_slice(th, tr, x);
+        fr_add(x->h1, tr->t);
+        if (x->last) {
+            end_thread(th, tr);
+            thread_done(sum, outdir, th, tr);
+        }
+    }
+    for (int ti = 0; ti < nthreads; ti++)
+        if (!begun[ti]) { tracer_init(&trs[ti], g_t0); thread_done(sum, outdir, &threads[ti], &trs[ti]); }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 14) { fprintf(stderr, "usage: see ptgen_fast.c\n"); return 2; }
@@ -446,7 +766,8 @@ int main(int argc, char **argv)
     fseek(bf, 0, SEEK_END);
     long nb = ftell(bf) / (long)sizeof(struct blk);
     fseek(bf, 0, SEEK_SET);
-    struct blk *blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blocks = malloc((nb ? nb : 1) * sizeof *blocks);
+    blk_sizes = malloc((nb ? nb : 1) * sizeof *blk_sizes);
     if (nb && fread(blocks, sizeof *blocks, nb, bf) != (size_t)nb) { perror("blocks"); return 1; }
     fclose(bf);
 
@@ -471,24 +792,34 @@ int main(int argc, char **argv)
             s->start = o + sz; s->index = threads[ti].nseg++;
             cur_seg = nsegs++;
             proc_of(pid);
+            if (curraw >= 0) raw[curraw].end = o;
+            raw_open((uint32_t)ti, cur_seg, o + sz, last_time);
             break;
         }
         case 0x02:
             last_time = rd64(o + 1);
             if (cur_seg >= 0 && !segs[cur_seg].has_items) segs[cur_seg].time = last_time;
+            if (cur_seg >= 0 && raw[curraw].start == segs[cur_seg].start && !raw[curraw].items) {
+                raw[curraw].h0 = last_time;         /* nothing before the segment's first TIME */
+                raw[curraw].start = o;
+            } else if (cur_seg >= 0) {
+                raw[curraw].end = o;
+                raw_open(segs[cur_seg].tid_i, cur_seg, o, last_time);
+            }
             break;
         case 0x03: {
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
             if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
             int pi = proc_of(pid);
+            blk_sizes[bi] = L + o + 21;
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
         }
-        case 0x04:
-            if (cur_seg >= 0 && !segs[cur_seg].has_first && rd32(o + 1)) {
+        case 0x04: case 0x05:
+            if (cur_seg >= 0 && !segs[cur_seg].has_first && (L[o] == 0x05 || rd32(o + 1))) {
                 struct seg *s = &segs[cur_seg];
                 int pi = proc_of(threads[s->tid_i].pid);
-                uint32_t id = rd32(o + 5);
+                uint32_t id = rd32(o + (L[o] == 0x05 ? 1 : 5));
                 struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
                 if (!b) { fprintf(stderr, "undefined block %u\n", id); return 1; }
                 s->first_ip = b->pc; s->has_first = 1;
@@ -509,16 +840,25 @@ int main(int argc, char **argv)
         }
         }
         if (cur_seg >= 0) {
+            struct slice *r = &raw[curraw];
             switch (L[o]) {     /* records the Python loader keeps as items */
-            case 0x04: if (rd32(o + 1)) segs[cur_seg].has_items = 1; break;
+            case 0x04: if (rd32(o + 1)) segs[cur_seg].has_items = r->items = 1; break;
             case 0x05: case 0x06: case 0x11: case 0x13: case 0x14:
             case 0x20: case 0x21: case 0x22: case 0x23:
-                segs[cur_seg].has_items = 1; break;
+                segs[cur_seg].has_items = r->items = 1; break;
+            }
+            if (L[o] == 0x13) r->execs++;
+            if (!r->has_first && ((L[o] == 0x04 && rd32(o + 1)) || L[o] == 0x05)) {
+                int pi = proc_of(threads[segs[cur_seg].tid_i].pid);
+                uint32_t id = rd32(o + (L[o] == 0x04 ? 5 : 1));
+                struct blk *b = id < procs[pi].t.n ? procs[pi].t.b[id] : NULL;
+                if (b) { r->first_ip = b->pc; r->has_first = 1; }
             }
         }
         o += sz;
     }
     if (cur_seg >= 0) segs[cur_seg].end = LN;
+    if (curraw >= 0) raw[curraw].end = LN;
     /* CR3 filter: per-process context */
     FILE *cf = fopen(argv[13], "r");
     unsigned long cpid, ccr3;
@@ -532,100 +872,9 @@ int main(int argc, char **argv)
     char sp[4096];
     snprintf(sp, sizeof sp, "%s/summary.txt", outdir);
     FILE *sum = fopen(sp, "w");
-    if (!cpu_mode) {
-        for (int ti = 0; ti < nthreads; ti++) {
-            struct tracer tr;
-            tracer_init(&tr);
-            for (int si = 0; si < nsegs; si++)
-                if ((int)segs[si].tid_i == ti) run_seg(&threads[ti], &tr, &segs[si]);
-            end_thread(&threads[ti], &tr);
-            finish(&tr);
-            fprintf(sum, "exit %u %" PRIu64 "\n", threads[ti].tid, tr.t);
-            char name[64];
-            snprintf(name, sizeof name, "tid%u.pt", threads[ti].tid);
-            write_file(outdir, name, &tr);
-            fprintf(sum, "stream tid %u %" PRIu64 "\n", threads[ti].tid, tr.insns);
-            free(tr.buf);
-        }
-        fclose(sum);
-        return 0;
-    }
-    /* cpu mode: segments in time order on their CPU */
-    for (int si = 0; si < nsegs; si++) segs[si].cpu = segs[si].cpu >= 0 ? segs[si].cpu % ncpu : 0;
-    /* next segment's first ip per segment, in thread order (before sorting) */
-    uint64_t *next_ip = calloc(nsegs + 1, 8); int *has_next = calloc(nsegs + 1, sizeof(int));
-    int *seg_total = calloc(nthreads, sizeof(int));
-    for (int si = 0; si < nsegs; si++) {
-        for (int sj = si + 1; sj < nsegs; sj++)
-            if (segs[sj].tid_i == segs[si].tid_i) { next_ip[si] = segs[sj].first_ip; has_next[si] = segs[sj].has_first; break; }
-        seg_total[segs[si].tid_i]++;
-    }
-    for (int si = 0; si < nsegs; si++) segs[si].end |= 0; /* keep */
-    /* sort an index array */
-    int *ord = malloc(nsegs * sizeof(int));
-    for (int i = 0; i < nsegs; i++) ord[i] = i;
-    struct seg *base = segs;
-    /* simple insertion-free sort via qsort on copies with their indices */
-    struct sidx { struct seg s; int i; } *tmp = malloc(nsegs * sizeof *tmp);
-    for (int i = 0; i < nsegs; i++) { tmp[i].s = base[i]; tmp[i].i = i; }
-    qsort(tmp, nsegs, sizeof *tmp, cmp_seg);   /* struct seg is the first member */
-    for (int i = 0; i < nsegs; i++) ord[i] = tmp[i].i;
-    free(tmp);
-
-    struct tracer *trs = calloc(ncpu, sizeof *trs);
-    for (int c = 0; c < ncpu; c++) tracer_init(&trs[c]);
-    int *on_tid = malloc(ncpu * sizeof(int)), *on_idx = malloc(ncpu * sizeof(int)), *on_seg = malloc(ncpu * sizeof(int));
-    int *last_tid = malloc(ncpu * sizeof(int));
-    for (int c = 0; c < ncpu; c++) { on_tid[c] = -1; last_tid[c] = -1; }
-    int *where = malloc(nthreads * sizeof(int));
-    for (int i = 0; i < nthreads; i++) where[i] = -1;
-    for (int k = 0; k < nsegs; k++) {
-        int si = ord[k];
-        struct seg *s = &segs[si];
-        int ti = (int)s->tid_i, cpu = s->cpu;
-        struct thread *th = &threads[ti];
-        struct tracer *tr = &trs[cpu];
-        if (!(on_tid[cpu] == ti && on_idx[cpu] == s->index - 1)) {
-            if (on_tid[cpu] >= 0) {
-                int pt = on_tid[cpu];
-                if (where[pt] == cpu) switch_out(&threads[pt], tr, has_next[on_seg[cpu]], next_ip[on_seg[cpu]]);
-            }
-            if (where[ti] >= 0 && where[ti] != cpu) {
-                int oc = where[ti];
-                if (on_tid[oc] == ti) {
-                    switch_out(th, &trs[oc], has_next[on_seg[oc]], next_ip[on_seg[oc]]);
-                    on_tid[oc] = -1;
-                }
-                if (last_tid[oc] == ti) {   /* it migrated: the CPU it left goes idle */
-                    fprintf(sum, "switch %d %" PRIu64 " %ld %ld -1 -1\n", oc, trs[oc].t,
-                            (long)th->pid, (long)th->tid);
-                    last_tid[oc] = -1;
-                }
-            }
-        }
-        if (last_tid[cpu] != ti) {
-            int p = last_tid[cpu];
-            fprintf(sum, "switch %d %" PRIu64 " %ld %ld %u %u\n", cpu, tr->t,
-                    p >= 0 ? (long)threads[p].pid : -1L, p >= 0 ? (long)threads[p].tid : -1L, th->pid, th->tid);
-        }
-        last_tid[cpu] = ti;
-        run_seg(th, tr, s);
-        on_tid[cpu] = ti; on_idx[cpu] = s->index; on_seg[cpu] = si;
-        where[ti] = cpu;
-        if (s->index + 1 == seg_total[ti]) {
-            end_thread(th, tr);
-            fprintf(sum, "exit %u %" PRIu64 "\n", th->tid, tr->t);
-            on_tid[cpu] = -1;
-            where[ti] = -1;
-        }
-    }
-    for (int c = 0; c < ncpu; c++) {
-        finish(&trs[c]);
-        char name[64];
-        snprintf(name, sizeof name, "cpu%d.pt", c);
-        write_file(outdir, name, &trs[c]);
-        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
-    }
+    int nsl = build_slices();
+    if (cpu_mode) run_cpus(sum, outdir, ncpu, nsl);
+    else run_threads(sum, outdir, nsl);
     fclose(sum);
     return 0;
 }

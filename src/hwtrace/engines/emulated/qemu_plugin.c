@@ -7,7 +7,14 @@
  * Per translation block: a BLOCK record at translation time (address, size
  * and bytes of each instruction), written to LOG at once, and a callback at
  * execution time that appends the block id to the executing guest thread's
- * buffer.  Buffers are per host thread (qemu-user runs one host thread per
+ * buffer.  QEMU reports execution per block, at its start; so that a block
+ * left in the middle (an instruction faulted: a divide error, a bad load;
+ * the process died) is traced only as far as it ran, the block being run
+ * stays an EXEC_PART record (count = the instructions before the last one
+ * that started) until the next block starts, and a callback before each
+ * instruction that can fault keeps the count (see on_exec).
+ *
+ * Buffers are per host thread (qemu-user runs one host thread per
  * guest thread), flushed to LOG (O_APPEND) when full, at syscalls that end,
  * signal or replace a thread or process, and at exit.  Nothing on the
  * execution hot path takes a lock or makes a system call.
@@ -55,13 +62,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
 
 #include "qemu_plugin_elf.h"
+#include "qemu_plugin_exec.h"
+#include "qemu_plugin_insn.h"
 
 /* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
 #define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -100,6 +111,8 @@ extern size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
 extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
 extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
 extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
+extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
+        enum qemu_plugin_cb_flags flags, void *userdata);
 extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
 extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
         enum qemu_plugin_cb_flags flags, void *userdata);
@@ -108,7 +121,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
 /* ---- execution log records (execlog.py is the specification) ---- */
 enum {
-    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04,
+    T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04, T_EXEC_PART = 0x05,
     T_THREAD_START = 0x10, T_THREAD_EXIT = 0x11, T_PROC_START = 0x12,
     T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_SYSCALL = 0x20, T_SYSRET = 0x21,
     T_SIGACTION = 0x23, T_MMAP = 0x30,
@@ -139,13 +152,20 @@ struct tbuf {
     size_t pos;
     size_t run_at;              /* offset of the open EXEC record's count */
     uint32_t run_n;             /* ids in it (0: no open EXEC record) */
+    size_t part_at;             /* the EXEC_PART record of the block being run (0: none) */
+    struct tbinfo *part;        /* that block */
+    uint16_t *part_cnt;         /* where its count is kept (a dummy when none) */
     uint32_t tid;
     size_t hdr_end;             /* end of the chunk's CTX+TIME header */
     bool started;               /* THREAD_START written */
     struct tbuf *next;          /* all live buffers of this process */
 };
 
-struct tbinfo { uint32_t id; int trigger; uint64_t pc; };
+/* A block of the log: its id, where it starts and ends, the direct target
+ * of its last instruction (0: none), its instruction count, whether the
+ * last one is a branch (it retired if it started: a fault that follows is
+ * at its target), and the trigger it is the entry of (on_trigger's). */
+struct tbinfo { uint32_t id; int trigger; uint16_t n; uint8_t last_branch; uint64_t pc, end, target; };
 
 struct span { uint64_t lo, hi; };
 
@@ -160,9 +180,14 @@ static uint32_t pid;
 static uint32_t parent_pid;
 static uint32_t cloning_tid;            /* last thread that called clone(CLONE_VM) */
 static bool proc_started;
+static bool cont_thread;                /* an exec'd image: its first thread is the one that exec'd */
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+static uint16_t no_part;                /* part_cnt when no block is being run */
+static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
+static bool any_fault_handler;          /* one of them is set */
+static const int fault_signo[5] = {4, 5, 7, 8, 11};
 
 /* ---- stopping mid-run: the page shared with the recorder (qemu.py, Control) ---- */
 struct hwctl {
@@ -248,8 +273,45 @@ static inline void commit(struct tbuf *b)
     __atomic_store_n(&b->sh->valid, (uint64_t)b->pos, __ATOMIC_RELEASE);
 }
 
+/* The block being run finished: its EXEC_PART record becomes an id of
+ * the open EXEC record (or of a new one). */
+static void complete_part(struct tbuf *b)
+{
+    size_t at = b->part_at;
+    uint32_t id = b->part->id;
+    /* what is published must stay whole records while the tail changes
+     * (the caller publishes the new end) */
+    __atomic_store_n(&b->sh->valid, (uint64_t)at, __ATOMIC_RELEASE);
+    if (b->run_n) {
+        memcpy(b->data + at, &id, 4);
+        b->pos = at + 4;
+    } else {
+        b->data[at] = T_EXEC;
+        b->run_at = at + 1;
+        memcpy(b->data + at + 5, &id, 4);
+        b->pos = at + 9;
+    }
+    b->run_n++;
+    memcpy(b->data + b->run_at, &b->run_n, 4);
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+}
+
+/* The block being run (if any) stays an EXEC_PART record: it was left
+ * before instruction *part_cnt (which faulted) or the thread stops here. */
+static void keep_part(struct tbuf *b)
+{
+    b->part_at = 0;
+    b->part_cnt = &no_part;
+    b->run_n = 0;
+}
+
+/* An event record follows: the block being run finished (it ended with
+ * the system call) and the EXEC record is closed. */
 static void close_run(struct tbuf *b)
 {
+    if (b->part_at)
+        complete_part(b);
     b->run_n = 0;               /* its count is kept up to date in on_exec */
 }
 
@@ -268,14 +330,22 @@ static void begin_chunk(struct tbuf *b)
     b->pos = (size_t)(p - b->data);
     b->hdr_end = b->pos;
     b->run_n = 0;
+    b->part_at = 0;
+    b->part_cnt = &no_part;
     b->sh->hdr_end = b->hdr_end;
     commit(b);
 }
 
-/* Append this buffer's chunk to LOG and start a new one; caller holds lock. */
+/* Append this buffer's chunk to LOG and start a new one; caller holds lock.
+ * The calling thread's block is done with (it flushes between blocks, or
+ * logs the one it is at); another thread's, still being run (at exit),
+ * goes as EXEC_PART. */
 static void flush_locked(struct tbuf *b)
 {
-    close_run(b);
+    if (b == tls_buf)
+        close_run(b);
+    else
+        keep_part(b);
     if (b->pos > b->hdr_end) {
         off_t end = lseek(out_fd, 0, SEEK_END);
         b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
@@ -355,6 +425,10 @@ static struct tbuf *new_buf(void)
     map_buf(b);
     begin_chunk(b);
     pthread_mutex_lock(&lock);
+    if (cont_thread && b->tid == pid) {
+        cont_thread = false;
+        b->started = true;      /* the thread that exec'd goes on */
+    }
     put_event_header(b);
     b->next = all_bufs;
     all_bufs = b;
@@ -391,30 +465,82 @@ static void put_time(struct tbuf *b)
 }
 
 /* ---- the hot path ---- */
+static bool is_fault_handler(uint64_t pc)
+{
+    for (int i = 0; i < 5; i++)
+        if (fault_handler[i] == pc)
+            return true;
+    return false;
+}
+
+/* Whether the block before, whose last started instruction with a
+ * callback is *cnt, was left early: a fault handler runs next and the
+ * block's own way out (its end, its direct target) was not taken, and
+ * it did not get to a last branch (which retires: a fault after it is at
+ * its target, as with a NULL function pointer). */
+static bool left_early(const struct tbinfo *prev, uint16_t cnt, uint64_t pc)
+{
+    if (pc == prev->end || pc == prev->target)
+        return false;
+    return !(cnt + 1 == prev->n && prev->last_branch);
+}
+
+/* A block starts.  The one before it finished (its EXEC_PART record becomes
+ * an EXEC id), unless it was left early for a fault handler; this one is
+ * an EXEC_PART record with count 0 until the next one starts, the
+ * callbacks of its instructions that can fault updating the count. */
 static void on_exec(unsigned int vcpu, void *udata)
 {
     struct tbuf *b = tls_buf;
+    struct tbinfo *info = udata;
     (void)vcpu;
-    if (__builtin_expect(stopped(), 0))
+    if (__builtin_expect(stopped(), 0)) {
+        if (b)
+            b->part_cnt = &no_part;     /* its EXEC_PART record stays as it is */
         return;
-    if (__builtin_expect(b == NULL || b->pos + 16 > TBUF_SIZE, 0)) {
+    }
+    if (__builtin_expect(b == NULL, 0))
         b = cur_buf();
-        if (b->pos + 16 > TBUF_SIZE) {
-            pthread_mutex_lock(&lock);
-            flush_locked(b);
-            pthread_mutex_unlock(&lock);
-        }
+    size_t at = b->part_at;
+    if (__builtin_expect(at && b->run_n && !any_fault_handler, 1)) {
+        /* the common case, complete_part inline: the id of the block that
+         * finished replaces its EXEC_PART record */
+        uint32_t id;
+        memcpy(&id, b->data + at + 1, 4);
+        __atomic_store_n(&b->sh->valid, (uint64_t)at, __ATOMIC_RELEASE);
+        memcpy(b->data + at, &id, 4);
+        b->run_n++;
+        memcpy(b->data + b->run_at, &b->run_n, 4);
+        b->pos = at + 4;
+        b->part_at = 0;
+    } else if (at) {
+        if (__builtin_expect(any_fault_handler, 0) && is_fault_handler(info->pc) &&
+            left_early(b->part, *b->part_cnt, info->pc))
+            keep_part(b);
+        else
+            complete_part(b);
     }
-    if (!b->run_n) {
-        b->data[b->pos] = T_EXEC;
-        b->run_at = b->pos + 1;
-        b->pos += 5;
+    if (__builtin_expect(b->pos + 32 > TBUF_SIZE, 0)) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
     }
-    memcpy(b->data + b->pos, &((struct tbinfo *)udata)->id, 4);
-    b->pos += 4;
-    b->run_n++;
-    memcpy(b->data + b->run_at, &b->run_n, 4);
+    unsigned char *p = b->data + b->pos;
+    b->part_at = b->pos;
+    b->part = info;
+    p[0] = T_EXEC_PART;
+    memcpy(p + 1, &info->id, 4);
+    p[5] = p[6] = 0;
+    b->part_cnt = (uint16_t *)(p + 5);
+    b->pos += 7;
     commit(b);
+}
+
+/* Before an instruction that can fault: the ones before it retired. */
+static void on_insn(unsigned int vcpu, void *udata)
+{
+    (void)vcpu;
+    *tls_buf->part_cnt = (uint16_t)(uintptr_t)udata;
 }
 
 /* ---- translation time ---- */
@@ -513,6 +639,36 @@ static void report_mapping(uint64_t pc)
         break;
     }
     fclose(f);
+}
+
+/* info describes instructions [from, to) of tb (a block of the log): where
+ * it ends, its last instruction, and a callback before each instruction
+ * that can fault (the first one's count, 0, is on_exec's) and before a
+ * last one that is not a direct jump (so a last branch that started is
+ * known to have retired, and a last instruction QEMU ends the block at
+ * because it raises, like ud2, is known to have started). */
+static void watch_block(struct qemu_plugin_tb *tb, size_t from, size_t to, struct tbinfo *info)
+{
+    uint64_t ip = qemu_plugin_insn_vaddr(qemu_plugin_tb_get_insn(tb, from));
+    info->pc = ip;
+    info->n = (uint16_t)(to - from);
+    for (size_t i = from; i < to; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        size_t sz = qemu_plugin_insn_size(insn);
+        uint64_t target;
+        int f = insn_info(qemu_plugin_insn_data(insn), sz, ip, &target);
+        if (i + 1 == to) {
+            info->last_branch = (f & II_BRANCH) != 0;
+            info->target = (f & II_DIRECT) ? target : 0;
+            if (!(f & II_DIRECT))
+                f |= II_FAULT;
+        }
+        if (i > from && (f & II_FAULT))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_insn, QEMU_PLUGIN_CB_NO_REGS,
+                                                   (void *)(uintptr_t)(i - from));
+        ip += sz;
+    }
+    info->end = ip;
 }
 
 /* A BLOCK record for instructions [from, to) of tb, in defs; caller holds lock. */
@@ -623,11 +779,15 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     defs_pos = 0;
     pthread_mutex_unlock(&lock);
 
-    if (info)
+    if (info) {
         qemu_plugin_register_vcpu_tb_exec_cb(tb, on_exec, QEMU_PLUGIN_CB_NO_REGS, info);
-    if (tinfo)
+        watch_block(tb, 0, k, info);
+    }
+    if (tinfo) {
+        watch_block(tb, k, k + 1, tinfo);
         qemu_plugin_register_vcpu_insn_exec_cb(qemu_plugin_tb_get_insn(tb, k), on_trigger,
                                                QEMU_PLUGIN_CB_NO_REGS, tinfo);
+    }
 }
 
 /* ---- syscalls: kernel transitions, threads, processes ---- */
@@ -660,11 +820,126 @@ static bool clone_is_thread(int64_t num, uint64_t a1)
     return false;
 }
 
+/* ---- following execve: the new image runs under QEMU with this plugin ----
+ *
+ * qemu-user executes a guest's execve natively (no binfmt_misc here), so
+ * the new program would leave the trace.  Instead, at the execve entry the
+ * plugin checks the target as the kernel would (a regular executable
+ * x86-64 ELF file, or a "#!" script whose interpreter is one; not set-id),
+ * logs PROC_EXEC (followed=1, the absolute path) and replaces the process
+ * itself: execve(qemu, [its own options, -plugin THIS,ARGS,cont=NEXT_ID,
+ * -0 ARGV0, --, TARGET, ARGV[1..]], the guest's environment).  Same pid,
+ * same thread; the new plugin instance appends to LOG (cont=: no header,
+ * block ids go on from NEXT_ID, no PROC_START/THREAD_START: the process and
+ * thread go on).  The guest's LD_* variables are handed to the guest with
+ * -E (they must not change how the host's qemu itself is loaded).  Any
+ * other target (a 32-bit program, an unreadable file, a failed lookup) is
+ * left to QEMU: PROC_EXEC followed=0, and a SYSRET after it if it failed. */
+static int plugin_argc;
+static char **plugin_argv;             /* this instance's install arguments */
+static uint32_t cont_id;               /* cont=N: this instance continues an exec'd process */
+
+static size_t read_guest_str(uint64_t addr, char *dst, size_t cap)
+{
+    size_t got = 0;
+    while (got + 1 < cap) {
+        size_t want = cap - 1 - got < 256 ? cap - 1 - got : 256;
+        size_t r = read_guest(addr + got, dst + got, want);
+        if (r == 0)
+            return (size_t)-1;
+        char *z = memchr(dst + got, 0, r);
+        if (z)
+            return (size_t)(z - dst);
+        got += r;
+    }
+    return (size_t)-1;
+}
+
+/* The guest's NULL-terminated string array at addr (malloc'd, NULL on error). */
+static char **read_guest_vec(uint64_t addr, size_t *count)
+{
+    size_t n = 0, cap = 16;
+    char **v = malloc(cap * sizeof *v);
+    for (;; n++) {
+        uint64_t p = 0;
+        if (n > 65536 || read_guest(addr + 8 * n, &p, 8) != 8)
+            goto bad;
+        if (n + 2 > cap) {
+            cap *= 2;
+            v = realloc(v, cap * sizeof *v);
+        }
+        if (!p)
+            break;
+        char *s = malloc(131072);
+        size_t len = read_guest_str(p, s, 131072);
+        if (len == (size_t)-1) {
+            free(s);
+            goto bad;
+        }
+        v[n] = s;
+    }
+    v[n] = NULL;
+    *count = n;
+    return v;
+bad:
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+    return NULL;
+}
+
+/* At an execve entry: log it, and (if the target can run under QEMU)
+ * become QEMU running it; back here only if that can't be done. */
+static void follow_exec(struct tbuf *b, int64_t num, uint64_t a1, uint64_t a2, uint64_t a3,
+                        uint64_t a4, uint64_t a5)
+{
+    char path[4096], real[PATH_MAX];
+    const uint64_t at_fdcwd = (uint64_t)(int64_t)-100;
+    uint64_t pa = num == NR_EXECVE ? a1 : a2, av = num == NR_EXECVE ? a2 : a3,
+             ev = num == NR_EXECVE ? a3 : a4;
+    size_t got = read_guest_str(pa, path, sizeof path);
+    if (got == (size_t)-1)
+        got = 0;
+    path[got] = 0;
+    char **cmd = NULL, **qenv = NULL, **gargv = NULL, **genv = NULL;
+    size_t gargc = 0, genc = 0;
+    bool plain = num == NR_EXECVE || ((a1 == at_fdcwd || path[0] == '/') && !(a5 & 0x1000));
+    if (got && plain && realpath(path, real)) {
+        gargv = read_guest_vec(av, &gargc);
+        genv = read_guest_vec(ev, &genc);
+        if (gargv && genv)
+            cmd = exec_command(real, gargv, gargc, genv, &qenv, next_id, plugin_argc,
+                               plugin_argv);
+    }
+    const char *logged = cmd ? real : path;
+    uint16_t len = (uint16_t)strnlen(logged, 4000);
+    if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
+        pthread_mutex_lock(&lock);
+        flush_locked(b);
+        pthread_mutex_unlock(&lock);
+    }
+    unsigned char *p = b->data + b->pos;
+    *p++ = T_PROC_EXEC;
+    *p++ = cmd ? 1 : 0;
+    put(&p, &len, 2);
+    put(&p, logged, len);
+    b->pos = (size_t)(p - b->data);
+    commit(b);
+    /* Other threads' buffers are theirs to touch: only ours is flushed. */
+    pthread_mutex_lock(&lock);
+    flush_locked(b);
+    pthread_mutex_unlock(&lock);
+    if (cmd) {
+        execve(cmd[0], cmd, qenv);
+        /* not replaced: QEMU runs the guest's execve (it fails the same way) */
+    }
+}
+
 static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
                        uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
                        uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8)
 {
-    (void)id; (void)vcpu; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
+    (void)id; (void)vcpu; (void)a6; (void)a7; (void)a8;
     if (stopped())
         return;
     struct tbuf *b = event_buf();
@@ -680,6 +955,12 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         uint64_t act[2] = {0, 0};
         if (read_guest(a2, act, sizeof act) == sizeof act) {
             uint32_t signo = (uint32_t)a1;
+            any_fault_handler = false;
+            for (int i = 0; i < 5; i++) {
+                if (fault_signo[i] == (int)signo)
+                    fault_handler[i] = act[0] > 1 ? act[0] : 0;
+                any_fault_handler |= fault_handler[i] != 0;
+            }
             p = b->data + b->pos;
             *p++ = T_SIGACTION;
             put(&p, &signo, 4);
@@ -718,28 +999,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
         flush_locked(b);
         pthread_mutex_unlock(&lock);
     } else if (num == NR_EXECVE || num == NR_EXECVEAT) {
-        /* qemu-user execs the new image natively: it leaves the trace. */
-        char path[4096];
-        uint64_t pa = num == NR_EXECVE ? a1 : a2;
-        size_t got = read_guest(pa, path, sizeof path - 1);
-        path[got] = 0;
-        uint16_t len = (uint16_t)strnlen(path, got);
-        if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
-            pthread_mutex_lock(&lock);
-            flush_locked(b);
-            pthread_mutex_unlock(&lock);
-        }
-        p = b->data + b->pos;
-        *p++ = T_PROC_EXEC;
-        *p++ = 0;
-        put(&p, &len, 2);
-        put(&p, path, len);
-        b->pos = (size_t)(p - b->data);
-        commit(b);
-        /* Other threads' buffers are theirs to touch: only ours is flushed. */
-        pthread_mutex_lock(&lock);
-        flush_locked(b);
-        pthread_mutex_unlock(&lock);
+        follow_exec(b, num, a1, a2, a3, a4, a5);
     } else if (num == NR_KILL || num == NR_TKILL || num == NR_TGKILL ||
                num == NR_RT_SIGQUEUEINFO || num == NR_RT_TGSIGQUEUEINFO) {
         /* The signal may kill this process without an exit: what this
@@ -831,6 +1091,18 @@ static uint64_t calibrate_tsc_hz(void)
     return (uint64_t)((double)(c1 - c0) * 1e9 / ns);
 }
 
+/* Keep the install arguments (for an exec'd image's plugin) and cont=. */
+static void exec_args(int argc, char **argv)
+{
+    plugin_argc = argc;
+    plugin_argv = calloc((size_t)argc + 1, sizeof *plugin_argv);
+    for (int i = 0; i < argc; i++) {
+        plugin_argv[i] = strdup(argv[i]);
+        if (strncmp(argv[i], "cont=", 5) == 0)
+            cont_id = (uint32_t)strtoul(argv[i] + 5, NULL, 10);
+    }
+}
+
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
                                            int argc, char **argv)
 {
@@ -853,7 +1125,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         fprintf(stderr, "hwtrace plugin: target %s is not x86_64\n", info->target_name);
         return -1;
     }
-    out_fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    exec_args(argc, argv);
+    out_fd = open(out, O_WRONLY | O_CREAT | (cont_id ? 0 : O_TRUNC) | O_APPEND | O_CLOEXEC, 0644);
     if (out_fd < 0) {
         fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
         return -1;
@@ -878,10 +1151,16 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
     if (!out_path)
         out_path = strdup(out);
     pid = (uint32_t)getpid();
-    unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
-    uint64_t hz = calibrate_tsc_hz();
-    memcpy(hdr + 16, &hz, 8);
-    write_all(hdr, sizeof hdr);
+    if (cont_id) {              /* an exec'd image of a process already in LOG */
+        next_id = cont_id;
+        proc_started = true;
+        cont_thread = true;
+    } else {
+        unsigned char hdr[32] = {'H', 'W', 'X', 'L', 1, 0, 32, 0, 1 /* qemu */, 1 /* host TSC */};
+        uint64_t hz = calibrate_tsc_hz();
+        memcpy(hdr + 16, &hz, 8);
+        write_all(hdr, sizeof hdr);
+    }
 
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_trans);
     qemu_plugin_register_vcpu_syscall_cb(id, on_syscall);

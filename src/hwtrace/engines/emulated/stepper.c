@@ -4,6 +4,8 @@
  *
  *   stepper [options] -o LOG -- PROGRAM ARGS...
  *   stepper [options] -o LOG --pid PID
+ *   stepper --probe      one JSON line: do debug-register breakpoints work,
+ *                        is DEBUGCTL.BTF (PTRACE_SINGLEBLOCK) honoured here
  *
  * Options:
  *   --start ADDR / --stop ADDR / --within ADDR   trigger windows: the tracee
@@ -38,7 +40,8 @@
  *     handler's, when the kernel delivered a signal on the way out; the
  *     re-executed `syscall` when an interrupted one restarts);
  *   - SIGNAL when a handler interrupts user code (async=1, ip = the next
- *     instruction) or a faulting instruction (async=0, ip = it);
+ *     instruction) or a faulting instruction (async=0, ip = it), or
+ *     (handler 0) when such a signal killed the thread;
  *     SIGACTION after a successful rt_sigaction;
  *   - THREAD_START/EXIT, PROC_START/EXEC/EXIT; MMAP/MUNMAP of executable
  *     mappings (with build-ids) at start, exec and after mmap-family calls;
@@ -138,7 +141,32 @@ static void resolve_triggers(struct proc *p)
     p->start = opt.start + (opt.start_rel ? base : 0);
     p->stop = opt.stop + (opt.stop_rel ? base : 0);
     p->within = opt.within + (opt.within_rel ? base : 0);
+    /* FILE@OFF: where FILE is mapped, once it is (a shared library loaded later) */
+    p->pending = 0;
+    const char *files[3] = { opt.start_file, opt.stop_file, opt.within_file };
+    uint64_t *addrs[3] = { &p->start, &p->stop, &p->within }, offs[3] = { opt.start, opt.stop, opt.within };
+    for (int i = 0; i < 3; i++) {
+        if (!files[i]) continue;
+        *addrs[i] = file_addr(p->pid, files[i], offs[i]);
+        if (!*addrs[i]) p->pending = 1;
+    }
     p->armed = 1;
+}
+
+/* t's process mapped something: resolve its pending FILE@OFF triggers; once
+ * all are, its threads get the trigger breakpoint (t now, the others at a
+ * stop we ask for) and run without syscall-stops. */
+static void resolve_pending(struct thread *t)
+{
+    struct proc *p = t->p;
+    resolve_triggers(p);
+    if (p->pending) return;
+    arm(t, 1);
+    for (struct thread *o = threads; o; o = o->next)
+        if (o != t && o->p == p && o->started && o->native) {
+            o->rearm = 1;
+            ptrace(PTRACE_INTERRUPT, o->tid, 0, 0);
+        }
 }
 
 /* ---------------------------------------------------------------- thread lifecycle */
@@ -162,8 +190,12 @@ static struct thread *new_thread(pid_t tid, struct proc *p)
     return t;
 }
 
+static void release_held(struct thread *t);
+static void begin_thread(struct thread *t);
+
 static void drop_thread(struct thread *t)
 {
+    release_held(t);                   /* its fork children start anyway */
     for (struct thread **pp = &threads; *pp; pp = &(*pp)->next)
         if (*pp == t) { *pp = t->next; break; }
     if (exec_owner == t) { flush_exec(); exec_owner = NULL; }
@@ -215,6 +247,60 @@ static int probe_blockstep(void)
     kill(c, SIGKILL);
     waitpid(c, &st, 0);
     return result;
+}
+
+/* Do debug-register breakpoints work here (DR0 through PTRACE_POKEUSER,
+ * enabled in DR7: the trap comes at the address, DR6 says DR0)?  1 yes,
+ * -1 no (why says why), 0 could not tell. */
+__asm__(".text\n"
+        ".globl hwtrace_dr_probe\n"
+        "hwtrace_dr_probe:\n"
+        "  nop\n"
+        "  ret\n");
+extern char hwtrace_dr_probe[];
+
+static int probe_debugregs(char *why, size_t n)
+{
+    pid_t c = fork();
+    if (c < 0) { snprintf(why, n, "fork: %s", strerror(errno)); return 0; }
+    if (c == 0) {
+        if (ptrace(PTRACE_TRACEME, 0, 0, 0) < 0) _exit(2);
+        raise(SIGSTOP);
+        ((void (*)(void))hwtrace_dr_probe)();
+        _exit(0);
+    }
+    int st, result = 0;
+    struct user_regs_struct r;
+    if (waitpid(c, &st, 0) != c || !WIFSTOPPED(st)) {
+        snprintf(why, n, "ptrace is refused here");
+    } else if (set_dr(c, 0, (uint64_t)hwtrace_dr_probe) < 0 || set_dr(c, 7, 1) < 0) {
+        snprintf(why, n, "PTRACE_POKEUSER of DR0/DR7 fails: %s", strerror(errno));
+        result = -1;
+    } else if (ptrace(PTRACE_CONT, c, 0, 0) == 0 && waitpid(c, &st, 0) == c) {
+        if (WIFSTOPPED(st) && WSTOPSIG(st) == SIGTRAP && ptrace(PTRACE_GETREGS, c, 0, &r) == 0 &&
+            r.rip == (uint64_t)hwtrace_dr_probe && (get_dr(c, 6) & 1)) {
+            result = 1;
+        } else {
+            snprintf(why, n, "an execute breakpoint in DR0 did not stop the program");
+            result = -1;
+        }
+    }
+    kill(c, SIGKILL);
+    waitpid(c, &st, 0);
+    return result;
+}
+
+/* stepper --probe: one JSON line about the debug hardware here. */
+static int probe_main(void)
+{
+    char why[256] = "";
+    int dr = probe_debugregs(why, sizeof why);
+    int btf = probe_blockstep();
+    printf("{\"debug_registers\": \"%s\", \"debug_registers_reason\": \"%s\", "
+           "\"block_step\": \"%s\"}\n",
+           dr > 0 ? "work" : dr < 0 ? "fail" : "unknown", why,
+           btf > 0 ? "honoured" : btf < 0 ? "ignored" : "unknown");
+    return 0;
 }
 
 static int is_restart_code(int64_t v) { return v == -512 || v == -513 || v == -514 || v == -516; }
@@ -305,6 +391,23 @@ static void retire_line(struct thread *t, uint64_t from, uint64_t to)
     }
 }
 
+static int mapped(struct proc *p, uint64_t pc)
+{
+    for (size_t i = 0; i < p->nmaps; i++)
+        if (pc >= p->maps[i].start && pc < p->maps[i].end) return 1;
+    return 0;
+}
+
+/* The process maps code the log doesn't know (mapped while it ran
+ * natively, outside a window): log its mappings as they are now. */
+static void refresh_maps(struct proc *p)
+{
+    if (update_maps(p)) {
+        pc_clear(&p->pcs);
+        free(p->blocks.e); p->blocks.e = NULL; p->blocks.cap = p->blocks.n = 0;
+    }
+}
+
 static void resume(struct thread *t)
 {
     long sig = t->sig;
@@ -325,9 +428,11 @@ static void resume(struct thread *t)
     }
     if (t->native) {
         t->how = 2;
-        ptrace(PTRACE_CONT, t->tid, 0, (void *)sig);
+        /* a trigger waits for its library: stop at syscalls to see it mapped */
+        ptrace(t->p->pending && t->p->armed ? PTRACE_SYSCALL : PTRACE_CONT, t->tid, 0, (void *)sig);
         return;
     }
+    if (!mapped(t->p, t->r.rip)) refresh_maps(t->p);
     t->cur = *insn_at(t, t->r.rip);
     if (t->cur.kind == K_SYSCALL) {
         t->sys_nr = t->r.rax; t->sys_rdi = t->r.rdi; t->sys_rsi = t->r.rsi;
@@ -416,6 +521,20 @@ static void sample(struct thread *t, int force)
     }
 }
 
+/* t's fork syscall is in the log: start the children it forked inside a
+ * window (held until now, stopped at their first stop). */
+static void release_held(struct thread *t)
+{
+    for (int again = 1; again; ) {
+        again = 0;
+        for (struct thread *c = threads; c; c = c->next)
+            if (c->held_for == t->tid) {
+                c->held_for = 0;
+                if (c->parked) { begin_thread(c); again = 1; break; }
+            }
+    }
+}
+
 /* The first stop of a thread: announce it and start it. */
 static void begin_thread(struct thread *t)
 {
@@ -441,7 +560,9 @@ static void begin_thread(struct thread *t)
         read_mem(t->tid, t->r.rip - 2, b, 2);
         if (b[0] == 0x0f && b[1] == 0x05) { t->restart = 1; t->restart_pc = t->r.rip - 2; }
     }
-    if (windowed && t->p->armed) {
+    if (windowed && t->p->armed && t->win) {
+        /* a fork child inside its parent's window: stepped from its first instruction */
+    } else if (windowed && t->p->armed) {
         if (t->p->start || t->p->within) { t->native = 1; arm(t, 1); }
         else { t->win = 1; if (winlog) fprintf(winlog, "on %d %d %#llx %llu\n", t->pid, t->tid, (unsigned long long)t->r.rip, 0ull); }
     } else if (windowed) {
@@ -469,10 +590,19 @@ static void on_event(struct thread *t, int ev)
         if (!is_thread) {
             c->p->armed = t->p->armed;
             c->p->start = t->p->start; c->p->stop = t->p->stop; c->p->within = t->p->within;
+            c->p->pending = t->p->pending;
             if (!opt.follow_fork) c->detach = 1;
         }
         c->win = 0;
-        if (c->parked) begin_thread(c);
+        if (!is_thread && ev == PTRACE_EVENT_FORK && t->win) {
+            /* forked inside a window: the child is inside the same activation
+             * (same stack), so it starts in the window -- after the parent's
+             * fork syscall is in the log, so the window state it inherits
+             * there is the one the child starts with */
+            c->win = 1; c->win_sp = t->win_sp; c->win_ret = t->win_ret;
+            c->held_for = t->tid;
+        }
+        if (c->parked && !c->held_for) begin_thread(c);
     } else if (ev == PTRACE_EVENT_EXEC) {
         pid_t former = (pid_t)msg;
         if (former != t->tid) {
@@ -532,6 +662,13 @@ static void on_exit_status(struct thread *t, int st)
         t->in_sys = 0;
     }
     end_run(t);
+    if (t->started && !t->native && !t->in_sys && WIFSIGNALED(st) &&
+        t->injected == WTERMSIG(st) && t->sig_ip) {
+        /* a signal delivered in user code killed it: where (a fault: at
+         * the instruction that faulted, which did not retire) */
+        rec(t); w8(0x22); w32((uint32_t)t->injected); w8(t->sig_async ? 1 : 0);
+        w64(0); w64(t->sig_ip);
+    }
     if (t->started) {
         rec(t); w8(0x11); w32((uint32_t)status);
         if (t->tid == t->pid) { w8(0x14); w32((uint32_t)status); t->p->live = 0; }
@@ -554,8 +691,8 @@ static void on_stop(struct thread *t, int st)
         return;
     }
     if (!t->started) {
-        if (t->parent_tid || t->tid == main_pid || t->attached) begin_thread(t);
-        else t->parked = 1;            /* wait for the parent's clone/fork event */
+        if ((t->parent_tid || t->tid == main_pid || t->attached) && !t->held_for) begin_thread(t);
+        else t->parked = 1;            /* wait for the parent's clone/fork event (and syscall) */
         return;
     }
     if (ev) {
@@ -578,10 +715,22 @@ static void on_stop(struct thread *t, int st)
         if (ev == PTRACE_EVENT_STOP && quit_signal && opt.attach) t->detach = 1;
         if (ev == PTRACE_EVENT_EXEC || ev == PTRACE_EVENT_STOP)
             ptrace(PTRACE_GETREGS, t->tid, 0, &t->r);
+        if (t->rearm) {
+            t->rearm = 0;
+            if (t->native && t->p->armed) arm(t, 1);
+        }
         resume(t);
         return;
     }
     siginfo_t si;
+    if (t->native && sig == (SIGTRAP | 0x80)) {
+        /* a syscall-stop (pending trigger): after an mmap, is its file there? */
+        if (ptrace(PTRACE_GETREGS, t->tid, 0, &t->r) == 0 && t->r.orig_rax == 9 &&
+            (int64_t)t->r.rax != -ENOSYS && !((int64_t)t->r.rax < 0 && (int64_t)t->r.rax > -4096))
+            resolve_pending(t);
+        resume(t);
+        return;
+    }
     if (t->native) {
         if (sig == SIGTRAP && t->p->armed) {
             uint64_t dr6 = get_dr(t->tid, 6);
@@ -695,6 +844,7 @@ signal_stop:
             if (t->cur.kind == K_SYSCALL) {
                 end_run(t);
                 rec(t); w8(0x20); w64(t->sys_nr);
+                release_held(t);
                 t->in_sys = 1;
                 t->sys_ret = (int64_t)t->r.rax;
                 t->restart = is_restart_code(t->sys_ret);
@@ -738,7 +888,8 @@ void fail(const char *fmt, ...)
 
 static void on_quit(int sig) { quit_signal = sig; }
 
-static const long trace_opts = PTRACE_O_TRACECLONE | PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC;
+static const long trace_opts = PTRACE_O_TRACECLONE | PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC |
+                               PTRACE_O_TRACESYSGOOD;
 
 static void launch(void)
 {
@@ -815,6 +966,24 @@ static void attach(void)
     if (windowed) resolve_triggers(p);
 }
 
+static uint64_t parse_addr(const char *s, int *rel);
+
+/* An address, +OFF, or FILE@OFF (then *file = FILE). */
+static uint64_t parse_trigger(const char *s, int *rel, const char **file)
+{
+    const char *at = strrchr(s, '@');
+    if (at && at != s) {
+        char *f = strndup(s, (size_t)(at - s));
+        if (!f) fail("out of memory");
+        *file = f;
+        int r;
+        uint64_t v = parse_addr(at + 1, &r);
+        if (r) fail("bad address: %s", s);
+        return v;
+    }
+    return parse_addr(s, rel);
+}
+
 static uint64_t parse_addr(const char *s, int *rel)
 {
     *rel = s[0] == '+';
@@ -834,6 +1003,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     int i;
+    if (argc == 2 && !strcmp(argv[1], "--probe")) return probe_main();
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -843,9 +1013,9 @@ int main(int argc, char **argv)
         else if (!v) usage();
         else if (!strcmp(a, "-o")) { opt.out = v; i++; }
         else if (!strcmp(a, "--pid")) { opt.attach = atoi(v); i++; if (opt.attach <= 0) fail("bad pid: %s", v); }
-        else if (!strcmp(a, "--start")) { opt.start = parse_addr(v, &opt.start_rel); i++; }
-        else if (!strcmp(a, "--stop")) { opt.stop = parse_addr(v, &opt.stop_rel); i++; }
-        else if (!strcmp(a, "--within")) { opt.within = parse_addr(v, &opt.within_rel); i++; }
+        else if (!strcmp(a, "--start")) { opt.start = parse_trigger(v, &opt.start_rel, &opt.start_file); i++; }
+        else if (!strcmp(a, "--stop")) { opt.stop = parse_trigger(v, &opt.stop_rel, &opt.stop_file); i++; }
+        else if (!strcmp(a, "--within")) { opt.within = parse_trigger(v, &opt.within_rel, &opt.within_file); i++; }
         else if (!strcmp(a, "--clock")) { opt.clock_insn = !strcmp(v, "insn"); if (!opt.clock_insn && strcmp(v, "tsc")) usage(); i++; }
         else if (!strcmp(a, "--block")) { opt.block = strcmp(v, "off") != 0; i++; }
         else if (!strcmp(a, "--quantum")) { opt.quantum = (unsigned)atoi(v); i++; }

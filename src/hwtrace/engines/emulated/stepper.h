@@ -20,6 +20,8 @@ struct options {
     pid_t attach;
     uint64_t start, stop, within;     /* window triggers (0 = none) */
     int start_rel, stop_rel, within_rel;
+    const char *start_file, *stop_file, *within_file;   /* FILE@OFF: a file offset in FILE,
+                                                           resolved when FILE is mapped */
     int follow_fork;
     int clock_insn;
     int block;                         /* 0 off, 1 auto */
@@ -42,6 +44,7 @@ struct map { uint64_t start, end, off; unsigned prot; char *path; };
 struct proc {
     pid_t pid;
     int live, armed;                   /* armed: window triggers valid in this image */
+    int pending;                       /* a FILE@OFF trigger whose file is not mapped yet */
     uint64_t start, stop, within;      /* resolved trigger addresses */
     struct pctab pcs;
     struct blktab blocks;
@@ -85,6 +88,9 @@ struct thread {
     int win;                           /* inside a window */
     uint64_t win_sp, win_ret;
     uint64_t parent_tid;
+    int rearm;                         /* set the trigger breakpoint at the next stop */
+    pid_t held_for;                    /* a fork child inside its parent's window: starts
+                                          once that parent thread's fork syscall is logged */
     struct thread *next;
 };
 
@@ -119,6 +125,7 @@ void pc_clear(struct pctab *t);
 void build_id(const char *path, uint8_t *bid, unsigned *bidlen);
 int update_maps(struct proc *p);
 uint64_t exe_base(struct proc *p);
+uint64_t file_addr(pid_t pid, const char *file, uint64_t off);
 int sample_cpu(struct thread *t);
 pid_t tgid_of(pid_t tid);
 void why_not_permitted(pid_t pid);

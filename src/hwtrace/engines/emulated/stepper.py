@@ -87,8 +87,11 @@ def _stepper_path() -> Path:
 
 
 Address = int | str
-"""An absolute address, or a string: ``"0x401000"`` (absolute) or
-``"+0x1139"`` (offset from the load base of the main executable, for PIE)."""
+"""An absolute address, or a string: ``"0x401000"`` (absolute),
+``"+0x1139"`` (offset from the load base of the main executable, for PIE)
+or ``"/lib/x.so@0x2a000"`` (file offset 0x2a000 of that file, resolved
+when the process maps it: a shared library's function before it is
+loaded)."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +123,12 @@ def _addr(value: Address) -> str:
             raise StepperError(f"bad address: {value}")
         return hex(value)
     s = value.strip()
+    file, at, off = s.rpartition("@")
     try:
-        int(s[1:] if s.startswith("+") else s, 0)
+        if at and file:             # FILE@OFF: a file offset, resolved once FILE is mapped
+            int(off, 0)
+        else:
+            int(s[1:] if s.startswith("+") else s, 0)
     except ValueError:
         raise StepperError(f"bad address: {value!r}") from None
     return s
@@ -252,3 +259,19 @@ def windows(log_path: str | os.PathLike) -> list[Window]:
         kind, pid, tid, pc, n = line.split()
         out.append(Window(kind == "on", int(pid), int(tid), int(pc, 16), int(n)))
     return out
+
+
+def probe() -> dict:
+    """What the debug hardware does here, tried on a child of the stepper:
+    ``debug_registers`` ("work": an execute breakpoint set through
+    PTRACE_POKEUSER in DR0/DR7 stops the program there; "fail", with
+    ``debug_registers_reason``; "unknown") and ``block_step`` ("honoured":
+    PTRACE_SINGLEBLOCK stops only after branches, DEBUGCTL.BTF works;
+    "ignored": it stops after every instruction, as in many VMs;
+    "unknown").  StepperError (one line) if the stepper can't be built or run."""
+    try:
+        r = subprocess.run([str(stepper_path()), "--probe"], capture_output=True, text=True,
+                           timeout=60)
+        return json.loads(r.stdout.splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        raise StepperError(f"the ptrace stepper's probe failed: {e}") from None

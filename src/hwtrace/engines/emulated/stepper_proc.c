@@ -140,6 +140,27 @@ uint64_t exe_base(struct proc *p)
     return base;
 }
 
+/* Where file offset off of file is mapped in pid (0: it is not). */
+uint64_t file_addr(pid_t pid, const char *file, uint64_t off)
+{
+    char path[64], line[4600], want[4096];
+    if (!realpath(file, want)) snprintf(want, sizeof want, "%s", file);
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    uint64_t addr = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long s, e, o; int pos = 0;
+        if (sscanf(line, "%llx-%llx %*s %llx %*s %*s%n", &s, &e, &o, &pos) < 3) continue;
+        char *name = line + pos; while (*name == ' ') name++;
+        name[strcspn(name, "\n")] = 0;
+        if (strcmp(name, want) && strcmp(name, file)) continue;
+        if (o <= off && off < o + (e - s)) { addr = s + (off - o); break; }
+    }
+    fclose(f);
+    return addr;
+}
+
 int sample_cpu(struct thread *t)
 {
     char buf[1024];

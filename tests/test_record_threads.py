@@ -1,0 +1,328 @@
+"""The truth about threads and processes in emulated recordings (issue 17.4),
+with both execution sources, on real programs decoded by libipt:
+
+* cpu mode: a 2-thread program and a fork+wait program interleave in a
+  causally possible order -- the worker's first instruction after
+  ``pthread_create`` was called, its last before ``pthread_join`` returned,
+  the child's exit before ``waitpid`` returned, everything before its
+  process's exit -- on the streams' time stamps (libipt's, from MTC/CYC),
+  and the sideband's context switches say the thread that ran each;
+* thread mode: a thread's stream starts (its first TSC) when the thread
+  starts, not at process start;
+* exec: a forked child's exec is followed (QEMU included), with an exec
+  record (comm, executable, time) and the new image's mappings from then
+  on; its instructions decode with libipt exactly against that image, and
+  a CPU's stream attributes the new program to the child.
+
+Markers: each ``mark_*`` function makes a syscall; its time is the time
+stamp of the disable (TIP.PGD) that syscall makes, the first event after
+the function's entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
+
+import pytest
+
+import ptpieces
+from conftest import run_hwtrace
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
+                                reason="needs qemu-user and gcc")
+
+TIMED = "branch;user;retc;tsc;mtc;cyc"
+
+MARKS = r"""
+#define _GNU_SOURCE
+#include <unistd.h>
+#include <sys/syscall.h>
+#define MARK(n) __attribute__((noinline)) void mark_##n(void) { syscall(SYS_getpid); }
+"""
+
+PROGRAMS = {
+    "two": MARKS + r"""
+        #include <pthread.h>
+        #include <stdio.h>
+        MARK(create) MARK(worker_first) MARK(worker_last) MARK(joined)
+        static volatile long sink;
+        __attribute__((noinline)) long work(long n) { long s = 0; for (long i = 0; i < n; i++) s += i * i; return s; }
+        static void *worker(void *a) { mark_worker_first(); sink = work(20000); mark_worker_last(); return 0; }
+        int main(void) { pthread_t t; sink = work(100); mark_create(); pthread_create(&t, 0, worker, 0);
+          pthread_join(t, 0); mark_joined(); sink += work(100); puts("done"); return 0; }
+    """,
+    "forkwait": MARKS + r"""
+        #include <stdio.h>
+        #include <sys/wait.h>
+        MARK(fork) MARK(child_first) MARK(child_last) MARK(waited)
+        static volatile long sink;
+        __attribute__((noinline)) long work(long n) { long s = 0; for (long i = 0; i < n; i++) s += i * i; return s; }
+        int main(void) { fflush(stdout); mark_fork(); pid_t p = fork();
+          if (p == 0) { mark_child_first(); sink = work(20000); mark_child_last(); _exit(3); }
+          int st; waitpid(p, &st, 0); mark_waited(); printf("child %d\n", WEXITSTATUS(st)); return 0; }
+    """,
+    "hello": r"""
+        #include <unistd.h>
+        __attribute__((noinline)) int leaf(int x) { return x * 3 + 1; }
+        int main(void) { int s = 0; for (int i = 0; i < 100; i++) s += leaf(i);
+          write(1, "hello\n", 6); return s & 7; }
+    """,
+    "forkexec": r"""
+        #include <stdio.h>
+        #include <unistd.h>
+        #include <sys/wait.h>
+        int main(int argc, char **argv) { fflush(stdout); pid_t p = fork();
+          if (p == 0) { execl(argv[1], "hello", (char *)0); _exit(127); }
+          int st; waitpid(p, &st, 0); printf("child %d\n", WEXITSTATUS(st)); return 0; }
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def progs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("threadprogs")
+    out = {}
+    for name, src in PROGRAMS.items():
+        c = d / f"{name}.c"
+        c.write_text(textwrap.dedent(src))
+        exe = d / name
+        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), "-lpthread"], check=True)
+        out[name] = exe
+    return out
+
+
+@pytest.fixture(params=["qemu", "ptrace"])
+def engine(request):
+    return request.param
+
+
+def record(out, engine, *args):
+    r = run_hwtrace("record", "-o", out, "--engine", engine, *args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def sideband(bundle):
+    return [json.loads(x) for x in (bundle / "sideband.jsonl").read_text().splitlines()]
+
+
+def symbols(exe) -> dict:
+    from elftools.elf.elffile import ELFFile
+    with open(exe, "rb") as f:
+        tab = ELFFile(f).get_section_by_name(".symtab")
+        return {s.name: s["st_value"] for s in tab.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
+
+
+def timing_args(man) -> list[str]:
+    return ["--cpu", "6/106", "--mtc-freq", str(man["mtc_freq"]), "--nom-freq", str(man["nom_freq"]),
+            "--cpuid-0x15.eax", str(man["cpuid_0x15_eax"]),
+            "--cpuid-0x15.ebx", str(man["cpuid_0x15_ebx"])]
+
+
+def listing(ptoracle, bundle, stream, man):
+    """libipt's instructions and events of one stream (the union of the
+    bundle's mappings: these programs' processes share one layout)."""
+    r = run_hwtrace("images", bundle, "--pt", stream, "--lines")
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([str(ptoracle), "insn", str(bundle / stream), *r.stdout.split(),
+                          *timing_args(man)], capture_output=True, text=True, check=True).stdout
+    return [json.loads(x) for x in out.splitlines()]
+
+
+def decoded(ptoracle, bundle):
+    """{stream: its listing}, asserting no errors and exactly the
+    instructions the recorder observed."""
+    man = json.loads((bundle / "manifest.json").read_text())
+    out = {}
+    for s in man["streams"]:
+        items = listing(ptoracle, bundle, s["file"], man)
+        assert [x for x in items if "error" in x] == [], s["file"]
+        assert sum(1 for x in items if "iclass" in x) == s["instructions_observed"], s["file"]
+        out[s["file"]] = items
+    return man, out
+
+
+def mark_times(listings, addr_of) -> dict:
+    """{marker name: (stream, time)}: the time stamp of the first event
+    after the marker function's entry (its syscall's disable)."""
+    names = {a: n for n, a in addr_of.items()}
+    out = {}
+    for stream, items in listings.items():
+        pending = None
+        for x in items:
+            if "iclass" in x:
+                if x["ip"] in names:
+                    pending = names[x["ip"]]
+            elif pending is not None and "tsc" in x:
+                assert pending not in out, pending
+                out[pending] = (stream, x["tsc"])
+                pending = None
+    return out
+
+
+def running(sb, cpu: int, t: int):
+    """(pid, tid) the sideband's switches say ran on ``cpu`` at time ``t``."""
+    cur = None
+    for r in sb:
+        if r["type"] == "switch" and r["cpu"] == cpu and r["time"] <= t:
+            cur = (r["next_pid"], r["next_tid"])
+    return cur
+
+
+def check_switches(sb):
+    """Per CPU, switches in time order, each from the thread the last one
+    switched to."""
+    last = {}
+    for r in sb:
+        if r["type"] != "switch":
+            continue
+        prev = last.get(r["cpu"])
+        if prev is not None:
+            assert r["time"] >= prev["time"], r
+            assert (r["prev_pid"], r["prev_tid"]) == (prev["next_pid"], prev["next_tid"]), r
+        last[r["cpu"]] = r
+
+
+def cpu_of(stream: str) -> int:
+    return int(stream[3:-3])
+
+
+def test_two_threads_causal_order(tmp_path, ptoracle, progs, engine):
+    b = tmp_path / "two"
+    assert record(b, engine, "--config", TIMED, "--", progs["two"]).stdout == "done\n"
+    man, lists = decoded(ptoracle, b)
+    sb = sideband(b)
+    check_switches(sb)
+    (proc,) = [r for r in sb if r["type"] == "process"]
+    base = proc_base(b, progs["two"])
+    syms = symbols(progs["two"])
+    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in
+                           ("create", "worker_first", "worker_last", "joined")})
+    t = {n: v[1] for n, v in m.items()}
+    assert t["create"] < t["worker_first"] < t["worker_last"] < t["joined"]
+    main_tid = proc["pid"]
+    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != main_tid]
+    assert t["create"] <= worker["time"] <= t["worker_first"]
+    exits = {r["tid"]: r for r in sb if r["type"] == "exit"}
+    assert t["worker_last"] <= exits[worker["tid"]]["time"] <= t["joined"]
+    assert max(t.values()) <= exits[main_tid]["time"]
+    assert exits[worker["tid"]]["time"] <= exits[main_tid]["time"]
+    # each marker ran on the CPU and in the thread the switches say
+    for n, tid in (("create", main_tid), ("worker_first", worker["tid"]),
+                   ("worker_last", worker["tid"]), ("joined", main_tid)):
+        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n
+
+
+def test_fork_wait_causal_order(tmp_path, ptoracle, progs, engine):
+    b = tmp_path / "fw"
+    assert record(b, engine, "--config", TIMED, "--", progs["forkwait"]).stdout == "child 3\n"
+    man, lists = decoded(ptoracle, b)
+    sb = sideband(b)
+    check_switches(sb)
+    parent, child = sorted((r for r in sb if r["type"] == "process"), key=lambda r: r["time"])
+    assert child["ppid"] == parent["pid"]
+    base = proc_base(b, progs["forkwait"])
+    syms = symbols(progs["forkwait"])
+    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in
+                           ("fork", "child_first", "child_last", "waited")})
+    t = {n: v[1] for n, v in m.items()}
+    assert t["fork"] < t["child_first"] < t["child_last"] < t["waited"]
+    assert t["fork"] <= child["time"] <= t["child_first"]
+    exits = {r["pid"]: r for r in sb if r["type"] == "exit" and r["tid"] == r["pid"]}
+    assert exits[child["pid"]]["status"] == 3
+    assert t["child_last"] <= exits[child["pid"]]["time"] <= t["waited"]
+    assert t["waited"] <= exits[parent["pid"]]["time"]
+    for n, who in (("fork", parent), ("child_first", child), ("child_last", child),
+                   ("waited", parent)):
+        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (who["pid"], who["pid"]), n
+
+
+def test_thread_clock_starts_with_the_thread(tmp_path, ptoracle, progs, engine):
+    b = tmp_path / "tm"
+    assert record(b, engine, "--mode", "thread", "--config", TIMED, "--",
+                  progs["two"]).stdout == "done\n"
+    man, lists = decoded(ptoracle, b)
+    sb = sideband(b)
+    (proc,) = [r for r in sb if r["type"] == "process"]
+    base = proc_base(b, progs["two"])
+    syms = symbols(progs["two"])
+    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in ("create", "worker_first", "worker_last", "joined")})
+    t = {n: v[1] for n, v in m.items()}
+    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != proc["pid"]]
+    assert m["worker_first"][0] == f"tid{worker['tid']}.pt"
+    first_tsc = next(p["tsc"] for p in ptpieces.packets(ptoracle, b / f"tid{worker['tid']}.pt")
+                     if p["type"] == "tsc")
+    assert first_tsc == worker["time"]
+    assert t["create"] <= first_tsc <= t["worker_first"]
+    assert t["worker_last"] < t["joined"]
+    main_first = next(p["tsc"] for p in ptpieces.packets(ptoracle, b / f"tid{proc['pid']}.pt")
+                      if p["type"] == "tsc")
+    assert main_first < first_tsc
+
+
+def proc_base(bundle, exe):
+    from test_record import load_base
+    return load_base(bundle, exe)
+
+
+def test_exec_followed(tmp_path, ptoracle, progs, engine):
+    """A forked child execs another program: traced in its image."""
+    b = tmp_path / "fe"
+    r = record(b, engine, "--mode", "thread", "--", progs["forkexec"], progs["hello"])
+    assert r.stdout == "hello\nchild 6\n"
+    sb = sideband(b)
+    procs = [x for x in sb if x["type"] == "process"]
+    parent = procs[0]
+    child_pid = next(x["pid"] for x in procs if x["ppid"] == parent["pid"])
+    lives = [x for x in procs if x["pid"] == child_pid]
+    assert [x["comm"] for x in lives] == ["forkexec", "hello"]
+    assert lives[1]["exe"] == str(progs["hello"]) and lives[1]["time"] > lives[0]["time"]
+    exits = {x["tid"]: x for x in sb if x["type"] == "exit"}
+    assert lives[1]["time"] < exits[child_pid]["time"] and exits[child_pid]["status"] == 6
+    # the new image's mappings begin with it; the old ones don't name hello
+    maps = [x for x in sb if x["type"] == "mmap" and x["pid"] == child_pid]
+    assert {x["time"] for x in maps if x["file"] == str(progs["hello"])} == {lives[1]["time"]}
+    assert all(x["time"] == lives[0]["time"] for x in maps if x["file"] == str(progs["forkexec"]))
+    # libipt: the child's stream up to the exec against its first image,
+    # from the new program's entry on against the exec'd image
+    spaces = ptpieces.spaces_of(b)
+    runs = spaces._by_pid[child_pid]
+    assert len(runs) == 2 and runs[1].exe == str(progs["hello"])
+    stream = b / f"tid{child_pid}.pt"
+    cuts = ptpieces.exec_cuts(ptoracle, stream, runs)
+    man = json.loads((b / "manifest.json").read_text())
+    (info,) = [s for s in man["streams"] if s.get("tid") == child_pid]
+    with tempfile.TemporaryDirectory() as tmp:
+        parts = ptpieces.decode_pieces(ptoracle, stream, cuts, tmp, want_ips=True)
+    assert [p[2] for p in parts] == [0, 0]
+    assert parts[0][1] > 0 and parts[0][1] + parts[1][1] == info["instructions_observed"]
+    hello_base = next(m.start - m.offset for m in runs[1].mappings if m.path == str(progs["hello"]))
+    syms = symbols(progs["hello"])
+    leaf, main = hello_base + syms["leaf"], hello_base + syms["main"]
+    assert parts[0][3].count(main) == 0
+    assert parts[1][3].count(main) == 1 and parts[1][3].count(leaf) == 100
+
+
+def test_exec_attributed_to_the_child(tmp_path, ptoracle, progs):
+    """cpu mode, ptrace: the exec'd program's main runs where the switches
+    say the child ran (it used to be attributed to the parent)."""
+    b = tmp_path / "fec"
+    r = record(b, "ptrace", "--config", TIMED, "--", progs["forkexec"], progs["hello"])
+    assert r.stdout == "hello\nchild 6\n"
+    man, lists = decoded(ptoracle, b)
+    sb = sideband(b)
+    check_switches(sb)
+    procs = [x for x in sb if x["type"] == "process"]
+    child = [x for x in procs if x["comm"] == "hello"][0]
+    spaces = ptpieces.spaces_of(b)
+    new = spaces._by_pid[child["pid"]][-1]
+    base = next(m.start - m.offset for m in new.mappings if m.path == str(progs["hello"]))
+    m = mark_times(lists, {"main": base + symbols(progs["hello"])["main"]})
+    stream, t = m["main"]
+    assert t > child["time"]
+    assert running(sb, cpu_of(stream), t) == (child["pid"], child["pid"])
