@@ -314,10 +314,14 @@ def test_lost_data_is_stepped_over(work, tmp_path):
 @pytest.fixture(scope="module")
 def parse(work):
     exe = build(work, "parse", PARSE_C, "-O0", "-static")
+    # file names of one length: the argv strings then lie at the same
+    # addresses in both runs (a 1-byte shift moved argv[0] across a vector
+    # boundary for libc's strrchr in some environments, a divergence before
+    # the input byte)
     (work / "good.txt").write_text("hello world\n")
-    (work / "bad.txt").write_text("!ello world\n")
+    (work / "evil.txt").write_text("!ello world\n")
     good = record(work / "good", exe, work / "good.txt")
-    bad = record(work / "bad", exe, work / "bad.txt", ok=(139,))
+    bad = record(work / "bad", exe, work / "evil.txt", ok=(139,))
     return good, bad
 
 
@@ -362,7 +366,7 @@ def test_crash_natively_ends_at_the_faulting_instruction(work, parse):
     store: the last divergence is B's step cut short there."""
     exe = work / "parse"
     good = record(work / "good-p", exe, work / "good.txt", engine="ptrace")
-    bad = record(work / "bad-p", exe, work / "bad.txt", engine="ptrace", ok=(139,))
+    bad = record(work / "bad-p", exe, work / "evil.txt", engine="ptrace", ok=(139,))
     recs = jsonl(diff(good, bad, "--format", "jsonl"))
     divs = of_type(recs, "divergence")
     assert divs[0]["branch"]["line"].endswith(
