@@ -119,9 +119,7 @@ def test_user_errors_are_one_line(fib_jsonl, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def loopy_bundle(tmp_path_factory):
-    if not LOOPY.is_dir():
-        pytest.skip("hase_loopy fixture not present")
+def loopy_bundle(tmp_path_factory, hardware):
     out = tmp_path_factory.mktemp("loopy") / "bundle"
     r = run_hwtrace("import", LOOPY / "loopy-20180404T162955.perf", "-o", out,
                     "--image", LOOPY / "loopy")

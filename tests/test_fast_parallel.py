@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, _need, run_hwtrace
+from conftest import _need, run_hwtrace, sample_text
 from test_flow_fast import second_tma
 
 from hwtrace import jobs
@@ -46,10 +46,7 @@ def core(monkeypatch):
 def _record(tmp: Path, config: str):
     """gzip -9 of 16 KiB of text in thread mode (the whole run in one
     stream) with a PSB every 2 KiB: (trace path, image pairs, config)."""
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    if not text:
-        _need("corpus", f"{CORPUS} missing")
-    (tmp / "in.txt").write_bytes((text * 2)[:16 << 10])
+    (tmp / "in.txt").write_bytes(sample_text(16 << 10))
     out = tmp / "b"
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     config, "-o", out, "--", "/usr/bin/gzip", "-9", "-k", "-f",

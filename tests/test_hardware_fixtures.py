@@ -32,6 +32,7 @@ DRPT = FIXTURES / "drpt2trace_simple"
 HASE = FIXTURES / "hase_loopy"
 RAW = FIXTURES / "raw_no_binary"
 LLDB = FIXTURES / "lldb_intelpt"
+pytestmark = pytest.mark.usefixtures("hardware")   # every test reads them
 DRPT_OPTS = ["--cpu", "6/85/4", "--mtc-freq", "3", "--nom-freq", "37",
              "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "308"]
 

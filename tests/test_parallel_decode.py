@@ -13,7 +13,7 @@ import shlex
 import shutil
 
 import pytest
-from conftest import CORPUS, run_hwtrace
+from conftest import run_hwtrace, sample_text
 
 from hwtrace import jobs as J
 from hwtrace.flow import parallel
@@ -27,8 +27,7 @@ def recording(tmp_path_factory):
     PSB every 2 KiB of trace: (trace path, image arguments).  (A directory
     of this run's own: others may run the suite at the same time.)"""
     d = tmp_path_factory.mktemp("parallel")
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    (d / "in.txt").write_bytes(text[:10 << 10])
+    (d / "in.txt").write_bytes(sample_text(10 << 10))
     # thread mode: the whole run in one stream (cpu mode splits it between
     # CPUs as the host schedules QEMU)
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
@@ -56,6 +55,7 @@ OUTPUTS = (["--quiet", "--stat"], ["--format", "jsonl", "--offset"],
            ["--block-decoder", "--block:show-blocks"])
 
 
+@pytest.mark.slow
 def test_real_program_identical(recording):
     pt, images = recording
     assert len(parallel.psb_offsets(pt.read_bytes())) >= 8
@@ -97,6 +97,7 @@ def test_segments_stitched_without_redecoding(recording):
                             if line.startswith('{"ip"'))
 
 
+@pytest.mark.slow
 def test_seeded_mutations_identical(recording, tmp_path):
     pt, images = recording
     data = pt.read_bytes()
@@ -143,7 +144,7 @@ def _run_cli(argv):
     return out.getvalue()
 
 
-def test_corpus_traces_with_several_psbs(monkeypatch):
+def test_corpus_traces_with_several_psbs(monkeypatch, corpus):
     monkeypatch.setenv("HWTRACE_PARALLEL_MIN_SEGMENT", "0")
     cases = list(_corpus_cases())
     assert len(cases) >= 10
@@ -298,8 +299,7 @@ def test_timing_state_that_never_meets_still_identical(tmp_path):
     # the calibration state of the one that ran from the start, so no
     # boundary can be proven; the output is still the sequential one.
     d = tmp_path
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    (d / "in.txt").write_bytes(text[:3 << 10])
+    (d / "in.txt").write_bytes(sample_text(3 << 10))
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     "branch;user;retc;tsc;mtc;mtc-freq=0;cyc;psb-freq=0",
                     "-o", d / "b", "--", GZIP, "-9", "-k", "-f", d / "in.txt")

@@ -124,6 +124,8 @@ def _elf_args_code(elf) -> list[CodeMap]:
 
 
 def open_input(path, elf=(), image_path=(), *, pt_needs_elf: bool = True) -> Input:
+    from hwtrace.cli._tracemap import check_view_input
+    check_view_input(path, elf, raw_trace=True)     # empty, junk, a bad --elf
     p = Path(path)
     if p.is_dir():
         return _bundle(p, list(elf), list(image_path))

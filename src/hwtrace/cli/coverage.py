@@ -97,13 +97,17 @@ def _image(images):
     return _load_images(SimpleNamespace(images=images))
 
 
-def _read(path: str):
-    """The trace, mapped in place (hwtrace.cli._tracemap), not copied."""
-    from hwtrace.cli._tracemap import map_trace
+def _read(path: str, check: bool = True):
+    """The trace, mapped in place (hwtrace.cli._tracemap), not copied;
+    ``check``: refuse one with nothing to decode (not a bundle's stream)."""
+    from hwtrace.cli._tracemap import check_trace, map_trace
     try:
-        return map_trace(path)
+        data = map_trace(path)
     except OSError as e:
         raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
+    if check:
+        check_trace(data, f"--pt: {path}")
+    return data
 
 
 def _streams(args):

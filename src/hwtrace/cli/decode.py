@@ -330,8 +330,9 @@ def _image(args, image=None):
 
 def _trace(arg: str):
     """The --pt trace, mapped rather than read (a read-only mmap or a
-    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap."""
-    from hwtrace.cli._tracemap import map_trace
+    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap.  One
+    with nothing to decode (empty, no PSB) is a one-line error there."""
+    from hwtrace.cli._tracemap import check_trace, map_trace
     from hwtrace.flow.image import ImageError
     from hwtrace.flow.loaders import split_range
 
@@ -348,6 +349,7 @@ def _trace(arg: str):
         raise CliError(f"--pt: bad range in {arg}: {e}") from None
     if size is not None and len(data) < size:
         raise CliError(f"--pt: bad range in {arg}")
+    check_trace(data, f"--pt: {arg}")
     return data
 
 
