@@ -75,20 +75,24 @@ class Namer:
         return table, np.asarray(inv).reshape(-1)
 
 
-def format_chunk(a: np.ndarray, namer: Namer, fmt: str) -> bytes:
-    """The lines of a chunk of records."""
+def format_chunk(a: np.ndarray, namer: Namer, fmt: str,
+                 impl: str | None = None) -> bytes:
+    """The lines of a chunk of records (``impl``: "python" or "compiled"
+    for the jsonl formatter, default the selector's choice)."""
     if fmt == "jsonl" and not namer.lines:
-        return _jsonl_fast(a, namer)
+        return _jsonl_fast(a, namer, impl)
     return _format_cols(a, namer, fmt)
 
 
 _KJ = [json.dumps(k) for k in KINDS]
 
 
-def _jsonl_fast(a: np.ndarray, namer: Namer) -> bytes:
+def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
     """jsonl by Python's %-formatting over the columns (as lists): for
     lines this wide, faster than assembling columns; each address's
-    ``"from_sym"``/``"to_sym"`` text made once."""
+    ``"from_sym"``/``"to_sym"`` text made once.  The compiled core
+    (hwtrace.branches._c_format), where it loaded, writes the same bytes
+    from the columns and a table of the chunk's addresses' texts."""
     n = len(a)
     if not n:
         return b""
@@ -105,6 +109,10 @@ def _jsonl_fast(a: np.ndarray, namer: Namer) -> bytes:
                 cache[ad] = f"{name}+{o:#x}" if o else name
             else:
                 cache[ad] = None
+    from hwtrace.branches import _impl
+    core = _impl.core_for(impl)
+    if core is not None:
+        return _jsonl_compiled(core, a, frm, to, addrs, cache)
     out = []
     add = out.append
     KJ = _KJ
@@ -128,6 +136,28 @@ def _jsonl_fast(a: np.ndarray, namer: Namer) -> bytes:
         add(line)
     out.append("")
     return "}\n".join(out).encode()
+
+
+def _jsonl_compiled(core, a, frm, to, addrs, cache) -> bytes:
+    syms = [cache[x] for x in addrs.tolist()]
+    parts = [b"" if s is None else s.encode() for s in syms]
+    offs = np.zeros(len(parts) + 1, np.int64)
+    if parts:
+        np.cumsum([len(x) for x in parts], out=offs[1:])
+    has = np.array([s is not None for s in syms], np.uint8)
+    frm = np.ascontiguousarray(frm, np.uint64)
+    to = np.ascontiguousarray(to, np.uint64)
+    fi = np.searchsorted(addrs, frm).astype(np.int64)
+    ti = np.searchsorted(addrs, to).astype(np.int64)
+    return core.jsonl(np.ascontiguousarray(a["pid"], np.int64),
+                      np.ascontiguousarray(a["tid"], np.int64),
+                      np.ascontiguousarray(a["kind"], np.uint8), frm, to,
+                      np.ascontiguousarray(a["time"], np.int64),
+                      np.ascontiguousarray(a["depth"], np.int32),
+                      fi, ti, b"".join(parts), offs, has, _KJB)
+
+
+_KJB = [k.encode() for k in _KJ]
 
 
 def _format_cols(a: np.ndarray, namer: Namer, fmt: str) -> bytes:
