@@ -31,26 +31,53 @@ def _records(n, seed):
     return a, addrs
 
 
+class _FakeNamer(Namer):
+    """Names from a dict: address -> (name, offset) or absent."""
+
+    def __init__(self, table):
+        super().__init__(None)
+        self.fake = table
+
+    def names_of(self, addr, ok):
+        nid = np.zeros(len(addr), np.int64)
+        off = np.zeros(len(addr), np.int64)
+        known = np.zeros(len(addr), bool)
+        for j, ad in enumerate(addr.tolist()):
+            if ad in self.fake and ok[j]:
+                name, o = self.fake[ad]
+                nid[j], off[j], known[j] = self.names.id(name), o, True
+        return nid, off, known
+
+
+SYMS = [None, ("main", 0), ("main", 0x10), ("", 0), ("caf\u00e9", 1),
+        ('q\\"x', 0), ("k" * 300, 0xfff), ("neg", -3)]
+
+
+def _namer(addrs):
+    return _FakeNamer({ad: s for ad, s in zip(addrs.tolist(), SYMS) if s})
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_jsonl_compiled_matches_twin(seed):
-    core = _impl.core_for(None) or pytest.importorskip("hwtrace.branches._c_format")
-    assert core is not None
     a, addrs = _records(500, seed)
-    syms = [None, "main", "main+0x10", "", "caf\u00e9+0x1", 'q\\"x', "k" * 300]
-
-    def namer():
-        n = Namer(None)
-        for ad, s in zip(addrs.tolist(), syms):
-            if ad:
-                n.sym_json[ad] = s
-        return n
-
-    py = format_chunk(a, namer(), "jsonl", impl="python")
-    c = format_chunk(a, namer(), "jsonl", impl="compiled")
+    py = format_chunk(a, _namer(addrs), "jsonl", impl="python")
+    c = format_chunk(a, _namer(addrs), "jsonl", impl="compiled")
     assert c == py
-    assert format_chunk(a[:0], namer(), "jsonl", impl="compiled") == b""
-    assert (format_chunk(a[:1], namer(), "jsonl", impl="compiled")
-            == format_chunk(a[:1], namer(), "jsonl", impl="python"))
+    assert format_chunk(a[:0], _namer(addrs), "jsonl", impl="compiled") == b""
+    assert (format_chunk(a[:1], _namer(addrs), "jsonl", impl="compiled")
+            == format_chunk(a[:1], _namer(addrs), "jsonl", impl="python"))
+
+
+def test_jsonl_compiled_across_chunks():
+    """The index of addresses persists on the namer: chunks that share
+    addresses and bring new ones give the twin's lines."""
+    a, addrs = _records(3000, 7)
+    a2, _ = _records(3000, 8)
+    a2["from"][::3] = np.arange(1000, 2000, dtype=np.uint64) * 64
+    npy, nc = _namer(addrs), _namer(addrs)
+    for chunk in (a[:10], a[10:2000], a2, a[2000:], a2[::-1]):
+        assert (format_chunk(chunk, nc, "jsonl", impl="compiled")
+                == format_chunk(chunk, npy, "jsonl", impl="python"))
 
 
 def test_jsonl_compiled_without_symbols():

@@ -42,6 +42,7 @@ class Namer:
         self.lines = lines
         self._line_cache: dict[int, bytes] = {}
         self.sym_json: dict[int, str | None] = {}
+        self.sym_index = None       # the compiled formatter's (SymIndex)
 
     def names_of(self, addr: np.ndarray, ok: np.ndarray):
         """(name id, offset, known) per address (``ok``: the address is
@@ -97,6 +98,10 @@ def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
     if not n:
         return b""
     frm, to = a["from"], a["to"]
+    from hwtrace.branches import _impl
+    core = _impl.core_for(impl)
+    if core is not None:
+        return _jsonl_compiled(core, a, namer)
     fok, tok = frm != 0, to != 0
     cache = namer.sym_json
     addrs = np.unique(np.concatenate((frm[fok], to[tok])))
@@ -109,10 +114,6 @@ def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
                 cache[ad] = f"{name}+{o:#x}" if o else name
             else:
                 cache[ad] = None
-    from hwtrace.branches import _impl
-    core = _impl.core_for(impl)
-    if core is not None:
-        return _jsonl_compiled(core, a, frm, to, addrs, cache)
     out = []
     add = out.append
     KJ = _KJ
@@ -138,23 +139,31 @@ def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
     return "}\n".join(out).encode()
 
 
-def _jsonl_compiled(core, a, frm, to, addrs, cache) -> bytes:
-    syms = [cache[x] for x in addrs.tolist()]
-    parts = [b"" if s is None else s.encode() for s in syms]
-    offs = np.zeros(len(parts) + 1, np.int64)
-    if parts:
-        np.cumsum([len(x) for x in parts], out=offs[1:])
-    has = np.array([s is not None for s in syms], np.uint8)
-    frm = np.ascontiguousarray(frm, np.uint64)
-    to = np.ascontiguousarray(to, np.uint64)
-    fi = np.searchsorted(addrs, frm).astype(np.int64)
-    ti = np.searchsorted(addrs, to).astype(np.int64)
-    return core.jsonl(np.ascontiguousarray(a["pid"], np.int64),
-                      np.ascontiguousarray(a["tid"], np.int64),
-                      np.ascontiguousarray(a["kind"], np.uint8), frm, to,
-                      np.ascontiguousarray(a["time"], np.int64),
-                      np.ascontiguousarray(a["depth"], np.int32),
-                      fi, ti, b"".join(parts), offs, has, _KJB)
+def _jsonl_compiled(core, a: np.ndarray, namer: Namer) -> bytes:
+    """jsonl by the compiled core: its index of addresses' symbol texts
+    (kept on the namer, across chunks) gets the chunk's new addresses,
+    named here as the twin names them."""
+    idx = namer.sym_index
+    if idx is None or not isinstance(idx, core.SymIndex):
+        idx = namer.sym_index = core.SymIndex()
+    frm = np.ascontiguousarray(a["from"], np.uint64)
+    to = np.ascontiguousarray(a["to"], np.uint64)
+    new = np.sort(np.frombuffer(idx.missing(frm, to), np.uint64))
+    if len(new):
+        nid, off, known = namer.names_of(new, np.ones(len(new), bool))
+        texts = []
+        for i, o, k in zip(nid.tolist(), off.tolist(), known.tolist()):
+            if k:
+                name = namer.names.json_bytes(i)[1:-1]
+                texts.append(name + b"+%#x" % o if o else name)
+            else:
+                texts.append(None)
+        idx.add(new, texts)
+    return idx.jsonl(np.ascontiguousarray(a["pid"], np.int64),
+                     np.ascontiguousarray(a["tid"], np.int64),
+                     np.ascontiguousarray(a["kind"], np.uint8), frm, to,
+                     np.ascontiguousarray(a["time"], np.int64),
+                     np.ascontiguousarray(a["depth"], np.int32), _KJB)
 
 
 _KJB = [k.encode() for k in _KJ]
