@@ -85,3 +85,39 @@ def test_jsonl_compiled_without_symbols():
     py = format_chunk(a, Namer(None), "jsonl", impl="python")
     c = format_chunk(a, Namer(None), "jsonl", impl="compiled")
     assert c == py
+
+
+def _history(impl, switches, hold=1 << 14):
+    import io
+
+    from hwtrace.analysis.records import Activation, Enter, Flag, StreamInfo
+    from hwtrace.branches.calls import CallHistory
+    out = io.StringIO()
+    h = CallHistory(out=out, hold=hold)
+    h.impl = impl
+    h.begin_stream(StreamInfo(cpu=0, switches=switches), "insns")
+    rng = np.random.default_rng(3)
+    names = ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
+    flags = [Flag.NONE, Flag.BEGIN_UNKNOWN, Flag.TRUNCATED, Flag.TAIL_CALL,
+             Flag.BEGIN_UNKNOWN | Flag.TRUNCATED]
+    h.add(Enter(0x10, "main", 0, 0, 0, Flag.BEGIN_UNKNOWN, 1))
+    at = 1
+    for k in range(600):
+        d = 1 + int(rng.integers(0, 30))
+        nm = names[k % len(names)]
+        fl = flags[int(rng.integers(0, len(flags)))]
+        tid = [None, 1, 2, -1][k % 4] if k % 7 else 3
+        n = int(rng.choice([0, 5, 999, 1000, 123456789, 10 ** 12]))
+        h.add(Enter(0x20 + k, nm, d, at, at, fl, tid))
+        h.add(Activation(0x20 + k, nm, d, at, at + n, at, at + n, 0, 0, fl, tid))
+        at += n + 1
+    h.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("switches", [(), ((0, 1, 2),)])
+@pytest.mark.parametrize("hold", [8, 1 << 14])
+def test_calls_counts_compiled_matches_twin(switches, hold):
+    py = _history("python", switches, hold)
+    assert py.count("\n") > 600
+    assert _history("compiled", switches, hold) == py

@@ -11,6 +11,8 @@
  *                            of first appearance; pending until add)
  *   idx.add(addrs, texts)    each address's text: bytes, or None (none)
  *   idx.jsonl(pid, tid, kind, frm, to, time, depth, kinds) -> bytes
+ *   calls_counts(...)        the calls view's lines with instruction counts
+ *                            (twin: CallsWriter._format_counts; see below)
  *
  * Columns of one chunk of records, each a C-contiguous buffer: pid, tid,
  * time int64; kind uint8; frm, to uint64; depth int32; every non-zero
@@ -30,7 +32,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 2
+#define ABI 3
 
 
 static const char DIG2[201] =
@@ -473,7 +475,165 @@ static PyTypeObject SymIndexType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* -- calls: lines with instruction counts ---------------------------------- */
+
+static int table_of(PyObject *blob_o, PyObject *offs_o, Py_buffer *blob,
+                    Py_buffer *offs, Py_ssize_t *n)
+{
+    if (PyObject_GetBuffer(blob_o, blob, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (PyObject_GetBuffer(offs_o, offs, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(blob);
+        return -1;
+    }
+    *n = offs->len / 8 - 1;
+    const int64_t *o = offs->buf;
+    if (offs->len % 8 || *n < 0)
+        goto bad;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > blob->len)
+            goto bad;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "bad string table");
+    PyBuffer_Release(blob);
+    PyBuffer_Release(offs);
+    return -1;
+}
+
+/* "%10s" of f"{v:,}" */
+static char *put_count(char *p, int64_t v)
+{
+    char tmp[40];
+    char *e = tmp + sizeof(tmp), *q = e;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    int k = 0;
+    do {
+        if (k && k % 3 == 0)
+            *--q = ',';
+        *--q = (char)('0' + u % 10);
+        u /= 10;
+        k++;
+    } while (u);
+    if (v < 0)
+        *--q = '-';
+    for (Py_ssize_t pad = 10 - (e - q); pad > 0; pad--)
+        *p++ = ' ';
+    memcpy(p, q, e - q);
+    return p + (e - q);
+}
+
+/* calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid,
+ *              threads, last_tid, opened) -> (bytes, last_tid)
+ * Row i: heads[head[i]] then f"{insns:>10,} insns" (ok[i]) or opened, then
+ * "  [note]" where notes[note[i]] -- with ", tid T" or "tid T" where
+ * threads and the row's tid (>= 0) differs from the row before's -- is not
+ * empty; "\n".  head, note, insns, tid int64; ok uint8. */
+static PyObject *py_calls_counts(PyObject *self, PyObject *const *args,
+                                 Py_ssize_t nargs)
+{
+    Py_buffer hb, ho, nb, no, col[5];
+    int gotc = 0, goth = 0, gotn = 0;
+    Py_ssize_t nh = 0, nn = 0, n = 0;
+    PyObject *res = NULL, *out = NULL;
+    int64_t *last_out = NULL;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "calls_counts() takes 12 arguments");
+        return NULL;
+    }
+    int threads = PyObject_IsTrue(args[9]);
+    if (threads < 0)
+        return NULL;
+    int64_t last = PyLong_AsLongLong(args[10]);
+    if (last == -1 && PyErr_Occurred())
+        return NULL;
+    char *op;
+    Py_ssize_t opl;
+    if (PyBytes_AsStringAndSize(args[11], &op, &opl) < 0)
+        return NULL;
+    PyObject *cargs[5] = {args[0], args[3], args[4], args[5], args[8]};
+    static const Py_ssize_t csz[5] = {8, 8, 1, 8, 8};
+    if (get_cols(cargs, 5, csz, col, &n) < 0)
+        return NULL;
+    gotc = 1;
+    if (table_of(args[1], args[2], &hb, &ho, &nh) < 0)
+        goto done;
+    goth = 1;
+    if (table_of(args[6], args[7], &nb, &no, &nn) < 0)
+        goto done;
+    gotn = 1;
+    const int64_t *head = col[0].buf, *insns = col[1].buf, *note = col[3].buf,
+                  *tid = col[4].buf;
+    const uint8_t *ok = col[2].buf;
+    const int64_t *hoff = ho.buf, *noff = no.buf;
+    const char *hs = hb.buf, *ns = nb.buf;
+    Py_ssize_t bound = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (head[i] < 0 || head[i] >= nh || note[i] < 0 || note[i] >= nn) {
+            PyErr_SetString(PyExc_IndexError, "calls_counts: index out of range");
+            goto done;
+        }
+        bound += (hoff[head[i] + 1] - hoff[head[i]]) + (noff[note[i] + 1] - noff[note[i]])
+                 + opl + 120;
+    }
+    out = PyBytes_FromStringAndSize(NULL, bound);
+    if (!out)
+        goto done;
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t l = hoff[head[i] + 1] - hoff[head[i]];
+        memcpy(p, hs + hoff[head[i]], l);
+        p += l;
+        if (ok[i]) {
+            p = put_count(p, insns[i]);
+            PUT_LIT(p, " insns");
+        } else {
+            memcpy(p, op, opl);
+            p += opl;
+        }
+        Py_ssize_t nl = noff[note[i] + 1] - noff[note[i]];
+        int show_tid = threads && tid[i] >= 0 && tid[i] != last;
+        last = tid[i];
+        if (nl || show_tid) {
+            PUT_LIT(p, "  [");
+            memcpy(p, ns + noff[note[i]], nl);
+            p += nl;
+            if (show_tid) {
+                if (nl)
+                    PUT_LIT(p, ", ");
+                PUT_LIT(p, "tid ");
+                p = put_i64(p, tid[i]);
+            }
+            *p++ = ']';
+        }
+        *p++ = '\n';
+    }
+    if (_PyBytes_Resize(&out, p - PyBytes_AS_STRING(out)) < 0) {
+        out = NULL;
+        goto done;
+    }
+    res = Py_BuildValue("(OL)", out, (long long)last);
+done:
+    Py_XDECREF(out);
+    (void)last_out;
+    if (gotc)
+        for (int c = 0; c < 5; c++)
+            PyBuffer_Release(&col[c]);
+    if (goth) {
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&ho);
+    }
+    if (gotn) {
+        PyBuffer_Release(&nb);
+        PyBuffer_Release(&no);
+    }
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"calls_counts", (PyCFunction)(void (*)(void))py_calls_counts, METH_FASTCALL,
+     "calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid, "
+     "threads, last_tid, opened) -> (bytes, last_tid)"},
     {NULL, NULL, 0, NULL}
 };
 
