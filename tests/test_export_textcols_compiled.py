@@ -12,7 +12,11 @@ from hwtrace.export.textcols import Lines
 
 def test_core_loaded_where_expected():
     st = _textcols_impl.STATUS
-    assert not st.expected or st.loaded, st.reason
+    st.check()          # raises if expected (REQUIRE or built) but unusable
+    if st.disabled:
+        assert _textcols_impl.CORE is None
+    elif st.expected:
+        assert _textcols_impl.CORE is not None
 
 
 def _lines(n, seed):
