@@ -31,6 +31,7 @@ class AddrTable:
         self._lo = self._hi = self._start = self._nid = None
         self._fstarts = None
         self._bits = None
+        self._unk_keys = self._unk_ids = None   # _unknown_ids' cache
         images = getattr(lookup, "images", None)
         if images is None:
             images = getattr(getattr(lookup, "__self__", None), "images", None)
@@ -105,10 +106,31 @@ class AddrTable:
         return start, nid, known
 
     def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
-        u, inv = np.unique(addrs, return_inverse=True)
-        ids = np.fromiter((self.names.id(f"0x{a:x}") for a in u.tolist()),
-                          np.int32, len(u))
-        return ids[inv]
+        """The name ids of addresses no symbol names (``0x401000``): those
+        seen before from sorted arrays at once, new ones registered in
+        address order (as ever: the name ids are the same)."""
+        keys = self._unk_keys
+        if keys is None:
+            keys = self._unk_keys = np.zeros(0, _U8)
+            self._unk_ids = np.zeros(0, np.int32)
+        addrs = np.asarray(addrs, _U8)
+        if len(keys):
+            pos = np.searchsorted(keys, addrs)
+            hit = keys[np.minimum(pos, len(keys) - 1)] == addrs
+            if hit.all():
+                return self._unk_ids[pos]
+            new = np.unique(addrs[~hit])
+        else:
+            new = np.unique(addrs)
+        if not len(new):
+            return np.zeros(0, np.int32)
+        ids = np.fromiter((self.names.id(f"0x{a:x}") for a in new.tolist()),
+                          np.int32, len(new))
+        keys = np.concatenate((keys, new))
+        order = np.argsort(keys, kind="stable")
+        self._unk_keys = keys[order]
+        self._unk_ids = np.concatenate((self._unk_ids, ids))[order]
+        return self._unk_ids[np.searchsorted(self._unk_keys, addrs)]
 
     def one(self, addr: int) -> tuple[int, int, bool]:
         """``(start, name id, known)`` of one address (cached)."""

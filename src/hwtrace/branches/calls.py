@@ -76,6 +76,9 @@ class CallHistory:
         self._heads: dict = {}
         self._notes: dict = {}
         self.lines_written = 0
+        #: the counts-only formatter: None the selector's choice, "python"
+        #: or "compiled" (hwtrace.branches._c_format)
+        self.impl: str | None = None
 
     # -- output ------------------------------------------------------------------
     def _write(self, text: str) -> None:
@@ -233,6 +236,10 @@ class CallHistory:
         columns: deep stacks make the indented head hundreds of bytes wide
         in places, which column assembly pays on every line; each
         (depth, function) head is made once."""
+        from hwtrace.branches import _impl
+        core = _impl.core_for(self.impl)
+        if core is not None and len(rows):
+            return self._format_counts_compiled(core, rows, ok, final, end_of)
         n = len(rows)
         names = self._ctx.names.names
         heads = self._heads
@@ -265,6 +272,45 @@ class CallHistory:
         self.lines_written += n
         return "".join(out)
 
+    def _format_counts_compiled(self, core, rows, ok, final, end_of: bool) -> str:
+        """_format_counts by the compiled core: each distinct (depth,
+        function) head and each distinct flags' note made here, as above;
+        the lines in C."""
+        names = self._ctx.names.names
+        heads = self._heads
+        depth = rows["depth"].astype(np.int64)
+        nid = rows["name"].astype(np.int64)
+        key = (depth << 32) | (nid & 0xFFFFFFFF)
+        u, first, hinv = np.unique(key, return_index=True, return_inverse=True)
+        htab = []
+        for j in first.tolist():
+            d, i = int(depth[j]), int(nid[j])
+            k = (d, i, end_of)
+            h = heads.get(k)
+            if h is None:
+                text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
+                h = heads[k] = f"{text:<48} "
+            htab.append(h.encode("utf-8", "surrogatepass"))
+        notes = self._notes
+        fu, finv = np.unique(rows["flags"], return_inverse=True)
+        ntab = []
+        for f in fu.tolist():
+            note = notes.get(f)
+            if note is None:
+                note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+            ntab.append(note.encode("utf-8", "surrogatepass"))
+        opened = (_OPEN if final else _EARLY)
+        text, last = core.calls_counts(
+            np.asarray(hinv, np.int64).reshape(-1), *_blob(htab),
+            (rows["end_idx"] - rows["begin_idx"]).astype(np.int64),
+            np.ascontiguousarray(ok, np.uint8),
+            np.asarray(finv, np.int64).reshape(-1), *_blob(ntab),
+            rows["tid"].astype(np.int64),
+            bool(getattr(self._info, "switches", ())), int(self._last_tid), opened)
+        self._last_tid = last
+        self.lines_written += len(rows)
+        return text.decode("utf-8", "surrogatepass")
+
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
         if self._legacy is None:
@@ -282,6 +328,14 @@ class CallHistory:
         self._end_stream()
         kept, self._kept = self._kept, []
         return iter(kept)
+
+
+def _blob(table: list) -> tuple:
+    """(bytes, int64 offsets one longer) of a list of bytes."""
+    offs = np.zeros(len(table) + 1, np.int64)
+    if table:
+        np.cumsum([len(x) for x in table], out=offs[1:])
+    return b"".join(table), offs
 
 
 def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> None:

@@ -104,6 +104,26 @@ _KIND_ID = {k: i for i, k in enumerate(KIND_CODE)}
 # IClass -> record class: 0 none, 1 call, 2 return, 3 jump, 4 cond, 5 far
 _CLS = np.zeros(256, np.int8)
 _CLS[[2, 3, 4, 5, 6, 7, 8, 10]] = [1, 2, 3, 4, 5, 5, 5, 3]
+# (class << 2 | indirect << 1 | taken) -> record kind (-1 none), and
+# whether the kind comes from the instruction's bytes (far transfers,
+# indirect jumps): one table look-up per transfer instead of a mask per class
+_KLUT = np.full(32, -1, np.int16)
+_FARLUT = np.zeros(32, bool)
+for _ind in (0, 1):
+    for _tk in (0, 1):
+        _j = _ind << 1 | _tk
+        _KLUT[1 << 2 | _j] = _ICALL if _ind else _CALL
+        _KLUT[2 << 2 | _j] = _RET
+        _KLUT[3 << 2 | _j] = _IJUMP if _ind else _JUMP
+        _KLUT[4 << 2 | _j] = _COND if _tk else _NCOND
+        _FARLUT[5 << 2 | _j] = True
+        _FARLUT[3 << 2 | _j] = bool(_ind)
+del _ind, _tk, _j
+_ARANGE = np.arange(1 << 16, dtype=np.int64)
+#: record kind -> depth change (calls +1, returns -1)
+_DELTA = np.zeros(len(KIND_CODE), np.int64)
+_DELTA[[_CALL, _ICALL]] = 1
+_DELTA[_RET] = -1
 
 
 class _Consumer:
@@ -134,6 +154,8 @@ class _Consumer:
         self._decode = decoder_for(Mode.BIT64)
         self._cache: dict[int, object] = {}
         self._far: dict[int, int] = {}
+        self._far_keys = np.zeros(0, np.uint64)     # _far as sorted arrays
+        self._far_vals = np.zeros(0, np.int16)
         self.chunks: list[np.ndarray] = []     # batch path: output in order
 
     def _insn_at(self, ip: int):
@@ -397,25 +419,29 @@ class _Consumer:
             th.pend_time = self._time(a, r1 - 1)
 
     def _kinds(self, a: "_Rec", t0: int, t1: int) -> np.ndarray:
-        cls = a.cls[t0:t1]
-        ind = a.ind[t0:t1]
         taken = a.ip[t0 + 1:t1 + 1] != a.fall[t0:t1]
-        kind = np.full(t1 - t0, -1, np.int16)
-        kind[cls == 1] = np.where(ind[cls == 1], _ICALL, _CALL)
-        kind[cls == 2] = _RET
-        kind[cls == 3] = np.where(ind[cls == 3], _IJUMP, _JUMP)
-        c = cls == 4
-        kind[c] = np.where(taken[c], _COND, _NCOND)
+        key = a.key[t0:t1] | taken.view(np.uint8)
+        kind = _KLUT[key]
         # far transfers, and indirect jumps (JMPABS is no indirect jump):
         # their kind from the instruction's bytes, per address
-        far = np.flatnonzero((cls == 5) | ((cls == 3) & ind))
+        far = np.flatnonzero(_FARLUT[key])
         if len(far):
             addr = a.end_ip[t0 + far]
-            u, inv = np.unique(addr, return_inverse=True)
-            ku = np.empty(len(u), np.int16)
-            for i, frm in enumerate(u.tolist()):
-                ku[i] = self._far_kind(frm)
-            kf = ku[np.asarray(inv).reshape(-1)]
+            # the kinds of addresses seen before: sorted arrays, looked up
+            # at once; new ones by _far_kind, then merged in
+            keys, vals = self._far_keys, self._far_vals
+            pos = np.searchsorted(keys, addr)
+            hit = keys[np.minimum(pos, len(keys) - 1)] == addr if len(keys) \
+                else np.zeros(len(addr), bool)
+            if not hit.all():
+                u = np.unique(addr[~hit])
+                ku = np.array([self._far_kind(x) for x in u.tolist()], np.int16)
+                keys = np.concatenate((keys, u))
+                order = np.argsort(keys, kind="stable")
+                keys = self._far_keys = keys[order]
+                vals = self._far_vals = np.concatenate((vals, ku))[order]
+                pos = np.searchsorted(keys, addr)
+            kf = vals[pos]
             sel = kf != -2                  # -2: no bytes (keep the class's word)
             kind[far[sel]] = kf[sel]
         return kind
@@ -451,8 +477,7 @@ class _Consumer:
             self._time(a, t1 - 1)
             return
         k = kind[br]
-        delta = np.where((k == _CALL) | (k == _ICALL), 1,
-                         np.where(k == _RET, -1, 0)).astype(np.int64)
+        delta = _DELTA[k]
         depth = th.depth + np.cumsum(delta) - delta
         if t.trigger.within is not None:
             close = np.flatnonzero((k == _RET) & (depth == 0))
@@ -465,11 +490,15 @@ class _Consumer:
         to = a.ip[t0 + br + 1]
         tsc = a.tsc[t0:t1 + 1].astype(np.int64)
         # each branch's time: the last timing value at or before it
-        known = np.flatnonzero(tsc[:len(kind)])
+        head = tsc[:len(kind)]
         last = -1 if self.time is None else self.time
-        if len(known):
-            pos = np.searchsorted(known, br, side="right") - 1
-            times = np.where(pos >= 0, tsc[known[np.maximum(pos, 0)]], last)
+        if head.any():
+            # forward fill: the position of the last timing value at or
+            # before each transfer (-1: none yet)
+            at = np.maximum.accumulate(np.where(head != 0, _ARANGE[:len(head)]
+                                                if len(head) <= len(_ARANGE)
+                                                else np.arange(len(head)), -1))[br]
+            times = np.where(at >= 0, tsc[np.maximum(at, 0)], last)
         else:
             times = np.full(len(br), last, np.int64)
         self._time(a, t1 - 1)
@@ -502,7 +531,7 @@ class _Consumer:
 class _Rec:
     """A batch's records as the branch source reads them."""
 
-    __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start")
+    __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start", "key")
 
     def __init__(self, blocks: np.ndarray, start: np.ndarray):
         self.ip = blocks["ip"]
@@ -510,6 +539,8 @@ class _Rec:
         self.fall = self.end_ip + blocks["size"].astype(np.uint64)
         self.cls = _CLS[blocks["iclass"]]
         self.ind = (blocks["flags"] & 4) != 0
+        # class << 2 | indirect << 1 (decoded._KLUT's key, but taken)
+        self.key = (self.cls.view(np.uint8) << 2) | (self.ind.view(np.uint8) << 1)
         self.tsc = blocks["tsc"]
         self.start = start
 

@@ -42,6 +42,7 @@ class Namer:
         self.lines = lines
         self._line_cache: dict[int, bytes] = {}
         self.sym_json: dict[int, str | None] = {}
+        self.sym_index = None       # the compiled formatter's (SymIndex)
 
     def names_of(self, addr: np.ndarray, ok: np.ndarray):
         """(name id, offset, known) per address (``ok``: the address is
@@ -75,24 +76,32 @@ class Namer:
         return table, np.asarray(inv).reshape(-1)
 
 
-def format_chunk(a: np.ndarray, namer: Namer, fmt: str) -> bytes:
-    """The lines of a chunk of records."""
+def format_chunk(a: np.ndarray, namer: Namer, fmt: str,
+                 impl: str | None = None) -> bytes:
+    """The lines of a chunk of records (``impl``: "python" or "compiled"
+    for the jsonl formatter, default the selector's choice)."""
     if fmt == "jsonl" and not namer.lines:
-        return _jsonl_fast(a, namer)
+        return _jsonl_fast(a, namer, impl)
     return _format_cols(a, namer, fmt)
 
 
 _KJ = [json.dumps(k) for k in KINDS]
 
 
-def _jsonl_fast(a: np.ndarray, namer: Namer) -> bytes:
+def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
     """jsonl by Python's %-formatting over the columns (as lists): for
     lines this wide, faster than assembling columns; each address's
-    ``"from_sym"``/``"to_sym"`` text made once."""
+    ``"from_sym"``/``"to_sym"`` text made once.  The compiled core
+    (hwtrace.branches._c_format), where it loaded, writes the same bytes
+    from the columns and a table of the chunk's addresses' texts."""
     n = len(a)
     if not n:
         return b""
     frm, to = a["from"], a["to"]
+    from hwtrace.branches import _impl
+    core = _impl.core_for(impl)
+    if core is not None:
+        return _jsonl_compiled(core, a, namer)
     fok, tok = frm != 0, to != 0
     cache = namer.sym_json
     addrs = np.unique(np.concatenate((frm[fok], to[tok])))
@@ -128,6 +137,36 @@ def _jsonl_fast(a: np.ndarray, namer: Namer) -> bytes:
         add(line)
     out.append("")
     return "}\n".join(out).encode()
+
+
+def _jsonl_compiled(core, a: np.ndarray, namer: Namer) -> bytes:
+    """jsonl by the compiled core: its index of addresses' symbol texts
+    (kept on the namer, across chunks) gets the chunk's new addresses,
+    named here as the twin names them."""
+    idx = namer.sym_index
+    if idx is None or not isinstance(idx, core.SymIndex):
+        idx = namer.sym_index = core.SymIndex()
+    frm = np.ascontiguousarray(a["from"], np.uint64)
+    to = np.ascontiguousarray(a["to"], np.uint64)
+    new = np.sort(np.frombuffer(idx.missing(frm, to), np.uint64))
+    if len(new):
+        nid, off, known = namer.names_of(new, np.ones(len(new), bool))
+        texts = []
+        for i, o, k in zip(nid.tolist(), off.tolist(), known.tolist()):
+            if k:
+                name = namer.names.json_bytes(i)[1:-1]
+                texts.append(name + b"+%#x" % o if o else name)
+            else:
+                texts.append(None)
+        idx.add(new, texts)
+    return idx.jsonl(np.ascontiguousarray(a["pid"], np.int64),
+                     np.ascontiguousarray(a["tid"], np.int64),
+                     np.ascontiguousarray(a["kind"], np.uint8), frm, to,
+                     np.ascontiguousarray(a["time"], np.int64),
+                     np.ascontiguousarray(a["depth"], np.int32), _KJB)
+
+
+_KJB = [k.encode() for k in _KJ]
 
 
 def _format_cols(a: np.ndarray, namer: Namer, fmt: str) -> bytes:

@@ -110,19 +110,26 @@ class FoldedWriter:
                 head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
                 # pending children share their parent's frames (a child's
                 # list is made when it is taken)
-                stack = [(0, head, None, self._root is None)]
+                # every node's children: order[lo[k]:hi[k]] (all at once;
+                # the root's, path 0, apart)
+                lo_l = np.searchsorted(sp, node, "left").tolist()
+                hi_l = np.searchsorted(sp, node, "right").tolist()
+                lo0 = int(np.searchsorted(sp, np.uint64(0), "left"))
+                hi0 = int(np.searchsorted(sp, np.uint64(0), "right"))
+                order_l = order.tolist()
+                nid_l = nid.tolist()
+                stack = [(-1, head, None, self._root is None)]
                 while stack:
                     q, prefix, name, rooted = stack.pop()
                     frames = prefix if name is None else prefix + [name]
-                    lo = int(np.searchsorted(sp, np.uint64(q), "left"))
-                    hi = int(np.searchsorted(sp, np.uint64(q), "right"))
-                    for k in order[lo:hi].tolist():
-                        cn = names[int(nid[k])].replace(";", ":")
+                    lo, hi = (lo0, hi0) if q < 0 else (lo_l[q], hi_l[q])
+                    for k in order_l[lo:hi]:
+                        cn = names[nid_l[k]].replace(";", ":")
                         r = rooted or cn == self._root
                         w = wnode[k]
                         if w and r:
                             yield ";".join(frames + [cn]), w
-                        stack.append((int(node[k]), frames, cn if r else None, r))
+                        stack.append((k, frames, cn if r else None, r))
 
     @property
     def stacks(self) -> dict[str, float]:

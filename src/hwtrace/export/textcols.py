@@ -251,14 +251,38 @@ class Lines:
         return out + fixed
 
     # -- output --------------------------------------------------------------------
-    def text(self) -> bytes:
+    def _compiled(self, impl: str | None):
+        """The lines by the compiled core (each row's bytes of each column
+        copied into place), or None where the twin runs."""
+        from hwtrace.export import _textcols_impl
+        core = _textcols_impl.core_for(impl)
+        if core is None:
+            return None
+        n = self.n
+        cols = []
+        for m, al, ln in self._cols:
+            m = np.asarray(m)
+            if m.ndim == 2 and m.shape[0] == 1:
+                m = m[0]
+            if m.ndim == 2 and m.shape[0] != n or m.ndim > 2:
+                return None
+            cols.append((np.ascontiguousarray(m, np.uint8), m.ndim == 2, al != "L",
+                         None if ln is None else
+                         np.ascontiguousarray(np.broadcast_to(ln, (n,)), np.int64)))
+        return core.assemble(n, cols)
+
+    def text(self, impl: str | None = None) -> bytes:
         """The lines, for text (no NUL byte in any column): each column
         copied into place with what is not there set to NUL, the NULs
         then squeezed out by ``bytes.replace`` (much faster than masked
-        indexing)."""
+        indexing).  The compiled core, where it loaded, copies each row's
+        bytes into place (and squeezes out NULs too, should any be there)."""
         n = self.n
         if not n or not self._cols:
             return b""
+        out = self._compiled(impl)
+        if out is not None:
+            return out.replace(b"\0", b"") if b"\0" in out else out
         widths = [c[0].shape[-1] for c in self._cols]
         W = sum(widths)
         mat = np.empty((n, W), np.uint8)
@@ -274,10 +298,13 @@ class Lines:
             c += w
         return mat.tobytes().replace(b"\0", b"")
 
-    def render(self) -> bytes:
+    def render(self, impl: str | None = None) -> bytes:
         n = self.n
         if not n or not self._cols:
             return b""
+        out = self._compiled(impl)
+        if out is not None:
+            return out
         widths = [c[0].shape[-1] for c in self._cols]
         W = sum(widths)
         mat = np.empty((n, W), np.uint8)

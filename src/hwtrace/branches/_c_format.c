@@ -1,0 +1,662 @@
+/* Compiled core of hwtrace.branches.format: branch records as JSON lines.
+ *
+ * The Python twin is _jsonl_fast in hwtrace/branches/format.py (Python's
+ * %-formatting over the columns); this writes exactly the same bytes,
+ * about 30x faster (the branches view formats millions of lines).  The
+ * boundary is narrow:
+ *
+ *   idx = SymIndex()         addresses -> symbol text, kept across chunks
+ *   idx.missing(frm, to)     -> bytes: the distinct non-zero u64 addresses
+ *                            of the two columns not in idx yet (in order
+ *                            of first appearance; pending until add)
+ *   idx.add(addrs, texts)    each address's text: bytes, or None (none)
+ *   idx.jsonl(pid, tid, kind, frm, to, time, depth, kinds) -> bytes
+ *   calls_counts(...)        the calls view's lines with instruction counts
+ *                            (twin: CallsWriter._format_counts; see below)
+ *
+ * Columns of one chunk of records, each a C-contiguous buffer: pid, tid,
+ * time int64; kind uint8; frm, to uint64; depth int32; every non-zero
+ * address of frm/to must be in idx (KeyError otherwise).  An address of 0
+ * (an end in untraced code) is null and has no symbol.  kinds is a
+ * sequence of bytes: the JSON string of each kind.  Unknown pid/tid/time
+ * are negative, an unknown depth INT32_MIN.
+ *
+ * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
+ * setup.py so that the selector (hwtrace._ext) can detect a stale build.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef HWTRACE_SOURCE_SHA256
+#define HWTRACE_SOURCE_SHA256 ""
+#endif
+#define ABI 3
+
+
+static const char DIG2[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+static char *put_u64(char *p, uint64_t v)
+{
+    char tmp[24];
+    char *e = tmp + sizeof(tmp), *q = e;
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        q -= 2;
+        memcpy(q, DIG2 + 2 * r, 2);
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, DIG2 + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    memcpy(p, q, e - q);
+    return p + (e - q);
+}
+
+static char *put_i64(char *p, int64_t v)
+{
+    if (v < 0) {
+        *p++ = '-';
+        return put_u64(p, (uint64_t)0 - (uint64_t)v);
+    }
+    return put_u64(p, (uint64_t)v);
+}
+
+#define PUT_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
+
+/* -- SymIndex: address -> symbol text, kept across chunks ------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *keys;         /* 0: empty slot */
+    int64_t *vals;          /* entry index, -1 while pending */
+    size_t cap, used;       /* cap a power of 2 */
+    int64_t *off;           /* per entry: text at blob[off[e]], len[e] bytes */
+    int64_t *len;
+    uint8_t *has;
+    size_t nent, entcap;
+    char *blob;
+    size_t blen, bcap;
+} SymIndex;
+
+static inline size_t h64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static int64_t *si_find(SymIndex *s, uint64_t k, int *fresh)
+{
+    size_t m = s->cap - 1, i = h64(k) & m;
+    while (s->keys[i]) {
+        if (s->keys[i] == k) {
+            *fresh = 0;
+            return &s->vals[i];
+        }
+        i = (i + 1) & m;
+    }
+    *fresh = 1;
+    s->keys[i] = k;
+    s->vals[i] = -1;
+    s->used++;
+    return &s->vals[i];
+}
+
+static int si_grow(SymIndex *s)
+{
+    size_t ncap = s->cap ? s->cap * 2 : 1 << 12;
+    uint64_t *ok = s->keys;
+    int64_t *ov = s->vals;
+    size_t ocap = s->cap;
+    s->keys = PyMem_Calloc(ncap, sizeof(uint64_t));
+    s->vals = PyMem_Malloc(ncap * sizeof(int64_t));
+    if (!s->keys || !s->vals) {
+        PyMem_Free(s->keys);
+        PyMem_Free(s->vals);
+        s->keys = ok;
+        s->vals = ov;
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->cap = ncap;
+    s->used = 0;
+    for (size_t i = 0; i < ocap; i++) {
+        if (ok[i]) {
+            int fresh;
+            *si_find(s, ok[i], &fresh) = ov[i];
+        }
+    }
+    PyMem_Free(ok);
+    PyMem_Free(ov);
+    return 0;
+}
+
+static int si_reserve(SymIndex *s, size_t more)
+{
+    while ((s->used + more) * 2 > s->cap)
+        if (si_grow(s) < 0)
+            return -1;
+    return 0;
+}
+
+static void si_dealloc(SymIndex *s)
+{
+    PyMem_Free(s->keys);
+    PyMem_Free(s->vals);
+    PyMem_Free(s->off);
+    PyMem_Free(s->len);
+    PyMem_Free(s->has);
+    PyMem_Free(s->blob);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static int get_cols(PyObject *const *args, int ncol, const Py_ssize_t *isz,
+                    Py_buffer *b, Py_ssize_t *n)
+{
+    int got = 0;
+    for (; got < ncol; got++)
+        if (PyObject_GetBuffer(args[got], &b[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+    *n = b[0].len / isz[0];
+    for (int c = 0; c < ncol; c++) {
+        if (b[c].len != *n * isz[c]) {
+            PyErr_SetString(PyExc_ValueError, "columns of unequal length or wrong type");
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    for (int c = 0; c < got; c++)
+        PyBuffer_Release(&b[c]);
+    return -1;
+}
+
+/* missing(frm, to) -> bytes: the distinct non-zero addresses (u64, in order
+ * of first appearance) not in the index yet; they are pending until add(). */
+static PyObject *si_missing(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const Py_ssize_t isz[2] = {8, 8};
+    Py_buffer b[2];
+    Py_ssize_t n;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "missing(frm, to)");
+        return NULL;
+    }
+    if (get_cols(args, 2, isz, b, &n) < 0)
+        return NULL;
+    PyObject *res = NULL;
+    uint64_t *out = NULL;
+    size_t nout = 0;
+    if (si_reserve(s, 2 * (size_t)n) < 0)
+        goto done;
+    out = PyMem_Malloc((2 * (size_t)n + 1) * sizeof(uint64_t));
+    if (!out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int c = 0; c < 2; c++) {
+        const uint64_t *a = b[c].buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (a[i]) {
+                int fresh;
+                si_find(s, a[i], &fresh);
+                if (fresh)
+                    out[nout++] = a[i];
+            }
+        }
+    }
+    res = PyBytes_FromStringAndSize((const char *)out, nout * sizeof(uint64_t));
+done:
+    PyMem_Free(out);
+    PyBuffer_Release(&b[0]);
+    PyBuffer_Release(&b[1]);
+    return res;
+}
+
+/* add(addrs, texts): each address's symbol text (bytes, or None: none). */
+static PyObject *si_add(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer b;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "add(addrs, texts)");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "texts must be a sequence");
+    PyObject *res = NULL;
+    if (!seq)
+        goto done;
+    Py_ssize_t n = b.len / 8;
+    if (b.len % 8 || PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_SetString(PyExc_ValueError, "add: one text per address");
+        goto done;
+    }
+    if (si_reserve(s, (size_t)n) < 0)
+        goto done;
+    if (s->nent + n > s->entcap) {
+        size_t nc = s->entcap ? s->entcap : 1024;
+        while (nc < s->nent + n)
+            nc *= 2;
+        int64_t *o = PyMem_Realloc(s->off, nc * sizeof(int64_t));
+        if (o)
+            s->off = o;
+        int64_t *l = PyMem_Realloc(s->len, nc * sizeof(int64_t));
+        if (l)
+            s->len = l;
+        uint8_t *h = PyMem_Realloc(s->has, nc);
+        if (h)
+            s->has = h;
+        if (!o || !l || !h) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        s->entcap = nc;
+    }
+    const uint64_t *a = b.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, i);
+        char *txt = NULL;
+        Py_ssize_t tl = 0;
+        if (t != Py_None && PyBytes_AsStringAndSize(t, &txt, &tl) < 0)
+            goto done;
+        if (!a[i]) {
+            PyErr_SetString(PyExc_ValueError, "add: address 0");
+            goto done;
+        }
+        if (s->blen + tl > s->bcap) {
+            size_t nc = s->bcap ? s->bcap : 1 << 16;
+            while (nc < s->blen + tl)
+                nc *= 2;
+            char *nb = PyMem_Realloc(s->blob, nc);
+            if (!nb) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            s->blob = nb;
+            s->bcap = nc;
+        }
+        if (tl)
+            memcpy(s->blob + s->blen, txt, tl);
+        size_t e = s->nent++;
+        s->off[e] = (int64_t)s->blen;
+        s->len[e] = tl;
+        s->has[e] = t != Py_None;
+        s->blen += tl;
+        int fresh;
+        *si_find(s, a[i], &fresh) = (int64_t)e;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+static inline int64_t si_get(SymIndex *s, uint64_t k)
+{
+    size_t m = s->cap - 1, i = h64(k) & m;
+    if (!s->cap)
+        return -1;
+    while (s->keys[i]) {
+        if (s->keys[i] == k)
+            return s->vals[i];
+        i = (i + 1) & m;
+    }
+    return -1;
+}
+
+
+/* jsonl(pid, tid, kind, frm, to, time, depth, kinds) -> bytes */
+static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const Py_ssize_t isz[7] = {8, 8, 1, 8, 8, 8, 4};
+    Py_buffer b[7];
+    Py_ssize_t n;
+    PyObject *kinds = NULL, *res = NULL;
+    const char *kstr[256];
+    Py_ssize_t klen[256];
+    Py_ssize_t nk = 0, kmax = 0;
+    int64_t *fe = NULL, *te = NULL;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "jsonl() takes 8 arguments");
+        return NULL;
+    }
+    if (get_cols(args, 7, isz, b, &n) < 0)
+        return NULL;
+    kinds = PySequence_Fast(args[7], "kinds must be a sequence");
+    if (!kinds)
+        goto done;
+    nk = PySequence_Fast_GET_SIZE(kinds);
+    if (nk > 256)
+        nk = 256;
+    for (Py_ssize_t k = 0; k < nk; k++) {
+        char *str;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(kinds, k), &str,
+                                    &klen[k]) < 0)
+            goto done;
+        kstr[k] = str;
+        if (klen[k] > kmax)
+            kmax = klen[k];
+    }
+    const int64_t *pid = b[0].buf, *tid = b[1].buf, *tm = b[5].buf;
+    const uint8_t *kind = b[2].buf;
+    const uint64_t *frm = b[3].buf, *to = b[4].buf;
+    const int32_t *dp = b[6].buf;
+    fe = PyMem_Malloc((n + 1) * sizeof(int64_t));
+    te = PyMem_Malloc((n + 1) * sizeof(int64_t));
+    if (!fe || !te) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* bound: fixed text + 7 numbers of <= 20 digits + kind + symbols */
+    Py_ssize_t bound = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t l = 320 + kmax;
+        if (kind[i] >= nk) {
+            PyErr_SetString(PyExc_IndexError, "jsonl: kind out of range");
+            goto done;
+        }
+        fe[i] = te[i] = -1;
+        if (frm[i]) {
+            fe[i] = si_get(s, frm[i]);
+            if (fe[i] < 0) {
+                PyErr_SetString(PyExc_KeyError, "jsonl: an address not in the index");
+                goto done;
+            }
+            l += s->len[fe[i]];
+        }
+        if (to[i]) {
+            te[i] = si_get(s, to[i]);
+            if (te[i] < 0) {
+                PyErr_SetString(PyExc_KeyError, "jsonl: an address not in the index");
+                goto done;
+            }
+            l += s->len[te[i]];
+        }
+        bound += l;
+    }
+    res = PyBytes_FromStringAndSize(NULL, bound);
+    if (!res)
+        goto done;
+    char *p = PyBytes_AS_STRING(res);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PUT_LIT(p, "{\"pid\":");
+        if (pid[i] >= 0)
+            p = put_u64(p, (uint64_t)pid[i]);
+        else
+            PUT_LIT(p, "null");
+        PUT_LIT(p, ",\"tid\":");
+        if (tid[i] >= 0)
+            p = put_u64(p, (uint64_t)tid[i]);
+        else
+            PUT_LIT(p, "null");
+        PUT_LIT(p, ",\"kind\":");
+        memcpy(p, kstr[kind[i]], klen[kind[i]]);
+        p += klen[kind[i]];
+        PUT_LIT(p, ",\"from\":");
+        if (frm[i])
+            p = put_u64(p, frm[i]);
+        else
+            PUT_LIT(p, "null");
+        PUT_LIT(p, ",\"to\":");
+        if (to[i])
+            p = put_u64(p, to[i]);
+        else
+            PUT_LIT(p, "null");
+        if (tm[i] >= 0) {
+            PUT_LIT(p, ",\"time\":");
+            p = put_u64(p, (uint64_t)tm[i]);
+        }
+        if (dp[i] != INT32_MIN) {
+            PUT_LIT(p, ",\"depth\":");
+            p = put_i64(p, dp[i]);
+        }
+        if (fe[i] >= 0 && s->has[fe[i]]) {
+            PUT_LIT(p, ",\"from_sym\":\"");
+            memcpy(p, s->blob + s->off[fe[i]], s->len[fe[i]]);
+            p += s->len[fe[i]];
+            *p++ = '"';
+        }
+        if (te[i] >= 0 && s->has[te[i]]) {
+            PUT_LIT(p, ",\"to_sym\":\"");
+            memcpy(p, s->blob + s->off[te[i]], s->len[te[i]]);
+            p += s->len[te[i]];
+            *p++ = '"';
+        }
+        PUT_LIT(p, "}\n");
+    }
+    if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
+        res = NULL;
+done:
+    PyMem_Free(fe);
+    PyMem_Free(te);
+    for (int c = 0; c < 7; c++)
+        PyBuffer_Release(&b[c]);
+    Py_XDECREF(kinds);
+    return res;
+}
+
+static PyObject *si_len(SymIndex *s, PyObject *unused)
+{
+    return PyLong_FromSize_t(s->nent);
+}
+
+static PyMethodDef si_methods[] = {
+    {"missing", (PyCFunction)(void (*)(void))si_missing, METH_FASTCALL,
+     "missing(frm, to) -> bytes (u64 addresses not in the index yet)"},
+    {"add", (PyCFunction)(void (*)(void))si_add, METH_FASTCALL,
+     "add(addrs, texts): texts are bytes or None"},
+    {"jsonl", (PyCFunction)(void (*)(void))si_jsonl, METH_FASTCALL,
+     "jsonl(pid, tid, kind, frm, to, time, depth, kinds) -> bytes"},
+    {"entries", (PyCFunction)si_len, METH_NOARGS, "entries() -> int"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject SymIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hwtrace.branches._c_format.SymIndex",
+    .tp_basicsize = sizeof(SymIndex),
+    .tp_dealloc = (destructor)si_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Addresses' symbol texts, and JSON lines of branch records.",
+    .tp_methods = si_methods,
+    .tp_new = PyType_GenericNew,
+};
+
+/* -- calls: lines with instruction counts ---------------------------------- */
+
+static int table_of(PyObject *blob_o, PyObject *offs_o, Py_buffer *blob,
+                    Py_buffer *offs, Py_ssize_t *n)
+{
+    if (PyObject_GetBuffer(blob_o, blob, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (PyObject_GetBuffer(offs_o, offs, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(blob);
+        return -1;
+    }
+    *n = offs->len / 8 - 1;
+    const int64_t *o = offs->buf;
+    if (offs->len % 8 || *n < 0)
+        goto bad;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (o[i] < 0 || o[i] > o[i + 1] || o[i + 1] > blob->len)
+            goto bad;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "bad string table");
+    PyBuffer_Release(blob);
+    PyBuffer_Release(offs);
+    return -1;
+}
+
+/* "%10s" of f"{v:,}" */
+static char *put_count(char *p, int64_t v)
+{
+    char tmp[40];
+    char *e = tmp + sizeof(tmp), *q = e;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    int k = 0;
+    do {
+        if (k && k % 3 == 0)
+            *--q = ',';
+        *--q = (char)('0' + u % 10);
+        u /= 10;
+        k++;
+    } while (u);
+    if (v < 0)
+        *--q = '-';
+    for (Py_ssize_t pad = 10 - (e - q); pad > 0; pad--)
+        *p++ = ' ';
+    memcpy(p, q, e - q);
+    return p + (e - q);
+}
+
+/* calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid,
+ *              threads, last_tid, opened) -> (bytes, last_tid)
+ * Row i: heads[head[i]] then f"{insns:>10,} insns" (ok[i]) or opened, then
+ * "  [note]" where notes[note[i]] -- with ", tid T" or "tid T" where
+ * threads and the row's tid (>= 0) differs from the row before's -- is not
+ * empty; "\n".  head, note, insns, tid int64; ok uint8. */
+static PyObject *py_calls_counts(PyObject *self, PyObject *const *args,
+                                 Py_ssize_t nargs)
+{
+    Py_buffer hb, ho, nb, no, col[5];
+    int gotc = 0, goth = 0, gotn = 0;
+    Py_ssize_t nh = 0, nn = 0, n = 0;
+    PyObject *res = NULL, *out = NULL;
+    int64_t *last_out = NULL;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "calls_counts() takes 12 arguments");
+        return NULL;
+    }
+    int threads = PyObject_IsTrue(args[9]);
+    if (threads < 0)
+        return NULL;
+    int64_t last = PyLong_AsLongLong(args[10]);
+    if (last == -1 && PyErr_Occurred())
+        return NULL;
+    char *op;
+    Py_ssize_t opl;
+    if (PyBytes_AsStringAndSize(args[11], &op, &opl) < 0)
+        return NULL;
+    PyObject *cargs[5] = {args[0], args[3], args[4], args[5], args[8]};
+    static const Py_ssize_t csz[5] = {8, 8, 1, 8, 8};
+    if (get_cols(cargs, 5, csz, col, &n) < 0)
+        return NULL;
+    gotc = 1;
+    if (table_of(args[1], args[2], &hb, &ho, &nh) < 0)
+        goto done;
+    goth = 1;
+    if (table_of(args[6], args[7], &nb, &no, &nn) < 0)
+        goto done;
+    gotn = 1;
+    const int64_t *head = col[0].buf, *insns = col[1].buf, *note = col[3].buf,
+                  *tid = col[4].buf;
+    const uint8_t *ok = col[2].buf;
+    const int64_t *hoff = ho.buf, *noff = no.buf;
+    const char *hs = hb.buf, *ns = nb.buf;
+    Py_ssize_t bound = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (head[i] < 0 || head[i] >= nh || note[i] < 0 || note[i] >= nn) {
+            PyErr_SetString(PyExc_IndexError, "calls_counts: index out of range");
+            goto done;
+        }
+        bound += (hoff[head[i] + 1] - hoff[head[i]]) + (noff[note[i] + 1] - noff[note[i]])
+                 + opl + 120;
+    }
+    out = PyBytes_FromStringAndSize(NULL, bound);
+    if (!out)
+        goto done;
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t l = hoff[head[i] + 1] - hoff[head[i]];
+        memcpy(p, hs + hoff[head[i]], l);
+        p += l;
+        if (ok[i]) {
+            p = put_count(p, insns[i]);
+            PUT_LIT(p, " insns");
+        } else {
+            memcpy(p, op, opl);
+            p += opl;
+        }
+        Py_ssize_t nl = noff[note[i] + 1] - noff[note[i]];
+        int show_tid = threads && tid[i] >= 0 && tid[i] != last;
+        last = tid[i];
+        if (nl || show_tid) {
+            PUT_LIT(p, "  [");
+            memcpy(p, ns + noff[note[i]], nl);
+            p += nl;
+            if (show_tid) {
+                if (nl)
+                    PUT_LIT(p, ", ");
+                PUT_LIT(p, "tid ");
+                p = put_i64(p, tid[i]);
+            }
+            *p++ = ']';
+        }
+        *p++ = '\n';
+    }
+    if (_PyBytes_Resize(&out, p - PyBytes_AS_STRING(out)) < 0) {
+        out = NULL;
+        goto done;
+    }
+    res = Py_BuildValue("(OL)", out, (long long)last);
+done:
+    Py_XDECREF(out);
+    (void)last_out;
+    if (gotc)
+        for (int c = 0; c < 5; c++)
+            PyBuffer_Release(&col[c]);
+    if (goth) {
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&ho);
+    }
+    if (gotn) {
+        PyBuffer_Release(&nb);
+        PyBuffer_Release(&no);
+    }
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"calls_counts", (PyCFunction)(void (*)(void))py_calls_counts, METH_FASTCALL,
+     "calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid, "
+     "threads, last_tid, opened) -> (bytes, last_tid)"},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_c_format",
+    "Compiled branch-record formatter (twin: hwtrace.branches.format).", -1,
+    methods
+};
+
+PyMODINIT_FUNC PyInit__c_format(void)
+{
+    if (PyType_Ready(&SymIndexType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&SymIndexType);
+    if (PyModule_AddObject(m, "SymIndex", (PyObject *)&SymIndexType) < 0
+            || PyModule_AddIntConstant(m, "ABI", ABI) < 0
+            || PyModule_AddStringConstant(m, "SOURCE_SHA256",
+                                          HWTRACE_SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,127 @@
+"""The compiled branch-record formatter (hwtrace.branches._c_format)
+writes the same JSON lines as its Python twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwtrace.branches import _impl
+from hwtrace.branches.format import Namer, format_chunk
+from hwtrace.branches.records import KINDS, dtype
+
+
+def test_core_loaded_where_expected():
+    st = _impl.STATUS
+    st.check()          # raises if expected (REQUIRE or built) but unusable
+    if st.disabled:
+        assert _impl.CORE is None
+    elif st.expected:
+        assert _impl.CORE is not None
+
+
+def _records(n, seed):
+    rng = np.random.default_rng(seed)
+    a = np.zeros(n, dtype())
+    a["pid"] = rng.choice([-1, 0, 7, 6284, 2**40], n)
+    a["tid"] = rng.choice([-1, 0, 9, 6285, 2**62], n)
+    a["kind"] = rng.integers(0, len(KINDS), n)
+    addrs = np.array([0, 1, 0x401000, 0x401010, 0x7fffffffe000,
+                      0xffffffff81000000, 2**64 - 1], np.uint64)
+    a["from"] = rng.choice(addrs, n)
+    a["to"] = rng.choice(addrs, n)
+    a["time"] = rng.choice([-1, 0, 1, 39770517305133, 2**63 - 1], n)
+    a["depth"] = rng.choice([-(1 << 31), -5, -1, 0, 1, 2**31 - 1], n)
+    return a, addrs
+
+
+class _FakeNamer(Namer):
+    """Names from a dict: address -> (name, offset) or absent."""
+
+    def __init__(self, table):
+        super().__init__(None)
+        self.fake = table
+
+    def names_of(self, addr, ok):
+        nid = np.zeros(len(addr), np.int64)
+        off = np.zeros(len(addr), np.int64)
+        known = np.zeros(len(addr), bool)
+        for j, ad in enumerate(addr.tolist()):
+            if ad in self.fake and ok[j]:
+                name, o = self.fake[ad]
+                nid[j], off[j], known[j] = self.names.id(name), o, True
+        return nid, off, known
+
+
+SYMS = [None, ("main", 0), ("main", 0x10), ("", 0), ("caf\u00e9", 1),
+        ('q\\"x', 0), ("k" * 300, 0xfff), ("neg", -3)]
+
+
+def _namer(addrs):
+    return _FakeNamer({ad: s for ad, s in zip(addrs.tolist(), SYMS) if s})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jsonl_compiled_matches_twin(seed):
+    a, addrs = _records(500, seed)
+    py = format_chunk(a, _namer(addrs), "jsonl", impl="python")
+    c = format_chunk(a, _namer(addrs), "jsonl", impl="compiled")
+    assert c == py
+    assert format_chunk(a[:0], _namer(addrs), "jsonl", impl="compiled") == b""
+    assert (format_chunk(a[:1], _namer(addrs), "jsonl", impl="compiled")
+            == format_chunk(a[:1], _namer(addrs), "jsonl", impl="python"))
+
+
+def test_jsonl_compiled_across_chunks():
+    """The index of addresses persists on the namer: chunks that share
+    addresses and bring new ones give the twin's lines."""
+    a, addrs = _records(3000, 7)
+    a2, _ = _records(3000, 8)
+    a2["from"][::3] = np.arange(1000, 2000, dtype=np.uint64) * 64
+    npy, nc = _namer(addrs), _namer(addrs)
+    for chunk in (a[:10], a[10:2000], a2, a[2000:], a2[::-1]):
+        assert (format_chunk(chunk, nc, "jsonl", impl="compiled")
+                == format_chunk(chunk, npy, "jsonl", impl="python"))
+
+
+def test_jsonl_compiled_without_symbols():
+    a, _ = _records(200, 5)
+    py = format_chunk(a, Namer(None), "jsonl", impl="python")
+    c = format_chunk(a, Namer(None), "jsonl", impl="compiled")
+    assert c == py
+
+
+def _history(impl, switches, hold=1 << 14):
+    import io
+
+    from hwtrace.analysis.records import Activation, Enter, Flag, StreamInfo
+    from hwtrace.branches.calls import CallHistory
+    out = io.StringIO()
+    h = CallHistory(out=out, hold=hold)
+    h.impl = impl
+    h.begin_stream(StreamInfo(cpu=0, switches=switches), "insns")
+    rng = np.random.default_rng(3)
+    names = ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
+    flags = [Flag.NONE, Flag.BEGIN_UNKNOWN, Flag.TRUNCATED, Flag.TAIL_CALL,
+             Flag.BEGIN_UNKNOWN | Flag.TRUNCATED]
+    h.add(Enter(0x10, "main", 0, 0, 0, Flag.BEGIN_UNKNOWN, 1))
+    at = 1
+    for k in range(600):
+        d = 1 + int(rng.integers(0, 30))
+        nm = names[k % len(names)]
+        fl = flags[int(rng.integers(0, len(flags)))]
+        tid = [None, 1, 2, -1][k % 4] if k % 7 else 3
+        n = int(rng.choice([0, 5, 999, 1000, 123456789, 10 ** 12]))
+        h.add(Enter(0x20 + k, nm, d, at, at, fl, tid))
+        h.add(Activation(0x20 + k, nm, d, at, at + n, at, at + n, 0, 0, fl, tid))
+        at += n + 1
+    h.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("switches", [(), ((0, 1, 2),)])
+@pytest.mark.parametrize("hold", [8, 1 << 14])
+def test_calls_counts_compiled_matches_twin(switches, hold):
+    py = _history("python", switches, hold)
+    assert py.count("\n") > 600
+    assert _history("compiled", switches, hold) == py

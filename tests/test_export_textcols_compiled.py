@@ -1,0 +1,62 @@
+"""The compiled column assembler (hwtrace.export._c_textcols) gives the
+bytes of its Python twin (Lines.render / Lines.text)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwtrace.export import _textcols_impl
+from hwtrace.export.textcols import Lines
+
+
+def test_core_loaded_where_expected():
+    st = _textcols_impl.STATUS
+    st.check()          # raises if expected (REQUIRE or built) but unusable
+    if st.disabled:
+        assert _textcols_impl.CORE is None
+    elif st.expected:
+        assert _textcols_impl.CORE is not None
+
+
+def _lines(n, seed):
+    rng = np.random.default_rng(seed)
+    t = Lines(n)
+    v = rng.integers(-10 ** 12, 10 ** 12, n)
+    show = rng.random(n) < 0.7
+    t.lit(b'{"a":')
+    t.int(v, 12, commas=True).only(show).when(~show, b"null")
+    t.lit(b",")
+    t.strs([b"", b"x", b"caf\xc3\xa9", b"k" * 90], rng.integers(0, 4, n), 8)
+    t.strs([b"r", b"rr"], rng.integers(0, 2, n), 5, right=True)
+    t.hex(rng.integers(0, 2 ** 40, n).astype(np.uint64))
+    t.spaces(rng.integers(0, 7, n))
+    t.frac(rng.integers(0, 10 ** 9, n), 10)
+    t.when(rng.random(n) < 0.5, b" [note]")
+    u = Lines(n)
+    u.int(rng.integers(0, 999, n), 3).lit(b"|")
+    t.extend(u)
+    t.lit(b"}\n")
+    return t
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+def test_text_compiled_matches_twin(n):
+    assert _lines(n, n).text(impl="compiled") == _lines(n, n).text(impl="python")
+
+
+@pytest.mark.parametrize("n", [1, 300])
+def test_render_compiled_matches_twin(n):
+    rng = np.random.default_rng(n)
+
+    def build():
+        t = Lines(n)
+        t.lit(b"\x00\x08")                  # binary: NUL bytes are kept
+        t.varint(rng.integers(0, 2 ** 50, n))
+        t.when(rng.random(n) < 0.5, b"\x10\x00")
+        return t
+    state = rng.bit_generator.state
+    a = build().render(impl="python")
+    rng.bit_generator.state = state
+    b = build().render(impl="compiled")
+    assert a == b and b"\x00" in a
