@@ -92,7 +92,8 @@ pip=("$vpy" -m pip install -q --disable-pip-version-check)
 # is built by setup.py during the install).  Reinstalled only when what the
 # build depends on changed.
 stamp=$venv/.hwtrace-installed
-digest=$(cat pyproject.toml setup.py src/hwtrace/*/_c_*.c src/hwtrace/*/*.h 2>/dev/null \
+digest=$(cat pyproject.toml setup.py src/hwtrace/*/_c_*.c src/hwtrace/*/*.h \
+             src/hwtrace/*/core/*.[ch] 2>/dev/null \
          | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] \
         || ! "$vpy" -c 'import hwtrace, capstone, pytest' 2>/dev/null; then
@@ -104,8 +105,11 @@ HWTRACE_REQUIRE_EXTENSIONS=${HWTRACE_REQUIRE_EXTENSIONS:-1} "$vpy" - <<'EOF' || 
 import sys
 from hwtrace.pt import _impl
 from hwtrace.flow import fast
-bad = [s for s in (_impl.STATUS, fast.STATUS) if s.expected and not s.loaded]
-for s in (_impl.STATUS, fast.STATUS):
+from hwtrace.branches import _impl as branches_impl
+from hwtrace.export import _textcols_impl
+cores = (_impl.STATUS, fast.STATUS, branches_impl.STATUS, _textcols_impl.STATUS)
+bad = [s for s in cores if s.expected and not s.loaded]
+for s in cores:
     print("install:", s.describe(), file=sys.stderr if s in bad else sys.stdout)
 sys.exit(1 if bad else 0)
 EOF
