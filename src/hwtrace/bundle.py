@@ -58,6 +58,19 @@ class BundleError(ValueError):
     """A bundle that is missing, malformed or hostile (one-line message)."""
 
 
+#: how the manifest's ``timebase`` of an emulated recording begins: its TSC
+#: advances one tick per retired user instruction (time nothing traced ran
+#: in shows as a TSC packet: idle), the same clock for every stream
+INSN_CLOCK = "instruction count"
+
+
+def tsc_per_insn(manifest: Mapping[str, Any]) -> float | None:
+    """TSC ticks per traced instruction when the manifest's timebase is the
+    instruction-count clock (1); None for a real clock (it varies)."""
+    tb = manifest.get("timebase") if isinstance(manifest, Mapping) else None
+    return 1.0 if isinstance(tb, str) and tb.startswith(INSN_CLOCK) else None
+
+
 # ---------------------------------------------------------------- sideband
 
 

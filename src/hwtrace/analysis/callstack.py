@@ -148,7 +148,8 @@ class CallStackBuilder:
         self._codes: dict = {}
         # a CPU's stream following context switches: the running thread,
         # and the stacks of the others (frames, in_seg, paused, tx_depth)
-        tl = SwitchTimeline(self.stream.switches, self.stream.cpu) \
+        tl = SwitchTimeline(self.stream.switches, self.stream.cpu,
+                            self.stream.tsc_per_insn) \
             if self._cpu_mode and self.stream.switches else None
         self._follow = tl if tl else None
         self._thread: int | None = None
@@ -394,8 +395,12 @@ class CallStackBuilder:
 
     def event(self, name: str, m) -> None:
         tsc = m.get("tsc")
-        if self._follow is not None:
-            self._follow.time(self.n, tsc)
+        tl = self._follow
+        if tl is not None:
+            tl.time(self.n, tsc)
+            if name in ("enabled", "disabled", "async_disabled") \
+                    and not m.get("status_update"):
+                tl.tracing(name == "enabled")
         if name == "tick" or name not in _STRUCTURAL:
             if tsc is not None:
                 self.clock.anchor(self.n, tsc)

@@ -12,8 +12,15 @@ cursor, and answers, at an enable: which switches certainly came before it
 (their time is no later than the last known time), and which come next,
 so the call-stack builder can weigh them against where each thread is
 expected to resume.  It also keeps an estimate of *now*: the last known
-time plus the instructions since, at the rate (ticks per instruction)
-measured between the last two timing values.
+time plus the instructions since, at the rate (ticks per instruction) the
+clock is known to run at (an emulated recording's instruction count: 1),
+else measured between the last two timing values.  A timing value seen
+while tracing is off (after a disable, before the enable: a CPU idle, an
+untraced kernel with timing packets) tells time no traced instruction
+took: it moves the last known time but says nothing about the rate --
+counted in, it made the rate many times too high (an emulated CPU idle
+for a while), the estimate ran ahead of the switches, and switches still
+to come were applied at once.
 """
 
 from __future__ import annotations
@@ -32,14 +39,16 @@ class SwitchTimeline:
     """``switches``: records with ``cpu``, ``time``, ``prev_tid`` and
     ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
 
-    def __init__(self, switches: Iterable, cpu: int):
+    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None):
         mine = [s for s in switches if s.cpu == cpu]
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
         self.i = 0                                # next switch not yet applied
         self._t: int | None = None                # last known time
         self._n = 0                               # ... at instruction index
-        self._rate: float | None = None           # ticks per instruction
+        self._rate: float | None = rate           # ticks per instruction
+        self._fixed = rate is not None            # the clock's own: not measured
+        self._on = True                           # tracing is on (no disable pending)
 
     def __bool__(self) -> bool:
         return bool(self.switches)
@@ -50,9 +59,14 @@ class SwitchTimeline:
         """An event at instruction index ``n`` carries ``tsc``."""
         if tsc is None or tsc == self._t:
             return
-        if self._t is not None and n > self._n and tsc > self._t:
+        if self._t is not None and n > self._n and tsc > self._t and self._on \
+                and not self._fixed:
             self._rate = (tsc - self._t) / (n - self._n)
         self._t, self._n = tsc, n
+
+    def tracing(self, on: bool) -> None:
+        """Tracing went off (a disable) or on again (an enable)."""
+        self._on = on
 
     @property
     def known(self) -> int | None:

@@ -267,7 +267,7 @@ class FlowSink:
 
 def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
     try:
-        from hwtrace.bundle import Bundle, BundleError, Mmap, Switch
+        from hwtrace.bundle import Bundle, BundleError, Mmap, Switch, tsc_per_insn
         from hwtrace.flow import session
         from hwtrace.flow.config import FlowConfig
         from hwtrace.flow.image import Image, Section
@@ -340,7 +340,8 @@ def _bundle_source(p: Path, sym: Symbolizer, image_path) -> Source:
         # a CPU's stream: the context switches, for per-thread call stacks
         per_cpu = s.tid is None and s.cpu is not None
         info = StreamInfo(pid=s.pid, tid=s.tid, cpu=s.cpu,
-                          switches=switches if per_cpu else ())
+                          switches=switches if per_cpu else (),
+                          tsc_per_insn=tsc_per_insn(b.manifest))
 
         def run(consumer, s=s, image=image):
             try:
