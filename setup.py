@@ -1,15 +1,17 @@
 """Build hwtrace's compiled cores (metadata lives in pyproject.toml).
 
 Every ``src/hwtrace/**/_c_<name>.c`` is a C extension ``hwtrace.<pkg>._c_<name>``
-(see hwtrace/_ext/__init__.py for the pattern and the selection rules); the
-``*.h`` files next to it are its headers.  A
+(see hwtrace/_ext/__init__.py for the pattern and the selection rules),
+compiled together with the ``core/*.c`` files of its package if it has a
+``core/`` directory; hwtrace/_ext/sources.py says which files and computes
+the fingerprint the staleness check compares.  A
 compiler failure only warns -- the pure-Python twins then run -- unless
 HWTRACE_REQUIRE_EXTENSIONS=1, which makes it fail the build.
 """
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -25,13 +27,23 @@ def _required() -> bool:
     return v.strip().lower() not in ("", "0", "no", "false", "off")
 
 
+def _load_sources():
+    """hwtrace/_ext/sources.py, loaded by path (hwtrace is not installed
+    yet when this runs)."""
+    spec = importlib.util.spec_from_file_location(
+        "_hwtrace_sources", HERE / "src" / "hwtrace" / "_ext" / "sources.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SOURCES = _load_sources()
+
+
 def fingerprint(src: Path) -> str:
-    """SHA-256 over the C source and the headers next to it (the same
+    """SHA-256 over every file the extension's build reads (the same
     computation as hwtrace._ext's staleness check)."""
-    h = hashlib.sha256()
-    for f in [src, *sorted(src.parent.glob("*.h"))]:
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    return SOURCES.fingerprint(src)
 
 
 def _extensions() -> list[Extension]:
@@ -40,12 +52,13 @@ def _extensions() -> list[Extension]:
         rel = src.relative_to(HERE / "src")
         name = ".".join(rel.with_suffix("").parts)
         digest = fingerprint(src)
+        srcs = SOURCES.sources(src)
+        deps = [f for f in SOURCES.inputs(src) if f not in srcs]
         exts.append(Extension(
-            name, [src.relative_to(HERE).as_posix()],
-            depends=[h.relative_to(HERE).as_posix()
-                     for h in sorted(src.parent.glob("*.h"))],
+            name, [f.relative_to(HERE).as_posix() for f in srcs],
+            depends=[os.path.relpath(f, HERE) for f in deps],
             define_macros=[("HWTRACE_SOURCE_SHA256", f'"{digest}"')],
-            extra_compile_args=["-O2", "-std=c11"]))
+            extra_compile_args=["-O2", "-std=c11", "-Wall"]))
     return exts
 
 

@@ -1,4 +1,6 @@
-"""Export speed and memory on a large synthetic flow.
+"""Export speed and memory on a large synthetic flow (flow items, one at
+a time, through the item path).  The views over a real recording, against
+libipt in the same run, are bench/bench_views.py.
 
 A flow of N instructions (main calling fib(15) over and over, a TSC tick
 every 64 instructions) goes through the call-stack builder into the Chrome

@@ -1,17 +1,18 @@
-"""Benchmark: the compiled counts path on several cores
-(hwtrace.flow.fast_parallel) against the sequential compiled decode and
-libipt.
+"""Benchmark: the compiled core's segment jobs on several cores
+(hwtrace.flow.fast_parallel, run by hwtrace.jobs) against the sequential
+compiled decode and libipt.
 
 The trace: a recording of ``gzip -9`` by the emulated engine (``--timing``:
 with TSC/MTC/CYC), repeated to ``--mb`` MB.  Prints, on that same file in
 the same run:
 
-- the sequential compiled count (``fast.compiled_decode``: what ``hwtrace
-  decode --quiet --stat`` runs today, also with ``--jobs N``), wall time;
-- ``fast_parallel.count(jobs=N)``: wall time, the ratio to the sequential
-  one (target 1.7x on 2 cores) and whether the counts are identical;
-- ``ptoracle insn --summary`` (libipt 2.0.5) on the same input, wall time,
-  for reference.
+- the sequential compiled count (``fast.count``: what ``hwtrace decode
+  --quiet --stat`` runs on one core), wall time;
+- ``jobs.count(jobs=N)``: wall time, the ratio to the sequential one
+  (target 1.7x on 2 cores) and whether the counts are identical;
+- ``jobs.batches(jobs=N)``: the same for batches (flatten()-equal);
+- ``ptoracle blk --summary`` (libipt 2.0.5's block decoder) on the same
+  input, wall time, for reference.
 
 Times are best of ``--repeat`` (the machine is shared).  Both hwtrace
 figures include what the command pays: reading the trace (the sequential
@@ -37,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _workloads as W  # noqa: E402
 from _common import ptoracle  # noqa: E402
-from bench_decode import bundle_args, record_gzip  # noqa: E402
 from bench_parallel import repeated  # noqa: E402
 
 
@@ -102,13 +103,19 @@ def main() -> int:
     ap.add_argument("--timing", action="store_true")
     a = ap.parse_args()
 
-    from hwtrace.flow import fast, fast_parallel, parallel
+    from hwtrace import jobs
+    from hwtrace.flow import batches as B
+    from hwtrace.flow import fast, fast_parallel
     if fast.CORE is None:
-        sys.exit(f"bench: no compiled flow core ({fast.STATUS.reason})")
+        sys.exit(f"bench: FAILED -- no compiled flow core "
+                 f"({fast.STATUS.reason})")
+    print(f"flow core: {fast.STATUS.describe()}")
 
     with tempfile.TemporaryDirectory(prefix="bench-fpar-") as tmp:
         work = Path(tmp)
-        bundle = record_gzip(work, a.input_kib, a.timing)
+        bundle = W.record(work, "gzip", a.input_kib, a.timing)
+        if bundle is None:
+            sys.exit("bench: cannot record gzip")
         manifest = json.loads((bundle / "manifest.json").read_text())
         stream = max(manifest["streams"], key=lambda s: s.get("size", 0))
         src = bundle / stream["file"]
@@ -126,18 +133,36 @@ def main() -> int:
               f"{os.cpu_count()} cores, jobs={a.jobs}")
 
         def sequential():
-            image = parallel.load_image(pairs)
-            return fast.compiled_count(big.read_bytes(), image, cfg, "block")
+            image = jobs.load_image(pairs)
+            return fast.count(big.read_bytes(), image, cfg, "block")
 
         def par():
-            return fast_parallel.count_stats(str(big), 0, None, pairs, cfg,
-                                             True, a.jobs,
-                                             segments=a.segments)
+            return jobs.count_stats(str(big), 0, None, pairs, cfg, True,
+                                    a.jobs, segments=a.segments)
+
+        def digest(batches):
+            """(records, items, a digest of the records): the stream,
+            without holding it"""
+            import hashlib
+            h = hashlib.blake2b(digest_size=16)
+            n = m = 0
+            for b in batches:
+                h.update(b.blocks.tobytes())
+                n += len(b.blocks)
+                m += len(b.items)
+            return n, m, h.hexdigest()
+
+        def seq_batches():
+            image = jobs.load_image(pairs)
+            return digest(B.batches(big.read_bytes(), image, cfg,
+                                    impl="compiled"))
+
+        def par_batches():
+            return digest(jobs.batches(str(big), 0, None, pairs, cfg,
+                                       jobs=a.jobs, segments=a.segments))
 
         t_seq, u_seq, c_seq = best(a.repeat, sequential)
         t_par, u_par, (c_par, st) = best(a.repeat, par)
-        if c_seq is None:
-            sys.exit("bench: the compiled core does not decode this trace")
         same = "identical" if c_par == c_seq else f"DIFFERENT ({c_par})"
         print(f"sequential compiled count : {t_seq:7.3f} s ({u_seq:6.2f} s CPU)  "
               f"{c_seq.insns / t_seq / 1e6:7.1f} M insn/s  "
@@ -145,6 +170,11 @@ def main() -> int:
         print(f"fast_parallel jobs={a.jobs}     : {t_par:7.3f} s ({u_par:6.2f} s CPU)  "
               f"{c_seq.insns / t_par / 1e6:7.1f} M insn/s  counts {same}; "
               f"{st['segments']} segments, {len(st['reruns'])} re-runs")
+        tb_seq, _, b_seq = best(a.repeat, seq_batches)
+        tb_par, _, b_par = best(a.repeat, par_batches)
+        bsame = "identical records" if b_seq == b_par else "DIFFERENT"
+        print(f"batches sequential / jobs : {tb_seq:7.3f} s / {tb_par:7.3f} s "
+              f"({tb_seq / tb_par:.2f}x), {b_seq[0]} records, {bsame}")
         print(f"parallel speed-up (wall)  : {t_seq / t_par:.2f}x "
               f"(target 1.7x); load average {os.getloadavg()[0]:.1f}, "
               f"cores {a.jobs} busy processes get now: "
@@ -158,7 +188,7 @@ def main() -> int:
             cuts = fast_parallel.cut_points(mm, 0, size, st["segments"])
         for s, e in zip([None] + cuts, cuts + [None]):
             t0 = time.process_time()
-            fast_parallel.run_segment(fast_parallel.SegmentJob(
+            jobs.run_segment(jobs.SegmentJob(
                 str(big), 0, size, tuple(pairs), cfg, True, s, e))
             jobs_cpu.append(time.process_time() - t0)
         print(f"job CPU seconds           : "
@@ -169,15 +199,15 @@ def main() -> int:
         if exe is None:
             print("ptoracle: unavailable (no compiler or libipt)")
             return 0
-        _, oopts, _ = bundle_args(bundle, stream["file"])
-        argv = [str(exe), "insn", str(big), *oopts, "--summary"]
+        oopts = opts + W._manifest_opts(bundle)
+        argv = [str(exe), "blk", str(big), *oopts, "--summary"]
         t_ora, _, r = best(1, lambda: subprocess.run(argv, capture_output=True,
                                                    text=True))
         if r.returncode != 0:
             print(f"ptoracle failed: {r.stderr.strip()[-200:]}")
             return 0
         o_insns = json.loads(r.stdout.splitlines()[-1])["insns"]
-        print(f"ptoracle insn --summary   : {t_ora:7.3f} s  "
+        print(f"ptoracle blk --summary    : {t_ora:7.3f} s  "
               f"{o_insns / t_ora / 1e6:7.1f} M insn/s  ({o_insns} insns)")
         print(f"fast_parallel vs libipt   : {t_ora / t_par:.1f}x  "
               f"(sequential compiled: {t_ora / t_seq:.1f}x)")

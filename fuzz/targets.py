@@ -22,6 +22,8 @@ enforces the reader's contract:
                 trace.json``) over a directory the input describes (with
                 planted FIFOs and links out): only LldbTraceError /
                 BundleError escape; what it writes reads back.
+- ``flowdiff``  the compiled flow core against its Python twin
+                (:mod:`flowdiff`): the same batches, record for record.
 
 Seeds are built at run time from ../shared (the libipt corpus and the
 hardware fixtures): nothing from there is copied into the repo.
@@ -572,13 +574,18 @@ def _flow_budget(data: bytes) -> float:
     return max(1, -(-len(data) // 65536)) + flow_items(data) / 100_000
 
 
+def _flowdiff_budget(data: bytes) -> float:
+    # the twin's decode (the compiled one is noise) plus numpy's records
+    return 2 * _flow_budget(data)
+
+
 def budget(name: str):
     """CPU seconds one input of ``name`` may take: 1 s per started 64 KiB
     per decoding pass (packets: Python packets + count + ptdump = 3, the
     compiled passes are noise; perfdata: PerfData + iter_records = 2)."""
     return {"packets": _passes(3), "flow": _flow_budget, "perfdata": _passes(2),
             "perfimport": _passes(2), "bundle": _passes(1), "recover": _passes(1),
-            "lldbimport": _passes(2)}[name]
+            "lldbimport": _passes(2), "flowdiff": _flowdiff_budget}[name]
 
 
 def make(name: str):
@@ -599,8 +606,11 @@ def make(name: str):
         return ImportTarget().check, seeds_perfdata
     if name == "lldbimport":
         return LldbImportTarget().check, seeds_lldbimport
+    if name == "flowdiff":
+        import flowdiff
+        return flowdiff.check, lambda: flowdiff.seeds(CORPUS, FIXTURES, MAX_SEED)
     raise KeyError(name)
 
 
 TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle", "recover",
-           "lldbimport")
+           "lldbimport", "flowdiff")

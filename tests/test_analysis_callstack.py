@@ -749,7 +749,7 @@ def test_cpu_mode_recording_of_two_threads(tmp_path):
     import sys
 
     from conftest import _need, run_hwtrace
-    from hwtrace.export.source import open_source
+    from hwtrace.streams import open_bundle
 
     if sys.platform != "linux":
         pytest.skip("the ptrace engine is Linux x86-64")
@@ -776,16 +776,19 @@ def test_cpu_mode_recording_of_two_threads(tmp_path):
     assert r.returncode == 0 and r.stdout == f"{2 * sum(3 * i + 1 for i in range(3000))}\n", \
         r.stderr
 
-    src = open_source(b)
+    src = open_bundle(b)
     assert src.mode == "cpu"
     switched_in = gaps_before = 0
-    for job in src.jobs:
-        assert job.info.switches, "a CPU's stream gets the recording's switches"
-        for info in (job.info, job.info._replace(switches=())):
+    for st in src.streams:
+        assert st.info.switches, "a CPU's stream gets the recording's switches"
+        for info in (st.info, st.info._replace(switches=())):
             bld = CallStackBuilder(info, src.symbolizer.lookup)
-            job.run(bld)
+            recs = []
+            for batch in st.batches(view=True):
+                bld.feed_batch(batch)
+                recs += bld.take()
             bld.finish()
-            recs = bld.take()
+            recs += bld.take()
             check_nesting(recs)
             markers = [m for m in recs if type(m) is Marker]
             if info.switches:

@@ -360,30 +360,63 @@ def test_log_undefined_block_is_a_log_error():
         list(records_from_log(bytes(w), [], Tracker()))
 
 
-# ------------------------------------------------------------------ decoded pull
+# ------------------------------------------------------------------ decoded batches
 
-class _Job:
-    def __init__(self, n, fail=None):
-        self.n = n
-        self.fail = fail
+def _call_batches(n, per=64):
+    """Batches of a loop that calls 0x200 from 0x100 (a record ending in
+    the call, a record ending in a return): ``n`` calls."""
+    import numpy as np
+    from hwtrace.flow.batches import BLOCK, Batch
+    done = 0
+    first = 0
+    while done < n:
+        k = min(per, n - done)
+        recs = []
+        for _ in range(k):
+            recs.append((0x100, 0x100, 0, 0, 1, 2, 5, 3, 0))     # call 0x200
+            recs.append((0x200, 0x200, 0, 0, 1, 3, 1, 3, 0))     # ret
+        b = np.array(recs, BLOCK)
+        yield Batch(b, None, [], first)
+        first += 2 * k
+        done += k
+
+
+class _Input:
+    def __init__(self, batches):
         from hwtrace.analysis.records import StreamInfo
-        self.info = StreamInfo(pid=1, tid=1)
-
-    def run(self, consumer):
-        for i in range(self.n):
-            consumer.insn(0x100, 5, "call")       # call 0x200 each time
-            consumer.insn(0x200, 1, "other")
-        if self.fail:
-            raise self.fail
+        from hwtrace.cli._inputs import InputStream
+        from hwtrace.analysis.symbols import Symbolizer
+        self.streams = [InputStream(StreamInfo(pid=1, tid=1), batches=batches)]
+        self.symbolizer = Symbolizer()
+        self.code = []
 
 
-def _consumer():
-    from hwtrace.branches.decoded import CodeReader, _Consumer
+def test_decoded_arrays_stream_per_batch():
+    """Decoded records come out as numpy chunks, batch after batch (a long
+    trace is never held whole); stopping early stops the decoding."""
+    from hwtrace.branches.decoded import CodeReader, DecodedTrace
+    from hwtrace.branches.records import KIND_CODE
+    pulled = []
+
+    def batches(**kw):
+        for b in _call_batches(1000):
+            pulled.append(len(b.blocks))
+            yield b
     r = CodeReader()
     r._files["mem"] = b"\xe8\xfb\x00\x00\x00"
     r.add(0x100, 5, "mem", 0)
-    t = Tracker(None, Mask(frozenset({"call"})))
-    return _Consumer(t, t.thread(1, 1), r)
+    t = DecodedTrace(_Input(batches), r, TriggerSpec(), MaskSpec(frozenset({"call"})))
+    it = t.arrays()
+    first = next(it)
+    assert len(pulled) == 1 and len(first) <= 64
+    assert set(first["kind"].tolist()) == {KIND_CODE["call"]}
+    assert (first["from"] == 0x100).all() and (first["to"] == 0x200).all()
+    it.close()
+    assert len(pulled) == 1
+    recs = list(DecodedTrace(_Input(batches), r, TriggerSpec(),
+                             MaskSpec(frozenset({"call", "return"}))).records())
+    assert len(recs) == 2 * 1000 - 1           # the last return is pending at the end
+    assert [x.depth for x in recs[:4]] == [0, 1, 0, 1]
 
 
 def _event_consumer(per_cpu=False):
@@ -503,15 +536,3 @@ def test_decoded_ip_filter_exit():
         (("return", None, 0x105), 0)]
 
 
-def test_decoded_pull_batches_errors_and_close():
-    import threading
-    from hwtrace.branches.decoded import BATCH, DecodedError, _pull
-    before = threading.active_count()
-    recs = list(_pull(_Job(3 * BATCH + 5), _consumer()))
-    assert len(recs) == 3 * BATCH + 5 and recs[0].key() == ("call", 0x100, 0x200)
-    with pytest.raises(DecodedError, match=r"thread 1: decoding failed: ValueError: boom"):
-        list(_pull(_Job(10, ValueError("boom")), _consumer()))
-    it = _pull(_Job(100 * BATCH), _consumer())      # reader stops early
-    assert next(it).kind == "call"
-    it.close()
-    assert threading.active_count() == before

@@ -251,7 +251,7 @@ def test_psb_inside_the_window(progs):
     through untraced code: every record is a call, return, jump or taken
     cond, and the calls and returns are exactly fib's."""
     from hwtrace.branches import MaskSpec, TriggerSpec, decoded_records, parse_kinds
-    from hwtrace.export.source import open_source
+    from hwtrace.streams import open_bundle
     p = Prog(progs / "fib")
     b = progs / "fib18"
     r = run_hwtrace("record", "--engine", "ptrace", "--mode", "thread", "-o", b,
@@ -259,20 +259,14 @@ def test_psb_inside_the_window(progs):
     assert r.returncode == fib(18) & 0x3f, r.stderr
     end = p.fib + sum(s for _a, s, _t in disasm(progs / "fib", "fib"))
 
-    class PsbInFib:
-        n = 0
-
-        def insn(self, ip, size, iclass):
-            pass
-
-        def feed(self, item):
-            if item.get("event") == "enabled" and item.get("status_update") \
-                    and p.fib <= item.get("ip", 0) < end:
-                self.n += 1
-    seen = PsbInFib()
-    for job in open_source(b).jobs:
-        job.run(seen)
-    assert seen.n >= 1
+    seen = 0
+    for st in open_bundle(b).streams:
+        for batch in st.batches(view=True):
+            for _i, _off, ev in batch.items:
+                if getattr(ev, "type", None) == "enabled" and ev.status_update \
+                        and p.fib <= ev.ip < end:
+                    seen += 1
+    assert seen >= 1
     recs = list(decoded_records(b, TriggerSpec(within="fib"),
                                 MaskSpec(parse_kinds("all"))).records())
     assert {r.kind for r in recs} == {"call", "return", "jump", "cond"}
@@ -512,18 +506,27 @@ def test_async_signal_inside_a_window(progs):
 
 
 def test_cpu_mode_bundle(progs):
-    """A per-CPU recording: the same records, without pid/tid."""
+    """A per-CPU recording: the same records, each with the pid and tid of
+    the thread the sideband's context switches say ran (issue 17.4), so
+    --pid/--tid select them."""
     p = Prog(progs / "fib")
     b = progs / "cpu-bundle"
     r = run_hwtrace("record", "--engine", "ptrace", "--mode", "cpu", "-o", b,
                     "--", progs / "fib", 5)
     assert r.returncode == 5, r.stderr
-    d = run_hwtrace("branches", "--kinds", "call,return", "--within", "fib",
-                    "--format", "jsonl", b)
+    args = ("--kinds", "call,return", "--within", "fib", "--format", "jsonl")
+    d = run_hwtrace("branches", *args, b)
     assert d.returncode == 0, d.stderr
     recs = [json.loads(x) for x in d.stdout.splitlines()]
     assert [(o["kind"], o["from"], o["to"], o["depth"]) for o in recs] == p.expected(5)
-    assert {(o["pid"], o["tid"]) for o in recs} == {(None, None)}
+    side = [json.loads(x) for x in (b / "sideband.jsonl").read_text().splitlines()]
+    pid = next(x["pid"] for x in side if x["type"] == "process")
+    assert {(o["pid"], o["tid"]) for o in recs} == {(pid, pid)}
+    for opt in ("--pid", "--tid"):
+        sel = run_hwtrace("branches", *args, opt, pid, b)
+        assert sel.returncode == 0 and sel.stdout == d.stdout, sel.stderr
+        none = run_hwtrace("branches", *args, opt, pid + 1, b)
+        assert none.returncode == 0 and none.stdout == "", none.stderr
 
 
 def test_source_lines(progs, bundle):

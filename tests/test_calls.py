@@ -141,3 +141,32 @@ def test_calls_max_depth_and_errors(rec):
     assert r.returncode == 2 and r.stderr == "hwtrace: /nonexistent/bundle: no such bundle or file\n"
     r = run_hwtrace("calls", "--max-depth", "-1", bundle)
     assert r.returncode == 2 and "must be 0 or more" in r.stderr
+
+
+def test_history_streams_long_activations_early():
+    """A long-lived activation (main) does not hold the history back: once
+    past the first 256 K instructions and `hold` lines, what began long ago
+    is written early, open, and its totals follow where it ends."""
+    import io
+    from hwtrace.branches.calls import EARLY
+    out = io.StringIO()
+    h = CallHistory(out=out, hold=8)
+    h.begin_stream(StreamInfo(pid=1, tid=1), "insns")
+    h.add(Enter(0x10, "main", 0, 0, 0, Flag.NONE))
+    at = EARLY
+    for k in range(40):
+        h.add(Enter(0x20, "f", 1, at, at, Flag.NONE))
+        h.add(Activation(0x20, "f", 1, at, at + 5, at, at + 5, 0, 0, Flag.NONE))
+        at += 5
+    h._end_stream() if False else h.add_slices(h._legacy.take(), h._legacy)
+    early = out.getvalue().splitlines()
+    assert early[0] == "thread 1:"
+    assert early[1] == f"{'  main':<48} (open: totals where it ends)"
+    assert all(re.fullmatch(r"    f +5 insns", ln) for ln in early[2:])
+    assert 2 < len(early) < 42                  # not all of it yet
+    h.add(Activation(0x10, "main", 0, 0, at + 3, 0, at + 3, 200, 200, Flag.TRUNCATED))
+    h.close()
+    rest = out.getvalue().splitlines()[len(early):]
+    assert all(re.fullmatch(r"    f +5 insns", ln) for ln in rest[:-1])
+    assert len(early) + len(rest) == 1 + 1 + 40 + 1
+    assert re.fullmatch(rf"  end of main +{at + 3:,} insns  \[truncated\]", rest[-1]), rest[-1]

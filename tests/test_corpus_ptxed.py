@@ -52,7 +52,7 @@ def test_corpus_is_complete(corpus):
 
 
 @pytest.mark.parametrize("d,v,decoder", _params())
-def test_ptxed_variant(d, v, decoder):
+def test_ptxed_variant(d, v, decoder, corpus):
     ok, got, err = run_variant(d, v, decoder)
     if not ok:
         exp = (d / v["exp"]["ptxed"]).read_text()
@@ -63,6 +63,7 @@ def test_ptxed_variant(d, v, decoder):
         pytest.fail(f"output differs:\n{diff}\n{err}")
 
 
+@pytest.mark.slow
 def test_report_pass_count(corpus, capsys):
     """Not a check: prints how many variants pass per decoder."""
     counts = {}

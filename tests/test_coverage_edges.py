@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CORPUS, _need, run_hwtrace
+from conftest import CORPUS, run_hwtrace
 from ptxed_corpus import argv_for, ptxed_variants, variant_id
 from test_flow_fast import _core, gzip_trace, true_trace  # noqa: F401
 
@@ -61,9 +61,7 @@ def _variant_inputs(d, v):
     return D._trace(args.pt), D._image(args), cfg
 
 
-def test_corpus_edges_exact():
-    if not CORPUS.is_dir():
-        _need("corpus", f"{CORPUS} missing")
+def test_corpus_edges_exact(corpus):
     _core()
     compiled = total = 0
     for d, v, meta in ptxed_variants():

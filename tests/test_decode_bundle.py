@@ -362,15 +362,12 @@ def test_unstored_pseudo_files_are_not_an_error(rec, tmp_path):
     assert r.returncode == 0 and r.stderr == "" and r.stdout == want
 
 
-def test_imported_perf_capture(tmp_path):
+def test_imported_perf_capture(tmp_path, hardware):
     """A real perf capture (hase's loopy, one cpu stream) imported and
     decoded as a bundle: the fork of perf's wrapper and the exec of loopy
     are two spaces of one pid; the trace runs in loopy's and decodes as
     libipt does with every mapping (57 instructions, no errors)."""
-    from conftest import FIXTURES
-    hase = FIXTURES / "hase_loopy"
-    if not (hase / "loopy-20180404T162955.perf").exists():
-        _need("the hase_loopy fixture")
+    hase = hardware / "hase_loopy"
     out = tmp_path / "b"
     r = run_hwtrace("import", hase / "loopy-20180404T162955.perf", "-o", out,
                     "--image", hase / "loopy")

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from conftest import CORPUS, run_hwtrace
+from conftest import run_hwtrace
 from hwtrace.pt import encoder as enc
 
 PSB = enc.psb()
@@ -21,6 +21,11 @@ def _one_line_error(r):
     assert r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
 
 
 def test_missing_file(tmp_path):
@@ -69,8 +74,24 @@ def test_errors_reported_at_offset_and_resync(tmp_path):
     assert r.stdout.splitlines() == ["packets: 7", "bytes: 72", "errors: 2"]
 
 
+def _all_packets() -> bytes:
+    """One of every packet the encoder makes (a PSB+ first, STOP last)."""
+    E = enc
+    return (E.psb() + E.mode_exec(csl=1) + E.tsc(0x1234567) + E.cbr(22)
+            + E.tma(0x12, 0x34) + E.psbend() + E.pad() + E.tip_pge(0x401000)
+            + E.tnt8("tnt") + E.tnt64("tn" * 20) + E.tip(0x402000, ipc=1)
+            + E.fup(0x401005, ipc=3) + E.mode_tsx(intx=1) + E.pip(0x1000)
+            + E.mtc(7) + E.cyc(0x1f) + E.vmcs(0x5000) + E.mnt(0x99)
+            + E.exstop(1) + E.mwait(1, 2) + E.pwre(1, 2) + E.pwrx(1, 2)
+            + E.ptw(0xabcd, ip=1) + E.cfe(1, ip=1) + E.evd(0, 0x10)
+            + E.trig(1, 5) + E.ovf() + E.tip_pgd() + E.stop())
+
+
 def test_truncated_and_empty_and_random(tmp_path):
-    src = (CORPUS / "dump-all-packets" / "dump-all-packets.pt").read_bytes()
+    src = _all_packets()
+    r = run_hwtrace("dump", "--format", "jsonl", _write(tmp_path / "all.pt", src))
+    assert r.returncode == 0 and '"error"' not in r.stdout, r.stdout
+    assert r.stdout.count("\n") == 29
     rng = random.Random(7)
     inputs = [b"", b"\x02", src[:1], src[:37], src[:-1],
               bytes(rng.randrange(256) for _ in range(4096)),
@@ -83,6 +104,12 @@ def test_truncated_and_empty_and_random(tmp_path):
                       "--exec-mode", "--cpu", "6/78"],
                      ["--no-sync", "--tcal", "--nom-freq", "4"]):
             r = run_hwtrace("dump", *args, f)
+            if not data or (PSB not in data and "--no-sync" not in args):
+                # nothing to dump: one line saying why, exit 2
+                why = "empty file" if not data else "no PSB"
+                assert r.returncode == 2 and r.stdout == "", (i, args)
+                assert r.stderr.count("\n") == 1 and why in r.stderr, r.stderr
+                continue
             assert r.returncode == 0, (i, args, r.stderr)
             assert r.stderr == "", (i, args, r.stderr)
 

@@ -1,8 +1,9 @@
-"""The compiled counts path on several cores (hwtrace.flow.fast_parallel):
-the same instruction and block counts as the sequential compiled decode
-and the Python decoders, on emulated recordings cut at (nearly) every PSB,
-with and without MTC/CYC timing; None where the sequential core bails or
-there is no core; the checkpoint key covers the whole live state."""
+"""The compiled core's segment jobs (hwtrace.flow.fast_parallel, run by
+hwtrace.jobs): the same counts and errors as the sequential compiled
+decode and the Python decoders, and batches flatten()-equal to the
+sequential ones, on emulated recordings cut at (nearly) every PSB, with
+and without MTC/CYC timing, and on corrupted ones; None where there is no
+core; the checkpoint key covers the whole live state."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, _need, run_hwtrace
+from conftest import _need, run_hwtrace, sample_text
 from test_flow_fast import second_tma
 
+from hwtrace import jobs
+from hwtrace.flow import batches as B
 from hwtrace.flow import fast, fast_parallel as FP, parallel
 from hwtrace.flow.config import FlowConfig
 from hwtrace.pt.decoder import PacketDecoder
@@ -43,10 +46,7 @@ def core(monkeypatch):
 def _record(tmp: Path, config: str):
     """gzip -9 of 16 KiB of text in thread mode (the whole run in one
     stream) with a PSB every 2 KiB: (trace path, image pairs, config)."""
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    if not text:
-        _need("corpus", f"{CORPUS} missing")
-    (tmp / "in.txt").write_bytes((text * 2)[:16 << 10])
+    (tmp / "in.txt").write_bytes(sample_text(16 << 10))
     out = tmp / "b"
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     config, "-o", out, "--", "/usr/bin/gzip", "-9", "-k", "-f",
@@ -81,64 +81,75 @@ def timing(tmp_path_factory):
 
 def _sequential(path, pairs, cfg, block):
     data = Path(path).read_bytes()
-    image = parallel.load_image(pairs)
+    image = jobs.load_image(pairs)
     dec = "block" if block else "insn"
     c = fast.count(data, image, cfg, dec, impl="compiled")
     p = fast.count(data, image, cfg, dec, impl="python")
     assert c.compiled and not p.compiled
-    assert (c.insns, c.blocks, p.errors) == (p.insns, p.blocks, 0)
+    assert c[:2] + c[4:] == p[:2] + p[4:]
     return c
+
+
+def _merged_psbs(path, st) -> list:
+    """For each stitched job, the index among its PSBs (0: the one it
+    started at) of the PSB whose checkpoint it merged at."""
+    psbs = parallel.psb_offsets(Path(path).read_bytes())
+    return [psbs.index(max(p for p in psbs if p <= pos)) - psbs.index(start)
+            for start, pos in st["merged_pos"]]
 
 
 @pytest.mark.parametrize("which", ["plain", "timing"])
 def test_counts_identical(which, request):
     """Cut at every PSB (and in 3): the sequential counts, for both
-    decoders; segments meet at their first checkpoint (plain) or at their
-    second and third (timing: the calibration needs two MTCs)."""
+    decoders; segments meet at a checkpoint of their first PSB (plain) or
+    of their second or third (timing: the calibration needs two MTCs)."""
     path, pairs, cfg = request.getfixturevalue(which)
     npsb = len(parallel.psb_offsets(Path(path).read_bytes()))
     assert npsb >= 15
     for block in (True, False):
         seq = _sequential(path, pairs, cfg, block)
         assert seq.insns > 1000000
-        c, st = FP.count_stats(path, 0, None, pairs, cfg, block, 2,
+        c, st = jobs.count_stats(path, 0, None, pairs, cfg, block, 2,
                                segments=npsb, min_segment=0)
         assert c == seq
         assert st["segments"] >= npsb - 1
         if which == "plain":
             assert st["reruns"] == [] and set(st["merged_at"]) == {0}
+            assert set(_merged_psbs(path, st)) == {0}
             assert len(st["merged_at"]) >= npsb - 4
         else:
             # (a segment may need a re-run: no MTC pair before the third
-            # PSB of its tail -- how many varies between recordings)
+            # PSB of its tail -- how many varies between recordings; a PSB+
+            # whose FUP is inside a block checkpoints twice: count PSBs)
             assert len(st["reruns"]) <= npsb // 8
-            assert {1, 2} <= set(st["merged_at"]) <= {0, 1, 2}
+            merged = set(_merged_psbs(path, st))
+            assert 1 in merged and merged <= {0, 1, 2}
             assert len(st["merged_at"]) >= npsb - 8
-        assert FP.count(path, 0, None, pairs, cfg, block, 2, segments=3,
+        assert jobs.count(path, 0, None, pairs, cfg, block, 2, segments=3,
                         min_segment=0) == seq
 
 
 def test_reruns_when_states_do_not_meet(timing, monkeypatch):
-    """With a tail of one checkpoint most timing segments cannot prove
-    their start (they meet at the second): the earlier job decodes on, and
+    """With a tail of one PSB most timing segments cannot prove their
+    start (they meet at their second PSB): the earlier job decodes on, and
     the counts are still the sequential ones."""
     path, pairs, cfg = timing
     monkeypatch.setattr(FP, "TAIL", 1)      # inherited by the forked jobs
     npsb = len(parallel.psb_offsets(Path(path).read_bytes()))
     for block in (True, False):
         seq = _sequential(path, pairs, cfg, block)
-        c, st = FP.count_stats(path, 0, None, pairs, cfg, block, 2,
+        c, st = jobs.count_stats(path, 0, None, pairs, cfg, block, 2,
                                segments=npsb // 2, min_segment=0)
         assert c == seq
         assert len(st["reruns"]) >= 2
 
 
-def test_job_bail_is_rerun_not_none(plain, tmp_path):
+def test_fresh_start_without_mode_is_not_taken(plain, tmp_path):
     """A PSB+ without its MODE.exec (padded out): the sequential decode
     knows the mode from before, a job synchronized there does not and
-    bails.  That job's bail is a stop marker after its last checkpoint,
-    the job before it decodes its segment again, and the counts are the
-    sequential ones (not None)."""
+    reports errors until its next PSB.  Its state meets the sequential one
+    only past them, so none of its errors are taken: the counts and errors
+    are the sequential ones."""
     path, pairs, cfg = plain
     data = bytearray(Path(path).read_bytes())
     psbs = parallel.psb_offsets(data)
@@ -152,15 +163,15 @@ def test_job_bail_is_rerun_not_none(plain, tmp_path):
     data[p.offset:p.offset + p.size] = bytes(p.size)     # PADs
     m = tmp_path / "nomode.pt"
     m.write_bytes(data)
-    job = FP.run_segment(FP.SegmentJob(str(m), 0, len(data), tuple(pairs),
-                                       cfg, True, psbs[k], psbs[k + 1]))
-    assert job.underflows == [len(job.checkpoints)] and not job.stopped
+    job = jobs.run_segment(jobs.SegmentJob(str(m), 0, len(data),
+                                           tuple(pairs), cfg, True,
+                                           psbs[k], psbs[k + 1]))
+    assert job.output and job.output[0][3] == "unknown instruction"
     for block in (True, False):
         seq = _sequential(str(m), pairs, cfg, block)
-        c, st = FP.count_stats(str(m), 0, None, pairs, cfg, block, 2,
-                               segments=len(psbs), min_segment=0)
-        assert c == seq
-        assert (psbs[k - 1], psbs[k + 1]) in st["reruns"]
+        c, st = jobs.count_stats(str(m), 0, None, pairs, cfg, block, 2,
+                                 segments=len(psbs), min_segment=0)
+        assert c == seq and c.errors == 0
 
 
 def test_trace_range(plain):
@@ -169,46 +180,47 @@ def test_trace_range(plain):
     data = Path(path).read_bytes()
     psbs = parallel.psb_offsets(data)
     lo, hi = psbs[3], psbs[-3]
-    image = parallel.load_image(pairs)
+    image = jobs.load_image(pairs)
     for block in (True, False):
         seq = fast.count(data[lo:hi], image, cfg,
                          "block" if block else "insn", impl="compiled")
         assert seq.compiled and seq.insns > 100000
-        got = FP.count(path, lo, hi - lo, pairs, cfg, block, 0, segments=5,
+        got = jobs.count(path, lo, hi - lo, pairs, cfg, block, 0, segments=5,
                        min_segment=0)          # jobs=0: every core
         assert got == seq
 
 
 @pytest.mark.parametrize("where", [0, 1, 2])
-def test_bail_is_none(timing, tmp_path, where):
-    """Where the sequential core bails (here: at the start, in the middle,
-    near the end -- in a later job's segment) the parallel path returns
-    None, whatever job sees it first."""
+def test_timing_error_counted(timing, tmp_path, where):
+    """A timing error of the sequential decode (a second TMA; at the
+    start, in the middle, near the end -- in a later job's segment): the
+    parallel counts report it, where it is, as the sequential ones do."""
     path, pairs, cfg = timing
     data = Path(path).read_bytes()
     psbs = parallel.psb_offsets(data)
     at = psbs[[0, len(psbs) // 2, len(psbs) - 3][where]]
     bad = second_tma(data, at)
-    image = parallel.load_image(pairs)
-    assert fast.compiled_decode(bad, image, cfg, "block")[0] is not None
+    image = jobs.load_image(pairs)
+    want = fast.count(bad, image, cfg, "block")
+    assert want.errors >= 1
     m = tmp_path / "bad.pt"
     m.write_bytes(bad)
     for segments in (2, 7, len(psbs)):
-        assert FP.count(str(m), 0, None, pairs, cfg, True, 2,
-                        segments=segments, min_segment=0) is None
+        assert jobs.count(str(m), 0, None, pairs, cfg, True, 2,
+                          segments=segments, min_segment=0) == want
 
 
 def test_seeded_mutations_match_the_sequential_core(plain, tmp_path):
     """Flipped bytes, cut-out and duplicated runs anywhere: the parallel
-    path returns the sequential core's counts, and None exactly where that
-    one bails."""
+    path returns the sequential core's counts and errors (with and without
+    resync), which are the twin's."""
     import random
     path, pairs, cfg = plain
     data = Path(path).read_bytes()
-    image = parallel.load_image(pairs)
+    image = jobs.load_image(pairs)
     npsb = len(parallel.psb_offsets(data))
     rng = random.Random(8)
-    seen = set()
+    errors = 0
     for n in range(10):
         b = bytearray(data)
         at = rng.randrange(len(b) // 8, len(b))
@@ -223,29 +235,52 @@ def test_seeded_mutations_match_the_sequential_core(plain, tmp_path):
         m = tmp_path / f"m{n}.pt"
         m.write_bytes(b)
         block = bool(n % 2)
-        seq = fast.compiled_count(bytes(b), image, cfg,
-                                  "block" if block else "insn")
-        got = FP.count(str(m), 0, None, pairs, cfg, block, 2,
-                       segments=npsb, min_segment=0)
+        resync = n % 4 == 1
+        dec = "block" if block else "insn"
+        seq = fast.count(bytes(b), image, cfg, dec, resync=resync)
+        assert seq == fast.count(bytes(b), image, cfg, dec, impl="python",
+                                 resync=resync)._replace(compiled=True)
+        got = jobs.count(str(m), 0, None, pairs, cfg, block, 2,
+                         resync=resync, segments=npsb, min_segment=0)
         assert got == seq, n
-        seen.add(seq is None)
-    assert True in seen     # the core bails on (nearly) every corrupt trace
-    # Which random mutations still decode depends on the recording (made
-    # fresh each run), so a valid change is made on purpose too: PADs
-    # before a PSB in the middle change no count.
+        errors += seq.errors
+    assert errors > 0
+    # PADs before a PSB in the middle change no count
     psbs = parallel.psb_offsets(data)
     at = psbs[len(psbs) // 2]
     padded = data[:at] + b"\0" * 7 + data[at:]
     m = tmp_path / "padded.pt"
     m.write_bytes(padded)
     for block in (True, False):
-        want = fast.compiled_count(data, image, cfg,
-                                   "block" if block else "insn")
-        assert want is not None
-        assert fast.compiled_count(padded, image, cfg,
-                                   "block" if block else "insn") == want
-        assert FP.count(str(m), 0, None, pairs, cfg, block, 2,
-                        segments=npsb + 1, min_segment=0) == want
+        dec = "block" if block else "insn"
+        want = fast.count(data, image, cfg, dec)
+        assert fast.count(padded, image, cfg, dec) == want
+        assert jobs.count(str(m), 0, None, pairs, cfg, block, 2,
+                          segments=npsb + 1, min_segment=0) == want
+
+
+@pytest.mark.parametrize("which", ["plain", "timing"])
+@pytest.mark.parametrize("decoder", ["block", "insn"])
+def test_batches_flatten_to_the_sequential_ones(which, decoder, request):
+    """Batches from segment jobs (cut at every PSB, and in 3) are the
+    sequential compiled batches once flattened, instructions included."""
+    path, pairs, cfg = request.getfixturevalue(which)
+    data = Path(path).read_bytes()
+    image = jobs.load_image(pairs)
+    want = B.flatten(B.batches(data, image, cfg, decoder=decoder,
+                               want_insns=True, impl="compiled"))
+    npsb = len(parallel.psb_offsets(data))
+    for segments in (npsb, 3):
+        st = {}
+        got = B.flatten(jobs.batches(path, 0, None, pairs, cfg, decoder,
+                                     want_insns=True, jobs=2,
+                                     segments=segments, min_segment=0,
+                                     stats=st))
+        assert st["segments"] >= min(segments, npsb) - 1
+        assert (got[0] == want[0]).all() and len(got[0]) == len(want[0])
+        assert (got[1] == want[1]).all() and len(got[1]) == len(want[1])
+        assert [(i, o, repr(x)) for i, o, x in got[2]] == \
+            [(i, o, repr(x)) for i, o, x in want[2]]
 
 
 def _dies_later(job):
@@ -256,15 +291,15 @@ def _dies_later(job):
     return _RUN_SEGMENT(job)
 
 
-_RUN_SEGMENT = FP.run_segment
+_RUN_SEGMENT = jobs.run_segment
 
 
 def test_dead_worker_is_none(plain, monkeypatch):
     """A worker that dies (killed, out of memory) is no traceback: None,
     and the caller takes its usual path."""
     path, pairs, cfg = plain
-    monkeypatch.setattr(FP, "run_segment", _dies_later)
-    c, st = FP.count_stats(path, 0, None, pairs, cfg, True, 2, segments=4,
+    monkeypatch.setattr(jobs, "run_segment", _dies_later)
+    c, st = jobs.count_stats(path, 0, None, pairs, cfg, True, 2, segments=4,
                            min_segment=0)
     assert c is None and st["broken"]
 
@@ -272,15 +307,15 @@ def test_dead_worker_is_none(plain, monkeypatch):
 def test_no_core_is_none(plain, monkeypatch):
     path, pairs, cfg = plain
     monkeypatch.setattr(fast, "CORE", None)
-    assert FP.count(path, 0, None, pairs, cfg, True, 2) is None
+    assert jobs.count(path, 0, None, pairs, cfg, True, 2) is None
 
 
 def test_no_extensions_is_none(plain):
     """HWTRACE_NO_EXTENSIONS=1: this path steps aside (the Python parallel
     decode handles the trace)."""
     path, pairs, cfg = plain
-    code = ("import sys; from hwtrace.flow import fast_parallel as F; "
-            f"print(F.count({path!r}, 0, None, {pairs!r}, None, True, 2))")
+    code = ("import sys; from hwtrace import jobs; "
+            f"print(jobs.count({path!r}, 0, None, {pairs!r}, None, True, 2))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, env={**__import__("os").environ,
                                        "HWTRACE_NO_EXTENSIONS": "1"})
@@ -295,22 +330,29 @@ def test_pipe_is_none(plain, tmp_path):
     path, pairs, cfg = plain
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    assert FP.count(str(fifo), 0, None, pairs, cfg, True, 2) is None
+    assert jobs.count(str(fifo), 0, None, pairs, cfg, True, 2) is None
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00" * 64])
 def test_no_sync_point(tmp_path, data):
     p = tmp_path / "t.pt"
     p.write_bytes(data)
-    assert FP.count(str(p), 0, None, [], None, True, 2) == (0, 0, 0, True)
+    assert jobs.count(str(p), 0, None, [], None, True, 2) == \
+        (0, 0, 0, True, 0, ())
 
 
 # -- the checkpoint key ---------------------------------------------------------
 
 def _segment(path, pairs, cfg, start, stop_at, head):
+    """(insns, blocks, events, errors, checkpoints, underflows, stopped)
+    of a counts job from ``start`` (-1: the trace start)."""
     data = Path(path).read_bytes()
-    return fast.compiled_segment(data, parallel.load_image(pairs), cfg, True,
-                                 start, stop_at, 3, head)
+    dec = fast.core_decoder(data, jobs.load_image(pairs), cfg, block=True)
+    return dec.segment(start, stop_at, 3, head)
+
+
+def _distinct_psbs(checkpoints) -> list:
+    return list(dict.fromkeys(c[0] for c in checkpoints))
 
 
 @pytest.mark.parametrize("which", ["plain", "timing"])
@@ -325,32 +367,35 @@ def test_equal_keys_at_the_same_psb(which, request):
     seq = _segment(path, pairs, cfg, -1, at, 0)
     fresh = _segment(path, pairs, cfg, at, -1, 3)
     again = _segment(path, pairs, cfg, at, -1, 3)
-    assert seq[0] is None and seq[4] and fresh[0] is None
-    assert fresh[3] == again[3] and fresh[1:3] == again[1:3]
-    assert [c[0] for c in seq[3]] == psbs[len(psbs) // 2:][:3]
-    assert [c[0] for c in fresh[3][:3]] == psbs[len(psbs) // 2:][:3]
-    meet = next(i for i in range(3) if seq[3][i][1] == fresh[3][i][1])
-    s, f = seq[3][meet], fresh[3][meet]
+    assert seq[6] and not seq[3] and not fresh[3]
+    assert fresh[4] == again[4] and fresh[:4] == again[:4]
+    # (a PSB+ whose FUP is inside a block checkpoints twice: once per
+    # status group; both decodes take the same points)
+    assert _distinct_psbs(seq[4]) == psbs[len(psbs) // 2:][:3]
+    assert _distinct_psbs(fresh[4])[:3] == psbs[len(psbs) // 2:][:3]
+    s, f = next((s, f) for s in seq[4] for f in fresh[4]
+                if s[0] == f[0] and s[1] == f[1])
     assert s[2][len(s[2]) - len(f[2]):] == f[2]
-    assert seq[3][0][1] != seq[3][1][1]       # the position, at least
+    assert seq[4][0][1] != seq[4][1][1]       # the position, at least
     # timing: the calibration (two MTCs, 2**9 CTC apart) is not equal yet
+    meet = psbs.index(s[0]) - psbs.index(at)
     assert meet == 0 if which == "plain" else meet >= 1
 
 
-def test_every_state_field_changes_the_key(plain, core):
-    """state_probe flips each field of the key's state table and of a live
-    event in each queue: every flip changes the key."""
+def test_every_state_field_changes_the_key(plain):
+    """state_probe flips each field of the key's state table, of the
+    event being processed, of the injected one and of a queued one in
+    each queue: every flip changes the key."""
     path, pairs, cfg = plain
     data = Path(path).read_bytes()
     psbs = parallel.psb_offsets(data)
-    flags, pflags = fast._flags(cfg, True)
-    r = core.state_probe(data, fast._run_filler(parallel.load_image(pairs)),
-                         flags, pflags, fast._timing(cfg), psbs[4])
+    r = fast.state_probe(data, jobs.load_image(pairs), cfg, True, psbs[4])
     names = [n for n, _ in r]
-    assert {"pos", "lip", "tnt_bits", "ip", "mode", "enabled", "tm.fc",
-            "tc.fcr", "dis_ip", "async_from", "ipev.ip",
-            "psbq[0].type", "ev[ev_i].mode"} <= set(names)
-    assert len(names) == len(set(names)) >= 50
+    assert {"d.q.pos", "d.q.ip", "d.q.tnt_bits", "d.ip", "d.mode",
+            "d.enabled", "d.q.time.time.fc", "d.q.time.tcal.fcr",
+            "d.icount", "ev.ip", "ev.type", "evq1[0].mode",
+            "evt.fup[0].bind", "inj_ev.status_update"} <= set(names)
+    assert len(names) == len(set(names)) >= 300
     assert [n for n, changed in r if not changed] == []
 
 
@@ -368,3 +413,38 @@ def test_cli_jobs_counts_identical(which, opts, request):
                       env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
                            "HWTRACE_PARALLEL_SEGMENTS": "6"}).stdout
     assert par == seq
+
+
+def test_dask_counts_and_batches(plain):
+    """The compiled core's segment jobs on a Dask cluster (threads of this
+    process): the sequential counts and flatten()-equal batches; the CLI's
+    ``decode --quiet --stat --dask`` prints the sequential output."""
+    distributed = pytest.importorskip("distributed")
+    path, pairs, cfg = plain
+    data = Path(path).read_bytes()
+    image = jobs.load_image(pairs)
+    want = fast.count(data, image, cfg, "block")
+    want_b = B.flatten(B.batches(data, image, cfg, want_insns=True,
+                                 impl="compiled"))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                  processes=False, dashboard_address=None,
+                                  protocol="tcp") as cluster:
+        addr = cluster.scheduler_address
+        st = {}
+        c, st = jobs.count_stats(path, 0, None, pairs, cfg, True, 2,
+                                 segments=4, min_segment=0, dask=addr)
+        assert c == want and st["segments"] == 4
+        got = B.flatten(jobs.batches(path, 0, None, pairs, cfg,
+                                     want_insns=True, segments=4,
+                                     min_segment=0, dask=addr))
+        assert len(got[0]) == len(want_b[0]) and (got[0] == want_b[0]).all()
+        assert (got[1] == want_b[1]).all()
+        assert [(i, o, repr(x)) for i, o, x in got[2]] == \
+            [(i, o, repr(x)) for i, o, x in want_b[2]]
+        images = [a for k, v in pairs for a in (f"--{k}", v)]
+        base = ["decode", "--pt", path, *images, "--quiet", "--stat"]
+        seq = run_hwtrace(*base, check=True).stdout
+        par = run_hwtrace(*base, "--dask", addr, check=True,
+                          env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
+                               "HWTRACE_PARALLEL_SEGMENTS": "4"}).stdout
+        assert par == seq

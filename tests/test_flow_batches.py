@@ -16,6 +16,7 @@ from hwtrace.flow.block import BlockDecoder
 from hwtrace.flow.insn import InsnDecoder
 
 VARIANTS = list(ptxed_variants()) if CORPUS.is_dir() else []
+pytestmark = pytest.mark.usefixtures("corpus")   # every test here reads it
 
 
 class Calls:

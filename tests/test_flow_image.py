@@ -80,6 +80,7 @@ def _elf64(segments):
     hdr = bytearray(64)
     hdr[:4] = b"\x7fELF"
     hdr[4], hdr[5], hdr[6] = 2, 1, 1
+    struct.pack_into("<H", hdr, 18, 62)             # e_machine: x86-64
     struct.pack_into("<Q", hdr, 32, phoff)
     struct.pack_into("<HH", hdr, 54, phentsize, len(segments))
     phs, blobs, off = b"", b"", data_off
@@ -108,10 +109,8 @@ def test_elf_segments_and_base(tmp_path):
         load_elf(Image(), str(f2))
 
 
-def test_elf_hardware_fixture_hello():
+def test_elf_hardware_fixture_hello(hardware):
     hello = FIXTURES / "drpt2trace_simple" / "hello"
-    if not hello.exists():
-        pytest.skip("fixture missing")
     im = Image()
     load_elf(im, str(hello))
     assert [(m.begin, m.end) for m in im.mappings()] == [

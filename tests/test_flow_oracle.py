@@ -60,7 +60,7 @@ ERRATA_CPUS = ("6/78", "6/61", "6/92", "6/85")
     "d,v", [pytest.param(d, v, id=vid, marks=[pytest.mark.xfail(
         strict=True, reason="known difference")] if vid in KNOWN_23 else [])
         for vid, d, v in VARIANTS])
-def test_corpus_matches_libipt_2_3(d, v):
+def test_corpus_matches_libipt_2_3(d, v, corpus):
     got, exp = run(d, v), load_expected(d, v)
     assert essentials(got) == essentials(exp)
     # Beyond the essentials: events, statuses and their offsets too.

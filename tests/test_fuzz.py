@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS
+
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "fuzz"
@@ -42,9 +42,7 @@ def _short_run(target: str) -> dict:
 
 
 @pytest.mark.parametrize("target", targets.TARGETS)
-def test_short_fuzz_run(target):
-    if not CORPUS.is_dir():
-        pytest.skip("no ../shared corpus")
+def test_short_fuzz_run(target, corpus, hardware):
     nseeds = len(targets.make(target)[1]())
     assert nseeds > 0
     res = _short_run(target)
@@ -134,13 +132,11 @@ def test_flow_harness_stops_an_endless_loop():
     targets.check_flow(data)        # returns (StopDecoding is caught)
 
 
-def test_atheris_mode_runs(tmp_path):
+def test_atheris_mode_runs(tmp_path, corpus, hardware):
     """The coverage-guided mode (atheris/libFuzzer) starts from the seeds
     and runs a few inputs without a finding (skipped where atheris isn't
     installed: it is needed only for long runs)."""
     pytest.importorskip("atheris")
-    if not CORPUS.is_dir():
-        pytest.skip("no ../shared corpus")
     env = dict(__import__("os").environ, HWTRACE_FUZZ_OUT=str(tmp_path))
     r = subprocess.run([sys.executable, str(FUZZ / "run.py"), "perfdata", "--atheris",
                         "-runs=40", "-max_len=4096", "-seed=1"],

@@ -111,9 +111,10 @@ def test_flow_traceless_loop_at_end_of_trace(tmp_path, decoder):
         ["0000000000001000", "0000000000001001"] * 32770
 
 
-def test_flow_traceless_loop_compiled_core_bails():
-    """The compiled flow core must not spin either: it hands a stretch
-    without trace longer than a block to the Python decoders."""
+def test_flow_traceless_loop_compiled_core():
+    """The compiled flow core must not spin either: it splits the stretch
+    without trace at libipt's block limit and finds the endless loop,
+    exactly as the Python decoders do."""
     out = _in_subprocess(
         "import sys\n"
         "sys.path.insert(0, %r)\n"
@@ -124,8 +125,11 @@ def test_flow_traceless_loop_compiled_core_bails():
         "    print('no core'); raise SystemExit\n"
         "img = Image(); img.add_bytes(LOOP_IMAGE, 0x1000)\n"
         "for dec in ('block', 'insn'):\n"
-        "    r = fast.compiled_decode(_loop_trace(), img, None, dec, False, None)\n"
-        "    print(r[0])\n" % str(Path(__file__).resolve().parent))
+        "    c = fast.count(_loop_trace(), img, None, dec, impl='compiled')\n"
+        "    p = fast.count(_loop_trace(), img, None, dec, impl='python')\n"
+        "    print(c.compiled, c[:2] == p[:2], c.error_items == p.error_items,"
+        " c.error_items[-1][3])\n" % str(Path(__file__).resolve().parent))
     if out.strip() == "no core":
         pytest.skip("compiled flow core not built")
-    assert out.split("\n")[:2] == ["long stretch without trace"] * 2
+    assert out.split("\n")[:2] == [
+        "True True True endless loop without trace"] * 2

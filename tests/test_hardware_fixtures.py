@@ -7,14 +7,13 @@ the fixture's own expectations.
   CPU (2.0.5 has no MODE.EXEC ``iflag`` field: dropped);
 - flow, where the traced binaries are there: the stream as a bundle
   (``hwtrace import``) or a raw trace with its images, ``hwtrace decode
-  --quiet --stat`` (the compiled flow core, or the Python twin where the
-  core bails) equals libipt's instruction count and error offsets;
+  --quiet --stat`` (the compiled flow core) equals libipt's instruction
+  count and error offsets;
 - a capture directory nobody tests fails :func:`test_every_capture_is_tested`.
 
-Which flow captures the compiled core decodes itself (rather than hand
-to the twin) is :func:`test_compiled_core_takes_the_capture`: the LLDB
-captures carry MODE.TSX inside PSB+, which the core does not take yet
-(strict xfail, for the compiled-core branch to turn into passes).
+:func:`test_compiled_core_takes_the_capture`: the compiled core decodes
+every flow capture itself (the LLDB ones carry MODE.TSX inside PSB+), to
+the Python twin's counts, errors and batches.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ DRPT = FIXTURES / "drpt2trace_simple"
 HASE = FIXTURES / "hase_loopy"
 RAW = FIXTURES / "raw_no_binary"
 LLDB = FIXTURES / "lldb_intelpt"
+pytestmark = pytest.mark.usefixtures("hardware")   # every test reads them
 DRPT_OPTS = ["--cpu", "6/85/4", "--mtc-freq", "3", "--nom-freq", "37",
              "--cpuid-0x15.eax", "2", "--cpuid-0x15.ebx", "308"]
 
@@ -236,24 +236,30 @@ def _flow_case(name):
     return pt.read_bytes(), image, cfg
 
 
-_CORE_BAILS = pytest.mark.xfail(
-    strict=True, reason="the compiled core bails on MODE.TSX inside PSB+ "
-    "('unsupported packet in PSB+'); the Python twin decodes it")
-
-
-@pytest.mark.parametrize("name", [
-    "drpt2trace", pytest.param("lldb-cpu45", marks=_CORE_BAILS),
-    pytest.param("lldb-cpu51", marks=_CORE_BAILS),
-    pytest.param("lldb-thread", marks=_CORE_BAILS)])
+@pytest.mark.parametrize("name", ["drpt2trace", "lldb-cpu45", "lldb-cpu51",
+                                  "lldb-thread"])
 @pytest.mark.parametrize("decoder", ["block", "insn"])
 def test_compiled_core_takes_the_capture(name, decoder):
+    """The compiled core decodes the capture itself (MODE.TSX inside PSB+
+    included), to the twin's counts, events and errors -- and to the twin's
+    batches, record for record."""
+    import numpy as np
+
+    from hwtrace.flow import batches as B
     from hwtrace.flow import fast
     if fast.CORE is None:
         if IN_CI:
             pytest.fail("compiled flow core not built in CI")
         pytest.skip("compiled flow core not built")
     data, image, cfg = _flow_case(name)
-    r = fast.compiled_decode(data, image, cfg, decoder)
-    assert r[0] is None, r[0]
+    c = fast.count(data, image, cfg, decoder)
     py = fast.count(data, image, cfg, decoder, impl="python")
-    assert (r[1], r[2] if decoder == "block" else 0) == (py.insns, py.blocks)
+    assert c.compiled and not py.compiled
+    assert c[:2] + c[4:] == py[:2] + py[4:]
+    got = B.flatten(B.batches(data, image, cfg, decoder=decoder,
+                              want_insns=True, impl="compiled"))
+    want = B.flatten(B.batches(data, image, cfg, decoder=decoder,
+                               want_insns=True, impl="python"))
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert [(i, o, repr(x)) for i, o, x in got[2]] == \
+        [(i, o, repr(x)) for i, o, x in want[2]]

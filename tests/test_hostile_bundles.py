@@ -290,11 +290,8 @@ def test_recover_writes_only_inside_its_output(tmp_path, outside):
 
 # -- import: the output directory ---------------------------------------------
 
-def test_import_writes_only_inside_its_output(tmp_path, outside):
-    from conftest import FIXTURES
-    pd = FIXTURES / "perf_data_converter" / "perf.data.intel_pt-4.14"
-    if not pd.is_file():
-        pytest.skip("fixture missing")
+def test_import_writes_only_inside_its_output(tmp_path, outside, hardware):
+    pd = hardware / "perf_data_converter" / "perf.data.intel_pt-4.14"
     out = tmp_path / "out"
     out.mkdir()
     for n in ("cpu0.pt", "cpu1.pt", "cpu2.pt", "cpu3.pt", "sideband.jsonl",

@@ -20,6 +20,7 @@ import pytest
 from conftest import FIXTURES, IN_CI, run_hwtrace
 
 LLDB = FIXTURES / "lldb_intelpt"
+pytestmark = pytest.mark.usefixtures("hardware")   # every test reads them
 MULTI = LLDB / "intelpt-multi-core-trace"
 SINGLE = LLDB / "intelpt-trace"
 MULTIFILE = LLDB / "intelpt-trace-multi-file"

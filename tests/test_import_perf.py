@@ -37,7 +37,7 @@ def _sha(data):
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def test_import_file_layout(tmp_path):
+def test_import_file_layout(tmp_path, hardware):
     out, stdout = _import(tmp_path, PDC / "perf.data.intel_pt-4.14")
     assert stdout.startswith("imported ") and "(file layout)" in stdout
     b = B.Bundle(out)
@@ -99,7 +99,7 @@ def _paired_halves(bundle_dir):
     return n
 
 
-def test_import_pipe_layout(tmp_path):
+def test_import_pipe_layout(tmp_path, hardware):
     out, stdout = _import(tmp_path, PDC / "perf.data.piped.intel_pt-4.14")
     assert "(pipe layout)" in stdout
     b = B.Bundle(out)
@@ -120,7 +120,7 @@ def test_import_pipe_layout(tmp_path):
     assert times == sorted(times)
 
 
-def test_import_pipe_from_stdin(tmp_path):
+def test_import_pipe_from_stdin(tmp_path, hardware):
     out = tmp_path / "s"
     import subprocess as sp
     import sys
@@ -182,7 +182,7 @@ def _expected_trace():
     return [(int(a, 16), int(b, 16)) for a, b in zip(rows[::2], rows[1::2])]
 
 
-def test_import_hase_loopy_and_flow_via_reference(tmp_path, ptoracle):
+def test_import_hase_loopy_and_flow_via_reference(tmp_path, ptoracle, hardware):
     out, stdout = _import(tmp_path, HASE / "loopy-20180404T162955.perf", HASE / "loopy")
     assert "1 image(s)" in stdout and "note:" not in stdout
     b = B.Bundle(out)
@@ -199,7 +199,7 @@ def test_import_hase_loopy_and_flow_via_reference(tmp_path, ptoracle):
     assert branches == _expected_trace()
 
 
-def test_import_time_conversion_matches_trace_tsc(tmp_path, ptoracle):
+def test_import_time_conversion_matches_trace_tsc(tmp_path, ptoracle, hardware):
     out, _ = _import(tmp_path, HASE / "loopy-20180404T162955.perf", HASE / "loopy")
     b = B.Bundle(out)
     start = b.manifest["perf"]["itrace_start"]
@@ -217,7 +217,7 @@ def test_import_time_conversion_matches_trace_tsc(tmp_path, ptoracle):
         assert all(t <= ev["time"] for off, t in tscs if off + 8 <= end)
 
 
-def test_hase_flow_with_hwtrace_decoder(tmp_path):
+def test_hase_flow_with_hwtrace_decoder(tmp_path, hardware):
     """The same branch list through hwtrace's own flow decoder."""
     try:
         from hwtrace.cli import decode  # noqa: F401  (engineer F's decoder)
@@ -233,7 +233,7 @@ def test_hase_flow_with_hwtrace_decoder(tmp_path):
     assert branches == _expected_trace()
 
 
-def test_hase_branches_command(tmp_path):
+def test_hase_branches_command(tmp_path, hardware):
     """``hwtrace branches --kinds all`` over the imported bundle (issue 10's
     acceptance check), once the branch-record command exists."""
     try:
@@ -266,7 +266,7 @@ def _drpt_args():
 
 
 @pytest.mark.parametrize("decoder", ["ptoracle", "hwtrace"])
-def test_drpt2trace_decodes_with_parsed_sideband(decoder, request):
+def test_drpt2trace_decodes_with_parsed_sideband(decoder, request, hardware):
     """pt.bin + hello mapped where the parsed MMAP2 says -> the 8 instructions."""
     if decoder == "ptoracle":
         ptoracle = request.getfixturevalue("ptoracle")
@@ -311,7 +311,7 @@ def test_image_resolution_by_build_id_and_name(tmp_path):
     assert found == {"/x/renamed-binary": (renamed, "")} and missing == []
 
 
-def test_import_errors_are_one_line(tmp_path):
+def test_import_errors_are_one_line(tmp_path, hardware):
     r = run_hwtrace("import", tmp_path / "nope", "-o", tmp_path / "o")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such file" in r.stderr
     junk = tmp_path / "junk"
@@ -325,7 +325,7 @@ def test_import_errors_are_one_line(tmp_path):
     assert r.returncode == 0
 
 
-def test_same_recording_in_both_layouts(tmp_path):
+def test_same_recording_in_both_layouts(tmp_path, hardware):
     """perf inject rewrites the file-layout capture as a pipe stream: both
     import to the same streams, AUX records and sideband (perf inject drops
     the build-ids and writes this machine's header features, so those

@@ -87,7 +87,7 @@ TEXT_OPTIONS = [dict(), dict(print_offset=True, event_ip=True),
 
 
 @pytest.mark.parametrize("decoder", ["insn", "block"])
-def test_batch_listing_equals_the_sinks_on_the_corpus(decoder):
+def test_batch_listing_equals_the_sinks_on_the_corpus(decoder, corpus):
     """All corpus decodes, text (annotated, with offsets, blocks, event
     IPs and times) and jsonl (plain, offsets, annotations)."""
     if not VARIANTS:
@@ -118,7 +118,7 @@ def test_batch_listing_equals_the_sinks_on_the_corpus(decoder):
     assert not bad, bad[:5]
 
 
-def test_corpus_has_the_decorations_the_listing_special_cases():
+def test_corpus_has_the_decorations_the_listing_special_cases(corpus):
     """The equality above covers speculative and truncated instructions
     and records of several instructions next to them."""
     if not VARIANTS:

@@ -1,4 +1,4 @@
-"""Parallel decoding (hwtrace.flow.parallel): the output of ``--jobs N``
+"""Parallel decoding (hwtrace.flow.parallel, run by hwtrace.jobs): the output of ``--jobs N``
 and of a Dask cluster is byte for byte the sequential decode's, on a real
 program's recording, on the libipt corpus traces with several PSBs and on
 seeded mutations of the recording (errors at the same offsets)."""
@@ -13,8 +13,9 @@ import shlex
 import shutil
 
 import pytest
-from conftest import CORPUS, run_hwtrace
+from conftest import run_hwtrace, sample_text
 
+from hwtrace import jobs as J
 from hwtrace.flow import parallel
 
 GZIP = shutil.which("gzip") or "/usr/bin/gzip"
@@ -26,8 +27,7 @@ def recording(tmp_path_factory):
     PSB every 2 KiB of trace: (trace path, image arguments).  (A directory
     of this run's own: others may run the suite at the same time.)"""
     d = tmp_path_factory.mktemp("parallel")
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    (d / "in.txt").write_bytes(text[:10 << 10])
+    (d / "in.txt").write_bytes(sample_text(10 << 10))
     # thread mode: the whole run in one stream (cpu mode splits it between
     # CPUs as the host schedules QEMU)
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
@@ -55,6 +55,7 @@ OUTPUTS = (["--quiet", "--stat"], ["--format", "jsonl", "--offset"],
            ["--block-decoder", "--block:show-blocks"])
 
 
+@pytest.mark.slow
 def test_real_program_identical(recording):
     pt, images = recording
     assert len(parallel.psb_offsets(pt.read_bytes())) >= 8
@@ -74,9 +75,9 @@ def _api_decode(pt, images, *, jobs=2, dask=None, block=True, segments=6):
     sink = sinks.JsonSink(out.write, print_offset=True)
     pairs = [(images[i].lstrip("-"), images[i + 1])
              for i in range(0, len(images), 2)]
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
-                            sink, out.write, block=block, jobs=jobs,
-                            dask=dask, segments=segments, min_segment=0)
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+                     sink, out.write, block=block, jobs=jobs,
+                     dask=dask, segments=segments, min_segment=0)
     return out.getvalue(), (sink.insns, sink.events, sink.errors), stats
 
 
@@ -96,6 +97,7 @@ def test_segments_stitched_without_redecoding(recording):
                             if line.startswith('{"ip"'))
 
 
+@pytest.mark.slow
 def test_seeded_mutations_identical(recording, tmp_path):
     pt, images = recording
     data = pt.read_bytes()
@@ -142,7 +144,7 @@ def _run_cli(argv):
     return out.getvalue()
 
 
-def test_corpus_traces_with_several_psbs(monkeypatch):
+def test_corpus_traces_with_several_psbs(monkeypatch, corpus):
     monkeypatch.setenv("HWTRACE_PARALLEL_MIN_SEGMENT", "0")
     cases = list(_corpus_cases())
     assert len(cases) >= 10
@@ -180,7 +182,7 @@ def test_dask_local_cluster_same_output(recording):
         sink = sinks.PtxedSink(out.write, print_offset=True)
         pairs = [(images[i].lstrip("-"), images[i + 1])
                  for i in range(0, len(images), 2)]
-        stats = parallel.decode(parallel.Source(str(pt), 0, psbs[5]), pairs,
+        stats = J.decode(parallel.Source(str(pt), 0, psbs[5]), pairs,
                                 FlowConfig(), sink, out.write, block=True,
                                 dask=cluster.scheduler_address, segments=4,
                                 min_segment=0)
@@ -297,8 +299,7 @@ def test_timing_state_that_never_meets_still_identical(tmp_path):
     # the calibration state of the one that ran from the start, so no
     # boundary can be proven; the output is still the sequential one.
     d = tmp_path
-    text = b"".join(p.read_bytes() for p in sorted(CORPUS.glob("*/*.ptt")))
-    (d / "in.txt").write_bytes(text[:3 << 10])
+    (d / "in.txt").write_bytes(sample_text(3 << 10))
     r = run_hwtrace("record", "--mode", "thread", "--copy-images", "--config",
                     "branch;user;retc;tsc;mtc;mtc-freq=0;cyc;psb-freq=0",
                     "-o", d / "b", "--", GZIP, "-9", "-k", "-f", d / "in.txt")
@@ -334,13 +335,13 @@ def _pairs(images):
 
 
 def _run_jobs(pt, pairs, starts, block, size=None):
-    """The jobs of a decode cut at ``starts`` (as parallel.decode runs
+    """The jobs of a decode cut at ``starts`` (as jobs.decode runs
     them, output in memory) and their stitched output."""
     from hwtrace.flow import sinks
     from hwtrace.flow.config import FlowConfig
     template = sinks.PtxedSink(None, print_offset=True)
     bounds, ends = [None] + starts, starts + [None]
-    results = [parallel.run_job(parallel.Job(
+    results = [J.run_job(parallel.Job(
         parallel.Source(str(pt), 0, size), pairs, FlowConfig(), block,
         template,
         False, s, e, None)) for s, e in zip(bounds, ends)]
@@ -458,7 +459,7 @@ def test_return_stack_across_the_cut(tmp_path, decoder, second_psb_at,
         [psbs[1]]
     out = io.StringIO()
     sink = sinks.JsonSink(out.write, print_offset=True)
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
                             sink, out.write, block=decoder == "block",
                             jobs=2, segments=2, min_segment=0)
     assert (stats["reruns"], stats["pieces"]) == (reruns, pieces)
@@ -487,7 +488,7 @@ def test_dead_tnt_values_are_never_read(recording, tmp_path):
     pt, images = recording
     data = pt.read_bytes()
     data = data[:parallel.psb_offsets(data)[6]]
-    image = parallel.load_image(_pairs(images))
+    image = J.load_image(_pairs(images))
     rng = random.Random(1)
     mutated = bytearray(data)
     for _ in range(12):
@@ -547,7 +548,7 @@ def test_tracing_off_across_the_cut(tmp_path, decoder):
     assert seq.count('"disabled"') >= 7 and seq.count('"ip"') > 1400
     out = io.StringIO()
     sink = sinks.JsonSink(out.write, print_offset=True)
-    stats = parallel.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
+    stats = J.decode(parallel.Source(str(pt)), pairs, FlowConfig(),
                             sink, out.write, block=decoder == "block",
                             jobs=2, segments=2, min_segment=0)
     assert (stats["reruns"], stats["pieces"]) == ([], 2)

@@ -79,7 +79,7 @@ def test_attr_flag_bits():
     assert abi.PERF_EVENT_IOC_SET_FILTER == 0x40082406
 
 
-def test_pt_attr_matches_what_perf_recorded():
+def test_pt_attr_matches_what_perf_recorded(hardware):
     """perf record -e intel_pt//u (hase fixture): same type, config, sample
     type and exclusions as our attr for the same ctl; bytes round-trip."""
     pd = PerfData(HASE.read_bytes())
@@ -227,7 +227,7 @@ def test_aux_read_and_snapshot():
         aux_read(area, 512, 10, 5)
 
 
-def test_mmap_page_fields():
+def test_mmap_page_fields(hardware):
     page = bytearray(PAGE_SIZE)
     struct.pack_into("<Q", page, 40, 1 << 4 | 1 << 3)             # cap_user_time(_zero)
     struct.pack_into("<HI", page, 50, 31, 672770566)
@@ -541,7 +541,7 @@ def test_engine_truncation_becomes_overflow_and_snapshot_reads_at_end():
     assert s.outputs[("cpu", 0)].items == [PSB]
 
 
-def test_engine_thread_mode_and_filters(tmp_path):
+def test_engine_thread_mode_and_filters(tmp_path, hardware):
     ops = FakeOps(aux_payload=PSB)
     ranges = ((0x401000, 0x4010ff),)
     ctl = PT_SKYLAKE_CTL | 1 << 32                        # ADDR0_CFG = filter

@@ -59,7 +59,7 @@ def _load(path):
 
 
 @pytest.mark.parametrize("path", [FILE, PIPE, HASE], ids=lambda p: p.name)
-def test_record_counts(path):
+def test_record_counts(path, hardware):
     pd = _load(path)
     assert pd.layout == ("pipe" if path == PIPE else "file")
     assert dict(pd.record_counts()) == COUNTS[path]
@@ -68,7 +68,7 @@ def test_record_counts(path):
 
 
 @pytest.mark.parametrize("path", [FILE, PIPE, HASE], ids=lambda p: p.name)
-def test_auxtrace_records_and_aux_sizes(path):
+def test_auxtrace_records_and_aux_sizes(path, hardware):
     pd = _load(path)
     got = []
     for r in pd.records({abi.AUXTRACE}):
@@ -91,7 +91,7 @@ def test_auxtrace_records_and_aux_sizes(path):
     assert dict(aux) == {e[0]: e[1] for e in exp}
 
 
-def test_header_and_features_file_layout():
+def test_header_and_features_file_layout(hardware):
     pd = _load(FILE)
     assert (pd.data.offset, pd.data.size) == (744, 168128)
     assert pd.feature_names() == [
@@ -125,7 +125,7 @@ def test_header_and_features_file_layout():
                                    "sample_id_all", "exclude_guest"}
 
 
-def test_build_ids_match_buildids_listing():
+def test_build_ids_match_buildids_listing(hardware):
     pd = _load(FILE)
     listed = {}
     for line in (PDC / "perf.data.intel_pt-4.14.buildids").read_text().splitlines():
@@ -135,7 +135,7 @@ def test_build_ids_match_buildids_listing():
     assert got == listed and len(got) == 66
 
 
-def test_pipe_features_and_attrs_match_file_recording_machine():
+def test_pipe_features_and_attrs_match_file_recording_machine(hardware):
     # Two different recordings (different pids, sizes) on the same machine
     # with the same command: the machine-level data must agree.
     f, p = _load(FILE), _load(PIPE)
@@ -152,7 +152,7 @@ def test_pipe_features_and_attrs_match_file_recording_machine():
     assert info[0].type == 1
 
 
-def test_sideband_records_decoded_file():
+def test_sideband_records_decoded_file(hardware):
     pd = _load(FILE)
     recs = list(pd.records())
     tc = [r.body for r in recs if r.type == abi.TIME_CONV]
@@ -175,7 +175,7 @@ def test_sideband_records_decoded_file():
     assert all(x.identifier in (128, 129, 130, 131) and x.period for x in s)
 
 
-def test_hase_sideband_records():
+def test_hase_sideband_records(hardware):
     pd = _load(HASE)
     recs = list(pd.records())
     m2 = [(r.body.pid, r.body.addr, r.body.len, r.body.pgoff, r.body.prot,
@@ -191,7 +191,7 @@ def test_hase_sideband_records():
     assert parse_cpuid(pd.feature("CPUID")) == ("GenuineIntel", 6, 94, 3)
 
 
-def test_drpt2trace_sideband_files():
+def test_drpt2trace_sideband_files(hardware):
     prim = list(iter_records((DRPT / "primary.sideband.pevent").read_bytes(),
                              sample_type=0x10086))
     assert [r.name for r in prim] == ["SWITCH", "ITRACE_START", "COMM", "MMAP2",
@@ -215,7 +215,7 @@ def test_drpt2trace_sideband_files():
 
 
 @pytest.mark.parametrize("path", [FILE, PIPE, HASE], ids=lambda p: p.name)
-def test_streams_decode_at_packet_level(path, ptoracle, tmp_path):
+def test_streams_decode_at_packet_level(path, ptoracle, tmp_path, hardware):
     pd = _load(path)
     for r in pd.records({abi.AUXTRACE}):
         f = tmp_path / f"cpu{r.body.cpu}.pt"
@@ -226,7 +226,7 @@ def test_streams_decode_at_packet_level(path, ptoracle, tmp_path):
         assert summary["errors"] == 0 and summary["bytes"] == r.body.size
 
 
-def test_time_conv_round_trip():
+def test_time_conv_round_trip(hardware):
     pd = _load(FILE)
     tc = next(pd.records({abi.TIME_CONV})).body
     # ITRACE_START on cpu 3 at perf time 641256844131: TSC -> time -> TSC
@@ -249,14 +249,14 @@ def _must_fail_cleanly(data):
         assert isinstance(e.offset, int)
 
 
-def test_truncations_raise_only_format_errors():
+def test_truncations_raise_only_format_errors(hardware):
     for path in (FILE, PIPE, HASE):
         data = path.read_bytes()
         for cut in list(range(0, 800, 7)) + list(range(800, len(data), 997)):
             _must_fail_cleanly(data[:cut])
 
 
-def test_corrupted_sizes_raise_only_format_errors():
+def test_corrupted_sizes_raise_only_format_errors(hardware):
     data = bytearray(HASE.read_bytes())
     offsets = [r.offset for r in PerfData(bytes(data)).records()]
     for off in offsets[::5]:
@@ -289,7 +289,7 @@ def test_not_perf_data():
             PerfData(data)
 
 
-def test_random_mutations_raise_only_format_errors():
+def test_random_mutations_raise_only_format_errors(hardware):
     import random
     rnd = random.Random(1234)
     for path in (PIPE, HASE):
@@ -360,7 +360,7 @@ def _perf_text(r):
 
 
 @pytest.mark.parametrize("path", [FILE, PIPE, HASE], ids=lambda p: p.name)
-def test_every_record_agrees_with_perf(path):
+def test_every_record_agrees_with_perf(path, hardware):
     layout, times, fields = [], [], []
     for r in _load(path).records():
         layout.append((r.offset, r.size, r.name))

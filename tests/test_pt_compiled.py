@@ -165,8 +165,8 @@ def test_jsonl_matches_live_oracle(impl, ptoracle, corpus, tmp_path):
         ptoracle, corpus, tmp_path)
 
 
-def test_real_captures_match_oracle(impl, ptoracle):
-    test_pt_oracle.test_real_captures_match_oracle(ptoracle)
+def test_real_captures_match_oracle(impl, ptoracle, hardware):
+    test_pt_oracle.test_real_captures_match_oracle(ptoracle, hardware)
 
 
 def test_packet_unit_tests(impl, corpus):
@@ -352,7 +352,7 @@ def test_psb_search_agrees():
                 find_psb_forward(data, start)
 
 
-def test_cli_subprocess_same_output_both_ways(tmp_path):
+def test_cli_subprocess_same_output_both_ways(tmp_path, corpus):
     """python -m hwtrace dump with and without HWTRACE_NO_EXTENSIONS."""
     _compiled_core()
     src = CORPUS / "ptdump-trunc-resync" / "ptdump-trunc-resync.pt"

@@ -131,7 +131,7 @@ def test_cli_jsonl_is_the_oracle_schema(ptoracle, corpus, tmp_path):
     assert r.stdout == ref.stdout
 
 
-def test_real_captures_match_oracle(ptoracle):
+def test_real_captures_match_oracle(ptoracle, hardware):
     """Real hardware traces (raw PT, no perf container) decode like the
     reference, with and without their CPU's errata."""
     from conftest import FIXTURES

@@ -71,7 +71,7 @@ def test_listing_parser_handles_continuations():
                    (64, 14, bytearray(b"\xf4"), "l3: hlt")]
 
 
-def test_every_corpus_instruction_has_its_listed_length():
+def test_every_corpus_instruction_has_its_listed_length(corpus):
     stmts = corpus_statements()
     if not stmts:
         pytest.skip("corpus not available")
@@ -117,7 +117,7 @@ def _oracle_classes():
     return seen
 
 
-def test_corpus_classes_agree_with_libipt_oracle_output():
+def test_corpus_classes_agree_with_libipt_oracle_output(corpus):
     """The .insn.jsonl files hold libipt 2.0.5's verdict per executed insn."""
     seen = _oracle_classes()
     if not seen:

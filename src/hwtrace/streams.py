@@ -330,6 +330,16 @@ def open_trace(path: str, image, config: FlowConfig | None = None, *,
         length_ = max(0, size - offset)
     else:
         length_ = length
+    if p.is_dir():
+        raise StreamsError(f"{path}: is a directory, not a trace file")
+    # the checks of every command's --pt: empty, no PSB (cli/_tracemap.py)
+    from hwtrace.cli._tracemap import map_trace, trace_problem
+    try:
+        problem = trace_problem(map_trace(p, offset, length))
+    except (OSError, ValueError) as e:
+        raise StreamsError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    if problem:
+        raise StreamsError(f"{path}: {problem}")
     n = name or p.name
     st = Stream(n, str(p), StreamInfo(name=n), Entry(n, length_),
                 config or FlowConfig(), image, None, offset, length)

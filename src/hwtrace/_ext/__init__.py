@@ -16,9 +16,10 @@ for the flow decoder, the PT generator, ...):
    module defines the int constant ``ABI`` (bump it when the
    Python-facing interface changes) and the string ``SOURCE_SHA256`` from
    the macro ``HWTRACE_SOURCE_SHA256``, which setup.py sets to a SHA-256
-   over the ``.c`` and the ``.h`` files in its directory: a build older
-   than its sources is refused as stale instead of silently running old
-   code.  (A header included from another directory is not covered.)
+   over every file the build reads (:mod:`hwtrace._ext.sources`: the
+   ``.c``, a ``core/`` directory of further ``.c`` files beside it, their
+   headers and what they include): a build older than its sources is
+   refused as stale instead of silently running old code.
    Keep the boundary narrow: plain functions over ``bytes`` and ints that
    return the twin's own record types (import them from the Python package
    at module init), so that callers cannot tell the two apart.
@@ -56,7 +57,6 @@ twin runs (the package stays usable) and ``Status.reason`` says why.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -135,18 +135,16 @@ def _built(name: str) -> bool:
 
 
 def _source_sha256(module: ModuleType) -> str | None:
-    """The fingerprint of the C source installed next to the extension and
-    of the headers beside it (as setup.py computes it), if the source is
-    there."""
+    """The fingerprint of the C sources installed next to the extension
+    (as setup.py computes it: :func:`hwtrace._ext.sources.fingerprint`),
+    if the main source is there."""
+    from .sources import fingerprint
     src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
                                           + ".c")
-    h = hashlib.sha256()
     try:
-        for f in [src, *sorted(src.parent.glob("*.h"))]:
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        return fingerprint(src)
     except OSError:
         return None
-    return h.hexdigest()
 
 
 def probe(name: str, abi: int, environ=None) -> Status:

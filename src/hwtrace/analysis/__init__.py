@@ -1,56 +1,43 @@
 """From decoded flow to what a person looks at: call stacks, per-function
 totals, coverage, symbols.
 
-Input contract (what the flow decoder hands us)
-----------------------------------------------
+Input contract
+--------------
 
-Per stream (one per thread, or one per CPU in cpu mode) an iterable of
-*items* in decode order, each equivalent to one line of
-``ptoracle insn`` (``/work/shared/oracle/ptoracle.c``; names are libipt's):
+Per stream (one per thread, or one per CPU in cpu mode), in decode order:
 
-* instruction ``{ip, size, iclass, mode, speculative}``; ``iclass`` one of
-  ``other call return jump cond_jump far_call far_return far_jump ptwrite
-  indirect unknown``;
-* event ``{event, offset, ip_suppressed, [tsc], ...variant fields}`` with
-  ``event`` one of libipt's names (``enabled`` [ip, resumed], ``disabled``
-  [ip], ``async_disabled`` [at, ip], ``async_branch`` [from, to],
-  ``overflow`` [ip], ``tsx`` [speculative, aborted], ``exec_mode``,
-  ``tick``, ``stop``, ``paging``, ``cbr``, ...); ``tsc`` where the
-  event carries a timestamp (a value repeated from the previous event is
-  taken as "no new timing"); ``status_update`` events (PSB+ restating
-  the state) change nothing;
-* status ``{status, offset}`` (``end_of_trace``, ``resynced``,
-  ``resync_stalled``);
-* error ``{error, kind, offset, [ip]}``.
+* batches (:mod:`hwtrace.flow.batches`, docs/pipeline.md), decoded with
+  every branch ending a record (``Stream.batches(view=True)``): what
+  every view reads from a trace (:meth:`.callstack.CallStackBuilder.feed_batch`);
+* or flow *items*, each equivalent to one line of ``ptoracle insn``
+  (``/work/shared/oracle/ptoracle.c``; names are libipt's): instructions
+  ``{ip, size, iclass, ...}``, events ``{event, offset, ip_suppressed,
+  [tsc], ...}``, statuses ``{status, offset}``, errors ``{error, kind,
+  offset, [ip]}`` -- dicts, or objects with those attributes (the flow
+  decoder's own records plug in as they are); see :mod:`.flowitems`.
+  :mod:`.itemflow` groups them into the same records;
+* or branch records (spec/branch-trace.md: pid, tid, kind, from, to,
+  time): :func:`.callstack.reconstruct_branches`.
 
-Each item may be a ``dict`` (as parsed from the JSON) or any object with
-attributes of those names; enums are accepted for ``iclass``/``event``
-(their name, lower-cased, libipt prefix removed), and the flow decoder's
-own records plug in as they are (``FlowInsn.iclass_name``, ``Event.type``
-with ``has_tsc``/``ip_suppressed``/``from_``).  See :mod:`.flowitems`.
-The CLI's bridge from ``hwtrace.flow.session``'s sink protocol is
-:mod:`hwtrace.export.source`.  Per-stream context: :class:`.records.StreamInfo`
-(pid/tid/cpu from the bundle manifest; a stream with a ``cpu`` and no
-``tid`` is a CPU's: with the recording's context switches
-(``StreamInfo.switches``: the bundle's ``Switch`` sideband records) its call stacks follow the threads, one stack each (slices
-``SWITCHED_OUT``/``SWITCHED_IN`` where a thread leaves and comes back);
-without them tracing resuming elsewhere after an asynchronous exit is
-taken as a context switch, a gap) and a symbolizer callback
-``lookup(addr) -> (function start, name) | None`` (e.g.
-:meth:`.symbols.Symbolizer.lookup`).
-
-The simpler branch-record stream of ``spec/branch-trace.md`` (pid, tid,
-kind, from, to, time, depth) is accepted too:
-:func:`.callstack.reconstruct_branches`.
+Per-stream context: :class:`.records.StreamInfo` (pid/tid/cpu; a stream
+with a ``cpu`` and no ``tid`` is a CPU's: with the recording's context
+switches, ``StreamInfo.switches``, its call stacks follow the threads, one
+stack each, every slice carrying its thread's pid/tid; without them
+tracing resuming elsewhere after an asynchronous exit is a gap) and a
+symbolizer callback ``lookup(addr) -> (function start, name) | None``
+(:meth:`.symbols.Symbolizer.lookup`; over a Symbolizer its symbol tables
+are searched as arrays, :mod:`.symtable`).
 
 Output
 ------
 
-:func:`.callstack.reconstruct` yields, in execution order, :class:`Enter`
-(an activation begins), :class:`Activation` (it ended: function start,
-name, depth, begin/end time and instruction index, callee totals, flags
-such as ``TRUNCATED``) and :class:`Marker` (gap, overflow, error).
-Memory is bounded (stack depth, clock queue, symbol cache).
+:class:`.slices.Slices` chunks: activations begun and ended, in numpy
+columns (no Python object per activation), and :class:`Marker` s (gap,
+overflow, error, lost).  :func:`.callstack.reconstruct` gives the same as
+:class:`Enter` / :class:`Activation` / :class:`Marker` objects, for small
+inputs.  Memory is bounded (stack depth, rows waiting for a time, symbol
+tables).  Views narrowed to a question: :mod:`.window`; totals:
+:mod:`.profile`; coverage: :mod:`.coverage`.
 """
 
 from hwtrace.analysis.callstack import (CallStackBuilder, reconstruct,

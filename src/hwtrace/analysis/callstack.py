@@ -1,21 +1,29 @@
-"""Call-stack reconstruction from a decoded instruction flow (no I/O).
+"""Call-stack reconstruction from decoded flow (no I/O).
 
-Input: the items of one stream (see :mod:`hwtrace.analysis.flowitems`), in
-decode order.  Output, streaming and in execution order: :class:`Enter`
-when an activation begins, :class:`Activation` when it ends (its complete
-slice), :class:`Marker` at gaps, overflows and decode errors.  Memory is
-bounded by the stack depth, the clock's pending queue and the symbol cache,
-not by the trace length.
+Input: one stream's batches (:mod:`hwtrace.flow.batches`, decoded with
+every branch ending a record: ``Stream.batches(view=True)``), or its flow
+items one by one (:mod:`hwtrace.analysis.itemflow` groups them into the
+same records).  Output, streaming and in execution order, as
+:class:`~.slices.Slices` chunks (activations in numpy columns):
+activations begun, activations ended (their complete slice), and
+:class:`Marker` s at gaps, overflows and decode errors.  Memory is bounded
+by the stack depth, the rows waiting for their time and the symbol
+tables, not by the trace length.
 
-How control flow maps to activations:
+The runs of records between the events that matter (tracing disabled or
+enabled, overflows, errors, TSX, ...) go through :func:`.runs.solve`,
+vectorized; what it does not take as regular -- and every event -- goes
+through the methods below, one transfer at a time.  Both follow the same
+rules:
 
 * ``call``: the instruction after it (the target) begins a new activation,
   whose return address is the call's fall-through.  A call to its own
   fall-through (``call 1f; 1: pop``, the PIC idiom) is not a call.
 * a jump (typically indirect: longjmp, an unwinder installing a context)
-  into the middle of a function of a frame below the top: the frames above
-  it are closed ``UNWOUND`` at once (without stack pointers in the trace,
-  the nearest such frame is taken).
+  out of its function into the middle of a function of a frame below the
+  top: the frames above it are closed ``UNWOUND`` at once (without stack
+  pointers in the trace, the nearest such frame is taken).  A jump within
+  one function unwinds nothing.
 * ``return``: pops the top frame if the target is its return address.  If
   not, the stack is searched downwards for a frame with that return address
   and everything above it is closed as ``UNWOUND`` (longjmp, exception
@@ -49,36 +57,32 @@ How control flow maps to activations:
 * TSX: frames opened inside a transaction that aborts are closed
   ``ABORTED`` at the abort.
 * a CPU's stream whose :class:`StreamInfo` carries the recording's context
-  switches follows the threads: each has its own stack.  At an enable the
-  switches that certainly came before it (by time), or the next ones
-  whose thread is expected right there (its stack stopped with a return
-  address equal to the enable's IP), or a thread seen for the first time
-  (when the running one is not expected there) say who runs now
-  (:mod:`.switches`).  The thread going out has its open frames closed
-  ``SWITCHED_OUT`` and kept; when it comes back where it stopped they are
-  opened again as ``SWITCHED_IN`` slices of the same activations (so the
-  records still nest like parentheses, one CPU track), and its stack goes
-  on as if never interrupted: no gap.  A thread that comes back elsewhere
-  ran on another CPU meanwhile: it starts afresh (``BEGIN_UNKNOWN``), as
-  does a thread seen for the first time.  Records carry the thread's tid.
+  switches follows the threads (:mod:`.threads`): each has its own stack,
+  and every slice carries the pid/tid of the thread it belongs to.
 
-Times come from the :class:`~hwtrace.analysis.clock.Clock` (TSC anchors
-from events carrying ``tsc``, interpolated by instruction index; or
-instruction counts).
+Times come from the clock (:mod:`.clock`): each record's TSC, and events
+carrying one, anchor it; instructions between anchors are interpolated.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable
 
-from hwtrace.analysis.clock import Clock
-from hwtrace.analysis.flowitems import (ERROR, EVENT, INSN, ObjectItem,
-                                        enum_name, event_name, kind_of)
-from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
-                                      StreamInfo)
+import numpy as np
+
+from hwtrace.analysis import runs
+from hwtrace.analysis.clock import TimeBase
+from hwtrace.analysis.flowitems import ERROR, EVENT, INSN, ObjectItem, \
+    enum_name, event_name, kind_of
+from hwtrace.analysis.records import LOSS_KINDS, Flag, Marker, StreamInfo
+from hwtrace.analysis.rows import Pending
+from hwtrace.analysis.slices import (NameTable, PathTable, Slices,
+                                     path_of, to_records, _UNKNOWN)
 from hwtrace.analysis.switches import SwitchTimeline
+from hwtrace.analysis.symtable import AddrTable
+from hwtrace.analysis.batchfeed import BatchInput, _Frame
+from hwtrace.analysis.threads import FollowThreads
 
-# transfer codes of the previous instruction
 _NONE, _CALL, _RET, _JUMP, _COND, _FCALL, _FRET, _FJUMP = range(8)
 ICLASS_CODE = {
     "other": _NONE, "ptwrite": _NONE, "unknown": _NONE, "error": _NONE,
@@ -90,54 +94,66 @@ ICLASS_CODE = {
 #: Symbolizer callback: address -> (function start, function name) or None
 Lookup = Callable[[int], "tuple[int, str] | None"]
 
-
-class _Frame:
-    __slots__ = ("func", "name", "ret", "depth", "begin_idx", "begin",
-                 "flags", "child_insns", "child_time", "parent", "untraced",
-                 "tx", "ret_lo", "tid")
-
-    def __init__(self, func, name, ret, depth, begin_idx, flags, parent,
-                 untraced=False, tx=False, tid=None):
-        self.func = func
-        self.name = name
-        self.ret = ret
-        self.depth = depth
-        self.begin_idx = begin_idx
-        self.begin = None
-        self.flags = flags
-        self.child_insns = 0
-        self.child_time = 0.0
-        self.parent = parent
-        self.untraced = untraced
-        self.tx = tx
-        self.ret_lo = None      # branch records: returns land in (ret_lo, ret_lo+15]
-        self.tid = tid          # the thread (a CPU's stream following switches)
+_STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
+                         "stop", "async_branch", "tsx"})
 
 
-class CallStackBuilder:
+class _ClockView:
+    """``builder.clock``: the unit, and how many rows wait for a time."""
+
+    def __init__(self, b):
+        self._b = b
+
+    @property
+    def unit(self):
+        return self._b.time.unit
+
+    @property
+    def pending(self) -> int:
+        return self._b.pending.count
+
+
+class CallStackBuilder(FollowThreads, BatchInput):
     """Reconstructs the activations of one stream.
 
-    Feed items with :meth:`feed` (or instructions with :meth:`insn`), take
-    the finished records with :meth:`take`, and call :meth:`finish` at the
-    end.  ``lookup(addr)`` names code: it returns ``(start, name)`` of the
-    function containing ``addr`` or None; without it functions are named by
-    address and tail calls cannot be recognized.
-    """
+    Feed it batches (:meth:`feed_batch`) or flow items (:meth:`feed`,
+    :meth:`insn`, or :meth:`branch` for branch records); take the finished
+    chunks with :meth:`take_slices` (or classic records with :meth:`take`)
+    and call :meth:`finish` at the end.  ``lookup(addr)`` names code: it
+    returns ``(start, name)`` of the function containing ``addr`` or None;
+    without it functions are named by address and tail calls cannot be
+    recognized.  ``vectorize=False`` takes every transfer one at a time
+    (the reference the vectorized runs are checked against)."""
 
     def __init__(self, stream: StreamInfo | None = None,
                  lookup: Lookup | None = None, clock: str = "auto",
                  tsc_hz: float | None = None, max_pending: int = 1 << 16,
-                 max_depth: int = 1 << 16):
+                 max_depth: int = 1 << 16, vectorize: bool = True,
+                 paths: bool = True):
         self.stream = stream or StreamInfo()
-        self._tid = self.stream.tid if self.stream.tid is not None else self.stream.cpu
-        self._cpu_mode = self.stream.tid is None and self.stream.cpu is not None
+        st = self.stream
+        self._tid = st.tid              # a CPU's stream: its thread, where known
+        self._spid = st.pid
+        self._cpu_mode = st.tid is None and st.cpu is not None
         self._lookup = lookup
-        self._syms: dict[int, tuple[int, str, bool]] = {}
-        self._out: list = []
-        self.clock = Clock(self._resolved, clock, tsc_hz, max_pending)
+        self.names = NameTable()
+        self.paths = PathTable()
+        self.addr = AddrTable(lookup, self.names)
+        self.time = TimeBase(clock, tsc_hz, max_pending)
+        self.pending = Pending(self.time)
+        self.clock = _ClockView(self)
+        self.max_pending = max_pending
         self.max_depth = max_depth
+        self.vectorize = vectorize
+        #: call-path hashes (``Slices`` column ``path``, :attr:`paths`)
+        #: wanted -- by folded stacks; else every path is 0
+        self.want_paths = paths
         self.n = 0                     # instructions seen
+        self._seq = 0                  # rows and anchors, in order
+        self._next_id = 0
         self._stack: list[_Frame] = []
+        self._sum = np.zeros(0, runs.STACK)
+        self._sum_n = 0                # leading frames _sum describes
         self._in_seg = False
         self._pend = _NONE
         self._pend_ip = 0
@@ -148,98 +164,129 @@ class CallStackBuilder:
         self._codes: dict = {}
         # a CPU's stream following context switches: the running thread,
         # and the stacks of the others (frames, in_seg, paused, tx_depth)
-        tl = SwitchTimeline(self.stream.switches, self.stream.cpu,
-                            self.stream.tsc_per_insn) \
-            if self._cpu_mode and self.stream.switches else None
+        tl = SwitchTimeline(st.switches, st.cpu, st.tsc_per_insn) \
+            if self._cpu_mode and st.switches else None
         self._follow = tl if tl else None
         self._thread: int | None = None
+        self._pid: int | None = None
         self._parked: dict[int, tuple] = {}
-        self._fresh = False             # switched in a thread without its stack
+        self._fresh = False
+        self._items = None             # itemflow.ItemGrouper, made on demand
+        self._out: list[Slices] = []
         # counters for summaries
         self.calls = 0
         self.markers: dict[str, int] = {}
+        #: the first few losses: (kind, trace offset, instruction index, detail)
+        self.loss_samples: list[tuple] = []
 
-    # -- output --------------------------------------------------------------
+    # -- output ------------------------------------------------------------------
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
 
-    def take(self) -> list:
+    def _flush(self) -> None:
+        p = self.pending
+        if p.count > self.max_pending:
+            self.time.seal(self._next(), self.n)
+        if not p.count:
+            return
+        chunk, marks = p.flush()
+        if marks:
+            ms = []
+            for seq, idx, kind, off, detail, tid, t in marks:
+                ms.append((seq, Marker(kind, t, idx, off, detail, tid)))
+            chunk = chunk._replace(markers=ms)
+        if chunk:
+            self._out.append(chunk)
+
+    def take_slices(self) -> list[Slices]:
+        """The chunks finished so far (each timed)."""
+        if self._items is not None:
+            self._items.flush()
+        self._flush()
         out, self._out = self._out, []
         return out
 
-    def _resolved(self, item, t) -> None:
-        tag = item[0]
-        if tag == 0:                       # enter
-            f = item[1]
-            f.begin = t
-            self._out.append(Enter(f.func, f.name, f.depth, t, f.begin_idx,
-                                   f.flags, self._tid if f.tid is None else f.tid))
-        elif tag == 1:                     # exit
-            _, f, end_idx, extra = item
-            begin = f.begin if f.begin is not None else t
-            if t < begin:
-                t = begin
-            self._out.append(Activation(
-                f.func, f.name, f.depth, begin, t, f.begin_idx, end_idx,
-                f.child_insns, f.child_time, f.flags | extra,
-                self._tid if f.tid is None else f.tid))
-            p = f.parent
-            if p is not None:
-                p.child_time += t - begin
-        else:                              # marker
-            _, kind, idx, offset, detail, tid = item
-            self._out.append(Marker(kind, t, idx, offset, detail,
-                                    self._tid if tid is None else tid))
+    def take(self) -> list:
+        """The finished records as Enter/Activation/Marker objects."""
+        out = []
+        for ch in self.take_slices():
+            out += to_records(ch, self.names)
+        return out
 
-    # -- symbols -------------------------------------------------------------
-
-    def _sym(self, addr: int) -> tuple[int, str, bool]:
-        """(function start, name, known) of the code at addr, cached;
-        unknown code is named by its address."""
-        s = self._syms.get(addr)
-        if s is None:
-            r = self._lookup(addr) if self._lookup else None
-            s = (r[0], r[1], True) if r else (addr, f"0x{addr:x}", False)
-            if len(self._syms) > 1 << 20:
-                self._syms.clear()
-            self._syms[addr] = s
-        return s
+    # -- symbols -----------------------------------------------------------------
+    def _sym(self, addr: int) -> tuple[int, int, bool]:
+        """(function start, name id, known) of the code at addr."""
+        return self.addr.one(addr)
 
     def _is_func_start(self, addr: int, cur: _Frame | None) -> bool:
         if self._lookup is None:
             return False
-        start, name, known = self._sym(addr)
+        start, nid, known = self._sym(addr)
         return (known and start == addr and (cur is None or cur.func != addr)
-                and ".cold" not in name)
+                and ".cold" not in self.names[nid])
 
-    # -- stack operations ----------------------------------------------------
-
+    # -- stack operations --------------------------------------------------------
     def _push(self, func, ret, flags=Flag.NONE, name=None, untraced=False,
-              base=False):
+              base=False, count=True) -> _Frame:
         stack = self._stack
-        if len(stack) >= self.max_depth:
+        if count and len(stack) >= self.max_depth:
             self._gap("gap", None, f"stack deeper than {self.max_depth}")
             self._in_seg = True
             flags |= Flag.BEGIN_UNKNOWN
         if name is None:
             if func is None:
-                name = "[unknown]"
+                nid = self.names.id("[unknown]")
             else:
-                start, name, _known = self._sym(func)
+                start, nid, _known = self._sym(func)
                 if base:
                     func = start
+        else:
+            nid = self.names.id(name)
         parent = stack[-1] if stack else None
-        f = _Frame(func, name, ret, len(stack), self.n, flags, parent,
-                   untraced, self._tx_depth is not None, self._thread)
+        f = _Frame()
+        f.id = self._next_id
+        self._next_id += 1
+        f.parent = parent.id if parent is not None else -1
+        f.func = func
+        f.name = self.names[nid]
+        f.nid = nid
+        f.ret = ret
+        f.depth = len(stack)
+        f.begin_idx = self.n
+        f.eseq = self._next()
+        f.flags = Flag(flags)
+        f.untraced = untraced
+        f.tx = self._tx_depth is not None
+        f.ret_lo = None
+        f.tid = self._thread
+        f.pid = self._pid
+        if self.want_paths:
+            ppath = parent.path if parent is not None else 0
+            f.path = path_of(ppath, nid)
+            self.paths.add(f.path, ppath, nid)
+        else:
+            f.path = 0
         stack.append(f)
-        self.calls += 1
-        self.clock.push((0, f), self.n)
+        if count:
+            self.calls += 1
+        self.pending.enters.add_row(self._row(f, -1, -1, f.flags))
         return f
+
+    def _row(self, f: _Frame, end_idx: int, xseq: int, flags) -> tuple:
+        tid = f.tid if f.tid is not None else self._tid
+        pid = f.pid if f.pid is not None else self._spid
+        return (f.id, f.parent, _UNKNOWN if f.func is None else f.func, f.nid,
+                f.depth, int(flags), -1 if pid is None else pid,
+                -1 if tid is None else tid, f.begin_idx, end_idx, f.eseq,
+                xseq, f.path, 0.0, 0.0, 0, 0.0)
 
     def _pop(self, extra=Flag.NONE) -> _Frame:
         f = self._stack.pop()
-        n = self.n
-        if f.parent is not None:
-            f.parent.child_insns += n - f.begin_idx
-        self.clock.push((1, f, n, extra), n)
+        if self._sum_n > len(self._stack):
+            self._sum_n = len(self._stack)
+        self.pending.exits.add_row(self._row(f, self.n, self._next(),
+                                             f.flags | extra))
         return f
 
     def _close_all(self, extra: Flag) -> None:
@@ -248,11 +295,18 @@ class CallStackBuilder:
 
     def _marker(self, kind: str, offset, detail: str) -> None:
         self.markers[kind] = self.markers.get(kind, 0) + 1
-        self.clock.push((2, kind, self.n, offset, detail, self._thread), self.n)
+        if kind in LOSS_KINDS and len(self.loss_samples) < 5:
+            self.loss_samples.append((kind, offset, self.n, detail))
+        tid = self._thread if self._thread is not None else self._tid
+        self.pending.markers.append((self._next(), self.n, kind, offset,
+                                     detail, tid))
+
+    def _seal(self) -> None:
+        self.time.seal(self._next(), self.n)
 
     def _gap(self, kind: str, offset, detail: str) -> None:
         """Data lost here: close everything honestly and start over."""
-        self.clock.seal(self.n)
+        self._seal()
         self._close_all(Flag.TRUNCATED)
         self._marker(kind, offset, detail)
         if kind in ("overflow", "error"):
@@ -269,7 +323,7 @@ class CallStackBuilder:
         before (``BEGIN_UNKNOWN``) unless the segment starts exactly at the
         function's entry (a trace window opened at a function)."""
         self._in_seg = True
-        start, _name, known = self._sym(ip)
+        start, _nid, known = self._sym(ip)
         at_entry = known and start == ip and not self._fresh
         self._fresh = False
         self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
@@ -324,11 +378,20 @@ class CallStackBuilder:
         if not stack:
             self._push(target, None, Flag.BEGIN_UNKNOWN, base=True)
 
+    def _same_function(self, a: int, b: int) -> bool:
+        """Both addresses in one known function (a jump that stays inside
+        its function unwinds nothing)."""
+        sa, _n, ka = self._sym(a)
+        if not ka:
+            return False
+        sb, _n, kb = self._sym(b)
+        return kb and sa == sb
+
     def _jump_into(self, ip: int) -> None:
         """A jump into the middle of a function that is not the top frame's
         but a caller's: longjmp (or an unwinder installing a context) went
         back to that caller: close what is above it (``UNWOUND``)."""
-        start, _name, known = self._sym(ip)
+        start, _nid, known = self._sym(ip)
         stack = self._stack
         if not known or start == stack[-1].func:
             return
@@ -353,42 +416,40 @@ class CallStackBuilder:
             if self._is_func_start(ip, stack[-1]):
                 old = self._pop()
                 self._push(ip, old.ret, Flag.TAIL_CALL | (old.flags & Flag.FAR))
-            elif pend == _JUMP and self._lookup is not None and len(stack) > 1:
+            elif pend == _JUMP and self._lookup is not None and len(stack) > 1 \
+                    and not self._same_function(self._pend_ip, ip):
                 self._jump_into(ip)
         elif pend == _FCALL:
             self._push(ip, self._pend_ret, Flag.FAR)
 
-    # -- input ---------------------------------------------------------------
+    def _anchor(self, tsc) -> None:
+        if tsc is not None:
+            self.time.anchor(self._next(), self.n, tsc)
 
+    # -- input: flow items one at a time ------------------------------------------------
     def insn(self, ip: int, size: int, iclass) -> None:
         """One executed instruction (``iclass`` a string or enum)."""
-        code = ICLASS_CODE.get(iclass) if type(iclass) is str else None
-        if code is None:
-            code = self._codes.get(iclass)
-            if code is None:
-                code = ICLASS_CODE.get(enum_name(iclass), _NONE)
-                self._codes[iclass] = code
-        if self._pend:
-            self._settle(ip)
-        elif not self._in_seg:
-            self._start_segment(ip)
-        self._after_abort = False
-        self.n += 1
-        if code:
-            self._pend = code
-            self._pend_ip = ip
-            self._pend_ret = ip + size
+        self._grouper().insn(ip, size, iclass)
 
     def feed(self, item) -> None:
+        """One flow item (see :mod:`hwtrace.analysis.flowitems`)."""
+        self._grouper().feed(item)
+
+    def _grouper(self):
+        if self._items is None:
+            from hwtrace.analysis.itemflow import ItemGrouper
+            self._items = ItemGrouper(lambda b: self.feed_batch(b, True))
+        return self._items
+
+    def _feed_one(self, item) -> None:
+        """An event, error or status item (a dict or an object)."""
         m = item if isinstance(item, dict) else ObjectItem(item)
         k = kind_of(m)
-        if k == INSN:
-            self.insn(m.get("ip"), m.get("size") or 0, m.get("iclass"))
-        elif k == EVENT:
+        if k == EVENT:
             self.event(event_name(m), m)
         elif k == ERROR:
             self._gap("error", m.get("offset"), str(m.get("error")))
-        else:
+        elif k != INSN:
             st = enum_name(m.get("status"))
             if st in ("resync_stalled",):
                 self._gap("gap", m.get("offset"), st)
@@ -402,35 +463,29 @@ class CallStackBuilder:
                     and not m.get("status_update"):
                 tl.tracing(name == "enabled")
         if name == "tick" or name not in _STRUCTURAL:
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             return
         off = m.get("offset")
         if m.get("status_update") and name in ("enabled", "disabled"):
             # a PSB+ restating the tracing state: nothing changed
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             return
         if name == "enabled":
             self._enabled(m, tsc)
         elif name in ("disabled", "async_disabled"):
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             self._disabled(name, m)
         elif name == "overflow":
             if self._in_seg:
                 self._gap("overflow", off, "trace overflow: data lost")
             else:
                 self._marker("overflow", off, "trace overflow: data lost")
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
         elif name == "stop":
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             self._paused = True
         elif name == "async_branch":
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             frm, to = m.get("from"), m.get("to")
             if self._after_abort:
                 # the abort's jump to the fallback path: not an interrupt
@@ -443,8 +498,7 @@ class CallStackBuilder:
                 self._push(to, frm, Flag.ASYNC) if to is not None else \
                     self._push(None, frm, Flag.ASYNC, name="[interrupt]")
         elif name == "tsx":
-            if tsc is not None:
-                self.clock.anchor(self.n, tsc)
+            self._anchor(tsc)
             self._tsx(m)
 
     def _enabled(self, m, tsc) -> None:
@@ -491,122 +545,6 @@ class CallStackBuilder:
         self._pend = _NONE
         self._anchor(tsc)
 
-    # -- context switches (a CPU's stream) -------------------------------------
-
-    @staticmethod
-    def _expects(stack: list, ip: int) -> bool:
-        """Did this stack stop where execution resumes at ``ip`` (an
-        untraced frame on top returning there, or one further down: a
-        sigreturn)?"""
-        if not stack or not stack[-1].untraced:
-            return False
-        top = stack[-1]
-        if top.ret == ip or (top.ret_lo is not None and 0 < ip - top.ret_lo <= 15):
-            return True
-        return any(f.untraced and f.ret == ip for f in stack[:-1])
-
-    def _fit(self, k: int, ip: int) -> int:
-        """How well the thread running once the switches before index ``k``
-        are applied fits resuming at ``ip``: 2 its stack stopped right
-        there, 1 nothing known against it (a thread seen for the first
-        time, one whose stack here is stale because it left this CPU
-        meanwhile, or idle: someone is still to come), 0 it is the running
-        thread, never switched out, and it stopped elsewhere."""
-        tl = self._follow
-        cur = self._thread
-        tid = tl.thread_after(k, cur)
-        if tid is None:
-            return 1
-        if tid == cur:
-            if not self._in_seg or not self._stack:
-                return 1
-            if self._expects(self._stack, ip):
-                return 2
-            return 1 if tl.leaves(cur, k) else 0
-        parked = self._parked.get(tid)
-        return 2 if parked is not None and self._expects(parked[0], ip) else 1
-
-    def _follow_switches(self, ip: int) -> None:
-        """Tracing is enabled at ``ip``: which thread is it?"""
-        tl = self._follow
-        best = tl.due(tl.known)                 # certainly before this enable
-        fit = self._fit(best, ip)
-        est = tl.estimate(self.n)
-        if est is not None:
-            k = tl.due(est)                     # before it by the estimate
-            if k > best:
-                f = self._fit(k, ip)
-                if f >= fit:
-                    best, fit = k, f
-        if fit < 2:
-            exact = fresh = None
-            for j in tl.upcoming(best):
-                if tl.thread_after(j + 1, None) is None:
-                    continue        # to idle: not who resumes here
-                f = self._fit(j + 1, ip)
-                if f == 2:
-                    exact = j + 1
-                    break
-                if f == 1 and fresh is None and \
-                        (est is None or tl.switches[j].time <= est or j == best):
-                    fresh = j + 1
-            if exact is not None:
-                best = exact
-            elif fit == 0 and fresh is not None:
-                best = fresh
-        if best > tl.i:
-            cur = self._thread
-            self._switch_to(tl.thread_after(best, cur), ip, tl.leaves(cur, best))
-            tl.advance(best)
-
-    def _switch_to(self, tid: int | None, ip: int, left: bool = True) -> None:
-        """Thread ``tid`` comes in (resuming at ``ip``): the running one's
-        frames end ``SWITCHED_OUT`` and are kept; the new one's kept frames
-        (if it stopped right at ``ip``) go on as ``SWITCHED_IN`` slices.
-        The running thread coming back (``left``: it was switched out
-        meanwhile) goes on with its stack if it stopped right there, else
-        afresh (it ran on another CPU)."""
-        if tid == self._thread and (not left or tid is None
-                                    or self._expects(self._stack, ip)):
-            return
-        stack = self._stack
-        if stack:
-            frames = list(stack)
-            while stack:
-                self._pop(Flag.SWITCHED_OUT)
-            if self._thread is not None:
-                self._parked[self._thread] = (frames, self._in_seg, self._paused,
-                                              self._tx_depth)
-        else:
-            self._parked.pop(self._thread, None)
-        self._thread = tid
-        self._pend = _NONE
-        self._after_abort = False
-        st = self._parked.pop(tid, None) if tid is not None else None
-        if st is None or not self._expects(st[0], ip):
-            # first seen, or back from another CPU: its stack starts afresh,
-            # in what it was doing before (nothing begins here) -- unless
-            # this is where the stream itself begins
-            self._fresh = self.n > 0
-            self._in_seg = False
-            self._paused = False
-            self._tx_depth = None
-            return
-        frames, self._in_seg, self._paused, self._tx_depth = st
-        n = self.n
-        parent = None
-        for t in frames:
-            f = _Frame(t.func, t.name, t.ret, t.depth, n, t.flags | Flag.SWITCHED_IN,
-                       parent, t.untraced, t.tx, tid)
-            f.ret_lo = t.ret_lo
-            stack.append(f)
-            self.clock.push((0, f), n)
-            parent = f
-
-    def _anchor(self, tsc) -> None:
-        if tsc is not None:
-            self.clock.anchor(self.n, tsc)
-
     def _disabled(self, name: str, m) -> None:
         if not self._in_seg:
             return
@@ -648,12 +586,13 @@ class CallStackBuilder:
         else:
             self._tx_depth = None
 
+    # -- input: branch records (spec/branch-trace.md) -----------------------------------
     def branch(self, kind: str, frm: int, to: int, time=None) -> None:
-        """One branch record (spec/branch-trace.md): each counts as one
-        step of the stream's index; ``time`` (if any) anchors the clock."""
+        """One branch record: each counts as one step of the stream's
+        index; ``time`` (if any) anchors the clock."""
         self.n += 1
         if time is not None:
-            self.clock.anchor(self.n, time)
+            self._anchor(time)
         if frm is None and to is None:
             return
         if not self._in_seg:
@@ -686,14 +625,18 @@ class CallStackBuilder:
                 old = self._pop()
                 f = self._push(to, old.ret, Flag.TAIL_CALL)
                 f.ret_lo = old.ret_lo
+        if self.pending.count > self.max_pending:
+            self._flush()
 
     def finish(self) -> None:
         """End of the stream: close what is open (``TRUNCATED``).  A return
         that was the last instruction did return: its frame ends normally."""
+        if self._items is not None:
+            self._items.flush()
         if self._pend in (_RET, _FRET) and self._stack:
             self._pend = _NONE
             self._pop()
-        self.clock.seal(self.n)
+        self._seal()
         if self._stack:
             tl = self._follow
             # a thread switched out after its last instruction here goes on
@@ -702,30 +645,23 @@ class CallStackBuilder:
             self._close_all(Flag.SWITCHED_OUT if left else Flag.TRUNCATED)
         self._in_seg = False
         self._pend = _NONE
-        self.clock.finish()
+        self._seal()
+        self._flush()
 
 
-_STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
-                         "stop", "async_branch", "tsx"})
-
-
-def reconstruct(items: Iterable, stream: StreamInfo | None = None,
+def reconstruct(items, stream: StreamInfo | None = None,
                 lookup: Lookup | None = None, clock: str = "auto",
                 tsc_hz: float | None = None,
-                builder: CallStackBuilder | None = None, **kw) -> Iterator:
+                builder: CallStackBuilder | None = None, **kw):
     """Yield Enter/Activation/Marker records for one stream's flow items.
 
     Pass ``builder`` to inspect it afterwards (clock unit, counters)."""
     b = builder or CallStackBuilder(stream, lookup, clock, tsc_hz, **kw)
-    insn = b.insn
-    feed = b.feed
+    g = b._grouper()
     for item in items:
-        if type(item) is dict and "iclass" in item and "error" not in item \
-                and "event" not in item:
-            insn(item["ip"], item.get("size", 0), item["iclass"])
-        else:
-            feed(item)
-        if b._out:
+        g.feed(item)
+        if g.full:
+            g.flush()
             yield from b.take()
     b.finish()
     yield from b.take()
@@ -737,9 +673,9 @@ def _field(r, name):
     return getattr(r, name, None)
 
 
-def reconstruct_branches(records: Iterable, lookup: Lookup | None = None,
+def reconstruct_branches(records, lookup: Lookup | None = None,
                          clock: str = "auto", tsc_hz: float | None = None,
-                         **kw) -> Iterator:
+                         **kw):
     """Yield records for a stream of branch records (pid, tid, kind, from,
     to, time), one reconstruction per thread; each record's ``tid`` says
     which.  Dicts or objects (``from`` may be spelled ``from_``/``src``)."""

@@ -1,47 +1,69 @@
 """Giving instruction indices a time, streaming, in bounded memory.
 
-Intel PT timing (TSC, and MTC/CYC refining it) reaches the flow decoder as
-events carrying ``tsc``: *anchors* (instruction index, time).  Decoders
-repeat the last known value on every event until a new timing packet
-arrives, so only a changed value makes an anchor.  Between two
-anchors the time of an instruction is interpolated linearly by its index
-(as magic-trace does), so every item that needs a time waits in a queue
-until the next anchor comes.  The queue is bounded (``max_pending``); when
-it fills, the pending items are timed by extrapolating the last known rate
-(time per instruction) and the result becomes a synthetic anchor.  At a
-trace gap the builder calls :meth:`Clock.seal`, so that what ended before
-the gap is not stretched over the lost time.
+Intel PT timing (TSC, and MTC/CYC refining it) reaches the views as a
+time per decoded record (``Batch.blocks["tsc"]``) and on events
+(``tsc``): *anchors* (instruction index, time).  Decoders repeat the last
+known value until a new timing packet arrives, so only a changed value
+makes an anchor.  Between two anchors the time of an instruction is
+interpolated linearly by its index (as magic-trace does), so everything
+that needs a time waits until the next anchor comes.
+
+Everything the call-stack builder times -- an activation's begin, its
+end, a marker -- is a *row* with a sequence number (the builder numbers
+rows and anchors in execution order) and an instruction index.  A row is
+timed between the last anchor before it and the first anchor after it
+(in sequence order): rows wait in a FIFO until an anchor follows them,
+and being pushed before or after an anchor at the same index decides
+which time a row gets (what ended at a disable keeps the disable's time,
+what begins after the enable gets the enable's).  Before the first anchor
+rows take the first anchor's time.
+
+The FIFO is bounded (``max_pending``): when it fills, the pending rows
+are timed by extrapolating the last known rate (time per instruction)
+and the result becomes a synthetic anchor.  At a trace gap the builder
+calls :meth:`TimeBase.seal`, so that what ended before the gap is not
+stretched over the lost time.
 
 Modes: ``"insns"`` (time = instruction index, nothing waits), ``"tsc"``,
 and ``"auto"`` (tsc once an anchor is seen; instruction counts if
-``max_pending`` items pile up before any anchor).  Units of the resulting
-times (:attr:`Clock.unit`): ``"ns"`` (TSC with a known frequency),
-``"tsc"`` (TSC ticks, frequency unknown) or ``"insns"``.
+``max_pending`` rows pile up before any anchor, or none ever comes).
+Units of the resulting times (:attr:`TimeBase.unit`): ``"ns"`` (TSC with
+a known frequency), ``"tsc"`` (TSC ticks, frequency unknown) or
+``"insns"``.
 
-Items are opaque to the clock: ``push(item, idx)`` and later
-``emit(item, time)`` in the same order (FIFO).
+:class:`TimeBase` works on numpy arrays (anchors and rows by the
+thousand); :class:`Clock` is the same clock for one item at a time
+(``push(item, idx)`` and later ``emit(item, time)`` in push order).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
 
+import numpy as np
 
-class Clock:
-    def __init__(self, emit: Callable[[object, float], None], mode: str = "auto",
-                 tsc_hz: float | None = None, max_pending: int = 1 << 16):
+
+class TimeBase:
+    """The anchors of one stream and the rule that times rows by them.
+
+    Rows are not stored here: the caller keeps its pending rows in
+    sequence order and asks :meth:`times` for the longest prefix that can
+    be timed now."""
+
+    def __init__(self, mode: str = "auto", tsc_hz: float | None = None,
+                 max_pending: int = 1 << 16):
         if mode not in ("auto", "tsc", "insns"):
             raise ValueError(f"bad clock mode {mode!r}")
-        self._emit = emit
         self.mode = mode
         self._scale = (1e9 / tsc_hz) if tsc_hz else None
-        self._max = max(1, max_pending)
-        self._q: deque = deque()
-        self._prev: tuple[int, float] | None = None   # last anchor
-        self._rate: float | None = None               # time per instruction
-        self._last_idx = 0
-        self._last_tsc = None
+        self.max_pending = max(1, max_pending)
+        # anchors since the one before the oldest pending row
+        self._a_seq = np.zeros(0, np.int64)
+        self._a_idx = np.zeros(0, np.int64)
+        self._a_t = np.zeros(0, np.float64)
+        self._rate: float | None = None      # time per instruction
+        self._last_tsc: int | None = None    # last raw value (stale filter)
+        self._last_real: tuple[int, float] | None = None   # (idx, t) of last real anchor
 
     @property
     def unit(self) -> str | None:
@@ -52,85 +74,198 @@ class Clock:
         return None
 
     @property
-    def pending(self) -> int:
-        return len(self._q)
+    def last_seq(self) -> int:
+        """Sequence number of the last anchor (-1: none)."""
+        return int(self._a_seq[-1]) if len(self._a_seq) else -1
 
-    # -- input -----------------------------------------------------------
+    @property
+    def last(self) -> tuple[int, float] | None:
+        """(index, time) of the last anchor."""
+        if not len(self._a_seq):
+            return None
+        return int(self._a_idx[-1]), float(self._a_t[-1])
+
+    # -- anchors -----------------------------------------------------------------
+    def anchors(self, seq: np.ndarray, idx: np.ndarray, tsc: np.ndarray,
+                zero: bool = False) -> None:
+        """Anchors in sequence order (``tsc`` raw ticks; a repeated value is
+        no anchor, nor is 0 -- a record's "no time" -- unless ``zero``)."""
+        if self.mode == "insns" or not len(tsc):
+            return
+        tsc = np.asarray(tsc, np.uint64)
+        keep = tsc != 0
+        if not zero and not keep.all():
+            seq, idx, tsc = seq[keep], idx[keep], tsc[keep]
+            if not len(tsc):
+                return
+        prev = np.empty(len(tsc), np.uint64)
+        prev[1:] = tsc[:-1]
+        prev[0] = self._last_tsc if self._last_tsc is not None else 0
+        new = tsc != prev
+        if self._last_tsc is None:
+            new[0] = True
+        if not new.any():
+            return
+        seq, idx, tsc = seq[new], np.asarray(idx, np.int64)[new], tsc[new]
+        self.mode = "tsc"
+        self._last_tsc = int(tsc[-1])
+        t = tsc.astype(np.float64)
+        if self._scale:
+            t *= self._scale
+        last = self.last
+        if last is not None:
+            t = np.maximum(t, last[1])          # never let time run backwards
+        t = np.maximum.accumulate(t)
+        # the rate: the last pair of anchors with increasing index
+        ai = np.concatenate(([last[0]], idx)) if last else idx
+        at = np.concatenate(([last[1]], t)) if last else t
+        step = np.flatnonzero(ai[1:] > ai[:-1])
+        if len(step):
+            k = step[-1]
+            self._rate = (at[k + 1] - at[k]) / (ai[k + 1] - ai[k])
+        self._a_seq = np.concatenate((self._a_seq, np.asarray(seq, np.int64)))
+        self._a_idx = np.concatenate((self._a_idx, idx))
+        self._a_t = np.concatenate((self._a_t, t))
+        self._last_real = (int(idx[-1]), float(t[-1]))
+
+    def anchor(self, seq: int, idx: int, tsc: int) -> None:
+        """One anchor (an event's time: 0 is a time)."""
+        self.anchors(np.array([seq], np.int64), np.array([idx], np.int64),
+                     np.array([tsc], np.uint64), zero=True)
+
+    def seal(self, seq: int, idx: int) -> bool:
+        """A synthetic anchor at (``seq``, ``idx``): the last rate carried
+        on from the last anchor (what a gap or a full FIFO does).  Without
+        any anchor: "auto" becomes "insns" (returns False), "tsc" starts
+        at 0."""
+        if self.mode == "insns":
+            return True
+        last = self.last
+        if last is None:
+            if self.mode == "auto":
+                self.mode = "insns"
+                return False
+            t = 0.0
+        else:
+            i0, t0 = last
+            t = t0 + (idx - i0) * self._rate if (self._rate and idx > i0) else t0
+        self._a_seq = np.append(self._a_seq, seq)
+        self._a_idx = np.append(self._a_idx, idx)
+        self._a_t = np.append(self._a_t, t)
+        return True
+
+    # -- timing rows ---------------------------------------------------------------
+    def ready(self, seq: np.ndarray) -> int:
+        """How many of these pending rows (in sequence order) can be timed
+        now: those an anchor follows."""
+        if self.mode == "insns":
+            return len(seq)
+        return int(np.searchsorted(seq, self.last_seq, side="left")) \
+            if len(self._a_seq) else 0
+
+    def times(self, seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Times of rows that are :meth:`ready`."""
+        if self.mode == "insns":
+            return np.asarray(idx, np.float64)
+        a_seq, a_idx, a_t = self._a_seq, self._a_idx, self._a_t
+        k = np.searchsorted(a_seq, seq, side="left")
+        p = k - 1
+        pc = np.maximum(p, 0)
+        i0, t0 = a_idx[pc], a_t[pc]
+        i1, t1 = a_idx[k], a_t[k]
+        span = i1 - i0
+        slope = np.where(span > 0, (t1 - t0) / np.where(span > 0, span, 1), 0.0)
+        d = np.asarray(idx, np.int64) - i0
+        t = np.where(d > 0, t0 + d * slope, t0)
+        return np.where(p < 0, t1, t)
+
+    def forget_before(self, seq: int | None) -> None:
+        """No row older than ``seq`` (None: no row at all) will be asked
+        about any more: drop the anchors it no longer needs (all but the
+        last one before it)."""
+        if len(self._a_seq) < 2:
+            return
+        if seq is None:
+            self._a_seq = self._a_seq[-1:]
+            self._a_idx = self._a_idx[-1:]
+            self._a_t = self._a_t[-1:]
+            return
+        k = int(np.searchsorted(self._a_seq, seq, side="left")) - 1
+        if k > 0:
+            self._a_seq = self._a_seq[k:]
+            self._a_idx = self._a_idx[k:]
+            self._a_t = self._a_t[k:]
+
+
+class Clock:
+    """The clock for one item at a time: ``push(item, idx)``, and the
+    ``emit(item, time)`` callback is called for each item, in push order,
+    as soon as its time is known."""
+
+    def __init__(self, emit: Callable[[object, float], None], mode: str = "auto",
+                 tsc_hz: float | None = None, max_pending: int = 1 << 16):
+        self._emit = emit
+        self.base = TimeBase(mode, tsc_hz, max_pending)
+        self._max = self.base.max_pending
+        self._seq = 0
+        self._items: list = []
+        self._seqs: list[int] = []
+        self._idxs: list[int] = []
+        self._last_idx = 0
+
+    @property
+    def mode(self) -> str:
+        return self.base.mode
+
+    @property
+    def unit(self) -> str | None:
+        return self.base.unit
+
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def push(self, item, idx: int) -> None:
         self._last_idx = idx
-        if self.mode == "insns":
+        if self.base.mode == "insns":
             self._emit(item, idx)
             return
-        self._q.append((item, idx))
-        if len(self._q) > self._max:
-            if self.mode == "auto":
-                self._become_insns()
+        self._items.append(item)
+        self._seqs.append(self._next())
+        self._idxs.append(idx)
+        if len(self._items) > self._max:
+            if self.base.mode == "auto":
+                self.base.seal(self._next(), idx)
+                self._flush()
             else:
                 self.seal(idx)
 
     def anchor(self, idx: int, tsc: int) -> None:
-        """An instruction index whose time is known (``tsc`` in ticks)."""
-        if self.mode == "insns":
-            return
-        self.mode = "tsc"
-        if tsc == self._last_tsc:
-            # the decoder repeats the last timing value on every event until
-            # a new timing packet comes: only a new value says when *now* is
-            return
-        self._last_tsc = tsc
-        t = tsc * self._scale if self._scale else tsc
-        prev = self._prev
-        if prev is not None:
-            i0, t0 = prev
-            if t < t0:          # never let time run backwards
-                t = t0
-            if idx > i0:
-                self._rate = (t - t0) / (idx - i0)
-        self._resolve_upto(idx, t)
-        self._prev = (idx, t)
+        self.base.anchor(self._next(), idx, tsc)
+        self._flush()
 
     def seal(self, idx: int) -> None:
-        """Time everything pending up to ``idx`` now, by extrapolation."""
-        if self.mode == "insns" or not self._q:
-            return
-        if self._prev is None:
-            if self.mode == "auto":
-                self._become_insns()
-            else:           # tsc mode without an anchor yet: zero-based
-                self._prev = (idx, 0.0)
-                self._resolve_upto(idx, 0.0)
-            return
-        i0, t0 = self._prev
-        t = t0 + (idx - i0) * self._rate if (self._rate and idx > i0) else t0
-        self._resolve_upto(idx, t)
-        self._prev = (idx, t)
+        if self._items:
+            self.base.seal(self._next(), idx)
+            self._flush()
 
     def finish(self) -> None:
-        if self._q:
-            last = self._q[-1][1]
-            self.seal(max(last, self._last_idx))
+        if self._items:
+            self.seal(max(self._idxs[-1], self._last_idx))
 
-    # -- internals ---------------------------------------------------------
-
-    def _become_insns(self) -> None:
-        self.mode = "insns"
-        q, self._q = self._q, deque()
-        for item, idx in q:
-            self._emit(item, idx)
-
-    def _resolve_upto(self, i1: int, t1: float) -> None:
-        q = self._q
-        emit = self._emit
-        prev = self._prev
-        if prev is None:
-            while q and q[0][1] <= i1:
-                item, _ = q.popleft()
-                emit(item, t1)
+    def _flush(self) -> None:
+        seq = np.array(self._seqs, np.int64)
+        n = self.base.ready(seq)
+        if not n:
             return
-        i0, t0 = prev
-        span = i1 - i0
-        slope = (t1 - t0) / span if span > 0 else 0.0
-        while q and q[0][1] <= i1:
-            item, i = q.popleft()
-            emit(item, t0 + (i - i0) * slope if i > i0 else t0)
+        t = self.base.times(seq[:n], np.array(self._idxs[:n], np.int64))
+        items = self._items[:n]
+        del self._items[:n], self._seqs[:n], self._idxs[:n]
+        if self._seqs:
+            self.base.forget_before(self._seqs[0])
+        for item, ti in zip(items, t.tolist()):
+            self._emit(item, ti)

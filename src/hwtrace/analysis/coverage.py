@@ -3,30 +3,51 @@
 A block is a run of consecutive instructions that starts where control
 arrived (a branch target, the first instruction after a gap) and ends with
 a control-flow instruction (any ``iclass`` but ``other``/``ptwrite``) or
-where the next instruction is not the fall-through.  Blocks are counted in
-a dict keyed by (start, size): memory grows with the code executed, not
-with the trace length.
+where the next instruction is not the fall-through.  Blocks are counted by
+(start, size): memory grows with the code executed, not with the trace
+length.
+
+Batches (:meth:`CoverageCollector.add_batch`, records ending at every
+branch) are merged into blocks with numpy: a record goes on the block
+before it when that one ended with a plain instruction right before it
+and no event that cuts a block (a decode error, tracing disabled or
+enabled -- not a PSB+ restating the state) lies between them.  Flow items
+one at a time (:meth:`CoverageCollector.feed`) follow the same rule.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from hwtrace.analysis.flowitems import INSN, ObjectItem, enum_name, kind_of
 
 _PLAIN = frozenset({"other", "ptwrite", "unknown", None})
+_CUTS = frozenset({"overflow", "disabled", "async_disabled", "enabled",
+                   "async_branch", "tsx", "resynced", "resync_stalled"})
+#: IClass values of plain instructions (unknown, other, ptwrite)
+_PLAIN_IC = np.zeros(256, bool)
+_PLAIN_IC[[0, 1, 9]] = True
+
+_KEY = np.dtype([("start", "<u8"), ("size", "<u8")])
 
 
 class CoverageCollector:
     def __init__(self):
-        self.blocks: dict[tuple[int, int], int] = {}
+        self._blocks: dict[tuple[int, int], int] = {}
         self.insns = 0
         self._start: int | None = None
         self._next = 0
+        self._keys: list[np.ndarray] = []      # pending (start, size) per block
+        self._pending = 0
+        self._table = np.zeros(0, _KEY)
+        self._counts = np.zeros(0, np.int64)
 
+    # -- flow items one at a time ----------------------------------------------------
     def _close(self) -> None:
         s = self._start
         if s is not None:
             key = (s, self._next - s)
-            self.blocks[key] = self.blocks.get(key, 0) + 1
+            self._blocks[key] = self._blocks.get(key, 0) + 1
             self._start = None
 
     def insn(self, ip: int, size: int, iclass) -> None:
@@ -50,14 +71,87 @@ class CoverageCollector:
             return          # a PSB+ restating the state: the block goes on
         else:
             name = m.get("event") or m.get("error") or m.get("status")
-            if m.get("error") is not None or name in (
-                    "overflow", "disabled", "async_disabled", "enabled",
-                    "async_branch", "tsx", "resynced", "resync_stalled"):
+            if m.get("error") is not None or name in _CUTS:
                 self.gap()
 
     def gap(self) -> None:
         self._close()
 
+    # -- batches -------------------------------------------------------------------------
+    def add_batch(self, batch) -> None:
+        blocks = batch.blocks
+        m = len(blocks)
+        cuts = np.zeros(m + 1, bool)
+        for index, _off, item in batch.items:
+            if _cuts(item):
+                cuts[index] = True
+        if not m:
+            if cuts[0]:
+                self._close()
+            return
+        ip = blocks["ip"]
+        fall = blocks["end_ip"] + blocks["size"].astype(np.uint64)
+        plain = _PLAIN_IC[blocks["iclass"]]
+        self.insns += int(blocks["ninsn"].sum())
+        go_on = np.zeros(m, bool)                  # record r continues r - 1
+        go_on[1:] = plain[:-1] & (ip[1:] == fall[:-1]) & ~cuts[1:m]
+        first_on = self._start is not None and not cuts[0] and \
+            int(ip[0]) == self._next
+        if self._start is not None and not first_on:
+            self._close()
+        starts = np.flatnonzero(~go_on)            # starts[0] == 0
+        bstart = ip[starts].copy()
+        if first_on:
+            bstart[0] = self._start                # the block carried over
+        ends = np.append(starts[1:], m) - 1
+        bend = fall[ends]
+        keep = np.ones(len(starts), bool)
+        if bool(plain[m - 1]) and not cuts[m]:
+            # the last block may go on into the next batch: hold it
+            keep[-1] = False
+            self._start = int(bstart[-1])
+            self._next = int(bend[-1])
+        else:
+            self._start = None
+        if keep.any():
+            k = np.zeros(int(keep.sum()), _KEY)
+            k["start"] = bstart[keep]
+            k["size"] = bend[keep] - bstart[keep]
+            self._keys.append(k)
+            self._pending += len(k)
+            if self._pending > 1 << 20:
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._keys:
+            return
+        allk = np.concatenate([self._table] + self._keys)
+        w = np.concatenate([self._counts, np.ones(self._pending, np.int64)])
+        u, inv = np.unique(allk, return_inverse=True)
+        self._counts = np.bincount(np.asarray(inv).reshape(-1), w, len(u)).astype(np.int64)
+        self._table = u
+        self._keys = []
+        self._pending = 0
+
     def finish(self) -> dict[tuple[int, int], int]:
         self._close()
-        return self.blocks
+        self._merge()
+        out = dict(self._blocks)
+        for (s, z), c in zip(self._table.tolist(), self._counts.tolist()):
+            out[(s, z)] = out.get((s, z), 0) + c
+        return out
+
+    @property
+    def blocks(self) -> dict[tuple[int, int], int]:
+        return self.finish()
+
+
+def _cuts(item) -> bool:
+    t = getattr(item, "type", None)
+    if t == "error":
+        return True
+    if t == "status":
+        return item.name in ("resynced", "resync_stalled")
+    if getattr(item, "status_update", False):
+        return False
+    return t in _CUTS

@@ -1,16 +1,35 @@
-"""Per-function totals from the record stream (no I/O): calls, inclusive
-and exclusive instructions and time, plus markers (lost data, errors).
+"""Per-function totals from the builder's chunks (no I/O): calls,
+inclusive and exclusive instructions and time, plus markers (lost data,
+errors) -- summed a chunk of activations at a time (numpy).
 
 Inclusive totals count only the outermost activation of a function on the
 stack, so recursion is not counted twice (fib's inclusive time is the time
-of the top-level fib call, not the sum over the whole recursion).
+of the top-level fib call, not the sum over the whole recursion): the
+activations of one function nest or follow each other, so one sort by
+(function, begin) and a running maximum of the ends say which are
+enclosed.
+
+The program apart from its start-up: an activation inside ``main`` (main
+itself and everything it calls) is the program's (part ``"program"``);
+one outside it, in a thread that ran ``main``, is start-up or exit
+(``"startup"``: the dynamic loader, libc's initialization, ``exit``
+handlers).  Threads that never ran ``main`` (workers, or a trace that
+began inside the program) are all program.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hwtrace.analysis.records import Activation, Enter, Flag, Marker
+import numpy as np
+
+from hwtrace.analysis.records import Flag, Marker
+from hwtrace.analysis.slices import RecordChunker, _UNKNOWN
+
+_NOT_A_CALL = int(Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN)
+_TRUNC = int(Flag.TRUNCATED)
+_PROGRAM = -(1 << 62)
+_COLS = ("calls", "truncated", "excl_insns", "excl_time", "incl_insns", "incl_time")
 
 
 @dataclass
@@ -27,66 +46,229 @@ class FuncStats:
 
 @dataclass
 class Profile:
-    #: keyed by (name, function start): two functions of the same name
-    #: (``_start`` of ld.so and of the program) stay apart
-    funcs: dict[tuple, FuncStats] = field(default_factory=dict)
+    split: str | None = "main"
     markers: dict[str, int] = field(default_factory=dict)
     marker_samples: list = field(default_factory=list)
     insns: int = 0
     time: float = 0.0
     streams: int = 0
     units: set = field(default_factory=set)
-    _active: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self._keys: dict[tuple, int] = {}          # (name, func, part) -> row
+        self._key_list: list[tuple] = []
+        self._acc = np.zeros((0, len(_COLS)), np.float64)
+        self._open = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
+                                  ("main", "?"), ("tid", "<i8")])
+        self._main_seen: set = set()               # thread keys that ran main
+        self._stream = 0
+        self._legacy: RecordChunker | None = None
+        self._info = None
+
+    # -- input ---------------------------------------------------------------------
     def begin_stream(self, info, unit=None) -> None:
+        self._flush_legacy()
         self.streams += 1
-        self._active = {}
+        self._stream += 1
+        self._info = info
+        self._open = self._open[:0]
         if unit:
             self.units.add(unit)
 
     def add(self, rec) -> None:
-        t = type(rec)
-        if t is Enter:
-            key = (rec.name, rec.func)
-            self._active[key] = self._active.get(key, 0) + 1
-        elif t is Activation:
-            key = (rec.name, rec.func)
-            s = self.funcs.get(key)
-            if s is None:
-                s = self.funcs[key] = FuncStats(rec.name, rec.func)
-            if not rec.flags & (Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN):
-                s.calls += 1        # a slice going on with an earlier call is none
-            if rec.flags & Flag.TRUNCATED:
-                s.truncated += 1
-            si = rec.self_insns
-            s.excl_insns += si
-            s.excl_time += rec.self_time
-            self.insns += si
-            self.time += rec.self_time
-            n = self._active.get(key, 0)
-            if n <= 1:
-                s.incl_insns += rec.end_idx - rec.begin_idx
-                s.incl_time += rec.end - rec.begin
-                self._active.pop(key, None)
-            else:
-                self._active[key] = n - 1
-        elif t is Marker:
-            self.markers[rec.kind] = self.markers.get(rec.kind, 0) + 1
+        """A classic record (Enter/Activation/Marker)."""
+        if self._legacy is None:
+            self._legacy = RecordChunker()
+        self._legacy.add(rec)
+
+    def _flush_legacy(self) -> None:
+        if self._legacy is not None:
+            lg, self._legacy = self._legacy, None
+            self.add_slices(lg.take(), lg)
+
+    def add_slices(self, chunk, ctx) -> None:
+        names = ctx.names
+        E, X = chunk.enters, chunk.exits
+        for _seq, m in chunk.markers:
+            self.markers[m.kind] = self.markers.get(m.kind, 0) + 1
             if len(self.marker_samples) < 5:
-                self.marker_samples.append(rec)
+                self.marker_samples.append(m)
+        if not len(E) and not len(X):
+            return
+        thr = self._thread_keys
+        main_id = names.get(self.split) if self.split else None
+        if len(E):
+            o = np.zeros(len(E), self._open.dtype)
+            o["id"], o["eseq"] = E["id"], E["eseq"]
+            o["tid"] = E["tid"]
+            o["main"] = E["name"] == main_id if main_id is not None else False
+            o["key"] = _hkey(E)
+            # a thread whose main was called in the trace: what ran there
+            # outside main is start-up or exit (a main begun before the
+            # trace says nothing about what came before it)
+            called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
+            if called.any():
+                for t in np.unique(o["tid"][called]).tolist():
+                    self._main_seen.add(thr(t))
+            self._open = np.concatenate((self._open, o))
+        if not len(X):
+            return
+        op = self._open
+        # where each activation ends: this chunk, or later (+inf)
+        j = np.searchsorted(op["id"], X["id"])
+        jj = np.minimum(j, len(op) - 1)
+        found = (j < len(op)) & (op["id"][jj] == X["id"]) if len(op) else \
+            np.zeros(len(X), bool)
+        xend = np.full(len(op), np.iinfo(np.int64).max, np.int64)
+        xend[jj[found]] = X["xseq"][found]
+        # inside main: within a main activation (itself included)
+        inside = np.zeros(len(X), bool)
+        if main_id is not None and op["main"].any():
+            m = op["main"]
+            me, mx = op["eseq"][m], np.maximum.accumulate(xend[m])
+            k = np.searchsorted(me, X["eseq"], side="right") - 1
+            inside = (k >= 0) & (mx[np.maximum(k, 0)] >= X["xseq"])
+        # outermost: no activation of the same function around it
+        outer = self._outermost(op, xend, X, jj, found)
+        # parts and rows
+        part = np.where(inside, _PROGRAM, X["tid"])
+        rows = self._rows(X, names, part)
+        ins = (X["end_idx"] - X["begin_idx"]).astype(np.float64)
+        dur = X["end"] - X["begin"]
+        self_i = ins - X["child_insns"]
+        self_t = dur - X["child_time"]
+        nrow = len(self._acc)
+        acc = self._acc
+        acc[:, 0] += np.bincount(rows, (X["flags"] & _NOT_A_CALL) == 0, nrow)
+        acc[:, 1] += np.bincount(rows, (X["flags"] & _TRUNC) != 0, nrow)
+        acc[:, 2] += np.bincount(rows, self_i, nrow)
+        acc[:, 3] += np.bincount(rows, self_t, nrow)
+        acc[:, 4] += np.bincount(rows, np.where(outer, ins, 0), nrow)
+        acc[:, 5] += np.bincount(rows, np.where(outer, dur, 0), nrow)
+        self.insns += int(self_i.sum())
+        self.time += float(self_t.sum())
+        keep = np.ones(len(op), bool)
+        keep[jj[found]] = False
+        self._open = op[keep]
+
+    def _thread_keys(self, tid: int):
+        return (self._stream, tid)
+
+    @staticmethod
+    def _outermost(op, xend, X, jj, found) -> np.ndarray:
+        """For every ending activation: no activation of the same function
+        (begun before it, ending after it) encloses it."""
+        out = np.ones(len(X), bool)
+        if not found.any():
+            return out
+        xkey = _hkey(X)
+        # the ones ending here, and those still open of the same functions
+        ending = np.zeros(len(op), bool)
+        ending[jj[found]] = True
+        rest = np.flatnonzero(~ending)
+        rest = rest[np.isin(op["key"][rest], xkey)]
+        cand = np.sort(np.concatenate((jj[found], rest)))
+        key, e, x = op["key"][cand], op["eseq"][cand], xend[cand]
+        order = np.lexsort((e, key))
+        key, x = key[order], x[order]
+        sorted_idx = cand[order]
+        inv = np.full(len(op), -1, np.int64)
+        inv[sorted_idx] = np.arange(len(sorted_idx))
+        grp = np.concatenate(([0], np.cumsum(key[1:] != key[:-1]))).astype(np.int64)
+        big = np.int64(1) << 40
+        run = np.maximum.accumulate(np.minimum(x, big - 1) + grp * big)
+        prev = np.concatenate(([np.int64(-1)], run[:-1]))
+        p = inv[jj[found]]
+        ok = p >= 0
+        pf = np.where(ok, p, 0)
+        enclosed = ok & (prev[pf] > grp[pf] * big + X["xseq"][found])
+        out[found] = ~enclosed
+        return out
+
+    def _rows(self, X, names, part) -> np.ndarray:
+        """Accumulator row of every activation (new keys added)."""
+        with np.errstate(over="ignore"):
+            hk = (_hkey(X).view(np.uint64) * np.uint64(0x100000001B3)
+                  + part.astype(np.uint64)).view(np.int64)
+        u, first, inv = np.unique(hk, return_index=True, return_inverse=True)
+        inv = np.asarray(inv).reshape(-1)
+        out = np.empty(len(u), np.int64)
+        nt = names.names
+        for j, i in enumerate(first.tolist()):
+            func = int(X["func"][i])
+            pi = int(part[i])
+            key = (nt[int(X["name"][i])], None if func == _UNKNOWN else func,
+                   "program" if pi == _PROGRAM else self._thread_keys(pi))
+            r = self._keys.get(key)
+            if r is None:
+                r = self._keys[key] = len(self._key_list)
+                self._key_list.append(key)
+                if r >= len(self._acc):
+                    grow = np.zeros((max(64, 2 * len(self._acc)), len(_COLS)))
+                    grow[:len(self._acc)] = self._acc
+                    self._acc = grow
+            out[j] = r
+        return out[inv]
 
     def close(self) -> None:
-        pass
+        self._flush_legacy()
 
-    def display_names(self) -> dict[tuple, str]:
+    # -- results -----------------------------------------------------------------------
+    def _stats(self, which: str | None) -> dict[tuple, FuncStats]:
+        self._flush_legacy()
+        out: dict[tuple, FuncStats] = {}
+        acc = self._acc
+        for r, (name, func, part) in enumerate(self._key_list):
+            if which is not None:
+                start = part != "program" and part in self._main_seen
+                if (which == "startup") != start:
+                    continue
+            s = out.get((name, func))
+            if s is None:
+                s = out[(name, func)] = FuncStats(name, func)
+            c, t, ei, et, ii, it = acc[r].tolist()
+            s.calls += int(c)
+            s.truncated += int(t)
+            s.excl_insns += int(ei)
+            s.excl_time += et
+            s.incl_insns += int(ii)
+            s.incl_time += it
+        return out
+
+    @property
+    def funcs(self) -> dict[tuple, FuncStats]:
+        """keyed by (name, function start): two functions of the same name
+        (``_start`` of ld.so and of the program) stay apart."""
+        return self._stats(None)
+
+    def part(self, which: str) -> dict[tuple, FuncStats]:
+        """``"program"`` or ``"startup"`` (see the module doc)."""
+        return self._stats(which)
+
+    @property
+    def has_startup(self) -> bool:
+        return bool(self._main_seen)
+
+    def display_names(self, funcs=None) -> dict[tuple, str]:
         """Names for display: the name, with ``@0xADDR`` where two functions
         share it."""
+        funcs = self.funcs if funcs is None else funcs
         count: dict[str, int] = {}
-        for name, _f in self.funcs:
+        for name, _f in funcs:
             count[name] = count.get(name, 0) + 1
         return {(name, f): (name if count[name] == 1 or f is None else f"{name}@{f:#x}")
-                for name, f in self.funcs}
+                for name, f in funcs}
 
-    def top(self, key: str = "excl_insns", n: int = 15) -> list[FuncStats]:
-        return sorted(self.funcs.values(), key=lambda s: getattr(s, key),
+    def top(self, key: str = "excl_insns", n: int = 15, funcs=None) -> list[FuncStats]:
+        funcs = self.funcs if funcs is None else funcs
+        return sorted(funcs.values(), key=lambda s: getattr(s, key),
                       reverse=True)[:n]
+
+
+def _hkey(rows: np.ndarray) -> np.ndarray:
+    """A number per (function, name id): the same for one builder's rows
+    in every chunk (a 64-bit hash)."""
+    with np.errstate(over="ignore"):
+        h = rows["func"].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) \
+            + rows["name"].astype(np.uint64)
+    return h.view(np.int64)

@@ -45,6 +45,9 @@ class Flag(IntFlag):
     #: the slice goes on with an activation begun in an earlier slice of
     #: this CPU's stream, before its thread was switched out (not a call)
     SWITCHED_IN = 512
+    #: cut at the edge of the window a view was asked for (``--insns``,
+    #: ``--time``): the activation goes on outside it
+    CLIPPED = 1024
 
 
 class StreamInfo(NamedTuple):
@@ -122,7 +125,7 @@ class Activation(NamedTuple):
 class Marker(NamedTuple):
     """Something happened at one point of the stream: a gap, an overflow, a
     decode error, tracing disabled/enabled.  ``kind`` is one of
-    ``overflow``, ``error``, ``disabled``, ``gap``, ``end``."""
+    ``overflow``, ``error``, ``disabled``, ``gap``, ``end``, ``lost``."""
 
     kind: str
     time: float
@@ -132,5 +135,6 @@ class Marker(NamedTuple):
     tid: int | None = None
 
 
-#: marker kinds that mean data was lost (frames were closed there)
-LOSS_KINDS = frozenset({"overflow", "error", "gap"})
+#: marker kinds that mean data was lost (frames were closed there; "lost":
+#: the recorder said so -- a buffer that filled or wrapped)
+LOSS_KINDS = frozenset({"overflow", "error", "gap", "lost"})

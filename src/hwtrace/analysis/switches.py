@@ -32,7 +32,9 @@ LOOKAHEAD = 4
 
 
 def _tid(t: int) -> int | None:
-    return None if t is None or t < 0 else t
+    """A thread id, or None for idle: -1 (the emulated engines) or 0 (perf:
+    the swapper, which runs no user code)."""
+    return None if t is None or t <= 0 else t
 
 
 class SwitchTimeline:
@@ -100,6 +102,12 @@ class SwitchTimeline:
         if k <= self.i:
             return current
         return _tid(self.switches[k - 1].next_tid)
+
+    def pid_after(self, k: int, current: int | None) -> int | None:
+        """The process of :meth:`thread_after`."""
+        if k <= self.i:
+            return current
+        return _tid(getattr(self.switches[k - 1], "next_pid", None))
 
     def leaves(self, tid: int | None, k: int) -> bool:
         """Is ``tid`` switched out by a pending switch before index ``k``?"""

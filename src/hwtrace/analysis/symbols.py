@@ -25,6 +25,133 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+import numpy as np
+
+from hwtrace.analysis.elfraw import EM_X86_64, RawElf, RawElfError
+
+
+def _symbol_array(elf: ELFFile, sec):
+    """A symbol table as arrays: (names(i) -> str, value, size, type,
+    bind, section index), or None if it cannot be read so."""
+    try:
+        data = sec.data()
+        strtab = elf.get_section(sec.header.sh_link).data()
+    except Exception:           # pyelftools' errors on broken files
+        return None
+    little = elf.little_endian
+    e = "<" if little else ">"
+    if elf.elfclass == 64:
+        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
+                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
+    else:
+        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
+    n = len(data) // dt.itemsize
+    a = np.frombuffer(data, dt, n)
+    off = a["name"].astype(np.int64)
+
+    def names(i: int) -> str:
+        o = int(off[i])
+        end = strtab.find(b"\0", o)
+        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
+            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+
+
+def _raw_symtab(elf: "RawElf", i: int):
+    """Like :func:`_symbol_array`, from a RawElf section index."""
+    data = elf.section_data(i)
+    strtab = elf.section_data(int(elf.sh["link"][i]))
+    e = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:
+        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
+                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
+    else:
+        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
+    a = np.frombuffer(data, dt, len(data) // dt.itemsize)
+    off = a["name"].astype(np.int64)
+
+    def names(k: int) -> str:
+        o = int(off[k])
+        end = strtab.find(b"\0", o)
+        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
+            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+
+
+def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
+    """:meth:`Image._read_symbols` over a RawElf (same rules)."""
+    funcs: dict[int, tuple[int, str]] = {}
+    labels: dict[int, tuple[int, str]] = {}
+    exec_secs = elf.exec_sections()
+    for secname in (".dynsym", ".symtab"):
+        i = elf.section_index(secname)
+        if i is None or int(elf.sh["type"][i]) not in (2, 11):   # SYMTAB, DYNSYM
+            continue
+        names, value, size, typ, bind, shndx = _raw_symtab(elf, i)
+        insec = (shndx != 0) & (shndx < 0xFF00)
+        isf = insec & ((typ == 2) | (typ == 10))
+        isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
+        for k in np.flatnonzero(isf | isl).tolist():
+            name = names(k)
+            if not name:
+                continue
+            v, z, glob = int(value[k]), int(size[k]), bind[k] == 1
+            if isf[k]:
+                old = funcs.get(v)
+                if old is None or glob or old[0] == 0:
+                    funcs[v] = (z, name)
+            elif not name.startswith((".L", "$")):
+                old = labels.get(v)
+                if old is None or glob:
+                    labels[v] = (z, name)
+    for a, v in labels.items():
+        funcs.setdefault(a, v)
+    if plt:
+        funcs.update(_raw_plt(elf))
+    ends = elf.exec_ranges()
+    starts = sorted(funcs)
+    sec_starts = sorted(ends)
+    for k, a in enumerate(starts):
+        size, name = funcs[a]
+        if size:
+            continue
+        nxt = starts[k + 1] if k + 1 < len(starts) else None
+        j = bisect.bisect_right(sec_starts, a) - 1
+        sec_end = ends[sec_starts[j]] if j >= 0 and a < ends[sec_starts[j]] else None
+        cands = [x for x in (nxt, sec_end) if x is not None and x > a]
+        if cands:
+            funcs[a] = (min(cands) - a, name)
+    return funcs
+
+
+def _raw_plt(elf: "RawElf") -> dict:
+    """:meth:`Image._plt_symbols` over a RawElf."""
+    ri = elf.section_index(".rela.plt")
+    if ri is None or elf.e_machine != EM_X86_64:
+        return {}
+    dyn = int(elf.sh["link"][ri])
+    si = elf.section_index(".plt.sec")
+    first = 0
+    if si is None:
+        si = elf.section_index(".plt")
+        first = 16
+    if si is None or dyn >= len(elf.sh) or int(elf.sh["type"][dyn]) not in (2, 11):
+        return {}
+    names, value, *_rest = _raw_symtab(elf, dyn)
+    data = elf.section_data(ri)
+    if len(data) % 24:
+        return {}
+    info = np.frombuffer(data, "<u8" if elf.little_endian else ">u8").reshape(-1, 3)[:, 1]
+    idx = (info >> np.uint64(32)).astype(np.int64)
+    nsym = len(value)
+    base = int(elf.sh["addr"][si]) + first
+    out = {}
+    for k, j in enumerate(idx.tolist()):
+        name = names(j) if 0 < j < nsym else ""
+        out[base + 16 * k] = (16, (name or f"plt{k}") + "@plt")
+    return out
 
 
 class SymbolError(Exception):
@@ -76,22 +203,33 @@ class Image:
         self.path = str(path)
         self.bias = bias
         try:
-            with open(self.path, "rb") as f:
-                elf = ELFFile(f)
-                self.build_id = _build_id(elf)
-                self.segments = [(s.header.p_vaddr, s.header.p_memsz,
-                                  s.header.p_offset, s.header.p_filesz)
-                                 for s in elf.iter_segments()
-                                 if s.header.p_type == "PT_LOAD"]
-                self.is_pie = elf.header.e_type == "ET_DYN"
-                funcs = self._read_symbols(elf)
-        except (OSError, ELFError) as e:
+            funcs = self._read_raw()
+        except OSError as e:
             raise SymbolError(f"{self.path}: {e}") from None
+        except (RawElfError, ValueError, IndexError):
+            funcs = None
+        if funcs is None:
+            try:
+                with open(self.path, "rb") as f:
+                    elf = ELFFile(f)
+                    self.build_id = _build_id(elf)
+                    self.segments = [(s.header.p_vaddr, s.header.p_memsz,
+                                      s.header.p_offset, s.header.p_filesz)
+                                     for s in elf.iter_segments()
+                                     if s.header.p_type == "PT_LOAD"]
+                    self.is_pie = elf.header.e_type == "ET_DYN"
+                    funcs = self._read_symbols(elf)
+            except (OSError, ELFError) as e:
+                raise SymbolError(f"{self.path}: {e}") from None
         self.debug_file = self._find_debug(debug_roots)
         if self.debug_file:
             try:
-                with open(self.debug_file, "rb") as f:
-                    funcs.update(self._read_symbols(ELFFile(f), plt=False))
+                try:
+                    with open(self.debug_file, "rb") as f:
+                        funcs.update(_raw_symbols(RawElf(f.read()), plt=False))
+                except (RawElfError, ValueError, IndexError):
+                    with open(self.debug_file, "rb") as f:
+                        funcs.update(self._read_symbols(ELFFile(f), plt=False))
             except (OSError, ELFError):
                 self.debug_file = None
         items = sorted(funcs.items())
@@ -114,6 +252,16 @@ class Image:
 
     # -- reading ---------------------------------------------------------
 
+    def _read_raw(self) -> dict | None:
+        """Headers, build-id and symbols by :class:`.elfraw.RawElf`."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        elf = RawElf(data)
+        self.build_id = elf.build_id()
+        self.segments = elf.loads()
+        self.is_pie = elf.e_type == 3
+        return _raw_symbols(elf)
+
     def _find_debug(self, roots) -> str | None:
         if not self.build_id or len(self.build_id) < 3:
             return None
@@ -127,7 +275,8 @@ class Image:
     def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
         """{link-time address: (size, name)} of functions.  Untyped symbols
         in executable sections (assembly labels) count where no function
-        symbol starts; symbols of size 0 extend to the next symbol."""
+        symbol starts; symbols of size 0 extend to the next symbol.  The
+        symbol tables are read as arrays (numpy), not symbol by symbol."""
         funcs: dict[int, tuple[int, str]] = {}
         labels: dict[int, tuple[int, str]] = {}
         exec_secs = {i for i, sec in enumerate(elf.iter_sections())
@@ -136,18 +285,29 @@ class Image:
             sec = elf.get_section_by_name(secname)
             if not isinstance(sec, SymbolTableSection):
                 continue
-            for name, value, size, typ, is_global, shndx in \
-                    _code_symbols(elf, sec):
-                if typ in ("STT_FUNC", "STT_GNU_IFUNC"):
-                    old = funcs.get(value)
+            syms = _symbol_array(elf, sec)
+            if syms is None:
+                continue
+            names, value, size, typ, bind, shndx = syms
+            # STT_FUNC 2, STT_GNU_IFUNC 10, STT_NOTYPE 0; SHN_UNDEF 0 and
+            # the reserved indices (>= 0xff00) are not in a section
+            insec = (shndx != 0) & (shndx < 0xFF00)
+            isf = insec & ((typ == 2) | (typ == 10))
+            isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
+            for i in np.flatnonzero(isf | isl).tolist():
+                name = names(i)
+                if not name:
+                    continue
+                v, z, glob = int(value[i]), int(size[i]), bind[i] == 1
+                if isf[i]:
+                    old = funcs.get(v)
                     # prefer global names and .symtab's (later) ones
-                    if old is None or is_global or old[0] == 0:
-                        funcs[value] = (size, name)
-                elif typ == "STT_NOTYPE" and shndx in exec_secs \
-                        and not name.startswith((".L", "$")):
-                    old = labels.get(value)
-                    if old is None or is_global:
-                        labels[value] = (size, name)
+                    if old is None or glob or old[0] == 0:
+                        funcs[v] = (z, name)
+                elif not name.startswith((".L", "$")):
+                    old = labels.get(v)
+                    if old is None or glob:
+                        labels[v] = (z, name)
         for a, v in labels.items():
             funcs.setdefault(a, v)
         if plt:
@@ -187,11 +347,19 @@ class Image:
             first = 16
         if sec is None or not isinstance(dynsym, SymbolTableSection):
             return {}
+        syms = _symbol_array(elf, dynsym)
+        data = rela.data()
+        if syms is None or len(data) % 24:
+            return {}
+        info = np.frombuffer(data, "<u8").reshape(-1, 3)[:, 1]
+        idx = (info >> np.uint64(32)).astype(np.int64)
+        names = syms[0]
+        nsym = len(syms[1])
         out = {}
-        for i, rel in enumerate(rela.iter_relocations()):
-            sym = dynsym.get_symbol(rel["r_info_sym"])
-            name = sym.name if sym is not None and sym.name else f"plt{i}"
-            out[sec.header.sh_addr + first + 16 * i] = (16, name + "@plt")
+        base = sec.header.sh_addr + first
+        for i, k in enumerate(idx.tolist()):
+            name = names(k) if 0 < k < nsym else ""
+            out[base + 16 * i] = (16, (name or f"plt{i}") + "@plt")
         return out
 
     # -- queries (runtime addresses) ---------------------------------------
@@ -316,59 +484,6 @@ class Image:
                 except (OSError, ELFError, KeyError, ValueError, AttributeError):
                     continue
         return self._dwarf_cache
-
-
-_SYM64 = [("name", "<u4"), ("info", "u1"), ("other", "u1"),
-          ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
-_SYM32 = [("name", "<u4"), ("value", "<u4"), ("size", "<u4"),
-          ("info", "u1"), ("other", "u1"), ("shndx", "<u2")]
-# pyelftools' names (it calls STT_GNU_IFUNC by the range's first, STT_LOOS)
-_TYPES = {0: "STT_NOTYPE", 2: "STT_FUNC", 10: "STT_LOOS"}
-_SHN_LORESERVE = 0xFF00
-
-
-def _code_symbols(elf: ELFFile, sec):
-    """(name, value, size, type, is_global, shndx) of the named symbols
-    of ``sec`` defined in a section (st_shndx a section index) whose type
-    is STT_FUNC, STT_GNU_IFUNC or STT_NOTYPE, in table order.  The table
-    is read at once with numpy (a large .symtab is ~100x faster than
-    symbol by symbol); big-endian files go through pyelftools."""
-    import numpy as np
-    h = sec.header
-    entsize = 24 if elf.elfclass == 64 else 16
-    if not elf.little_endian or h.sh_entsize != entsize or \
-            h.sh_type == "SHT_NOBITS":
-        yield from _code_symbols_slow(sec)
-        return
-    strtab = elf.get_section(h.sh_link)
-    st = elf.stream
-    st.seek(h.sh_offset)
-    raw = st.read(h.sh_size - h.sh_size % entsize)
-    st.seek(strtab.header.sh_offset)
-    names = st.read(strtab.header.sh_size)
-    syms = np.frombuffer(raw, dtype=_SYM64 if entsize == 24 else _SYM32)
-    typ = syms["info"] & 0xF
-    keep = ((typ == 0) | (typ == 2) | (typ == 10)) & (syms["name"] != 0) & \
-        (syms["shndx"] != 0) & (syms["shndx"] < _SHN_LORESERVE)
-    for off, value, size, t, info, shndx in zip(
-            syms["name"][keep].tolist(), syms["value"][keep].tolist(),
-            syms["size"][keep].tolist(), typ[keep].tolist(),
-            syms["info"][keep].tolist(), syms["shndx"][keep].tolist()):
-        end = names.find(b"\0", off)
-        raw_name = names[off:end if end >= 0 else len(names)]
-        if not raw_name:
-            continue
-        yield (raw_name.decode("utf-8", errors="replace"), value, size,
-               _TYPES[t], info >> 4 == 1, shndx)
-
-
-def _code_symbols_slow(sec):
-    for sym in sec.iter_symbols():
-        e = sym.entry
-        if not sym.name or not isinstance(e.st_shndx, int):
-            continue
-        yield (sym.name, e.st_value, e.st_size, e.st_info.type,
-               e.st_info.bind == "STB_GLOBAL", e.st_shndx)
 
 
 def _cu_rows(dwarf, cu):

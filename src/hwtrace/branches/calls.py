@@ -1,14 +1,32 @@
 """The indented function-call history (``hwtrace calls``), like a
 debugger's function-call history: one line per activation in the order
 they began, indented by call depth, with the activation's instruction
-count and duration.  A writer for the export pipeline (``begin_stream`` /
-``add`` / ``close``) fed with the call-stack builder's records
-(``hwtrace.analysis.records``); no I/O: :meth:`CallHistory.lines` renders.
+count and duration.
+
+A writer for the views' pipeline (``begin_stream`` / ``add_slices`` /
+``close``) fed with the call-stack builder's chunks
+(:mod:`hwtrace.analysis.slices`).  Lines stream out: a line is written as
+soon as its activation has ended and every line before it is written;
+lines formatted a chunk at a time (:mod:`hwtrace.export.textcols`).  So
+that the output starts at once (``calls | head``: the first screenful
+once 256 K instructions have gone by), an activation that holds back more than ``hold``
+lines (``main`` holds back everything) is written early, ``(open)``, and
+gets a line of its own where it ends::
+
+      main                                         (open: totals where it ends)
+        fib                                             8 insns
+      ...
+      end of main                               1,234,567 insns
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
+from hwtrace.analysis.slices import Cols, RecordChunker
+from hwtrace.export import track_label
+from hwtrace.export.textcols import Lines, _digits, small_ids
 
 
 def fmt_duration(t: float, unit: str | None) -> str:
@@ -25,77 +43,291 @@ def fmt_duration(t: float, unit: str | None) -> str:
 #: what a line notes about its activation, in this order
 _NOTES = ((Flag.BEGIN_UNKNOWN, "began before the trace"), (Flag.TRUNCATED, "truncated"),
           (Flag.TAIL_CALL, "tail call"), (Flag.UNWOUND, "unwound"),
-          (Flag.SWITCHED_IN, "goes on after a switch"), (Flag.SWITCHED_OUT, "switched out"))
+          (Flag.SWITCHED_IN, "goes on after a switch"), (Flag.SWITCHED_OUT, "switched out"),
+          (Flag.CLIPPED, "cut at the window's edge"))
 
-
-class _Entry:
-    __slots__ = ("depth", "name", "func", "insns", "duration", "flags", "tid")
-
-    def __init__(self, depth, name, func, flags, tid=None):
-        self.tid = tid
-        self.depth = depth
-        self.name = name
-        self.func = func
-        self.insns = None
-        self.duration = None
-        self.flags = flags
+_HEAD = 48
+#: instructions after which the first lines come out, complete or not
+EARLY = 1 << 18
+_OPEN = b"(open)"
+_EARLY = b"(open: totals where it ends)"
 
 
 class CallHistory:
-    """Collects Enter/Activation/Marker records per stream."""
+    """``out``: a text file to write to as lines are ready (None: keep
+    them for :meth:`lines`)."""
 
-    def __init__(self, max_depth: int | None = None):
+    def __init__(self, max_depth: int | None = None, out=None,
+                 hold: int = 1 << 14, show_time: bool = True):
         self.max_depth = max_depth
-        self.streams: list[tuple[object, str | None, list]] = []
-        self._open: dict[tuple, _Entry] = {}
-        self._cur: list | None = None
+        self.show_time = show_time
+        self._last_tid = -1
+        self.out = out
+        self.hold = hold
+        self._kept: list[str] = []
+        self._info = None
+        self._unit = None
+        self._q = Cols.zeros()               # enters waiting for their end, in order
+        self._done = np.zeros(0, bool)
+        self._early: set[int] = set()        # ids written early
+        self._marks: list = []               # (seq, Marker) waiting
+        self._legacy: RecordChunker | None = None
+        self._ctx = None
+        self._heads: dict = {}
+        self._notes: dict = {}
+        self.lines_written = 0
+
+    # -- output ------------------------------------------------------------------
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        if self.out is not None:
+            self.out.write(text)
+        else:
+            self._kept.extend(text.splitlines())
 
     def begin_stream(self, info, unit=None) -> None:
-        self._cur = []
-        self._open = {}
-        self.streams.append((info, unit, self._cur))
+        self._end_stream()
+        self._info = info
+        self._last_tid = -1
+        self._heads = {}
+        self._unit = unit
+        self._write(f"{track_label(info)}:\n")
 
+    def _end_stream(self) -> None:
+        if self._legacy is not None:
+            self.add_slices(self._legacy.take(), self._legacy)
+        if len(self._q) or self._marks:
+            self._emit(final=True)
+
+    def add_slices(self, chunk, ctx) -> None:
+        self._ctx = ctx
+        E, X = chunk.enters, chunk.exits
+        md = self.max_depth
+        if md is not None:
+            E = E[E["depth"] <= md]
+            X = X[X["depth"] <= md]
+        if len(E):
+            self._q = Cols.concat([self._q, E])
+            self._done = np.concatenate((self._done, np.zeros(len(E), bool)))
+        if len(X):
+            self._ends(X)
+        for seq, m in chunk.markers:
+            if m.kind != "end":
+                self._marks.append((seq, m))
+        self._emit()
+
+    def _ends(self, X: np.ndarray) -> None:
+        q = self._q
+        j = np.searchsorted(q["id"], X["id"])
+        jj = np.minimum(j, max(len(q) - 1, 0))
+        here = (j < len(q)) & (q["id"][jj] == X["id"]) if len(q) else \
+            np.zeros(len(X), bool)
+        if here.any():
+            k = jj[here]
+            src = X[here]
+            for f in ("end_idx", "end", "begin", "flags", "child_insns", "xseq"):
+                q[f][k] = src[f]
+            self._done[k] = True
+        if self._early and (~here).any():
+            late = X[~here]
+            mine = np.isin(late["id"], np.fromiter(self._early, np.int64,
+                                                   len(self._early)))
+            if mine.any():
+                for i in late["id"][mine].tolist():
+                    self._early.discard(i)
+                # their totals go where they end, after the lines before
+                L = late[mine]
+                for k in np.argsort(L["xseq"], kind="stable").tolist():
+                    self._marks.append((int(L["xseq"][k]), L[k:k + 1]))
+                self._marks.sort(key=lambda m: m[0])
+
+    def _emit(self, final: bool = False) -> None:
+        q, done = self._q, self._done
+        n = len(q)
+        upto = n if final else (int(np.argmin(done)) if not done.all() else n)
+        # a screenful comes out early (once 256 K instructions have
+        # gone by with nothing written), then lines wait for their totals
+        # unless something long-lived holds back too many
+        hold = self.hold
+        if not self.lines_written and n and int(q["begin_idx"][-1]) >= EARLY:
+            hold = min(hold, 64)
+        if not final and n - upto > hold:
+            # write what began long enough ago, the open ones early
+            upto = n - hold // 2
+        if not upto and not self._marks:
+            return
+        rows = q[:upto]
+        ok = done[:upto]
+        self._q, self._done = q[upto:], done[upto:]
+        # markers and late totals go out once every line begun before
+        # them is out: before the first line still waiting
+        marks = []
+        if self._marks:
+            if final or not len(self._q):
+                marks, self._marks = self._marks, []
+            else:
+                head = int(self._q["eseq"][0])
+                k = 0
+                while k < len(self._marks) and self._marks[k][0] < head:
+                    k += 1
+                marks, self._marks = self._marks[:k], self._marks[k:]
+        if not upto and not marks:
+            return
+        if (~ok).any():
+            if not final:
+                self._early.update(rows["id"][~ok].tolist())
+        self._render(rows, ok, marks, final)
+
+    def _render(self, rows, ok, marks, final) -> None:
+        if not marks:
+            self._write(self._format(rows, ok, final))
+            return
+        seqs = rows["eseq"]
+        cut = np.searchsorted(seqs, [s for s, _m in marks])
+        prev = 0
+        for c, (_s, m) in zip(cut.tolist(), marks):
+            self._write(self._format(rows[prev:c], ok[prev:c], final))
+            if isinstance(m, Marker):
+                self._write(f"  -- {m.kind} at insn {m.idx:,}: {m.detail}\n")
+            else:
+                self._write(self._format(m, np.ones(1, bool), False, end_of=True))
+            prev = c
+        self._write(self._format(rows[prev:], ok[prev:], final))
+
+    def _format(self, rows, ok, final, end_of: bool = False) -> str:
+        n = len(rows)
+        if not n:
+            return ""
+        if self._unit == "insns" or not self.show_time:
+            return self._format_counts(rows, ok, final, end_of)
+        names = self._ctx.names
+        t = Lines(n)
+        depth = rows["depth"].astype(np.int64)
+        t.spaces(2 * (depth + 1))
+        if end_of:
+            t.lit(b"end of ")
+        u = np.unique(rows["name"])
+        table = [b""] * (int(u.max()) + 1)
+        for i in u.tolist():
+            table[i] = names[i].encode("utf-8", "replace")
+        t.strs(table, rows["name"])
+        lens = np.array([len(x) for x in table], np.int64)
+        hl = 2 * (depth + 1) + lens[rows["name"]] + (7 if end_of else 0)
+        t.spaces(_HEAD - hl)
+        t.lit(b" ")
+        insns = rows["end_idx"] - rows["begin_idx"]
+        t.int(insns, 10, commas=True).only(ok).when(ok, b" insns")
+        unit = self._unit
+        if unit != "insns" and self.show_time:
+            t.when(ok, b"  ")
+            _durations(t, rows["end"] - rows["begin"], unit, ok)
+        t.when(~ok, _OPEN if final else _EARLY)
+        self._last_tid = _notes(t, rows, self._info, self._last_tid)
+        t.lit(b"\n")
+        self.lines_written += n
+        return t.text().decode("utf-8", "replace")
+
+    def _format_counts(self, rows, ok, final, end_of: bool) -> str:
+        """Lines with instruction counts only, by %-formatting over the
+        columns: deep stacks make the indented head hundreds of bytes wide
+        in places, which column assembly pays on every line; each
+        (depth, function) head is made once."""
+        n = len(rows)
+        names = self._ctx.names.names
+        heads = self._heads
+        depth = rows["depth"].tolist()
+        nid = rows["name"].tolist()
+        insns = (rows["end_idx"] - rows["begin_idx"]).tolist()
+        flags = rows["flags"].tolist()
+        tids = rows["tid"].tolist()
+        threads = bool(getattr(self._info, "switches", ()))
+        last = self._last_tid
+        notes = self._notes
+        opened = (_OPEN if final else _EARLY).decode()
+        out = []
+        add = out.append
+        for d, i, c, f, tid, done in zip(depth, nid, insns, flags, tids, ok.tolist()):
+            key = (d, i, end_of)
+            h = heads.get(key)
+            if h is None:
+                text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
+                h = heads[key] = f"{text:<48} "
+            note = notes.get(f)
+            if note is None:
+                note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+            if threads and tid >= 0 and tid != last:
+                note = f"{note}, tid {tid}" if note else f"tid {tid}"
+            last = tid
+            tail = f"{c:>10,} insns" if done else opened
+            add(f"{h}{tail}  [{note}]\n" if note else f"{h}{tail}\n")
+        self._last_tid = last
+        self.lines_written += n
+        return "".join(out)
+
+    # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
-        t = type(rec)
-        if t is Enter:
-            if self.max_depth is not None and rec.depth > self.max_depth:
-                return
-            e = _Entry(rec.depth, rec.name, rec.func, rec.flags, rec.tid)
-            self._cur.append(e)
-            self._open[(rec.begin_idx, rec.depth)] = e
-        elif t is Activation:
-            e = self._open.pop((rec.begin_idx, rec.depth), None)
-            if e is None:
-                return
-            e.insns = rec.end_idx - rec.begin_idx
-            e.duration = rec.end - rec.begin
-            e.flags = rec.flags
-        elif t is Marker and rec.kind != "end":
-            self._cur.append(rec)
+        if self._legacy is None:
+            self._legacy = RecordChunker()
+        if type(rec) in (Enter, Activation, Marker):
+            self._legacy.add(rec)
 
     def close(self) -> None:
-        pass
+        self._end_stream()
+        if self.out is not None:
+            self.out.flush()
 
     def lines(self):
-        """The rendered history, line by line."""
-        for info, unit, entries in self.streams:
-            yield f"{info.label()}:"
-            # a CPU's stream following context switches: say whose
-            threads = bool(getattr(info, "switches", ()))
-            for e in entries:
-                if type(e) is Marker:
-                    yield f"  -- {e.kind} at insn {e.idx:,}: {e.detail}"
-                    continue
-                name = e.name
-                notes = [text for flag, text in _NOTES if e.flags & flag]
-                if threads and e.tid is not None:
-                    notes.append(f"tid {e.tid}")
-                head = "  " * (e.depth + 1) + name
-                if e.insns is None:
-                    tail = "(open)"
-                else:
-                    tail = f"{e.insns:>10,} insns"
-                    if unit != "insns":
-                        tail += f"  {fmt_duration(e.duration, unit):>10}"
-                note = f"  [{', '.join(notes)}]" if notes else ""
-                yield f"{head:<48} {tail}{note}"
+        """The rendered history, line by line (``out`` None)."""
+        self._end_stream()
+        kept, self._kept = self._kept, []
+        return iter(kept)
+
+
+def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> None:
+    """``fmt_duration`` of every row, right-aligned in 10 (``show``: rows
+    that have one)."""
+    n = len(d)
+    if unit != "ns":
+        v = np.round(d).astype(np.int64)
+        t.int(v, 0, commas=True).only(show)
+        t.when(show, b" " + (unit or "ticks").encode())
+        return
+    scale = np.select([d >= 1e9, d >= 1e6, d >= 1e3], [1e9, 1e6, 1e3], 1.0)
+    suffix = np.select([d >= 1e9, d >= 1e6, d >= 1e3], [0, 1, 2], 3)
+    tab = [b"s", b"ms", b"us", b"ns"]
+    plain = suffix == 3
+    cents = np.round(d / scale * 100).astype(np.int64)
+    whole = np.where(plain, np.round(d).astype(np.int64), cents // 100)
+    frac = cents % 100
+    ln = (np.searchsorted(np.array([10 ** k for k in range(19)]), np.abs(whole),
+                          side="right").clip(1)
+          + np.where(plain, 0, 3) + np.array([len(x) for x in tab])[suffix])
+    t.spaces(np.where(show, 10 - ln, 0))
+    t.int(whole).only(show)
+    t.when(show & ~plain, b".")
+    t._cols.append((_digits(frac, 2), "L", np.where(show & ~plain, 2, 0)))
+    t.strs(tab, suffix).only(show)
+
+
+def _notes(t: Lines, rows: np.ndarray, info, last_tid: int) -> int:
+    """Flags in words; in a CPU's stream following its threads, the
+    thread where it changes.  Returns the last line's thread."""
+    flags = rows["flags"]
+    u, inv = small_ids(flags)
+    texts = []
+    for f in u.tolist():
+        notes = [text for flag, text in _NOTES if f & flag]
+        texts.append(", ".join(notes).encode())
+    has = np.array([bool(x) for x in texts])[inv]
+    threads = bool(getattr(info, "switches", ()))
+    tid = rows["tid"]
+    prev = np.concatenate(([last_tid], tid[:-1]))
+    show_tid = (tid >= 0) & threads & (tid != prev)
+    t.when(has | show_tid, b"  [")
+    t.strs(texts, inv)
+    t.when(has & show_tid, b", ")
+    t.when(show_tid, b"tid ")
+    t.int(np.maximum(tid, 0)).only(show_tid)
+    t.when(has | show_tid, b"]")
+    return int(tid[-1]) if len(tid) else last_tid

@@ -1,15 +1,19 @@
-"""Branch records from a decoded trace: a bundle (decoded by the
-instruction-flow decoder through ``hwtrace.export.source``), a raw ``.pt``
-stream with ``--elf`` images, or a ``.jsonl`` file of flow items
-(``ptoracle insn`` / ``hwtrace decode --format jsonl`` lines) with
-``--elf`` images.
+"""Branch records from a decoded trace: a bundle or a raw ``.pt`` stream
+(decoded into batches through :mod:`hwtrace.streams`), or a ``.jsonl`` file
+of flow items (``ptoracle insn`` / ``hwtrace decode --format jsonl``
+lines) with ``--elf`` images.
 
-The instruction flow gives each executed instruction's address and class;
-the instruction bytes (needed to tell a direct from an indirect call, a
-syscall from a far call) are read from the same images the decoder used
-(the bundle's memory maps, or the ELF files).  Everything then goes
-through the shared :class:`~hwtrace.branches.tracker.Tracker`, so the
-trigger windows and the mask are applied exactly as for a live process.
+Batches (every branch ending a record) give each transfer at once: record
+``r``'s last instruction went to record ``r + 1``'s first.  The runs of
+records between events are turned into records with numpy -- kind from
+the instruction class (``INDIRECT`` says call vs indirect call; a far
+transfer's bytes say syscall, interrupt, sysret, iret or far), call depth
+by a running sum, the mask as array tests.  Everything else goes through
+the shared :class:`~hwtrace.branches.tracker.Tracker`, one transfer at a
+time, so the trigger windows, the depth rules and the mask are exactly the
+ones a live process gets: the events (tracing disabled and enabled, an
+interrupt, an overflow, a decode error), the records where a trigger
+address executes, and the transfer pending across them.
 
 Where tracing stops and starts again (TIP.PGD / TIP.PGE, and the
 asynchronous FUP+TIP.PGD of an interrupt into an untraced kernel), the
@@ -17,33 +21,38 @@ records have a None end (see :mod:`.records`): a synchronous disable
 ends the pending transfer with ``to`` None (a ``syscall``), an
 asynchronous one is an ``interrupt`` from the interrupted IP, and each
 enable is a ``sysret``/``iret`` from None to its IP.  Status updates
-(a PSB+ restating the state: its FUP while tracing is on, or no FUP
-while it is off) are neither exits nor resumes, wherever the PSB+ falls
--- even between a branch and its target.
+(a PSB+ restating the state) are neither exits nor resumes.
 
-Per-CPU bundles (``hwtrace record --mode cpu``) interleave threads in one
-stream and the sideband's switch times are not on the trace's clock here:
-their records have no pid/tid, and an enable elsewhere than where tracing
-stopped may be another thread, so it is not taken for a signal handler
-(no depth change).  Record with ``--mode thread`` for per-thread records.
+Threads: a thread's stream gives its pid/tid to every record.  A CPU's
+stream (``record --mode cpu``, perf imports) interleaves threads; the
+sideband's context switches say which one runs: at each enable, the
+thread switched in last by then (the switch times are on the trace's TSC
+clock, the time of the enable estimated from the last timing packet and
+the instructions since).  Each thread has its own depth and window state.
+Without switches a CPU's records have no pid/tid, and an enable elsewhere
+than where tracing stopped may be another thread, so it is not taken for
+a signal handler.
 
     trace = decoded_records("bundle/", TriggerSpec(within="fib"))
-    trace.symbolizer ; for rec in trace.records(): ...
+    for rec in trace.records(): ...          # Branch objects
+    for a in trace.arrays(): ...             # numpy chunks (records.dtype)
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from hwtrace.x86 import Mode, X86Error, decoder_for
+from hwtrace.x86.insn import IClass, Insn, Kind
 
 from . import resolve
-from .classify import is_transfer
+from .classify import classify, is_transfer
 from .mask import MaskSpec
-from .records import Branch
+from .records import KIND_CODE, Branch, dtype, iter_arrays
 from .tracker import Tracker
 from .triggers import TriggerSpec
 
@@ -54,7 +63,7 @@ class DecodedError(Exception):
 
 class CodeReader:
     """Instruction bytes at runtime addresses, from mapped files (the
-    source's ``code``: the same files its decoder read)."""
+    input's ``code``: the same files its decoder read)."""
 
     def __init__(self):
         self._maps: list[tuple[int, int, str, int]] = []   # (start, end, path, off)
@@ -76,7 +85,9 @@ class CodeReader:
         data = self._files.get(path)
         if data is None:
             try:
-                data = self._files[path] = Path(path).read_bytes()
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    data = self._files[path] = b"\0" * off + f.read(end - start)
             except OSError:
                 data = self._files[path] = b""
         o = off + addr - start
@@ -84,13 +95,26 @@ class CodeReader:
 
 
 _NOT_BRANCH = frozenset({"other", "ptwrite", "unknown", "error"})
+_DT = dtype()
+_NODEPTH = -(1 << 31)
+_CALL, _ICALL, _RET = KIND_CODE["call"], KIND_CODE["indirect_call"], KIND_CODE["return"]
+_JUMP, _IJUMP = KIND_CODE["jump"], KIND_CODE["indirect_jump"]
+_COND, _NCOND = KIND_CODE["cond"], KIND_CODE["cond_not_taken"]
+_KIND_ID = {k: i for i, k in enumerate(KIND_CODE)}
+# IClass -> record class: 0 none, 1 call, 2 return, 3 jump, 4 cond, 5 far
+_CLS = np.zeros(256, np.int8)
+_CLS[[2, 3, 4, 5, 6, 7, 8, 10]] = [1, 2, 3, 4, 5, 5, 5, 3]
 
 
 class _Consumer:
-    """One stream's items (the export pipeline's consumer protocol:
-    ``insn(ip, size, iclass)`` and ``feed(item)``) into the tracker."""
+    """One stream into the tracker: flow items one at a time
+    (``insn(ip, size, iclass)``, ``feed(item)``) or batches
+    (:meth:`feed_batch`).  ``follow``: a CPU's context switches
+    (:class:`hwtrace.analysis.switches.SwitchTimeline`) to say whose
+    records these are."""
 
-    def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False):
+    def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False,
+                 follow=None):
         # the trace's enable/disable events say where tracing stopped and
         # resumed (with the OS bit, a syscall goes on into the kernel)
         tracker.kernel_untraced = False
@@ -99,13 +123,18 @@ class _Consumer:
         self.reader = reader
         # a per-CPU stream interleaves threads: tracing disabled and enabled
         # elsewhere may be a context switch, not the same thread going on
-        self.per_cpu = per_cpu
+        # (unless the switches say which thread it is)
+        self.per_cpu = per_cpu and follow is None
+        self.follow = follow
         self.time = None
+        self.n = 0
         # is tracing on as far as the events said (None: unknown -- the
         # stream's start, or after an overflow or a decode error)
         self.enabled: bool | None = None
         self._decode = decoder_for(Mode.BIT64)
         self._cache: dict[int, object] = {}
+        self._far: dict[int, int] = {}
+        self.chunks: list[np.ndarray] = []     # batch path: output in order
 
     def _insn_at(self, ip: int):
         c = self._cache
@@ -126,6 +155,7 @@ class _Consumer:
     flush_at = 1 << 62
     flush = None
 
+    # -- flow items one at a time ------------------------------------------------------
     def insn(self, ip: int, size: int, iclass) -> None:
         x = None if iclass in _NOT_BRANCH else self._insn_at(ip)
         t = self.tracker
@@ -148,6 +178,11 @@ class _Consumer:
         tsc = item.get("tsc")
         if tsc is not None:
             self.time = tsc
+            if self.follow is not None:
+                self.follow.time(self.n, tsc)
+        if self.follow is not None and ev in ("enabled", "disabled", "async_disabled") \
+                and not item.get("status_update"):
+            self.follow.tracing(ev == "enabled")
         th = self.th
         t = self.tracker
         if ev == "async_disabled":
@@ -172,6 +207,9 @@ class _Consumer:
                 return
             self.enabled = True
             ip = item.get("ip")
+            if self.follow is not None and not item.get("status_update"):
+                self._switch(ip)
+                th = self.th
             if ip is None:
                 t.gap(th)
             else:
@@ -181,121 +219,385 @@ class _Consumer:
             self.enabled = None
             t.gap(th)
 
+    def _switch(self, ip: int | None) -> None:
+        """Tracing resumes in a CPU's stream at ``ip``: the thread the
+        sideband says runs now, as the call-stack builder decides it
+        (:mod:`hwtrace.analysis.threads`): the switches certainly before
+        (by the last timing packet) or estimated before, or the next few,
+        weighed by who left off right at ``ip`` (an interrupted or
+        syscalling thread resumes where it stopped), a thread seen for the
+        first time taken when the running one stopped elsewhere."""
+        tl = self.follow
+        cur = self.th
+        ctid = cur.tid if cur is not None else None
+        cpid = cur.pid if cur is not None else None
+        threads = self.tracker._threads
+
+        def stopped_at(th) -> bool:
+            return th is not None and ip is not None and th.exit_at == ip and \
+                th.exit in ("async", "syscall", "interrupt")
+
+        def fit(k) -> int:
+            tid = tl.thread_after(k, ctid)
+            if tid is None:
+                return 1
+            if tid == ctid:
+                if cur is None:
+                    return 1
+                if stopped_at(cur):
+                    return 2
+                return 1 if tl.leaves(ctid, k) else 0
+            return 2 if stopped_at(threads.get((tl.pid_after(k, cpid), tid))) else 1
+
+        best = tl.due(tl.known)
+        f = fit(best)
+        est = tl.estimate(self.n)
+        if est is not None:
+            k = tl.due(est)
+            if k > best:
+                fk = fit(k)
+                if fk >= f:
+                    best, f = k, fk
+        if f < 2:
+            exact = fresh = None
+            for j in tl.upcoming(best):
+                if tl.thread_after(j + 1, None) is None:
+                    continue            # to idle: not who resumes here
+                fj = fit(j + 1)
+                if fj == 2:
+                    exact = j + 1
+                    break
+                if fj == 1 and fresh is None and \
+                        (est is None or tl.switches[j].time <= est or j == best):
+                    fresh = j + 1
+            if exact is not None:
+                best = exact
+            elif f == 0 and fresh is not None:
+                best = fresh
+        tid = tl.thread_after(best, ctid)
+        pid = tl.pid_after(best, cpid)
+        tl.advance(best)
+        if cur is None or (cur.pid, cur.tid) != (pid, tid):
+            if cur is not None and cur.pend_x is not None:
+                self.tracker.leave(cur, None, self.time)
+            self.th = self.tracker.thread(pid, tid)
+
+    # -- batches -----------------------------------------------------------------------------
+    def _out(self) -> None:
+        """Records the tracker made one at a time, into the output."""
+        out = self.tracker.out
+        if out:
+            self.chunks.extend(iter_arrays(out))
+            out.clear()
+
+    def take(self) -> list[np.ndarray]:
+        """The records so far, as one array (or none)."""
+        self._out()
+        c, self.chunks = self.chunks, []
+        if len(c) > 1:
+            c = [np.concatenate(c)]
+        return c
+
+    def feed_batch(self, batch) -> None:
+        from hwtrace.flow.sinks import event_json
+        blocks = batch.blocks
+        m = len(blocks)
+        first = int(batch.first_insn)
+        if m:
+            start = np.empty(m + 1, np.int64)
+            start[0] = first
+            np.cumsum(blocks["ninsn"], out=start[1:])
+            start[1:] += first
+            a = _Rec(blocks, start)
+        r = 0
+        for index, offset, item in batch.items:
+            if index > r:
+                self._records(a, r, index)
+                r = index
+            self.n = first if not m else int(a.start[r])
+            t = getattr(item, "type", None)
+            if t == "error" and hasattr(item, "code"):
+                self.feed({"error": str(item.code), "offset": item.offset})
+            elif hasattr(item, "status_update"):
+                self.feed(event_json(item, offset))
+        if r < m:
+            self._records(a, r, m)
+        self.n = int(a.start[m]) if m else first
+        self._out()
+
+    def _x(self, a: "_Rec", r: int):
+        """The branch instruction ending record r (an x86 Insn), or None;
+        from its bytes, or -- where the files lack them -- what the
+        record's class says it was."""
+        c = int(a.cls[r])
+        if not c:
+            return None
+        x = self._insn_at(int(a.end_ip[r]))
+        if x is None and c != 5:
+            ind = bool(a.ind[r])
+            kind = {1: Kind.CALL_IND if ind else Kind.CALL_REL, 2: Kind.RET,
+                    3: Kind.JMP_IND if ind else Kind.JMP_REL, 4: Kind.JCC}[c]
+            x = Insn(int(a.fall[r] - a.end_ip[r]), IClass.OTHER, kind, is_branch=True)
+        return x
+
+    def _step_record(self, a: "_Rec", r: int) -> None:
+        """Record r one instruction at a time where it matters: its first
+        (the pending transfer lands), any trigger address inside, its
+        last (a branch becomes pending)."""
+        t, th = self.tracker, self.th
+        ip, end = int(a.ip[r]), int(a.end_ip[r])
+        time = self._time(a, r)
+        x = self._x(a, r)
+        single = ip == end
+        t.step(th, ip, x if single else None, time)
+        if single:
+            return
+        for w in sorted(w for w in t.watch if ip < w <= end):
+            t.step(th, w, x if w == end else None, time)
+        if end not in t.watch:
+            t.step(th, end, x, time)
+
+    def _time(self, a, r) -> int | None:
+        v = int(a.tsc[r])
+        if v:
+            self.time = v
+            if self.follow is not None:
+                self.follow.time(int(a.start[r]), v)
+        return self.time
+
+    def _records(self, a: "_Rec", r0: int, r1: int) -> None:
+        """Records [r0, r1) with no event between them."""
+        t = self.tracker
+        if self.th is None:
+            self.th = t.thread(None, None)
+        watch = t.watch
+        hits = a.watch_hits(watch, r0, r1) if watch else np.zeros(0, np.int64)
+        self.n = int(a.start[r0])
+        self._step_record(a, r0)
+        r = r0 + 1
+        hi = 0
+        while r < r1:
+            while hi < len(hits) and hits[hi] < r:
+                hi += 1
+            s = int(hits[hi]) if hi < len(hits) else r1
+            if s > r:
+                # transfers r-1 .. s-2 (the first is the one pending)
+                self._vector(a, r - 1, s - 1)
+            if s < r1:
+                th = self.th
+                th.pend_pc = int(a.end_ip[s - 1])
+                th.pend_x = self._x(a, s - 1)
+                th.pend_time = self._time(a, s - 1)
+                self._step_record(a, s)
+            r = s + 1
+        if r1 - r0 > 1 and (not len(hits) or hits[-1] != r1 - 1):
+            # the last record's branch is pending
+            th = self.th
+            th.pend_pc = int(a.end_ip[r1 - 1])
+            th.pend_x = self._x(a, r1 - 1)
+            th.pend_time = self._time(a, r1 - 1)
+
+    def _kinds(self, a: "_Rec", t0: int, t1: int) -> np.ndarray:
+        cls = a.cls[t0:t1]
+        ind = a.ind[t0:t1]
+        taken = a.ip[t0 + 1:t1 + 1] != a.fall[t0:t1]
+        kind = np.full(t1 - t0, -1, np.int16)
+        kind[cls == 1] = np.where(ind[cls == 1], _ICALL, _CALL)
+        kind[cls == 2] = _RET
+        kind[cls == 3] = np.where(ind[cls == 3], _IJUMP, _JUMP)
+        c = cls == 4
+        kind[c] = np.where(taken[c], _COND, _NCOND)
+        # far transfers, and indirect jumps (JMPABS is no indirect jump):
+        # their kind from the instruction's bytes, per address
+        far = np.flatnonzero((cls == 5) | ((cls == 3) & ind))
+        if len(far):
+            addr = a.end_ip[t0 + far]
+            u, inv = np.unique(addr, return_inverse=True)
+            ku = np.empty(len(u), np.int16)
+            for i, frm in enumerate(u.tolist()):
+                ku[i] = self._far_kind(frm)
+            kf = ku[np.asarray(inv).reshape(-1)]
+            sel = kf != -2                  # -2: no bytes (keep the class's word)
+            kind[far[sel]] = kf[sel]
+        return kind
+
+    def _far_kind(self, frm: int) -> int:
+        """The record kind of the far transfer or indirect jump at ``frm``
+        (its bytes; -2 where the files lack them, -1 not a record)."""
+        k = self._far.get(frm)
+        if k is None:
+            x = self._insn_at(frm)
+            if x is None:
+                k = -2
+            else:
+                name = classify(x, frm, -1)
+                k = _KIND_ID[name] if name is not None else -1
+            self._far[frm] = k
+        return k
+
+    def _vector(self, a: "_Rec", t0: int, t1: int) -> None:
+        """Transfers [t0, t1) (record t's branch to record t + 1), the
+        first being the thread's pending one: records, depth and windows
+        at once."""
+        th = self.th
+        t = self.tracker
+        th.pend_x = None
+        if t1 <= t0 or not th.on:
+            if t1 > t0:
+                self._time(a, t1 - 1)
+            return
+        kind = self._kinds(a, t0, t1)
+        br = np.flatnonzero(kind >= 0)
+        if not len(br):
+            self._time(a, t1 - 1)
+            return
+        k = kind[br]
+        delta = np.where((k == _CALL) | (k == _ICALL), 1,
+                         np.where(k == _RET, -1, 0)).astype(np.int64)
+        depth = th.depth + np.cumsum(delta) - delta
+        if t.trigger.within is not None:
+            close = np.flatnonzero((k == _RET) & (depth == 0))
+            if len(close):
+                c = int(close[0])
+                br, k, delta, depth = br[:c + 1], k[:c + 1], delta[:c + 1], depth[:c + 1]
+                delta[-1] = 0
+                th.on = False
+        frm = a.end_ip[t0 + br]
+        to = a.ip[t0 + br + 1]
+        tsc = a.tsc[t0:t1 + 1].astype(np.int64)
+        # each branch's time: the last timing value at or before it
+        known = np.flatnonzero(tsc[:len(kind)])
+        last = -1 if self.time is None else self.time
+        if len(known):
+            pos = np.searchsorted(known, br, side="right") - 1
+            times = np.where(pos >= 0, tsc[known[np.maximum(pos, 0)]], last)
+        else:
+            times = np.full(len(br), last, np.int64)
+        self._time(a, t1 - 1)
+        th.depth = int(depth[-1] + delta[-1])
+        mask = t.mask
+        keep = np.ones(len(br), bool) if th.wanted else np.zeros(len(br), bool)
+        if len(mask.kinds) < len(KIND_CODE):
+            allowed = np.zeros(len(KIND_CODE), bool)
+            allowed[[KIND_CODE[x] for x in mask.kinds]] = True
+            keep &= allowed[k]
+        if mask.ranges:
+            inr = np.zeros(len(br), bool)
+            for lo, hi in mask.ranges:
+                inr |= (frm >= np.uint64(lo)) & (frm < np.uint64(hi))
+            keep &= inr
+        if not keep.any():
+            return
+        self._out()
+        out = np.zeros(int(keep.sum()), _DT)
+        out["pid"] = -1 if th.pid is None else th.pid
+        out["tid"] = -1 if th.tid is None else th.tid
+        out["kind"] = k[keep]
+        out["from"] = frm[keep]
+        out["to"] = to[keep]
+        out["time"] = times[keep]
+        out["depth"] = depth[keep]
+        self.chunks.append(out)
+
+
+class _Rec:
+    """A batch's records as the branch source reads them."""
+
+    __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start")
+
+    def __init__(self, blocks: np.ndarray, start: np.ndarray):
+        self.ip = blocks["ip"]
+        self.end_ip = blocks["end_ip"]
+        self.fall = self.end_ip + blocks["size"].astype(np.uint64)
+        self.cls = _CLS[blocks["iclass"]]
+        self.ind = (blocks["flags"] & 4) != 0
+        self.tsc = blocks["tsc"]
+        self.start = start
+
+    def watch_hits(self, watch, r0: int, r1: int) -> np.ndarray:
+        """Records in [r0, r1) holding one of these addresses."""
+        ip, end = self.ip[r0:r1], self.end_ip[r0:r1]
+        hit = np.zeros(r1 - r0, bool)
+        for w in watch:
+            w = np.uint64(w)
+            hit |= (ip <= w) & (w <= end)
+        return r0 + np.flatnonzero(hit)
+
 
 class DecodedTrace:
-    def __init__(self, source, reader: CodeReader, trigger: TriggerSpec, mask: MaskSpec):
-        self.source = source
-        self.symbolizer = source.symbolizer
+    """Branch records of an opened input (``hwtrace.cli._inputs.Input``)."""
+
+    def __init__(self, inp, reader: CodeReader, trigger: TriggerSpec, mask: MaskSpec):
+        self.source = inp
+        self.symbolizer = inp.symbolizer
         self.reader = reader
         self.base = resolve.main_base(self.symbolizer)
         # bind now: unknown symbols fail before any decoding
         self.trigger = trigger.bind(self.symbolizer, self.base)
         self.mask = mask.bind(self.symbolizer, self.base)
 
-    def records(self) -> Iterator[Branch]:
-        """Every stream's records in turn.  The decoder pushes; it runs in a
-        helper thread handing over batches through a bounded queue, so a
-        long trace is never held whole (closing the iterator stops it)."""
-        for job in self.source.jobs:
-            info = job.info
+    def arrays(self) -> Iterator[np.ndarray]:
+        """Every stream's records in turn, as numpy chunks."""
+        from hwtrace.analysis.switches import SwitchTimeline
+        for s in self.source.streams:
+            info = s.info
             tracker = Tracker(self.trigger, self.mask, kernel_untraced=False)
-            th = tracker.thread(info.pid, info.tid)
-            if not th.wanted:
+            per_cpu = info.tid is None and info.cpu is not None
+            follow = None
+            if per_cpu and info.switches:
+                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn)
+                follow = tl if tl else None
+            th = None if follow is not None else tracker.thread(info.pid, info.tid)
+            if th is not None and not th.wanted:
                 continue
-            yield from _pull(job, _Consumer(tracker, th, self.reader,
-                                            per_cpu=info.tid is None and info.cpu is not None))
+            c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow)
+            if s.batches is not None:
+                for b in s.batches():
+                    c.feed_batch(b)
+                    yield from c.take()
+            else:
+                if c.th is None:
+                    c.th = tracker.thread(info.pid, info.tid)
+                n = 0
+                for item in s.items():
+                    c.feed(item)
+                    n += 1
+                    if not n & 0xFFF:
+                        yield from c.take()
+                yield from c.take()
+
+    def records(self) -> Iterator[Branch]:
+        """Every stream's records in turn, as Branch objects."""
+        from .records import KINDS
+        for a in self.arrays():
+            for pid, tid, kind, frm, to, time, depth in a.tolist():
+                yield Branch(None if pid < 0 else pid, None if tid < 0 else tid,
+                             KINDS[kind], frm or None, to or None,
+                             None if time < 0 else time,
+                             None if depth == _NODEPTH else depth)
 
 
-class _Stop(BaseException):
-    """Unwinds the decoder when the reader went away."""
-
-
-_END = object()
-BATCH = 4096
-
-
-def _pull(job, consumer: "_Consumer") -> Iterator[Branch]:
-    import queue
-    import threading
-
-    from hwtrace.export.source import SourceError
-
-    q: queue.Queue = queue.Queue(maxsize=16)
-    stop = threading.Event()
-    out = consumer.tracker.out
-
-    def put(item):
-        while True:
-            if stop.is_set():
-                raise _Stop
-            try:
-                q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def flush():
-        if out:
-            batch = out[:]
-            out.clear()
-            put(batch)
-    consumer.flush_at = BATCH
-    consumer.flush = flush
-
-    def work():
-        try:
-            job.run(consumer)
-            flush()
-            put(_END)
-        except _Stop:
-            pass
-        except SourceError as e:
-            _try_put(q, stop, DecodedError(str(e)))
-        except Exception as e:          # the flow decoder is another team's
-            _try_put(q, stop, DecodedError(f"{job.info.label()}: decoding failed: "
-                                           f"{type(e).__name__}: {e}"))
-        except BaseException as e:      # MemoryError, KeyboardInterrupt...
-            _try_put(q, stop, e)
-
-    t = threading.Thread(target=work, name="hwtrace-branches-decode", daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
-    finally:
-        stop.set()
-        t.join()
-
-
-def _try_put(q, stop, item) -> None:
-    import queue
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return
-        except queue.Full:
-            continue
-
-
-def decoded_records(path: str | os.PathLike, trigger: TriggerSpec = TriggerSpec(),
-                    mask: MaskSpec = MaskSpec(), elf=(), image_path=()) -> DecodedTrace:
-    """Open a bundle (or a flow-items ``.jsonl`` with ``elf`` images); raises
-    DecodedError, resolve.SymbolNotFound or ValueError (bad trigger/range)."""
-    from hwtrace.export.source import SourceError, open_source, pt_source
-    p = Path(path)
-    try:
-        if p.is_file() and p.suffix != ".jsonl":
-            src = pt_source(p, list(elf))
-        else:
-            src = open_source(p, list(elf), list(image_path))
-    except SourceError as e:
-        raise DecodedError(str(e)) from None
+def open_decoded(inp, trigger: TriggerSpec = TriggerSpec(),
+                 mask: MaskSpec = MaskSpec()) -> DecodedTrace:
+    """Branch records of an opened input; raises resolve.SymbolNotFound
+    or ValueError (bad trigger/range)."""
     reader = CodeReader()
-    for m in src.code:              # the files the decoder read its code from
+    for m in inp.code:              # the files the decoder read its code from
         reader.add(m.start, m.size, m.path, m.offset)
-    return DecodedTrace(src, reader, trigger, mask)
+    return DecodedTrace(inp, reader, trigger, mask)
+
+
+def decoded_records(path, trigger: TriggerSpec = TriggerSpec(),
+                    mask: MaskSpec = MaskSpec(), elf=(), image_path=()) -> DecodedTrace:
+    """Open a bundle, a raw ``.pt`` or a flow-items ``.jsonl`` (with
+    ``elf`` images) -- the Python API's door; raises DecodedError,
+    resolve.SymbolNotFound or ValueError (bad trigger/range)."""
+    from hwtrace.cli import CliError
+    from hwtrace.cli._inputs import open_input
+    try:
+        inp = open_input(Path(path), list(elf), list(image_path))
+    except CliError as e:
+        raise DecodedError(str(e)) from None
+    if any(s.branches is not None for s in inp.streams):
+        raise DecodedError(f"{path}: holds branch records already")
+    return open_decoded(inp, trigger, mask)

@@ -6,6 +6,9 @@ whose name does not start with ``_`` is one) and exposes
 callable taking the parsed namespace and returning an exit status.
 Errors meant for the user are raised as :class:`CliError` and become one
 line on stderr with a non-zero exit status; nothing else is printed.
+Input files are checked where they are opened, not in each subcommand:
+traces in :mod:`hwtrace.cli._tracemap`, code images in
+:mod:`hwtrace.flow.loaders`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,14 @@ import argparse
 import importlib
 import sys
 
+EPILOG = """\
+exit status: 0 done (a damaged trace is decoded where it can be: its errors
+are in the output at their trace offsets); 2 nothing could be done: a bad
+command line, or input that is unreadable, empty, not Intel PT (no PSB), a
+directory where a file belongs, or code that is not an x86 ELF file (one
+line on stderr says which); 130 interrupted.  record and live branches
+exit with the traced program's status (128+N: killed by signal N).
+'hwtrace COMMAND --help' for a command's options."""
 
 
 def _command_modules() -> list[str]:
@@ -40,7 +51,9 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     parser = Parser(prog="hwtrace", description="hardware control-flow tracing: "
-                    "record, decode and view Intel Processor Trace")
+                    "record, decode and view Intel Processor Trace",
+                    epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"hwtrace {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
@@ -60,6 +73,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
+        if not (sys.argv[1:] if argv is None else argv):
+            parser.print_help()         # "hwtrace" alone: what it can do
+            return 2
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except CliError as e:

@@ -135,6 +135,8 @@ def format_text(rec, names, lines=None) -> str:
 
 
 def write(records, names, fmt: str, out, lines=None) -> int:
+    """Branch objects one by one (the reference the vectorized
+    :mod:`hwtrace.branches.format` is checked against)."""
     n = 0
     w = out.write
     if fmt == "jsonl":
@@ -159,22 +161,41 @@ def write(records, names, fmt: str, out, lines=None) -> int:
 
 def _open_out(path):
     if path is None:
-        return sys.stdout, False
+        return sys.stdout.buffer, False
     try:
-        return open(path, "w", buffering=1 << 20), True
+        return open(path, "wb", buffering=1 << 20), True
     except OSError as e:
         raise CliError(f"cannot write {path}: {e.strerror}") from None
 
 
-def _emit(records, symbolizer, args) -> None:
+def _emit(chunks, symbolizer, args) -> int:
+    """Write record chunks (numpy, records.dtype) as they come."""
+    import numpy as np
+    from hwtrace.branches.format import Namer, format_chunk
     out, close = _open_out(args.output)
+    namer = Namer(symbolizer, lines=args.lines)
+    n = 0
     try:
-        write(records, _Names(symbolizer), args.format, out,
-              _Lines(symbolizer) if args.lines else None)
+        sys.stdout.flush()
+        held, nheld, first = [], 0, True
+        for a in chunks:
+            if len(a):
+                held.append(a)
+                nheld += len(a)
+                # the first records at once; then a few thousand at a time
+                if first or nheld >= 1 << 15:
+                    out.write(format_chunk(np.concatenate(held), namer, args.format))
+                    out.flush() if first else None
+                    n += nheld
+                    held, nheld, first = [], 0, False
+        if held:
+            out.write(format_chunk(np.concatenate(held), namer, args.format))
+            n += nheld
         out.flush()
     finally:
         if close:
             out.close()
+    return n
 
 
 def run(args) -> int:
@@ -225,7 +246,8 @@ def _live(args, target, trig, mask) -> int:
         except LiveError as e:
             raise CliError(f"branches: {e}") from None
         try:
-            _emit(lr.records(), lr.symbolizer, args)
+            from hwtrace.branches import iter_arrays
+            _emit(iter_arrays(lr.records()), lr.symbolizer, args)
         except ExecLogError as e:
             raise CliError(f"branches: {e}") from None
     note = stepping_note(lr.info)
@@ -245,10 +267,19 @@ def stepping_note(info: dict) -> str | None:
 
 
 def _decoded(args, path, trig, mask) -> int:
-    from hwtrace.branches.decoded import DecodedError, decoded_records
+    from hwtrace.branches.decoded import open_decoded
+    from hwtrace.cli._inputs import open_input
+    from hwtrace.streams import StreamsError
+    inp = open_input(path, args.elf, args.image_path)
+    if any(s.branches is not None for s in inp.streams):
+        raise CliError(f"branches: {path}: holds branch records already")
+    tr = open_decoded(inp, trig, mask)
     try:
-        tr = decoded_records(path, trig, mask, args.elf, args.image_path)
-        _emit(tr.records(), tr.symbolizer, args)
-    except DecodedError as e:
+        _emit(tr.arrays(), tr.symbolizer, args)
+    except StreamsError as e:
         raise CliError(f"branches: {e}") from None
+    except (CliError, KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as e:      # the decoder is another team's: no traceback
+        raise CliError(f"branches: decoding failed: {type(e).__name__}: {e}") from None
     return 0

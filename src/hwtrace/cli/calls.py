@@ -1,39 +1,48 @@
 """hwtrace calls: the indented function-call history of a trace.
 
-    hwtrace calls BUNDLE [--max-depth N]
+    hwtrace calls BUNDLE [--max-depth N] [--function NAME] [--insns A..B]
 
-One line per function activation in execution order, indented by call
-depth, with its instruction count and duration (like a debugger's
-function-call history).
+One line per function activation (one run of a function, from its call to
+its return) in execution order, indented by call depth, with its
+instruction count and duration (like a debugger's function-call history).
+Lines stream out as activations end; a long-running one (``main``) is
+written at once as ``(open: ...)`` and its totals follow where it ends.
+Lost data and decode errors are lines of their own (``-- error at insn
+N``), where they happened.
 """
 
 from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError
-
 
 def register(sub) -> None:
-    from hwtrace.cli.export import add_input_args
+    from hwtrace.cli._filters import add_filter_args
+    from hwtrace.cli._views import add_input_args
     p = sub.add_parser("calls", help="indented function-call history with counts and durations",
                        description=__doc__.splitlines()[0])
     add_input_args(p)
-    p.add_argument("--max-depth", type=int, metavar="N",
-                   help="leave out activations deeper than N (0 = outermost only)")
+    add_filter_args(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from hwtrace.branches.calls import CallHistory
-    from hwtrace.cli.export import decode_into, summary_line
+    from hwtrace.cli._filters import window_of
+    from hwtrace.cli._views import decode_into, nothing_decoded, summary_line
 
-    if args.max_depth is not None and args.max_depth < 0:
-        raise CliError("calls: --max-depth must be 0 or more")
-    hist = CallHistory(args.max_depth)
-    _src, totals, progress = decode_into(args, [hist], label="calls")
+    window = window_of(args)
+    hist = CallHistory(None, out=sys.stdout)
+    _inp, totals, progress = decode_into(args, [hist], label="calls", window=window,
+                                         opened=lambda inp: _times(hist, inp))
+    hist.close()
+    nothing_decoded("calls", totals)
     progress.done(summary_line("calls", totals))
-    out = sys.stdout
-    for line in hist.lines():
-        out.write(line + "\n")
     return 0
+
+
+def _times(hist, inp) -> None:
+    """No duration column where the clock only counts instructions again
+    (an emulated recording's TSC): it would repeat the count."""
+    if inp.timebase.startswith("instruction count"):
+        hist.show_time = False

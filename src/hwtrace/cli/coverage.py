@@ -11,7 +11,13 @@ documents the exact rule and the bitmap hash).  ``--bitmap FILE`` also
 writes an AFL-style map of ``--bitmap-size`` bytes (default 65536).
 
 The compiled flow core computes the edges when it can decode the trace
-exactly; otherwise the Python instruction decoder does (same result).
+exactly; otherwise the Python instruction decoder does (same result).  A
+bundle's streams are opened through hwtrace.streams (images, CPU and
+timing from the manifest; a CPU's stream that runs several processes
+switches address spaces by the sideband, its edges then counted from its
+batches).  Loss is said on stderr: decode errors (the edges cover what
+could be decoded) and what the recorder lost; a trace of which nothing
+could be decoded is an error (exit status 1).
 """
 
 from __future__ import annotations
@@ -91,61 +97,57 @@ def _image(images):
     return _load_images(SimpleNamespace(images=images))
 
 
-def _read(path: str):
-    """The trace, mapped in place (hwtrace.cli._tracemap), not copied."""
-    from hwtrace.cli._tracemap import map_trace
+def _read(path: str, check: bool = True):
+    """The trace, mapped in place (hwtrace.cli._tracemap), not copied;
+    ``check``: refuse one with nothing to decode (not a bundle's stream)."""
+    from hwtrace.cli._tracemap import check_trace, map_trace
     try:
-        return map_trace(path)
+        data = map_trace(path)
     except OSError as e:
         raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
+    if check:
+        check_trace(data, f"--pt: {path}")
+    return data
 
 
-def _jobs(args):
-    """(label, trace path, image options, cpu, timing parameters) per trace
-    to cover."""
+def _streams(args):
+    """(label, data, image, config, entry) per trace to cover; a stream
+    that switches address spaces by the sideband comes with its
+    hwtrace.streams.Stream instead of an image (edges from its batches)."""
     if not args.bundle:
         if not args.pt:
             raise CliError("coverage: no trace: use --pt FILE or a bundle DIR")
-        return [(None, args.pt, args.images, args.cpu, _timing_args(args))]
+        return [(None, _read(args.pt), _image(args.images),
+                 _config(args.cpu, _timing_args(args)), None, None)]
     if args.pt:
         raise CliError("coverage: give either a bundle DIR or --pt")
-    import json
-    import os
-    from hwtrace.cli.images import stream_args
+    from hwtrace.streams import StreamsError, flow_config, open_bundle
+    timing = _timing_args(args)
+
+    def config(options):
+        cfg = flow_config({k: v for k, v in options.items()
+                           if not (k == "cpu" and args.cpu)})
+        if args.cpu:
+            cfg = _config(args.cpu, timing)
+        for k, v in timing.items():
+            setattr(cfg, k, v)
+        return cfg
     try:
-        with open(os.path.join(args.bundle, "manifest.json")) as f:
-            manifest = json.load(f)
-        streams = [s["file"] for s in manifest["streams"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CliError(f"coverage: {args.bundle}: not a bundle ({e})") from None
-    if args.stream:
-        missing = [s for s in args.stream if s not in streams]
-        if missing:
-            raise CliError(f"coverage: no stream {missing[0]!r} in "
-                           f"{args.bundle}")
-        streams = args.stream
-    cpu = args.cpu
-    c = manifest.get("cpu")
-    if not cpu and isinstance(c, dict) and type(c.get("family")) is int and \
-            type(c.get("model", 0)) is int:
-        cpu = f"{c['family']}/{c.get('model', 0)}"
-    timing = {k: manifest[k] for k in _TIMING
-              if type(manifest.get(k)) is int and manifest[k] > 0}
-    timing.update(_timing_args(args))
-    out = []
-    for name in streams:
-        argv = stream_args(args.bundle, name)
-        images = [(argv[i].lstrip("-"), argv[i + 1])
-                  for i in range(0, len(argv) - 1, 2)
-                  if argv[i] in ("--raw", "--elf")]
-        if os.path.basename(name) != name:
-            raise CliError(f"coverage: bad stream name {name!r}")
-        out.append((name, os.path.join(args.bundle, name), images, cpu,
-                    timing))
+        ts = open_bundle(args.bundle, only=args.stream, config=config)
+        out = []
+        for st in ts.streams:
+            plan = st.plan
+            switching = plan is not None and plan.timeline is not None and \
+                len(plan.timeline.spaces()) > 1
+            out.append((st.name, None if switching else st.data(), st.image,
+                        st.config, st.entry, st if switching else None))
+    except StreamsError as e:
+        raise CliError(f"coverage: {e}") from None
     return out
 
 
 def run(args) -> int:
+    from hwtrace.analysis.edges import EdgeCounter
     from hwtrace.flow import fast
 
     if not args.edges:
@@ -154,14 +156,38 @@ def run(args) -> int:
         raise CliError("coverage: --bitmap-size must be positive")
     write = sys.stdout.write
     total: dict = {}
-    insns = 0
-    for label, path, images, cpu, timing in _jobs(args):
-        image = _image(images)
-        cfg = _config(cpu, timing)
-        e = fast.edges(_read(path), image, cfg)
-        insns += e.insns
-        for k, n in e.counts.items():
-            total[k] = total.get(k, 0) + n
+    insns = errors = 0
+    notes = []
+    for label, data, image, cfg, entry, stream in _streams(args):
+        if stream is not None:
+            ec = EdgeCounter()
+            for b in stream.batches(decoder="insn", view=True):
+                ec.add_batch(b)
+            counts, n, err = ec.counts(), ec.insns, ec.errors
+        else:
+            e = fast.edges(data, image, cfg)
+            counts, n, err = e.counts, e.insns, e.errors
+        insns += n
+        errors += err
+        for k, c in counts.items():
+            total[k] = total.get(k, 0) + c
+        name = label or args.pt
+        if err:
+            notes.append(f"{name}: {err:,} decode error{'s' if err > 1 else ''}: "
+                         f"the edges cover what could be decoded")
+        if entry is not None and entry.lossy:
+            what = []
+            if entry.stopped:
+                what.append("buffer full, tracing stopped")
+            if entry.wrapped:
+                what.append("ring buffer wrapped, oldest data overwritten")
+            if entry.lost_bytes:
+                what.append(f"{entry.lost_bytes:,} bytes lost")
+            notes.append(f"{name}: recorded with loss: {', '.join(what)}")
+    if not insns:
+        why = (f"{errors:,} decode error{'s' if errors > 1 else ''}" if errors
+               else notes[0] if notes else "no instructions in the trace: not a trace?")
+        raise CliError(f"coverage: nothing could be decoded ({why})", 1)
     if not args.quiet:
         for (f, t), n in sorted(total.items()):
             write(f"{f:016x} {t:016x} {n}\n")
@@ -176,4 +202,6 @@ def run(args) -> int:
             raise CliError(f"--bitmap: cannot write {args.bitmap}: "
                            f"{e.strerror}") from None
     sys.stdout.flush()
+    for line in notes:
+        sys.stderr.write(f"hwtrace coverage: {line}\n")
     return 0

@@ -330,8 +330,9 @@ def _image(args, image=None):
 
 def _trace(arg: str):
     """The --pt trace, mapped rather than read (a read-only mmap or a
-    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap."""
-    from hwtrace.cli._tracemap import map_trace
+    memoryview of one; bytes for a pipe): see hwtrace.cli._tracemap.  One
+    with nothing to decode (empty, no PSB) is a one-line error there."""
+    from hwtrace.cli._tracemap import check_trace, map_trace
     from hwtrace.flow.image import ImageError
     from hwtrace.flow.loaders import split_range
 
@@ -348,6 +349,7 @@ def _trace(arg: str):
         raise CliError(f"--pt: bad range in {arg}: {e}") from None
     if size is not None and len(data) < size:
         raise CliError(f"--pt: bad range in {arg}")
+    check_trace(data, f"--pt: {arg}")
     return data
 
 
@@ -490,7 +492,7 @@ def _run_one(args, write=None) -> int:
     use_block = args.decoder != "insn"
     stats = args.stat or args.stat_insn or args.stat_blocks
     if args.jobs != 1 or args.dask:
-        from hwtrace.flow import parallel
+        from hwtrace.cli._parallel import decode_args
         from hwtrace.listing.single import InsnNotes
         notes = None
         if annotated(args):
@@ -508,14 +510,15 @@ def _run_one(args, write=None) -> int:
                                    print_offset=args.offset,
                                    show_blocks=args.show_blocks,
                                    block_ids=stats, notes=notes)
-        parallel.decode_args(args, cfg, sink, out.text, block=use_block,
-                             data=data)
+        decode_args(args, cfg, sink, out.text, block=use_block, data=data)
         counts = (sink.insns, sink.blocks, sink.events, sink.errors)
     elif stats and args.quiet and args.format == "text" and \
             not args.show_blocks and _fast().count_into(
-                sink := sinks.CountSink(), data, image, cfg, use_block):
-        # counted by the compiled flow core (flow/fast.py)
-        counts = (sink.insns, sink.blocks, 0, 0)
+                sink := sinks.PtxedSink(out.text, quiet=True), data, image,
+                cfg, use_block, args.resync):
+        # counted by the compiled flow core (flow/fast.py); its error lines
+        # printed as the listing prints them
+        counts = (sink.insns, sink.blocks, sink.events, sink.errors)
     else:
         from hwtrace.flow.loaders import split_range
         path, offset, size = split_range(args.pt)

@@ -123,6 +123,7 @@ def _config(args):
 
 
 def run(args) -> int:
+    from hwtrace.cli._tracemap import check_trace
     from hwtrace.pt.decoder import PacketDecoder
     from hwtrace.pt.ptdump_format import PtdumpOptions, ptdump_lines
 
@@ -130,6 +131,8 @@ def run(args) -> int:
         raise CliError("specify either --time or --tcal")
     cpu, config = _config(args)
     data = _load(args.file)
+    check_trace(data, args.file, sync=not args.no_sync,
+                hint=" (--no-sync dumps it from offset 0)")
     out = sys.stdout
 
     if args.stat or args.format == "jsonl":

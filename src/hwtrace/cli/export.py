@@ -3,106 +3,63 @@
     hwtrace export BUNDLE --chrome t.json --perfetto t.pftrace
     hwtrace export BUNDLE --folded t.folded --weight time
     hwtrace export BUNDLE --drcov t.drcov --lcov t.info
+    hwtrace export BUNDLE --function fib --perfetto fib.pftrace
     hwtrace export FLOW.jsonl --elf prog:0x555555554000 --chrome t.json
 
-BUNDLE is a trace bundle directory, or a file of ``ptoracle insn`` JSON
-lines (one stream; symbols from --elf).  Every output is written in one
-pass over the decoded trace, streaming.
+BUNDLE is a trace bundle directory, a raw .pt trace (code and symbols from
+--elf), or a file of ``ptoracle insn`` JSON lines or branch records.  Every
+output is written in one pass over the decoded trace, streaming.  Open
+.pftrace and .json files at https://ui.perfetto.dev (or chrome://tracing),
+.json and .folded in speedscope (https://www.speedscope.app, or
+``npx speedscope FILE``); .folded with flamegraph.pl too; .drcov in
+Lighthouse or Cutter; .info with genhtml.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from hwtrace.cli import CliError
+from hwtrace.cli._views import (add_input_args, decode_into, nothing_decoded,
+                                summary_line)
+
+__all__ = ["add_input_args", "decode_into", "summary_line", "register", "run"]
 
 
 def register(sub) -> None:
+    from hwtrace.cli._filters import add_filter_args
     p = sub.add_parser("export", help="export call timelines, flame graphs "
                        "and coverage (Chrome JSON, Perfetto, folded, drcov, lcov)",
                        description=__doc__.splitlines()[0])
     add_input_args(p)
     p.add_argument("--chrome", metavar="OUT.json",
-                   help="Chrome trace-event JSON (Perfetto UI, chrome://tracing, speedscope)")
+                   help="Chrome trace-event JSON (ui.perfetto.dev, chrome://tracing, speedscope)")
     p.add_argument("--chrome-args", action="store_true",
                    help="give every Chrome slice args (instructions, address)")
     p.add_argument("--perfetto", metavar="OUT.pftrace",
-                   help="Perfetto native protobuf trace")
-    p.add_argument("--folded", metavar="OUT", help="flame-graph folded stacks")
+                   help="Perfetto native protobuf trace (ui.perfetto.dev)")
+    p.add_argument("--folded", metavar="OUT", help="flame-graph folded stacks "
+                   "(speedscope, flamegraph.pl)")
     p.add_argument("--weight", choices=("insns", "time"), default="insns",
                    help="weight of folded stacks (default: insns)")
     p.add_argument("--drcov", metavar="OUT", help="basic-block coverage (drcov)")
     p.add_argument("--lcov", metavar="OUT", help="line coverage (lcov tracefile)")
+    add_filter_args(p)
     p.set_defaults(func=run)
 
 
-def add_input_args(p) -> None:
-    p.add_argument("input", metavar="BUNDLE",
-                   help="trace bundle directory, or a .jsonl file of flow items")
-    p.add_argument("--elf", action="append", default=[], metavar="FILE[:BIAS]",
-                   help="symbols of FILE loaded at BIAS (repeatable)")
-    p.add_argument("--image-path", action="append", default=[], metavar="DIR",
-                   help="look for the recorded executables in DIR too")
-    p.add_argument("--clock", choices=("auto", "tsc", "insns"), default="auto",
-                   help="time from TSC timing or from instruction counts")
-    p.add_argument("--tsc-hz", type=float, metavar="HZ",
-                   help="TSC frequency (default: the bundle's tsc_hz)")
-
-
 def _open(path: str, mode: str):
+    if os.path.isdir(path):
+        raise CliError(f"cannot write {path}: is a directory")
     try:
         return open(path, mode, buffering=1 << 20)
     except OSError as e:
         raise CliError(f"cannot write {path}: {e.strerror}") from None
 
 
-def decode_into(args, writers, coverage=None, label="export"):
-    """Open the input, push every stream through writers; returns
-    (source, totals).  All failures become one-line CliErrors."""
-    from hwtrace.export.pipeline import StreamExporter, add_totals, new_totals
-    from hwtrace.export.progress import Progress
-    from hwtrace.export.source import SourceError, open_source
-
-    try:
-        src = open_source(args.input, args.elf, args.image_path)
-    except SourceError as e:
-        raise CliError(str(e)) from None
-    total_bytes = sum(j.size for j in src.jobs)
-    progress = Progress(f"hwtrace {label}", None, unit="items")
-    totals = new_totals()
-    for i, job in enumerate(src.jobs):
-        progress.set_label(f"hwtrace {label} {i + 1}/{len(src.jobs)} "
-                           f"({job.info.label()})")
-        if args.tsc_hz is not None and args.tsc_hz <= 0:
-            raise CliError("--tsc-hz must be positive")
-        ex = StreamExporter(job.info, writers, src.symbolizer.lookup, coverage,
-                            progress, args.tsc_hz or job.tsc_hz, args.clock)
-        try:
-            job.run(ex)
-            ex.finish()
-        except SourceError as e:
-            raise CliError(str(e)) from None
-        except CliError:
-            raise
-        except (KeyboardInterrupt, BrokenPipeError):
-            raise
-        except Exception as e:   # the decoder is another team's: no traceback
-            raise CliError(f"{job.info.label()}: decoding failed: "
-                           f"{type(e).__name__}: {e}") from None
-        add_totals(totals, ex)
-    totals["bytes"] = total_bytes
-    return src, totals, progress
-
-
-def summary_line(label: str, totals: dict) -> str:
-    m = totals["markers"]
-    lost = ", ".join(f"{v} {k}" for k, v in sorted(m.items())) or "no gaps"
-    return (f"hwtrace {label}: {totals['streams']} stream(s), "
-            f"{totals['insns']:,} instructions, "
-            f"{totals['activations']:,} activations, {lost}")
-
-
 def run(args) -> int:
+    from hwtrace.cli._filters import window_of
     outs = [args.chrome, args.perfetto, args.folded, args.drcov, args.lcov]
     if not any(outs):
         raise CliError("export: nothing to write: give --chrome, --perfetto, "
@@ -114,14 +71,14 @@ def run(args) -> int:
     from hwtrace.export.lcov import write_lcov
     from hwtrace.export.perfetto import PerfettoTraceWriter
 
+    window = window_of(args)
     files = []
     writers = []
     try:
         if args.chrome:
             f = _open(args.chrome, "w")
             files.append(f)
-            chrome = ChromeTraceWriter(f, args=args.chrome_args)
-            writers.append(chrome)
+            writers.append(ChromeTraceWriter(f, args=args.chrome_args))
         if args.perfetto:
             f = _open(args.perfetto, "wb")
             files.append(f)
@@ -129,12 +86,16 @@ def run(args) -> int:
         if args.folded:
             f = _open(args.folded, "w")
             files.append(f)
-            writers.append(FoldedWriter(f, args.weight))
+            writers.append(FoldedWriter(f, args.weight, root=args.function))
         coverage = CoverageCollector() if (args.drcov or args.lcov) else None
-        src, totals, progress = decode_into(args, writers, coverage)
+        inp, totals, progress = decode_into(args, writers, coverage, window=window)
         for w in writers:
             if isinstance(w, ChromeTraceWriter):
-                w.close({"source": os.path.basename(str(args.input))})
+                other = {"source": os.path.basename(str(args.input))}
+                lost = _lost_note(totals)
+                if lost:
+                    other["lost"] = lost
+                w.close(other)
             else:
                 w.close()
         extra = ""
@@ -142,7 +103,7 @@ def run(args) -> int:
             blocks = coverage.finish()
             if args.drcov:
                 mods = [(img.path, img.low, img.high)
-                        for img in src.symbolizer.images]
+                        for img in inp.symbolizer.images]
                 with _open(args.drcov, "wb") as f:
                     n, skipped = write_drcov(f, blocks, mods)
                 extra += f", {n} blocks"
@@ -150,7 +111,7 @@ def run(args) -> int:
                     extra += f" ({skipped} outside known modules)"
             if args.lcov:
                 with _open(args.lcov, "w") as f:
-                    res = write_lcov(f, blocks, src.symbolizer)
+                    res = write_lcov(f, blocks, inp.symbolizer)
                 extra += f", {len(res)} source files"
     finally:
         for f in files:
@@ -158,5 +119,26 @@ def run(args) -> int:
                 f.close()
             except OSError:
                 pass
+    nothing_decoded("export", totals)
     progress.done(summary_line("export", totals) + extra)
+    if sys.stderr.isatty():
+        sys.stderr.write(_how_to_open(args) + "\n")
     return 0
+
+
+def _how_to_open(args) -> str:
+    """One line on opening what was written (a terminal only)."""
+    parts = []
+    for path, where in ((args.perfetto, "https://ui.perfetto.dev"),
+                        (args.chrome, "https://ui.perfetto.dev or speedscope"),
+                        (args.folded, "speedscope (npx speedscope FILE) or flamegraph.pl"),
+                        (args.drcov, "Lighthouse or Cutter"),
+                        (args.lcov, "genhtml")):
+        if path:
+            parts.append(f"{path} in {where}")
+    return "hwtrace export: open " + "; ".join(parts)
+
+
+def _lost_note(totals) -> list[str]:
+    from hwtrace.cli._views import loss_parts
+    return loss_parts(totals)

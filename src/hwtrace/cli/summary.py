@@ -1,9 +1,15 @@
 """hwtrace summary: where the time went, on one screen.
 
-    hwtrace summary BUNDLE [--top N] [--sort excl|incl|calls]
+    hwtrace summary BUNDLE [--top N] [--sort excl|incl|calls] [--function NAME]
 
-Top functions by exclusive and inclusive time and instructions, call
-counts, and what was lost (overflows, decode errors, gaps).
+Top functions by exclusive ("excl": in the function itself) and inclusive
+("incl": with everything it called; a recursive function counted once)
+instructions and time, and how many activations each had (an activation
+is one run of a function, from its call to its return).  The program's
+own functions (``main`` and what it calls, and threads) come first; what
+ran outside ``main`` -- the dynamic loader, libc's start-up, exit
+handlers -- is listed apart below.  Lost data and decode errors are
+listed first, with their trace offsets.
 """
 
 from __future__ import annotations
@@ -11,10 +17,11 @@ from __future__ import annotations
 import sys
 
 from hwtrace.cli import CliError
-from hwtrace.cli.export import add_input_args, decode_into, summary_line
 
 
 def register(sub) -> None:
+    from hwtrace.cli._filters import add_filter_args
+    from hwtrace.cli._views import add_input_args
     p = sub.add_parser("summary", help="top functions, call counts, lost data",
                        description=__doc__.splitlines()[0])
     add_input_args(p)
@@ -23,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--sort", choices=("excl", "incl", "calls"), default="excl",
                    help="order by exclusive instructions (default), "
                    "inclusive instructions or calls")
+    add_filter_args(p)
     p.set_defaults(func=run)
 
 
@@ -35,53 +43,103 @@ def _time(t: float, unit: str) -> str:
     return f"{t:,.0f}"
 
 
+_CLOCKS = {"insns": "instructions (no timing in the trace: times are instruction counts)",
+           "ns": "ns (TSC)", "tsc": "TSC ticks (frequency unknown)"}
+
+
 def render(profile, totals: dict, description: str, top: int = 15,
-           sort: str = "excl") -> str:
+           sort: str = "excl", legend: bool = False, timebase: str = "",
+           narrowed: str = "") -> str:
+    from hwtrace.cli._views import loss_parts
     unit = next(iter(profile.units)) if len(profile.units) == 1 else "mixed"
     key = {"excl": "excl_insns", "incl": "incl_insns", "calls": "calls"}[sort]
+    counts_insns = unit == "tsc" and timebase.startswith("instruction count")
+    clock = _CLOCKS.get(unit, unit)
+    if unit == "insns":
+        clock = "instructions"
+    if counts_insns:
+        clock = "TSC, which counts instructions in this recording (same as the insns columns)"
     lines = [f"trace: {description}",
              f"{totals['streams']} stream(s), {totals['insns']:,} instructions, "
-             f"{totals['activations']:,} activations, clock: "
-             f"{'instructions' if unit == 'insns' else unit}"]
+             f"{totals['activations']:,} activations, clock: {clock}"]
     m = profile.markers
-    if m:
-        parts = [f"{v} {k}" for k, v in sorted(m.items())]
-        lines.append("lost data / errors: " + ", ".join(parts))
-        for s in profile.marker_samples[:3]:
+    lost = loss_parts(totals) if "lost" in totals or "errors" in totals else []
+    if not lost and m:
+        lost = [f"{v} {k}" for k, v in sorted(m.items()) if k != "lost"]
+    if lost:
+        lines.append("lost data / errors: " + "; ".join(lost))
+        for s in [s for s in profile.marker_samples if s.kind != "lost"][:3]:
             off = f"offset {s.offset:#x}: " if s.offset is not None else ""
             lines.append(f"  at insn {s.idx:,}: {off}{s.kind}: {s.detail}")
     else:
         lines.append("lost data / errors: none")
-    show_time = unit not in ("insns", "mixed")
+    if narrowed:
+        lines.append(f"narrowed to: {narrowed}")
+    show_time = unit not in ("insns", "mixed") and not counts_insns
+    tu = "" if unit == "ns" else f" ({unit})"
     head = f"{'function':<32} {'calls':>8} {'excl insns':>12} {'excl%':>6} {'incl insns':>12}"
     if show_time:
         head += f" {'excl time':>10} {'incl time':>10}"
-    lines += ["", head]
+    lines += ["", head + (tu if show_time else "")]
     total = max(profile.insns, 1)
-    shown = profile.display_names()
-    for s in profile.top(key, top):
-        name = shown[(s.name, s.func)]
-        name = name if len(name) <= 32 else name[:31] + "~"
-        row = (f"{name:<32} {s.calls:>8,} {s.excl_insns:>12,} "
-               f"{100 * s.excl_insns / total:>5.1f}% {s.incl_insns:>12,}")
-        if show_time:
-            row += f" {_time(s.excl_time, unit):>10} {_time(s.incl_time, unit):>10}"
-        if s.truncated:
-            row += f"  ({s.truncated} truncated)"
-        lines.append(row)
-    more = len(profile.funcs) - min(top, len(profile.funcs))
+    split = profile.has_startup
+    funcs = profile.part("program") if split else profile.funcs
+    shown = profile.display_names(profile.funcs)
+
+    def rows(fs, n):
+        out = []
+        for s in profile.top(key, n, fs):
+            name = shown[(s.name, s.func)]
+            name = name if len(name) <= 32 else name[:31] + "~"
+            row = (f"{name:<32} {s.calls:>8,} {s.excl_insns:>12,} "
+                   f"{100 * s.excl_insns / total:>5.1f}% {s.incl_insns:>12,}")
+            if show_time:
+                row += f" {_time(s.excl_time, unit):>10} {_time(s.incl_time, unit):>10}"
+            if s.truncated:
+                row += f"  ({s.truncated} truncated)"
+            out.append(row)
+        return out
+
+    lines += rows(funcs, top)
+    more = len(funcs) - min(top, len(funcs))
     if more > 0:
         lines.append(f"... {more} more functions")
+    if split:
+        start = profile.part("startup")
+        n = sum(s.excl_insns for s in start.values())
+        lines.append(f"--- outside main (dynamic loader, libc start-up, exit): "
+                     f"{n:,} instructions, {100 * n / total:.1f}% ---")
+        k = max(3, min(5, top // 3))
+        lines += rows(start, k)
+        more = len(start) - min(k, len(start))
+        if more > 0:
+            lines.append(f"... {more} more functions")
+    if legend:
+        if lost:
+            lines += ["", "incomplete: the counts cover what could be decoded; "
+                      "activations cut by a loss are marked truncated."]
+        lines += ["",
+                  "calls: activations (runs of the function, from call to return); "
+                  "excl: in the function itself;",
+                  "incl: with everything it called (a recursive function counted once); "
+                  "excl%: of all instructions."]
     return "\n".join(lines) + "\n"
 
 
 def run(args) -> int:
     from hwtrace.analysis.profile import Profile
+    from hwtrace.cli._filters import describe, window_of
+    from hwtrace.cli._views import decode_into, nothing_decoded, summary_line
 
     if args.top < 1:
         raise CliError("summary: --top must be at least 1")
     prof = Profile()
-    src, totals, progress = decode_into(args, [prof], label="summary")
-    sys.stdout.write(render(prof, totals, src.description, args.top, args.sort))
+    inp, totals, progress = decode_into(args, [prof], label="summary",
+                                        window=window_of(args))
+    prof.close()
+    nothing_decoded("summary", totals)
+    sys.stdout.write(render(prof, totals, inp.description, args.top, args.sort,
+                            legend=True, timebase=inp.timebase,
+                            narrowed=describe(args)))
     progress.done(summary_line("summary", totals))
     return 0

@@ -19,3 +19,24 @@ UNITS_PER_US = {"ns": 1000.0, "tsc": 1000.0, "insns": 1000.0, None: 1000.0}
 def flag_names(flags) -> str:
     return "|".join(f.name.lower() for f in type(flags) if f and f in flags
                     and f.value & (f.value - 1) == 0)
+
+
+def track_label(info) -> str:
+    """What a stream's track is called: its thread or CPU (a bundle's
+    stream file name says less), else its name."""
+    if info.tid is not None:
+        return f"thread {info.tid}"
+    if info.cpu is not None:
+        return f"cpu {info.cpu}"
+    return info.name or "trace"
+
+
+def track_of(info, cpu_pid: int):
+    """(pid, tid, process name, thread name) of a stream's own track: a
+    thread's, or in cpu mode the made-up process ``cpu_pid`` ("CPUs")
+    with a track per CPU."""
+    if info.tid is None and info.cpu is not None:
+        return cpu_pid, info.cpu, "CPUs", track_label(info)
+    pid = info.pid if info.pid is not None else 0
+    tid = info.tid if info.tid is not None else 0
+    return pid, tid, f"process {pid}", track_label(info)

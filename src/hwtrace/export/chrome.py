@@ -1,22 +1,28 @@
-"""Chrome trace-event JSON, written as the records come.
+"""Chrome trace-event JSON, written as the activations come.
 
 One ``"X"`` (complete) event per activation on the track of its thread
-(``pid``/``tid``; in cpu mode one process "CPUs" with a track per CPU),
-``"i"`` instant events for markers (gaps, overflows, decode errors), and
-``"M"`` metadata naming processes and threads.  ``ts``/``dur`` are
+(``pid``/``tid``; a CPU's stream whose thread is not known: one process
+"CPUs" with a track per CPU), ``"i"`` instant events for markers (gaps,
+overflows, decode errors), and ``"M"`` metadata naming processes and
+threads.  All streams share one timeline: ``ts``/``dur`` are
 microseconds from the start of the first stream written, on a 2**-10 us
-grid (exact in binary floating point, so nesting survives ``ts + dur``); instruction-count clocks show
-one instruction as one nanosecond (``otherData.clock`` says which).
-Format: the Trace Event Format document (Google, "JSON Object Format").
+grid (exact in binary floating point, so nesting survives ``ts + dur``);
+instruction-count clocks show one instruction as one nanosecond
+(``otherData.clock`` says which).  Format: the Trace Event Format
+document (Google, "JSON Object Format").  Lines are formatted a chunk of
+activations at a time (:mod:`.textcols`).
 """
 
 from __future__ import annotations
 
 import json
 
-from hwtrace.analysis.records import Activation, Enter, Marker, StreamInfo
-from hwtrace.export import UNITS_PER_US, flag_names
+import numpy as np
 
+from hwtrace.analysis.records import StreamInfo
+from hwtrace.analysis.slices import RecordChunker
+from hwtrace.export import UNITS_PER_US, flag_names, track_of
+from hwtrace.export.textcols import Lines, small_ids
 
 #: the made-up process that holds one track per CPU in cpu mode (same as
 #: the Perfetto writer's)
@@ -34,14 +40,17 @@ class ChromeTraceWriter:
         self._args = args
         self._origin = origin
         self._first = True
-        self._names: dict[str, str] = {}
-        self._pid = 0
-        self._tid = 0
         self._div = 1000.0
         self._units: set[str] = set()
         self.slices = 0
         self.instants = 0
         self._seen_pids: set = set()
+        self._seen_tracks: set = set()
+        self._info = StreamInfo()
+        self._default = (0, 0)
+        self._default_names = ("process 0", "trace")
+        self._legacy: RecordChunker | None = None
+        self._flags: dict[int, bytes] = {}
         fp.write('{"traceEvents":[\n')
 
     def _event(self, s: str) -> None:
@@ -51,71 +60,141 @@ class ChromeTraceWriter:
         else:
             self._fp.write(",\n" + s)
 
-    def begin_stream(self, info: StreamInfo, unit: str | None = "insns") -> None:
-        if info.tid is None and info.cpu is not None:
-            pid, tid, pname = CPU_PID, info.cpu, "CPUs"
-        else:
-            pid = info.pid if info.pid is not None else 0
-            tid = info.tid if info.tid is not None else 0
-            pname = f"process {pid}"
-        self._pid, self._tid = pid, tid
-        self._div = UNITS_PER_US.get(unit, 1000.0)
-        self._units.add(unit or "insns")
+    def _track(self, pid: int, tid: int, pname: str, tname: str) -> None:
         if pid not in self._seen_pids:
             self._seen_pids.add(pid)
             self._event(json.dumps({"ph": "M", "name": "process_name", "pid": pid,
                                     "tid": tid, "args": {"name": pname}}))
-        self._event(json.dumps({"ph": "M", "name": "thread_name", "pid": pid,
-                                "tid": tid, "args": {"name": info.label()}}))
+        if (pid, tid) not in self._seen_tracks:
+            self._seen_tracks.add((pid, tid))
+            self._event(json.dumps({"ph": "M", "name": "thread_name", "pid": pid,
+                                    "tid": tid, "args": {"name": tname}}))
 
-    def _us(self, t: float) -> float:
-        """Microseconds from the origin, on a grid of 2**-10 us: such values
-        are exact doubles and so are their sums, so a viewer's ``ts + dur``
-        lands exactly on the next slice's ``ts`` (with decimal fractions
-        touching siblings would overlap by a rounding error and nest)."""
+    def begin_stream(self, info: StreamInfo, unit: str | None = "insns") -> None:
+        self._flush_legacy()
+        self._info = info
+        pid, tid, pname, tname = track_of(info, CPU_PID)
+        self._default = (pid, tid)
+        self._default_names = (pname, tname)
+        self._div = UNITS_PER_US.get(unit, 1000.0)
+        self._units.add(unit or "insns")
+
+    def _use_default(self) -> None:
+        """The stream's own track, named where first used (a CPU's stream
+        that follows its threads may never use it)."""
+        self._track(*self._default, *self._default_names)
+
+    def _k(self, t: np.ndarray) -> np.ndarray:
+        """Times -> 2**-10 us grid units from the origin."""
+        return np.round((t - self._origin) / self._div * 1024).astype(np.int64)
+
+    def add_slices(self, chunk, ctx) -> None:
+        """A chunk of activations (``ctx``: its builder's ``names``)."""
+        names = ctx.names
+        X = chunk.exits
         if self._origin is None:
-            self._origin = t
-        return round((t - self._origin) / self._div * 1024) / 1024
+            firsts = [a["begin"].min() for a in (chunk.enters, X) if len(a)]
+            if firsts:
+                self._origin = float(min(firsts))
+            elif chunk.markers:
+                self._origin = chunk.markers[0][1].time
+        if len(X):
+            self._write_slices(X, names)
+        for _seq, m in chunk.markers:
+            self._marker(m)
 
-    def add(self, rec) -> None:
-        if self._origin is None and type(rec) is Enter:
-            self._origin = rec.begin        # the stream's earliest time
-        if type(rec) is Activation:
-            name = self._names.get(rec.name)
-            if name is None:
-                name = self._names[rec.name] = json.dumps(rec.name)
-                if len(self._names) > 1 << 20:
-                    self._names.clear()
-            b = self._us(rec.begin)
-            ts = repr(b)
-            dur = repr(self._us(rec.end) - b)
-            if self._args:
-                args = (f',"args":{{"insns":{rec.end_idx - rec.begin_idx},'
-                        f'"self_insns":{rec.self_insns}')
-                if rec.func is not None:
-                    args += f',"addr":"0x{rec.func:x}"'
-                if rec.flags:
-                    args += f',"flags":"{flag_names(rec.flags)}"'
-                args += "}"
-            elif rec.flags:
-                args = f',"args":{{"flags":"{flag_names(rec.flags)}"}}'
+    def _write_slices(self, X: np.ndarray, names) -> None:
+        n = len(X)
+        b = self._k(X["begin"])
+        e = self._k(X["end"])
+        pid, tid = self._tracks(X)
+        u = np.unique(X["name"])
+        table = [b""] * (int(u.max()) + 1)
+        for i in u.tolist():
+            table[i] = names.json_bytes(i)
+        t = Lines(n)
+        t.lit(b'{"ph":"X","name":').strs(table, X["name"])
+        t.lit(b',"cat":"call","ts":').frac(b).lit(b',"dur":').frac(e - b)
+        t.lit(b',"pid":').int(pid).lit(b',"tid":').int(tid)
+        flags = X["flags"]
+        if self._args:
+            t.lit(b',"args":{"insns":').int(X["end_idx"] - X["begin_idx"])
+            t.lit(b',"self_insns":').int(X["end_idx"] - X["begin_idx"]
+                                         - X["child_insns"])
+            known = X["func"] != np.uint64(0xFFFFFFFFFFFFFFFF)
+            if known.all():
+                t.lit(b',"addr":"').hex(X["func"]).lit(b'"')
             else:
-                args = ""
-            self._event(f'{{"ph":"X","name":{name},"cat":"call","ts":{ts},'
-                        f'"dur":{dur},"pid":{self._pid},"tid":{self._tid}'
-                        f'{args}}}')
-            self.slices += 1
-        elif type(rec) is Marker:
-            args = {"detail": rec.detail, "insn": rec.idx}
-            if rec.offset is not None:
-                args["offset"] = rec.offset
-            self._event(json.dumps({"ph": "i", "s": "t", "name": rec.kind,
-                                    "cat": "trace", "ts": self._us(rec.time),
-                                    "pid": self._pid, "tid": self._tid,
-                                    "args": args}))
-            self.instants += 1
+                t.strs([b"", b',"addr":"'], known.astype(np.int64))
+                t.hex(X["func"], b"")
+                t.strs([b"", b'"'], known.astype(np.int64))
+            t.strs(self._flag_table(flags, b',"flags":"', b'"'), self._flag_ids)
+            t.lit(b"}}")
+        else:
+            t.strs(self._flag_table(flags, b',"args":{"flags":"', b'"}'),
+                   self._flag_ids)
+            t.lit(b"}")
+        t.lit(b",\n")
+        text = t.text()
+        if self._first:
+            self._first = False
+        else:
+            self._fp.write(",\n")
+        self._fp.write(text[:-2].decode())
+        self.slices += n
+
+    def _flag_table(self, flags: np.ndarray, head: bytes, tail: bytes) -> list:
+        """Strings per distinct flags value (ids in self._flag_ids)."""
+        from hwtrace.analysis.records import Flag
+        u, inv = small_ids(flags)
+        table = []
+        for f in u.tolist():
+            table.append(head + flag_names(Flag(f)).encode() + tail if f else b"")
+        self._flag_ids = inv
+        return table
+
+    def _tracks(self, X: np.ndarray):
+        """pid and tid of every row: its thread's, or the stream's track."""
+        dp, dt = self._default
+        has = X["tid"] >= 0
+        info = self._info
+        cpu_stream = info.tid is None and info.cpu is not None
+        if not cpu_stream or not has.all():
+            self._use_default()
+        if not cpu_stream:
+            return (np.full(len(X), dp, np.int64), np.full(len(X), dt, np.int64))
+        pid = np.where(has, np.maximum(X["pid"], 0), dp)
+        tid = np.where(has, X["tid"], dt)
+        if has.any():
+            for k in np.unique((pid[has] << 32) | tid[has]).tolist():
+                p, t = k >> 32, k & 0xFFFFFFFF
+                self._track(p, t, f"process {p}", f"thread {t}")
+        return pid, tid
+
+    def _marker(self, m) -> None:
+        args = {"detail": m.detail, "insn": m.idx}
+        if m.offset is not None:
+            args["offset"] = m.offset
+        self._use_default()
+        pid, tid = self._default
+        k = self._k(np.array([m.time], np.float64))[0]
+        self._event(json.dumps({"ph": "i", "s": "t", "name": m.kind,
+                                "cat": "trace", "ts": int(k) / 1024,
+                                "pid": pid, "tid": tid, "args": args}))
+        self.instants += 1
+
+    # -- records one at a time (tests, old callers) ---------------------------------------
+    def add(self, rec) -> None:
+        if self._legacy is None:
+            self._legacy = RecordChunker()
+        self._legacy.add(rec)
+
+    def _flush_legacy(self) -> None:
+        if self._legacy is not None:
+            self.add_slices(self._legacy.take(), self._legacy)
 
     def close(self, other: dict | None = None) -> None:
+        self._flush_legacy()
         units = sorted(self._units)
         data = {"producer": "hwtrace", "clock": units[0] if len(units) == 1 else units}
         if other:

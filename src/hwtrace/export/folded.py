@@ -3,80 +3,189 @@
 One line per distinct stack: frame names from the bottom up joined by
 ``;``, a space, and the weight of the time spent in exactly that stack
 (exclusive weight of its top frame): instructions (``weight="insns"``) or
-time in the clock's unit (``"time"``, rounded to integers).  Stacks are
-accumulated in a dict keyed by the stack (bounded by the program's
-distinct call paths, not the trace length) and written at ``close``.
-Frame names have ``;`` replaced (it is the separator) and no spaces
-problems (the last space separates the weight).
+time in the clock's unit (``"time"``, rounded to integers).  Weights are
+summed per call path (the builder's path hashes: memory grows with the
+program's distinct call paths, not the trace length) a chunk of
+activations at a time, and written at ``close``, each stack's text built
+from its caller's as the paths are walked (never all in memory at once;
+a stack seen in two streams is written once per stream -- folded-stack
+tools add duplicates up).  Frame names have ``;``
+replaced (it is the separator).  ``root``: stacks start at the first
+frame of that name (``--function``).
 """
 
 from __future__ import annotations
 
-from hwtrace.analysis.records import Activation, Enter, StreamInfo
+import numpy as np
+
+from hwtrace.analysis.records import StreamInfo
+from hwtrace.analysis.slices import RecordChunker
+from hwtrace.export import track_label
 
 
 class FoldedWriter:
-    """Stacks are kept as a trie (node = (parent node, frame name)), so
-    memory grows with the distinct call paths, not with their length
-    squared; the text is built only at :meth:`close`."""
+    #: the builder must hash call paths for this writer
+    needs_paths = True
 
-    def __init__(self, fp, weight: str = "insns", per_thread: bool = False):
+    def __init__(self, fp, weight: str = "insns", per_thread: bool = False,
+                 root: str | None = None):
         if weight not in ("insns", "time"):
             raise ValueError(f"bad weight {weight!r}")
         self._fp = fp
         self._weight = weight
         self._per_thread = per_thread
-        self._nodes: dict[tuple[int, str], int] = {}
-        self._parent: list[int] = [-1]          # node 0: the root
-        self._name: list[str] = [""]
-        self._weights: dict[int, float] = {}
-        self._path: list[int] = []               # node per depth
-        self._root = 0
-
-    def _node(self, parent: int, name: str) -> int:
-        key = (parent, name)
-        n = self._nodes.get(key)
-        if n is None:
-            n = self._nodes[key] = len(self._parent)
-            self._parent.append(parent)
-            self._name.append(name)
-        return n
+        self._root = root
+        # per builder: its (names, paths) and weights per (thread, path)
+        self._groups: list[tuple[object, str, "_Weights"]] = []
+        self._cur: "_Weights | None" = None
+        self._ctx = None
+        self._info = StreamInfo()
+        self._legacy: RecordChunker | None = None
 
     def begin_stream(self, info: StreamInfo, unit: str | None = None) -> None:
-        self._path = []
-        self._root = (self._node(0, info.label().replace(";", ":"))
-                      if self._per_thread else 0)
+        self._flush_legacy()
+        self._info = info
+        self._ctx = None
 
-    def add(self, rec) -> None:
-        t = type(rec)
-        if t is Enter:
-            del self._path[rec.depth:]
-            parent = self._path[-1] if self._path else self._root
-            self._path.append(self._node(parent, rec.name.replace(";", ":")))
-        elif t is Activation:
-            if len(self._path) > rec.depth:
-                node = self._path[rec.depth]
-            else:
-                node = self._node(self._root, rec.name.replace(";", ":"))
-            w = rec.self_insns if self._weight == "insns" else rec.self_time
-            if w:
-                self._weights[node] = self._weights.get(node, 0) + w
-            del self._path[rec.depth:]
+    def add_slices(self, chunk, ctx) -> None:
+        """A chunk of activations (``ctx``: its builder's ``names`` and
+        ``paths``)."""
+        X = chunk.exits
+        if not len(X):
+            return
+        if ctx is not self._ctx:
+            self._ctx = ctx
+            self._cur = _Weights()
+            self._groups.append((ctx, track_label(self._info).replace(";", ":"),
+                                 self._cur))
+        if self._weight == "insns":
+            w = (X["end_idx"] - X["begin_idx"] - X["child_insns"]).astype(np.float64)
+        else:
+            w = X["end"] - X["begin"] - X["child_time"]
+        keep = w != 0
+        if not keep.any():
+            return
+        X, w = X[keep], w[keep]
+        if self._per_thread:
+            info = self._info
+            follows = info.tid is None and info.cpu is not None
+            thr = np.where(X["tid"] >= 0, X["tid"], -1) if follows \
+                else np.full(len(X), -1, np.int64)
+        else:
+            thr = np.full(len(X), -2, np.int64)
+        self._cur.add(thr, X["path"], w)
+
+    def _lines(self):
+        """(stack, weight) of every stack, walking each builder's call
+        paths once (a path's text is built from its parent's)."""
+        for ctx, label, weights in self._groups:
+            paths = ctx.paths
+            names = ctx.names.names
+            th, ph, wt = weights.arrays()
+            for t in np.unique(th).tolist():
+                sel = th == t
+                wp, ww = ph[sel], wt[sel]
+                # every weighted path and its ancestors, with their parents
+                nodes, parents, nids = [], [], []
+                frontier = np.unique(wp)
+                seen = np.zeros(0, np.uint64)
+                while len(frontier):
+                    par, nid = paths.lookup(frontier)
+                    nodes.append(frontier)
+                    parents.append(par)
+                    nids.append(nid)
+                    seen = np.union1d(seen, frontier)
+                    nxt = np.unique(par[par != 0])
+                    frontier = nxt[~np.isin(nxt, seen)]
+                node = np.concatenate(nodes)
+                parent = np.concatenate(parents)
+                nid = np.concatenate(nids)
+                order = np.argsort(parent, kind="stable")
+                sp = parent[order]
+                # each node's own weight (0: a caller only)
+                wo = np.argsort(wp)
+                j = np.minimum(np.searchsorted(wp[wo], node), len(wp) - 1)
+                wnode = np.where(wp[wo][j] == node, ww[wo][j], 0.0)
+                del seen, nodes, parents, nids
+                head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
+                # pending children share their parent's frames (a child's
+                # list is made when it is taken)
+                stack = [(0, head, None, self._root is None)]
+                while stack:
+                    q, prefix, name, rooted = stack.pop()
+                    frames = prefix if name is None else prefix + [name]
+                    lo = int(np.searchsorted(sp, np.uint64(q), "left"))
+                    hi = int(np.searchsorted(sp, np.uint64(q), "right"))
+                    for k in order[lo:hi].tolist():
+                        cn = names[int(nid[k])].replace(";", ":")
+                        r = rooted or cn == self._root
+                        w = wnode[k]
+                        if w and r:
+                            yield ";".join(frames + [cn]), w
+                        stack.append((int(node[k]), frames, cn if r else None, r))
 
     @property
     def stacks(self) -> dict[str, float]:
-        """{"a;b;c": weight} (built on demand)."""
-        out = {}
-        for node, w in self._weights.items():
-            names = []
-            while node > 0:
-                names.append(self._name[node])
-                node = self._parent[node]
-            out[";".join(reversed(names))] = w
+        """{"a;b;c": weight}."""
+        self._flush_legacy()
+        out: dict[str, float] = {}
+        for k, w in self._lines():
+            out[k] = out.get(k, 0) + w
         return out
 
+    def add(self, rec) -> None:
+        if self._legacy is None:
+            self._legacy = RecordChunker()
+        self._legacy.add(rec)
+
+    def _flush_legacy(self) -> None:
+        if self._legacy is not None:
+            lg, self._legacy = self._legacy, None
+            self._ctx = None
+            self.add_slices(lg.take(), lg)
+
     def close(self) -> None:
-        for key, w in self.stacks.items():
-            w = int(round(w))
-            if w > 0:
-                self._fp.write(f"{key} {w}\n")
+        self._flush_legacy()
+        w = self._fp.write
+        for key, v in self._lines():
+            v = int(round(v))
+            if v > 0:
+                w(f"{key} {v}\n")
+
+
+class _Weights:
+    """Weights summed per (thread, call path), in numpy arrays (merged a
+    few hundred thousand rows at a time)."""
+
+    def __init__(self):
+        self._t = np.zeros(0, np.int64)
+        self._p = np.zeros(0, np.uint64)
+        self._w = np.zeros(0, np.float64)
+        self._buf: list = []
+        self._n = 0
+
+    def add(self, t, p, w) -> None:
+        self._buf.append((np.asarray(t, np.int64), np.asarray(p, np.uint64),
+                          np.asarray(w, np.float64)))
+        self._n += len(w)
+        if self._n >= 1 << 19:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._buf:
+            return
+        t = np.concatenate([self._t] + [b[0] for b in self._buf])
+        p = np.concatenate([self._p] + [b[1] for b in self._buf])
+        w = np.concatenate([self._w] + [b[2] for b in self._buf])
+        order = np.lexsort((p, t))
+        t, p, w = t[order], p[order], w[order]
+        new = np.ones(len(t), bool)
+        new[1:] = (t[1:] != t[:-1]) | (p[1:] != p[:-1])
+        starts = np.flatnonzero(new)
+        self._t, self._p = t[starts], p[starts]
+        self._w = np.add.reduceat(w, starts) if len(w) else w
+        self._buf, self._n = [], 0
+
+    def arrays(self):
+        self._merge()
+        return self._t, self._p, self._w

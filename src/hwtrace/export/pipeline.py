@@ -1,12 +1,16 @@
 """Drive decoded streams through the call-stack builder into writers.
 
-A :class:`StreamExporter` is the one consumer every output shares: it takes
-one stream's items (pushed: :meth:`~StreamExporter.insn` for instructions,
-:meth:`~StreamExporter.feed` for anything else), runs them once through the
-builder (and the coverage collector when coverage is wanted), and hands
-every record to every writer.  :func:`export_streams` does the same for
-pull-style iterables.  No file I/O here: writers own their files;
-``progress`` (optional) is told how many items went by.
+:class:`ViewRun` is the one driver every view shares: per stream it feeds
+the stream's batches (or flow items, or branch records) once through a
+:class:`~hwtrace.analysis.callstack.CallStackBuilder` (and the coverage
+collector when coverage is wanted) and hands every chunk of activations
+to every writer (``begin_stream(info, unit)``, ``add_slices(chunk,
+builder)``, ``close()``).  What the recorder said was lost (a buffer that
+filled and stopped, a ring buffer that wrapped) becomes a ``lost`` marker
+where the data is missing -- at the stream's end, or its start -- so
+every view shows it where it happened.  No file I/O here: writers own
+their files; ``progress`` (optional) is told how many bytes of trace went
+by.  :func:`export_streams` is the same for streams of flow items.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from hwtrace.analysis.callstack import CallStackBuilder
 from hwtrace.analysis.coverage import CoverageCollector
 from hwtrace.analysis.records import StreamInfo
 
+#: a view's batches: small first (output at once), then large
+MAX_RECORDS = 1 << 18
+
 
 class Stream:
-    """One decoded stream: who it belongs to, its items, its timing."""
+    """One stream of flow items: who it belongs to, its items, its timing."""
 
     def __init__(self, info: StreamInfo, items: Iterable, tsc_hz=None,
                  clock: str = "auto"):
@@ -29,122 +36,143 @@ class Stream:
         self.clock = clock
 
 
-class StreamExporter:
-    def __init__(self, info: StreamInfo, writers: list, lookup=None,
-                 coverage: CoverageCollector | None = None,
+def new_totals() -> dict:
+    return {"streams": 0, "insns": 0, "activations": 0, "markers": {},
+            "errors": [], "lost": [], "bytes": 0, "events": 0}
+
+
+class ViewRun:
+    def __init__(self, writers: list, lookup=None, clock: str = "auto",
+                 tsc_hz=None, coverage: CoverageCollector | None = None,
                  progress: Callable[[int], None] | None = None,
-                 tsc_hz=None, clock: str = "auto", max_pending: int = 1 << 16):
-        self.info = info
+                 max_pending: int = 1 << 16, window=None):
         self.writers = writers
-        self.builder = b = CallStackBuilder(info, lookup, clock, tsc_hz,
-                                            max_pending)
+        self.lookup = lookup
+        self.clock = clock
+        self.tsc_hz = tsc_hz
         self.coverage = coverage
         self.progress = progress
-        self._started = False
-        self._n = 0
-        self._b_insn = b.insn
-        self._b_feed = b.feed
-        self._c_insn = coverage.insn if coverage else None
-        self._c_feed = coverage.feed if coverage else None
+        self.max_pending = max_pending
+        self.window = window             # a hwtrace.analysis.window filter factory
+        self.totals = new_totals()
 
-    def _deliver(self, recs) -> None:
-        if not self._started:
-            self._started = True
+    def _builder(self, info, tsc_hz, clock=None) -> CallStackBuilder:
+        paths = any(getattr(w, "needs_paths", False) for w in self.writers)
+        return CallStackBuilder(info, self.lookup, clock or self.clock,
+                                self.tsc_hz or tsc_hz, self.max_pending,
+                                paths=paths)
+
+    def _deliver(self, b: CallStackBuilder, state: dict) -> None:
+        chunks = b.take_slices()
+        if self.window is not None:
+            chunks = state["window"].filter(chunks, b)
+        for ch in chunks:
+            if not state["started"]:
+                state["started"] = True
+                for w in self.writers:
+                    w.begin_stream(b.stream, b.time.unit)
             for w in self.writers:
-                w.begin_stream(self.info, self.builder.clock.unit)
-        ws = self.writers
-        for r in recs:
-            for w in ws:
-                w.add(r)
+                w.add_slices(ch, b)
 
-    def insn(self, ip: int, size: int, iclass) -> None:
-        self._b_insn(ip, size, iclass)
-        if self._c_insn:
-            self._c_insn(ip, size, iclass)
-        self._tick()
+    def _state(self, b):
+        st = {"started": False}
+        if self.window is not None:
+            st["window"] = self.window(b)
+        return st
 
-    def feed(self, item) -> None:
-        if type(item) is dict and "iclass" in item and "error" not in item \
-                and "event" not in item:
-            self.insn(item["ip"], item.get("size", 0), item["iclass"])
-            return
-        self.feed_other(item)
-        self._tick()
-
-    def branch(self, kind: str, frm: int, to: int, time=None) -> None:
-        """One branch record (spec/branch-trace.md) of this stream's thread."""
-        self.builder.branch(kind, frm, to, time)
-        self._tick()
-
-    def feed_other(self, item) -> None:
-        """An item that is not a dict instruction (object items welcome)."""
-        self._b_feed(item)
-        if self._c_feed:
-            self._c_feed(item)
-
-    def _tick(self) -> None:
-        self._n += 1
-        b = self.builder
-        if b._out:
-            self._deliver(b.take())
-        if self.progress and not self._n & 0xFFFF:
-            self.progress(0x10000)
-
-    def finish(self) -> None:
-        b = self.builder
+    # -- one stream -------------------------------------------------------------------
+    def batches(self, info: StreamInfo, batches: Iterable, *, entry=None,
+                tsc_hz=None) -> CallStackBuilder:
+        b = self._builder(info, tsc_hz)
+        state = self._state(b)
+        cov = self.coverage
+        done = 0
+        if entry is not None and entry.wrapped:
+            b._marker("lost", None, "the ring buffer wrapped: the trace "
+                      "before this point was overwritten")
+        win = state.get("window")
+        for batch in batches:
+            b.feed_batch(batch)
+            self.totals["events"] += len(batch.items)
+            if cov is not None:
+                cov.add_batch(batch)
+            self._deliver(b, state)
+            if win is not None and win.past():
+                break           # past the window: nothing more to see
+            if self.progress is not None and len(batch.blocks):
+                at = int(batch.blocks["offset"][-1])
+                if at > done:
+                    self.progress(at - done)
+                    done = at
+        if entry is not None and (entry.stopped or entry.lost_bytes):
+            why = "the buffer filled and tracing stopped" if entry.stopped \
+                else "trace data was lost"
+            lost = f": {entry.lost_bytes:,} bytes lost" if entry.lost_bytes else ""
+            b._marker("lost", entry.size, f"{why}{lost}")
         b.finish()
-        self._deliver(b.take())
-        if self.progress and self._n & 0xFFFF:
-            self.progress(self._n & 0xFFFF)
-        if self.coverage:
-            self.coverage.gap()
+        self._deliver(b, state)
+        if cov is not None:
+            cov.gap()
+        self._add_totals(b, entry)
+        return b
 
+    def items(self, info: StreamInfo, items: Iterable, *, tsc_hz=None,
+              clock=None) -> CallStackBuilder:
+        b = self._builder(info, tsc_hz, clock)
+        state = self._state(b)
+        g = b._grouper()
+        cov = self.coverage
+        n = 0
+        for item in items:
+            g.feed(item)
+            if cov is not None:
+                cov.feed(item)
+            if g.full:
+                g.flush()
+                self._deliver(b, state)
+            n += 1
+            if self.progress is not None and not n & 0xFFFF:
+                self.progress(0x10000)
+        b.finish()
+        self._deliver(b, state)
+        if cov is not None:
+            cov.gap()
+        self._add_totals(b, None)
+        return b
 
-def new_totals() -> dict:
-    return {"streams": 0, "insns": 0, "activations": 0, "markers": {}}
+    def branches(self, info: StreamInfo, records: Iterable) -> CallStackBuilder:
+        """Branch records (kind, from, to, time) of one thread."""
+        b = self._builder(info, None)
+        state = self._state(b)
+        for kind, frm, to, time in records:
+            b.branch(kind, frm, to, time)
+            if b.pending.count > 4096:
+                self._deliver(b, state)
+        b.finish()
+        self._deliver(b, state)
+        self._add_totals(b, None)
+        return b
 
-
-def add_totals(totals: dict, ex: StreamExporter) -> dict:
-    b = ex.builder
-    totals["streams"] += 1
-    totals["insns"] += b.n
-    totals["activations"] += b.calls
-    for k, v in b.markers.items():
-        totals["markers"][k] = totals["markers"].get(k, 0) + v
-    return totals
+    def _add_totals(self, b: CallStackBuilder, entry) -> None:
+        t = self.totals
+        t["streams"] += 1
+        t["insns"] += b.n
+        t["activations"] += b.calls
+        for k, v in b.markers.items():
+            t["markers"][k] = t["markers"].get(k, 0) + v
+        t["errors"] += b.loss_samples
+        if entry is not None and entry.lossy:
+            t["lost"].append(entry)
 
 
 def export_streams(streams: Iterable[Stream], writers: list, lookup=None,
                    coverage: CoverageCollector | None = None,
                    progress: Callable[[int], None] | None = None,
                    max_pending: int = 1 << 16) -> dict:
-    """Returns totals: streams, insns, activations, markers (by kind)."""
-    totals = new_totals()
+    """Flow-item streams into writers.  Returns totals: streams, insns,
+    activations, markers (by kind)."""
+    run = ViewRun(writers, lookup, coverage=coverage, progress=progress,
+                  max_pending=max_pending)
     for st in streams:
-        ex = StreamExporter(st.info, writers, lookup, coverage, None,
-                            st.tsc_hz, st.clock, max_pending)
-        b = ex.builder
-        b_insn, c_insn = b.insn, ex._c_insn
-        other = ex.feed_other
-        deliver = ex._deliver
-        n = 0
-        for item in st.items:
-            # the hot path, inlined: a dict instruction
-            if type(item) is dict and "iclass" in item and "error" not in item \
-                    and "event" not in item:
-                ip, size, ic = item["ip"], item.get("size", 0), item["iclass"]
-                b_insn(ip, size, ic)
-                if c_insn is not None:
-                    c_insn(ip, size, ic)
-            else:
-                other(item)
-            if b._out:
-                deliver(b.take())
-            n += 1
-            if progress is not None and not n & 0xFFFF:
-                progress(0x10000)
-        if progress is not None:
-            progress(n & 0xFFFF)
-        ex.finish()
-        add_totals(totals, ex)
-    return totals
+        run.items(st.info, st.items, tsc_hz=st.tsc_hz, clock=st.clock)
+    return run.totals

@@ -1,8 +1,15 @@
-"""Fast flow decoding: instruction/block counts and edge coverage.
+"""The compiled flow core (``_c_flow.c`` and ``core/``) behind a narrow
+boundary: counts, edge coverage and the core decoder that produces
+batches (docs/pipeline.md).
 
-Two questions that need the whole instruction flow but no instruction
-records, answered by a compiled core (``_c_flow.c``) where it can and by the
-Python decoders (the twin, and the reference) where it cannot::
+The core is a port of the Python flow decoders (the twin and reference:
+:mod:`.query`, :mod:`.insn`, :mod:`.block`, :mod:`.session` and their
+helpers) that decodes every trace they decode, with identical results:
+every packet, every event at any IP, errata, timing, address filters,
+both resync modes and both error-offset conventions.  x86 decoding stays
+the twin's: the core asks :func:`filler`'s ``fill(ip, mode)`` -- the
+Python instruction cache -- once per new instruction and keeps the
+result (its instruction and run caches live as long as a decode)::
 
     from hwtrace.flow import fast
     c = fast.count(data, image, config, decoder="block")   # Counts
@@ -24,45 +31,29 @@ It is the instruction decoder's flow (``--insn-decoder``).
 mod 2**64) >> 48`` and ``index = (h(from) ^ (h(to) >> 1)) % size``; each
 byte adds up the counts of the edges mapped there, saturating at 255.
 
-**Which implementation.**  The compiled core decodes exactly like the
-Python decoders for the packets of ordinary traces (PSB+, TNT, TIP,
-TIP.PGE/PGD, MODE.exec, PAD, MNT and the timing packets TSC, CBR, MTC,
-TMA, CYC -- whose only flow effect without tick events is an error, so the
-core keeps the twin's time state to find those), FUP + TIP / FUP +
-TIP.PGD (asynchronous branches and disables, bound where the flow reaches
-the FUP's IP; likewise a PSB+ exec mode ahead of the flow) and bails out on
-anything else (errors, OVF, MODE.EXEC + FUP, PIP, VMCS, TSX, STOP, power
-packets, event trace, tick/iflags events, address filters, an event IP in
-the middle of a cached run); the Python
-decoder then decodes that trace, so results never depend on which one
-ran.  ``impl="python"`` forces the twin, ``impl="compiled"`` requires the
-core (None from :func:`compiled_count` if it bails).  :data:`CORE` is the
-extension or None (``HWTRACE_NO_EXTENSIONS=1``; tests monkeypatch it).
-
-Several cores: :mod:`.fast_parallel` runs :func:`compiled_segment` jobs
-(the core synchronized at a PSB, recording checkpoints of its state) in a
-process pool and stitches them into exactly these counts.
-
-Block cache: the compiled core caches, per (exec mode, IP), the
-straight-line run to the next decision point and asks :func:`_run_filler`'s
-function -- the Python instruction cache, so x86 decoding is the twin's --
-only on a miss; the cache lives for one decode (a changed image is never
-stale).
+**Which implementation.**  :data:`CORE` is the extension, or None
+(``HWTRACE_NO_EXTENSIONS=1``; tests monkeypatch it): then the Python
+decoders run.  ``impl="python"`` forces the twin, ``impl="compiled"``
+the core.  There is no fallback from one to the other: a configuration
+the core cannot represent (timing parameters past 64-bit arithmetic) is
+an :class:`Unsupported` error naming it.  ``Counts.compiled`` /
+``Edges.compiled`` say which one ran.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 from hwtrace import _ext
+from hwtrace.pt import errors as E
 from hwtrace.x86.insn import IClass, Kind
 
-from .config import FlowConfig
-from .fetch import (FetchError, InsnCache, binds_to_pip, binds_to_vmcs,
-                    changes_cpl, changes_cr3)
+from .config import ERRATA, FlowConfig
+from .fetch import FetchError, InsnCache, changes_cpl
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 4
+ABI = 5
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -74,11 +65,25 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 _MODES = ("16bit", "32bit", "64bit")
 _OTHER = int(IClass.OTHER)
 _PTWRITE = int(IClass.PTWRITE)
-_VMENTRY = (Kind.VMLAUNCH, Kind.VMRESUME)
 
-# flags of _c_flow.decode
-_F_BLOCK, _F_END_ON_CALL, _F_END_ON_JUMP, _F_BDM70, _F_SKD022 = 1, 2, 4, 8, 16
-_PT_FLAG_SKD007, _PT_FLAG_SKZ84 = 1, 2
+# Decoder flags (_c_flow.c)
+F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS = 1, 2, 4, 8
+
+# fill() record: size, iclass, flags, rel; flags as core/icache.h's IF_*
+_REC = struct.Struct("<BBBQ")
+IF_INDIRECT, IF_FAR, IF_CPL, IF_CR3, IF_VMPTRLD, IF_VMENTRY, IF_TRUNC = \
+    1, 2, 4, 8, 16, 32, 64
+_VMPTRLD = (Kind.VMPTRLD, Kind.VMCLEAR, Kind.VMXON)
+_VMENTRY = (Kind.VMLAUNCH, Kind.VMRESUME)
+# the core's error numbers of the fetch errors (core/common.h)
+_FETCH_CODES = {E.NOMAP: 13, E.BAD_INSN: 14}
+#: instructions one fill() call returns at most
+FILL_MAX = 1024
+
+
+class Unsupported(ValueError):
+    """A configuration the compiled core cannot decode exactly (named in
+    the message); decode it with ``impl="python"``."""
 
 
 class Counts(NamedTuple):
@@ -86,6 +91,9 @@ class Counts(NamedTuple):
     blocks: int          # 0 for the instruction decoder
     errors: int
     compiled: bool
+    events: int = 0
+    #: the errors in order: (kind, offset, ip, code) as sinks get them
+    error_items: tuple = ()
 
 
 class Edges(NamedTuple):
@@ -99,203 +107,239 @@ def _core(impl):
     return _ext.core_for(impl, CORE, NAME, ABI, "flow core")
 
 
-def _run_filler(image):
-    """The block-cache miss handler: ``fill(ip, mode)`` -> the run starting
-    at ``ip`` (count, last IP, its size, class, indirect, displacement,
-    special, mapping begin, mapping end, whether its first instruction is
-    VMLAUNCH/VMRESUME -- for SKD022) or None if ``ip`` does not decode.
+def _flags_of(x, truncated: bool) -> int:
+    f = 0
+    if x.is_indirect:
+        f |= IF_INDIRECT
+    if x.is_far:
+        f |= IF_FAR
+    if changes_cpl(x):
+        f |= IF_CPL
+    k = x.kind
+    if k == Kind.MOV_CR3:
+        f |= IF_CR3
+    elif k in _VMPTRLD:
+        f |= IF_VMPTRLD
+    elif k in _VMENTRY:
+        f |= IF_VMENTRY
+    if truncated:
+        f |= IF_TRUNC
+    return f
 
-    A run goes on over plain OTHER instructions inside the mapping of its
-    first one and ends with the first instruction that is not plain
-    (a branch, PTWRITE, or one a disable event may bind to)."""
+
+def filler(image):
+    """The core's instruction-cache miss handler for ``image``:
+    ``fill(ip, mode)`` -> the core's error number of the fetch error the
+    twin's InsnCache raises at ``ip``, or ``(lo, last, records)``: the
+    mapping ``[lo, last]`` of ``ip`` and :data:`_REC` records of the
+    instructions from ``ip`` on -- the plain ones (class OTHER) and the one
+    that ends them, inside that mapping, at most :data:`FILL_MAX`."""
     cache = InsnCache(image)
+    decode = cache.decode
+    pack = _REC.pack
 
     def fill(ip: int, mode: int):
         name = _MODES[mode]
         try:
-            d = cache.decode(ip, name)
-        except FetchError:
-            return None
-        vmentry = int(d.x86.kind in _VMENTRY)
+            d = decode(ip, name)
+        except FetchError as e:
+            return _FETCH_CODES[e.code]
         m = image.find(ip)
         lo, hi = m.begin, m.end
-        if hi > MASK64:
-            return None         # a mapping up to 2**64: the twin decodes
-        n = 0
+        out = []
         cur = ip
-        while True:
+        for _ in range(FILL_MAX):
             x = d.x86
-            n += 1
-            c = d.insn.iclass
-            special = bool(x.is_far or changes_cpl(x) or changes_cr3(x) or
-                           binds_to_pip(x) or binds_to_vmcs(x))
-            if c != _OTHER or special:
+            out.append(pack(x.size, int(x.iclass), _flags_of(
+                x, d.insn.truncated), x.rel & MASK64))
+            if d.insn.iclass != _OTHER:
                 break
-            nip = (cur + x.size) & MASK64
-            if not lo <= nip < hi:
+            cur = (cur + x.size) & MASK64
+            if not lo <= cur < hi:
                 break
             try:
-                d = cache.decode(nip, name)
+                d = decode(cur, name)
             except FetchError:
                 break
-            cur = nip
-        return (n, cur, x.size, c, int(bool(x.is_indirect)), x.rel,
-                int(special), lo, hi, vmentry)
+        return lo, min(hi - 1, MASK64), b"".join(out)
     return fill
 
 
-_U32 = 0xFFFFFFFF
+def _u64(name: str, v: int, limit: int = 1 << 64) -> int:
+    if not 0 <= v < limit:
+        raise Unsupported(f"compiled flow core: {name} = {v} is out of its "
+                          f"range (0 .. {limit - 1})")
+    return v
 
 
-def _supported(cfg: FlowConfig) -> bool:
-    """Configurations the compiled core decodes like the twin (timing
-    parameters in the ranges its 64-bit arithmetic reproduces exactly)."""
-    return not (cfg.enable_tick_events or cfg.enable_iflags_events or
-                cfg.addr_filter.addr_cfg) and \
-        0 <= cfg.mtc_freq <= 15 and 0 <= cfg.nom_freq <= _U32 and \
-        0 <= cfg.cpuid_0x15_eax <= _U32 and 0 <= cfg.cpuid_0x15_ebx <= _U32
+def config_tuple(cfg: FlowConfig | None) -> tuple:
+    """The core's view of a FlowConfig (see _c_flow.c parse_config)."""
+    cfg = cfg or FlowConfig()
+    e = cfg.errata
+    errata = sum(1 << i for i, n in enumerate(ERRATA) if getattr(e, n))
+    f = cfg.addr_filter
+    return (errata, _u64("addr_cfg", f.addr_cfg),
+            tuple(_u64(f"addr{n}_a", f.a[n]) for n in range(4)),
+            tuple(_u64(f"addr{n}_b", f.b[n]) for n in range(4)),
+            # 2**32: the shifts by mtc_freq stay exact in 64 bits; 2**56:
+            # nom_freq << 8 (the twin's unbounded integer) fits
+            _u64("mtc_freq", cfg.mtc_freq, 1 << 32),
+            _u64("nom_freq", cfg.nom_freq, 1 << 56),
+            _u64("cpuid_0x15_eax", cfg.cpuid_0x15_eax),
+            _u64("cpuid_0x15_ebx", cfg.cpuid_0x15_ebx),
+            bool(cfg.enable_tick_events), bool(cfg.enable_iflags_events),
+            bool(cfg.keep_tcal_on_ovf), cfg.error_offsets == "2.0",
+            bool(cfg.end_on_call), bool(cfg.end_on_jump),
+            bool(getattr(cfg, "strict", False)))
 
 
-def _timing(cfg: FlowConfig) -> tuple[int, int, int, int]:
-    return (cfg.mtc_freq, cfg.nom_freq, cfg.cpuid_0x15_eax,
-            cfg.cpuid_0x15_ebx)
-
-
-def _flags(cfg: FlowConfig, block: bool) -> tuple[int, int]:
-    f = _F_BLOCK if block else 0
-    if cfg.end_on_call:
-        f |= _F_END_ON_CALL
-    if cfg.end_on_jump:
-        f |= _F_END_ON_JUMP
-    if cfg.psb_fup_announces_pge():
-        f |= _F_BDM70
-    if cfg.errata.skd022:
-        f |= _F_SKD022
-    p = (_PT_FLAG_SKD007 if cfg.errata.skd007 else 0) | \
-        (_PT_FLAG_SKZ84 if cfg.errata.skz84 else 0)
-    return f, p
-
-
-def compiled_decode(data, image, config=None, decoder="block",
-                    want_edges=False, impl="compiled"):
-    """The compiled core's (reason, insns, blocks, edges): reason None if it
-    decoded the trace, else why it bailed out.  None if no core."""
+def core_decoder(data, image, config=None, *, block=True, resync=False,
+            want_insns=False, plain_offsets=False, release=None,
+            impl="compiled"):
+    """A compiled core ``Decoder`` over ``data`` in ``image`` (see
+    _c_flow.c); ``release``: a file mapping's release_before (taken from
+    ``data`` if it has one)."""
     core = _core(impl)
     if core is None:
-        return None
-    cfg = config or FlowConfig()
-    if not _supported(cfg):
-        return ("configuration", 0, 0, None)
-    flags, pflags = _flags(cfg, decoder == "block")
-    # A file mapping's release_before (hwtrace.cli._tracemap) drops the
-    # pages behind the decode, so resident memory stays bounded.
-    return core.decode(data, _run_filler(image), flags, pflags, want_edges,
-                       _timing(cfg), getattr(data, "release_before", None))
+        raise RuntimeError("compiled flow core unavailable: "
+                           f"{STATUS.reason}")
+    flags = (F_BLOCK if block else 0) | (F_RESYNC if resync else 0) | \
+        (F_WANT_INSNS if want_insns else 0) | \
+        (F_PLAIN_OFFSETS if plain_offsets else 0)
+    if release is None:
+        release = getattr(data, "release_before", None)
+    return core.Decoder(data, image, filler, config_tuple(config), flags,
+                        release)
 
 
-def compiled_segment(data, image, config, block: bool, start: int,
-                     stop_at: int, tail: int, head: int, impl=None):
-    """One job of the parallel counts path (:mod:`.fast_parallel`): the
-    compiled core's ``decode_segment`` -- (reason|None, insns, blocks,
-    [(psb, key, return stack, insns, blocks)], stopped) -- synchronized at
-    the PSB at ``start`` (-1: the trace start), with checkpoints at its
-    first ``head`` PSBs and at PSBs at/after ``stop_at`` (-1: none), up to
-    ``tail`` of those.  None if there is no core or the configuration is
-    one the core does not decode."""
-    core = _core(impl)
-    if core is None:
-        return None
-    cfg = config or FlowConfig()
-    if not _supported(cfg):
-        return None
-    flags, pflags = _flags(cfg, block)
-    return core.decode_segment(data, _run_filler(image), flags, pflags,
-                               _timing(cfg), start, stop_at, tail, head)
-
-
-def compiled_count(data, image, config=None, decoder="block",
-                   impl=None) -> Counts | None:
-    """Counts from the compiled core, or None (no core, or it bailed)."""
-    r = compiled_decode(data, image, config, decoder, False,
-                        impl if impl is not None else None)
-    if r is None or r[0] is not None:
-        return None
-    return Counts(r[1], r[2] if decoder == "block" else 0, 0, True)
-
-
-def count_into(sink, data, image, config, block: bool) -> bool:
-    """For ``hwtrace decode --quiet --stat``: if the compiled core decodes
-    the trace, add its counts to ``sink`` (a sinks.CountSink) and return
-    True; else False (the caller runs the Python decoder)."""
-    c = compiled_count(data, image, config, "block" if block else "insn")
-    if c is None:
-        return False
-    sink.insns += c.insns
-    sink.blocks += c.blocks
-    return True
-
-
-def count(data, image, config=None, decoder="block", impl=None) -> Counts:
-    """Instructions (and blocks) ``hwtrace decode --quiet --stat`` counts."""
-    if impl != "python":
-        c = compiled_count(data, image, config, decoder, impl)
-        if c is not None:
-            return c
-    from . import session
-    from .sinks import CountSink
-    sink = CountSink()
-    if decoder == "block":
-        from .block import BlockDecoder
-        session.run_blocks(BlockDecoder(data, image, config), sink)
-    else:
-        from .insn import InsnDecoder
-        session.run_insn(InsnDecoder(data, image, config), sink)
-    return Counts(sink.insns, sink.blocks, sink.errors, False)
-
-
-class EdgeSink:
-    """A session sink that counts edges from the instruction stream."""
+class _ErrorSink:
+    """Counts like sinks.CountSink and keeps the errors (the Python
+    twin's side of :func:`count`)."""
 
     needs_offset = False
 
     def __init__(self):
-        self.counts = {}
-        self.insns = 0
-        self.errors = 0
+        self.insns = self.blocks = self.events = 0
+        self.errors = []
         self._from = None
+        self.edges = None
 
     def insn(self, insn, offset):
         self.insns += 1
-        f = self._from
-        if f is not None:
-            key = (f, insn.ip)
-            self.counts[key] = self.counts.get(key, 0) + 1
-        c = insn.iclass
-        self._from = insn.ip if (c != _OTHER and c != _PTWRITE) else None
+        if self.edges is not None:
+            f = self._from
+            if f is not None:
+                key = (f, insn.ip)
+                self.edges[key] = self.edges.get(key, 0) + 1
+            c = insn.iclass
+            self._from = insn.ip if (c != _OTHER and c != _PTWRITE) else None
+
+    def block(self, block, offset):
+        self.blocks += 1
+        self.insns += block.ninsn
 
     def event(self, ev, offset):
-        pass
+        self.events += 1
 
     def error(self, kind, offset, ip, code):
-        self.errors += 1
+        self.errors.append((kind, offset, ip, code))
         self._from = None
 
     def status(self, name, offset):
         pass
 
 
-def edges(data, image, config=None, impl=None) -> Edges:
-    """Exact edge counts of the trace (see the module docstring)."""
-    if impl != "python":
-        r = compiled_decode(data, image, config, "insn", True,
-                            impl if impl is not None else None)
-        if r is not None and r[0] is None:
-            return Edges(r[3], r[1], 0, True)
-    from . import session
+def _python_decoder(data, image, config, block: bool):
+    if block:
+        from .block import BlockDecoder
+        return BlockDecoder(data, image, config)
     from .insn import InsnDecoder
+    return InsnDecoder(data, image, config)
+
+
+def _python_run(dec, block: bool, resync: bool, sink):
+    from . import session
+    if block:
+        session.run_blocks(dec, sink, resync=resync)
+    else:
+        session.run_insn(dec, sink, resync=resync)
+
+
+def count(data, image, config=None, decoder="block", impl=None,
+          resync=False, wrap=None) -> Counts:
+    """Instructions (and blocks) ``hwtrace decode --quiet --stat`` counts,
+    with the errors it reports.  ``wrap(decoder)``: an address-space
+    switcher around the decoder (:class:`.spaces.SpaceSwitcher`, as the
+    bundle decode builds it), called back by the core."""
+    block = decoder == "block"
+    if _core(impl) is not None:
+        dec = core_decoder(data, image, config, block=block, resync=resync,
+                           plain_offsets=wrap is not None,
+                           impl=impl or "compiled")
+        if wrap is not None:
+            flow = _CoreFlow(dec, data, config)
+            dec.set_hooks(*flow.hooks(wrap(flow)))
+        insns, blocks, events, errors = dec.counts()
+        return Counts(insns, blocks, len(errors), True, events,
+                      tuple(errors))
+    sink = _ErrorSink()
+    dec = _python_decoder(data, image, config, block)
+    if wrap is not None:
+        dec = wrap(dec)
+    _python_run(dec, block, resync, sink)
+    return Counts(sink.insns, sink.blocks if block else 0, len(sink.errors),
+                  False, sink.events, tuple(sink.errors))
+
+
+def compiled_count(data, image, config=None, decoder="block",
+                   impl=None) -> Counts | None:
+    """Counts from the compiled core, or None if there is no core."""
+    if _core(impl) is None:
+        return None
+    return count(data, image, config, decoder, impl or "compiled")
+
+
+def count_into(sink, data, image, config, block: bool,
+               resync: bool = False, wrap=None) -> bool:
+    """For ``hwtrace decode --quiet --stat``: if the compiled core is in
+    use, decode with it (``wrap``: see :func:`count`), add its counts to
+    ``sink`` (a sinks.CountSink) and hand it the errors in order; True.
+    False without a core (the caller runs the Python decoder)."""
+    if CORE is None:
+        return False
+    c = count(data, image, config, "block" if block else "insn",
+              resync=resync, wrap=wrap)
+    for kind, offset, ip, code in c.error_items:
+        sink.error(kind, offset, ip, code)
+    sink.insns += c.insns
+    sink.blocks += c.blocks
+    sink.events += c.events
+    return True
+
+
+class EdgeSink(_ErrorSink):
+    """A session sink that counts edges from the instruction stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.edges = {}
+
+    @property
+    def counts(self):
+        return self.edges
+
+
+def edges(data, image, config=None, impl=None, resync=False) -> Edges:
+    """Exact edge counts of the trace (see the module docstring)."""
+    if _core(impl) is not None:
+        dec = core_decoder(data, image, config, block=False, resync=resync,
+                           impl=impl or "compiled")
+        counts, insns, errors = dec.edges()
+        return Edges(counts, insns, len(errors), True)
     sink = EdgeSink()
-    session.run_insn(InsnDecoder(data, image, config), sink)
-    return Edges(sink.counts, sink.insns, sink.errors, False)
+    _python_run(_python_decoder(data, image, config, False), False, resync,
+                sink)
+    return Edges(sink.edges, sink.insns, len(sink.errors), False)
 
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -315,3 +359,148 @@ def edge_bitmap(counts: dict, size: int = 1 << 16) -> bytearray:
         i = edge_index(f, t, size)
         bm[i] = min(255, bm[i] + n)
     return bm
+
+
+# -- batches (docs/pipeline.md) ------------------------------------------------
+
+class _CoreFlow:
+    """What an address-space switcher (:class:`.spaces.SpaceSwitcher`)
+    reads of the decoder it wraps and calls on it, over a compiled core
+    ``Decoder``: the switcher's rules run unchanged, called back from the
+    core after each synchronization and each event (the verbs return what
+    the core just did)."""
+
+    def __init__(self, dec, data, config):
+        self._dec = dec
+        self.config = config or FlowConfig()
+        self.query = _CoreQuery(dec, data)
+        self._last = None
+
+    @property
+    def ip(self) -> int:
+        return self._dec.ip
+
+    @property
+    def enabled(self) -> bool:
+        return self._dec.enabled
+
+    @property
+    def offset(self) -> int:
+        return self._dec.offset
+
+    def set_image(self, image) -> None:
+        self._dec.set_image(image)
+
+    def time(self):
+        return self._dec.time()
+
+    def time_ahead(self, limit: int):
+        return self._dec.time_ahead(limit)
+
+    # the verbs a switcher wraps: what the core just returned
+    def sync_forward(self):
+        return 0
+
+    def event(self):
+        return self._last
+
+    def hooks(self, switcher):
+        def after_sync(dec):
+            switcher.sync_forward()
+
+        def after_event(dec, ev):
+            self._last = (0, ev)
+            switcher.event()
+        return after_sync, after_event
+
+
+class _CoreQuery:
+    """The query-decoder attributes a switcher reads (its position, the
+    trace buffer)."""
+
+    def __init__(self, dec, data):
+        self._dec = dec
+        self._pkt = _Buffer(data)
+
+    @property
+    def pos(self):
+        return self._dec.pos
+
+
+class _Buffer(NamedTuple):
+    buffer: object
+
+
+def compiled_batches(core, data, image, config=None, *, decoder="block",
+                     resync=False, want_insns=False, max_records=1 << 16,
+                     spaces=None, space_items=False):
+    """The compiled core's batches (see :func:`hwtrace.flow.batches.batches`):
+    the same records, items and batch boundaries as the twin's
+    ``python_batches``.  ``spaces``: a :class:`.spaces.SpacePlan`;
+    ``space_items``: each address-space switch is a ``SpaceItem`` among
+    the items, where the switcher made it."""
+    import numpy as np
+
+    from . import batches as B
+    if decoder not in ("block", "insn"):
+        raise ValueError(f"unknown decoder {decoder!r}")
+    core.set_item_types(B.ErrorItem, B.StatusItem)
+    flags = (F_BLOCK if decoder == "block" else 0) | \
+        (F_RESYNC if resync else 0) | (F_WANT_INSNS if want_insns else 0)
+    if spaces is not None:
+        # the twin's session offsets through a switcher are dec.offset
+        flags |= F_PLAIN_OFFSETS
+    dec = core.Decoder(data, image, filler, config_tuple(config), flags,
+                       getattr(data, "release_before", None))
+    if spaces is not None:
+        if space_items:
+            import dataclasses
+            told = spaces.on_switch
+
+            def on_switch(space, offset):
+                dec.add_item(offset, B.SpaceItem(space, offset))
+                if told is not None:
+                    told(space, offset)
+            spaces = dataclasses.replace(spaces, on_switch=on_switch)
+        flow = _CoreFlow(dec, data, config)
+        dec.set_hooks(*flow.hooks(spaces.wrap(flow)))
+    block_t, insn_t = B.BLOCK, B.INSN
+    Batch = B.Batch
+    max_records = max(1, max_records)
+    limit = min(B.FIRST_BATCH, max_records)
+
+    def gen(limit=limit):
+        while True:
+            r = dec.batch(limit)
+            if r is None:
+                return
+            blocks, insns, items, first = r
+            yield Batch(np.frombuffer(blocks, block_t),
+                        None if insns is None else np.frombuffer(insns, insn_t),
+                        items, first)
+            limit = min(limit * 2, max_records)
+    return gen()
+
+
+def compiled_segment(data, image, config, block: bool, start: int,
+                     stop_at: int, tail: int, head: int, resync=False,
+                     impl=None):
+    """One job of the parallel counts path (:mod:`.fast_parallel`): the
+    counts from the PSB at ``start`` (-1: the trace start) with checkpoints
+    (see core/segment.h): ``(insns, blocks, events, errors, [(psb, key,
+    stack, (insns, blocks, events, errors))], underflows, stopped)``.
+    None if there is no core."""
+    if _core(impl) is None:
+        return None
+    dec = core_decoder(data, image, config, block=block, resync=resync,
+                       impl=impl or "compiled")
+    return dec.segment(start, stop_at, tail, head)
+
+
+def state_probe(data, image, config, block: bool, start: int, impl=None):
+    """The checkpoint key's self-check (a test hook): for every state field
+    and every field of a queued or processed event, whether flipping it
+    changes the key, at the first checkpoint after the PSB at ``start``."""
+    dec = core_decoder(data, image, config, block=block,
+                       impl=impl or "compiled")
+    return dec.state_probe(start)

@@ -1,120 +1,55 @@
-"""The compiled counts path on all cores: ``hwtrace decode --quiet --stat
---jobs N`` for ``--pt`` traces.
+"""The compiled core's segment jobs: counts and batches on all cores.
 
 The plan is :mod:`.parallel`'s, with the compiled flow core doing each
-job::
+job (:mod:`hwtrace.jobs` runs them: files, process pool)::
 
-    from hwtrace.flow import fast_parallel
-    c = fast_parallel.count(path, 0, None, [("raw", spec)], config,
-                            block=True, jobs=2)      # fast.Counts or None
+    from hwtrace import jobs
+    c = jobs.count(path, 0, None, [("raw", spec)], config, block=True,
+                   jobs=2)                          # fast.Counts or None
+    for b in jobs.batches(path, 0, None, images, config, jobs=2): ...
 
-1. The trace (``path[offset:offset+size]``) is cut at PSBs into about
-   ``segments`` (default: ``jobs``) pieces of similar size:
-   :func:`parallel.segment_starts` over the PSBs found at the cut points.
+1. The trace is cut at PSBs into about ``segments`` (default: ``jobs``)
+   pieces of similar size (:func:`cut_points`: the first PSB at or after
+   each cut, as :func:`parallel.segment_starts` picks them).
 2. Job 0 decodes from the trace start exactly as the sequential compiled
-   decode does (:func:`fast.compiled_decode`); job *k* synchronizes at the
-   PSB that starts segment *k* with a fresh decoder (empty return stack,
-   time reset).  Each job runs in a fork process pool, maps the file
-   read-only and reads only the pages it decodes: its segment, and a tail
-   of :data:`TAIL` PSBs past its end.  The core records checkpoints (see
-   ``_c_flow.c``, "checkpoints": the PSB offset, the whole live decode
-   state except the return stack, the return stack, the counts) at the
-   first :data:`HEAD` PSBs of a job and at the PSBs of its tail.
+   decode does; job *k* synchronizes at the PSB that starts segment *k*
+   with a fresh decoder (empty return stack, time reset).  The core records
+   checkpoints (core/segment.h: the PSB, the whole live decode state but
+   the return stack, the return stack, the output position) at the first
+   :data:`HEAD` PSBs of a job and at the PSBs of its tail, and stops after
+   :data:`TAIL` of those.
 3. :func:`parallel.stitch` merges job *k* and *k+1* at the first checkpoint
    where their states are equal and *k+1*'s return stack is a suffix of
    *k*'s, and re-runs a job over the next segment where it cannot prove
-   that.  A job *k > 0* that bails (the core's "return stack empty" when it
-   pops past the bottom of its stack, or anything a fresh start decodes
-   differently) stops there and reports it as an underflow after its last
-   checkpoint: the stitch then takes none of its output past that point
-   (it re-runs the job before it instead).
-4. The counts are the sum of the pieces' count differences.
+   that.  A job *k > 0* that reports "compressed return without call"
+   (it popped past the bottom of its stack) notes it as an underflow: the
+   stitch takes none of its output past that point unless its start was
+   proven exact.
+4. The counts are the sum of the pieces' count differences and the errors
+   the pieces' errors; batches are the pieces' records and items, in
+   order.
 
-Result: exactly the sequential compiled decode's counts, or None where
-that decode (or job 0, which is its beginning) bails, where a piece that
-is the sequential decode bails, where there is no compiled core
-(``HWTRACE_NO_EXTENSIONS=1``: the Python parallel decode handles it) or
-where a worker process died -- the caller then takes its usual path.
+Result: exactly the sequential decode's counts and errors, or records and
+items (``flatten()``-equal to the sequential batches).
 
 Timing: the calibration state (the last MTC interval's frequency ratio)
 is the same in a fresh job two MTCs after its PSB, so timing traces merge
 at the second checkpoint instead of the first.
+
+No I/O here: the jobs get their trace as a buffer and their image built.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import stat
 from typing import NamedTuple
 
 from . import fast
 from . import parallel as P
 from .checkpoint import Checkpoint
 
-TAIL = 3            # checkpoints a job records at/after the end of its segment
+TAIL = 3            # PSBs a job decodes on past the end of its segment
 HEAD = 3            # checkpoints a job k > 0 records from its start
 MIN_SEGMENT = 256 << 10
-
-
-class SegmentJob(NamedTuple):
-    path: str
-    offset: int
-    size: int               # bytes of the trace from offset
-    images: tuple           # (kind, arg) as decode's --raw/--elf/--pagedump
-    config: object          # FlowConfig
-    block: bool
-    start: int | None       # PSB to synchronize at; None: the trace start
-    end: int | None         # record TAIL checkpoints from here; None: run out
-
-
-class Bailed(NamedTuple):
-    """Job 0 (the beginning of the sequential decode) bailed."""
-
-    reason: str
-
-
-def _map(path: str):
-    """(file, mmap or b"") of ``path``, read-only."""
-    f = open(path, "rb")
-    try:
-        if os.fstat(f.fileno()).st_size == 0:
-            return f, b""
-        return f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except BaseException:
-        f.close()
-        raise
-
-
-def run_segment(job: SegmentJob):
-    """Decode one job (see the module doc): a :class:`parallel.Result`
-    (checkpoints with counts, no output), or :class:`Bailed`."""
-    image = P.load_image(job.images)
-    f, mm = _map(job.path)
-    try:
-        with memoryview(mm) as whole, \
-                whole[job.offset:job.offset + job.size] as view:
-            r = fast.compiled_segment(
-                view, image, job.config, job.block,
-                -1 if job.start is None else job.start,
-                -1 if job.end is None else job.end, TAIL,
-                0 if job.start is None else HEAD)
-    finally:
-        if not isinstance(mm, bytes):
-            mm.close()
-        f.close()
-    if r is None:
-        return Bailed("no compiled core")
-    reason, insns, blocks, cps, stopped = r
-    if reason is not None and job.start is None:
-        return Bailed(reason)
-    checkpoints = [Checkpoint(pos, key, stack, 0, (ni, nb, 0, 0))
-                   for pos, key, stack, ni, nb in cps]
-    # A later job's bail (a return-stack underflow among them): nothing of
-    # its decode past its last checkpoint may be used (see the module doc).
-    underflows = [len(checkpoints)] if reason is not None else []
-    return P.Result(job.start, job.end, checkpoints, underflows,
-                    (insns, blocks, 0, 0), 0, bool(stopped), None)
 
 
 def cut_points(buf, offset: int, size: int, segments: int,
@@ -138,103 +73,117 @@ def cut_points(buf, offset: int, size: int, segments: int,
     return P.segment_starts(psbs, size, segments, min_segment)
 
 
-def count(path: str, offset: int, size: int | None, images, config,
-          block: bool, jobs: int, *, segments: int | None = None,
-          min_segment: int = MIN_SEGMENT) -> fast.Counts | None:
-    """The sequential compiled decode's counts of ``path[offset:][:size]``
-    (``images``: (kind, arg) pairs), decoded on ``jobs`` cores (0: all);
-    None where :func:`fast.compiled_count` is None too (no core, a
-    configuration it leaves to the twin, or the sequential core bails: see
-    the module doc) -- and where a worker process died."""
-    return count_stats(path, offset, size, images, config, block, jobs,
-                       segments=segments, min_segment=min_segment)[0]
+def _window(start, end):
+    return (-1 if start is None else start, -1 if end is None else end,
+            TAIL, 0 if start is None else HEAD)
 
 
-def count_stats(path: str, offset: int, size: int | None, images, config,
-                block: bool, jobs: int, *, segments: int | None = None,
-                min_segment: int = MIN_SEGMENT):
-    """:func:`count` and statistics of the run: segments, re-runs
-    ((start, end) pairs), merged_at (for each piece after the first, the
-    index of the later job's checkpoint it starts at)."""
-    stats = {"segments": 1, "reruns": [], "merged_at": []}
-    jobs = jobs or os.cpu_count() or 1          # 0: every core
-    if fast.CORE is None or not fast._supported(config or fast.FlowConfig()):
-        return None, stats
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        return None, stats          # a pipe, a device: not mapped here
-    f, mm = _map(path)
-    try:
-        total = len(mm)
-        offset = min(offset, total)
-        tsize = total - offset if size is None else \
-            max(0, min(size, total - offset))
-        starts = cut_points(mm, offset, tsize, segments or jobs, min_segment) \
-            if jobs > 1 else []
-    finally:
-        if not isinstance(mm, bytes):
-            mm.close()
-        f.close()
-    images = tuple(images)
+def _checkpoints(cps) -> list:
+    return [Checkpoint(pos, key, stack, 0, out) for pos, key, stack, out in cps]
 
-    def job(start, end):
-        return SegmentJob(path, offset, tsize, images, config, block, start,
-                          end)
 
-    bounds = [None] + starts
-    ends = starts + [None]
-    stats["segments"] = len(bounds)
-    if len(bounds) == 1:
-        r = run_segment(job(None, None))
-        if isinstance(r, Bailed):
-            return None, stats
-        return _counts(r.counts, block), stats
+def count_segment(data, image, config, block: bool, start, end,
+                  resync: bool = False) -> P.Result:
+    """One counts job over ``data`` (the whole trace): a
+    :class:`parallel.Result` whose counts are (insns, blocks, events,
+    errors) and whose ``output`` is the job's errors as sinks get them."""
+    dec = fast.core_decoder(data, image, config, block=block, resync=resync)
+    insns, blocks, events, errors, cps, underflows, stopped = \
+        dec.segment(*_window(start, end))
+    return P.Result(start, end, _checkpoints(cps), underflows,
+                    (insns, blocks, events, len(errors)), 0, bool(stopped),
+                    errors)
 
-    import concurrent.futures as cf
-    import multiprocessing as mp
-    from concurrent.futures.process import BrokenProcessPool
 
-    class _Bail(Exception):
-        pass
-
-    try:
-        with cf.ProcessPoolExecutor(min(jobs, len(bounds)),
-                                    mp_context=mp.get_context("fork")) as pool:
-            results = list(pool.map(
-                run_segment, [job(s, e) for s, e in zip(bounds, ends)]))
-            if any(isinstance(r, Bailed) for r in results):
-                return None, stats
-
-            def rerun(start, end):
-                stats["reruns"].append((start, end))
-                r = pool.submit(run_segment, job(start, end)).result()
-                if isinstance(r, Bailed):
-                    raise _Bail(r.reason)
-                return r
-
-            pieces = P.stitch(results, rerun)
-    except _Bail:
-        return None, stats
-    except BrokenProcessPool:
-        # a worker died (killed, out of memory): the caller's usual path
-        stats["broken"] = True
-        return None, stats
-    totals = [0, 0]
+def counts_of(pieces, block: bool) -> fast.Counts:
+    """The counts and errors of stitched counts pieces."""
+    totals = [0, 0, 0, 0]
+    errors = []
     for piece in pieces:
-        if _stops_in(piece):
-            # the sequential decode itself bails there
-            return None, stats
         _, _, ca, cb = P.piece_range(piece)
-        totals[0] += cb[0] - ca[0]
-        totals[1] += cb[1] - ca[1]
-    stats["merged_at"] = [p.first for p in pieces[1:]]
-    return _counts(totals, block), stats
+        for n in range(4):
+            totals[n] += cb[n] - ca[n]
+        errors.extend(piece.result.output[ca[3]:cb[3]])
+    return fast.Counts(totals[0], totals[1] if block else 0, totals[3], True,
+                       totals[2], tuple(errors))
 
 
-def _stops_in(piece) -> bool:
-    """Whether a job's bail lies inside the piece of it that is used."""
-    hi = piece.last if piece.last is not None else 1 << 62
-    return any(piece.first < u <= hi for u in piece.result.underflows)
+class BatchOutput(NamedTuple):
+    """What a batches job hands back: its records, instructions (or None)
+    and items -- the bytes themselves, or where a spool file holds them."""
+
+    blocks: object          # bytes, or (path, offset, size) in a spool file
+    insns: object
+    items: list             # (record index in the job, offset, item)
 
 
-def _counts(c, block: bool) -> fast.Counts:
-    return fast.Counts(c[0], c[1] if block else 0, 0, True)
+def batch_segment(data, image, config, decoder: str, start, end,
+                  resync: bool = False, want_insns: bool = False):
+    """One batches job over ``data``: (Result with checkpoints at
+    (records, items, instructions, 0), blocks bytes, insns bytes or None,
+    items)."""
+    dec = fast.core_decoder(data, image, config, block=decoder == "block",
+                            resync=resync, want_insns=want_insns)
+    from . import batches as B
+    fast._core("compiled").set_item_types(B.ErrorItem, B.StatusItem)
+    blocks, insns, items, cps, underflows, stopped, ninsn = \
+        dec.segment_batches(*_window(start, end))
+    res = P.Result(start, end, _checkpoints(cps), underflows,
+                   (len(blocks) // B.BLOCK.itemsize, len(items), ninsn, 0),
+                   0, bool(stopped), None)
+    return res, blocks, insns, items
+
+
+def piece_spans(piece):
+    """(records, items, instructions) ranges of a batches piece: three
+    (from, to) pairs into its job's output."""
+    _, _, ca, cb = P.piece_range(piece)
+    return (ca[0], cb[0]), (ca[1], cb[1]), (ca[2], cb[2])
+
+
+def rebatch(parts, want_insns: bool, max_records: int):
+    """Batches from pieces' outputs: ``parts`` yields (blocks array, insns
+    array or None, items re-indexed to the blocks) in order; the result is
+    cut like the sequential producer's batches (a first batch of
+    batches.FIRST_BATCH records, doubling up to ``max_records``), never
+    inside a record, so flatten() is the sequential decode's."""
+    import numpy as np
+
+    from . import batches as B
+    max_records = max(1, max_records)
+    limit = min(B.FIRST_BATCH, max_records)
+    recs, insns, items = [], [], []
+    nrec = 0
+    first = 0
+
+    def cut(n):
+        nonlocal recs, insns, items, nrec, first, limit
+        blocks = np.concatenate(recs) if recs else np.zeros(0, B.BLOCK)
+        take = blocks[:n]
+        ninsn = int(take["ninsn"].sum()) if len(take) else 0
+        ins = None
+        if want_insns:
+            allins = np.concatenate(insns) if insns else np.zeros(0, B.INSN)
+            ins = allins[:ninsn]
+            insns = [allins[ninsn:]]
+        mine = [(i, o, x) for i, o, x in items if i < n or
+                (i == n and n == len(blocks))]
+        rest = [(i - n, o, x) for i, o, x in items[len(mine):]]
+        b = B.Batch(take, ins, mine, first)
+        first += ninsn
+        recs = [blocks[n:]]
+        items = rest
+        nrec = len(blocks) - n
+        limit = min(limit * 2, max_records)
+        return b
+
+    for blocks, ins, its in parts:
+        items.extend((nrec + i, o, x) for i, o, x in its)
+        recs.append(blocks)
+        if want_insns:
+            insns.append(ins)
+        nrec += len(blocks)
+        while nrec >= limit:
+            yield cut(limit)
+    if nrec or items:
+        yield cut(nrec)

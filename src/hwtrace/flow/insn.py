@@ -107,6 +107,9 @@ class InsnDecoder:
         self.enabled = False
         self.process_event = False
         self.ev = None
+        # resync must not hand self.ev out again: its processing failed,
+        # or a resync already resumed at its IP (see resync)
+        self.ev_spent = False
         self.speculative = False
         self.process_insn = False
         self.p_insn = None
@@ -182,6 +185,7 @@ class InsnDecoder:
         if r.__class__ is PtError:
             raise _Err(r.code)
         self.status, self.ev = r
+        self.ev_spent = False
         self.loop_mark = None
         if self.status & DEFERRED:
             self.resyncing = True
@@ -259,6 +263,7 @@ class InsnDecoder:
         ev = Event("tick", ip=ip, has_tsc=have, tsc=tsc, lost_mtc=lost_mtc,
                    lost_cyc=lost_cyc)
         self.ev = ev
+        self.ev_spent = False
         self.last_tsc = tsc
         self.process_event = True
 
@@ -622,6 +627,7 @@ class InsnDecoder:
                 self.icount = 0
             self.process_event = False
         except _Err as e:
+            self.ev_spent = True
             return self._error(e.code)
         try:
             if self.process_insn:
@@ -692,6 +698,12 @@ class InsnDecoder:
         without an IP met on the way are left pending for the user."""
         if self.query.deferred is not None:
             return self._deferred()
+        if self.process_event and self.ev_spent:
+            # The event that could not be applied, or whose IP the last
+            # resync resumed at (the error we resume from came after it):
+            # handing it out again -- or starting over at its PSB, below
+            # -- would fail the same way, for ever.  Drop it and look on.
+            self.process_event = False
         if self.process_event and self.ev.status_update and \
                 self.query.last_psb is not None:
             # libipt 2.3 holds an event of a PSB+ met on the way: it
@@ -734,14 +746,17 @@ class InsnDecoder:
                 if t == "async_branch":
                     self.ip = ev.from_
                     self.enabled = True
+                    self.ev_spent = True
                     return self._check_ip_event(None, None)
                 if t == "async_disabled":
                     self.ip = ev.at
                     self.enabled = True
+                    self.ev_spent = True
                     return self._check_ip_event(None, None)
                 if t in self._IP_EVENTS and not ev.ip_suppressed:
                     self.ip = ev.ip
                     self.enabled = True
+                    self.ev_spent = True
                     return self._check_ip_event(None, None)
                 if t in ("overflow", "disabled", "stop"):
                     return self._status(EVENT_PENDING)

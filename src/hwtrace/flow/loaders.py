@@ -9,16 +9,40 @@
 
 Numbers follow C's ``strtoull(s, 0)``: ``0x`` hex, leading ``0`` octal,
 else decimal.
+
+Every loader checks its files first, so that a wrong one is an
+:class:`ImageError` naming it instead of a decode full of "no memory
+mapped" errors: a directory where a file belongs, a file that is not ELF,
+an ELF file for another machine than x86.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import struct
 
 from .image import Image, ImageError, Section
 
 PAGE_SIZE = 4096
+
+#: ELF e_machine values the decoders can decode, and names for the others
+#: (for the message)
+X86_MACHINES = {3: "i386", 62: "x86-64"}
+_MACHINES = {2: "SPARC", 8: "MIPS", 20: "PowerPC", 21: "PowerPC64",
+             22: "S/390", 40: "ARM", 43: "SPARC V9", 50: "IA-64",
+             183: "AArch64", 243: "RISC-V", 258: "LoongArch"}
+
+
+def check_file(path: str) -> None:
+    """An ImageError unless ``path`` can be read as a file (not a
+    directory)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ImageError(f"cannot open {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ImageError(f"{path}: is a directory, not a file")
 
 
 def parse_c_number(text: str) -> int | None:
@@ -77,6 +101,7 @@ def load_raw(image: Image, arg: str) -> int:
     if vaddr is None:
         raise ImageError(f"failed to parse base address from '{arg}'")
     path, offset, size = split_range(rest)
+    check_file(path)
     return image.add(Section.from_file(path, offset, size), vaddr)
 
 
@@ -85,7 +110,9 @@ _EHDR = {1: ("<28xI10xHH", 28), 2: ("<32xQ14xHH", 32)}
 
 def elf_segments(path: str) -> list[tuple[int, int, int]]:
     """(file offset, file size, vaddr) of each PT_LOAD segment, in order,
-    including zero-sized ones (they count for the lowest address)."""
+    including zero-sized ones (they count for the lowest address).  Only
+    x86 ELF files (i386, x86-64): anything else is an ImageError."""
+    check_file(path)
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -93,6 +120,11 @@ def elf_segments(path: str) -> list[tuple[int, int, int]]:
                 raise ImageError(f"not an ELF file: {path}")
             if head[5] != 1:
                 raise ImageError(f"only little-endian ELF is supported: {path}")
+            machine, = struct.unpack_from("<H", head, 18)
+            if machine not in X86_MACHINES:
+                name = _MACHINES.get(machine, f"e_machine {machine}")
+                raise ImageError(f"{path}: an ELF file for {name}, not x86: "
+                                 f"Intel PT traces x86 code only")
             cls = head[4]
             if cls == 2:
                 if len(head) < 64:
@@ -126,11 +158,18 @@ def elf_segments(path: str) -> list[tuple[int, int, int]]:
     return segs
 
 
-def load_elf(image: Image, arg: str) -> list[int]:
-    """ptxed's ``--elf FILE[:BASE]``; returns the isids added."""
+def split_elf_arg(arg: str) -> tuple[str, int | None]:
+    """``FILE[:BASE]`` -> (FILE, BASE or None); a FILE whose name ends in
+    ``:NUMBER`` is taken whole when it exists and the shorter name doesn't."""
     path, base = split_base(arg)
     if base is not None and not os.path.exists(path) and os.path.exists(arg):
-        path, base = arg, None
+        return arg, None
+    return path, base
+
+
+def load_elf(image: Image, arg: str) -> list[int]:
+    """ptxed's ``--elf FILE[:BASE]``; returns the isids added."""
+    path, base = split_elf_arg(arg)
     segs = elf_segments(path)
     bias = 0
     if base is not None and segs:
@@ -146,6 +185,8 @@ def load_elf(image: Image, arg: str) -> list[int]:
 def load_pagedump(image: Image, addr_file: str, page_file: str) -> int:
     """Map page ``i`` of ``page_file`` at the ``i``-th little-endian u64 of
     ``addr_file``.  Returns the number of pages mapped."""
+    check_file(addr_file)
+    check_file(page_file)
     try:
         with open(addr_file, "rb") as f:
             addrs = f.read()

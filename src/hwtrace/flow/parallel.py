@@ -43,15 +43,16 @@ and writes its output to a spool file; the stitch copies the pieces in
 order, so output is never held in memory.  On Dask the output comes back
 as bytes (workers may be other machines: the trace and images must be
 readable at the same paths there).
+
+This module is the plan, a job's decode over a buffer and the stitch (no
+I/O); :mod:`hwtrace.jobs` opens the files, runs the jobs (process pool or
+Dask) and writes the spool files, and ``hwtrace.cli._parallel`` is the
+``decode --jobs`` / ``--dask`` command line.
 """
 
 from __future__ import annotations
 
-import copy
 import io
-import os
-import shutil
-import tempfile
 from typing import NamedTuple
 
 from hwtrace.pt.decoder import find_psb_forward
@@ -72,16 +73,12 @@ MIN_SEGMENT = 32 << 10
 
 
 class Source(NamedTuple):
-    """Where the trace is: a file range (``--pt FILE[:FROM[-TO]]``)."""
+    """Where the trace is: a file range (``--pt FILE[:FROM[-TO]]``);
+    :func:`hwtrace.jobs.read` reads it."""
 
     path: str
     offset: int = 0
     size: int | None = None
-
-    def read(self) -> bytes:
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            return f.read() if self.size is None else f.read(self.size)
 
 
 class Job(NamedTuple):
@@ -151,22 +148,6 @@ def segment_starts(psbs: list[int], size: int, segments: int,
 
 
 # -- one job ----------------------------------------------------------------
-def load_image(images):
-    from .image import Image
-    from .loaders import load_elf, load_pagedump, load_raw
-
-    image = Image()
-    for kind, arg in images:
-        if kind == "raw":
-            load_raw(image, arg)
-        elif kind == "elf":
-            load_elf(image, arg)
-        else:
-            addrs, _, pages = arg.rpartition(":")
-            load_pagedump(image, addrs, pages)
-    return image
-
-
 def _meets_next(job: Job, data, image):
     """``done`` for the recorder of ``job``: whether a checkpoint of its
     tail meets the next job (which synchronizes at ``job.end``) at that
@@ -211,34 +192,21 @@ def _drive(job: Job, dec, sink) -> bool:
     return False
 
 
-def run_job(job: Job, data=None) -> Result:
-    """Decode one segment (with its tail); see the module doc."""
-    if data is None:
-        data = job.source.read()
-    image = load_image(job.images)
-    fd, path = tempfile.mkstemp(prefix="hwtrace-seg-", suffix=".out",
-                                dir=job.spool_dir)
-    with os.fdopen(fd, "w+b") as f:
-        out = C.SpoolWriter(f)
-        rec = C.Recorder(
-            out, head=None if job.start is None else
-            (job.start, psb_after(data, job.start, HEAD)),
-            tail=None if job.end is None else
-            (job.end, psb_after(data, job.end, TAIL)),
-            done=None if job.end is None else _meets_next(job, data, image))
-        dec = rec.decoder(_decoder_class(job), data, image, job.config,
-                          start=job.start)
-        stopped = _drive(job, dec, rec.sink(job.sink, out.write))
-        size = out.tell()
-        if job.spool_dir is None:
-            f.seek(0)
-            output = f.read()
-        else:
-            output = path
-    if job.spool_dir is None:
-        os.unlink(path)
-    return Result(job.start, job.end, rec.checkpoints, rec.underflows,
-                  rec.counts(), size, stopped, output)
+def record_job(job: Job, data, image, out: C.SpoolWriter):
+    """Decode one segment (with its tail) of ``data`` in ``image``, writing
+    the sink's output to ``out``: ``(checkpoints, underflows, counts,
+    stopped)`` (see the module doc; :func:`hwtrace.jobs.run_job` is the
+    job with its files)."""
+    rec = C.Recorder(
+        out, head=None if job.start is None else
+        (job.start, psb_after(data, job.start, HEAD)),
+        tail=None if job.end is None else
+        (job.end, psb_after(data, job.end, TAIL)),
+        done=None if job.end is None else _meets_next(job, data, image))
+    dec = rec.decoder(_decoder_class(job), data, image, job.config,
+                      start=job.start)
+    stopped = _drive(job, dec, rec.sink(job.sink, out.write))
+    return rec.checkpoints, rec.underflows, rec.counts(), stopped
 
 
 # -- the stitch ---------------------------------------------------------------
@@ -346,196 +314,3 @@ def piece_range(piece: Piece) -> tuple[int, int, tuple, tuple]:
         cp = r.checkpoints[piece.last]
         b, cb = cp.out, cp.counts
     return a, b, ca, cb
-
-
-# -- running it -----------------------------------------------------------------
-class Executor:
-    """Runs jobs: a local process pool, or a Dask client."""
-
-    def __init__(self, jobs: int = 0, dask: str | None = None):
-        self.dask = dask
-        self.jobs = jobs or os.cpu_count() or 1
-        self._pool = None
-        self._client = None
-
-    def __enter__(self):
-        if self.dask:
-            try:
-                from distributed import Client
-            except ImportError:
-                raise RuntimeError("--dask needs the 'dask' extra: "
-                                   "pip install 'hwtrace[dask]'") from None
-            self._client = Client(self.dask, timeout=30)
-        else:
-            import concurrent.futures as cf
-            import multiprocessing as mp
-            self._pool = cf.ProcessPoolExecutor(
-                self.jobs, mp_context=mp.get_context("fork"))
-        return self
-
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-        if self._client is not None:
-            self._client.close()
-
-    @property
-    def local(self) -> bool:
-        return self._client is None
-
-    def map(self, jobs: list[Job]) -> list[Result]:
-        if self._client is not None:
-            futures = self._client.map(run_job, jobs, pure=False)
-            return self._client.gather(futures)
-        return list(self._pool.map(run_job, jobs))
-
-    def one(self, job: Job) -> Result:
-        return self.map([job])[0]
-
-
-def decode(source: Source, images, config, sink, write, *, block: bool,
-           resync: bool = False, jobs: int = 0, dask: str | None = None,
-           segments: int | None = None, min_segment: int = MIN_SEGMENT) -> dict:
-    """Decode ``source`` in parallel, writing exactly the sequential output
-    through ``write`` and leaving the sequential counters in ``sink``.
-    Returns statistics of the run (segments, re-runs)."""
-    import mmap
-
-    with open(source.path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        tsize = 0
-        if size == 0:
-            psbs = []
-        else:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                end = size if source.size is None else source.offset + source.size
-                view = mm[source.offset:end] if (source.offset or
-                                                 end != size) else mm
-                psbs = psb_offsets(view)
-                tsize = end - source.offset
-                del view
-    with Executor(jobs, dask) as ex:
-        nseg = segments or ex.jobs * SEGMENTS_PER_JOB
-        starts = segment_starts(psbs, tsize, nseg, min_segment)
-        spool = None if not ex.local else tempfile.mkdtemp(
-            prefix="hwtrace-par-")
-        try:
-            template = copy.copy(sink)
-            if hasattr(template, "write"):
-                template.write = None
-            for name in ("insns", "blocks", "events", "errors"):
-                setattr(template, name, 0)
-            bounds = [None] + starts
-            ends = starts + [None]
-
-            def job(start, end):
-                return Job(source, tuple(images), config, block, template,
-                           resync, start, end, spool)
-
-            results = ex.map([job(s, e) for s, e in zip(bounds, ends)])
-            reruns = []
-
-            def rerun(start, end):
-                reruns.append((start, end))
-                return ex.one(job(start, end))
-
-            pieces = stitch(results, rerun)
-            totals = [0, 0, 0, 0]
-            for piece in pieces:
-                a, b, ca, cb = piece_range(piece)
-                for n in range(4):
-                    totals[n] += cb[n] - ca[n]
-                _copy_out(piece.result.output, a, b, write)
-            sink.insns, sink.blocks, sink.events, sink.errors = totals
-        finally:
-            if spool is not None:
-                shutil.rmtree(spool, ignore_errors=True)
-    return {"segments": len(bounds), "reruns": reruns, "pieces": len(pieces),
-            "bytes": tsize}
-
-
-def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
-    if isinstance(output, (bytes, bytearray)):
-        for at in range(a, b, chunk):
-            write(output[at:min(b, at + chunk)].decode())
-        return
-    with open(output, "rb") as f:
-        f.seek(a)
-        left = b - a
-        while left > 0:
-            data = f.read(min(chunk, left))
-            if not data:
-                break
-            write(data.decode())
-            left -= len(data)
-
-
-def decode_args(args, config, sink, write, *, block: bool,
-                data=None) -> dict:
-    """``hwtrace decode --jobs N / --dask ADDR`` for ``--pt`` traces
-    (``data``: the trace if the caller read it already)."""
-    from hwtrace.cli import CliError
-    from .image import ImageError
-    from .loaders import split_range
-
-    try:
-        path, offset, size = split_range(args.pt)
-    except ImageError as e:
-        raise CliError(f"--pt: {e}") from None
-    if args.jobs < 0:
-        raise CliError(f"--jobs: bad argument: {args.jobs}")
-    stats = args.stat or args.stat_insn or args.stat_blocks
-    if stats and args.quiet and args.format == "text" and \
-            not args.show_blocks and args.dask is None:
-        # Counts only: the compiled core, where it decodes the trace, is
-        # faster on one core than the Python decoders on all of them.
-        # On every core (flow/fast_parallel.py) where it can, else on one.
-        from . import fast, fast_parallel
-        env = os.environ
-        try:
-            # The same test knobs as below (segment size, count).
-            c = fast_parallel.count(
-                path, offset, size, args.images, config, block, args.jobs,
-                segments=int(env["HWTRACE_PARALLEL_SEGMENTS"])
-                if env.get("HWTRACE_PARALLEL_SEGMENTS") else None,
-                min_segment=int(env.get("HWTRACE_PARALLEL_MIN_SEGMENT",
-                                        fast_parallel.MIN_SEGMENT)))
-            if c is None and data is None:
-                data = Source(path, offset, size).read()
-        except OSError as e:
-            raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
-        if c is not None:
-            sink.insns += c.insns
-            sink.blocks += c.blocks
-            return {}
-        if fast.CORE is not None and fast.count_into(
-                sink, data, load_image(args.images), config, block):
-            return {}
-    if getattr(args, "show_blocks", False) and (
-            args.stat or args.stat_insn or args.stat_blocks):
-        # Block numbers count from the trace start: sequential only.
-        from .block import BlockDecoder
-        from .insn import InsnDecoder
-        from . import session
-        if data is None:
-            data = Source(path, offset, size).read()
-        image = load_image(args.images)
-        if block:
-            session.run_blocks(BlockDecoder(data, image, config), sink,
-                               resync=args.resync)
-        else:
-            session.run_insn(InsnDecoder(data, image, config), sink,
-                             resync=args.resync)
-        return {}
-    try:
-        # HWTRACE_PARALLEL_MIN_SEGMENT: smallest segment in bytes (tests
-        # cut small traces at every PSB with 0).
-        min_seg = int(os.environ.get("HWTRACE_PARALLEL_MIN_SEGMENT",
-                                     MIN_SEGMENT))
-        segs = os.environ.get("HWTRACE_PARALLEL_SEGMENTS")
-        return decode(Source(path, offset, size), args.images, config, sink,
-                      write, block=block, resync=args.resync, jobs=args.jobs,
-                      dask=args.dask, min_segment=min_seg,
-                      segments=int(segs) if segs else None)
-    except (OSError, RuntimeError, ValueError) as e:
-        raise CliError(f"decode: {e}") from None

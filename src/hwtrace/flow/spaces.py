@@ -583,6 +583,10 @@ class SpaceSwitcher:
         from hwtrace.pt.decoder import PacketDecoder
         from hwtrace.pt.errors import PtError
         from .timing import TimeError
+        ahead = getattr(self.flow, "time_ahead", None)
+        if ahead is not None:
+            # the compiled core does this same walk over its own state
+            return ahead(PEEK_PACKETS)
         q = getattr(self.flow, "query", None)
         if q is None or q.pos is None:
             return None

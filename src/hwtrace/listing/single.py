@@ -36,7 +36,7 @@ class InsnNotes:
 
     def _annotator(self):
         if self._annot is None:
-            from hwtrace.flow.parallel import load_image
+            from hwtrace.jobs import load_image
             from .annotate import Annotator, SymbolFiles, image_arg_symbols
             files = SymbolFiles()
             image = load_image(self.images)

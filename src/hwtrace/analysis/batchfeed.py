@@ -1,0 +1,228 @@
+"""Batches into the call-stack builder (part of
+:class:`~.callstack.CallStackBuilder`).
+
+A batch's records are taken a run at a time: between two items that
+matter (an event that changes the tracing state, an error), the
+transfers from each record to the next go through :func:`.runs.solve`
+as far as they are regular, the rest one at a time by the builder's own
+rules (``_settle``); items in between go through its event handling.
+Each record's TSC anchors the clock in sequence with the rows the
+transfers make.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwtrace.analysis import runs
+from hwtrace.analysis.records import Flag
+from hwtrace.analysis.slices import _UNKNOWN
+
+_STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
+                         "stop", "async_branch", "tsx"})
+
+
+def structural(ev) -> bool:
+    """Whether a decoder event changes what the builder knows (else it
+    only tells the time, which the records carry too)."""
+    t = ev.type
+    return t in _STRUCTURAL and not (ev.status_update and t in ("enabled", "disabled"))
+
+
+class _Frame:
+    __slots__ = ("id", "parent", "func", "name", "nid", "ret", "depth",
+                 "begin_idx", "eseq", "flags", "untraced", "tx", "ret_lo",
+                 "tid", "pid", "path")
+
+
+class BatchInput:
+    """Mixin of the builder: its batch input."""
+
+    def feed_batch(self, batch, every_item: bool = False) -> None:
+        """One :class:`hwtrace.flow.batches.Batch` of this stream (decoded
+        with every branch ending a record), in order.  Events that only
+        tell the time are skipped (the records carry it) unless
+        ``every_item``."""
+        blocks = batch.blocks
+        m = len(blocks)
+        items = batch.items if every_item else \
+            [it for it in batch.items if _matters(it[2])]
+        if m:
+            ninsn = blocks["ninsn"].astype(np.int64)
+            start = np.empty(m + 1, np.int64)
+            start[0] = self.n
+            np.cumsum(ninsn, out=start[1:])
+            start[1:] += self.n
+            a = _Arrays(blocks, start)
+        else:
+            a = None
+        r = 0
+        for index, offset, item in items:
+            if index > r:
+                self._records(a, r, index)
+                r = index
+            self._item(item, offset)
+        if r < m:
+            self._records(a, r, m)
+        self._flush()
+
+    def _item(self, item, offset) -> None:
+        t = getattr(item, "type", None)
+        if t == "error" and hasattr(item, "code"):
+            self._gap("error", item.offset, str(item.code))
+        elif t == "status":
+            if item.name == "resync_stalled":
+                self._gap("gap", item.offset, item.name)
+        elif hasattr(item, "status_update"):
+            from hwtrace.flow.sinks import event_json
+            self.event(item.type, event_json(item, offset))
+        else:
+            self._feed_one(item)
+
+    def _records(self, a: "_Arrays", r0: int, r1: int) -> None:
+        """Records [r0, r1) of the batch, with no event between them."""
+        self._at_record(a, r0)
+        t, last = r0, r1 - 1
+        window = 1 << 20           # the whole run, until irregular ones show
+        while t < last:
+            k = 0
+            if self.vectorize and self._in_seg and self._stack:
+                end = min(last, t + window)
+                k = self._solve(a, t, end)
+                t += k
+                if t == end:
+                    window = min(2 * window, 1 << 17)
+                    continue
+                window = max(4096, min(1 << 20, 4 * k))
+            # irregular (or not vectorizing): one at a time, a few
+            steps = 1 if k >= 16 or not self.vectorize else 64
+            for _ in range(min(steps, last - t)):
+                self._set_pend(a, t)
+                t += 1
+                self._at_record(a, t)
+        self.n = int(a.start[r1])
+        self._set_pend(a, last)
+
+    def _set_pend(self, a: "_Arrays", r: int) -> None:
+        self._pend = int(a.code[r])
+        self._pend_ip = int(a.end[r])
+        self._pend_ret = int(a.fall[r])
+
+    def _at_record(self, a: "_Arrays", r: int) -> None:
+        """Record r's first instruction: its time, then the transfer that
+        led there (or the start of a segment)."""
+        self.n = int(a.start[r])
+        tsc = int(a.tsc[r])
+        if tsc:
+            self._anchor(tsc)
+            if self._follow is not None:
+                self._follow.time(self.n, tsc)
+        if self._pend:
+            self._settle(int(a.ip[r]))
+        elif not self._in_seg:
+            self._start_segment(int(a.ip[r]))
+        self._after_abort = False
+
+    def _summary(self) -> np.ndarray:
+        """STACK rows of the stack (kept current incrementally)."""
+        stack = self._stack
+        n = len(stack)
+        if self._sum_n < n or len(self._sum) != n:
+            stid = -1 if self._tid is None else self._tid
+            spid = -1 if self._spid is None else self._spid
+            rows = [(f.id, f.parent, _UNKNOWN if f.func is None else f.func,
+                     f.nid, int(f.flags), spid if f.pid is None else f.pid,
+                     stid if f.tid is None else f.tid, f.begin_idx, f.eseq, f.path,
+                     f.ret if f.ret is not None else 0,
+                     f.ret is not None and f.ret_lo is None)
+                    for f in stack[self._sum_n:]]
+            self._sum = np.concatenate((self._sum[:self._sum_n],
+                                        np.array(rows, runs.STACK)))
+            self._sum_n = n
+        return self._sum
+
+    def _solve(self, a: "_Arrays", t0: int, t1: int) -> int:
+        """Transfers [t0, t1) vectorized, as far as they are regular."""
+        seq0 = self._seq + 1
+        tr = runs.Transfers(a.code[t0:t1], a.fall[t0:t1], a.ip[t0 + 1:t1 + 1],
+                            a.start[t0 + 1:t1 + 1], a.end[t0:t1])
+        tid = self._thread if self._thread is not None else self._tid
+        pid = self._pid if self._pid is not None else self._spid
+        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
+                       next_id=self._next_id, max_depth=self.max_depth,
+                       pid=-1 if pid is None else pid,
+                       tid=-1 if tid is None else tid,
+                       tx=self._tx_depth is not None,
+                       lookup=self._lookup is not None, paths=self.want_paths)
+        k = c.k
+        if not k:
+            return 0
+        # the records' anchors, in order with the rows
+        tsc = a.tsc[t0 + 1:t0 + 1 + k]
+        if tsc.any():
+            seqs = seq0 + 4 * np.arange(k, dtype=np.int64)
+            self.time.anchors(seqs, a.start[t0 + 1:t0 + 1 + k], tsc)
+            if self._follow is not None:
+                r = t0 + 1 + int(np.flatnonzero(tsc)[-1])
+                self._follow.time(int(a.start[r]), int(a.tsc[r]))
+        self._seq = seq0 + 4 * k
+        self._next_id += c.opened
+        self.calls += c.opened
+        self.pending.enters.add_array(c.enters)
+        self.pending.exits.add_array(c.exits)
+        if self.want_paths:
+            self.paths.add_many(*c.paths)
+        self._restack(c)
+        self.n = int(a.start[t0 + k])
+        return k
+
+    def _restack(self, c) -> None:
+        """The stack after a committed run: the bottom ``keep`` frames,
+        then the frames it opened that are still open."""
+        del self._stack[c.keep:]
+        names = self.names
+        tx = self._tx_depth is not None
+        thread, pid = self._thread, self._pid
+        for row in c.top.tolist():
+            (i, parent, func, nid, flags, _pid, _tid, begin_idx, eseq, path,
+             ret, ret_ok) = row
+            f = _Frame()
+            f.id, f.parent, f.func, f.nid = i, parent, func, nid
+            f.name = names[nid]
+            f.ret = ret if ret_ok else None
+            f.depth = len(self._stack)
+            f.begin_idx, f.eseq, f.flags = begin_idx, eseq, Flag(flags)
+            f.untraced, f.tx, f.ret_lo = False, tx, None
+            f.tid, f.pid, f.path = thread, pid, path
+            self._stack.append(f)
+        self._sum = np.concatenate((self._sum[:c.keep], c.top))
+        self._sum_n = len(self._stack)
+
+
+
+def _matters(item) -> bool:
+    """Items the builder must see in place (others only tell the time)."""
+    t = getattr(item, "type", None)
+    if t in ("error", "status"):
+        return True
+    if t == "space":
+        return False            # an address-space switch: the records say it
+    if hasattr(item, "status_update"):
+        return structural(item)
+    return True
+
+
+class _Arrays:
+    """A batch's records as the builder reads them."""
+
+    __slots__ = ("ip", "end", "code", "fall", "tsc", "start")
+
+    def __init__(self, blocks: np.ndarray, start: np.ndarray):
+        self.ip = blocks["ip"]
+        self.end = blocks["end_ip"]
+        self.code = runs.ICLASS_CODE[blocks["iclass"]]
+        self.fall = blocks["end_ip"] + blocks["size"].astype(np.uint64)
+        self.tsc = blocks["tsc"]
+        self.start = start
+
+

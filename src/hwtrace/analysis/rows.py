@@ -1,0 +1,203 @@
+"""The call-stack builder's output side: rows waiting for their time.
+
+The builder appends begin rows, end rows (both :data:`~.slices.SLICE`)
+and markers as it goes -- numpy arrays from a vectorized run, tuples from
+the one-at-a-time paths -- each with its sequence number, in order.
+:meth:`Pending.flush` hands out, as :class:`~.slices.Slices`, every row
+an anchor of the clock (:class:`~.clock.TimeBase`) follows, timed:
+
+* a begin row gets the time of its begin index;
+* an end row the time of its end index, its begin time (from its begin
+  row: in the same flush, or remembered from an earlier one while the
+  activation was open), and its callees' instructions and time (summed
+  from the end rows whose parent it is: in the same flush, or carried
+  over from earlier ones).
+
+Memory: pending rows wait for at most ``max_pending`` rows (then the
+clock is sealed: extrapolated), remembered begin times and callee sums
+only for activations still open.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwtrace.analysis.clock import TimeBase
+from hwtrace.analysis.slices import Cols, Slices, empty
+
+
+class _Parts:
+    """Rows in order: numpy parts and a tuple buffer (``col``: the
+    sequence-number field they are ordered by)."""
+
+    def __init__(self, col: str):
+        self.col = col
+        self.parts: list[np.ndarray] = []
+        self.py: list[tuple] = []
+        self.n = 0
+
+    def add_array(self, a: np.ndarray) -> None:
+        if len(a):
+            self._close()
+            self.parts.append(a)
+            self.n += len(a)
+
+    def add_row(self, row: tuple) -> None:
+        self.py.append(row)
+        self.n += 1
+
+    def _close(self) -> None:
+        if self.py:
+            self.parts.append(Cols.from_rows(self.py))
+            self.py = []
+
+    def first_seq(self) -> int | None:
+        if self.parts:
+            return int(self.parts[0][self.col][0])
+        if self.py:
+            return self.py[0][10 if self.col == "eseq" else 11]
+        return None
+
+    def take(self, ready) -> np.ndarray:
+        """The leading rows ``ready(seqs)`` says can go (a count per
+        part, in order), as one array; the rest stays."""
+        self._close()
+        out = []
+        col = self.col
+        while self.parts:
+            p = self.parts[0]
+            k = ready(p[col])
+            if k >= len(p):
+                out.append(p)
+                self.parts.pop(0)
+                continue
+            if k:
+                out.append(p[:k])
+                self.parts[0] = p[k:]
+            break
+        n = sum(len(x) for x in out)
+        self.n -= n
+        if not out:
+            return empty()
+        return Cols.concat(out)
+
+
+class Pending:
+    def __init__(self, clock: TimeBase):
+        self.clock = clock
+        self.enters = _Parts("eseq")
+        self.exits = _Parts("xseq")
+        self.markers: list = []           # (seq, idx, kind, offset, detail, tid)
+        self._begin: dict[int, float] = {}      # open activation id -> begin time
+        self._child: dict[int, list] = {}       # id -> [callee insns, callee time]
+        #: a window to cut to (``apply(E, X, marks)``; see analysis.window)
+        self.clip = None
+
+    @property
+    def count(self) -> int:
+        return self.enters.n + self.exits.n + len(self.markers)
+
+    def oldest_seq(self) -> int | None:
+        seqs = [s for s in (self.enters.first_seq(), self.exits.first_seq())
+                if s is not None]
+        if self.markers:
+            seqs.append(self.markers[0][0])
+        return min(seqs) if seqs else None
+
+    def flush(self) -> tuple[Slices, list]:
+        """The rows an anchor follows now, timed.  Returns the chunk and
+        the raw markers (seq, idx, kind, offset, detail, tid, time)."""
+        clock = self.clock
+        E = self.enters.take(clock.ready)
+        X = self.exits.take(clock.ready)
+        if len(E):
+            E["begin"] = clock.times(E["eseq"], E["begin_idx"])
+        if len(X):
+            X["end"] = clock.times(X["xseq"], X["end_idx"])
+            ended = self._begins(E, X)
+            np.maximum(X["end"], X["begin"], out=X["end"])
+        else:
+            ended = None
+        if len(E):
+            self._remember(E, ended)
+        marks = []
+        if self.markers:
+            mseq = np.array([m[0] for m in self.markers], np.int64)
+            nm = clock.ready(mseq)
+            if nm:
+                t = clock.times(mseq[:nm], np.array([m[1] for m in self.markers[:nm]],
+                                                    np.int64))
+                marks = [m + (ti,) for m, ti in zip(self.markers[:nm], t.tolist())]
+                del self.markers[:nm]
+        if self.clip is not None:
+            E, X, marks = self.clip.apply(E, X, marks)
+        if len(X):
+            self._children(X)
+        clock.forget_before(self.oldest_seq())
+        return Slices(E, X, []), marks
+
+    # -- begin times and callee sums -------------------------------------------------
+    def _begins(self, E, X) -> np.ndarray | None:
+        """Begin times of the ending rows; returns which begin rows (E)
+        ended here."""
+        begin = X["begin"]
+        found = np.zeros(len(X), bool)
+        ended = None
+        if len(E):
+            eid = E["id"]
+            j = np.searchsorted(eid, X["id"])
+            jj = np.minimum(j, len(eid) - 1)
+            found = eid[jj] == X["id"]
+            begin[found] = E["begin"][jj[found]]
+            ended = np.zeros(len(E), bool)
+            ended[jj[found]] = True
+        if not found.all():
+            rem = self._begin
+            for i in np.flatnonzero(~found).tolist():
+                t = rem.pop(int(X["id"][i]), None)
+                begin[i] = X["end"][i] if t is None else t
+        return ended
+
+    def _remember(self, E, ended) -> None:
+        """Begin times of the activations begun here that did not end here."""
+        still = ~ended if ended is not None else np.ones(len(E), bool)
+        if still.any():
+            rem = self._begin
+            for i, t in zip(E["id"][still].tolist(), E["begin"][still].tolist()):
+                rem[i] = t
+
+    def _children(self, X: np.ndarray) -> None:
+        insns = X["end_idx"] - X["begin_idx"]
+        dur = X["end"] - X["begin"]
+        ids = X["id"]
+        order = np.argsort(ids, kind="stable")
+        sid = ids[order]
+        par = X["parent"]
+        j = np.searchsorted(sid, par)
+        jj = np.minimum(j, len(sid) - 1)
+        here = (par >= 0) & (sid[jj] == par)
+        tgt = order[jj[here]]
+        ci = np.bincount(tgt, insns[here], len(X)).astype(np.int64)
+        ct = np.bincount(tgt, dur[here], len(X))
+        acc = self._child
+        if acc:
+            keys = np.fromiter(acc.keys(), np.int64, len(acc))
+            for i in np.flatnonzero(np.isin(ids, keys)).tolist():
+                a = acc.pop(int(ids[i]))
+                ci[i] += a[0]
+                ct[i] += a[1]
+        X["child_insns"] = ci
+        X["child_time"] = ct
+        away = (par >= 0) & ~here
+        if away.any():
+            p = par[away]
+            u, inv = np.unique(p, return_inverse=True)
+            si = np.bincount(inv, insns[away], len(u))
+            st = np.bincount(inv, dur[away], len(u))
+            for pid, a, b in zip(u.tolist(), si.tolist(), st.tolist()):
+                cur = acc.get(pid)
+                if cur is None:
+                    acc[pid] = [int(a), b]
+                else:
+                    cur[0] += int(a)
+                    cur[1] += b

@@ -1,0 +1,347 @@
+"""The call stack over a run of records, all at once (no I/O, numpy only).
+
+Between two events that matter to the call stack (tracing disabled or
+enabled, an overflow, a decode error, ...) a stream is a plain run of
+records (``hwtrace.flow.batches.BLOCK``, decoded with every branch ending
+a record): record ``r``'s last instruction transfers control to record
+``r + 1``'s first.  What the builder (:mod:`.callstack`) does with such a
+transfer one at a time, :func:`solve` does for thousands at once, as long
+as they are *regular*:
+
+* a call whose target is not its fall-through opens an activation
+  (``func`` = the target; a far call too, flagged ``FAR``);
+* a return closes the top activation, and goes exactly where that
+  activation's caller expects (its return address);
+* a jump or taken conditional jump to the start of another function
+  closes the top activation and opens the target at the same depth, with
+  the same return address (a tail call: ``TAIL_CALL``, keeping ``FAR``);
+* anything else changes nothing -- except an unconditional jump out of
+  its function into a known function other than the top activation's (a
+  longjmp may be unwinding), which is not regular.
+
+Levels: the stack's frames are numbered from the bottom (0).  A call with
+``d`` frames on the stack opens level ``d``, a return closes level
+``d - 1``, a tail call closes and reopens level ``d - 1``.  The frame a
+return closes is the last one opened at its level before it -- or, if
+none was opened in this run, the frame that was there when the run began
+(the ``stack`` argument): one sort of the opens by (level, position) and
+one ``searchsorted`` match them all.
+
+:func:`solve` matches, checks, and commits the longest regular prefix:
+the first irregular transfer (a return to an unexpected address, a
+return from the stack's bottom frame, a jump that may unwind, a tail call
+to the function itself, a stack deeper than the limit) is left for the
+builder to handle the slow way, after which it calls :func:`solve` again.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from hwtrace.analysis.records import Flag
+from hwtrace.analysis.slices import PATH_MUL, SLICE, Cols
+
+# transfer codes (as the builder's)
+NONE, CALL, RET, JUMP, COND, FCALL, FRET, FJUMP = range(8)
+
+#: hwtrace.x86.insn.IClass value -> transfer code
+ICLASS_CODE = np.zeros(256, np.int8)
+ICLASS_CODE[2] = CALL       # CALL
+ICLASS_CODE[3] = RET        # RETURN
+ICLASS_CODE[4] = JUMP       # JUMP
+ICLASS_CODE[5] = COND       # COND_JUMP
+ICLASS_CODE[6] = FCALL      # FAR_CALL
+ICLASS_CODE[7] = FRET       # FAR_RETURN
+ICLASS_CODE[8] = FJUMP      # FAR_JUMP
+ICLASS_CODE[10] = JUMP      # INDIRECT
+
+#: a frame of the stack a run starts on (the builder keeps these current)
+STACK = np.dtype([("id", "<i8"), ("parent", "<i8"), ("func", "<u8"),
+                  ("name", "<i4"), ("flags", "<u4"), ("pid", "<i8"),
+                  ("tid", "<i8"), ("begin_idx", "<i8"), ("eseq", "<i8"),
+                  ("path", "<u8"), ("ret", "<u8"), ("ret_ok", "?")])
+
+SLICE_T = {f: SLICE.fields[f][0] for f in SLICE.names}
+_FAR = int(Flag.FAR)
+_TAIL = int(Flag.TAIL_CALL)
+_U8 = np.uint64
+
+
+class Transfers(NamedTuple):
+    """The transfers of a run: transfer ``j`` ends record ``j`` and lands
+    on record ``j + 1``."""
+
+    code: np.ndarray        # int8 transfer code
+    fall: np.ndarray        # u8 fall-through (return address)
+    tgt: np.ndarray         # u8 where it went
+    land_idx: np.ndarray    # i8 instruction index where it landed
+    src: np.ndarray         # u8 the branch instruction
+
+
+class Committed(NamedTuple):
+    k: int                  # transfers committed
+    enters: np.ndarray      # SLICE rows (begin fields)
+    exits: np.ndarray       # SLICE rows (end fields but times)
+    keep: int               # frames of the old stack still there (the bottom ones)
+    top: np.ndarray         # STACK rows above them (opened in this run)
+    opened: int             # activations opened
+    paths: tuple            # (path, parent path, name) of every open
+
+
+def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
+          next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
+          lookup: bool, paths: bool = True) -> Committed:
+    """Commit the regular prefix of ``tr`` (see the module doc).
+
+    ``stack``: STACK rows of the frames at the start (at least one);
+    ``names``: the :class:`~.symtable.AddrTable`; ``seq0``: the sequence
+    number of transfer 0 (transfer ``j`` lands at record ``j + 1``, whose
+    anchor gets ``seq0 + 4j``, its close ``+1`` and its open ``+2``);
+    ``tx``: frames opened now are inside a TSX transaction; ``lookup``:
+    symbols exist (tail calls and unwinding jumps can be recognized);
+    ``paths``: compute call-path hashes (else 0)."""
+    code, fall, tgt = tr.code, tr.fall, tr.tgt
+    n = len(code)
+    s0 = len(stack)
+    taken = tgt != fall
+    opener = ((code == CALL) & taken) | (code == FCALL)
+    closer = (code == RET) | (code == FRET)
+    jumpish = ((code == JUMP) | (code == COND)) & taken
+    tail = np.zeros(n, bool)
+    spec = np.zeros(n, bool)
+    if lookup and jumpish.any():
+        jpos = np.flatnonzero(jumpish)
+        is_start = names.starts(tgt[jpos])
+        tail[jpos[is_start]] = True
+        # an unconditional jump out of its function into a known one: maybe
+        # unwinding (a jump within one function unwinds nothing)
+        j2 = jpos[~is_start & (code[jpos] == JUMP)]
+        j2 = j2[~names.same_function(tr.src[j2], tgt[j2])]
+        start, _nid, known = names.resolve(tgt[j2])
+        spec[j2[known]] = True
+        spec_start = np.zeros(n, _U8)
+        spec_start[j2] = start
+    ev = np.flatnonzero(opener | closer | tail | spec)
+    if not len(ev):
+        return _nothing(n, stack)
+    e_open = opener[ev]
+    e_close = closer[ev]
+    e_tail = tail[ev]
+    e_spec = spec[ev]
+    delta = e_open.astype(np.int64) - e_close
+    depth = s0 + np.cumsum(delta) - delta           # frames before each event
+    ne = len(ev)
+    pos = np.arange(ne, dtype=np.int64)
+    M = 2 * ne + 2
+    # every event that opens a level: calls (level = depth), tail calls
+    # (level = depth - 1); sorted by (level, position)
+    o_ev = np.flatnonzero(e_open | e_tail)
+    o_lvl = np.where(e_open[o_ev], depth[o_ev], depth[o_ev] - 1)
+    o_key = o_lvl * M + 2 * o_ev + 1
+    # a stable sort by level (positions are in order already); levels
+    # span less than 2**16 (max_depth): a radix sort
+    if len(o_lvl):
+        lo = int(o_lvl.min())
+        span = int(o_lvl.max()) - lo
+        rel = (o_lvl - lo).astype(np.uint16 if span < 1 << 16 else np.int64)
+        order = np.argsort(rel, kind="stable")
+    else:
+        order = np.zeros(0, np.int64)
+    s_key = o_key[order]
+
+    def frame_at(lvl, qpos):
+        """Index into o_ev of the frame open at ``lvl`` just before event
+        ``qpos`` (its close/query part), or -1: the run's initial frame
+        at that level."""
+        if not len(s_key):
+            return np.full(len(lvl), -1, np.int64)
+        j = np.searchsorted(s_key, lvl * M + 2 * qpos, side="left") - 1
+        cand = order[np.maximum(j, 0)]
+        return np.where((j >= 0) & (o_lvl[cand] == lvl), cand, -1)
+
+    # -- what every open frame is: func, ret, far, carried roots ----------------
+    o_func = tgt[ev[o_ev]]
+    # the frame a tail call replaces
+    t_idx = np.flatnonzero(e_tail[o_ev])               # opens that are tail calls
+    t_ev = o_ev[t_idx]
+    t_lvl = o_lvl[t_idx]
+    t_prev = frame_at(t_lvl, t_ev) if len(t_idx) else np.zeros(0, np.int64)
+    # return addresses and FAR: an OPEN's own; a tail call's from the frame
+    # it replaced (a chain of tail calls from its root)
+    o_ret = fall[ev[o_ev]].copy()
+    o_ret_ok = np.ones(len(o_ev), bool)
+    o_far = (code[ev[o_ev]] == FCALL)
+    if len(t_idx):
+        ptr = np.arange(len(o_ev))
+        ptr[t_idx] = np.where(t_prev >= 0, t_prev, t_idx)
+        root_carried = np.full(len(o_ev), -1, np.int64)
+        root_carried[t_idx] = np.where(t_prev >= 0, -1, t_lvl)
+        while True:
+            nxt = ptr[ptr]
+            if np.array_equal(nxt, ptr):
+                break
+            ptr = nxt
+        rc = root_carried[ptr]
+        from_run = rc < 0
+        o_ret = np.where(from_run, o_ret[ptr], 0).astype(_U8)
+        o_far = np.where(from_run, o_far[ptr], False)
+        carried = ~from_run
+        if carried.any():
+            lv = rc[carried]
+            o_ret[carried] = stack["ret"][lv]
+            o_ret_ok[carried] = stack["ret_ok"][lv]
+            o_far[carried] = (stack["flags"][lv] & _FAR) != 0
+
+    # -- checks, in event order; the first failure ends the prefix --------------
+    bad = np.zeros(ne, bool)
+    c_ev = np.flatnonzero(e_close | e_tail)
+    c_lvl = depth[c_ev] - 1
+    bad[c_ev[c_lvl < 0]] = True
+    c_lvl = np.maximum(c_lvl, 0)
+    c_fr = frame_at(c_lvl, c_ev)
+    c_run = c_fr >= 0
+    cf = np.maximum(c_fr, 0)
+    c_func = np.where(c_run, o_func[cf] if len(o_ev) else 0,
+                      stack["func"][np.minimum(c_lvl, s0 - 1)])
+    c_ret = np.where(c_run, o_ret[cf] if len(o_ev) else 0,
+                     stack["ret"][np.minimum(c_lvl, s0 - 1)])
+    c_ret_ok = np.where(c_run, o_ret_ok[cf] if len(o_ev) else False,
+                        stack["ret_ok"][np.minimum(c_lvl, s0 - 1)])
+    is_ret = e_close[c_ev]
+    bad[c_ev[is_ret & ~(c_ret_ok & (c_ret == tgt[ev[c_ev]]))]] = True
+    bad[c_ev[~is_ret & (c_func == tgt[ev[c_ev]])]] = True   # jump to itself
+    if e_spec.any():
+        q_ev = np.flatnonzero(e_spec)
+        q_lvl = np.maximum(depth[q_ev] - 1, 0)
+        q_fr = frame_at(q_lvl, q_ev)
+        qf = np.maximum(q_fr, 0)
+        q_func = np.where(q_fr >= 0, o_func[qf] if len(o_ev) else 0,
+                          stack["func"][np.minimum(q_lvl, s0 - 1)])
+        bad[q_ev[(spec_start[ev[q_ev]] != q_func) & (depth[q_ev] > 1)]] = True
+    bad[o_ev[o_lvl >= max_depth]] = True
+    cut = int(np.argmax(bad)) if bad.any() else ne
+    k = int(ev[cut]) if cut < ne else n
+    if cut == 0:
+        return _nothing(k, stack)
+
+    # -- commit events [0, cut) ---------------------------------------------------
+    oc = o_ev < cut                       # committed opens (o_ev is sorted)
+    no = int(oc.sum())
+    o_ev_c = o_ev[:no]
+    o_lvl_c = o_lvl[:no]
+    ids = next_id + np.arange(no, dtype=np.int64)
+    land = tr.land_idx
+    # parents: the frame at level - 1 (or none at level 0)
+    p_lvl = o_lvl_c - 1
+    p_fr = frame_at(np.maximum(p_lvl, 0), o_ev_c) if no else np.zeros(0, np.int64)
+    p_run = p_fr >= 0
+    pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
+    parent = np.where(p_lvl < 0, -1,
+                      np.where(p_run, next_id + np.maximum(p_fr, 0), stack["id"][pc]))
+    _start, o_nid, _known = names.resolve(o_func[:no])
+    # call paths: parent path * MUL + name + 1, parents first (pointer doubling)
+    base_path = np.where(p_lvl < 0, _U8(0),
+                         np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
+    if paths:
+        path = _paths(o_nid, np.where(p_run & (p_lvl >= 0), p_fr, -1), base_path)
+        ppath = np.where(p_run & (p_lvl >= 0), path[np.maximum(p_fr, 0)], base_path)
+    else:
+        path = ppath = np.zeros(no, _U8)
+    flags = np.where(e_tail[o_ev_c], _TAIL | np.where(o_far[:no], _FAR, 0),
+                     np.where(o_far[:no], _FAR, 0)).astype(np.uint32)
+    o_tr = ev[o_ev_c]
+    enters = Cols.zeros(no)
+    enters["id"] = ids
+    enters["parent"] = parent
+    enters["func"] = o_func[:no]
+    enters["name"] = o_nid
+    enters["depth"] = o_lvl_c
+    enters["flags"] = flags
+    enters["pid"] = pid
+    enters["tid"] = tid
+    enters["begin_idx"] = land[o_tr]
+    enters["eseq"] = seq0 + 4 * o_tr.astype(np.int64) + 2
+    enters["path"] = path
+    enters["xseq"] = -1
+    enters["end_idx"] = -1
+    # closes: exits of run frames and of the initial stack's
+    cm = c_ev < cut
+    x_ev = c_ev[cm]
+    x_fr = c_fr[cm]
+    x_lvl = c_lvl[cm]
+    x_run = x_fr >= 0
+    xf = np.maximum(x_fr, 0)
+    lv = np.minimum(x_lvl, s0 - 1)
+    src = xf if no else np.zeros(len(xf), np.int64)
+    old_i = np.flatnonzero(~x_run)
+    old_lv = lv[old_i]
+    cols = {}
+    for f in ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
+              "path", "pid", "tid"):
+        if no:
+            c = enters[f][src]
+            c[old_i] = stack[f][old_lv]
+        else:
+            c = stack[f][lv].copy()
+        cols[f] = c
+    cols["depth"] = x_lvl.astype(np.int32)
+    m = len(x_ev)
+    cols["begin"] = np.zeros(m)
+    cols["end"] = np.zeros(m)
+    cols["child_insns"] = np.zeros(m, np.int64)
+    cols["child_time"] = np.zeros(m)
+    cols["end_idx"] = np.zeros(m, np.int64)
+    cols["xseq"] = np.zeros(m, np.int64)
+    exits = Cols({f: cols[f].astype(SLICE_T[f], copy=False) for f in SLICE_T}, m)
+    x_tr = ev[x_ev]
+    exits["end_idx"] = land[x_tr]
+    exits["xseq"] = seq0 + 4 * x_tr.astype(np.int64) + 1
+    # the stack after: the initial frames below the lowest one closed, then
+    # for each level above the frame last opened there (still open)
+    d_end = int(depth[cut - 1] + delta[cut - 1])
+    closed_carried = x_lvl[~x_run]
+    keep = int(closed_carried.min()) if len(closed_carried) else s0
+    keep = min(keep, d_end)
+    lv = np.arange(keep, d_end, dtype=np.int64)
+    top_fr = frame_at(lv, np.full(len(lv), cut, np.int64)) if len(lv) else \
+        np.zeros(0, np.int64)
+    top = np.zeros(len(lv), STACK)
+    if len(lv):
+        src = enters[top_fr]
+        for f in ("id", "parent", "func", "name", "flags", "pid", "tid",
+                  "begin_idx", "eseq", "path"):
+            top[f] = src[f]
+        top["ret"] = o_ret[top_fr]
+        top["ret_ok"] = o_ret_ok[top_fr]
+    return Committed(k, enters, exits, keep, top, no, (path, ppath, o_nid))
+
+
+def _nothing(k: int, stack: np.ndarray) -> Committed:
+    z = Cols.zeros(0)
+    return Committed(k, z, z, len(stack), np.zeros(0, STACK), 0,
+                     (np.zeros(0, _U8), np.zeros(0, _U8), np.zeros(0, np.int32)))
+
+
+def _paths(nid: np.ndarray, parent: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """path[i] = path[parent[i]] * MUL + nid[i] + 1, where parent[i] < 0
+    means the parent path is ``base[i]``: by pointer doubling (parents
+    come before children, chains as deep as the run's stack)."""
+    s = nid.astype(_U8) + _U8(1)
+    mul = np.full(len(nid), PATH_MUL, _U8)
+    ptr = parent.astype(np.int64).copy()
+    acc_base = base.astype(_U8).copy()
+    with np.errstate(over="ignore"):
+        while True:
+            live = ptr >= 0
+            if not live.any():
+                break
+            p = np.where(live, ptr, 0)
+            # s += mul * s[p]; mul *= mul[p]; base from p; ptr = ptr[p]
+            s = np.where(live, s + mul * s[p], s)
+            new_mul = np.where(live, mul * mul[p], mul)
+            acc_base = np.where(live, acc_base[p], acc_base)
+            ptr = np.where(live, ptr[p], -1)
+            mul = new_mul
+        return s + mul * acc_base

@@ -1,0 +1,355 @@
+"""Activations in columns: what the call-stack builder hands every view.
+
+The builder (:mod:`.callstack`) reconstructs millions of activations from
+a long trace; none of them becomes a Python object.  It hands views
+:class:`Slices` chunks instead, each a pair of numpy record arrays of
+dtype :data:`SLICE` and a short list of markers:
+
+* ``enters``: activations that *began* (in the order they began: ``eseq``);
+  only the begin fields are meaningful;
+* ``exits``: activations that *ended* (in the order they ended: ``xseq``),
+  every field set.
+
+``eseq``/``xseq`` are the builder's event sequence numbers: every begin,
+end, marker and clock anchor gets the next one in execution order, so
+merging enters, exits and markers by them gives the timeline exactly as
+the builder lived it (ties do not exist).  A child's interval
+``[eseq, xseq]`` lies strictly inside its parent's.  Times are in the
+stream's clock unit (:class:`hwtrace.analysis.clock.Clock`); ``name`` is
+an id in the builder's :class:`NameTable`; ``path`` identifies the call
+path (the names from the stack's bottom to this activation) by a hash the
+builder registers in its :class:`PathTable`.
+
+:func:`to_records` turns a chunk back into the classic record objects
+(:class:`~.records.Enter`, :class:`~.records.Activation`,
+:class:`~.records.Marker`) for small inputs and tests.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import NamedTuple
+
+import numpy as np
+
+from hwtrace.analysis.records import Activation, Enter, Flag, Marker
+
+SLICE = np.dtype([
+    ("id", "<i8"),            # activation id, increasing in begin order
+    ("parent", "<i8"),        # the caller's activation id, -1 at the bottom
+    ("func", "<u8"),          # function start address (see UNKNOWN_FUNC)
+    ("name", "<i4"),          # NameTable id
+    ("depth", "<i4"),         # 0 = bottom of the reconstructed stack
+    ("flags", "<u4"),         # records.Flag
+    ("pid", "<i8"),           # process (-1 unknown)
+    ("tid", "<i8"),           # thread (-1 unknown)
+    ("begin_idx", "<i8"),     # instruction index of its first instruction
+    ("end_idx", "<i8"),       # ... one past its last (exits)
+    ("eseq", "<i8"),          # builder sequence number of its begin
+    ("xseq", "<i8"),          # ... of its end (exits)
+    ("path", "<u8"),          # call-path hash (PathTable)
+    ("begin", "<f8"),         # time of begin_idx
+    ("end", "<f8"),           # time of end_idx (exits)
+    ("child_insns", "<i8"),   # instructions in callees (exits)
+    ("child_time", "<f8"),    # time in callees (exits)
+])
+
+#: ``func`` of an activation whose code is unknown (``[untraced]`` & co.)
+UNKNOWN_FUNC = np.uint64(0xFFFFFFFFFFFFFFFF)
+_UNKNOWN = int(UNKNOWN_FUNC)
+
+#: multiplier of the call-path hash: path = parent_path * PATH_MUL + name + 1
+PATH_MUL = np.uint64(0x100000001B3)
+PATH_ROOT = np.uint64(0)
+
+
+_FIELDS = SLICE.names
+_TYPES = [SLICE.fields[f][0] for f in _FIELDS]
+
+
+class Cols:
+    """Rows of :data:`SLICE` kept as one contiguous array per field (what
+    the views read a field at a time, much faster than a structured
+    array's strided fields).  ``c["field"]`` is a column, ``c[mask]`` /
+    ``c[i:j]`` / ``c[index_array]`` the selected rows."""
+
+    __slots__ = ("d", "n")
+    dtype = SLICE
+
+    def __init__(self, d: dict, n: int):
+        self.d = d
+        self.n = n
+
+    @classmethod
+    def zeros(cls, n: int = 0) -> "Cols":
+        return cls({f: np.zeros(n, t) for f, t in zip(_FIELDS, _TYPES)}, n)
+
+    @classmethod
+    def from_records(cls, a: np.ndarray) -> "Cols":
+        return cls({f: np.ascontiguousarray(a[f]) for f in _FIELDS}, len(a))
+
+    @classmethod
+    def from_rows(cls, rows: list) -> "Cols":
+        return cls.from_records(np.array(rows, SLICE))
+
+    @staticmethod
+    def concat(parts: list) -> "Cols":
+        parts = [p for p in parts if p.n]
+        if not parts:
+            return Cols.zeros()
+        if len(parts) == 1:
+            return parts[0]
+        return Cols({f: np.concatenate([p.d[f] for p in parts]) for f in _FIELDS},
+                    sum(p.n for p in parts))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k):
+        if isinstance(k, str):
+            return self.d[k]
+        d = {f: a[k] for f, a in self.d.items()}
+        return Cols(d, len(next(iter(d.values()))))
+
+    def __setitem__(self, k, v) -> None:
+        self.d[k][...] = v
+
+    def copy(self) -> "Cols":
+        return Cols({f: a.copy() for f, a in self.d.items()}, self.n)
+
+    def tolist(self) -> list[tuple]:
+        cols = [self.d[f].tolist() for f in _FIELDS]
+        return list(zip(*cols))
+
+
+def empty(n: int = 0) -> Cols:
+    return Cols.zeros(n)
+
+
+class NameTable:
+    """Function names by small integer id (one table per builder, shared
+    by all its chunks)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+        self._cold: list[bool] = []
+        self._json: list[bytes | None] = []
+        self._cold_arr = np.zeros(0, bool)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def id(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            i = self._ids[name] = len(self.names)
+            self.names.append(name)
+            self._cold.append(".cold" in name)
+            self._json.append(None)
+        return i
+
+    def ids(self, names) -> np.ndarray:
+        return np.fromiter((self.id(n) for n in names), np.int32)
+
+    def get(self, name: str) -> int | None:
+        return self._ids.get(name)
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[i]
+
+    def cold(self) -> np.ndarray:
+        """bool per id: the name is a ``.cold`` part (never a call target)."""
+        if len(self._cold_arr) != len(self._cold):
+            self._cold_arr = np.array(self._cold, bool)
+        return self._cold_arr
+
+    def json_bytes(self, i: int) -> bytes:
+        """The name as a JSON string literal (cached)."""
+        b = self._json[i]
+        if b is None:
+            b = self._json[i] = json.dumps(self.names[i]).encode()
+        return b
+
+
+class PathTable:
+    """Call paths by hash: ``hash -> (parent hash, name id)``, registered
+    by the builder as paths first appear.  Kept in sorted numpy arrays (a
+    few dozen bytes a path: a Python run's hundreds of thousands of deep
+    paths would take hundreds of MB as dict entries); new ones wait in a
+    buffer until :meth:`lookup` or the buffer's size merges them in."""
+
+    _MERGE = 1 << 16
+
+    def __init__(self):
+        self._h = np.zeros(0, np.uint64)
+        self._p = np.zeros(0, np.uint64)
+        self._n = np.zeros(0, np.int32)
+        self._buf: list = []            # (paths, parents, names) arrays
+        self._row: list = []            # (path, parent, name) one by one
+        self._pending = 0
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self._h)
+
+    def add(self, path: int, parent: int, name: int) -> None:
+        self._row.append((path, parent, name))
+        self._pending += 1
+        if self._pending >= self._MERGE:
+            self._merge()
+
+    def add_many(self, paths: np.ndarray, parents: np.ndarray,
+                 names: np.ndarray) -> None:
+        if len(paths):
+            self._buf.append((paths, parents, names))
+            self._pending += len(paths)
+            if self._pending >= self._MERGE:
+                self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        hs, ps, ns = [self._h], [self._p], [self._n]
+        for h, p, n in self._buf:
+            hs.append(np.asarray(h, np.uint64))
+            ps.append(np.asarray(p, np.uint64))
+            ns.append(np.asarray(n, np.int32))
+        if self._row:
+            r = np.array(self._row, dtype=object)
+            hs.append(r[:, 0].astype(np.uint64))
+            ps.append(r[:, 1].astype(np.uint64))
+            ns.append(r[:, 2].astype(np.int32))
+        h = np.concatenate(hs)
+        u, first = np.unique(h, return_index=True)
+        self._h = u
+        self._p = np.concatenate(ps)[first]
+        self._n = np.concatenate(ns)[first]
+        self._buf, self._row, self._pending = [], [], 0
+
+    def lookup(self, paths: np.ndarray):
+        """(parent hashes, name ids) of known paths."""
+        self._merge()
+        j = np.searchsorted(self._h, np.asarray(paths, np.uint64))
+        return self._p[j], self._n[j]
+
+    def names(self, path: int) -> list[int]:
+        """Name ids from the bottom of the stack to ``path``."""
+        out = []
+        while path != 0:
+            p, n = self.lookup(np.array([path], np.uint64))
+            out.append(int(n[0]))
+            path = int(p[0])
+        out.reverse()
+        return out
+
+
+def path_of(parent: int, name: int) -> int:
+    """The hash of the path ``parent`` + ``name`` (as the builder makes it)."""
+    return (parent * int(PATH_MUL) + name + 1) & 0xFFFFFFFFFFFFFFFF
+
+
+class Slices(NamedTuple):
+    """One chunk of the builder's output (see the module doc)."""
+
+    enters: "Cols"
+    exits: "Cols"
+    markers: list           # [(seq, Marker)] in order
+
+    def __bool__(self) -> bool:
+        return bool(len(self.enters) or len(self.exits) or self.markers)
+
+
+def _tid(v: int):
+    return None if v < 0 else v
+
+
+def to_records(chunk: Slices, names: NameTable) -> list:
+    """Enter/Activation/Marker objects of a chunk, in execution order."""
+    ev = []
+    for r in chunk.enters.tolist():
+        ev.append((r[10], 0, r))
+    for r in chunk.exits.tolist():
+        ev.append((r[11], 1, r))
+    for seq, m in chunk.markers:
+        ev.append((seq, 2, m))
+    ev.sort(key=lambda e: e[0])
+    out = []
+    for _seq, kind, r in ev:
+        if kind == 2:
+            out.append(r)
+            continue
+        (_id, _parent, func, name, depth, flags, _pid, tid, begin_idx,
+         end_idx, _eseq, _xseq, _path, begin, end, child_insns,
+         child_time) = r
+        f = None if func == _UNKNOWN else func
+        if kind == 0:
+            out.append(Enter(f, names[name], depth, begin, begin_idx,
+                             Flag(flags), _tid(tid)))
+        else:
+            out.append(Activation(f, names[name], depth, begin, end,
+                                  begin_idx, end_idx, child_insns,
+                                  child_time, Flag(flags), _tid(tid)))
+    return out
+
+
+class RecordChunker:
+    """The other way round: classic records (Enter/Activation/Marker, as
+    a test or an old caller feeds them one by one to a writer's ``add``)
+    into :class:`Slices`.  An Activation is matched with the open Enter of
+    the same depth (they nest like parentheses)."""
+
+    def __init__(self, names: NameTable | None = None):
+        self.names = names or NameTable()
+        self.paths = PathTable()
+        self._seq = 0
+        self._next_id = 0
+        self._open: list[tuple[int, int, int]] = []   # (id, eseq, path)
+        self._enters: list = []
+        self._exits: list = []
+        self._markers: list = []
+
+    def add(self, rec) -> None:
+        self._seq += 1
+        t = type(rec)
+        if t is Enter:
+            parent, ppath = (self._open[rec.depth - 1][0], self._open[rec.depth - 1][2]) \
+                if 0 < rec.depth <= len(self._open) else (-1, 0)
+            del self._open[rec.depth:]
+            nid = self.names.id(rec.name)
+            path = path_of(ppath, nid)
+            self.paths.add(path, ppath, nid)
+            i = self._next_id
+            self._next_id += 1
+            self._open.append((i, self._seq, path))
+            self._enters.append(self._row(rec, i, parent, nid, path, self._seq, -1))
+        elif t is Activation:
+            if rec.depth < len(self._open):
+                i, eseq, path = self._open[rec.depth]
+                del self._open[rec.depth:]
+            else:
+                i, eseq, path = self._next_id, self._seq, 0
+                self._next_id += 1
+            parent = self._open[rec.depth - 1][0] \
+                if 0 < rec.depth <= len(self._open) else -1
+            self._exits.append(self._row(rec, i, parent, self.names.id(rec.name),
+                                         path, eseq, self._seq))
+        elif t is Marker:
+            self._markers.append((self._seq, rec))
+
+    @staticmethod
+    def _row(rec, i, parent, nid, path, eseq, xseq):
+        func = _UNKNOWN if rec.func is None else rec.func
+        tid = -1 if rec.tid is None else rec.tid
+        if type(rec) is Enter:
+            return (i, parent, func, nid, rec.depth, int(rec.flags), -1, tid,
+                    rec.begin_idx, -1, eseq, -1, path, rec.begin, 0.0, 0, 0.0)
+        return (i, parent, func, nid, rec.depth, int(rec.flags), -1, tid,
+                rec.begin_idx, rec.end_idx, eseq, xseq, path, rec.begin,
+                rec.end, rec.child_insns, rec.child_time)
+
+    def take(self) -> Slices:
+        s = Slices(Cols.from_rows(self._enters), Cols.from_rows(self._exits),
+                   self._markers)
+        self._enters, self._exits, self._markers = [], [], []
+        return s

@@ -1,0 +1,194 @@
+"""Naming many addresses at once: the call-stack builder's symbol lookups
+over numpy arrays.
+
+:class:`AddrTable` answers, for an array of addresses, the function each
+lies in -- ``(start, name id, known)`` arrays -- as
+``lookup(addr) -> (start, name) | None`` would one by one; unknown code
+is named by its address (``0x401000``), as the builder always named it.
+
+* Over a :class:`~hwtrace.analysis.symbols.Symbolizer` the images'
+  symbol tables are merged once into one step function over the address
+  space (the first image that covers an address claims it, as
+  ``Symbolizer.lookup`` decides): a lookup is one ``searchsorted``.
+* Over any other callback (a test's synthetic program) the distinct
+  addresses are looked up one by one and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hwtrace.analysis.slices import NameTable
+
+_U8 = np.uint64
+
+
+class AddrTable:
+    def __init__(self, lookup, names: NameTable):
+        self.names = names
+        self.lookup = lookup
+        self._cache: dict[int, tuple[int, int, bool]] = {}
+        self._lo = self._hi = self._start = self._nid = None
+        self._fstarts = None
+        self._bits = None
+        images = getattr(lookup, "images", None)
+        if images is None:
+            images = getattr(getattr(lookup, "__self__", None), "images", None)
+        if lookup is not None and images is not None:
+            self._merge(images)
+
+    # -- the merged table --------------------------------------------------------
+    def _merge(self, images) -> None:
+        claimed: list[tuple[int, int]] = []
+        los, his, starts, nids = [], [], [], []
+        for img in images:
+            free = _subtract((img.low, img.high), claimed)
+            claimed.append((img.low, img.high))
+            if not free or not img._starts:
+                continue
+            bias = img.bias
+            s = np.array([a + bias for a in img._starts], _U8)
+            e = np.array([a + bias for a in img._ends], _U8)
+            hi = np.minimum(e, np.append(s[1:], _U8(0xFFFFFFFFFFFFFFFF)))
+            ids = self.names.ids(img._names)
+            for a, b in free:
+                keep = (s < _U8(b)) & (hi > _U8(a))
+                if not keep.any():
+                    continue
+                los.append(np.maximum(s[keep], _U8(a)))
+                his.append(np.minimum(hi[keep], _U8(b)))
+                starts.append(s[keep])
+                nids.append(ids[keep])
+        if not los:
+            self._lo = np.zeros(0, _U8)
+            self._hi = self._start = self._lo
+            self._nid = np.zeros(0, np.int32)
+            self._fstarts = np.zeros(0, _U8)
+            return
+        lo = np.concatenate(los)
+        order = np.argsort(lo, kind="stable")
+        # a first segment that names nothing: every lookup lands somewhere
+        self._lo = np.concatenate(([_U8(0)], lo[order]))
+        self._hi = np.concatenate(([_U8(0)], np.concatenate(his)[order]))
+        self._start = np.concatenate(([_U8(0)], np.concatenate(starts)[order]))
+        self._nid = np.concatenate(([-1], np.concatenate(nids)[order])).astype(np.int32)
+        whole = (self._lo == self._start) & (self._hi > self._lo)
+        cold = self.names.cold()
+        whole &= ~cold[np.maximum(self._nid, 0)]
+        self._fstarts = np.unique(self._start[whole])
+
+    # -- queries ---------------------------------------------------------------------
+    def resolve(self, addrs: np.ndarray):
+        """``(start u8, name id i4, known bool)`` for every address."""
+        addrs = np.asarray(addrs, _U8)
+        if self._lo is not None:
+            if not len(self._lo):
+                ok = np.zeros(len(addrs), bool)
+                start = addrs.copy()
+                nid = np.full(len(addrs), -1, np.int32)
+            else:
+                j = np.searchsorted(self._lo, addrs, side="right") - 1
+                ok = addrs < self._hi[j]
+                start = np.where(ok, self._start[j], addrs)
+                nid = self._nid[j]
+            if not ok.all():
+                bad = np.flatnonzero(~ok)
+                nid[bad] = self._unknown_ids(addrs[bad])
+            return start, nid, ok
+        if not len(addrs):
+            return addrs.copy(), np.zeros(0, np.int32), np.zeros(0, bool)
+        u, inv = np.unique(addrs, return_inverse=True)
+        rows = [self.one(a) for a in u.tolist()]
+        start = np.array([r[0] for r in rows], _U8)[inv]
+        nid = np.array([r[1] for r in rows], np.int32)[inv]
+        known = np.array([r[2] for r in rows], bool)[inv]
+        return start, nid, known
+
+    def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
+        u, inv = np.unique(addrs, return_inverse=True)
+        ids = np.fromiter((self.names.id(f"0x{a:x}") for a in u.tolist()),
+                          np.int32, len(u))
+        return ids[inv]
+
+    def one(self, addr: int) -> tuple[int, int, bool]:
+        """``(start, name id, known)`` of one address (cached)."""
+        c = self._cache.get(addr)
+        if c is not None:
+            return c
+        if self._lo is not None:
+            s, n, k = self.resolve(np.array([addr], _U8))
+            c = (int(s[0]), int(n[0]), bool(k[0]))
+        else:
+            r = self.lookup(addr) if self.lookup is not None else None
+            if r:
+                c = (r[0], self.names.id(r[1]), True)
+            else:
+                c = (addr, self.names.id(f"0x{addr:x}"), False)
+        if len(self._cache) > 1 << 20:
+            self._cache.clear()
+        self._cache[addr] = c
+        return c
+
+    def same_function(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """bool per pair: both addresses inside one known function."""
+        if self._lo is not None:
+            if not len(self._lo):
+                return np.zeros(len(a), bool)
+            ja = np.searchsorted(self._lo, a, side="right") - 1
+            jb = np.searchsorted(self._lo, b, side="right") - 1
+            same = (ja == jb) & (a < self._hi[ja]) & (b < self._hi[jb])
+            # two segments of one function (cut where images overlap)
+            diff = np.flatnonzero(~same & (a < self._hi[ja]) & (b < self._hi[jb]))
+            if len(diff):
+                same[diff] = self._start[ja[diff]] == self._start[jb[diff]]
+            return same
+        sa, _na, ka = self.resolve(a)
+        sb, _nb, kb = self.resolve(b)
+        return ka & kb & (sa == sb)
+
+    def starts(self, addrs: np.ndarray) -> np.ndarray:
+        """bool per address: a known function starts exactly there, and
+        it is not a ``.cold`` part (a jump there may be a tail call)."""
+        fs = self._fstarts
+        if fs is not None:
+            if not len(fs):
+                return np.zeros(len(addrs), bool)
+            # a bitmap of hashed starts first: most addresses are no start
+            if self._bits is None:
+                self._bits = np.zeros(1 << _HBITS, bool)
+                self._bits[_hash(fs)] = True
+            out = self._bits[_hash(addrs)]
+            maybe = np.flatnonzero(out)
+            if len(maybe):
+                a = addrs[maybe]
+                j = np.minimum(np.searchsorted(fs, a), len(fs) - 1)
+                out[maybe] = fs[j] == a
+            return out
+        start, nid, known = self.resolve(addrs)
+        cold = self.names.cold()
+        return known & (start == addrs) & ~cold[nid]
+
+
+_HBITS = 22
+
+
+def _hash(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, _U8)
+    return ((a ^ (a >> _U8(_HBITS))) & _U8((1 << _HBITS) - 1)).astype(np.intp)
+
+
+def _subtract(iv: tuple[int, int], taken: list) -> list:
+    """``iv`` minus the intervals ``taken`` (a short list)."""
+    out = [iv]
+    for a, b in taken:
+        nxt = []
+        for lo, hi in out:
+            if b <= lo or a >= hi:
+                nxt.append((lo, hi))
+                continue
+            if lo < a:
+                nxt.append((lo, a))
+            if b < hi:
+                nxt.append((b, hi))
+        out = nxt
+    return [(lo, hi) for lo, hi in out if lo < hi]

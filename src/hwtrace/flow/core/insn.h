@@ -1,0 +1,202 @@
+/* The instruction flow decoder: a port of hwtrace.flow.insn.InsnDecoder
+ * with hwtrace.flow.evtrace_insn (libipt's pt_insn_decoder).
+ *
+ * The verbs return a status (>= 0), R_ERR with the twin's DecodeError in
+ * d->err, or R_FATAL (a callback raised, or memory ran out: the decode
+ * stops and the Python exception propagates). */
+#ifndef HWTRACE_CORE_INSN_H
+#define HWTRACE_CORE_INSN_H
+
+#include "icache.h"
+#include "query.h"
+
+#define R_ERR (-1)
+#define R_FATAL (-2)
+#define R_SLOW (-3)             /* insn_next_quick: take insn_next */
+
+static inline int is_fatal(int code)
+{
+    if (code < 0)
+        code = -code;
+    return code == E_PYERR || code == E_NOMEM || code == E_STOP;
+}
+
+struct derr {                   /* DecodeError */
+    int code;
+    ptrdiff_t offset;
+    uint64_t ip;
+    const struct insn_info *insn;   /* decoded before the error, or NULL */
+    uint8_t spec;                   /* that instruction's speculative flag */
+};
+
+#define RS_CAP 64
+
+struct insn_dec {
+    struct query q;
+    const struct core_config *cfg;
+    struct icache *ic;
+    int disable_at_trace_branch;
+    int fatal;                  /* the fatal code that stopped it */
+    uint64_t rs[RS_CAP];        /* return stack: rs_n entries, the newest */
+    int rs_top, rs_n;           /* at rs_top */
+    /* _reset() state */
+    int8_t mode;
+    uint64_t ip;
+    int status;
+    uint8_t enabled, process_event, speculative, process_insn;
+    struct event ev;
+    uint8_t ev_spent;           /* resync must not hand ev out again: its
+                                   processing failed, or a resync resumed
+                                   at its IP */
+    const struct insn_info *p_insn;
+    uint8_t bound_paging, bound_vmcs, bound_ptwrite;
+    uint64_t last_tsc;
+    uint8_t resyncing;
+    int injected;               /* 0, 1: inj_ev, 2: inj_err */
+    struct event inj_ev;
+    struct derr inj_err;
+    uint64_t icount;
+    uint8_t have_mark;
+    int8_t mark_mode;
+    uint64_t mark_ip, mark_n, mark_lim;
+    uint8_t have_cr3, have_vmcs;
+    uint64_t cr3, vmcs;
+    uint8_t ev_at_set, ev_at_stay;
+    ptrdiff_t ev_at_start, ev_at_end;
+    struct derr err;            /* the last error returned */
+    /* the run whose instructions were taken last (a cache: its successor
+     * runs save the next run's lookup; cleared with the image) */
+    struct run *prev_run;
+};
+
+void insn_init(struct insn_dec *d, const uint8_t *buf, ptrdiff_t end,
+               const struct core_config *cfg, struct icache *ic);
+void insn_free(struct insn_dec *d);
+static inline void insn_set_image(struct insn_dec *d, struct icache *ic)
+{
+    d->ic = ic;
+    d->prev_run = NULL;
+}
+
+int insn_sync_forward(struct insn_dec *d);
+int insn_sync_set(struct insn_dec *d, ptrdiff_t offset);
+int insn_resync(struct insn_dec *d);
+/* next(): *out the instruction (also with R_ERR when err.insn is set),
+ * *spec its speculative flag; ``known``: the entry at d->ip if the caller
+ * has it, else NULL */
+int insn_next(struct insn_dec *d, const struct insn_info *known,
+              const struct insn_info **out, int *spec);
+/* Instructions without a query after which direct branches are watched
+ * for a loop that never reads trace again (insn.c, watch_loop) */
+#define LOOP_WATCH (1u << 16)
+
+static inline void rs_push(struct insn_dec *d, uint64_t ip)
+{
+    d->rs_top = (d->rs_top + 1) % RS_CAP;
+    d->rs[d->rs_top] = ip;
+    if (d->rs_n < RS_CAP)
+        d->rs_n++;
+}
+
+static inline int rs_pop(struct insn_dec *d, uint64_t *ip)
+{
+    if (!d->rs_n)
+        return 0;
+    *ip = d->rs[d->rs_top];
+    d->rs_top = (d->rs_top + RS_CAP - 1) % RS_CAP;
+    d->rs_n--;
+    return 1;
+}
+
+/* _status */
+static inline int status_of(const struct insn_dec *d, int flags)
+{
+    if (!d->enabled)
+        flags |= ST_IP_SUPPRESSED;
+    if ((d->status & ST_EOS) && !d->process_event)
+        flags |= ST_EOS;
+    return flags;
+}
+
+/* the end of next() after the instruction proceeded, an event pending */
+int insn_finish(struct insn_dec *d, const struct insn_info *i);
+
+/* insn_next for ``i``, the entry at d->ip, where nothing is pending and
+ * it needs no trace beyond a cached TNT bit (plain instructions, direct
+ * jumps and calls, conditional branches and compressed returns with their
+ * bit cached): the same status, state and errors; R_SLOW without changing
+ * anything where insn_next must do it.  Inline: the hot path. */
+static inline __attribute__((always_inline)) int
+insn_next_quick(struct insn_dec *d, const struct insn_info *i)
+{
+    if ((d->status & (ST_DEFERRED | ST_EVENT_PENDING)) || d->process_event ||
+        d->resyncing || !d->enabled || d->cfg->tick)
+        return R_SLOW;
+    if (!i || i->ip != d->ip || i->mode != d->mode || i->err)
+        return R_SLOW;
+    struct query *q = &d->q;
+    uint64_t fall = d->ip + i->size;
+    uint64_t index;
+    int status;
+    switch (i->iclass) {
+    case C_OTHER: case C_PTWRITE:
+        d->icount++;
+        d->ip = fall;
+        break;
+    case C_COND:
+        index = q->tnt_index;
+        if (!index)
+            return R_SLOW;
+        q->tnt_index = index >> 1;
+        d->icount = 0;
+        d->have_mark = 0;
+        status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                              : q_status_flags(q);
+        d->status = status;
+        if (status & ST_DEFERRED)
+            d->resyncing = 1;
+        d->ip = (q->tnt_bits & index) ? fall + (uint64_t)i->rel : fall;
+        break;
+    case C_CALL: case C_JUMP:
+        if ((i->flags & IF_INDIRECT) || d->icount + 1 > LOOP_WATCH)
+            return R_SLOW;
+        d->icount++;
+        if (i->iclass == C_CALL && i->rel)
+            rs_push(d, fall);
+        d->ip = fall + (uint64_t)i->rel;
+        break;
+    case C_RETURN:
+        index = q->tnt_index;
+        if (!index || !(q->tnt_bits & index) || !d->rs_n)
+            return R_SLOW;
+        q->tnt_index = index >> 1;
+        d->icount = 0;
+        d->have_mark = 0;
+        status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                              : q_status_flags(q);
+        d->status = status;
+        if (status & ST_DEFERRED)
+            d->resyncing = 1;
+        rs_pop(d, &d->ip);
+        break;
+    default:
+        return R_SLOW;
+    }
+    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
+        return status_of(d, 0);
+    return insn_finish(d, i);
+}
+/* event(): *ev the event */
+int insn_event(struct insn_dec *d, struct event *ev);
+/* the offset libipt 2.3 reports now (error_offset) */
+ptrdiff_t insn_error_offset(struct insn_dec *d);
+
+static inline ptrdiff_t insn_offset(const struct insn_dec *d)
+{
+    return q_offset(&d->q);
+}
+
+/* the return stack, oldest first, into out (RS_CAP entries); its size */
+int insn_stack(const struct insn_dec *d, uint64_t *out);
+
+#endif

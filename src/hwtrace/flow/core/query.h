@@ -1,0 +1,165 @@
+/* The query/event decoder: a port of hwtrace.flow.query with psb,
+ * overflow, power, evtrace and evtpos (libipt's pt_query_decoder).
+ *
+ * Results: 0 / >= 0 on success; -E_* on failure, with the trace offset the
+ * twin's PtError carries in q->err_off.  Internally the twin's ``Fail``
+ * exceptions are negative returns (the state changes made before the
+ * failure stay, as they do there). */
+#ifndef HWTRACE_CORE_QUERY_H
+#define HWTRACE_CORE_QUERY_H
+
+#include "event.h"
+#include "timing.h"
+
+struct evt_state {              /* evtrace.EventTraceState */
+    uint8_t evd_have;           /* EVD types 0..2 waiting for their CFE */
+    uint64_t evd[3];
+    struct evlist fup;          /* CFE events waiting for a FUP; an entry
+                                   with type EV_NTYPES is the twin's None */
+};
+
+struct query {
+    const uint8_t *buf;
+    ptrdiff_t end;
+    const struct core_config *cfg;
+    ptrdiff_t pos, sync;        /* -1: None */
+    /* the packet at pos (the twin's ``next``): nxt_err 0, or the error */
+    struct pt_pkt nxt;
+    ptrdiff_t nxt_off;
+    int nxt_err;
+    uint64_t fetches;           /* q_fetch calls (the twin's ``next is``) */
+    struct flow_time time;
+    /* _reset() state */
+    uint64_t ip;
+    uint8_t have_ip, ip_suppressed;
+    uint64_t tnt_bits, tnt_index;
+    struct evq evq;
+    struct event published;
+    uint8_t has_published, consume_packet, enabled, mode_exec_pending;
+    int8_t cur_mode, cur_if;    /* -1: None */
+    struct evt_state evt;
+    ptrdiff_t tnt_end;
+    uint8_t event_at_set, event_at_stay;
+    ptrdiff_t event_at_start, event_at_end;
+    ptrdiff_t last_psb;         /* -1: None */
+    int deferred;               /* 0 or the error code; at deferred_off */
+    ptrdiff_t deferred_off;
+    /* the offset of the last error returned */
+    ptrdiff_t err_off;
+    /* an allocation failed: the decode stops (the twin's MemoryError) */
+    int fatal;
+    /* called at PSBs once the position passes release_at (a file
+     * mapping's release_before: memory only, never results); sets
+     * release_at; < 0 on failure (fatal) */
+    int (*release)(void *ctx, ptrdiff_t pos, ptrdiff_t *next);
+    void *release_ctx;
+    ptrdiff_t release_at;
+};
+
+void q_init(struct query *q, const uint8_t *buf, ptrdiff_t end,
+            const struct core_config *cfg);
+void q_free(struct query *q);
+int q_clone(struct query *dst, const struct query *src);
+
+static inline ptrdiff_t q_offset(const struct query *q)
+{
+    return q->pos >= 0 ? q->pos : 0;
+}
+
+static inline ptrdiff_t q_sync_offset(const struct query *q)
+{
+    return q->sync >= 0 ? q->sync : 0;
+}
+
+/* (status, ip): *ip valid if !(status & ST_IP_SUPPRESSED) */
+int q_sync_forward(struct query *q, int *status, uint64_t *ip);
+int q_sync_set(struct query *q, ptrdiff_t offset, int *status, uint64_t *ip);
+int q_cond_branch(struct query *q, int *status, int *taken);
+int q_status_flags(struct query *q);
+
+/* q_cond_branch where TNT bits are cached (the common case, inline) */
+static inline int q_cond_branch_fast(struct query *q, int *status,
+                                     int *taken)
+{
+    uint64_t index = q->tnt_index;
+    if (!index)
+        return q_cond_branch(q, status, taken);
+    q->tnt_index = index >> 1;
+    *taken = (q->tnt_bits & index) != 0;
+    *status = q->tnt_index ? (q->deferred ? ST_DEFERRED : 0)
+                           : q_status_flags(q);
+    return 0;
+}
+int q_indirect_branch(struct query *q, int *status, uint64_t *target);
+int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
+                 int *have);
+int q_event(struct query *q, int *status, struct event *ev);
+
+/* -- internals shared by the query's source files ------------------------ */
+
+void q_fetch(struct query *q);
+void q_consume(struct query *q);
+int q_peek(const struct query *q, ptrdiff_t pos, struct pt_pkt *p);
+int q_update_ip(struct query *q, const struct pt_pkt *p);
+static inline int q_query_ip(const struct query *q, uint64_t *ip)
+{
+    if (!q->have_ip || q->ip_suppressed)
+        return 0;
+    *ip = q->ip;
+    return 1;
+}
+void q_event_ip(struct query *q, struct event *ev, int to);
+void q_stamp(struct query *q, struct event *ev);
+static inline void q_publish(struct query *q, const struct event *ev)
+{
+    q->published = *ev;
+    q->has_published = 1;
+}
+int q_decode(struct query *q);              /* _decode(self.next) */
+int q_read_ahead(struct query *q);
+int q_will_event(struct query *q);
+int q_exec_mode(const struct pt_pkt *p);   /* MODE.EXEC -> mode */
+void q_overflow_reset(struct query *q);
+void q_finish_psbend_event(struct query *q, struct event *ev);
+static inline int q_enqueue(struct query *q, int b, const struct event *ev)
+{
+    if (evq_enqueue(&q->evq, b, ev) < 0) {
+        q->fatal = E_NOMEM;
+        return -E_NOMEM;
+    }
+    return 0;
+}
+
+/* qpackets.c: the decode steps of event packets */
+int q_dec_tip(struct query *q, const struct pt_pkt *p);
+int q_dec_tip_pge(struct query *q, const struct pt_pkt *p);
+int q_dec_tip_pgd(struct query *q, const struct pt_pkt *p);
+int q_dec_fup(struct query *q, const struct pt_pkt *p);
+int q_dec_pip(struct query *q, const struct pt_pkt *p);
+int q_dec_vmcs(struct query *q, const struct pt_pkt *p);
+int q_dec_mode(struct query *q, const struct pt_pkt *p);
+int q_dec_exstop(struct query *q, const struct pt_pkt *p);
+int q_dec_mwait(struct query *q, const struct pt_pkt *p);
+int q_dec_pwre(struct query *q, const struct pt_pkt *p);
+int q_dec_pwrx(struct query *q, const struct pt_pkt *p);
+int q_dec_ptw(struct query *q, const struct pt_pkt *p);
+int q_dec_cfe(struct query *q, const struct pt_pkt *p, ptrdiff_t off);
+int q_dec_evd(struct query *q, const struct pt_pkt *p);
+int q_dec_trig(struct query *q, const struct pt_pkt *p);
+int q_cfe_will_event(struct query *q, const struct pt_pkt *p, ptrdiff_t off);
+int q_evd_fails(const struct query *q, const struct pt_pkt *p);
+
+/* qpsb.c: PSB+ and OVF */
+int q_decode_psb(struct query *q);
+int q_dec_ovf(struct query *q, const struct pt_pkt *p);
+
+/* evtpos.c: libipt 2.3's offsets */
+ptrdiff_t q_skip_pads(const struct query *q, ptrdiff_t pos);
+int q_stays(int kind, const struct event *ev);
+ptrdiff_t q_after_event(const struct query *q, int stay, ptrdiff_t pos,
+                        ptrdiff_t end);
+/* where the event decoder stands after fetching the next TNT, TIP or
+ * event (on a copy of q); -E_NOMEM if the copy fails */
+ptrdiff_t q_lookahead(const struct query *q);
+
+#endif

@@ -1,0 +1,280 @@
+/* The counts and edges fast path: see walk.h. */
+#include <stdlib.h>
+
+#include "walk.h"
+
+/* -- edges ------------------------------------------------------------------ */
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static int edge_grow(struct edge_table *e)
+{
+    size_t cap = e->cap ? e->cap * 2 : 1024;
+    struct edge *nt = calloc(cap, sizeof *nt);
+    if (!nt)
+        return -E_NOMEM;
+    for (size_t j = 0; j < e->cap; j++) {
+        struct edge *x = &e->tab[j];
+        if (!x->n)
+            continue;
+        size_t i = mix(x->from ^ mix(x->to)) & (cap - 1);
+        while (nt[i].n)
+            i = (i + 1) & (cap - 1);
+        nt[i] = *x;
+    }
+    free(e->tab);
+    e->tab = nt;
+    e->cap = cap;
+    return 0;
+}
+
+int edge_add(struct edge_table *e, uint64_t from, uint64_t to, uint64_t n)
+{
+    if (2 * (e->n + 1) > e->cap)
+        TRY(edge_grow(e));
+    size_t mask = e->cap - 1;
+    size_t i = mix(from ^ mix(to)) & mask;
+    for (;;) {
+        struct edge *x = &e->tab[i];
+        if (!x->n) {
+            x->from = from;
+            x->to = to;
+            x->n = n;
+            e->n++;
+            return 0;
+        }
+        if (x->from == from && x->to == to) {
+            x->n += n;
+            return 0;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+void edge_free(struct edge_table *e)
+{
+    free(e->tab);
+    e->tab = NULL;
+    e->cap = e->n = 0;
+}
+
+/* -- blocks ----------------------------------------------------------------- */
+
+/* blk_next without a record: the block's instructions and last IP */
+static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip)
+{
+    uint64_t lo = 0, last = 0;
+    int have_bounds = 0, status = 0, err;
+    uint32_t n = 0;
+    const struct insn_info *known = NULL;
+    for (;;) {
+        uint32_t room = MAX_BLOCK_INSNS - n;
+        if (!room)
+            break;
+        struct run *ru = known ? NULL
+                               : fast_run(d, ST_EVENT_PENDING | ST_EOS, &err);
+        if (err < 0) {
+            d->fatal = -err;
+            return R_FATAL;
+        }
+        if (ru) {
+            status = 0;
+            if (ru->n > room) {
+                n += room;
+                *end_ip = packed_ip(ru->packed + (size_t)(room - 1) * INSN_REC);
+                d->icount += room;
+                d->ip = packed_ip(ru->packed + (size_t)room * INSN_REC);
+                *ninsn = n;
+                return 0;
+            }
+            n += ru->n;
+            *end_ip = ru->last_ip;
+            d->icount += ru->n;
+            d->ip = ru->next_ip;
+            d->prev_run = ru;
+            if (!have_bounds) {
+                lo = ru->lo;
+                last = ru->last;
+                have_bounds = 1;
+            }
+            if (!(lo <= d->ip && d->ip <= last))
+                break;
+            known = ru->term;
+            continue;
+        }
+        const struct insn_info *i = known;
+        int spec;
+        int s = insn_next_quick(d, known);
+        if (s == R_SLOW)
+            s = insn_next(d, known, &i, &spec);
+        known = NULL;
+        if (s == R_FATAL)
+            return s;
+        if (s == R_ERR) {
+            if (d->err.insn) {
+                n++;
+                *end_ip = d->err.insn->ip;
+            }
+            *ninsn = n;
+            return R_ERR;
+        }
+        status = s;
+        n++;
+        *end_ip = i->ip;
+        if (status & (ST_EVENT_PENDING | ST_EOS))
+            break;
+        if (i->iclass != C_OTHER) {
+            int c = i->iclass, ends = 1;
+            if (c == C_CALL && !(i->flags & IF_INDIRECT))
+                ends = d->cfg->end_on_call;
+            else if (c == C_JUMP && !(i->flags & IF_INDIRECT))
+                ends = d->cfg->end_on_jump;
+            if (ends)
+                break;
+        }
+        if (!d->enabled)
+            break;
+        if (!have_bounds) {
+            lo = i->lo;
+            last = i->last;
+            have_bounds = 1;
+        }
+        if (!(lo <= d->ip && d->ip <= last))
+            break;
+    }
+    *ninsn = n;
+    return status;
+}
+
+static int walk_blocks(struct session *s, struct walk *w)
+{
+    struct insn_dec *d = &s->d;
+    while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
+        uint32_t n = 0;
+        uint64_t end = 0;
+        int st = blk_count(d, &n, &end);
+        if (st == R_FATAL)
+            return -(d->fatal ? d->fatal : E_INTERNAL);
+        if (n) {
+            w->insns += n;
+            w->blocks++;
+            s->ninsn += n;
+        }
+        if (st == R_ERR) {
+            s->err = d->err;
+            s->state = SS_ERR;
+            return 0;
+        }
+        s->last_ip = end;
+        s->status = st;
+    }
+    return 0;
+}
+
+/* -- instructions ----------------------------------------------------------------- */
+
+static inline int edge_to(struct walk *w, uint64_t ip)
+{
+    if (w->edges && w->have_from)
+        return edge_add(w->edges, w->from, ip, 1);
+    return 0;
+}
+
+/* the edge from the branch that ended run p to the run ru that follows:
+ * in p's successor counter where ru is one of p's successors (no
+ * hashing), else in the table */
+static inline int edge_to_run(struct walk *w, struct run *p, struct run *ru)
+{
+    if (!w->edges || !w->have_from)
+        return 0;
+    if (p && p->term && p->term->ip == w->from) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            if (p->succ[i] == ru && p->succ_ip[i] == ru->ip) {
+                p->succ_n[i]++;
+                return 0;
+            }
+        }
+    }
+    return edge_add(w->edges, w->from, ru->ip, 1);
+}
+
+int walk_flush_run(void *ctx, struct run *ru)
+{
+    struct walk *w = ctx;
+    for (int i = 0; i < RUN_SUCC; i++) {
+        if (ru->succ_n[i]) {
+            TRY(edge_add(w->edges, ru->term->ip, ru->succ_ip[i],
+                         ru->succ_n[i]));
+            ru->succ_n[i] = 0;
+        }
+    }
+    return 0;
+}
+
+static int walk_insns(struct session *s, struct walk *w)
+{
+    struct insn_dec *d = &s->d;
+    int err;
+    while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
+        const struct insn_info *known = s->known;
+        s->known = NULL;
+        struct run *p = d->prev_run;
+        struct run *ru = known && known->ip == d->ip ? NULL :
+            fast_run(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err);
+        if (err < 0)
+            return err;
+        if (ru) {
+            TRY(edge_to_run(w, p, ru));
+            w->have_from = 0;
+            w->insns += ru->n;
+            s->ninsn += ru->n;
+            d->icount += ru->n;
+            d->ip = ru->next_ip;
+            d->prev_run = ru;
+            s->last_ip = ru->last_ip;
+            s->status = 0;
+            s->known = ru->term;
+            continue;
+        }
+        const struct insn_info *i = known;
+        int spec;
+        int r = insn_next_quick(d, known);
+        if (r == R_SLOW)
+            r = insn_next(d, known, &i, &spec);
+        if (r == R_FATAL)
+            return -(d->fatal ? d->fatal : E_INTERNAL);
+        if (r == R_ERR) {
+            i = d->err.insn;
+            if (i) {
+                TRY(edge_to(w, i->ip));
+                w->have_from = i->iclass != C_OTHER &&
+                               i->iclass != C_PTWRITE;
+                w->from = i->ip;
+                w->insns++;
+                s->ninsn++;
+            }
+            s->err = d->err;
+            s->state = SS_ERR;
+            return 0;
+        }
+        TRY(edge_to(w, i->ip));
+        w->have_from = i->iclass != C_OTHER && i->iclass != C_PTWRITE;
+        w->from = i->ip;
+        w->insns++;
+        s->ninsn++;
+        s->last_ip = i->ip;
+        s->status = r;
+    }
+    return 0;
+}
+
+int walk(struct session *s, struct walk *w)
+{
+    return s->block ? walk_blocks(s, w) : walk_insns(s, w);
+}

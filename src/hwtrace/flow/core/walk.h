@@ -1,0 +1,40 @@
+/* The counts and edges fast path (decode --quiet --stat, coverage
+ * --edges): the session's blocks or instructions without records, for as
+ * long as nothing is pending -- the same decoder calls the session's
+ * steps make (blk_next, insn_next_quick / insn_next), with counters where
+ * they fill records.  Errors, events and the end go back to the session's
+ * own steps; the counters are the count and edge sinks' (their record and
+ * error callbacks keep them for the records those steps hand over). */
+#ifndef HWTRACE_CORE_WALK_H
+#define HWTRACE_CORE_WALK_H
+
+#include "session.h"
+
+struct edge {
+    uint64_t from, to, n;
+};
+
+struct edge_table {
+    struct edge *tab;
+    size_t cap, n;
+};
+
+int edge_add(struct edge_table *e, uint64_t from, uint64_t to,
+             uint64_t n);
+void edge_free(struct edge_table *e);
+
+struct walk {
+    uint64_t insns, blocks;
+    struct edge_table *edges;   /* NULL: counts only */
+    uint64_t from;              /* the last branch, if have_from */
+    int have_from;
+};
+
+/* the session's SS_LOOP steps while nothing is pending: 0, or an error
+ * as the steps return it */
+int walk(struct session *s, struct walk *w);
+/* the edges a run's successor counters hold, into w->edges (and the
+ * counters cleared): call for every run of every image at the end */
+int walk_flush_run(void *w, struct run *ru);
+
+#endif
