@@ -334,13 +334,17 @@ static void close_run(struct tbuf *b)
 }
 
 /* The host TSC, read after time_epoch (*epoch): a TIME that follows any
- * TIME whose bump the load saw.  (The fence keeps rdtsc from running ahead
- * of the load; a writer reads the TSC before it bumps.) */
+ * TIME whose bump the load saw.  (The first fence keeps rdtsc from running
+ * ahead of the load; the second keeps a writer's bump, which follows, from
+ * becoming visible before its TSC was read -- rdtsc is not ordered with
+ * later instructions, SDM RDTSC.) */
 static inline uint64_t read_time(uint64_t *epoch)
 {
     *epoch = __atomic_load_n(&time_epoch, __ATOMIC_ACQUIRE);
     _mm_lfence();
-    return __rdtsc();
+    uint64_t now = __rdtsc();
+    _mm_lfence();
+    return now;
 }
 
 static void begin_chunk(struct tbuf *b)
