@@ -20,13 +20,7 @@ untraced kernel with timing packets) tells time no traced instruction
 took: it moves the last known time but says nothing about the rate --
 counted in, it made the rate many times too high (an emulated CPU idle
 for a while), the estimate ran ahead of the switches, and switches still
-to come were applied at once.  When that clock counts exactly the traced
-instructions and only TSC packets tell it (an emulated recording without
-CR3 or address filtering, MTC or CYC: ``exact``), the estimate is the
-time itself: the switches up to it came before an enable, and no later
-one did -- two threads running the same loop stop at the same addresses,
-and a later switch whose thread "fits" the enable's IP was taken over the
-one that was due.
+to come were applied at once.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ class SwitchTimeline:
     """``switches``: records with ``cpu``, ``time``, ``prev_tid`` and
     ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
 
-    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None,
-                 exact: bool = False):
+    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None):
         mine = [s for s in switches if s.cpu == cpu]
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
@@ -57,11 +50,6 @@ class SwitchTimeline:
         self._n = 0                               # ... at instruction index
         self._rate: float | None = rate           # ticks per instruction
         self._fixed = rate is not None            # the clock's own: not measured
-        #: the estimate is the time itself (a clock counting exactly the
-        #: traced instructions, read from TSC packets alone): a switch after
-        #: it certainly comes after the enable, however well its thread
-        #: would fit there
-        self.exact = exact and self._fixed
         self._on = True                           # tracing is on (no disable pending)
 
     def __bool__(self) -> bool:

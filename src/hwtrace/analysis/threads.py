@@ -63,9 +63,7 @@ class FollowThreads:
         best = tl.due(tl.known)                 # certainly before this enable
         fit = self._fit(best, ip)
         est = tl.estimate(self.n)
-        if est is not None and tl.exact:
-            best, fit = tl.due(est), 2          # the time itself: these, no others
-        elif est is not None:
+        if est is not None:
             k = tl.due(est)                     # before it by the estimate
             if k > best:
                 f = self._fit(k, ip)

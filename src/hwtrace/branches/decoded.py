@@ -252,9 +252,7 @@ class _Consumer:
         best = tl.due(tl.known)
         f = fit(best)
         est = tl.estimate(self.n)
-        if est is not None and tl.exact:
-            best, f = tl.due(est), 2        # the time itself: these, no others
-        elif est is not None:
+        if est is not None:
             k = tl.due(est)
             if k > best:
                 fk = fit(k)
@@ -547,8 +545,7 @@ class DecodedTrace:
             per_cpu = info.tid is None and info.cpu is not None
             follow = None
             if per_cpu and info.switches:
-                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
-                                    info.clock_exact)
+                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn)
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
             if th is not None and not th.wanted:
