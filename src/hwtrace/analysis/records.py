@@ -59,7 +59,10 @@ class StreamInfo(NamedTuple):
     its own), so its call stacks follow the threads (empty: unknown).
     ``tsc_per_insn``: the TSC ticks per traced instruction when the clock
     counts instructions (an emulated recording: 1, see
-    :func:`hwtrace.bundle.tsc_per_insn`); None: measured as it goes."""
+    :func:`hwtrace.bundle.tsc_per_insn`); None: measured as it goes.
+    ``clock_exact``: that clock counts exactly the traced instructions and
+    only TSC packets tell it, so the time at every instruction is known
+    (:func:`hwtrace.bundle.insn_clock_exact`)."""
 
     pid: int | None = None
     tid: int | None = None
@@ -67,6 +70,7 @@ class StreamInfo(NamedTuple):
     name: str | None = None
     switches: tuple = ()
     tsc_per_insn: float | None = None
+    clock_exact: bool = False
 
     def label(self) -> str:
         if self.name:

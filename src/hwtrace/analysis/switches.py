@@ -20,7 +20,15 @@ untraced kernel with timing packets) tells time no traced instruction
 took: it moves the last known time but says nothing about the rate --
 counted in, it made the rate many times too high (an emulated CPU idle
 for a while), the estimate ran ahead of the switches, and switches still
-to come were applied at once.
+to come were applied at once.  When that clock counts exactly the traced
+instructions and only TSC packets tell it (an emulated recording without
+CR3 or address filtering, MTC or CYC: ``exact``), the estimate is the
+time itself (give or take the few instructions between a PSB+ and the
+record boundary it is reported at -- ahead, never behind): no switch after
+it came before an enable, so the builders do not look past it for a
+thread that "fits" the enable's IP -- two threads running the same loop
+stop at the same addresses, and a later switch back to the other one was
+taken over the one that was due.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ class SwitchTimeline:
     """``switches``: records with ``cpu``, ``time``, ``prev_tid`` and
     ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
 
-    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None):
+    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None,
+                 exact: bool = False):
         mine = [s for s in switches if s.cpu == cpu]
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
@@ -50,6 +59,11 @@ class SwitchTimeline:
         self._n = 0                               # ... at instruction index
         self._rate: float | None = rate           # ticks per instruction
         self._fixed = rate is not None            # the clock's own: not measured
+        #: the estimate is the time itself, or a little ahead (a clock
+        #: counting exactly the traced instructions, read from TSC packets
+        #: alone): a switch after it certainly comes after the enable,
+        #: however well its thread would fit there
+        self.exact = exact and self._fixed
         self._on = True                           # tracing is on (no disable pending)
 
     def __bool__(self) -> bool:

@@ -72,6 +72,8 @@ class FollowThreads:
         if fit < 2:
             exact = fresh = None
             for j in tl.upcoming(best):
+                if tl.exact and est is not None and tl.switches[j].time > est:
+                    break           # certainly after this enable
                 if tl.thread_after(j + 1, None) is None:
                     continue        # to idle: not who resumes here
                 f = self._fit(j + 1, ip)

@@ -261,6 +261,8 @@ class _Consumer:
         if f < 2:
             exact = fresh = None
             for j in tl.upcoming(best):
+                if tl.exact and est is not None and tl.switches[j].time > est:
+                    break               # certainly after this enable
                 if tl.thread_after(j + 1, None) is None:
                     continue            # to idle: not who resumes here
                 fj = fit(j + 1)
@@ -545,7 +547,8 @@ class DecodedTrace:
             per_cpu = info.tid is None and info.cpu is not None
             follow = None
             if per_cpu and info.switches:
-                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn)
+                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
+                                    info.clock_exact)
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
             if th is not None and not th.wanted:
