@@ -51,7 +51,14 @@ class SwitchTimeline:
 
     def __init__(self, switches: Iterable, cpu: int, rate: float | None = None,
                  exact: bool = False):
+        switches = list(switches)
         mine = [s for s in switches if s.cpu == cpu]
+        #: each thread's first switch in, on any CPU
+        self._first_in: dict[int, int] = {}
+        for s in switches:
+            t = _tid(s.next_tid)
+            if t is not None and (t not in self._first_in or s.time < self._first_in[t]):
+                self._first_in[t] = s.time
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
         self.i = 0                                # next switch not yet applied
@@ -127,6 +134,16 @@ class SwitchTimeline:
         """Is ``tid`` switched out by a pending switch before index ``k``?"""
         return tid is not None and any(s.prev_tid == tid
                                        for s in self.switches[self.i:k])
+
+    def ran_before(self, k: int) -> bool:
+        """Did the thread the switch before index ``k`` brings in run
+        before it (switched in earlier, on any CPU)?  Then what it resumes
+        began elsewhere -- even where this CPU's stream begins."""
+        if k <= 0 or k > len(self.switches):
+            return False
+        s = self.switches[k - 1]
+        t = _tid(s.next_tid)
+        return t is not None and self._first_in.get(t, s.time) < s.time
 
     def advance(self, k: int) -> None:
         self.i = max(self.i, k)
