@@ -161,8 +161,9 @@ def test_non_x86_elf_is_named_wherever_code_is_loaded(files, elves):
 @pytest.mark.parametrize("cmd", ["summary", "calls", "export"])
 def test_views_name_what_their_input_is_not(files, cmd):
     extra = ["--folded", files["dir"].parent / "f.folded"] if cmd == "export" else []
+    # (a file that is neither a bundle nor .jsonl is read as a raw trace)
     _one_line(run_hwtrace(cmd, files["junk"], *extra), "junk.bin",
-              "not a trace bundle directory nor a .jsonl file")
+              "no PSB packet", "not an Intel PT trace")
     _one_line(run_hwtrace(cmd, files["empty"], *extra), "empty.pt",
               "empty file")
     # a raw trace is read, with its code

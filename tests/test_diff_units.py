@@ -241,6 +241,50 @@ def test_a_trace_that_begins_later_meets_where_it_begins():
     assert (d.region.a_insns, d.region.b_insns) == (4, 0)
 
 
+def test_lost_data_resuming_inside_a_step_meets_at_its_tail():
+    """B resumes at a PSB+ written inside a basic block: its first step is
+    the tail of a step A ran whole.  A also runs that tail alone elsewhere
+    (a jump into the block) -- the place the two stay in step wins, A's
+    step is split where B picks up, and the rest compares equal."""
+    call = (0x100, 0x105, 2, C, 5)
+    f1 = (0x400, 0x40a, 3, JC, 2)
+    whole = (0x40c, 0x410, 3, J, 2)         # 0x40c, 0x40e, 0x410
+    decoy = (0x40e, 0x410, 2, J, 2)         # the same code, jumped into
+    tail = decoy
+    ret = (0x500, 0x501, 1, R, 1)
+    back = (0x10a, 0x110, 2, R, 1)
+    a = [call, f1, decoy, f1, whole, ret, back]
+    ra = steps.StepReader(split(a, 2))
+    rb = steps.StepReader([batch([tail, ret, back],
+                                 items=[(0, 4, Event("overflow"))])])
+    (d,) = list(align.compare(ra, rb))
+    assert d.b.gap and d.b.ip == tail[0]
+    r = d.region
+    assert r.how == "after lost data"
+    ma, mb = r.meet
+    assert ma.ip == mb.ip == tail[0]
+    lost = 2 + 3 + 2 + 3 + 1                # up to whole's second insn
+    assert (ma.idx, mb.idx) == (lost, 0)
+    assert (r.a_insns, r.b_insns) == (lost, 0)
+    assert ma.depth == mb.depth == 1 and ra.insns - rb.insns == lost
+
+
+@pytest.mark.parametrize("begins", [(4 + 2, 0), (None, None)])
+def test_a_trace_that_begins_inside_a_step_meets_at_its_tail(begins):
+    """A circular buffer kept A's trace from a PSB+ inside BODY: A's first
+    step is BODY's tail, which B never runs alone; they meet there (at
+    the index the recorder's count gives, when it gives one)."""
+    b = [H, BODY, H, BODY, H, X, T]
+    late = [(0x206, 0x20e, 3, J, 2)] + b[2:]        # BODY's last 3 insns
+    (d,), ra, rb = run(late, b, begins=begins)
+    r = d.region
+    assert r.how == "where A's trace begins"
+    ma, mb = r.meet
+    assert ma.ip == mb.ip == 0x206 and (ma.idx, mb.idx) == (0, 4 + 2)
+    assert (r.a_insns, r.b_insns) == (0, 4 + 2)
+    assert rb.insns - ra.insns == 4 + 2
+
+
 def test_window_gives_up():
     a = [H, X] + [T] * 10
     b = [H, BODY] * 50

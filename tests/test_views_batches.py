@@ -206,10 +206,11 @@ def test_garbage_and_empty_traces_are_named(rec, tmp_path, view):
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
     argv = [str(tmp_path / "o") if a == "OUT" else a for a in view]
-    for f, why in ((rnd, "no Intel PT synchronization point (PSB) in 100,000 bytes"),
-                   (empty, "the trace is empty")):
+    # (named before anything is decoded, as dump and decode name them)
+    for f, why in ((rnd, "no PSB packet (sync point) in its 100,000 bytes"),
+                   (empty, "empty file (0 bytes)")):
         r = run_hwtrace(*argv[:1], f, "--elf", rec["exe"], *argv[1:])
-        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert r.returncode == 2 and r.stdout == "", r.stderr
         assert r.stderr.count("\n") == 1 and why in r.stderr, r.stderr
 
 

@@ -207,7 +207,9 @@ class _Consumer:
                 return
             self.enabled = True
             ip = item.get("ip")
-            if self.follow is not None and not item.get("status_update"):
+            # (a status update here follows a gap -- the stream's start,
+            # an error, an overflow -- after which who runs is not known)
+            if self.follow is not None:
                 self._switch(ip)
                 th = self.th
             if ip is None:

@@ -30,7 +30,13 @@ already in A's terms) side by side:
   which the two stay in step longest -- and the damaged side's depths are
   re-based there.  Two traces that **begin at different places** (one
   kept only the newest part of its run) meet likewise, at the
-  instruction index the recordings' counts give when they do.
+  instruction index the recordings' counts give when they do.  A trace
+  resumes (or begins) at a PSB+, which hardware -- and the recorder --
+  writes at the first instruction boundary past its byte threshold, in
+  the middle of a basic block as often as not: the step it resumes with
+  is then the *tail* of a step the other run ran whole, so it is looked
+  up as a suffix too, and that step is split where the damaged trace
+  picks up (what came before is the other run's share of the region).
 
 Results are :class:`Divergence` records with both sides'
 :class:`Point` s (own addresses, for symbols) and, once known, the
@@ -46,7 +52,7 @@ from typing import Iterator
 import numpy as np
 
 from .stack import ShadowStack
-from .steps import KEY_WORDS, STEP, concat
+from .steps import KEY_WORDS, OTHER, STEP, concat
 
 #: steps per side held while looking for the meeting point
 WINDOW = 1 << 20
@@ -182,6 +188,38 @@ class _Side:
             left -= take
         self.prev = last.copy()
         self.insns = int(last["idx"]) + int(last["n"])
+
+    def split(self, t: int, k: int, ip: int) -> None:
+        """Cut the unconsumed step ``t`` after its first ``k``
+        instructions (``0 < k < n``) into two steps, the second beginning
+        at ``ip`` (in the compared terms): where a trace that resumed (or
+        began) inside a step the other ran whole picks up.  The second
+        keeps the step's end and last instruction (its call or return);
+        the first is plain straight-line code whose last instruction's
+        address is not known here (no code is read): its ``end`` is where
+        the second begins, with ``size`` 0."""
+        at = 0
+        for i, c in enumerate(self.chunks):
+            base = self.pos if i == 0 else 0
+            if t < at + len(c) - base:
+                j = base + t - at
+                break
+            at += len(c) - base
+        else:
+            raise IndexError(t)
+        head = c[j:j + 1].copy()
+        tail = c[j:j + 1].copy()
+        shift = ip - int(head["ip"][0])         # raw addresses move alike
+        tail["ip"] = ip
+        tail["rip"] = int(head["rip"][0]) + shift
+        tail["n"] = int(head["n"][0]) - k
+        tail["idx"] = int(head["idx"][0]) + k
+        tail["gap"] = 0
+        head["n"] = k
+        head["end"], head["rend"] = tail["ip"], tail["rip"]
+        head["cls"], head["size"], head["delta"] = OTHER, 0, 0
+        self.chunks[i] = concat([c[:j], head, tail, c[j + 1:]])
+        self.avail += 1
 
     def rebase(self, shift: int, sites: list) -> None:
         """After lost data: this side's depths move by ``shift``, its next
@@ -448,40 +486,51 @@ def _meet(a: _Side, b: _Side, window: int, same_space: bool = True,
     return reg
 
 
-def _find(o: _Side, x, window: int, g: _Side | None = None) -> int | None:
-    """Index of the first step of ``o`` with the addresses and length of
-    step ``x`` (any depth), reading ahead at most ``window`` steps.  With
-    ``g`` (the side whose next step ``x`` is): of all such steps, the one
-    from which ``o`` and ``g`` stay in step longest (up to
-    :data:`_AGREE_MAX` steps; the first among equals) -- code that repeats
-    (a loop, a recursion) runs the same step many times."""
+def _find(o: _Side, x, window: int, g: _Side | None = None
+          ) -> tuple[int, int] | None:
+    """Where ``o`` runs step ``x`` (any depth), reading ahead at most
+    ``window`` steps: ``(t, k)``, ``o``'s step ``t`` and the instructions
+    it runs before ``x`` begins -- 0 for a step with ``x``'s addresses
+    and length, else (``x`` is the step a trace resumed or began with at
+    a PSB+ inside a basic block) ``t`` is a longer step ending where
+    ``x`` ends, with ``x`` its tail.  The first such place; with ``g``
+    (the side whose next step ``x`` is): of all of them, the one from
+    which ``o`` and ``g`` stay in step longest (up to :data:`_AGREE_MAX`
+    steps; the first among equals) -- code that repeats (a loop, a
+    recursion) runs the same step many times."""
     scanned = 0
     found: list = []
+    skip: list = []
+    xn = int(x["n"])
     while scanned <= window and (g is not None or not found):
         if o.avail <= scanned and not o.more():
             break
         v = o.view(scanned, o.avail)
-        hit = np.flatnonzero((v["ip"] == x["ip"]) & (v["end"] == x["end"]) &
-                             (v["n"] == x["n"]))
+        n = v["n"].astype(np.int64)
+        whole = (v["ip"] == x["ip"]) & (n == xn)
+        tail = (v["ip"] < x["ip"]) & (n > xn)
+        hit = np.flatnonzero((v["end"] == x["end"]) & (whole | tail))
         found.extend((scanned + hit).tolist())
+        skip.extend((n[hit] - xn).tolist())
         scanned += len(v)
     if g is None or len(found) <= 1:
-        return found[0] if found else None
-    alive = np.array(found, np.int64)
+        return (found[0], skip[0]) if found else None
+    alive = np.arange(len(found))
+    at = np.array(found, np.int64)
     length = _AGREE
     while len(alive) > 1 and length <= _AGREE_MAX:
         g.fill(length)
-        o.fill(int(alive[-1]) + length)
+        o.fill(int(at[alive[-1]]) + length)
         # from the step after: the first one matched already (and one
         # side may mark it as following lost data)
         ref = _words(g.view(1, length))
         mine = _words(o.view(0, o.avail))
         score = np.zeros(len(alive), np.int64)
         for k in range(0, len(alive), _BLOCK):      # bounded memory
-            c = alive[k:k + _BLOCK] + 1
-            at = c[:, None] + np.arange(len(ref))[None, :]
-            inside = at < len(mine)
-            same = (mine[np.minimum(at, len(mine) - 1)] == ref[None]).all(2)
+            c = at[alive[k:k + _BLOCK]] + 1
+            pos = c[:, None] + np.arange(len(ref))[None, :]
+            inside = pos < len(mine)
+            same = (mine[np.minimum(pos, len(mine) - 1)] == ref[None]).all(2)
             same &= inside
             score[k:k + _BLOCK] = np.where(same.all(1), len(ref),
                                            np.argmin(same, axis=1))
@@ -490,18 +539,21 @@ def _find(o: _Side, x, window: int, g: _Side | None = None) -> int | None:
         if top < len(ref):
             break                       # all part before the end of ref
         length *= 4
-    return int(alive[0])
+    return found[int(alive[0])], skip[int(alive[0])]
 
 
 def _skip_to(o: _Side, idx: int) -> tuple[int, int]:
-    """Consume ``o``'s steps that begin before instruction index ``idx``
-    (without holding them): (instructions, calls) consumed."""
+    """Consume ``o``'s steps that end at or before instruction index
+    ``idx`` (without holding them), so the next one is the step that holds
+    ``idx`` (a trace may begin inside a step): (instructions, calls)
+    consumed."""
     insns = calls = 0
     while True:
         if not o.avail and not o.more():
             break
         h = o.head()
-        k = int(np.searchsorted(h["idx"], np.uint64(idx), side="left"))
+        k = int(np.searchsorted(h["idx"] + h["n"], np.uint64(idx),
+                                side="right"))
         if k:
             insns += int(h["n"][:k].sum())
             calls += int(np.count_nonzero(h["delta"][:k] > 0))
@@ -512,25 +564,30 @@ def _skip_to(o: _Side, idx: int) -> tuple[int, int]:
 
 
 def _after_gap(g: _Side, o: _Side, window: int, same_space: bool,
-               t: int | None = None, how: str = "after lost data",
+               found: tuple | None = None, how: str = "after lost data",
                skipped: tuple = (0, 0)) -> Region:
     """``g``'s trace lost data (or began) right before its next step: what
     ran before it there, and so its call depth, is unknown.  The runs meet
-    where ``o`` first runs the step ``g`` resumes with (same addresses and
-    length, any depth); ``g``'s depths from there on are re-based on
-    ``o``'s and its call stack taken to be ``o``'s where the runs share
-    addresses, else left empty (the frames lost with the data are not
-    known)."""
+    where ``o`` runs the step ``g`` resumes with (same addresses and
+    length, or its tail: :func:`_find`; any depth), ``found`` if given;
+    ``o``'s step is split there when ``g`` resumed inside it.  ``g``'s
+    depths from there on are re-based on ``o``'s and its call stack taken
+    to be ``o``'s where the runs share addresses, else left empty (the
+    frames lost with the data are not known)."""
     x = g.head()[0].copy()
-    if t is None:
-        t = _find(o, x, window, g)
+    if found is None:
+        found = _find(o, x, window, g)
     reg = Region()
-    if t is None:
+    if found is None:
         reg.why = "gap"
         _count(reg, g.view(), o.view(), g.avail, o.avail)
         reg.a_insns, reg.a_calls = g.drain()
         reg.b_insns, reg.b_calls = o.drain()
         return reg
+    t, k = found
+    if k:
+        o.split(t, k, int(x["ip"]))
+        t += 1
     _count(reg, g.view(0, 1), o.view(0, t + 1), 0, t)
     reg.b_insns += skipped[0]
     reg.b_calls += skipped[1]
@@ -557,10 +614,10 @@ def _late_start(a: _Side, b: _Side, window: int, same_space: bool,
         g, o, first, who = (b, a, bb - ba, "B") if bb > ba else \
             (a, b, ba - bb, "A")
         skipped = _skip_to(o, o.insns + first)
-        t = _find(o, g.head()[0], window)
-        if t is None:
+        found = _find(o, g.head()[0], window)
+        if found is None:
             return None
-        reg = _after_gap(g, o, window, same_space, t,
+        reg = _after_gap(g, o, window, same_space, found,
                          f"where {who}'s trace begins", skipped)
         return _flip(reg) if g is b else reg
     tb = _find(b, xa, window)           # A begins at B's step tb
@@ -568,14 +625,17 @@ def _late_start(a: _Side, b: _Side, window: int, same_space: bool,
     if ta is None and tb is None:
         return None
 
-    def agree(g, o, t):
+    def agree(g, o, found):
+        # from the step after: the first one matched already (perhaps as
+        # the tail of the other's)
+        t = found[0]
         o.fill(t + _AGREE)
         g.fill(_AGREE)
-        x, y = g.view(0, _AGREE), o.view(t, t + _AGREE)
+        x, y = g.view(1, _AGREE), o.view(t + 1, t + _AGREE)
         m = min(len(x), len(y))
         return _differ(x[:m], y[:m])
-    if ta is None or (tb is not None and
-                      (agree(a, b, tb), -tb) >= (agree(b, a, ta), -ta)):
+    if ta is None or (tb is not None and (agree(a, b, tb), -tb[0]) >=
+                      (agree(b, a, ta), -ta[0])):
         return _after_gap(a, b, window, same_space, tb, "where A's trace begins")
     return _flip(_after_gap(b, a, window, same_space, ta,
                             "where B's trace begins"))
