@@ -180,9 +180,9 @@ class _Consumer:
             self.time = tsc
             if self.follow is not None:
                 self.follow.time(self.n, tsc)
-        if self.follow is not None and ev in ("enabled", "disabled", "async_disabled") \
+        if self.follow is not None and ev in ("disabled", "async_disabled") \
                 and not item.get("status_update"):
-            self.follow.tracing(ev == "enabled")
+            self.follow.tracing(False)
         th = self.th
         t = self.tracker
         if ev == "async_disabled":
@@ -210,6 +210,7 @@ class _Consumer:
             # (a status update here follows a gap -- the stream's start,
             # an error, an overflow -- after which who runs is not known)
             if self.follow is not None:
+                self.follow.tracing(True)
                 self._switch(ip)
                 th = self.th
             if ip is None:
