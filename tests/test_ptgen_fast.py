@@ -181,3 +181,68 @@ def test_log_ending_after_a_branch(tmp_path, ptoracle, case):
     items = [json.loads(line) for line in r.stdout.splitlines()]
     assert not [i for i in items if "error" in i], items
     assert [i["ip"] for i in items if "insn" in i or ("ip" in i and "size" in i)] == want
+
+
+@pytest.mark.parametrize("timing", ["tsc;cyc", "tsc;mtc;cyc"])
+def test_psb_mid_block_keeps_libipt_on_the_clock(tmp_path, ptoracle, timing):
+    """A loop long enough for PSB+ to land mid-block (one instruction after
+    the TNT that crossed the period), traced with TSC and CYC: the PSB's
+    TSC is the clock at that boundary, so the cycles retired since the last
+    CYC are in it and not reported again.  libipt's time at each PSB+ (and,
+    with CYC alone, at the trace's end) is the generator's clock.
+    The PSB+ used to carry a CYC for that one instruction, putting libipt's
+    time one tick ahead of the generator's (and of its sideband) until the
+    next TSC."""
+    import json
+    from hwtrace.engines.emulated import execlog as xl
+    # 0x401000: add eax, 1; cmp eax, 8000; jne 0x401000
+    code = b"\x83\xc0\x01" + b"\x3d\x40\x1f\x00\x00" + b"\x75\xf6"
+    sizes = b"\x03\x05\x02"
+    n = 8000
+    t0 = 1 << 20
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    w.ctx(1, 1, 0)
+    w.time(t0)
+    w.block(1, 1, 0x401000, sizes, code)
+    w.block(1, 2, 0x40100a, b"\x02", b"\x0f\x05")        # syscall
+    w.exec([1] * n + [2])
+    w.syscall(60)
+    w.thread_exit(0)
+    log = tmp_path / "x.log"
+    log.write_bytes(bytes(w))
+    full = flow.load(log.read_bytes())
+    index = flow.load(log.read_bytes(), index_only=True)
+    cr3 = flow.assign_cr3(index.processes)
+    ctl = (1 << 13) | (1 << 3) | (1 << 10) | 2 | ((1 << 9) if "mtc" in timing else 0)
+    cfg = ptgen.TraceConfig(ctl=ctl)
+    ex = {}
+    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3, exits=ex)
+    assert fast.eligible(index, cfg)
+    streams, _sw, cex = fast.generate(log, index, cfg, "thread", 1, cr3)
+    assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns) and cex == ex
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(bytes(res.tracer.buf))
+    mem = tmp_path / "mem.bin"
+    mem.write_bytes(code + b"\x0f\x05")
+    tm = cfg.timing
+    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000",
+                        "--cpu", "6/106", "--mtc-freq", "0", "--nom-freq", str(tm.nom_freq),
+                        "--cpuid-0x15.eax", str(tm.cpuid_15_eax),
+                        "--cpuid-0x15.ebx", str(tm.cpuid_15_ebx)],
+                       capture_output=True, text=True, check=True)
+    items = [json.loads(line) for line in r.stdout.splitlines()]
+    assert not [i for i in items if "error" in i]
+    done = 0
+    psbs = []
+    for i in items:
+        if "iclass" in i:
+            done += 1
+        elif i.get("status_update") and i["event"] == "exec_mode":
+            psbs.append((done, i["tsc"] - t0))
+    assert done == 3 * n + 1
+    mid = [p for p in psbs if p[0] % 3]
+    assert mid, psbs                    # PSB+ did land inside the loop's block
+    assert all(k == t for k, t in psbs), psbs
+    assert items[-1]["event"] == "disabled" and ex[1] == t0 + done
+    if "mtc" not in timing:     # (MTC re-anchors at the ART tick, which a block's end may pass)
+        assert items[-1]["tsc"] == ex[1]

@@ -6,7 +6,8 @@ with both execution sources, on real programs decoded by libipt:
   ``pthread_create`` was called, its last before ``pthread_join`` returned,
   the child's exit before ``waitpid`` returned, everything before its
   process's exit -- on the streams' time stamps (libipt's, from MTC/CYC),
-  and the sideband's context switches say the thread that ran each;
+  and the sideband's context switches say the thread that ran each; so do
+  two threads that hand over through memory alone;
 * thread mode: a thread's stream starts (its first TSC) when the thread
   starts, not at process start;
 * exec: a forked child's exec is followed (QEMU included), with an exec
@@ -15,8 +16,8 @@ with both execution sources, on real programs decoded by libipt:
   a CPU's stream attributes the new program to the child.
 
 Markers: each ``mark_*`` function makes a syscall; its time is the time
-stamp of the disable (TIP.PGD) that syscall makes, the first event after
-the function's entry.
+stamp of the disable (TIP.PGD) that syscall makes, the first synchronous
+disable after the function's entry in the thread that entered it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ PROGRAMS = {
         static void *worker(void *a) { mark_worker_first(); sink = work(20000); mark_worker_last(); return 0; }
         int main(void) { pthread_t t; sink = work(100); mark_create(); pthread_create(&t, 0, worker, 0);
           pthread_join(t, 0); mark_joined(); sink += work(100); puts("done"); return 0; }
+    """,
+    # the threads hand over through memory alone: main spins (no system
+    # call) from pthread_create's return until the worker's last store
+    "handoff": MARKS + r"""
+        #include <pthread.h>
+        #include <stdio.h>
+        MARK(create) MARK(worker_first) MARK(worker_last) MARK(joined)
+        static volatile int spinning, done;
+        static volatile long sink;
+        __attribute__((noinline)) long work(long n) { long s = 0; for (long i = 0; i < n; i++) s += i * i; return s; }
+        static void *worker(void *a) { while (!spinning) ; mark_worker_first(); sink = work(2000);
+          mark_worker_last(); done = 1; return 0; }
+        int main(void) { pthread_t t; mark_create(); pthread_create(&t, 0, worker, 0); spinning = 1;
+          while (!done) ; mark_joined(); pthread_join(t, 0); puts("done"); return 0; }
     """,
     "forkwait": MARKS + r"""
         #include <stdio.h>
@@ -148,17 +163,33 @@ def decoded(ptoracle, bundle):
 
 
 def mark_times(listings, addr_of) -> dict:
-    """{marker name: (stream, time)}: the time stamp of the first event
-    after the marker function's entry (its syscall's disable)."""
+    """{marker name: (stream, time)}: the time stamp of the disable its
+    syscall makes -- the first synchronous disable after the marker
+    function's entry in the code that entered it.  Not just the first
+    event: a PSB+ may restate the state on the way (status updates), and
+    in a CPU's stream the thread may be switched out on the way (an
+    asynchronous disable; the marker waits for the enable where that
+    thread resumes)."""
     names = {a: n for n, a in addr_of.items()}
     out = {}
     for stream, items in listings.items():
         pending = None
+        parked = {}         # resume ip -> marker of a thread switched out on its way
         for x in items:
             if "iclass" in x:
                 if x["ip"] in names:
                     pending = names[x["ip"]]
-            elif pending is not None and "tsc" in x:
+                continue
+            ev = x.get("event")
+            if x.get("status_update"):
+                continue
+            if ev == "async_disabled":
+                if pending is not None:
+                    parked[x["at"]] = pending
+                pending = None
+            elif ev == "enabled":
+                pending = parked.pop(x.get("ip"), None)
+            elif ev == "disabled" and pending is not None:
                 assert pending not in out, pending
                 out[pending] = (stream, x["tsc"])
                 pending = None
@@ -166,10 +197,13 @@ def mark_times(listings, addr_of) -> dict:
 
 
 def running(sb, cpu: int, t: int):
-    """(pid, tid) the sideband's switches say ran on ``cpu`` at time ``t``."""
+    """(pid, tid) the sideband's switches say ran on ``cpu`` up to the
+    disable at time ``t``: a switch at ``t`` itself comes after it (the
+    thread going out traces its last packets at the time it is switched
+    out; one coming in has retired nothing yet)."""
     cur = None
     for r in sb:
-        if r["type"] == "switch" and r["cpu"] == cpu and r["time"] <= t:
+        if r["type"] == "switch" and r["cpu"] == cpu and r["time"] < t:
             cur = (r["next_pid"], r["next_tid"])
     return cur
 
@@ -213,6 +247,33 @@ def test_two_threads_causal_order(tmp_path, ptoracle, progs, engine):
     assert max(t.values()) <= exits[main_tid]["time"]
     assert exits[worker["tid"]]["time"] <= exits[main_tid]["time"]
     # each marker ran on the CPU and in the thread the switches say
+    for n, tid in (("create", main_tid), ("worker_first", worker["tid"]),
+                   ("worker_last", worker["tid"]), ("joined", main_tid)):
+        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n
+
+
+def test_memory_handoff_causal_order(tmp_path, ptoracle, progs, engine):
+    """Main spins on a flag the worker sets after its last mark, with no
+    system call of its own from pthread_create's return to mark_joined:
+    its log has no TIME of its own in between, so one slice of it reached
+    back before the worker's whole life and mark_joined was scheduled
+    before the worker ran (the QEMU plugin now stamps a thread's next block
+    after another thread's kernel entry or exit).  Deterministic: the
+    worker's first mark waits until main spins."""
+    b = tmp_path / "ho"
+    assert record(b, engine, "--config", TIMED, "--", progs["handoff"]).stdout == "done\n"
+    man, lists = decoded(ptoracle, b)
+    sb = sideband(b)
+    check_switches(sb)
+    (proc,) = [r for r in sb if r["type"] == "process"]
+    base = proc_base(b, progs["handoff"])
+    syms = symbols(progs["handoff"])
+    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in
+                           ("create", "worker_first", "worker_last", "joined")})
+    t = {n: v[1] for n, v in m.items()}
+    assert t["create"] < t["worker_first"] < t["worker_last"] < t["joined"]
+    main_tid = proc["pid"]
+    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != main_tid]
     for n, tid in (("create", main_tid), ("worker_first", worker["tid"]),
                    ("worker_last", worker["tid"]), ("joined", main_tid)):
         assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n

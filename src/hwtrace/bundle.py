@@ -58,6 +58,41 @@ class BundleError(ValueError):
     """A bundle that is missing, malformed or hostile (one-line message)."""
 
 
+#: how the manifest's ``timebase`` of an emulated recording begins: its TSC
+#: advances one tick per retired user instruction (time nothing traced ran
+#: in shows as a TSC packet: idle), the same clock for every stream
+INSN_CLOCK = "instruction count"
+
+
+def tsc_per_insn(manifest: Mapping[str, Any]) -> float | None:
+    """TSC ticks per traced instruction when the manifest's timebase is the
+    instruction-count clock (1); None for a real clock (it varies)."""
+    tb = manifest.get("timebase") if isinstance(manifest, Mapping) else None
+    return 1.0 if isinstance(tb, str) and tb.startswith(INSN_CLOCK) else None
+
+
+def insn_clock_exact(manifest: Mapping[str, Any], config: Any = None) -> bool:
+    """Whether a stream's time is known at every instruction: the
+    instruction-count clock (:func:`tsc_per_insn`), every instruction
+    retired on the stream traced (no CR3 filter, no address ranges: an
+    untraced stretch advances the clock unseen) and TSC packets alone
+    telling it (TSCEn; no MTC or CYC, whose time libipt's model lets trail
+    the clock).  The last TSC plus the instructions since is then the time.
+    ``config``: the stream's recording config (default: the manifest's)."""
+    if tsc_per_insn(manifest) is None:
+        return False
+    cfg = config if isinstance(config, Mapping) else manifest.get("config")
+    if not isinstance(cfg, Mapping):
+        return False
+    ctl = cfg.get("ctl")
+    if type(ctl) is not int:
+        return False
+    tsc_en, cyc_en, mtc_en, cr3_filter = 1 << 10, 1 << 1, 1 << 9, 1 << 7
+    addr_cfg = 0xFFFF << 32
+    return bool(ctl & tsc_en) and not ctl & (cyc_en | mtc_en | cr3_filter | addr_cfg) \
+        and not cfg.get("cr3_match") and not cfg.get("addr_ranges")
+
+
 # ---------------------------------------------------------------- sideband
 
 

@@ -207,7 +207,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     into every address space (``--raw``/``--elf`` on top).  With
     ``require_images`` a mapped file that can't be found is an error
     naming it; else its code is "no memory mapped" in the decode."""
-    from hwtrace.bundle import Bundle, BundleError, Mmap, Switch
+    from hwtrace.bundle import (Bundle, BundleError, Mmap, Switch, insn_clock_exact,
+                                tsc_per_insn)
     from hwtrace.flow.spaces import AddressSpaces, SpacePlan
 
     for d in image_path:
@@ -303,7 +304,10 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 f"(record with e.g. --config 'branch;user;retc;tsc;mtc;cyc')")
         per_cpu = e.tid is None and e.cpu is not None
         info = StreamInfo(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
-                          switches=switches if per_cpu else ())
+                          switches=switches if per_cpu else (),
+                          tsc_per_insn=tsc_per_insn(manifest),
+                          clock_exact=insn_clock_exact(
+                              manifest, e.config if isinstance(e.config, dict) else None))
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,

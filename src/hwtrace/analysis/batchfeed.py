@@ -45,7 +45,12 @@ class BatchInput:
         ``every_item``."""
         blocks = batch.blocks
         m = len(blocks)
-        items = batch.items if every_item else \
+        # a CPU's stream following its threads takes the time from every
+        # item: a PSB+'s TSC is in its status updates, and the records
+        # after it carry it only from the next event on (the estimate of
+        # now, which decides the switches due at an enable, ran from the
+        # last TSC at the wrong instruction, hundreds of ticks behind)
+        items = batch.items if every_item or self._follow is not None else \
             [it for it in batch.items if _matters(it[2])]
         if m:
             ninsn = blocks["ninsn"].astype(np.int64)

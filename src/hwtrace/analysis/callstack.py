@@ -162,7 +162,9 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._tx_depth: int | None = None
         self._after_abort = False
         self._codes: dict = {}
-        tl = SwitchTimeline(st.switches, st.cpu) \
+        # a CPU's stream following context switches: the running thread,
+        # and the stacks of the others (frames, in_seg, paused, tx_depth)
+        tl = SwitchTimeline(st.switches, st.cpu, st.tsc_per_insn, st.clock_exact) \
             if self._cpu_mode and st.switches else None
         self._follow = tl if tl else None
         self._thread: int | None = None
@@ -454,8 +456,12 @@ class CallStackBuilder(FollowThreads, BatchInput):
 
     def event(self, name: str, m) -> None:
         tsc = m.get("tsc")
-        if self._follow is not None:
-            self._follow.time(self.n, tsc)
+        tl = self._follow
+        if tl is not None:
+            tl.time(self.n, tsc)
+            if name in ("enabled", "disabled", "async_disabled") \
+                    and not m.get("status_update"):
+                tl.tracing(name == "enabled")
         if name == "tick" or name not in _STRUCTURAL:
             self._anchor(tsc)
             return

@@ -56,13 +56,21 @@ class StreamInfo(NamedTuple):
     ``switches``: for a CPU's stream, the recording's context switches
     (``hwtrace.bundle.Switch`` records, or anything with their ``cpu``,
     ``time``, ``prev_tid`` and ``next_tid``; any CPU's: the builder takes
-    its own), so its call stacks follow the threads (empty: unknown)."""
+    its own), so its call stacks follow the threads (empty: unknown).
+    ``tsc_per_insn``: the TSC ticks per traced instruction when the clock
+    counts instructions (an emulated recording: 1, see
+    :func:`hwtrace.bundle.tsc_per_insn`); None: measured as it goes.
+    ``clock_exact``: that clock counts exactly the traced instructions and
+    only TSC packets tell it, so the time at every instruction is known
+    (:func:`hwtrace.bundle.insn_clock_exact`)."""
 
     pid: int | None = None
     tid: int | None = None
     cpu: int | None = None
     name: str | None = None
     switches: tuple = ()
+    tsc_per_insn: float | None = None
+    clock_exact: bool = False
 
     def label(self) -> str:
         if self.name:

@@ -12,8 +12,23 @@ cursor, and answers, at an enable: which switches certainly came before it
 (their time is no later than the last known time), and which come next,
 so the call-stack builder can weigh them against where each thread is
 expected to resume.  It also keeps an estimate of *now*: the last known
-time plus the instructions since, at the rate (ticks per instruction)
-measured between the last two timing values.
+time plus the instructions since, at the rate (ticks per instruction) the
+clock is known to run at (an emulated recording's instruction count: 1),
+else measured between the last two timing values.  A timing value seen
+while tracing is off (after a disable, before the enable: a CPU idle, an
+untraced kernel with timing packets) tells time no traced instruction
+took: it moves the last known time but says nothing about the rate --
+counted in, it made the rate many times too high (an emulated CPU idle
+for a while), the estimate ran ahead of the switches, and switches still
+to come were applied at once.  When that clock counts exactly the traced
+instructions and only TSC packets tell it (an emulated recording without
+CR3 or address filtering, MTC or CYC: ``exact``), the estimate is the
+time itself (give or take the few instructions between a PSB+ and the
+record boundary it is reported at -- ahead, never behind): no switch after
+it came before an enable, so the builders do not look past it for a
+thread that "fits" the enable's IP -- two threads running the same loop
+stop at the same addresses, and a later switch back to the other one was
+taken over the one that was due.
 """
 
 from __future__ import annotations
@@ -34,14 +49,29 @@ class SwitchTimeline:
     """``switches``: records with ``cpu``, ``time``, ``prev_tid`` and
     ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
 
-    def __init__(self, switches: Iterable, cpu: int):
+    def __init__(self, switches: Iterable, cpu: int, rate: float | None = None,
+                 exact: bool = False):
+        switches = list(switches)
         mine = [s for s in switches if s.cpu == cpu]
+        #: each thread's first switch in, on any CPU
+        self._first_in: dict[int, int] = {}
+        for s in switches:
+            t = _tid(s.next_tid)
+            if t is not None and (t not in self._first_in or s.time < self._first_in[t]):
+                self._first_in[t] = s.time
         mine.sort(key=lambda s: s.time)          # stable: recorded order on ties
         self.switches = mine
         self.i = 0                                # next switch not yet applied
         self._t: int | None = None                # last known time
         self._n = 0                               # ... at instruction index
-        self._rate: float | None = None           # ticks per instruction
+        self._rate: float | None = rate           # ticks per instruction
+        self._fixed = rate is not None            # the clock's own: not measured
+        #: the estimate is the time itself, or a little ahead (a clock
+        #: counting exactly the traced instructions, read from TSC packets
+        #: alone): a switch after it certainly comes after the enable,
+        #: however well its thread would fit there
+        self.exact = exact and self._fixed
+        self._on = True                           # tracing is on (no disable pending)
 
     def __bool__(self) -> bool:
         return bool(self.switches)
@@ -52,9 +82,14 @@ class SwitchTimeline:
         """An event at instruction index ``n`` carries ``tsc``."""
         if tsc is None or tsc == self._t:
             return
-        if self._t is not None and n > self._n and tsc > self._t:
+        if self._t is not None and n > self._n and tsc > self._t and self._on \
+                and not self._fixed:
             self._rate = (tsc - self._t) / (n - self._n)
         self._t, self._n = tsc, n
+
+    def tracing(self, on: bool) -> None:
+        """Tracing went off (a disable) or on again (an enable)."""
+        self._on = on
 
     @property
     def known(self) -> int | None:
@@ -99,6 +134,16 @@ class SwitchTimeline:
         """Is ``tid`` switched out by a pending switch before index ``k``?"""
         return tid is not None and any(s.prev_tid == tid
                                        for s in self.switches[self.i:k])
+
+    def ran_before(self, k: int) -> bool:
+        """Did the thread the switch before index ``k`` brings in run
+        before it (switched in earlier, on any CPU)?  Then what it resumes
+        began elsewhere -- even where this CPU's stream begins."""
+        if k <= 0 or k > len(self.switches):
+            return False
+        s = self.switches[k - 1]
+        t = _tid(s.next_tid)
+        return t is not None and self._first_in.get(t, s.time) < s.time
 
     def advance(self, k: int) -> None:
         self.i = max(self.i, k)

@@ -72,6 +72,8 @@ class FollowThreads:
         if fit < 2:
             exact = fresh = None
             for j in tl.upcoming(best):
+                if tl.exact and est is not None and tl.switches[j].time > est:
+                    break           # certainly after this enable
                 if tl.thread_after(j + 1, None) is None:
                     continue        # to idle: not who resumes here
                 f = self._fit(j + 1, ip)
@@ -89,11 +91,11 @@ class FollowThreads:
             cur = self._thread
             tid = tl.thread_after(best, cur)
             pid = tl.pid_after(best, self._pid)
-            self._switch_to(tid, pid, ip, tl.leaves(cur, best))
+            self._switch_to(tid, pid, ip, tl.leaves(cur, best), tl.ran_before(best))
             tl.advance(best)
 
     def _switch_to(self, tid: int | None, pid: int | None, ip: int,
-                   left: bool = True) -> None:
+                   left: bool = True, ran: bool = False) -> None:
         """Thread ``tid`` comes in (resuming at ``ip``): the running one's
         frames end ``SWITCHED_OUT`` and are kept; the new one's kept frames
         (if it stopped right at ``ip``) go on as ``SWITCHED_IN`` slices.
@@ -121,8 +123,10 @@ class FollowThreads:
         if st is None or not self._expects(st[0], ip):
             # first seen, or back from another CPU: its stack starts afresh,
             # in what it was doing before (nothing begins here) -- unless
-            # this is where the stream itself begins
-            self._fresh = self.n > 0
+            # this is where the stream itself begins and the thread had
+            # not run before (``ran``: it migrated here, maybe switched out
+            # right after a call on the other CPU, whose stream counted it)
+            self._fresh = self.n > 0 or ran
             self._in_seg = False
             self._paused = False
             self._tx_depth = None

@@ -202,6 +202,9 @@ class _Consumer:
             self.time = tsc
             if self.follow is not None:
                 self.follow.time(self.n, tsc)
+        if self.follow is not None and ev in ("disabled", "async_disabled") \
+                and not item.get("status_update"):
+            self.follow.tracing(False)
         th = self.th
         t = self.tracker
         if ev == "async_disabled":
@@ -229,6 +232,7 @@ class _Consumer:
             # (a status update here follows a gap -- the stream's start,
             # an error, an overflow -- after which who runs is not known)
             if self.follow is not None:
+                self.follow.tracing(True)
                 self._switch(ip)
                 th = self.th
             if ip is None:
@@ -282,6 +286,8 @@ class _Consumer:
         if f < 2:
             exact = fresh = None
             for j in tl.upcoming(best):
+                if tl.exact and est is not None and tl.switches[j].time > est:
+                    break               # certainly after this enable
                 if tl.thread_after(j + 1, None) is None:
                     continue            # to idle: not who resumes here
                 fj = fit(j + 1)
@@ -575,7 +581,8 @@ class DecodedTrace:
             per_cpu = info.tid is None and info.cpu is not None
             follow = None
             if per_cpu and info.switches:
-                tl = SwitchTimeline(info.switches, info.cpu)
+                tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
+                                    info.clock_exact)
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
             if th is not None and not th.wanted:

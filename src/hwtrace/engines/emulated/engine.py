@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from typing import Any, Mapping, Sequence
 
-from hwtrace.bundle import Exit, Mmap, Process, Switch, Thread
+from hwtrace.bundle import INSN_CLOCK, Exit, Mmap, Process, Switch, Thread
 from hwtrace.control.capabilities import Capabilities, CpuInfo
 from hwtrace.control.ctl import Mode
 from hwtrace.control.errors import Status, TraceError
@@ -43,7 +43,7 @@ EMULATED_CPU = CpuInfo(
     vendor="GenuineIntel", family=6, model=0x6A, stepping=6,
     nom_freq=_TIMING.nom_freq, cpuid_0x15_eax=_TIMING.cpuid_15_eax,
     cpuid_0x15_ebx=_TIMING.cpuid_15_ebx,
-    timebase="instruction count: TSC starts at the host TSC when the program "
+    timebase=f"{INSN_CLOCK}: TSC starts at the host TSC when the program "
              "started and advances 1 tick per retired user instruction, all threads "
              "on one clock (an idle stream jumps ahead: TSC+TMA+CBR); "
              "core clock = TSC clock; ART = TSC * eax / ebx",

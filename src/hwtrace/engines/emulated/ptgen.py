@@ -10,7 +10,8 @@ What it emits, following the SDM (Vol. 3C, "Intel Processor Trace": the
 packet generation tables) and what real captures show:
 
 * PSB+ at enable and whenever PacketByteCnt reached ``2**(11+PSBFreq)``
-  bytes: PSB, TSC (TSCEn), TMA (TSCEn+MTCEn), CBR, and when PacketEn is
+  bytes: PSB, TSC (TSCEn; the cycles not yet in a CYC are in it), TMA
+  (TSCEn+MTCEn), CBR, and when PacketEn is
   set MODE.Exec and FUP(the IP of the next instruction), then PSBEND.  The
   SDM promises only "as quickly after the threshold as possible"; this CPU
   inserts it at the first instruction boundary after the next instruction
@@ -242,6 +243,11 @@ class Tracer:
         self.mode_sent = False
         if self.tsc_en:
             self._emit(enc.tsc(self.t & ((1 << 56) - 1)))
+            # the TSC is the clock here: the cycles retired since the last
+            # CYC are in it (libipt counts a CYC from the TSC on), so they
+            # go unreported -- mid-block, the instruction retired after the
+            # packet that reached the period would otherwise count twice
+            self.cyc_acc = 0
             if self.mtc_en:
                 art = self._art(self.t)
                 fc = self.t - art * self.ebx // self.eax

@@ -147,6 +147,7 @@ static void psb_plus(struct tracer *tr)
         uint64_t v = tr->t & ((1ULL << 56) - 1);
         memcpy(b + 1, &v, 7);
         emit(tr, b, 8);
+        tr->cyc_acc = 0;        /* in the TSC (ptgen._psb_plus) */
         if (tr->mtc_en) {
             uint64_t a = art(tr, tr->t);
             uint64_t fc = tr->t - (uint64_t)((unsigned __int128)a * tr->ebx / tr->eax);

@@ -19,6 +19,18 @@
  * signal or replace a thread or process, and at exit.  Nothing on the
  * execution hot path takes a lock or makes a system call.
  *
+ * TIME records (the host TSC) say how threads' work interleaved: one
+ * starts every chunk, one follows every kernel entry and exit, and a
+ * thread writes one before the first block it starts after another thread
+ * of its process entered or left the kernel (time_epoch).  So no thread's
+ * stretch between two TIMEs spans another thread's system call, except for
+ * the block it was running then: without that, a thread that was slow or
+ * descheduled (translating new code, a loaded host) between two of its own
+ * system calls was one slice reaching back before everything another
+ * thread did meanwhile (a worker's whole life, up to its exit), and work
+ * that followed from it -- pthread_join seeing the worker gone without a
+ * futex wait -- was scheduled before it (schedule.py).
+ *
  * A thread's buffer is a MAP_SHARED mapping of its own file next to LOG,
  * LOG.buf.PID.TID (layout: struct shdr, then the records), whose header
  * says after every record how many bytes are whole records not yet in LOG.
@@ -157,6 +169,7 @@ struct tbuf {
     uint16_t *part_cnt;         /* where its count is kept (a dummy when none) */
     uint32_t tid;
     size_t hdr_end;             /* end of the chunk's CTX+TIME header */
+    uint64_t seen;              /* time_epoch when this thread's last TIME was read */
     bool started;               /* THREAD_START written */
     struct tbuf *next;          /* all live buffers of this process */
 };
@@ -185,6 +198,11 @@ static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
 static uint16_t no_part;                /* part_cnt when no block is being run */
+/* Bumped after every TIME at a kernel entry or exit (of any thread of this
+ * process); a thread that finds it changed at a block start writes a TIME
+ * there (on_exec).  Those TIMEs don't bump it: two threads running side by
+ * side would otherwise stamp every block of each other. */
+static uint64_t time_epoch;
 static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
 static bool any_fault_handler;          /* one of them is set */
 static const int fault_signo[5] = {4, 5, 7, 8, 11};
@@ -315,11 +333,25 @@ static void close_run(struct tbuf *b)
     b->run_n = 0;               /* its count is kept up to date in on_exec */
 }
 
+/* The host TSC, read after time_epoch (*epoch): a TIME that follows any
+ * TIME whose bump the load saw.  (The first fence keeps rdtsc from running
+ * ahead of the load; the second keeps a writer's bump, which follows, from
+ * becoming visible before its TSC was read -- rdtsc is not ordered with
+ * later instructions, SDM RDTSC.) */
+static inline uint64_t read_time(uint64_t *epoch)
+{
+    *epoch = __atomic_load_n(&time_epoch, __ATOMIC_ACQUIRE);
+    _mm_lfence();
+    uint64_t now = __rdtsc();
+    _mm_lfence();
+    return now;
+}
+
 static void begin_chunk(struct tbuf *b)
 {
     unsigned char *p = b->data;
     int32_t cpu = sched_getcpu();
-    uint64_t now = __rdtsc();
+    uint64_t now = read_time(&b->seen);
     __atomic_store_n(&b->sh->valid, 0, __ATOMIC_RELEASE);
     *p++ = T_CTX;
     put(&p, &pid, 4);
@@ -456,12 +488,22 @@ static struct tbuf *event_buf(void)
     return b;
 }
 
-static void put_time(struct tbuf *b)
+/* A TIME record; ``kernel``: at a kernel entry or exit, which the other
+ * threads then stamp their next block after.  If another thread bumped
+ * between our read and our bump, seen stays behind time_epoch and our next
+ * block gets a TIME of its own. */
+static void put_time(struct tbuf *b, bool kernel)
 {
-    uint64_t now = __rdtsc();
+    uint64_t e;
+    uint64_t now = read_time(&e);
     b->data[b->pos++] = T_TIME;
     memcpy(b->data + b->pos, &now, 8);
     b->pos += 8;
+    if (kernel) {
+        __atomic_fetch_add(&time_epoch, 1, __ATOMIC_RELEASE);
+        e++;
+    }
+    b->seen = e;
 }
 
 /* ---- the hot path ---- */
@@ -524,6 +566,12 @@ static void on_exec(unsigned int vcpu, void *udata)
         pthread_mutex_lock(&lock);
         flush_locked(b);
         pthread_mutex_unlock(&lock);
+    }
+    if (__builtin_expect(__atomic_load_n(&time_epoch, __ATOMIC_RELAXED) != b->seen, 0)) {
+        /* another thread entered or left the kernel since our last TIME:
+         * this block starts after that (the EXEC record before is closed) */
+        put_time(b, false);
+        b->run_n = 0;
     }
     unsigned char *p = b->data + b->pos;
     b->part_at = b->pos;
@@ -948,7 +996,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
     *p++ = T_SYSCALL;
     put(&p, &nr, 8);
     b->pos = (size_t)(p - b->data);
-    put_time(b);
+    put_time(b, true);
     commit(b);
 
     if (num == NR_RT_SIGACTION && a2 != 0) {
@@ -1060,7 +1108,7 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
     put(&p, &nr, 8);
     put(&p, &ret, 8);
     b->pos = (size_t)(p - b->data);
-    put_time(b);
+    put_time(b, true);
     commit(b);
 }
 

@@ -5,8 +5,10 @@ buffer per guest thread and appends it to the log in chunks, the stepper
 writes what it sees in the order it sees it.  The host clock (TIME
 records: the TSC when the plugin or stepper read it) is the only thing
 that says how threads' work interleaved, and the log has it at a few
-points only: where a chunk starts, at every kernel entry and exit (the
-QEMU plugin), before each batch of records (the stepper).
+points only: where a chunk starts, at every kernel entry and exit, and
+before a thread's first block after another thread of its process entered
+or left the kernel (the QEMU plugin), before each batch of records (the
+stepper; a syscall's entry carries the TSC read before it was stepped).
 
 A *slice* is a thread's work from one TIME record to the next: it began
 at host time ``h0`` and ended by ``h1`` (the next TIME of the thread; for
