@@ -6,10 +6,13 @@ The core is a port of the Python flow decoders (the twin and reference:
 :mod:`.query`, :mod:`.insn`, :mod:`.block`, :mod:`.session` and their
 helpers) that decodes every trace they decode, with identical results:
 every packet, every event at any IP, errata, timing, address filters,
-both resync modes and both error-offset conventions.  x86 decoding stays
-the twin's: the core asks :func:`filler`'s ``fill(ip, mode)`` -- the
-Python instruction cache -- once per new instruction and keeps the
-result (its instruction and run caches live as long as a decode)::
+both resync modes and both error-offset conventions.  On an instruction
+cache miss the core asks :func:`filler`'s ``fill(ip, mode)`` for the
+instructions from ``ip`` on and keeps the result (its instruction and run
+caches live as long as a decode); fill decodes them with the compiled x86
+decoder (``core/x86.c``, a port of :mod:`hwtrace.x86`, its twin and
+reference) and leaves what is unusual -- errors, instructions crossing a
+section end -- to the twin's instruction cache::
 
     from hwtrace.flow import fast
     c = fast.count(data, image, config, decoder="block")   # Counts
@@ -53,7 +56,7 @@ from .config import ERRATA, FlowConfig
 from .fetch import FetchError, InsnCache, changes_cpl
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 5
+ABI = 6
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -133,22 +136,25 @@ def filler(image):
     twin's InsnCache raises at ``ip``, or ``(lo, last, records)``: the
     mapping ``[lo, last]`` of ``ip`` and :data:`_REC` records of the
     instructions from ``ip`` on -- the plain ones (class OTHER) and the one
-    that ends them, inside that mapping, at most :data:`FILL_MAX`."""
+    that ends them, inside that mapping, at most :data:`FILL_MAX`.
+
+    With the extension, the compiled x86 decoder (core/x86.h, a port of
+    hwtrace.x86) builds the records from the mapping's bytes; what it
+    does not decode -- a first instruction that is invalid or runs past
+    the mapping's bytes (the twin completes it from the next section and
+    marks it truncated), an unmapped IP -- and an instruction that runs
+    past them later on go to the twin's InsnCache, so the records are the
+    same either way.  Those are the only instructions the compiled path
+    puts in the InsnCache's tables: nothing reads them but the Python
+    decoders, which decode what is missing on their own."""
     cache = InsnCache(image)
     decode = cache.decode
     pack = _REC.pack
+    cfill = getattr(CORE, "x86_fill", None)
+    span = FILL_MAX * 15        # FILL_MAX instructions fit in it
 
-    def fill(ip: int, mode: int):
-        name = _MODES[mode]
-        try:
-            d = decode(ip, name)
-        except FetchError as e:
-            return _FETCH_CODES[e.code]
-        m = image.find(ip)
-        lo, hi = m.begin, m.end
-        out = []
-        cur = ip
-        for _ in range(FILL_MAX):
+    def run(name, lo, hi, out, cur, d, left):
+        for _ in range(left):
             x = d.x86
             out.append(pack(x.size, int(x.iclass), _flags_of(
                 x, d.insn.truncated), x.rel & MASK64))
@@ -162,6 +168,37 @@ def filler(image):
             except FetchError:
                 break
         return lo, min(hi - 1, MASK64), b"".join(out)
+
+    def fill(ip: int, mode: int):
+        if cfill is not None and 0 <= mode <= 2:
+            m = image.find(ip)
+            if m is not None:
+                start = m.offset + (ip - m.begin)
+                r = cfill(memoryview(m.section.bytes())[
+                    start:start + min(span, m.end - ip)], mode + 1, FILL_MAX)
+                if r is not None:
+                    recs, used, count, done = r
+                    lo, hi = m.begin, m.end
+                    if done:
+                        return lo, min(hi - 1, MASK64), recs
+                    # the bytes ran out: the twin goes on (as run() would)
+                    cur = (ip + used) & MASK64
+                    if not lo <= cur < hi:
+                        return lo, min(hi - 1, MASK64), recs
+                    name = _MODES[mode]
+                    try:
+                        d = decode(cur, name)
+                    except FetchError:
+                        return lo, min(hi - 1, MASK64), recs
+                    return run(name, lo, hi, [recs], cur, d,
+                               FILL_MAX - count)
+        name = _MODES[mode]
+        try:
+            d = decode(ip, name)
+        except FetchError as e:
+            return _FETCH_CODES[e.code]
+        m = image.find(ip)
+        return run(name, m.begin, m.end, [], ip, d, FILL_MAX)
     return fill
 
 

@@ -2,7 +2,8 @@
  * the block decoder's cache of plain runs (hwtrace.flow.block's _run /
  * _fill), keyed by (exec mode, IP).
  *
- * x86 decoding stays the twin's: on a miss the cache calls ``fill(ip,
+ * x86 decoding is the glue's (fast.filler: core/x86.h, with the twin's
+ * InsnCache for errors and section crossings): on a miss the cache calls ``fill(ip,
  * mode)`` (the glue's callback into Python), which adds the entry for ip
  * -- an instruction, or the fetch error the twin's InsnCache.decode raises
  * there -- and may add the instructions that follow it.  Entries never
