@@ -457,7 +457,6 @@ static void resume(struct thread *t)
     }
     t->at_dr_hit = 0;
     t->regs_fresh = 0;
-    if (t->cur.kind == K_SYSCALL) t->sys_t0 = __rdtsc();     /* its entry (clock_value) */
     if (ptrace(t->how == 1 ? PTRACE_SINGLEBLOCK : PTRACE_SINGLESTEP, t->tid, 0, (void *)sig) < 0 && t->how == 1) {
         blockstep_state = -1;
         t->how = 0;
@@ -657,10 +656,6 @@ static void on_exit_status(struct thread *t, int st)
     int status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
     if (t->started && !t->native && t->cur.kind == K_SYSCALL && WIFEXITED(st) &&
         (t->cur.pc == t->r.rip) && (t->sys_nr == 60 || t->sys_nr == 231)) {
-        /* exit/exit_group: its entry, and the exit, at the kernel entry
-         * (clock_value) -- not now, after another thread may already have
-         * been woken by it (pthread_join) and stepped on */
-        t->at_entry = 1;
         retire(t, &t->cur);
         end_run(t);
         rec(t); w8(0x20); w64(t->sys_nr);
@@ -844,13 +839,11 @@ signal_stop:
         } else if (t->cur.kind == K_REPSTR && t->r.rip == prev.rip) {
             /* one more iteration: retires when the pc moves on */
         } else {
-            t->at_entry = t->cur.kind == K_SYSCALL;     /* stamped at sys_t0 */
             retire(t, &t->cur);
             t->restart = 0;
             if (t->cur.kind == K_SYSCALL) {
                 end_run(t);
                 rec(t); w8(0x20); w64(t->sys_nr);
-                t->at_entry = 0;
                 release_held(t);
                 t->in_sys = 1;
                 t->sys_ret = (int64_t)t->r.rax;

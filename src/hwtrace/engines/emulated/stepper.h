@@ -70,9 +70,6 @@ struct thread {
     int restart;                       /* syscall result was an ERESTART* code */
     uint64_t restart_pc;
     int exiting_sys;                   /* stepping exit/exit_group */
-    uint64_t sys_t0;                   /* host TSC before its syscall was stepped */
-    int at_entry;                      /* records being written are the syscall's entry:
-                                        * their TIME is sys_t0 (clock_value) */
     struct user_regs_struct r;         /* registers at the last stop */
     struct insn_info cur;              /* decoded instruction at r.rip */
     int how;                           /* last resume: 0 step, 1 block step, 2 cont, 3 run to run_to */

@@ -116,19 +116,9 @@ void flush_exec(void)
     nexec = 0;
 }
 
-/* The TIME of what is written now.  A syscall's entry (the run ending at
- * the syscall instruction, its SYSCALL record; at exit/exit_group also the
- * thread's and process's exit) is written only once the step over it
- * stopped -- after the kernel ran it, and after whatever it let other
- * threads do (a futex wake, an exit's cleared tid waking pthread_join):
- * their records, handled first, would have earlier TIMEs, and the
- * scheduler (schedule.py) would run their work before this thread's entry
- * into the kernel.  The entry is stamped with the TSC read before the
- * syscall was stepped instead: the kernel entry, as the QEMU plugin's. */
 uint64_t clock_value(struct thread *t)
 {
-    if (opt.clock_insn) return t->ninsn;
-    return t->at_entry ? t->sys_t0 : __rdtsc();
+    return opt.clock_insn ? t->ninsn : __rdtsc();
 }
 
 /* Make t the log's current thread (CTX), flushing what belongs to another. */
