@@ -40,10 +40,21 @@ tables).  Views narrowed to a question: :mod:`.window`; totals:
 :mod:`.profile`; coverage: :mod:`.coverage`.
 """
 
-from hwtrace.analysis.callstack import (CallStackBuilder, reconstruct,
-                                        reconstruct_branches)
 from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
                                       StreamInfo)
+
+_CALLSTACK = ("CallStackBuilder", "reconstruct", "reconstruct_branches")
+
+
+def __getattr__(name):
+    # The call-stack builder (numpy and the symbol tables with it) is
+    # imported when first asked for: what only needs the records (a
+    # stream's StreamInfo, decode's counts) starts faster.
+    if name in _CALLSTACK:
+        from hwtrace.analysis import callstack
+        return getattr(callstack, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Activation", "CallStackBuilder", "Enter", "Flag", "Marker",
            "StreamInfo", "reconstruct", "reconstruct_branches"]

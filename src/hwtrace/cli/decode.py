@@ -479,7 +479,6 @@ def decode_stream(args, stream, fmt, ctx, out, *, data=None,
 
 def _run_one(args, write=None) -> int:
     """Decode ``args.pt`` (``write``: a text writer instead of stdout)."""
-    from hwtrace import streams
     from hwtrace.flow import sinks
 
     if not args.pt:
@@ -520,6 +519,7 @@ def _run_one(args, write=None) -> int:
         # printed as the listing prints them
         counts = (sink.insns, sink.blocks, sink.events, sink.errors)
     else:
+        from hwtrace import streams
         from hwtrace.flow.loaders import split_range
         path, offset, size = split_range(args.pt)
         try:
