@@ -63,13 +63,17 @@ import sys
 from hwtrace.flow import batches as B
 used = set()
 real_py = B.python_batches
+import functools
+@functools.wraps(real_py)
 def py(*a, **k):
     used.add("python")
     return real_py(*a, **k)
 B.python_batches = py
 try:
     from hwtrace.flow import fast
+    import functools
     real_c = fast.compiled_batches
+    @functools.wraps(real_c)      # its signature says what it supports
     def comp(*a, **k):
         used.add("compiled")
         return real_c(*a, **k)
