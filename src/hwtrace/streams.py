@@ -260,7 +260,12 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     except OSError as e:
         raise StreamsError(f"{path}: sideband: {e.strerror}") from None
 
-    switches = tuple(r for r in records if isinstance(r, Switch))
+    # the switches on CPUs this bundle traced: a thread switched in on an
+    # untraced CPU (perf's child before its exec, on another CPU) ran
+    # nothing a stream shows, and must not count as having run elsewhere
+    traced = {e.cpu for e in b.streams if e.cpu is not None}
+    switches = tuple(r for r in records if isinstance(r, Switch)
+                     and (not traced or r.cpu in traced))
     tsc_hz = manifest.get("tsc_hz") or None
     ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
     seen = set()
