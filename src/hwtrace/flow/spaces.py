@@ -16,8 +16,9 @@ decoder between them:
   ``resolve(file, build_id)`` (a bundle's trust rules); sections are read
   on first use and shared between spaces that map the same bytes.
 * :class:`Timeline` says which space a stream runs at a time: for a CPU
-  stream the ``Switch`` records of that CPU, for a thread stream its
-  process's exec epochs.
+  stream the ``Switch`` records of that CPU (of a CR3-filtered trace, the
+  processes of other CR3s ran nothing it shows: their stretches are no
+  one's), for a thread stream its process's exec epochs.
 * :class:`SpaceSwitcher` wraps an instruction or block decoder (same
   verbs).  When the decoder reports a paging event (PIP) whose CR3 the
   sideband knows, it selects that CR3's space (and from then on PIPs
