@@ -423,6 +423,48 @@ def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
         "mtc;cyc" in warnings[0]
 
 
+@pytest.mark.parametrize("engine", ["ptrace", "qemu"])
+def test_cr3_filtered_tsc_only_stream_decodes_only_the_matching_process(rec, ptoracle,
+                                                                        tmp_path, engine):
+    """With a CR3 filter, ContextEn -- and so every packet of code -- needs
+    CR3 to match: the other process ran nothing the stream shows, however
+    coarse the time stamps (TSC only) around its switches.  Decoding stays
+    in the matching process's space (it used to switch to the other one by
+    time, at an enable of the traced process, and decode its code with the
+    other process's bytes), with no warning about placing switches."""
+    b = tmp_path / "cr3"
+    p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
+                        "--engine", engine, "--mode", "cpu", "--config",
+                        "branch;user;retc;tsc;cr3-match=0x1000", "-o", str(b), "--",
+                        *map(str, rec["argv"])], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    roles = _roles(b)
+    sb = _sideband(b)
+    (traced,) = {r["pid"] for r in sb if r["type"] == "process" and r["cr3"] == 0x1000}
+    role = next(k for k, v in roles.items() if v == traced)
+    cpus = {s["cpu"] for s in sb if s["type"] == "switch" and s["next_pid"] >= 0}
+    assert cpus == {0}          # the premise: both ran on the stream's CPU
+    man = json.loads((b / "manifest.json").read_text())
+    (stream,) = [s for s in man["streams"] if s["cpu"] == 0]
+    # libipt, with the image the test knows that process ran
+    d = rec["dir"]
+    so = {"parent": "wa.so", "child": "wb.so"}[role]
+    o = subprocess.run([str(ptoracle), "insn", str(b / stream["file"]), "--elf", str(d / "two"),
+                        "--raw", f"{d / so}:{BASE:#x}"],
+                       capture_output=True, text=True, check=True).stdout
+    items = [json.loads(x) for x in o.splitlines()]
+    assert [x for x in items if "error" in x] == []
+    truth = [x["ip"] for x in items if "iclass" in x]
+    assert len(truth) == stream["instructions_observed"]
+    assert any(BASE <= ip < BASE + 0x4000 for ip in truth)
+    for decoder in ("--insn-decoder", "--block-decoder"):
+        r = run_hwtrace("decode", b, "--stream", stream["file"], "--format", "jsonl", decoder)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        got = _by_process(r.stdout.splitlines())[stream["file"]]
+        assert list(got) == [traced], decoder
+        assert got[traced] == truth, decoder
+
+
 def test_raw_images_go_on_top_of_every_space(rec, tmp_path):
     """--raw/--elf with a bundle add to every process's image (last, so
     they win): wa.so over BASE makes the parent decode as before and the

@@ -240,6 +240,38 @@ def test_timeline_choice_by_time_window_and_ip(tmp_path):
     assert Timeline([]).choose(5, 0x1000, one) is one
 
 
+def test_cr3_filtered_timeline_has_only_the_matching_processes(tmp_path):
+    """With a CR3 filter a process of another CR3 traces nothing (ContextEn
+    needs CR3 to match): its stretch of the CPU's timeline is no one's, so
+    a coarse time window never picks it, and a stream that ran it besides
+    the filtered one has one space.  A CR3 the sideband doesn't know (0)
+    is left in; without a filter the timeline is as before."""
+    f = _files(tmp_path, a=b"\x90" * 16, b=b"\x90" * 16)
+    recs = [Process(pid=1, cr3=0x1000, time=0), Process(pid=2, cr3=0x2000, time=0),
+            Process(pid=3, cr3=0, time=0),
+            Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["a"]),
+            Mmap(pid=2, start=0x1000, size=16, offset=0, file=f["b"]),
+            Mmap(pid=3, start=0x1000, size=16, offset=0, file=f["b"]),
+            Switch(cpu=0, time=10, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
+            Switch(cpu=0, time=50, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
+            Switch(cpu=0, time=90, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1),
+            Switch(cpu=1, time=10, prev_pid=-1, prev_tid=-1, next_pid=3, next_tid=3)]
+    sp = AddressSpaces(recs)
+    one, two, three = sp.of_pid(1), sp.of_pid(2), sp.of_pid(3)
+    tl = sp.cpu_timeline(0)
+    assert tl.choose(45, 0x1000, one, before=60) is two     # the window says: maybe 2
+    for match in (0x1000, 0x1000 | 0x1f):                   # bits 4:0 aren't compared
+        tl, first = sp.for_stream(cpu=0, cr3_match=match)
+        assert first is one and tl.spaces() == [one]
+        assert [s for _, s in tl.entries] == [one, None, one]
+        assert tl.choose(45, 0x1000, one, before=60) is one
+        assert tl.choose(60, 0x1000, one) is one
+    tl, first = sp.for_stream(cpu=0, cr3_match=0x2000)
+    assert first is two and tl.spaces() == [two]
+    assert sp.for_stream(cpu=0)[0].spaces() == [one, two]
+    assert sp.for_stream(cpu=1, cr3_match=0x1000)[0].spaces() == [three]
+
+
 def test_pip_switches_the_decoder_to_that_cr3s_image(tmp_path):
     """MOV CR3 with a PIP: the next instruction comes from the new CR3's
     space (there: two indirect jumps, one TIP each, the second disabling),

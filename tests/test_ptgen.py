@@ -119,3 +119,34 @@ def test_cyc_and_tnt64():
     t.leave_sync()
     assert bytes(t.buf) == (PSB_PLUS + E.mode_exec(csl=1) + E.tip_pge(0x401000, ipc=3)
                             + E.cyc(5) + E.tnt64("ntntntnt") + E.tip_pgd())
+
+
+def test_cyc_before_mtc_counts_to_the_art_tick():
+    """An ART tick (an MTC period, MTCFreq 0: every 88 TSC ticks) falls
+    inside a run of instructions: the MTC is written after the run, but the
+    CYC before it counts the cycles up to the tick (the MTC's time, where a
+    decoder re-anchors), and the run's cycles after the tick go into the
+    next CYC.  A CYC up to the run's end put libipt's time behind the
+    generator's clock (and the sideband's stamps) by up to a run's length
+    until the next timing packet."""
+    t0 = 1000                                   # ART 11 (tick at 968), next at 1056
+    t = tracer(BR | USER | TSC | (1 << 9) | 2, timing=G.Timing(t0=t0))
+    t.enter(0x401000)
+    t.retire(50)                                # to 1050: no tick
+    t.branch(G.K_JMP_IND, 0, 0x402000)
+    t.retire(20)                                # to 1070: the tick at 1056
+    t.leave_sync()
+    art = t0 * 2 // 176
+    head = (E.psb() + E.tsc(t0) + E.tma(art, t0 - art * 88) + E.cbr(22) + E.psbend()
+            + E.mode_exec(csl=1) + E.tip_pge(0x401000, ipc=3))
+    assert bytes(t.buf) == head + (E.cyc(50) + E.tip(0x402000, ipc=1) + E.cyc(6)
+                                   + E.mtc(art + 1) + E.cyc(14) + E.tip_pgd())
+    # with a threshold the CYC before the MTC needs it too; the cycles stay counted
+    t = tracer(BR | USER | TSC | (1 << 9) | 2 | (4 << 19), timing=G.Timing(t0=t0))
+    t.enter(0x401000)
+    t.retire(50)
+    t.branch(G.K_JMP_IND, 0, 0x402000)
+    t.retire(20)
+    t.leave_sync()
+    assert bytes(t.buf) == head + (E.cyc(50) + E.tip(0x402000, ipc=1)
+                                   + E.mtc(art + 1) + E.cyc(20) + E.tip_pgd())

@@ -191,7 +191,16 @@ def _about(path, e) -> str:
 
 # -- bundles -----------------------------------------------------------------------------
 
-_CYC_EN, _MTC_EN = 1 << 1, 1 << 9
+_CYC_EN, _MTC_EN, _CR3_FILTER = 1 << 1, 1 << 9, 1 << 7
+
+
+def _cr3_filter(cfg: dict) -> int | None:
+    """The CR3_MATCH a stream's buffer configuration filtered by (None: no
+    CR3 filter)."""
+    ctl, match = cfg.get("ctl"), cfg.get("cr3_match")
+    if type(ctl) is int and ctl & _CR3_FILTER and type(match) is int:
+        return match
+    return None
 
 
 def open_bundle(path, *, image_path=(), allow_outside: bool = False,
@@ -278,9 +287,11 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 seen.add((str(f), r.start))
                 ts._mapped.append((str(f), r.start, r.offset))
 
+    mcfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     for n in names:
         e = entries[n]
-        timeline, initial = spaces.for_stream(e.cpu, e.tid, e.pid)
+        scfg = e.config if isinstance(e.config, dict) else mcfg
+        timeline, initial = spaces.for_stream(e.cpu, e.tid, e.pid, _cr3_filter(scfg))
         used = timeline.spaces() if timeline is not None else [initial]
         missing = spaces.missing_for(used) if timeline is not None else \
             list(spaces.missing)

@@ -16,8 +16,9 @@ decoder between them:
   ``resolve(file, build_id)`` (a bundle's trust rules); sections are read
   on first use and shared between spaces that map the same bytes.
 * :class:`Timeline` says which space a stream runs at a time: for a CPU
-  stream the ``Switch`` records of that CPU, for a thread stream its
-  process's exec epochs.
+  stream the ``Switch`` records of that CPU (of a CR3-filtered trace, the
+  processes of other CR3s ran nothing it shows: their stretches are no
+  one's), for a thread stream its process's exec epochs.
 * :class:`SpaceSwitcher` wraps an instruction or block decoder (same
   verbs).  When the decoder reports a paging event (PIP) whose CR3 the
   sideband knows, it selects that CR3's space (and from then on PIPs
@@ -126,6 +127,13 @@ def _build_image(space: AddressSpace, sections: dict) -> Image:
         # A shared section keeps the isid of the first image it joined.
         image.add(sec, m.start)
     return image
+
+
+def _cr3_excluded(space: AddressSpace, cr3_match: int) -> bool:
+    """Whether a CR3 filter for ``cr3_match`` keeps ``space`` out of the
+    trace: its CR3 is known (0: the sideband doesn't say, e.g. perf's) and
+    differs in the bits the filter compares (63:5)."""
+    return bool(space.cr3) and (space.cr3 ^ cr3_match) & _CR3_MASK != 0
 
 
 def _at(lst, time):
@@ -285,8 +293,14 @@ class AddressSpaces:
         pids = {s.pid for s in spaces if s is not None}
         return [m for m in self.missing if m[0] in pids]
 
-    def cpu_timeline(self, cpu: int) -> "Timeline | None":
-        """Who ran on ``cpu`` when (None without switch records for it)."""
+    def cpu_timeline(self, cpu: int, cr3_match: int | None = None) -> "Timeline | None":
+        """Who ran on ``cpu`` when (None without switch records for it).
+
+        ``cr3_match``: the trace was CR3-filtered (CR3Filter, with this
+        IA32_RTIT_CR3_MATCH): ContextEn, and so every packet of code, needs
+        CR3 to match, so a process whose recorded CR3 differs ran nothing
+        the stream shows -- its stretches are entries of no space, like the
+        idle task's, and a coarse time stamp can't put an enable in them."""
         sw = self.switches.get(cpu)
         if not sw:
             return None
@@ -299,20 +313,25 @@ class AddressSpaces:
             for sp in self._by_pid.get(s.next_pid, ()) if s.next_pid >= 0 else ():
                 if s.time < sp.time and (end is None or sp.time < end):
                     entries.append((sp.time, sp))
+        if cr3_match is not None:
+            entries = [(t, sp if sp is None or not _cr3_excluded(sp, cr3_match) else None)
+                       for t, sp in entries]
         return Timeline(entries)
 
     def for_stream(self, cpu: int | None = None, tid: int | None = None,
-                   pid: int | None = None) -> tuple:
+                   pid: int | None = None, cr3_match: int | None = None) -> tuple:
         """``(timeline or None, initial space)`` for a bundle stream: a cpu
-        stream follows that CPU's switches, a thread stream its process
-        (``pid``, else the tid's from its Thread record); without sideband
-        to go by, the one space there is, or all mappings in one."""
+        stream follows that CPU's switches (``cr3_match``: of the processes
+        a CR3 filter let through, :meth:`cpu_timeline`), a thread stream
+        its process (``pid``, else the tid's from its Thread record);
+        without sideband to go by, the one space there is, or all mappings
+        in one."""
         if tid is not None:
             if pid is None:
                 pid = self.thread_pid.get(tid)
             timeline = self.thread_timeline(pid) if pid is not None else None
         else:
-            timeline = self.cpu_timeline(cpu) if cpu is not None else None
+            timeline = self.cpu_timeline(cpu, cr3_match) if cpu is not None else None
         if timeline is not None:
             first = next((s for _, s in timeline.entries if s is not None), None)
             if first is not None:

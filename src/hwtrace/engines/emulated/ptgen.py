@@ -41,7 +41,11 @@ packet generation tables) and what real captures show:
   clock (CBR = ``nom_freq``), the crystal clock (ART) runs at
   TSC * eax / ebx (CPUID 0x15); MTC at every 2**MTCFreq ART ticks; CYC
   before TNT/TIP/TIP.PGE/TIP.PGD/FUP/MTC packets once at least the
-  CycThresh count of cycles passed.
+  CycThresh count of cycles passed -- the one before an MTC with the
+  cycles up to the tick the ART reached the MTC's period, though the MTC
+  is written after the run of instructions it fell in (a CYC, like the
+  hardware's, counts from the last one, and a decoder takes the MTC's
+  time for that CYC's: libipt re-anchors there).
 """
 
 from __future__ import annotations
@@ -350,8 +354,19 @@ class Tracer:
             if p != self.mtc_p:
                 self.mtc_p = p
                 if self.cyc_en:
+                    # The MTC goes out when the ART reaches period p, inside
+                    # this run: the CYC before it counts the cycles up to
+                    # then (a decoder puts that CYC at the MTC's time), the
+                    # rest go into the next one.
+                    later = self.t - self._mtc_tsc(p)
+                    self.cyc_acc -= later
                     self._cyc()
+                    self.cyc_acc += later
                 self._emit(enc.mtc(p & 0xFF))
+
+    def _mtc_tsc(self, p: int) -> int:
+        """The first TSC tick at which the ART reaches MTC period ``p``."""
+        return -(-((p << self.mtc_freq) * self.ebx) // self.eax)
 
     def idle_until(self, t: int) -> None:
         """The processor ran nothing traced until TSC ``t`` (PacketEn is

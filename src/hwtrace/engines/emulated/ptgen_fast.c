@@ -209,7 +209,16 @@ static void retire(struct tracer *tr, uint64_t n)
         uint64_t p = art(tr, tr->t) >> tr->mtc_freq;
         if (p != tr->mtc_p) {
             tr->mtc_p = p;
-            if (tr->cyc_en) cyc(tr);
+            if (tr->cyc_en) {
+                /* ptgen.Tracer.retire: the CYC before the MTC counts the
+                 * cycles up to the tick the ART reached period p */
+                uint64_t at = (uint64_t)((((unsigned __int128)p << tr->mtc_freq) * tr->ebx
+                                          + tr->eax - 1) / tr->eax);
+                uint64_t later = tr->t - at;
+                tr->cyc_acc -= later;
+                cyc(tr);
+                tr->cyc_acc += later;
+            }
             unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
             emit(tr, b, 2);
         }
