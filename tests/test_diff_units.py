@@ -431,6 +431,36 @@ def test_relocation_by_module_offset_and_by_symbol():
     assert rel.how_at(0x500304) == "symbol" and rel.how_at(0x9210) == "module"
 
 
+def test_symtab_lookup_table_agrees_with_the_long_way():
+    """lookup names addresses from a table of the answers at every
+    function and module boundary: the same ids as searching the functions
+    and then the modules, everywhere -- at, just before and just after
+    every boundary, and at random addresses -- with functions that overlap
+    (clipped), a zero-size symbol, a function running past its module's
+    end, modules without symbols and gaps between modules."""
+    a = SymTab([
+        mod("/lib/libc.so", "aa", 0x7000, 0x1000, 0x7000,
+            [(0x100, 0x40, "memcpy"), (0x120, 0x80, "memmove"),
+             (0x300, 0, "marker"), (0xf00, 0x400, "past_the_end")]),
+        mod("/bin/prog", "p", 0x8000, 0x800, 0,
+            [(0x8100, 0x20, "main"), (0x8200, 0x10, "f")], True),
+        mod("/lib/bare.so", "bb", 0x10000, 0x100, 0x10000, []),
+    ])
+    edges = np.concatenate([a.starts, a.ends, a.mod_lo, a.mod_hi])
+    x = np.concatenate([edges, edges - np.uint64(1), edges + np.uint64(1),
+                        np.array([0, 1, 0x6fff, 0x12000, 2**64 - 1], np.uint64),
+                        np.random.default_rng(7).integers(
+                            0x6000, 0x11000, 5000).astype(np.uint64)])
+    assert a.lookup(x).tolist() == a._lookup_each(x).tolist()
+    assert a.name(a.func(0x7118)) == "memcpy"       # clipped at memmove:
+    assert a.name(a.func(0x7130)) == "memmove"
+    assert a.name(a.func(0x7ff0)) == "past_the_end"
+    assert a.name(a.func(0x8150)) == "[prog]"
+    assert a.func(0x9000) == -1 and a.func(0x10) == -1
+    empty = SymTab([])
+    assert empty.lookup(np.array([5], np.uint64)).tolist() == [-1]
+
+
 def test_same_modules_at_the_same_place_need_no_relocation():
     f = [(0x100, 0x40, "main")]
     a = SymTab([mod("/bin/p", "x", 0x1000, 0x1000, 0x1000, f, True)])

@@ -80,12 +80,30 @@ class SymTab:
         self.mod_hi = np.array([m.high for m in self.modules], np.uint64)
         self.unknown_ids = np.array(self._unknown, np.int64)
         self._by_name: dict | None = None
+        # lookup's answer only changes at a function's or a module's start
+        # or end: its answer at each such boundary holds up to the next, so
+        # one searchsorted over the boundaries names any address
+        self._bounds = np.unique(np.concatenate(
+            [self.starts, self.ends, self.mod_lo, self.mod_hi]))
+        self._ids = self._lookup_each(self._bounds)
 
     # -- arrays ------------------------------------------------------------------
 
     def lookup(self, addrs: np.ndarray) -> np.ndarray:
         """Function id of each address (its module's bucket outside every
         function, -1 outside every module)."""
+        addrs = np.asarray(addrs, np.uint64)
+        if not len(self._bounds):
+            return np.full(len(addrs), -1, np.int64)
+        i = np.searchsorted(self._bounds, addrs, side="right") - 1
+        out = self._ids[i]              # i == -1: below every boundary ...
+        out[i < 0] = -1                 # ... outside every module
+        return out
+
+    def _lookup_each(self, addrs: np.ndarray) -> np.ndarray:
+        """:meth:`lookup` the long way: the function whose start is the
+        last at or before each address, if the address is before its end,
+        else the module's bucket (what :meth:`lookup`'s table holds)."""
         addrs = np.asarray(addrs, np.uint64)
         out = np.full(len(addrs), -1, np.int64)
         if len(self.starts):
