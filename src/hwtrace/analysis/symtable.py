@@ -105,6 +105,22 @@ class AddrTable:
         known = np.array([r[2] for r in rows], bool)[inv]
         return start, nid, known
 
+    def table(self):
+        """The merged table as ``(lo, hi, start, fstarts)`` arrays (what
+        :meth:`resolve`, :meth:`same_function` and :meth:`starts` search;
+        a compiled core asks them itself), or None over a callback."""
+        if self._lo is None:
+            return None
+        return (np.ascontiguousarray(self._lo, _U8), np.ascontiguousarray(self._hi, _U8),
+                np.ascontiguousarray(self._start, _U8),
+                np.ascontiguousarray(self._fstarts, _U8))
+
+    def register_unknown(self, addrs: np.ndarray) -> None:
+        """Name the addresses no symbol names, as :meth:`resolve` of them
+        would (new names are registered in address order)."""
+        if len(addrs):
+            self._unknown_ids(np.asarray(addrs, _U8))
+
     def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
         """The name ids of addresses no symbol names (``0x401000``): those
         seen before from sorted arrays at once, new ones registered in
