@@ -6,18 +6,24 @@
  * runs.commit makes the rows.  The boundary is narrow and stateless:
  *
  *   walk(code, fall, tgt, src, s_func, s_ret, s_ret_ok, s_far, max_depth,
- *        table, flags, spec_start)
+ *        table, flags, spec_start, scanned)
  *     -> (k, keep, d_end, o_tr, o_lvl, o_ret, o_ret_ok, o_flags, o_pfr,
- *         x_tr, x_lvl, x_fr, top_fr, unknown)
+ *         x_tr, x_lvl, x_fr, top_fr, unknown, o_nid)
  *
  * ``code`` int8 transfer codes, ``fall``/``tgt``/``src`` uint64 per
  * transfer; ``s_*`` the frames the run starts on (uint64, uint64, uint8,
- * uint8); ``table`` None or (lo, hi, start, fstarts) uint64 buffers, the
+ * uint8); ``table`` None or (lo, hi, start, fstarts, nid, bits) buffers,
+ * the
  * merged symbol table of symtable.AddrTable (tail calls and unwinding
  * jumps recognized here, as AddrTable.starts / same_function / resolve
- * would); else ``flags`` None (no symbols: no tail calls) or a uint8 per
+ * would, and ``o_nid`` the int32 name id of each open: -1 where no symbol
+ * names it, the ids from the table's int32 ``nid``; ``bits`` None or
+ * symtable's bitmap of hashed function starts, packed little-endian);
+ * else ``flags`` None (no symbols: no tail calls) or a uint8 per
  * transfer (bit 0 a tail call, bit 1 a jump that may unwind) with
- * ``spec_start`` the uint64 function start such a jump lands in.  Returns
+ * ``spec_start`` the uint64 function start such a jump lands in;
+ * ``scanned``: past the cut, transfers before it were searched for unknown
+ * jump targets by an earlier call (their names are registered).  Returns
  * the Match fields, arrays as bytes (int64 / uint64 / bool / uint32).
  *
  *   paths(nid, pfr, base) -> bytes (uint64)
@@ -36,11 +42,12 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 1
+#define ABI 5
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
 #define PATH_MUL 0x100000001B3ull
+#define HBITS 22                            /* symtable._HBITS */
 
 static uint32_t flag_far, flag_tail;
 
@@ -76,12 +83,18 @@ static PyObject *vec_bytes(Vec *v)
 /* -- the merged symbol table ---------------------------------------------- */
 typedef struct {
     const uint64_t *lo, *hi, *start, *fs;
-    Py_ssize_t nlo, nfs;
+    const int32_t *nid;
+    const uint8_t *bits;                    /* a hashed bitmap of fs, or NULL */
+    Py_ssize_t nlo, nfs, last;
 } Table;
 
-/* searchsorted(lo, a, side="right") - 1 (lo[0] == 0: never < 0) */
-static Py_ssize_t seg_of(const Table *t, uint64_t a)
+/* searchsorted(lo, a, side="right") - 1 (lo[0] == 0: never < 0); the
+ * segment of the last answer first (jumps come from nearby code) */
+static Py_ssize_t seg_of(Table *t, uint64_t a)
 {
+    Py_ssize_t c = t->last;
+    if (c >= 0 && t->lo[c] <= a && (c + 1 == t->nlo || t->lo[c + 1] > a))
+        return c;
     Py_ssize_t l = 0, h = t->nlo;          /* first index with lo > a */
     while (l < h) {
         Py_ssize_t m = l + (h - l) / 2;
@@ -90,11 +103,15 @@ static Py_ssize_t seg_of(const Table *t, uint64_t a)
         else
             h = m;
     }
+    t->last = l - 1;
     return l - 1;
 }
 
 static int is_start(const Table *t, uint64_t a)
 {
+    uint64_t hb = (a ^ (a >> HBITS)) & ((1u << HBITS) - 1);
+    if (t->bits && !((t->bits[hb >> 3] >> (hb & 7)) & 1))
+        return 0;                           /* most addresses start nothing */
     Py_ssize_t l = 0, h = t->nfs;
     while (l < h) {
         Py_ssize_t m = l + (h - l) / 2;
@@ -106,26 +123,28 @@ static int is_start(const Table *t, uint64_t a)
     return l < t->nfs && t->fs[l] == a;
 }
 
-static int same_function(const Table *t, uint64_t a, uint64_t b)
+static int same_function(Table *t, uint64_t a, uint64_t b)
 {
     if (!t->nlo)
         return 0;
-    Py_ssize_t ja = seg_of(t, a), jb = seg_of(t, b);
+    Py_ssize_t ja = seg_of(t, a), jb = seg_of(t, b);    /* b: often ja's */
     if (ja < 0 || jb < 0 || a >= t->hi[ja] || b >= t->hi[jb])
         return 0;
     return ja == jb || t->start[ja] == t->start[jb];
 }
 
-/* the known function start of a, or 0 with *known = 0 */
-static uint64_t resolve(const Table *t, uint64_t a, int *known)
+/* the known function start of a (*nid its name), or a with *known = 0 */
+static uint64_t resolve(Table *t, uint64_t a, int *known, int32_t *nid)
 {
     *known = 0;
+    *nid = -1;
     if (!t->nlo)
         return a;
     Py_ssize_t j = seg_of(t, a);
     if (j < 0 || a >= t->hi[j])
         return a;
     *known = 1;
+    *nid = t->nid[j];
     return t->start[j];
 }
 
@@ -153,17 +172,18 @@ typedef struct {
 
 static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 12) {
+    if (nargs != 13) {
         PyErr_SetString(PyExc_TypeError, "walk(code, fall, tgt, src, s_func, s_ret, "
-                        "s_ret_ok, s_far, max_depth, table, flags, spec_start)");
+                        "s_ret_ok, s_far, max_depth, table, flags, spec_start, scanned)");
         return NULL;
     }
     Py_buffer bc = {0}, bf = {0}, bt = {0}, bs = {0}, sf = {0}, sr = {0}, so = {0},
-              sa = {0}, tl = {0}, th = {0}, ts = {0}, tf = {0}, bfl = {0}, bss = {0};
+              sa = {0}, tl = {0}, th = {0}, ts = {0}, tf = {0}, tn = {0}, tb = {0}, bfl = {0},
+              bss = {0};
     Vec o_tr = {0, 0, 0, 8}, o_lvl = {0, 0, 0, 8}, o_ret = {0, 0, 0, 8},
         o_ok = {0, 0, 0, 1}, o_fl = {0, 0, 0, 4}, o_pfr = {0, 0, 0, 8},
         x_tr = {0, 0, 0, 8}, x_lvl = {0, 0, 0, 8}, x_fr = {0, 0, 0, 8},
-        top = {0, 0, 0, 8}, unk = {0, 0, 0, 8};
+        top = {0, 0, 0, 8}, unk = {0, 0, 0, 8}, o_nid = {0, 0, 0, 4};
     Frame *st = NULL;
     PyObject *res = NULL;
     Table T = {0};
@@ -189,9 +209,13 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (max_depth == -1 && PyErr_Occurred())
         goto fail;
     PyObject *table = args[9], *flags = args[10], *spec = args[11];
+    Py_ssize_t scanned = PyLong_AsSsize_t(args[12]);
+    if (scanned == -1 && PyErr_Occurred())
+        goto fail;
     if (table != Py_None) {
-        if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) != 4) {
-            PyErr_SetString(PyExc_TypeError, "walk: table is (lo, hi, start, fstarts)");
+        if (!PyTuple_Check(table) || PyTuple_GET_SIZE(table) != 6) {
+            PyErr_SetString(PyExc_TypeError,
+                            "walk: table is (lo, hi, start, fstarts, nid, bits)");
             goto fail;
         }
         if (get_buf(PyTuple_GET_ITEM(table, 0), &tl, 8, -1, "lo") < 0)
@@ -199,8 +223,17 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         T.nlo = tl.len / 8;
         if (get_buf(PyTuple_GET_ITEM(table, 1), &th, 8, T.nlo, "hi") < 0
             || get_buf(PyTuple_GET_ITEM(table, 2), &ts, 8, T.nlo, "start") < 0
-            || get_buf(PyTuple_GET_ITEM(table, 3), &tf, 8, -1, "fstarts") < 0)
+            || get_buf(PyTuple_GET_ITEM(table, 3), &tf, 8, -1, "fstarts") < 0
+            || get_buf(PyTuple_GET_ITEM(table, 4), &tn, 4, T.nlo, "nid") < 0)
             goto fail;
+        T.nid = tn.buf;
+        T.last = -1;
+        if (PyTuple_GET_ITEM(table, 5) != Py_None) {
+            if (get_buf(PyTuple_GET_ITEM(table, 5), &tb, 1, (Py_ssize_t)1 << (HBITS - 3),
+                        "bits") < 0)
+                goto fail;
+            T.bits = tb.buf;
+        }
         T.lo = tl.buf;
         T.hi = th.buf;
         T.start = ts.buf;
@@ -232,8 +265,17 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int64_t d = s0, keep = s0, no = 0;
     Py_ssize_t k = n;
 
-    /* the unknown targets of jumps that may unwind, found in a first pass
-     * over the whole run, as the twin registers them before matching */
+    /* the cut at transfer j: past it the walk only looks for the unknown
+     * targets of jumps that may unwind (the twin registers the names of
+     * all of them before it matches), and only where no earlier call
+     * looked (``scanned``) */
+#define CUT(j) do { \
+        k = (j); \
+        if (!have_table) \
+            goto walked; \
+        if ((j) + 1 < scanned) \
+            (j) = scanned - 1; \
+    } while (0)
     for (Py_ssize_t j = 0; j < n; j++) {
         int c = code[j];
         uint64_t t = tgt[j];
@@ -259,7 +301,8 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                     tail = 1;
                 else if (c == T_JUMP && !same_function(&T, src[j], t)) {
                     int known;
-                    sp_start = resolve(&T, t, &known);
+                    int32_t nid;
+                    sp_start = resolve(&T, t, &known, &nid);
                     if (known)
                         sp = 1;
                     else
@@ -279,17 +322,17 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (close || tail) {
             int64_t lvl = d - 1;
             if (lvl < 0) {
-                k = j;
+                CUT(j);
                 continue;
             }
             Frame *f = &st[lvl];
             if (close) {
                 if (!(f->ret_ok && f->ret == t)) {
-                    k = j;
+                    CUT(j);
                     continue;
                 }
             } else if (f->func == t || lvl >= max_depth) {
-                k = j;
+                CUT(j);
                 continue;
             }
             PUSH(&x_tr, int64_t, (int64_t)j);
@@ -308,18 +351,24 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             PUSH(&o_ok, uint8_t, f->ret_ok);
             PUSH(&o_fl, uint32_t, flag_tail | (f->far ? flag_far : 0));
             PUSH(&o_pfr, int64_t, lvl > 0 ? st[lvl - 1].fr : -1);
+            if (have_table) {
+                int known;
+                int32_t nid;
+                resolve(&T, t, &known, &nid);
+                PUSH(&o_nid, int32_t, nid);
+            }
             f->fr = no++;
             f->func = t;
             continue;
         }
         if (sp) {
             if (d > 1 && st[d - 1].func != sp_start)
-                k = j;
+                CUT(j);
             continue;
         }
         /* a call */
         if (d >= max_depth) {
-            k = j;
+            CUT(j);
             continue;
         }
         if (d == cap) {
@@ -337,6 +386,12 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PUSH(&o_ok, uint8_t, 1);
         PUSH(&o_fl, uint32_t, c == T_FCALL ? flag_far : 0);
         PUSH(&o_pfr, int64_t, d > 0 ? st[d - 1].fr : -1);
+        if (have_table) {
+            int known;
+            int32_t nid;
+            resolve(&T, t, &known, &nid);
+            PUSH(&o_nid, int32_t, nid);
+        }
         st[d].fr = no++;
         st[d].func = t;
         st[d].ret = fall[j];
@@ -344,24 +399,26 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         st[d].far = c == T_FCALL;
         d++;
     }
+walked:
     if (d < keep)
         keep = d;
     for (int64_t l = keep; l < d; l++)
         PUSH(&top, int64_t, st[l].fr);
-    res = Py_BuildValue("(nLLNNNNNNNNNNN)", k, (long long)keep, (long long)d,
+    PyObject *nids = have_table ? vec_bytes(&o_nid) : Py_NewRef(Py_None);
+    res = Py_BuildValue("(nLLNNNNNNNNNNNN)", k, (long long)keep, (long long)d,
                         vec_bytes(&o_tr), vec_bytes(&o_lvl), vec_bytes(&o_ret),
                         vec_bytes(&o_ok), vec_bytes(&o_fl), vec_bytes(&o_pfr),
                         vec_bytes(&x_tr), vec_bytes(&x_lvl), vec_bytes(&x_fr),
-                        vec_bytes(&top), vec_bytes(&unk));
+                        vec_bytes(&top), vec_bytes(&unk), nids);
 fail:
     {
         Py_buffer *bufs[] = {&bc, &bf, &bt, &bs, &sf, &sr, &so, &sa, &tl, &th, &ts,
-                             &tf, &bfl, &bss};
+                             &tf, &tn, &tb, &bfl, &bss};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]->obj)
                 PyBuffer_Release(bufs[i]);
         Vec *vs[] = {&o_tr, &o_lvl, &o_ret, &o_ok, &o_fl, &o_pfr, &x_tr, &x_lvl,
-                     &x_fr, &top, &unk};
+                     &x_fr, &top, &unk, &o_nid};
         for (size_t i = 0; i < sizeof vs / sizeof *vs; i++)
             PyMem_Free(vs[i]->p);
         PyMem_Free(st);

@@ -113,11 +113,14 @@ class Match(NamedTuple):
     x_fr: np.ndarray        # i8 its open (-1: the old frame at x_lvl)
     top_fr: np.ndarray      # i8 the open of each level keep..d_end-1
     unknown: np.ndarray     # u8 addresses to register as unknown names first
+    o_nid: np.ndarray | None = None   # i4 name ids of the opens (-1: unknown
+    #                                   code), or None: the names resolve them
 
 
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
-          lookup: bool, paths: bool = True, impl: str | None = None) -> Committed:
+          lookup: bool, paths: bool = True, impl: str | None = None,
+          scanned: int = 0) -> Committed:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -127,13 +130,16 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     ``tx``: frames opened now are inside a TSX transaction; ``lookup``:
     symbols exist (tail calls and unwinding jumps can be recognized);
     ``paths``: compute call-path hashes (else 0).  ``impl``: "python"
-    or "compiled" (default: :data:`._runs_impl.CORE`)."""
+    or "compiled" (default: :data:`._runs_impl.CORE`); ``scanned``:
+    transfers [0, scanned) went through an earlier call already (the
+    names of their unknown jump targets are registered: the compiled
+    core need not look again past the cut)."""
     core = _runs_impl.core_for(impl)
     if core is None:
         m = match(tr, stack, names, max_depth=max_depth, lookup=lookup)
     else:
         m = _match_compiled(core, tr, stack, names, max_depth=max_depth,
-                            lookup=lookup)
+                            lookup=lookup, scanned=scanned)
     return commit(m, tr, stack, names, seq0=seq0, next_id=next_id, pid=pid,
                   tid=tid, paths=paths, core=core)
 
@@ -313,7 +319,7 @@ def _no_match(k: int, s0: int) -> Match:
 
 
 def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
-                    max_depth: int, lookup: bool) -> Match:
+                    max_depth: int, lookup: bool, scanned: int = 0) -> Match:
     """The compiled core's matching: one walk over the transfers.  The
     symbol questions it asks of the names' merged table itself; over a
     lookup callback (no merged table) the twin answers them first."""
@@ -331,16 +337,18 @@ def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
                   np.ascontiguousarray(tr.tgt), np.ascontiguousarray(tr.src),
                   np.ascontiguousarray(stack["func"]), np.ascontiguousarray(stack["ret"]),
                   np.ascontiguousarray(stack["ret_ok"]).view(np.uint8),
-                  far.view(np.uint8), int(max_depth), table, flags, spec_start)
+                  far.view(np.uint8), int(max_depth), table, flags, spec_start,
+                  int(scanned))
     (k, keep, d_end, o_tr, o_lvl, o_ret, o_ret_ok, o_flags, o_pfr, x_tr, x_lvl,
-     x_fr, top_fr, unknown) = r
+     x_fr, top_fr, unknown, o_nid) = r
     i8 = np.int64
     return Match(k, keep, d_end, np.frombuffer(o_tr, i8), np.frombuffer(o_lvl, i8),
                  np.frombuffer(o_ret, _U8), np.frombuffer(o_ret_ok, bool),
                  np.frombuffer(o_flags, np.uint32), np.frombuffer(o_pfr, i8),
                  np.frombuffer(x_tr, i8), np.frombuffer(x_lvl, i8),
                  np.frombuffer(x_fr, i8), np.frombuffer(top_fr, i8),
-                 np.frombuffer(unknown, _U8))
+                 np.frombuffer(unknown, _U8),
+                 None if o_nid is None else np.frombuffer(o_nid, np.int32))
 
 
 def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
@@ -356,14 +364,19 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     tgt, land = tr.tgt, tr.land_idx
     o_tr, o_lvl, o_pfr = m.o_tr, m.o_lvl, m.o_pfr
     o_func = tgt[o_tr]
-    ids = next_id + np.arange(no, dtype=np.int64)
     # parents: the frame at level - 1 (or none at level 0)
     p_lvl = o_lvl - 1
     p_run = o_pfr >= 0
     pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
     parent = np.where(p_lvl < 0, -1,
                       np.where(p_run, next_id + o_pfr, stack["id"][pc]))
-    _start, o_nid, _known = names.resolve(o_func)
+    if m.o_nid is None:
+        _start, o_nid, _known = names.resolve(o_func)
+    else:
+        o_nid = m.o_nid.copy()
+        unk = np.flatnonzero(o_nid < 0)
+        if len(unk):
+            o_nid[unk] = names.register_unknown(o_func[unk])
     # call paths: parent path * MUL + name + 1, parents first
     base_path = np.where(p_lvl < 0, _U8(0),
                          np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
@@ -376,56 +389,66 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         ppath = np.where(p_run, path[np.maximum(o_pfr, 0)], base_path)
     else:
         path = ppath = np.zeros(no, _U8)
-    enters = Cols.zeros(no)
-    enters["id"] = ids
-    enters["parent"] = parent
-    enters["func"] = o_func
-    enters["name"] = o_nid
-    enters["depth"] = o_lvl
-    enters["flags"] = m.o_flags
-    enters["pid"] = pid
-    enters["tid"] = tid
-    enters["begin_idx"] = land[o_tr]
-    enters["eseq"] = seq0 + 4 * o_tr + 2
-    enters["path"] = path
-    enters["xseq"] = -1
-    enters["end_idx"] = -1
+    flags = m.o_flags.astype(np.uint32)
+    begin_idx = land[o_tr]
+    eseq = seq0 + 4 * o_tr + 2
+    e = {"id": next_id + np.arange(no, dtype=np.int64),
+         "parent": parent.astype(np.int64, copy=False),
+         "func": o_func.astype(_U8, copy=False),
+         "name": o_nid.astype(np.int32, copy=False),
+         "depth": o_lvl.astype(np.int32),
+         "flags": flags,
+         "pid": np.full(no, pid, np.int64),
+         "tid": np.full(no, tid, np.int64),
+         "begin_idx": begin_idx.astype(np.int64, copy=False),
+         "end_idx": np.full(no, -1, np.int64),
+         "eseq": eseq,
+         "xseq": np.full(no, -1, np.int64),
+         "path": path.astype(_U8, copy=False),
+         "begin": np.zeros(no),
+         "end": np.zeros(no),
+         "child_insns": np.zeros(no, np.int64),
+         "child_time": np.zeros(no)}
+    enters = Cols(e, no)
     # closes: exits of run frames and of the initial stack's
     x_tr, x_fr, x_lvl = m.x_tr, m.x_fr, m.x_lvl
-    x_run = x_fr >= 0
-    xf = np.maximum(x_fr, 0)
+    nx = len(x_tr)
+    old_i = np.flatnonzero(x_fr < 0)
     lv = np.minimum(x_lvl, s0 - 1)
-    src = xf if no else np.zeros(len(xf), np.int64)
-    old_i = np.flatnonzero(~x_run)
-    old_lv = lv[old_i]
-    cols = {}
-    for f in ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
-              "path", "pid", "tid"):
-        if no:
-            c = enters[f][src]
+    x = {}
+    if no and len(old_i) < nx:
+        src = np.maximum(x_fr, 0)
+        old_lv = lv[old_i]
+        for f in _CARRIED:
+            c = e[f][src]
             if len(old_i):
                 c[old_i] = stack[f][old_lv]
-        else:
-            c = stack[f][lv].copy()
-        cols[f] = c
-    cols["depth"] = x_lvl.astype(np.int32)
-    nx = len(x_tr)
-    cols["begin"] = np.zeros(nx)
-    cols["end"] = np.zeros(nx)
-    cols["child_insns"] = np.zeros(nx, np.int64)
-    cols["child_time"] = np.zeros(nx)
-    cols["end_idx"] = land[x_tr]
-    cols["xseq"] = seq0 + 4 * x_tr + 1
-    exits = Cols({f: cols[f].astype(SLICE_T[f], copy=False) for f in SLICE_T}, nx)
+            x[f] = c
+    else:
+        for f in _CARRIED:
+            x[f] = stack[f][lv].astype(SLICE_T[f])
+    x["depth"] = x_lvl.astype(np.int32)
+    x["begin"] = np.zeros(nx)
+    x["end"] = np.zeros(nx)
+    x["child_insns"] = np.zeros(nx, np.int64)
+    x["child_time"] = np.zeros(nx)
+    x["end_idx"] = land[x_tr].astype(np.int64, copy=False)
+    x["xseq"] = seq0 + 4 * x_tr + 1
+    exits = Cols(x, nx)
     top_fr = m.top_fr
     top = np.zeros(len(top_fr), STACK)
     if len(top_fr):
         for f in ("id", "parent", "func", "name", "flags", "pid", "tid",
                   "begin_idx", "eseq", "path"):
-            top[f] = enters[f][top_fr]
+            top[f] = e[f][top_fr]
         top["ret"] = m.o_ret[top_fr]
         top["ret_ok"] = m.o_ret_ok[top_fr]
     return Committed(m.k, enters, exits, m.keep, top, no, (path, ppath, o_nid))
+
+
+#: the fields an exit takes from its activation's begin
+_CARRIED = ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
+            "path", "pid", "tid")
 
 
 def _nothing(k: int, stack: np.ndarray) -> Committed:
