@@ -60,3 +60,21 @@ def test_render_compiled_matches_twin(n):
     rng.bit_generator.state = state
     b = build().render(impl="compiled")
     assert a == b and b"\x00" in a
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 4, 5, 8, 13, 19, 20, 24])
+def test_digits_compiled_matches_twin(width):
+    """The low ``width`` digits of any uint64, zero-padded, both ways (and
+    a writable matrix: callers squeeze and overwrite it)."""
+    from hwtrace.export.textcols import _digits
+    rng = np.random.default_rng(width)
+    v = np.concatenate((rng.integers(0, 2 ** 64, 2000, dtype=np.uint64),
+                        np.array([0, 1, 9, 10, 9999, 10000, 2 ** 64 - 1], np.uint64),
+                        (10 ** np.arange(20, dtype=np.uint64)),
+                        (10 ** np.arange(1, 20, dtype=np.uint64)) - np.uint64(1)))
+    a = _digits(v, width, impl="python")
+    b = _digits(v, width, impl="compiled")
+    assert a.shape == b.shape == (len(v), width)
+    assert np.array_equal(a, b)
+    assert b.flags.writeable
+    assert _digits(v[:0], width, impl="compiled").shape == (0, width)

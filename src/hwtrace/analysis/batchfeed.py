@@ -158,7 +158,9 @@ class BatchInput:
                        pid=-1 if pid is None else pid,
                        tid=-1 if tid is None else tid,
                        tx=self._tx_depth is not None,
-                       lookup=self._lookup is not None, paths=self.want_paths)
+                       lookup=self._lookup is not None, paths=self.want_paths,
+                       scanned=max(0, a.scanned - t0))
+        a.scanned = max(a.scanned, t1)
         k = c.k
         if not k:
             return 0
@@ -220,14 +222,16 @@ def _matters(item) -> bool:
 class _Arrays:
     """A batch's records as the builder reads them."""
 
-    __slots__ = ("ip", "end", "code", "fall", "tsc", "start")
+    __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned")
 
     def __init__(self, blocks: np.ndarray, start: np.ndarray):
-        self.ip = blocks["ip"]
-        self.end = blocks["end_ip"]
+        # contiguous columns: the runs read slices of them many times
+        self.ip = np.ascontiguousarray(blocks["ip"])
+        self.end = np.ascontiguousarray(blocks["end_ip"])
         self.code = runs.ICLASS_CODE[blocks["iclass"]]
-        self.fall = blocks["end_ip"] + blocks["size"].astype(np.uint64)
-        self.tsc = blocks["tsc"]
+        self.fall = self.end + blocks["size"].astype(np.uint64)
+        self.tsc = np.ascontiguousarray(blocks["tsc"])
         self.start = start
+        self.scanned = 0            # transfers [0, scanned) solve has seen
 
 

@@ -62,6 +62,9 @@ class Profile:
                                   ("main", "?"), ("tid", "<i8")])
         self._main_seen: set = set()               # thread keys that ran main
         self._stream = 0
+        self._hk_known = np.zeros(0, np.int64)     # _rows' keys seen (sorted)
+        self._hk_rows = np.zeros(0, np.int64)      # ... and their rows
+        self._hk_names = None                      # ... of this names table
         self._legacy: RecordChunker | None = None
         self._info = None
 
@@ -72,6 +75,9 @@ class Profile:
         self._stream += 1
         self._info = info
         self._open = self._open[:0]
+        # (a new builder: its name ids and threads are its own)
+        self._hk_known = np.zeros(0, np.int64)
+        self._hk_rows = np.zeros(0, np.int64)
         if unit:
             self.units.add(unit)
 
@@ -168,8 +174,10 @@ class Profile:
         rest = np.flatnonzero(~ending)
         rest = rest[np.isin(op["key"][rest], xkey)]
         cand = np.sort(np.concatenate((jj[found], rest)))
-        key, e, x = op["key"][cand], op["eseq"][cand], xend[cand]
-        order = np.lexsort((e, key))
+        key, x = op["key"][cand], xend[cand]
+        # by (key, begin): op is in begin order, and so is cand -- a stable
+        # sort by key alone
+        order = np.argsort(key, kind="stable")
         key, x = key[order], x[order]
         sorted_idx = cand[order]
         inv = np.full(len(op), -1, np.int64)
@@ -193,8 +201,21 @@ class Profile:
         u, first, inv = np.unique(hk, return_index=True, return_inverse=True)
         inv = np.asarray(inv).reshape(-1)
         out = np.empty(len(u), np.int64)
+        # keys seen in this stream's earlier chunks (of the same names
+        # table: the hash holds a name id): their rows at once
+        if self._hk_names is not names:
+            self._hk_names = names
+            self._hk_known = self._hk_rows = np.zeros(0, np.int64)
+        known, krow = self._hk_known, self._hk_rows
+        if len(known):
+            pos = np.minimum(np.searchsorted(known, u), len(known) - 1)
+            hit = known[pos] == u
+            out[hit] = krow[pos[hit]]
+            new = np.flatnonzero(~hit)
+        else:
+            new = np.arange(len(u))
         nt = names.names
-        for j, i in enumerate(first.tolist()):
+        for j, i in zip(new.tolist(), first[new].tolist()):
             func = int(X["func"][i])
             pi = int(part[i])
             key = (nt[int(X["name"][i])], None if func == _UNKNOWN else func,
@@ -208,6 +229,11 @@ class Profile:
                     grow[:len(self._acc)] = self._acc
                     self._acc = grow
             out[j] = r
+        if len(new):
+            k = np.concatenate((known, u[new]))
+            o = np.argsort(k, kind="stable")
+            self._hk_known = k[o]
+            self._hk_rows = np.concatenate((krow, out[new]))[o]
         return out[inv]
 
     def close(self) -> None:

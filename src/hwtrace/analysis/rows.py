@@ -181,9 +181,13 @@ class Pending:
         ct = np.bincount(tgt, dur[here], len(X))
         acc = self._child
         if acc:
+            # callee sums carried from earlier flushes (a few open
+            # activations: each looked up among the sorted ids)
             keys = np.fromiter(acc.keys(), np.int64, len(acc))
-            for i in np.flatnonzero(np.isin(ids, keys)).tolist():
-                a = acc.pop(int(ids[i]))
+            k = np.minimum(np.searchsorted(sid, keys), len(sid) - 1)
+            hit = sid[k] == keys
+            for key, i in zip(keys[hit].tolist(), order[k[hit]].tolist()):
+                a = acc.pop(key)
                 ci[i] += a[0]
                 ct[i] += a[1]
         X["child_insns"] = ci

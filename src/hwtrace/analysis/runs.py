@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag
 from hwtrace.analysis.slices import PATH_MUL, SLICE, Cols
 
@@ -90,9 +91,36 @@ class Committed(NamedTuple):
     paths: tuple            # (path, parent path, name) of every open
 
 
+class Match(NamedTuple):
+    """What the matching of a run found, before the rows are made (the
+    compiled core's and the twin's common answer; indices into the run).
+
+    Opens (calls and tail calls, in order) ``o_*``, closes (returns and
+    tail calls, in order) ``x_*``; a frame is named by the index of its
+    open, or -1 for a frame of the stack the run began on."""
+
+    k: int                  # transfers committed
+    keep: int               # frames of the old stack still there
+    d_end: int              # frames on the stack after the run
+    o_tr: np.ndarray        # i8 the transfer that opened it
+    o_lvl: np.ndarray       # i8 its level
+    o_ret: np.ndarray       # u8 its return address
+    o_ret_ok: np.ndarray    # bool the return address is known
+    o_flags: np.ndarray     # u4 FAR / TAIL_CALL
+    o_pfr: np.ndarray       # i8 its parent's open (-1: an old frame, or none)
+    x_tr: np.ndarray        # i8 the transfer that closed it
+    x_lvl: np.ndarray       # i8 its level
+    x_fr: np.ndarray        # i8 its open (-1: the old frame at x_lvl)
+    top_fr: np.ndarray      # i8 the open of each level keep..d_end-1
+    unknown: np.ndarray     # u8 addresses to register as unknown names first
+    o_nid: np.ndarray | None = None   # i4 name ids of the opens (-1: unknown
+    #                                   code), or None: the names resolve them
+
+
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
-          lookup: bool, paths: bool = True) -> Committed:
+          lookup: bool, paths: bool = True, impl: str | None = None,
+          scanned: int = 0) -> Committed:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -101,17 +129,33 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     anchor gets ``seq0 + 4j``, its close ``+1`` and its open ``+2``);
     ``tx``: frames opened now are inside a TSX transaction; ``lookup``:
     symbols exist (tail calls and unwinding jumps can be recognized);
-    ``paths``: compute call-path hashes (else 0)."""
+    ``paths``: compute call-path hashes (else 0).  ``impl``: "python"
+    or "compiled" (default: :data:`._runs_impl.CORE`); ``scanned``:
+    transfers [0, scanned) went through an earlier call already (the
+    names of their unknown jump targets are registered: the compiled
+    core need not look again past the cut)."""
+    core = _runs_impl.core_for(impl)
+    if core is None:
+        m = match(tr, stack, names, max_depth=max_depth, lookup=lookup)
+    else:
+        m = _match_compiled(core, tr, stack, names, max_depth=max_depth,
+                            lookup=lookup, scanned=scanned)
+    return commit(m, tr, stack, names, seq0=seq0, next_id=next_id, pid=pid,
+                  tid=tid, paths=paths, core=core)
+
+
+def jump_kinds(tr: Transfers, names):
+    """(tail, spec, spec_start) per transfer: a taken jump to the start
+    of a known function (a tail call); an unconditional jump out of its
+    function into a known one (maybe unwinding), and that function's
+    start."""
     code, fall, tgt = tr.code, tr.fall, tr.tgt
     n = len(code)
-    s0 = len(stack)
-    taken = tgt != fall
-    opener = ((code == CALL) & taken) | (code == FCALL)
-    closer = (code == RET) | (code == FRET)
-    jumpish = ((code == JUMP) | (code == COND)) & taken
+    jumpish = ((code == JUMP) | (code == COND)) & (tgt != fall)
     tail = np.zeros(n, bool)
     spec = np.zeros(n, bool)
-    if lookup and jumpish.any():
+    spec_start = None
+    if jumpish.any():
         jpos = np.flatnonzero(jumpish)
         is_start = names.starts(tgt[jpos])
         tail[jpos[is_start]] = True
@@ -123,9 +167,26 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         spec[j2[known]] = True
         spec_start = np.zeros(n, _U8)
         spec_start[j2] = start
+    return tail, spec, spec_start
+
+
+def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
+          lookup: bool) -> Match:
+    """The Python twin of the matching: all transfers at once (numpy)."""
+    code, fall, tgt = tr.code, tr.fall, tr.tgt
+    n = len(code)
+    s0 = len(stack)
+    taken = tgt != fall
+    opener = ((code == CALL) & taken) | (code == FCALL)
+    closer = (code == RET) | (code == FRET)
+    if lookup:
+        tail, spec, spec_start = jump_kinds(tr, names)
+    else:
+        tail = spec = np.zeros(n, bool)
+        spec_start = None
     ev = np.flatnonzero(opener | closer | tail | spec)
     if not len(ev):
-        return _nothing(n, stack)
+        return _no_match(n, s0)
     e_open = opener[ev]
     e_close = closer[ev]
     e_tail = tail[ev]
@@ -133,7 +194,6 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     delta = e_open.astype(np.int64) - e_close
     depth = s0 + np.cumsum(delta) - delta           # frames before each event
     ne = len(ev)
-    pos = np.arange(ne, dtype=np.int64)
     M = 2 * ne + 2
     # every event that opens a level: calls (level = depth), tail calls
     # (level = depth - 1); sorted by (level, position)
@@ -224,98 +284,171 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     cut = int(np.argmax(bad)) if bad.any() else ne
     k = int(ev[cut]) if cut < ne else n
     if cut == 0:
-        return _nothing(k, stack)
+        return _no_match(k, s0)
 
-    # -- commit events [0, cut) ---------------------------------------------------
-    oc = o_ev < cut                       # committed opens (o_ev is sorted)
-    no = int(oc.sum())
-    o_ev_c = o_ev[:no]
+    # -- the committed events [0, cut) ----------------------------------------------
+    no = int(np.searchsorted(o_ev, cut))      # committed opens (o_ev is sorted)
     o_lvl_c = o_lvl[:no]
-    ids = next_id + np.arange(no, dtype=np.int64)
-    land = tr.land_idx
-    # parents: the frame at level - 1 (or none at level 0)
     p_lvl = o_lvl_c - 1
-    p_fr = frame_at(np.maximum(p_lvl, 0), o_ev_c) if no else np.zeros(0, np.int64)
-    p_run = p_fr >= 0
-    pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
-    parent = np.where(p_lvl < 0, -1,
-                      np.where(p_run, next_id + np.maximum(p_fr, 0), stack["id"][pc]))
-    _start, o_nid, _known = names.resolve(o_func[:no])
-    # call paths: parent path * MUL + name + 1, parents first (pointer doubling)
-    base_path = np.where(p_lvl < 0, _U8(0),
-                         np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
-    if paths:
-        path = _paths(o_nid, np.where(p_run & (p_lvl >= 0), p_fr, -1), base_path)
-        ppath = np.where(p_run & (p_lvl >= 0), path[np.maximum(p_fr, 0)], base_path)
-    else:
-        path = ppath = np.zeros(no, _U8)
-    flags = np.where(e_tail[o_ev_c], _TAIL | np.where(o_far[:no], _FAR, 0),
-                     np.where(o_far[:no], _FAR, 0)).astype(np.uint32)
-    o_tr = ev[o_ev_c]
-    enters = Cols.zeros(no)
-    enters["id"] = ids
-    enters["parent"] = parent
-    enters["func"] = o_func[:no]
-    enters["name"] = o_nid
-    enters["depth"] = o_lvl_c
-    enters["flags"] = flags
-    enters["pid"] = pid
-    enters["tid"] = tid
-    enters["begin_idx"] = land[o_tr]
-    enters["eseq"] = seq0 + 4 * o_tr.astype(np.int64) + 2
-    enters["path"] = path
-    enters["xseq"] = -1
-    enters["end_idx"] = -1
-    # closes: exits of run frames and of the initial stack's
-    cm = c_ev < cut
-    x_ev = c_ev[cm]
-    x_fr = c_fr[cm]
-    x_lvl = c_lvl[cm]
-    x_run = x_fr >= 0
-    xf = np.maximum(x_fr, 0)
-    lv = np.minimum(x_lvl, s0 - 1)
-    src = xf if no else np.zeros(len(xf), np.int64)
-    old_i = np.flatnonzero(~x_run)
-    old_lv = lv[old_i]
-    cols = {}
-    for f in ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
-              "path", "pid", "tid"):
-        if no:
-            c = enters[f][src]
-            c[old_i] = stack[f][old_lv]
-        else:
-            c = stack[f][lv].copy()
-        cols[f] = c
-    cols["depth"] = x_lvl.astype(np.int32)
-    m = len(x_ev)
-    cols["begin"] = np.zeros(m)
-    cols["end"] = np.zeros(m)
-    cols["child_insns"] = np.zeros(m, np.int64)
-    cols["child_time"] = np.zeros(m)
-    cols["end_idx"] = np.zeros(m, np.int64)
-    cols["xseq"] = np.zeros(m, np.int64)
-    exits = Cols({f: cols[f].astype(SLICE_T[f], copy=False) for f in SLICE_T}, m)
-    x_tr = ev[x_ev]
-    exits["end_idx"] = land[x_tr]
-    exits["xseq"] = seq0 + 4 * x_tr.astype(np.int64) + 1
+    p_fr = frame_at(np.maximum(p_lvl, 0), o_ev[:no]) if no else np.zeros(0, np.int64)
+    o_pfr = np.where(p_lvl >= 0, p_fr, -1)
+    o_flags = np.where(e_tail[o_ev[:no]], _TAIL | np.where(o_far[:no], _FAR, 0),
+                       np.where(o_far[:no], _FAR, 0)).astype(np.uint32)
+    nx = int(np.searchsorted(c_ev, cut))
+    x_lvl = c_lvl[:nx]
+    x_fr = c_fr[:nx]
     # the stack after: the initial frames below the lowest one closed, then
     # for each level above the frame last opened there (still open)
     d_end = int(depth[cut - 1] + delta[cut - 1])
-    closed_carried = x_lvl[~x_run]
+    closed_carried = x_lvl[x_fr < 0]
     keep = int(closed_carried.min()) if len(closed_carried) else s0
     keep = min(keep, d_end)
     lv = np.arange(keep, d_end, dtype=np.int64)
     top_fr = frame_at(lv, np.full(len(lv), cut, np.int64)) if len(lv) else \
         np.zeros(0, np.int64)
-    top = np.zeros(len(lv), STACK)
-    if len(lv):
-        src = enters[top_fr]
+    return Match(k, keep, d_end, ev[o_ev[:no]].astype(np.int64), o_lvl_c.astype(np.int64),
+                 o_ret[:no].astype(_U8), o_ret_ok[:no], o_flags, o_pfr.astype(np.int64),
+                 ev[c_ev[:nx]].astype(np.int64), x_lvl.astype(np.int64),
+                 x_fr.astype(np.int64), top_fr.astype(np.int64), np.zeros(0, _U8))
+
+
+def _no_match(k: int, s0: int) -> Match:
+    z8, zu = np.zeros(0, np.int64), np.zeros(0, _U8)
+    return Match(k, s0, s0, z8, z8, zu, np.zeros(0, bool), np.zeros(0, np.uint32),
+                 z8, z8, z8, z8, z8, zu)
+
+
+def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
+                    max_depth: int, lookup: bool, scanned: int = 0) -> Match:
+    """The compiled core's matching: one walk over the transfers.  The
+    symbol questions it asks of the names' merged table itself; over a
+    lookup callback (no merged table) the twin answers them first."""
+    table = None
+    flags = spec_start = None
+    if lookup:
+        table = names.table()
+        if table is None:
+            tail, spec, spec_start = jump_kinds(tr, names)
+            flags = tail.view(np.uint8) | (spec.view(np.uint8) << 1)
+            if spec_start is None:
+                spec_start = np.zeros(len(tr.code), _U8)
+    far = ((stack["flags"] & _FAR) != 0)
+    r = core.walk(np.ascontiguousarray(tr.code), np.ascontiguousarray(tr.fall),
+                  np.ascontiguousarray(tr.tgt), np.ascontiguousarray(tr.src),
+                  np.ascontiguousarray(stack["func"]), np.ascontiguousarray(stack["ret"]),
+                  np.ascontiguousarray(stack["ret_ok"]).view(np.uint8),
+                  far.view(np.uint8), int(max_depth), table, flags, spec_start,
+                  int(scanned))
+    (k, keep, d_end, o_tr, o_lvl, o_ret, o_ret_ok, o_flags, o_pfr, x_tr, x_lvl,
+     x_fr, top_fr, unknown, o_nid) = r
+    i8 = np.int64
+    return Match(k, keep, d_end, np.frombuffer(o_tr, i8), np.frombuffer(o_lvl, i8),
+                 np.frombuffer(o_ret, _U8), np.frombuffer(o_ret_ok, bool),
+                 np.frombuffer(o_flags, np.uint32), np.frombuffer(o_pfr, i8),
+                 np.frombuffer(x_tr, i8), np.frombuffer(x_lvl, i8),
+                 np.frombuffer(x_fr, i8), np.frombuffer(top_fr, i8),
+                 np.frombuffer(unknown, _U8),
+                 None if o_nid is None else np.frombuffer(o_nid, np.int32))
+
+
+def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
+           next_id: int, pid: int, tid: int, paths: bool, core=None) -> Committed:
+    """The rows of a match: the activations opened (``enters``), those
+    closed (``exits``), the stack after."""
+    if len(m.unknown):
+        names.register_unknown(m.unknown)
+    no = len(m.o_tr)
+    if not no and not len(m.x_tr):
+        return _nothing(m.k, stack)
+    s0 = len(stack)
+    tgt, land = tr.tgt, tr.land_idx
+    o_tr, o_lvl, o_pfr = m.o_tr, m.o_lvl, m.o_pfr
+    o_func = tgt[o_tr]
+    # parents: the frame at level - 1 (or none at level 0)
+    p_lvl = o_lvl - 1
+    p_run = o_pfr >= 0
+    pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
+    parent = np.where(p_lvl < 0, -1,
+                      np.where(p_run, next_id + o_pfr, stack["id"][pc]))
+    if m.o_nid is None:
+        _start, o_nid, _known = names.resolve(o_func)
+    else:
+        o_nid = m.o_nid.copy()
+        unk = np.flatnonzero(o_nid < 0)
+        if len(unk):
+            o_nid[unk] = names.register_unknown(o_func[unk])
+    # call paths: parent path * MUL + name + 1, parents first
+    base_path = np.where(p_lvl < 0, _U8(0),
+                         np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
+    if paths and no:
+        if core is not None:
+            path = np.frombuffer(core.paths(o_nid.astype(np.int32), o_pfr, base_path),
+                                 _U8)
+        else:
+            path = _paths(o_nid, o_pfr, base_path)
+        ppath = np.where(p_run, path[np.maximum(o_pfr, 0)], base_path)
+    else:
+        path = ppath = np.zeros(no, _U8)
+    flags = m.o_flags.astype(np.uint32)
+    begin_idx = land[o_tr]
+    eseq = seq0 + 4 * o_tr + 2
+    e = {"id": next_id + np.arange(no, dtype=np.int64),
+         "parent": parent.astype(np.int64, copy=False),
+         "func": o_func.astype(_U8, copy=False),
+         "name": o_nid.astype(np.int32, copy=False),
+         "depth": o_lvl.astype(np.int32),
+         "flags": flags,
+         "pid": np.full(no, pid, np.int64),
+         "tid": np.full(no, tid, np.int64),
+         "begin_idx": begin_idx.astype(np.int64, copy=False),
+         "end_idx": np.full(no, -1, np.int64),
+         "eseq": eseq,
+         "xseq": np.full(no, -1, np.int64),
+         "path": path.astype(_U8, copy=False),
+         "begin": np.zeros(no),
+         "end": np.zeros(no),
+         "child_insns": np.zeros(no, np.int64),
+         "child_time": np.zeros(no)}
+    enters = Cols(e, no)
+    # closes: exits of run frames and of the initial stack's
+    x_tr, x_fr, x_lvl = m.x_tr, m.x_fr, m.x_lvl
+    nx = len(x_tr)
+    old_i = np.flatnonzero(x_fr < 0)
+    lv = np.minimum(x_lvl, s0 - 1)
+    x = {}
+    if no and len(old_i) < nx:
+        src = np.maximum(x_fr, 0)
+        old_lv = lv[old_i]
+        for f in _CARRIED:
+            c = e[f][src]
+            if len(old_i):
+                c[old_i] = stack[f][old_lv]
+            x[f] = c
+    else:
+        for f in _CARRIED:
+            x[f] = stack[f][lv].astype(SLICE_T[f])
+    x["depth"] = x_lvl.astype(np.int32)
+    x["begin"] = np.zeros(nx)
+    x["end"] = np.zeros(nx)
+    x["child_insns"] = np.zeros(nx, np.int64)
+    x["child_time"] = np.zeros(nx)
+    x["end_idx"] = land[x_tr].astype(np.int64, copy=False)
+    x["xseq"] = seq0 + 4 * x_tr + 1
+    exits = Cols(x, nx)
+    top_fr = m.top_fr
+    top = np.zeros(len(top_fr), STACK)
+    if len(top_fr):
         for f in ("id", "parent", "func", "name", "flags", "pid", "tid",
                   "begin_idx", "eseq", "path"):
-            top[f] = src[f]
-        top["ret"] = o_ret[top_fr]
-        top["ret_ok"] = o_ret_ok[top_fr]
-    return Committed(k, enters, exits, keep, top, no, (path, ppath, o_nid))
+            top[f] = e[f][top_fr]
+        top["ret"] = m.o_ret[top_fr]
+        top["ret_ok"] = m.o_ret_ok[top_fr]
+    return Committed(m.k, enters, exits, m.keep, top, no, (path, ppath, o_nid))
+
+
+#: the fields an exit takes from its activation's begin
+_CARRIED = ("id", "parent", "func", "name", "flags", "begin_idx", "eseq",
+            "path", "pid", "tid")
 
 
 def _nothing(k: int, stack: np.ndarray) -> Committed:

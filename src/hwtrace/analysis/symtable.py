@@ -32,6 +32,7 @@ class AddrTable:
         self._fstarts = None
         self._bits = None
         self._unk_keys = self._unk_ids = None   # _unknown_ids' cache
+        self._table = None                      # table()'s arrays
         images = getattr(lookup, "images", None)
         if images is None:
             images = getattr(getattr(lookup, "__self__", None), "images", None)
@@ -105,6 +106,42 @@ class AddrTable:
         known = np.array([r[2] for r in rows], bool)[inv]
         return start, nid, known
 
+    def table(self):
+        """The merged table as ``(lo, hi, start, fstarts, nid, bits)``
+        arrays (what :meth:`resolve`, :meth:`same_function` and
+        :meth:`starts` search -- ``bits`` :meth:`starts`' bitmap of hashed
+        starts, packed 8 to a byte; a compiled core asks them itself),
+        or None over a callback."""
+        if self._lo is None:
+            return None
+        if self._table is None:
+            self._table = (np.ascontiguousarray(self._lo, _U8),
+                           np.ascontiguousarray(self._hi, _U8),
+                           np.ascontiguousarray(self._start, _U8),
+                           np.ascontiguousarray(self._fstarts, _U8),
+                           np.ascontiguousarray(self._nid, np.int32),
+                           None if self._fstarts is None else
+                           np.packbits(self._start_bits(), bitorder="little"))
+        return self._table
+
+    def _start_bits(self):
+        """bool per hash (:func:`_hash`) of a function start: whether some
+        start hashes there (None without a merged table)."""
+        fs = self._fstarts
+        if fs is None:
+            return None
+        if self._bits is None:
+            self._bits = np.zeros(1 << _HBITS, bool)
+            self._bits[_hash(fs)] = True
+        return self._bits
+
+    def register_unknown(self, addrs: np.ndarray) -> np.ndarray:
+        """Name the addresses no symbol names, as :meth:`resolve` of them
+        would (new names are registered in address order): their ids."""
+        if not len(addrs):
+            return np.zeros(0, np.int32)
+        return self._unknown_ids(np.asarray(addrs, _U8))
+
     def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
         """The name ids of addresses no symbol names (``0x401000``): those
         seen before from sorted arrays at once, new ones registered in
@@ -176,10 +213,7 @@ class AddrTable:
             if not len(fs):
                 return np.zeros(len(addrs), bool)
             # a bitmap of hashed starts first: most addresses are no start
-            if self._bits is None:
-                self._bits = np.zeros(1 << _HBITS, bool)
-                self._bits[_hash(fs)] = True
-            out = self._bits[_hash(addrs)]
+            out = self._start_bits()[_hash(addrs)]
             maybe = np.flatnonzero(out)
             if len(maybe):
                 a = addrs[maybe]

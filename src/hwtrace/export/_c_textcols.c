@@ -13,6 +13,12 @@
  * an int64 buffer of n lengths, clamped to [0, w], of the bytes taken from
  * the row's left (right false) or right end (right true).
  *
+ *   digits(v, width) -> bytearray
+ *
+ * The twin of textcols._digits: n rows of ``width`` ASCII digits, the
+ * uint64 values of ``v`` right-aligned and zero-padded (the low ``width``
+ * digits of a value with more).
+ *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
  */
@@ -24,7 +30,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 1
+#define ABI 2
 
 typedef struct {
     Py_buffer m, ln;
@@ -139,9 +145,50 @@ done:
     return res;
 }
 
+static PyObject *py_digits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "digits(v, width)");
+        return NULL;
+    }
+    Py_ssize_t w = PyLong_AsSsize_t(args[1]);
+    if (w < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "digits: width < 0");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    PyObject *res = NULL;
+    if (b.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "digits: v is not uint64");
+        goto done;
+    }
+    Py_ssize_t n = b.len / 8;
+    res = PyByteArray_FromStringAndSize(NULL, n * w);
+    if (!res)
+        goto done;
+    char *out = PyByteArray_AS_STRING(res);
+    const uint64_t *v = b.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = v[i];
+        char *row = out + i * w;
+        for (Py_ssize_t k = w - 1; k >= 0; k--) {
+            row[k] = (char)('0' + x % 10);
+            x /= 10;
+        }
+    }
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"assemble", (PyCFunction)(void (*)(void))py_assemble, METH_FASTCALL,
      "assemble(n, cols) -> bytes"},
+    {"digits", (PyCFunction)(void (*)(void))py_digits, METH_FASTCALL,
+     "digits(v, width) -> bytearray"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -3,7 +3,8 @@
 :meth:`hwtrace.export.textcols.Lines.render` and ``.text`` look
 :data:`CORE` up: the extension module ``hwtrace.export._c_textcols``
 (source ``_c_textcols.c`` next to this file), or ``None`` for the Python
-twin (the byte matrix and its mask) -- see :mod:`hwtrace._ext` for the
+twin (the byte matrix and its mask), and :func:`~hwtrace.export.textcols._digits`
+the same (``digits``) -- see :mod:`hwtrace._ext` for the
 selection rules (``HWTRACE_NO_EXTENSIONS=1``,
 ``HWTRACE_REQUIRE_EXTENSIONS=1``).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.export._c_textcols"
-ABI = 1
+ABI = 2
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

@@ -140,7 +140,7 @@ class ChromeTraceWriter:
             self._first = False
         else:
             self._fp.write(",\n")
-        self._fp.write(text[:-2].decode())
+        _write_ascii(self._fp, memoryview(text)[:-2])
         self.slices += n
 
     def _flag_table(self, flags: np.ndarray, head: bytes, tail: bytes) -> list:
@@ -201,3 +201,24 @@ class ChromeTraceWriter:
             data.update(other)
         self._fp.write('\n],"displayTimeUnit":"ns","otherData":'
                        + json.dumps(data) + "}\n")
+
+
+def _write_ascii(fp, data) -> None:
+    """ASCII bytes to a text file: straight to its byte buffer when the
+    file's encoding writes ASCII as itself (no decoding and encoding again
+    of megabytes per chunk), else decoded."""
+    buf = getattr(fp, "buffer", None)
+    if buf is not None and _ascii_encoding(getattr(fp, "encoding", None)):
+        fp.flush()                  # what the text layer holds goes first
+        buf.write(data)
+    else:
+        fp.write(bytes(data).decode())
+
+
+def _ascii_encoding(enc) -> bool:
+    import codecs
+    try:
+        return enc is not None and codecs.lookup(enc).name in (
+            "utf-8", "ascii", "iso8859-1", "cp1252")
+    except LookupError:
+        return False

@@ -108,8 +108,8 @@ class FoldedWriter:
                 wnode = np.where(wp[wo][j] == node, ww[wo][j], 0.0)
                 del seen, nodes, parents, nids
                 head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
-                # pending children share their parent's frames (a child's
-                # list is made when it is taken)
+                # a node's frames are a string (and how many frames it
+                # holds): a child's line is its parent's plus its name
                 # every node's children: order[lo[k]:hi[k]] (all at once;
                 # the root's, path 0, apart)
                 lo_l = np.searchsorted(sp, node, "left").tolist()
@@ -118,18 +118,27 @@ class FoldedWriter:
                 hi0 = int(np.searchsorted(sp, np.uint64(0), "right"))
                 order_l = order.tolist()
                 nid_l = nid.tolist()
-                stack = [(-1, head, None, self._root is None)]
+                wnode_l = wnode.tolist()
+                cname: dict[int, str] = {}
+                root = self._root
+                stack = [(-1, ";".join(head), len(head), root is None)]
                 while stack:
-                    q, prefix, name, rooted = stack.pop()
-                    frames = prefix if name is None else prefix + [name]
+                    q, frames, nf, rooted = stack.pop()
                     lo, hi = (lo0, hi0) if q < 0 else (lo_l[q], hi_l[q])
                     for k in order_l[lo:hi]:
-                        cn = names[nid_l[k]].replace(";", ":")
-                        r = rooted or cn == self._root
-                        w = wnode[k]
+                        i = nid_l[k]
+                        cn = cname.get(i)
+                        if cn is None:
+                            cn = cname[i] = names[i].replace(";", ":")
+                        r = rooted or cn == root
+                        line = frames + ";" + cn if nf else cn
+                        w = wnode_l[k]
                         if w and r:
-                            yield ";".join(frames + [cn]), w
-                        stack.append((k, frames, cn if r else None, r))
+                            yield line, w
+                        if r:
+                            stack.append((k, line, nf + 1, True))
+                        else:
+                            stack.append((k, frames, nf, False))
 
     @property
     def stacks(self) -> dict[str, float]:
@@ -154,10 +163,16 @@ class FoldedWriter:
     def close(self) -> None:
         self._flush_legacy()
         w = self._fp.write
+        out = []
         for key, v in self._lines():
             v = int(round(v))
             if v > 0:
-                w(f"{key} {v}\n")
+                out.append(f"{key} {v}\n")
+                if len(out) >= 4096:
+                    w("".join(out))
+                    out = []
+        if out:
+            w("".join(out))
 
 
 class _Weights:

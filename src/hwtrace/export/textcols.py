@@ -29,9 +29,14 @@ def _ndigits(v: np.ndarray) -> np.ndarray:
             .astype(np.int64)).clip(1, None)
 
 
-def _digits(v: np.ndarray, width: int) -> np.ndarray:
+def _digits(v: np.ndarray, width: int, impl: str | None = None) -> np.ndarray:
     """(n, width) ASCII digits of non-negative integers, right-aligned,
-    zero-padded."""
+    zero-padded (the compiled core's, or the twin's below)."""
+    from hwtrace.export import _textcols_impl
+    core = _textcols_impl.core_for(impl)
+    if core is not None:
+        x = np.ascontiguousarray(v, np.uint64)
+        return np.frombuffer(core.digits(x, width), np.uint8).reshape(len(x), width)
     n = len(v)
     mat = np.empty((n, width), np.uint8)
     x = v.astype(np.uint64)

@@ -1,0 +1,28 @@
+"""Which call-stack matcher runs: the compiled core or the Python twin.
+
+:func:`hwtrace.analysis.runs.solve` looks :data:`CORE` up: the extension
+module ``hwtrace.analysis._c_runs`` (source ``_c_runs.c`` next to this
+file: one walk over a run's transfers), or ``None`` for the Python twin
+(:func:`~hwtrace.analysis.runs.match`, numpy over all transfers at once)
+-- see :mod:`hwtrace._ext` for the selection rules
+(``HWTRACE_NO_EXTENSIONS=1``, ``HWTRACE_REQUIRE_EXTENSIONS=1``).
+"""
+
+from __future__ import annotations
+
+from hwtrace import _ext
+
+NAME = "hwtrace.analysis._c_runs"
+ABI = 5
+
+#: how the selection went (see hwtrace._ext.Status).
+STATUS = _ext.select(NAME, ABI)
+
+#: the compiled core in use by default, or None (the Python twin).
+CORE = STATUS.module
+
+
+def core_for(impl: str | None):
+    """The core for ``impl``: None -> the default (:data:`CORE`),
+    ``"python"`` -> None, ``"compiled"`` -> the extension module."""
+    return _ext.core_for(impl, CORE, NAME, ABI, "call-stack matcher")

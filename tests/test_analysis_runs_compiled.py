@@ -1,0 +1,329 @@
+"""The compiled call-stack matcher (hwtrace.analysis._c_runs) gives what
+its Python twin (runs.match, runs._paths) gives: the same Match, the same
+rows, the same names registered in the same order -- on random runs over
+a merged symbol table and over a lookup callback, on hand-made edge
+cases (returns without calls, calls never returned from, tail calls,
+jumps that may unwind, a depth limit, far calls), and end to end on real
+recordings through the builder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hwtrace.analysis import _runs_impl, runs
+from hwtrace.analysis.records import Flag
+from hwtrace.analysis.slices import SLICE, NameTable
+from hwtrace.analysis.symtable import AddrTable
+
+U8 = np.uint64
+CALL, RET, JUMP, COND, FCALL, FRET = (runs.CALL, runs.RET, runs.JUMP, runs.COND,
+                                      runs.FCALL, runs.FRET)
+
+
+def test_core_loaded_where_expected():
+    st = _runs_impl.STATUS
+    st.check()          # raises if expected (REQUIRE or built) but unusable
+    if st.disabled:
+        assert _runs_impl.CORE is None
+    elif st.expected:
+        assert _runs_impl.CORE is not None
+
+
+def _core():
+    return _runs_impl.core_for("compiled")
+
+
+# -- a program: functions of 0x100 bytes from 0x1000, one gap of unknown code --
+FUNCS = [0x1000 + 0x100 * i for i in range(12)]
+NAMES = [f"f{i}" for i in range(12)]
+NAMES[5] = "f5.cold"                    # a .cold part: never a tail-call target
+UNKNOWN = 0x9000                        # no symbol covers 0x9000..
+
+
+class _Image:
+    low, high, bias = 0x1000, 0x1000 + 0x100 * 12, 0
+    _starts = FUNCS
+    _ends = [a + 0x100 for a in FUNCS]
+    _names = NAMES
+
+
+class _Sym:
+    images = [_Image()]
+
+    def lookup(self, addr):
+        for a, n in zip(FUNCS, NAMES):
+            if a <= addr < a + 0x100:
+                return a, n
+        return None
+
+
+def _table(merged: bool) -> AddrTable:
+    s = _Sym()
+    t = AddrTable(s.lookup if merged else (lambda a: s.lookup(a)), NameTable())
+    assert (t.table() is not None) == merged
+    return t
+
+
+def _stack(frames):
+    """STACK rows: (func, ret or None) from the bottom."""
+    st = np.zeros(len(frames), runs.STACK)
+    for i, (func, ret) in enumerate(frames):
+        st[i]["id"] = 1000 + i
+        st[i]["parent"] = 999 + i if i else -1
+        st[i]["func"] = func
+        st[i]["name"] = i
+        st[i]["pid"], st[i]["tid"] = 7, 8
+        st[i]["path"] = 31 * (i + 1)
+        st[i]["ret"] = ret or 0
+        st[i]["ret_ok"] = ret is not None
+        st[i]["flags"] = int(Flag.FAR) if i == 1 else 0
+    return st
+
+
+def _tr(rows):
+    """Transfers from (code, src, fall, tgt) rows."""
+    code = np.array([r[0] for r in rows], np.int8)
+    src = np.array([r[1] for r in rows], U8)
+    fall = np.array([r[2] for r in rows], U8)
+    tgt = np.array([r[3] for r in rows], U8)
+    land = np.arange(1, len(rows) + 1, dtype=np.int64) * 3
+    return runs.Transfers(code, fall, tgt, land, src)
+
+
+def _random_run(rng, n, stack_funcs):
+    """A plausible run: calls, returns to where the caller expects (and now
+    and then elsewhere), jumps within and out of functions, tail calls."""
+    rows = []
+    stack = [(f, None) for f in stack_funcs]
+    pc = stack_funcs[-1] + 0x10
+    for _ in range(n):
+        r = rng.random()
+        cur = stack[-1][0] if stack else FUNCS[0]
+        src = pc
+        fall = src + 5
+        if r < 0.25 and len(stack) < 40:
+            f = FUNCS[rng.integers(0, 12)] if rng.random() < 0.9 else UNKNOWN + 0x40
+            code = CALL if rng.random() < 0.95 else FCALL
+            tgt = f if rng.random() < 0.97 else fall          # call to fall-through
+            rows.append((code, src, fall, tgt))
+            if tgt != fall or code == FCALL:
+                stack.append((f, fall))
+            pc = tgt + 0x8
+        elif r < 0.5:
+            if stack and stack[-1][1] is not None and rng.random() < 0.95:
+                tgt = stack[-1][1]
+                stack.pop()
+            else:
+                tgt = FUNCS[rng.integers(0, 12)] + 0x30       # unexpected
+            rows.append((RET if rng.random() < 0.97 else FRET, src, fall, tgt))
+            pc = tgt
+        elif r < 0.65:
+            # a tail call (or a jump to a .cold part, or to itself)
+            f = FUNCS[rng.integers(0, 12)]
+            rows.append((JUMP if rng.random() < 0.5 else COND, src, fall, f))
+            if stack:
+                stack[-1] = (f, stack[-1][1])
+            pc = f + 0x8
+        elif r < 0.68:
+            # out of the function, into another's middle or unknown code
+            tgt = (FUNCS[rng.integers(0, 12)] + 0x48) if rng.random() < 0.8 \
+                else UNKNOWN + int(rng.integers(0, 0x400))
+            rows.append((JUMP, src, fall, tgt))
+            pc = tgt
+        else:
+            # within the function (taken or not), or nothing
+            code = [JUMP, COND, runs.NONE][rng.integers(0, 3)]
+            tgt = cur + int(rng.integers(0, 0x100)) if rng.random() < 0.7 else fall
+            rows.append((code, src, fall, tgt))
+            pc = tgt
+    return _tr(rows)
+
+
+def _eq_match(a: runs.Match, b: runs.Match):
+    assert (a.k, a.keep, a.d_end) == (b.k, b.keep, b.d_end)
+    for f in runs.Match._fields[3:]:
+        x, y = getattr(a, f), getattr(b, f)
+        if f in ("unknown", "o_nid"):   # the twin's names resolve them
+            continue
+        assert len(x) == len(y), f
+        assert np.array_equal(np.asarray(x).astype(np.int64),
+                              np.asarray(y).astype(np.int64)), f
+
+
+def _eq_committed(a: runs.Committed, b: runs.Committed):
+    assert (a.k, a.keep, a.opened) == (b.k, b.keep, b.opened)
+    for x, y in ((a.enters, b.enters), (a.exits, b.exits)):
+        assert len(x) == len(y)
+        for f in SLICE.names:
+            assert np.array_equal(x[f], y[f]), f
+    assert np.array_equal(a.top, b.top)
+    for x, y in zip(a.paths, b.paths):
+        assert np.array_equal(x, y)
+
+
+def _both(tr, stack_rows, merged, lookup=True, max_depth=1 << 16, paths=True):
+    out = []
+    for impl in ("python", "compiled"):
+        names = _table(merged)
+        c = runs.solve(tr, stack_rows, names, seq0=100, next_id=50,
+                       max_depth=max_depth, pid=3, tid=4, tx=False,
+                       lookup=lookup, paths=paths, impl=impl)
+        out.append((c, names.names.names))
+    (a, na), (b, nb) = out
+    _eq_committed(a, b)
+    assert na == nb            # the same names, registered in the same order
+    return a
+
+
+def _sub(tr, a):
+    return runs.Transfers(*(x[a:] for x in tr))
+
+
+@pytest.mark.parametrize("merged", [True, False])
+@pytest.mark.parametrize("seed", range(24))
+def test_random_runs_match_twin(seed, merged):
+    """As the builder does: solve, step over the irregular transfer, solve
+    the rest on the stack left -- the whole run, both ways."""
+    rng = np.random.default_rng(seed)
+    sf = [FUNCS[0], FUNCS[1], FUNCS[2]][:1 + seed % 3]
+    frames = [(f, (FUNCS[0] + 0x50 + i) if i or seed % 2 else None)
+              for i, f in enumerate(sf)]
+    tr = _random_run(rng, int(rng.integers(1, 2000)), sf)
+    lookup, paths = seed % 5 != 4, seed % 7 != 6
+    st = _stack(frames)
+    tabs = {impl: _table(merged) for impl in ("python", "compiled")}
+    pos, next_id, solves, opened = 0, 0, 0, 0
+    while pos < len(tr.code):
+        part = _sub(tr, pos)
+        m1 = runs.match(part, st, _table(merged), max_depth=64, lookup=lookup)
+        m2 = runs._match_compiled(_core(), part, st, _table(merged), max_depth=64,
+                                  lookup=lookup)
+        _eq_match(m1, m2)
+        out = [runs.solve(part, st, tabs[impl], seq0=4 * pos, next_id=next_id,
+                          max_depth=64, pid=3, tid=4, tx=False, lookup=lookup,
+                          paths=paths, impl=impl) for impl in ("python", "compiled")]
+        _eq_committed(*out)
+        assert tabs["python"].names.names == tabs["compiled"].names.names
+        c = out[0]
+        st = np.concatenate((st[:c.keep], c.top))
+        if not len(st):
+            st = _stack([(FUNCS[0], None)])
+        next_id += c.opened
+        opened += c.opened
+        pos += c.k + 1
+        solves += 1
+    assert opened > len(tr.code) // 20
+
+
+def test_depth_limit_cuts_at_the_call_too_deep():
+    f = FUNCS
+    rows = [(CALL, f[0] + 1, f[0] + 6, f[1]), (CALL, f[1] + 1, f[1] + 6, f[2]),
+            (CALL, f[2] + 1, f[2] + 6, f[3]), (RET, f[3] + 9, 0, f[2] + 6)]
+    c = _both(_tr(rows), _stack([(f[0], None)]), True, max_depth=3)
+    assert c.k == 2 and c.opened == 2
+
+
+def test_return_without_call_from_the_bottom_frame_stops():
+    f = FUNCS
+    rows = [(COND, f[0] + 1, f[0] + 3, f[0] + 0x20), (RET, f[0] + 0x30, 0, f[4] + 8)]
+    c = _both(_tr(rows), _stack([(f[0], None)]), True)
+    assert c.k == 1 and c.opened == 0 and not len(c.exits)
+
+
+def test_unmatched_calls_at_the_end_stay_open():
+    f = FUNCS
+    rows = [(CALL, f[0] + 1, f[0] + 6, f[1]), (CALL, f[1] + 1, f[1] + 6, f[2]),
+            (RET, f[2] + 9, 0, f[1] + 6), (CALL, f[1] + 10, f[1] + 15, f[3])]
+    c = _both(_tr(rows), _stack([(f[0], None)]), True)
+    assert c.k == 4 and c.opened == 3 and len(c.exits) == 1
+    assert c.keep == 1 and [int(x) for x in c.top["func"]] == [f[1], f[3]]
+
+
+def test_tail_calls_carry_the_return_of_an_old_frame():
+    f = FUNCS
+    # the old stack's top (FAR, returning to f0+0x50) tail-calls f3, which
+    # tail-calls f4, which returns where the old frame would have
+    rows = [(JUMP, f[1] + 1, f[1] + 3, f[3]), (COND, f[3] + 1, f[3] + 3, f[4]),
+            (RET, f[4] + 9, 0, f[0] + 0x51), (JUMP, f[0] + 1, f[0] + 3, f[0])]
+    c = _both(_tr(rows), _stack([(f[0], f[0] + 0x50), (f[1], f[0] + 0x51)]), True)
+    assert c.opened == 2 and c.k == 3          # the jump to itself stops it
+    assert [int(x) for x in c.enters["flags"]] == [int(Flag.TAIL_CALL | Flag.FAR)] * 2
+    assert c.keep == 1
+
+
+def test_jump_into_a_caller_stops_a_run_that_may_unwind():
+    f = FUNCS
+    rows = [(CALL, f[0] + 1, f[0] + 6, f[1]), (CALL, f[1] + 1, f[1] + 6, f[2]),
+            (JUMP, f[2] + 9, f[2] + 11, f[0] + 0x48)]     # longjmp-like
+    c = _both(_tr(rows), _stack([(f[0], None)]), True)
+    assert c.k == 2
+    # ... and a jump into unknown code registers its name in both
+    rows[2] = (JUMP, f[2] + 9, f[2] + 11, UNKNOWN + 3)
+    c = _both(_tr(rows), _stack([(f[0], None)]), True)
+    assert c.k == 3
+
+
+def test_far_calls_and_returns():
+    f = FUNCS
+    rows = [(FCALL, f[0] + 1, f[0] + 6, f[1]), (FRET, f[1] + 9, 0, f[0] + 6),
+            (FCALL, f[0] + 8, f[0] + 13, f[0] + 13)]   # a far call is always one
+    c = _both(_tr(rows), _stack([(f[0], None)]), True)
+    assert c.opened == 2 and len(c.exits) == 1
+    assert int(c.enters["flags"][0]) == int(Flag.FAR)
+
+
+def test_paths_match_twin_on_deep_chains():
+    rng = np.random.default_rng(1)
+    n = 5000
+    nid = rng.integers(0, 300, n).astype(np.int32)
+    pfr = np.array([-1 if i == 0 or rng.random() < 0.05 else int(rng.integers(max(0, i - 50), i))
+                    for i in range(n)], np.int64)
+    base = rng.integers(0, 2 ** 63, n).astype(U8)
+    a = runs._paths(nid, pfr, base)
+    b = np.frombuffer(_core().paths(nid, pfr, base), U8)
+    assert np.array_equal(a, b)
+
+
+# -- end to end: the builder over real recordings ------------------------------------
+
+def _slices(bundle, impl, monkeypatch):
+    from hwtrace.analysis import CallStackBuilder
+    from hwtrace.streams import open_bundle
+    monkeypatch.setattr(_runs_impl, "CORE", None if impl == "python" else _core())
+    ts = open_bundle(bundle)
+    out = []
+    for st in ts.streams:
+        b = CallStackBuilder(st.info, ts.symbolizer.lookup)
+        chunks = []
+        for batch in st.batches(view=True):
+            b.feed_batch(batch)
+            chunks += b.take_slices()
+        b.finish()
+        chunks += b.take_slices()
+        rows = []
+        for ch in chunks:
+            for part in (ch.enters, ch.exits):
+                rows += part.tolist()
+            rows += [(s, m.kind, m.index, m.detail) for s, m in ch.markers]
+        out.append((rows, list(b.names.names), b.calls))
+    return out
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    from test_views_batches import FIB_C, MT_C, _gcc, _record
+    d = tmp_path_factory.mktemp("runs")
+    fib = _gcc(d, "fib", FIB_C)
+    mt = _gcc(d, "mt", MT_C, "-pthread")
+    return {"thread": _record(d, "thread", fib, 12, args=("--mode", "thread")),
+            "cpu": _record(d, "cpu", fib, 12),
+            "mt": _record(d, "mt_rec", mt)}
+
+
+@pytest.mark.parametrize("which", ["thread", "cpu", "mt"])
+def test_real_recordings_builder_output_matches_twin(recordings, which, monkeypatch):
+    a = _slices(recordings[which], "python", monkeypatch)
+    b = _slices(recordings[which], "compiled", monkeypatch)
+    assert a == b
+    assert sum(x[2] for x in a) > 100
