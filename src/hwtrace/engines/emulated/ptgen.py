@@ -41,7 +41,9 @@ packet generation tables) and what real captures show:
   clock (CBR = ``nom_freq``), the crystal clock (ART) runs at
   TSC * eax / ebx (CPUID 0x15); MTC at every 2**MTCFreq ART ticks; CYC
   before TNT/TIP/TIP.PGE/TIP.PGD/FUP/MTC packets once at least the
-  CycThresh count of cycles passed.
+  CycThresh count of cycles passed.  An MTC is emitted after the run in
+  which its tick fell, but its CYC counts the cycles up to the tick only
+  (a decoder times what follows from the MTC on).
 """
 
 from __future__ import annotations
@@ -343,15 +345,27 @@ class Tracer:
             self.insns += n
         if not self.triggered:
             return
-        self.t += n
-        self.cyc_acc += n
+        t = self.t + n
         if self.mtc_en:
-            p = (self.t * self.eax // self.ebx) >> self.mtc_freq
+            p = (t * self.eax // self.ebx) >> self.mtc_freq
             if p != self.mtc_p:
+                # The MTC goes at the crystal tick, inside this run: its CYC
+                # counts the cycles up to that tick only, and the rest go
+                # into the next one (a decoder times what follows from the
+                # MTC on; counting them before it put every time stamp up
+                # to the next MTC that many cycles early)
+                b = -(-((p << self.mtc_freq) * self.ebx) // self.eax)
+                k = min(max(b - self.t, 0), n)
+                self.t = t
                 self.mtc_p = p
+                self.cyc_acc += k
                 if self.cyc_en:
                     self._cyc()
                 self._emit(enc.mtc(p & 0xFF))
+                self.cyc_acc += n - k
+                return
+        self.t = t
+        self.cyc_acc += n
 
     def idle_until(self, t: int) -> None:
         """The processor ran nothing traced until TSC ``t`` (PacketEn is

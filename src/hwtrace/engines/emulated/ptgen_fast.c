@@ -203,17 +203,28 @@ static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
     if (!tr->triggered) return;
-    tr->t += n;
-    tr->cyc_acc += n;
+    uint64_t t = tr->t + n;
     if (tr->mtc_en) {
-        uint64_t p = art(tr, tr->t) >> tr->mtc_freq;
+        uint64_t p = art(tr, t) >> tr->mtc_freq;
         if (p != tr->mtc_p) {
+            /* ptgen.Tracer.retire: the CYC before the MTC counts the
+             * cycles up to the crystal tick, the rest go into the next */
+            unsigned __int128 num = (unsigned __int128)(p << tr->mtc_freq) * tr->ebx;
+            uint64_t b = (uint64_t)((num + tr->eax - 1) / tr->eax);
+            uint64_t k = b > tr->t ? b - tr->t : 0;
+            if (k > n) k = n;
+            tr->t = t;
             tr->mtc_p = p;
+            tr->cyc_acc += k;
             if (tr->cyc_en) cyc(tr);
-            unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
-            emit(tr, b, 2);
+            unsigned char m[2] = {0x59, (unsigned char)(p & 0xff)};
+            emit(tr, m, 2);
+            tr->cyc_acc += n - k;
+            return;
         }
     }
+    tr->t = t;
+    tr->cyc_acc += n;
 }
 
 /* ptgen.Tracer.run: n instructions of a straight-line run retire, the
