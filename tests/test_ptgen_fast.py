@@ -249,3 +249,65 @@ def test_psb_mid_block_keeps_libipt_on_the_clock(tmp_path, ptoracle, timing):
     # stands for (libipt re-anchors there), not to the end of the block
     # that tick fell in (which put libipt's time behind)
     assert items[-1]["tsc"] == ex[1]
+
+
+@pytest.mark.parametrize("mtc_freq", [0, 3])
+def test_mtc_inside_a_run_keeps_libipt_on_the_clock(tmp_path, ptoracle, mtc_freq):
+    """Straight lines of 61 instructions, each ending in a syscall, traced
+    with TSC, MTC and CYC: the crystal clock ticks inside most of them, and
+    the MTC (emitted once the run retired) is the time of that tick.  Its
+    CYC counts the cycles up to the tick only; the rest go into the next
+    CYC.  libipt's time at every disable is then the generator's clock --
+    the CYC used to count the whole run before the MTC, and libipt, timing
+    what follows from the tick, put every disable up to the next MTC as
+    many cycles early as the run had gone past it (up to 16 ticks in a
+    two-thread ptrace recording, misplacing marks next to its context
+    switches: test_memory_handoff_causal_order)."""
+    import json
+    from hwtrace.engines.emulated import execlog as xl
+    # 0x401000: 60 x nop; syscall
+    code = b"\x90" * 60 + b"\x0f\x05"
+    sizes = b"\x01" * 60 + b"\x02"
+    t0 = (1 << 20) + 5
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    w.ctx(1, 1, 0)
+    w.time(t0)
+    w.block(1, 1, 0x401000, sizes, code)
+    n = 40
+    for i in range(n):
+        w.exec([1])
+        w.syscall(39)
+        if i + 1 < n:
+            w.sysret(39, 1)
+    w.thread_exit(0)
+    log = tmp_path / "x.log"
+    log.write_bytes(bytes(w))
+    full = flow.load(log.read_bytes())
+    index = flow.load(log.read_bytes(), index_only=True)
+    cr3 = flow.assign_cr3(index.processes)
+    ctl = (1 << 13) | (1 << 3) | (1 << 10) | (1 << 9) | (mtc_freq << 14) | 2
+    cfg = ptgen.TraceConfig(ctl=ctl)
+    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3, exits={})
+    assert fast.eligible(index, cfg)
+    streams, _sw, _ex = fast.generate(log, index, cfg, "thread", 1, cr3)
+    assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns)
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(bytes(res.tracer.buf))
+    mem = tmp_path / "mem.bin"
+    mem.write_bytes(code)
+    tm = cfg.timing
+    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000",
+                        "--cpu", "6/106", "--mtc-freq", str(mtc_freq), "--nom-freq", str(tm.nom_freq),
+                        "--cpuid-0x15.eax", str(tm.cpuid_15_eax),
+                        "--cpuid-0x15.ebx", str(tm.cpuid_15_ebx)],
+                       capture_output=True, text=True, check=True)
+    items = [json.loads(line) for line in r.stdout.splitlines()]
+    assert not [i for i in items if "error" in i]
+    done, got = 0, []
+    for i in items:
+        if "iclass" in i:
+            done += 1
+        elif i.get("event") == "disabled":
+            got.append((done, i["tsc"] - t0))
+    assert done == 61 * n and len(got) == n
+    assert got == [(61 * (k + 1), 61 * (k + 1)) for k in range(n)]

@@ -79,21 +79,32 @@ SOURCES = {
           return get((int *)(long)(argc - 2), 100);
         }
     """,
-    # SIGALRM every 2 ms into a tight loop; the handler records where it
-    # interrupted and how many iterations had run (a delivery on the way
-    # out of another handler's rt_sigreturn interrupts no user code: it
-    # sees the same place and count)
+    # SIGALRM every 2 ms into a tight loop; the handler records every
+    # delivery: where it interrupted, how many iterations had run, and
+    # whether that place follows a syscall instruction.  A delivery at a
+    # syscall's return (setitimer's) interrupted no user code; nor did one
+    # on the way out of another handler's rt_sigreturn: it sees the same
+    # place and count.  The loop ends after 5 deliveries that did; more
+    # may come before the timer is off, outside the loop.
     "alarm": r"""
         #define _GNU_SOURCE
         #include <signal.h>
         #include <stdio.h>
         #include <sys/time.h>
         #include <ucontext.h>
-        static volatile unsigned long rips[5], at[5], iters;
-        static volatile int n;
+        #define MAX 256
+        static volatile unsigned long rips[MAX], at[MAX], iters;
+        static volatile unsigned char after_syscall[MAX];
+        static volatile unsigned long last_rip, last_at;
+        static volatile int n, interrupts;
         static void on_alarm(int sig, siginfo_t *si, void *uc) {
           (void)sig; (void)si;
-          if (n < 5) { at[n] = iters; rips[n++] = ((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP]; }
+          const unsigned char *ip = (const unsigned char *)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP];
+          int sc = ip[-2] == 0x0f && ip[-1] == 0x05;
+          if (!sc && !(n && (unsigned long)ip == last_rip && iters == last_at)) interrupts++;
+          if (n < MAX) { at[n] = iters; rips[n] = (unsigned long)ip; after_syscall[n] = sc; }
+          last_rip = (unsigned long)ip; last_at = iters;
+          n++;
         }
         int main(void) {
           struct sigaction sa = {0};
@@ -103,10 +114,11 @@ SOURCES = {
           struct itimerval it = {{0, 2000}, {0, 2000}}, off = {{0, 0}, {0, 0}};
           setitimer(ITIMER_REAL, &it, 0);
           volatile unsigned long s = 0;
-          for (unsigned long i = 0; n < 5; i++) { s += i * i; iters++; }
+          for (unsigned long i = 0; interrupts < 5; i++) { s += i * i; iters++; }
           setitimer(ITIMER_REAL, &off, 0);
-          for (int k = 0; k < 5; k++) printf("%lx %lu\n", rips[k], at[k]);
-          return 0;
+          int m = n;
+          for (int k = 0; k < m && k < MAX; k++) printf("%lx %lu %d\n", rips[k], at[k], after_syscall[k]);
+          return m > MAX;
         }
     """,
 }
@@ -232,13 +244,19 @@ def test_faults_in_the_middle_of_a_block(tmp_path, ptoracle, progs, engine):
 def test_signal_interrupts_a_tight_loop(tmp_path, ptoracle, progs, engine):
     """SIGALRM into a loop: FUP + TIP.PGD at each place the handler's
     ucontext says it interrupted, in order (QEMU delivers signals between
-    its blocks, so there those are block starts; the stepper anywhere)."""
+    its blocks, so there those are block starts; the stepper anywhere).
+    Every delivery counts, the ones after the loop too: the handler used to
+    record only the first 5, and a slow (loaded) run took a 6th on the way
+    to setitimer (at its PLT entry), traced but not in the list."""
     out, b, s = record_one(tmp_path, engine, progs["alarm"])
     seen = [tuple(int(w, 16 if i == 0 else 10) for i, w in enumerate(line.split()))
             for line in out.splitlines()]
-    assert len(seen) == 5
-    # a delivery at another handler's rt_sigreturn interrupted no user code
-    want = [rip for k, (rip, it) in enumerate(seen) if k == 0 or seen[k - 1] != (rip, it)]
+    assert len(seen) >= 5
+    # a delivery at a syscall's return, or at another handler's
+    # rt_sigreturn, interrupted no user code
+    want = [rip for k, (rip, it, sc) in enumerate(seen)
+            if not sc and (k == 0 or seen[k - 1][:2] != (rip, it))]
+    assert len(want) >= 5
     items = decode(ptoracle, b, s)
     assert _async_fups(items) == want
     loop = {x["ip"] for x in items if "iclass" in x}

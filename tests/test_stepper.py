@@ -432,6 +432,50 @@ def test_threads_are_followed(tmp, capfd):
         assert first.pc != w
 
 
+JOINS_C = r"""
+#include <pthread.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+static void *worker(void *a) { volatile long s = 0; for (long i = 0; i < 300 * (long)a; i++) s += i; return 0; }
+int main(void) {
+    pthread_t t[3];
+    for (long i = 0; i < 3; i++) pthread_create(&t[i], 0, worker, (void *)(3 - i));
+    for (int i = 0; i < 3; i++) { pthread_join(t[i], 0); syscall(SYS_getppid); }
+    return 0;
+}
+"""
+
+
+def test_clone_and_exit_are_logged_before_other_threads_see_them(tmp):
+    """The log is in the order things happened: a clone's SYSCALL before
+    the child's THREAD_START (written at the parent's CLONE event: the
+    child was begun there, before the step over the syscall stopped), and
+    a worker's exit -- its SYSCALL(exit) and THREAD_EXIT, at
+    PTRACE_EVENT_EXIT -- before main's first syscall after pthread_join
+    returned (the exit used to be logged when WIFEXITED was seen, after
+    the join could return and main go on)."""
+    exe = build(tmp, "joins", JOINS_C, "-O1", "-pthread")
+    status, log = trace(tmp, [exe])
+    assert status == 0
+    ev = log.events
+    main = next(t for t, e in ev if isinstance(e, X.ThreadStart))
+    workers = [t for t, e in ev if isinstance(e, X.ThreadStart) and t != main]
+    assert len(workers) == 3
+    clones = (56, 435)
+    for w in workers:
+        start = ev.index((w, X.ThreadStart(main)))
+        ret = next(k for k, (t, e) in enumerate(ev)
+                   if t == main and isinstance(e, X.Sysret) and e.nr in clones and e.ret == w)
+        call = max(k for k in range(ret) if ev[k][0] == main and isinstance(ev[k][1], X.Syscall))
+        assert ev[call][1].nr in clones and call < start
+    marks = [k for k, (t, e) in enumerate(ev) if t == main and e == X.Syscall(110)]
+    assert len(marks) == 3
+    for w, mark in zip(workers, marks):
+        mine = [k for k, (t, _e) in enumerate(ev) if t == w]
+        assert ev[mine[-1]][1] == X.ThreadExit(0) and ev[mine[-2]][1] == X.Syscall(60)
+        assert mine[-1] < mark
+
+
 def test_signals_pass_through_and_are_logged(tmp, capfd):
     exe = build(tmp, "signals", SIGNALS_C, "-O1")
     status, log = trace(tmp, [exe])

@@ -571,10 +571,36 @@ static void begin_thread(struct thread *t)
     resume(t);
 }
 
+/* Is t being stepped over the syscall instruction it stopped at (not a
+ * restarted one, not natively)? */
+static int stepping_syscall(struct thread *t)
+{
+    return t->started && !t->native && t->how == 0 && !t->restart && t->cur.kind == K_SYSCALL &&
+           t->cur.pc == t->r.rip;
+}
+
+/* The syscall t is being stepped over retired and entered the kernel: its
+ * run and SYSCALL go into the log now, at an event stop inside the syscall
+ * (a clone's, an exit's), before anything it does becomes visible to
+ * another thread -- the log is written in the order the tracer sees
+ * things, and its TIMEs are read as they are written, so whatever that
+ * other thread does after it comes after it. */
+static void log_syscall_entry(struct thread *t)
+{
+    if (t->sys_logged) return;
+    retire(t, &t->cur);
+    end_run(t);
+    rec(t); w8(0x20); w64(t->sys_nr);
+    t->sys_logged = 1;
+}
+
 static void on_event(struct thread *t, int ev)
 {
     unsigned long msg = 0;
     ptrace(PTRACE_GETEVENTMSG, t->tid, 0, &msg);
+    if ((ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK || ev == PTRACE_EVENT_VFORK) &&
+        stepping_syscall(t))
+        log_syscall_entry(t);          /* before the child's THREAD_START / PROC_START */
     if (ev == PTRACE_EVENT_CLONE || ev == PTRACE_EVENT_FORK || ev == PTRACE_EVENT_VFORK) {
         pid_t child = (pid_t)msg;
         struct thread *c = find_thread(child);
@@ -600,7 +626,7 @@ static void on_event(struct thread *t, int ev)
              * fork syscall is in the log, so the window state it inherits
              * there is the one the child starts with */
             c->win = 1; c->win_sp = t->win_sp; c->win_ret = t->win_ret;
-            c->held_for = t->tid;
+            if (!t->sys_logged) c->held_for = t->tid;
         }
         if (c->parked && !c->held_for) begin_thread(c);
     } else if (ev == PTRACE_EVENT_EXEC) {
@@ -619,11 +645,12 @@ static void on_event(struct thread *t, int ev)
                 end_run(o); rec(o); w8(0x11); w32(0); drop_thread(o);
             }
         }
-        if (!t->native && t->cur.kind == K_SYSCALL) {
+        if (!t->native && t->cur.kind == K_SYSCALL && !t->sys_logged) {
             retire(t, &t->cur);
             end_run(t);
             rec(t); w8(0x20); w64(t->sys_nr);
         }
+        t->sys_logged = 0;
         end_run(t);
         char link[64], path[4096];
         snprintf(link, sizeof link, "/proc/%d/exe", t->pid);
@@ -646,6 +673,21 @@ static void on_event(struct thread *t, int ev)
             t->win = 0;
             t->native = 1;
         }
+    } else if (ev == PTRACE_EVENT_EXIT) {
+        /* do_exit, before the exit is visible to anyone (the tid cleared
+         * and pthread_join woken, the parent's wait): an exit or
+         * exit_group of the thread's own goes into the log now, not when
+         * its end is reported -- by then the joiner may have returned and
+         * gone on in the log.  (A thread killed by another's exit_group
+         * stops here only if it isn't SIGKILLed: its end is logged when
+         * reported.) */
+        int st = (int)msg;
+        if (stepping_syscall(t) && !t->injected && WIFEXITED(st) && (t->sys_nr == 60 || t->sys_nr == 231)) {
+            log_syscall_entry(t);
+            end_run(t);
+            rec(t); w8(0x11); w32((uint32_t)WEXITSTATUS(st));
+            t->exit_logged = 1;
+        }
     } else if (ev == PTRACE_EVENT_STOP) {
         /* group-stop or our interrupt: nothing executed */
     }
@@ -654,24 +696,26 @@ static void on_event(struct thread *t, int ev)
 static void on_exit_status(struct thread *t, int st)
 {
     int status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-    if (t->started && !t->native && t->cur.kind == K_SYSCALL && WIFEXITED(st) &&
+    if (t->started && !t->native && !t->exit_logged && t->cur.kind == K_SYSCALL && WIFEXITED(st) &&
         (t->cur.pc == t->r.rip) && (t->sys_nr == 60 || t->sys_nr == 231)) {
-        retire(t, &t->cur);
-        end_run(t);
-        rec(t); w8(0x20); w64(t->sys_nr);
+        log_syscall_entry(t);          /* (no PTRACE_EVENT_EXIT stop came) */
         t->in_sys = 0;
     }
     end_run(t);
-    if (t->started && !t->native && !t->in_sys && WIFSIGNALED(st) &&
+    if (t->started && !t->native && !t->in_sys && !t->exit_logged && WIFSIGNALED(st) &&
         t->injected == WTERMSIG(st) && t->sig_ip) {
         /* a signal delivered in user code killed it: where (a fault: at
          * the instruction that faulted, which did not retire) */
         rec(t); w8(0x22); w32((uint32_t)t->injected); w8(t->sig_async ? 1 : 0);
         w64(0); w64(t->sig_ip);
     }
-    if (t->started) {
+    if (t->started && !t->exit_logged) {
         rec(t); w8(0x11); w32((uint32_t)status);
         if (t->tid == t->pid) { w8(0x14); w32((uint32_t)status); t->p->live = 0; }
+    } else if (t->started && t->tid == t->pid) {
+        /* its THREAD_EXIT was logged at its exit: the process ended now
+         * (its last thread is gone) */
+        rec(t); w8(0x14); w32((uint32_t)status); t->p->live = 0;
     }
     if (t->tid == main_pid) { main_status = st; have_main_status = 1; }
     drop_thread(t);
@@ -704,6 +748,10 @@ static void on_stop(struct thread *t, int st)
             t->how = 0;
         }
         on_event(t, ev);
+        if (ev == PTRACE_EVENT_EXIT && !t->detach) {
+            ptrace(PTRACE_CONT, t->tid, 0, 0);     /* it ends: no step, nothing to decode */
+            return;
+        }
         if (ev == PTRACE_EVENT_STOP && opt.attach && !quit_signal &&
             (sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU)) {
             /* a group-stop of a seized process: keep it stopped until SIGCONT
@@ -839,11 +887,15 @@ signal_stop:
         } else if (t->cur.kind == K_REPSTR && t->r.rip == prev.rip) {
             /* one more iteration: retires when the pc moves on */
         } else {
-            retire(t, &t->cur);
+            int logged = t->sys_logged && t->cur.kind == K_SYSCALL;
+            t->sys_logged = 0;
+            if (!logged) retire(t, &t->cur);       /* (else it retired at its event) */
             t->restart = 0;
             if (t->cur.kind == K_SYSCALL) {
-                end_run(t);
-                rec(t); w8(0x20); w64(t->sys_nr);
+                if (!logged) {
+                    end_run(t);
+                    rec(t); w8(0x20); w64(t->sys_nr);
+                }
                 release_held(t);
                 t->in_sys = 1;
                 t->sys_ret = (int64_t)t->r.rax;
@@ -889,7 +941,7 @@ void fail(const char *fmt, ...)
 static void on_quit(int sig) { quit_signal = sig; }
 
 static const long trace_opts = PTRACE_O_TRACECLONE | PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACEEXEC |
-                               PTRACE_O_TRACESYSGOOD;
+                               PTRACE_O_TRACEEXIT | PTRACE_O_TRACESYSGOOD;
 
 static void launch(void)
 {

@@ -70,6 +70,9 @@ struct thread {
     int restart;                       /* syscall result was an ERESTART* code */
     uint64_t restart_pc;
     int exiting_sys;                   /* stepping exit/exit_group */
+    int sys_logged;                    /* the syscall being stepped is in the log already
+                                        * (written at its clone/fork/vfork event) */
+    int exit_logged;                   /* its exit is in the log (written at PTRACE_EVENT_EXIT) */
     struct user_regs_struct r;         /* registers at the last stop */
     struct insn_info cur;              /* decoded instruction at r.rip */
     int how;                           /* last resume: 0 step, 1 block step, 2 cont, 3 run to run_to */
