@@ -20,6 +20,11 @@ stamp (the decoder's time when the line was decoded, never running back
 within a stream), each tagged with its stream: ``[NAME] LINE`` (jsonl:
 ``"stream"`` and ``"time"`` keys first).  The merge goes through
 temporary files, so memory stays small.
+
+``--quiet --stat`` (text, not merged) prints counts and errors only: the
+compiled flow core counts each stream, switching address spaces through
+the same switcher (:func:`hwtrace.cli.decode.fast_counts`), and nothing
+of the listing is loaded.
 """
 
 from __future__ import annotations
