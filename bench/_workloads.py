@@ -9,7 +9,9 @@ made once per run (or kept in ``--work DIR`` for the next one).
 
 Times are CPU seconds (user + sys) of the child processes, best of
 ``--repeat``, process start-up included: a shared, loaded machine changes
-wall time far more than CPU time.  The reference, libipt's block decoder
+wall time far more than CPU time.  The hwtrace children run with a warm
+bytecode cache, as an installed hwtrace has it, unless ``--cold-bytecode``
+(:class:`Children`; the output says which).  The reference, libipt's block decoder
 (``ptoracle blk FILE ... --summary``, Debian's libipt 2.0.5), is timed in
 the same run on the same input.
 """
@@ -18,13 +20,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
+
+from _common import best_cpu, bytecode_note, child_env, startup_floor, \
+    warm_up
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -37,6 +41,7 @@ class Workload(NamedTuple):
     name: str
     pt: Path
     opts: list          # decode options (images, --cpu, timing)
+    bundle: Path | None = None      # the bundle the stream is from
 
 
 def hwtrace(*args) -> list[str]:
@@ -50,26 +55,31 @@ def ensure_oracle() -> None:
                         str(ORACLE)], check=True)
 
 
-def child_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def best(cmd, repeat: int, env=None, warm: bool = False) -> tuple[float, str]:
+    """Best CPU time of ``repeat`` runs of ``cmd`` and its stdout; ``warm``:
+    after an untimed run that fills the bytecode cache of ``env``
+    (:func:`_common.child_env`)."""
+    if warm:
+        warm_up(cmd, env)
+    return best_cpu(repeat, cmd, env)
 
 
-def best(cmd, repeat: int, env=None) -> tuple[float, str]:
-    """Best CPU time of ``repeat`` runs of ``cmd`` and its stdout."""
-    t = None
-    out = ""
-    for _ in range(repeat):
-        before = child_cpu()
-        r = subprocess.run([str(c) for c in cmd], capture_output=True,
-                           text=True, env=env)
-        spent = child_cpu() - before
-        if r.returncode != 0:
-            sys.exit(f"bench: {' '.join(map(str, cmd[:5]))}...: "
-                     f"{r.stderr.strip()[-400:]}")
-        t = spent if t is None else min(t, spent)
-        out = r.stdout
-    return t, out
+class Children:
+    """How the timed hwtrace processes run: :func:`_common.child_env`
+    (``cold``: as this environment says; else a warm bytecode cache in
+    ``work``/pycache)."""
+
+    def __init__(self, cold: bool, work: Path):
+        self.cold = cold
+        self.env = child_env(cold, work / "pycache")
+        self.note = bytecode_note(cold)
+
+    def best(self, cmd, repeat: int, **env) -> tuple[float, str]:
+        """:func:`best` of ``cmd`` in this environment (plus ``env``)."""
+        return best(cmd, repeat, dict(self.env, **env), warm=not self.cold)
+
+    def floor(self, repeat: int) -> str:
+        return startup_floor(self.env, repeat)
 
 
 def oracle_blk(w: Workload, repeat: int) -> tuple[float, int]:
@@ -139,7 +149,8 @@ def captures(work: Path) -> list[Workload]:
                            check=True, capture_output=True)
         pt, _images = _bundle_stream(b)
         out.append(Workload("hase_loopy (Skylake, perf import)", pt,
-                            ["--elf", hase / "loopy"] + _manifest_opts(b)))
+                            ["--elf", hase / "loopy"] + _manifest_opts(b),
+                            b))
     return out
 
 
@@ -227,7 +238,7 @@ def recordings(work: Path, kib: int, timing: bool,
         what = f"gzip -9 of {kib} KiB" if p == "gzip" else p
         out.append(Workload(f"recording: {what}" +
                             (" (TSC/MTC/CYC)" if timing else ""), pt,
-                            images + _manifest_opts(b)))
+                            images + _manifest_opts(b), b))
     return out
 
 

@@ -6,10 +6,14 @@ least 4x libipt's block decoder.  Also the in-process edge count
 (``hwtrace.flow.fast.edges``) without process start-up.
 
 Prints which flow core the children run and stops with an error if it is
-the Python twin.
+the Python twin.  A stream from a bundle is also timed as ``hwtrace
+coverage --edges DIR``.  The hwtrace children run with a warm bytecode
+cache, as an installed hwtrace has it (``--cold-bytecode``: compiled in
+every process); the output says which, and the start-up floor.
 
     python bench/bench_coverage.py [--repeat N] [--input-kib N] [--timing]
                                    [--work DIR] [--only captures|recordings]
+                                   [--cold-bytecode]
 """
 
 from __future__ import annotations
@@ -48,11 +52,18 @@ def main() -> int:
     ap.add_argument("--work", type=Path,
                     help="keep the recordings here (made on first use)")
     ap.add_argument("--only", choices=("captures", "recordings"))
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="hwtrace children compile their modules every "
+                         "time (as this environment says) instead of "
+                         "running with a warm bytecode cache")
     a = ap.parse_args()
     W.ensure_oracle()
     print(f"flow core: {W.compiled_path_or_die()}")
     print(W.environment())
     work, remove = W.workdir(a.work)
+    ch = W.Children(a.cold_bytecode, work)
+    print(ch.note)
+    print(ch.floor(max(a.repeat, 5)))
     try:
         loads = []
         if a.only != "recordings":
@@ -61,8 +72,8 @@ def main() -> int:
             loads += W.recordings(work, a.input_kib, a.timing)
         for w in loads:
             to, ni = W.oracle_blk(w, a.repeat)
-            tc, out = W.best(W.hwtrace("coverage", "--edges", "--pt", w.pt,
-                                       *w.opts, "--quiet"), a.repeat)
+            tc, out = ch.best(W.hwtrace("coverage", "--edges", "--pt", w.pt,
+                                        *w.opts, "--quiet"), a.repeat)
             summary = out.strip().splitlines()[-1]
             n = int(summary.split("insns: ")[1].rstrip("."))
             ta, e = api_time(w, a.repeat)
@@ -72,11 +83,21 @@ def main() -> int:
             print(f"  hwtrace coverage --edges        {tc:7.3f} s CPU "
                   f"{n / tc / 1e6:7.1f} M insn/s  {to / tc:5.2f}x libipt "
                   f"[compiled]")
+            if w.bundle is not None:
+                tb, out = ch.best(W.hwtrace("coverage", "--edges", "--quiet",
+                                            w.bundle), a.repeat)
+                nb = int(out.strip().splitlines()[-1].split("insns: ")[1]
+                         .rstrip("."))
+                vs = f"{to / tb:5.2f}x libipt" if nb == ni else \
+                    "(all its streams)"
+                print(f"  hwtrace coverage --edges DIR    {tb:7.3f} s CPU "
+                      f"{nb / tb / 1e6:7.1f} M insn/s  {vs} [compiled]")
             print(f"  fast.edges() in process         {ta:7.3f} s CPU "
                   f"{e.insns / ta / 1e6:7.1f} M insn/s  {to / ta:5.2f}x "
                   f"libipt (no start-up)")
         print("(CPU seconds of the child processes, start-up included, best "
-              f"of {a.repeat}; " + W.environment() + ")")
+              f"of {a.repeat}; " + W.environment() + "; bytecode cache "
+              f"{'cold' if a.cold_bytecode else 'warm'})")
     finally:
         if remove:
             shutil.rmtree(work, ignore_errors=True)

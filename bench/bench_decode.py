@@ -13,16 +13,21 @@ decoder.
 
 Prints which flow core the children run and stops with an error if it is
 the Python twin.  ``--python`` also times the twin (labelled as such).
+A stream from a bundle (the recordings, hase_loopy) is also timed as
+``hwtrace decode --quiet --stat DIR``.  The hwtrace children run with a
+warm bytecode cache, as an installed hwtrace has it (``--cold-bytecode``:
+compiled in every process, as PYTHONDONTWRITEBYTECODE=1 makes it); the
+output says which, and the start-up floor (the interpreter alone,
+``hwtrace --version``).
 
     python bench/bench_decode.py [--repeat N] [--input-kib N] [--timing]
                                  [--work DIR] [--only captures|recordings]
-                                 [--python]
+                                 [--python] [--cold-bytecode]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -70,11 +75,18 @@ def main() -> int:
     ap.add_argument("--only", choices=("captures", "recordings"))
     ap.add_argument("--python", action="store_true",
                     help="also time the Python twin (slow)")
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="hwtrace children compile their modules every "
+                         "time (as this environment says) instead of "
+                         "running with a warm bytecode cache")
     a = ap.parse_args()
     W.ensure_oracle()
     print(f"flow core: {W.compiled_path_or_die()}")
     print(W.environment())
     work, remove = W.workdir(a.work)
+    ch = W.Children(a.cold_bytecode, work)
+    print(ch.note)
+    print(ch.floor(max(a.repeat, 5)))
     try:
         loads = []
         if a.only != "recordings":
@@ -83,8 +95,8 @@ def main() -> int:
             loads += W.recordings(work, a.input_kib, a.timing)
         for w in loads:
             to, ni = W.oracle_blk(w, a.repeat)
-            th, out = W.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
-                                       "--quiet", "--stat"), a.repeat)
+            th, out = ch.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
+                                        "--quiet", "--stat"), a.repeat)
             n = stat_insns(out)
             mb = w.pt.stat().st_size / 1e6
             print(f"{w.name}: {mb:.2f} MB, {ni} insns (libipt 2.0.5), "
@@ -94,17 +106,26 @@ def main() -> int:
             print(f"  hwtrace decode --quiet --stat   {th:7.3f} s CPU "
                   f"{n / th / 1e6:7.1f} M insn/s  {to / th:5.2f}x libipt "
                   f"[compiled]")
+            if w.bundle is not None:
+                tb, out = ch.best(W.hwtrace("decode", "--quiet", "--stat",
+                                            w.bundle), a.repeat)
+                nb = sum(map(stat_insns, out.split("[stream ")[1:]))
+                vs = f"{to / tb:5.2f}x libipt" if nb == ni else \
+                    "(all its streams)"
+                print(f"  hwtrace decode --quiet --stat DIR {tb:5.3f} s CPU "
+                      f"{nb / tb / 1e6:7.1f} M insn/s  {vs} [compiled]")
             if a.python:
-                env = dict(os.environ, HWTRACE_NO_EXTENSIONS="1")
-                tp, out = W.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
-                                           "--quiet", "--stat"), 1, env)
+                tp, out = ch.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
+                                            "--quiet", "--stat"), 1,
+                                  HWTRACE_NO_EXTENSIONS="1")
                 print(f"  the same, Python twin           {tp:7.3f} s CPU "
                       f"{stat_insns(out) / tp / 1e6:7.1f} M insn/s  "
                       f"{to / tp:5.2f}x libipt [python twin]")
             print(f"  batches in process (compiled): "
                   f"{batch_rates(w, a.repeat)}")
         print("(CPU seconds of the child processes, start-up included, best "
-              f"of {a.repeat}; " + W.environment() + ")")
+              f"of {a.repeat}; " + W.environment() + "; bytecode cache "
+              f"{'cold' if a.cold_bytecode else 'warm'})")
     finally:
         if remove:
             shutil.rmtree(work, ignore_errors=True)

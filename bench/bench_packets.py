@@ -9,17 +9,22 @@ Builds a multi-megabyte stream from the bundled real capture, then times
 - compiled ``packets()``: the loop yielding packet records (what the
   text/jsonl dumps and other consumers iterate);
 - the Python twin (``impl="python"``): ``count()``;
-- the CLI: ``python -m hwtrace dump --stat FILE`` (wall clock, includes
-  interpreter start-up, which is printed too: the CLI on a lone PSB+);
-- reference: ``ptoracle pkt FILE --summary`` (wall clock);
+- the CLI: ``python -m hwtrace dump --stat FILE`` (interpreter start-up
+  included, which is printed too: the CLI on a lone PSB+), with a warm
+  bytecode cache as an installed hwtrace has it (``--cold-bytecode``:
+  every module compiled in every process, as PYTHONDONTWRITEBYTECODE=1
+  makes it; the output says which);
+- reference: ``ptoracle pkt FILE --summary``;
 - the text and jsonl dumps' formatting loops with either implementation,
   on the first 256 KiB (formatting-bound: they show what scanning costs);
 
 checks that all count the same packets and errors, and prints MB/s and
 ratios against the reference (>1: hwtrace is faster).  The fair comparison
-with ``--summary`` is the scan-only ``count()``.
+with ``--summary`` is the scan-only ``count()``.  Times are CPU seconds
+(user + sys; a process's own, the child's for the CLI and the reference),
+best of N: on a shared, loaded machine wall time says little.
 
-Usage: python bench/bench_packets.py [MEGABYTES] [REPEATS]
+Usage: python bench/bench_packets.py [MEGABYTES] [REPEATS] [--cold-bytecode]
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import best_of, big_stream, mbps, ptoracle, python  # noqa: E402
+from _common import (best_cpu_of, big_stream, bytecode_note,  # noqa: E402
+                     child_env, mbps, ptoracle, python, warm_up)
 
 from hwtrace.pt import _impl  # noqa: E402
 from hwtrace.pt.decoder import PacketDecoder  # noqa: E402
@@ -49,15 +55,19 @@ def loop(data: bytes, impl: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
+    cold = "--cold-bytecode" in argv
+    argv = [a for a in argv if a != "--cold-bytecode"]
     mb = float(argv[1]) if len(argv) > 1 else 4
     reps = int(argv[2]) if len(argv) > 2 else 3
     data = big_stream(int(mb * (1 << 20)))
     n = len(data)
     print(f"selector: {_impl.STATUS.describe()}")
+    print(bytecode_note(cold))
     rows = []           # (label, seconds, (packets, errors))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "stream.pt"
         path.write_bytes(data)
+        env = child_env(cold, Path(tmp) / "pycache")
 
         # Short measurements (~0.1 s) get more runs: best-of-N filters out
         # scheduler noise on a shared machine.
@@ -69,27 +79,29 @@ def main(argv: list[str]) -> int:
             if not compiled:
                 print(f"compiled core unavailable: {st.reason}")
         if compiled:
-            rows.append(("compiled count() in-process", *best_of(
+            rows.append(("compiled count() in-process", *best_cpu_of(
                 fast, lambda: PacketDecoder(data, impl="compiled").count())))
-            rows.append(("compiled count() + file read", *best_of(
+            rows.append(("compiled count() + file read", *best_cpu_of(
                 fast, lambda: PacketDecoder(path.read_bytes(),
                                             impl="compiled").count())))
-            rows.append(("compiled packets() loop", *best_of(
+            rows.append(("compiled packets() loop", *best_cpu_of(
                 reps, lambda: loop(data, "compiled"))))
-        rows.append(("python twin count()", *best_of(
+        rows.append(("python twin count()", *best_cpu_of(
             reps, lambda: PacketDecoder(data, impl="python").count())))
 
         def cli(file=path):
             out = subprocess.run(
                 [python(), "-m", "hwtrace", "dump", "--stat", str(file)],
-                capture_output=True, text=True, check=True).stdout
+                capture_output=True, text=True, check=True, env=env).stdout
             d = dict(line.split(": ") for line in out.splitlines())
             return int(d["packets"]), int(d["errors"])
-        rows.append(("hwtrace dump --stat (CLI)", *best_of(reps, cli)))
+        if not cold:
+            warm_up([python(), "-m", "hwtrace", "dump", "--stat", path], env)
+        rows.append(("hwtrace dump --stat (CLI)", *best_cpu_of(reps, cli)))
         # (a lone PSB+: an empty file is refused as "nothing to decode")
         empty = Path(tmp) / "psb.pt"
         empty.write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
-        t_start, _ = best_of(reps, lambda: cli(empty))
+        t_start, _ = best_cpu_of(max(reps, 5), lambda: cli(empty))
 
         exe = ptoracle()
         ref = None
@@ -100,7 +112,7 @@ def main(argv: list[str]) -> int:
                                      check=True).stdout
                 s = json.loads(out.splitlines()[-1])
                 return s["packets"], s["errors"]
-            t_ref, ref_counts = best_of(fast, oracle)
+            t_ref, ref_counts = best_cpu_of(fast, oracle)
             ref = ("ptoracle pkt --summary", t_ref, ref_counts)
             rows.append(ref)
 
@@ -110,12 +122,13 @@ def main(argv: list[str]) -> int:
     print(f"stream: {n} bytes ({n / 1e6:.1f} MB), {npk} packets, "
           f"{nerr} errors; best of {reps} (count() and ptoracle: best of "
           f"{max(reps, 15)})")
-    print(f"{'':32s} {'MB/s':>9s} {'seconds':>9s} {'vs reference':>13s}")
+    print(f"{'':32s} {'MB/s':>9s} {'CPU s':>9s} {'vs reference':>13s}")
     for label, t, _c in rows:
         ratio = f"{ref[1] / t:12.2f}x" if ref else "-"
         print(f"{label:32s} {mbps(n, t):9.2f} {t:9.3f} {ratio:>13s}")
     print(f"(the CLI's fixed cost, interpreter start-up and imports: "
-          f"{t_start:.3f} s, measured on a lone PSB+)")
+          f"{t_start:.3f} s CPU, measured on a lone PSB+; bytecode cache "
+          f"{'cold' if cold else 'warm'})")
     if ref is None:
         print("ptoracle unavailable (needs libipt-dev and cc): "
               "no reference timing")
@@ -153,7 +166,7 @@ def dump_formats(data: bytes, reps: int, compiled: bool):
         for impl in (["compiled"] if compiled else []) + ["python"]:
             _impl.CORE = _impl.core_for(impl)   # what ptdump_lines will use
             for label, fn in (("text", text), ("jsonl", jsonl)):
-                t, _ = best_of(reps, fn)
+                t, _ = best_cpu_of(reps, fn)
                 out.append((f"{label} dump, {impl}", t))
     finally:
         _impl.CORE = saved

@@ -28,10 +28,20 @@ exit with the traced program's status (128+N: killed by signal N).
 
 
 def _command_modules() -> list[str]:
-    """Every module of this package is a subcommand (listed alphabetically)."""
-    import pkgutil
-    return sorted(m.name for m in pkgutil.iter_modules(__path__)
-                  if not m.name.startswith("_"))
+    """Every module of this package is a subcommand (listed alphabetically;
+    read from the directory as pkgutil.iter_modules would, without the
+    inspect module it imports)."""
+    import importlib.machinery
+    import os
+    suffixes = sorted(importlib.machinery.all_suffixes(), key=len,
+                      reverse=True)
+    names = set()
+    for d in __path__:
+        for f in os.listdir(d):
+            stem = next((f[:-len(s)] for s in suffixes if f.endswith(s)), "")
+            if stem.isidentifier() and not stem.startswith("_"):
+                names.add(stem)
+    return sorted(names)
 
 
 class CliError(Exception):
@@ -49,7 +59,20 @@ class Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}", 2)
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The command line's parser, with every subcommand; or, given the
+    ``command`` a command line names, with that one only if the module of
+    its name registers it (the other modules are not even imported: most
+    of a small command's start-up otherwise)."""
+    modules = _command_modules()
+    if command in modules:
+        parser, sub = _parser([command])
+        if command in sub.choices:
+            return parser
+    return _parser(modules)[0]
+
+
+def _parser(modules: list[str]):
     parser = Parser(prog="hwtrace", description="hardware control-flow tracing: "
                     "record, decode and view Intel Processor Trace",
                     epilog=EPILOG,
@@ -59,10 +82,10 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 parser_class=Parser)
     sub.required = True
-    for name in _command_modules():
+    for name in modules:
         module = importlib.import_module(f"hwtrace.cli.{name}")
         module.register(sub)
-    return parser
+    return parser, sub
 
 
 def _version() -> str:
@@ -71,9 +94,10 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser()
-        if not (sys.argv[1:] if argv is None else argv):
+        parser = build_parser(argv[0] if argv else None)
+        if not argv:
             parser.print_help()         # "hwtrace" alone: what it can do
             return 2
         args = parser.parse_args(argv)

@@ -20,6 +20,11 @@ stamp (the decoder's time when the line was decoded, never running back
 within a stream), each tagged with its stream: ``[NAME] LINE`` (jsonl:
 ``"stream"`` and ``"time"`` keys first).  The merge goes through
 temporary files, so memory stays small.
+
+``--quiet --stat`` (text, not merged) prints counts and errors only: the
+compiled flow core counts each stream, switching address spaces through
+the same switcher (:func:`hwtrace.cli.decode.fast_counts`), and nothing
+of the listing is loaded.
 """
 
 from __future__ import annotations
@@ -56,10 +61,13 @@ def run_bundle(args) -> int:
     for w in ts.warnings:
         sys.stderr.write(f"hwtrace: warning: {w}\n")
     sys.stderr.flush()
-    fmt = D.listing_format(args)
-    ctx = D.contexts(args, fmt)
     cfg_line = "".join(cfg_lines)
     out = D.Output()
+    counts_only = D.counts_only(args) and not args.merge_time
+    fmt = ctx = None
+    if not counts_only:
+        fmt = D.listing_format(args)
+        ctx = D.contexts(args, fmt)
     if args.merge_time:
         return _merged(args, ts, fmt, ctx, cfg_line, out)
     jsonl = args.format == "jsonl"
@@ -67,11 +75,29 @@ def run_bundle(args) -> int:
         out.text('{"stream":%s}\n' % json.dumps(st.name) if jsonl
                  else f"[stream {st.name}]\n")
         out.text(cfg_line)
-        w = _decode(args, st, fmt, ctx, out)
-        out.text(D.stats_text(args, w.insns, w.blocks, st.entry.size,
-                              w.events, w.errors))
+        counts = _fast_counts(args, st, out) if counts_only else None
+        if counts is None:
+            if fmt is None:         # counts without the compiled core
+                fmt = D.listing_format(args)
+                ctx = D.contexts(args, fmt)
+            w = _decode(args, st, fmt, ctx, out)
+            counts = (w.insns, w.blocks, w.events, w.errors)
+        out.text(D.stats_text(args, counts[0], counts[1], st.entry.size,
+                              counts[2], counts[3]))
     out.flush()
     return 0
+
+
+def _fast_counts(args, st, out):
+    """A stream's counts by the compiled flow core, switching address
+    spaces as the listing's walk does (None without the core)."""
+    from hwtrace import streams
+    from hwtrace.cli import decode as D
+    try:
+        return D.fast_counts(args, out, st.data(), st.image, st.config,
+                             st.plan)
+    except streams.StreamsError as e:
+        raise CliError(f"decode: {e}") from None
 
 
 def _decode(args, st, fmt, ctx, out, timed: bool = False):

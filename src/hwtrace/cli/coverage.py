@@ -146,8 +146,18 @@ def _streams(args):
     return out
 
 
-def run(args) -> int:
+def _batch_edges(stream):
+    """(edge counts, insns, errors) of a stream that switches address
+    spaces by the sideband, from its batches (numpy's edge counter: only
+    such streams load it)."""
     from hwtrace.analysis.edges import EdgeCounter
+    ec = EdgeCounter()
+    for b in stream.batches(decoder="insn", view=True):
+        ec.add_batch(b)
+    return ec.counts(), ec.insns, ec.errors
+
+
+def run(args) -> int:
     from hwtrace.flow import fast
 
     if not args.edges:
@@ -160,10 +170,7 @@ def run(args) -> int:
     notes = []
     for label, data, image, cfg, entry, stream in _streams(args):
         if stream is not None:
-            ec = EdgeCounter()
-            for b in stream.batches(decoder="insn", view=True):
-                ec.add_batch(b)
-            counts, n, err = ec.counts(), ec.insns, ec.errors
+            counts, n, err = _batch_edges(stream)
         else:
             e = fast.edges(data, image, cfg)
             counts, n, err = e.counts, e.insns, e.errors

@@ -479,18 +479,57 @@ def decode_stream(args, stream, fmt, ctx, out, *, data=None,
 
 def _run_one(args, write=None) -> int:
     """Decode ``args.pt`` (``write``: a text writer instead of stdout)."""
-    from hwtrace.flow import sinks
-
     if not args.pt:
         raise CliError("decode: no trace: use --pt FILE or a bundle DIR")
     out = Output(write)
     cfg = _config(args, out.text)
     image = _image(args)
     data = _trace(args.pt)
+    parallel = args.jobs != 1 or args.dask
+    counts = None
+    if counts_only(args) and not parallel:
+        counts = fast_counts(args, out, data, image, cfg)
+    if counts is None:
+        counts = _listing(args, out, data, image, cfg, parallel)
+    out.text(stats_text(args, counts[0], counts[1], len(data), counts[2],
+                        counts[3]))
+    out.flush()
+    return 0
+
+
+def counts_only(args) -> bool:
+    """Whether the output is the --stat lines and the error lines only
+    (--quiet text): what the compiled flow core's counts give, without a
+    listing."""
+    return bool(args.stat or args.stat_insn or args.stat_blocks) and \
+        args.quiet and args.format == "text" and not args.show_blocks
+
+
+def fast_counts(args, out, data, image, cfg, plan=None):
+    """``(insns, blocks, events, errors)`` of a :func:`counts_only` decode
+    by the compiled flow core (hwtrace.flow.fast; ``plan``: a bundle
+    stream's address-space switching, hwtrace.flow.spaces.SpacePlan), its
+    error lines written through ``out`` as the listing writes them; None
+    without the core (nothing written: the listing's walk decodes it)."""
+    from hwtrace.flow import fast, sinks
+    sink = sinks.PtxedSink(out.text, quiet=True)
+    if not fast.count_into(sink, data, image, cfg, args.decoder != "insn",
+                           args.resync,
+                           plan.wrap if plan is not None else None):
+        return None
+    return sink.insns, sink.blocks, sink.events, sink.errors
+
+
+def _listing(args, out, data, image, cfg, parallel) -> tuple:
+    """Decode ``args.pt`` into its listing (the walk over batches, or with
+    --jobs/--dask the parallel decoder into a session sink); returns
+    ``(insns, blocks, events, errors)``."""
+    from hwtrace.flow import sinks
+
     fmt = listing_format(args)
     use_block = args.decoder != "insn"
     stats = args.stat or args.stat_insn or args.stat_blocks
-    if args.jobs != 1 or args.dask:
+    if parallel:
         from hwtrace.cli._parallel import decode_args
         from hwtrace.listing.single import InsnNotes
         notes = None
@@ -511,13 +550,6 @@ def _run_one(args, write=None) -> int:
                                    block_ids=stats, notes=notes)
         decode_args(args, cfg, sink, out.text, block=use_block, data=data)
         counts = (sink.insns, sink.blocks, sink.events, sink.errors)
-    elif stats and args.quiet and args.format == "text" and \
-            not args.show_blocks and _fast().count_into(
-                sink := sinks.PtxedSink(out.text, quiet=True), data, image,
-                cfg, use_block, args.resync):
-        # counted by the compiled flow core (flow/fast.py); its error lines
-        # printed as the listing prints them
-        counts = (sink.insns, sink.blocks, sink.events, sink.errors)
     else:
         from hwtrace import streams
         from hwtrace.flow.loaders import split_range
@@ -530,12 +562,4 @@ def _run_one(args, write=None) -> int:
         w = decode_stream(args, ts.streams[0], fmt, contexts(args, fmt), out,
                           data=data)
         counts = (w.insns, w.blocks, w.events, w.errors)
-    out.text(stats_text(args, counts[0], counts[1], len(data), counts[2],
-                        counts[3]))
-    out.flush()
-    return 0
-
-
-def _fast():
-    from hwtrace.flow import fast
-    return fast
+    return counts

@@ -125,7 +125,6 @@ def _config(args):
 def run(args) -> int:
     from hwtrace.cli._tracemap import check_trace
     from hwtrace.pt.decoder import PacketDecoder
-    from hwtrace.pt.ptdump_format import PtdumpOptions, ptdump_lines
 
     if args.time and args.tcal:
         raise CliError("specify either --time or --tcal")
@@ -163,6 +162,7 @@ def run(args) -> int:
             out.write("\n".join(lines) + "\n")
         return 0
 
+    from hwtrace.pt.ptdump_format import PtdumpOptions, ptdump_lines
     opts = PtdumpOptions(
         show_offset=not args.no_offset, show_raw_bytes=args.raw,
         show_last_ip=args.lastip, show_exec_mode=args.exec_mode,

@@ -1,0 +1,133 @@
+"""What the command line imports: the paths that print counts, usage or an
+error load none of the heavy modules (numpy, capstone, pyelftools: most of
+a small trace's decode was their import) and nothing of the listing.
+
+Each command line runs in a fresh interpreter (``python -c``) that calls
+:func:`hwtrace.cli.main` in process and then reports ``sys.modules``: a
+module present is one the command imported.  No timing: what a later
+import would cost shows up as a module here.  The inputs are made here: a
+synthetic trace of 4 instructions of a 5-byte code image, and a thread-mode
+bundle holding them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hwtrace.bundle import BundleWriter, Mmap, Process
+from hwtrace.pt import encoder as E
+
+#: 3 nops and a syscall at 0x1000 (the syscall leaves user space: TIP.PGD)
+TRACE = (E.psb() + E.mode_exec(csl=1) + E.psbend() + E.tip_pge(0x1000)
+         + E.tip_pgd())
+CODE = bytes.fromhex("9090900f05")
+
+#: never on a path that prints counts, usage or errors
+HEAVY = ("numpy", "capstone", "elftools", "hwtrace.listing",
+         "hwtrace.analysis.symbols")
+
+DRIVER = r"""
+import contextlib, io, json, sys
+from hwtrace.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as e:         # argparse's --help and --version
+        status = e.code
+fast = sys.modules.get("hwtrace.flow.fast")
+print(json.dumps({"status": status, "stdout": out.getvalue(),
+                  "stderr": err.getvalue(), "modules": sorted(sys.modules),
+                  "core": None if fast is None else fast.CORE is not None}))
+"""
+
+
+def imports_of(*argv) -> dict:
+    r = subprocess.run([sys.executable, "-c", DRIVER, *map(str, argv)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def heavy(run: dict) -> list[str]:
+    return [m for m in run["modules"]
+            if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("startup")
+    (d / "t.pt").write_bytes(TRACE)
+    (d / "code.bin").write_bytes(CODE)
+    with BundleWriter(d / "rec", engine="testing", mode="thread") as w:
+        w.add_stream(TRACE, tid=11, pid=10, instructions_observed=4)
+        w.add_image(d / "code.bin", path="/opt/code.bin")
+        w.sideband.add(Process(pid=10, cr3=0x2000, comm="code", time=1))
+        w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE), offset=0,
+                            file="/opt/code.bin", time=2))
+    return d
+
+
+def _core_or_skip(run: dict) -> None:
+    """The counts paths are the compiled flow core's: without it the
+    listing's walk counts (numpy and all), as it should."""
+    from hwtrace.flow import fast
+    fast.STATUS.check()             # expected here and unusable: a failure
+    if not run["core"]:
+        pytest.skip(f"no compiled flow core: {fast.STATUS.reason}")
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["decode", "--quiet", "--stat", "--pt", "{d}/t.pt",
+      "--raw", "{d}/code.bin:0x1000"], "insn: 4."),
+    (["decode", "--quiet", "--stat", "--insn-decoder", "--pt", "{d}/t.pt",
+      "--raw", "{d}/code.bin:0x1000"], "insn: 4."),
+    (["decode", "--quiet", "--stat", "{d}/rec"], "insn: 4."),
+    (["decode", "-q", "--stat:insn", "--resync-on-error", "{d}/rec"],
+     "insn: 4."),
+    (["coverage", "--edges", "--pt", "{d}/t.pt",
+      "--raw", "{d}/code.bin:0x1000"], "insns: 4."),
+    (["coverage", "--edges", "--quiet", "{d}/rec"], "insns: 4."),
+])
+def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
+    run = imports_of(*(a.format(d=inputs) for a in argv))
+    _core_or_skip(run)
+    assert run["status"] == 0, run["stderr"]
+    assert expect in run["stdout"]
+    assert heavy(run) == []
+
+
+def test_dump_stat_imports_only_the_packet_scan(inputs):
+    run = imports_of("dump", "--stat", inputs / "t.pt")
+    assert run["status"] == 0, run["stderr"]
+    assert run["stdout"].startswith("packets: ")
+    assert heavy(run) == []
+    assert "hwtrace.pt.ptdump_format" not in run["modules"]
+    assert "hwtrace.flow" not in run["modules"]
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["--help"], ["--version"], ["frobnicate"], ["--no-such-option"],
+    ["decode", "--help"], ["coverage", "--help"], ["dump", "--help"],
+    ["decode", "--no-such-option"], ["import", "--help"],
+])
+def test_usage_and_errors_import_only_the_command_line(argv):
+    run = imports_of(*argv)
+    assert run["status"] in (0, 2), run["stderr"]
+    assert run["stdout"] or run["stderr"]
+    assert heavy(run) == []
+    # the parsers only: nothing that decodes, records or reads a bundle
+    assert [m for m in run["modules"] if m.startswith("hwtrace.")
+            and not m.startswith("hwtrace.cli")] == []
+
+
+def test_a_named_command_builds_only_its_own_parser():
+    run = imports_of("decode", "--help")
+    assert run["status"] == 0 and "--quiet" in run["stdout"]
+    commands = [m for m in run["modules"] if m.startswith("hwtrace.cli.")
+                and not m.startswith("hwtrace.cli._")]
+    assert commands == ["hwtrace.cli.decode"]
