@@ -502,7 +502,33 @@ def _cu_rows(dwarf, cu):
     return rows
 
 
-class Symbolizer:
+class ImageLookup:
+    """The answers for any address, from :meth:`image_for` (the image
+    holding it): shared by :class:`Symbolizer` and the live runs' lazy one
+    (:class:`hwtrace.branches.livesyms.LazySymbolizer`)."""
+
+    def image_for(self, addr: int) -> Image | None:
+        raise NotImplementedError
+
+    def lookup(self, addr: int) -> tuple[int, str] | None:
+        img = self.image_for(addr)
+        return img.lookup(addr) if img else None
+
+    __call__ = lookup
+
+    def describe(self, addr: int) -> str:
+        r = self.lookup(addr)
+        if r is None:
+            return f"0x{addr:x}"
+        start, name = r
+        return name if start == addr else f"{name}+0x{addr - start:x}"
+
+    def line(self, addr: int) -> tuple[str, int] | None:
+        img = self.image_for(addr)
+        return img.line(addr) if img else None
+
+
+class Symbolizer(ImageLookup):
     """Images of one address space; answers for any address."""
 
     def __init__(self, debug_roots=DEBUG_ROOTS):
@@ -540,20 +566,3 @@ class Symbolizer:
             if img.contains(addr):
                 return img
         return None
-
-    def lookup(self, addr: int) -> tuple[int, str] | None:
-        img = self.image_for(addr)
-        return img.lookup(addr) if img else None
-
-    __call__ = lookup
-
-    def describe(self, addr: int) -> str:
-        r = self.lookup(addr)
-        if r is None:
-            return f"0x{addr:x}"
-        start, name = r
-        return name if start == addr else f"{name}+0x{addr - start:x}"
-
-    def line(self, addr: int) -> tuple[str, int] | None:
-        img = self.image_for(addr)
-        return img.line(addr) if img else None
