@@ -150,3 +150,53 @@ def test_not_an_elf(tmp_path):
         Image(p)
     with pytest.raises(SymbolError):
         Image(tmp_path / "missing")
+
+
+ALIASES = r"""
+__attribute__((noinline)) int twice(int x) { return 2 * x; }
+int doubled(int x) __attribute__((alias("twice")));
+static int hidden_twice(int x) __attribute__((alias("twice"), used));
+int main(void) { return doubled(21); }
+"""
+
+
+def test_function_under_another_name(tmp_path):
+    """A function the symbolizer names once is found under each of its
+    names (a --within or trigger NAME): the file's own symbol tables are
+    read for it -- through the raw reader, or pyelftools where that one
+    does not understand the file -- with the same rules as the symbolizer's
+    (functions defined in a section, not undefined ones like ``puts``)."""
+    from hwtrace.analysis import elfraw, symbols
+    from hwtrace.branches import resolve
+    tools()
+    (tmp_path / "a.c").write_text(ALIASES)
+    exe = tmp_path / "a"
+    subprocess.run(["gcc", "-O1", "-o", exe, tmp_path / "a.c"], check=True,
+                   capture_output=True)
+    nm = subprocess.run(["nm", exe], capture_output=True, text=True, check=True).stdout
+    at = {p[2]: int(p[0], 16) for p in (x.split() for x in nm.splitlines()) if len(p) == 3}
+    twice = at["twice"]
+    assert at["doubled"] == at["hidden_twice"] == twice
+    s = Symbolizer()
+    img = s.add_image(exe, 0x10000)
+    shown = s.lookup(twice + 0x10000)[1]
+    for name in ("twice", "doubled", "hidden_twice"):
+        got = symbols.function_symbol(str(exe), name)
+        assert got is not None and got[0] == twice, name
+        if name != shown:
+            assert resolve._alias(img, name) == (twice + 0x10000, got[1])
+    assert resolve.function(s, "hidden_twice")[0] == twice + 0x10000
+    assert symbols.function_symbol(str(exe), "no_such_function") is None
+    assert symbols.function_symbol(str(tmp_path / "missing"), "twice") is None
+
+    # the pyelftools route gives the same answers
+    def refuse(data):
+        raise elfraw.RawElfError("not understood")
+    orig = symbols.RawElf
+    symbols.RawElf = refuse
+    try:
+        for name in ("twice", "doubled", "hidden_twice", "no_such_function"):
+            assert symbols.function_symbol(str(exe), name) == \
+                (None if name == "no_such_function" else (twice, got[1])), name
+    finally:
+        symbols.RawElf = orig

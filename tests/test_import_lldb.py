@@ -225,6 +225,24 @@ def test_branch_records_carry_the_trace_threads(multi_core):
     assert by_fn == {"bar": {(3497234, 3497497)}, "foo": {(3497234, 3497496)}}
 
 
+def test_call_stacks_carry_the_trace_threads(multi_core, tmp_path):
+    """The call stacks of the same CPU streams carry the same threads as
+    the branch records: each CPU resynchronizes with status updates only
+    (a PSB+ whose FUP says tracing is on, no TIP.PGE), and there, as at a
+    TIP.PGE, the sideband says who runs -- the activations were on the
+    CPUs' tracks, with no pid/tid, while the records had them."""
+    out = tmp_path / "t.json"
+    r = run_hwtrace("export", multi_core, "--chrome", out)
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(out.read_text())["traceEvents"]
+    by_fn = {}
+    for e in ev:
+        if e["ph"] == "X":
+            by_fn.setdefault(e["name"].split("()")[0], set()).add((e["pid"], e["tid"]))
+    assert by_fn["bar"] == {(3497234, 3497497)}
+    assert by_fn["foo"] == {(3497234, 3497496)}
+
+
 def test_single_thread_trace(tmp_path, ptoracle):
     _need_fixture()
     out = _import(SINGLE / "trace.json", tmp_path / "b")

@@ -171,6 +171,9 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._pid: int | None = None
         self._parked: dict[int, tuple] = {}
         self._fresh = False
+        # is tracing on as far as the events said (None: unknown -- the
+        # stream's start, or after an overflow or a decode error)
+        self._tracing: bool | None = None
         self._items = None             # itemflow.ItemGrouper, made on demand
         self._out: list[Slices] = []
         # counters for summaries
@@ -311,8 +314,9 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._marker(kind, offset, detail)
         if kind in ("overflow", "error"):
             # other threads may have run in what was lost: their stacks
-            # are no longer known either
+            # are no longer known either, nor is who runs next
             self._parked.clear()
+            self._tracing = None
         self._in_seg = False
         self._pend = _NONE
         self._paused = False
@@ -457,17 +461,31 @@ class CallStackBuilder(FollowThreads, BatchInput):
     def event(self, name: str, m) -> None:
         tsc = m.get("tsc")
         tl = self._follow
+        update = m.get("status_update")
+        # a status update enabling tracing after a gap (the stream's start,
+        # an error, an overflow) or a disable: who runs there is not known
+        # -- the sideband is asked, as at a TIP.PGE (the branch records do
+        # the same)
+        ask = tl is not None and name == "enabled" and update \
+            and self._tracing is not True
         if tl is not None:
             tl.time(self.n, tsc)
             if name in ("enabled", "disabled", "async_disabled") \
-                    and not m.get("status_update"):
+                    and (not update or ask):
                 tl.tracing(name == "enabled")
+        if name in ("enabled", "disabled", "async_disabled"):
+            self._tracing = name == "enabled"
+        elif name == "overflow":
+            self._tracing = None
         if name == "tick" or name not in _STRUCTURAL:
             self._anchor(tsc)
             return
         off = m.get("offset")
-        if m.get("status_update") and name in ("enabled", "disabled"):
-            # a PSB+ restating the tracing state: nothing changed
+        if update and name in ("enabled", "disabled"):
+            # a PSB+ restating the tracing state: nothing changed (but who
+            # runs, where that was not known)
+            if ask and m.get("ip") is not None:
+                self._follow_switches(m.get("ip"))
             self._anchor(tsc)
             return
         if name == "enabled":

@@ -5,9 +5,10 @@ pyelftools parses every header field through construct, one object at a
 time: loading the symbols of a python3 process's eighteen images took
 over a second that way.  :class:`RawElf` reads the ELF header, the program
 headers and the section header table as numpy arrays, and hands out
-section bytes by name; :mod:`.symbols` reads its symbol tables, PLT
-relocations and build-id note from them, and falls back to pyelftools for
-a file this reader does not understand.
+section bytes by name.  :class:`SymbolArrays` is one symbol table
+(``.symtab``, ``.dynsym``) as arrays -- the one reader of symbol entries,
+whether the table's bytes come from here or, for a file this reader does
+not understand, from pyelftools (:mod:`.symbols` falls back to it).
 """
 
 from __future__ import annotations
@@ -21,8 +22,75 @@ ET_DYN = 3
 EM_X86_64 = 62
 
 
+SHT_SYMTAB = 2
+SHT_DYNSYM = 11
+STT_NOTYPE = 0
+STT_FUNC = 2
+STT_GNU_IFUNC = 10
+STB_GLOBAL = 1
+SHN_LORESERVE = 0xFF00
+
+
 class RawElfError(ValueError):
     pass
+
+
+class SymbolArrays:
+    """One ELF symbol table as numpy arrays: ``value``, ``size`` (uint64),
+    ``type``, ``bind`` (the two halves of ``st_info``), ``shndx`` (int64);
+    :meth:`name` reads entry ``i``'s name from the table's string table
+    ``strtab`` (the section its ``sh_link`` names)."""
+
+    __slots__ = ("value", "size", "type", "bind", "shndx", "_off", "_strtab")
+
+    def __init__(self, data: bytes, strtab: bytes, elfclass: int, little: bool):
+        e = "<" if little else ">"
+        if elfclass == 64:
+            dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
+                           ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
+        else:
+            dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
+                           ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
+        a = np.frombuffer(data, dt, len(data) // dt.itemsize)
+        self._off = a["name"].astype(np.int64)
+        self._strtab = strtab
+        self.value = a["value"].astype(np.uint64)
+        self.size = a["size"].astype(np.uint64)
+        self.type = a["info"] & 0xF
+        self.bind = a["info"] >> 4
+        self.shndx = a["shndx"].astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def name(self, i: int) -> str:
+        tab = self._strtab
+        o = int(self._off[i])
+        end = tab.find(b"\0", o)
+        return tab[o:end if end >= 0 else len(tab)].decode("utf-8", "replace")
+
+    def in_section(self) -> np.ndarray:
+        """Entries defined in a section (not SHN_UNDEF, not a reserved
+        index such as SHN_ABS)."""
+        return (self.shndx != 0) & (self.shndx < SHN_LORESERVE)
+
+    def functions(self) -> np.ndarray:
+        """Entries that are functions (STT_FUNC, STT_GNU_IFUNC) defined in
+        a section."""
+        return self.in_section() & ((self.type == STT_FUNC) | (self.type == STT_GNU_IFUNC))
+
+    def named(self, name: str) -> np.ndarray:
+        """Indices of the entries named ``name``, in table order."""
+        key = name.encode("utf-8", "surrogateescape") + b"\0"
+        tab = self._strtab
+        offs = []
+        o = tab.find(key)
+        while o >= 0:               # any occurrence: string tables share tails
+            offs.append(o)
+            o = tab.find(key, o + 1)
+        if not offs:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(np.isin(self._off, offs))
 
 
 def _dt(fields, e):
@@ -102,6 +170,12 @@ class RawElf:
         if off + size > len(self.data):
             raise RawElfError("section past the end of the file")
         return self.data[off:off + size]
+
+    def symbol_table(self, i: int) -> SymbolArrays:
+        """Section ``i`` (a symbol table) as arrays, its names from the
+        string table it links to."""
+        return SymbolArrays(self.section_data(i), self.section_data(int(self.sh["link"][i])),
+                            self.elfclass, self.little_endian)
 
     def exec_sections(self) -> set[int]:
         return set(np.flatnonzero((self.sh["flags"] & SHF_EXECINSTR) != 0).tolist())

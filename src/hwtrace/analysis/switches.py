@@ -8,10 +8,12 @@ in goes on (a disable, then an enable elsewhere).  The sideband says when
 timing packet, which may be long before the enable it comes with.
 
 :class:`SwitchTimeline` holds one CPU's switches in time order and a
-cursor, and answers, at an enable: which switches certainly came before it
-(their time is no later than the last known time), and which come next,
-so the call-stack builder can weigh them against where each thread is
-expected to resume.  It also keeps an estimate of *now*: the last known
+cursor, and chooses, at an enable (:meth:`SwitchTimeline.choose`), which
+switches came before it: those that certainly did (their time is no
+later than the last known time), or the next ones, weighed by how well
+each one's thread fits where tracing resumes -- the one rule of the
+call-stack builder and the branch records, which differ only in how they
+know where a thread stopped (a ``fit`` callback).  It also keeps an estimate of *now*: the last known
 time plus the instructions since, at the rate (ticks per instruction) the
 clock is known to run at (an emulated recording's instruction count: 1),
 else measured between the last two timing values.  A timing value seen
@@ -33,7 +35,7 @@ taken over the one that was due.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 #: how many upcoming switches an enable may be matched with
 LOOKAHEAD = 4
@@ -147,3 +149,52 @@ class SwitchTimeline:
 
     def advance(self, k: int) -> None:
         self.i = max(self.i, k)
+
+    # -- the choice at an enable ---------------------------------------------
+
+    def choose(self, n: int, fit: Callable[[int], int]) -> int:
+        """Tracing resumes at instruction index ``n``: the index after the
+        last switch that came before, for the caller to apply (the running
+        thread goes on where it is :attr:`i`).  ``fit(k)`` says how well
+        the thread running once the switches before index ``k`` are
+        applied fits resuming where tracing does: 2 it stopped right
+        there, 1 nothing known against it (seen for the first time, back
+        from another CPU, or idle: someone is still to come), 0 it is the
+        running thread, never switched out, and it stopped elsewhere.
+
+        The switches certainly before (by the last known time), or before
+        by the estimate of now if that thread fits no worse; unless that
+        thread stopped right there, the next few (:data:`LOOKAHEAD`) for
+        the first whose thread did -- with an exact clock none after the
+        estimate, and none to idle (idle resumes nothing) -- or, if the
+        running thread stopped elsewhere, the first with a fresh thread
+        (by the estimate before now, or the first one looked at)."""
+        best = self.due(self.known)             # certainly before this enable
+        f = fit(best)
+        est = self.estimate(n)
+        if est is not None:
+            k = self.due(est)                   # before it by the estimate
+            if k > best:
+                fk = fit(k)
+                if fk >= f:
+                    best, f = k, fk
+        if f < 2:
+            exact = fresh = None
+            sw = self.switches
+            for j in self.upcoming(best):
+                if self.exact and est is not None and sw[j].time > est:
+                    break               # certainly after this enable
+                if self.thread_after(j + 1, None) is None:
+                    continue            # to idle: not who resumes here
+                fj = fit(j + 1)
+                if fj == 2:
+                    exact = j + 1
+                    break
+                if fj == 1 and fresh is None and \
+                        (est is None or sw[j].time <= est or j == best):
+                    fresh = j + 1
+            if exact is not None:
+                best = exact
+            elif f == 0 and fresh is not None:
+                best = fresh
+        return best

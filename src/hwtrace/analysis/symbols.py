@@ -17,6 +17,7 @@ its :meth:`~Symbolizer.lookup` is the callback the call-stack builder takes.
 from __future__ import annotations
 
 import bisect
+import io
 import os
 import shutil
 import subprocess
@@ -27,79 +28,67 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 import numpy as np
 
-from hwtrace.analysis.elfraw import EM_X86_64, RawElf, RawElfError
+from hwtrace.analysis.elfraw import (EM_X86_64, SHF_EXECINSTR, SHT_DYNSYM, SHT_SYMTAB,
+                                     STB_GLOBAL, STT_NOTYPE, RawElf, RawElfError,
+                                     SymbolArrays)
 
 
-def _symbol_array(elf: ELFFile, sec):
-    """A symbol table as arrays: (names(i) -> str, value, size, type,
-    bind, section index), or None if it cannot be read so."""
+def _symbol_array(elf: ELFFile, sec) -> SymbolArrays | None:
+    """A pyelftools symbol table section as arrays, or None if it cannot
+    be read so."""
     try:
         data = sec.data()
         strtab = elf.get_section(sec.header.sh_link).data()
     except Exception:           # pyelftools' errors on broken files
         return None
-    little = elf.little_endian
-    e = "<" if little else ">"
-    if elf.elfclass == 64:
-        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
-                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
-    else:
-        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
-                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
-    n = len(data) // dt.itemsize
-    a = np.frombuffer(data, dt, n)
-    off = a["name"].astype(np.int64)
-
-    def names(i: int) -> str:
-        o = int(off[i])
-        end = strtab.find(b"\0", o)
-        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
-    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
-            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+    return SymbolArrays(data, strtab, elf.elfclass, elf.little_endian)
 
 
-def _raw_symtab(elf: "RawElf", i: int):
-    """Like :func:`_symbol_array`, from a RawElf section index."""
-    data = elf.section_data(i)
-    strtab = elf.section_data(int(elf.sh["link"][i]))
-    e = "<" if elf.little_endian else ">"
-    if elf.elfclass == 64:
-        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"),
-                       ("shndx", e + "u2"), ("value", e + "u8"), ("size", e + "u8")])
-    else:
-        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"),
-                       ("info", "u1"), ("other", "u1"), ("shndx", e + "u2")])
-    a = np.frombuffer(data, dt, len(data) // dt.itemsize)
-    off = a["name"].astype(np.int64)
-
-    def names(k: int) -> str:
-        o = int(off[k])
-        end = strtab.find(b"\0", o)
-        return strtab[o:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
-    return (names, a["value"].astype(np.uint64), a["size"].astype(np.uint64),
-            a["info"] & 0xF, a["info"] >> 4, a["shndx"].astype(np.int64))
+def _raw_tables(elf: RawElf, secnames) -> list[SymbolArrays]:
+    """The symbol tables of these names a RawElf has, in that order."""
+    out = []
+    for secname in secnames:
+        i = elf.section_index(secname)
+        if i is not None and int(elf.sh["type"][i]) in (SHT_SYMTAB, SHT_DYNSYM):
+            out.append(elf.symbol_table(i))
+    return out
 
 
-def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
-    """:meth:`Image._read_symbols` over a RawElf (same rules)."""
+def _pyelf_tables(elf: ELFFile, secnames) -> list[SymbolArrays]:
+    """The readable symbol tables of these names a pyelftools file has,
+    in that order."""
+    out = []
+    for secname in secnames:
+        sec = elf.get_section_by_name(secname)
+        if isinstance(sec, SymbolTableSection):
+            syms = _symbol_array(elf, sec)
+            if syms is not None:
+                out.append(syms)
+    return out
+
+
+def _functions(tables, exec_secs: set[int], ends: dict[int, int],
+               plt: dict) -> dict:
+    """{link-time address: (size, name)} of functions, from the symbol
+    tables (``.dynsym`` then ``.symtab``: :class:`.elfraw.SymbolArrays`),
+    the indices of the executable sections, their {address: end} and the
+    PLT stubs.  Untyped symbols in executable sections (assembly labels)
+    count where no function symbol starts; symbols of size 0 extend to the
+    next symbol, or to the end of their section."""
     funcs: dict[int, tuple[int, str]] = {}
     labels: dict[int, tuple[int, str]] = {}
-    exec_secs = elf.exec_sections()
-    for secname in (".dynsym", ".symtab"):
-        i = elf.section_index(secname)
-        if i is None or int(elf.sh["type"][i]) not in (2, 11):   # SYMTAB, DYNSYM
-            continue
-        names, value, size, typ, bind, shndx = _raw_symtab(elf, i)
-        insec = (shndx != 0) & (shndx < 0xFF00)
-        isf = insec & ((typ == 2) | (typ == 10))
-        isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
+    for syms in tables:
+        value, size, typ, bind, shndx = syms.value, syms.size, syms.type, syms.bind, syms.shndx
+        isf = syms.functions()
+        isl = syms.in_section() & (typ == STT_NOTYPE) & np.isin(shndx, list(exec_secs))
         for k in np.flatnonzero(isf | isl).tolist():
-            name = names(k)
+            name = syms.name(k)
             if not name:
                 continue
-            v, z, glob = int(value[k]), int(size[k]), bind[k] == 1
+            v, z, glob = int(value[k]), int(size[k]), bind[k] == STB_GLOBAL
             if isf[k]:
                 old = funcs.get(v)
+                # prefer global names and .symtab's (later) ones
                 if old is None or glob or old[0] == 0:
                     funcs[v] = (z, name)
             elif not name.startswith((".L", "$")):
@@ -108,9 +97,7 @@ def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
                     labels[v] = (z, name)
     for a, v in labels.items():
         funcs.setdefault(a, v)
-    if plt:
-        funcs.update(_raw_plt(elf))
-    ends = elf.exec_ranges()
+    funcs.update(plt)
     starts = sorted(funcs)
     sec_starts = sorted(ends)
     for k, a in enumerate(starts):
@@ -126,8 +113,32 @@ def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
     return funcs
 
 
+def _plt_stubs(rela: bytes, dynsym: SymbolArrays, base: int, little: bool) -> dict:
+    """x86-64 PLT stubs named ``sym@plt``: one 16-byte stub from ``base``
+    per ``.rela.plt`` relocation, named by its symbol (lazy binding
+    layout: ``.plt`` has a 16-byte header first; with IBT the stubs are in
+    ``.plt.sec``, no header)."""
+    if len(rela) % 24:
+        return {}
+    info = np.frombuffer(rela, "<u8" if little else ">u8").reshape(-1, 3)[:, 1]
+    idx = (info >> np.uint64(32)).astype(np.int64)
+    nsym = len(dynsym)
+    out = {}
+    for k, j in enumerate(idx.tolist()):
+        name = dynsym.name(j) if 0 < j < nsym else ""
+        out[base + 16 * k] = (16, (name or f"plt{k}") + "@plt")
+    return out
+
+
+def _raw_symbols(elf: "RawElf", plt: bool = True) -> dict:
+    """:func:`_functions` of a RawElf."""
+    return _functions(_raw_tables(elf, (".dynsym", ".symtab")),
+                      elf.exec_sections(), elf.exec_ranges(),
+                      _raw_plt(elf) if plt else {})
+
+
 def _raw_plt(elf: "RawElf") -> dict:
-    """:meth:`Image._plt_symbols` over a RawElf."""
+    """:func:`_plt_stubs` of a RawElf."""
     ri = elf.section_index(".rela.plt")
     if ri is None or elf.e_machine != EM_X86_64:
         return {}
@@ -137,21 +148,39 @@ def _raw_plt(elf: "RawElf") -> dict:
     if si is None:
         si = elf.section_index(".plt")
         first = 16
-    if si is None or dyn >= len(elf.sh) or int(elf.sh["type"][dyn]) not in (2, 11):
+    if si is None or dyn >= len(elf.sh) or \
+            int(elf.sh["type"][dyn]) not in (SHT_SYMTAB, SHT_DYNSYM):
         return {}
-    names, value, *_rest = _raw_symtab(elf, dyn)
-    data = elf.section_data(ri)
-    if len(data) % 24:
-        return {}
-    info = np.frombuffer(data, "<u8" if elf.little_endian else ">u8").reshape(-1, 3)[:, 1]
-    idx = (info >> np.uint64(32)).astype(np.int64)
-    nsym = len(value)
-    base = int(elf.sh["addr"][si]) + first
-    out = {}
-    for k, j in enumerate(idx.tolist()):
-        name = names(j) if 0 < j < nsym else ""
-        out[base + 16 * k] = (16, (name or f"plt{k}") + "@plt")
-    return out
+    return _plt_stubs(elf.section_data(ri), elf.symbol_table(dyn),
+                      int(elf.sh["addr"][si]) + first, elf.little_endian)
+
+
+def function_symbol(path: str, name: str) -> tuple[int, int] | None:
+    """(link-time address, size) of the first function symbol named
+    ``name`` with an address in the file's own symbol tables (``.symtab``,
+    then ``.dynsym``) -- every name it has, not only the one a symbolizer
+    shows for the address (``_IO_printf`` for ``printf``); None if there
+    is none or the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    order = (".symtab", ".dynsym")
+    try:
+        tables = _raw_tables(RawElf(data), order)
+    except (RawElfError, ValueError, IndexError):
+        try:
+            tables = _pyelf_tables(ELFFile(io.BytesIO(data)), order)
+        except Exception:       # pyelftools' errors: an unreadable file names nothing
+            return None
+    for syms in tables:
+        hit = syms.named(name)
+        ok = syms.functions()[hit] & (syms.value[hit] != 0)
+        if ok.any():
+            k = int(hit[np.flatnonzero(ok)[0]])
+            return int(syms.value[k]), int(syms.size[k])
+    return None
 
 
 class SymbolError(Exception):
@@ -273,69 +302,21 @@ class Image:
 
     @staticmethod
     def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
-        """{link-time address: (size, name)} of functions.  Untyped symbols
-        in executable sections (assembly labels) count where no function
-        symbol starts; symbols of size 0 extend to the next symbol.  The
-        symbol tables are read as arrays (numpy), not symbol by symbol."""
-        funcs: dict[int, tuple[int, str]] = {}
-        labels: dict[int, tuple[int, str]] = {}
-        exec_secs = {i for i, sec in enumerate(elf.iter_sections())
-                     if sec.header.sh_flags & 0x4}          # SHF_EXECINSTR
-        for secname in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(secname)
-            if not isinstance(sec, SymbolTableSection):
-                continue
-            syms = _symbol_array(elf, sec)
-            if syms is None:
-                continue
-            names, value, size, typ, bind, shndx = syms
-            # STT_FUNC 2, STT_GNU_IFUNC 10, STT_NOTYPE 0; SHN_UNDEF 0 and
-            # the reserved indices (>= 0xff00) are not in a section
-            insec = (shndx != 0) & (shndx < 0xFF00)
-            isf = insec & ((typ == 2) | (typ == 10))
-            isl = insec & (typ == 0) & np.isin(shndx, list(exec_secs))
-            for i in np.flatnonzero(isf | isl).tolist():
-                name = names(i)
-                if not name:
-                    continue
-                v, z, glob = int(value[i]), int(size[i]), bind[i] == 1
-                if isf[i]:
-                    old = funcs.get(v)
-                    # prefer global names and .symtab's (later) ones
-                    if old is None or glob or old[0] == 0:
-                        funcs[v] = (z, name)
-                elif not name.startswith((".L", "$")):
-                    old = labels.get(v)
-                    if old is None or glob:
-                        labels[v] = (z, name)
-        for a, v in labels.items():
-            funcs.setdefault(a, v)
-        if plt:
-            funcs.update(Image._plt_symbols(elf))
-        # size 0 (assembly): up to the next symbol, or to the section end
-        ends = {}
-        for sec in elf.iter_sections():
-            if sec.header.sh_flags & 0x4 and sec.header.sh_size:
-                ends[sec.header.sh_addr] = sec.header.sh_addr + sec.header.sh_size
-        starts = sorted(funcs)
-        sec_starts = sorted(ends)
-        for i, a in enumerate(starts):
-            size, name = funcs[a]
-            if size:
-                continue
-            nxt = starts[i + 1] if i + 1 < len(starts) else None
-            j = bisect.bisect_right(sec_starts, a) - 1
-            sec_end = ends[sec_starts[j]] if j >= 0 and a < ends[sec_starts[j]] else None
-            cands = [x for x in (nxt, sec_end) if x is not None and x > a]
-            if cands:
-                funcs[a] = (min(cands) - a, name)
-        return funcs
+        """:func:`_functions` of a file pyelftools reads (one
+        :class:`.elfraw.RawElf` does not understand)."""
+        tables = _pyelf_tables(elf, (".dynsym", ".symtab"))
+        exec_secs, ends = set(), {}
+        for i, sec in enumerate(elf.iter_sections()):
+            h = sec.header
+            if h.sh_flags & SHF_EXECINSTR:
+                exec_secs.add(i)
+                if h.sh_size:
+                    ends[h.sh_addr] = h.sh_addr + h.sh_size
+        return _functions(tables, exec_secs, ends, Image._plt_symbols(elf) if plt else {})
 
     @staticmethod
     def _plt_symbols(elf: ELFFile) -> dict:
-        """x86-64 PLT stubs named ``sym@plt`` (lazy binding layout: .plt has
-        a 16-byte header then one 16-byte entry per .rela.plt relocation;
-        with IBT the per-symbol stubs are in .plt.sec, no header)."""
+        """:func:`_plt_stubs` of a file pyelftools reads."""
         rela = elf.get_section_by_name(".rela.plt")
         if rela is None or elf.header.e_machine != "EM_X86_64":
             return {}
@@ -348,19 +329,10 @@ class Image:
         if sec is None or not isinstance(dynsym, SymbolTableSection):
             return {}
         syms = _symbol_array(elf, dynsym)
-        data = rela.data()
-        if syms is None or len(data) % 24:
+        if syms is None:
             return {}
-        info = np.frombuffer(data, "<u8").reshape(-1, 3)[:, 1]
-        idx = (info >> np.uint64(32)).astype(np.int64)
-        names = syms[0]
-        nsym = len(syms[1])
-        out = {}
-        base = sec.header.sh_addr + first
-        for i, k in enumerate(idx.tolist()):
-            name = names(k) if 0 < k < nsym else ""
-            out[base + 16 * i] = (16, (name or f"plt{i}") + "@plt")
-        return out
+        return _plt_stubs(rela.data(), syms, sec.header.sh_addr + first,
+                          elf.little_endian)
 
     # -- queries (runtime addresses) ---------------------------------------
 
@@ -530,7 +502,33 @@ def _cu_rows(dwarf, cu):
     return rows
 
 
-class Symbolizer:
+class ImageLookup:
+    """The answers for any address, from :meth:`image_for` (the image
+    holding it): shared by :class:`Symbolizer` and the live runs' lazy one
+    (:class:`hwtrace.branches.livesyms.LazySymbolizer`)."""
+
+    def image_for(self, addr: int) -> Image | None:
+        raise NotImplementedError
+
+    def lookup(self, addr: int) -> tuple[int, str] | None:
+        img = self.image_for(addr)
+        return img.lookup(addr) if img else None
+
+    __call__ = lookup
+
+    def describe(self, addr: int) -> str:
+        r = self.lookup(addr)
+        if r is None:
+            return f"0x{addr:x}"
+        start, name = r
+        return name if start == addr else f"{name}+0x{addr - start:x}"
+
+    def line(self, addr: int) -> tuple[str, int] | None:
+        img = self.image_for(addr)
+        return img.line(addr) if img else None
+
+
+class Symbolizer(ImageLookup):
     """Images of one address space; answers for any address."""
 
     def __init__(self, debug_roots=DEBUG_ROOTS):
@@ -568,20 +566,3 @@ class Symbolizer:
             if img.contains(addr):
                 return img
         return None
-
-    def lookup(self, addr: int) -> tuple[int, str] | None:
-        img = self.image_for(addr)
-        return img.lookup(addr) if img else None
-
-    __call__ = lookup
-
-    def describe(self, addr: int) -> str:
-        r = self.lookup(addr)
-        if r is None:
-            return f"0x{addr:x}"
-        start, name = r
-        return name if start == addr else f"{name}+0x{addr - start:x}"
-
-    def line(self, addr: int) -> tuple[str, int] | None:
-        img = self.image_for(addr)
-        return img.line(addr) if img else None

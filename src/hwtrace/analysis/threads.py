@@ -60,33 +60,7 @@ class FollowThreads:
     def _follow_switches(self, ip: int) -> None:
         """Tracing is enabled at ``ip``: which thread is it?"""
         tl = self._follow
-        best = tl.due(tl.known)                 # certainly before this enable
-        fit = self._fit(best, ip)
-        est = tl.estimate(self.n)
-        if est is not None:
-            k = tl.due(est)                     # before it by the estimate
-            if k > best:
-                f = self._fit(k, ip)
-                if f >= fit:
-                    best, fit = k, f
-        if fit < 2:
-            exact = fresh = None
-            for j in tl.upcoming(best):
-                if tl.exact and est is not None and tl.switches[j].time > est:
-                    break           # certainly after this enable
-                if tl.thread_after(j + 1, None) is None:
-                    continue        # to idle: not who resumes here
-                f = self._fit(j + 1, ip)
-                if f == 2:
-                    exact = j + 1
-                    break
-                if f == 1 and fresh is None and \
-                        (est is None or tl.switches[j].time <= est or j == best):
-                    fresh = j + 1
-            if exact is not None:
-                best = exact
-            elif fit == 0 and fresh is not None:
-                best = fresh
+        best = tl.choose(self.n, lambda k: self._fit(k, ip))
         if best > tl.i:
             cur = self._thread
             tid = tl.thread_after(best, cur)

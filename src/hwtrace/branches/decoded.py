@@ -246,12 +246,10 @@ class _Consumer:
 
     def _switch(self, ip: int | None) -> None:
         """Tracing resumes in a CPU's stream at ``ip``: the thread the
-        sideband says runs now, as the call-stack builder decides it
-        (:mod:`hwtrace.analysis.threads`): the switches certainly before
-        (by the last timing packet) or estimated before, or the next few,
-        weighed by who left off right at ``ip`` (an interrupted or
-        syscalling thread resumes where it stopped), a thread seen for the
-        first time taken when the running one stopped elsewhere."""
+        sideband says runs now, chosen as for the call-stack builder
+        (:meth:`hwtrace.analysis.switches.SwitchTimeline.choose`); here a
+        thread fits ``ip`` when it left off right there (an interrupted
+        or syscalling thread resumes where it stopped)."""
         tl = self.follow
         cur = self.th
         ctid = cur.tid if cur is not None else None
@@ -274,33 +272,7 @@ class _Consumer:
                 return 1 if tl.leaves(ctid, k) else 0
             return 2 if stopped_at(threads.get((tl.pid_after(k, cpid), tid))) else 1
 
-        best = tl.due(tl.known)
-        f = fit(best)
-        est = tl.estimate(self.n)
-        if est is not None:
-            k = tl.due(est)
-            if k > best:
-                fk = fit(k)
-                if fk >= f:
-                    best, f = k, fk
-        if f < 2:
-            exact = fresh = None
-            for j in tl.upcoming(best):
-                if tl.exact and est is not None and tl.switches[j].time > est:
-                    break               # certainly after this enable
-                if tl.thread_after(j + 1, None) is None:
-                    continue            # to idle: not who resumes here
-                fj = fit(j + 1)
-                if fj == 2:
-                    exact = j + 1
-                    break
-                if fj == 1 and fresh is None and \
-                        (est is None or tl.switches[j].time <= est or j == best):
-                    fresh = j + 1
-            if exact is not None:
-                best = exact
-            elif f == 0 and fresh is not None:
-                best = fresh
+        best = tl.choose(self.n, fit)
         tid = tl.thread_after(best, ctid)
         pid = tl.pid_after(best, cpid)
         tl.advance(best)

@@ -19,7 +19,7 @@ import copy
 import os
 from dataclasses import dataclass
 
-from hwtrace.analysis.symbols import DEBUG_ROOTS, Image, SymbolError
+from hwtrace.analysis.symbols import DEBUG_ROOTS, Image, ImageLookup, SymbolError
 
 
 class ImageCache:
@@ -71,7 +71,7 @@ def mapping_bias(path: str, start: int, pgoff: int) -> int | None:
     return start - (va - (off - pgoff))
 
 
-class LazySymbolizer:
+class LazySymbolizer(ImageLookup):
     def __init__(self, cache: ImageCache | None = None):
         self.cache = cache or ImageCache()
         self._maps: list[_Mapping] = []
@@ -137,23 +137,6 @@ class LazySymbolizer:
                 if img is not None and img.contains(addr):
                     return img
         return None
-
-    def lookup(self, addr: int):
-        img = self.image_for(addr)
-        return img.lookup(addr) if img else None
-
-    __call__ = lookup
-
-    def describe(self, addr: int) -> str:
-        r = self.lookup(addr)
-        if r is None:
-            return f"0x{addr:x}"
-        start, name = r
-        return name if start == addr else f"{name}+0x{addr - start:x}"
-
-    def line(self, addr: int):
-        img = self.image_for(addr)
-        return img.line(addr) if img else None
 
     def mappings(self):
         """(path, start, file offset, size) of the mappings added."""

@@ -66,23 +66,9 @@ def _alias(img, name: str):
     path = getattr(img, "path", None)
     if not path:
         return None
-    try:
-        from elftools.elf.elffile import ELFFile
-        from elftools.elf.sections import SymbolTableSection
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for secname in (".symtab", ".dynsym"):
-                sec = elf.get_section_by_name(secname)
-                if not isinstance(sec, SymbolTableSection):
-                    continue
-                for sym in sec.get_symbol_by_name(name) or ():
-                    e = sym.entry
-                    if e.st_info.type in ("STT_FUNC", "STT_GNU_IFUNC") and \
-                            isinstance(e.st_shndx, int) and e.st_value:
-                        return e.st_value + img.bias, e.st_size
-    except Exception:          # an unreadable image names nothing
-        return None
-    return None
+    from hwtrace.analysis.symbols import function_symbol
+    hit = function_symbol(path, name)
+    return None if hit is None else (hit[0] + img.bias, hit[1])
 
 
 def address(symbolizer, text: str, base: int | None = None) -> int:
