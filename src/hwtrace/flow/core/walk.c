@@ -70,7 +70,7 @@ void edge_free(struct edge_table *e)
 static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip)
 {
     uint64_t lo = 0, last = 0;
-    int have_bounds = 0, status = 0, err;
+    int have_bounds = 0, status = 0, err = 0;
     uint32_t n = 0;
     const struct insn_info *known = NULL;
     for (;;) {
@@ -78,7 +78,8 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip)
         if (!room)
             break;
         struct run *ru = known ? NULL
-                               : fast_run(d, ST_EVENT_PENDING | ST_EOS, &err);
+                               : fast_run_first(d, ST_EVENT_PENDING | ST_EOS,
+                                                &err, &known);
         if (err < 0) {
             d->fatal = -err;
             return R_FATAL;
@@ -220,13 +221,14 @@ int walk_flush_run(void *ctx, struct run *ru)
 static int walk_insns(struct session *s, struct walk *w)
 {
     struct insn_dec *d = &s->d;
-    int err;
+    int err = 0;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
         const struct insn_info *known = s->known;
         s->known = NULL;
         struct run *p = d->prev_run;
         struct run *ru = known && known->ip == d->ip ? NULL :
-            fast_run(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err);
+            fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err,
+                           &known);
         if (err < 0)
             return err;
         if (ru) {
