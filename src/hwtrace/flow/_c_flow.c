@@ -487,6 +487,9 @@ static PyObject *Decoder_counts(Decoder *self, PyObject *noargs)
     self->s.walk = &c.w;
     int r = run(self);
     self->s.walk = NULL;
+    for (int i = 0; i < self->nimg; i++)
+        ic_each_run(self->imgs[i].ic, chain_forget, NULL);
+    walk_done(&c.w);
     release_buffers(self);
     if (r < 0) {
         Py_DECREF(c.errors);
@@ -521,6 +524,12 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
             PyErr_NoMemory();
             r = -1;
         }
+    for (int i = 0; i < self->nimg; i++)
+        ic_each_run(self->imgs[i].ic, chain_forget, NULL);
+    if (walk_done(&c.w) < 0 && r >= 0) {
+        PyErr_NoMemory();
+        r = -1;
+    }
     release_buffers(self);
     PyObject *d = r < 0 ? NULL : edges_dict(&table);
     edge_free(&table);

@@ -102,9 +102,12 @@ int blk_next(struct insn_dec *d, struct rec *r);
 
 /* the run the fast paths may take at d's IP (enabled, nothing pending,
  * not resynchronizing, none of ``slow_mask`` in the status), else NULL
- * (*err < 0: a fatal error); the previous run's successors first */
-static inline struct run *fast_run(struct insn_dec *d, int slow_mask,
-                                   int *err)
+ * (*err < 0: a fatal error); the previous run's successors first.  Where
+ * the run there has no instructions (a branch at d's IP), *first (if not
+ * NULL) is set to that branch's entry, the ``known`` of insn_next. */
+static inline struct run *fast_run_first(struct insn_dec *d, int slow_mask,
+                                         int *err,
+                                         const struct insn_info **first)
 {
     *err = 0;
     if (!d->enabled || d->process_event || d->resyncing ||
@@ -117,7 +120,7 @@ static inline struct run *fast_run(struct insn_dec *d, int slow_mask,
         for (int i = 0; i < RUN_SUCC; i++) {
             ru = p->succ[i];
             if (ru && p->succ_ip[i] == ip && ru->mode == mode)
-                return ru->n ? ru : NULL;
+                goto have;
         }
     }
     ru = ic_run(d->ic, ip, mode, err);
@@ -132,7 +135,18 @@ static inline struct run *fast_run(struct insn_dec *d, int slow_mask,
             }
         }
     }
-    return ru->n ? ru : NULL;
+have:
+    if (ru->n)
+        return ru;
+    if (first)
+        *first = ru->first;
+    return NULL;
+}
+
+static inline struct run *fast_run(struct insn_dec *d, int slow_mask,
+                                   int *err)
+{
+    return fast_run_first(d, slow_mask, err, NULL);
 }
 
 #endif

@@ -64,21 +64,89 @@ void edge_free(struct edge_table *e)
     e->cap = e->n = 0;
 }
 
+/* -- TNT chains --------------------------------------------------------------- */
+
+/* the chain for the decoder's state, if one applies (chain.h); NULL with
+ * *err < 0 on a fatal error */
+static inline struct chain *walk_chain(struct session *s, struct walk *w,
+                                       int *err)
+{
+    *err = 0;
+    struct insn_dec *d = &s->d;
+    if (d->q.tnt_index < 2)
+        return NULL;
+    struct chain_cache *cc = &w->chains;
+    if (!cc->ready) {
+        cc->ready = 1;
+        cc->block = s->block;
+        cc->edges = w->edges && !s->block;
+        cc->end_on_call = d->cfg->end_on_call;
+        cc->end_on_jump = d->cfg->end_on_jump;
+    }
+    /* the run here, if the last run's successors have it */
+    struct run *p = d->prev_run, *here = NULL;
+    if (p) {
+        for (int i = 0; i < RUN_SUCC; i++) {
+            struct run *ru = p->succ[i];
+            if (ru && p->succ_ip[i] == d->ip && ru->mode == d->mode) {
+                here = ru;
+                break;
+            }
+        }
+    }
+    return chain_get(cc, d, here, err);
+}
+
+/* the decoder and the session after the chain, as its steps leave them */
+static inline void walk_apply(struct session *s, struct walk *w,
+                              struct chain *ch)
+{
+    struct insn_dec *d = &s->d;
+    d->q.tnt_index >>= ch->c;
+    d->icount = ch->icount;
+    d->have_mark = 0;
+    d->status = 0;
+    for (int j = 0; j < ch->npush; j++)
+        rs_push(d, ch->push[j]);
+    d->ip = ch->end_ip;
+    if (ch->last_run)
+        d->prev_run = ch->last_run;
+    w->insns += ch->insns;
+    w->blocks += ch->blocks;
+    s->ninsn += ch->insns;
+    s->last_ip = ch->last_ip;
+    s->status = 0;
+    s->known = ch->next;
+    ch->uses++;
+}
+
+int walk_done(struct walk *w)
+{
+    int r = 0;
+    if (w->edges && w->chains.edges)
+        r = chain_flush_edges(&w->chains, w->edges);
+    chain_free(&w->chains);
+    return r;
+}
+
 /* -- blocks ----------------------------------------------------------------- */
 
-/* blk_next without a record: the block's instructions and last IP */
-static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip)
+/* blk_next without a record: the block's instructions (*ninsn: those it
+ * has so far, with the bounds lo, last if have_bounds, and ``known`` the
+ * entry at d->ip or NULL) and last IP */
+static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
+                     int have_bounds, uint64_t lo, uint64_t last,
+                     const struct insn_info *known)
 {
-    uint64_t lo = 0, last = 0;
-    int have_bounds = 0, status = 0, err;
-    uint32_t n = 0;
-    const struct insn_info *known = NULL;
+    int status = 0, err = 0;
+    uint32_t n = *ninsn;
     for (;;) {
         uint32_t room = MAX_BLOCK_INSNS - n;
         if (!room)
             break;
         struct run *ru = known ? NULL
-                               : fast_run(d, ST_EVENT_PENDING | ST_EOS, &err);
+                               : fast_run_first(d, ST_EVENT_PENDING | ST_EOS,
+                                                &err, &known);
         if (err < 0) {
             d->fatal = -err;
             return R_FATAL;
@@ -155,16 +223,39 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip)
 static int walk_blocks(struct session *s, struct walk *w)
 {
     struct insn_dec *d = &s->d;
+    int chained = 0;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
-        uint32_t n = 0;
-        uint64_t end = 0;
-        int st = blk_count(d, &n, &end);
+        uint32_t n0 = 0;
+        uint64_t end = 0, lo = 0, last = 0;
+        const struct insn_info *known = NULL;
+        struct chain *ch = NULL;
+        if (!chained) {
+            int err;
+            ch = walk_chain(s, w, &err);
+            if (err < 0)
+                return err;
+        }
+        chained = 0;
+        if (ch) {
+            walk_apply(s, w, ch);
+            chained = 1;
+            if (!ch->bn)
+                continue;
+            /* the block it leaves open */
+            n0 = ch->bn;
+            lo = ch->lo;
+            last = ch->last;
+            known = ch->next;
+            end = ch->last_ip;
+        }
+        uint32_t n = n0;
+        int st = blk_count(d, &n, &end, n0 != 0, lo, last, known);
         if (st == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (n) {
-            w->insns += n;
+            w->insns += n - n0;
             w->blocks++;
-            s->ninsn += n;
+            s->ninsn += n - n0;
         }
         if (st == R_ERR) {
             s->err = d->err;
@@ -220,13 +311,31 @@ int walk_flush_run(void *ctx, struct run *ru)
 static int walk_insns(struct session *s, struct walk *w)
 {
     struct insn_dec *d = &s->d;
-    int err;
+    int err = 0;
+    int chained = 0;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
+        struct chain *ch = NULL;
+        if (!chained) {
+            ch = walk_chain(s, w, &err);
+            if (err < 0)
+                return err;
+        }
+        chained = 0;
+        if (ch) {
+            if (w->edges && w->have_from)
+                TRY(edge_add(w->edges, w->from, d->ip, 1));
+            walk_apply(s, w, ch);
+            w->from = ch->last_ip;
+            w->have_from = ch->have_from;
+            chained = 1;
+            continue;
+        }
         const struct insn_info *known = s->known;
         s->known = NULL;
         struct run *p = d->prev_run;
         struct run *ru = known && known->ip == d->ip ? NULL :
-            fast_run(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err);
+            fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err,
+                           &known);
         if (err < 0)
             return err;
         if (ru) {

@@ -8,6 +8,7 @@
 #ifndef HWTRACE_CORE_WALK_H
 #define HWTRACE_CORE_WALK_H
 
+#include "chain.h"
 #include "session.h"
 
 struct edge {
@@ -28,6 +29,7 @@ struct walk {
     struct edge_table *edges;   /* NULL: counts only */
     uint64_t from;              /* the last branch, if have_from */
     int have_from;
+    struct chain_cache chains;  /* TNT chains (chain.h) */
 };
 
 /* the session's SS_LOOP steps while nothing is pending: 0, or an error
@@ -36,5 +38,8 @@ int walk(struct session *s, struct walk *w);
 /* the edges a run's successor counters hold, into w->edges (and the
  * counters cleared): call for every run of every image at the end */
 int walk_flush_run(void *w, struct run *ru);
+/* the end of a walk: the chains' edges into w->edges (if any), their
+ * cache freed; 0 or -E_NOMEM */
+int walk_done(struct walk *w);
 
 #endif

@@ -1,0 +1,384 @@
+/* The walk's TNT chain cache: see chain.h. */
+#include <stdlib.h>
+
+#include "block.h"
+#include "chain.h"
+#include "walk.h"
+
+#define CHAIN_MAX_EDGES 256     /* a chain stops before more */
+/* chains are looked up with 5 TNT bits left at least (tnt_index >= 16):
+ * with fewer, the lookup (a cache miss) costs about what the chain saves
+ * on the recordings in bench/ (a CFLAGS -DCHAIN_MIN_INDEX=2 build tries
+ * every chain: the fuzz harness's stress) */
+#ifndef CHAIN_MIN_INDEX
+#define CHAIN_MIN_INDEX 16
+#endif
+#define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t chain_hash(uint64_t ip, const void *ic, uint32_t tag)
+{
+    return mix(ip ^ ((uint64_t)tag << 40) ^ ((uintptr_t)ic << 12));
+}
+
+/* -- building ---------------------------------------------------------------- */
+
+struct sim {                    /* a chain being built */
+    uint64_t stack[RS_CAP];     /* the chain's own calls */
+    int sn, depth;
+    struct chain_edge *edges;
+    uint32_t nedges, edges_cap;
+    uint64_t from;
+    int have_from;
+};
+
+/* the edge into ``to``: 0, 1 (the chain stops before), -E_NOMEM */
+static int sim_edge(struct sim *m, uint64_t to)
+{
+    if (!m->have_from)
+        return 0;
+    if (m->nedges == CHAIN_MAX_EDGES)
+        return 1;
+    if (m->nedges == m->edges_cap) {
+        uint32_t cap = m->edges_cap ? 2 * m->edges_cap : 8;
+        struct chain_edge *ne = realloc(m->edges, cap * sizeof *ne);
+        if (!ne)
+            return -E_NOMEM;
+        m->edges = ne;
+        m->edges_cap = cap;
+    }
+    m->edges[m->nedges++] = (struct chain_edge){m->from, to};
+    m->have_from = 0;
+    return 0;
+}
+
+/* the state a chain leaves, kept as it is built */
+struct end {
+    int c;
+    uint32_t insns, blocks, pre, icount, bn;
+    int have_bounds;
+    uint64_t lo, last, ip, last_ip;
+    struct run *last_run;
+};
+
+/* the chain from (ip0, mode) with the k bits ``bits`` into *ch:
+ * the steps insn_next_quick / blk_count would take, each whole or not at
+ * all, up to the first one that needs trace beyond the key's bits */
+static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
+                 uint64_t ip0, int mode, int k, int bits, struct sim *m)
+{
+    struct icache *ic = d->ic;
+    int err = 0, edges = cc->edges, seen_query = 0;
+    struct end e;
+    memset(&e, 0, sizeof e);
+    e.ip = ip0;
+    const struct insn_info *next = NULL;
+    for (;;) {
+        next = NULL;
+        struct run *ru = ic_run(ic, e.ip, mode, &err);
+        if (!ru) {
+            if (err < 0)
+                return err;
+            break;
+        }
+        if (ru->n) {
+            if (e.insns + ru->n > CHAIN_MAX_INSNS ||
+                e.bn + ru->n >= MAX_BLOCK_INSNS)
+                break;
+            if (edges) {
+                int r = sim_edge(m, ru->ip);
+                if (r < 0)
+                    return r;
+                if (r)
+                    break;
+            }
+            e.insns += ru->n;
+            e.icount += ru->n;
+            e.bn += ru->n;
+            if (!e.have_bounds) {
+                e.lo = ru->lo;
+                e.last = ru->last;
+                e.have_bounds = 1;
+            }
+            e.ip = ru->next_ip;
+            e.last_ip = ru->last_ip;
+            e.last_run = ru;
+            if (cc->block && !(e.lo <= e.ip && e.ip <= e.last)) {
+                e.blocks++;             /* the block leaves its mapping */
+                e.bn = 0;
+                e.have_bounds = 0;
+            }
+            continue;
+        }
+        const struct insn_info *i = ru->first;
+        if (!i || i->err || i->ip != e.ip || i->mode != mode)
+            break;
+        next = i;
+        if (e.insns + 1 > CHAIN_MAX_INSNS || e.bn + 1 >= MAX_BLOCK_INSNS)
+            break;
+        uint64_t fall = e.ip + i->size, ip;
+        int bit = -1;
+        switch (i->iclass) {
+        case C_COND:
+            if (e.c == k)
+                goto out;
+            bit = (bits >> e.c) & 1;
+            ip = bit ? fall + (uint64_t)i->rel : fall;
+            break;
+        case C_CALL: case C_JUMP:
+            if ((i->flags & IF_INDIRECT) || e.icount + 1 > CHAIN_MAX_INSNS)
+                goto out;
+            if (i->iclass == C_CALL && i->rel && m->sn == RS_CAP)
+                goto out;
+            ip = fall + (uint64_t)i->rel;
+            break;
+        case C_RETURN:
+            /* only a return the chain has the call of */
+            if (e.c == k || !((bits >> e.c) & 1) || !m->sn)
+                goto out;
+            bit = 1;
+            ip = m->stack[m->sn - 1];
+            break;
+        default:
+            goto out;
+        }
+        if (edges) {
+            int r = sim_edge(m, i->ip);
+            if (r < 0)
+                return r;
+            if (r)
+                break;
+        }
+        /* the step is taken */
+        if (i->iclass == C_CALL && i->rel)
+            m->stack[m->sn++] = fall;
+        else if (i->iclass == C_RETURN)
+            m->sn--;
+        if (m->sn > m->depth)
+            m->depth = m->sn;
+        m->from = i->ip;
+        m->have_from = 1;
+        e.ip = ip;
+        e.last_ip = i->ip;
+        e.insns++;
+        e.bn++;
+        if (!e.have_bounds) {
+            e.lo = i->lo;
+            e.last = i->last;
+            e.have_bounds = 1;
+        }
+        int ends;
+        if (bit >= 0) {
+            ends = 1;
+            e.icount = 0;
+            e.c++;
+            if (!seen_query) {
+                seen_query = 1;
+                e.pre = e.insns;
+            }
+        } else {
+            e.icount++;
+            ends = i->iclass == C_CALL ? cc->end_on_call : cc->end_on_jump;
+        }
+        if (cc->block && (ends || !(e.lo <= e.ip && e.ip <= e.last))) {
+            e.blocks++;
+            e.bn = 0;
+            e.have_bounds = 0;
+        }
+    }
+out:
+    if (!e.c)
+        return 0;               /* no chain: nothing gained */
+    /* the calls it leaves on the return stack */
+    uint64_t *push = NULL;
+    if (m->sn) {
+        push = malloc(m->sn * sizeof *push);
+        if (!push)
+            return -E_NOMEM;
+        memcpy(push, m->stack, m->sn * sizeof *push);
+    }
+    struct chain_edge *ce = NULL;
+    if (m->nedges) {
+        ce = malloc(m->nedges * sizeof *ce);
+        if (!ce) {
+            free(push);
+            return -E_NOMEM;
+        }
+        memcpy(ce, m->edges, m->nedges * sizeof *ce);
+    }
+    ch->push = push;
+    ch->npush = (uint8_t)m->sn;
+    ch->depth = (uint8_t)m->depth;
+    ch->edges = ce;
+    ch->nedges = m->nedges;
+    ch->have_from = (uint8_t)m->have_from;
+    ch->c = (uint8_t)e.c;
+    ch->insns = e.insns;
+    ch->blocks = e.blocks;
+    ch->pre = e.pre;
+    ch->icount = e.icount;
+    ch->bn = e.bn;
+    ch->have_bounds = (uint8_t)e.have_bounds;
+    ch->lo = e.lo;
+    ch->last = e.last;
+    ch->end_ip = e.ip;
+    ch->last_ip = e.last_ip;
+    ch->next = next;
+    ch->last_run = e.last_run;
+    return 0;
+}
+
+/* -- the table ----------------------------------------------------------------- */
+
+static int grow(struct chain_cache *cc)
+{
+    size_t cap = cc->cap ? 2 * cc->cap : 4096;
+    struct chain_slot *nt = calloc(cap, sizeof *nt);
+    if (!nt)
+        return -E_NOMEM;
+    for (size_t j = 0; j < cc->cap; j++) {
+        struct chain_slot *x = &cc->tab[j];
+        if (!x->tag)
+            continue;
+        size_t i = chain_hash(x->ip, x->ic, x->tag) & (cap - 1);
+        while (nt[i].tag)
+            i = (i + 1) & (cap - 1);
+        nt[i] = *x;
+    }
+    free(cc->tab);
+    cc->tab = nt;
+    cc->cap = cap;
+    return 0;
+}
+
+/* a new chain for the key (k, bits) at the decoder's IP: its index + 1,
+ * 0 for none, or < 0 */
+static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
+                           int bits)
+{
+    if (cc->nents == cc->ents_cap) {
+        size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
+        struct chain *ne = realloc(cc->ents, cap * sizeof *ne);
+        if (!ne)
+            return -E_NOMEM;
+        cc->ents = ne;
+        cc->ents_cap = cap;
+    }
+    struct chain *ch = &cc->ents[cc->nents];
+    memset(ch, 0, sizeof *ch);
+    struct sim m;
+    m.sn = m.depth = 0;
+    m.edges = NULL;
+    m.nedges = m.edges_cap = 0;
+    m.have_from = 0;
+    int r = build(cc, d, ch, d->ip, d->mode, k, bits, &m);
+    free(m.edges);
+    if (r < 0 || !ch->c) {
+        free(ch->push);
+        free(ch->edges);
+        return r < 0 ? r : 0;
+    }
+    return (long long)++cc->nents;
+}
+
+int chain_forget(void *ctx, struct run *ru)
+{
+    (void)ctx;
+    ru->ch_tag = ru->ch_idx = 0;
+    return 0;
+}
+
+struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
+                        struct run *here, int *err)
+{
+    *err = 0;
+    struct query *q = &d->q;
+    uint64_t index = q->tnt_index;
+    /* two bits at least: the last one is the walk's */
+    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled || d->process_event ||
+        d->resyncing || d->mode == MODE_NONE || d->cfg->tick ||
+        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
+        d->icount >= CHAIN_MAX_INSNS)
+        return NULL;
+    int pos = 63 - __builtin_clzll(index);
+    int k = pos < CHAIN_BITS ? pos : CHAIN_BITS;
+    uint32_t bits = 0;
+    for (int j = 0; j < k; j++)
+        bits |= (uint32_t)((q->tnt_bits >> (pos - j)) & 1) << j;
+    uint64_t ip = d->ip;
+    uint32_t tag = bits | (uint32_t)k << 8 |
+                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
+    uint32_t idx;
+    if (here && here->ch_tag == tag) {
+        idx = here->ch_idx;
+        goto found;
+    }
+    if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
+        return NULL;
+    size_t mask = cc->cap - 1;
+    size_t i = chain_hash(ip, d->ic, tag) & mask;
+    struct chain_slot *sl;
+    for (;;) {
+        sl = &cc->tab[i];
+        if (!sl->tag)
+            break;
+        if (sl->ip == ip && sl->tag == tag && sl->ic == d->ic)
+            goto slot;
+        i = (i + 1) & mask;
+    }
+    long long r = new_chain(cc, d, k, (int)bits);
+    if (r < 0) {
+        *err = (int)r;
+        return NULL;
+    }
+    sl->ip = ip;
+    sl->ic = d->ic;
+    sl->tag = tag;
+    sl->idx = (uint32_t)r;
+    cc->n++;
+slot:
+    idx = sl->idx;
+    if (here) {
+        here->ch_tag = tag;
+        here->ch_idx = idx;
+    }
+found:
+    if (!idx)
+        return NULL;
+    struct chain *ch = &cc->ents[idx - 1];
+    if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
+        d->rs_n + ch->depth > RS_CAP)
+        return NULL;
+    return ch;
+}
+
+int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
+{
+    for (size_t j = 0; j < cc->nents; j++) {
+        struct chain *ch = &cc->ents[j];
+        if (!ch->uses)
+            continue;
+        for (uint32_t k = 0; k < ch->nedges; k++)
+            TRY(edge_add(e, ch->edges[k].from, ch->edges[k].to, ch->uses));
+        ch->uses = 0;
+    }
+    return 0;
+}
+
+void chain_free(struct chain_cache *cc)
+{
+    for (size_t j = 0; j < cc->nents; j++) {
+        free(cc->ents[j].push);
+        free(cc->ents[j].edges);
+    }
+    free(cc->ents);
+    free(cc->tab);
+    memset(cc, 0, sizeof *cc);
+}

@@ -1,0 +1,86 @@
+/* The walk's TNT chain cache (the fast fuzzing decoders' idea, libxdc /
+ * honeybee style): where the decoder stands at an IP with TNT bits cached
+ * and nothing pending, what follows up to the K-th next TNT bit depends
+ * only on (image, mode, IP, those K bits) -- plain runs, direct jumps and
+ * calls, conditional branches and compressed returns whose call is in the
+ * chain.  One lookup then gives the end IP, the instructions, the blocks,
+ * the calls left on the return stack and the edges, instead of one walk
+ * step per branch.
+ *
+ * A chain is built by the same rules the walk's steps follow
+ * (insn_next_quick and blk_count) from its first to its last key bit, and
+ * on to the instruction before the next one that needs trace (an indirect
+ * branch, a return without its call in the chain, a branch past the key's
+ * bits), where the walk's own steps take over with the state the chain
+ * leaves: the instructions since the last query, the block still open.
+ * It never takes a packet's last TNT bit (that one may change the status:
+ * the walk's step computes it), nor runs with a deferred error, a pending
+ * event, a tick config or a return stack that could overflow. */
+#ifndef HWTRACE_CORE_CHAIN_H
+#define HWTRACE_CORE_CHAIN_H
+
+#include "insn.h"
+
+#define CHAIN_BITS 8            /* TNT bits in a key at most */
+
+struct chain_edge {
+    uint64_t from, to;          /* once per pass (repeats listed again) */
+};
+
+struct chain {
+    uint8_t c;                  /* TNT bits consumed */
+    uint8_t npush, depth;       /* calls left on the return stack; the
+                                   deepest the chain's own calls got */
+    uint8_t have_from;          /* its last instruction is a branch */
+    uint8_t have_bounds;        /* the open block's: see bn */
+    uint32_t insns, blocks;     /* blocks: the blocks it ends */
+    uint32_t pre;               /* instructions before its first query */
+    uint32_t icount;            /* instructions after its last query */
+    uint32_t bn;                /* instructions of the block still open
+                                   at its end (block decoder) */
+    uint64_t lo, last;          /* that block's bounds (have_bounds) */
+    uint64_t end_ip;            /* the IP after the chain */
+    uint64_t last_ip;           /* its last instruction */
+    const struct insn_info *next;   /* the entry at end_ip, or NULL */
+    struct run *last_run;       /* its last run taken (a hint: prev_run) */
+    uint64_t *push;             /* npush return addresses, oldest first */
+    struct chain_edge *edges;   /* insn mode: the edges inside the chain */
+    uint32_t nedges;
+    uint64_t uses;              /* times applied (edges: at the end) */
+};
+
+/* a slot of the table: the key (bit j of ``bits``: the j-th bit taken,
+ * j = 0 first), and the chain (ents[idx - 1]) or none there (idx 0) */
+struct chain_slot {
+    uint64_t ip;
+    const struct icache *ic;
+    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16; 0:
+                                   an empty slot */
+    uint32_t idx;
+};
+
+struct chain_cache {
+    struct chain_slot *tab;
+    size_t cap, n;
+    struct chain *ents;
+    size_t nents, ents_cap;
+    int ready;                  /* the fields below are set */
+    int block;                  /* block-decoder counting */
+    int edges;                  /* keep the edges inside chains */
+    int end_on_call, end_on_jump;
+};
+
+/* the chain for the decoder's state (see above), built on a miss; NULL
+ * where none can apply (*err < 0: a fatal error building it).  ``here``:
+ * the run at the decoder's IP if the caller has it, else NULL (its last
+ * lookup is kept there: no hashing in a loop) */
+struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
+                        struct run *here, int *err);
+/* ic_each_run's callback clearing a run's chain lookup */
+int chain_forget(void *ctx, struct run *ru);
+/* adds every edge of every chain times its uses (edge_add's table) */
+struct edge_table;
+int chain_flush_edges(struct chain_cache *cc, struct edge_table *e);
+void chain_free(struct chain_cache *cc);
+
+#endif
