@@ -107,7 +107,9 @@ from hwtrace.pt import _impl
 from hwtrace.flow import fast
 from hwtrace.branches import _impl as branches_impl
 from hwtrace.export import _textcols_impl
-cores = (_impl.STATUS, fast.STATUS, branches_impl.STATUS, _textcols_impl.STATUS)
+from hwtrace.analysis import _runs_impl
+cores = (_impl.STATUS, fast.STATUS, branches_impl.STATUS, _textcols_impl.STATUS,
+         _runs_impl.STATUS)
 bad = [s for s in cores if s.expected and not s.loaded]
 for s in cores:
     print("install:", s.describe(), file=sys.stderr if s in bad else sys.stdout)
