@@ -243,6 +243,9 @@ def _number(opt: str, text) -> int | None:
 
 _DEST = {"--mtc-freq": "mtc_freq", "--nom-freq": "nom_freq",
          "--cpuid-0x15.eax": "cpuid_eax", "--cpuid-0x15.ebx": "cpuid_ebx"}
+#: the widths ptxed reads them in (and ``dump`` checks): 8 bits, 32 bits
+_LIMIT = {"mtc_freq": 0xff, "nom_freq": 0xff,
+          "cpuid_eax": 0xffffffff, "cpuid_ebx": 0xffffffff}
 _MANIFEST_KEY = {"mtc_freq": "mtc_freq", "nom_freq": "nom_freq",
                  "cpuid_eax": "cpuid_0x15_eax", "cpuid_ebx": "cpuid_0x15_ebx"}
 
@@ -285,6 +288,8 @@ def _config(args, out, options=None):
             cfg.addr_filter.b[n] = b
     for opt, dest in _DEST.items():
         v = _number(opt, getattr(args, dest))
+        if v is not None and v > _LIMIT[dest]:
+            raise CliError(f"{opt}: value too big: {getattr(args, dest)}")
         if v is None:
             v = options.get(_MANIFEST_KEY[dest])
         setattr(cfg, _MANIFEST_KEY[dest], v or 0)
