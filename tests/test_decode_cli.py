@@ -163,14 +163,15 @@ def test_not_a_bundle_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize("opt,value", [("--mtc-freq", "99999999999"), ("--nom-freq", "256"),
                                        ("--cpuid-0x15.eax", "0x100000000"),
                                        ("--cpuid-0x15.ebx", "4294967296")])
-@pytest.mark.parametrize("extra", [[], ["--quiet", "--stat"]])
-def test_timing_option_too_big_is_one_line(opt, value, extra, hardware):
+@pytest.mark.parametrize("cmd", [["decode"], ["decode", "--quiet", "--stat"],
+                                 ["coverage", "--edges"]])
+def test_timing_option_too_big_is_one_line(opt, value, cmd, hardware):
     """A timing parameter wider than the register or field it stands for
     (MTCFreq and the bus ratio are read as 8 bits, CPUID 0x15 as 32, as
     ptxed and ``dump`` read them): one line, status 2, for the compiled and
     the listing paths alike (the compiled core used to raise out of its
     range check with a traceback)."""
-    r = run_hwtrace("decode", "--pt", SIMPLE / "pt.bin", "--elf", SIMPLE / "hello",
-                    opt, value, *extra)
+    r = run_hwtrace(*cmd, "--pt", SIMPLE / "pt.bin", "--elf", SIMPLE / "hello",
+                    opt, value)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == f"hwtrace: {opt}: value too big: {value}\n"

@@ -26,7 +26,7 @@ import sys
 
 from hwtrace.cli import CliError
 from hwtrace.cli.decode import _DEST, _ImageArg, _image as _load_images, \
-    _number
+    _timing_number
 
 
 def register(sub) -> None:
@@ -64,7 +64,7 @@ def _timing_args(args) -> dict:
     """The timing options given on the command line, by FlowConfig name."""
     out = {}
     for (opt, dest), key in zip(_DEST.items(), _TIMING):
-        v = _number(opt, getattr(args, dest, None))
+        v = _timing_number(opt, dest, getattr(args, dest, None))
         if v is not None:
             out[key] = v
     return out

@@ -250,6 +250,14 @@ _MANIFEST_KEY = {"mtc_freq": "mtc_freq", "nom_freq": "nom_freq",
                  "cpuid_eax": "cpuid_0x15_eax", "cpuid_ebx": "cpuid_0x15_ebx"}
 
 
+def _timing_number(opt: str, dest: str, text) -> int | None:
+    """A timing option's value, checked against its field's width."""
+    v = _number(opt, text)
+    if v is not None and v > _LIMIT[dest]:
+        raise CliError(f"{opt}: value too big: {text}")
+    return v
+
+
 def _config(args, out, options=None):
     """The FlowConfig of the options (``options``: a bundle manifest's,
     :func:`hwtrace.streams.manifest_options`, for what the command line
@@ -287,9 +295,7 @@ def _config(args, out, options=None):
         if b is not None:
             cfg.addr_filter.b[n] = b
     for opt, dest in _DEST.items():
-        v = _number(opt, getattr(args, dest))
-        if v is not None and v > _LIMIT[dest]:
-            raise CliError(f"{opt}: value too big: {getattr(args, dest)}")
+        v = _timing_number(opt, dest, getattr(args, dest))
         if v is None:
             v = options.get(_MANIFEST_KEY[dest])
         setattr(cfg, _MANIFEST_KEY[dest], v or 0)
