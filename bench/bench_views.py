@@ -150,6 +150,18 @@ def main() -> int:
                          f"({prod}): the compiled core has no batch producer here. "
                          f"Use --cache DIR to time the views' own cost, or "
                          f"--allow-python")
+    # the views' own compiled helpers: the call-stack matcher, the text
+    # columns of the exporters, the branch formatter
+    from hwtrace.analysis import _runs_impl
+    from hwtrace.branches import _impl as branches_impl
+    from hwtrace.export import _textcols_impl
+    helpers = [_runs_impl.STATUS, _textcols_impl.STATUS, branches_impl.STATUS]
+    for st in helpers:
+        print(f"view core: {st.describe()}")
+    if any(not st.loaded for st in helpers) and not a.allow_python:
+        raise SystemExit("bench_views: a view core would run its Python twin (above); "
+                         "build the extensions (python3 setup.py build_ext --inplace) "
+                         "or pass --allow-python")
     ref = min(reference(a.bundle, str(oracle), env) for _ in range(a.repeat))
     ref_t, ninsn, ref_rss, ref_cpu = ref
     print(f"bundle: {a.bundle}: {ninsn:,} instructions")
