@@ -407,6 +407,45 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     assert sw._resume == {one: 0x1004}
 
 
+def _two_runs_same_code(tmp_path):
+    """Processes 1 and 2 map the same code at 0x1000 (nop; syscall; nop;
+    syscall; jmp rax); CPU 0 runs 1 from time 100, 2 from 150, 1 from 200."""
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
+            Switch(cpu=0, time=100, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
+            Switch(cpu=0, time=150, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
+            Switch(cpu=0, time=200, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1)]
+    return AddressSpaces(recs)
+
+
+def test_coarse_time_a_switched_out_process_resumes_nothing(tmp_path):
+    """Where the process that ran last stopped exactly at the enable's IP,
+    it still does not resume there if a switch at or before the enable's
+    time stamp (which is never later than the enable) replaced it -- e.g.
+    it exited; a fork child and its parent stop at the same libc IPs."""
+    sp = _two_runs_same_code(tmp_path)
+    one, two = sp.of_pid(1), sp.of_pid(2)
+
+    class Dec:
+        ip = 0
+        offset = 0
+
+        def set_image(self, image):
+            pass
+
+    sw = SpaceSwitcher(Dec(), sp, sp.cpu_timeline(0), two)
+    sw._resume = {two: 0x1003}
+    # switched out at 200, before the enable (time 205): only 1 can run
+    assert sw._resuming(205, 250, 0x1003) is None
+    # the window still allows 2 (the switch at 200 may come after it)
+    sw._resume = {two: 0x1003, one: 0x1006}
+    assert sw._resuming(160, 250, 0x1003) is two
+    assert sw._resuming(160, 250, 0x1006) is one
+
+
 def test_perf_style_fork_then_exec(tmp_path):
     """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of
     the same pid (with exe): the exec starts a fresh space, without the

@@ -580,15 +580,29 @@ class SpaceSwitcher:
         """With coarse time stamps several processes may run at an enable:
         the one that left user code exactly at ``ip``, if only one did
         (a process resumes where it stopped; a new one, or one entering a
-        signal handler, doesn't tell)."""
+        signal handler, doesn't tell).
+
+        The candidates are the entries the window ``[time, before]``
+        allows, and the current space only while no entry at or before
+        ``time`` has replaced it: ``time`` (the last timing packet's) is
+        no later than the enable, so a switch recorded at or before it
+        certainly came first -- a process switched out there (e.g. one
+        that exited) resumes nothing here, however exactly it stopped at
+        ``ip`` (a parent and its fork child, one static binary, both stop
+        in the same libc syscall wrappers)."""
         if time is None or not self._resume:
             return None
         tl = self.timeline
         lo = tl.index_at(time)
         hi = tl.index_at(time, before) if before is not None else lo
         cands = {s for _, s in tl.entries[lo:hi + 1] if s is not None}
-        if self.space is not None:
-            cands.add(self.space)
+        cur = self.space
+        if cur is not None and (tl.times[lo] > time or
+                                any(s is cur for _, s in tl.entries[lo:])):
+            # not replaced by a switch known to be before the enable
+            # (nothing is before the first entry; a space chosen from a
+            # later entry is still ahead)
+            cands.add(cur)
         if len(cands) < 2:
             return None
         hits = [s for s in cands if self._resume.get(s) == ip]
