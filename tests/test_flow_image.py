@@ -446,6 +446,46 @@ def test_coarse_time_a_switched_out_process_resumes_nothing(tmp_path):
     assert sw._resuming(160, 250, 0x1006) is one
 
 
+def test_coarse_time_bound_is_the_timing_packet_after_the_enable(tmp_path):
+    """Without CYC an enable lies between its time stamp and the next
+    timing packet's.  The query decoder reads ahead past a timing packet
+    right after the TIP.PGE (and a flow decoder may query on before it
+    reports the enable): that packet is the bound, not the next one after
+    the decoder's position -- else a switch between the two counts as
+    possibly before the enable and (nobody stopped at its IP) is taken.
+    Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import python_batches
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    sp = _two_runs_same_code(tmp_path)
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    # 1 runs to its syscall; enabled again at 0x1000 (where no one
+    # stopped) at time 140, bounded by 145: still 1 (2 comes at 150); the
+    # third enable, at 160, is 2's
+    head = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+            + enc.psbend() + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd()
+            + enc.tsc(140) + enc.tip_pge(0x1000) + enc.tsc(145)
+            + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(160))
+    third = len(head)
+    trace = head + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(190)
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got = []
+        plan = SpacePlan(sp, tl, one, on_switch=lambda s, o: got.append((s.pid, o)))
+        if producer == "twin":
+            list(python_batches(trace, one.image, decoder="insn",
+                                dec=plan.wrap(InsnDecoder(trace, one.image)), plan=plan))
+        else:
+            list(fast.compiled_batches(fast.STATUS.module, trace, one.image,
+                                       decoder="insn", spaces=plan))
+        # 1 from the start; 2 only once the third enable is decoded (the
+        # switch is told at the decoder's offset: past that TIP.PGE)
+        assert [p for p, _ in got] == [1, 2], producer
+        assert got[1][1] > third, (producer, got)
+
 def test_perf_style_fork_then_exec(tmp_path):
     """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of
     the same pid (with exe): the exec starts a fresh space, without the

@@ -538,7 +538,7 @@ class SpaceSwitcher:
                     self.saw_pip = True
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
-                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip)
+                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled")
             elif (t == "disabled" or t == "async_disabled") and \
                     not ev.status_update and self.space is not None:
                 # where this process goes on when it comes back
@@ -557,7 +557,10 @@ class SpaceSwitcher:
             self._by_time(self._now(), self.flow.ip)
         return r
 
-    def _by_time(self, time, ip) -> None:
+    def _by_time(self, time, ip, enable: bool = False) -> None:
+        """Select the space that runs at ``time`` (``enable``: the time
+        stamp of a TIP.PGE's enable -- the first timing packet after that
+        packet bounds it, see :meth:`_time_ahead`)."""
         tl = self.timeline
         if tl is None or self.saw_pip:
             return
@@ -569,7 +572,7 @@ class SpaceSwitcher:
         else:
             before = None
             if time is not None and len(tl.entries) > 1:
-                before = self._time_ahead()
+                before = self._time_ahead(time if enable else None)
             sp = self._resuming(time, before, ip)
             if sp is None:
                 sp = tl.choose(time, ip, self.space, before)
@@ -608,20 +611,41 @@ class SpaceSwitcher:
         hits = [s for s in cands if self._resume.get(s) == ip]
         return hits[0] if len(hits) == 1 else None
 
-    def _time_ahead(self) -> int | None:
-        """The time stamp at the next timing packet (TSC, MTC, CYC) after
-        the decoder's position: an upper bound for the time of what the
-        decoder is at now (time stamps only move at timing packets).
-        None if there is none close by."""
+    def _time_ahead(self, after: int | None = None) -> int | None:
+        """A time stamp at a timing packet (TSC, MTC, CYC) after the one
+        the decoder is at now came with (``after``: the time of the enable
+        it reports, if any):
+        an upper bound for its time (time stamps only move at timing
+        packets).  None if there is none close by.
+
+        The query decoder reads ahead past the timing packets that follow
+        what it returned (an enable's TIP.PGE, then an MTC), and a flow
+        decoder may have queried on before it reports an event: the least
+        of the time at its last query and its time now that is later than
+        ``after`` comes from such a packet (time stamps never go back).
+        Walking on from its position instead skips them and finds a later
+        one -- in an MTC-only trace an MTC period too late, which let a
+        switch recorded after an enable count as possibly before it (a
+        parent and its fork child, both stopped at the same libc IP: the
+        wrong one resumed).  Else the next timing packet from its
+        position."""
         from hwtrace.pt.decoder import PacketDecoder
         from hwtrace.pt.errors import PtError
         from .timing import TimeError
         ahead = getattr(self.flow, "time_ahead", None)
         if ahead is not None:
-            # the compiled core does this same walk over its own state
-            return ahead(PEEK_PACKETS)
+            # the compiled core does this same over its own state
+            return ahead(PEEK_PACKETS, after)
         q = getattr(self.flow, "query", None)
-        if q is None or q.pos is None:
+        if q is None:
+            return None
+        if after is not None:
+            tsc, _, _, have = q.time_now()
+            later = [t for t, h in ((tsc, have), (q.time.time.tsc, q.time.time.have_tsc))
+                     if h and t > after]
+            if later:
+                return min(later)
+        if q.pos is None:
             return None
         if self._peek is None:
             self._peek = PacketDecoder(q._pkt.buffer)
