@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -21,6 +22,9 @@ import pytest
 from conftest import IN_CI, run_hwtrace
 
 BASE = 0x50000000
+#: decode's warning of enables placed by time alone: (stream, first offset)
+AMBIGUOUS = re.compile(r"hwtrace: warning: (\S+): \d+ enable\(s\) \(at offset "
+                       r"(0x[0-9a-f]+)[^)]*\) could be either of several processes [^\n]*\n")
 CONFIG = "branch;user;retc;tsc;mtc;cyc"
 
 WORK_A = "long work(long n) { long s = 0; for (long i = 0; i < n; i++) { if (i % 3) s += i; else s ^= i; } return s; }\n"
@@ -76,7 +80,10 @@ def rec_ptrace(tmp_path_factory, ptoracle):
 @pytest.fixture(scope="module")
 def rec_ptrace_mtc(tmp_path_factory, ptoracle):
     """The same with MTC but no CYC: time stamps too coarse to place the
-    switches; where a process resumes tells."""
+    switches; where a process resumes tells -- unless both processes
+    stopped at the IP where tracing resumes (one static binary: the same
+    libc syscall wrappers) and the MTC period holds a switch: then the
+    decoder says it placed that enable by time alone."""
     return _record(tmp_path_factory, ptoracle, "ptrace", "branch;user;retc;tsc;mtc")
 
 
@@ -212,12 +219,15 @@ def _truth(ptoracle, tbundle, d):
     return out
 
 
-def _by_process(lines):
+def _by_process(lines, cut=None):
     """{stream: {pid: [ips]}} from decode --format jsonl output; asserts
-    there are no decode errors."""
+    there are no decode errors.  ``cut``: stop at the enable at that
+    offset."""
     res, stream, pid = {}, None, None
     for line in lines:
         x = json.loads(line)
+        if cut is not None and x.get("event") == "enabled" and x.get("offset") == cut:
+            return res
         if "stream" in x and len(x) == 1:
             stream, pid = x["stream"], None
             res[stream] = {}
@@ -247,7 +257,23 @@ def test_cpu_stream_with_two_processes_at_the_same_addresses(fixture, request):
     stream = next(s for s in man["streams"] if s.get("cpu") == min(cpus))
     for decoder in ("--insn-decoder", "--block-decoder"):
         r = run_hwtrace("decode", b, "--stream", stream["file"], "--format", "jsonl", decoder)
-        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.returncode == 0, r.stderr
+        if r.stderr:
+            # Only without CYC, and only said: an enable that either process
+            # may be (both stopped at its IP, a switch within the MTC
+            # period) is placed by time alone.  Up to that enable the
+            # decode is exact; from there on the trace does not tell.
+            m = AMBIGUOUS.fullmatch(r.stderr)
+            assert fixture == "rec_ptrace_mtc" and m and m[1] == stream["file"], r.stderr
+            cut = int(m[2], 16)
+            got = _by_process(r.stdout.splitlines(), cut)[stream["file"]]
+            assert any(f'"offset":{cut},' in x and '"enabled"' in x
+                       for x in r.stdout.splitlines())
+            assert got.get(roles["parent"]) and got.get(roles["child"])
+            for role, pid in roles.items():
+                n = len(got[pid])
+                assert got[pid] == rec["truth"][role][:n], (decoder, role)
+            continue
         got = _by_process(r.stdout.splitlines())[stream["file"]]
         assert set(got) == set(roles.values())
         for role, pid in roles.items():

@@ -390,8 +390,10 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     assert sw._resuming(120, 170, 0x1003) is one
     assert sw._resuming(120, 140, 0x1006) is None       # only pid 1 fits
     assert sw._resuming(120, 170, 0x1000) is None       # nobody left there
+    assert sw.ambiguous == set()
     sw._resume = {one: 0x1003, two: 0x1003}
     assert sw._resuming(120, 170, 0x1003) is None       # both did
+    assert sw.ambiguous == {0}          # noted (at the decoder's offset)
     assert sw._resuming(None, None, 0x1003) is None
     # a decode: the disables tell where each process left
     trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)

@@ -472,11 +472,16 @@ class SpaceSwitcher:
     ``spaces`` gives the CR3 lookup for paging events; ``timeline`` (may be
     None) the time-based choice; ``initial`` the space to start in.
     ``on_switch(space, offset)`` is called whenever the space changes.
+    ``ambiguous`` (a set, may be shared): where an enable could not be
+    placed -- the time stamps allow several processes and more than one
+    of them left user code exactly at its IP -- the decoder's offset is
+    added (the choice then falls to time alone; :attr:`SpacePlan.ambiguous`).
     """
 
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
-                 on_switch: Callable | None = None, cyc: bool = False):
+                 on_switch: Callable | None = None, cyc: bool = False,
+                 ambiguous: set | None = None):
         self.dec = dec
         self.flow = getattr(dec, "insn", dec)       # the InsnDecoder
         self.spaces = spaces
@@ -487,6 +492,7 @@ class SpaceSwitcher:
         self.switches = 0
         self._peek = None
         self._resume: dict = {}         # space -> IP it left user code at
+        self.ambiguous = ambiguous if ambiguous is not None else set()
         # With CYC packets and a nominal frequency: cycle-accurate times.
         self._clock = None
         cfg = getattr(self.flow, "config", None)
@@ -609,6 +615,9 @@ class SpaceSwitcher:
         if len(cands) < 2:
             return None
         hits = [s for s in cands if self._resume.get(s) == ip]
+        if len(hits) > 1:
+            # the trace and sideband do not tell which: time decides
+            self.ambiguous.add(self.dec.offset)
         return hits[0] if len(hits) == 1 else None
 
     def _time_ahead(self, after: int | None = None) -> int | None:
@@ -689,15 +698,20 @@ class SpacePlan:
     ``spaces`` the CR3 lookup for paging events, ``timeline`` (may be
     None) the time-based choice, ``initial`` the space to start in,
     ``cyc`` whether the trace has CYC packets (cycle-accurate times),
-    ``on_switch(space, offset)`` told of every switch."""
+    ``on_switch(space, offset)`` told of every switch; ``ambiguous``
+    collects, over every decoder wrapped (copies made with
+    :func:`dataclasses.replace` share it), the offsets of the enables
+    placed by time alone because several processes the time stamps allow
+    left user code exactly at the enable's IP (a user warns of them)."""
 
     spaces: AddressSpaces | None
     timeline: Timeline | None
     initial: AddressSpace | None
     cyc: bool = False
     on_switch: Callable | None = None
+    ambiguous: set = field(default_factory=set)
 
     def wrap(self, dec) -> "SpaceSwitcher":
         return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,
-                             self.on_switch, cyc=self.cyc)
+                             self.on_switch, cyc=self.cyc, ambiguous=self.ambiguous)
 
