@@ -31,9 +31,12 @@ decoder between them:
     the true time by a few cycles, too much where a process runs only a
     dozen instructions between switches): the last switch at or before;
   - else within the window the time stamps allow (the event's time and
-    the next timing packet's): if several processes fit, the one that
-    left user code exactly at the enable's IP (learnt from the disables);
-    else the switch before the window's end;
+    the first timing packet's after the enable): if several processes
+    fit, the one that left user code exactly at the enable's IP (learnt
+    from the disables; one switched out at or before the event's time is
+    no candidate); else the switch before the window's end -- where more
+    than one of them left at that IP this is a guess, noted
+    (:attr:`SpacePlan.ambiguous`) for ``hwtrace decode`` to warn of;
   - and if that space doesn't map the IP, the next one in the timeline
     that does.
 
