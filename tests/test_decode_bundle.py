@@ -9,8 +9,10 @@ the stream (the same addresses hold different instructions)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -20,6 +22,9 @@ import pytest
 from conftest import IN_CI, run_hwtrace
 
 BASE = 0x50000000
+#: decode's warning of enables placed by time alone: (stream, first offset)
+AMBIGUOUS = re.compile(r"hwtrace: warning: (\S+): \d+ enable\(s\) \(at offset "
+                       r"(0x[0-9a-f]+)[^)]*\) could be either of several processes [^\n]*\n")
 CONFIG = "branch;user;retc;tsc;mtc;cyc"
 
 WORK_A = "long work(long n) { long s = 0; for (long i = 0; i < n; i++) { if (i % 3) s += i; else s ^= i; } return s; }\n"
@@ -75,7 +80,10 @@ def rec_ptrace(tmp_path_factory, ptoracle):
 @pytest.fixture(scope="module")
 def rec_ptrace_mtc(tmp_path_factory, ptoracle):
     """The same with MTC but no CYC: time stamps too coarse to place the
-    switches; where a process resumes tells."""
+    switches; where a process resumes tells -- unless both processes
+    stopped at the IP where tracing resumes (one static binary: the same
+    libc syscall wrappers) and the MTC period holds a switch: then the
+    decoder says it placed that enable by time alone."""
     return _record(tmp_path_factory, ptoracle, "ptrace", "branch;user;retc;tsc;mtc")
 
 
@@ -101,26 +109,70 @@ def _record(tmp_path_factory, ptoracle, engine, config=CONFIG):
             sym = ELFFile(f).get_section_by_name(".dynsym").get_symbol_by_name("work")[0]
             offs[so] = sym["st_value"]
     argv = [d / "two", d / "wa.so", hex(offs["wa.so"]), d / "wb.so", hex(offs["wb.so"])]
-    out = {}
-    # the truth comes from the thread-mode recording: natively, each run
-    # must take the same path, so the program runs without ASLR (setarch
-    # -R, as gdb runs programs) -- with it, argv and the environment land
-    # at a random alignment and the vectorized string functions of the
-    # startup code branch on it (__strlen_evex in _dl_non_dynamic_init: the
-    # parent's cpu-mode run went another way than its thread-mode run, 3
-    # instructions shorter, in 1 of 6 loaded runs)
-    pre = ["setarch", "x86_64", "-R"] if engine == "ptrace" else []
-    for mode in ("cpu", "thread"):
-        b = d / mode
-        # one CPU: both processes land in the same cpu stream
-        p = subprocess.run(["taskset", "-c", "0", *pre, *map(str, _hwtrace_cmd()), "record",
-                            "--engine", engine, "--mode", mode, "--config", config, "-o", str(b), "--",
-                            *map(str, argv)], capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr
-        out[mode] = b
+    if engine == "ptrace":
+        out = _record_ptrace_once(d, argv, config)
+    else:
+        out = {}
+        for mode in ("cpu", "thread"):
+            b = d / mode
+            # one CPU: both processes land in the same cpu stream
+            p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
+                                "--engine", engine, "--mode", mode, "--config", config,
+                                "-o", str(b), "--", *map(str, argv)],
+                               capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, p.stderr
+            out[mode] = b
     out["dir"] = d
     out["argv"] = argv
     out["truth"] = _truth(ptoracle, out["thread"], d)
+    return out
+
+
+# Run the ptrace stepper as ``hwtrace record --engine ptrace`` runs it: argv[1]
+# is the execution log, the rest the program.
+_STEP = ("import sys; from hwtrace.engines.emulated import stepper; "
+         "sys.exit(stepper.run(sys.argv[2:], sys.argv[1]))")
+
+
+def _record_ptrace_once(d, argv, config):
+    """The cpu-mode and the thread-mode bundle of ONE native execution.
+
+    A native program does not take the same path twice, even without ASLR
+    (setarch -R): in 1 of ~4 loaded runs the parent's startup code went
+    another way (__strlen_evex on the AT_PLATFORM string in
+    _dl_non_dynamic_init took its page-crossing branch in one run and not in
+    the other: 3 instructions more), so a truth taken from a second
+    recording is not the truth of the first.  (setarch -R stays: without it
+    argv and the environment land at a random alignment and the same string
+    functions branch on it far more often.)  The stepper's execution log
+    holds every instruction of every thread; the engine generates either
+    mode's streams from it, so both bundles are made from one log by
+    ``hwtrace recover`` (the path a killed recorder's log takes), with
+    the settings ``hwtrace record`` keeps next to it."""
+    from hwtrace.cli import record
+    work = d / "run"
+    xdir = work / "hwtrace-xlog-run"
+    xdir.mkdir(parents=True)
+    log = xdir / "exec.xlog"
+    # one CPU: both processes land in the same cpu stream
+    p = subprocess.run(["taskset", "-c", "0", "setarch", "x86_64", "-R", *map(str, _hwtrace_cmd()[:1]),
+                        "-c", _STEP, str(log), *map(str, argv)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    ctl, cr3, _ = record.parse_config(config)
+    num_chunks, order = record.buffer_geometry(argparse.Namespace(
+        buffer_size=None, num_chunks=None, chunk_order=None))
+    from hwtrace.control.config import BufferConfig
+    cfg = BufferConfig(num_chunks=num_chunks, chunk_order=order, ctl=ctl, cr3_match=cr3)
+    out = {}
+    for mode in ("cpu", "thread"):
+        (xdir / "recording.json").write_text(json.dumps({
+            "format": "hwtrace-recording", "version": 1, "mode": mode,
+            "config": cfg.to_dict(), "num_cpus": os.cpu_count() or 1,
+            "exe": str(argv[0])}))
+        r = run_hwtrace("recover", work, "-o", d / mode)
+        assert r.returncode == 0, r.stderr
+        out[mode] = d / mode
     return out
 
 
@@ -167,12 +219,15 @@ def _truth(ptoracle, tbundle, d):
     return out
 
 
-def _by_process(lines):
+def _by_process(lines, cut=None):
     """{stream: {pid: [ips]}} from decode --format jsonl output; asserts
-    there are no decode errors."""
+    there are no decode errors.  ``cut``: stop at the enable at that
+    offset."""
     res, stream, pid = {}, None, None
     for line in lines:
         x = json.loads(line)
+        if cut is not None and x.get("event") == "enabled" and x.get("offset") == cut:
+            return res
         if "stream" in x and len(x) == 1:
             stream, pid = x["stream"], None
             res[stream] = {}
@@ -202,7 +257,23 @@ def test_cpu_stream_with_two_processes_at_the_same_addresses(fixture, request):
     stream = next(s for s in man["streams"] if s.get("cpu") == min(cpus))
     for decoder in ("--insn-decoder", "--block-decoder"):
         r = run_hwtrace("decode", b, "--stream", stream["file"], "--format", "jsonl", decoder)
-        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.returncode == 0, r.stderr
+        if r.stderr:
+            # Only without CYC, and only said: an enable that either process
+            # may be (both stopped at its IP, a switch within the MTC
+            # period) is placed by time alone.  Up to that enable the
+            # decode is exact; from there on the trace does not tell.
+            m = AMBIGUOUS.fullmatch(r.stderr)
+            assert fixture == "rec_ptrace_mtc" and m and m[1] == stream["file"], r.stderr
+            cut = int(m[2], 16)
+            got = _by_process(r.stdout.splitlines(), cut)[stream["file"]]
+            assert any(f'"offset":{cut},' in x and '"enabled"' in x
+                       for x in r.stdout.splitlines())
+            assert got.get(roles["parent"]) and got.get(roles["child"])
+            for role, pid in roles.items():
+                n = len(got[pid])
+                assert got[pid] == rec["truth"][role][:n], (decoder, role)
+            continue
         got = _by_process(r.stdout.splitlines())[stream["file"]]
         assert set(got) == set(roles.values())
         for role, pid in roles.items():

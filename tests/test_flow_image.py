@@ -390,8 +390,10 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     assert sw._resuming(120, 170, 0x1003) is one
     assert sw._resuming(120, 140, 0x1006) is None       # only pid 1 fits
     assert sw._resuming(120, 170, 0x1000) is None       # nobody left there
+    assert sw.ambiguous == set()
     sw._resume = {one: 0x1003, two: 0x1003}
     assert sw._resuming(120, 170, 0x1003) is None       # both did
+    assert sw.ambiguous == {0}          # noted (at the decoder's offset)
     assert sw._resuming(None, None, 0x1003) is None
     # a decode: the disables tell where each process left
     trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
@@ -406,6 +408,85 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     session.run_insn(sw, Sink())
     assert sw._resume == {one: 0x1004}
 
+
+def _two_runs_same_code(tmp_path):
+    """Processes 1 and 2 map the same code at 0x1000 (nop; syscall; nop;
+    syscall; jmp rax); CPU 0 runs 1 from time 100, 2 from 150, 1 from 200."""
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
+            Switch(cpu=0, time=100, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
+            Switch(cpu=0, time=150, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
+            Switch(cpu=0, time=200, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1)]
+    return AddressSpaces(recs)
+
+
+def test_coarse_time_a_switched_out_process_resumes_nothing(tmp_path):
+    """Where the process that ran last stopped exactly at the enable's IP,
+    it still does not resume there if a switch at or before the enable's
+    time stamp (which is never later than the enable) replaced it -- e.g.
+    it exited; a fork child and its parent stop at the same libc IPs."""
+    sp = _two_runs_same_code(tmp_path)
+    one, two = sp.of_pid(1), sp.of_pid(2)
+
+    class Dec:
+        ip = 0
+        offset = 0
+
+        def set_image(self, image):
+            pass
+
+    sw = SpaceSwitcher(Dec(), sp, sp.cpu_timeline(0), two)
+    sw._resume = {two: 0x1003}
+    # switched out at 200, before the enable (time 205): only 1 can run
+    assert sw._resuming(205, 250, 0x1003) is None
+    # the window still allows 2 (the switch at 200 may come after it)
+    sw._resume = {two: 0x1003, one: 0x1006}
+    assert sw._resuming(160, 250, 0x1003) is two
+    assert sw._resuming(160, 250, 0x1006) is one
+
+
+def test_coarse_time_bound_is_the_timing_packet_after_the_enable(tmp_path):
+    """Without CYC an enable lies between its time stamp and the next
+    timing packet's.  The query decoder reads ahead past a timing packet
+    right after the TIP.PGE (and a flow decoder may query on before it
+    reports the enable): that packet is the bound, not the next one after
+    the decoder's position -- else a switch between the two counts as
+    possibly before the enable and (nobody stopped at its IP) is taken.
+    Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import python_batches
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    sp = _two_runs_same_code(tmp_path)
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    # 1 runs to its syscall; enabled again at 0x1000 (where no one
+    # stopped) at time 140, bounded by 145: still 1 (2 comes at 150); the
+    # third enable, at 160, is 2's
+    head = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+            + enc.psbend() + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd()
+            + enc.tsc(140) + enc.tip_pge(0x1000) + enc.tsc(145)
+            + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(160))
+    third = len(head)
+    trace = head + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(190)
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got = []
+        plan = SpacePlan(sp, tl, one, on_switch=lambda s, o: got.append((s.pid, o)))
+        if producer == "twin":
+            list(python_batches(trace, one.image, decoder="insn",
+                                dec=plan.wrap(InsnDecoder(trace, one.image)), plan=plan))
+        else:
+            list(fast.compiled_batches(fast.STATUS.module, trace, one.image,
+                                       decoder="insn", spaces=plan))
+        # 1 from the start; 2 only once the third enable is decoded (the
+        # switch is told at the decoder's offset: past that TIP.PGE)
+        assert [p for p, _ in got] == [1, 2], producer
+        assert got[1][1] > third, (producer, got)
 
 def test_perf_style_fork_then_exec(tmp_path):
     """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of

@@ -84,8 +84,28 @@ def run_bundle(args) -> int:
             counts = (w.insns, w.blocks, w.events, w.errors)
         out.text(D.stats_text(args, counts[0], counts[1], st.entry.size,
                               counts[2], counts[3]))
+        _warn_ambiguous(st, out)
     out.flush()
     return 0
+
+
+def _warn_ambiguous(st, out) -> None:
+    """Say where the switcher placed an enable by time alone although the
+    trace and sideband allowed several processes there (each had left user
+    code exactly at its IP): what follows up to the next switch may be
+    another process's."""
+    amb = getattr(st.plan, "ambiguous", None)
+    if not amb:
+        return
+    out.flush()
+    offs = sorted(amb)
+    shown = ", ".join(f"{o:#x}" for o in offs[:5]) + (", ..." if len(offs) > 5 else "")
+    sys.stderr.write(
+        f"hwtrace: warning: {st.name}: {len(offs)} enable(s) (at offset {shown}) "
+        f"could be either of several processes that stopped at the same IP, and the "
+        f"time stamps do not separate them: placed by time alone (record with CYC, "
+        f"e.g. --config 'branch;user;retc;tsc;mtc;cyc')\n")
+    sys.stderr.flush()
 
 
 def _fast_counts(args, st, out):
@@ -174,6 +194,7 @@ def _merged(args, ts, fmt, ctx, cfg_line: str, out) -> int:
             w = _decode(args, st, fmt, ctx, _Timed(sp), timed=True)
             sp.text(D.stats_text(args, w.insns, w.blocks, st.entry.size,
                                  w.events, w.errors), w.time)
+            _warn_ambiguous(st, out)
         for _t, data in heapq.merge(*(sp.chunks() for sp in spools),
                                     key=lambda x: x[0]):
             out.write(data)

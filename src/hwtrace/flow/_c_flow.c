@@ -49,7 +49,7 @@
 #include "core/segment.h"
 #include "core/x86.h"
 
-#define ABI_VERSION 6
+#define ABI_VERSION 7
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
@@ -805,16 +805,40 @@ static PyObject *Decoder_time(Decoder *self, PyObject *noargs)
                          t->m_have ? Py_True : Py_False);
 }
 
-/* SpaceSwitcher._time_ahead: the time stamp at the next timing packet
- * (TSC, MTC, CYC) within ``limit`` packets after the query's position,
- * decoded without errata as the switcher's own packet decoder does;
- * None if there is none (a PSB or OVF first, an error, no TSC) */
-static PyObject *Decoder_time_ahead(Decoder *self, PyObject *arg)
+/* SpaceSwitcher._time_ahead(limit, after): a time stamp at a timing
+ * packet after the one an event with time ``after`` (None: unknown) came
+ * with -- the least of the time at the last query and the query's time
+ * now that is later than ``after`` (the query reads ahead past the timing
+ * packets that follow what it returned; time stamps never go back, so a
+ * later one comes from a packet after the event's), else the next timing
+ * packet (TSC, MTC, CYC) within ``limit`` packets after the query's
+ * position, decoded without errata as the switcher's own packet decoder
+ * does; None if there is none (a PSB or OVF first, an error, no TSC) */
+static PyObject *Decoder_time_ahead(Decoder *self, PyObject *args)
 {
-    Py_ssize_t limit = PyLong_AsSsize_t(arg);
-    if (limit == -1 && PyErr_Occurred())
+    Py_ssize_t limit;
+    PyObject *after_o;
+    if (!PyArg_ParseTuple(args, "nO", &limit, &after_o))
         return NULL;
     const struct query *q = &self->s.d.q;
+    if (after_o != Py_None) {
+        unsigned long long after = PyLong_AsUnsignedLongLong(after_o);
+        if (after == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        int have = 0;
+        uint64_t best = 0;
+        if (q->time.m_have && q->time.m_tsc > after) {
+            best = q->time.m_tsc;
+            have = 1;
+        }
+        if (q->time.time.have_tsc && q->time.time.tsc > after &&
+            (!have || q->time.time.tsc < best)) {
+            best = q->time.time.tsc;
+            have = 1;
+        }
+        if (have)
+            return PyLong_FromUnsignedLongLong(best);
+    }
     if (q->pos < 0)
         Py_RETURN_NONE;
     struct flow_time t = q->time;
@@ -899,8 +923,8 @@ static PyMethodDef Decoder_methods[] = {
      "set_image(image): decode in this image from now on"},
     {"time", (PyCFunction)Decoder_time, METH_NOARGS,
      "(tsc, lost_mtc, lost_cyc, have_tsc) at the last query"},
-    {"time_ahead", (PyCFunction)Decoder_time_ahead, METH_O,
-     "time_ahead(limit) -> the time at the next timing packet or None"},
+    {"time_ahead", (PyCFunction)Decoder_time_ahead, METH_VARARGS,
+     "time_ahead(limit, after) -> the time at a timing packet after the event of time after, or None"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Decoder_getset[] = {

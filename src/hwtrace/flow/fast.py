@@ -56,7 +56,7 @@ from .config import ERRATA, FlowConfig
 from .fetch import FetchError, InsnCache, changes_cpl
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 6
+ABI = 7
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -431,8 +431,8 @@ class _CoreFlow:
     def time(self):
         return self._dec.time()
 
-    def time_ahead(self, limit: int):
-        return self._dec.time_ahead(limit)
+    def time_ahead(self, limit: int, after: int | None = None):
+        return self._dec.time_ahead(limit, after)
 
     # the verbs a switcher wraps: what the core just returned
     def sync_forward(self):

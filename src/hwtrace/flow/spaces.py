@@ -31,9 +31,12 @@ decoder between them:
     the true time by a few cycles, too much where a process runs only a
     dozen instructions between switches): the last switch at or before;
   - else within the window the time stamps allow (the event's time and
-    the next timing packet's): if several processes fit, the one that
-    left user code exactly at the enable's IP (learnt from the disables);
-    else the switch before the window's end;
+    the first timing packet's after the enable): if several processes
+    fit, the one that left user code exactly at the enable's IP (learnt
+    from the disables; one switched out at or before the event's time is
+    no candidate); else the switch before the window's end -- where more
+    than one of them left at that IP this is a guess, noted
+    (:attr:`SpacePlan.ambiguous`) for ``hwtrace decode`` to warn of;
   - and if that space doesn't map the IP, the next one in the timeline
     that does.
 
@@ -472,11 +475,16 @@ class SpaceSwitcher:
     ``spaces`` gives the CR3 lookup for paging events; ``timeline`` (may be
     None) the time-based choice; ``initial`` the space to start in.
     ``on_switch(space, offset)`` is called whenever the space changes.
+    ``ambiguous`` (a set, may be shared): where an enable could not be
+    placed -- the time stamps allow several processes and more than one
+    of them left user code exactly at its IP -- the decoder's offset is
+    added (the choice then falls to time alone; :attr:`SpacePlan.ambiguous`).
     """
 
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
-                 on_switch: Callable | None = None, cyc: bool = False):
+                 on_switch: Callable | None = None, cyc: bool = False,
+                 ambiguous: set | None = None):
         self.dec = dec
         self.flow = getattr(dec, "insn", dec)       # the InsnDecoder
         self.spaces = spaces
@@ -487,6 +495,7 @@ class SpaceSwitcher:
         self.switches = 0
         self._peek = None
         self._resume: dict = {}         # space -> IP it left user code at
+        self.ambiguous = ambiguous if ambiguous is not None else set()
         # With CYC packets and a nominal frequency: cycle-accurate times.
         self._clock = None
         cfg = getattr(self.flow, "config", None)
@@ -538,7 +547,7 @@ class SpaceSwitcher:
                     self.saw_pip = True
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
-                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip)
+                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled")
             elif (t == "disabled" or t == "async_disabled") and \
                     not ev.status_update and self.space is not None:
                 # where this process goes on when it comes back
@@ -557,7 +566,10 @@ class SpaceSwitcher:
             self._by_time(self._now(), self.flow.ip)
         return r
 
-    def _by_time(self, time, ip) -> None:
+    def _by_time(self, time, ip, enable: bool = False) -> None:
+        """Select the space that runs at ``time`` (``enable``: the time
+        stamp of a TIP.PGE's enable -- the first timing packet after that
+        packet bounds it, see :meth:`_time_ahead`)."""
         tl = self.timeline
         if tl is None or self.saw_pip:
             return
@@ -569,7 +581,7 @@ class SpaceSwitcher:
         else:
             before = None
             if time is not None and len(tl.entries) > 1:
-                before = self._time_ahead()
+                before = self._time_ahead(time if enable else None)
             sp = self._resuming(time, before, ip)
             if sp is None:
                 sp = tl.choose(time, ip, self.space, before)
@@ -580,34 +592,72 @@ class SpaceSwitcher:
         """With coarse time stamps several processes may run at an enable:
         the one that left user code exactly at ``ip``, if only one did
         (a process resumes where it stopped; a new one, or one entering a
-        signal handler, doesn't tell)."""
+        signal handler, doesn't tell).
+
+        The candidates are the entries the window ``[time, before]``
+        allows, and the current space only while no entry at or before
+        ``time`` has replaced it: ``time`` (the last timing packet's) is
+        no later than the enable, so a switch recorded at or before it
+        certainly came first -- a process switched out there (e.g. one
+        that exited) resumes nothing here, however exactly it stopped at
+        ``ip`` (a parent and its fork child, one static binary, both stop
+        in the same libc syscall wrappers)."""
         if time is None or not self._resume:
             return None
         tl = self.timeline
         lo = tl.index_at(time)
         hi = tl.index_at(time, before) if before is not None else lo
         cands = {s for _, s in tl.entries[lo:hi + 1] if s is not None}
-        if self.space is not None:
-            cands.add(self.space)
+        cur = self.space
+        if cur is not None and (tl.times[lo] > time or
+                                any(s is cur for _, s in tl.entries[lo:])):
+            # not replaced by a switch known to be before the enable
+            # (nothing is before the first entry; a space chosen from a
+            # later entry is still ahead)
+            cands.add(cur)
         if len(cands) < 2:
             return None
         hits = [s for s in cands if self._resume.get(s) == ip]
+        if len(hits) > 1:
+            # the trace and sideband do not tell which: time decides
+            self.ambiguous.add(self.dec.offset)
         return hits[0] if len(hits) == 1 else None
 
-    def _time_ahead(self) -> int | None:
-        """The time stamp at the next timing packet (TSC, MTC, CYC) after
-        the decoder's position: an upper bound for the time of what the
-        decoder is at now (time stamps only move at timing packets).
-        None if there is none close by."""
+    def _time_ahead(self, after: int | None = None) -> int | None:
+        """A time stamp at a timing packet (TSC, MTC, CYC) after the one
+        the decoder is at now came with (``after``: the time of the enable
+        it reports, if any):
+        an upper bound for its time (time stamps only move at timing
+        packets).  None if there is none close by.
+
+        The query decoder reads ahead past the timing packets that follow
+        what it returned (an enable's TIP.PGE, then an MTC), and a flow
+        decoder may have queried on before it reports an event: the least
+        of the time at its last query and its time now that is later than
+        ``after`` comes from such a packet (time stamps never go back).
+        Walking on from its position instead skips them and finds a later
+        one -- in an MTC-only trace an MTC period too late, which let a
+        switch recorded after an enable count as possibly before it (a
+        parent and its fork child, both stopped at the same libc IP: the
+        wrong one resumed).  Else the next timing packet from its
+        position."""
         from hwtrace.pt.decoder import PacketDecoder
         from hwtrace.pt.errors import PtError
         from .timing import TimeError
         ahead = getattr(self.flow, "time_ahead", None)
         if ahead is not None:
-            # the compiled core does this same walk over its own state
-            return ahead(PEEK_PACKETS)
+            # the compiled core does this same over its own state
+            return ahead(PEEK_PACKETS, after)
         q = getattr(self.flow, "query", None)
-        if q is None or q.pos is None:
+        if q is None:
+            return None
+        if after is not None:
+            tsc, _, _, have = q.time_now()
+            later = [t for t, h in ((tsc, have), (q.time.time.tsc, q.time.time.have_tsc))
+                     if h and t > after]
+            if later:
+                return min(later)
+        if q.pos is None:
             return None
         if self._peek is None:
             self._peek = PacketDecoder(q._pkt.buffer)
@@ -651,15 +701,20 @@ class SpacePlan:
     ``spaces`` the CR3 lookup for paging events, ``timeline`` (may be
     None) the time-based choice, ``initial`` the space to start in,
     ``cyc`` whether the trace has CYC packets (cycle-accurate times),
-    ``on_switch(space, offset)`` told of every switch."""
+    ``on_switch(space, offset)`` told of every switch; ``ambiguous``
+    collects, over every decoder wrapped (copies made with
+    :func:`dataclasses.replace` share it), the offsets of the enables
+    placed by time alone because several processes the time stamps allow
+    left user code exactly at the enable's IP (a user warns of them)."""
 
     spaces: AddressSpaces | None
     timeline: Timeline | None
     initial: AddressSpace | None
     cyc: bool = False
     on_switch: Callable | None = None
+    ambiguous: set = field(default_factory=set)
 
     def wrap(self, dec) -> "SpaceSwitcher":
         return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,
-                             self.on_switch, cyc=self.cyc)
+                             self.on_switch, cyc=self.cyc, ambiguous=self.ambiguous)
 
