@@ -82,7 +82,7 @@ PROGS = {
         __attribute__((noinline)) int work(void) {
           struct itimerval it = {{0, 700}, {0, 700}}; setitimer(ITIMER_REAL, &it, 0);
           int n = 0;
-          while (hits < 6) { for (int i = 0; i < 300; i++) n = leaf(n); usleep(300); }
+          do { for (int i = 0; i < 300; i++) n = leaf(n); usleep(300); } while (hits < 6);
           struct itimerval off = {{0, 0}, {0, 0}}; setitimer(ITIMER_REAL, &off, 0);
           return n > 0;
         }

@@ -133,8 +133,13 @@ def test_duration_ends_the_recording(tmp_path, tmpdir_env, loop, ptoracle):
     assert man["recording"]["stop"] == "duration"
     _only_bundle(b, man)
     assert list(tmpdir.iterdir()) == []
-    pid = int(pidf.read_text())
-    assert _gone(pid)
+    # the program's pid from the bundle (the pid file too, if the program
+    # got that far in its 0.5 s: a slow QEMU start-up may not)
+    pids = {s["pid"] for s in man["streams"]}
+    assert len(pids) == 1
+    if pidf.exists():
+        assert int(pidf.read_text()) in pids
+    assert all(_gone(p) for p in pids)
 
 
 def test_attach_with_ptrace_and_detach(tmp_path, tmpdir_env, loop, ptoracle):
