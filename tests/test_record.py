@@ -100,9 +100,9 @@ def engine(request):
     return request.param
 
 
-def record(out, *args, expect_status=0, engine=None):
+def record(out, *args, expect_status=0, engine=None, timeout=600):
     eng = ["--engine", engine] if engine else []
-    r = run_hwtrace("record", "-o", out, *eng, *args)
+    r = run_hwtrace("record", "-o", out, *eng, *args, timeout=timeout)
     assert r.returncode == expect_status, r.stderr
     return r
 
