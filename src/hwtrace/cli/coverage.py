@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, warn
 from hwtrace.cli.decode import _DEST, _ImageArg, _image as _load_images, \
     _timing_number
 
@@ -133,7 +133,7 @@ def _streams(args):
             setattr(cfg, k, v)
         return cfg
     try:
-        ts = open_bundle(args.bundle, only=args.stream, config=config)
+        ts = open_bundle(args.bundle, only=args.stream, config=config, warn=warn)
         out = []
         for st in ts.streams:
             plan = st.plan
