@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from hwtrace.analysis.records import StreamInfo
-from hwtrace.flow.config import Errata, FlowConfig
+from hwtrace.flow.config import FlowConfig
 
 
 class StreamsError(Exception):
@@ -209,11 +209,7 @@ def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
             c = cpumod.Cpu.parse(cpu)
         except ValueError as e:
             raise StreamsError(f"cpu {cpu}: {e}") from None
-        cfg.cpu = c
-        if c is not None:
-            errata = cpumod.errata(c)
-            if not isinstance(errata, Exception):
-                cfg.errata = Errata.from_flags(errata)
+        cfg.set_cpu(c)              # an unknown CPU: no workarounds
     for key in ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx"):
         if key in options:
             setattr(cfg, key, options[key])

@@ -71,9 +71,8 @@ def _timing_args(args) -> dict:
 
 
 def _config(cpu_arg, timing=None):
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.pt import cpu as cpumod
-    from hwtrace.pt.errors import PtError
 
     cfg = FlowConfig()
     if cpu_arg:
@@ -81,11 +80,7 @@ def _config(cpu_arg, timing=None):
             cpu = cpumod.Cpu.parse(cpu_arg)
         except ValueError as e:
             raise CliError(f"--cpu: {e}") from None
-        cfg.cpu = cpu
-        if cpu is not None:
-            errata = cpumod.errata(cpu)
-            if not isinstance(errata, PtError):
-                cfg.errata = Errata.from_flags(errata)
+        cfg.set_cpu(cpu)            # an unknown CPU: no workarounds
     for key, v in (timing or {}).items():
         setattr(cfg, key, v)
     return cfg
