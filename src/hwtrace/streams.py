@@ -59,6 +59,18 @@ class Entry:
     def lossy(self) -> bool:
         return bool(self.wrapped or self.stopped or self.lost_bytes)
 
+    def loss(self) -> str:
+        """What the recorder lost, short ("" if nothing): how the views
+        and coverage say it."""
+        what = []
+        if self.stopped:
+            what.append("buffer full, tracing stopped")
+        if self.wrapped:
+            what.append("ring buffer wrapped, oldest data overwritten")
+        if self.lost_bytes:
+            what.append(f"{self.lost_bytes:,} bytes lost")
+        return ", ".join(what)
+
 
 @dataclass
 class Stream:

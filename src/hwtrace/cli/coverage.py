@@ -178,14 +178,7 @@ def run(args) -> int:
             notes.append(f"{name}: {err:,} decode error{'s' if err > 1 else ''}: "
                          f"the edges cover what could be decoded")
         if entry is not None and entry.lossy:
-            what = []
-            if entry.stopped:
-                what.append("buffer full, tracing stopped")
-            if entry.wrapped:
-                what.append("ring buffer wrapped, oldest data overwritten")
-            if entry.lost_bytes:
-                what.append(f"{entry.lost_bytes:,} bytes lost")
-            notes.append(f"{name}: recorded with loss: {', '.join(what)}")
+            notes.append(f"{name}: recorded with loss: {entry.loss()}")
     if not insns:
         why = (f"{errors:,} decode error{'s' if errors > 1 else ''}" if errors
                else notes[0] if notes else "no instructions in the trace: not a trace?")
