@@ -200,3 +200,26 @@ def test_function_under_another_name(tmp_path):
                 (None if name == "no_such_function" else (twice, got[1])), name
     finally:
         symbols.RawElf = orig
+
+
+def test_one_load_bias_for_mappings_and_live_symbols(prog):
+    """A mapping's load bias, one formula (symbols.load_bias) for the
+    symbolizer's mappings and the live runs' (livesyms.mapping_bias): the
+    segment holding the file offset places it; else the first segment."""
+    from hwtrace.analysis.symbols import load_bias
+    from hwtrace.branches.livesyms import mapping_bias
+    segs = [(0x400000, 0, 0x1000), (0x401000, 0x1000, 0x2000)]
+    assert load_bias(segs, 0x7f0000001000, 0x1000) == 0x7f0000001000 - 0x401000
+    assert load_bias(segs, 0x7f0000002800, 0x2800) == 0x7f0000000000 - 0x400000
+    assert load_bias(segs[1:], 0x7f0000000000, 0) == 0x7f0000001000 - 0x401000
+    assert load_bias([], 0x5000, 0x1000) == 0x4000
+    d, exe, dis = prog
+    segments = Image(exe).segments
+    first = next(seg for seg in segments if seg[2] > 0)    # as test_mapping_bias_...
+    for vaddr, _memsz, off, _filesz in segments:
+        for pgoff in (off & ~0xFFF, off + 0x10000):     # as mapped; past every segment
+            start = 0x7F0000000000 + (vaddr & ~0xFFF)
+            bias = Symbolizer().add_mapping(exe, start, pgoff).bias
+            assert mapping_bias(str(exe), start, pgoff) == bias
+            if (vaddr, off) == first[::2] and pgoff == off & ~0xFFF:
+                assert bias == 0x7F0000000000

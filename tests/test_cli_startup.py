@@ -131,3 +131,39 @@ def test_a_named_command_builds_only_its_own_parser():
     commands = [m for m in run["modules"] if m.startswith("hwtrace.cli.")
                 and not m.startswith("hwtrace.cli._")]
     assert commands == ["hwtrace.cli.decode"]
+
+
+LAZY = r"""
+import json, sys
+import hwtrace, hwtrace.pt, hwtrace.analysis
+before = sorted(sys.modules)
+out = {"dir": "PacketDecoder" in dir(hwtrace.pt)
+              and "CallStackBuilder" in dir(hwtrace.analysis)
+              and "Mode" in dir(hwtrace)}
+for pkg, name in [(hwtrace.pt, "PacketDecoder"), (hwtrace.analysis, "reconstruct"),
+                  (hwtrace, "Mode")]:
+    value = getattr(pkg, name)
+    out[name] = [value.__module__, vars(pkg).get(name) is value]
+try:
+    hwtrace.pt.no_such_name
+except AttributeError as e:
+    out["error"] = str(e)
+out["before"] = [m for m in before if m in (
+    "hwtrace.pt.decoder", "hwtrace.analysis.callstack", "hwtrace.control.ctl")]
+print(json.dumps(out))
+"""
+
+
+def test_lazy_reexports_import_on_first_use_and_stay():
+    """The packages' re-exports (one helper, ``hwtrace._lazy_exports``):
+    importing a package loads none of them; the first use imports the
+    module holding the name and caches it in the package."""
+    r = subprocess.run([sys.executable, "-c", LAZY], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == {
+        "dir": True, "before": [],
+        "PacketDecoder": ["hwtrace.pt.decoder", True],
+        "reconstruct": ["hwtrace.analysis.callstack", True],
+        "Mode": ["hwtrace.control.ctl", True],
+        "error": "module 'hwtrace.pt' has no attribute 'no_such_name'"}

@@ -265,6 +265,12 @@ def test_cpu_stream_with_two_processes_at_the_same_addresses(fixture, request):
             # decode is exact; from there on the trace does not tell.
             m = AMBIGUOUS.fullmatch(r.stderr)
             assert fixture == "rec_ptrace_mtc" and m and m[1] == stream["file"], r.stderr
+            if decoder == "--insn-decoder":
+                # said the same by the compiled counts on --jobs and by a view
+                for argv in (["decode", "--jobs", "2", "--quiet", "--stat", decoder],
+                             ["coverage", "--edges", "--quiet"]):
+                    r2 = run_hwtrace(*argv, "--stream", stream["file"], b)
+                    assert r2.returncode == 0 and r2.stderr == r.stderr, (argv, r2.stderr)
             cut = int(m[2], 16)
             got = _by_process(r.stdout.splitlines(), cut)[stream["file"]]
             assert any(f'"offset":{cut},' in x and '"enabled"' in x
@@ -279,6 +285,49 @@ def test_cpu_stream_with_two_processes_at_the_same_addresses(fixture, request):
         for role, pid in roles.items():
             assert got[pid] == rec["truth"][role], (decoder, role)
         assert sum(map(len, got.values())) == stream["instructions_observed"]
+
+
+def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
+    """The ambiguity above, made on purpose, in a bundle built here (no
+    recording): two processes map the same code at 0x1000 (nop; syscall;
+    nop; syscall); on CPU 0 (MTC, no CYC) 1 runs from time 100, 2 from 150,
+    1 from 160.  Each leaves user code at 0x1003; the third enable, at
+    0x1003 between time stamps 158 and 170, may be either.  ``decode``
+    (listing, compiled counts, --jobs) and a view say so once, with the
+    offset, and decode the same."""
+    from hwtrace.bundle import BundleWriter, Mmap, Process, Switch
+    from hwtrace.pt import encoder as E
+    code = b"\x90\x0f\x05\x90\x0f\x05"
+    (tmp_path / "code.bin").write_bytes(code)
+    head = (E.psb() + E.tsc(100) + E.cbr(22) + E.mode_exec(csl=1) + E.psbend()
+            + E.tip_pge(0x1000) + E.tsc(101) + E.tip_pgd()
+            + E.tsc(155) + E.tip_pge(0x1000) + E.tsc(156) + E.tip_pgd() + E.tsc(158))
+    trace = head + E.tip_pge(0x1003) + E.tsc(170) + E.tip_pgd()
+    ctl = (1 << 13) | (1 << 3) | (1 << 2) | (1 << 10) | (1 << 9)   # branch;user;retc;tsc;mtc
+    b = tmp_path / "rec"
+    with BundleWriter(b, engine="testing", mode="cpu", config={"ctl": ctl}) as w:
+        w.add_stream(trace, cpu=0, instructions_observed=6)
+        w.add_image(tmp_path / "code.bin", path="/opt/code.bin")
+        for pid in (1, 2):
+            w.sideband.add(Process(pid=pid, cr3=pid << 12, comm=f"p{pid}", time=1))
+            w.sideband.add(Mmap(pid=pid, start=0x1000, size=len(code), offset=0,
+                                file="/opt/code.bin", time=2))
+        for t, prev, nxt in ((100, -1, 1), (150, 1, 2), (160, 2, 1)):
+            w.sideband.add(Switch(cpu=0, time=t, prev_pid=prev, prev_tid=prev,
+                                  next_pid=nxt, next_tid=nxt))
+    said = None
+    for argv in (["decode"], ["decode", "--quiet", "--stat"],
+                 ["decode", "--jobs", "2", "--quiet", "--stat"], ["summary"]):
+        r = run_hwtrace(*argv, b)
+        assert r.returncode == 0, (argv, r.stderr)
+        warning, rest = r.stderr.split("\n", 1) if r.stderr else ("", "")
+        m = AMBIGUOUS.fullmatch(warning + "\n")
+        assert m and m[1] == "cpu0.pt" and int(m[2], 16) >= len(head), (argv, r.stderr)
+        assert "enable(s)" not in rest, (argv, r.stderr)        # once
+        said = said or warning
+        assert warning == said, argv
+        if argv[-1] == "--stat":
+            assert "insn: 6." in r.stdout, argv
 
 
 def test_text_output_names_each_process(rec):

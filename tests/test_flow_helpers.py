@@ -59,3 +59,31 @@ def test_ptxed_lines():
     ev = Event("tsx", speculative=False, aborted=True, ip=0x30)
     ev.ip_suppressed = True
     assert event_line(ev, show_ip=True) == "[aborted]"
+
+
+def test_cpu_errata_applied_alike_by_every_command():
+    """FlowConfig.set_cpu: a known CPU turns its erratum workarounds on,
+    an unknown one leaves none and is returned (decode prints ptxed's
+    config error line for it), ``none`` is no CPU -- the same from decode's
+    --cpu, coverage's --cpu and a bundle manifest's cpu."""
+    from hwtrace.cli import build_parser
+    from hwtrace.cli.coverage import _config as coverage_config
+    from hwtrace.cli.decode import _config as decode_config
+    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.pt.cpu import Cpu
+    from hwtrace.streams import flow_config
+    skl = FlowConfig()
+    assert skl.set_cpu(Cpu.parse("6/85")) is None
+    assert skl.errata.bdm70 and skl.errata.skz84 and not skl.errata.bdm64
+    odd = FlowConfig()
+    assert odd.set_cpu(Cpu.parse("6/1")).code == "unknown cpu"
+    assert odd.errata == Errata() and str(odd.cpu) == "6/1/0"
+    for text, errata, said in (("6/85", skl.errata, []),
+                               ("6/1", Errata(), ["[0, 0: config error: unknown cpu]\n"]),
+                               ("none", Errata(), [])):
+        lines = []
+        args = build_parser("decode").parse_args(["decode", "--cpu", text, "--pt", "x"])
+        got = [decode_config(args, lines.append), coverage_config(text),
+               flow_config({"cpu": text})]
+        assert [c.errata for c in got] == [errata] * 3, text
+        assert len({str(c.cpu) for c in got}) == 1 and lines == said, text

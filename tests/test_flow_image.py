@@ -214,15 +214,23 @@ def test_exec_starts_a_new_space_and_missing_files_are_listed(tmp_path):
     assert sp.cpu_timeline(0) is None
 
 
+def _runs(cpu, *runs):
+    """The context switches of *cpu* running each ``(time, pid)`` in turn,
+    from idle (a process's one thread has tid = pid; pid -1 is idle)."""
+    switches, prev = [], -1
+    for time, pid in runs:
+        switches.append(Switch(cpu=cpu, time=time, prev_pid=prev, prev_tid=prev,
+                               next_pid=pid, next_tid=pid))
+        prev = pid
+    return switches
+
+
 def test_timeline_choice_by_time_window_and_ip(tmp_path):
     f = _files(tmp_path, a=b"\x90" * 16, b=b"\x90" * 16)
     recs = [Process(pid=1, cr3=0x1000, time=0), Process(pid=2, cr3=0x2000, time=0),
             Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["a"]),
             Mmap(pid=2, start=0x8000, size=16, offset=0, file=f["b"]),
-            Switch(cpu=0, time=10, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
-            Switch(cpu=0, time=50, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
-            Switch(cpu=0, time=90, prev_pid=2, prev_tid=2, next_pid=-1, next_tid=-1),
-            Switch(cpu=1, time=10, prev_pid=-1, prev_tid=-1, next_pid=2, next_tid=2)]
+            *_runs(0, (10, 1), (50, 2), (90, -1)), *_runs(1, (10, 2))]
     sp = AddressSpaces(recs)
     one, two = sp.of_pid(1), sp.of_pid(2)
     tl = sp.cpu_timeline(0)
@@ -252,10 +260,7 @@ def test_cr3_filtered_timeline_has_only_the_matching_processes(tmp_path):
             Mmap(pid=1, start=0x1000, size=16, offset=0, file=f["a"]),
             Mmap(pid=2, start=0x1000, size=16, offset=0, file=f["b"]),
             Mmap(pid=3, start=0x1000, size=16, offset=0, file=f["b"]),
-            Switch(cpu=0, time=10, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
-            Switch(cpu=0, time=50, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
-            Switch(cpu=0, time=90, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1),
-            Switch(cpu=1, time=10, prev_pid=-1, prev_tid=-1, next_pid=3, next_tid=3)]
+            *_runs(0, (10, 1), (50, 2), (90, 1)), *_runs(1, (10, 3))]
     sp = AddressSpaces(recs)
     one, two, three = sp.of_pid(1), sp.of_pid(2), sp.of_pid(3)
     tl = sp.cpu_timeline(0)
@@ -357,6 +362,29 @@ def test_cycle_accurate_clock():
     assert CycClock(nocbr, 44).at(len(nocbr)) is None
 
 
+def _two_runs_same_code(tmp_path, back=200):
+    """Processes 1 and 2 map the same code at 0x1000 (nop; syscall; nop;
+    syscall; jmp rax); CPU 0 runs 1 from time 100, 2 from 150, 1 from
+    *back*."""
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
+            *_runs(0, (100, 1), (150, 2), (back, 1))]
+    return AddressSpaces(recs)
+
+
+class _NoDecoder:
+    """What a SpaceSwitcher asks of its decoder when only its choice of a
+    resuming process is tested (no decode)."""
+    ip = 0
+    offset = 0
+
+    def set_image(self, image):
+        pass
+
+
 def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     """Without CYC the time stamps may fit several processes around an
     enable: the one that left user code exactly at the enable's IP goes on
@@ -364,27 +392,10 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     from hwtrace.flow import session
     from hwtrace.flow.insn import InsnDecoder
     from hwtrace.pt import encoder as enc
-    # 0x1000: nop; syscall; nop; syscall; jmp rax
-    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
-    f = _files(tmp_path, code=code)
-    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
-            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
-            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
-            Switch(cpu=0, time=100, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
-            Switch(cpu=0, time=150, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
-            Switch(cpu=0, time=160, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1)]
-    sp = AddressSpaces(recs)
+    sp = _two_runs_same_code(tmp_path, back=160)
     one, two = sp.of_pid(1), sp.of_pid(2)
     tl = sp.cpu_timeline(0)
-
-    class Dec:                      # the switcher only asks these here
-        ip = 0
-        offset = 0
-
-        def set_image(self, image):
-            pass
-
-    sw = SpaceSwitcher(Dec(), sp, tl, one)
+    sw = SpaceSwitcher(_NoDecoder(), sp, tl, one)
     sw._resume = {one: 0x1003, two: 0x1006}
     assert sw._resuming(120, 170, 0x1006) is two
     assert sw._resuming(120, 170, 0x1003) is one
@@ -409,20 +420,6 @@ def test_coarse_time_resolved_by_where_a_process_resumes(tmp_path):
     assert sw._resume == {one: 0x1004}
 
 
-def _two_runs_same_code(tmp_path):
-    """Processes 1 and 2 map the same code at 0x1000 (nop; syscall; nop;
-    syscall; jmp rax); CPU 0 runs 1 from time 100, 2 from 150, 1 from 200."""
-    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
-    f = _files(tmp_path, code=code)
-    recs = [Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
-            Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
-            Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
-            Switch(cpu=0, time=100, prev_pid=-1, prev_tid=-1, next_pid=1, next_tid=1),
-            Switch(cpu=0, time=150, prev_pid=1, prev_tid=1, next_pid=2, next_tid=2),
-            Switch(cpu=0, time=200, prev_pid=2, prev_tid=2, next_pid=1, next_tid=1)]
-    return AddressSpaces(recs)
-
-
 def test_coarse_time_a_switched_out_process_resumes_nothing(tmp_path):
     """Where the process that ran last stopped exactly at the enable's IP,
     it still does not resume there if a switch at or before the enable's
@@ -430,15 +427,7 @@ def test_coarse_time_a_switched_out_process_resumes_nothing(tmp_path):
     it exited; a fork child and its parent stop at the same libc IPs."""
     sp = _two_runs_same_code(tmp_path)
     one, two = sp.of_pid(1), sp.of_pid(2)
-
-    class Dec:
-        ip = 0
-        offset = 0
-
-        def set_image(self, image):
-            pass
-
-    sw = SpaceSwitcher(Dec(), sp, sp.cpu_timeline(0), two)
+    sw = SpaceSwitcher(_NoDecoder(), sp, sp.cpu_timeline(0), two)
     sw._resume = {two: 0x1003}
     # switched out at 200, before the enable (time 205): only 1 can run
     assert sw._resuming(205, 250, 0x1003) is None
@@ -487,6 +476,7 @@ def test_coarse_time_bound_is_the_timing_packet_after_the_enable(tmp_path):
         # switch is told at the decoder's offset: past that TIP.PGE)
         assert [p for p, _ in got] == [1, 2], producer
         assert got[1][1] > third, (producer, got)
+
 
 def test_perf_style_fork_then_exec(tmp_path):
     """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of

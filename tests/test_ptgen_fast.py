@@ -27,6 +27,61 @@ CONFIGS = [
 ]
 
 
+def _load(log):
+    """An execution log as both generators take it: (the full trace, its
+    index, the CR3 of each process)."""
+    data = log.read_bytes()
+    index = flow.load(data, index_only=True)
+    return flow.load(data), index, flow.assign_cr3(index.processes)
+
+
+def _generate_both(log, loaded, cfg, mode="thread", num_cpus=1, require=True):
+    """The Python generator's streams and exits for *log* (loaded by
+    :func:`_load`), checking that the compiled generator takes it (unless
+    not *require* d: then only if it does) and writes the same: each
+    stream's bytes and instruction count, the exits and (cpu mode) the
+    context switches."""
+    full, index, cr3 = loaded
+    sw, ex = [], {}
+    res = flow.generate(full, cfg, mode=mode, num_cpus=num_cpus, switches=sw, cr3=cr3,
+                        exits=ex)
+    if not (require or fast.eligible(index, cfg)):
+        return res, ex
+    assert fast.eligible(index, cfg)
+    streams, csw, cex = fast.generate(log, index, cfg, mode, num_cpus, cr3)
+    assert (cex, sorted(streams)) == (ex, sorted(r.key for r in res))
+    for r in res:
+        assert streams[r.key] == (bytes(r.tracer.buf), r.tracer.insns), (cfg.ctl, mode, r.key)
+    if mode == "cpu":
+        assert csw == sw
+    return res, ex
+
+
+def _write_log(tmp_path, writer):
+    log = tmp_path / "x.log"
+    log.write_bytes(bytes(writer))
+    return log
+
+
+def _ptoracle_insn(ptoracle, tmp_path, res, mem, *args):
+    """``ptoracle insn`` over the stream of *res* with *mem* at 0x401000:
+    its JSON items."""
+    import json
+    pt = tmp_path / "t.pt"
+    pt.write_bytes(bytes(res.tracer.buf))
+    image = tmp_path / "mem.bin"
+    image.write_bytes(mem)
+    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{image}:0x401000", *args],
+                       capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def _timing_args(cfg, mtc_freq):
+    tm = cfg.timing
+    return ["--cpu", "6/106", "--mtc-freq", str(mtc_freq), "--nom-freq", str(tm.nom_freq),
+            "--cpuid-0x15.eax", str(tm.cpuid_15_eax), "--cpuid-0x15.ebx", str(tm.cpuid_15_ebx)]
+
+
 def test_compiled_equals_python(tmp_path):
     src = tmp_path / "t.c"
     src.write_text(THREADS)
@@ -35,24 +90,10 @@ def test_compiled_equals_python(tmp_path):
     for argv in (["/bin/true"], [str(exe)]):
         log = tmp_path / "x.log"
         assert qemu.run(qemu.resolve_program(argv), log) == 0
-        data = log.read_bytes()
-        full = flow.load(data)
-        index = flow.load(data, index_only=True)
-        cr3 = flow.assign_cr3(index.processes)
+        loaded = _load(log)
         for ctl in CONFIGS:
-            cfg = ptgen.TraceConfig(ctl=ctl)
-            assert fast.eligible(index, cfg)
             for mode in ("thread", "cpu"):
-                sw, ex = [], {}
-                res = flow.generate(full, cfg, mode=mode, num_cpus=2, switches=sw, cr3=cr3,
-                                    exits=ex)
-                streams, csw, cex = fast.generate(log, index, cfg, mode, 2, cr3)
-                assert cex == ex
-                assert sorted(streams) == sorted(r.key for r in res)
-                for r in res:
-                    assert streams[r.key] == (bytes(r.tracer.buf), r.tracer.insns), (argv, ctl, mode, r.key)
-                if mode == "cpu":
-                    assert csw == sw
+                _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
 
 
 DYING = r"""
@@ -78,23 +119,11 @@ def test_compiled_equals_python_when_blocks_end_early(tmp_path):
     subprocess.run(["gcc", "-O1", "-o", str(exe), str(src), "-lpthread"], check=True)
     log = tmp_path / "x.log"
     assert qemu.run(qemu.resolve_program([str(exe)]), log) == -8
-    data = log.read_bytes()
-    full = flow.load(data)
-    index = flow.load(data, index_only=True)
-    assert index.features == {"exec_part"}
-    cr3 = flow.assign_cr3(index.processes)
+    loaded = _load(log)
+    assert loaded[1].features == {"exec_part"}
     for ctl in CONFIGS:
-        cfg = ptgen.TraceConfig(ctl=ctl)
-        assert fast.eligible(index, cfg)
         for mode in ("thread", "cpu"):
-            sw, ex = [], {}
-            res = flow.generate(full, cfg, mode=mode, num_cpus=2, switches=sw, cr3=cr3, exits=ex)
-            streams, csw, cex = fast.generate(log, index, cfg, mode, 2, cr3)
-            assert (cex, sorted(streams)) == (ex, sorted(r.key for r in res))
-            for r in res:
-                assert streams[r.key] == (bytes(r.tracer.buf), r.tracer.insns), (ctl, mode, r.key)
-            if mode == "cpu":
-                assert csw == sw
+            _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
 
 
 def test_eligibility():
@@ -153,7 +182,6 @@ _CASES = {
 
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_log_ending_after_a_branch(tmp_path, ptoracle, case):
-    import json
     from hwtrace.engines.emulated import execlog as xl
     code, want = _CASES[case]
     sizes = {"jcc": b"\x02\x02", "call": b"\x02\x05", "plain": b"\x02\x01"}[case]
@@ -161,24 +189,11 @@ def test_log_ending_after_a_branch(tmp_path, ptoracle, case):
     w.ctx(1, 1, 0)
     w.block(1, 1, 0x401000, sizes, code)
     w.exec([1])
-    log = tmp_path / "x.log"
-    log.write_bytes(bytes(w))
-    full = flow.load(log.read_bytes())
-    index = flow.load(log.read_bytes(), index_only=True)
-    cr3 = flow.assign_cr3(index.processes)
+    log = _write_log(tmp_path, w)
     cfg = ptgen.TraceConfig(ctl=(1 << 13) | (1 << 3) | (1 << 10))
-    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3)
+    (res,), _ex = _generate_both(log, _load(log), cfg, require=False)
     assert res.tracer.insns == len(want)
-    if fast.eligible(index, cfg):
-        streams, _sw, _ex = fast.generate(log, index, cfg, "thread", 1, cr3)
-        assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns)
-    pt = tmp_path / "t.pt"
-    pt.write_bytes(bytes(res.tracer.buf))
-    mem = tmp_path / "mem.bin"
-    mem.write_bytes(code.ljust(0x1010, b"\x90"))
-    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000"],
-                       capture_output=True, text=True, check=True)
-    items = [json.loads(line) for line in r.stdout.splitlines()]
+    items = _ptoracle_insn(ptoracle, tmp_path, res, code.ljust(0x1010, b"\x90"))
     assert not [i for i in items if "error" in i], items
     assert [i["ip"] for i in items if "insn" in i or ("ip" in i and "size" in i)] == want
 
@@ -193,7 +208,6 @@ def test_psb_mid_block_keeps_libipt_on_the_clock(tmp_path, ptoracle, timing):
     The PSB+ used to carry a CYC for that one instruction, putting libipt's
     time one tick ahead of the generator's (and of its sideband) until the
     next TSC."""
-    import json
     from hwtrace.engines.emulated import execlog as xl
     # 0x401000: add eax, 1; cmp eax, 8000; jne 0x401000
     code = b"\x83\xc0\x01" + b"\x3d\x40\x1f\x00\x00" + b"\x75\xf6"
@@ -208,29 +222,11 @@ def test_psb_mid_block_keeps_libipt_on_the_clock(tmp_path, ptoracle, timing):
     w.exec([1] * n + [2])
     w.syscall(60)
     w.thread_exit(0)
-    log = tmp_path / "x.log"
-    log.write_bytes(bytes(w))
-    full = flow.load(log.read_bytes())
-    index = flow.load(log.read_bytes(), index_only=True)
-    cr3 = flow.assign_cr3(index.processes)
+    log = _write_log(tmp_path, w)
     ctl = (1 << 13) | (1 << 3) | (1 << 10) | 2 | ((1 << 9) if "mtc" in timing else 0)
     cfg = ptgen.TraceConfig(ctl=ctl)
-    ex = {}
-    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3, exits=ex)
-    assert fast.eligible(index, cfg)
-    streams, _sw, cex = fast.generate(log, index, cfg, "thread", 1, cr3)
-    assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns) and cex == ex
-    pt = tmp_path / "t.pt"
-    pt.write_bytes(bytes(res.tracer.buf))
-    mem = tmp_path / "mem.bin"
-    mem.write_bytes(code + b"\x0f\x05")
-    tm = cfg.timing
-    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000",
-                        "--cpu", "6/106", "--mtc-freq", "0", "--nom-freq", str(tm.nom_freq),
-                        "--cpuid-0x15.eax", str(tm.cpuid_15_eax),
-                        "--cpuid-0x15.ebx", str(tm.cpuid_15_ebx)],
-                       capture_output=True, text=True, check=True)
-    items = [json.loads(line) for line in r.stdout.splitlines()]
+    (res,), ex = _generate_both(log, _load(log), cfg)
+    items = _ptoracle_insn(ptoracle, tmp_path, res, code + b"\x0f\x05", *_timing_args(cfg, 0))
     assert not [i for i in items if "error" in i]
     done = 0
     psbs = []
@@ -263,7 +259,6 @@ def test_mtc_inside_a_run_keeps_libipt_on_the_clock(tmp_path, ptoracle, mtc_freq
     many cycles early as the run had gone past it (up to 16 ticks in a
     two-thread ptrace recording, misplacing marks next to its context
     switches: test_memory_handoff_causal_order)."""
-    import json
     from hwtrace.engines.emulated import execlog as xl
     # 0x401000: 60 x nop; syscall
     code = b"\x90" * 60 + b"\x0f\x05"
@@ -280,28 +275,11 @@ def test_mtc_inside_a_run_keeps_libipt_on_the_clock(tmp_path, ptoracle, mtc_freq
         if i + 1 < n:
             w.sysret(39, 1)
     w.thread_exit(0)
-    log = tmp_path / "x.log"
-    log.write_bytes(bytes(w))
-    full = flow.load(log.read_bytes())
-    index = flow.load(log.read_bytes(), index_only=True)
-    cr3 = flow.assign_cr3(index.processes)
+    log = _write_log(tmp_path, w)
     ctl = (1 << 13) | (1 << 3) | (1 << 10) | (1 << 9) | (mtc_freq << 14) | 2
     cfg = ptgen.TraceConfig(ctl=ctl)
-    (res,) = flow.generate(full, cfg, mode="thread", cr3=cr3, exits={})
-    assert fast.eligible(index, cfg)
-    streams, _sw, _ex = fast.generate(log, index, cfg, "thread", 1, cr3)
-    assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns)
-    pt = tmp_path / "t.pt"
-    pt.write_bytes(bytes(res.tracer.buf))
-    mem = tmp_path / "mem.bin"
-    mem.write_bytes(code)
-    tm = cfg.timing
-    r = subprocess.run([str(ptoracle), "insn", str(pt), "--raw", f"{mem}:0x401000",
-                        "--cpu", "6/106", "--mtc-freq", str(mtc_freq), "--nom-freq", str(tm.nom_freq),
-                        "--cpuid-0x15.eax", str(tm.cpuid_15_eax),
-                        "--cpuid-0x15.ebx", str(tm.cpuid_15_ebx)],
-                       capture_output=True, text=True, check=True)
-    items = [json.loads(line) for line in r.stdout.splitlines()]
+    (res,), _ex = _generate_both(log, _load(log), cfg)
+    items = _ptoracle_insn(ptoracle, tmp_path, res, code, *_timing_args(cfg, mtc_freq))
     assert not [i for i in items if "error" in i]
     done, got = 0, []
     for i in items:

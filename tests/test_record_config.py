@@ -43,3 +43,42 @@ def test_sizes():
         buffer_geometry(ns(buffer_size="5000", num_chunks=None, chunk_order=None))
     with pytest.raises(CliError):
         buffer_geometry(ns(buffer_size="8K", num_chunks=2, chunk_order=None))
+
+
+def test_range_symbols_any_type_from_the_symbol_reader(tmp_path):
+    """addrN-range=ELF,BEGIN,END names symbols of any type (a static
+    function of .symtab, a data object), BEGIN at its first byte and END at
+    its last; what can't be resolved is one --config error naming why."""
+    import shutil
+    import subprocess
+    from conftest import _need
+    from hwtrace.cli.record import _elf_relative, _symbol
+    if not shutil.which("gcc"):
+        _need("gcc", "builds the program whose symbols are named")
+    (tmp_path / "p.c").write_text(
+        "int table[4] = {1};\n"
+        "static int helper(int x) { return x * 3 + table[x & 3]; }\n"
+        "int main(int c, char **v) { return helper(c); }\n")
+    exe = tmp_path / "p"
+    subprocess.run(["gcc", "-O0", "-o", exe, tmp_path / "p.c"], check=True)
+    syms = {}
+    for line in subprocess.run(["readelf", "-sW", exe], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        f = line.split()
+        if len(f) == 8 and f[7] in ("helper", "table", "main"):
+            syms[f[7]] = (int(f[1], 16), int(f[2]), f[3])
+    assert syms["helper"][2] == "FUNC" and syms["table"][2] == "OBJECT"
+    for name, (value, size, _type) in syms.items():
+        assert _symbol(str(exe), name, False) == value
+        assert _symbol(str(exe), name, True) == value + size - 1
+    assert _elf_relative(str(exe), "table", "table") == (
+        syms["table"][0], syms["table"][0] + 15, True)
+    for elf, name, msg in [
+            (exe, "nosuch", f"--config: no symbol 'nosuch' in {exe}"),
+            (tmp_path / "p.c", "main", f"--config: {tmp_path / 'p.c'}: not a readable ELF file "
+                                       f"(ELFError)"),
+            (tmp_path / "none", "main", f"--config: {tmp_path / 'none'}: No such file or "
+                                        f"directory")]:
+        with pytest.raises(CliError) as e:
+            _symbol(str(elf), name, False)
+        assert str(e.value) == msg

@@ -23,15 +23,29 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'hwtrace' has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
+def _lazy_exports(table, namespace):
+    """Module ``__getattr__`` and ``__dir__`` for a package whose
+    re-exports are imported when first asked for: *table* maps each name to
+    the module holding it, *namespace* is the package's ``globals()``, where
+    a name is cached once imported.  Every package's lazy re-exports use it
+    (``from hwtrace import _lazy_exports``); it lives here, not in a module
+    of its own, so that it costs no import on a command's start-up path."""
+    package = namespace["__name__"]
+
+    def __getattr__(name: str):
+        module = table.get(name)
+        if module is None:
+            raise AttributeError(
+                f"module {package!r} has no attribute {name!r}")
+        import importlib
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
+        return value
+
+    def __dir__():
+        return sorted({*namespace, *table})
+
+    return __getattr__, __dir__
 
 
-def __dir__():
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = _lazy_exports(_LAZY, globals())

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from hwtrace.analysis.records import StreamInfo
-from hwtrace.flow.config import Errata, FlowConfig
+from hwtrace.flow.config import FlowConfig
 
 
 class StreamsError(Exception):
@@ -59,6 +59,18 @@ class Entry:
     def lossy(self) -> bool:
         return bool(self.wrapped or self.stopped or self.lost_bytes)
 
+    def loss(self) -> str:
+        """What the recorder lost, short ("" if nothing): how the views
+        and coverage say it."""
+        what = []
+        if self.stopped:
+            what.append("buffer full, tracing stopped")
+        if self.wrapped:
+            what.append("ring buffer wrapped, oldest data overwritten")
+        if self.lost_bytes:
+            what.append(f"{self.lost_bytes:,} bytes lost")
+        return ", ".join(what)
+
 
 @dataclass
 class Stream:
@@ -73,6 +85,10 @@ class Stream:
     plan: object = None             # hwtrace.flow.spaces.SpacePlan or None
     offset: int = 0                 # --pt FILE:FROM-TO: a slice of the file
     length: int | None = None
+    #: ``warn(text)``: told, once, what a decode of this stream found the
+    #: trace does not tell (:meth:`report`); None: nobody is told
+    warn: Callable | None = None
+    _reported: bool = field(default=False, repr=False, compare=False)
 
     def data(self):
         """The trace bytes, mapped (see hwtrace.cli._tracemap)."""
@@ -99,10 +115,32 @@ class Stream:
         plan = self.plan
         if plan is not None and on_switch is not None:
             plan = replace(plan, on_switch=on_switch)
-        return B.batches(self.data() if data is None else data, self.image,
-                         cfg, decoder=decoder, resync=resync,
-                         want_insns=want_insns, max_records=max_records,
-                         impl=impl, spaces=plan, space_items=space_items)
+        it = B.batches(self.data() if data is None else data, self.image,
+                       cfg, decoder=decoder, resync=resync,
+                       want_insns=want_insns, max_records=max_records,
+                       impl=impl, spaces=plan, space_items=space_items)
+        if plan is None or self.warn is None:
+            return it
+        return self._reporting(it)
+
+    def _reporting(self, it):
+        yield from it
+        self.report()
+
+    def report(self, warn: Callable | None = None) -> None:
+        """Tell ``warn`` (default :attr:`warn`), once per stream, where a
+        decode of it placed an enable by time alone although the trace and
+        the sideband allowed several processes there (each had left user
+        code exactly at its IP; :attr:`hwtrace.flow.spaces.SpacePlan.ambiguous`):
+        what follows up to the next switch may be another process's.
+        :meth:`batches` calls it when its batches end; a decode that does
+        not go through them (the compiled core's counts) calls it after."""
+        warn = warn or self.warn
+        amb = getattr(self.plan, "ambiguous", None)
+        if self._reported or warn is None or not amb:
+            return
+        self._reported = True
+        warn(ambiguity_warning(self.name, amb))
 
 
 @dataclass
@@ -141,6 +179,17 @@ class TraceSet:
             raise StreamsError(f"{path}: {e}") from None
 
 
+def ambiguity_warning(name: str, offsets) -> str:
+    """The warning of :meth:`Stream.report`: stream ``name`` placed the
+    enables at ``offsets`` by time alone."""
+    offs = sorted(offsets)
+    shown = ", ".join(f"{o:#x}" for o in offs[:5]) + (", ..." if len(offs) > 5 else "")
+    return (f"{name}: {len(offs)} enable(s) (at offset {shown}) could be either of "
+            f"several processes that stopped at the same IP, and the time stamps do "
+            f"not separate them: placed by time alone (record with CYC, e.g. "
+            f"--config 'branch;user;retc;tsc;mtc;cyc')")
+
+
 # -- decoder parameters ------------------------------------------------------------
 
 def manifest_options(manifest: dict) -> dict:
@@ -172,11 +221,7 @@ def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
             c = cpumod.Cpu.parse(cpu)
         except ValueError as e:
             raise StreamsError(f"cpu {cpu}: {e}") from None
-        cfg.cpu = c
-        if c is not None:
-            errata = cpumod.errata(c)
-            if not isinstance(errata, Exception):
-                cfg.errata = Errata.from_flags(errata)
+        cfg.set_cpu(c)              # an unknown CPU: no workarounds
     for key in ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx"):
         if key in options:
             setattr(cfg, key, options[key])
@@ -206,7 +251,8 @@ def _cr3_filter(cfg: dict) -> int | None:
 def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 only=(), config: Callable | FlowConfig | None = None,
                 extend: Callable | None = None,
-                require_images: bool = True) -> TraceSet:
+                require_images: bool = True,
+                warn: Callable | None = None) -> TraceSet:
     """The streams of the bundle at ``path``.
 
     ``only``: stream names to keep (default all).  ``config``: a
@@ -215,7 +261,10 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     default :func:`flow_config` of them.  ``extend(image)`` loads more code
     into every address space (``--raw``/``--elf`` on top).  With
     ``require_images`` a mapped file that can't be found is an error
-    naming it; else its code is "no memory mapped" in the decode."""
+    naming it; else its code is "no memory mapped" in the decode.
+    ``warn(text)``: what a decode of a stream finds the trace does not tell
+    (:meth:`Stream.report`; the warnings known before decoding are
+    :attr:`TraceSet.warnings`)."""
     from hwtrace.bundle import (Bundle, BundleError, Mmap, Switch, insn_clock_exact,
                                 tsc_per_insn)
     from hwtrace.flow.spaces import AddressSpaces, SpacePlan
@@ -329,7 +378,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
         plan = SpacePlan(spaces, timeline, initial,
                          cyc=ctl is not None and bool(ctl & _CYC_EN))
         ts.streams.append(Stream(n, str(paths[n]), info, entry, cfg,
-                                 initial.image, plan))
+                                 initial.image, plan, warn=warn))
     return ts
 
 

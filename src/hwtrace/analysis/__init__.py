@@ -40,20 +40,16 @@ tables).  Views narrowed to a question: :mod:`.window`; totals:
 :mod:`.profile`; coverage: :mod:`.coverage`.
 """
 
+from hwtrace import _lazy_exports
 from hwtrace.analysis.records import (Activation, Enter, Flag, Marker,
                                       StreamInfo)
 
-_CALLSTACK = ("CallStackBuilder", "reconstruct", "reconstruct_branches")
-
-
-def __getattr__(name):
-    # The call-stack builder (numpy and the symbol tables with it) is
-    # imported when first asked for: what only needs the records (a
-    # stream's StreamInfo, decode's counts) starts faster.
-    if name in _CALLSTACK:
-        from hwtrace.analysis import callstack
-        return getattr(callstack, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The call-stack builder (numpy and the symbol tables with it) is imported
+# when first asked for: what only needs the records (a stream's StreamInfo,
+# decode's counts) starts faster.
+__getattr__, __dir__ = _lazy_exports(
+    dict.fromkeys(("CallStackBuilder", "reconstruct", "reconstruct_branches"),
+                  "hwtrace.analysis.callstack"), globals())
 
 
 __all__ = ["Activation", "CallStackBuilder", "Enter", "Flag", "Marker",

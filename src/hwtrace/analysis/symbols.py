@@ -155,6 +155,20 @@ def _raw_plt(elf: "RawElf") -> dict:
                       int(elf.sh["addr"][si]) + first, elf.little_endian)
 
 
+def symbol_tables(path: str, order=(".symtab", ".dynsym")) -> list[SymbolArrays]:
+    """The file's symbol tables of the section names ``order``, in that
+    order, as arrays (:class:`.elfraw.RawElf`'s reading, or pyelftools' for
+    a file it does not understand).  Raises OSError if the file cannot be
+    read, and pyelftools' error (``ELFError``, ...) if it is not an ELF
+    file either reads."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return _raw_tables(RawElf(data), order)
+    except (RawElfError, ValueError, IndexError):
+        return _pyelf_tables(ELFFile(io.BytesIO(data)), order)
+
+
 def function_symbol(path: str, name: str) -> tuple[int, int] | None:
     """(link-time address, size) of the first function symbol named
     ``name`` with an address in the file's own symbol tables (``.symtab``,
@@ -162,18 +176,9 @@ def function_symbol(path: str, name: str) -> tuple[int, int] | None:
     shows for the address (``_IO_printf`` for ``printf``); None if there
     is none or the file cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+        tables = symbol_tables(path)
+    except Exception:           # OSError, pyelftools' errors: an unreadable file names nothing
         return None
-    order = (".symtab", ".dynsym")
-    try:
-        tables = _raw_tables(RawElf(data), order)
-    except (RawElfError, ValueError, IndexError):
-        try:
-            tables = _pyelf_tables(ELFFile(io.BytesIO(data)), order)
-        except Exception:       # pyelftools' errors: an unreadable file names nothing
-            return None
     for syms in tables:
         hit = syms.named(name)
         ok = syms.functions()[hit] & (syms.value[hit] != 0)
@@ -181,6 +186,21 @@ def function_symbol(path: str, name: str) -> tuple[int, int] | None:
             k = int(hit[np.flatnonzero(ok)[0]])
             return int(syms.value[k]), int(syms.size[k])
     return None
+
+
+def load_bias(segments, start: int, pgoff: int) -> int:
+    """The load bias (run-time address - link-time address) of an ELF file
+    mapped at ``start`` from file offset ``pgoff``, given its PT_LOAD
+    segments ``(vaddr, file offset, file size)`` in header order: the
+    segment holding ``pgoff`` places it; else the first segment, at its
+    distance from ``pgoff`` in the file; with none, the file's offsets are
+    its addresses."""
+    for vaddr, off, filesz in segments:
+        if off <= pgoff < off + max(filesz, 1):
+            return start - (vaddr + (pgoff - off))
+    for vaddr, off, _filesz in segments:
+        return start - (vaddr - (off - pgoff))
+    return start - pgoff
 
 
 class SymbolError(Exception):
@@ -543,17 +563,11 @@ class Symbolizer(ImageLookup):
 
     def add_mapping(self, path, start: int, pgoff: int = 0) -> Image:
         """An image mapped (mmap) at ``start`` from file offset ``pgoff``:
-        the load bias follows from the PT_LOAD segment at that offset."""
+        the load bias follows from the PT_LOAD segment at that offset
+        (:func:`load_bias`)."""
         probe = Image(path, 0, self._debug_roots)
-        bias = start - pgoff
-        for vaddr, _memsz, off, filesz in probe.segments:
-            if off <= pgoff < off + max(filesz, 1):
-                bias = start - (vaddr + (pgoff - off))
-                break
-        else:
-            if probe.segments:
-                vaddr, _m, off, _f = probe.segments[0]
-                bias = start - (vaddr - (off - pgoff))
+        bias = load_bias([(v, off, fsz) for v, _m, off, fsz in probe.segments],
+                         start, pgoff)
         probe.bias = bias
         lo = min((v for v, *_ in probe.segments), default=0)
         hi = max((v + m for v, m, *_ in probe.segments), default=0)

@@ -19,7 +19,7 @@ import copy
 import os
 from dataclasses import dataclass
 
-from hwtrace.analysis.symbols import DEBUG_ROOTS, Image, ImageLookup, SymbolError
+from hwtrace.analysis.symbols import DEBUG_ROOTS, Image, ImageLookup, SymbolError, load_bias
 
 
 class ImageCache:
@@ -64,11 +64,7 @@ def mapping_bias(path: str, start: int, pgoff: int) -> int | None:
     segs = load_segments(path)
     if not segs:
         return None
-    for off, size, va in segs:
-        if off <= pgoff < off + max(size, 1):
-            return start - (va + pgoff - off)
-    off, _size, va = segs[0]
-    return start - (va - (off - pgoff))
+    return load_bias([(va, off, size) for off, size, va in segs], start, pgoff)
 
 
 class LazySymbolizer(ImageLookup):

@@ -44,6 +44,13 @@ def _command_modules() -> list[str]:
     return sorted(names)
 
 
+def warn(text: str) -> None:
+    """One warning line on stderr (what the commands say of an input they
+    decode anyway: :meth:`hwtrace.streams.Stream.report`)."""
+    sys.stderr.write(f"hwtrace: warning: {text}\n")
+    sys.stderr.flush()
+
+
 class CliError(Exception):
     """A user-facing error: printed as one line, exit status ``status``."""
 

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import heapq
 import json
-import sys
 import tempfile
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, warn
 
 
 def run_bundle(args) -> int:
@@ -59,8 +58,7 @@ def run_bundle(args) -> int:
     except streams.StreamsError as e:
         raise CliError(f"decode: {e}") from None
     for w in ts.warnings:
-        sys.stderr.write(f"hwtrace: warning: {w}\n")
-    sys.stderr.flush()
+        warn(w)
     cfg_line = "".join(cfg_lines)
     out = D.Output()
     counts_only = D.counts_only(args) and not args.merge_time
@@ -90,22 +88,12 @@ def run_bundle(args) -> int:
 
 
 def _warn_ambiguous(st, out) -> None:
-    """Say where the switcher placed an enable by time alone although the
-    trace and sideband allowed several processes there (each had left user
-    code exactly at its IP): what follows up to the next switch may be
-    another process's."""
-    amb = getattr(st.plan, "ambiguous", None)
-    if not amb:
-        return
-    out.flush()
-    offs = sorted(amb)
-    shown = ", ".join(f"{o:#x}" for o in offs[:5]) + (", ..." if len(offs) > 5 else "")
-    sys.stderr.write(
-        f"hwtrace: warning: {st.name}: {len(offs)} enable(s) (at offset {shown}) "
-        f"could be either of several processes that stopped at the same IP, and the "
-        f"time stamps do not separate them: placed by time alone (record with CYC, "
-        f"e.g. --config 'branch;user;retc;tsc;mtc;cyc')\n")
-    sys.stderr.flush()
+    """After a stream's output (its stats lines included), what its decode
+    found the trace does not tell (:meth:`hwtrace.streams.Stream.report`,
+    the views' warning too).  The bundle is opened without a ``warn`` so
+    that it comes here, after the counts of the compiled core too, and
+    not when the stream's batches end."""
+    st.report(lambda text: (out.flush(), warn(text)))
 
 
 def _fast_counts(args, st, out):

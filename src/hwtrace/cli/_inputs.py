@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from hwtrace.analysis.records import StreamInfo
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, warn
 
 
 class CodeMap(NamedTuple):
@@ -148,7 +148,7 @@ def _view_batches(st):
 def _bundle(p: Path, elf: list, image_path: list) -> Input:
     from hwtrace.streams import StreamsError, open_bundle
     try:
-        ts = open_bundle(p, image_path=image_path)
+        ts = open_bundle(p, image_path=image_path, warn=warn)
     except StreamsError as e:
         raise CliError(str(e)) from None
     sym = ts.symbolizer

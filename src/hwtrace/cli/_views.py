@@ -81,14 +81,7 @@ def loss_parts(totals: dict) -> list[str]:
     errors, overflows and gaps with the first offset."""
     out = []
     for e in totals.get("lost", ()):
-        what = []
-        if e.stopped:
-            what.append("buffer full, tracing stopped")
-        if e.wrapped:
-            what.append("ring buffer wrapped, oldest data overwritten")
-        if e.lost_bytes:
-            what.append(f"{e.lost_bytes:,} bytes lost")
-        out.append(f"{e.file}: {', '.join(what)}")
+        out.append(f"{e.file}: {e.loss()}")
     m = totals.get("markers", {})
     first = {}
     for kind, off, _idx, _detail in totals.get("errors", ()):

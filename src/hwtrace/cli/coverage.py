@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, warn
 from hwtrace.cli.decode import _DEST, _ImageArg, _image as _load_images, \
     _timing_number
 
@@ -71,9 +71,8 @@ def _timing_args(args) -> dict:
 
 
 def _config(cpu_arg, timing=None):
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.pt import cpu as cpumod
-    from hwtrace.pt.errors import PtError
 
     cfg = FlowConfig()
     if cpu_arg:
@@ -81,11 +80,7 @@ def _config(cpu_arg, timing=None):
             cpu = cpumod.Cpu.parse(cpu_arg)
         except ValueError as e:
             raise CliError(f"--cpu: {e}") from None
-        cfg.cpu = cpu
-        if cpu is not None:
-            errata = cpumod.errata(cpu)
-            if not isinstance(errata, PtError):
-                cfg.errata = Errata.from_flags(errata)
+        cfg.set_cpu(cpu)            # an unknown CPU: no workarounds
     for key, v in (timing or {}).items():
         setattr(cfg, key, v)
     return cfg
@@ -133,7 +128,7 @@ def _streams(args):
             setattr(cfg, k, v)
         return cfg
     try:
-        ts = open_bundle(args.bundle, only=args.stream, config=config)
+        ts = open_bundle(args.bundle, only=args.stream, config=config, warn=warn)
         out = []
         for st in ts.streams:
             plan = st.plan
@@ -183,14 +178,7 @@ def run(args) -> int:
             notes.append(f"{name}: {err:,} decode error{'s' if err > 1 else ''}: "
                          f"the edges cover what could be decoded")
         if entry is not None and entry.lossy:
-            what = []
-            if entry.stopped:
-                what.append("buffer full, tracing stopped")
-            if entry.wrapped:
-                what.append("ring buffer wrapped, oldest data overwritten")
-            if entry.lost_bytes:
-                what.append(f"{entry.lost_bytes:,} bytes lost")
-            notes.append(f"{name}: recorded with loss: {', '.join(what)}")
+            notes.append(f"{name}: recorded with loss: {entry.loss()}")
     if not insns:
         why = (f"{errors:,} decode error{'s' if errors > 1 else ''}" if errors
                else notes[0] if notes else "no instructions in the trace: not a trace?")

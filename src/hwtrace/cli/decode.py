@@ -263,9 +263,8 @@ def _config(args, out, options=None):
     :func:`hwtrace.streams.manifest_options`, for what the command line
     leaves out).  An unknown CPU is a ``config error`` line through
     ``out``, as ptxed prints it."""
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.pt import cpu as cpumod
-    from hwtrace.pt.errors import PtError
 
     options = options or {}
     cfg = FlowConfig()
@@ -275,13 +274,9 @@ def _config(args, out, options=None):
             cpu = cpumod.Cpu.parse(cpu_arg)
         except ValueError as e:
             raise CliError(f"--cpu: {e}") from None
-        cfg.cpu = cpu
-        if cpu is not None:
-            errata = cpumod.errata(cpu)
-            if isinstance(errata, PtError):
-                out(config_error_line(args.format, errata.code))
-            else:
-                cfg.errata = Errata.from_flags(errata)
+        unknown = cfg.set_cpu(cpu)
+        if unknown is not None:
+            out(config_error_line(args.format, unknown.code))
     for n in range(4):
         v = _number(f"--filter:addr{n}_cfg", getattr(args, f"filter_{n}_cfg"))
         if v is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, warn
 
 
 def register(sub) -> None:
@@ -41,7 +41,7 @@ def register(sub) -> None:
 def _open(path: str, image_path):
     from hwtrace.streams import StreamsError, open_bundle
     try:
-        return open_bundle(path, image_path=image_path)
+        return open_bundle(path, image_path=image_path, warn=warn)
     except StreamsError as e:
         raise CliError(f"diff: {e}") from None
 

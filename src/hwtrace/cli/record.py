@@ -181,22 +181,21 @@ def parse_config(spec: str):
 
 
 def _symbol(elf: str, name: str, end: bool) -> int:
-    from elftools.elf.elffile import ELFFile
+    """The address of the first symbol (of any type) named ``name`` in
+    ``elf``'s ``.symtab``, then ``.dynsym``; with ``end`` its last byte."""
+    from hwtrace.analysis.symbols import symbol_tables
     try:
-        with open(elf, "rb") as f:
-            e = ELFFile(f)
-            for secname in (".symtab", ".dynsym"):
-                sec = e.get_section_by_name(secname)
-                if sec is None:
-                    continue
-                syms = sec.get_symbol_by_name(name)
-                if syms:
-                    s = syms[0]
-                    return s["st_value"] + (max(s["st_size"], 1) - 1 if end else 0)
+        tables = symbol_tables(elf)
     except OSError as e:
         raise CliError(f"--config: {elf}: {e.strerror}") from None
     except Exception as e:  # not an ELF file
         raise CliError(f"--config: {elf}: not a readable ELF file ({type(e).__name__})") from None
+    for syms in tables:
+        hit = syms.named(name)
+        if len(hit):
+            k = int(hit[0])
+            size = int(syms.size[k])
+            return int(syms.value[k]) + (max(size, 1) - 1 if end else 0)
     raise CliError(f"--config: no symbol {name!r} in {elf}")
 
 

@@ -92,3 +92,20 @@ class FlowConfig:
         CPUs in its errata table; every CPU writes this pattern at a VM
         entry, so hwtrace reads it so unless ``strict``."""
         return self.errata.bdm70 or not self.strict
+
+    def set_cpu(self, cpu):
+        """Decode as recorded on ``cpu`` (a :class:`hwtrace.pt.cpu.Cpu`;
+        None: unknown), with its erratum workarounds.  For a CPU whose
+        errata libipt does not know, returns that error (a
+        :class:`hwtrace.pt.errors.PtError`, "unknown cpu") and leaves the
+        workarounds as they were; else None."""
+        from hwtrace.pt import cpu as cpumod
+        from hwtrace.pt.errors import PtError
+        self.cpu = cpu
+        if cpu is None:
+            return None
+        errata = cpumod.errata(cpu)
+        if isinstance(errata, PtError):
+            return errata
+        self.errata = Errata.from_flags(errata)
+        return None

@@ -15,6 +15,8 @@ identically; :mod:`hwtrace.pt._impl` picks one (``HWTRACE_NO_EXTENSIONS=1``
 forces the twin) and :mod:`hwtrace._ext` documents the pattern.
 """
 
+from hwtrace import _lazy_exports
+
 # The re-exports are imported when first asked for: importing a submodule
 # (hwtrace.pt.errors, .cpu) runs this file, and what needs only those
 # (a command's option checks, the flow core's counts) starts faster
@@ -23,18 +25,6 @@ _LAZY = {"PtError": "hwtrace.pt.errors", "PacketDecoder": "hwtrace.pt.decoder",
          "encode": "hwtrace.pt.encoder"}
 
 
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = _lazy_exports(_LAZY, globals())
 
 __all__ = ["PtError", "PacketDecoder", "encode"]
