@@ -20,6 +20,8 @@ section end -- to the twin's instruction cache::
     e = fast.edges(data, image, config)                     # Edges
     e.counts            # {(from_ip, to_ip): times taken}
     fast.edge_bitmap(e.counts)                             # AFL-style map
+    p = fast.packed_edges(data, image, config)             # PackedEdges
+    text, taken = fast.edge_text(p.table)   # coverage --edges's lines
 
 **Edges.** For every executed branch instruction (any class but OTHER and
 PTWRITE: conditional branches taken or not, direct and indirect jumps and
