@@ -129,6 +129,41 @@ def test_cli_edges(true_trace, tmp_path):
     assert bm.read_bytes() == bytes(fast.edge_bitmap(ref))
     q = run_hwtrace(*argv, "--quiet", env={"HWTRACE_NO_EXTENSIONS": "1"})
     assert q.stdout.splitlines() == want[-1:]
+    q = run_hwtrace(*argv, env={"HWTRACE_NO_EXTENSIONS": "1"})
+    assert q.stdout.splitlines() == want
+
+
+def test_packed_edges_and_text(true_trace, monkeypatch):
+    """The packed table (sorted by the core) and its lines (formatted by
+    the core) equal the twin's and the dict's, to the last byte; the whole
+    u64 range formats as Python formats it."""
+    _core()
+    data, image, cfg = true_trace
+    e = fast.edges(data, image, cfg)
+    c = fast.packed_edges(data, image, cfg)
+    p = fast.packed_edges(data, image, cfg, impl="python")
+    assert c.compiled and not p.compiled
+    assert c.table == p.table == fast.pack_edges(e.counts)
+    assert len(c.table) == fast.EDGE_BYTES * len(e.counts) > 0
+    assert fast.unpack_edges(c.table) == e.counts
+    assert c.insns == p.insns == e.insns and c.errors == p.errors == e.errors
+    want = "".join(f"{f:016x} {t:016x} {n}\n"
+                   for (f, t), n in sorted(e.counts.items()))
+    taken = sum(e.counts.values())
+    assert fast.edge_text(c.table) == (want, taken)
+    assert fast.edge_text(c.table, False) == (None, taken)
+    m = (1 << 64) - 1
+    big = {(m, 0): m - 5, (0, m): 1, (0x401000, 0x401000): 10 ** 12,
+           (0x401000, 0x400fff): 9, (5, 6): 3}
+    table = fast.pack_edges(big)
+    compiled = fast.edge_text(table)
+    assert fast.edge_text(b"") == ("", 0)
+    monkeypatch.setattr(fast, "CORE", None)
+    assert fast.edge_text(c.table) == (want, taken)
+    assert fast.edge_text(table) == compiled
+    assert compiled[0] == "".join(f"{f:016x} {t:016x} {n}\n"
+                                  for (f, t), n in sorted(big.items()))
+    assert fast.edge_text(b"") == ("", 0)
 
 
 def test_cli_errors(tmp_path):

@@ -160,19 +160,19 @@ def run(args) -> int:
     if args.bitmap_size <= 0:
         raise CliError("coverage: --bitmap-size must be positive")
     write = sys.stdout.write
-    total: dict = {}
+    tables = []         # a packed edge table per stream (fast.PackedEdges)
     insns = errors = 0
     notes = []
     for label, data, image, cfg, entry, stream in _streams(args):
         if stream is not None:
             counts, n, err = _batch_edges(stream)
+            tables.append(fast.pack_edges(counts))
         else:
-            e = fast.edges(data, image, cfg)
-            counts, n, err = e.counts, e.insns, e.errors
+            e = fast.packed_edges(data, image, cfg)
+            tables.append(e.table)
+            n, err = e.insns, e.errors
         insns += n
         errors += err
-        for k, c in counts.items():
-            total[k] = total.get(k, 0) + c
         name = label or args.pt
         if err:
             notes.append(f"{name}: {err:,} decode error{'s' if err > 1 else ''}: "
@@ -183,13 +183,21 @@ def run(args) -> int:
         why = (f"{errors:,} decode error{'s' if errors > 1 else ''}" if errors
                else notes[0] if notes else "no instructions in the trace: not a trace?")
         raise CliError(f"coverage: nothing could be decoded ({why})", 1)
-    if not args.quiet:
-        for (f, t), n in sorted(total.items()):
-            write(f"{f:016x} {t:016x} {n}\n")
-    write(f"edges: {len(total)}, taken: {sum(total.values())}, "
+    if len(tables) == 1:
+        table = tables[0]
+    else:               # the streams' edges added up
+        total: dict = {}
+        for t in tables:
+            for k, c in fast.unpack_edges(t).items():
+                total[k] = total.get(k, 0) + c
+        table = fast.pack_edges(total)
+    text, taken = fast.edge_text(table, not args.quiet)
+    if text:
+        write(text)
+    write(f"edges: {len(table) // fast.EDGE_BYTES}, taken: {taken}, "
           f"insns: {insns}.\n")
     if args.bitmap:
-        bm = fast.edge_bitmap(total, args.bitmap_size)
+        bm = fast.edge_bitmap(fast.unpack_edges(table), args.bitmap_size)
         try:
             with open(args.bitmap, "wb") as f:
                 f.write(bm)

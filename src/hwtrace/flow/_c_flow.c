@@ -21,6 +21,8 @@
  *                          record that makes max_records
  *   .counts() -> (insns, blocks, events, [(kind, offset, ip, code)])
  *   .edges()  -> ({(from, to): n}, insns, [(kind, offset, ip, code)])
+ *   .edges(True) -> (table, insns, errors): the edges as a packed table
+ *                   sorted by (from, to) (fast.PackedEdges)
  *
  * A decoder does one of these (batches until None, or one counts/edges).
  * An address-space switcher looks in through set_hooks(after_sync,
@@ -500,9 +502,11 @@ static PyObject *Decoder_counts(Decoder *self, PyObject *noargs)
                          (unsigned long long)c.events, c.errors);
 }
 
-static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
+static PyObject *Decoder_edges(Decoder *self, PyObject *args)
 {
-    (void)noargs;
+    int packed = 0;
+    if (!PyArg_ParseTuple(args, "|p", &packed))
+        return NULL;
     if (ready(self, 2) < 0)
         return NULL;
     struct count_sink c;
@@ -531,7 +535,8 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *noargs)
         r = -1;
     }
     release_buffers(self);
-    PyObject *d = r < 0 ? NULL : edges_dict(&table);
+    PyObject *d = r < 0 ? NULL :
+        packed ? edges_packed(&table) : edges_dict(&table);
     edge_free(&table);
     if (!d) {
         Py_DECREF(c.errors);
@@ -905,8 +910,8 @@ static PyMethodDef Decoder_methods[] = {
      "batch(max_records) -> (blocks, insns, items, first_insn) or None"},
     {"counts", (PyCFunction)Decoder_counts, METH_NOARGS,
      "counts() -> (insns, blocks, events, errors)"},
-    {"edges", (PyCFunction)Decoder_edges, METH_NOARGS,
-     "edges() -> (edges, insns, errors)"},
+    {"edges", (PyCFunction)Decoder_edges, METH_VARARGS,
+     "edges(packed=False) -> (edges, insns, errors)"},
     {"segment", (PyCFunction)Decoder_segment, METH_VARARGS,
      "segment(start, stop_at, tail, head) -> (insns, blocks, events, errors, "
      "checkpoints, underflows, stopped)"},
@@ -1083,6 +1088,8 @@ static PyMethodDef methods[] = {
      "x86_decode(code, mode): the compiled x86 decoder (core/x86.h)"},
     {"x86_fill", py_x86_fill, METH_VARARGS,
      "x86_fill(code, mode, max): fast.filler's records, compiled"},
+    {"edge_text", py_edge_text, METH_VARARGS,
+     "edge_text(table, lines) -> (text or None, taken)"},
     {"set_item_types", py_set_item_types, METH_VARARGS,
      "set_item_types(ErrorItem, StatusItem): the item classes of batches"},
     {NULL, NULL, 0, NULL}};

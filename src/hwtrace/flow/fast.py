@@ -20,6 +20,8 @@ section end -- to the twin's instruction cache::
     e = fast.edges(data, image, config)                     # Edges
     e.counts            # {(from_ip, to_ip): times taken}
     fast.edge_bitmap(e.counts)                             # AFL-style map
+    p = fast.packed_edges(data, image, config)             # PackedEdges
+    text, taken = fast.edge_text(p.table)   # coverage --edges's lines
 
 **Edges.** For every executed branch instruction (any class but OTHER and
 PTWRITE: conditional branches taken or not, direct and indirect jumps and
@@ -101,6 +103,16 @@ class Counts(NamedTuple):
 
 class Edges(NamedTuple):
     counts: dict         # {(from_ip, to_ip): n}
+    insns: int
+    errors: int
+    compiled: bool
+
+
+class PackedEdges(NamedTuple):
+    """Edge counts as one table: (from_ip, to_ip, n) little-endian u64
+    triples sorted by (from_ip, to_ip) (:func:`pack_edges`) -- what
+    ``coverage --edges`` prints, with no Python object per edge."""
+    table: bytes
     insns: int
     errors: int
     compiled: bool
@@ -377,6 +389,51 @@ def edges(data, image, config=None, impl=None, resync=False) -> Edges:
     _python_run(_python_decoder(data, image, config, False), False, resync,
                 sink)
     return Edges(sink.edges, sink.insns, len(sink.errors), False)
+
+
+def packed_edges(data, image, config=None, impl=None,
+                 resync=False) -> PackedEdges:
+    """:func:`edges` as a packed table (the core sorts and packs it; the
+    twin's dict is packed by :func:`pack_edges`)."""
+    if _core(impl) is not None:
+        dec = core_decoder(data, image, config, block=False, resync=resync,
+                           impl=impl or "compiled")
+        table, insns, errors = dec.edges(True)
+        return PackedEdges(table, insns, len(errors), True)
+    e = edges(data, image, config, impl, resync)
+    return PackedEdges(pack_edges(e.counts), e.insns, e.errors, False)
+
+
+_EDGE = struct.Struct("<QQQ")
+#: bytes per edge in a packed table
+EDGE_BYTES = _EDGE.size
+
+
+def pack_edges(counts: dict) -> bytes:
+    """A :class:`PackedEdges` table of ``{(from_ip, to_ip): n}``."""
+    out = bytearray(_EDGE.size * len(counts))
+    for j, ((f, t), n) in enumerate(sorted(counts.items())):
+        _EDGE.pack_into(out, j * _EDGE.size, f, t, n)
+    return bytes(out)
+
+
+def unpack_edges(table: bytes) -> dict:
+    """``{(from_ip, to_ip): n}`` of a packed table."""
+    return {(f, t): n for f, t, n in _EDGE.iter_unpack(table)}
+
+
+def edge_text(table: bytes, lines: bool = True) -> tuple:
+    """(text, taken) of a packed table: ``coverage --edges``'s lines
+    ``FROM TO COUNT`` (16 hex digits, decimal) in the table's order as a
+    str (None if not ``lines``), and the sum of the counts.  The core
+    formats them when it is in use; the twin here gives the same text."""
+    if CORE is not None:
+        text, taken = CORE.edge_text(table, lines)
+        return (text.decode("ascii") if lines else None), taken
+    rows = list(_EDGE.iter_unpack(table))
+    text = "".join(f"{f:016x} {t:016x} {n}\n" for f, t, n in rows) \
+        if lines else None
+    return text, sum(n for _f, _t, n in rows)
 
 
 _GOLDEN = 0x9E3779B97F4A7C15

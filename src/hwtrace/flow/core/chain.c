@@ -232,6 +232,7 @@ out:
     ch->last_ip = e.last_ip;
     ch->next = next;
     ch->last_run = e.last_run;
+    ch->ip0 = ip0;
     return 0;
 }
 
@@ -363,6 +364,10 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
 {
     for (size_t j = 0; j < cc->nents; j++) {
         struct chain *ch = &cc->ents[j];
+        if (ch->in_n) {
+            TRY(edge_add(e, ch->in_from, ch->ip0, ch->in_n));
+            ch->in_n = 0;
+        }
         if (!ch->uses)
             continue;
         for (uint32_t k = 0; k < ch->nedges; k++)

@@ -47,6 +47,10 @@ struct chain {
     struct chain_edge *edges;   /* insn mode: the edges inside the chain */
     uint32_t nedges;
     uint64_t uses;              /* times applied (edges: at the end) */
+    /* insn mode: the edge into the chain, counted here while it comes
+     * from the same branch (in_n times from in_from to ip0), the table
+     * gets it when another one comes or at the end */
+    uint64_t ip0, in_from, in_n;
 };
 
 /* a slot of the table: the key (bit j of ``bits``: the j-th bit taken,
@@ -78,7 +82,8 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
                         struct run *here, int *err);
 /* ic_each_run's callback clearing a run's chain lookup */
 int chain_forget(void *ctx, struct run *ru);
-/* adds every edge of every chain times its uses (edge_add's table) */
+/* adds every edge of every chain times its uses, and the edges into
+ * chains still counted on them (edge_add's table) */
 struct edge_table;
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e);
 void chain_free(struct chain_cache *cc);

@@ -354,3 +354,72 @@ PyObject *edges_dict(struct edge_table *e)
     }
     return d;
 }
+
+PyObject *edges_packed(struct edge_table *e)
+{
+    if (!e->n)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    struct edge *sorted = edge_sorted(e);
+    if (!sorted)
+        return PyErr_NoMemory();
+    PyObject *b = PyBytes_FromStringAndSize((const char *)sorted,
+                                            (Py_ssize_t)(e->n * sizeof *sorted));
+    free(sorted);
+    return b;
+}
+
+PyObject *py_edge_text(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    Py_buffer buf;
+    int lines;
+    if (!PyArg_ParseTuple(args, "y*p", &buf, &lines))
+        return NULL;
+    if (buf.len % (Py_ssize_t)sizeof(struct edge)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "edge_text: not a packed edge table");
+        return NULL;
+    }
+    size_t n = (size_t)buf.len / sizeof(struct edge);
+    struct edge *s = malloc(n ? n * sizeof *s : 1);
+    if (!s) {
+        PyBuffer_Release(&buf);
+        return PyErr_NoMemory();
+    }
+    memcpy(s, buf.buf, n * sizeof *s);   /* aligned, whatever the buffer */
+    PyBuffer_Release(&buf);
+    unsigned __int128 taken = 0;     /* exact, as Python's sum */
+    for (size_t k = 0; k < n; k++)
+        taken += s[k].n;
+    PyObject *text = NULL;
+    if (lines) {
+        text = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * EDGE_LINE_MAX));
+        if (text) {
+            size_t m = edge_lines(s, n, PyBytes_AS_STRING(text));
+            if (_PyBytes_Resize(&text, (Py_ssize_t)m) < 0)
+                text = NULL;
+        }
+    } else {
+        Py_INCREF(Py_None);
+        text = Py_None;
+    }
+    free(s);
+    if (!text)
+        return NULL;
+    PyObject *sum = PyLong_FromUnsignedLongLong((uint64_t)taken);
+    if (sum && (uint64_t)(taken >> 64)) {
+        PyObject *hi = PyLong_FromUnsignedLongLong((uint64_t)(taken >> 64));
+        PyObject *sh = PyLong_FromLong(64);
+        PyObject *t = hi && sh ? PyNumber_Lshift(hi, sh) : NULL;
+        PyObject *all = t ? PyNumber_Or(t, sum) : NULL;
+        Py_XDECREF(hi);
+        Py_XDECREF(sh);
+        Py_XDECREF(t);
+        Py_SETREF(sum, all);
+    }
+    if (!sum) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", text, sum);
+}

@@ -56,5 +56,11 @@ extern const struct sink_ops BATCH_OPS, COUNT_OPS, EDGE_OPS;
 int batch_add_item(struct batch_sink *b, ptrdiff_t offset, PyObject *item);
 
 PyObject *edges_dict(struct edge_table *e);
+/* the table's edges sorted by (from, to), packed as little-endian u64
+ * triples (from, to, n): bytes (fast.PackedEdges.table) */
+PyObject *edges_packed(struct edge_table *e);
+/* edge_text(table, lines) -> (text or None, taken): coverage --edges's
+ * lines of a packed table (bytes, ASCII) and the sum of its counts */
+PyObject *py_edge_text(PyObject *mod, PyObject *args);
 
 #endif

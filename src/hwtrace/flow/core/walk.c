@@ -3,67 +3,6 @@
 
 #include "walk.h"
 
-/* -- edges ------------------------------------------------------------------ */
-
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
-static int edge_grow(struct edge_table *e)
-{
-    size_t cap = e->cap ? e->cap * 2 : 1024;
-    struct edge *nt = calloc(cap, sizeof *nt);
-    if (!nt)
-        return -E_NOMEM;
-    for (size_t j = 0; j < e->cap; j++) {
-        struct edge *x = &e->tab[j];
-        if (!x->n)
-            continue;
-        size_t i = mix(x->from ^ mix(x->to)) & (cap - 1);
-        while (nt[i].n)
-            i = (i + 1) & (cap - 1);
-        nt[i] = *x;
-    }
-    free(e->tab);
-    e->tab = nt;
-    e->cap = cap;
-    return 0;
-}
-
-int edge_add(struct edge_table *e, uint64_t from, uint64_t to, uint64_t n)
-{
-    if (2 * (e->n + 1) > e->cap)
-        TRY(edge_grow(e));
-    size_t mask = e->cap - 1;
-    size_t i = mix(from ^ mix(to)) & mask;
-    for (;;) {
-        struct edge *x = &e->tab[i];
-        if (!x->n) {
-            x->from = from;
-            x->to = to;
-            x->n = n;
-            e->n++;
-            return 0;
-        }
-        if (x->from == from && x->to == to) {
-            x->n += n;
-            return 0;
-        }
-        i = (i + 1) & mask;
-    }
-}
-
-void edge_free(struct edge_table *e)
-{
-    free(e->tab);
-    e->tab = NULL;
-    e->cap = e->n = 0;
-}
-
 /* -- TNT chains --------------------------------------------------------------- */
 
 /* the chain for the decoder's state, if one applies (chain.h); NULL with
@@ -126,6 +65,8 @@ int walk_done(struct walk *w)
     if (w->edges && w->chains.edges)
         r = chain_flush_edges(&w->chains, w->edges);
     chain_free(&w->chains);
+    if (w->edges && r >= 0)
+        r = edge_settle(w->edges);
     return r;
 }
 
@@ -322,8 +263,18 @@ static int walk_insns(struct session *s, struct walk *w)
         }
         chained = 0;
         if (ch) {
-            if (w->edges && w->have_from)
-                TRY(edge_add(w->edges, w->from, d->ip, 1));
+            if (w->edges && w->have_from) {
+                /* the edge into the chain (d->ip is its ip0) */
+                if (ch->in_n && ch->in_from == w->from) {
+                    ch->in_n++;
+                } else {
+                    if (ch->in_n)
+                        TRY(edge_add(w->edges, ch->in_from, ch->ip0,
+                                     ch->in_n));
+                    ch->in_from = w->from;
+                    ch->in_n = 1;
+                }
+            }
             walk_apply(s, w, ch);
             w->from = ch->last_ip;
             w->have_from = ch->have_from;

@@ -9,20 +9,8 @@
 #define HWTRACE_CORE_WALK_H
 
 #include "chain.h"
+#include "edgeset.h"
 #include "session.h"
-
-struct edge {
-    uint64_t from, to, n;
-};
-
-struct edge_table {
-    struct edge *tab;
-    size_t cap, n;
-};
-
-int edge_add(struct edge_table *e, uint64_t from, uint64_t to,
-             uint64_t n);
-void edge_free(struct edge_table *e);
 
 struct walk {
     uint64_t insns, blocks;
