@@ -33,6 +33,12 @@ def _lines(n, seed):
     t.spaces(rng.integers(0, 7, n))
     t.frac(rng.integers(0, 10 ** 9, n), 10)
     t.when(rng.random(n) < 0.5, b" [note]")
+    t.zeros(rng.integers(0, 1000, n), 2).only(rng.random(n) < 0.5)
+    t.int(rng.integers(0, 2 ** 64, n, dtype=np.uint64), 3)
+    t.int(rng.integers(-99, 99, n).astype(np.int8))
+    t.frac(rng.integers(-10 ** 6, 10 ** 6, n), 4)
+    t.strs([b"", b"z"], np.zeros(n, np.int64)).only(rng.random(n) < 0.5)
+    t.spaces(np.zeros(n, np.int64)).only(rng.random(n) < 0.5)
     u = Lines(n)
     u.int(rng.integers(0, 999, n), 3).lit(b"|")
     t.extend(u)
@@ -43,6 +49,13 @@ def _lines(n, seed):
 @pytest.mark.parametrize("n", [0, 1, 7, 1000])
 def test_text_compiled_matches_twin(n):
     assert _lines(n, n).text(impl="compiled") == _lines(n, n).text(impl="python")
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+def test_lengths_compiled_matches_twin(n):
+    a = _lines(n, n).lengths(impl="compiled")
+    assert np.array_equal(a, _lines(n, n).lengths(impl="python"))
+    assert int(a.sum()) == len(_lines(n, n).render(impl="compiled"))
 
 
 @pytest.mark.parametrize("n", [1, 300])

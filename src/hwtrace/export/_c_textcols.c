@@ -19,6 +19,41 @@
  * uint64 values of ``v`` right-aligned and zero-padded (the low ``width``
  * digits of a value with more).
  *
+ *   rows(n, ops) -> bytes        lengths(n, ops) -> bytearray (int64)
+ *
+ * The twin of a whole Lines (Lines.render, Lines.lengths): each row's
+ * columns formatted straight from their values, no byte matrices.  ``ops``
+ * is a list of columns, each a tuple (code, cond, ...) -- ``cond`` None or
+ * a bool buffer of n (the column is empty where false):
+ *   (0, cond, b)                        the bytes b
+ *   (1, cond, table, ids, width, right) table[ids[i]] padded with spaces
+ *                                       to width (right: right-aligned)
+ *   (2, cond, v, signed, width, commas) decimal, right-aligned in width
+ *                                       (v int64 when signed, else uint64;
+ *                                       at most 19 digits, the twin's)
+ *   (3, cond, v)                        lower-case hex of uint64, no pad
+ *   (4, cond, v, bits)                  the low ``bits`` decimal digits of
+ *                                       uint64 v, trailing zeros dropped
+ *                                       (one kept)
+ *   (5, cond, v)                        protobuf varint of uint64
+ *   (6, cond, count)                    max(count, 0) spaces (int64)
+ *   (7, cond, v, width)                 the low ``width`` decimal digits
+ *                                       of uint64 v, zero-padded
+ * ``lengths`` gives each row's byte count.
+ *
+ *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0) -> bytes
+ *
+ * The twin of FoldedWriter's lines (folded.py, _lines and close): the
+ * call-path tree of m nodes walked depth first, a line "head;a;b;c W\n"
+ * per node whose weight rounds (half to even) to W > 0.  Node k's children
+ * are order[lo[k]:hi[k]] (the root's: order[lo0:hi0]); ``name`` (int64)
+ * indexes ``names`` (bytes, ';' already replaced) and ``isroot`` (uint8,
+ * the --function frame: a stack starts at its first such frame; all ones
+ * where there is none); ``weight`` is float64; ``head`` (bytes, may be
+ * empty) is the first frame.  The order of lines is the twin's: a node's
+ * children's lines when the node is taken off the stack, its children
+ * pushed in order (so taken off last first).
+ *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
  */
@@ -26,11 +61,13 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
+#include <stdio.h>
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 2
+#define ABI 3
 
 typedef struct {
     Py_buffer m, ln;
@@ -184,11 +221,538 @@ done:
     return res;
 }
 
+/* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
+
+enum { OP_LIT, OP_STRS, OP_INT, OP_HEX, OP_FRAC, OP_VARINT, OP_SPACES, OP_ZEROS };
+
+typedef struct {
+    int code;
+    Py_buffer cond, v;
+    int has_cond, has_v;
+    PyObject *lit;               /* OP_LIT: bytes (borrowed from the tuple) */
+    const char **sp;             /* OP_STRS: the table */
+    Py_ssize_t *sl, ntab;
+    Py_ssize_t width;
+    int right, sign, commas, bits;
+} Op;
+
+static const uint64_t POW10[20] = {
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+    100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL,
+    1000000000000ULL, 10000000000000ULL, 100000000000000ULL,
+    1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL,
+    1000000000000000000ULL, 10000000000000000000ULL
+};
+
+static void ops_free(Op *ops, Py_ssize_t nc)
+{
+    if (!ops)
+        return;
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        if (ops[c].has_cond)
+            PyBuffer_Release(&ops[c].cond);
+        if (ops[c].has_v)
+            PyBuffer_Release(&ops[c].v);
+        PyMem_Free(ops[c].sp);
+        PyMem_Free(ops[c].sl);
+    }
+    PyMem_Free(ops);
+}
+
+static int get_buf(PyObject *o, Py_buffer *b, int *has, Py_ssize_t n, Py_ssize_t item,
+                   const char *what)
+{
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    *has = 1;
+    if (b->len != n * item) {
+        PyErr_Format(PyExc_ValueError, "rows: %s has %zd bytes, not %zd", what,
+                     b->len, n * item);
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t tuple_ssize(PyObject *t, Py_ssize_t k)
+{
+    return PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k));
+}
+
+/* the ops of a list, checked against n; NULL (an exception set) if bad */
+static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
+{
+    Py_ssize_t nc = PySequence_Fast_GET_SIZE(seq);
+    Op *ops = PyMem_Calloc(nc ? nc : 1, sizeof(Op));
+    *ncp = nc;
+    if (!ops) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    static const int nargs[] = {3, 6, 6, 3, 4, 3, 3, 4};
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, c);
+        Op *o = &ops[c];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
+            PyErr_SetString(PyExc_TypeError, "rows: an op is (code, cond, ...)");
+            goto bad;
+        }
+        o->code = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        if (o->code < 0 || o->code > OP_ZEROS || PyTuple_GET_SIZE(t) != nargs[o->code]) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "rows: bad op");
+            goto bad;
+        }
+        PyObject *cond = PyTuple_GET_ITEM(t, 1);
+        if (cond != Py_None && get_buf(cond, &o->cond, &o->has_cond, n, 1, "cond") < 0)
+            goto bad;
+        PyObject *a = PyTuple_GET_ITEM(t, 2);
+        switch (o->code) {
+        case OP_LIT:
+            if (!PyBytes_Check(a)) {
+                PyErr_SetString(PyExc_TypeError, "rows: a literal is bytes");
+                goto bad;
+            }
+            o->lit = a;
+            break;
+        case OP_STRS: {
+            PyObject *tab = PySequence_Fast(a, "rows: a table is a sequence");
+            if (!tab)
+                goto bad;
+            o->ntab = PySequence_Fast_GET_SIZE(tab);
+            o->sp = PyMem_Malloc((o->ntab ? o->ntab : 1) * sizeof(char *));
+            o->sl = PyMem_Malloc((o->ntab ? o->ntab : 1) * sizeof(Py_ssize_t));
+            if (!o->sp || !o->sl) {
+                Py_DECREF(tab);
+                PyErr_NoMemory();
+                goto bad;
+            }
+            for (Py_ssize_t j = 0; j < o->ntab; j++) {
+                PyObject *s = PySequence_Fast_GET_ITEM(tab, j);
+                if (!PyBytes_Check(s)) {
+                    Py_DECREF(tab);
+                    PyErr_SetString(PyExc_TypeError, "rows: table entries are bytes");
+                    goto bad;
+                }
+                /* the bytes live as long as the table the caller holds */
+                o->sp[j] = PyBytes_AS_STRING(s);
+                o->sl[j] = PyBytes_GET_SIZE(s);
+            }
+            Py_DECREF(tab);
+            if (get_buf(PyTuple_GET_ITEM(t, 3), &o->v, &o->has_v, n, 8, "ids") < 0)
+                goto bad;
+            o->width = tuple_ssize(t, 4);
+            o->right = PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
+            const int64_t *ids = o->v.buf;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (ids[i] < 0 || ids[i] >= o->ntab) {
+                    PyErr_SetString(PyExc_IndexError, "rows: a string id outside its table");
+                    goto bad;
+                }
+            break;
+        }
+        case OP_INT:
+            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+                goto bad;
+            o->sign = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
+            o->width = tuple_ssize(t, 4);
+            o->commas = PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
+            break;
+        case OP_FRAC:
+            o->bits = (int)tuple_ssize(t, 3);
+            if (o->bits < 0 || o->bits > 20) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "rows: 0 <= bits <= 20");
+                goto bad;
+            }
+            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+                goto bad;
+            break;
+        case OP_ZEROS:
+            o->width = tuple_ssize(t, 3);
+            if (o->width < 0)
+                o->width = 0;
+            /* fall through */
+        case OP_HEX:
+        case OP_VARINT:
+        case OP_SPACES:
+            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+                goto bad;
+            break;
+        }
+        if (PyErr_Occurred())
+            goto bad;
+        if (o->width < 0)
+            o->width = 0;
+    }
+    return ops;
+bad:
+    ops_free(ops, nc);
+    return NULL;
+}
+
+/* op o's bytes of row i at p (p NULL: only how many) */
+static Py_ssize_t op_row(const Op *o, Py_ssize_t i, char *p)
+{
+    if (o->has_cond && !((const uint8_t *)o->cond.buf)[i])
+        return 0;
+    switch (o->code) {
+    case OP_LIT: {
+        Py_ssize_t l = PyBytes_GET_SIZE(o->lit);
+        if (p)
+            memcpy(p, PyBytes_AS_STRING(o->lit), l);
+        return l;
+    }
+    case OP_STRS: {
+        int64_t id = ((const int64_t *)o->v.buf)[i];
+        Py_ssize_t l = o->sl[id], w = l > o->width ? l : o->width;
+        if (p) {
+            if (o->right) {
+                memset(p, ' ', w - l);
+                memcpy(p + (w - l), o->sp[id], l);
+            } else {
+                memcpy(p, o->sp[id], l);
+                memset(p + l, ' ', w - l);
+            }
+        }
+        return w;
+    }
+    case OP_INT: {
+        uint64_t a;
+        int neg = 0;
+        if (o->sign) {
+            int64_t x = ((const int64_t *)o->v.buf)[i];
+            neg = x < 0;
+            a = neg ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+        } else {
+            a = ((const uint64_t *)o->v.buf)[i];
+        }
+        int nd = 1;
+        while (nd < 19 && a >= POW10[nd])
+            nd++;
+        if (nd == 19)
+            a %= POW10[19];        /* the twin's: at most 19 digits, the low ones */
+        Py_ssize_t ln = nd + (o->commas ? (nd - 1) / 3 : 0) + neg;
+        Py_ssize_t w = ln > o->width ? ln : o->width;
+        if (p) {
+            char *q = p + w;
+            int k = 0;
+            do {
+                if (o->commas && k && k % 3 == 0)
+                    *--q = ',';
+                *--q = (char)('0' + a % 10);
+                a /= 10;
+                k++;
+            } while (k < nd);
+            if (neg)
+                *--q = '-';
+            memset(p, ' ', q - p);
+        }
+        return w;
+    }
+    case OP_HEX: {
+        uint64_t a = ((const uint64_t *)o->v.buf)[i];
+        int nd = 1;
+        while (nd < 16 && (a >> (4 * nd)))
+            nd++;
+        if (p)
+            for (int k = nd - 1; k >= 0; k--, a >>= 4)
+                p[k] = "0123456789abcdef"[a & 15];
+        return nd;
+    }
+    case OP_FRAC: {
+        if (!o->bits)
+            return 0;
+        uint64_t a = ((const uint64_t *)o->v.buf)[i];
+        char d[20];
+        for (int k = o->bits - 1; k >= 0; k--, a /= 10)
+            d[k] = (char)('0' + a % 10);
+        int l = o->bits;
+        while (l > 1 && d[l - 1] == '0')
+            l--;
+        if (p)
+            memcpy(p, d, l);
+        return l;
+    }
+    case OP_VARINT: {
+        uint64_t a = ((const uint64_t *)o->v.buf)[i];
+        Py_ssize_t l = 0;
+        do {
+            uint8_t b = (uint8_t)(a & 0x7F);
+            a >>= 7;
+            if (a)
+                b |= 0x80;
+            if (p)
+                p[l] = (char)b;
+            l++;
+        } while (a);
+        return l;
+    }
+    case OP_ZEROS: {
+        uint64_t a = ((const uint64_t *)o->v.buf)[i];
+        if (p)
+            for (Py_ssize_t k = o->width - 1; k >= 0; k--, a /= 10)
+                p[k] = (char)('0' + a % 10);
+        return o->width;
+    }
+    case OP_SPACES: {
+        int64_t c = ((const int64_t *)o->v.buf)[i];
+        if (c <= 0)
+            return 0;
+        if (p)
+            memset(p, ' ', (size_t)c);
+        return (Py_ssize_t)c;
+    }
+    }
+    return 0;
+}
+
+static PyObject *rows_or_lengths(PyObject *const *args, Py_ssize_t nargs, int rows)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, rows ? "rows(n, ops)" : "lengths(n, ops)");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
+    if (n < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "rows: n < 0");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "ops must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t nc = 0;
+    PyObject *res = NULL;
+    Op *ops = ops_parse(n, seq, &nc);
+    if (!ops)
+        goto done;
+    if (!rows) {
+        res = PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (!res)
+            goto done;
+        int64_t *out = (int64_t *)PyByteArray_AS_STRING(res);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t l = 0;
+            for (Py_ssize_t c = 0; c < nc; c++)
+                l += op_row(&ops[c], i, NULL);
+            out[i] = l;
+        }
+        goto done;
+    }
+    Py_ssize_t size = 0;
+    for (Py_ssize_t c = 0; c < nc; c++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            size += op_row(&ops[c], i, NULL);
+    res = PyBytes_FromStringAndSize(NULL, size);
+    if (!res)
+        goto done;
+    char *p = PyBytes_AS_STRING(res);
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (Py_ssize_t c = 0; c < nc; c++)
+            p += op_row(&ops[c], i, p);
+done:
+    ops_free(ops, nc);
+    Py_DECREF(seq);
+    return res;
+}
+
+static PyObject *py_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return rows_or_lengths(args, nargs, 1);
+}
+
+static PyObject *py_lengths(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return rows_or_lengths(args, nargs, 0);
+}
+
+/* -- folded(...): flame-graph stacks of a call-path tree --------------------------- */
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n)
+{
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *q = PyMem_Realloc(b->p, cap);
+        if (!q) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "folded(order, lo, hi, name, weight, names, "
+                        "isroot, head, lo0, hi0)");
+        return NULL;
+    }
+    Py_buffer bo, bl, bh, bn, bw, br;
+    int ho = 0, hl = 0, hh = 0, hn = 0, hw = 0, hr = 0;
+    PyObject *res = NULL, *tab = NULL;
+    const char **sp = NULL;
+    Py_ssize_t *sl = NULL, *chain_prev = NULL, *chain_name = NULL, *tmp = NULL;
+    Py_ssize_t *sk = NULL, *sc = NULL;
+    char *sr = NULL;
+    Buf out = {NULL, 0, 0};
+    if (PyObject_GetBuffer(args[0], &bo, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    ho = 1;
+    Py_ssize_t m = bo.len / 8;
+    if (get_buf(args[1], &bl, &hl, m, 8, "lo") < 0
+            || get_buf(args[2], &bh, &hh, m, 8, "hi") < 0
+            || get_buf(args[3], &bn, &hn, m, 8, "name") < 0
+            || get_buf(args[4], &bw, &hw, m, 8, "weight") < 0)
+        goto done;
+    tab = PySequence_Fast(args[5], "folded: names is a sequence");
+    if (!tab)
+        goto done;
+    Py_ssize_t nt = PySequence_Fast_GET_SIZE(tab);
+    if (get_buf(args[6], &br, &hr, nt, 1, "isroot") < 0)
+        goto done;
+    if (!PyBytes_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "folded: head is bytes");
+        goto done;
+    }
+    Py_ssize_t lo0 = PyLong_AsSsize_t(args[8]), hi0 = PyLong_AsSsize_t(args[9]);
+    if (PyErr_Occurred())
+        goto done;
+    const int64_t *order = bo.buf, *lo = bl.buf, *hi = bh.buf, *name = bn.buf;
+    const double *weight = bw.buf;
+    const uint8_t *isroot = br.buf;
+    sp = PyMem_Malloc((nt ? nt : 1) * sizeof(char *));
+    sl = PyMem_Malloc((nt ? nt : 1) * sizeof(Py_ssize_t));
+    chain_prev = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
+    chain_name = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
+    tmp = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
+    sk = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
+    sc = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
+    sr = PyMem_Malloc(m + 1);
+    if (!sp || !sl || !chain_prev || !chain_name || !tmp || !sk || !sc || !sr) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < nt; j++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(tab, j);
+        if (!PyBytes_Check(s)) {
+            PyErr_SetString(PyExc_TypeError, "folded: names are bytes");
+            goto done;
+        }
+        sp[j] = PyBytes_AS_STRING(s);
+        sl[j] = PyBytes_GET_SIZE(s);
+    }
+    /* the tree must be one: every child index and name in range, each
+       node pushed at most once (else the stacks would overflow) */
+    if (lo0 < 0 || hi0 < lo0 || hi0 > m)
+        goto bad_tree;
+    for (Py_ssize_t k = 0; k < m; k++)
+        if (lo[k] < 0 || hi[k] < lo[k] || hi[k] > m || order[k] < 0 || order[k] >= m
+                || name[k] < 0 || name[k] >= nt)
+            goto bad_tree;
+    const char *head = PyBytes_AS_STRING(args[7]);
+    Py_ssize_t headlen = PyBytes_GET_SIZE(args[7]);
+    int has_head = headlen > 0;
+    Py_ssize_t top = 0, nchain = 0, pushed = 0;
+    sk[top] = -1;
+    sc[top] = -1;
+    sr[top] = 0;             /* the root: (rooted) as the caller says below */
+    int root_rooted = 1;
+    for (Py_ssize_t j = 0; j < nt; j++)
+        if (!isroot[j]) {
+            root_rooted = 0;
+            break;
+        }
+    sr[top++] = (char)root_rooted;
+    while (top) {
+        top--;
+        Py_ssize_t q = sk[top], cq = sc[top];
+        int rq = sr[top];
+        Py_ssize_t a = q < 0 ? lo0 : lo[q], z = q < 0 ? hi0 : hi[q];
+        for (Py_ssize_t o = a; o < z; o++) {
+            Py_ssize_t k = order[o];
+            Py_ssize_t cn = name[k];
+            int r = rq || isroot[cn];
+            Py_ssize_t ck = -1;
+            if (r) {
+                if (nchain >= m)
+                    goto bad_tree;
+                ck = nchain++;
+                chain_prev[ck] = rq ? cq : -1;
+                chain_name[ck] = cn;
+                double w = weight[k];
+                double v = w ? nearbyint(w) : 0.0;
+                if (v > 0) {
+                    Py_ssize_t d = 0;
+                    for (Py_ssize_t c = ck; c >= 0; c = chain_prev[c])
+                        tmp[d++] = chain_name[c];
+                    if (has_head && (buf_put(&out, head, headlen) < 0
+                                     || buf_put(&out, ";", 1) < 0))
+                        goto done;
+                    while (d--) {
+                        if (buf_put(&out, sp[tmp[d]], sl[tmp[d]]) < 0
+                                || (d && buf_put(&out, ";", 1) < 0))
+                            goto done;
+                    }
+                    char num[40];
+                    int nn = snprintf(num, sizeof num, " %.0f\n", v);
+                    if (buf_put(&out, num, nn) < 0)
+                        goto done;
+                }
+            }
+            if (++pushed > m)
+                goto bad_tree;
+            sk[top] = k;
+            sc[top] = ck;
+            sr[top++] = (char)r;
+        }
+    }
+    res = PyBytes_FromStringAndSize(out.p ? out.p : "", out.len);
+    goto done;
+bad_tree:
+    PyErr_SetString(PyExc_ValueError, "folded: not a tree");
+done:
+    if (ho) PyBuffer_Release(&bo);
+    if (hl) PyBuffer_Release(&bl);
+    if (hh) PyBuffer_Release(&bh);
+    if (hn) PyBuffer_Release(&bn);
+    if (hw) PyBuffer_Release(&bw);
+    if (hr) PyBuffer_Release(&br);
+    Py_XDECREF(tab);
+    PyMem_Free(sp);
+    PyMem_Free(sl);
+    PyMem_Free(chain_prev);
+    PyMem_Free(chain_name);
+    PyMem_Free(tmp);
+    PyMem_Free(sk);
+    PyMem_Free(sc);
+    PyMem_Free(sr);
+    PyMem_Free(out.p);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"assemble", (PyCFunction)(void (*)(void))py_assemble, METH_FASTCALL,
      "assemble(n, cols) -> bytes"},
     {"digits", (PyCFunction)(void (*)(void))py_digits, METH_FASTCALL,
      "digits(v, width) -> bytearray"},
+    {"rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
+     "rows(n, ops) -> bytes"},
+    {"lengths", (PyCFunction)(void (*)(void))py_lengths, METH_FASTCALL,
+     "lengths(n, ops) -> bytearray of int64"},
+    {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
+     "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0) -> bytes"},
     {NULL, NULL, 0, NULL}
 };
 
