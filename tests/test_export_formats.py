@@ -358,6 +358,22 @@ def test_folded_time_weight_equals_insns_without_timing(flow):
     assert parse_folded(a.getvalue()) == parse_folded(b.getvalue())
 
 
+@pytest.mark.parametrize("kw", [{}, {"weight": "time"}, {"root": "fib"},
+                                {"per_thread": True}])
+def test_folded_compiled_lines_match_twin(flow, kw):
+    """The compiled core's lines (written to the file's byte buffer) are
+    the twin's, byte for byte and in the same order."""
+    files = [io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2)]
+    ws = [FoldedWriter(f, **kw) for f in files]
+    run_export(flow, ws)
+    ws[0].close(impl="compiled")
+    ws[1].close(impl="python")
+    got = [f.flush() or f.buffer.getvalue() for f in files]
+    assert got[0] == got[1] and got[0].count(b"\n") > 3
+    if "root" in kw:
+        assert all(line.startswith(b"fib") for line in got[0].splitlines())
+
+
 def independent_blocks(items):
     """Distinct basic blocks: start after a branch; end at a branch."""
     blocks = set()
