@@ -374,6 +374,18 @@ def test_folded_compiled_lines_match_twin(flow, kw):
         assert all(line.startswith(b"fib") for line in got[0].splitlines())
 
 
+def test_perfetto_compiled_packets_match_twin(flow):
+    """The compiled slice packets are the twin's, byte for byte."""
+    bufs = [io.BytesIO(), io.BytesIO()]
+    ws = [PerfettoTraceWriter(bufs[0], impl="compiled"),
+          PerfettoTraceWriter(bufs[1], impl="python")]
+    run_export(flow, ws)
+    for w in ws:
+        w.close()
+    assert bufs[0].getvalue() == bufs[1].getvalue()
+    assert ws[0].slices > 100
+
+
 def independent_blocks(items):
     """Distinct basic blocks: start after a branch; end at a branch."""
     blocks = set()

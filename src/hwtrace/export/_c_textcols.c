@@ -41,7 +41,19 @@
  *                                       of uint64 v, zero-padded
  * ``lengths`` gives each row's byte count.
  *
- *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0) -> bytes
+ *   slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts)
+ *       -> (bytes, bytearray of int64 packet lengths)
+ *
+ * The twin of PerfettoTraceWriter._encode's Lines: one TracePacket per
+ * row, a slice begin (``end`` 0: the name's interned id ``iid``) or end
+ * (its instruction count ``insns`` as a debug annotation), on the track
+ * field ``tracks[track[i]]``, with the flags annotation ``flags[flag[i]]``
+ * (b"" none).  ``ts`` uint64, ``end`` uint8, the rest int64.  ``parts``:
+ * the encoded constant pieces (type begin, type end, name-iid tag,
+ * annotation tag, the "insns" name and int tag, timestamp tag, sequence
+ * field, track-event tag, sequence flags, packet tag).
+ *
+ *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)
  *
  * The twin of FoldedWriter's lines (folded.py, _lines and close): the
  * call-path tree of m nodes walked depth first, a line "head;a;b;c W\n"
@@ -52,7 +64,8 @@
  * where there is none); ``weight`` is float64; ``head`` (bytes, may be
  * empty) is the first frame.  The order of lines is the twin's: a node's
  * children's lines when the node is taken off the stack, its children
- * pushed in order (so taken off last first).
+ * pushed in order (so taken off last first).  The text goes to
+ * ``write`` (called with bytes) a megabyte or so at a time.
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -506,6 +519,40 @@ static Py_ssize_t op_row(const Op *o, Py_ssize_t i, char *p)
     return 0;
 }
 
+/* the most bytes op o writes in any of the n rows */
+static Py_ssize_t op_bound(const Op *o, Py_ssize_t n)
+{
+    Py_ssize_t b = 0;
+    switch (o->code) {
+    case OP_LIT:
+        return PyBytes_GET_SIZE(o->lit);
+    case OP_STRS:
+        for (Py_ssize_t j = 0; j < o->ntab; j++)
+            if (o->sl[j] > b)
+                b = o->sl[j];
+        return b > o->width ? b : o->width;
+    case OP_INT:
+        b = 19 + 6 + 1;
+        return b > o->width ? b : o->width;
+    case OP_HEX:
+        return 16;
+    case OP_FRAC:
+        return o->bits;
+    case OP_VARINT:
+        return 10;
+    case OP_ZEROS:
+        return o->width;
+    case OP_SPACES:
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t c = ((const int64_t *)o->v.buf)[i];
+            if (c > b)
+                b = (Py_ssize_t)c;
+        }
+        return b;
+    }
+    return 0;
+}
+
 static PyObject *rows_or_lengths(PyObject *const *args, Py_ssize_t nargs, int rows)
 {
     if (nargs != 2) {
@@ -539,17 +586,29 @@ static PyObject *rows_or_lengths(PyObject *const *args, Py_ssize_t nargs, int ro
         }
         goto done;
     }
-    Py_ssize_t size = 0;
+    /* one pass: room for the longest row is made before each row */
+    Py_ssize_t bound = 0;
     for (Py_ssize_t c = 0; c < nc; c++)
-        for (Py_ssize_t i = 0; i < n; i++)
-            size += op_row(&ops[c], i, NULL);
-    res = PyBytes_FromStringAndSize(NULL, size);
+        bound += op_bound(&ops[c], n);
+    Py_ssize_t cap = n * (bound < 64 ? bound : 64) + bound + 1, used = 0;
+    res = PyBytes_FromStringAndSize(NULL, cap);
     if (!res)
         goto done;
-    char *p = PyBytes_AS_STRING(res);
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cap - used < bound) {
+            Py_ssize_t want = cap * 2 > used + bound ? cap * 2 : used + bound;
+            if (_PyBytes_Resize(&res, want) < 0)
+                goto done;          /* res is NULL now */
+            cap = want;
+        }
+        char *p = PyBytes_AS_STRING(res) + used;
+        char *p0 = p;
         for (Py_ssize_t c = 0; c < nc; c++)
             p += op_row(&ops[c], i, p);
+        used += p - p0;
+    }
+    if (_PyBytes_Resize(&res, used) < 0)
+        goto done;
 done:
     ops_free(ops, nc);
     Py_DECREF(seq);
@@ -592,11 +651,28 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n)
     return 0;
 }
 
+/* what b holds to write(bytes); 0, or -1 with an exception set */
+static int folded_flush(Buf *b, PyObject *write)
+{
+    if (!b->len)
+        return 0;
+    PyObject *chunk = PyBytes_FromStringAndSize(b->p, b->len);
+    if (!chunk)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(write, chunk);
+    Py_DECREF(chunk);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    b->len = 0;
+    return 0;
+}
+
 static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
+    if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "folded(order, lo, hi, name, weight, names, "
-                        "isroot, head, lo0, hi0)");
+                        "isroot, head, lo0, hi0, write)");
         return NULL;
     }
     Py_buffer bo, bl, bh, bn, bw, br;
@@ -709,6 +785,8 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
                     int nn = snprintf(num, sizeof num, " %.0f\n", v);
                     if (buf_put(&out, num, nn) < 0)
                         goto done;
+                    if (out.len >= (1 << 20) && folded_flush(&out, args[10]) < 0)
+                        goto done;
                 }
             }
             if (++pushed > m)
@@ -718,7 +796,9 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
             sr[top++] = (char)r;
         }
     }
-    res = PyBytes_FromStringAndSize(out.p ? out.p : "", out.len);
+    if (folded_flush(&out, args[10]) < 0)
+        goto done;
+    res = Py_NewRef(Py_None);
     goto done;
 bad_tree:
     PyErr_SetString(PyExc_ValueError, "folded: not a tree");
@@ -742,6 +822,172 @@ done:
     return res;
 }
 
+/* -- slice_packets(...): Perfetto slice begin/end packets -------------------------- */
+
+static int vlen(uint64_t a)
+{
+    int l = 1;
+    while (a >>= 7)
+        l++;
+    return l;
+}
+
+static char *vput(char *p, uint64_t a)
+{
+    while (a >= 0x80) {
+        *p++ = (char)(a | 0x80);
+        a >>= 7;
+    }
+    *p++ = (char)a;
+    return p;
+}
+
+typedef struct {
+    const char **sp;
+    Py_ssize_t *sl, n;
+} Tab;
+
+static int tab_get(PyObject *o, Tab *t)
+{
+    PyObject *seq = PySequence_Fast(o, "slice_packets: a table is a sequence");
+    if (!seq)
+        return -1;
+    t->n = PySequence_Fast_GET_SIZE(seq);
+    t->sp = PyMem_Malloc((t->n ? t->n : 1) * sizeof(char *));
+    t->sl = PyMem_Malloc((t->n ? t->n : 1) * sizeof(Py_ssize_t));
+    if (!t->sp || !t->sl) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < t->n; j++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(seq, j);
+        if (!PyBytes_Check(s)) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_TypeError, "slice_packets: table entries are bytes");
+            return -1;
+        }
+        /* the bytes live as long as the caller's table */
+        t->sp[j] = PyBytes_AS_STRING(s);
+        t->sl[j] = PyBytes_GET_SIZE(s);
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+#define NPARTS 10
+static PyObject *py_slice_packets(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "slice_packets(ts, end, track, iid, insns, flag, "
+                        "tracks, flags, parts)");
+        return NULL;
+    }
+    Py_buffer b[6];
+    int has[6] = {0};
+    static const Py_ssize_t isz[6] = {8, 1, 8, 8, 8, 8};
+    static const char *what[6] = {"ts", "end", "track", "iid", "insns", "flag"};
+    Tab tt = {NULL, NULL, 0}, ft = {NULL, NULL, 0}, pt = {NULL, NULL, 0};
+    PyObject *data = NULL, *lens = NULL, *res = NULL;
+    Py_ssize_t n = 0;
+    if (PyObject_GetBuffer(args[0], &b[0], PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    has[0] = 1;
+    n = b[0].len / 8;
+    for (int k = 1; k < 6; k++)
+        if (get_buf(args[k], &b[k], &has[k], n, isz[k], what[k]) < 0)
+            goto done;
+    if (tab_get(args[6], &tt) < 0 || tab_get(args[7], &ft) < 0 || tab_get(args[8], &pt) < 0)
+        goto done;
+    if (pt.n != NPARTS) {
+        PyErr_SetString(PyExc_ValueError, "slice_packets: parts has 10 pieces");
+        goto done;
+    }
+    const uint64_t *ts = b[0].buf;
+    const uint8_t *end = b[1].buf;
+    const int64_t *tr = b[2].buf, *iid = b[3].buf, *ins = b[4].buf, *fl = b[5].buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (tr[i] < 0 || tr[i] >= tt.n || fl[i] < 0 || fl[i] >= ft.n) {
+            PyErr_SetString(PyExc_IndexError, "slice_packets: a track or flags id "
+                            "outside its table");
+            goto done;
+        }
+    const Py_ssize_t *L = pt.sl;
+    const char **P = pt.sp;
+    enum { TB, TE, IID, ANNOT, INSNS, TS, SEQ, TEV, NEEDS, PKT };
+    lens = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (!lens)
+        goto done;
+    int64_t *ln = (int64_t *)PyByteArray_AS_STRING(lens);
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]];
+        if (end[i]) {
+            Py_ssize_t alen = L[INSNS] + vlen((uint64_t)ins[i]);
+            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
+        } else {
+            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
+        }
+        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
+            + L[NEEDS];
+        ln[i] = L[PKT] + vlen((uint64_t)body) + body;
+        size += ln[i];
+    }
+    data = PyBytes_FromStringAndSize(NULL, size);
+    if (!data)
+        goto done;
+    char *p = PyBytes_AS_STRING(data);
+#define PUT(k) (memcpy(p, P[k], L[k]), p += L[k])
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]], alen = 0;
+        if (end[i]) {
+            alen = L[INSNS] + vlen((uint64_t)ins[i]);
+            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
+        } else {
+            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
+        }
+        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
+            + L[NEEDS];
+        PUT(PKT);
+        p = vput(p, (uint64_t)body);
+        PUT(TS);
+        p = vput(p, ts[i]);
+        PUT(SEQ);
+        PUT(TEV);
+        p = vput(p, (uint64_t)te);
+        if (end[i]) {
+            PUT(TE);
+            memcpy(p, tt.sp[tr[i]], tt.sl[tr[i]]);
+            p += tt.sl[tr[i]];
+            PUT(ANNOT);
+            p = vput(p, (uint64_t)alen);
+            PUT(INSNS);
+            p = vput(p, (uint64_t)ins[i]);
+        } else {
+            PUT(TB);
+            memcpy(p, tt.sp[tr[i]], tt.sl[tr[i]]);
+            p += tt.sl[tr[i]];
+            PUT(IID);
+            p = vput(p, (uint64_t)iid[i]);
+        }
+        memcpy(p, ft.sp[fl[i]], ft.sl[fl[i]]);
+        p += ft.sl[fl[i]];
+        PUT(NEEDS);
+    }
+#undef PUT
+    res = PyTuple_Pack(2, data, lens);
+done:
+    for (int k = 0; k < 6; k++)
+        if (has[k])
+            PyBuffer_Release(&b[k]);
+    PyMem_Free(tt.sp); PyMem_Free(tt.sl);
+    PyMem_Free(ft.sp); PyMem_Free(ft.sl);
+    PyMem_Free(pt.sp); PyMem_Free(pt.sl);
+    Py_XDECREF(data);
+    Py_XDECREF(lens);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"assemble", (PyCFunction)(void (*)(void))py_assemble, METH_FASTCALL,
      "assemble(n, cols) -> bytes"},
@@ -751,8 +997,10 @@ static PyMethodDef methods[] = {
      "rows(n, ops) -> bytes"},
     {"lengths", (PyCFunction)(void (*)(void))py_lengths, METH_FASTCALL,
      "lengths(n, ops) -> bytearray of int64"},
+    {"slice_packets", (PyCFunction)(void (*)(void))py_slice_packets, METH_FASTCALL,
+     "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts) -> (bytes, lens)"},
     {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
-     "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0) -> bytes"},
+     "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)"},
     {NULL, NULL, 0, NULL}
 };
 

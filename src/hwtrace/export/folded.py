@@ -153,23 +153,23 @@ class FoldedWriter:
                     else:
                         stack.append((k, frames, nf, False))
 
-    def _text_compiled(self, core, errors: str):
-        """The lines of every tree as UTF-8 bytes, by the compiled core
-        (the same lines, in the same order, as :meth:`_lines` and
-        :meth:`close`)."""
+    def _write_compiled(self, core, errors: str, write) -> None:
+        """The lines of every tree as UTF-8 bytes to ``write``, by the
+        compiled core (the same lines, in the same order, as
+        :meth:`_lines` and :meth:`close`)."""
         for head, (order, lo, hi, nid, wnode, lo0, hi0), names in self._trees():
             u, inv = np.unique(nid, return_inverse=True)
             texts = [names[i].replace(";", ":") for i in u.tolist()]
             root = self._root
             isroot = np.array([root is None or x == root for x in texts], np.uint8) \
                 if len(texts) else np.zeros(0, np.uint8)
-            yield core.folded(
+            core.folded(
                 np.ascontiguousarray(order, np.int64), np.ascontiguousarray(lo, np.int64),
                 np.ascontiguousarray(hi, np.int64),
                 np.ascontiguousarray(np.asarray(inv).reshape(-1), np.int64),
                 np.ascontiguousarray(wnode, np.float64),
                 [x.encode("utf-8", errors) for x in texts], isroot,
-                (head or "").encode("utf-8", errors), lo0, hi0)
+                (head or "").encode("utf-8", errors), lo0, hi0, write)
 
     @property
     def stacks(self) -> dict[str, float]:
@@ -202,8 +202,7 @@ class FoldedWriter:
             # straight to the byte buffer, encoded as the text layer would
             errors = getattr(self._fp, "errors", None) or "strict"
             self._fp.flush()
-            for data in self._text_compiled(core, errors):
-                buf.write(data)
+            self._write_compiled(core, errors, buf.write)
             return
         w = self._fp.write
         out = []
