@@ -93,15 +93,18 @@ class FoldedWriter:
                 # every weighted path and its ancestors, with their parents
                 nodes, parents, nids = [], [], []
                 frontier = np.unique(wp)
-                seen = np.zeros(0, np.uint64)
+                # the paths met so far (a set: merging sorted arrays again
+                # at every level was most of this walk on deep stacks)
+                seen = set(frontier.tolist())
                 while len(frontier):
                     par, nid = paths.lookup(frontier)
                     nodes.append(frontier)
                     parents.append(par)
                     nids.append(nid)
-                    seen = np.union1d(seen, frontier)
                     nxt = np.unique(par[par != 0])
-                    frontier = nxt[~np.isin(nxt, seen)]
+                    nl = nxt.tolist()
+                    frontier = nxt[np.fromiter((x not in seen for x in nl), bool, len(nl))]
+                    seen.update(frontier.tolist())
                 node = np.concatenate(nodes)
                 parent = np.concatenate(parents)
                 nid = np.concatenate(nids)
@@ -241,7 +244,10 @@ class _Weights:
         t = np.concatenate([self._t] + [b[0] for b in self._buf])
         p = np.concatenate([self._p] + [b[1] for b in self._buf])
         w = np.concatenate([self._w] + [b[2] for b in self._buf])
-        order = np.lexsort((p, t))
+        if len(t) and t[0] == t.min() == t.max():
+            order = np.argsort(p, kind="stable")     # one thread: lexsort's order
+        else:
+            order = np.lexsort((p, t))
         t, p, w = t[order], p[order], w[order]
         new = np.ones(len(t), bool)
         new[1:] = (t[1:] != t[:-1]) | (p[1:] != p[:-1])
