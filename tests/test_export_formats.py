@@ -386,6 +386,20 @@ def test_perfetto_compiled_packets_match_twin(flow):
     assert ws[0].slices > 100
 
 
+@pytest.mark.parametrize("args", [False, True])
+def test_chrome_compiled_events_match_twin(flow, args):
+    """The compiled "X" events (and, with args, the compiled Lines) are
+    the twin's, byte for byte."""
+    bufs = [io.StringIO(), io.StringIO()]
+    ws = [ChromeTraceWriter(bufs[0], args=args, impl="compiled"),
+          ChromeTraceWriter(bufs[1], args=args, impl="python")]
+    run_export(flow, ws)
+    for w in ws:
+        w.close()
+    assert bufs[0].getvalue() == bufs[1].getvalue()
+    assert ws[0].slices > 100
+
+
 def independent_blocks(items):
     """Distinct basic blocks: start after a branch; end at a branch."""
     blocks = set()

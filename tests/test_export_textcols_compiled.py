@@ -91,3 +91,24 @@ def test_digits_compiled_matches_twin(width):
     assert np.array_equal(a, b)
     assert b.flags.writeable
     assert _digits(v[:0], width, impl="compiled").shape == (0, width)
+
+
+def test_chrome_slices_compiled_matches_lines():
+    """chrome_slices (the Chrome writer's compiled events) formats as the
+    twin's Lines do, negative and large values included."""
+    from hwtrace.export.chrome import _PARTS
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(5)
+    n = 2000
+    names = [b'"a"', b'"caf\xc3\xa9"', b""]
+    flags = [b"", b',"args":{"flags":"x"}']
+    name, fl = rng.integers(0, 3, n), rng.integers(0, 2, n)
+    ts = rng.integers(-2 ** 62, 2 ** 62, n)
+    ts[:20] = [0, 1, -1, 1023, 1024, -1024, 2 ** 63 - 1, -2 ** 63 + 1] + [5] * 12
+    dur = rng.integers(0, 2 ** 40, n)
+    pid, tid = rng.integers(-2 ** 63, 2 ** 63 - 1, n), rng.integers(-5, 5, n)
+    t = Lines(n)
+    t.lit(_PARTS[0]).strs(names, name).lit(_PARTS[1]).frac(ts).lit(_PARTS[2]).frac(dur)
+    t.lit(_PARTS[3]).int(pid).lit(_PARTS[4]).int(tid).strs(flags, fl).lit(_PARTS[5])
+    got = core.chrome_slices(name, ts, dur, pid, tid, fl, names, flags, _PARTS)
+    assert got == t.text(impl="python")

@@ -53,6 +53,14 @@
  * annotation tag, the "insns" name and int tag, timestamp tag, sequence
  * field, track-event tag, sequence flags, packet tag).
  *
+ *   chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes
+ *
+ * The twin of ChromeTraceWriter._write_slices's Lines (without args):
+ * per row parts[0] names[name[i]] parts[1] ts parts[2] dur parts[3] pid
+ * parts[4] tid flags[flag[i]] parts[5], where ts and dur are int64
+ * multiples of 2**-10 written as exact decimals (Lines.frac) and pid, tid
+ * int64 decimals (Lines.int).
+ *
  *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)
  *
  * The twin of FoldedWriter's lines (folded.py, _lines and close): the
@@ -988,6 +996,117 @@ done:
     return res;
 }
 
+/* -- chrome_slices(...): Chrome "X" events ----------------------------------------- */
+
+static char *put_i64(char *p, int64_t x)
+{
+    uint64_t a = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
+    char d[24];
+    int k = 0;
+    if (x < 0)
+        *p++ = '-';
+    do {
+        d[k++] = (char)('0' + a % 10);
+        a /= 10;
+    } while (a && k < 19);          /* Lines.int: at most 19 digits */
+    while (k)
+        *p++ = d[--k];
+    return p;
+}
+
+/* k / 1024 exactly: Lines.frac(k, 10) */
+static char *put_frac10(char *p, int64_t k)
+{
+    uint64_t a = k < 0 ? (uint64_t)0 - (uint64_t)k : (uint64_t)k;
+    if (k < 0)
+        *p++ = '-';
+    p = put_i64(p, (int64_t)(a >> 10));
+    *p++ = '.';
+    uint64_t f = (a & 1023) * 9765625ULL;       /* 5**10 */
+    char d[10];
+    for (int j = 9; j >= 0; j--, f /= 10)
+        d[j] = (char)('0' + f % 10);
+    int l = 10;
+    while (l > 1 && d[l - 1] == '0')
+        l--;
+    memcpy(p, d, l);
+    return p + l;
+}
+
+static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "chrome_slices(name, ts, dur, pid, tid, flag, "
+                        "names, flags, parts)");
+        return NULL;
+    }
+    Py_buffer b[6];
+    int has[6] = {0};
+    static const char *what[6] = {"name", "ts", "dur", "pid", "tid", "flag"};
+    Tab nt = {NULL, NULL, 0}, ft = {NULL, NULL, 0}, pt = {NULL, NULL, 0};
+    PyObject *res = NULL;
+    Py_ssize_t n = 0;
+    if (PyObject_GetBuffer(args[0], &b[0], PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    has[0] = 1;
+    n = b[0].len / 8;
+    for (int k = 1; k < 6; k++)
+        if (get_buf(args[k], &b[k], &has[k], n, 8, what[k]) < 0)
+            goto done;
+    if (tab_get(args[6], &nt) < 0 || tab_get(args[7], &ft) < 0 || tab_get(args[8], &pt) < 0)
+        goto done;
+    if (pt.n != 6) {
+        PyErr_SetString(PyExc_ValueError, "chrome_slices: parts has 6 pieces");
+        goto done;
+    }
+    const int64_t *name = b[0].buf, *ts = b[1].buf, *dur = b[2].buf, *pid = b[3].buf,
+        *tid = b[4].buf, *fl = b[5].buf;
+    Py_ssize_t fixed = 0, size = 0;
+    for (int k = 0; k < 6; k++)
+        fixed += pt.sl[k];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (name[i] < 0 || name[i] >= nt.n || fl[i] < 0 || fl[i] >= ft.n) {
+            PyErr_SetString(PyExc_IndexError, "chrome_slices: a name or flags id "
+                            "outside its table");
+            goto done;
+        }
+        /* a bound: each number at most 1 + 19 + 1 + 10 bytes */
+        size += fixed + nt.sl[name[i]] + ft.sl[fl[i]] + 4 * 32;
+    }
+    res = PyBytes_FromStringAndSize(NULL, size);
+    if (!res)
+        goto done;
+    char *p = PyBytes_AS_STRING(res);
+#define PART(k) (memcpy(p, pt.sp[k], pt.sl[k]), p += pt.sl[k])
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PART(0);
+        memcpy(p, nt.sp[name[i]], nt.sl[name[i]]);
+        p += nt.sl[name[i]];
+        PART(1);
+        p = put_frac10(p, ts[i]);
+        PART(2);
+        p = put_frac10(p, dur[i]);
+        PART(3);
+        p = put_i64(p, pid[i]);
+        PART(4);
+        p = put_i64(p, tid[i]);
+        memcpy(p, ft.sp[fl[i]], ft.sl[fl[i]]);
+        p += ft.sl[fl[i]];
+        PART(5);
+    }
+#undef PART
+    if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
+        res = NULL;
+done:
+    for (int k = 0; k < 6; k++)
+        if (has[k])
+            PyBuffer_Release(&b[k]);
+    PyMem_Free(nt.sp); PyMem_Free(nt.sl);
+    PyMem_Free(ft.sp); PyMem_Free(ft.sl);
+    PyMem_Free(pt.sp); PyMem_Free(pt.sl);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"assemble", (PyCFunction)(void (*)(void))py_assemble, METH_FASTCALL,
      "assemble(n, cols) -> bytes"},
@@ -999,6 +1118,8 @@ static PyMethodDef methods[] = {
      "lengths(n, ops) -> bytearray of int64"},
     {"slice_packets", (PyCFunction)(void (*)(void))py_slice_packets, METH_FASTCALL,
      "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts) -> (bytes, lens)"},
+    {"chrome_slices", (PyCFunction)(void (*)(void))py_chrome_slices, METH_FASTCALL,
+     "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes"},
     {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
      "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)"},
     {NULL, NULL, 0, NULL}
