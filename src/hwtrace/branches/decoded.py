@@ -52,7 +52,7 @@ from hwtrace.x86.insn import IClass, Insn, Kind
 from . import _impl, resolve
 from .classify import classify, is_transfer
 from .mask import MaskSpec
-from .records import KIND_CODE, Branch, dtype, iter_arrays
+from .records import KIND_CODE, Branch, concat, dtype, iter_arrays
 from .tracker import Tracker
 from .triggers import TriggerSpec
 
@@ -304,7 +304,7 @@ class _Consumer:
         self._out()
         c, self.chunks = self.chunks, []
         if len(c) > 1:
-            c = [np.concatenate(c)]
+            c = [concat(c)]
         return c
 
     def feed_batch(self, batch) -> None:

@@ -1,13 +1,15 @@
-"""Text lines (and binary records) built a column at a time (numpy), for
-the views' output.
+"""Text lines (and binary records) built a column at a time, for the
+views' output.
 
 A view that writes a line per activation (``calls``, Chrome JSON,
 Perfetto packets) would spend most of its time formatting them one by
-one.  :class:`Lines` formats a whole chunk of rows at once: each column (a
-literal, strings from a table, integers, exact binary fractions, varints)
-becomes a byte matrix of one row per line, aligned left or right, with
-each row's length; the line is the columns side by side, and
-``mat[mask]`` squeezes out what is not there.
+one.  :class:`Lines` takes a whole chunk of rows at once, a column at a
+time (a literal, strings from a table, integers, exact binary fractions,
+varints), recorded as ops.  The compiled core (``_c_textcols.rows``)
+formats each row's columns straight from the values; the Python twin
+makes each column a byte matrix of one row per line, aligned left or
+right, with each row's length, and the line is the columns side by side
+(``mat[mask]`` squeezes out what is not there).
 
     t = Lines(len(rows))
     t.lit(b'{"ts":'); t.frac(ts_k, 10); t.lit(b"}\\n")
