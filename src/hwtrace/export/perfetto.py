@@ -192,17 +192,18 @@ class PerfettoTraceWriter:
         # splice the one-by-one packets in, in order
         data, lens = out
         pos = np.flatnonzero(plain)
-        offs = np.concatenate(([0], np.cumsum(lens)))
+        offs = np.concatenate(([0], np.cumsum(lens))).tolist()
+        sp = sorted(special)
+        ks = np.searchsorted(pos, sp).tolist()      # plain packets before each
+        view = memoryview(data)                     # (slices without copies)
         done = 0
-        parts = []
-        for p in sorted(special):
-            k = int(np.searchsorted(pos, p))      # plain packets before p
+        write = self._fp.write
+        for p, k in zip(sp, ks):
             if k > done:
-                parts.append(data[offs[done]:offs[k]])
+                write(view[offs[done]:offs[k]])
                 done = k
-            parts.append(special[p])
-        parts.append(data[offs[done]:])
-        self._fp.write(b"".join(parts))
+            write(special[p])
+        write(view[offs[done]:])
 
     def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
                 impl: str | None = None):
