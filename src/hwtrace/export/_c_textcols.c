@@ -1,17 +1,8 @@
-/* Compiled core of hwtrace.export.textcols: a Lines' columns side by side.
+/* Compiled core of the exporters' output: hwtrace.export.textcols' Lines,
+ * Perfetto slice packets, Chrome events and folded stacks.
  *
- * The Python twin is Lines.render / Lines.text (a byte matrix of the
- * columns and a mask or NULs squeezed out); this copies each row's bytes
- * of each column straight into the output.  The boundary is narrow and
- * stateless:
- *
- *   assemble(n, cols) -> bytes
- *
- * ``cols``: a list of (m, rowwise, right, ln): ``m`` a C-contiguous uint8
- * buffer, either one row of w bytes for every line (rowwise false) or n
- * rows of w bytes (rowwise true); ``ln`` None (all w bytes of the row) or
- * an int64 buffer of n lengths, clamped to [0, w], of the bytes taken from
- * the row's left (right false) or right end (right true).
+ * The Python twin of each function is named with it below.  The boundary
+ * is narrow and stateless:
  *
  *   digits(v, width) -> bytearray
  *
@@ -89,119 +80,6 @@
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
 #define ABI 3
-
-typedef struct {
-    Py_buffer m, ln;
-    int has_m, has_ln;
-    int rowwise, right;
-    Py_ssize_t w;
-} Col;
-
-static PyObject *py_assemble(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "assemble(n, cols)");
-        return NULL;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[0]);
-    if (n < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "assemble: n < 0");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(args[1], "cols must be a sequence");
-    if (!seq)
-        return NULL;
-    Py_ssize_t nc = PySequence_Fast_GET_SIZE(seq);
-    Col *cols = PyMem_Calloc(nc ? nc : 1, sizeof(Col));
-    PyObject *res = NULL;
-    if (!cols) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t total = 0;
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        PyObject *t = PySequence_Fast_GET_ITEM(seq, c);
-        Col *k = &cols[c];
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
-            PyErr_SetString(PyExc_TypeError, "assemble: a column is (m, rowwise, right, ln)");
-            goto done;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), &k->m, PyBUF_C_CONTIGUOUS) < 0)
-            goto done;
-        k->has_m = 1;
-        k->rowwise = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
-        k->right = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
-        if (k->rowwise < 0 || k->right < 0)
-            goto done;
-        if (k->rowwise) {
-            if (n == 0 ? k->m.len != 0 : k->m.len % n) {
-                PyErr_SetString(PyExc_ValueError, "assemble: matrix rows != n");
-                goto done;
-            }
-            k->w = n ? k->m.len / n : 0;
-        } else {
-            k->w = k->m.len;
-        }
-        PyObject *lo = PyTuple_GET_ITEM(t, 3);
-        if (lo != Py_None) {
-            if (PyObject_GetBuffer(lo, &k->ln, PyBUF_C_CONTIGUOUS) < 0)
-                goto done;
-            k->has_ln = 1;
-            if (k->ln.len != n * 8) {
-                PyErr_SetString(PyExc_ValueError, "assemble: lengths != n");
-                goto done;
-            }
-        }
-        total += k->w;
-    }
-    /* the exact size first */
-    Py_ssize_t size = 0;
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        Col *k = &cols[c];
-        if (!k->has_ln) {
-            size += k->w * n;
-            continue;
-        }
-        const int64_t *ln = k->ln.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t l = ln[i];
-            size += l < 0 ? 0 : (l > k->w ? k->w : l);
-        }
-    }
-    res = PyBytes_FromStringAndSize(NULL, size);
-    if (!res)
-        goto done;
-    char *p = PyBytes_AS_STRING(res);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        for (Py_ssize_t c = 0; c < nc; c++) {
-            Col *k = &cols[c];
-            const char *row = (const char *)k->m.buf + (k->rowwise ? i * k->w : 0);
-            Py_ssize_t l = k->w;
-            if (k->has_ln) {
-                int64_t v = ((const int64_t *)k->ln.buf)[i];
-                l = v < 0 ? 0 : (v > k->w ? k->w : v);
-            }
-            if (!l)
-                continue;
-            memcpy(p, k->right ? row + (k->w - l) : row, l);
-            p += l;
-        }
-    }
-    (void)total;
-done:
-    if (cols) {
-        for (Py_ssize_t c = 0; c < nc; c++) {
-            if (cols[c].has_m)
-                PyBuffer_Release(&cols[c].m);
-            if (cols[c].has_ln)
-                PyBuffer_Release(&cols[c].ln);
-        }
-        PyMem_Free(cols);
-    }
-    Py_DECREF(seq);
-    return res;
-}
 
 static PyObject *py_digits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1108,8 +986,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"assemble", (PyCFunction)(void (*)(void))py_assemble, METH_FASTCALL,
-     "assemble(n, cols) -> bytes"},
     {"digits", (PyCFunction)(void (*)(void))py_digits, METH_FASTCALL,
      "digits(v, width) -> bytearray"},
     {"rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
