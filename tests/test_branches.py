@@ -419,6 +419,27 @@ def test_decoded_arrays_stream_per_batch():
     assert [x.depth for x in recs[:4]] == [0, 1, 0, 1]
 
 
+@pytest.mark.parametrize("trigger,kinds", [
+    (TriggerSpec(), None), (TriggerSpec(within="0x200"), {"call", "return"}),
+    (TriggerSpec(start="0x200"), {"return"})])
+def test_decoded_transfers_compiled_match_twin(monkeypatch, trigger, kinds):
+    """The compiled transfers (decoded._Consumer._vector's core) give the
+    twin's records, depths and windows."""
+    import numpy as np
+    from hwtrace.branches import decoded
+    from hwtrace.branches.decoded import CodeReader, DecodedTrace
+    r = CodeReader()
+    r._files["mem"] = b"\xe8\xfb\x00\x00\x00"
+    r.add(0x100, 5, "mem", 0)
+    mask = MaskSpec() if kinds is None else MaskSpec(frozenset(kinds))
+    got = []
+    for impl in ("compiled", "python"):
+        monkeypatch.setattr(decoded._Consumer, "impl", impl)
+        t = DecodedTrace(_Input(lambda **kw: _call_batches(300)), r, trigger, mask)
+        got.append(np.concatenate(list(t.arrays())).tobytes())
+    assert got[0] == got[1] and len(got[0]) > 0
+
+
 def _event_consumer(per_cpu=False):
     """A decoded-trace consumer over: 0x1000 syscall ; 0x1002 ret ;
     0x1003 int $0x80 ; 0x1005 nop."""

@@ -358,6 +358,48 @@ def test_folded_time_weight_equals_insns_without_timing(flow):
     assert parse_folded(a.getvalue()) == parse_folded(b.getvalue())
 
 
+@pytest.mark.parametrize("kw", [{}, {"weight": "time"}, {"root": "fib"},
+                                {"per_thread": True}])
+def test_folded_compiled_lines_match_twin(flow, kw):
+    """The compiled core's lines (written to the file's byte buffer) are
+    the twin's, byte for byte and in the same order."""
+    files = [io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2)]
+    ws = [FoldedWriter(f, **kw) for f in files]
+    run_export(flow, ws)
+    ws[0].close(impl="compiled")
+    ws[1].close(impl="python")
+    got = [f.flush() or f.buffer.getvalue() for f in files]
+    assert got[0] == got[1] and got[0].count(b"\n") > 3
+    if "root" in kw:
+        assert all(line.startswith(b"fib") for line in got[0].splitlines())
+
+
+def test_perfetto_compiled_packets_match_twin(flow):
+    """The compiled slice packets are the twin's, byte for byte."""
+    bufs = [io.BytesIO(), io.BytesIO()]
+    ws = [PerfettoTraceWriter(bufs[0], impl="compiled"),
+          PerfettoTraceWriter(bufs[1], impl="python")]
+    run_export(flow, ws)
+    for w in ws:
+        w.close()
+    assert bufs[0].getvalue() == bufs[1].getvalue()
+    assert ws[0].slices > 100
+
+
+@pytest.mark.parametrize("args", [False, True])
+def test_chrome_compiled_events_match_twin(flow, args):
+    """The compiled "X" events (and, with args, the compiled Lines) are
+    the twin's, byte for byte."""
+    bufs = [io.StringIO(), io.StringIO()]
+    ws = [ChromeTraceWriter(bufs[0], args=args, impl="compiled"),
+          ChromeTraceWriter(bufs[1], args=args, impl="python")]
+    run_export(flow, ws)
+    for w in ws:
+        w.close()
+    assert bufs[0].getvalue() == bufs[1].getvalue()
+    assert ws[0].slices > 100
+
+
 def independent_blocks(items):
     """Distinct basic blocks: start after a branch; end at a branch."""
     blocks = set()

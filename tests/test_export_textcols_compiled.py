@@ -33,6 +33,12 @@ def _lines(n, seed):
     t.spaces(rng.integers(0, 7, n))
     t.frac(rng.integers(0, 10 ** 9, n), 10)
     t.when(rng.random(n) < 0.5, b" [note]")
+    t.zeros(rng.integers(0, 1000, n), 2).only(rng.random(n) < 0.5)
+    t.int(rng.integers(0, 2 ** 64, n, dtype=np.uint64), 3)
+    t.int(rng.integers(-99, 99, n).astype(np.int8))
+    t.frac(rng.integers(-10 ** 6, 10 ** 6, n), 4)
+    t.strs([b"", b"z"], np.zeros(n, np.int64)).only(rng.random(n) < 0.5)
+    t.spaces(np.zeros(n, np.int64)).only(rng.random(n) < 0.5)
     u = Lines(n)
     u.int(rng.integers(0, 999, n), 3).lit(b"|")
     t.extend(u)
@@ -43,6 +49,13 @@ def _lines(n, seed):
 @pytest.mark.parametrize("n", [0, 1, 7, 1000])
 def test_text_compiled_matches_twin(n):
     assert _lines(n, n).text(impl="compiled") == _lines(n, n).text(impl="python")
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+def test_lengths_compiled_matches_twin(n):
+    a = _lines(n, n).lengths(impl="compiled")
+    assert np.array_equal(a, _lines(n, n).lengths(impl="python"))
+    assert int(a.sum()) == len(_lines(n, n).render(impl="compiled"))
 
 
 @pytest.mark.parametrize("n", [1, 300])
@@ -78,3 +91,24 @@ def test_digits_compiled_matches_twin(width):
     assert np.array_equal(a, b)
     assert b.flags.writeable
     assert _digits(v[:0], width, impl="compiled").shape == (0, width)
+
+
+def test_chrome_slices_compiled_matches_lines():
+    """chrome_slices (the Chrome writer's compiled events) formats as the
+    twin's Lines do, negative and large values included."""
+    from hwtrace.export.chrome import _PARTS
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(5)
+    n = 2000
+    names = [b'"a"', b'"caf\xc3\xa9"', b""]
+    flags = [b"", b',"args":{"flags":"x"}']
+    name, fl = rng.integers(0, 3, n), rng.integers(0, 2, n)
+    ts = rng.integers(-2 ** 62, 2 ** 62, n)
+    ts[:20] = [0, 1, -1, 1023, 1024, -1024, 2 ** 63 - 1, -2 ** 63 + 1] + [5] * 12
+    dur = rng.integers(0, 2 ** 40, n)
+    pid, tid = rng.integers(-2 ** 63, 2 ** 63 - 1, n), rng.integers(-5, 5, n)
+    t = Lines(n)
+    t.lit(_PARTS[0]).strs(names, name).lit(_PARTS[1]).frac(ts).lit(_PARTS[2]).frac(dur)
+    t.lit(_PARTS[3]).int(pid).lit(_PARTS[4]).int(tid).strs(flags, fl).lit(_PARTS[5])
+    got = core.chrome_slices(name, ts, dur, pid, tid, fl, names, flags, _PARTS)
+    assert got == t.text(impl="python")

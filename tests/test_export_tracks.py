@@ -121,9 +121,13 @@ def test_folded_per_thread_and_deep_recursion():
         s.ret()
     items = s.take()
     fo = io.StringIO()
-    wf = FoldedWriter(fo, per_thread=True)
-    export([Stream(StreamInfo(5, 6), iter(items))], s.lookup, [wf])
-    wf.close()
+    fb = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    wf, wb = FoldedWriter(fo, per_thread=True), FoldedWriter(fb, per_thread=True)
+    export([Stream(StreamInfo(5, 6), iter(items))], s.lookup, [wf, wb])
+    wf.close(impl="python")
+    wb.close()              # the compiled core's where it loaded: the same
+    fb.flush()
+    assert fb.buffer.getvalue() == fo.getvalue().encode()
     lines = fo.getvalue().splitlines()
     assert len(lines) == depth + 1
     w = {k: int(v) for k, v in (l.rsplit(" ", 1) for l in lines)}

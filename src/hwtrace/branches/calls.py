@@ -26,7 +26,7 @@ import numpy as np
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 from hwtrace.analysis.slices import Cols, RecordChunker
 from hwtrace.export import track_label
-from hwtrace.export.textcols import Lines, _digits, small_ids
+from hwtrace.export.textcols import Lines, small_ids
 
 
 def fmt_duration(t: float, unit: str | None) -> str:
@@ -360,7 +360,7 @@ def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> N
     t.spaces(np.where(show, 10 - ln, 0))
     t.int(whole).only(show)
     t.when(show & ~plain, b".")
-    t._cols.append((_digits(frac, 2), "L", np.where(show & ~plain, 2, 0)))
+    t.zeros(frac, 2).only(show & ~plain)
     t.strs(tab, suffix).only(show)
 
 

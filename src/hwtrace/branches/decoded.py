@@ -49,10 +49,10 @@ import numpy as np
 from hwtrace.x86 import Mode, X86Error, decoder_for
 from hwtrace.x86.insn import IClass, Insn, Kind
 
-from . import resolve
+from . import _impl, resolve
 from .classify import classify, is_transfer
 from .mask import MaskSpec
-from .records import KIND_CODE, Branch, dtype, iter_arrays
+from .records import KIND_CODE, Branch, concat, dtype, iter_arrays
 from .tracker import Tracker
 from .triggers import TriggerSpec
 
@@ -120,6 +120,13 @@ for _ind in (0, 1):
         _FARLUT[3 << 2 | _j] = bool(_ind)
 del _ind, _tk, _j
 _ARANGE = np.arange(1 << 16, dtype=np.int64)
+_FARLUT8 = _FARLUT.astype(np.uint8)
+_ALL_ALLOWED = np.ones(len(KIND_CODE), np.uint8)
+_NO_RANGES = np.zeros(0, np.uint64)
+#: records.dtype()'s layout for the compiled core: itemsize, then the
+#: offsets of pid, tid, kind, from, to, time, depth
+_LAYOUT = (_DT.itemsize,) + tuple(_DT.fields[f][1] for f in
+                                  ("pid", "tid", "kind", "from", "to", "time", "depth"))
 #: record kind -> depth change (calls +1, returns -1)
 _DELTA = np.zeros(len(KIND_CODE), np.int64)
 _DELTA[[_CALL, _ICALL]] = 1
@@ -176,6 +183,9 @@ class _Consumer:
 
     flush_at = 1 << 62
     flush = None
+    #: the transfers' core: None (the compiled one where it loaded),
+    #: "python" (the twin, _vector's numpy) or "compiled"
+    impl: str | None = None
 
     # -- flow items one at a time ------------------------------------------------------
     def insn(self, ip: int, size: int, iclass) -> None:
@@ -294,7 +304,7 @@ class _Consumer:
         self._out()
         c, self.chunks = self.chunks, []
         if len(c) > 1:
-            c = [np.concatenate(c)]
+            c = [concat(c)]
         return c
 
     def feed_batch(self, batch) -> None:
@@ -449,6 +459,10 @@ class _Consumer:
             if t1 > t0:
                 self._time(a, t1 - 1)
             return
+        core = _impl.core_for(self.impl)
+        if core is not None:
+            self._vector_compiled(core, a, t0, t1)
+            return
         kind = self._kinds(a, t0, t1)
         br = np.flatnonzero(kind >= 0)
         if not len(br):
@@ -506,20 +520,50 @@ class _Consumer:
         self.chunks.append(out)
 
 
+    def _vector_compiled(self, core, a: "_Rec", t0: int, t1: int) -> None:
+        """:meth:`_vector` by the compiled core (``transfers``): the same
+        records, depth and window."""
+        th = self.th
+        t = self.tracker
+        mask = t.mask
+        if len(mask.kinds) < len(KIND_CODE):
+            allowed = np.zeros(len(KIND_CODE), np.uint8)
+            allowed[[KIND_CODE[x] for x in mask.kinds]] = 1
+        else:
+            allowed = _ALL_ALLOWED
+        ranges = np.array(mask.ranges, np.uint64).reshape(-1) if mask.ranges \
+            else _NO_RANGES
+        recs, kept, depth, closed, nbr = core.transfers(
+            a.ip, a.fall, a.end_ip, a.key, a.tsc, t0, t1, _KLUT, _FARLUT8, _DELTA,
+            self._far, self._far_kind, th.depth, -1 if self.time is None else self.time,
+            t.trigger.within is not None, allowed, ranges, bool(th.wanted),
+            -1 if th.pid is None else th.pid, -1 if th.tid is None else th.tid,
+            _RET, _LAYOUT)
+        self._time(a, t1 - 1)
+        if not nbr:
+            return
+        if closed:
+            th.on = False
+        th.depth = depth
+        if kept:
+            self._out()
+            self.chunks.append(np.frombuffer(recs, _DT))
+
+
 class _Rec:
     """A batch's records as the branch source reads them."""
 
     __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start", "key")
 
     def __init__(self, blocks: np.ndarray, start: np.ndarray):
-        self.ip = blocks["ip"]
-        self.end_ip = blocks["end_ip"]
+        self.ip = np.ascontiguousarray(blocks["ip"])
+        self.end_ip = np.ascontiguousarray(blocks["end_ip"])
         self.fall = self.end_ip + blocks["size"].astype(np.uint64)
         self.cls = _CLS[blocks["iclass"]]
         self.ind = (blocks["flags"] & 4) != 0
         # class << 2 | indirect << 1 (decoded._KLUT's key, but taken)
         self.key = (self.cls.view(np.uint8) << 2) | (self.ind.view(np.uint8) << 1)
-        self.tsc = blocks["tsc"]
+        self.tsc = np.ascontiguousarray(blocks["tsc"])
         self.start = start
 
     def watch_hits(self, watch, r0: int, r1: int) -> np.ndarray:

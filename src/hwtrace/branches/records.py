@@ -98,6 +98,19 @@ def dtype():
                      ("depth", "<i4")])
 
 
+def concat(parts: list):
+    """Record arrays of one dtype end to end (np.concatenate checks and
+    promotes a structured dtype per array: most of the time for many
+    small chunks; these are copied as bytes)."""
+    import numpy as np
+    if len(parts) == 1:
+        return parts[0]
+    dt = parts[0].dtype
+    if not all(p.dtype == dt and p.flags.c_contiguous for p in parts):
+        return np.concatenate(parts)
+    return np.frombuffer(bytearray().join(parts), dt)
+
+
 def iter_arrays(records, chunk: int = 1 << 16):
     """Records (any iterable) -> numpy structured arrays of up to ``chunk``
     records each: a long trace in bounded memory."""

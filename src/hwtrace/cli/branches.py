@@ -170,8 +170,8 @@ def _open_out(path):
 
 def _emit(chunks, symbolizer, args) -> int:
     """Write record chunks (numpy, records.dtype) as they come."""
-    import numpy as np
     from hwtrace.branches.format import Namer, format_chunk
+    from hwtrace.branches.records import concat
     out, close = _open_out(args.output)
     namer = Namer(symbolizer, lines=args.lines)
     n = 0
@@ -184,12 +184,12 @@ def _emit(chunks, symbolizer, args) -> int:
                 nheld += len(a)
                 # the first records at once; then a few thousand at a time
                 if first or nheld >= 1 << 15:
-                    out.write(format_chunk(np.concatenate(held), namer, args.format))
+                    out.write(format_chunk(concat(held), namer, args.format))
                     out.flush() if first else None
                     n += nheld
                     held, nheld, first = [], 0, False
         if held:
-            out.write(format_chunk(np.concatenate(held), namer, args.format))
+            out.write(format_chunk(concat(held), namer, args.format))
             n += nheld
         out.flush()
     finally:

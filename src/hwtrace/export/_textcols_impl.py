@@ -1,7 +1,8 @@
 """Which column assembler runs: the compiled core or the Python twin.
 
-:meth:`hwtrace.export.textcols.Lines.render` and ``.text`` look
-:data:`CORE` up: the extension module ``hwtrace.export._c_textcols``
+:meth:`hwtrace.export.textcols.Lines.render`, ``.text`` and
+``.lengths``, the Perfetto and Chrome writers' slice encoders and the
+folded writer's stacks look :data:`CORE` up: the extension module ``hwtrace.export._c_textcols``
 (source ``_c_textcols.c`` next to this file), or ``None`` for the Python
 twin (the byte matrix and its mask), and :func:`~hwtrace.export.textcols._digits`
 the same (``digits``) -- see :mod:`hwtrace._ext` for the
@@ -14,7 +15,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.export._c_textcols"
-ABI = 2
+ABI = 3
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

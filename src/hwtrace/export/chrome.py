@@ -22,11 +22,15 @@ import numpy as np
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.slices import RecordChunker
 from hwtrace.export import UNITS_PER_US, flag_names, track_of
+from hwtrace.export import _textcols_impl
 from hwtrace.export.textcols import Lines, small_ids
 
 #: the made-up process that holds one track per CPU in cpu mode (same as
 #: the Perfetto writer's)
 CPU_PID = 0x7FFF0000
+#: the constant pieces of an "X" event (the compiled core's chrome_slices)
+_PARTS = (b'{"ph":"X","name":', b',"cat":"call","ts":', b',"dur":', b',"pid":',
+          b',"tid":', b"},\n")
 
 
 class ChromeTraceWriter:
@@ -35,8 +39,12 @@ class ChromeTraceWriter:
     distinct frame (``fib {"insns":8}``), which splits its aggregate views.
     Activations with flags (truncated, unwound, ...) always carry them."""
 
-    def __init__(self, fp, origin: float | None = None, args: bool = False):
+    def __init__(self, fp, origin: float | None = None, args: bool = False,
+                 impl: str | None = None):
         self._fp = fp
+        #: the line formatter: None (the compiled core where it loaded),
+        #: "python" (the twin) or "compiled"
+        self.impl = impl
         self._args = args
         self._origin = origin
         self._first = True
@@ -112,11 +120,32 @@ class ChromeTraceWriter:
         table = [b""] * (int(u.max()) + 1)
         for i in u.tolist():
             table[i] = names.json_bytes(i)
+        flags = X["flags"]
+        core = None if self._args else _textcols_impl.core_for(self.impl)
+        if core is not None:
+            ftab = self._flag_table(flags, b',"args":{"flags":"', b'"}')
+            c64 = np.ascontiguousarray
+            text = core.chrome_slices(
+                c64(X["name"], np.int64), c64(b, np.int64), c64(e - b, np.int64),
+                c64(pid, np.int64), c64(tid, np.int64), c64(self._flag_ids, np.int64),
+                table, ftab, _PARTS)
+        else:
+            text = self._lines(X, table, b, e, pid, tid, flags)
+        if self._first:
+            self._first = False
+        else:
+            self._fp.write(",\n")
+        _write_ascii(self._fp, memoryview(text)[:-2])
+        self.slices += n
+
+    def _lines(self, X, table, b, e, pid, tid, flags) -> bytes:
+        """The events' lines, each ending ",\n" (the twin of the compiled
+        ``chrome_slices``, and the writer of ``args``)."""
+        n = len(X)
         t = Lines(n)
         t.lit(b'{"ph":"X","name":').strs(table, X["name"])
         t.lit(b',"cat":"call","ts":').frac(b).lit(b',"dur":').frac(e - b)
         t.lit(b',"pid":').int(pid).lit(b',"tid":').int(tid)
-        flags = X["flags"]
         if self._args:
             t.lit(b',"args":{"insns":').int(X["end_idx"] - X["begin_idx"])
             t.lit(b',"self_insns":').int(X["end_idx"] - X["begin_idx"]
@@ -135,13 +164,7 @@ class ChromeTraceWriter:
                    self._flag_ids)
             t.lit(b"}")
         t.lit(b",\n")
-        text = t.text()
-        if self._first:
-            self._first = False
-        else:
-            self._fp.write(",\n")
-        _write_ascii(self._fp, memoryview(text)[:-2])
-        self.slices += n
+        return t.text(self.impl)
 
     def _flag_table(self, flags: np.ndarray, head: bytes, tail: bytes) -> list:
         """Strings per distinct flags value (ids in self._flag_ids)."""

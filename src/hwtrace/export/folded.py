@@ -16,6 +16,8 @@ frame of that name (``--function``).
 
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 
 from hwtrace.analysis.records import StreamInfo
@@ -75,9 +77,12 @@ class FoldedWriter:
             thr = np.full(len(X), -2, np.int64)
         self._cur.add(thr, X["path"], w)
 
-    def _lines(self):
-        """(stack, weight) of every stack, walking each builder's call
-        paths once (a path's text is built from its parent's)."""
+    def _trees(self):
+        """Per builder and thread: (head frame or None, the call-path tree
+        of every weighted path and its callers) -- node arrays ``nid``
+        (name ids) and ``wnode`` (each node's own weight, 0: a caller
+        only), every node's children ``order[lo[k]:hi[k]]`` and the
+        root's (path 0) ``order[lo0:hi0]`` -- and the builder's names."""
         for ctx, label, weights in self._groups:
             paths = ctx.paths
             names = ctx.names.names
@@ -88,15 +93,18 @@ class FoldedWriter:
                 # every weighted path and its ancestors, with their parents
                 nodes, parents, nids = [], [], []
                 frontier = np.unique(wp)
-                seen = np.zeros(0, np.uint64)
+                # the paths met so far (a set: merging sorted arrays again
+                # at every level was most of this walk on deep stacks)
+                seen = set(frontier.tolist())
                 while len(frontier):
                     par, nid = paths.lookup(frontier)
                     nodes.append(frontier)
                     parents.append(par)
                     nids.append(nid)
-                    seen = np.union1d(seen, frontier)
                     nxt = np.unique(par[par != 0])
-                    frontier = nxt[~np.isin(nxt, seen)]
+                    nl = nxt.tolist()
+                    frontier = nxt[np.fromiter((x not in seen for x in nl), bool, len(nl))]
+                    seen.update(frontier.tolist())
                 node = np.concatenate(nodes)
                 parent = np.concatenate(parents)
                 nid = np.concatenate(nids)
@@ -107,38 +115,64 @@ class FoldedWriter:
                 j = np.minimum(np.searchsorted(wp[wo], node), len(wp) - 1)
                 wnode = np.where(wp[wo][j] == node, ww[wo][j], 0.0)
                 del seen, nodes, parents, nids
-                head = [label] if t == -1 else [f"thread {t}"] if t >= 0 else []
-                # a node's frames are a string (and how many frames it
-                # holds): a child's line is its parent's plus its name
+                head = label if t == -1 else f"thread {t}" if t >= 0 else None
                 # every node's children: order[lo[k]:hi[k]] (all at once;
                 # the root's, path 0, apart)
-                lo_l = np.searchsorted(sp, node, "left").tolist()
-                hi_l = np.searchsorted(sp, node, "right").tolist()
+                lo = np.searchsorted(sp, node, "left")
+                hi = np.searchsorted(sp, node, "right")
                 lo0 = int(np.searchsorted(sp, np.uint64(0), "left"))
                 hi0 = int(np.searchsorted(sp, np.uint64(0), "right"))
-                order_l = order.tolist()
-                nid_l = nid.tolist()
-                wnode_l = wnode.tolist()
-                cname: dict[int, str] = {}
-                root = self._root
-                stack = [(-1, ";".join(head), len(head), root is None)]
-                while stack:
-                    q, frames, nf, rooted = stack.pop()
-                    lo, hi = (lo0, hi0) if q < 0 else (lo_l[q], hi_l[q])
-                    for k in order_l[lo:hi]:
-                        i = nid_l[k]
-                        cn = cname.get(i)
-                        if cn is None:
-                            cn = cname[i] = names[i].replace(";", ":")
-                        r = rooted or cn == root
-                        line = frames + ";" + cn if nf else cn
-                        w = wnode_l[k]
-                        if w and r:
-                            yield line, w
-                        if r:
-                            stack.append((k, line, nf + 1, True))
-                        else:
-                            stack.append((k, frames, nf, False))
+                yield head, (order, lo, hi, nid, wnode, lo0, hi0), names
+
+    def _lines(self):
+        """(stack, weight) of every stack, walking each builder's call
+        paths once (a path's text is built from its parent's)."""
+        for head, (order, lo, hi, nid, wnode, lo0, hi0), names in self._trees():
+            head = [] if head is None else [head]
+            # a node's frames are a string (and how many frames it
+            # holds): a child's line is its parent's plus its name
+            lo_l, hi_l = lo.tolist(), hi.tolist()
+            order_l = order.tolist()
+            nid_l = nid.tolist()
+            wnode_l = wnode.tolist()
+            cname: dict[int, str] = {}
+            root = self._root
+            stack = [(-1, ";".join(head), len(head), root is None)]
+            while stack:
+                q, frames, nf, rooted = stack.pop()
+                lo, hi = (lo0, hi0) if q < 0 else (lo_l[q], hi_l[q])
+                for k in order_l[lo:hi]:
+                    i = nid_l[k]
+                    cn = cname.get(i)
+                    if cn is None:
+                        cn = cname[i] = names[i].replace(";", ":")
+                    r = rooted or cn == root
+                    line = frames + ";" + cn if nf else cn
+                    w = wnode_l[k]
+                    if w and r:
+                        yield line, w
+                    if r:
+                        stack.append((k, line, nf + 1, True))
+                    else:
+                        stack.append((k, frames, nf, False))
+
+    def _write_compiled(self, core, errors: str, write) -> None:
+        """The lines of every tree as UTF-8 bytes to ``write``, by the
+        compiled core (the same lines, in the same order, as
+        :meth:`_lines` and :meth:`close`)."""
+        for head, (order, lo, hi, nid, wnode, lo0, hi0), names in self._trees():
+            u, inv = np.unique(nid, return_inverse=True)
+            texts = [names[i].replace(";", ":") for i in u.tolist()]
+            root = self._root
+            isroot = np.array([root is None or x == root for x in texts], np.uint8) \
+                if len(texts) else np.zeros(0, np.uint8)
+            core.folded(
+                np.ascontiguousarray(order, np.int64), np.ascontiguousarray(lo, np.int64),
+                np.ascontiguousarray(hi, np.int64),
+                np.ascontiguousarray(np.asarray(inv).reshape(-1), np.int64),
+                np.ascontiguousarray(wnode, np.float64),
+                [x.encode("utf-8", errors) for x in texts], isroot,
+                (head or "").encode("utf-8", errors), lo0, hi0, write)
 
     @property
     def stacks(self) -> dict[str, float]:
@@ -160,8 +194,19 @@ class FoldedWriter:
             self._ctx = None
             self.add_slices(lg.take(), lg)
 
-    def close(self) -> None:
+    def close(self, impl: str | None = None) -> None:
         self._flush_legacy()
+        from hwtrace.export import _textcols_impl
+        core = _textcols_impl.core_for(impl)
+        buf = getattr(self._fp, "buffer", None)
+        enc = getattr(self._fp, "encoding", None)
+        if core is not None and buf is not None and enc is not None \
+                and codecs.lookup(enc).name == "utf-8":
+            # straight to the byte buffer, encoded as the text layer would
+            errors = getattr(self._fp, "errors", None) or "strict"
+            self._fp.flush()
+            self._write_compiled(core, errors, buf.write)
+            return
         w = self._fp.write
         out = []
         for key, v in self._lines():
@@ -199,7 +244,10 @@ class _Weights:
         t = np.concatenate([self._t] + [b[0] for b in self._buf])
         p = np.concatenate([self._p] + [b[1] for b in self._buf])
         w = np.concatenate([self._w] + [b[2] for b in self._buf])
-        order = np.lexsort((p, t))
+        if len(t) and t[0] == t.min() == t.max():
+            order = np.argsort(p, kind="stable")     # one thread: lexsort's order
+        else:
+            order = np.lexsort((p, t))
         t, p, w = t[order], p[order], w[order]
         new = np.ones(len(t), bool)
         new[1:] = (t[1:] != t[:-1]) | (p[1:] != p[:-1])

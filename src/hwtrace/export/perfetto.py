@@ -61,8 +61,11 @@ def _packet(body: bytes) -> bytes:
 
 
 class PerfettoTraceWriter:
-    def __init__(self, fp):
+    def __init__(self, fp, impl: str | None = None):
         self._fp = fp
+        #: the packet encoder: None (the compiled core where it loaded),
+        #: "python" (the twin) or "compiled"
+        self.impl = impl
         self._seq = 0
         self._track = 0
         self._iids: dict[str, int] = {}
@@ -181,28 +184,32 @@ class PerfettoTraceWriter:
             plain[list(special)] = False
         pb = plain & isb
         pe = plain & ise
-        out = self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe)
+        out = self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe,
+                           self.impl)
         if not special:
             self._fp.write(out[0])
             return
         # splice the one-by-one packets in, in order
         data, lens = out
         pos = np.flatnonzero(plain)
-        offs = np.concatenate(([0], np.cumsum(lens)))
+        offs = np.concatenate(([0], np.cumsum(lens))).tolist()
+        sp = sorted(special)
+        ks = np.searchsorted(pos, sp).tolist()      # plain packets before each
+        view = memoryview(data)                     # (slices without copies)
         done = 0
-        parts = []
-        for p in sorted(special):
-            k = int(np.searchsorted(pos, p))      # plain packets before p
+        write = self._fp.write
+        for p, k in zip(sp, ks):
             if k > done:
-                parts.append(data[offs[done]:offs[k]])
+                write(view[offs[done]:offs[k]])
                 done = k
-            parts.append(special[p])
-        parts.append(data[offs[done]:])
-        self._fp.write(b"".join(parts))
+            write(special[p])
+        write(view[offs[done]:])
 
-    def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe):
-        """The plain packets (BEGIN without interning, END): bytes (and,
-        when asked for splicing, each packet's length)."""
+    def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
+                impl: str | None = None):
+        """The plain packets (BEGIN without interning, END): bytes and
+        each packet's length (for splicing) -- by the compiled core
+        (``slice_packets``) or the twin below (:class:`.textcols.Lines`)."""
         sel = pb | pe
         idx = np.flatnonzero(sel)
         n = len(idx)
@@ -211,6 +218,24 @@ class PerfettoTraceWriter:
         b = pb[idx]
         e = ~b
         tr = track_ids[idx]
+        f = flg[idx]
+        if f.any():
+            uf, finv = small_ids(f)
+            ftab = [_flags_annot(x) if x else b"" for x in uf.tolist()]
+        else:
+            ftab, finv = [b""], np.zeros(n, np.int64)
+        from hwtrace.export import _textcols_impl
+        core = _textcols_impl.core_for(impl)
+        if core is not None:
+            data, lens = core.slice_packets(
+                np.ascontiguousarray(ts[idx], np.uint64), np.ascontiguousarray(e, np.uint8),
+                np.ascontiguousarray(tr, np.int64), np.ascontiguousarray(iid[idx], np.int64),
+                np.ascontiguousarray(insns[idx], np.int64),
+                np.ascontiguousarray(finv, np.int64), track_tab, ftab,
+                (_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END], _IID_TAG, _ANNOT_TAG,
+                 _INSNS_NAME + _DA_INT_TAG, _TS_TAG, self._seq_head, _TE_TAG,
+                 _NEEDS_STATE, _PACKET_TAG))
+            return data, np.frombuffer(lens, np.int64)
         te = Lines(n)
         te.strs([_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END]], e.astype(np.int64))
         te.strs(track_tab, tr)
@@ -222,10 +247,7 @@ class PerfettoTraceWriter:
         te.extend(_masked_varint(alen, e))
         te.when(e, _INSNS_NAME + _DA_INT_TAG)
         te.extend(_masked_varint(ins, e))
-        f = flg[idx]
-        if f.any():
-            uf, finv = small_ids(f)
-            ftab = [_flags_annot(x) if x else b"" for x in uf.tolist()]
+        if len(ftab) > 1 or ftab[0]:
             te.strs(ftab, finv)
         body = Lines(n)
         body.lit(_TS_TAG).varint(ts[idx]).lit(self._seq_head)

@@ -1,13 +1,15 @@
-"""Text lines (and binary records) built a column at a time (numpy), for
-the views' output.
+"""Text lines (and binary records) built a column at a time, for the
+views' output.
 
 A view that writes a line per activation (``calls``, Chrome JSON,
 Perfetto packets) would spend most of its time formatting them one by
-one.  :class:`Lines` formats a whole chunk of rows at once: each column (a
-literal, strings from a table, integers, exact binary fractions, varints)
-becomes a byte matrix of one row per line, aligned left or right, with
-each row's length; the line is the columns side by side, and
-``mat[mask]`` squeezes out what is not there.
+one.  :class:`Lines` takes a whole chunk of rows at once, a column at a
+time (a literal, strings from a table, integers, exact binary fractions,
+varints), recorded as ops.  The compiled core (``_c_textcols.rows``)
+formats each row's columns straight from the values; the Python twin
+makes each column a byte matrix of one row per line, aligned left or
+right, with each row's length, and the line is the columns side by side
+(``mat[mask]`` squeezes out what is not there).
 
     t = Lines(len(rows))
     t.lit(b'{"ts":'); t.frac(ts_k, 10); t.lit(b"}\\n")
@@ -66,118 +68,65 @@ def small_ids(ids: np.ndarray, size: int | None = None):
 
 
 class Lines:
-    """Columns are (matrix, align, lengths): ``align`` "L"/"R" (the row's
-    bytes at the left or right of its matrix row), lengths per row (None:
-    every row has the full width)."""
+    """Columns are recorded as ops (:data:`_OP` codes, with what each
+    needs: literal bytes, a table and ids, values) and turned into bytes
+    at :meth:`render` / :meth:`text` / :meth:`lengths`: by the compiled
+    core a row at a time (``rows``), or by the Python twin, which makes
+    each op a column (matrix, align, lengths): ``align`` "L"/"R" (the
+    row's bytes at the left or right of its matrix row), lengths per row
+    (None: every row has the full width).  An op's ``cond`` (None or
+    bools) empties it where false."""
 
     def __init__(self, n: int):
         self.n = n
-        self._cols: list[tuple[np.ndarray, str, np.ndarray | None]] = []
+        self._ops: list[list] = []
+
+    def _add(self, code: int, cond, *args) -> "Lines":
+        self._ops.append([code, cond, *args])
+        return self
 
     # -- columns ----------------------------------------------------------------
     def lit(self, b: bytes) -> "Lines":
         if b:
-            self._cols.append((np.frombuffer(b, np.uint8), "L", None))
+            self._add(_LIT, None, bytes(b))
         return self
 
     def when(self, cond: np.ndarray, b: bytes) -> "Lines":
         """``b`` on the lines where ``cond`` holds."""
         if b and self.n:
-            c = np.asarray(cond, bool)
-            self._cols.append((np.frombuffer(b, np.uint8), "L",
-                               np.where(c, len(b), 0)))
+            self._add(_LIT, _bools(cond, self.n), bytes(b))
         return self
 
     def strs(self, table: list[bytes], ids: np.ndarray, width: int = 0,
              right: bool = False) -> "Lines":
         """``table[ids[i]]``, padded with spaces to ``width`` (left- or
         right-aligned; longer strings are not cut)."""
-        n = self.n
-        if not n:
+        if not self.n:
             return self
-        ids = np.asarray(ids, np.int64)
-        if len(table) <= 4096:
-            sub, inv = table, ids
-        else:
-            u, inv = np.unique(ids, return_inverse=True)
-            inv = np.asarray(inv).reshape(-1)
-            sub = [table[i] for i in u.tolist()]
-        lens = np.fromiter((len(s) for s in sub), np.int64, len(sub))
-        rl = lens[inv]
-        w = int(max(rl.max(initial=0), width))
-        if not w:
-            return self
-        tab = np.full((len(sub), w), _SPACE, np.uint8)
-        for j, s in enumerate(sub):
-            if s and len(s) <= w:
-                if right:
-                    tab[j, w - len(s):] = np.frombuffer(s, np.uint8)
-                else:
-                    tab[j, :len(s)] = np.frombuffer(s, np.uint8)
-        self._cols.append((tab[inv], "R" if right else "L", np.maximum(rl, width)))
-        return self
+        ids = np.ascontiguousarray(ids, np.int64)
+        if not width and not any(table):
+            return self                 # no column (the twin's: width 0)
+        return self._add(_STRS, None, table, ids, int(width), bool(right))
 
     def int(self, v: np.ndarray, width: int = 0, commas: bool = False) -> "Lines":
         """Integers (negative ones with a ``-``), right-aligned in at
         least ``width`` characters; ``commas``: thousands separated."""
-        n = self.n
-        if not n:
+        if not self.n:
             return self
         v = np.asarray(v)
-        neg = v < 0 if v.dtype.kind == "i" else np.zeros(n, bool)
-        anyneg = bool(neg.any())
-        a = np.where(neg, -v, v).astype(np.uint64) if anyneg else v.astype(np.uint64)
-        nd = _ndigits(a)
-        D = int(nd.max())
-        dig = _digits(a, D)
-        if commas and D > 3:
-            W = D + (D - 1) // 3
-            p = np.arange(W)[::-1]              # position from the right
-            is_comma = p % 4 == 3
-            q = p - p // 4                      # digit number from the right
-            src = np.where(is_comma, 0, D - 1 - q)
-            body = dig[:, src]
-            body[:, is_comma] = ord(",")
-            ln = nd + (nd - 1) // 3
+        if v.dtype.kind == "i":
+            v, signed = np.ascontiguousarray(v, np.int64), True
         else:
-            W = D
-            body = dig
-            ln = nd
-        if anyneg:
-            ln = ln + neg
-        full = int(max(int(ln.max()), width))
-        if full > W:
-            mat = np.full((n, full), _SPACE, np.uint8)
-            mat[:, full - W:] = body
-        else:
-            mat = body
-        if width or anyneg:
-            pos = np.arange(full)
-            mat[pos < (full - ln)[:, None]] = _SPACE
-            if anyneg:
-                rows = np.flatnonzero(neg)
-                mat[rows, full - ln[rows]] = ord("-")
-        self._cols.append((mat, "R", np.maximum(ln, width)))
-        return self
+            v, signed = np.ascontiguousarray(v.astype(np.uint64)), False
+        return self._add(_INT, None, v, signed, int(width), bool(commas))
 
     def hex(self, v: np.ndarray, prefix: bytes = b"0x") -> "Lines":
         """Lower-case hexadecimal, no padding."""
-        n = self.n
-        if not n:
+        if not self.n:
             return self
-        a = np.asarray(v).astype(np.uint64)
-        mat = np.empty((n, 16), np.uint8)
-        digits = np.frombuffer(b"0123456789abcdef", np.uint8)
-        x = a.copy()
-        for k in range(15, -1, -1):
-            mat[:, k] = digits[(x & np.uint64(15)).astype(np.int64)]
-            x >>= np.uint64(4)
-        nd = np.ones(n, np.int64)
-        for k in range(1, 16):
-            nd += (a >> np.uint64(4 * k)) != 0
+        a = np.ascontiguousarray(np.asarray(v).astype(np.uint64))
         self.lit(prefix)
-        self._cols.append((mat, "R", nd))
-        return self
+        return self._add(_HEX, None, a)
 
     def frac(self, k: np.ndarray, bits: int = 10) -> "Lines":
         """``k / 2**bits`` exactly, as a JSON number with at least one
@@ -193,106 +142,112 @@ class Lines:
         self.when(neg, b"-")
         self.int(ip)
         self.lit(b".")
-        fd = _digits(fp, bits)
-        # strip trailing zeros, keep one digit
-        nz = fd != ord("0")
-        last = np.where(nz.any(1), bits - 1 - np.argmax(nz[:, ::-1], 1), 0)
-        self._cols.append((fd, "L", last + 1))
-        return self
+        return self._add(_FRAC, None, np.ascontiguousarray(fp.astype(np.uint64)),
+                         int(bits))
 
     def varint(self, v: np.ndarray) -> "Lines":
         """Protobuf base-128 varints of non-negative integers."""
-        n = self.n
-        if not n:
+        if not self.n:
             return self
-        a = np.asarray(v).astype(np.uint64)
-        mat = np.empty((n, 10), np.uint8)
-        x = a.copy()
-        ln = np.ones(n, np.int64)
-        for k in range(10):
-            mat[:, k] = (x & np.uint64(0x7F)).astype(np.uint8)
-            x >>= np.uint64(7)
-            more = x != 0
-            if not more.any():
-                mat = mat[:, :k + 1]
-                break
-            if k < 9:
-                mat[:, k] |= more.astype(np.uint8) << 7
-                ln += more
-        self._cols.append((mat, "L", ln))
+        return self._add(_VARINT, None,
+                         np.ascontiguousarray(np.asarray(v).astype(np.uint64)))
+
+    def zeros(self, v: np.ndarray, width: int) -> "Lines":
+        """The low ``width`` decimal digits of non-negative integers,
+        zero-padded (``7`` in 2: ``07``)."""
+        if self.n and width > 0:
+            self._add(_ZEROS, None,
+                      np.ascontiguousarray(np.asarray(v).astype(np.uint64)), int(width))
         return self
 
     def only(self, cond: np.ndarray) -> "Lines":
         """The column just added shows only where ``cond`` holds."""
-        if self.n and self._cols:
-            m, al, ln = self._cols[-1]
-            c = np.asarray(cond, bool)
-            full = ln if ln is not None else np.full(self.n, m.shape[-1], np.int64)
-            self._cols[-1] = (m, al, np.where(c, full, 0))
+        if self.n and self._ops:
+            # the column just added: an op that makes no column (the
+            # twin's: strings or spaces all of width 0) is not one
+            k = len(self._ops) - 1
+            while k >= 0 and _empty_op(self._ops[k]):
+                k -= 1
+            if k < 0:
+                return self
+            op = self._ops[k]
+            c = _bools(cond, self.n)
+            # a new op: another Lines may share this one (extend)
+            self._ops[k] = [op[0], c if op[1] is None else op[1] & c, *op[2:]]
         return self
 
     def spaces(self, count: np.ndarray) -> "Lines":
         """``count`` spaces per line (0 or more)."""
         if self.n:
-            c = np.maximum(np.asarray(count, np.int64), 0)
-            w = int(c.max(initial=0))
-            if w:
-                self._cols.append((np.full(w, _SPACE, np.uint8), "L", c))
+            c = np.ascontiguousarray(np.maximum(np.asarray(count, np.int64), 0))
+            if c.size:
+                self._add(_SPACES, None, np.broadcast_to(c, (self.n,)).copy()
+                          if c.shape != (self.n,) else c)
         return self
 
     def extend(self, other: "Lines") -> "Lines":
-        self._cols.extend(other._cols)
+        self._ops.extend(other._ops)
         return self
 
-    def lengths(self) -> np.ndarray:
+    def lengths(self, impl: str | None = None) -> np.ndarray:
         """Bytes per line so far."""
+        from hwtrace.export import _textcols_impl
+        core = _textcols_impl.core_for(impl)
+        if core is not None:
+            if not self.n:
+                return np.zeros(0, np.int64)
+            return np.frombuffer(core.lengths(self.n, self._core_ops()), np.int64)
         out = np.zeros(self.n, np.int64)
         fixed = 0
-        for m, _al, ln in self._cols:
+        for m, _al, ln in self._columns():
             if ln is None:
                 fixed += m.shape[-1]
             else:
                 out += ln
         return out + fixed
 
+    def _core_ops(self) -> list:
+        return [tuple(op) for op in self._ops]
+
+    # -- the twin's columns ------------------------------------------------------------
+    def _columns(self) -> list:
+        """(matrix, align, lengths) of every op that makes a column."""
+        cols = []
+        for op in self._ops:
+            col = _TWIN[op[0]](self.n, *op[2:])
+            if col is None:
+                continue
+            m, al, ln = col
+            if op[1] is not None:
+                full = ln if ln is not None else np.full(self.n, m.shape[-1], np.int64)
+                ln = np.where(op[1], full, 0)
+            cols.append((m, al, ln))
+        return cols
+
     # -- output --------------------------------------------------------------------
-    def _compiled(self, impl: str | None):
-        """The lines by the compiled core (each row's bytes of each column
-        copied into place), or None where the twin runs."""
+    def text(self, impl: str | None = None) -> bytes:
+        """The lines, for text (no NUL byte in any column): the twin
+        copies each column into place with what is not there set to NUL,
+        the NULs then squeezed out by ``bytes.replace`` (much faster than
+        masked indexing).  The compiled core, where it loaded, formats
+        each row's columns into place (and squeezes out NULs too, should
+        any be there)."""
+        n = self.n
+        if not n or not self._ops:
+            return b""
         from hwtrace.export import _textcols_impl
         core = _textcols_impl.core_for(impl)
-        if core is None:
-            return None
-        n = self.n
-        cols = []
-        for m, al, ln in self._cols:
-            m = np.asarray(m)
-            if m.ndim == 2 and m.shape[0] == 1:
-                m = m[0]
-            if m.ndim == 2 and m.shape[0] != n or m.ndim > 2:
-                return None
-            cols.append((np.ascontiguousarray(m, np.uint8), m.ndim == 2, al != "L",
-                         None if ln is None else
-                         np.ascontiguousarray(np.broadcast_to(ln, (n,)), np.int64)))
-        return core.assemble(n, cols)
-
-    def text(self, impl: str | None = None) -> bytes:
-        """The lines, for text (no NUL byte in any column): each column
-        copied into place with what is not there set to NUL, the NULs
-        then squeezed out by ``bytes.replace`` (much faster than masked
-        indexing).  The compiled core, where it loaded, copies each row's
-        bytes into place (and squeezes out NULs too, should any be there)."""
-        n = self.n
-        if not n or not self._cols:
-            return b""
-        out = self._compiled(impl)
-        if out is not None:
+        if core is not None:
+            out = core.rows(n, self._core_ops())
             return out.replace(b"\0", b"") if b"\0" in out else out
-        widths = [c[0].shape[-1] for c in self._cols]
+        cols = self._columns()
+        if not cols:
+            return b""
+        widths = [c[0].shape[-1] for c in cols]
         W = sum(widths)
         mat = np.empty((n, W), np.uint8)
         c = 0
-        for (m, al, ln), w in zip(self._cols, widths):
+        for (m, al, ln), w in zip(cols, widths):
             dst = mat[:, c:c + w]
             if ln is None:
                 dst[...] = m
@@ -305,17 +260,21 @@ class Lines:
 
     def render(self, impl: str | None = None) -> bytes:
         n = self.n
-        if not n or not self._cols:
+        if not n or not self._ops:
             return b""
-        out = self._compiled(impl)
-        if out is not None:
-            return out
-        widths = [c[0].shape[-1] for c in self._cols]
+        from hwtrace.export import _textcols_impl
+        core = _textcols_impl.core_for(impl)
+        if core is not None:
+            return core.rows(n, self._core_ops())
+        cols = self._columns()
+        if not cols:
+            return b""
+        widths = [c[0].shape[-1] for c in cols]
         W = sum(widths)
         mat = np.empty((n, W), np.uint8)
         mask = np.empty((n, W), bool)
         c = 0
-        for (m, al, ln), w in zip(self._cols, widths):
+        for (m, al, ln), w in zip(cols, widths):
             mat[:, c:c + w] = m
             if ln is None:
                 mask[:, c:c + w] = True
@@ -325,3 +284,141 @@ class Lines:
                 np.greater_equal(np.arange(w), (w - ln)[:, None], out=mask[:, c:c + w])
             c += w
         return mat[mask].tobytes()
+
+
+def _bools(cond, n: int) -> np.ndarray:
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(cond, bool), (n,)))
+
+
+def _empty_op(op) -> bool:
+    """Does this op make no column in the twin (strings or spaces of
+    width 0 on every line)?"""
+    if op[0] == _STRS:
+        table, ids, width = op[2], op[3], op[4]
+        if width:
+            return False
+        return not any(len(table[i]) for i in np.unique(ids).tolist())
+    if op[0] == _SPACES:
+        return not int(op[2].max(initial=0))
+    return False
+
+
+# -- the twin: an op's column (matrix, align, lengths), or None (no column) ----------
+_LIT, _STRS, _INT, _HEX, _FRAC, _VARINT, _SPACES, _ZEROS = range(8)
+
+
+def _col_lit(n, b):
+    return np.frombuffer(b, np.uint8), "L", None
+
+
+def _col_strs(n, table, ids, width, right):
+    if len(table) <= 4096:
+        sub, inv = table, ids
+    else:
+        u, inv = np.unique(ids, return_inverse=True)
+        inv = np.asarray(inv).reshape(-1)
+        sub = [table[i] for i in u.tolist()]
+    lens = np.fromiter((len(s) for s in sub), np.int64, len(sub))
+    rl = lens[inv]
+    w = int(max(rl.max(initial=0), width))
+    if not w:
+        return None
+    tab = np.full((len(sub), w), _SPACE, np.uint8)
+    for j, s in enumerate(sub):
+        if s and len(s) <= w:
+            if right:
+                tab[j, w - len(s):] = np.frombuffer(s, np.uint8)
+            else:
+                tab[j, :len(s)] = np.frombuffer(s, np.uint8)
+    return tab[inv], "R" if right else "L", np.maximum(rl, width)
+
+
+def _col_int(n, v, signed, width, commas):
+    neg = v < 0 if signed else np.zeros(n, bool)
+    anyneg = bool(neg.any())
+    a = np.where(neg, -v, v).astype(np.uint64) if anyneg else v.astype(np.uint64)
+    nd = _ndigits(a)
+    D = int(nd.max())
+    dig = _digits(a, D, impl="python")
+    if commas and D > 3:
+        W = D + (D - 1) // 3
+        p = np.arange(W)[::-1]              # position from the right
+        is_comma = p % 4 == 3
+        q = p - p // 4                      # digit number from the right
+        src = np.where(is_comma, 0, D - 1 - q)
+        body = dig[:, src]
+        body[:, is_comma] = ord(",")
+        ln = nd + (nd - 1) // 3
+    else:
+        W = D
+        body = dig
+        ln = nd
+    if anyneg:
+        ln = ln + neg
+    full = int(max(int(ln.max()), width))
+    if full > W:
+        mat = np.full((n, full), _SPACE, np.uint8)
+        mat[:, full - W:] = body
+    else:
+        mat = body
+    if width or anyneg:
+        pos = np.arange(full)
+        mat[pos < (full - ln)[:, None]] = _SPACE
+        if anyneg:
+            rows = np.flatnonzero(neg)
+            mat[rows, full - ln[rows]] = ord("-")
+    return mat, "R", np.maximum(ln, width)
+
+
+def _col_hex(n, a):
+    mat = np.empty((n, 16), np.uint8)
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    x = a.copy()
+    for k in range(15, -1, -1):
+        mat[:, k] = digits[(x & np.uint64(15)).astype(np.int64)]
+        x >>= np.uint64(4)
+    nd = np.ones(n, np.int64)
+    for k in range(1, 16):
+        nd += (a >> np.uint64(4 * k)) != 0
+    return mat, "R", nd
+
+
+def _col_frac(n, fp, bits):
+    fd = _digits(fp, bits, impl="python")
+    # strip trailing zeros, keep one digit
+    nz = fd != ord("0")
+    last = np.where(nz.any(1), bits - 1 - np.argmax(nz[:, ::-1], 1), 0)
+    return fd, "L", last + 1
+
+
+def _col_varint(n, a):
+    mat = np.empty((n, 10), np.uint8)
+    x = a.copy()
+    ln = np.ones(n, np.int64)
+    for k in range(10):
+        mat[:, k] = (x & np.uint64(0x7F)).astype(np.uint8)
+        x >>= np.uint64(7)
+        more = x != 0
+        if not more.any():
+            mat = mat[:, :k + 1]
+            break
+        if k < 9:
+            mat[:, k] |= more.astype(np.uint8) << 7
+            ln += more
+    return mat, "L", ln
+
+
+def _col_spaces(n, c):
+    w = int(c.max(initial=0))
+    if not w:
+        return None
+    return np.full(w, _SPACE, np.uint8), "L", c
+
+
+def _col_zeros(n, a, width):
+    return _digits(a, width, impl="python"), "L", None
+
+
+_TWIN = {_LIT: _col_lit, _STRS: _col_strs, _INT: _col_int, _HEX: _col_hex,
+         _FRAC: _col_frac, _VARINT: _col_varint, _SPACES: _col_spaces,
+         _ZEROS: _col_zeros}
