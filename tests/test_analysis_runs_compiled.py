@@ -327,3 +327,64 @@ def test_real_recordings_builder_output_matches_twin(recordings, which, monkeypa
     b = _slices(recordings[which], "compiled", monkeypatch)
     assert a == b
     assert sum(x[2] for x in a) > 100
+
+
+# -- the rows' per-row work after the matching (clock.times, Pending) ------------
+@pytest.mark.parametrize("seed", range(4))
+def test_row_timing_and_sums_match_twin(seed, monkeypatch):
+    """times, begins and children of the compiled core give the twin's
+    numbers bit for bit (random anchors, rows, trees, carried sums)."""
+    from hwtrace.analysis import rows as rows_mod
+    from hwtrace.analysis.clock import TimeBase
+    from hwtrace.analysis.slices import Cols
+    rng = np.random.default_rng(seed)
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+
+    def run(impl, fn):
+        monkeypatch.setattr(_runs_impl, "CORE", None if impl == "python" else core)
+        return fn()
+
+    # times: anchors with repeated indices and jumps, rows between them
+    na = 200
+    tb = TimeBase("tsc", tsc_hz=2.4e9 if seed % 2 else None)
+    a_seq = np.sort(rng.choice(10_000, na, replace=False)).astype(np.int64)
+    a_idx = np.cumsum(rng.integers(0, 50, na)).astype(np.int64)
+    tb.anchors(a_seq, a_idx, np.cumsum(rng.integers(1, 1000, na)).astype(np.uint64))
+    seq = np.sort(rng.integers(0, int(tb.last_seq), 5000)).astype(np.int64)
+    idx = rng.integers(-5, int(a_idx[-1]) + 5, 5000).astype(np.int64)
+    a = run("python", lambda: tb.times(seq, idx))
+    b = run("compiled", lambda: tb.times(seq, idx))
+    assert a.tobytes() == b.tobytes()
+
+    # begins and children: ids of a random tree, some begun in this chunk
+    n = 3000
+    ids = np.arange(100, 100 + n, dtype=np.int64)
+    parent = np.where(rng.random(n) < 0.1, -1,
+                      rng.integers(0, 100 + n, n)).astype(np.int64)
+    X = Cols.zeros(n)
+    order = rng.permutation(n)
+    X["id"] = ids[order]
+    X["parent"] = parent[order]
+    X["begin_idx"] = rng.integers(0, 1000, n)
+    X["end_idx"] = X["begin_idx"] + rng.integers(0, 1000, n)
+    X["end"] = rng.random(n) * 1e6
+    E = Cols.zeros(n // 2)
+    E["id"] = np.sort(rng.choice(ids, n // 2, replace=False))
+    E["begin"] = rng.random(n // 2) * 1e6
+    carried = {int(k): [int(rng.integers(0, 99)), float(rng.random())]
+               for k in rng.choice(200 + n, 300, replace=False)}
+
+    def rows_work():
+        p = rows_mod.Pending(tb)
+        x = X.copy()
+        p._begin = {int(k): float(rng_t) for k, rng_t in
+                    zip(ids[::7].tolist(), (np.arange(len(ids[::7])) * 0.5).tolist())}
+        ended = p._begins(E, x)
+        p._child = {k: list(v) for k, v in carried.items()}
+        p._children(x)
+        return (x.tolist(), None if ended is None else ended.tolist(),
+                sorted(p._begin.items()), sorted(p._child.items()))
+
+    assert run("python", rows_work) == run("compiled", rows_work)

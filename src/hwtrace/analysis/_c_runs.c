@@ -31,18 +31,28 @@
  * path[i] = (pfr[i] >= 0 ? path[pfr[i]] : base[i]) * MUL + nid[i] + 1
  * (int32 nid, int64 pfr with pfr[i] < i, uint64 base).
  *
+ * After the matching, the rows' per-row work (twins in clock.py and
+ * rows.py, numpy):
+ *
+ *   times(a_seq, a_idx, a_t, seq, idx, out)      TimeBase.times
+ *   begins(e_id, e_begin, x_id, x_begin, found, ended)   Pending._begins
+ *   children(id, parent, begin_idx, end_idx, begin, end, ci, ct,
+ *            c_key, c_insns, c_time, c_used) -> (parent, insns, time)
+ *                                                Pending._children
+ *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 5
+#define ABI 6
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
@@ -466,11 +476,332 @@ done:
     return res;
 }
 
+/* -- rows after the matching (rows.Pending.flush, clock.TimeBase.times) ----- */
+
+/* times(a_seq, a_idx, a_t, seq, idx, out): TimeBase.times into ``out``
+ * (float64, one per row): the row's time interpolated between the last
+ * anchor before it (in sequence order) and the first one after. */
+static PyObject *py_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "times(a_seq, a_idx, a_t, seq, idx, out)");
+        return NULL;
+    }
+    Py_buffer as = {0}, ai = {0}, at = {0}, bs = {0}, bi = {0}, bo = {0};
+    PyObject *res = NULL;
+    if (get_buf(args[0], &as, 8, -1, "a_seq") < 0)
+        return NULL;
+    Py_ssize_t na = as.len / 8;
+    if (get_buf(args[1], &ai, 8, na, "a_idx") < 0 || get_buf(args[2], &at, 8, na, "a_t") < 0
+        || get_buf(args[3], &bs, 8, -1, "seq") < 0)
+        goto done;
+    Py_ssize_t n = bs.len / 8;
+    if (get_buf(args[4], &bi, 8, n, "idx") < 0)
+        goto done;
+    if (PyObject_GetBuffer(args[5], &bo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        bo.obj = NULL;
+        goto done;
+    }
+    if (bo.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "times: out has the wrong size");
+        goto done;
+    }
+    const int64_t *a_seq = as.buf, *a_idx = ai.buf, *seq = bs.buf, *idx = bi.buf;
+    const double *a_t = at.buf;
+    double *out = bo.buf;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        /* searchsorted(a_seq, seq[r], side="left") */
+        Py_ssize_t lo = 0, hi = na;
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (a_seq[mid] < seq[r])
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        Py_ssize_t k = lo;
+        if (k >= na) {
+            PyErr_SetString(PyExc_IndexError, "times: a row no anchor follows");
+            goto done;
+        }
+        if (k == 0) {
+            out[r] = a_t[0];
+            continue;
+        }
+        int64_t i0 = a_idx[k - 1], span = a_idx[k] - i0, d = idx[r] - i0;
+        double t0 = a_t[k - 1];
+        double slope = span > 0 ? (a_t[k] - t0) / (double)span : 0.0;
+        out[r] = d > 0 ? t0 + (double)d * slope : t0;
+    }
+    res = Py_NewRef(Py_None);
+done:
+    {
+        Py_buffer *bufs[] = {&as, &ai, &at, &bs, &bi, &bo};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]->obj)
+                PyBuffer_Release(bufs[i]);
+    }
+    return res;
+}
+
+/* begins(e_id, e_begin, x_id, x_begin, found, ended): the begin time of
+ * every ending row whose begin row is among these (``e_id`` ascending):
+ * x_begin[i] = e_begin[j] where e_id[j] == x_id[i] (found[i] = 1, ended[j]
+ * = 1); other rows untouched (found[i] = 0).  ``found``/``ended`` uint8,
+ * zeroed by the caller. */
+static PyObject *py_begins(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "begins(e_id, e_begin, x_id, x_begin, found, ended)");
+        return NULL;
+    }
+    Py_buffer ei = {0}, eb = {0}, xi = {0}, xb = {0}, fo = {0}, en = {0};
+    PyObject *res = NULL;
+    if (get_buf(args[0], &ei, 8, -1, "e_id") < 0)
+        return NULL;
+    Py_ssize_t ne = ei.len / 8;
+    if (get_buf(args[1], &eb, 8, ne, "e_begin") < 0 || get_buf(args[2], &xi, 8, -1, "x_id") < 0)
+        goto done;
+    Py_ssize_t nx = xi.len / 8;
+    if (get_buf(args[3], &xb, 8, nx, "x_begin") < 0 || get_buf(args[4], &fo, 1, nx, "found") < 0
+        || get_buf(args[5], &en, 1, ne, "ended") < 0)
+        goto done;
+    if (xb.readonly || fo.readonly || en.readonly) {
+        PyErr_SetString(PyExc_ValueError, "begins: outputs must be writable");
+        goto done;
+    }
+    const int64_t *e_id = ei.buf, *x_id = xi.buf;
+    const double *e_begin = eb.buf;
+    double *x_begin = xb.buf;
+    uint8_t *found = fo.buf, *ended = en.buf;
+    if (ne) {
+        for (Py_ssize_t i = 0; i < nx; i++) {
+            int64_t id = x_id[i];
+            Py_ssize_t lo = 0, hi = ne;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + (hi - lo) / 2;
+                if (e_id[mid] < id)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < ne && e_id[lo] == id) {
+                x_begin[i] = e_begin[lo];
+                found[i] = 1;
+                ended[lo] = 1;
+            }
+        }
+    }
+    res = Py_NewRef(Py_None);
+done:
+    {
+        Py_buffer *bufs[] = {&ei, &eb, &xi, &xb, &fo, &en};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]->obj)
+                PyBuffer_Release(bufs[i]);
+    }
+    return res;
+}
+
+/* an open-addressing map of int64 ids (>= 0) to row numbers */
+typedef struct {
+    int64_t *key;
+    Py_ssize_t *val;
+    size_t mask;
+} IdMap;
+
+static int idmap_init(IdMap *m, Py_ssize_t n)
+{
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    m->key = PyMem_Malloc(cap * sizeof *m->key);
+    m->val = PyMem_Malloc(cap * sizeof *m->val);
+    if (!m->key || !m->val) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < cap; i++)
+        m->key[i] = -1;
+    m->mask = cap - 1;
+    return 0;
+}
+
+static void idmap_free(IdMap *m)
+{
+    PyMem_Free(m->key);
+    PyMem_Free(m->val);
+}
+
+static size_t idmap_slot(const IdMap *m, int64_t id)
+{
+    size_t h = (size_t)(((uint64_t)id * 0x9E3779B97F4A7C15ull) >> 20) & m->mask;
+    while (m->key[h] != -1 && m->key[h] != id)
+        h = (h + 1) & m->mask;
+    return h;
+}
+
+/* row of id, or -1 */
+static Py_ssize_t idmap_get(const IdMap *m, int64_t id)
+{
+    if (id < 0)
+        return -1;
+    size_t h = idmap_slot(m, id);
+    return m->key[h] == id ? m->val[h] : -1;
+}
+
+typedef struct {
+    int64_t parent;
+    Py_ssize_t row;
+} AwayRow;
+
+static int away_cmp(const void *a, const void *b)
+{
+    const AwayRow *x = a, *y = b;
+    if (x->parent != y->parent)
+        return (x->parent > y->parent) - (x->parent < y->parent);
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* children(id, parent, begin_idx, end_idx, begin, end, ci, ct, c_key, c_insns,
+ *          c_time, c_used)
+ *   -> (away_parent, away_insns, away_time) bytes (int64, int64, float64)
+ *
+ * Pending._children: ci/ct (int64/float64 out) of every ending row = the
+ * instructions (end_idx - begin_idx) and time (end - begin) of its
+ * callees ending among these rows (summed in row order), plus what
+ * earlier chunks carried for it (c_key/c_insns/c_time, c_used[j] = 1
+ * where row c_key[j] is here); the sums for parents not among these
+ * rows come back by parent id, ascending (each summed in row order). */
+static PyObject *py_children(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "children(id, parent, begin_idx, end_idx, "
+                        "begin, end, ci, ct, c_key, c_insns, c_time, c_used)");
+        return NULL;
+    }
+    Py_buffer b[12];
+    memset(b, 0, sizeof b);
+    static const char *what[12] = {"id", "parent", "begin_idx", "end_idx", "begin", "end",
+                                   "ci", "ct", "c_key", "c_insns", "c_time", "c_used"};
+    PyObject *res = NULL, *ap = NULL, *ai = NULL, *at = NULL;
+    IdMap map = {0};
+    AwayRow *away = NULL;
+    Py_ssize_t n = -1, nc = -1;
+    for (int i = 0; i < 12; i++) {
+        Py_ssize_t want = i < 8 ? n : nc;
+        if (get_buf(args[i], &b[i], i == 11 ? 1 : 8, want, what[i]) < 0)
+            goto done;
+        if (i == 0)
+            n = b[0].len / 8;
+        if (i == 8)
+            nc = b[8].len / 8;
+    }
+    if (b[6].readonly || b[7].readonly || b[11].readonly) {
+        PyErr_SetString(PyExc_ValueError, "children: outputs must be writable");
+        goto done;
+    }
+    const int64_t *id = b[0].buf, *par = b[1].buf, *bi = b[2].buf, *ei = b[3].buf;
+    const double *bt = b[4].buf, *et = b[5].buf;
+    int64_t *ci = b[6].buf;
+    double *ct = b[7].buf;
+    const int64_t *c_key = b[8].buf, *c_insns = b[9].buf;
+    const double *c_time = b[10].buf;
+    uint8_t *c_used = b[11].buf;
+    if (idmap_init(&map, n) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (id[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "children: a negative id");
+            goto done;
+        }
+        size_t h = idmap_slot(&map, id[i]);
+        map.key[h] = id[i];
+        map.val[h] = i;
+        ci[i] = 0;
+        ct[i] = 0.0;
+    }
+    Py_ssize_t na = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (par[i] < 0)
+            continue;
+        Py_ssize_t p = idmap_get(&map, par[i]);
+        if (p >= 0) {
+            ci[p] += ei[i] - bi[i];
+            ct[p] += et[i] - bt[i];
+        } else {
+            na++;
+        }
+    }
+    for (Py_ssize_t j = 0; j < nc; j++) {
+        Py_ssize_t p = idmap_get(&map, c_key[j]);
+        if (p >= 0) {
+            ci[p] += c_insns[j];
+            ct[p] += c_time[j];
+            c_used[j] = 1;
+        }
+    }
+    /* the rows whose parent is not here, by (parent, row) */
+    away = PyMem_Malloc((size_t)(na ? na : 1) * sizeof *away);
+    if (!away) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (par[i] >= 0 && idmap_get(&map, par[i]) < 0) {
+            away[k].parent = par[i];
+            away[k].row = i;
+            k++;
+        }
+    qsort(away, (size_t)na, sizeof *away, away_cmp);
+    Py_ssize_t nu = 0;
+    for (Py_ssize_t s = 0; s < na; s++)
+        if (!s || away[s].parent != away[s - 1].parent)
+            nu++;
+    ap = PyBytes_FromStringAndSize(NULL, nu * 8);
+    ai = PyBytes_FromStringAndSize(NULL, nu * 8);
+    at = PyBytes_FromStringAndSize(NULL, nu * 8);
+    if (!ap || !ai || !at)
+        goto done;
+    int64_t *o_par = (int64_t *)PyBytes_AS_STRING(ap), *o_ins = (int64_t *)PyBytes_AS_STRING(ai);
+    double *o_t = (double *)PyBytes_AS_STRING(at);
+    Py_ssize_t u = -1;
+    for (Py_ssize_t s = 0; s < na; s++) {
+        if (!s || away[s].parent != away[s - 1].parent) {
+            u++;
+            o_par[u] = away[s].parent;
+            o_ins[u] = 0;
+            o_t[u] = 0.0;
+        }
+        Py_ssize_t i = away[s].row;
+        o_ins[u] += ei[i] - bi[i];
+        o_t[u] += et[i] - bt[i];
+    }
+    res = PyTuple_Pack(3, ap, ai, at);
+done:
+    for (int i = 0; i < 12; i++)
+        if (b[i].obj)
+            PyBuffer_Release(&b[i]);
+    Py_XDECREF(ap);
+    Py_XDECREF(ai);
+    Py_XDECREF(at);
+    idmap_free(&map);
+    PyMem_Free(away);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
     {"paths", (PyCFunction)(void (*)(void))py_paths, METH_FASTCALL,
      "Call-path hashes, parents first."},
+    {"times", (PyCFunction)(void (*)(void))py_times, METH_FASTCALL,
+     "Times of rows between the clock's anchors (clock.TimeBase.times)."},
+    {"begins", (PyCFunction)(void (*)(void))py_begins, METH_FASTCALL,
+     "Begin times of ending rows from the begin rows (rows.Pending._begins)."},
+    {"children", (PyCFunction)(void (*)(void))py_children, METH_FASTCALL,
+     "Callee sums of ending rows (rows.Pending._children)."},
     {NULL, NULL, 0, NULL},
 };
 
