@@ -388,3 +388,46 @@ def test_row_timing_and_sums_match_twin(seed, monkeypatch):
                 sorted(p._begin.items()), sorted(p._child.items()))
 
     assert run("python", rows_work) == run("compiled", rows_work)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_outermost_matches_twin(seed, monkeypatch):
+    """Profile._outermost: the compiled core and the twin (a sort by
+    function and a running maximum) agree on random nested and
+    interleaved activations, some still open."""
+    from hwtrace.analysis.profile import Profile
+    from hwtrace.analysis.slices import Cols
+    rng = np.random.default_rng(seed)
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+    n = 4000
+    op = np.zeros(n, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
+                      ("main", "?"), ("tid", "<i8")])
+    op["id"] = np.arange(n) + 50
+    op["eseq"] = np.sort(rng.choice(10 * n, n, replace=False))
+    from hwtrace.analysis.profile import _hkey
+    fn = np.zeros(n, [("func", "<u8"), ("name", "<i4")])
+    fn["name"] = rng.integers(0, 40, n)
+    fn["func"] = 0x1000 + 0x10 * fn["name"].astype(np.uint64)
+    op["key"] = _hkey(fn)
+    ending = np.sort(rng.choice(n, 3 * n // 4, replace=False))
+    X = Cols.zeros(len(ending) + 50)
+    X["id"] = np.concatenate((op["id"][ending], 10 ** 9 + np.arange(50)))
+    X["xseq"] = op["eseq"][np.concatenate((ending, rng.choice(n, 50)))] + \
+        rng.integers(1, 5 * n, len(X))
+    src = np.concatenate((ending, rng.choice(n, 50)))
+    X["func"], X["name"] = fn["func"][src], fn["name"][src]
+    perm = rng.permutation(len(X))
+    X = X[perm]
+    j = np.searchsorted(op["id"], X["id"])
+    jj = np.minimum(j, n - 1)
+    found = (j < n) & (op["id"][jj] == X["id"])
+    xend = np.full(n, np.iinfo(np.int64).max, np.int64)
+    xend[jj[found]] = X["xseq"][found]
+    monkeypatch.setattr(_runs_impl, "CORE", None)
+    a = Profile._outermost(op, xend, X, jj, found)
+    monkeypatch.setattr(_runs_impl, "CORE", core)
+    b = Profile._outermost(op, xend, X, jj, found)
+    assert a.tolist() == b.tolist()
+    assert 0 < int((~a).sum()) < len(a)

@@ -39,6 +39,7 @@
  *   children(id, parent, begin_idx, end_idx, begin, end, ci, ct,
  *            c_key, c_insns, c_time, c_used) -> (parent, insns, time)
  *                                                Pending._children
+ *   outermost(key, xend, xrow, x_xseq, out)      Profile._outermost
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -577,6 +578,15 @@ static PyObject *py_begins(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (ne) {
         for (Py_ssize_t i = 0; i < nx; i++) {
             int64_t id = x_id[i];
+            /* ids are handed out one after another: first where the
+             * first id says, then a binary search */
+            if (id >= e_id[0] && id - e_id[0] < ne && e_id[id - e_id[0]] == id) {
+                Py_ssize_t j = (Py_ssize_t)(id - e_id[0]);
+                x_begin[i] = e_begin[j];
+                found[i] = 1;
+                ended[j] = 1;
+                continue;
+            }
             Py_ssize_t lo = 0, hi = ne;
             while (lo < hi) {
                 Py_ssize_t mid = lo + (hi - lo) / 2;
@@ -791,6 +801,84 @@ done:
     return res;
 }
 
+/* outermost(key, xend, xrow, x_xseq, out): Profile._outermost.  The
+ * open activations (``key`` their function's int64 hash, ``xend`` the
+ * sequence number of their end or INT64_MAX, in begin order), ``xrow`` the
+ * ending row of each (or -1); out[xrow[r]] = 0 (uint8, set to 1 by the
+ * caller) where an activation of the same key begun before r ends after
+ * that row's ``x_xseq`` (ends capped at 2**40 - 1, as the twin). */
+static PyObject *py_outermost(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "outermost(key, xend, xrow, x_xseq, out)");
+        return NULL;
+    }
+    Py_buffer b[5];
+    memset(b, 0, sizeof b);
+    static const char *what[5] = {"key", "xend", "xrow", "x_xseq", "out"};
+    PyObject *res = NULL;
+    int64_t *mkey = NULL, *mval = NULL;
+    Py_ssize_t n = -1, nx = -1;
+    for (int i = 0; i < 5; i++) {
+        if (get_buf(args[i], &b[i], i == 4 ? 1 : 8, i < 3 ? n : nx, what[i]) < 0)
+            goto done;
+        if (i == 0)
+            n = b[0].len / 8;
+        if (i == 3)
+            nx = b[3].len / 8;
+    }
+    if (b[4].readonly) {
+        PyErr_SetString(PyExc_ValueError, "outermost: out must be writable");
+        goto done;
+    }
+    const int64_t *key = b[0].buf, *xend = b[1].buf, *xrow = b[2].buf, *xseq = b[3].buf;
+    uint8_t *out = b[4].buf, *used = NULL;
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    mkey = PyMem_Malloc(cap * sizeof *mkey);
+    mval = PyMem_Malloc(cap * sizeof *mval);
+    used = PyMem_Calloc(cap, 1);
+    if (!mkey || !mval || !used) {
+        PyMem_Free(used);
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t cap40 = ((int64_t)1 << 40) - 1;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        size_t h = (size_t)(((uint64_t)key[r] * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (used[h] && mkey[h] != key[r])
+            h = (h + 1) & (cap - 1);
+        int64_t x = xend[r] < cap40 ? xend[r] : cap40;
+        int64_t i = xrow[r];
+        if (i >= 0) {
+            if (i >= nx) {
+                PyMem_Free(used);
+                PyErr_SetString(PyExc_ValueError, "outermost: xrow out of range");
+                goto done;
+            }
+            if (used[h] && mval[h] > xseq[i])
+                out[i] = 0;
+        }
+        if (!used[h]) {
+            used[h] = 1;
+            mkey[h] = key[r];
+            mval[h] = x;
+        } else if (x > mval[h]) {
+            mval[h] = x;
+        }
+    }
+    PyMem_Free(used);
+    res = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 5; i++)
+        if (b[i].obj)
+            PyBuffer_Release(&b[i]);
+    PyMem_Free(mkey);
+    PyMem_Free(mval);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
@@ -802,6 +890,8 @@ static PyMethodDef methods[] = {
      "Begin times of ending rows from the begin rows (rows.Pending._begins)."},
     {"children", (PyCFunction)(void (*)(void))py_children, METH_FASTCALL,
      "Callee sums of ending rows (rows.Pending._children)."},
+    {"outermost", (PyCFunction)(void (*)(void))py_outermost, METH_FASTCALL,
+     "Ending activations no same-function one encloses (profile.Profile._outermost)."},
     {NULL, NULL, 0, NULL},
 };
 

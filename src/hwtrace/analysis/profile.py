@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag, Marker
 from hwtrace.analysis.slices import RecordChunker, _UNKNOWN
 
@@ -163,10 +164,25 @@ class Profile:
     @staticmethod
     def _outermost(op, xend, X, jj, found) -> np.ndarray:
         """For every ending activation: no activation of the same function
-        (begun before it, ending after it) encloses it."""
+        (begun before it, ending after it) encloses it (the compiled
+        core's ``outermost`` where it is in use, else the twin below)."""
         out = np.ones(len(X), bool)
         if not found.any():
             return out
+        core = _runs_impl.CORE
+        if core is None:
+            return Profile._outermost_twin(op, xend, X, jj, found, out)
+        xrow = np.full(len(op), -1, np.int64)
+        xrow[jj[found]] = np.flatnonzero(found)
+        core.outermost(np.ascontiguousarray(op["key"], np.int64),
+                       np.ascontiguousarray(xend, np.int64), xrow,
+                       np.ascontiguousarray(X["xseq"], np.int64), out.view(np.uint8))
+        return out
+
+    @staticmethod
+    def _outermost_twin(op, xend, X, jj, found, out) -> np.ndarray:
+        """The Python twin of the compiled ``outermost``: one sort by
+        (function, begin) and a running maximum of the ends."""
         xkey = _hkey(X)
         # the ones ending here, and those still open of the same functions
         ending = np.zeros(len(op), bool)
