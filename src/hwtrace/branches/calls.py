@@ -75,6 +75,8 @@ class CallHistory:
         self._ctx = None
         self._heads: dict = {}
         self._notes: dict = {}
+        self._htab = _StrTable()             # the compiled core's heads ...
+        self._ntab = _StrTable()             # ... and notes, made once
         self.lines_written = 0
         #: the counts-only formatter: None the selector's choice, "python"
         #: or "compiled" (hwtrace.branches._c_format)
@@ -94,6 +96,7 @@ class CallHistory:
         self._info = info
         self._last_tid = -1
         self._heads = {}
+        self._htab = _StrTable()
         self._unit = unit
         self._write(f"{track_label(info)}:\n")
 
@@ -274,37 +277,38 @@ class CallHistory:
 
     def _format_counts_compiled(self, core, rows, ok, final, end_of: bool) -> str:
         """_format_counts by the compiled core: each distinct (depth,
-        function) head and each distinct flags' note made here, as above;
-        the lines in C."""
+        function) head and each distinct flags' note made once (kept, by
+        key, in tables the core reads), as above; the lines in C."""
         names = self._ctx.names.names
         heads = self._heads
-        depth = rows["depth"].astype(np.int64)
-        nid = rows["name"].astype(np.int64)
-        key = (depth << 32) | (nid & 0xFFFFFFFF)
-        u, first, hinv = np.unique(key, return_index=True, return_inverse=True)
-        htab = []
-        for j in first.tolist():
-            d, i = int(depth[j]), int(nid[j])
-            k = (d, i, end_of)
-            h = heads.get(k)
+        notes = self._notes
+
+        def head(k: int) -> bytes:
+            d, i = k >> 33, k & 0xFFFFFFFF
+            key = (d, i, end_of)
+            h = heads.get(key)
             if h is None:
                 text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
-                h = heads[k] = f"{text:<48} "
-            htab.append(h.encode("utf-8", "surrogatepass"))
-        notes = self._notes
-        fu, finv = np.unique(rows["flags"], return_inverse=True)
-        ntab = []
-        for f in fu.tolist():
-            note = notes.get(f)
-            if note is None:
-                note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
-            ntab.append(note.encode("utf-8", "surrogatepass"))
+                h = heads[key] = f"{text:<48} "
+            return h.encode("utf-8", "surrogatepass")
+
+        def note(f: int) -> bytes:
+            t = notes.get(f)
+            if t is None:
+                t = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+            return t.encode("utf-8", "surrogatepass")
+
+        depth = rows["depth"].astype(np.int64)
+        nid = rows["name"].astype(np.int64)
+        key = (depth << 33) | (int(end_of) << 32) | (nid & 0xFFFFFFFF)
+        hinv = self._htab.index(key, head)
+        finv = self._ntab.index(rows["flags"].astype(np.int64), note)
         opened = (_OPEN if final else _EARLY)
         text, last = core.calls_counts(
-            np.asarray(hinv, np.int64).reshape(-1), *_blob(htab),
+            hinv, *self._htab.blob(),
             (rows["end_idx"] - rows["begin_idx"]).astype(np.int64),
             np.ascontiguousarray(ok, np.uint8),
-            np.asarray(finv, np.int64).reshape(-1), *_blob(ntab),
+            finv, *self._ntab.blob(),
             rows["tid"].astype(np.int64),
             bool(getattr(self._info, "switches", ())), int(self._last_tid), opened)
         self._last_tid = last
@@ -330,12 +334,52 @@ class CallHistory:
         return iter(kept)
 
 
-def _blob(table: list) -> tuple:
-    """(bytes, int64 offsets one longer) of a list of bytes."""
-    offs = np.zeros(len(table) + 1, np.int64)
-    if table:
-        np.cumsum([len(x) for x in table], out=offs[1:])
-    return b"".join(table), offs
+class _StrTable:
+    """Byte strings made once per int64 key, in one growing blob with
+    int64 offsets (what the compiled core reads): a chunk's keys are
+    looked up among the sorted known ones, only new keys are made."""
+
+    def __init__(self):
+        self._keys = np.zeros(0, np.int64)      # known keys, sorted
+        self._rows = np.zeros(0, np.int64)      # ... their strings' rows
+        self._blob = bytearray()
+        self._offs = np.zeros(256, np.int64)
+        self._n = 0
+
+    def index(self, key: np.ndarray, make) -> np.ndarray:
+        """The row of every key's string (``make(key)`` -> bytes for new
+        ones, in ascending key order)."""
+        known = self._keys
+        if len(known):
+            pos = np.minimum(np.searchsorted(known, key), len(known) - 1)
+            hit = known[pos] == key
+            if hit.all():
+                return self._rows[pos]
+            new = np.unique(key[~hit])
+        else:
+            new = np.unique(key)
+        rows = np.arange(self._n, self._n + len(new), dtype=np.int64)
+        for k in new.tolist():
+            self._add(make(k))
+        k = np.concatenate((known, new))
+        o = np.argsort(k, kind="stable")
+        self._keys = k[o]
+        self._rows = np.concatenate((self._rows, rows))[o]
+        pos = np.searchsorted(self._keys, key)
+        return self._rows[pos]
+
+    def _add(self, b: bytes) -> None:
+        self._blob += b
+        self._n += 1
+        if self._n >= len(self._offs):
+            grow = np.zeros(2 * len(self._offs), np.int64)
+            grow[:len(self._offs)] = self._offs
+            self._offs = grow
+        self._offs[self._n] = len(self._blob)
+
+    def blob(self) -> tuple:
+        """(blob, offsets one longer than the strings)."""
+        return self._blob, self._offs[:self._n + 1]
 
 
 def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> None:
