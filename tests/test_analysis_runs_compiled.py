@@ -431,3 +431,30 @@ def test_outermost_matches_twin(seed, monkeypatch):
     b = Profile._outermost(op, xend, X, jj, found)
     assert a.tolist() == b.tolist()
     assert 0 < int((~a).sum()) < len(a)
+
+
+def test_batch_record_columns_match_twin(monkeypatch):
+    """batchfeed._Arrays.of: the compiled core reads a batch's records
+    into the same columns as numpy does (every iclass, sizes, counts)."""
+    from hwtrace.analysis.batchfeed import _Arrays
+    from hwtrace.flow.batches import BLOCK
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+    rng = np.random.default_rng(5)
+    b = np.zeros(5000, BLOCK)
+    b["ip"] = rng.integers(0, 1 << 63, len(b), dtype=np.uint64) * 2
+    b["end_ip"] = b["ip"] + rng.integers(0, 1 << 20, len(b)).astype(np.uint64)
+    b["end_ip"][:3] = np.uint64(0xFFFFFFFFFFFFFFFF)          # the fall-through wraps
+    b["tsc"] = rng.integers(0, 1 << 62, len(b), dtype=np.uint64)
+    b["ninsn"] = rng.integers(0, 1 << 32, len(b), dtype=np.uint64).astype(np.uint32)
+    b["iclass"] = rng.integers(0, 256, len(b))
+    b["size"] = rng.integers(0, 256, len(b))
+    for blocks in (b, b[1000:4000]):
+        monkeypatch.setattr(_runs_impl, "CORE", None)
+        x = _Arrays.of(blocks, 12345)
+        monkeypatch.setattr(_runs_impl, "CORE", core)
+        y = _Arrays.of(blocks, 12345)
+        for f in ("ip", "end", "code", "fall", "tsc", "start"):
+            assert getattr(x, f).dtype == getattr(y, f).dtype, f
+            assert getattr(x, f).tobytes() == getattr(y, f).tobytes(), f

@@ -40,6 +40,8 @@
  *            c_key, c_insns, c_time, c_used) -> (parent, insns, time)
  *                                                Pending._children
  *   outermost(key, xend, xrow, x_xseq, out)      Profile._outermost
+ *   records(blocks, itemsize, offsets..., code_of, base, ip, end, code,
+ *           fall, tsc, start)                    batchfeed._Arrays
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -879,6 +881,85 @@ done:
     return res;
 }
 
+/* records(blocks, itemsize, o_ip, o_end, o_tsc, o_ninsn, o_iclass, o_size,
+ *         code_of, base, ip, end, code, fall, tsc, start): batchfeed._Arrays
+ * in one pass over a batch's records (``blocks``: the raw rows of
+ * ``itemsize`` bytes, fields at the given offsets): ip, end_ip, the
+ * transfer code of the iclass (``code_of``: 256 int8), the fall-through
+ * end_ip + size, tsc, and start[r] = base + the instructions before r
+ * (m + 1 of them). */
+static PyObject *py_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError, "records(blocks, itemsize, o_ip, o_end, o_tsc, "
+                        "o_ninsn, o_iclass, o_size, code_of, base, ip, end, code, fall, "
+                        "tsc, start)");
+        return NULL;
+    }
+    Py_ssize_t v[7];
+    for (int i = 0; i < 7; i++) {
+        v[i] = PyLong_AsSsize_t(args[1 + i]);
+        if (v[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[9]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t isz = v[0];
+    if (isz <= 0 || v[4] + 4 > isz || v[5] >= isz || v[6] >= isz
+        || v[1] + 8 > isz || v[2] + 8 > isz || v[3] + 8 > isz) {
+        PyErr_SetString(PyExc_ValueError, "records: bad field offsets");
+        return NULL;
+    }
+    Py_buffer bb = {0}, bc = {0}, o[6];
+    memset(o, 0, sizeof o);
+    PyObject *res = NULL;
+    if (get_buf(args[0], &bb, isz, -1, "blocks") < 0)
+        return NULL;
+    Py_ssize_t m = bb.len / isz;
+    if (get_buf(args[8], &bc, 1, 256, "code_of") < 0)
+        goto done;
+    static const char *what[6] = {"ip", "end", "code", "fall", "tsc", "start"};
+    static const Py_ssize_t w[6] = {8, 8, 1, 8, 8, 8};
+    for (int i = 0; i < 6; i++) {
+        if (get_buf(args[10 + i], &o[i], w[i], m + (i == 5), what[i]) < 0)
+            goto done;
+        if (o[i].readonly) {
+            PyErr_SetString(PyExc_ValueError, "records: outputs must be writable");
+            goto done;
+        }
+    }
+    const char *row = bb.buf;
+    const int8_t *code_of = bc.buf;
+    uint64_t *ip = o[0].buf, *end = o[1].buf, *fall = o[3].buf, *tsc = o[4].buf;
+    int8_t *code = o[2].buf;
+    int64_t *start = o[5].buf, at = (int64_t)base;
+    for (Py_ssize_t r = 0; r < m; r++, row += isz) {
+        uint64_t e;
+        uint32_t n;
+        memcpy(&ip[r], row + v[1], 8);
+        memcpy(&e, row + v[2], 8);
+        memcpy(&tsc[r], row + v[3], 8);
+        memcpy(&n, row + v[4], 4);
+        end[r] = e;
+        code[r] = code_of[(uint8_t)row[v[5]]];
+        fall[r] = e + (uint8_t)row[v[6]];
+        start[r] = at;
+        at += n;
+    }
+    start[m] = at;
+    res = Py_NewRef(Py_None);
+done:
+    if (bb.obj)
+        PyBuffer_Release(&bb);
+    if (bc.obj)
+        PyBuffer_Release(&bc);
+    for (int i = 0; i < 6; i++)
+        if (o[i].obj)
+            PyBuffer_Release(&o[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
@@ -890,6 +971,8 @@ static PyMethodDef methods[] = {
      "Begin times of ending rows from the begin rows (rows.Pending._begins)."},
     {"children", (PyCFunction)(void (*)(void))py_children, METH_FASTCALL,
      "Callee sums of ending rows (rows.Pending._children)."},
+    {"records", (PyCFunction)(void (*)(void))py_records, METH_FASTCALL,
+     "A batch's record columns as the builder reads them (batchfeed._Arrays)."},
     {"outermost", (PyCFunction)(void (*)(void))py_outermost, METH_FASTCALL,
      "Ending activations no same-function one encloses (profile.Profile._outermost)."},
     {NULL, NULL, 0, NULL},
