@@ -157,7 +157,8 @@ def _eq_committed(a: runs.Committed, b: runs.Committed):
         assert len(x) == len(y)
         for f in SLICE.names:
             assert np.array_equal(x[f], y[f]), f
-    assert np.array_equal(a.top, b.top)
+            assert x[f].dtype == y[f].dtype, f
+    assert np.array_equal(a.top, b.top) and a.top.dtype == b.top.dtype
     for x, y in zip(a.paths, b.paths):
         assert np.array_equal(x, y)
 

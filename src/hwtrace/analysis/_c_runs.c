@@ -31,6 +31,8 @@
  * path[i] = (pfr[i] >= 0 ? path[pfr[i]] : base[i]) * MUL + nid[i] + 1
  * (int32 nid, int64 pfr with pfr[i] < i, uint64 base).
  *
+ *   commit(...)                                  runs.commit (rows of a Match)
+ *
  * After the matching, the rows' per-row work (twins in clock.py and
  * rows.py, numpy):
  *
@@ -960,6 +962,226 @@ done:
     return res;
 }
 
+/* commit(tgt, land, o_tr, o_lvl, o_pfr, o_flags, o_nid, o_ret, o_ret_ok,
+ *        x_tr, x_lvl, x_fr, top_fr, s_id, s_parent, s_func, s_name, s_flags,
+ *        s_pid, s_tid, s_begin_idx, s_eseq, s_path, seq0, next_id, pid, tid,
+ *        paths, e_cols, x_cols, t_cols, path, ppath): runs.commit's rows of
+ * a match, into the given arrays: ``e_cols``/``x_cols`` the 17 columns of
+ * slices.SLICE (in its field order) of the enters and exits, ``t_cols``
+ * the stack's new top (id, parent, func, name, flags, pid, tid, begin_idx,
+ * eseq, path, ret, ret_ok), ``path``/``ppath`` each open's call path and
+ * its parent's.  Indices follow numpy's (a negative one counts from the
+ * end) so that the twin's answer is this one. */
+enum { C_ID, C_PARENT, C_FUNC, C_NAME, C_DEPTH, C_FLAGS, C_PID, C_TID, C_BIDX, C_EIDX,
+       C_ESEQ, C_XSEQ, C_PATH, C_BEGIN, C_END, C_CINS, C_CTIME, NCOLS };
+static const Py_ssize_t col_w[NCOLS] = {8, 8, 8, 4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+
+typedef struct {
+    Py_buffer b[80];
+    int n;
+} Bufs;
+
+static void *bufs_get(Bufs *bs, PyObject *o, Py_ssize_t w, Py_ssize_t n, int writable,
+                      const char *what)
+{
+    if (bs->n >= (int)(sizeof bs->b / sizeof *bs->b)) {
+        PyErr_SetString(PyExc_ValueError, "commit: too many buffers");
+        return NULL;
+    }
+    Py_buffer *b = &bs->b[bs->n];
+    if (get_buf(o, b, w, n, what) < 0)
+        return NULL;
+    bs->n++;
+    if (writable && b->readonly) {
+        PyErr_Format(PyExc_ValueError, "commit: %s must be writable", what);
+        return NULL;
+    }
+    return b->buf ? b->buf : (void *)"";
+}
+
+static int fix_index(int64_t *i, Py_ssize_t n, const char *what)
+{
+    if (*i < 0)
+        *i += n;
+    if (*i < 0 || *i >= n) {
+        PyErr_Format(PyExc_IndexError, "commit: %s out of range", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 33) {
+        PyErr_SetString(PyExc_TypeError, "commit: 33 arguments (see the module source)");
+        return NULL;
+    }
+    Bufs bs;
+    bs.n = 0;
+    PyObject *res = NULL;
+    long long seq0 = PyLong_AsLongLong(args[23]), next_id = PyLong_AsLongLong(args[24]),
+              pid = PyLong_AsLongLong(args[25]), tid = PyLong_AsLongLong(args[26]);
+    int paths = PyObject_IsTrue(args[27]);
+    if (PyErr_Occurred() || paths < 0)
+        return NULL;
+    if (!PyTuple_Check(args[28]) || PyTuple_GET_SIZE(args[28]) != NCOLS
+        || !PyTuple_Check(args[29]) || PyTuple_GET_SIZE(args[29]) != NCOLS
+        || !PyTuple_Check(args[30]) || PyTuple_GET_SIZE(args[30]) != 12) {
+        PyErr_SetString(PyExc_TypeError, "commit: e_cols, x_cols (17) and t_cols (12) tuples");
+        return NULL;
+    }
+    Py_ssize_t ntr = -1, no = -1, nx = -1, nt = -1, s0 = -1;
+#define GET(T, var, i, w, n, wr) \
+    T var = bufs_get(&bs, args[i], w, n, wr, #var); \
+    if (!var) goto done;
+    GET(const uint64_t *, tgt, 0, 8, -1, 0)
+    ntr = bs.b[bs.n - 1].len / 8;
+    GET(const int64_t *, land, 1, 8, ntr, 0)
+    GET(const int64_t *, o_tr, 2, 8, -1, 0)
+    no = bs.b[bs.n - 1].len / 8;
+    GET(const int64_t *, o_lvl, 3, 8, no, 0)
+    GET(const int64_t *, o_pfr, 4, 8, no, 0)
+    GET(const uint32_t *, o_flags, 5, 4, no, 0)
+    GET(const int32_t *, o_nid, 6, 4, no, 0)
+    GET(const uint64_t *, o_ret, 7, 8, no, 0)
+    GET(const uint8_t *, o_ret_ok, 8, 1, no, 0)
+    GET(const int64_t *, x_tr, 9, 8, -1, 0)
+    nx = bs.b[bs.n - 1].len / 8;
+    GET(const int64_t *, x_lvl, 10, 8, nx, 0)
+    GET(const int64_t *, x_fr, 11, 8, nx, 0)
+    GET(const int64_t *, top_fr, 12, 8, -1, 0)
+    nt = bs.b[bs.n - 1].len / 8;
+    GET(const int64_t *, s_id, 13, 8, -1, 0)
+    s0 = bs.b[bs.n - 1].len / 8;
+    GET(const int64_t *, s_parent, 14, 8, s0, 0)
+    GET(const uint64_t *, s_func, 15, 8, s0, 0)
+    GET(const int32_t *, s_name, 16, 4, s0, 0)
+    GET(const uint32_t *, s_flags, 17, 4, s0, 0)
+    GET(const int64_t *, s_pid, 18, 8, s0, 0)
+    GET(const int64_t *, s_tid, 19, 8, s0, 0)
+    GET(const int64_t *, s_bidx, 20, 8, s0, 0)
+    GET(const int64_t *, s_eseq, 21, 8, s0, 0)
+    GET(const uint64_t *, s_path, 22, 8, s0, 0)
+    GET(uint64_t *, path, 31, 8, no, 1)
+    GET(uint64_t *, ppath, 32, 8, no, 1)
+#undef GET
+    char *E[NCOLS], *X[NCOLS], *T[12];
+    static const Py_ssize_t t_w[12] = {8, 8, 8, 4, 4, 8, 8, 8, 8, 8, 8, 1};
+    for (int c = 0; c < NCOLS; c++) {
+        if (!(E[c] = bufs_get(&bs, PyTuple_GET_ITEM(args[28], c), col_w[c], no, 1, "e_cols"))
+            || !(X[c] = bufs_get(&bs, PyTuple_GET_ITEM(args[29], c), col_w[c], nx, 1,
+                                 "x_cols")))
+            goto done;
+    }
+    for (int c = 0; c < 12; c++)
+        if (!(T[c] = bufs_get(&bs, PyTuple_GET_ITEM(args[30], c), t_w[c], nt, 1, "t_cols")))
+            goto done;
+    if (s0 < 1) {
+        PyErr_SetString(PyExc_ValueError, "commit: an empty stack");
+        goto done;
+    }
+#define COL(A, c, T) ((T *)(A)[c])
+    for (Py_ssize_t i = 0; i < no; i++) {
+        int64_t t = o_tr[i], lvl = o_lvl[i], p_lvl = lvl - 1, pfr = o_pfr[i];
+        if (fix_index(&t, ntr, "o_tr") < 0)
+            goto done;
+        int64_t pc = p_lvl < 0 ? 0 : (p_lvl > s0 - 1 ? s0 - 1 : p_lvl);
+        int64_t parent = p_lvl < 0 ? -1 : (pfr >= 0 ? next_id + pfr : s_id[pc]);
+        uint64_t base = p_lvl < 0 ? 0 : (pfr >= 0 ? 0 : s_path[pc]);
+        uint64_t pp = 0, me = 0;
+        if (paths) {
+            if (pfr >= i) {
+                PyErr_SetString(PyExc_ValueError, "commit: a parent after its child");
+                goto done;
+            }
+            pp = pfr >= 0 ? path[pfr] : base;
+            me = pp * PATH_MUL + (uint64_t)(int64_t)o_nid[i] + 1u;
+        }
+        path[i] = me;
+        ppath[i] = pp;
+        COL(E, C_ID, int64_t)[i] = next_id + i;
+        COL(E, C_PARENT, int64_t)[i] = parent;
+        COL(E, C_FUNC, uint64_t)[i] = tgt[t];
+        COL(E, C_NAME, int32_t)[i] = o_nid[i];
+        COL(E, C_DEPTH, int32_t)[i] = (int32_t)lvl;
+        COL(E, C_FLAGS, uint32_t)[i] = o_flags[i];
+        COL(E, C_PID, int64_t)[i] = pid;
+        COL(E, C_TID, int64_t)[i] = tid;
+        COL(E, C_BIDX, int64_t)[i] = land[t];
+        COL(E, C_EIDX, int64_t)[i] = -1;
+        COL(E, C_ESEQ, int64_t)[i] = seq0 + 4 * o_tr[i] + 2;
+        COL(E, C_XSEQ, int64_t)[i] = -1;
+        COL(E, C_PATH, uint64_t)[i] = me;
+        COL(E, C_BEGIN, double)[i] = 0.0;
+        COL(E, C_END, double)[i] = 0.0;
+        COL(E, C_CINS, int64_t)[i] = 0;
+        COL(E, C_CTIME, double)[i] = 0.0;
+    }
+    for (Py_ssize_t j = 0; j < nx; j++) {
+        int64_t t = x_tr[j], fr = x_fr[j], lvl = x_lvl[j];
+        if (fix_index(&t, ntr, "x_tr") < 0)
+            goto done;
+        if (fr >= 0) {
+            if (fix_index(&fr, no, "x_fr") < 0)
+                goto done;
+            COL(X, C_ID, int64_t)[j] = COL(E, C_ID, int64_t)[fr];
+            COL(X, C_PARENT, int64_t)[j] = COL(E, C_PARENT, int64_t)[fr];
+            COL(X, C_FUNC, uint64_t)[j] = COL(E, C_FUNC, uint64_t)[fr];
+            COL(X, C_NAME, int32_t)[j] = COL(E, C_NAME, int32_t)[fr];
+            COL(X, C_FLAGS, uint32_t)[j] = COL(E, C_FLAGS, uint32_t)[fr];
+            COL(X, C_BIDX, int64_t)[j] = COL(E, C_BIDX, int64_t)[fr];
+            COL(X, C_ESEQ, int64_t)[j] = COL(E, C_ESEQ, int64_t)[fr];
+            COL(X, C_PATH, uint64_t)[j] = COL(E, C_PATH, uint64_t)[fr];
+            COL(X, C_PID, int64_t)[j] = COL(E, C_PID, int64_t)[fr];
+            COL(X, C_TID, int64_t)[j] = COL(E, C_TID, int64_t)[fr];
+        } else {
+            int64_t lv = lvl < s0 - 1 ? lvl : s0 - 1;
+            if (fix_index(&lv, s0, "x_lvl") < 0)
+                goto done;
+            COL(X, C_ID, int64_t)[j] = s_id[lv];
+            COL(X, C_PARENT, int64_t)[j] = s_parent[lv];
+            COL(X, C_FUNC, uint64_t)[j] = s_func[lv];
+            COL(X, C_NAME, int32_t)[j] = s_name[lv];
+            COL(X, C_FLAGS, uint32_t)[j] = s_flags[lv];
+            COL(X, C_BIDX, int64_t)[j] = s_bidx[lv];
+            COL(X, C_ESEQ, int64_t)[j] = s_eseq[lv];
+            COL(X, C_PATH, uint64_t)[j] = s_path[lv];
+            COL(X, C_PID, int64_t)[j] = s_pid[lv];
+            COL(X, C_TID, int64_t)[j] = s_tid[lv];
+        }
+        COL(X, C_DEPTH, int32_t)[j] = (int32_t)lvl;
+        COL(X, C_EIDX, int64_t)[j] = land[t];
+        COL(X, C_XSEQ, int64_t)[j] = seq0 + 4 * x_tr[j] + 1;
+        COL(X, C_BEGIN, double)[j] = 0.0;
+        COL(X, C_END, double)[j] = 0.0;
+        COL(X, C_CINS, int64_t)[j] = 0;
+        COL(X, C_CTIME, double)[j] = 0.0;
+    }
+    for (Py_ssize_t l = 0; l < nt; l++) {
+        int64_t fr = top_fr[l];
+        if (fix_index(&fr, no, "top_fr") < 0)
+            goto done;
+        ((int64_t *)T[0])[l] = COL(E, C_ID, int64_t)[fr];
+        ((int64_t *)T[1])[l] = COL(E, C_PARENT, int64_t)[fr];
+        ((uint64_t *)T[2])[l] = COL(E, C_FUNC, uint64_t)[fr];
+        ((int32_t *)T[3])[l] = COL(E, C_NAME, int32_t)[fr];
+        ((uint32_t *)T[4])[l] = COL(E, C_FLAGS, uint32_t)[fr];
+        ((int64_t *)T[5])[l] = COL(E, C_PID, int64_t)[fr];
+        ((int64_t *)T[6])[l] = COL(E, C_TID, int64_t)[fr];
+        ((int64_t *)T[7])[l] = COL(E, C_BIDX, int64_t)[fr];
+        ((int64_t *)T[8])[l] = COL(E, C_ESEQ, int64_t)[fr];
+        ((uint64_t *)T[9])[l] = COL(E, C_PATH, uint64_t)[fr];
+        ((uint64_t *)T[10])[l] = o_ret[fr];
+        ((uint8_t *)T[11])[l] = o_ret_ok[fr];
+    }
+#undef COL
+    res = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < bs.n; i++)
+        PyBuffer_Release(&bs.b[i]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
@@ -971,6 +1193,8 @@ static PyMethodDef methods[] = {
      "Begin times of ending rows from the begin rows (rows.Pending._begins)."},
     {"children", (PyCFunction)(void (*)(void))py_children, METH_FASTCALL,
      "Callee sums of ending rows (rows.Pending._children)."},
+    {"commit", (PyCFunction)(void (*)(void))py_commit, METH_FASTCALL,
+     "The rows of a match (runs.commit)."},
     {"records", (PyCFunction)(void (*)(void))py_records, METH_FASTCALL,
      "A batch's record columns as the builder reads them (batchfeed._Arrays)."},
     {"outermost", (PyCFunction)(void (*)(void))py_outermost, METH_FASTCALL,
