@@ -125,3 +125,12 @@ def test_calls_counts_compiled_matches_twin(switches, hold):
     py = _history("python", switches, hold)
     assert py.count("\n") > 600
     assert _history("compiled", switches, hold) == py
+
+
+def test_calls_counts_compiled_sorted_heads_match_twin(monkeypatch):
+    """Past the dense head table's size the compiled line writer looks
+    heads up among sorted keys: the same lines."""
+    from hwtrace.branches import calls
+    py = _history("python", (), 8)
+    monkeypatch.setattr(calls._StrTable, "DENSE_MAX", 1)
+    assert _history("compiled", (), 8) == py

@@ -75,7 +75,8 @@ class CallHistory:
         self._ctx = None
         self._heads: dict = {}
         self._notes: dict = {}
-        self._htab = _StrTable()             # the compiled core's heads ...
+        self._htab = _StrTable()             # the compiled core's heads,
+        self._etab = _StrTable()             # "end of" heads ...
         self._ntab = _StrTable()             # ... and notes, made once
         self.lines_written = 0
         #: the counts-only formatter: None the selector's choice, "python"
@@ -97,6 +98,7 @@ class CallHistory:
         self._last_tid = -1
         self._heads = {}
         self._htab = _StrTable()
+        self._etab = _StrTable()
         self._unit = unit
         self._write(f"{track_label(info)}:\n")
 
@@ -125,15 +127,11 @@ class CallHistory:
 
     def _ends(self, X: np.ndarray) -> None:
         q = self._q
-        j = np.searchsorted(q["id"], X["id"])
-        jj = np.minimum(j, max(len(q) - 1, 0))
-        here = (j < len(q)) & (q["id"][jj] == X["id"]) if len(q) else \
-            np.zeros(len(X), bool)
+        jj, here = _find_ids(q["id"], X["id"])
         if here.any():
             k = jj[here]
-            src = X[here]
             for f in ("end_idx", "end", "begin", "flags", "child_insns", "xseq"):
-                q[f][k] = src[f]
+                q[f][k] = X[f][here]
             self._done[k] = True
         if self._early and (~here).any():
             late = X[~here]
@@ -284,7 +282,7 @@ class CallHistory:
         notes = self._notes
 
         def head(k: int) -> bytes:
-            d, i = k >> 33, k & 0xFFFFFFFF
+            d, i = k >> 32, k & 0xFFFFFFFF
             key = (d, i, end_of)
             h = heads.get(key)
             if h is None:
@@ -300,12 +298,13 @@ class CallHistory:
 
         depth = rows["depth"].astype(np.int64)
         nid = rows["name"].astype(np.int64)
-        key = (depth << 33) | (int(end_of) << 32) | (nid & 0xFFFFFFFF)
-        hinv = self._htab.index(key, head)
+        key = (depth << 32) | (nid & 0xFFFFFFFF)
+        htab = self._etab if end_of else self._htab
+        hinv = htab.index(key, head)
         finv = self._ntab.index(rows["flags"].astype(np.int64), note)
         opened = (_OPEN if final else _EARLY)
         text, last = core.calls_counts(
-            hinv, *self._htab.blob(),
+            hinv, *htab.blob(),
             (rows["end_idx"] - rows["begin_idx"]).astype(np.int64),
             np.ascontiguousarray(ok, np.uint8),
             finv, *self._ntab.blob(),
@@ -334,14 +333,36 @@ class CallHistory:
         return iter(kept)
 
 
+def _find_ids(qid: np.ndarray, xid: np.ndarray) -> tuple:
+    """(position, found) of each of ``xid`` among the ascending ``qid``:
+    first where ids handed out one after another put it, then by a
+    binary search for the rest."""
+    n = len(qid)
+    if not n:
+        return np.zeros(len(xid), np.int64), np.zeros(len(xid), bool)
+    jj = np.clip(xid - qid[0], 0, n - 1)
+    here = qid[jj] == xid
+    if not here.all():
+        rest = np.flatnonzero(~here)
+        j = np.minimum(np.searchsorted(qid, xid[rest]), n - 1)
+        jj[rest] = j
+        here[rest] = qid[j] == xid[rest]
+    return jj, here
+
+
 class _StrTable:
-    """Byte strings made once per int64 key, in one growing blob with
-    int64 offsets (what the compiled core reads): a chunk's keys are
-    looked up among the sorted known ones, only new keys are made."""
+    """Byte strings made once per int64 key (>= 0), in one growing blob
+    with int64 offsets (what the compiled core reads): a chunk's keys are
+    looked up in a dense table by (key >> 32, key & 0xFFFFFFFF) -- (depth,
+    name id) of a head -- while it stays under ``DENSE_MAX`` entries, else
+    among the sorted known ones; only new keys are made."""
+
+    DENSE_MAX = 1 << 22
 
     def __init__(self):
         self._keys = np.zeros(0, np.int64)      # known keys, sorted
         self._rows = np.zeros(0, np.int64)      # ... their strings' rows
+        self._dense = np.zeros((0, 0), np.int32)   # [hi, lo] -> row (-1: none)
         self._blob = bytearray()
         self._offs = np.zeros(256, np.int64)
         self._n = 0
@@ -349,6 +370,41 @@ class _StrTable:
     def index(self, key: np.ndarray, make) -> np.ndarray:
         """The row of every key's string (``make(key)`` -> bytes for new
         ones, in ascending key order)."""
+        if len(key) and self._fits(key):
+            d = self._dense
+            flat = (key >> 32) * d.shape[1] + (key & 0xFFFFFFFF)
+            r = d.ravel().take(flat)
+            miss = r < 0
+            if miss.any():
+                new = np.unique(key[miss])
+                d[new >> 32, new & 0xFFFFFFFF] = np.arange(self._n, self._n + len(new))
+                for k in new.tolist():
+                    self._add(make(k))
+                r = d.ravel().take(flat)
+            return r.astype(np.int64)
+        return self._sorted_index(key, make)
+
+    def _fits(self, key: np.ndarray) -> bool:
+        """Whether the dense table covers the keys (grown if it may)."""
+        if int(key.min()) < 0:
+            return False
+        h, w = int(key.max() >> 32) + 1, int((key & 0xFFFFFFFF).max()) + 1
+        H, W = self._dense.shape
+        if h <= H and w <= W:
+            return True
+        nh, nw = max(H, 1), max(W, 1)
+        while nh < h:
+            nh *= 2
+        while nw < w:
+            nw *= 2
+        if nh * nw > self.DENSE_MAX:
+            return False
+        d = np.full((nh, nw), -1, np.int32)
+        d[:H, :W] = self._dense
+        self._dense = d
+        return True
+
+    def _sorted_index(self, key: np.ndarray, make) -> np.ndarray:
         known = self._keys
         if len(known):
             pos = np.minimum(np.searchsorted(known, key), len(known) - 1)
