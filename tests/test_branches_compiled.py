@@ -91,17 +91,18 @@ def test_jsonl_compiled_without_symbols():
     assert c == py
 
 
-def _history(impl, switches, hold=1 << 14):
+def _history(impl, switches, hold=1 << 14, binary=False, names=None):
     import io
 
     from hwtrace.analysis.records import Activation, Enter, Flag, StreamInfo
     from hwtrace.branches.calls import CallHistory
-    out = io.StringIO()
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, "utf-8", "surrogateescape") if binary else io.StringIO()
     h = CallHistory(out=out, hold=hold)
     h.impl = impl
     h.begin_stream(StreamInfo(cpu=0, switches=switches), "insns")
     rng = np.random.default_rng(3)
-    names = ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
+    names = names or ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
     flags = [Flag.NONE, Flag.BEGIN_UNKNOWN, Flag.TRUNCATED, Flag.TAIL_CALL,
              Flag.BEGIN_UNKNOWN | Flag.TRUNCATED]
     h.add(Enter(0x10, "main", 0, 0, 0, Flag.BEGIN_UNKNOWN, 1))
@@ -116,7 +117,8 @@ def _history(impl, switches, hold=1 << 14):
         h.add(Activation(0x20 + k, nm, d, at, at + n, at, at + n, 0, 0, fl, tid))
         at += n + 1
     h.close()
-    return out.getvalue()
+    return raw.getvalue().decode("utf-8", "surrogateescape") if binary \
+        else out.getvalue()
 
 
 @pytest.mark.parametrize("switches", [(), ((0, 1, 2),)])
@@ -134,3 +136,12 @@ def test_calls_counts_compiled_sorted_heads_match_twin(monkeypatch):
     py = _history("python", (), 8)
     monkeypatch.setattr(calls._StrTable, "DENSE_MAX", 1)
     assert _history("compiled", (), 8) == py
+
+
+@pytest.mark.parametrize("names", [None, ["main", "f", "caf\u00e9", "g" * 70]])
+def test_calls_counts_compiled_to_a_binary_stream(names):
+    """Lines the compiled core writes go to a UTF-8 stream's buffer as
+    bytes (or through its text layer where a surrogate needs its error
+    handler): the same text, in the same order as the headers."""
+    py = _history("python", (), 8, names=names)
+    assert _history("compiled", (), 8, binary=True, names=names) == py

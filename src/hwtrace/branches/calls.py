@@ -75,6 +75,8 @@ class CallHistory:
         self._ctx = None
         self._heads: dict = {}
         self._notes: dict = {}
+        self._raw_of = self._raw_buf = None  # out's binary buffer (see _raw)
+        self._text_written = False
         self._htab = _StrTable()             # the compiled core's heads,
         self._etab = _StrTable()             # "end of" heads ...
         self._ntab = _StrTable()             # ... and notes, made once
@@ -84,13 +86,48 @@ class CallHistory:
         self.impl: str | None = None
 
     # -- output ------------------------------------------------------------------
-    def _write(self, text: str) -> None:
+    def _write(self, text) -> None:
+        """Text (str), or UTF-8 bytes: those go to a UTF-8 text stream's
+        binary buffer as they are (after any text written before them)
+        when they hold no surrogate (nor any \\xed lead byte, to be quick
+        about it), so every line is not decoded and encoded again."""
         if not text:
             return
-        if self.out is not None:
-            self.out.write(text)
+        out = self.out
+        if isinstance(text, bytes):
+            raw = self._raw
+            if raw is None or b"\xed" in text:
+                text = text.decode("utf-8", "surrogatepass")
+            else:
+                if self._text_written:
+                    out.flush()
+                    self._text_written = False
+                raw.write(text)
+                return
+        if out is not None:
+            out.write(text)
+            self._text_written = True
         else:
             self._kept.extend(text.splitlines())
+
+    @property
+    def _raw(self):
+        """The binary buffer under ``out`` if bytes may be written there
+        as they are (a UTF-8 text stream on a system writing "\\n"), else
+        None."""
+        if self._raw_of is not self.out:
+            import codecs
+            import os
+            raw = getattr(self.out, "buffer", None)
+            enc = getattr(self.out, "encoding", None)
+            try:
+                utf8 = enc is not None and codecs.lookup(enc).name == "utf-8"
+            except LookupError:
+                utf8 = False
+            self._raw_buf = raw if (raw is not None and utf8 and os.linesep == "\n") \
+                else None
+            self._raw_of = self.out
+        return self._raw_buf
 
     def begin_stream(self, info, unit=None) -> None:
         self._end_stream()
@@ -312,7 +349,7 @@ class CallHistory:
             bool(getattr(self._info, "switches", ())), int(self._last_tid), opened)
         self._last_tid = last
         self.lines_written += len(rows)
-        return text.decode("utf-8", "surrogatepass")
+        return text          # UTF-8 bytes (surrogates passed): see _write
 
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
