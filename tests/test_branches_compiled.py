@@ -145,3 +145,12 @@ def test_calls_counts_compiled_to_a_binary_stream(names):
     handler): the same text, in the same order as the headers."""
     py = _history("python", (), 8, names=names)
     assert _history("compiled", (), 8, binary=True, names=names) == py
+
+
+def test_calls_counts_compiled_heads_by_numpy_match_twin(monkeypatch):
+    """The line writer's head table read by numpy (no analysis core)
+    gives the same lines as read by hwtrace.analysis._c_runs."""
+    from hwtrace.analysis import _runs_impl
+    py = _history("python", (), 8)
+    monkeypatch.setattr(_runs_impl, "CORE", None)
+    assert _history("compiled", (), 8) == py

@@ -44,6 +44,7 @@
  *   outermost(key, xend, xrow, x_xseq, out)      Profile._outermost
  *   records(blocks, itemsize, offsets..., code_of, base, ip, end, code,
  *           fall, tsc, start)                    batchfeed._Arrays
+ *   dense_rows(dense, hi, lo, out) -> misses     branches.calls._StrTable
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -1182,6 +1183,59 @@ done:
     return res;
 }
 
+/* dense_rows(dense, hi, lo, out) -> misses: out[i] = dense[hi[i], lo[i]]
+ * (``dense`` a C-contiguous int32 table of shape (H, W), ``hi``/``lo``
+ * int32, ``out`` int64); the number of rows it gives -1 for, or -1 (out
+ * untouched past the first) where a key falls outside the table.  The
+ * lookup of branches.calls' line heads by (depth, name id). */
+static PyObject *py_dense_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "dense_rows(dense, hi, lo, out)");
+        return NULL;
+    }
+    Py_buffer bd = {0}, bh = {0}, bl = {0}, bo = {0};
+    PyObject *res = NULL;
+    if (PyObject_GetBuffer(args[0], &bd, PyBUF_C_CONTIGUOUS | PyBUF_ND) < 0)
+        return NULL;
+    if (bd.ndim != 2 || bd.itemsize != 4) {
+        PyErr_SetString(PyExc_ValueError, "dense_rows: dense is a 2-D int32 table");
+        goto done;
+    }
+    Py_ssize_t H = bd.shape[0], W = bd.shape[1];
+    if (get_buf(args[1], &bh, 4, -1, "hi") < 0)
+        goto done;
+    Py_ssize_t n = bh.len / 4;
+    if (get_buf(args[2], &bl, 4, n, "lo") < 0 || get_buf(args[3], &bo, 8, n, "out") < 0)
+        goto done;
+    if (bo.readonly) {
+        PyErr_SetString(PyExc_ValueError, "dense_rows: out must be writable");
+        goto done;
+    }
+    const int32_t *d = bd.buf, *hi = bh.buf, *lo = bl.buf;
+    int64_t *out = bo.buf;
+    Py_ssize_t miss = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t h = hi[i], l = lo[i];
+        if (h < 0 || l < 0 || h >= H || l >= W) {
+            miss = -1;
+            break;
+        }
+        int32_t r = d[(Py_ssize_t)h * W + l];
+        out[i] = r;
+        miss += r < 0;
+    }
+    res = PyLong_FromSsize_t(miss);
+done:
+    {
+        Py_buffer *bufs[] = {&bd, &bh, &bl, &bo};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]->obj)
+                PyBuffer_Release(bufs[i]);
+    }
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
@@ -1195,6 +1249,8 @@ static PyMethodDef methods[] = {
      "Callee sums of ending rows (rows.Pending._children)."},
     {"commit", (PyCFunction)(void (*)(void))py_commit, METH_FASTCALL,
      "The rows of a match (runs.commit)."},
+    {"dense_rows", (PyCFunction)(void (*)(void))py_dense_rows, METH_FASTCALL,
+     "Rows of (hi, lo) keys in a dense int32 table (branches.calls' heads)."},
     {"records", (PyCFunction)(void (*)(void))py_records, METH_FASTCALL,
      "A batch's record columns as the builder reads them (batchfeed._Arrays)."},
     {"outermost", (PyCFunction)(void (*)(void))py_outermost, METH_FASTCALL,

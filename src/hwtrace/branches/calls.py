@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 from hwtrace.analysis.slices import Cols, RecordChunker
 from hwtrace.export import track_label
@@ -315,30 +316,27 @@ class CallHistory:
         function) head and each distinct flags' note made once (kept, by
         key, in tables the core reads), as above; the lines in C."""
         names = self._ctx.names.names
-        heads = self._heads
         notes = self._notes
+        pre = "end of " if end_of else ""
 
-        def head(k: int) -> bytes:
-            d, i = k >> 32, k & 0xFFFFFFFF
-            key = (d, i, end_of)
-            h = heads.get(key)
-            if h is None:
-                text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
-                h = heads[key] = f"{text:<48} "
-            return h.encode("utf-8", "surrogatepass")
+        def head(keys: list) -> list:
+            # as _format_counts makes them (a head depends on its key only)
+            return [("  " * ((k >> 32) + 1) + pre + names[k & 0xFFFFFFFF]).ljust(48)
+                    .encode("utf-8", "surrogatepass") + b" " for k in keys]
 
-        def note(f: int) -> bytes:
-            t = notes.get(f)
-            if t is None:
-                t = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
-            return t.encode("utf-8", "surrogatepass")
+        def note(keys: list) -> list:
+            out = []
+            for f in keys:
+                t = notes.get(f)
+                if t is None:
+                    t = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+                out.append(t.encode("utf-8", "surrogatepass"))
+            return out
 
-        depth = rows["depth"].astype(np.int64)
-        nid = rows["name"].astype(np.int64)
-        key = (depth << 32) | (nid & 0xFFFFFFFF)
         htab = self._etab if end_of else self._htab
-        hinv = htab.index(key, head)
-        finv = self._ntab.index(rows["flags"].astype(np.int64), note)
+        hinv = htab.index(rows["depth"], rows["name"], head)
+        flags = rows["flags"]
+        finv = self._ntab.index(np.zeros(len(flags), np.int32), flags, note)
         opened = (_OPEN if final else _EARLY)
         text, last = core.calls_counts(
             hinv, *htab.blob(),
@@ -404,9 +402,35 @@ class _StrTable:
         self._offs = np.zeros(256, np.int64)
         self._n = 0
 
-    def index(self, key: np.ndarray, make) -> np.ndarray:
-        """The row of every key's string (``make(key)`` -> bytes for new
-        ones, in ascending key order)."""
+    def index(self, hi: np.ndarray, lo: np.ndarray, make) -> np.ndarray:
+        """The row of the string of every key (hi << 32) | lo (integer
+        arrays, 0 <= lo < 2**32), made where new (``make(list of keys)``
+        -> a list of bytes, keys in ascending order).  The dense table is read by the compiled
+        core where it is in use (hwtrace.analysis._c_runs.dense_rows),
+        else by numpy."""
+        core = _runs_impl.CORE
+        if core is None or not len(hi):
+            key = (np.asarray(hi, np.int64) << 32) | \
+                (np.asarray(lo, np.int64) & 0xFFFFFFFF)
+            return self._index(key, make)
+        c32 = np.ascontiguousarray
+        h32, l32 = c32(hi, np.int32), c32(lo, np.int32)
+        out = np.empty(len(hi), np.int64)
+        m = core.dense_rows(self._dense, h32, l32, out)
+        if m < 0:
+            key = (np.asarray(hi, np.int64) << 32) | np.asarray(lo, np.int64)
+            if int(hi.max()) >> 31 or int(lo.max()) >> 31 or not self._fits(key):
+                return self._sorted_index(key, make)
+            m = core.dense_rows(self._dense, h32, l32, out)
+        if m:
+            key = (np.asarray(hi, np.int64) << 32) | np.asarray(lo, np.int64)
+            self._index(key[out < 0], make)
+            m = core.dense_rows(self._dense, h32, l32, out)
+        if m:
+            raise RuntimeError("calls: a head not in the dense table")
+        return out
+
+    def _index(self, key: np.ndarray, make) -> np.ndarray:
         if len(key) and self._fits(key):
             d = self._dense
             flat = (key >> 32) * d.shape[1] + (key & 0xFFFFFFFF)
@@ -415,8 +439,7 @@ class _StrTable:
             if miss.any():
                 new = np.unique(key[miss])
                 d[new >> 32, new & 0xFFFFFFFF] = np.arange(self._n, self._n + len(new))
-                for k in new.tolist():
-                    self._add(make(k))
+                self._add_many(make(new.tolist()))
                 r = d.ravel().take(flat)
             return r.astype(np.int64)
         return self._sorted_index(key, make)
@@ -452,8 +475,7 @@ class _StrTable:
         else:
             new = np.unique(key)
         rows = np.arange(self._n, self._n + len(new), dtype=np.int64)
-        for k in new.tolist():
-            self._add(make(k))
+        self._add_many(make(new.tolist()))
         k = np.concatenate((known, new))
         o = np.argsort(k, kind="stable")
         self._keys = k[o]
@@ -461,14 +483,18 @@ class _StrTable:
         pos = np.searchsorted(self._keys, key)
         return self._rows[pos]
 
-    def _add(self, b: bytes) -> None:
-        self._blob += b
-        self._n += 1
-        if self._n >= len(self._offs):
-            grow = np.zeros(2 * len(self._offs), np.int64)
+    def _add_many(self, bs: list) -> None:
+        if not bs:
+            return
+        n = self._n + len(bs)
+        if n >= len(self._offs):
+            grow = np.zeros(max(2 * len(self._offs), n + 1), np.int64)
             grow[:len(self._offs)] = self._offs
             self._offs = grow
-        self._offs[self._n] = len(self._blob)
+        ends = np.cumsum([len(b) for b in bs], dtype=np.int64)
+        self._offs[self._n + 1:n + 1] = ends + len(self._blob)
+        self._blob += b"".join(bs)
+        self._n = n
 
     def blob(self) -> tuple:
         """(blob, offsets one longer than the strings)."""
