@@ -164,6 +164,33 @@ static uint64_t resolve(Table *t, uint64_t a, int *known, int32_t *nid)
     return t->start[j];
 }
 
+/* resolve() through a direct-mapped memo of the last answers (calls go
+ * to the same functions again and again; a binary search each time
+ * missed the cache) */
+#define MEMO 2048
+typedef struct {
+    uint64_t addr[MEMO], start[MEMO];
+    int32_t nid[MEMO];
+    uint8_t known[MEMO], valid[MEMO];
+} Memo;
+
+static uint64_t resolve_memo(Table *t, Memo *m, uint64_t a, int *known, int32_t *nid)
+{
+    size_t h = (size_t)((a * 0x9E3779B97F4A7C15ull) >> 53) & (MEMO - 1);
+    if (m->valid[h] && m->addr[h] == a) {
+        *known = m->known[h];
+        *nid = m->nid[h];
+        return m->start[h];
+    }
+    uint64_t start = resolve(t, a, known, nid);
+    m->valid[h] = 1;
+    m->addr[h] = a;
+    m->start[h] = start;
+    m->known[h] = (uint8_t)*known;
+    m->nid[h] = *nid;
+    return start;
+}
+
 /* -- buffers in ------------------------------------------------------------- */
 static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t n,
                    const char *what)
@@ -201,6 +228,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         x_tr = {0, 0, 0, 8}, x_lvl = {0, 0, 0, 8}, x_fr = {0, 0, 0, 8},
         top = {0, 0, 0, 8}, unk = {0, 0, 0, 8}, o_nid = {0, 0, 0, 4};
     Frame *st = NULL;
+    Memo *memo = NULL;
     PyObject *res = NULL;
     Table T = {0};
     int have_table = 0;
@@ -265,6 +293,14 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const uint8_t *jfl = bfl.obj ? bfl.buf : NULL;
     const uint64_t *sst = bss.obj ? bss.buf : NULL;
 
+    if (have_table) {
+        memo = PyMem_Malloc(sizeof *memo);
+        if (!memo) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memset(memo->valid, 0, sizeof memo->valid);
+    }
     Py_ssize_t cap = s0 + 64;
     st = PyMem_Malloc(cap * sizeof(Frame));
     if (!st) {
@@ -370,7 +406,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             if (have_table) {
                 int known;
                 int32_t nid;
-                resolve(&T, t, &known, &nid);
+                resolve_memo(&T, memo, t, &known, &nid);
                 PUSH(&o_nid, int32_t, nid);
             }
             f->fr = no++;
@@ -405,7 +441,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (have_table) {
             int known;
             int32_t nid;
-            resolve(&T, t, &known, &nid);
+            resolve_memo(&T, memo, t, &known, &nid);
             PUSH(&o_nid, int32_t, nid);
         }
         st[d].fr = no++;
@@ -438,6 +474,7 @@ fail:
         for (size_t i = 0; i < sizeof vs / sizeof *vs; i++)
             PyMem_Free(vs[i]->p);
         PyMem_Free(st);
+        PyMem_Free(memo);
     }
     return res;
 }
