@@ -157,7 +157,8 @@ def _eq_committed(a: runs.Committed, b: runs.Committed):
         assert len(x) == len(y)
         for f in SLICE.names:
             assert np.array_equal(x[f], y[f]), f
-    assert np.array_equal(a.top, b.top)
+            assert x[f].dtype == y[f].dtype, f
+    assert np.array_equal(a.top, b.top) and a.top.dtype == b.top.dtype
     for x, y in zip(a.paths, b.paths):
         assert np.array_equal(x, y)
 
@@ -327,3 +328,134 @@ def test_real_recordings_builder_output_matches_twin(recordings, which, monkeypa
     b = _slices(recordings[which], "compiled", monkeypatch)
     assert a == b
     assert sum(x[2] for x in a) > 100
+
+
+# -- the rows' per-row work after the matching (clock.times, Pending) ------------
+@pytest.mark.parametrize("seed", range(4))
+def test_row_timing_and_sums_match_twin(seed, monkeypatch):
+    """times, begins and children of the compiled core give the twin's
+    numbers bit for bit (random anchors, rows, trees, carried sums)."""
+    from hwtrace.analysis import rows as rows_mod
+    from hwtrace.analysis.clock import TimeBase
+    from hwtrace.analysis.slices import Cols
+    rng = np.random.default_rng(seed)
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+
+    def run(impl, fn):
+        monkeypatch.setattr(_runs_impl, "CORE", None if impl == "python" else core)
+        return fn()
+
+    # times: anchors with repeated indices and jumps, rows between them
+    na = 200
+    tb = TimeBase("tsc", tsc_hz=2.4e9 if seed % 2 else None)
+    a_seq = np.sort(rng.choice(10_000, na, replace=False)).astype(np.int64)
+    a_idx = np.cumsum(rng.integers(0, 50, na)).astype(np.int64)
+    tb.anchors(a_seq, a_idx, np.cumsum(rng.integers(1, 1000, na)).astype(np.uint64))
+    seq = np.sort(rng.integers(0, int(tb.last_seq), 5000)).astype(np.int64)
+    idx = rng.integers(-5, int(a_idx[-1]) + 5, 5000).astype(np.int64)
+    a = run("python", lambda: tb.times(seq, idx))
+    b = run("compiled", lambda: tb.times(seq, idx))
+    assert a.tobytes() == b.tobytes()
+
+    # begins and children: ids of a random tree, some begun in this chunk
+    n = 3000
+    ids = np.arange(100, 100 + n, dtype=np.int64)
+    parent = np.where(rng.random(n) < 0.1, -1,
+                      rng.integers(0, 100 + n, n)).astype(np.int64)
+    X = Cols.zeros(n)
+    order = rng.permutation(n)
+    X["id"] = ids[order]
+    X["parent"] = parent[order]
+    X["begin_idx"] = rng.integers(0, 1000, n)
+    X["end_idx"] = X["begin_idx"] + rng.integers(0, 1000, n)
+    X["end"] = rng.random(n) * 1e6
+    E = Cols.zeros(n // 2)
+    E["id"] = np.sort(rng.choice(ids, n // 2, replace=False))
+    E["begin"] = rng.random(n // 2) * 1e6
+    carried = {int(k): [int(rng.integers(0, 99)), float(rng.random())]
+               for k in rng.choice(200 + n, 300, replace=False)}
+
+    def rows_work():
+        p = rows_mod.Pending(tb)
+        x = X.copy()
+        p._begin = {int(k): float(rng_t) for k, rng_t in
+                    zip(ids[::7].tolist(), (np.arange(len(ids[::7])) * 0.5).tolist())}
+        ended = p._begins(E, x)
+        p._child = {k: list(v) for k, v in carried.items()}
+        p._children(x)
+        return (x.tolist(), None if ended is None else ended.tolist(),
+                sorted(p._begin.items()), sorted(p._child.items()))
+
+    assert run("python", rows_work) == run("compiled", rows_work)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_outermost_matches_twin(seed, monkeypatch):
+    """Profile._outermost: the compiled core and the twin (a sort by
+    function and a running maximum) agree on random nested and
+    interleaved activations, some still open."""
+    from hwtrace.analysis.profile import Profile
+    from hwtrace.analysis.slices import Cols
+    rng = np.random.default_rng(seed)
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+    n = 4000
+    op = np.zeros(n, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
+                      ("main", "?"), ("tid", "<i8")])
+    op["id"] = np.arange(n) + 50
+    op["eseq"] = np.sort(rng.choice(10 * n, n, replace=False))
+    from hwtrace.analysis.profile import _hkey
+    fn = np.zeros(n, [("func", "<u8"), ("name", "<i4")])
+    fn["name"] = rng.integers(0, 40, n)
+    fn["func"] = 0x1000 + 0x10 * fn["name"].astype(np.uint64)
+    op["key"] = _hkey(fn)
+    ending = np.sort(rng.choice(n, 3 * n // 4, replace=False))
+    X = Cols.zeros(len(ending) + 50)
+    X["id"] = np.concatenate((op["id"][ending], 10 ** 9 + np.arange(50)))
+    X["xseq"] = op["eseq"][np.concatenate((ending, rng.choice(n, 50)))] + \
+        rng.integers(1, 5 * n, len(X))
+    src = np.concatenate((ending, rng.choice(n, 50)))
+    X["func"], X["name"] = fn["func"][src], fn["name"][src]
+    perm = rng.permutation(len(X))
+    X = X[perm]
+    j = np.searchsorted(op["id"], X["id"])
+    jj = np.minimum(j, n - 1)
+    found = (j < n) & (op["id"][jj] == X["id"])
+    xend = np.full(n, np.iinfo(np.int64).max, np.int64)
+    xend[jj[found]] = X["xseq"][found]
+    monkeypatch.setattr(_runs_impl, "CORE", None)
+    a = Profile._outermost(op, xend, X, jj, found)
+    monkeypatch.setattr(_runs_impl, "CORE", core)
+    b = Profile._outermost(op, xend, X, jj, found)
+    assert a.tolist() == b.tolist()
+    assert 0 < int((~a).sum()) < len(a)
+
+
+def test_batch_record_columns_match_twin(monkeypatch):
+    """batchfeed._Arrays.of: the compiled core reads a batch's records
+    into the same columns as numpy does (every iclass, sizes, counts)."""
+    from hwtrace.analysis.batchfeed import _Arrays
+    from hwtrace.flow.batches import BLOCK
+    core = _core()
+    if core is None:
+        pytest.skip("no compiled core")
+    rng = np.random.default_rng(5)
+    b = np.zeros(5000, BLOCK)
+    b["ip"] = rng.integers(0, 1 << 63, len(b), dtype=np.uint64) * 2
+    b["end_ip"] = b["ip"] + rng.integers(0, 1 << 20, len(b)).astype(np.uint64)
+    b["end_ip"][:3] = np.uint64(0xFFFFFFFFFFFFFFFF)          # the fall-through wraps
+    b["tsc"] = rng.integers(0, 1 << 62, len(b), dtype=np.uint64)
+    b["ninsn"] = rng.integers(0, 1 << 32, len(b), dtype=np.uint64).astype(np.uint32)
+    b["iclass"] = rng.integers(0, 256, len(b))
+    b["size"] = rng.integers(0, 256, len(b))
+    for blocks in (b, b[1000:4000]):
+        monkeypatch.setattr(_runs_impl, "CORE", None)
+        x = _Arrays.of(blocks, 12345)
+        monkeypatch.setattr(_runs_impl, "CORE", core)
+        y = _Arrays.of(blocks, 12345)
+        for f in ("ip", "end", "code", "fall", "tsc", "start"):
+            assert getattr(x, f).dtype == getattr(y, f).dtype, f
+            assert getattr(x, f).tobytes() == getattr(y, f).tobytes(), f

@@ -91,17 +91,18 @@ def test_jsonl_compiled_without_symbols():
     assert c == py
 
 
-def _history(impl, switches, hold=1 << 14):
+def _history(impl, switches, hold=1 << 14, binary=False, names=None):
     import io
 
     from hwtrace.analysis.records import Activation, Enter, Flag, StreamInfo
     from hwtrace.branches.calls import CallHistory
-    out = io.StringIO()
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, "utf-8", "surrogateescape") if binary else io.StringIO()
     h = CallHistory(out=out, hold=hold)
     h.impl = impl
     h.begin_stream(StreamInfo(cpu=0, switches=switches), "insns")
     rng = np.random.default_rng(3)
-    names = ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
+    names = names or ["main", "f", "caf\u00e9", "g" * 70, "x\udcff"]
     flags = [Flag.NONE, Flag.BEGIN_UNKNOWN, Flag.TRUNCATED, Flag.TAIL_CALL,
              Flag.BEGIN_UNKNOWN | Flag.TRUNCATED]
     h.add(Enter(0x10, "main", 0, 0, 0, Flag.BEGIN_UNKNOWN, 1))
@@ -116,7 +117,8 @@ def _history(impl, switches, hold=1 << 14):
         h.add(Activation(0x20 + k, nm, d, at, at + n, at, at + n, 0, 0, fl, tid))
         at += n + 1
     h.close()
-    return out.getvalue()
+    return raw.getvalue().decode("utf-8", "surrogateescape") if binary \
+        else out.getvalue()
 
 
 @pytest.mark.parametrize("switches", [(), ((0, 1, 2),)])
@@ -125,3 +127,30 @@ def test_calls_counts_compiled_matches_twin(switches, hold):
     py = _history("python", switches, hold)
     assert py.count("\n") > 600
     assert _history("compiled", switches, hold) == py
+
+
+def test_calls_counts_compiled_sorted_heads_match_twin(monkeypatch):
+    """Past the dense head table's size the compiled line writer looks
+    heads up among sorted keys: the same lines."""
+    from hwtrace.branches import calls
+    py = _history("python", (), 8)
+    monkeypatch.setattr(calls._StrTable, "DENSE_MAX", 1)
+    assert _history("compiled", (), 8) == py
+
+
+@pytest.mark.parametrize("names", [None, ["main", "f", "caf\u00e9", "g" * 70]])
+def test_calls_counts_compiled_to_a_binary_stream(names):
+    """Lines the compiled core writes go to a UTF-8 stream's buffer as
+    bytes (or through its text layer where a surrogate needs its error
+    handler): the same text, in the same order as the headers."""
+    py = _history("python", (), 8, names=names)
+    assert _history("compiled", (), 8, binary=True, names=names) == py
+
+
+def test_calls_counts_compiled_heads_by_numpy_match_twin(monkeypatch):
+    """The line writer's head table read by numpy (no analysis core)
+    gives the same lines as read by hwtrace.analysis._c_runs."""
+    from hwtrace.analysis import _runs_impl
+    py = _history("python", (), 8)
+    monkeypatch.setattr(_runs_impl, "CORE", None)
+    assert _history("compiled", (), 8) == py

@@ -31,22 +31,29 @@
  * path[i] = (pfr[i] >= 0 ? path[pfr[i]] : base[i]) * MUL + nid[i] + 1
  * (int32 nid, int64 pfr with pfr[i] < i, uint64 base).
  *
+ * After the matching, the rows' per-row work is in core/rows.c (times,
+ * begins, children, outermost, records, commit, dense_rows: see there),
+ * methods of this module too.
+ *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "core/buf.h"
+#include "core/rows.h"
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 5
+#define ABI 6
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
-#define PATH_MUL 0x100000001B3ull
 #define HBITS 22                            /* symtable._HBITS */
 
 static uint32_t flag_far, flag_tail;
@@ -148,19 +155,31 @@ static uint64_t resolve(Table *t, uint64_t a, int *known, int32_t *nid)
     return t->start[j];
 }
 
-/* -- buffers in ------------------------------------------------------------- */
-static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, Py_ssize_t n,
-                   const char *what)
+/* resolve() through a direct-mapped memo of the last answers (calls go
+ * to the same functions again and again; a binary search each time
+ * missed the cache) */
+#define MEMO 2048
+typedef struct {
+    uint64_t addr[MEMO], start[MEMO];
+    int32_t nid[MEMO];
+    uint8_t known[MEMO], valid[MEMO];
+} Memo;
+
+static uint64_t resolve_memo(Table *t, Memo *m, uint64_t a, int *known, int32_t *nid)
 {
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    if (b->len % itemsize || (n >= 0 && b->len / itemsize != n)) {
-        PyErr_Format(PyExc_ValueError, "walk: %s has the wrong size", what);
-        PyBuffer_Release(b);
-        b->obj = NULL;
-        return -1;
+    size_t h = (size_t)((a * 0x9E3779B97F4A7C15ull) >> 53) & (MEMO - 1);
+    if (m->valid[h] && m->addr[h] == a) {
+        *known = m->known[h];
+        *nid = m->nid[h];
+        return m->start[h];
     }
-    return 0;
+    uint64_t start = resolve(t, a, known, nid);
+    m->valid[h] = 1;
+    m->addr[h] = a;
+    m->start[h] = start;
+    m->known[h] = (uint8_t)*known;
+    m->nid[h] = *nid;
+    return start;
 }
 
 /* one frame of the stack being walked */
@@ -185,6 +204,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         x_tr = {0, 0, 0, 8}, x_lvl = {0, 0, 0, 8}, x_fr = {0, 0, 0, 8},
         top = {0, 0, 0, 8}, unk = {0, 0, 0, 8}, o_nid = {0, 0, 0, 4};
     Frame *st = NULL;
+    Memo *memo = NULL;
     PyObject *res = NULL;
     Table T = {0};
     int have_table = 0;
@@ -249,6 +269,14 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const uint8_t *jfl = bfl.obj ? bfl.buf : NULL;
     const uint64_t *sst = bss.obj ? bss.buf : NULL;
 
+    if (have_table) {
+        memo = PyMem_Malloc(sizeof *memo);
+        if (!memo) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memset(memo->valid, 0, sizeof memo->valid);
+    }
     Py_ssize_t cap = s0 + 64;
     st = PyMem_Malloc(cap * sizeof(Frame));
     if (!st) {
@@ -354,7 +382,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             if (have_table) {
                 int known;
                 int32_t nid;
-                resolve(&T, t, &known, &nid);
+                resolve_memo(&T, memo, t, &known, &nid);
                 PUSH(&o_nid, int32_t, nid);
             }
             f->fr = no++;
@@ -389,7 +417,7 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (have_table) {
             int known;
             int32_t nid;
-            resolve(&T, t, &known, &nid);
+            resolve_memo(&T, memo, t, &known, &nid);
             PUSH(&o_nid, int32_t, nid);
         }
         st[d].fr = no++;
@@ -422,6 +450,7 @@ fail:
         for (size_t i = 0; i < sizeof vs / sizeof *vs; i++)
             PyMem_Free(vs[i]->p);
         PyMem_Free(st);
+        PyMem_Free(memo);
     }
     return res;
 }
@@ -471,6 +500,7 @@ static PyMethodDef methods[] = {
      "The call stack over a run of transfers (see the module source)."},
     {"paths", (PyCFunction)(void (*)(void))py_paths, METH_FASTCALL,
      "Call-path hashes, parents first."},
+    ROWS_METHODS,
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,7 +5,11 @@ module ``hwtrace.analysis._c_runs`` (source ``_c_runs.c`` next to this
 file: one walk over a run's transfers), or ``None`` for the Python twin
 (:func:`~hwtrace.analysis.runs.match`, numpy over all transfers at once)
 -- see :mod:`hwtrace._ext` for the selection rules
-(``HWTRACE_NO_EXTENSIONS=1``, ``HWTRACE_REQUIRE_EXTENSIONS=1``).
+(``HWTRACE_NO_EXTENSIONS=1``, ``HWTRACE_REQUIRE_EXTENSIONS=1``).  The
+rows' per-row work after the matching (``core/rows.c``: runs.commit,
+clock.TimeBase.times, rows.Pending, profile.Profile._outermost,
+batchfeed._Arrays, branches.calls' head table) looks the same
+:data:`CORE` up, each with its numpy twin.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.analysis._c_runs"
-ABI = 5
+ABI = 6
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

@@ -42,6 +42,8 @@ from typing import Callable
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
+
 
 class TimeBase:
     """The anchors of one stream and the rule that times rows by them.
@@ -164,9 +166,24 @@ class TimeBase:
             if len(self._a_seq) else 0
 
     def times(self, seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        """Times of rows that are :meth:`ready`."""
+        """Times of rows that are :meth:`ready` (the compiled core's
+        ``times`` where it is in use, else :meth:`_times`: the same
+        numbers)."""
         if self.mode == "insns":
             return np.asarray(idx, np.float64)
+        core = _runs_impl.CORE
+        if core is None:
+            return self._times(seq, idx)
+        out = np.empty(len(seq), np.float64)
+        core.times(np.ascontiguousarray(self._a_seq, np.int64),
+                   np.ascontiguousarray(self._a_idx, np.int64),
+                   np.ascontiguousarray(self._a_t, np.float64),
+                   np.ascontiguousarray(seq, np.int64),
+                   np.ascontiguousarray(idx, np.int64), out)
+        return out
+
+    def _times(self, seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The Python twin of the compiled ``times``."""
         a_seq, a_idx, a_t = self._a_seq, self._a_idx, self._a_t
         k = np.searchsorted(a_seq, seq, side="left")
         p = k - 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag, Marker
 from hwtrace.analysis.slices import RecordChunker, _UNKNOWN
 
@@ -121,10 +122,7 @@ class Profile:
             return
         op = self._open
         # where each activation ends: this chunk, or later (+inf)
-        j = np.searchsorted(op["id"], X["id"])
-        jj = np.minimum(j, len(op) - 1)
-        found = (j < len(op)) & (op["id"][jj] == X["id"]) if len(op) else \
-            np.zeros(len(X), bool)
+        jj, found = _positions(op["id"], X["id"])
         xend = np.full(len(op), np.iinfo(np.int64).max, np.int64)
         xend[jj[found]] = X["xseq"][found]
         # inside main: within a main activation (itself included)
@@ -163,10 +161,25 @@ class Profile:
     @staticmethod
     def _outermost(op, xend, X, jj, found) -> np.ndarray:
         """For every ending activation: no activation of the same function
-        (begun before it, ending after it) encloses it."""
+        (begun before it, ending after it) encloses it (the compiled
+        core's ``outermost`` where it is in use, else the twin below)."""
         out = np.ones(len(X), bool)
         if not found.any():
             return out
+        core = _runs_impl.CORE
+        if core is None:
+            return Profile._outermost_twin(op, xend, X, jj, found, out)
+        xrow = np.full(len(op), -1, np.int64)
+        xrow[jj[found]] = np.flatnonzero(found)
+        core.outermost(np.ascontiguousarray(op["key"], np.int64),
+                       np.ascontiguousarray(xend, np.int64), xrow,
+                       np.ascontiguousarray(X["xseq"], np.int64), out.view(np.uint8))
+        return out
+
+    @staticmethod
+    def _outermost_twin(op, xend, X, jj, found, out) -> np.ndarray:
+        """The Python twin of the compiled ``outermost``: one sort by
+        (function, begin) and a running maximum of the ends."""
         xkey = _hkey(X)
         # the ones ending here, and those still open of the same functions
         ending = np.zeros(len(op), bool)
@@ -198,22 +211,28 @@ class Profile:
         with np.errstate(over="ignore"):
             hk = (_hkey(X).view(np.uint64) * np.uint64(0x100000001B3)
                   + part.astype(np.uint64)).view(np.int64)
-        u, first, inv = np.unique(hk, return_index=True, return_inverse=True)
-        inv = np.asarray(inv).reshape(-1)
-        out = np.empty(len(u), np.int64)
         # keys seen in this stream's earlier chunks (of the same names
-        # table: the hash holds a name id): their rows at once
+        # table: the hash holds a name id): their rows at once, and only
+        # the others sorted out (their first rows: the keys' order)
         if self._hk_names is not names:
             self._hk_names = names
             self._hk_known = self._hk_rows = np.zeros(0, np.int64)
         known, krow = self._hk_known, self._hk_rows
         if len(known):
-            pos = np.minimum(np.searchsorted(known, u), len(known) - 1)
-            hit = known[pos] == u
-            out[hit] = krow[pos[hit]]
-            new = np.flatnonzero(~hit)
+            pos = np.minimum(np.searchsorted(known, hk), len(known) - 1)
+            hit = known[pos] == hk
+            res = krow[pos]
+            if hit.all():
+                return res
+            miss = np.flatnonzero(~hit)
         else:
-            new = np.arange(len(u))
+            res = np.empty(len(hk), np.int64)
+            miss = np.arange(len(hk))
+        u, first, inv = np.unique(hk[miss], return_index=True, return_inverse=True)
+        inv = np.asarray(inv).reshape(-1)
+        first = miss[first]
+        out = np.empty(len(u), np.int64)
+        new = np.arange(len(u))
         nt = names.names
         for j, i in zip(new.tolist(), first[new].tolist()):
             func = int(X["func"][i])
@@ -234,7 +253,8 @@ class Profile:
             o = np.argsort(k, kind="stable")
             self._hk_known = k[o]
             self._hk_rows = np.concatenate((krow, out[new]))[o]
-        return out[inv]
+        res[miss] = out[inv]
+        return res
 
     def close(self) -> None:
         self._flush_legacy()
@@ -289,6 +309,25 @@ class Profile:
         funcs = self.funcs if funcs is None else funcs
         return sorted(funcs.values(), key=lambda s: getattr(s, key),
                       reverse=True)[:n]
+
+
+def _positions(ids: np.ndarray, x: np.ndarray) -> tuple:
+    """(position, found) of each of ``x`` among the ascending ``ids``
+    (positions where found; elsewhere any): first where ids handed out
+    one after another up to the last put it, then by a binary search
+    for the rest."""
+    n = len(ids)
+    if not n:
+        return np.zeros(len(x), np.int64), np.zeros(len(x), bool)
+    ids = np.ascontiguousarray(ids)
+    jj = np.clip(x - (ids[-1] - (n - 1)), 0, n - 1)
+    found = ids[jj] == x
+    if not found.all():
+        rest = np.flatnonzero(~found)
+        j = np.minimum(np.searchsorted(ids, x[rest]), n - 1)
+        jj[rest] = j
+        found[rest] = ids[j] == x[rest]
+    return jj, found
 
 
 def _hkey(rows: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.clock import TimeBase
 from hwtrace.analysis.slices import Cols, Slices, empty
 
@@ -143,7 +144,13 @@ class Pending:
         begin = X["begin"]
         found = np.zeros(len(X), bool)
         ended = None
-        if len(E):
+        core = _runs_impl.CORE
+        if len(E) and core is not None:
+            ended = np.zeros(len(E), bool)
+            core.begins(_c(E["id"], np.int64), _c(E["begin"], np.float64),
+                        _c(X["id"], np.int64), begin, found.view(np.uint8),
+                        ended.view(np.uint8))
+        elif len(E):
             eid = E["id"]
             j = np.searchsorted(eid, X["id"])
             jj = np.minimum(j, len(eid) - 1)
@@ -167,6 +174,45 @@ class Pending:
                 rem[i] = t
 
     def _children(self, X: np.ndarray) -> None:
+        """Callee sums of the ending rows (the compiled core's
+        ``children`` where it is in use, else :meth:`_children_twin`)."""
+        core = _runs_impl.CORE
+        if core is None:
+            self._children_twin(X)
+            return
+        acc = self._child
+        nc = len(acc)
+        keys = np.fromiter(acc.keys(), np.int64, nc)
+        c_insns = np.fromiter((a[0] for a in acc.values()), np.int64, nc)
+        c_time = np.fromiter((a[1] for a in acc.values()), np.float64, nc)
+        used = np.zeros(nc, np.uint8)
+        ci = np.empty(len(X), np.int64)
+        ct = np.empty(len(X), np.float64)
+        u, si, st = core.children(
+            _c(X["id"], np.int64), _c(X["parent"], np.int64),
+            _c(X["begin_idx"], np.int64), _c(X["end_idx"], np.int64),
+            _c(X["begin"], np.float64), _c(X["end"], np.float64), ci, ct,
+            keys, c_insns, c_time, used)
+        for key in keys[used.view(bool)].tolist():
+            del acc[key]
+        X["child_insns"] = ci
+        X["child_time"] = ct
+        self._carry(np.frombuffer(u, np.int64), np.frombuffer(si, np.int64),
+                    np.frombuffer(st, np.float64))
+
+    def _carry(self, u, si, st) -> None:
+        """Callee sums for parents still open, carried to a later chunk."""
+        acc = self._child
+        for pid, a, b in zip(u.tolist(), si.tolist(), st.tolist()):
+            cur = acc.get(pid)
+            if cur is None:
+                acc[pid] = [int(a), b]
+            else:
+                cur[0] += int(a)
+                cur[1] += b
+
+    def _children_twin(self, X: np.ndarray) -> None:
+        """The Python twin of the compiled ``children``."""
         insns = X["end_idx"] - X["begin_idx"]
         dur = X["end"] - X["begin"]
         ids = X["id"]
@@ -198,10 +244,8 @@ class Pending:
             u, inv = np.unique(p, return_inverse=True)
             si = np.bincount(inv, insns[away], len(u))
             st = np.bincount(inv, dur[away], len(u))
-            for pid, a, b in zip(u.tolist(), si.tolist(), st.tolist()):
-                cur = acc.get(pid)
-                if cur is None:
-                    acc[pid] = [int(a), b]
-                else:
-                    cur[0] += int(a)
-                    cur[1] += b
+            self._carry(u, si, st)
+
+
+def _c(a: np.ndarray, dtype) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype)

@@ -364,12 +364,6 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     tgt, land = tr.tgt, tr.land_idx
     o_tr, o_lvl, o_pfr = m.o_tr, m.o_lvl, m.o_pfr
     o_func = tgt[o_tr]
-    # parents: the frame at level - 1 (or none at level 0)
-    p_lvl = o_lvl - 1
-    p_run = o_pfr >= 0
-    pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
-    parent = np.where(p_lvl < 0, -1,
-                      np.where(p_run, next_id + o_pfr, stack["id"][pc]))
     if m.o_nid is None:
         _start, o_nid, _known = names.resolve(o_func)
     else:
@@ -377,6 +371,15 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         unk = np.flatnonzero(o_nid < 0)
         if len(unk):
             o_nid[unk] = names.register_unknown(o_func[unk])
+    if core is not None:
+        return _commit_compiled(core, m, tr, stack, o_nid, seq0=seq0,
+                                next_id=next_id, pid=pid, tid=tid, paths=paths)
+    # parents: the frame at level - 1 (or none at level 0)
+    p_lvl = o_lvl - 1
+    p_run = o_pfr >= 0
+    pc = np.minimum(np.maximum(p_lvl, 0), s0 - 1)
+    parent = np.where(p_lvl < 0, -1,
+                      np.where(p_run, next_id + o_pfr, stack["id"][pc]))
     # call paths: parent path * MUL + name + 1, parents first
     base_path = np.where(p_lvl < 0, _U8(0),
                          np.where(p_run, _U8(0), stack["path"][pc])).astype(_U8)
@@ -444,6 +447,42 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         top["ret"] = m.o_ret[top_fr]
         top["ret_ok"] = m.o_ret_ok[top_fr]
     return Committed(m.k, enters, exits, m.keep, top, no, (path, ppath, o_nid))
+
+
+_STACK_IN = ("id", "parent", "func", "name", "flags", "pid", "tid", "begin_idx",
+             "eseq", "path")
+_SLICE_COLS = [(f, SLICE.fields[f][0]) for f in SLICE.names]
+_STACK_COLS = [(f, STACK.fields[f][0]) for f in STACK.names]
+
+
+def _commit_compiled(core, m: Match, tr: Transfers, stack: np.ndarray, o_nid, *,
+                     seq0: int, next_id: int, pid: int, tid: int,
+                     paths: bool) -> Committed:
+    """commit's rows made by the compiled core (the numpy code above is
+    its twin)."""
+    no, nx, nt = len(m.o_tr), len(m.x_tr), len(m.top_fr)
+    e = {f: np.empty(no, t) for f, t in _SLICE_COLS}
+    x = {f: np.empty(nx, t) for f, t in _SLICE_COLS}
+    tc = {f: np.empty(nt, t) for f, t in _STACK_COLS}
+    path = np.empty(no, _U8)
+    ppath = np.empty(no, _U8)
+    c = np.ascontiguousarray
+    o_nid = c(o_nid, np.int32)
+    core.commit(c(tr.tgt, _U8), c(tr.land_idx, np.int64), c(m.o_tr, np.int64),
+                c(m.o_lvl, np.int64), c(m.o_pfr, np.int64), c(m.o_flags, np.uint32),
+                o_nid, c(m.o_ret, _U8), c(m.o_ret_ok, bool).view(np.uint8),
+                c(m.x_tr, np.int64), c(m.x_lvl, np.int64), c(m.x_fr, np.int64),
+                c(m.top_fr, np.int64),
+                *(c(stack[f], STACK.fields[f][0]) for f in _STACK_IN),
+                int(seq0), int(next_id), int(pid), int(tid), bool(paths),
+                tuple(e.values()), tuple(x.values()),
+                tuple(tc[f] if f != "ret_ok" else tc[f].view(np.uint8)
+                      for f in STACK.names), path, ppath)
+    top = np.empty(nt, STACK)
+    for f in STACK.names:
+        top[f] = tc[f]
+    return Committed(m.k, Cols(e, no), Cols(x, nx), m.keep, top, no,
+                     (path, ppath, o_nid))
 
 
 #: the fields an exit takes from its activation's begin

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 from hwtrace.analysis.slices import Cols, RecordChunker
 from hwtrace.export import track_label
@@ -75,25 +76,67 @@ class CallHistory:
         self._ctx = None
         self._heads: dict = {}
         self._notes: dict = {}
+        self._raw_of = self._raw_buf = None  # out's binary buffer (see _raw)
+        self._text_written = False
+        self._htab = _StrTable()             # the compiled core's heads,
+        self._etab = _StrTable()             # "end of" heads ...
+        self._ntab = _StrTable()             # ... and notes, made once
         self.lines_written = 0
         #: the counts-only formatter: None the selector's choice, "python"
         #: or "compiled" (hwtrace.branches._c_format)
         self.impl: str | None = None
 
     # -- output ------------------------------------------------------------------
-    def _write(self, text: str) -> None:
+    def _write(self, text) -> None:
+        """Text (str), or UTF-8 bytes: those go to a UTF-8 text stream's
+        binary buffer as they are (after any text written before them)
+        when they hold no surrogate (nor any \\xed lead byte, to be quick
+        about it), so every line is not decoded and encoded again."""
         if not text:
             return
-        if self.out is not None:
-            self.out.write(text)
+        out = self.out
+        if isinstance(text, bytes):
+            raw = self._raw
+            if raw is None or b"\xed" in text:
+                text = text.decode("utf-8", "surrogatepass")
+            else:
+                if self._text_written:
+                    out.flush()
+                    self._text_written = False
+                raw.write(text)
+                return
+        if out is not None:
+            out.write(text)
+            self._text_written = True
         else:
             self._kept.extend(text.splitlines())
+
+    @property
+    def _raw(self):
+        """The binary buffer under ``out`` if bytes may be written there
+        as they are (a UTF-8 text stream on a system writing "\\n"), else
+        None."""
+        if self._raw_of is not self.out:
+            import codecs
+            import os
+            raw = getattr(self.out, "buffer", None)
+            enc = getattr(self.out, "encoding", None)
+            try:
+                utf8 = enc is not None and codecs.lookup(enc).name == "utf-8"
+            except LookupError:
+                utf8 = False
+            self._raw_buf = raw if (raw is not None and utf8 and os.linesep == "\n") \
+                else None
+            self._raw_of = self.out
+        return self._raw_buf
 
     def begin_stream(self, info, unit=None) -> None:
         self._end_stream()
         self._info = info
         self._last_tid = -1
         self._heads = {}
+        self._htab = _StrTable()
+        self._etab = _StrTable()
         self._unit = unit
         self._write(f"{track_label(info)}:\n")
 
@@ -122,15 +165,11 @@ class CallHistory:
 
     def _ends(self, X: np.ndarray) -> None:
         q = self._q
-        j = np.searchsorted(q["id"], X["id"])
-        jj = np.minimum(j, max(len(q) - 1, 0))
-        here = (j < len(q)) & (q["id"][jj] == X["id"]) if len(q) else \
-            np.zeros(len(X), bool)
+        jj, here = _find_ids(q["id"], X["id"])
         if here.any():
             k = jj[here]
-            src = X[here]
             for f in ("end_idx", "end", "begin", "flags", "child_insns", "xseq"):
-                q[f][k] = src[f]
+                q[f][k] = X[f][here]
             self._done[k] = True
         if self._early and (~here).any():
             late = X[~here]
@@ -274,42 +313,41 @@ class CallHistory:
 
     def _format_counts_compiled(self, core, rows, ok, final, end_of: bool) -> str:
         """_format_counts by the compiled core: each distinct (depth,
-        function) head and each distinct flags' note made here, as above;
-        the lines in C."""
+        function) head and each distinct flags' note made once (kept, by
+        key, in tables the core reads), as above; the lines in C."""
         names = self._ctx.names.names
-        heads = self._heads
-        depth = rows["depth"].astype(np.int64)
-        nid = rows["name"].astype(np.int64)
-        key = (depth << 32) | (nid & 0xFFFFFFFF)
-        u, first, hinv = np.unique(key, return_index=True, return_inverse=True)
-        htab = []
-        for j in first.tolist():
-            d, i = int(depth[j]), int(nid[j])
-            k = (d, i, end_of)
-            h = heads.get(k)
-            if h is None:
-                text = "  " * (d + 1) + ("end of " if end_of else "") + names[i]
-                h = heads[k] = f"{text:<48} "
-            htab.append(h.encode("utf-8", "surrogatepass"))
         notes = self._notes
-        fu, finv = np.unique(rows["flags"], return_inverse=True)
-        ntab = []
-        for f in fu.tolist():
-            note = notes.get(f)
-            if note is None:
-                note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
-            ntab.append(note.encode("utf-8", "surrogatepass"))
+        pre = "end of " if end_of else ""
+
+        def head(keys: list) -> list:
+            # as _format_counts makes them (a head depends on its key only)
+            return [("  " * ((k >> 32) + 1) + pre + names[k & 0xFFFFFFFF]).ljust(48)
+                    .encode("utf-8", "surrogatepass") + b" " for k in keys]
+
+        def note(keys: list) -> list:
+            out = []
+            for f in keys:
+                t = notes.get(f)
+                if t is None:
+                    t = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+                out.append(t.encode("utf-8", "surrogatepass"))
+            return out
+
+        htab = self._etab if end_of else self._htab
+        hinv = htab.index(rows["depth"], rows["name"], head)
+        flags = rows["flags"]
+        finv = self._ntab.index(np.zeros(len(flags), np.int32), flags, note)
         opened = (_OPEN if final else _EARLY)
         text, last = core.calls_counts(
-            np.asarray(hinv, np.int64).reshape(-1), *_blob(htab),
+            hinv, *htab.blob(),
             (rows["end_idx"] - rows["begin_idx"]).astype(np.int64),
             np.ascontiguousarray(ok, np.uint8),
-            np.asarray(finv, np.int64).reshape(-1), *_blob(ntab),
+            finv, *self._ntab.blob(),
             rows["tid"].astype(np.int64),
             bool(getattr(self._info, "switches", ())), int(self._last_tid), opened)
         self._last_tid = last
         self.lines_written += len(rows)
-        return text.decode("utf-8", "surrogatepass")
+        return text          # UTF-8 bytes (surrogates passed): see _write
 
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
@@ -330,12 +368,137 @@ class CallHistory:
         return iter(kept)
 
 
-def _blob(table: list) -> tuple:
-    """(bytes, int64 offsets one longer) of a list of bytes."""
-    offs = np.zeros(len(table) + 1, np.int64)
-    if table:
-        np.cumsum([len(x) for x in table], out=offs[1:])
-    return b"".join(table), offs
+def _find_ids(qid: np.ndarray, xid: np.ndarray) -> tuple:
+    """(position, found) of each of ``xid`` among the ascending ``qid``:
+    first where ids handed out one after another put it, then by a
+    binary search for the rest."""
+    n = len(qid)
+    if not n:
+        return np.zeros(len(xid), np.int64), np.zeros(len(xid), bool)
+    jj = np.clip(xid - qid[0], 0, n - 1)
+    here = qid[jj] == xid
+    if not here.all():
+        rest = np.flatnonzero(~here)
+        j = np.minimum(np.searchsorted(qid, xid[rest]), n - 1)
+        jj[rest] = j
+        here[rest] = qid[j] == xid[rest]
+    return jj, here
+
+
+class _StrTable:
+    """Byte strings made once per int64 key (>= 0), in one growing blob
+    with int64 offsets (what the compiled core reads): a chunk's keys are
+    looked up in a dense table by (key >> 32, key & 0xFFFFFFFF) -- (depth,
+    name id) of a head -- while it stays under ``DENSE_MAX`` entries, else
+    among the sorted known ones; only new keys are made."""
+
+    DENSE_MAX = 1 << 22
+
+    def __init__(self):
+        self._keys = np.zeros(0, np.int64)      # known keys, sorted
+        self._rows = np.zeros(0, np.int64)      # ... their strings' rows
+        self._dense = np.zeros((0, 0), np.int32)   # [hi, lo] -> row (-1: none)
+        self._blob = bytearray()
+        self._offs = np.zeros(256, np.int64)
+        self._n = 0
+
+    def index(self, hi: np.ndarray, lo: np.ndarray, make) -> np.ndarray:
+        """The row of the string of every key (hi << 32) | lo (integer
+        arrays, 0 <= lo < 2**32), made where new (``make(list of keys)``
+        -> a list of bytes, keys in ascending order).  The dense table is read by the compiled
+        core where it is in use (hwtrace.analysis._c_runs.dense_rows),
+        else by numpy."""
+        core = _runs_impl.CORE
+        if core is None or not len(hi):
+            key = (np.asarray(hi, np.int64) << 32) | \
+                (np.asarray(lo, np.int64) & 0xFFFFFFFF)
+            return self._index(key, make)
+        c32 = np.ascontiguousarray
+        h32, l32 = c32(hi, np.int32), c32(lo, np.int32)
+        out = np.empty(len(hi), np.int64)
+        m = core.dense_rows(self._dense, h32, l32, out)
+        if m < 0:
+            key = (np.asarray(hi, np.int64) << 32) | np.asarray(lo, np.int64)
+            if int(hi.max()) >> 31 or int(lo.max()) >> 31 or not self._fits(key):
+                return self._sorted_index(key, make)
+            m = core.dense_rows(self._dense, h32, l32, out)
+        if m:
+            key = (np.asarray(hi, np.int64) << 32) | np.asarray(lo, np.int64)
+            self._index(key[out < 0], make)
+            m = core.dense_rows(self._dense, h32, l32, out)
+        if m:
+            raise RuntimeError("calls: a head not in the dense table")
+        return out
+
+    def _index(self, key: np.ndarray, make) -> np.ndarray:
+        if len(key) and self._fits(key):
+            d = self._dense
+            flat = (key >> 32) * d.shape[1] + (key & 0xFFFFFFFF)
+            r = d.ravel().take(flat)
+            miss = r < 0
+            if miss.any():
+                new = np.unique(key[miss])
+                d[new >> 32, new & 0xFFFFFFFF] = np.arange(self._n, self._n + len(new))
+                self._add_many(make(new.tolist()))
+                r = d.ravel().take(flat)
+            return r.astype(np.int64)
+        return self._sorted_index(key, make)
+
+    def _fits(self, key: np.ndarray) -> bool:
+        """Whether the dense table covers the keys (grown if it may)."""
+        if int(key.min()) < 0:
+            return False
+        h, w = int(key.max() >> 32) + 1, int((key & 0xFFFFFFFF).max()) + 1
+        H, W = self._dense.shape
+        if h <= H and w <= W:
+            return True
+        nh, nw = max(H, 1), max(W, 1)
+        while nh < h:
+            nh *= 2
+        while nw < w:
+            nw *= 2
+        if nh * nw > self.DENSE_MAX:
+            return False
+        d = np.full((nh, nw), -1, np.int32)
+        d[:H, :W] = self._dense
+        self._dense = d
+        return True
+
+    def _sorted_index(self, key: np.ndarray, make) -> np.ndarray:
+        known = self._keys
+        if len(known):
+            pos = np.minimum(np.searchsorted(known, key), len(known) - 1)
+            hit = known[pos] == key
+            if hit.all():
+                return self._rows[pos]
+            new = np.unique(key[~hit])
+        else:
+            new = np.unique(key)
+        rows = np.arange(self._n, self._n + len(new), dtype=np.int64)
+        self._add_many(make(new.tolist()))
+        k = np.concatenate((known, new))
+        o = np.argsort(k, kind="stable")
+        self._keys = k[o]
+        self._rows = np.concatenate((self._rows, rows))[o]
+        pos = np.searchsorted(self._keys, key)
+        return self._rows[pos]
+
+    def _add_many(self, bs: list) -> None:
+        if not bs:
+            return
+        n = self._n + len(bs)
+        if n >= len(self._offs):
+            grow = np.zeros(max(2 * len(self._offs), n + 1), np.int64)
+            grow[:len(self._offs)] = self._offs
+            self._offs = grow
+        ends = np.cumsum([len(b) for b in bs], dtype=np.int64)
+        self._offs[self._n + 1:n + 1] = ends + len(self._blob)
+        self._blob += b"".join(bs)
+        self._n = n
+
+    def blob(self) -> tuple:
+        """(blob, offsets one longer than the strings)."""
+        return self._blob, self._offs[:self._n + 1]
 
 
 def _durations(t: Lines, d: np.ndarray, unit: str | None, show: np.ndarray) -> None:
