@@ -73,7 +73,7 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
 {
     *err = 0;
     struct insn_dec *d = &s->d;
-    if (d->q.tnt_index < 2)
+    if (!d->q.tnt_index)
         return NULL;
     struct chain_cache *cc = &w->chains;
     if (!cc->ready) {
