@@ -58,7 +58,8 @@ def _extensions() -> list[Extension]:
             name, [f.relative_to(HERE).as_posix() for f in srcs],
             depends=[os.path.relpath(f, HERE) for f in deps],
             define_macros=[("HWTRACE_SOURCE_SHA256", f'"{digest}"')],
-            extra_compile_args=["-O2", "-std=c11", "-Wall"]))
+            extra_compile_args=["-O2", "-std=c11", "-Wall",
+                                "-fvisibility=hidden"]))
     return exts
 
 

@@ -397,3 +397,34 @@ def test_fingerprint_covers_every_source_of_the_core(tmp_path):
         assert sources.fingerprint(copy) != base, rel
         f.write_bytes(old)
     assert sources.fingerprint(copy) == base
+
+
+def test_hooks_event_types_filter():
+    """set_hooks(after_sync, after_event, event_types): after_event is
+    called for those types only (a switcher's few; the many others, a
+    PSB+'s status updates, make no Event), the counts are unchanged, and
+    an unknown type name is refused."""
+    _core()
+    seeds = flowdiff._corpus_seeds(CORPUS, 1 << 16)
+    if not seeds:
+        pytest.skip("libipt corpus unavailable")
+    seen_all, seen_some, checked = [], [], 0
+    for data in seeds[:60]:
+        trace, image, cfg, block, resync = flowdiff.parse(data)
+        got = []
+        for types, seen in ((None, seen_all), (["enabled", "disabled"],
+                                               seen_some)):
+            dec = fast.core_decoder(trace, image, cfg, block=block,
+                                    resync=resync, plain_offsets=True)
+            mark = len(seen)
+            dec.set_hooks(None, lambda d, ev: seen.append(ev.type), types)
+            got.append((dec.counts(), seen[mark:]))
+        (c_all, t_all), (c_some, t_some) = got
+        assert c_all == c_some
+        assert t_some == [t for t in t_all if t in ("enabled", "disabled")]
+        checked += 1
+    assert checked and any(t not in ("enabled", "disabled")
+                           for t in seen_all) and seen_some
+    dec = fast.core_decoder(trace, image, cfg)
+    with pytest.raises(ValueError):
+        dec.set_hooks(None, lambda d, ev: None, ["no such event"])

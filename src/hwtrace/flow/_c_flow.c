@@ -26,7 +26,7 @@
  *
  * A decoder does one of these (batches until None, or one counts/edges).
  * An address-space switcher looks in through set_hooks(after_sync,
- * after_event) and the attributes ip, enabled, offset, pos, time(),
+ * after_event[, event_types]) and the attributes ip, enabled, offset, pos, time(),
  * time_ahead(), and switches with set_image(image).
  *
  * The parallel paths' jobs (core/segment.h):
@@ -75,6 +75,8 @@ typedef struct {
     int nimg, capimg;
     PyObject *filler, *release;
     PyObject *after_sync, *after_event;
+    uint64_t event_mask;        /* the event types after_event is called
+                                   for (bit EV_*; all by default) */
     struct hooks hooks;
     struct batch_sink bs;
     uint64_t first_insn;
@@ -247,7 +249,7 @@ static int hook_after_event(void *ctx, struct session *s, const struct event *ev
 {
     Decoder *self = ctx;
     (void)s;
-    if (!self->after_event)
+    if (!self->after_event || !(self->event_mask >> ev->type & 1))
         return 0;
     PyObject *o = event_to_py(ev);
     if (!o)
@@ -777,13 +779,48 @@ static PyObject *Decoder_add_item(Decoder *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_hooks(after_sync, after_event[, event_types]): event_types, the
+ * names of the event types after_event wants (None: every event) -- a
+ * switcher that acts on a few types is not called, and no Event is made,
+ * for the many others (a PSB+'s status updates, CBR) */
+_Static_assert(EV_NTYPES <= 64, "event_mask holds a bit per type");
+
 static PyObject *Decoder_set_hooks(Decoder *self, PyObject *args)
 {
-    PyObject *s, *e;
-    if (!PyArg_ParseTuple(args, "OO", &s, &e))
+    PyObject *s, *e, *types = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O", &s, &e, &types))
         return NULL;
+    uint64_t mask = ~(uint64_t)0;
+    if (types != Py_None) {
+        PyObject *it = PyObject_GetIter(types);
+        if (!it)
+            return NULL;
+        mask = 0;
+        PyObject *name;
+        while ((name = PyIter_Next(it))) {
+            int found = -1;
+            for (int i = 0; i < EV_NTYPES && found < 0; i++) {
+                int eq = PyUnicode_Check(name) &&
+                         PyUnicode_CompareWithASCIIString(name,
+                                                          EV_NAMES[i]) == 0;
+                if (eq)
+                    found = i;
+            }
+            Py_DECREF(name);
+            if (found < 0) {
+                Py_DECREF(it);
+                PyErr_SetString(PyExc_ValueError, "unknown event type");
+                return NULL;
+            }
+            mask |= (uint64_t)1 << found;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            return NULL;
+    }
     Py_XSETREF(self->after_sync, s == Py_None ? NULL : Py_NewRef(s));
     Py_XSETREF(self->after_event, e == Py_None ? NULL : Py_NewRef(e));
+    self->event_mask = mask;
     Py_RETURN_NONE;
 }
 

@@ -505,7 +505,9 @@ class _CoreFlow:
         def after_event(dec, ev):
             self._last = (0, ev)
             switcher.event()
-        return after_sync, after_event
+        # the core calls after_event only for the types the switcher acts
+        # on, if it says which (None: every event)
+        return after_sync, after_event, getattr(switcher, "EVENTS", None)
 
 
 class _CoreQuery:

@@ -481,6 +481,11 @@ class SpaceSwitcher:
     added (the choice then falls to time alone; :attr:`SpacePlan.ambiguous`).
     """
 
+    #: the event types :meth:`event` acts on (the compiled core calls back
+    #: for these only: a PSB+'s exec-mode and CBR updates are most events)
+    EVENTS = frozenset({"paging", "async_paging", "enabled", "overflow",
+                        "disabled", "async_disabled"})
+
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
                  on_switch: Callable | None = None, cyc: bool = False,

@@ -100,6 +100,21 @@ static inline int rec_add_run(struct rec *r, const struct run *ru,
  * or R_FATAL; *r must be empty (ninsn 0) */
 int blk_next(struct insn_dec *d, struct rec *r);
 
+/* the run at (ip, mode) if p's successors (or its last other one) have
+ * it, else NULL */
+static inline struct run *run_succ(const struct run *p, uint64_t ip,
+                                   int mode)
+{
+    for (int i = 0; i < RUN_SUCC; i++) {
+        struct run *ru = p->succ[i];
+        if (ru && p->succ_ip[i] == ip && ru->mode == mode)
+            return ru;
+    }
+    if (p->mru && p->mru_ip == ip && p->mru->mode == mode)
+        return p->mru;
+    return NULL;
+}
+
 /* the run the fast paths may take at d's IP (enabled, nothing pending,
  * not resynchronizing, none of ``slow_mask`` in the status), else NULL
  * (*err < 0: a fatal error); the previous run's successors first.  Where
@@ -116,23 +131,23 @@ static inline struct run *fast_run_first(struct insn_dec *d, int slow_mask,
     uint64_t ip = d->ip;
     int mode = d->mode;
     struct run *p = d->prev_run, *ru;
-    if (p) {
-        for (int i = 0; i < RUN_SUCC; i++) {
-            ru = p->succ[i];
-            if (ru && p->succ_ip[i] == ip && ru->mode == mode)
-                goto have;
-        }
-    }
+    if (p && (ru = run_succ(p, ip, mode)))
+        goto have;
     ru = ic_run(d->ic, ip, mode, err);
     if (!ru)
         return NULL;
     if (p) {
-        for (int i = 0; i < RUN_SUCC; i++) {
+        int i = 0;
+        for (; i < RUN_SUCC; i++) {
             if (!p->succ[i]) {
                 p->succ[i] = ru;
                 p->succ_ip[i] = ip;
                 break;
             }
+        }
+        if (i == RUN_SUCC) {
+            p->mru = ru;
+            p->mru_ip = ip;
         }
     }
 have:

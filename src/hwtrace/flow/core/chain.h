@@ -13,9 +13,10 @@
  * branch, a return without its call in the chain, a branch past the key's
  * bits), where the walk's own steps take over with the state the chain
  * leaves: the instructions since the last query, the block still open.
- * It never takes a packet's last TNT bit (that one may change the status:
- * the walk's step computes it), nor runs with a deferred error, a pending
- * event, a tick config or a return stack that could overflow. */
+ * It takes a packet's last TNT bit only where the status stays clean
+ * after it (no event next, not the end: what the walk's step would
+ * compute), and never runs with a deferred error, a pending event, a tick
+ * config or a return stack that could overflow. */
 #ifndef HWTRACE_CORE_CHAIN_H
 #define HWTRACE_CORE_CHAIN_H
 

@@ -56,6 +56,12 @@ struct run {                    /* a cached plain run (block._fill) */
      * next-run lookup without hashing) */
     uint64_t succ_ip[RUN_SUCC];
     struct run *succ[RUN_SUCC];
+    /* the last successor not in succ (an indirect branch's targets past
+     * the first two: an interpreter's dispatch, a virtual call), replaced
+     * on each miss -- the next-run lookup without hashing while a target
+     * repeats; no edge counter (edges take the table) */
+    uint64_t mru_ip;
+    struct run *mru;
     const struct insn_info *term;   /* the entry at next_ip if in the same
                                        mapping and already known (a copy:
                                        term_info), else NULL */

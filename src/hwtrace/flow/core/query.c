@@ -241,7 +241,16 @@ static int bad_packet_kind(const struct query *q)
     return 0;
 }
 
-int q_will_event(struct query *q)
+const uint8_t q_will_event_kind[PT_K_COUNT] = {
+    [PT_K_TIP_PGE] = 1, [PT_K_TIP_PGD] = 1, [PT_K_OVF] = 1, [PT_K_PIP] = 1,
+    [PT_K_MODE_TSX] = 1, [PT_K_STOP] = 1, [PT_K_VMCS] = 1, [PT_K_MNT] = 1,
+    [PT_K_EXSTOP] = 1, [PT_K_MWAIT] = 1, [PT_K_PWRE] = 1, [PT_K_PWRX] = 1,
+    [PT_K_PTW] = 1, [PT_K_CBR] = 1, [PT_K_TRIG] = 1,
+    [PT_K_CFE] = 2, [PT_K_EVD] = 2, [PT_K_PSBEND] = 2, [PT_K_TIP] = 2,
+    [PT_K_FUP] = 2,
+};
+
+int q_will_event_slow(struct query *q)
 {
     if (q->nxt_err)
         return bad_packet_kind(q) == 2;
@@ -315,6 +324,24 @@ static int read_ahead_tolerant(struct query *q)
 
 /* -- queries ---------------------------------------------------------------------- */
 
+static int dec_tnt(struct query *q, const struct pt_pkt *p);
+
+/* q_decode for a packet whose kind the caller read (no error): a TNT or
+ * TIP goes straight to its step (q_decode's switch is a jump table's
+ * indirect branch) */
+static inline int decode_known(struct query *q, int k)
+{
+    if (is_tnt(k)) {
+        struct pt_pkt pkt = q->nxt;
+        return dec_tnt(q, &pkt);
+    }
+    if (k == PT_K_TIP) {
+        struct pt_pkt pkt = q->nxt;
+        return q_dec_tip(q, &pkt);
+    }
+    return q_decode(q);
+}
+
 static int cache_tnt(struct query *q)
 {
     for (;;) {
@@ -326,7 +353,7 @@ static int cache_tnt(struct query *q)
         if (k == PT_K_TIP)
             return -E_BAD_QUERY;
         q->has_published = 0;
-        TRY(q_decode(q));
+        TRY(decode_known(q, k));
         if (q->has_published)
             return -E_EVENT_IGNORED;
         if (is_tnt(k))
@@ -377,7 +404,7 @@ static int indirect_branch(struct query *q, int *status, uint64_t *target)
         if (is_tnt(k) && q->tnt_index)
             return -E_BAD_QUERY;
         q->has_published = 0;
-        TRY(q_decode(q));
+        TRY(decode_known(q, k));
         if (q->has_published)
             return -E_EVENT_IGNORED;
         if (k == PT_K_TIP) {

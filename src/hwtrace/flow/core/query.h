@@ -117,7 +117,24 @@ static inline void q_publish(struct query *q, const struct event *ev)
 }
 int q_decode(struct query *q);              /* _decode(self.next) */
 int q_read_ahead(struct query *q);
-int q_will_event(struct query *q);
+/* _will_event: whether the next packet is (or binds) an event.  By the
+ * packet's kind where that decides it (q_will_event_kind: 0 no, 1 yes,
+ * 2 it depends on the queue or the packet: q_will_event_slow) -- it is
+ * asked after every TNT and TIP, and a switch there was a jump table's
+ * mispredicted indirect branch each time */
+extern const uint8_t q_will_event_kind[PT_K_COUNT];
+int q_will_event_slow(struct query *q);
+static inline int q_will_event(struct query *q)
+{
+    if (!q->nxt_err && (unsigned)q->nxt.kind < PT_K_COUNT) {
+        int c = q_will_event_kind[q->nxt.kind];
+        if (c < 2)
+            return c;
+        if (q->nxt.kind == PT_K_TIP)
+            return evq_pending(&q->evq, BIND_TIP);
+    }
+    return q_will_event_slow(q);
+}
 int q_exec_mode(const struct pt_pkt *p);   /* MODE.EXEC -> mode */
 void q_overflow_reset(struct query *q);
 void q_finish_psbend_event(struct query *q, struct event *ev);

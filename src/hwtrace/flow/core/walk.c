@@ -12,7 +12,7 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
 {
     *err = 0;
     struct insn_dec *d = &s->d;
-    if (d->q.tnt_index < 2)
+    if (!d->q.tnt_index)
         return NULL;
     struct chain_cache *cc = &w->chains;
     if (!cc->ready) {
@@ -23,16 +23,8 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
         cc->end_on_jump = d->cfg->end_on_jump;
     }
     /* the run here, if the last run's successors have it */
-    struct run *p = d->prev_run, *here = NULL;
-    if (p) {
-        for (int i = 0; i < RUN_SUCC; i++) {
-            struct run *ru = p->succ[i];
-            if (ru && p->succ_ip[i] == d->ip && ru->mode == d->mode) {
-                here = ru;
-                break;
-            }
-        }
-    }
+    struct run *p = d->prev_run;
+    struct run *here = p ? run_succ(p, d->ip, d->mode) : NULL;
     return chain_get(cc, d, here, err);
 }
 
