@@ -357,6 +357,13 @@ def test_cycle_accurate_clock():
     assert c.at(at[9]) is None                  # after the overflow
     assert c.at(len(data)) == 5002
     assert c.at(at[6]) == 1010                  # starts over
+    # an event's time: at its own packet (a TIP.PGE), not counting the
+    # CYC read after it; the start of a recent packet that is not a
+    # timing packet is answered without starting over
+    c = CycClock(data, 44)
+    assert c.event_at(at[7]) == 1010 and c.at(at[7]) == 1024
+    assert c.at(at[5]) == 1010 and c._pos == at[7]
+    assert c.event_at(at[10]) is None           # the OVF's
     assert CycClock(data, 0).at(len(data)) is None
     nocbr = enc.psb() + enc.tsc(7) + enc.psbend() + enc.cyc(4)
     assert CycClock(nocbr, 44).at(len(nocbr)) is None

@@ -57,6 +57,7 @@ from __future__ import annotations
 import bisect
 import copy
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -65,6 +66,7 @@ from .image import Image, ImageError, Section
 _CR3_MASK = 0xFFFFFFFFFFFFFFE0      # PIP carries CR3[63:5]
 LOOKAHEAD = 64                      # timeline entries tried for an IP
 PEEK_PACKETS = 256                  # packets searched for the next time stamp
+RECENT_PACKETS = 8                  # CycClock: packet starts it keeps the time of
 _TIMING = frozenset(("tsc", "mtc", "cyc", "tma", "cbr"))
 
 
@@ -416,7 +418,9 @@ class CycClock:
     re-anchors at every MTC, so it can trail the true time by a few
     cycles): with CYC on, a context switch recorded at time T is placed at
     the first enable whose time is at or after T.  Offsets are asked in
-    increasing order (a smaller one starts over); None where the time is
+    increasing order (a smaller one starts over, unless it is the start of
+    one of the last few packets that are not timing packets, whose times
+    are kept); None where the time is
     unknown (no TSC yet, after an overflow or a decode error, no CBR or
     nominal frequency).
 
@@ -449,6 +453,10 @@ class CycClock:
         self._synced = False
         self._event = (None, 0, 0)      # (tsc, cycles, cbr) after the last
         #                                 packet that is not a timing packet
+        # (offset, tsc, cycles, cbr) at the starts of the last few packets
+        # that are not timing packets (an event's packet may lie behind
+        # where the clock was last asked: no walk from the start for it)
+        self._recent = deque(maxlen=RECENT_PACKETS)
 
     def event_at(self, offset: int) -> int | None:
         """The time at the end of the last packet before ``offset`` that is
@@ -458,6 +466,10 @@ class CycClock:
         return self._time(*self._event)
 
     def at(self, offset: int) -> int | None:
+        if offset < self._pos:
+            for o, tsc, cycles, cbr in self._recent:
+                if o == offset:
+                    return self._time(tsc, cycles, cbr)
         self._walk(offset)
         return self._time(self.tsc, self.cycles, self.cbr)
 
@@ -488,6 +500,8 @@ class CycClock:
                 continue
             self._pos = p.offset + p.size
             t = p.type
+            if t not in _TIMING:
+                self._recent.append((p.offset, self.tsc, self.cycles, self.cbr))
             if t == "cyc":
                 self.cycles += p.value
             elif t == "tsc":
