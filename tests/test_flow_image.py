@@ -357,6 +357,13 @@ def test_cycle_accurate_clock():
     assert c.at(at[9]) is None                  # after the overflow
     assert c.at(len(data)) == 5002
     assert c.at(at[6]) == 1010                  # starts over
+    # an event's time: at its own packet (a TIP.PGE), not counting the
+    # CYC read after it; the start of a recent packet that is not a
+    # timing packet is answered without starting over
+    c = CycClock(data, 44)
+    assert c.event_at(at[7]) == 1010 and c.at(at[7]) == 1024
+    assert c.at(at[5]) == 1010 and c._pos == at[7]
+    assert c.event_at(at[10]) is None           # the OVF's
     assert CycClock(data, 0).at(len(data)) is None
     nocbr = enc.psb() + enc.tsc(7) + enc.psbend() + enc.cyc(4)
     assert CycClock(nocbr, 44).at(len(nocbr)) is None
@@ -476,6 +483,52 @@ def test_coarse_time_bound_is_the_timing_packet_after_the_enable(tmp_path):
         # switch is told at the decoder's offset: past that TIP.PGE)
         assert [p for p, _ in got] == [1, 2], producer
         assert got[1][1] > third, (producer, got)
+
+
+def test_cycle_accurate_enable_time_is_its_own_not_the_next_packets(tmp_path):
+    """With CYC an enable is placed at the time of its TIP.PGE.  The query
+    decoder reads ahead past the CYC right after it, which counts the
+    cycles of the enabled code up to the next packet: counted in, a
+    process that ran only a few instructions before the next switch
+    looked as late as that switch, and the process switched in there was
+    taken for it.  Here 1 stops at its syscall at 150, 2 (a fork child:
+    the same code, stopped at the same IP) runs from 150 to 160, 1 again
+    from 160 -- a dozen instructions, as a fork child's first run up to
+    its first system call.  Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import python_batches
+    from hwtrace.flow.config import FlowConfig
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    sp = _two_runs_same_code(tmp_path, back=160)
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    cfg = FlowConfig(nom_freq=22)           # CBR 22: one TSC tick per cycle
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000) + enc.cyc(50)
+             + enc.fup(0x1001) + enc.tip_pgd())                 # 1 up to 150
+    second = len(trace)
+    trace += enc.tip_pge(0x1003) + enc.cyc(10) + enc.fup(0x1004) + enc.tip_pgd()
+    third = len(trace)                                          # 2 up to 160
+    trace += enc.tip_pge(0x1003) + enc.cyc(5) + enc.fup(0x1004) + enc.tip_pgd()
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got = []
+        plan = SpacePlan(sp, tl, one, cyc=True,
+                         on_switch=lambda s, o: got.append((s.pid, o)))
+        if producer == "twin":
+            list(python_batches(trace, one.image, cfg, decoder="insn",
+                                dec=plan.wrap(InsnDecoder(trace, one.image, cfg)),
+                                plan=plan))
+        else:
+            list(fast.compiled_batches(fast.STATUS.module, trace, one.image, cfg,
+                                       decoder="insn", spaces=plan))
+        # each switch is told at the decoder's offset once it has the
+        # enable: past that enable's TIP.PGE and CYC (placed by the next
+        # packets' time, 2 came one enable early: at the end of 1's run)
+        assert [p for p, _ in got] == [1, 2, 1], (producer, got)
+        assert second < got[1][1] <= third < got[2][1], (producer, got)
 
 
 def test_perf_style_fork_then_exec(tmp_path):

@@ -936,6 +936,14 @@ static PyObject *Decoder_get_pos(Decoder *self, void *c)
     return PyLong_FromSsize_t(self->s.d.q.pos);
 }
 
+static PyObject *Decoder_get_event_start(Decoder *self, void *c)
+{
+    (void)c;
+    if (self->s.d.delivered_start < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromSsize_t(self->s.d.delivered_start);
+}
+
 static PyObject *Decoder_get_insns(Decoder *self, void *c)
 {
     (void)c;
@@ -974,6 +982,8 @@ static PyGetSetDef Decoder_getset[] = {
     {"enabled", (getter)Decoder_get_enabled, NULL, "tracing enabled", NULL},
     {"offset", (getter)Decoder_get_offset, NULL, "the query offset", NULL},
     {"pos", (getter)Decoder_get_pos, NULL, "the query position or None", NULL},
+    {"event_start", (getter)Decoder_get_event_start, NULL,
+     "the offset of the packet that published the event delivered last, or None", NULL},
     {"insns", (getter)Decoder_get_insns, NULL, "instructions so far", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

@@ -482,6 +482,10 @@ class _CoreFlow:
     def offset(self) -> int:
         return self._dec.offset
 
+    @property
+    def event_start(self) -> int | None:
+        return self._dec.event_start
+
     def set_image(self, image) -> None:
         self._dec.set_image(image)
 

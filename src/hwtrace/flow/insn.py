@@ -127,6 +127,11 @@ class InsnDecoder:
         self.cr3 = None
         self.vmcs = None
         self.ev_at = None           # where the query published self.ev
+        # The offset of the packet that published the event event()
+        # delivered last (None: unknown), where its time stamp belongs:
+        # the next event may be fetched, and ev_at overwritten, before
+        # event() returns.
+        self.event_start = None
 
     @property
     def offset(self) -> int:
@@ -569,6 +574,7 @@ class InsnDecoder:
             return self._error(E.BAD_QUERY)
         self.loop_mark = None
         ev = self.ev
+        self.event_start = self.ev_at[1] if self.ev_at is not None else None
         t = ev.type
         try:
             if t == "enabled":

@@ -29,7 +29,9 @@ decoder between them:
   - with CYC packets, at a cycle-accurate time (:class:`CycClock`: last
     TSC + CYC cycles; libipt's time model re-anchors at MTCs and trails
     the true time by a few cycles, too much where a process runs only a
-    dozen instructions between switches): the last switch at or before;
+    dozen instructions between switches) of the packet that published
+    the event (not of where the decoder has read to: the CYCs after it
+    count code run after it): the last switch at or before;
   - else within the window the time stamps allow (the event's time and
     the first timing packet's after the enable): if several processes
     fit, the one that left user code exactly at the enable's IP (learnt
@@ -55,6 +57,7 @@ from __future__ import annotations
 import bisect
 import copy
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -63,6 +66,7 @@ from .image import Image, ImageError, Section
 _CR3_MASK = 0xFFFFFFFFFFFFFFE0      # PIP carries CR3[63:5]
 LOOKAHEAD = 64                      # timeline entries tried for an IP
 PEEK_PACKETS = 256                  # packets searched for the next time stamp
+RECENT_PACKETS = 8                  # CycClock: packet starts it keeps the time of
 _TIMING = frozenset(("tsc", "mtc", "cyc", "tma", "cbr"))
 
 
@@ -414,9 +418,25 @@ class CycClock:
     re-anchors at every MTC, so it can trail the true time by a few
     cycles): with CYC on, a context switch recorded at time T is placed at
     the first enable whose time is at or after T.  Offsets are asked in
-    increasing order (a smaller one starts over); None where the time is
+    increasing order (a smaller one starts over, unless it is the start of
+    one of the last few packets that are not timing packets, whose times
+    are kept); None where the time is
     unknown (no TSC yet, after an overflow or a decode error, no CBR or
-    nominal frequency)."""
+    nominal frequency).
+
+    An event's time is :meth:`at` the offset of the packet that published
+    it, not where the decoder has read to: the query decoder reads on past
+    the timing packets after it (a TIP.PGE, then a CYC), and the flow
+    decoder may fetch the next event (the FUP and TIP.PGD that end a
+    short run) before it delivers this one; those CYCs count cycles spent
+    after the event, in the enabled code.  Counted in, an enable whose
+    process ran only a few instructions before the next switch looked as
+    late as that switch, and the process switched in there was taken for
+    it (a fork child's first dozen instructions, up to its first system
+    call, given to its parent, which had stopped at the same IP).  Where
+    no packet is known (after a synchronization), :meth:`event_at` the
+    decoder's position: the time of the last packet before it that is
+    not a timing packet."""
 
     def __init__(self, data, nom_freq: int):
         self.nom = nom_freq
@@ -431,8 +451,34 @@ class CycClock:
         self.cycles = 0
         self.cbr = 0
         self._synced = False
+        self._event = (None, 0, 0)      # (tsc, cycles, cbr) after the last
+        #                                 packet that is not a timing packet
+        # (offset, tsc, cycles, cbr) at the starts of the last few packets
+        # that are not timing packets (an event's packet may lie behind
+        # where the clock was last asked: no walk from the start for it)
+        self._recent = deque(maxlen=RECENT_PACKETS)
+
+    def event_at(self, offset: int) -> int | None:
+        """The time at the end of the last packet before ``offset`` that is
+        not a timing packet (TSC, MTC, CYC, TMA, CBR): the time of the
+        event a query decoder positioned at ``offset`` reported."""
+        self._walk(offset)
+        return self._time(*self._event)
 
     def at(self, offset: int) -> int | None:
+        if offset < self._pos:
+            for o, tsc, cycles, cbr in self._recent:
+                if o == offset:
+                    return self._time(tsc, cycles, cbr)
+        self._walk(offset)
+        return self._time(self.tsc, self.cycles, self.cbr)
+
+    def _time(self, tsc, cycles, cbr) -> int | None:
+        if tsc is None or not cbr or not self.nom:
+            return None
+        return tsc + cycles * self.nom // cbr
+
+    def _walk(self, offset: int) -> None:
         from hwtrace.pt.errors import PtError
         if offset < self._pos:
             self._restart()
@@ -450,9 +496,12 @@ class CycClock:
             if p.__class__ is PtError:
                 self._synced = False        # resync at the next PSB
                 self.tsc = None
+                self._event = (None, 0, 0)
                 continue
             self._pos = p.offset + p.size
             t = p.type
+            if t not in _TIMING:
+                self._recent.append((p.offset, self.tsc, self.cycles, self.cbr))
             if t == "cyc":
                 self.cycles += p.value
             elif t == "tsc":
@@ -462,9 +511,8 @@ class CycClock:
                 self.cbr = p.ratio
             elif t == "ovf":
                 self.tsc = None
-        if self.tsc is None or not self.cbr or not self.nom:
-            return None
-        return self.tsc + self.cycles * self.nom // self.cbr
+            if t not in _TIMING:
+                self._event = (self.tsc, self.cycles, self.cbr)
 
 
 class SpaceSwitcher:
@@ -552,7 +600,8 @@ class SpaceSwitcher:
                     self.saw_pip = True
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
-                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled")
+                self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled",
+                              event=True)
             elif (t == "disabled" or t == "async_disabled") and \
                     not ev.status_update and self.space is not None:
                 # where this process goes on when it comes back
@@ -571,16 +620,25 @@ class SpaceSwitcher:
             self._by_time(self._now(), self.flow.ip)
         return r
 
-    def _by_time(self, time, ip, enable: bool = False) -> None:
+    def _by_time(self, time, ip, enable: bool = False, event: bool = False) -> None:
         """Select the space that runs at ``time`` (``enable``: the time
         stamp of a TIP.PGE's enable -- the first timing packet after that
-        packet bounds it, see :meth:`_time_ahead`)."""
+        packet bounds it, see :meth:`_time_ahead`; ``event``: of an event
+        the decoder is processing, else of a synchronization)."""
         tl = self.timeline
         if tl is None or self.saw_pip:
             return
         exact = None
         if self._clock is not None:
-            exact = self._clock.at(self.flow.query.pos or 0)
+            # the cycle-accurate time of the event's own packet: the
+            # decoder has read on (the CYCs after a TIP.PGE, or a FUP and
+            # TIP.PGD that end a short run), and what it read counts the
+            # cycles of code run after the event
+            start = getattr(self.flow, "event_start", None) if event else None
+            if start is not None:
+                exact = self._clock.at(start)
+            else:
+                exact = self._clock.event_at(self.flow.query.pos or 0)
         if exact is not None:
             sp = tl.choose(exact, ip, self.space)
         else:

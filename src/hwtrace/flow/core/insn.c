@@ -24,6 +24,7 @@ static void reset(struct insn_dec *d)
     d->rs_n = d->rs_top = 0;
     d->have_cr3 = d->have_vmcs = 0;
     d->ev_at_set = 0;
+    d->delivered_start = -1;
 }
 
 void insn_init(struct insn_dec *d, const uint8_t *buf, ptrdiff_t end,
@@ -804,6 +805,7 @@ int insn_event(struct insn_dec *d, struct event *out)
     if (!d->process_event)
         return error(d, E_BAD_QUERY, d->ip, NULL, 0);
     d->have_mark = 0;
+    d->delivered_start = d->ev_at_set ? d->ev_at_start : -1;
     int r = process_event(d, &d->ev);
     if (r < 0) {
         d->ev_spent = 1;

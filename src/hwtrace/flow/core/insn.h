@@ -63,6 +63,10 @@ struct insn_dec {
     uint64_t cr3, vmcs;
     uint8_t ev_at_set, ev_at_stay;
     ptrdiff_t ev_at_start, ev_at_end;
+    /* the offset of the packet that published the event insn_event
+     * delivered last (-1: unknown): the next event may be fetched, and
+     * ev_at* overwritten, before that call returns */
+    ptrdiff_t delivered_start;
     struct derr err;            /* the last error returned */
     /* the run whose instructions were taken last (a cache: its successor
      * runs save the next run's lookup; cleared with the image) */

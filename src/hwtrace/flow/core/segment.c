@@ -9,6 +9,8 @@
  *                        (a counter), the sink and hooks
  *   the return stack     kept apart (struct checkpoint.stack)
  *   transient values     the query's published event, event_at and err_off,
+ *                        the instruction decoder's delivered_start (read by
+ *                        the after_event hook of the same call),
  *                        the decoders' err (each read right after it is
  *                        set, within one call), open/stage (no record is
  *                        open where checkpoints are taken), fatal
