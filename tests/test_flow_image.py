@@ -531,6 +531,77 @@ def test_cycle_accurate_enable_time_is_its_own_not_the_next_packets(tmp_path):
         assert second < got[1][1] <= third < got[2][1], (producer, got)
 
 
+def test_one_candidate_space_is_never_called_back(tmp_path, monkeypatch):
+    """Where the sideband leaves one space for the whole stream (one
+    process on the CPU, idle between), no enable, synchronization or
+    disable can change the switcher's choice: it acts on none (nor does
+    the compiled core call it back), with the same records as without
+    it.  Two processes on the CPU still switch by time; a one-space
+    timeline with another process's CR3 known still heeds PIPs only.
+    Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import python_batches
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    alone = AddressSpaces([Process(pid=1, cr3=0x1000),
+                           Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+                           *_runs(0, (100, 1), (150, -1), (200, 1))])
+    two = _two_runs_same_code(tmp_path)
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd()
+             + enc.tsc(140) + enc.tip_pge(0x1000) + enc.tsc(145)
+             + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(160)
+             + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(190))
+    calls = []
+    by_time = SpaceSwitcher._by_time
+    monkeypatch.setattr(SpaceSwitcher, "_by_time",
+                        lambda self, *a, **k: (calls.append(a), by_time(self, *a, **k)))
+
+    def records(batches):
+        return [(b.first_insn, b.blocks.tobytes(),
+                 repr(b.items)) for b in batches]
+
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for sp, pids in ((alone, [1]), (two, [1, 2])):
+        one = sp.of_pid(1)
+        tl = sp.cpu_timeline(0)
+        for producer in producers:
+            calls.clear()
+            got = []
+            plan = SpacePlan(sp, tl, one, on_switch=lambda s, o: got.append(s.pid))
+            def decode(plan):
+                if producer == "twin":
+                    return records(python_batches(trace, one.image, decoder="insn",
+                                                  plan=plan))
+                return records(fast.compiled_batches(fast.STATUS.module, trace, one.image,
+                                                     decoder="insn", spaces=plan))
+            run = decode(plan)
+            assert got == pids, (producer, got)
+            if sp is alone:
+                assert calls == [], producer
+                # the same records as a switcher acting on everything
+                with monkeypatch.context() as m:
+                    init = SpaceSwitcher.__init__
+
+                    def acting(self, *a, **k):
+                        init(self, *a, **k)
+                        self.events, self.syncs = SpaceSwitcher.EVENTS, True
+                    m.setattr(SpaceSwitcher, "__init__", acting)
+                    assert decode(SpacePlan(sp, tl, one)) == run, producer
+                assert len(calls) >= 3, (producer, calls)
+            else:
+                assert len(calls) >= 3, (producer, calls)
+    assert plan.wrap(InsnDecoder(trace, one.image)).events == SpaceSwitcher.EVENTS
+    # one process alone: nothing; a PIP could still select another's space
+    sw = SpaceSwitcher(_NoDecoder(), alone, alone.cpu_timeline(0), alone.of_pid(1))
+    assert not sw.events and not sw.syncs
+    sw = SpaceSwitcher(_NoDecoder(), two, two.thread_timeline(1), two.of_pid(1))
+    assert sw.events == {"paging", "async_paging"} and not sw.syncs
+
+
 def test_perf_style_fork_then_exec(tmp_path):
     """perf's sideband: a fork (no exe, CR3 unknown) and later an exec of
     the same pid (with exe): the exec starts a fresh space, without the

@@ -509,9 +509,13 @@ class _CoreFlow:
         def after_event(dec, ev):
             self._last = (0, ev)
             switcher.event()
-        # the core calls after_event only for the types the switcher acts
-        # on, if it says which (None: every event)
-        return after_sync, after_event, getattr(switcher, "EVENTS", None)
+        # the core calls after_event only for the types that can change
+        # the switcher's choice, if it says which (None: every event), and
+        # nothing at all where nothing can (a one-process stream)
+        events = getattr(switcher, "events", None)
+        syncs = getattr(switcher, "syncs", True)
+        return (after_sync if syncs else None,
+                after_event if events is None or events else None, events)
 
 
 class _CoreQuery:

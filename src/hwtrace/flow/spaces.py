@@ -283,6 +283,11 @@ class AddressSpaces:
         lst = self._by_cr3.get(cr3 & _CR3_MASK)
         return _at(lst, time)
 
+    def cr3_spaces(self) -> list:
+        """The spaces a paging event (PIP) can select: those whose CR3
+        the sideband gives."""
+        return [s for lst in self._by_cr3.values() for s in lst]
+
     def union(self) -> AddressSpace:
         """Every mapping of every space in one (what a decoder without
         sideband switching would use); later spaces win overlaps."""
@@ -530,9 +535,12 @@ class SpaceSwitcher:
     """
 
     #: the event types :meth:`event` acts on (the compiled core calls back
-    #: for these only: a PSB+'s exec-mode and CBR updates are most events)
+    #: for these only: a PSB+'s exec-mode and CBR updates are most events);
+    #: an instance's :attr:`events` are those of them that can change its
+    #: choice, and :attr:`syncs` whether a synchronization can
     EVENTS = frozenset({"paging", "async_paging", "enabled", "overflow",
                         "disabled", "async_disabled"})
+    PAGING = frozenset({"paging", "async_paging"})
 
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
@@ -558,6 +566,20 @@ class SpaceSwitcher:
             self._clock = CycClock(q._pkt.buffer, cfg.nom_freq)
         if initial is not None:
             self._select(initial)
+        # Time decides only between spaces: with a timeline of the initial
+        # space alone (a one-process stream), or none, no enable,
+        # synchronization or disable (which only feeds the choice by
+        # time) can change the space -- only a PIP whose CR3 the sideband
+        # gives another space can, and once one has, time no longer
+        # decides.  The events that can't change anything are not acted
+        # on (nor, in the compiled core, called back for).
+        by_time = timeline is not None and (
+            initial is None or any(s is not initial for s in timeline.spaces()))
+        by_pip = spaces is not None and any(
+            s is not initial for s in spaces.cr3_spaces())
+        self.syncs = by_time
+        self.events = self.EVENTS if by_time else \
+            self.PAGING if by_pip else frozenset()
 
     # -- the decoder's verbs ---------------------------------------------------
     @property
@@ -588,7 +610,7 @@ class SpaceSwitcher:
 
     def event(self):
         r = self.dec.event()
-        if r.__class__ is tuple:
+        if r.__class__ is tuple and r[1].type in self.events:
             ev = r[1]
             t = ev.type
             if t == "paging" or t == "async_paging":
@@ -616,7 +638,7 @@ class SpaceSwitcher:
         return tsc if have else None
 
     def _after_sync(self, r):
-        if r.__class__ is int and self.flow.enabled:
+        if r.__class__ is int and self.syncs and self.flow.enabled:
             self._by_time(self._now(), self.flow.ip)
         return r
 
