@@ -25,7 +25,7 @@ import numpy as np
 
 from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag, Marker
-from hwtrace.analysis.slices import RecordChunker, _UNKNOWN
+from hwtrace.analysis.slices import RecordChunker, _UNKNOWN, id_positions
 
 _NOT_A_CALL = int(Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN)
 _TRUNC = int(Flag.TRUNCATED)
@@ -122,7 +122,7 @@ class Profile:
             return
         op = self._open
         # where each activation ends: this chunk, or later (+inf)
-        jj, found = _positions(op["id"], X["id"])
+        jj, found = id_positions(op["id"], X["id"])
         xend = np.full(len(op), np.iinfo(np.int64).max, np.int64)
         xend[jj[found]] = X["xseq"][found]
         # inside main: within a main activation (itself included)
@@ -309,25 +309,6 @@ class Profile:
         funcs = self.funcs if funcs is None else funcs
         return sorted(funcs.values(), key=lambda s: getattr(s, key),
                       reverse=True)[:n]
-
-
-def _positions(ids: np.ndarray, x: np.ndarray) -> tuple:
-    """(position, found) of each of ``x`` among the ascending ``ids``
-    (positions where found; elsewhere any): first where ids handed out
-    one after another up to the last put it, then by a binary search
-    for the rest."""
-    n = len(ids)
-    if not n:
-        return np.zeros(len(x), np.int64), np.zeros(len(x), bool)
-    ids = np.ascontiguousarray(ids)
-    jj = np.clip(x - (ids[-1] - (n - 1)), 0, n - 1)
-    found = ids[jj] == x
-    if not found.all():
-        rest = np.flatnonzero(~found)
-        j = np.minimum(np.searchsorted(ids, x[rest]), n - 1)
-        jj[rest] = j
-        found[rest] = ids[j] == x[rest]
-    return jj, found
 
 
 def _hkey(rows: np.ndarray) -> np.ndarray:

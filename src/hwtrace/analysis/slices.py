@@ -353,3 +353,22 @@ class RecordChunker:
                    self._markers)
         self._enters, self._exits, self._markers = [], [], []
         return s
+
+
+def id_positions(ids: np.ndarray, x: np.ndarray) -> tuple:
+    """(position, found) of each of ``x`` among the ascending ``ids``
+    (positions where found; elsewhere any): first where ids handed out
+    one after another up to the last put it, then by a binary search
+    for the rest."""
+    n = len(ids)
+    if not n:
+        return np.zeros(len(x), np.int64), np.zeros(len(x), bool)
+    ids = np.ascontiguousarray(ids)
+    jj = np.clip(x - (ids[-1] - (n - 1)), 0, n - 1)
+    found = ids[jj] == x
+    if not found.all():
+        rest = np.flatnonzero(~found)
+        j = np.minimum(np.searchsorted(ids, x[rest]), n - 1)
+        jj[rest] = j
+        found[rest] = ids[j] == x[rest]
+    return jj, found

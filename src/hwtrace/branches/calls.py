@@ -25,7 +25,7 @@ import numpy as np
 
 from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
-from hwtrace.analysis.slices import Cols, RecordChunker
+from hwtrace.analysis.slices import Cols, RecordChunker, id_positions
 from hwtrace.export import track_label
 from hwtrace.export.textcols import Lines, small_ids
 
@@ -165,7 +165,7 @@ class CallHistory:
 
     def _ends(self, X: np.ndarray) -> None:
         q = self._q
-        jj, here = _find_ids(q["id"], X["id"])
+        jj, here = id_positions(q["id"], X["id"])
         if here.any():
             k = jj[here]
             for f in ("end_idx", "end", "begin", "flags", "child_insns", "xseq"):
@@ -366,23 +366,6 @@ class CallHistory:
         self._end_stream()
         kept, self._kept = self._kept, []
         return iter(kept)
-
-
-def _find_ids(qid: np.ndarray, xid: np.ndarray) -> tuple:
-    """(position, found) of each of ``xid`` among the ascending ``qid``:
-    first where ids handed out one after another put it, then by a
-    binary search for the rest."""
-    n = len(qid)
-    if not n:
-        return np.zeros(len(xid), np.int64), np.zeros(len(xid), bool)
-    jj = np.clip(xid - qid[0], 0, n - 1)
-    here = qid[jj] == xid
-    if not here.all():
-        rest = np.flatnonzero(~here)
-        j = np.minimum(np.searchsorted(qid, xid[rest]), n - 1)
-        jj[rest] = j
-        here[rest] = qid[j] == xid[rest]
-    return jj, here
 
 
 class _StrTable:
