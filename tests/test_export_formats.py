@@ -374,6 +374,25 @@ def test_folded_compiled_lines_match_twin(flow, kw):
         assert all(line.startswith(b"fib") for line in got[0].splitlines())
 
 
+def test_folded_compiled_lends_its_buffer_only_for_the_call(flow):
+    """The core hands ``write`` a view of its own buffer (no bytes copy):
+    a writer that keeps the chunk finds it released, not overwritten."""
+    from hwtrace.export import _textcols_impl
+    core = _textcols_impl.core_for("compiled")
+    w = FoldedWriter(io.StringIO())
+    run_export(flow, [w])
+    kept, copied = [], []
+
+    def write(chunk):
+        kept.append(chunk)
+        copied.append(bytes(chunk))
+    w._write_compiled(core, "strict", write)
+    assert kept and b"".join(copied).count(b"\n") > 3
+    for chunk in kept:
+        with pytest.raises(ValueError):
+            bytes(chunk)
+
+
 def test_perfetto_compiled_packets_match_twin(flow):
     """The compiled slice packets are the twin's, byte for byte."""
     bufs = [io.BytesIO(), io.BytesIO()]

@@ -64,7 +64,8 @@
  * empty) is the first frame.  The order of lines is the twin's: a node's
  * children's lines when the node is taken off the stack, its children
  * pushed in order (so taken off last first).  The text goes to
- * ``write`` (called with bytes) a megabyte or so at a time.
+ * ``write`` (called with a memoryview over the core's own buffer, released
+ * after the call) a megabyte or so at a time.
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -537,22 +538,36 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n)
     return 0;
 }
 
-/* what b holds to write(bytes); 0, or -1 with an exception set */
+/* what b holds to write(), lent as a read-only memoryview over b's own
+   memory (no bytes object: a BufferedWriter hands a chunk bigger than its
+   buffer straight to the file) and released after the call, so a writer
+   that kept it can not see b reused; 0, or -1 with an exception set */
 static int folded_flush(Buf *b, PyObject *write)
 {
     if (!b->len)
         return 0;
-    PyObject *chunk = PyBytes_FromStringAndSize(b->p, b->len);
+    PyObject *chunk = PyMemoryView_FromMemory(b->p, b->len, PyBUF_READ);
     if (!chunk)
         return -1;
     PyObject *r = PyObject_CallOneArg(write, chunk);
+    PyObject *rel = PyObject_CallMethod(chunk, "release", NULL);
     Py_DECREF(chunk);
-    if (!r)
+    if (!r) {
+        Py_XDECREF(rel);
         return -1;
+    }
     Py_DECREF(r);
+    if (!rel)
+        return -1;
+    Py_DECREF(rel);
     b->len = 0;
     return 0;
 }
+
+/* bytes gathered before each write: at least a 1 MB file buffer, which a
+   BufferedWriter then passes on without copying (4 MB chunks cost more
+   system time here than they saved) */
+#define FOLDED_CHUNK (1 << 20)
 
 static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -568,7 +583,8 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t *sl = NULL, *chain_prev = NULL, *chain_name = NULL, *tmp = NULL;
     Py_ssize_t *sk = NULL, *sc = NULL;
     char *sr = NULL;
-    Buf out = {NULL, 0, 0};
+    Buf out = {NULL, 0, 0}, line = {NULL, 0, 0};
+    Py_ssize_t *pc = NULL, *pend = NULL;
     if (PyObject_GetBuffer(args[0], &bo, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
     ho = 1;
@@ -602,7 +618,10 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
     sk = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
     sc = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
     sr = PyMem_Malloc(m + 1);
-    if (!sp || !sl || !chain_prev || !chain_name || !tmp || !sk || !sc || !sr) {
+    pc = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
+    pend = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
+    if (!sp || !sl || !chain_prev || !chain_name || !tmp || !sk || !sc || !sr || !pc
+            || !pend) {
         PyErr_NoMemory();
         goto done;
     }
@@ -627,6 +646,12 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t headlen = PyBytes_GET_SIZE(args[7]);
     int has_head = headlen > 0;
     Py_ssize_t top = 0, nchain = 0, pushed = 0;
+    /* the last line written (without its weight): its chain entries
+       pc[0..pd) bottom first, where each frame's text ends in it */
+    Py_ssize_t pd = 0, headpart = 0;
+    if (has_head && (buf_put(&line, head, headlen) < 0 || buf_put(&line, ";", 1) < 0))
+        goto done;
+    headpart = line.len;
     sk[top] = -1;
     sc[top] = -1;
     sr[top] = 0;             /* the root: (rooted) as the caller says below */
@@ -656,22 +681,33 @@ static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 double w = weight[k];
                 double v = w ? nearbyint(w) : 0.0;
                 if (v > 0) {
+                    /* the line's frames, bottom first, are its chain;
+                       the frames it shares with the line before (the
+                       same chain entries: an entry is one node) are
+                       that line's text up to there, copied at once */
                     Py_ssize_t d = 0;
                     for (Py_ssize_t c = ck; c >= 0; c = chain_prev[c])
-                        tmp[d++] = chain_name[c];
-                    if (has_head && (buf_put(&out, head, headlen) < 0
-                                     || buf_put(&out, ";", 1) < 0))
-                        goto done;
-                    while (d--) {
-                        if (buf_put(&out, sp[tmp[d]], sl[tmp[d]]) < 0
-                                || (d && buf_put(&out, ";", 1) < 0))
+                        tmp[d++] = c;
+                    Py_ssize_t c = d < pd ? d : pd;
+                    while (c > 0 && pc[c - 1] != tmp[d - c])
+                        c--;
+                    line.len = c ? pend[c - 1] : headpart;
+                    for (Py_ssize_t j = c; j < d; j++) {
+                        Py_ssize_t f = chain_name[tmp[d - 1 - j]];
+                        if ((j && buf_put(&line, ";", 1) < 0)
+                                || buf_put(&line, sp[f], sl[f]) < 0)
                             goto done;
+                        pc[j] = tmp[d - 1 - j];
+                        pend[j] = line.len;
                     }
+                    pd = d;
+                    if (buf_put(&out, line.p, line.len) < 0)
+                        goto done;
                     char num[40];
                     int nn = snprintf(num, sizeof num, " %.0f\n", v);
                     if (buf_put(&out, num, nn) < 0)
                         goto done;
-                    if (out.len >= (1 << 20) && folded_flush(&out, args[10]) < 0)
+                    if (out.len >= FOLDED_CHUNK && folded_flush(&out, args[10]) < 0)
                         goto done;
                 }
             }
@@ -705,6 +741,9 @@ done:
     PyMem_Free(sc);
     PyMem_Free(sr);
     PyMem_Free(out.p);
+    PyMem_Free(line.p);
+    PyMem_Free(pc);
+    PyMem_Free(pend);
     return res;
 }
 
