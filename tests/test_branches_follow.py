@@ -70,7 +70,12 @@ PROGS = {
           for (int i = 0; ; i++) { s += tick(i); usleep(5000); } }
     """),
     # timer signals land anywhere in work(): its own code, its calls, the
-    # nanosleep syscall; the handler calls and makes syscalls itself
+    # nanosleep syscall; the handler calls and makes syscalls itself.  The
+    # period must leave work() steps between signals when it is single-
+    # stepped: a SIGALRM pending at the handler's sigreturn is delivered at
+    # once, so with a period shorter than the handler's path (~25 steps)
+    # work() starves -- 700 us was 13 steps at a slow VM's 18 k steps/s, and
+    # the live run took 411 s (150 us here at 50 k steps/s: no end in 60 s)
     "timer": (["-O0", "-static", "-no-pie"], r"""
         #include <signal.h>
         #include <stdio.h>
@@ -80,7 +85,7 @@ PROGS = {
         __attribute__((noinline)) int leaf(int x) { return x + 1; }
         __attribute__((noinline)) void handler(int s) { hits = leaf(hits); if (hits == 2) getpid(); }
         __attribute__((noinline)) int work(void) {
-          struct itimerval it = {{0, 700}, {0, 700}}; setitimer(ITIMER_REAL, &it, 0);
+          struct itimerval it = {{0, 5000}, {0, 5000}}; setitimer(ITIMER_REAL, &it, 0);
           int n = 0;
           do { for (int i = 0; i < 300; i++) n = leaf(n); usleep(300); } while (hits < 6);
           struct itimerval off = {{0, 0}, {0, 0}}; setitimer(ITIMER_REAL, &off, 0);
