@@ -4,12 +4,6 @@
  * The Python twin of each function is named with it below.  The boundary
  * is narrow and stateless:
  *
- *   digits(v, width) -> bytearray
- *
- * The twin of textcols._digits: n rows of ``width`` ASCII digits, the
- * uint64 values of ``v`` right-aligned and zero-padded (the low ``width``
- * digits of a value with more).
- *
  *   rows(n, ops) -> bytes        lengths(n, ops) -> bytearray (int64)
  *
  * The twin of a whole Lines (Lines.render, Lines.lengths): each row's
@@ -81,45 +75,6 @@
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
 #define ABI 3
-
-static PyObject *py_digits(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "digits(v, width)");
-        return NULL;
-    }
-    Py_ssize_t w = PyLong_AsSsize_t(args[1]);
-    if (w < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "digits: width < 0");
-        return NULL;
-    }
-    Py_buffer b;
-    if (PyObject_GetBuffer(args[0], &b, PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    PyObject *res = NULL;
-    if (b.len % 8) {
-        PyErr_SetString(PyExc_ValueError, "digits: v is not uint64");
-        goto done;
-    }
-    Py_ssize_t n = b.len / 8;
-    res = PyByteArray_FromStringAndSize(NULL, n * w);
-    if (!res)
-        goto done;
-    char *out = PyByteArray_AS_STRING(res);
-    const uint64_t *v = b.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t x = v[i];
-        char *row = out + i * w;
-        for (Py_ssize_t k = w - 1; k >= 0; k--) {
-            row[k] = (char)('0' + x % 10);
-            x /= 10;
-        }
-    }
-done:
-    PyBuffer_Release(&b);
-    return res;
-}
 
 /* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
 
@@ -1025,8 +980,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"digits", (PyCFunction)(void (*)(void))py_digits, METH_FASTCALL,
-     "digits(v, width) -> bytearray"},
     {"rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
      "rows(n, ops) -> bytes"},
     {"lengths", (PyCFunction)(void (*)(void))py_lengths, METH_FASTCALL,

@@ -4,8 +4,7 @@
 ``.lengths``, the Perfetto and Chrome writers' slice encoders and the
 folded writer's stacks look :data:`CORE` up: the extension module ``hwtrace.export._c_textcols``
 (source ``_c_textcols.c`` next to this file), or ``None`` for the Python
-twin (the byte matrix and its mask), and :func:`~hwtrace.export.textcols._digits`
-the same (``digits``) -- see :mod:`hwtrace._ext` for the
+twin (the byte matrix and its mask) -- see :mod:`hwtrace._ext` for the
 selection rules (``HWTRACE_NO_EXTENSIONS=1``,
 ``HWTRACE_REQUIRE_EXTENSIONS=1``).
 """

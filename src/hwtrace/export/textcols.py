@@ -31,14 +31,10 @@ def _ndigits(v: np.ndarray) -> np.ndarray:
             .astype(np.int64)).clip(1, None)
 
 
-def _digits(v: np.ndarray, width: int, impl: str | None = None) -> np.ndarray:
+def _digits(v: np.ndarray, width: int) -> np.ndarray:
     """(n, width) ASCII digits of non-negative integers, right-aligned,
-    zero-padded (the compiled core's, or the twin's below)."""
-    from hwtrace.export import _textcols_impl
-    core = _textcols_impl.core_for(impl)
-    if core is not None:
-        x = np.ascontiguousarray(v, np.uint64)
-        return np.frombuffer(core.digits(x, width), np.uint8).reshape(len(x), width)
+    zero-padded (the low ``width`` digits of a value with more): the
+    twin's columns."""
     n = len(v)
     mat = np.empty((n, width), np.uint8)
     x = v.astype(np.uint64)
@@ -339,7 +335,7 @@ def _col_int(n, v, signed, width, commas):
     a = np.where(neg, -v, v).astype(np.uint64) if anyneg else v.astype(np.uint64)
     nd = _ndigits(a)
     D = int(nd.max())
-    dig = _digits(a, D, impl="python")
+    dig = _digits(a, D)
     if commas and D > 3:
         W = D + (D - 1) // 3
         p = np.arange(W)[::-1]              # position from the right
@@ -384,7 +380,7 @@ def _col_hex(n, a):
 
 
 def _col_frac(n, fp, bits):
-    fd = _digits(fp, bits, impl="python")
+    fd = _digits(fp, bits)
     # strip trailing zeros, keep one digit
     nz = fd != ord("0")
     last = np.where(nz.any(1), bits - 1 - np.argmax(nz[:, ::-1], 1), 0)
@@ -416,7 +412,7 @@ def _col_spaces(n, c):
 
 
 def _col_zeros(n, a, width):
-    return _digits(a, width, impl="python"), "L", None
+    return _digits(a, width), "L", None
 
 
 _TWIN = {_LIT: _col_lit, _STRS: _col_strs, _INT: _col_int, _HEX: _col_hex,
