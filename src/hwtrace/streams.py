@@ -155,7 +155,7 @@ class TraceSet:
     warnings: list = field(default_factory=list)
     tsc_hz: float | None = None
     _symbolizer: object = None
-    _mapped: list = field(default_factory=list)   # (path, start, offset)
+    _mapped: list = field(default_factory=list)   # (path, start, offset, recorded file)
 
     @property
     def symbolizer(self):
@@ -163,9 +163,9 @@ class TraceSet:
         if self._symbolizer is None:
             from hwtrace.analysis.symbols import Symbolizer, SymbolError
             sym = Symbolizer()
-            for path, start, offset in self._mapped:
+            for path, start, offset, file in self._mapped:
                 try:
-                    sym.add_mapping(path, start, offset)
+                    sym.add_mapping(path, start, offset, file)
                 except SymbolError:
                     pass
             self._symbolizer = sym
@@ -334,7 +334,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 f = resolve(r.file, r.build_id)
             if f is not None and (str(f), r.start) not in seen:
                 seen.add((str(f), r.start))
-                ts._mapped.append((str(f), r.start, r.offset))
+                ts._mapped.append((str(f), r.start, r.offset, r.file))
 
     mcfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     for n in names:

@@ -159,7 +159,7 @@ def _bundle(p: Path, elf: list, image_path: list) -> Input:
         except StreamsError as e:
             raise CliError(f"--elf: {e}") from None
     code = []
-    for path, start, offset in ts._mapped:
+    for path, start, offset, _file in ts._mapped:
         try:
             size = os.path.getsize(path) - offset
         except OSError:
