@@ -40,6 +40,7 @@ from hwtrace.analysis.elfraw import (EM_X86_64, SHF_EXECINSTR, SHT_DYNSYM, SHT_S
                                      STB_GLOBAL, STT_NOTYPE, RawElf, RawElfError,
                                      SymbolArrays)
 from hwtrace.analysis.symtable import unnamed
+from hwtrace.buildid import build_id
 
 
 def _symbol_array(elf: ELFFile, sec) -> SymbolArrays | None:
@@ -219,15 +220,6 @@ class SymbolError(Exception):
 DEBUG_ROOTS = ("/usr/lib/debug",)
 
 
-def _build_id(elf: ELFFile) -> str | None:
-    for sec in elf.iter_sections():
-        if sec.header.sh_type == "SHT_NOTE":
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return note["n_desc"]
-    return None
-
-
 def demangle_names(names: list[str]) -> dict[str, str]:
     """{mangled: demangled} for the C++ (Itanium ABI, ``_Z...``) names,
     through binutils' ``c++filt`` in one batch; names stay as they are if
@@ -273,7 +265,7 @@ class Image:
             try:
                 with open(self.path, "rb") as f:
                     elf = ELFFile(f)
-                    self.build_id = _build_id(elf)
+                    self.build_id = build_id(self.path) or None
                     self.segments = [(s.header.p_vaddr, s.header.p_memsz,
                                       s.header.p_offset, s.header.p_filesz)
                                      for s in elf.iter_segments()
