@@ -363,14 +363,14 @@ def _corpus_seeds(corpus: Path, max_trace: int) -> list[bytes]:
 
 
 def _fixture_seeds(fx: Path, max_trace: int) -> list[bytes]:
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.flow.image import Image
     from hwtrace.flow.loaders import load_elf
     from hwtrace.pt import cpu as cpumod
 
     def cfg(cpu, **kw):
         c = FlowConfig(**kw)
-        c.errata = Errata.from_flags(cpumod.errata(cpumod.Cpu.parse(cpu)))
+        c.errata = cpumod.errata(cpumod.Cpu.parse(cpu))
         return c
 
     lldb = fx / "lldb_intelpt"

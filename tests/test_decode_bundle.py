@@ -287,14 +287,12 @@ def test_cpu_stream_with_two_processes_at_the_same_addresses(fixture, request):
         assert sum(map(len, got.values())) == stream["instructions_observed"]
 
 
-def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
-    """The ambiguity above, made on purpose, in a bundle built here (no
-    recording): two processes map the same code at 0x1000 (nop; syscall;
-    nop; syscall); on CPU 0 (MTC, no CYC) 1 runs from time 100, 2 from 150,
-    1 from 160.  Each leaves user code at 0x1003; the third enable, at
-    0x1003 between time stamps 158 and 170, may be either.  ``decode``
-    (listing, compiled counts, --jobs) and a view say so once, with the
-    offset, and decode the same."""
+def _ambiguous_bundle(tmp_path, mtc: bool = True):
+    """Two processes map the same code at 0x1000 (nop; syscall; nop;
+    syscall); on CPU 0 (MTC unless not ``mtc``, no CYC) 1 runs from time
+    100, 2 from 150, 1 from 160.  Each leaves user code at 0x1003; the
+    third enable, at 0x1003 between time stamps 158 and 170, may be
+    either.  (bundle, length of the trace before that enable)"""
     from hwtrace.bundle import BundleWriter, Mmap, Process, Switch
     from hwtrace.pt import encoder as E
     code = b"\x90\x0f\x05\x90\x0f\x05"
@@ -303,7 +301,8 @@ def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
             + E.tip_pge(0x1000) + E.tsc(101) + E.tip_pgd()
             + E.tsc(155) + E.tip_pge(0x1000) + E.tsc(156) + E.tip_pgd() + E.tsc(158))
     trace = head + E.tip_pge(0x1003) + E.tsc(170) + E.tip_pgd()
-    ctl = (1 << 13) | (1 << 3) | (1 << 2) | (1 << 10) | (1 << 9)   # branch;user;retc;tsc;mtc
+    ctl = (1 << 13) | (1 << 3) | (1 << 2) | (1 << 10)   # branch;user;retc;tsc
+    ctl |= (1 << 9) if mtc else 0                        # ;mtc
     b = tmp_path / "rec"
     with BundleWriter(b, engine="testing", mode="cpu", config={"ctl": ctl}) as w:
         w.add_stream(trace, cpu=0, instructions_observed=6)
@@ -315,6 +314,15 @@ def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
         for t, prev, nxt in ((100, -1, 1), (150, 1, 2), (160, 2, 1)):
             w.sideband.add(Switch(cpu=0, time=t, prev_pid=prev, prev_tid=prev,
                                   next_pid=nxt, next_tid=nxt))
+    return b, len(head)
+
+
+def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
+    """The ambiguity above, made on purpose, in a bundle built here (no
+    recording, :func:`_ambiguous_bundle`).  ``decode`` (listing, compiled
+    counts, --jobs) and a view say so once, with the offset, and decode
+    the same."""
+    b, head = _ambiguous_bundle(tmp_path)
     said = None
     for argv in (["decode"], ["decode", "--quiet", "--stat"],
                  ["decode", "--jobs", "2", "--quiet", "--stat"], ["summary"]):
@@ -322,12 +330,34 @@ def test_ambiguous_resume_is_said_once_per_stream_by_every_command(tmp_path):
         assert r.returncode == 0, (argv, r.stderr)
         warning, rest = r.stderr.split("\n", 1) if r.stderr else ("", "")
         m = AMBIGUOUS.fullmatch(warning + "\n")
-        assert m and m[1] == "cpu0.pt" and int(m[2], 16) >= len(head), (argv, r.stderr)
+        assert m and m[1] == "cpu0.pt" and int(m[2], 16) >= head, (argv, r.stderr)
         assert "enable(s)" not in rest, (argv, r.stderr)        # once
         said = said or warning
         assert warning == said, argv
         if argv[-1] == "--stat":
             assert "insn: 6." in r.stdout, argv
+
+
+def test_every_bundle_command_says_the_warnings_once(tmp_path):
+    """What the bundle tells before any decode (a CPU's stream runs two
+    processes and has no MTC/CYC to place the switches) and what the
+    decode finds (the ambiguous enable): every command over a bundle
+    says both, each once, the same words as ``decode``, before its own
+    summary line."""
+    b, _head = _ambiguous_bundle(tmp_path, mtc=False)
+    said = None
+    for argv in (["decode", "--quiet", "--stat"], ["summary"], ["calls"],
+                 ["export", "--folded", tmp_path / "f.folded"], ["branches"],
+                 ["coverage", "--edges", "--quiet"]):
+        r = run_hwtrace(*argv, b)
+        assert r.returncode == 0, (argv, r.stderr)
+        lines = r.stderr.splitlines()
+        warnings = [x for x in lines if x.startswith("hwtrace: warning: ")]
+        assert lines[:2] == warnings, (argv, r.stderr)
+        assert "runs 2 processes but its trace has no MTC/CYC packets" in warnings[0]
+        assert AMBIGUOUS.fullmatch(warnings[1] + "\n"), (argv, r.stderr)
+        said = said or warnings
+        assert warnings == said, argv
 
 
 def test_text_output_names_each_process(rec):

@@ -5,6 +5,7 @@ imported with ``hwtrace import``)."""
 from __future__ import annotations
 
 import io
+import sys
 import json
 from collections import Counter
 
@@ -178,6 +179,28 @@ def test_progress_draws_only_on_a_terminal():
     assert "\r" in tty.getvalue() and "25%" in tty.getvalue()
     p.done("decoding: done")
     assert tty.getvalue().endswith("\n") and "decoding: done" in tty.getvalue()
+
+
+def test_a_warning_never_lands_on_the_progress_bar(monkeypatch):
+    """A warning (or an error) while the bar shows erases the bar first:
+    the warning is a line of its own; the bar comes back at its next
+    redraw, and the summary line ends the output."""
+    from hwtrace.cli import warn
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    p = Progress("decoding", total=4000, stream=tty)
+    p._last = -1.0
+    p(1000)
+    warn("something the trace does not tell")
+    p._last = -1.0
+    p(1000)
+    p.done("decoding: done")
+    lines = [ln.split("\r")[-1] for ln in tty.getvalue().split("\n")]
+    assert lines[0] == "hwtrace: warning: something the trace does not tell"
+    assert lines[1].startswith("decoding: done (") and lines[2] == ""
+    assert tty.getvalue().count("50%") == 1         # redrawn after the warning
+    warn("with no bar")                             # nothing to erase: as is
+    assert tty.getvalue().endswith("\nhwtrace: warning: with no bar\n")
 
 
 def test_branch_records_file_one_track_per_thread(tmp_path):

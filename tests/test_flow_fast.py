@@ -18,7 +18,7 @@ from conftest import CORPUS, _need, run_hwtrace
 from ptxed_corpus import argv_for, ptxed_variants, variant_id
 
 from hwtrace.flow import fast
-from hwtrace.flow.config import Errata, FlowConfig
+from hwtrace.flow.config import FlowConfig
 from hwtrace.flow.image import Image
 from hwtrace.flow.loaders import load_raw
 from hwtrace.pt import cpu as cpumod
@@ -125,8 +125,8 @@ def _load(bundle: Path):
     cfg = FlowConfig()
     c = manifest.get("cpu") or {}
     if c.get("family"):
-        cfg.errata = Errata.from_flags(cpumod.errata(
-            cpumod.Cpu.parse(f"{c['family']}/{c['model']}")))
+        cfg.errata = cpumod.errata(
+            cpumod.Cpu.parse(f"{c['family']}/{c['model']}"))
     out = _Loaded(((bundle / stream).read_bytes(), image, cfg))
     out.observed = entry.get("instructions_observed")
     return out
@@ -393,8 +393,8 @@ def _hardware_cases(tmp: Path):
     fx = hw / "drpt2trace_simple"
     image = Image()
     load_elf(image, str(fx / "hello"))
-    cfg = FlowConfig(errata=Errata.from_flags(cpumod.errata(
-        cpumod.Cpu.parse("6/85/4"))), mtc_freq=3, nom_freq=37,
+    cfg = FlowConfig(errata=cpumod.errata(
+        cpumod.Cpu.parse("6/85/4")), mtc_freq=3, nom_freq=37,
         cpuid_0x15_eax=2, cpuid_0x15_ebx=308)
     yield "drpt2trace", (fx / "pt.bin").read_bytes(), image, cfg
     hase = hw / "hase_loopy"
@@ -405,8 +405,8 @@ def _hardware_cases(tmp: Path):
     image = Image()
     load_elf(image, str(hase / "loopy"))
     c = m["cpu"]
-    cfg = _timing_cfg(bundle, FlowConfig(errata=Errata.from_flags(
-        cpumod.errata(cpumod.Cpu.parse(f"{c['family']}/{c['model']}")))))
+    cfg = _timing_cfg(bundle, FlowConfig(errata=cpumod.errata(
+        cpumod.Cpu.parse(f"{c['family']}/{c['model']}"))))
     for s in m["streams"]:
         yield f"hase {s['file']}", (bundle / s["file"]).read_bytes(), \
             image, cfg

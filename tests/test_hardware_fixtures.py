@@ -209,7 +209,7 @@ def test_flow_lldb_traces(ptoracle, imported, tmp_path):
 
 def _flow_case(name):
     """(trace bytes, Image, FlowConfig) of a flow capture."""
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.flow.image import Image
     from hwtrace.flow.loaders import load_elf
     from hwtrace.pt import cpu as cpumod
@@ -229,7 +229,7 @@ def _flow_case(name):
     for e in elfs:
         load_elf(image, str(e))
     cfg = FlowConfig()
-    cfg.errata = Errata.from_flags(cpumod.errata(cpumod.Cpu.parse(cpu)))
+    cfg.errata = cpumod.errata(cpumod.Cpu.parse(cpu))
     if timing:
         (cfg.mtc_freq, cfg.nom_freq, cfg.cpuid_0x15_eax,
          cfg.cpuid_0x15_ebx) = timing

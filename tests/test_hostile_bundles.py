@@ -385,7 +385,7 @@ def test_find_image_outside_needs_elf_with_recorded_build_id(bdir, outside):
     """Without --image-path / allow_outside, a recorded absolute path is used
     only if it is a regular ELF file whose build-id is the recorded one (what
     ``hwtrace record`` writes on this machine); anything else is refused."""
-    from hwtrace.engines.emulated.images import build_id
+    from hwtrace.buildid import build_id
     _manifest(bdir)
     exe = os.path.realpath(sys.executable)
     bid = build_id(exe)

@@ -178,7 +178,7 @@ def test_multi_core_sideband_puts_instructions_on_their_threads(multi_core):
     from hwtrace.bundle import Bundle, Switch
     from hwtrace.flow import session
     from hwtrace.flow.block import BlockDecoder
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.flow.image import Image
     from hwtrace.flow.loaders import load_elf
     from hwtrace.pt import cpu as cpumod
@@ -187,7 +187,7 @@ def test_multi_core_sideband_puts_instructions_on_their_threads(multi_core):
     image = Image()
     load_elf(image, str(b.find_image("/tmp/m.out")))
     cfg = FlowConfig()
-    cfg.errata = Errata.from_flags(cpumod.errata(cpumod.Cpu.parse("6/85")))
+    cfg.errata = cpumod.errata(cpumod.Cpu.parse("6/85"))
     switches = [r for r in b.iter_sideband() if isinstance(r, Switch)]
     ran = {}
     for s in b.streams:

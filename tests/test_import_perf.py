@@ -18,7 +18,8 @@ import pytest
 
 from conftest import FIXTURES, run_hwtrace
 from hwtrace import bundle as B
-from hwtrace.engines.perf.importer import _resolve_images, elf_build_id
+from hwtrace.buildid import build_id as elf_build_id
+from hwtrace.engines.perf.importer import _resolve_images
 
 PDC = FIXTURES / "perf_data_converter"
 HASE = FIXTURES / "hase_loopy"

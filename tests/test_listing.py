@@ -197,7 +197,11 @@ def test_recorded_c_program_lines(fib):
     insns = [LINE.match(x) for x in r.stdout.splitlines()
              if not x.startswith("[")]
     want = {f"fib.c:{n}" for n in _fib_lines(PROG)}
-    srcs = {m.group(4) for m in insns if m.group(2).startswith("fib")}
+    # function fib's instructions ("fib", "fib+0xOFF" from its start: not
+    # the executable fib's unnamed code, "fib+0xLINK" at its own address)
+    start = next(int(m.group(1), 16) for m in insns if m.group(2) == "fib")
+    srcs = {m.group(4) for m in insns if m.group(2).startswith("fib") and
+            int(m.group(1), 16) - int(m.group(2)[4:] or "0", 16) == start}
     assert srcs and srcs <= want
     mains = {m.group(4) for m in insns if m.group(2).startswith("main")}
     main_line = next(i + 1 for i, x in enumerate(PROG.splitlines())

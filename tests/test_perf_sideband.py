@@ -16,7 +16,8 @@ from hwtrace import bundle as B
 from hwtrace.engines.perf import abi
 from hwtrace.engines.perf.attrs import SAMPLE_TYPE
 from hwtrace.engines.perf.errors import PerfDataError
-from hwtrace.engines.perf.importer import elf_build_id, import_perf_data
+from hwtrace.buildid import build_id as elf_build_id
+from hwtrace.engines.perf.importer import import_perf_data
 from hwtrace.engines.perf.intel_pt import PtInfo
 from hwtrace.engines.perf.perfdata import PerfData
 

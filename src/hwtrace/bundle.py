@@ -775,8 +775,8 @@ def _is_recorded_elf(filename: str, build_id: str) -> bool:
         return False
     finally:
         os.close(fd)
-    from hwtrace.engines.emulated.images import build_id as _elf_build_id
-    return _elf_build_id(filename) == build_id.lower()
+    from hwtrace.buildid import build_id as elf_build_id
+    return elf_build_id(filename) == build_id.lower()
 
 
 def is_bundle(path: str | os.PathLike) -> bool:

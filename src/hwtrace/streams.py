@@ -152,10 +152,23 @@ class TraceSet:
     description: str
     bundle: object = None           # hwtrace.bundle.Bundle or None
     spaces: object = None           # hwtrace.flow.spaces.AddressSpaces
-    warnings: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)   # known before decoding: :meth:`report`
     tsc_hz: float | None = None
     _symbolizer: object = None
-    _mapped: list = field(default_factory=list)   # (path, start, offset)
+    _mapped: list = field(default_factory=list)   # (path, start, offset, recorded file)
+    _reported: bool = field(default=False, repr=False, compare=False)
+
+    def report(self, warn: Callable) -> None:
+        """Tell ``warn``, once, what the bundle says before any decode
+        that the decode cannot fix (:attr:`warnings`: a stream that runs
+        several processes with no MTC/CYC to place the switches, ...).
+        Every command that opens a bundle calls it before decoding; what
+        a decode finds is each :meth:`Stream.report`'s."""
+        if self._reported:
+            return
+        self._reported = True
+        for w in self.warnings:
+            warn(w)
 
     @property
     def symbolizer(self):
@@ -163,9 +176,9 @@ class TraceSet:
         if self._symbolizer is None:
             from hwtrace.analysis.symbols import Symbolizer, SymbolError
             sym = Symbolizer()
-            for path, start, offset in self._mapped:
+            for path, start, offset, file in self._mapped:
                 try:
-                    sym.add_mapping(path, start, offset)
+                    sym.add_mapping(path, start, offset, file)
                 except SymbolError:
                     pass
             self._symbolizer = sym
@@ -264,7 +277,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     naming it; else its code is "no memory mapped" in the decode.
     ``warn(text)``: what a decode of a stream finds the trace does not tell
     (:meth:`Stream.report`; the warnings known before decoding are
-    :attr:`TraceSet.warnings`)."""
+    :attr:`TraceSet.warnings`, said by :meth:`TraceSet.report`)."""
     from hwtrace.bundle import (Bundle, BundleError, Mmap, Switch, insn_clock_exact,
                                 tsc_per_insn)
     from hwtrace.flow.spaces import AddressSpaces, SpacePlan
@@ -334,7 +347,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 f = resolve(r.file, r.build_id)
             if f is not None and (str(f), r.start) not in seen:
                 seen.add((str(f), r.start))
-                ts._mapped.append((str(f), r.start, r.offset))
+                ts._mapped.append((str(f), r.start, r.offset, r.file))
 
     mcfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     for n in names:

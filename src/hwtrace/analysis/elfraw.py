@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace.buildid import build_id_of
+
 PT_LOAD = 1
-SHT_NOTE = 7
 SHF_EXECINSTR = 4
 ET_DYN = 3
 EM_X86_64 = 62
@@ -195,18 +196,5 @@ class RawElf:
                     p["filesz"].tolist())]
 
     def build_id(self) -> str | None:
-        e = "<" if self.little_endian else ">"
-        for i in np.flatnonzero(self.sh["type"] == SHT_NOTE).tolist():
-            d = self.section_data(i)
-            pos = 0
-            while pos + 12 <= len(d):
-                namesz, descsz, typ = np.frombuffer(d, e + "u4", 3, pos).tolist()
-                name_at = pos + 12
-                desc_at = name_at + ((namesz + 3) & ~3)
-                end = desc_at + ((descsz + 3) & ~3)
-                if end > len(d) + 3:
-                    break
-                if typ == 3 and d[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
-                    return d[desc_at:desc_at + descsz].hex()
-                pos = end
-        return None
+        """The GNU build-id as hex (:mod:`hwtrace.buildid`), None if none."""
+        return build_id_of(self.data) or None

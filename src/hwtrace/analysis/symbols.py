@@ -12,6 +12,14 @@ once per image and cached in the image object.
 
 A :class:`Symbolizer` holds several images and answers for any address;
 its :meth:`~Symbolizer.lookup` is the callback the call-stack builder takes.
+
+Code inside an image that no symbol covers (a stripped library's file-local
+functions) is named as perf names it, ``FILE+0xOFF`` (:func:`unnamed`):
+the basename of the file the recording mapped and the address's *link-time*
+address in it (run-time address - load bias), the number ``nm``,
+``objdump -d`` and ``addr2line -e FILE`` use -- for a shared library
+(linked at 0) that is also its offset from the library's load base.  An
+address in no image stays a bare ``0x...``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import numpy as np
 from hwtrace.analysis.elfraw import (EM_X86_64, SHF_EXECINSTR, SHT_DYNSYM, SHT_SYMTAB,
                                      STB_GLOBAL, STT_NOTYPE, RawElf, RawElfError,
                                      SymbolArrays)
+from hwtrace.analysis.symtable import unnamed
+from hwtrace.buildid import build_id
 
 
 def _symbol_array(elf: ELFFile, sec) -> SymbolArrays | None:
@@ -210,15 +220,6 @@ class SymbolError(Exception):
 DEBUG_ROOTS = ("/usr/lib/debug",)
 
 
-def _build_id(elf: ELFFile) -> str | None:
-    for sec in elf.iter_sections():
-        if sec.header.sh_type == "SHT_NOTE":
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return note["n_desc"]
-    return None
-
-
 def demangle_names(names: list[str]) -> dict[str, str]:
     """{mangled: demangled} for the C++ (Itanium ABI, ``_Z...``) names,
     through binutils' ``c++filt`` in one batch; names stay as they are if
@@ -251,6 +252,9 @@ class Image:
                  debug_roots=DEBUG_ROOTS, demangle: bool = True):
         self.path = str(path)
         self.bias = bias
+        #: the file's name in :func:`unnamed` names: the basename of the
+        #: file the recording mapped (a bundle's copy has another name)
+        self.label = os.path.basename(self.path)
         try:
             funcs = self._read_raw()
         except OSError as e:
@@ -261,7 +265,7 @@ class Image:
             try:
                 with open(self.path, "rb") as f:
                     elf = ELFFile(f)
-                    self.build_id = _build_id(elf)
+                    self.build_id = build_id(self.path) or None
                     self.segments = [(s.header.p_vaddr, s.header.p_memsz,
                                       s.header.p_offset, s.header.p_filesz)
                                      for s in elf.iter_segments()
@@ -366,6 +370,10 @@ class Image:
         if i < 0 or a >= self._ends[i]:
             return None
         return self._starts[i] + self.bias, self._names[i]
+
+    def unnamed(self, addr: int) -> str:
+        """``FILE+0xLINK`` for run-time address ``addr`` (:func:`unnamed`)."""
+        return unnamed(self.label, addr - self.bias)
 
     def address_of(self, name: str) -> int | None:
         a = self._by_name.get(name)
@@ -537,9 +545,12 @@ class ImageLookup:
     __call__ = lookup
 
     def describe(self, addr: int) -> str:
-        r = self.lookup(addr)
+        """``function+0xOFF``; ``FILE+0xLINK`` in an image but no function
+        (:func:`unnamed`); ``0x...`` outside every image."""
+        img = self.image_for(addr)
+        r = img.lookup(addr) if img else None
         if r is None:
-            return f"0x{addr:x}"
+            return img.unnamed(addr) if img else f"0x{addr:x}"
         start, name = r
         return name if start == addr else f"{name}+0x{addr - start:x}"
 
@@ -561,11 +572,16 @@ class Symbolizer(ImageLookup):
         self.images.append(img)
         return img
 
-    def add_mapping(self, path, start: int, pgoff: int = 0) -> Image:
+    def add_mapping(self, path, start: int, pgoff: int = 0,
+                    name: str | None = None) -> Image:
         """An image mapped (mmap) at ``start`` from file offset ``pgoff``:
         the load bias follows from the PT_LOAD segment at that offset
-        (:func:`load_bias`)."""
+        (:func:`load_bias`).  ``name``: the file the recording mapped,
+        where ``path`` is a copy of it (its basename is the image's
+        :attr:`Image.label`)."""
         probe = Image(path, 0, self._debug_roots)
+        if name:
+            probe.label = os.path.basename(name)
         bias = load_bias([(v, off, fsz) for v, _m, off, fsz in probe.segments],
                          start, pgoff)
         probe.bias = bias

@@ -4,7 +4,10 @@ over numpy arrays.
 :class:`AddrTable` answers, for an array of addresses, the function each
 lies in -- ``(start, name id, known)`` arrays -- as
 ``lookup(addr) -> (start, name) | None`` would one by one; unknown code
-is named by its address (``0x401000``), as the builder always named it.
+is its own function, named ``FILE+0xLINK`` inside an image
+(:func:`unnamed`: perf's name for a stripped
+library's local function) or by its address (``0x401000``) outside every
+image -- once per distinct address.
 
 * Over a :class:`~hwtrace.analysis.symbols.Symbolizer` the images'
   symbol tables are merged once into one step function over the address
@@ -23,6 +26,15 @@ from hwtrace.analysis.slices import NameTable
 _U8 = np.uint64
 
 
+def unnamed(label: str, link: int) -> str:
+    """The name of code at link-time address ``link`` (run-time address -
+    load bias: what ``nm``, ``objdump -d`` and ``addr2line -e FILE`` take;
+    for a shared library, linked at 0, its offset from the load base) of
+    the file ``label`` (the mapped file's basename), where no symbol
+    covers it: ``liblzma.so.5+0x1a2b``, as perf names it."""
+    return f"{label}+0x{link:x}"
+
+
 class AddrTable:
     def __init__(self, lookup, names: NameTable):
         self.names = names
@@ -33,6 +45,11 @@ class AddrTable:
         self._bits = None
         self._unk_keys = self._unk_ids = None   # _unknown_ids' cache
         self._table = None                      # table()'s arrays
+        # the images' address ranges, the first image claiming an address
+        # (as Symbolizer.image_for): (lo, hi) arrays, bias and label per range
+        self._ilo = self._ihi = None
+        self._ibias: list[int] = []
+        self._ilabel: list[str] = []
         images = getattr(lookup, "images", None)
         if images is None:
             images = getattr(getattr(lookup, "__self__", None), "images", None)
@@ -43,9 +60,15 @@ class AddrTable:
     def _merge(self, images) -> None:
         claimed: list[tuple[int, int]] = []
         los, his, starts, nids = [], [], [], []
+        ilo, ihi = [], []
         for img in images:
             free = _subtract((img.low, img.high), claimed)
             claimed.append((img.low, img.high))
+            for a, b in free:
+                ilo.append(a)
+                ihi.append(b)
+                self._ibias.append(img.bias)
+                self._ilabel.append(getattr(img, "label", None) or "?")
             if not free or not img._starts:
                 continue
             bias = img.bias
@@ -61,6 +84,11 @@ class AddrTable:
                 his.append(np.minimum(hi[keep], _U8(b)))
                 starts.append(s[keep])
                 nids.append(ids[keep])
+        order = np.argsort(np.array(ilo, _U8), kind="stable")
+        self._ilo = np.array(ilo, _U8)[order]
+        self._ihi = np.array(ihi, _U8)[order]
+        self._ibias = [self._ibias[k] for k in order.tolist()]
+        self._ilabel = [self._ilabel[k] for k in order.tolist()]
         if not los:
             self._lo = np.zeros(0, _U8)
             self._hi = self._start = self._lo
@@ -142,10 +170,32 @@ class AddrTable:
             return np.zeros(0, np.int32)
         return self._unknown_ids(np.asarray(addrs, _U8))
 
+    def image_index(self, addrs: np.ndarray) -> np.ndarray:
+        """Per address, the index of the image range holding it (-1 in
+        none, and always -1 over a callback)."""
+        addrs = np.asarray(addrs, _U8)
+        if self._ilo is None or not len(self._ilo):
+            return np.full(len(addrs), -1, np.intp)
+        j = np.searchsorted(self._ilo, addrs, side="right") - 1
+        ok = (j >= 0) & (addrs < self._ihi[np.maximum(j, 0)])
+        return np.where(ok, j, -1)
+
+    def in_image(self, addrs: np.ndarray) -> np.ndarray:
+        """bool per address: inside some image (named even where no
+        symbol covers it, :meth:`_unknown_ids`)."""
+        return self.image_index(addrs) >= 0
+
+    def _unknown_name(self, addr: int, k: int) -> str:
+        """The name of unknown code at ``addr`` in image range ``k``."""
+        if k < 0:
+            return f"0x{addr:x}"
+        return unnamed(self._ilabel[k], addr - self._ibias[k])
+
     def _unknown_ids(self, addrs: np.ndarray) -> np.ndarray:
-        """The name ids of addresses no symbol names (``0x401000``): those
-        seen before from sorted arrays at once, new ones registered in
-        address order (as ever: the name ids are the same)."""
+        """The name ids of addresses no symbol names (``libz.so.1+0x2a0``
+        in an image, ``0x401000`` outside every one): those seen before
+        from sorted arrays at once, new ones registered in address order
+        (as ever: the name ids are the same)."""
         keys = self._unk_keys
         if keys is None:
             keys = self._unk_keys = np.zeros(0, _U8)
@@ -161,7 +211,9 @@ class AddrTable:
             new = np.unique(addrs)
         if not len(new):
             return np.zeros(0, np.int32)
-        ids = np.fromiter((self.names.id(f"0x{a:x}") for a in new.tolist()),
+        name = self._unknown_name
+        ids = np.fromiter((self.names.id(name(a, k)) for a, k in
+                           zip(new.tolist(), self.image_index(new).tolist())),
                           np.int32, len(new))
         keys = np.concatenate((keys, new))
         order = np.argsort(keys, kind="stable")

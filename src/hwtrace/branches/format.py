@@ -45,12 +45,16 @@ class Namer:
         self.sym_index = None       # the compiled formatter's (SymIndex)
 
     def names_of(self, addr: np.ndarray, ok: np.ndarray):
-        """(name id, offset, known) per address (``ok``: the address is
-        known at all)."""
+        """(name id, offset, named) per address (``ok``: the address is
+        known at all): a function and the offset in it, or inside an
+        image but no function its ``FILE+0xLINK`` name (offset 0)."""
         if self.sym is None or not len(addr):
             z = np.zeros(len(addr), np.int64)
             return z, z, np.zeros(len(addr), bool)
         start, nid, known = self.table.resolve(addr)
+        if not known.all():
+            unk = np.flatnonzero(~known)
+            known[unk] = self.table.in_image(addr[unk])
         known &= ok
         return nid.astype(np.int64), (addr - start).astype(np.int64), known
 

@@ -46,9 +46,19 @@ def _command_modules() -> list[str]:
 
 def warn(text: str) -> None:
     """One warning line on stderr (what the commands say of an input they
-    decode anyway: :meth:`hwtrace.streams.Stream.report`)."""
+    decode anyway: :meth:`hwtrace.streams.Stream.report`), on a line of
+    its own: a progress bar showing is erased first."""
+    _end_progress_line()
     sys.stderr.write(f"hwtrace: warning: {text}\n")
     sys.stderr.flush()
+
+
+def _end_progress_line() -> None:
+    """Erase a view's progress bar if one is on the terminal (a bar exists
+    only once its module is loaded: nothing to import otherwise)."""
+    progress = sys.modules.get("hwtrace.export.progress")
+    if progress is not None:
+        progress.clear_line()
 
 
 class CliError(Exception):
@@ -110,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except CliError as e:
+        _end_progress_line()
         print(f"hwtrace: {e}" if not str(e).startswith("hwtrace") else str(e),
               file=sys.stderr)
         return e.status
@@ -120,5 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             return 0
     except KeyboardInterrupt:
+        _end_progress_line()
         print("hwtrace: interrupted", file=sys.stderr)
         return 130

@@ -57,8 +57,7 @@ def run_bundle(args) -> int:
                                  extend=extend if args.images else None)
     except streams.StreamsError as e:
         raise CliError(f"decode: {e}") from None
-    for w in ts.warnings:
-        warn(w)
+    ts.report(warn)
     cfg_line = "".join(cfg_lines)
     out = D.Output()
     counts_only = D.counts_only(args) and not args.merge_time

@@ -69,7 +69,6 @@ class Input:
         self.code = list(code or [])     # the files the decoder read code from
         self.traces = traces             # hwtrace.streams.TraceSet or None
         self.timebase = timebase         # the manifest's word on its clock
-        self.warnings = list(getattr(traces, "warnings", []) or [])
 
 
 def parse_elf_arg(arg: str) -> tuple[str, int]:
@@ -151,6 +150,7 @@ def _bundle(p: Path, elf: list, image_path: list) -> Input:
         ts = open_bundle(p, image_path=image_path, warn=warn)
     except StreamsError as e:
         raise CliError(str(e)) from None
+    ts.report(warn)
     sym = ts.symbolizer
     for arg in elf:
         f, bias = parse_elf_arg(arg)
@@ -159,7 +159,7 @@ def _bundle(p: Path, elf: list, image_path: list) -> Input:
         except StreamsError as e:
             raise CliError(f"--elf: {e}") from None
     code = []
-    for path, start, offset in ts._mapped:
+    for path, start, offset, _file in ts._mapped:
         try:
             size = os.path.getsize(path) - offset
         except OSError:

@@ -72,7 +72,6 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
                            f"{type(e).__name__}: {e}") from None
     totals = run.totals
     totals["bytes"] = total
-    totals["warnings"] = inp.warnings
     return inp, totals, progress
 
 

@@ -18,7 +18,6 @@ tracing starts) is unknown: jsonl ``null``, text ``?``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 
@@ -73,7 +72,9 @@ def _specs(args):
 
 
 class _Names:
-    """Cached address -> 'func+0xoff' (None when no image names it)."""
+    """Cached address -> 'func+0xoff', 'FILE+0xLINK' in an image but no
+    function, None in no image: one record at a time, the reference the
+    vectorized :class:`hwtrace.branches.format.Namer` is checked against."""
 
     def __init__(self, symbolizer):
         self.sym = symbolizer
@@ -83,32 +84,14 @@ class _Names:
         c = self.cache
         if addr in c:
             return c[addr]
-        r = self.sym.lookup(addr) if self.sym is not None else None
+        img = self.sym.image_for(addr) if self.sym is not None else None
+        r = img.lookup(addr) if img is not None else None
         s = None
         if r is not None:
             start, name = r
             s = name if start == addr else f"{name}+{addr - start:#x}"
-        if len(c) < 1 << 20:
-            c[addr] = s
-        return s
-
-
-class _Lines:
-    """Cached address -> 'file:line' from DWARF (None where unknown)."""
-
-    def __init__(self, symbolizer):
-        self.sym = symbolizer
-        self.cache: dict[int, str | None] = {}
-
-    def __call__(self, addr: int) -> str | None:
-        c = self.cache
-        if addr in c:
-            return c[addr]
-        try:
-            r = self.sym.line(addr) if self.sym is not None else None
-        except Exception:          # unreadable DWARF names no line
-            r = None
-        s = f"{r[0]}:{r[1]}" if r else None
+        elif img is not None:
+            s = img.unnamed(addr)
         if len(c) < 1 << 20:
             c[addr] = s
         return s
@@ -132,31 +115,6 @@ def format_text(rec, names, lines=None) -> str:
         str(rec.tid) if rec.tid is not None else "-")
     return (f"{who:>13} {d}{rec.kind:<14} {_end(rec.from_, names, lines)}"
             f" -> {_end(rec.to, names, lines)}")
-
-
-def write(records, names, fmt: str, out, lines=None) -> int:
-    """Branch objects one by one (the reference the vectorized
-    :mod:`hwtrace.branches.format` is checked against)."""
-    n = 0
-    w = out.write
-    if fmt == "jsonl":
-        dumps = json.dumps
-        for r in records:
-            d = r.to_json(names)
-            if lines is not None:
-                fl = None if r.from_ is None else lines(r.from_)
-                tl = None if r.to is None else lines(r.to)
-                if fl:
-                    d["from_line"] = fl
-                if tl:
-                    d["to_line"] = tl
-            w(dumps(d, separators=(",", ":")) + "\n")
-            n += 1
-    else:
-        for r in records:
-            w(format_text(r, names, lines) + "\n")
-            n += 1
-    return n
 
 
 def _open_out(path):

@@ -129,6 +129,7 @@ def _streams(args):
         return cfg
     try:
         ts = open_bundle(args.bundle, only=args.stream, config=config, warn=warn)
+        ts.report(warn)
         out = []
         for st in ts.streams:
             plan = st.plan

@@ -41,9 +41,11 @@ def register(sub) -> None:
 def _open(path: str, image_path):
     from hwtrace.streams import StreamsError, open_bundle
     try:
-        return open_bundle(path, image_path=image_path, warn=warn)
+        ts = open_bundle(path, image_path=image_path, warn=warn)
     except StreamsError as e:
         raise CliError(f"diff: {e}") from None
+    ts.report(warn)
+    return ts
 
 
 def run(args) -> int:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hwtrace.analysis.symtable import unnamed
+
 
 @dataclass
 class Module:
@@ -142,7 +144,7 @@ class SymTab:
         if fid < 0 or self.func_start[fid] == 0:
             m = self.module(addr)
             if m is not None:
-                return f"{m.base}+0x{addr - m.bias:x}"
+                return unnamed(m.base, addr - m.bias)
             return f"0x{addr:x}"
         off = addr - self.func_start[fid]
         return self.names[fid] if off == 0 else f"{self.names[fid]}+0x{off:x}"

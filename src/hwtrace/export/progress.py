@@ -1,11 +1,27 @@
 """Progress on stderr: a bar (or a counter when the total is unknown) that
 redraws at most every 0.2 s, only when stderr is a terminal; always one
-summary line at the end."""
+summary line at the end.
+
+The bar is a line without its newline: anything else written to stderr
+while it shows (a warning, an error) first calls :func:`clear_line`, so
+that it starts on a clean line; the bar comes back at its next redraw."""
 
 from __future__ import annotations
 
 import sys
 import time
+
+
+_WIDTH = 100
+_shown = None       # the Progress whose bar is on the terminal now
+
+
+def clear_line() -> None:
+    """Erase the progress bar now on the terminal, if one is: the next
+    text written to stderr starts at column 0 of an empty line."""
+    p = _shown
+    if p is not None:
+        p._clear()
 
 
 class Progress:
@@ -50,13 +66,23 @@ class Progress:
             text = f"{self.label} [{bar}] {frac:4.0%} {rate:,.0f} {self.unit}/s"
         else:
             text = f"{self.label} {self.count:,} {self.unit} ({rate:,.0f}/s)"
-        self.stream.write("\r" + text[:100].ljust(100))
+        global _shown
+        self.stream.write("\r" + text[:_WIDTH].ljust(_WIDTH))
         self.stream.flush()
         self._drawn = True
+        _shown = self
+
+    def _clear(self) -> None:
+        global _shown
+        if self._drawn:
+            self.stream.write("\r" + " " * _WIDTH + "\r")
+            self.stream.flush()
+            self._drawn = False
+        if _shown is self:
+            _shown = None
 
     def done(self, summary: str) -> None:
-        if self._drawn:
-            self.stream.write("\r" + " " * 100 + "\r")
+        self._clear()
         elapsed = time.monotonic() - self._start
         self.stream.write(f"{summary} ({elapsed:.1f} s)\n")
         self.stream.flush()

@@ -3,38 +3,13 @@ and decoder flags (libipt's struct pt_config, the parts flow uses)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-ERRATA = ("bdm70", "bdm64", "skd007", "skd022", "skd010", "skl014",
-          "apl12", "apl11", "skl168", "skz84")
+from hwtrace.pt.cpu import NO_ERRATA, Errata
 
-
-@dataclass
-class Errata:
-    """Which CPU erratum workarounds are enabled."""
-
-    bdm70: bool = False
-    bdm64: bool = False
-    skd007: bool = False
-    skd022: bool = False
-    skd010: bool = False
-    skl014: bool = False
-    apl12: bool = False
-    apl11: bool = False
-    skl168: bool = False
-    skz84: bool = False
-
-    @classmethod
-    def from_flags(cls, flags) -> "Errata":
-        """From any object/dict carrying erratum names as attributes/keys."""
-        e = cls()
-        for name in ERRATA:
-            if isinstance(flags, dict):
-                v = flags.get(name, False)
-            else:
-                v = getattr(flags, name, False)
-            setattr(e, name, bool(v))
-        return e
+#: the erratum names in :class:`hwtrace.pt.cpu.Errata`'s field order: the
+#: compiled flow core's errata bits (hwtrace.flow.fast)
+ERRATA = tuple(f.name for f in fields(Errata))
 
 
 @dataclass
@@ -63,7 +38,7 @@ class AddrFilter:
 
 @dataclass
 class FlowConfig:
-    errata: Errata = field(default_factory=Errata)
+    errata: Errata = NO_ERRATA      # frozen: replaced, never changed in place
     addr_filter: AddrFilter = field(default_factory=AddrFilter)
     cpu: object = None              # hwtrace.pt.cpu.Cpu, if known
     mtc_freq: int = 0
@@ -107,5 +82,5 @@ class FlowConfig:
         errata = cpumod.errata(cpu)
         if isinstance(errata, PtError):
             return errata
-        self.errata = Errata.from_flags(errata)
+        self.errata = errata
         return None

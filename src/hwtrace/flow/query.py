@@ -28,7 +28,7 @@ trace offsets libipt 2.3 reports.
 from __future__ import annotations
 
 from hwtrace.pt import errors as E
-from hwtrace.pt.cpu import Errata as PacketErrata
+from hwtrace.pt.cpu import Errata
 from hwtrace.pt.decoder import PacketDecoder, find_psb_backward, find_psb_forward
 from hwtrace.pt.errors import PtError
 
@@ -75,7 +75,9 @@ class QueryDecoder:
     def __init__(self, data, config: FlowConfig | None = None):
         self.config = config or FlowConfig()
         e = self.config.errata
-        self._pkt = PacketDecoder(data, errata=PacketErrata(
+        # the packet decoder's own (the two that change packets): with
+        # none, it keeps its shared tables
+        self._pkt = PacketDecoder(data, errata=Errata(
             skd007=e.skd007, skz84=e.skz84))
         self._buf = self._pkt.buffer
         self._end = len(self._buf)

@@ -7,7 +7,7 @@ time of the last query (``mark``) and stamps events.
 from __future__ import annotations
 
 from hwtrace.pt import errors as E
-from hwtrace.pt.cpu import Errata as PacketErrata
+from hwtrace.pt.cpu import Errata
 from hwtrace.pt.errors import PtError
 from hwtrace.pt.timing import Time, TimeCal, TimingConfig
 
@@ -30,7 +30,7 @@ class FlowTime:
             mtc_freq=config.mtc_freq, nom_freq=config.nom_freq,
             cpuid_0x15_eax=config.cpuid_0x15_eax,
             cpuid_0x15_ebx=config.cpuid_0x15_ebx,
-            errata=PacketErrata(skl168=e.skl168))
+            errata=Errata(skl168=e.skl168))
         self.keep_tcal = config.keep_tcal_on_ovf
         self.time = Time()
         self.tcal = TimeCal()

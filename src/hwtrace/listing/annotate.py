@@ -16,7 +16,7 @@ import os
 from typing import NamedTuple
 
 from hwtrace.analysis.symbols import Image as SymImage
-from hwtrace.analysis.symbols import SymbolError, Symbolizer, demangle_names
+from hwtrace.analysis.symbols import SymbolError, Symbolizer, demangle_names, load_bias
 
 from .disasm import Disassembler
 
@@ -29,7 +29,7 @@ class Note(NamedTuple):
 
     function: str           # name of the function holding it
     function_offset: int    # its offset in that function
-    where: str              # "fib+0x12", or "[file+0xADDR]" without symbol
+    where: str              # "fib+0x12", or "FILE+0xLINK" without symbol
     disasm: str             # "mov rdi, rsp" (with "<target>" for branches)
     file: str               # source file (full path), "" if unknown
     line: int               # source line, 0 if unknown
@@ -70,21 +70,19 @@ class SymbolFiles:
         img._dwarf_file = None
         return img
 
-    def mapped(self, path: str, start: int, pgoff: int = 0) -> SymImage | None:
-        """``path`` mapped (mmap) at ``start`` from file offset ``pgoff``."""
+    def mapped(self, path: str, start: int, pgoff: int = 0,
+               name: str | None = None) -> SymImage | None:
+        """``path`` mapped (mmap) at ``start`` from file offset ``pgoff``
+        (``name``: the file the recording mapped, where ``path`` is a copy
+        of it -- the image's label)."""
         base = self._load(path)
         if base is None:
             return None
-        bias = start - pgoff
-        for vaddr, _memsz, off, filesz in base.segments:
-            if off <= pgoff < off + max(filesz, 1):
-                bias = start - (vaddr + (pgoff - off))
-                break
-        else:
-            if base.segments:
-                vaddr, _m, off, _f = base.segments[0]
-                bias = start - (vaddr - (off - pgoff))
-        return self.at_bias(path, bias)
+        img = self.at_bias(path, load_bias(
+            [(v, off, fsz) for v, _m, off, fsz in base.segments], start, pgoff))
+        if name:
+            img.label = os.path.basename(name)
+        return img
 
     def symbolizer(self, images) -> Symbolizer:
         """A Symbolizer over ``images`` (None entries and repeats of the
@@ -143,7 +141,8 @@ class Annotator:
         self._plain: dict[str, str] = {}     # C++ names demangled so far
 
     def _where(self, addr: int) -> tuple[str, int, str]:
-        """(function, offset, "function+0xOFF" or "[file+0xADDR]")."""
+        """(function, offset, "function+0xOFF", or "FILE+0xLINK" where
+        no symbol covers the address: :func:`.symtable.unnamed`)."""
         sym = self.sym
         if sym is None:
             return "", 0, ""
@@ -152,8 +151,7 @@ class Annotator:
             return "", 0, ""
         r = img.lookup(addr)
         if r is None:
-            link = addr - img.bias
-            return "", 0, f"[{os.path.basename(img.path)}]+0x{link:x}"
+            return "", 0, img.unnamed(addr)
         start, name = r
         name = self._plain.get(name, name)
         off = addr - start
@@ -180,8 +178,8 @@ class Annotator:
         """``<function+0xOFF>`` for a branch or memory target ("" if none)."""
         s = self._names.get(addr)
         if s is None:
-            w = self._where(addr)[2]
-            s = self._names[addr] = f" <{w}>" if w and w[0] != "[" else ""
+            fn, _off, w = self._where(addr)
+            s = self._names[addr] = f" <{w}>" if fn else ""
         return s
 
     def notes(self, ips: list, sizes: list, iclasses: list, mode: int) -> list:

@@ -67,6 +67,6 @@ class Contexts:
         files = self.files
 
         def syms():
-            return [files.mapped(m.path, m.start, m.offset)
+            return [files.mapped(m.path, m.start, m.offset, m.file)
                     for m in space.mappings]
         return self._cache(id(space), space, space.image, syms)

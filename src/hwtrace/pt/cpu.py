@@ -65,6 +65,10 @@ class Cpu:
 
 @dataclass(frozen=True, slots=True)
 class Errata:
+    """Which erratum workarounds are on (the one class of them: the packet
+    decoder's and the flow decoders' config).  The field order is the
+    compiled flow core's errata bit order (hwtrace.flow.config.ERRATA)."""
+
     bdm70: bool = False
     bdm64: bool = False
     skd007: bool = False

@@ -247,7 +247,7 @@ class EmulatedEngine(Engine):
             raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
 
     def _load_vdso(self, log: str) -> None:
-        from . import images
+        from hwtrace.buildid import build_id_of
         self.vdso, self.vdso_build_id, self.vdso_pid = None, "", None
         try:
             with open(log + ".vdso", "rb") as f:
@@ -256,7 +256,7 @@ class EmulatedEngine(Engine):
             return
         if vdso:
             self.vdso = vdso
-            self.vdso_build_id = images.build_id_of(vdso)
+            self.vdso_build_id = build_id_of(vdso)
 
     def _generate_from(self, session, log: str, data: bytes) -> None:
         index = flow.load(data, index_only=True)

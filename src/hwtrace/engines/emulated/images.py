@@ -1,5 +1,6 @@
-"""Executable mappings of an execution log as bundle sideband, build-ids,
-and the ptxed / ptoracle image arguments that decode a stream."""
+"""Executable mappings of an execution log as bundle sideband (build-ids:
+:mod:`hwtrace.buildid`), and the ptxed / ptoracle image arguments that
+decode a stream."""
 
 from __future__ import annotations
 
@@ -7,65 +8,8 @@ import os
 import struct
 from typing import NamedTuple
 
+from hwtrace.buildid import build_id
 from hwtrace.bundle import Mmap
-
-_PT_NOTE = 4
-_NT_GNU_BUILD_ID = 3
-
-
-def build_id(path: str) -> str:
-    """The GNU build-id of an ELF file as hex ("" if none or unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            return _build_id(f.read, f.seek)
-    except OSError:
-        return ""
-
-
-def build_id_of(data: bytes) -> str:
-    """The GNU build-id of an ELF image held in memory (e.g. the vDSO,
-    whose file offsets are its offsets from the mapping start)."""
-    pos = [0]
-
-    def read(n: int) -> bytes:
-        out = data[pos[0]:pos[0] + n]
-        pos[0] += len(out)
-        return out
-
-    def seek(off: int) -> None:
-        pos[0] = off
-    return _build_id(read, seek)
-
-
-def _build_id(read, seek) -> str:
-    try:
-        ehdr = read(64)
-        if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
-            return ""
-        phoff, = struct.unpack_from("<Q", ehdr, 32)
-        phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
-        seek(phoff)
-        phdrs = read(phentsize * phnum)
-        for i in range(phnum):
-            p_type, _flags, off, _va, _pa, filesz = struct.unpack_from(
-                "<IIQQQQ", phdrs, i * phentsize)
-            if p_type != _PT_NOTE or filesz > 1 << 16:
-                continue
-            seek(off)
-            notes = read(filesz)
-            pos = 0
-            while pos + 12 <= len(notes):
-                namesz, descsz, ntype = struct.unpack_from("<III", notes, pos)
-                pos += 12
-                name = notes[pos:pos + namesz]
-                pos += (namesz + 3) & ~3
-                desc = notes[pos:pos + descsz]
-                pos += (descsz + 3) & ~3
-                if ntype == _NT_GNU_BUILD_ID and name.rstrip(b"\0") == b"GNU":
-                    return desc.hex()
-    except (OSError, struct.error):
-        return ""
-    return ""
 
 
 def load_segments(path: str) -> list[tuple[int, int, int]]:

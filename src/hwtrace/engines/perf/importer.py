@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hwtrace import bundle as B
+from hwtrace.buildid import build_id
 
 from . import abi
 from .errors import PerfDataError
@@ -31,23 +32,6 @@ AUX_FILE = "perf_aux.jsonl"
 _AUX_KINDS = {2: "Intel BTS", 3: "ARM CoreSight ETM", 4: "ARM SPE", 5: "s390 CPUMSF",
               6: "HiSilicon PTT"}
 MAX_LOST_LISTED = 1000
-
-
-def elf_build_id(path: str | os.PathLike) -> str:
-    """The GNU build-id of an ELF file as hex ("" if none / not ELF)."""
-    from elftools.elf.elffile import ELFFile
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for sec in elf.iter_sections():
-                if sec.header.sh_type != "SHT_NOTE":
-                    continue
-                for note in sec.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
-                        return str(note["n_desc"])
-    except Exception:       # not ELF, unreadable, or junk pyelftools chokes on
-        return ""
-    return ""
 
 
 @dataclass
@@ -92,7 +76,7 @@ def _resolve_images(mmaps: Iterable[B.Mmap], given: list[Path]) -> tuple[dict, l
     by_bid: dict[str, Path] = {}
     by_name: dict[str, tuple[Path, str]] = {}
     for p in given:
-        bid = elf_build_id(p)
+        bid = build_id(p)
         if bid:
             by_bid.setdefault(bid, p)
         by_name.setdefault(p.name, (p, bid))
@@ -113,7 +97,7 @@ def _resolve_images(mmaps: Iterable[B.Mmap], given: list[Path]) -> tuple[dict, l
                 not want or not by_name[Path(m.file).name][1]
                 or by_name[Path(m.file).name][1] == want):
             src = by_name[Path(m.file).name][0]
-        elif _is_elf_file(m.file) and (not want or elf_build_id(m.file) == want):
+        elif _is_elf_file(m.file) and (not want or build_id(m.file) == want):
             src = Path(m.file)
         if src is None:
             missing.append(m.file)

@@ -214,12 +214,12 @@ def _segments(fd: int, what: str):
 def _module_maps(d: _Dir, pid: int, file: str, system_path: str,
                  load_address: int | None, what: str):
     """(source path, build-id, [Mmap]) for one module file."""
-    from hwtrace.engines.perf.importer import elf_build_id
+    from hwtrace.buildid import build_id
     src = d.path(file, what)
     segs = _segments(d.open(file, what), what)
     low = min(v for _, _, v, _ in segs)
     bias = 0 if load_address is None else load_address - low
-    bid = elf_build_id(src)
+    bid = build_id(src)
     maps = [B.Mmap(pid=pid, start=(v + bias) & D.U64, size=size, offset=off,
                    file=system_path, build_id=bid, prot=prot)
             for off, size, v, prot in segs]
