@@ -7,12 +7,14 @@ The core is a port of the Python flow decoders (the twin and reference:
 helpers) that decodes every trace they decode, with identical results:
 every packet, every event at any IP, errata, timing, address filters,
 both resync modes and both error-offset conventions.  On an instruction
-cache miss the core asks :func:`filler`'s ``fill(ip, mode)`` for the
-instructions from ``ip`` on and keeps the result (its instruction and run
-caches live as long as a decode); fill decodes them with the compiled x86
-decoder (``core/x86.c``, a port of :mod:`hwtrace.x86`, its twin and
-reference) and leaves what is unusual -- errors, instructions crossing a
-section end -- to the twin's instruction cache::
+cache miss the core decodes the instructions from ``ip`` on from the
+bytes of the image's mapping there (:func:`mappings`, ``core/pyfill.h``)
+with the compiled x86 decoder (``core/x86.c``, a port of
+:mod:`hwtrace.x86`, its twin and reference) and keeps the result (its
+instruction and run caches live as long as a decode); what is unusual --
+errors, instructions crossing a section end, images it cannot see into
+-- goes to :func:`filler`'s ``fill(ip, mode)``, which leaves it to the
+twin's instruction cache::
 
     from hwtrace.flow import fast
     c = fast.count(data, image, config, decoder="block")   # Counts
@@ -56,9 +58,10 @@ from hwtrace.x86.insn import IClass, Kind
 
 from .config import ERRATA, FlowConfig
 from .fetch import FetchError, InsnCache, changes_cpl
+from .image import Image
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 7
+ABI = 8
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -214,6 +217,24 @@ def filler(image):
     return fill
 
 
+def mappings(image):
+    """The core's view of ``image`` for filling its instruction cache in C
+    (core/pyfill.h): ``(generation, ((begin, end - 1, offset, load), ...))``
+    -- each mapping ``[begin, end)``, in address order, ``offset`` bytes
+    into its section's data, which ``load()`` returns -- or None for an
+    object that is not an :class:`~hwtrace.flow.image.Image` (its misses
+    all go to :func:`filler`).  The core asks again when the image's
+    ``generation`` changes; it decodes from those bytes what
+    :func:`filler` decodes from them with the compiled x86 decoder and
+    leaves the rest (no mapping, a first instruction that is invalid or
+    crosses the bytes' end, an unknown mode) to ``fill``."""
+    if not isinstance(image, Image):
+        return None
+    return image.generation, tuple(
+        (m.begin, m.end - 1, m.offset, m.section.bytes)
+        for m in image.mappings())
+
+
 def _u64(name: str, v: int, limit: int = 1 << 64) -> int:
     if not 0 <= v < limit:
         raise Unsupported(f"compiled flow core: {name} = {v} is out of its "
@@ -257,8 +278,8 @@ def core_decoder(data, image, config=None, *, block=True, resync=False,
         (F_PLAIN_OFFSETS if plain_offsets else 0)
     if release is None:
         release = getattr(data, "release_before", None)
-    return core.Decoder(data, image, filler, config_tuple(config), flags,
-                        release)
+    return core.Decoder(data, image, (filler, mappings),
+                        config_tuple(config), flags, release)
 
 
 class _ErrorSink:
@@ -554,7 +575,8 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
     if spaces is not None:
         # the twin's session offsets through a switcher are dec.offset
         flags |= F_PLAIN_OFFSETS
-    dec = core.Decoder(data, image, filler, config_tuple(config), flags,
+    dec = core.Decoder(data, image, (filler, mappings),
+                       config_tuple(config), flags,
                        getattr(data, "release_before", None))
     if spaces is not None:
         if space_items:
