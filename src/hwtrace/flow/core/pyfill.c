@@ -9,7 +9,8 @@ struct mapsrc {
 };
 
 struct pyfill {
-    PyObject *image, *fill, *mappings;
+    PyObject *image, *filler, *mappings;
+    PyObject *fill;             /* filler(image), on the first Python fill */
     PyObject *gen;              /* the image's generation map is of */
     int built;                  /* mappings(image) was asked */
     int usable;                 /* map holds the image's mappings (else
@@ -228,6 +229,8 @@ int pyfill_fill(void *ctx, struct icache *ic, uint64_t ip, int mode)
         }
     }
     f->n_py++;
+    if (!f->fill && !(f->fill = PyObject_CallOneArg(f->filler, f->image)))
+        return -E_PYERR;
     return python_fill(f->fill, ic, ip, mode);
 }
 
@@ -244,12 +247,8 @@ struct pyfill *pyfill_new(PyObject *image, PyObject *filler,
         PyErr_NoMemory();
         return NULL;
     }
-    f->fill = PyObject_CallOneArg(filler, image);
-    if (!f->fill) {
-        PyMem_Free(f);
-        return NULL;
-    }
     f->image = Py_NewRef(image);
+    f->filler = Py_NewRef(filler);
     f->mappings = Py_XNewRef(mappings);
     return f;
 }
@@ -260,6 +259,7 @@ void pyfill_free(struct pyfill *f)
         return;
     drop_map(f);
     Py_XDECREF(f->image);
+    Py_XDECREF(f->filler);
     Py_XDECREF(f->fill);
     Py_XDECREF(f->mappings);
     PyMem_Free(f);
@@ -268,6 +268,7 @@ void pyfill_free(struct pyfill *f)
 int pyfill_traverse(struct pyfill *f, visitproc visit, void *arg)
 {
     Py_VISIT(f->image);
+    Py_VISIT(f->filler);
     Py_VISIT(f->fill);
     Py_VISIT(f->mappings);
     for (uint32_t i = 0; i < f->map.n; i++)

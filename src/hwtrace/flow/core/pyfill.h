@@ -25,8 +25,9 @@
 
 struct pyfill;
 
-/* the miss handler of image: filler(image) is its fill; mappings may be
- * NULL (Python fills only).  NULL with a Python exception on failure */
+/* the miss handler of image: filler(image) is its fill (asked for on
+ * the first miss C does not answer); mappings may be NULL (Python fills
+ * only).  NULL with a Python exception on failure */
 struct pyfill *pyfill_new(PyObject *image, PyObject *filler,
                           PyObject *mappings);
 void pyfill_free(struct pyfill *f);
