@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
-try:    # CPython's own SHA-256: no OpenSSL to load (~3 ms of every start-up)
-    from _sha2 import sha256        # 3.12+
+# CPython's own SHA-256: no OpenSSL to load (~3 ms of every start-up); its
+# module by version (looking for a missing module costs a path search)
+try:
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256
 except ImportError:
-    try:
-        from _sha256 import sha256  # 3.11
-    except ImportError:
-        from hashlib import sha256
+    from hashlib import sha256
 
 # a relative #include: the directive at a line's start (after blanks only;
 # scanned for from the '#', the start checked by _at_line_start -- many
