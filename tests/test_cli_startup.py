@@ -99,6 +99,11 @@ def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     assert run["status"] == 0, run["stderr"]
     assert expect in run["stdout"]
     assert heavy(run) == []
+    # the core fills its instruction cache from the image's bytes (every
+    # instruction here decodes in C): the twin's x86 decoder and its
+    # instruction cache are not loaded
+    assert {"hwtrace.x86.decoder", "hwtrace.x86.tables",
+            "hwtrace.flow.fetch"} & set(run["modules"]) == set()
 
 
 def test_dump_stat_imports_only_the_packet_scan(inputs):

@@ -295,6 +295,17 @@ def test_recorded_counts_identical(which, request):
         # depends on the size of the environment: ~88k for /bin/true under
         # env -i, ~105k from a login shell)
         assert c.insns == rec.observed and c.insns > 50000
+    # the instruction cache's misses are filled in C (core/pyfill.h): the
+    # same counts as the Python fill's alone, no call into Python for them
+    core = fast.CORE
+    cfg_t = fast.config_tuple(cfg)
+    dec = core.Decoder(data, image, (fast.filler, fast.mappings), cfg_t,
+                       fast.F_BLOCK)
+    py = core.Decoder(data, image, fast.filler, cfg_t, fast.F_BLOCK)
+    assert dec.counts() == py.counts()
+    in_c, in_python = dec.fills
+    assert in_c > 1000 and in_python == 0, dec.fills
+    assert py.fills[0] == 0 and py.fills[1] > 1000
 
 
 def test_recorded_cli_identical(true_trace, tmp_path):

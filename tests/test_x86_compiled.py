@@ -219,3 +219,139 @@ def test_fill_unknown_mode_goes_to_the_twin(monkeypatch):
     assert comp(0x1000, -1) == twin(0x1000, -1)
     with pytest.raises(IndexError):
         comp(0x1000, 3)
+
+
+# -- fills in C (core/pyfill.h) --------------------------------------------------
+
+
+def _probe(make_image, ips, mode, filler=None):
+    """The cache entries at ``ips`` with C fills, checked against a cache
+    filled by the Python fill alone: the same entries at ``ips`` and at
+    every other IP the C fills added.  -> (C fills, Python fills)."""
+    looked, added, counts = CORE.fill_probe(
+        make_image(), filler or fast.filler, fast.mappings, ips, mode)
+    more = sorted({e[0] for e in added} - set(ips))
+    ref, _, (ref_c, _) = CORE.fill_probe(make_image(), fast.filler, None,
+                                         [*ips, *more], mode)
+    assert ref_c == 0
+    assert looked == ref[:len(ips)]
+    by_ip = {e[0]: e for e in ref}
+    bad = [e for e in added if by_ip[e[0]] != e]
+    assert not bad, bad[:3]
+    return counts
+
+
+def _probe_all(make_image, ips):
+    c = p = 0
+    for mode in (0, 1, 2):
+        a, b = _probe(make_image, list(ips), mode)
+        c, p = c + a, p + b
+    return c, p
+
+
+def test_c_fills_corpus_images():
+    rng = random.Random(5)
+    total = 0
+    for p, data in _corpus_bins():
+        base = 0x1000
+        n = len(data)
+        if n <= 4096:
+            offs = range(-1, n + 1)
+        else:
+            offs = sorted({*range(64), *range(n - 64, n + 1),
+                           *rng.sample(range(n), 64)})
+        c, _ = _probe_all(lambda: _image([(data, base)]),
+                          [base + o for o in offs])
+        total += c
+    assert total > 1000
+
+
+def test_c_fills_section_crossings():
+    rng = random.Random(8)
+    for _ in range(30):
+        a = rng.randbytes(rng.randint(1, 40))
+        b = rng.randbytes(rng.randint(0, 40))
+        _probe_all(lambda: _image([(a, 0x1000), (b, 0x1000 + len(a))]),
+                   range(0x1000, 0x1000 + len(a) + len(b) + 1))
+        _probe_all(lambda: _image([(a, 0x1000), (b, 0x1000 + len(a) + 3)]),
+                   range(0x1000, 0x1000 + len(a) + 3))
+        top = (1 << 64) - len(a)
+        _probe_all(lambda: _image([(a, top)]), range(top, top + len(a)))
+        # an overlapping add cuts the older section: a mapping that starts
+        # inside its section's data
+        _probe_all(lambda: _image([(a + b, 0x1000), (b[:3], 0x1002)]),
+                   range(0x1000, 0x1000 + len(a) + len(b) + 1))
+
+
+def test_c_fills_long_runs():
+    nops = b"\x90" * (fast.FILL_MAX + 5) + b"\x48\x8d\x84\x24\x00\x00\x00\x00"
+    code = bytes(200) + b"\x0f\x1f\x84\x00\x00\x00\x00\x00" * 300 + b"\xc3"
+    for data in (nops, nops[:-3], code, code[:-4]):
+        ips = [0x400000, 0x400001, 0x400000 + len(data) - 6,
+               *range(0x400000, 0x400000 + len(data), 97)]
+        _probe_all(lambda: _image([(data, 0x400000),
+                                   (b"\x00" * 8, 0x400000 + len(data))]), ips)
+        _probe_all(lambda: _image([(data, 0x400000)]), ips)
+
+
+def test_c_fills_short_section_data():
+    def make():
+        img = Image("c")
+        img.add(Section(name="short", size=64,
+                        data=b"\x90" * 20 + b"\x48\x8b"), 0x1000)
+        return img
+    c, p = _probe_all(make, range(0x1000, 0x1000 + 66))
+    assert c and p
+
+
+def test_c_fills_follow_image_changes():
+    # the Python fill of an unmapped IP maps sections (the image's
+    # generation changes): later misses see the new mappings, also where
+    # they cut a mapping whose bytes the C fills had loaded
+    old = b"\x90" * 8 + b"\xc3" + b"\x90" * 23 + b"\xc3"
+    new = ((b"\xcc" * 8 + b"\xc3", 0x1010), (b"\x48\x8b\x00\xc3", 0x5000))
+
+    def filler(image):
+        fill = fast.filler(image)
+
+        def changing(ip, mode):
+            r = fill(ip, mode)
+            if ip == 0x5000:
+                for data, vaddr in new:
+                    image.add(Section.from_bytes(data), vaddr)
+            return r
+        return changing
+
+    # 0x1000's fill caches 0x1000..0x1008 from the old bytes (they stay, as
+    # with the Python fill); 0x5000 is looked up at the change (its error
+    # stays); the rest is decoded from the new mappings
+    ips = [0x1000, 0x5000, 0x1008, 0x5000, 0x5003, 0x1010, 0x1018, 0x1019,
+           0x1020]
+    for mode in (0, 1, 2):
+        looked, _, (c, p) = CORE.fill_probe(_image([(old, 0x1000)]), filler,
+                                            fast.mappings, ips, mode)
+        before, _, _ = CORE.fill_probe(_image([(old, 0x1000)]), fast.filler,
+                                       None, [0x1000, 0x1008], mode)
+        after, _, _ = CORE.fill_probe(_image([(old, 0x1000), *new]),
+                                      fast.filler, None, ips[4:], mode)
+        assert [looked[0], looked[2]] == before
+        assert looked[1][2] == 13 and looked[3] == looked[1]   # E_NOMAP
+        assert looked[4:] == after, mode
+        assert c >= 4 and p == 1
+
+
+def test_c_fills_not_for_other_images():
+    class Other:
+        def __init__(self):
+            self.img = _image([(b"\x90\xc3", 0x1000)])
+
+        def find(self, addr):
+            return self.img.find(addr)
+
+    assert fast.mappings(Other()) is None
+    looked, _, (c, p) = CORE.fill_probe(Other(), fast.filler, fast.mappings,
+                                        [0x1000, 0x1001], 2)
+    assert (c, p) == (0, 1)
+    ref, _, _ = CORE.fill_probe(_image([(b"\x90\xc3", 0x1000)]), fast.filler,
+                                None, [0x1000, 0x1001], 2)
+    assert looked == ref

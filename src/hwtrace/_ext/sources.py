@@ -15,12 +15,35 @@ named by its path relative to the package directory.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+import sys
 from pathlib import Path
 
-_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.M)
+# CPython's own SHA-256: no OpenSSL to load (~3 ms of every start-up); its
+# module by version (looking for a missing module costs a path search)
+try:
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256
+except ImportError:
+    from hashlib import sha256
+
+# a relative #include: the directive at a line's start (after blanks only;
+# scanned for from the '#', the start checked by _at_line_start -- many
+# times faster than a ^-anchored multi-line pattern)
+_INCLUDE = re.compile(rb'#\s*include\s+"([^"]+)"')
+_BLANKS = b" \t\n\r\f\v"
+
+
+def _at_line_start(data: bytes, pos: int) -> bool:
+    """Whether only blanks lie between a line start and ``pos`` (what
+    ``^\\s*`` matches under re.M: a blank run that reaches the text's
+    start or crosses a newline)."""
+    before = data[:pos]
+    rest = before.rstrip(_BLANKS)
+    return not rest or b"\n" in before[len(rest):]
 
 
 def sources(src: Path) -> list[Path]:
@@ -30,33 +53,50 @@ def sources(src: Path) -> list[Path]:
     return [src, *(sorted(core.glob("*.c")) if core.is_dir() else [])]
 
 
+def _read(src: Path) -> dict[str, bytes]:
+    """:func:`inputs` as {normalized path: contents}, in its order (each
+    file read once)."""
+    src = Path(src)
+    pkg = str(src.parent)
+    core = os.path.join(pkg, "core")
+    has_core = os.path.isdir(core)
+
+    def listed(d: str, ext: str) -> list[str]:
+        return sorted(os.path.join(d, n) for n in os.listdir(d)
+                      if n.endswith(ext))
+
+    files = [str(src), *(listed(core, ".c") if has_core else []),
+             *listed(pkg, ".h"), *(listed(core, ".h") if has_core else [])]
+    out: dict[str, bytes] = {}
+    for f in files:
+        out.setdefault(os.path.normpath(f), b"")
+    todo = list(out)
+    while todo:
+        f = todo.pop(0)
+        with open(f, "rb") as fh:
+            data = out[f] = fh.read()
+        base = os.path.dirname(f)
+        for m in _INCLUDE.finditer(data):
+            if not _at_line_start(data, m.start()):
+                continue
+            p = os.path.normpath(os.path.join(base, m.group(1).decode()))
+            if p not in out and os.path.isfile(p):
+                out[p] = b""
+                todo.append(p)
+    return out
+
+
 def inputs(src: Path) -> list[Path]:
     """Every file the build of ``src``'s extension reads: its sources, the
     headers beside them, and what they include (relative includes)."""
-    src = Path(src)
-    pkg = src.parent
-    files = list(sources(src)) + sorted(pkg.glob("*.h"))
-    core = pkg / "core"
-    if core.is_dir():
-        files += sorted(core.glob("*.h"))
-    seen = {os.path.normpath(f) for f in files}
-    i = 0
-    while i < len(files):
-        f = files[i]
-        i += 1
-        for m in _INCLUDE.finditer(f.read_bytes()):
-            p = Path(os.path.normpath(f.parent / m.group(1).decode()))
-            if p.is_file() and str(p) not in seen:
-                seen.add(str(p))
-                files.append(p)
-    return files
+    return [Path(f) for f in _read(src)]
 
 
 def fingerprint(src: Path) -> str:
     """SHA-256 over :func:`inputs`, in a fixed order."""
-    src = Path(src)
-    pkg = src.parent
-    h = hashlib.sha256()
-    for f in sorted(inputs(src), key=lambda p: os.path.relpath(p, pkg)):
-        h.update(os.path.relpath(f, pkg).encode() + b"\0" + f.read_bytes())
+    pkg = str(Path(src).parent)
+    h = sha256()
+    files = _read(src)
+    for rel, f in sorted((os.path.relpath(f, pkg), f) for f in files):
+        h.update(rel.encode() + b"\0" + files[f])
     return h.hexdigest()

@@ -11,7 +11,9 @@
  *       filler    filler(image) -> fill(ip, mode): the instructions at ip
  *                 (hwtrace.flow.fast.filler: it decodes with x86_fill,
  *                 the compiled x86 decoder, and the twin's InsnCache for
- *                 errors and section crossings)
+ *                 errors and section crossings); or (filler, mappings):
+ *                 mappings(image) gives the image's mappings, so that
+ *                 a miss is filled in C where it can be (core/pyfill.h)
  *       config    see hwtrace.flow.fast._config_tuple
  *       flags     BLOCK 1, RESYNC 2, WANT_INSNS 4, PLAIN_OFFSETS 8
  *       release   a file mapping's release_before (memory only)
@@ -23,6 +25,8 @@
  *   .edges()  -> ({(from, to): n}, insns, [(kind, offset, ip, code)])
  *   .edges(True) -> (table, insns, errors): the edges as a packed table
  *                   sorted by (from, to) (fast.PackedEdges)
+ *
+ *   .fills -> (in C, in Python): instruction-cache misses filled so far
  *
  * A decoder does one of these (batches until None, or one counts/edges).
  * An address-space switcher looks in through set_hooks(after_sync,
@@ -47,11 +51,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "core/pyfill.h"
 #include "core/pysinks.h"
 #include "core/segment.h"
 #include "core/x86.h"
 
-#define ABI_VERSION 7
+#define ABI_VERSION 8
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
@@ -60,7 +65,8 @@
 enum { DF_BLOCK = 1, DF_RESYNC = 2, DF_WANT_INSNS = 4, DF_PLAIN_OFFSETS = 8 };
 
 struct imgent {
-    PyObject *image, *fill;
+    PyObject *image;
+    struct pyfill *fill;        /* the miss handler of ic */
     struct icache *ic;
 };
 
@@ -73,7 +79,7 @@ typedef struct {
     int have_session;
     struct imgent *imgs;
     int nimg, capimg;
-    PyObject *filler, *release;
+    PyObject *filler, *mappings, *release;
     PyObject *after_sync, *after_event;
     uint64_t event_mask;        /* the event types after_event is called
                                    for (bit EV_*; all by default) */
@@ -131,60 +137,6 @@ int parse_config(PyObject *t, struct core_config *c)
 
 /* -- instruction caches ------------------------------------------------------ */
 
-/* fill(ip, mode) -> an error code (int), or (lo, last, packed) with packed
- * n records "<BBBQ" (size, iclass, flags, rel) of consecutive
- * instructions from ip in the mapping [lo, last] */
-int py_fill(void *ctx, struct icache *ic, uint64_t ip, int mode)
-{
-    PyObject *fill = ctx;
-    PyObject *r = PyObject_CallFunction(fill, "Ki", (unsigned long long)ip,
-                                        mode);
-    if (!r)
-        return -E_PYERR;
-    struct insn_info in;
-    memset(&in, 0, sizeof in);
-    in.ip = ip;
-    in.mode = (int8_t)mode;
-    int rc = 0;
-    if (PyLong_Check(r)) {
-        long code = PyLong_AsLong(r);
-        if (code <= 0 || code >= E_NCODES) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "fill: bad error code");
-            rc = -E_PYERR;
-        } else {
-            in.err = (int8_t)code;
-            rc = ic_add(ic, &in);
-        }
-        Py_DECREF(r);
-        return rc;
-    }
-    unsigned long long lo, last;
-    const char *p;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(r, "KKy#;fill", &lo, &last, &p, &n) ||
-        n <= 0 || n % 11) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "fill: bad result");
-        Py_DECREF(r);
-        return -E_PYERR;
-    }
-    in.lo = lo;
-    in.last = last;
-    for (Py_ssize_t k = 0; k < n && rc >= 0; k += 11) {
-        in.size = (uint8_t)p[k];
-        in.iclass = (uint8_t)p[k + 1];
-        in.flags = (uint8_t)p[k + 2];
-        uint64_t rel;
-        memcpy(&rel, p + k + 3, 8);
-        in.rel = (int64_t)rel;
-        rc = ic_add(ic, &in);
-        in.ip += in.size;
-    }
-    Py_DECREF(r);
-    return rc;
-}
-
 static struct icache *icache_for(Decoder *self, PyObject *image)
 {
     for (int i = 0; i < self->nimg; i++)
@@ -200,19 +152,19 @@ static struct icache *icache_for(Decoder *self, PyObject *image)
         self->imgs = n;
         self->capimg = cap;
     }
-    PyObject *fill = PyObject_CallOneArg(self->filler, image);
-    if (!fill)
+    struct pyfill *f = pyfill_new(image, self->filler, self->mappings);
+    if (!f)
         return NULL;
-    struct icache *ic = ic_new(image, py_fill, fill);
+    struct icache *ic = ic_new(image, pyfill_fill, f);
     if (!ic) {
-        Py_DECREF(fill);
+        pyfill_free(f);
         PyErr_NoMemory();
         return NULL;
     }
     struct imgent *e = &self->imgs[self->nimg++];
     Py_INCREF(image);
     e->image = image;
-    e->fill = fill;
+    e->fill = f;
     e->ic = ic;
     return ic;
 }
@@ -291,8 +243,17 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw)
     if (PyObject_GetBuffer(data, &self->view, PyBUF_SIMPLE) < 0)
         return -1;
     self->have_view = 1;
-    Py_INCREF(filler);
-    self->filler = filler;
+    if (PyTuple_Check(filler)) {
+        if (!PyArg_ParseTuple(filler, "OO;filler", &self->filler,
+                              &self->mappings))
+            return -1;
+        Py_INCREF(self->filler);
+        if (self->mappings == Py_None)
+            self->mappings = NULL;
+        Py_XINCREF(self->mappings);
+    } else {
+        self->filler = Py_NewRef(filler);
+    }
     struct icache *ic = icache_for(self, image);
     if (!ic)
         return -1;
@@ -335,9 +296,12 @@ static int Decoder_traverse(Decoder *self, visitproc visit, void *arg)
 {
     for (int i = 0; i < self->nimg; i++) {
         Py_VISIT(self->imgs[i].image);
-        Py_VISIT(self->imgs[i].fill);
+        int r = pyfill_traverse(self->imgs[i].fill, visit, arg);
+        if (r)
+            return r;
     }
     Py_VISIT(self->filler);
+    Py_VISIT(self->mappings);
     Py_VISIT(self->release);
     Py_VISIT(self->after_sync);
     Py_VISIT(self->after_event);
@@ -364,10 +328,11 @@ static void Decoder_dealloc(Decoder *self)
     for (int i = 0; i < self->nimg; i++) {
         ic_free(self->imgs[i].ic);
         Py_XDECREF(self->imgs[i].image);
-        Py_XDECREF(self->imgs[i].fill);
+        pyfill_free(self->imgs[i].fill);
     }
     PyMem_Free(self->imgs);
     Py_XDECREF(self->filler);
+    Py_XDECREF(self->mappings);
     Py_XDECREF(self->release);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -977,6 +942,19 @@ static PyMethodDef Decoder_methods[] = {
      "time_ahead(limit, after) -> the time at a timing packet after the event of time after, or None"},
     {NULL, NULL, 0, NULL}};
 
+static PyObject *Decoder_get_fills(Decoder *self, void *closure)
+{
+    (void)closure;
+    unsigned long long c = 0, py = 0;
+    for (int i = 0; i < self->nimg; i++) {
+        uint64_t a, b;
+        pyfill_counts(self->imgs[i].fill, &a, &b);
+        c += a;
+        py += b;
+    }
+    return Py_BuildValue("(KK)", c, py);
+}
+
 static PyGetSetDef Decoder_getset[] = {
     {"ip", (getter)Decoder_get_ip, NULL, "the instruction decoder's IP", NULL},
     {"enabled", (getter)Decoder_get_enabled, NULL, "tracing enabled", NULL},
@@ -985,6 +963,9 @@ static PyGetSetDef Decoder_getset[] = {
     {"event_start", (getter)Decoder_get_event_start, NULL,
      "the offset of the packet that published the event delivered last, or None", NULL},
     {"insns", (getter)Decoder_get_insns, NULL, "instructions so far", NULL},
+    {"fills", (getter)Decoder_get_fills, NULL,
+     "(in C, in Python): the instruction-cache misses filled so far",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject DecoderType = {
@@ -1135,6 +1116,8 @@ static PyMethodDef methods[] = {
      "x86_decode(code, mode): the compiled x86 decoder (core/x86.h)"},
     {"x86_fill", py_x86_fill, METH_VARARGS,
      "x86_fill(code, mode, max): fast.filler's records, compiled"},
+    {"fill_probe", pyfill_probe, METH_VARARGS,
+     "fill_probe(image, filler, mappings, ips, mode): core/pyfill.h"},
     {"edge_text", py_edge_text, METH_VARARGS,
      "edge_text(table, lines) -> (text or None, taken)"},
     {"set_item_types", py_set_item_types, METH_VARARGS,

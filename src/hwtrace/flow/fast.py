@@ -7,12 +7,14 @@ The core is a port of the Python flow decoders (the twin and reference:
 helpers) that decodes every trace they decode, with identical results:
 every packet, every event at any IP, errata, timing, address filters,
 both resync modes and both error-offset conventions.  On an instruction
-cache miss the core asks :func:`filler`'s ``fill(ip, mode)`` for the
-instructions from ``ip`` on and keeps the result (its instruction and run
-caches live as long as a decode); fill decodes them with the compiled x86
-decoder (``core/x86.c``, a port of :mod:`hwtrace.x86`, its twin and
-reference) and leaves what is unusual -- errors, instructions crossing a
-section end -- to the twin's instruction cache::
+cache miss the core decodes the instructions from ``ip`` on from the
+bytes of the image's mapping there (:func:`mappings`, ``core/pyfill.h``)
+with the compiled x86 decoder (``core/x86.c``, a port of
+:mod:`hwtrace.x86`, its twin and reference) and keeps the result (its
+instruction and run caches live as long as a decode); what is unusual --
+errors, instructions crossing a section end, images it cannot see into
+-- goes to :func:`filler`'s ``fill(ip, mode)``, which leaves it to the
+twin's instruction cache::
 
     from hwtrace.flow import fast
     c = fast.count(data, image, config, decoder="block")   # Counts
@@ -52,13 +54,11 @@ from typing import NamedTuple
 
 from hwtrace import _ext
 from hwtrace.pt import errors as E
-from hwtrace.x86.insn import IClass, Kind
-
 from .config import ERRATA, FlowConfig
-from .fetch import FetchError, InsnCache, changes_cpl
+from .image import Image
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 7
+ABI = 8
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -68,8 +68,6 @@ CORE = STATUS.module
 
 MASK64 = 0xFFFFFFFFFFFFFFFF
 _MODES = ("16bit", "32bit", "64bit")
-_OTHER = int(IClass.OTHER)
-_PTWRITE = int(IClass.PTWRITE)
 
 # Decoder flags (_c_flow.c)
 F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS = 1, 2, 4, 8
@@ -78,8 +76,6 @@ F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS = 1, 2, 4, 8
 _REC = struct.Struct("<BBBQ")
 IF_INDIRECT, IF_FAR, IF_CPL, IF_CR3, IF_VMPTRLD, IF_VMENTRY, IF_TRUNC = \
     1, 2, 4, 8, 16, 32, 64
-_VMPTRLD = (Kind.VMPTRLD, Kind.VMCLEAR, Kind.VMXON)
-_VMENTRY = (Kind.VMLAUNCH, Kind.VMRESUME)
 # the core's error numbers of the fetch errors (core/common.h)
 _FETCH_CODES = {E.NOMAP: 13, E.BAD_INSN: 14}
 #: instructions one fill() call returns at most
@@ -123,6 +119,11 @@ def _core(impl):
 
 
 def _flags_of(x, truncated: bool) -> int:
+    # the twin's modules where the twin decodes (the compiled path's
+    # start-up does without them)
+    from hwtrace.x86.insn import Kind
+
+    from .fetch import changes_cpl
     f = 0
     if x.is_indirect:
         f |= IF_INDIRECT
@@ -133,9 +134,9 @@ def _flags_of(x, truncated: bool) -> int:
     k = x.kind
     if k == Kind.MOV_CR3:
         f |= IF_CR3
-    elif k in _VMPTRLD:
+    elif k in (Kind.VMPTRLD, Kind.VMCLEAR, Kind.VMXON):
         f |= IF_VMPTRLD
-    elif k in _VMENTRY:
+    elif k in (Kind.VMLAUNCH, Kind.VMRESUME):
         f |= IF_VMENTRY
     if truncated:
         f |= IF_TRUNC
@@ -159,18 +160,29 @@ def filler(image):
     same either way.  Those are the only instructions the compiled path
     puts in the InsnCache's tables: nothing reads them but the Python
     decoders, which decode what is missing on their own."""
-    cache = InsnCache(image)
-    decode = cache.decode
+    from hwtrace.x86.insn import IClass
+
+    from .fetch import FetchError, InsnCache
+    other = int(IClass.OTHER)
+    cache = None
     pack = _REC.pack
     cfill = getattr(CORE, "x86_fill", None)
     span = FILL_MAX * 15        # FILL_MAX instructions fit in it
+
+    def decode(ip, name):
+        # the twin's cache on first use: most images never need it (the
+        # core fills their misses in C, core/pyfill.h)
+        nonlocal cache
+        if cache is None:
+            cache = InsnCache(image)
+        return cache.decode(ip, name)
 
     def run(name, lo, hi, out, cur, d, left):
         for _ in range(left):
             x = d.x86
             out.append(pack(x.size, int(x.iclass), _flags_of(
                 x, d.insn.truncated), x.rel & MASK64))
-            if d.insn.iclass != _OTHER:
+            if d.insn.iclass != other:
                 break
             cur = (cur + x.size) & MASK64
             if not lo <= cur < hi:
@@ -212,6 +224,24 @@ def filler(image):
         m = image.find(ip)
         return run(name, m.begin, m.end, [], ip, d, FILL_MAX)
     return fill
+
+
+def mappings(image):
+    """The core's view of ``image`` for filling its instruction cache in C
+    (core/pyfill.h): ``(generation, ((begin, end - 1, offset, load), ...))``
+    -- each mapping ``[begin, end)``, in address order, ``offset`` bytes
+    into its section's data, which ``load()`` returns -- or None for an
+    object that is not an :class:`~hwtrace.flow.image.Image` (its misses
+    all go to :func:`filler`).  The core asks again when the image's
+    ``generation`` changes; it decodes from those bytes what
+    :func:`filler` decodes from them with the compiled x86 decoder and
+    leaves the rest (no mapping, a first instruction that is invalid or
+    crosses the bytes' end, an unknown mode) to ``fill``."""
+    if not isinstance(image, Image):
+        return None
+    return image.generation, tuple(
+        (m.begin, m.end - 1, m.offset, m.section.bytes)
+        for m in image.mappings())
 
 
 def _u64(name: str, v: int, limit: int = 1 << 64) -> int:
@@ -257,8 +287,8 @@ def core_decoder(data, image, config=None, *, block=True, resync=False,
         (F_PLAIN_OFFSETS if plain_offsets else 0)
     if release is None:
         release = getattr(data, "release_before", None)
-    return core.Decoder(data, image, filler, config_tuple(config), flags,
-                        release)
+    return core.Decoder(data, image, (filler, mappings),
+                        config_tuple(config), flags, release)
 
 
 class _ErrorSink:
@@ -268,10 +298,12 @@ class _ErrorSink:
     needs_offset = False
 
     def __init__(self):
+        from hwtrace.x86.insn import IClass
         self.insns = self.blocks = self.events = 0
         self.errors = []
         self._from = None
         self.edges = None
+        self._plain = (int(IClass.OTHER), int(IClass.PTWRITE))
 
     def insn(self, insn, offset):
         self.insns += 1
@@ -281,7 +313,7 @@ class _ErrorSink:
                 key = (f, insn.ip)
                 self.edges[key] = self.edges.get(key, 0) + 1
             c = insn.iclass
-            self._from = insn.ip if (c != _OTHER and c != _PTWRITE) else None
+            self._from = insn.ip if c not in self._plain else None
 
     def block(self, block, offset):
         self.blocks += 1
@@ -554,7 +586,8 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
     if spaces is not None:
         # the twin's session offsets through a switcher are dec.offset
         flags |= F_PLAIN_OFFSETS
-    dec = core.Decoder(data, image, filler, config_tuple(config), flags,
+    dec = core.Decoder(data, image, (filler, mappings),
+                       config_tuple(config), flags,
                        getattr(data, "release_before", None))
     if spaces is not None:
         if space_items:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from hwtrace.pt import errors as E
-from hwtrace.x86.decoder import decoder_for
 from hwtrace.x86.insn import IClass, Kind, Mode, X86Error
 
 MAX_INSN = 15
@@ -113,6 +112,7 @@ class InsnCache:
         for m in MODE_BY_NAME:
             tables.setdefault(m, {})
         self.tables = tables
+        from hwtrace.x86.decoder import decoder_for    # its tables: on use
         self._decoders = {m: decoder_for(MODE_BY_NAME[m]) for m in MODE_BY_NAME}
         self._check_generation()
 

@@ -10,7 +10,6 @@ raises for bad trace data: callers test ``isinstance(x, PtError)`` (or
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 # libipt's pt_errstr() strings, by libipt's enum pt_error_code names.
@@ -68,4 +67,5 @@ class PtError(NamedTuple):
 
     def to_jsonl(self) -> str:
         """The compact JSON line of :meth:`to_json`."""
+        import json     # only where an error is written as JSON
         return json.dumps(self.to_json(), separators=(",", ":"))

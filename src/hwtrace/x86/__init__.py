@@ -67,8 +67,16 @@ both when capstone is importable); it has no native dependency, and a
 compiled twin can reuse the same tables.
 """
 
-from .decoder import decode, decoder_for
-from .insn import IClass, Insn, Kind, Mode, X86Error
+from hwtrace import _lazy_exports
+
+# The re-exports are imported when first asked for: importing
+# hwtrace.x86.insn (the classes: what the compiled flow path needs) runs
+# this file, and does not build the decoder's tables.
+_LAZY = {"decode": "hwtrace.x86.decoder", "decoder_for": "hwtrace.x86.decoder",
+         **{n: "hwtrace.x86.insn"
+            for n in ("IClass", "Insn", "Kind", "Mode", "X86Error")}}
+
+__getattr__, __dir__ = _lazy_exports(_LAZY, globals())
 
 __all__ = ["decode", "decoder_for", "IClass", "Insn", "Kind", "Mode",
            "X86Error"]

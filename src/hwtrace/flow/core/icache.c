@@ -117,6 +117,11 @@ static struct insn_info *find(struct icache *ic, uint64_t ip, int mode,
     return NULL;
 }
 
+const struct insn_info *ic_entry(const struct icache *ic, uint32_t k)
+{
+    return &ic->chunks[k / CHUNK][k % CHUNK];
+}
+
 int ic_add(struct icache *ic, const struct insn_info *in)
 {
     uint32_t slot;

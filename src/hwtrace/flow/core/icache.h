@@ -2,9 +2,10 @@
  * the block decoder's cache of plain runs (hwtrace.flow.block's _run /
  * _fill), keyed by (exec mode, IP).
  *
- * x86 decoding is the glue's (fast.filler: core/x86.h, with the twin's
- * InsnCache for errors and section crossings): on a miss the cache calls ``fill(ip,
- * mode)`` (the glue's callback into Python), which adds the entry for ip
+ * x86 decoding is the glue's (core/pyfill.h: core/x86.h over the image's
+ * mappings, or fast.filler with the twin's InsnCache for errors and
+ * section crossings): on a miss the cache calls ``fill(ip, mode)``, which
+ * adds the entry for ip
  * -- an instruction, or the fetch error the twin's InsnCache.decode raises
  * there -- and may add the instructions that follow it.  Entries never
  * move (chunked storage): pointers to them stay valid for the cache's
@@ -107,6 +108,8 @@ int ic_add(struct icache *ic, const struct insn_info *i);
  * (-E_PYERR / -E_NOMEM) if the fill failed */
 const struct insn_info *ic_lookup(struct icache *ic, uint64_t ip, int mode,
                                   int *err);
+/* the entries, in the order they were added (k < ic->n) */
+const struct insn_info *ic_entry(const struct icache *ic, uint32_t k);
 /* calls fn(ctx, run) for every run (fn returns < 0 to stop) */
 int ic_each_run(struct icache *ic, int (*fn)(void *, struct run *),
                 void *ctx);
