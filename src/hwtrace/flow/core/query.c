@@ -516,9 +516,17 @@ static __attribute__((noinline)) int cond_branch(struct query *q,
 
 int q_cond_branch(struct query *q, int *status, int *taken)
 {
-    if (!q->tnt_index && !q->nxt_err && is_tnt(q->nxt.kind) &&
-            q->nxt.f[0] > 0)
-        return refill_tnt(q, status, taken);
+    if (!q->tnt_index && !q->nxt_err) {
+        int k = q->nxt.kind;
+        if (is_tnt(k) && q->nxt.f[0] > 0)
+            return refill_tnt(q, status, taken);
+        if (k == PT_K_TIP) {
+            /* cache_tnt's answer, event or not: the walk asks this at a
+             * return that may be compressed, and then for the TIP */
+            q->err_off = q_offset(q);
+            return -E_BAD_QUERY;
+        }
+    }
     return cond_branch(q, status, taken);
 }
 
