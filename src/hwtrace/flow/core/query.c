@@ -84,23 +84,67 @@ static int pkt_error(int r)
     return r == PT_EOS ? E_EOS : r == PT_BAD_OPC ? E_BAD_OPC : E_BAD_PACKET;
 }
 
-void q_fetch(struct query *q)
+/* the payload of a TIP/FUP-format packet with n (0..8) bytes at b, where
+ * 8 bytes may be read (one unaligned load instead of pt_le's loop) */
+static inline uint64_t ip_payload(const uint8_t *b, int n)
 {
-    ptrdiff_t pos = q->pos;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, b, 8);
+    return n >= 8 ? v : v & (((uint64_t)1 << (8 * n)) - 1);
+#else
+    return n ? pt_le(b, n) : 0;
+#endif
+}
+
+/* q_fetch: TNT-8 and TIP, nearly every packet of a trace the walk reads,
+ * are decoded here as pt_decode_at decodes them (the same record); the
+ * others go to pt_decode_at */
+static inline void fetch(struct query *q)
+{
+    ptrdiff_t pos = q->pos, end = q->end;
     q->nxt_off = pos;
     q->fetches++;
-    if (pos >= q->end) {
+    if (pos >= end) {
         q->nxt_err = E_EOS;
         return;
     }
-    int r = pt_decode_at(q->buf, pos, q->end, q->cfg->pflags, &q->nxt);
+    const uint8_t *b = q->buf + pos;
+    unsigned x = b[0];
+    if (!(x & 1) && x >= 4) {                       /* TNT-8 */
+        unsigned v = x >> 1;
+        int n = 31 - __builtin_clz(v);
+        q->nxt.kind = PT_K_TNT8;
+        q->nxt.size = 1;
+        q->nxt.f[0] = (uint64_t)n;
+        q->nxt.f[1] = v ^ (1u << n);
+        q->nxt_err = 0;
+        return;
+    }
+    if ((x & 0x1f) == 0x0d) {                       /* TIP */
+        int ipc = x >> 5, n = pt_ipc_size[ipc];
+        if (n >= 0 && pos + 9 <= end) {
+            q->nxt.kind = PT_K_TIP;
+            q->nxt.size = n + 1;
+            q->nxt.f[0] = (uint64_t)ipc;
+            q->nxt.f[1] = ip_payload(b + 1, n);
+            q->nxt_err = 0;
+            return;
+        }
+    }
+    int r = pt_decode_at(q->buf, pos, end, q->cfg->pflags, &q->nxt);
     q->nxt_err = r < 0 ? pkt_error(r) : 0;
+}
+
+void q_fetch(struct query *q)
+{
+    fetch(q);
 }
 
 void q_consume(struct query *q)
 {
     q->pos += q->nxt.size;
-    q_fetch(q);
+    fetch(q);
 }
 
 /* peek_after: the packet at pos (0) or its error code */
@@ -114,27 +158,36 @@ int q_peek(const struct query *q, ptrdiff_t pos, struct pt_pkt *p)
 
 /* -- last IP ------------------------------------------------------------------ */
 
-int q_update_ip(struct query *q, const struct pt_pkt *p)
+/* the last IP's bits an IP compression keeps (1, 2, 4: the high 48, 32,
+ * 16 bits; 6: none; 3 sign-extends bit 47; 0 suppresses; 5, 7 invalid) */
+static const uint64_t IPC_KEEP[8] = {
+    0, ~(uint64_t)0xffff, ~(uint64_t)0xffffffff, 0, ~(uint64_t)0xffffffffffff,
+    0, 0, 0};
+
+/* the last-IP update, without the jump table a switch on the compression
+ * becomes (an indirect branch at every TIP) */
+static inline int update_ip(struct query *q, uint64_t ipc, uint64_t ip)
 {
-    uint64_t ipc = p->f[0], ip = p->f[1];
-    switch (ipc) {
-    case 0:
+    if (ipc == 0) {
         q->ip_suppressed = 1;
         return 0;
-    case 1: q->ip = (q->ip & ~(uint64_t)0xffff) | ip; break;
-    case 2: q->ip = (q->ip & ~(uint64_t)0xffffffff) | ip; break;
-    case 3:
-        q->ip = (ip & ((uint64_t)1 << 47)) ? (ip | ~(uint64_t)0xffffffffffff)
-                                            : ip;
-        break;
-    case 4: q->ip = (q->ip & ~(uint64_t)0xffffffffffff) | ip; break;
-    case 6: q->ip = ip; break;
-    default:
-        return -E_BAD_PACKET;
     }
+    if (ipc > 7 || !((0x5fu >> ipc) & 1))
+        return -E_BAD_PACKET;
+    if (ipc == 3)
+        ip = (ip & ((uint64_t)1 << 47)) ? (ip | ~(uint64_t)0xffffffffffff)
+                                        : ip;
+    else
+        ip |= q->ip & IPC_KEEP[ipc];
+    q->ip = ip;
     q->have_ip = 1;
     q->ip_suppressed = 0;
     return 0;
+}
+
+int q_update_ip(struct query *q, const struct pt_pkt *p)
+{
+    return update_ip(q, p->f[0], p->f[1]);
 }
 
 void q_event_ip(struct query *q, struct event *ev, int to)
@@ -276,18 +329,6 @@ int q_will_event_slow(struct query *q)
     return 0;
 }
 
-int q_status_flags(struct query *q)
-{
-    int flags = q->deferred ? ST_DEFERRED : 0;
-    if (!q->tnt_index) {
-        if (q_will_event(q))
-            flags |= ST_EVENT_PENDING;
-        if (q->nxt_err == E_EOS)
-            flags |= ST_EOS;
-    }
-    return flags;
-}
-
 static int is_tnt(int k)
 {
     return k == PT_K_TNT8 || k == PT_K_TNT64;
@@ -310,7 +351,7 @@ int q_read_ahead(struct query *q)
     }
 }
 
-static int read_ahead_tolerant(struct query *q)
+static __attribute__((noinline)) int read_ahead_tolerant_slow(struct query *q)
 {
     int r = q_read_ahead(q);
     if (r == -E_BAD_STATUS_UPDATE) {
@@ -320,6 +361,15 @@ static int read_ahead_tolerant(struct query *q)
         return r;
     }
     return 0;
+}
+
+/* read_ahead_tolerant: with a TNT or TIP next (q_read_ahead's first test)
+ * there is nothing to read ahead */
+static inline int read_ahead_tolerant(struct query *q)
+{
+    if (!q->nxt_err && (q->nxt.kind == PT_K_TIP || is_tnt(q->nxt.kind)))
+        return 0;
+    return read_ahead_tolerant_slow(q);
 }
 
 /* -- queries ---------------------------------------------------------------------- */
@@ -373,7 +423,114 @@ static int tnt_take(struct query *q)
     return (q->tnt_bits & index) ? 1 : 0;
 }
 
+/* The walk's two queries in the common case: a TNT (no bit cached) or a
+ * TIP (no event bound to it) next, and after it another TNT-8 or TIP that
+ * fetch_quick decodes -- the steps of cache_tnt/indirect_branch, dec_tnt/
+ * q_dec_tip, read_ahead_tolerant and q_status_flags for these packets, in
+ * a function that calls nothing (any other case goes on in a tail call to
+ * the general steps, so the fast path saves no registers). */
+
+/* fetch for a TNT-8 or a TIP at pos (with 8 bytes after its first byte
+ * in the buffer): 1 and q->nxt set as fetch sets it; 0 and nothing
+ * changed for any other packet */
+static inline int fetch_quick(struct query *q, ptrdiff_t pos)
+{
+    if (pos + 9 > q->end)
+        return 0;
+    const uint8_t *b = q->buf + pos;
+    unsigned x = b[0];
+    if (!(x & 1) && x >= 4) {                       /* TNT-8 */
+        unsigned v = x >> 1;
+        int n = 31 - __builtin_clz(v);
+        q->nxt.kind = PT_K_TNT8;
+        q->nxt.size = 1;
+        q->nxt.f[0] = (uint64_t)n;
+        q->nxt.f[1] = v ^ (1u << n);
+    } else if ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0) { /* TIP */
+        int n = pt_ipc_size[x >> 5];
+        q->nxt.kind = PT_K_TIP;
+        q->nxt.size = n + 1;
+        q->nxt.f[0] = x >> 5;
+        q->nxt.f[1] = ip_payload(b + 1, n);
+    } else {
+        return 0;
+    }
+    q->nxt_off = pos;
+    q->fetches++;
+    q->nxt_err = 0;
+    return 1;
+}
+
+/* q_status_flags with a TNT-8 or TIP next (q_will_event: a TIP binds
+ * the events queued for it, a TNT none; not the end) */
+static inline int status_quick(const struct query *q)
+{
+    int flags = q->deferred ? ST_DEFERRED : 0;
+    if (!q->tnt_index && q->nxt.kind == PT_K_TIP &&
+            evq_pending(&q->evq, BIND_TIP))
+        flags |= ST_EVENT_PENDING;
+    return flags;
+}
+
+/* after the TNT's bits are cached and the position is past it */
+static __attribute__((noinline)) int refill_rest(struct query *q,
+                                                 int *status, int *taken)
+{
+    fetch(q);
+    ft_mark(&q->time);
+    int r = read_ahead_tolerant(q);
+    if (r < 0) {
+        q->err_off = q_offset(q);
+        return r;
+    }
+    *taken = tnt_take(q);
+    *status = q_status_flags(q);
+    return 0;
+}
+
+/* q_cond_branch with no bit cached and a TNT next: no event binds to a
+ * TNT, nothing is published, its first bit is taken */
+static inline int refill_tnt(struct query *q, int *status, int *taken)
+{
+    uint64_t n = q->nxt.f[0];
+    uint64_t bits = q->nxt.f[1], index = (uint64_t)1 << (n - 1);
+    ptrdiff_t next = q->pos + q->nxt.size;
+    q->has_published = 0;
+    q->tnt_bits = bits;
+    q->tnt_index = index;
+    q->tnt_end = next;
+    q->pos = next;
+    /* the mark first: the packet does not change the time (and the time's
+     * loads then never wait for the fetch's stores) */
+    ft_mark(&q->time);
+    if (!fetch_quick(q, next))
+        return refill_rest(q, status, taken);
+    q->tnt_index = index >> 1;
+    *taken = (bits & index) != 0;
+    *status = status_quick(q);
+    return 0;
+}
+
+static __attribute__((noinline)) int cond_branch(struct query *q,
+                                                 int *status, int *taken);
+
 int q_cond_branch(struct query *q, int *status, int *taken)
+{
+    if (!q->tnt_index && !q->nxt_err) {
+        int k = q->nxt.kind;
+        if (is_tnt(k) && q->nxt.f[0] > 0)
+            return refill_tnt(q, status, taken);
+        if (k == PT_K_TIP) {
+            /* cache_tnt's answer, event or not: the walk asks this at a
+             * return that may be compressed, and then for the TIP */
+            q->err_off = q_offset(q);
+            return -E_BAD_QUERY;
+        }
+    }
+    return cond_branch(q, status, taken);
+}
+
+static int cond_branch(struct query *q, int *status, int *taken)
 {
     int r = 0;
     if (!q->tnt_index)
@@ -421,7 +578,52 @@ static int indirect_branch(struct query *q, int *status, uint64_t *target)
     return 0;
 }
 
+static __attribute__((noinline)) int indirect_branch_slow(
+    struct query *q, int *status, uint64_t *target);
+static __attribute__((noinline)) int tip_rest(struct query *q, int *status,
+                                              int have);
+
 int q_indirect_branch(struct query *q, int *status, uint64_t *target)
+{
+    /* a TIP next that binds no event: indirect_branch's one step, with
+     * q_dec_tip's (nothing to dequeue, nothing published) */
+    if (!q->nxt_err && q->nxt.kind == PT_K_TIP &&
+            !evq_pending(&q->evq, BIND_TIP)) {
+        q->has_published = 0;
+        q->mode_exec_pending = 0;
+        int r = update_ip(q, q->nxt.f[0], q->nxt.f[1]);
+        if (r < 0) {
+            q->err_off = q_offset(q);
+            return r;
+        }
+        ptrdiff_t next = q->pos + q->nxt.size;
+        q->pos = next;
+        int have = q_query_ip(q, target);
+        ft_mark(&q->time);                  /* see refill_tnt */
+        if (!fetch_quick(q, next))
+            return tip_rest(q, status, have);
+        *status = status_quick(q) | (have ? 0 : ST_IP_SUPPRESSED);
+        return 0;
+    }
+    return indirect_branch_slow(q, status, target);
+}
+
+/* q_indirect_branch after the TIP (have: whether it gave an IP) */
+static int tip_rest(struct query *q, int *status, int have)
+{
+    fetch(q);
+    ft_mark(&q->time);
+    int r = read_ahead_tolerant(q);
+    if (r < 0) {
+        q->err_off = q_offset(q);
+        return r;
+    }
+    *status = q_status_flags(q) | (have ? 0 : ST_IP_SUPPRESSED);
+    return 0;
+}
+
+static int indirect_branch_slow(struct query *q, int *status,
+                                uint64_t *target)
 {
     int r = indirect_branch(q, status, target);
     if (r < 0)

@@ -75,7 +75,8 @@ static inline ptrdiff_t q_sync_offset(const struct query *q)
 int q_sync_forward(struct query *q, int *status, uint64_t *ip);
 int q_sync_set(struct query *q, ptrdiff_t offset, int *status, uint64_t *ip);
 int q_cond_branch(struct query *q, int *status, int *taken);
-int q_status_flags(struct query *q);
+
+static inline int q_status_flags(struct query *q);
 
 /* q_cond_branch where TNT bits are cached (the common case, inline) */
 static inline int q_cond_branch_fast(struct query *q, int *status,
@@ -134,6 +135,17 @@ static inline int q_will_event(struct query *q)
             return evq_pending(&q->evq, BIND_TIP);
     }
     return q_will_event_slow(q);
+}
+static inline int q_status_flags(struct query *q)
+{
+    int flags = q->deferred ? ST_DEFERRED : 0;
+    if (!q->tnt_index) {
+        if (q_will_event(q))
+            flags |= ST_EVENT_PENDING;
+        if (q->nxt_err == E_EOS)
+            flags |= ST_EOS;
+    }
+    return flags;
 }
 int q_exec_mode(const struct pt_pkt *p);   /* MODE.EXEC -> mode */
 void q_overflow_reset(struct query *q);
