@@ -57,7 +57,8 @@ def test_regression_resync_does_not_repeat_a_failed_event():
     handed the same event out again, which failed again -- for ever (both
     twins).  Now the event that failed is dropped and resync looks on."""
     _core()
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
+    from hwtrace.pt.cpu import Errata
     cfg = FlowConfig(errata=Errata(bdm70=True, skd022=True, skz84=True))
     trace = bytes.fromhex(
         "028202820282028202820282028202827d0000100000ffffff7f0000009901"
@@ -207,7 +208,7 @@ def _capture_cases(tmp: Path):
     """(name, trace, image, config) of every real capture with code to
     decode it with, and of the ones without (an empty image: errors)."""
     from hwtrace.bundle import Bundle
-    from hwtrace.flow.config import Errata, FlowConfig
+    from hwtrace.flow.config import FlowConfig
     from hwtrace.flow.image import Image
     from hwtrace.flow.loaders import load_elf
     from hwtrace.pt import cpu as cpumod
@@ -216,8 +217,7 @@ def _capture_cases(tmp: Path):
         _need("fixtures", f"{FIXTURES} missing")
 
     def cfg(cpu, timing=None):
-        c = FlowConfig(errata=Errata.from_flags(cpumod.errata(
-            cpumod.Cpu.parse(cpu))))
+        c = FlowConfig(errata=cpumod.errata(cpumod.Cpu.parse(cpu)))
         if timing:
             (c.mtc_freq, c.nom_freq, c.cpuid_0x15_eax,
              c.cpuid_0x15_ebx) = timing
