@@ -206,18 +206,20 @@ class PerfettoTraceWriter:
         # splice the one-by-one packets in, in order
         data, lens = out
         pos = np.flatnonzero(plain)
-        offs = np.concatenate(([0], np.cumsum(lens))).tolist()
         sp = sorted(special)
-        ks = np.searchsorted(pos, sp).tolist()      # plain packets before each
+        ks = np.searchsorted(pos, sp)               # plain packets before each
+        offs = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        at = offs[ks].tolist()                      # ... and their bytes
         view = memoryview(data)                     # (slices without copies)
         done = 0
         write = self._fp.write
-        for p, k in zip(sp, ks):
-            if k > done:
-                write(view[offs[done]:offs[k]])
-                done = k
+        for p, a in zip(sp, at):
+            if a > done:
+                write(view[done:a])
+                done = a
             write(special[p])
-        write(view[offs[done]:])
+        write(view[done:])
 
     def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
                 impl: str | None = None):
