@@ -88,6 +88,13 @@ class _Parts:
             self.n -= len(rows)
             self.add_array(Cols.from_rows(rows))
 
+    def release(self) -> None:
+        """Drop the columns if every row is handed out (a finished
+        stream's builder, which a writer may keep, then holds no empty
+        room; rows placed later get new columns)."""
+        if self.w == self.r and not self.py:
+            self.cols, self.r, self.w = None, 0, 0
+
     def first_seq(self) -> int | None:
         if self.w > self.r:
             return int(self.cols[self.col][self.r])
