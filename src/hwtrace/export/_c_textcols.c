@@ -902,20 +902,32 @@ done:
 
 /* -- chrome_slices(...): Chrome "X" events ----------------------------------------- */
 
+static const char DIG2[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* decimal, two digits a step (an int64's magnitude has at most 19: the
+   twin's Lines.int limit never cuts one) */
 static char *put_i64(char *p, int64_t x)
 {
     uint64_t a = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-    char d[24];
-    int k = 0;
+    char d[24], *e = d + sizeof d, *q = e;
     if (x < 0)
         *p++ = '-';
-    do {
-        d[k++] = (char)('0' + a % 10);
-        a /= 10;
-    } while (a && k < 19);          /* Lines.int: at most 19 digits */
-    while (k)
-        *p++ = d[--k];
-    return p;
+    while (a >= 100) {
+        unsigned r = (unsigned)(a % 100);
+        a /= 100;
+        q -= 2;
+        memcpy(q, DIG2 + 2 * r, 2);
+    }
+    if (a >= 10) {
+        q -= 2;
+        memcpy(q, DIG2 + 2 * a, 2);
+    } else {
+        *--q = (char)('0' + a);
+    }
+    return put(p, q, e - q);
 }
 
 /* k / 1024 exactly: Lines.frac(k, 10) */
@@ -928,8 +940,8 @@ static char *put_frac10(char *p, int64_t k)
     *p++ = '.';
     uint64_t f = (a & 1023) * 9765625ULL;       /* 5**10 */
     char d[10];
-    for (int j = 9; j >= 0; j--, f /= 10)
-        d[j] = (char)('0' + f % 10);
+    for (int j = 8; j >= 0; j -= 2, f /= 100)
+        memcpy(d + j, DIG2 + 2 * (f % 100), 2);
     int l = 10;
     while (l > 1 && d[l - 1] == '0')
         l--;
