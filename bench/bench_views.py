@@ -109,8 +109,28 @@ def producer(cache: str | None) -> str:
     return "python"
 
 
+def _helpers():
+    """The views' own compiled helpers: the call-stack matcher, the text
+    columns of the exporters, the branch formatter."""
+    from hwtrace.analysis import _runs_impl
+    from hwtrace.branches import _impl as branches_impl
+    from hwtrace.export import _textcols_impl
+    return [_runs_impl.STATUS, _textcols_impl.STATUS, branches_impl.STATUS]
+
+
 def child(view_argv: list, cache: str | None) -> int:
     """Run one view (in this process), from the cache if given."""
+    if os.environ.get("BENCH_VIEWS_COMPILED") == "1":
+        # each timed process checks for itself: a core that stops loading
+        # mid-bench (a source edited and not rebuilt: its hash no longer
+        # matches) would otherwise time the Python twin unnoticed
+        bad = [st.describe() for st in _helpers() if not st.loaded]
+        if not cache and producer(None) != "compiled":
+            bad.append(f"batches: {producer(None)}")
+        if bad:
+            sys.stderr.write("bench_views: a view core would run its Python twin: "
+                             + "; ".join(bad) + "\n")
+            return 3
     if cache:
         from batch_cache import cached_batches
         from hwtrace.cli import _inputs
@@ -152,12 +172,7 @@ def main() -> int:
                          f"({prod}): the compiled core has no batch producer here. "
                          f"Use --cache DIR to time the views' own cost, or "
                          f"--allow-python")
-    # the views' own compiled helpers: the call-stack matcher, the text
-    # columns of the exporters, the branch formatter
-    from hwtrace.analysis import _runs_impl
-    from hwtrace.branches import _impl as branches_impl
-    from hwtrace.export import _textcols_impl
-    helpers = [_runs_impl.STATUS, _textcols_impl.STATUS, branches_impl.STATUS]
+    helpers = _helpers()
     for st in helpers:
         print(f"view core: {st.describe()}")
     if any(not st.loaded for st in helpers) and not a.allow_python:
@@ -165,6 +180,8 @@ def main() -> int:
                          "build the extensions (python3 setup.py build_ext --inplace) "
                          "or pass --allow-python")
     refs = [reference(a.bundle, str(oracle), env) for _ in range(a.repeat)]
+    if not a.allow_python:
+        env["BENCH_VIEWS_COMPILED"] = "1"
     ref_t = min(r[0] for r in refs)
     ninsn = refs[0][1]
     ref_cpu = min(r[3] for r in refs)
@@ -176,6 +193,7 @@ def main() -> int:
           f"(others share this machine: wall ratios move with it, cpu ratios less)")
     print(f"{'view':<10} {'seconds':>8} {'ratio':>6} {'cpu s':>7} {'cpu ratio':>9} "
           f"{'peak RSS':>9} {'output':>10}")
+    failed = []
     with tempfile.TemporaryDirectory(prefix="bench-views-") as d:
         for v in a.views.split(","):
             argv = [x.format(b=a.bundle, o=os.path.join(d, v)) for x in VIEWS[v]]
@@ -185,6 +203,7 @@ def main() -> int:
                             *argv], env=env)
                 if r[2]:
                     print(f"{v:<10} failed (exit {r[2]})")
+                    failed.append(v)
                     break
                 runs.append(r)
             if len(runs) < a.repeat or not runs:
@@ -203,6 +222,9 @@ def main() -> int:
                   f"{rss / 1e6:>7.0f}MB {out / 1e6:>8.0f}MB", flush=True)
             for f in os.listdir(d):
                 os.unlink(os.path.join(d, f))
+    if failed:
+        print(f"bench_views: FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
