@@ -7,8 +7,10 @@ streams, in the same run (issue 15: ratio >= 1.0 on >= 50 M instructions).
 
 Views timed: ``summary``, ``calls``, ``export --perfetto``, ``export
 --chrome``, ``export --folded`` and ``branches --kinds all --format
-jsonl``, each in a fresh process (wall time and peak RSS of that process;
-output to a temporary file or /dev/null).  The reference is libipt's
+jsonl``, each in a fresh process (wall time, CPU time and peak RSS of that
+process; output to a temporary file or /dev/null).  With ``--repeat N``
+the wall and CPU columns are each the best of the N runs (the reference's
+too) and the peak RSS the largest.  The reference is libipt's
 instruction decoder counting every stream (``ptoracle insn FILE --raw
 ... --summary``, images from ``hwtrace images``), timed the same way;
 ratio = reference time / view time (>= 1: the view is no slower).
@@ -107,8 +109,28 @@ def producer(cache: str | None) -> str:
     return "python"
 
 
+def _helpers():
+    """The views' own compiled helpers: the call-stack matcher, the text
+    columns of the exporters, the branch formatter."""
+    from hwtrace.analysis import _runs_impl
+    from hwtrace.branches import _impl as branches_impl
+    from hwtrace.export import _textcols_impl
+    return [_runs_impl.STATUS, _textcols_impl.STATUS, branches_impl.STATUS]
+
+
 def child(view_argv: list, cache: str | None) -> int:
     """Run one view (in this process), from the cache if given."""
+    if os.environ.get("BENCH_VIEWS_COMPILED") == "1":
+        # each timed process checks for itself: a core that stops loading
+        # mid-bench (a source edited and not rebuilt: its hash no longer
+        # matches) would otherwise time the Python twin unnoticed
+        bad = [st.describe() for st in _helpers() if not st.loaded]
+        if not cache and producer(None) != "compiled":
+            bad.append(f"batches: {producer(None)}")
+        if bad:
+            sys.stderr.write("bench_views: a view core would run its Python twin: "
+                             + "; ".join(bad) + "\n")
+            return 3
     if cache:
         from batch_cache import cached_batches
         from hwtrace.cli import _inputs
@@ -150,20 +172,19 @@ def main() -> int:
                          f"({prod}): the compiled core has no batch producer here. "
                          f"Use --cache DIR to time the views' own cost, or "
                          f"--allow-python")
-    # the views' own compiled helpers: the call-stack matcher, the text
-    # columns of the exporters, the branch formatter
-    from hwtrace.analysis import _runs_impl
-    from hwtrace.branches import _impl as branches_impl
-    from hwtrace.export import _textcols_impl
-    helpers = [_runs_impl.STATUS, _textcols_impl.STATUS, branches_impl.STATUS]
+    helpers = _helpers()
     for st in helpers:
         print(f"view core: {st.describe()}")
     if any(not st.loaded for st in helpers) and not a.allow_python:
         raise SystemExit("bench_views: a view core would run its Python twin (above); "
                          "build the extensions (python3 setup.py build_ext --inplace) "
                          "or pass --allow-python")
-    ref = min(reference(a.bundle, str(oracle), env) for _ in range(a.repeat))
-    ref_t, ninsn, ref_rss, ref_cpu = ref
+    refs = [reference(a.bundle, str(oracle), env) for _ in range(a.repeat)]
+    if not a.allow_python:
+        env["BENCH_VIEWS_COMPILED"] = "1"
+    ref_t = min(r[0] for r in refs)
+    ninsn = refs[0][1]
+    ref_cpu = min(r[3] for r in refs)
     print(f"bundle: {a.bundle}: {ninsn:,} instructions")
     print(f"batches: {prod}")
     print(f"reference: ptoracle insn --summary over the same streams: "
@@ -172,26 +193,38 @@ def main() -> int:
           f"(others share this machine: wall ratios move with it, cpu ratios less)")
     print(f"{'view':<10} {'seconds':>8} {'ratio':>6} {'cpu s':>7} {'cpu ratio':>9} "
           f"{'peak RSS':>9} {'output':>10}")
+    failed = []
     with tempfile.TemporaryDirectory(prefix="bench-views-") as d:
         for v in a.views.split(","):
             argv = [x.format(b=a.bundle, o=os.path.join(d, v)) for x in VIEWS[v]]
-            best = None
+            runs = []
             for _ in range(a.repeat):
                 r = _timed([sys.executable, __file__, "--child", a.cache or "",
                             *argv], env=env)
                 if r[2]:
                     print(f"{v:<10} failed (exit {r[2]})")
+                    failed.append(v)
                     break
-                best = r if best is None or r[0] < best[0] else best
-            if best is None:
+                runs.append(r)
+            if len(runs) < a.repeat or not runs:
                 continue
+            # each column its own best of the repeats (the machine is
+            # shared: the fastest wall and the least CPU are often different
+            # runs, and CPU is the steadier measure); the peak RSS is the
+            # largest of them, so a repeat never hides a memory spike
+            wall = min(r[0] for r in runs)
+            cpu = min(r[4] for r in runs)
+            rss = max(r[1] for r in runs)
             out = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
                       if f.startswith(v + "."))
-            print(f"{v:<10} {best[0]:>8.2f} {ref_t / best[0]:>6.2f} "
-                  f"{best[4]:>7.2f} {ref_cpu / best[4]:>9.2f} "
-                  f"{best[1] / 1e6:>7.0f}MB {out / 1e6:>8.0f}MB", flush=True)
+            print(f"{v:<10} {wall:>8.2f} {ref_t / wall:>6.2f} "
+                  f"{cpu:>7.2f} {ref_cpu / cpu:>9.2f} "
+                  f"{rss / 1e6:>7.0f}MB {out / 1e6:>8.0f}MB", flush=True)
             for f in os.listdir(d):
                 os.unlink(os.path.join(d, f))
+    if failed:
+        print(f"bench_views: FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -154,7 +154,7 @@ class BatchInput:
                        tid=-1 if tid is None else tid,
                        tx=self._tx_depth is not None,
                        lookup=self._lookup is not None, paths=self.want_paths,
-                       scanned=max(0, a.scanned - t0))
+                       scanned=max(0, a.scanned - t0), out=self._place)
         a.scanned = max(a.scanned, t1)
         k = c.k
         if not k:
@@ -170,13 +170,19 @@ class BatchInput:
         self._seq = seq0 + 4 * k
         self._next_id += c.opened
         self.calls += c.opened
-        self.pending.enters.add_array(c.enters)
-        self.pending.exits.add_array(c.exits)
+        if not c.placed:
+            self.pending.enters.add_array(c.enters)
+            self.pending.exits.add_array(c.exits)
         if self.want_paths:
             self.paths.add_many(*c.paths)
         self._restack(c)
         self.n = int(a.start[t0 + k])
         return k
+
+    def _place(self, ne: int, nx: int):
+        """Where a compiled commit writes its rows: next in the pending
+        ones (see :meth:`.rows._Parts.place`)."""
+        return self.pending.enters.place(ne), self.pending.exits.place(nx)
 
     def _restack(self, c) -> None:
         """The stack after a committed run: the bottom ``keep`` frames,

@@ -665,6 +665,8 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._pend = _NONE
         self._seal()
         self._flush()
+        self.pending.enters.release()
+        self.pending.exits.release()
 
 
 def reconstruct(items, stream: StreamInfo | None = None,

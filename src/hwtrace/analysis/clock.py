@@ -131,9 +131,29 @@ class TimeBase:
         self._last_real = (int(idx[-1]), float(t[-1]))
 
     def anchor(self, seq: int, idx: int, tsc: int) -> None:
-        """One anchor (an event's time: 0 is a time)."""
-        self.anchors(np.array([seq], np.int64), np.array([idx], np.int64),
-                     np.array([tsc], np.uint64), zero=True)
+        """One anchor (an event's time: 0 is a time): :meth:`anchors` of
+        one row, in scalars (the same float operations; thousands of
+        events' times a run, each a dozen numpy calls on 1-element arrays
+        that way)."""
+        if self.mode == "insns":
+            return
+        tsc = int(tsc)
+        if self._last_tsc is not None and tsc == self._last_tsc:
+            return
+        self.mode = "tsc"
+        self._last_tsc = tsc
+        t = float(tsc)
+        if self._scale:
+            t *= self._scale
+        last = self.last
+        if last is not None:
+            t = max(t, last[1])                 # never let time run backwards
+            if idx > last[0]:
+                self._rate = (t - last[1]) / (idx - last[0])
+        self._a_seq = np.append(self._a_seq, np.int64(seq))
+        self._a_idx = np.append(self._a_idx, np.int64(idx))
+        self._a_t = np.append(self._a_t, t)
+        self._last_real = (int(idx), t)
 
     def seal(self, seq: int, idx: int) -> bool:
         """A synthetic anchor at (``seq``, ``idx``): the last rate carried

@@ -89,6 +89,7 @@ class Committed(NamedTuple):
     top: np.ndarray         # STACK rows above them (opened in this run)
     opened: int             # activations opened
     paths: tuple            # (path, parent path, name) of every open
+    placed: bool = False    # enters and exits were written where ``out`` put them
 
 
 class Match(NamedTuple):
@@ -120,7 +121,7 @@ class Match(NamedTuple):
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
           lookup: bool, paths: bool = True, impl: str | None = None,
-          scanned: int = 0) -> Committed:
+          scanned: int = 0, out=None) -> Committed:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -133,7 +134,9 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     or "compiled" (default: :data:`._runs_impl.CORE`); ``scanned``:
     transfers [0, scanned) went through an earlier call already (the
     names of their unknown jump targets are registered: the compiled
-    core need not look again past the cut)."""
+    core need not look again past the cut); ``out``: where the compiled
+    core writes the rows (``out(n_enters, n_exits)`` -> two SLICE
+    :class:`.slices.Cols` to fill; the result says ``placed``)."""
     core = _runs_impl.core_for(impl)
     if core is None:
         m = match(tr, stack, names, max_depth=max_depth, lookup=lookup)
@@ -141,7 +144,7 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
         m = _match_compiled(core, tr, stack, names, max_depth=max_depth,
                             lookup=lookup, scanned=scanned)
     return commit(m, tr, stack, names, seq0=seq0, next_id=next_id, pid=pid,
-                  tid=tid, paths=paths, core=core)
+                  tid=tid, paths=paths, core=core, out=out)
 
 
 def jump_kinds(tr: Transfers, names):
@@ -352,7 +355,8 @@ def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
 
 
 def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
-           next_id: int, pid: int, tid: int, paths: bool, core=None) -> Committed:
+           next_id: int, pid: int, tid: int, paths: bool, core=None,
+           out=None) -> Committed:
     """The rows of a match: the activations opened (``enters``), those
     closed (``exits``), the stack after."""
     if len(m.unknown):
@@ -373,7 +377,8 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
             o_nid[unk] = names.register_unknown(o_func[unk])
     if core is not None:
         return _commit_compiled(core, m, tr, stack, o_nid, seq0=seq0,
-                                next_id=next_id, pid=pid, tid=tid, paths=paths)
+                                next_id=next_id, pid=pid, tid=tid, paths=paths,
+                                out=out)
     # parents: the frame at level - 1 (or none at level 0)
     p_lvl = o_lvl - 1
     p_run = o_pfr >= 0
@@ -457,12 +462,16 @@ _STACK_COLS = [(f, STACK.fields[f][0]) for f in STACK.names]
 
 def _commit_compiled(core, m: Match, tr: Transfers, stack: np.ndarray, o_nid, *,
                      seq0: int, next_id: int, pid: int, tid: int,
-                     paths: bool) -> Committed:
+                     paths: bool, out=None) -> Committed:
     """commit's rows made by the compiled core (the numpy code above is
-    its twin)."""
+    its twin), written where ``out`` says if given."""
     no, nx, nt = len(m.o_tr), len(m.x_tr), len(m.top_fr)
-    e = {f: np.empty(no, t) for f, t in _SLICE_COLS}
-    x = {f: np.empty(nx, t) for f, t in _SLICE_COLS}
+    if out is not None:
+        ec, xc = out(no, nx)
+        e, x = ec.d, xc.d
+    else:
+        e = {f: np.empty(no, t) for f, t in _SLICE_COLS}
+        x = {f: np.empty(nx, t) for f, t in _SLICE_COLS}
     tc = {f: np.empty(nt, t) for f, t in _STACK_COLS}
     path = np.empty(no, _U8)
     ppath = np.empty(no, _U8)
@@ -482,7 +491,7 @@ def _commit_compiled(core, m: Match, tr: Transfers, stack: np.ndarray, o_nid, *,
     for f in STACK.names:
         top[f] = tc[f]
     return Committed(m.k, Cols(e, no), Cols(x, nx), m.keep, top, no,
-                     (path, ppath, o_nid))
+                     (path, ppath, o_nid), out is not None)
 
 
 #: the fields an exit takes from its activation's begin

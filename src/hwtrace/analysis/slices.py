@@ -177,7 +177,12 @@ class PathTable:
     by the builder as paths first appear.  Kept in sorted numpy arrays (a
     few dozen bytes a path: a Python run's hundreds of thousands of deep
     paths would take hundreds of MB as dict entries); new ones wait in a
-    buffer until :meth:`lookup` or the buffer's size merges them in."""
+    buffer until :meth:`lookup` or the buffer's size merges them in.  The
+    buffer may grow as large as the table (at least ``_MERGE``): a merge
+    sorts and copies the whole table, so merging every fixed number of
+    paths made the cost quadratic (91 merges of up to millions of paths on
+    a Python run); a buffer in step with the table keeps it O(n log n) and
+    the memory within twice the table's."""
 
     _MERGE = 1 << 16
 
@@ -196,7 +201,7 @@ class PathTable:
     def add(self, path: int, parent: int, name: int) -> None:
         self._row.append((path, parent, name))
         self._pending += 1
-        if self._pending >= self._MERGE:
+        if self._pending >= self._MERGE and self._pending >= len(self._h):
             self._merge()
 
     def add_many(self, paths: np.ndarray, parents: np.ndarray,
@@ -204,7 +209,7 @@ class PathTable:
         if len(paths):
             self._buf.append((paths, parents, names))
             self._pending += len(paths)
-            if self._pending >= self._MERGE:
+            if self._pending >= self._MERGE and self._pending >= len(self._h):
                 self._merge()
 
     def _merge(self) -> None:

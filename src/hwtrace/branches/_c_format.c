@@ -37,6 +37,40 @@
 #define ABI 4
 
 
+/* l bytes of s at p, returning p + l: short pieces (digits, a kind, a
+ * symbol) by two overlapping fixed-size moves the compiler inlines --
+ * memcpy of a variable length is a libc call per piece, several a record */
+static inline char *put(char *p, const char *s, Py_ssize_t l)
+{
+    if (l > 32 || l < 0) {
+        memcpy(p, s, (size_t)l);
+    } else if (l >= 16) {
+        char a[16], b[16];
+        memcpy(a, s, 16);
+        memcpy(b, s + l - 16, 16);
+        memcpy(p, a, 16);
+        memcpy(p + l - 16, b, 16);
+    } else if (l >= 8) {
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, s + l - 8, 8);
+        memcpy(p, &a, 8);
+        memcpy(p + l - 8, &b, 8);
+    } else if (l >= 4) {
+        uint32_t a, b;
+        memcpy(&a, s, 4);
+        memcpy(&b, s + l - 4, 4);
+        memcpy(p, &a, 4);
+        memcpy(p + l - 4, &b, 4);
+    } else if (l > 0) {
+        char a = s[0], b = s[l / 2], c = s[l - 1];
+        p[0] = a;
+        p[l / 2] = b;
+        p[l - 1] = c;
+    }
+    return p + l;
+}
+
 static const char DIG2[201] =
     "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
@@ -58,8 +92,7 @@ static char *put_u64(char *p, uint64_t v)
     } else {
         *--q = (char)('0' + v);
     }
-    memcpy(p, q, e - q);
-    return p + (e - q);
+    return put(p, q, e - q);
 }
 
 static char *put_i64(char *p, int64_t v)
@@ -405,8 +438,7 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
         else
             PUT_LIT(p, "null");
         PUT_LIT(p, ",\"kind\":");
-        memcpy(p, kstr[kind[i]], klen[kind[i]]);
-        p += klen[kind[i]];
+        p = put(p, kstr[kind[i]], klen[kind[i]]);
         PUT_LIT(p, ",\"from\":");
         if (frm[i])
             p = put_u64(p, frm[i]);
@@ -427,14 +459,12 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
         }
         if (fe[i] >= 0 && s->has[fe[i]]) {
             PUT_LIT(p, ",\"from_sym\":\"");
-            memcpy(p, s->blob + s->off[fe[i]], s->len[fe[i]]);
-            p += s->len[fe[i]];
+            p = put(p, s->blob + s->off[fe[i]], s->len[fe[i]]);
             *p++ = '"';
         }
         if (te[i] >= 0 && s->has[te[i]]) {
             PUT_LIT(p, ",\"to_sym\":\"");
-            memcpy(p, s->blob + s->off[te[i]], s->len[te[i]]);
-            p += s->len[te[i]];
+            p = put(p, s->blob + s->off[te[i]], s->len[te[i]]);
             *p++ = '"';
         }
         PUT_LIT(p, "}\n");
@@ -584,22 +614,19 @@ static PyObject *py_calls_counts(PyObject *self, PyObject *const *args,
     char *p = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t l = hoff[head[i] + 1] - hoff[head[i]];
-        memcpy(p, hs + hoff[head[i]], l);
-        p += l;
+        p = put(p, hs + hoff[head[i]], l);
         if (ok[i]) {
             p = put_count(p, insns[i]);
             PUT_LIT(p, " insns");
         } else {
-            memcpy(p, op, opl);
-            p += opl;
+            p = put(p, op, opl);
         }
         Py_ssize_t nl = noff[note[i] + 1] - noff[note[i]];
         int show_tid = threads && tid[i] >= 0 && tid[i] != last;
         last = tid[i];
         if (nl || show_tid) {
             PUT_LIT(p, "  [");
-            memcpy(p, ns + noff[note[i]], nl);
-            p += nl;
+            p = put(p, ns + noff[note[i]], nl);
             if (show_tid) {
                 if (nl)
                     PUT_LIT(p, ", ");

@@ -59,6 +59,8 @@ class ChromeTraceWriter:
         self._default_names = ("process 0", "trace")
         self._legacy: RecordChunker | None = None
         self._flags: dict[int, bytes] = {}
+        self._jnames = None                 # the name table _jtab holds
+        self._jtab: list[bytes] = []        # its names as JSON, by id
         fp.write('{"traceEvents":[\n')
 
     def _event(self, s: str) -> None:
@@ -116,10 +118,13 @@ class ChromeTraceWriter:
         b = self._k(X["begin"])
         e = self._k(X["end"])
         pid, tid = self._tracks(X)
-        u = np.unique(X["name"])
-        table = [b""] * (int(u.max()) + 1)
-        for i in u.tolist():
-            table[i] = names.json_bytes(i)
+        # every name of the builder's table as JSON, kept across chunks
+        # (the ids a chunk uses index it; a new table starts a new list)
+        if self._jnames is not names:
+            self._jnames, self._jtab = names, []
+        table = self._jtab
+        if len(table) < len(names):
+            table.extend(names.json_bytes(i) for i in range(len(table), len(names)))
         flags = X["flags"]
         core = None if self._args else _textcols_impl.core_for(self.impl)
         if core is not None:

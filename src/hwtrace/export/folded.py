@@ -86,13 +86,18 @@ class FoldedWriter:
         for ctx, label, weights in self._groups:
             paths = ctx.paths
             names = ctx.names.names
+            # sorted by (thread, path), one row each: a thread's paths are
+            # a run, ascending and unique
             th, ph, wt = weights.arrays()
-            for t in np.unique(th).tolist():
-                sel = th == t
-                wp, ww = ph[sel], wt[sel]
+            if not len(th):
+                continue
+            cut = np.flatnonzero(th[1:] != th[:-1]) + 1
+            for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(th)]):
+                t = int(th[a])
+                wp, ww = ph[a:b], wt[a:b]
                 # every weighted path and its ancestors, with their parents
                 nodes, parents, nids = [], [], []
-                frontier = np.unique(wp)
+                frontier = wp
                 # the paths met so far (a set: merging sorted arrays again
                 # at every level was most of this walk on deep stacks)
                 seen = set(frontier.tolist())
@@ -111,9 +116,8 @@ class FoldedWriter:
                 order = np.argsort(parent, kind="stable")
                 sp = parent[order]
                 # each node's own weight (0: a caller only)
-                wo = np.argsort(wp)
-                j = np.minimum(np.searchsorted(wp[wo], node), len(wp) - 1)
-                wnode = np.where(wp[wo][j] == node, ww[wo][j], 0.0)
+                j = np.minimum(np.searchsorted(wp, node), len(wp) - 1)
+                wnode = np.where(wp[j] == node, ww[j], 0.0)
                 del seen, nodes, parents, nids
                 head = label if t == -1 else f"thread {t}" if t >= 0 else None
                 # every node's children: order[lo[k]:hi[k]] (all at once;

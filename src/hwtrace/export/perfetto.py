@@ -69,6 +69,8 @@ class PerfettoTraceWriter:
         self._seq = 0
         self._track = 0
         self._iids: dict[str, int] = {}
+        self._nid_iid = np.zeros(0, np.int64)     # name id -> iid (0: none yet)
+        self._nid_names = None                    # ... of this name table
         self._processes: dict = {}
         self._threads: dict = {}
         self._seq_head = b""
@@ -102,6 +104,8 @@ class PerfettoTraceWriter:
         self._flush_legacy()
         self._seq += 1
         self._iids = {}
+        self._nid_iid = np.zeros(0, np.int64)
+        self._nid_names = None
         self._sent: dict[str, bool] = {}
         self._info = info
         pid, tid, pname, tname = track_of(info, CPU_PID)
@@ -152,17 +156,27 @@ class PerfettoTraceWriter:
         if ne:
             bpos = np.flatnonzero(isb)
             bn = E["name"][src[bpos]]
-            u, first, inv = np.unique(bn, return_index=True, return_inverse=True)
-            uiids = np.empty(len(u), np.int64)
-            for j, nid in enumerate(u.tolist()):
-                label = names.names[nid]
-                v = self._iids.get(label)
-                if v is None:
-                    v = self._iids[label] = len(self._iids) + 1
-                    p = int(bpos[first[j]])
-                    special[p] = None           # made below, with its blob
-                uiids[j] = v
-            iid[bpos] = uiids[np.asarray(inv).reshape(-1)]
+            # the iid of every name id this sequence has met (0: not yet):
+            # only names new here go through Python, in ascending id order
+            # as a sort of the chunk's names would take them
+            tab = self._nid_iid
+            if self._nid_names is not names:    # a cache of one name table's ids
+                tab = self._nid_iid = np.zeros(0, np.int64)
+                self._nid_names = names
+            if len(tab) < len(names.names):
+                tab = self._nid_iid = np.concatenate(
+                    (tab, np.zeros(len(names.names) - len(tab), np.int64)))
+            new = np.flatnonzero(tab[bn] == 0)
+            if len(new):
+                u, first = np.unique(bn[new], return_index=True)
+                for nid, f in zip(u.tolist(), first.tolist()):
+                    label = names.names[nid]
+                    v = self._iids.get(label)
+                    if v is None:
+                        v = self._iids[label] = len(self._iids) + 1
+                        special[int(bpos[new[f]])] = None   # made below, with its blob
+                    tab[nid] = v
+            iid[bpos] = tab[bn]
         for p in np.flatnonzero(kind == 2).tolist():
             special[p] = None
         if self._fresh:
@@ -192,18 +206,20 @@ class PerfettoTraceWriter:
         # splice the one-by-one packets in, in order
         data, lens = out
         pos = np.flatnonzero(plain)
-        offs = np.concatenate(([0], np.cumsum(lens))).tolist()
         sp = sorted(special)
-        ks = np.searchsorted(pos, sp).tolist()      # plain packets before each
+        ks = np.searchsorted(pos, sp)               # plain packets before each
+        offs = np.zeros(len(lens) + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        at = offs[ks].tolist()                      # ... and their bytes
         view = memoryview(data)                     # (slices without copies)
         done = 0
         write = self._fp.write
-        for p, k in zip(sp, ks):
-            if k > done:
-                write(view[offs[done]:offs[k]])
-                done = k
+        for p, a in zip(sp, at):
+            if a > done:
+                write(view[done:a])
+                done = a
             write(special[p])
-        write(view[offs[done]:])
+        write(view[done:])
 
     def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
                 impl: str | None = None):
