@@ -71,45 +71,12 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "../_ext/textput.h"
+
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
 #define ABI 3
-
-/* l bytes of s at p, returning p + l: the short pieces these writers copy
- * (a field tag, a track, a name) by two overlapping fixed-size moves,
- * which the compiler inlines -- memcpy of a variable length is a libc
- * call per piece, ~10% of an export's CPU */
-static inline char *put(char *p, const char *s, Py_ssize_t l)
-{
-    if (l > 32 || l < 0) {
-        memcpy(p, s, (size_t)l);
-    } else if (l >= 16) {
-        char a[16], b[16];
-        memcpy(a, s, 16);
-        memcpy(b, s + l - 16, 16);
-        memcpy(p, a, 16);
-        memcpy(p + l - 16, b, 16);
-    } else if (l >= 8) {
-        uint64_t a, b;
-        memcpy(&a, s, 8);
-        memcpy(&b, s + l - 8, 8);
-        memcpy(p, &a, 8);
-        memcpy(p + l - 8, &b, 8);
-    } else if (l >= 4) {
-        uint32_t a, b;
-        memcpy(&a, s, 4);
-        memcpy(&b, s + l - 4, 4);
-        memcpy(p, &a, 4);
-        memcpy(p + l - 4, &b, 4);
-    } else if (l > 0) {
-        char a = s[0], b = s[l / 2], c = s[l - 1];
-        p[0] = a;
-        p[l / 2] = b;
-        p[l - 1] = c;
-    }
-    return p + l;
-}
 
 /* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
 
@@ -901,34 +868,6 @@ done:
 }
 
 /* -- chrome_slices(...): Chrome "X" events ----------------------------------------- */
-
-static const char DIG2[201] =
-    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-    "8081828384858687888990919293949596979899";
-
-/* decimal, two digits a step (an int64's magnitude has at most 19: the
-   twin's Lines.int limit never cuts one) */
-static char *put_i64(char *p, int64_t x)
-{
-    uint64_t a = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-    char d[24], *e = d + sizeof d, *q = e;
-    if (x < 0)
-        *p++ = '-';
-    while (a >= 100) {
-        unsigned r = (unsigned)(a % 100);
-        a /= 100;
-        q -= 2;
-        memcpy(q, DIG2 + 2 * r, 2);
-    }
-    if (a >= 10) {
-        q -= 2;
-        memcpy(q, DIG2 + 2 * a, 2);
-    } else {
-        *--q = (char)('0' + a);
-    }
-    return put(p, q, e - q);
-}
 
 /* k / 1024 exactly: Lines.frac(k, 10) */
 static char *put_frac10(char *p, int64_t k)
