@@ -472,17 +472,25 @@ static inline int status_quick(const struct query *q)
     return flags;
 }
 
-/* after the TNT's bits are cached and the position is past it */
-static __attribute__((noinline)) int refill_rest(struct query *q,
-                                                 int *status, int *taken)
+/* the fast paths' step past the packet they answered from: take it, mark
+ * the time, read ahead; a read-ahead error is reported at its offset */
+static inline int step_past(struct query *q)
 {
     fetch(q);
     ft_mark(&q->time);
     int r = read_ahead_tolerant(q);
-    if (r < 0) {
+    if (r < 0)
         q->err_off = q_offset(q);
+    return r;
+}
+
+/* after the TNT's bits are cached and the position is past it */
+static __attribute__((noinline)) int refill_rest(struct query *q,
+                                                 int *status, int *taken)
+{
+    int r = step_past(q);
+    if (r < 0)
         return r;
-    }
     *taken = tnt_take(q);
     *status = q_status_flags(q);
     return 0;
@@ -611,13 +619,9 @@ int q_indirect_branch(struct query *q, int *status, uint64_t *target)
 /* q_indirect_branch after the TIP (have: whether it gave an IP) */
 static int tip_rest(struct query *q, int *status, int have)
 {
-    fetch(q);
-    ft_mark(&q->time);
-    int r = read_ahead_tolerant(q);
-    if (r < 0) {
-        q->err_off = q_offset(q);
+    int r = step_past(q);
+    if (r < 0)
         return r;
-    }
     *status = q_status_flags(q) | (have ? 0 : ST_IP_SUPPRESSED);
     return 0;
 }
