@@ -142,6 +142,26 @@ def test_duration_ends_the_recording(tmp_path, tmpdir_env, loop, ptoracle):
     assert all(_gone(p) for p in pids)
 
 
+def test_duration_counts_from_the_programs_start(tmp_path, tmpdir_env, loop, ptoracle):
+    """--duration 0 under QEMU: the clock starts when QEMU has loaded the
+    program and its first thread is traced, so even a zero duration (or a
+    QEMU start-up slower than the duration, on a loaded machine) records
+    the program's start rather than an empty bundle."""
+    tmpdir, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "--duration", "0", "--mode", "thread", "-o", b, "--", loop, pidf],
+                 env)
+    out, err = _finish(rec)
+    assert rec.returncode == 0, err
+    assert "stopped after --duration: the program was killed" in err
+    man, res = decode_bundle(ptoracle, b)
+    assert len(man["streams"]) == 1
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 0
+    assert all(_gone(s["pid"]) for s in man["streams"])
+    _only_bundle(b, man)
+    assert list(tmpdir.iterdir()) == []
+
+
 def test_attach_with_ptrace_and_detach(tmp_path, tmpdir_env, loop, ptoracle):
     """record --pid: the ptrace engine attaches, --duration's end detaches,
     and the program runs on; the QEMU engine says in one line it can't."""

@@ -67,7 +67,9 @@ def register(subparsers) -> None:
     p.add_argument("--pid", type=int, help="attach to this running process (ptrace "
                    "engine); detach when it exits, at --duration's end or on Ctrl-C")
     p.add_argument("--duration", type=float, metavar="S",
-                   help="stop after S seconds (see above)")
+                   help="stop after S seconds of the program's run (see above); "
+                        "the qemu engine starts the clock when QEMU has loaded the "
+                        "program and its first thread is traced")
     p.add_argument("--trigger", action="append", default=[], metavar="FUNC",
                    help="snapshot mode (qemu engine): record into circular buffers and "
                         "save them when function FUNC (a symbol of the program or of "

@@ -456,11 +456,17 @@ class Device:
         self.untraced_threads = []
         before = self._state
         self._state = nxt
-        session = Session(self, follow_threads, on_snapshot)
         timer = None
         if duration is not None:
             timer = threading.Timer(duration, self.requests.stop, ("duration",))
             timer.daemon = True
+        # the duration is the program's traced run: an engine whose program
+        # takes a while to start (QEMU loading it) starts the clock itself
+        # (session.program_started()) when the first thread is traced
+        deferred = timer is not None and getattr(self.engine, "starts_duration_clock", False)
+        session = Session(self, follow_threads, on_snapshot,
+                          on_program_start=timer.start if deferred else None)
+        if timer is not None and not deferred:
             timer.start()
         try:
             return body(session)

@@ -99,8 +99,10 @@ class Session:
     """What the engine sees during run/attach (hwtrace.engines.base.Session)."""
 
     def __init__(self, dev: "Device", follow: "BufferConfig | None",
-                 on_snapshot: Callable[[str], Any] | None = None):
+                 on_snapshot: Callable[[str], Any] | None = None,
+                 on_program_start: Callable[[], Any] | None = None):
         self._dev = dev
+        self._on_program_start = on_program_start
         self._follow = follow
         self._on_snapshot = on_snapshot
         self.mode = dev.mode
@@ -145,6 +147,14 @@ class Session:
         d = self._dev._threads.get(tid)
         if d is not None:
             self._dev._buffers[d].store.unit.disable()
+
+    def program_started(self) -> None:
+        """The workload's first thread is being traced: the run's duration
+        counts from now (for an engine with ``starts_duration_clock``).
+        Only the first call counts."""
+        start, self._on_program_start = self._on_program_start, None
+        if start is not None:
+            start()
 
     # ---- the user's requests
     def should_stop(self) -> bool:

@@ -46,6 +46,10 @@ The session
   from an attached one) and keep the trace so far. ``session.wake_fd``
   becomes readable on every request (wait on it with the workload's
   process; ``session.drain_wake()`` after waking), so no polling is needed.
+* An engine whose workload takes a while to begin (QEMU loading the
+  program) sets ``starts_duration_clock = True`` and calls
+  ``session.program_started()`` when the first thread is traced: a run's
+  duration counts from then, not from the engine's own start-up.
 * ``session.snapshot_requested()`` returns the reason of a snapshot request
   (``dev.request_snapshot``: SIGUSR2, a trigger) once: an engine that can
   write the trace so far and stop tracing while the workload goes on does

@@ -136,6 +136,13 @@ class EmulatedEngine(Engine):
         return self.source == "qemu"
 
     # ------------------------------------------------------------------
+    @property
+    def starts_duration_clock(self) -> bool:
+        """A run's duration counts from the program's first traced thread
+        (QEMU's own start-up under load can take longer than a short
+        duration); the stepper starts the program at once."""
+        return self.source == "qemu"
+
     def run(self, session, argv: Sequence[str], *, env=None, cwd=None) -> int:
         self._session = session
         try:

@@ -67,10 +67,19 @@ def qemu_run(engine, session, prog, log: str, env, cwd) -> Outcome:
 
 
 def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
+    from . import qemu
     snapshot = None
+    # until the plugin logs the program's first thread (QEMU has loaded it),
+    # look for its buffer file every few ms: then the run's clock starts
+    starting = hasattr(session, "program_started")
     while True:
         ev = running.wait(proc, session, [control.fd] if snapshot is None else [],
-                          snapshots=snapshot is None)
+                          snapshots=snapshot is None, timeout=0.005 if starting else None)
+        if ev.kind == "timeout":
+            if qemu.program_started(log):
+                session.program_started()
+                starting = False
+            continue
         if ev.kind == "exit":
             status = proc.wait()
             if snapshot is not None:

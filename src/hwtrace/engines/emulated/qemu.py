@@ -223,6 +223,18 @@ def buffer_files(log_path: str | os.PathLike) -> list[Path]:
     return sorted(log.parent.glob(glob.escape(log.name) + ".buf.*"))
 
 
+def program_started(log_path: str | os.PathLike) -> bool:
+    """Whether the plugin has begun logging the program: a thread's buffer
+    file exists, or records follow the log's header."""
+    if buffer_files(log_path):
+        return True
+    from .execlog import HEADER
+    try:
+        return os.path.getsize(log_path) > HEADER.size
+    except OSError:
+        return False
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from typing import NamedTuple
 
 
@@ -30,12 +31,15 @@ def _pidfd(pid: int) -> int | None:
         return None         # old kernel or Python: fall back to polling
 
 
-def wait(proc: subprocess.Popen, session, fds=(), *, snapshots: bool = True) -> Woken:
+def wait(proc: subprocess.Popen, session, fds=(), *, snapshots: bool = True,
+         timeout: float | None = None) -> Woken:
     """What happened first: the process ended ("exit"; not reaped), a stop
     ("stop") or -- with ``snapshots`` -- a snapshot ("snapshot", its
-    reason) was requested, or a descriptor of ``fds`` became readable
-    ("notice", the descriptor)."""
+    reason) was requested, a descriptor of ``fds`` became readable
+    ("notice", the descriptor), or -- with ``timeout`` -- that many seconds
+    passed ("timeout")."""
     wake = getattr(session, "wake_fd", None)
+    deadline = None if timeout is None else time.monotonic() + timeout
     pidfd = _pidfd(proc.pid)
     try:
         while True:
@@ -48,9 +52,14 @@ def wait(proc: subprocess.Popen, session, fds=(), *, snapshots: bool = True) -> 
             if _ended(proc):
                 return Woken("exit")
             watch = [f for f in (pidfd, wake, *fds) if f is not None]
-            timeout = None if pidfd is not None and wake is not None else 0.05
+            poll = None if pidfd is not None and wake is not None else 0.05
+            if timeout is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Woken("timeout")
+                poll = left if poll is None else min(poll, left)
             try:
-                ready, _, _ = select.select(watch, [], [], timeout)
+                ready, _, _ = select.select(watch, [], [], poll)
             except InterruptedError:
                 continue
             if wake is not None and wake in ready:
