@@ -252,7 +252,7 @@ def _u64(name: str, v: int, limit: int = 1 << 64) -> int:
 
 
 def config_tuple(cfg: FlowConfig | None) -> tuple:
-    """The core's view of a FlowConfig (see _c_flow.c parse_config)."""
+    """The core's view of a FlowConfig (see core/pyconfig.c parse_config)."""
     cfg = cfg or FlowConfig()
     e = cfg.errata
     errata = sum(1 << i for i, n in enumerate(ERRATA) if getattr(e, n))
