@@ -226,7 +226,7 @@ def manifest_options(manifest: dict) -> dict:
 def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
     """``base`` (or a default FlowConfig) with ``options`` (as from
     :func:`manifest_options`) applied: the CPU's errata, timing."""
-    cfg = replace(base) if base is not None else FlowConfig()
+    cfg = base.replace() if base is not None else FlowConfig()
     cpu = options.get("cpu")
     if cpu:
         from hwtrace.pt import cpu as cpumod

@@ -100,11 +100,10 @@ FIRST_BATCH = 256
 def view_config(config: FlowConfig | None = None) -> FlowConfig:
     """``config`` with every branch ending a block (what views decode
     with: each record's last instruction is its only branch)."""
-    import dataclasses
     cfg = config or FlowConfig()
     if cfg.end_on_call and cfg.end_on_jump:
         return cfg
-    return dataclasses.replace(cfg, end_on_call=True, end_on_jump=True)
+    return cfg.replace(end_on_call=True, end_on_jump=True)
 
 
 # -- the compiled core ---------------------------------------------------------
