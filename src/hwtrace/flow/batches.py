@@ -183,14 +183,13 @@ def python_batches(data, image, config: FlowConfig | None = None, *,
         dec = _decoder(data, image, config, decoder)
         if plan is not None:
             if space_items:
-                import dataclasses
                 told = plan.on_switch
 
                 def on_switch(space, offset):
                     g.switch(space, offset)
                     if told is not None:
                         told(space, offset)
-                plan = dataclasses.replace(plan, on_switch=on_switch)
+                plan = plan.replace(on_switch=on_switch)
             dec = plan.wrap(dec)
     g.bind(dec)
     if decoder == "block":

@@ -3,36 +3,18 @@ and decoder flags (libipt's struct pt_config, the parts flow uses)."""
 
 from __future__ import annotations
 
+from hwtrace._records import Fields
 from hwtrace.pt.cpu import NO_ERRATA, Errata
 
 #: the erratum names in :class:`hwtrace.pt.cpu.Errata`'s field order: the
 #: compiled flow core's errata bits (hwtrace.flow.fast)
 ERRATA = Errata._fields
 
+# Plain classes, not dataclasses: every decoding command creates them at
+# start-up (see hwtrace._records).
 
 
-class _Fields:
-    """Plain classes, not dataclasses: every decoding command creates
-    them at start-up, where a dataclass costs ~1 ms to create and
-    importing dataclasses ~10 ms.  Equality and repr are a mutable
-    dataclass's: field by field (``_fields``), and unhashable."""
-
-    _fields: tuple = ()
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n)
-                   for n in self._fields)
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return "%s(%s)" % (self.__class__.__qualname__, ", ".join(
-            f"{n}={getattr(self, n)!r}" for n in self._fields))
-
-
-class AddrFilter(_Fields):
+class AddrFilter(Fields):
     """IA32_RTIT_CTL.ADDRn_CFG and IA32_RTIT_ADDRn_A/B."""
 
     _fields = ("addr_cfg", "a", "b")
@@ -59,7 +41,7 @@ class AddrFilter(_Fields):
         return not have_filter
 
 
-class FlowConfig(_Fields):
+class FlowConfig(Fields):
     _fields = ("errata", "addr_filter", "cpu", "mtc_freq", "nom_freq",
                "cpuid_0x15_eax", "cpuid_0x15_ebx", "enable_tick_events",
                "enable_iflags_events", "keep_tcal_on_ovf", "error_offsets",
@@ -98,16 +80,6 @@ class FlowConfig(_Fields):
         # block decoder
         self.end_on_call = end_on_call
         self.end_on_jump = end_on_jump
-
-    def replace(self, **changes) -> "FlowConfig":
-        """A copy with ``changes`` (dataclasses.replace: the address
-        filter is shared unless replaced too)."""
-        kw = {n: getattr(self, n) for n in self._fields}
-        for n in changes:
-            if n not in kw:
-                raise TypeError(f"FlowConfig has no field {n!r}")
-        kw.update(changes)
-        return FlowConfig(**kw)
 
     def psb_fup_announces_pge(self) -> bool:
         """Is a FUP in a PSB+ that a TIP.PGE follows (after PSBEND and

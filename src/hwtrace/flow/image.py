@@ -19,14 +19,15 @@ from __future__ import annotations
 import bisect
 from collections import namedtuple
 
+from hwtrace._records import Fields
+
 
 class ImageError(Exception):
     """A section could not be created (bad file, bad range)."""
 
 
 # Plain classes and a NamedTuple, not dataclasses: every decoding command
-# creates them at start-up, where a dataclass costs ~1 ms to create and
-# importing dataclasses ~10 ms.
+# creates them at start-up (see hwtrace._records).
 
 
 class Section:
@@ -100,7 +101,7 @@ class Mapping(namedtuple("Mapping", "begin end section offset")):
     __slots__ = ()
 
 
-class Image:
+class Image(Fields):
     """Non-overlapping mappings sorted by address (later adds win)."""
 
     _fields = ("name", "_maps", "_starts", "_next_isid", "generation",
@@ -120,18 +121,6 @@ class Image:
         # each image's decodes; dropped when the generation changes).
         self.decoded = {} if decoded is None else decoded
         self.decoded_generation = decoded_generation
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n)
-                   for n in self._fields)
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return "Image(%s)" % ", ".join(f"{n}={getattr(self, n)!r}"
-                                       for n in self._fields)
 
     def add(self, section: Section, vaddr: int) -> int:
         """Map ``section`` at ``vaddr``, cutting what it overlaps.
