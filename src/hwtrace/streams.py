@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from hwtrace._records import Fields
-from hwtrace.analysis.records import StreamInfo
 from hwtrace.flow.config import FlowConfig
 
 
@@ -83,7 +82,11 @@ class Entry(Fields):
 
 
 class Stream(Fields):
-    """One decodable stream: ``name``, ``path``, ``info``, ``entry``,
+    """One decodable stream: ``name``, ``path``, ``info`` (a
+    :class:`hwtrace.analysis.records.StreamInfo`, or the keywords to make
+    one when first asked: the views want it, counts and coverage do not,
+    and importing hwtrace.analysis costs a command that only counts ~3 ms
+    of start-up), ``entry``,
     ``config``, ``image`` (the initial hwtrace.flow.image.Image),
     ``plan`` (hwtrace.flow.spaces.SpacePlan or None), ``offset`` and
     ``length`` (--pt FILE:FROM-TO: a slice of the file), ``warn``:
@@ -93,13 +96,13 @@ class Stream(Fields):
     _fields = ("name", "path", "info", "entry", "config", "image", "plan",
                "offset", "length", "warn")
 
-    def __init__(self, name: str, path: str, info: StreamInfo, entry: Entry,
+    def __init__(self, name: str, path: str, info, entry: Entry,
                  config: FlowConfig, image: object, plan: object = None,
                  offset: int = 0, length: int | None = None,
                  warn: Callable | None = None):
         self.name = name
         self.path = path
-        self.info = info
+        self._info = info
         self.entry = entry
         self.config = config
         self.image = image
@@ -108,6 +111,15 @@ class Stream(Fields):
         self.length = length
         self.warn = warn
         self._reported = False
+
+    @property
+    def info(self):
+        """Who the stream belongs to (:class:`hwtrace.analysis.records.StreamInfo`)."""
+        info = self._info
+        if isinstance(info, dict):
+            from hwtrace.analysis.records import StreamInfo
+            info = self._info = StreamInfo(**info)
+        return info
 
     def data(self):
         """The trace bytes, mapped (see hwtrace.cli._tracemap)."""
@@ -408,7 +420,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 f"MTC/CYC packets: process switches are placed by TSC alone "
                 f"(record with e.g. --config 'branch;user;retc;tsc;mtc;cyc')")
         per_cpu = e.tid is None and e.cpu is not None
-        info = StreamInfo(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
+        info = dict(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
                           switches=switches if per_cpu else (),
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
@@ -449,7 +461,7 @@ def open_trace(path: str, image, config: FlowConfig | None = None, *,
     if problem:
         raise StreamsError(f"{path}: {problem}")
     n = name or p.name
-    st = Stream(n, str(p), StreamInfo(name=n), Entry(n, length_),
+    st = Stream(n, str(p), {"name": n}, Entry(n, length_),
                 config or FlowConfig(), image, None, offset, length)
     return TraceSet([st], "thread", str(p))
 
