@@ -567,6 +567,8 @@ class Bundle:
             self.images.append({"file": f, "path": p, "build_id": b})
         sb = m.get("sideband", SIDEBAND)
         self._sideband_name = None if sb is None else _check_name(sb, "sideband")
+        self._root: Path | None = None          # self.path resolved
+        self._inside: dict[Path, bool] = {}     # see _dir_inside
 
     @classmethod
     def open(cls, path: str | os.PathLike, **kw: Any) -> "Bundle":
@@ -733,7 +735,7 @@ class Bundle:
                         (not want_bid and i["path"] == filename):
                     p = self.path / i["file"]
                     if p.is_file() and not p.is_symlink() and \
-                            p.resolve().is_relative_to(self.path.resolve()):
+                            self._dir_inside(p.parent):
                         return p
         base = os.path.basename(filename)
         if base and base not in (".", ".."):
@@ -745,6 +747,20 @@ class Bundle:
             if self.allow_outside or _is_recorded_elf(filename, build_id):
                 return Path(filename)
         return None
+
+
+    def _dir_inside(self, d: Path) -> bool:
+        """Whether directory ``d`` (the bundle's or its images/, which may
+        be a link) resolves to inside the bundle: an image stored there,
+        a plain name and no link itself, then does too.  Resolved once
+        per directory (resolving each image's path walked every
+        component of both paths again)."""
+        known = self._inside.get(d)
+        if known is None:
+            if self._root is None:
+                self._root = self.path.resolve()
+            known = self._inside[d] = d.resolve().is_relative_to(self._root)
+        return known
 
 
 def _is_recorded_elf(filename: str, build_id: str) -> bool:

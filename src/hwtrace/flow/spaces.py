@@ -55,7 +55,6 @@ reports each switch through a callback.
 from __future__ import annotations
 
 import bisect
-import copy
 import os
 from collections import deque, namedtuple
 from typing import Callable, Iterable
@@ -759,6 +758,7 @@ class SpaceSwitcher:
         if self._peek is None:
             self._peek = PacketDecoder(q._pkt.buffer)
         pk = self._peek
+        import copy             # here only: not on the start-up path
         t = copy.deepcopy(q.time)
         if pk.sync_set(q.pos).__class__ is PtError:
             return None
