@@ -27,7 +27,6 @@ import numpy as np
 
 from hwtrace.x86.insn import IClass
 
-from . import session
 from .config import FlowConfig
 
 BLOCK = np.dtype([("ip", "<u8"), ("end_ip", "<u8"), ("offset", "<u8"),
@@ -192,6 +191,9 @@ def python_batches(data, image, config: FlowConfig | None = None, *,
                 plan = plan.replace(on_switch=on_switch)
             dec = plan.wrap(dec)
     g.bind(dec)
+    # the twin's session: imported where the twin runs (the compiled
+    # path's start-up does without it and the decoders it imports)
+    from . import session
     if decoder == "block":
         steps = session.iter_blocks(dec, resync)
     else:
@@ -301,6 +303,7 @@ class _Grouper:
 
     # -- driving -------------------------------------------------------------------------
     def run(self, steps) -> Iterator[Batch]:
+        from . import session
         INSN_, BLOCK_, EVENT_, ERROR_ = (session.INSN, session.BLOCK,
                                          session.EVENT, session.ERROR)
         for step in steps:
