@@ -46,14 +46,21 @@ def fingerprint(src: Path) -> str:
     return SOURCES.fingerprint(src)
 
 
+#: extension name -> the text of its sources' stamp (hwtrace._ext.sources)
+STAMPS: dict[str, str] = {}
+
+
 def _extensions() -> list[Extension]:
     exts = []
     for src in sorted((HERE / "src").glob("hwtrace/**/_c_*.c")):
         rel = src.relative_to(HERE / "src")
         name = ".".join(rel.with_suffix("").parts)
-        digest = fingerprint(src)
+        # the fingerprint and the stamp of the sources as hashed
+        # (sources.stamp_text), written next to the built extension
+        digest, stamp = SOURCES.stamp_text(src)
         srcs = SOURCES.sources(src)
         deps = [f for f in SOURCES.inputs(src) if f not in srcs]
+        STAMPS[name] = stamp
         exts.append(Extension(
             name, [f.relative_to(HERE).as_posix() for f in srcs],
             depends=[os.path.relpath(f, HERE) for f in deps],
@@ -77,6 +84,31 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except Exception as e:  # CompileError, LinkError, ...
             self._failed(ext.name, e)
+            return
+        self._write_stamp(ext)
+
+    def copy_extensions_to_source(self):
+        # --inplace / editable: the extensions are built in build/ and
+        # copied into the source tree; their stamps go with them
+        super().copy_extensions_to_source()
+        for ext in self.extensions:
+            self._write_stamp(ext)
+
+    def _write_stamp(self, ext):
+        """The sources' stamp next to the extension: at start-up it
+        stands for the fingerprint while the sources are unchanged (no
+        hashing them); a stamp that does not match means a hash."""
+        stamp = STAMPS.get(ext.name)
+        if stamp is None:
+            return
+        so = Path(self.get_ext_fullpath(ext.name))
+        if not so.is_file():
+            return              # not built: nothing to stamp
+        out = so.with_name(ext.name.rpartition(".")[2]
+                           + SOURCES.STAMP_SUFFIX)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(stamp)
+        os.replace(tmp, out)
 
     def _failed(self, what, exc):
         if _required():

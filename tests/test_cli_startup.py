@@ -32,6 +32,7 @@ HEAVY = ("numpy", "capstone", "elftools", "hwtrace.listing",
 
 DRIVER = r"""
 import contextlib, io, json, sys
+before = sorted(sys.modules)
 from hwtrace.cli import main
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -42,6 +43,7 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
 fast = sys.modules.get("hwtrace.flow.fast")
 print(json.dumps({"status": status, "stdout": out.getvalue(),
                   "stderr": err.getvalue(), "modules": sorted(sys.modules),
+                  "before": before,
                   "core": None if fast is None else fast.CORE is not None}))
 """
 
@@ -104,6 +106,12 @@ def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     # instruction cache are not loaded
     assert {"hwtrace.x86.decoder", "hwtrace.x86.tables",
             "hwtrace.flow.fetch"} & set(run["modules"]) == set()
+    # the records made before the core runs (config, image, bundle,
+    # sideband, streams) are NamedTuples and plain classes: importing
+    # dataclasses (inspect, ast, dis, tokenize) and creating dataclasses
+    # was most of these commands' own start-up (hwtrace._records)
+    new = set(run["modules"]) - set(run["before"])
+    assert {"dataclasses", "inspect"} & new == set()
 
 
 def test_dump_stat_imports_only_the_packet_scan(inputs):

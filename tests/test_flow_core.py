@@ -274,12 +274,11 @@ def test_every_real_capture_compiled_batches_are_the_twins(tmp_path):
     with and without resync and libipt 2.3's strict reading: the compiled
     core decodes it (it raises otherwise), to the twin's batches."""
     _core()
-    import dataclasses
     names = []
     for name, data, image, cfg in _capture_cases(tmp_path):
         for decoder in ("insn", "block"):
             for resync, strict in ((False, False), (True, True)):
-                c = dataclasses.replace(cfg, strict=strict)
+                c = cfg.replace(strict=strict)
                 _same(data, image, c, decoder, resync)
         counts = fast.count(data, image, cfg, "insn", impl="compiled")
         assert counts.compiled

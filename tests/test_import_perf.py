@@ -349,8 +349,7 @@ def test_same_recording_in_both_layouts(tmp_path, hardware):
     for s in A.streams:
         assert A.read_stream(s.file) == Bb.read_stream(s.file)
     assert _aux(A) == _aux(Bb)
-    from dataclasses import replace
-    no_bid = [replace(r, build_id="") if isinstance(r, B.Mmap) else r
+    no_bid = [r._replace(build_id="") if isinstance(r, B.Mmap) else r
               for r in A.iter_sideband()]
     assert any(isinstance(r, B.Mmap) and r.build_id for r in A.iter_sideband())
     assert no_bid == list(Bb.iter_sideband())

@@ -144,6 +144,81 @@ def test_wrong_abi_and_stale_build_are_refused(tmp_path, monkeypatch):
     assert not stale.loaded and "stale" in stale.reason
 
 
+def test_build_stamp_stands_for_unchanged_sources_only(tmp_path, monkeypatch):
+    """The stamp the build writes next to an extension (sizes and
+    modification times of the hashed sources) spares the start-up the
+    hashing while the sources are unchanged -- and only then: an edited
+    source or header, or a header added, means a hash, and a stale build
+    is refused as without a stamp."""
+    import os
+    from pathlib import Path
+    from hwtrace._ext import sources
+    core = _compiled_core()
+    so = Path(core.__file__)
+    pkg = tmp_path / "stamppkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / so.name).write_bytes(so.read_bytes())
+    for f in [so.parent / "_c_packets.c", *so.parent.glob("*.h")]:
+        (pkg / f.name).write_bytes(f.read_bytes())
+    src = pkg / "_c_packets.c"
+    digest, text = sources.stamp_text(src)
+    assert digest == core.SOURCE_SHA256 == sources.fingerprint(src)
+    sources.stamp_path(src).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def probe():
+        sys.modules.pop("stamppkg._c_packets", None)
+        return _ext.probe("stamppkg._c_packets", _impl.ABI, environ={})
+
+    hashed = []
+    real_read = sources._read
+    monkeypatch.setattr(sources, "_read",
+                        lambda *a, **k: hashed.append(1) or real_read(*a, **k))
+    assert probe().loaded and not hashed     # the stamp: nothing read
+
+    def later(path: Path, data: bytes) -> None:
+        # a new modification time even on a coarse clock
+        before = path.stat().st_mtime_ns
+        path.write_bytes(data)
+        st = path.stat()
+        if st.st_mtime_ns == before:
+            os.utime(path, ns=(st.st_atime_ns, before + 1_000_000))
+
+    old = src.read_bytes()
+    later(src, old + b"\n/* edited */\n")
+    st = probe()
+    assert not st.loaded and "stale" in st.reason and hashed
+    # the same bytes again, but touched since the stamp: hashed, fresh
+    hashed.clear()
+    later(src, old)
+    assert sources.stamped_fingerprint(src, text) is None
+    assert probe().loaded and hashed
+    # a header edited to the same size: its time still tells
+    sources.stamp_path(src).write_text(sources.stamp_text(src)[1])
+    hdr = pkg / "_pt_packets.h"
+    h = hdr.read_bytes()
+    later(hdr, h[:-1] + (b"\t" if h[-1:] != b"\t" else b" "))
+    st = probe()
+    assert not st.loaded and "stale" in st.reason
+    later(hdr, h)
+    # a header added beside the sources (it could be included)
+    sources.stamp_path(src).write_text(sources.stamp_text(src)[1])
+    hashed.clear()
+    assert probe().loaded and not hashed
+    (pkg / "new.h").write_text("/* new */\n")
+    assert sources.stamped_fingerprint(
+        src, sources.stamp_path(src).read_text()) is None
+    # a stamp of other sources than the build's is not believed
+    (pkg / "new.h").unlink()
+    now = sources.stamp_text(src)[1]
+    assert sources.stamped_fingerprint(src, now) == digest
+    sources.stamp_path(src).write_text(
+        "sha256 " + "0" * 64 + "\n" + now.split("\n", 1)[1])
+    hashed.clear()
+    assert probe().loaded and hashed
+
+
 def test_impl_argument():
     with pytest.raises(ValueError):
         PacketDecoder(b"", impl="fortran")

@@ -23,7 +23,6 @@ and SKD007) is compared in tests/test_pt_packets.py.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import subprocess
@@ -40,7 +39,7 @@ CPUS = [None, None, "6/78", "6/85"]
 
 def _ours_as_libipt_2_0(data: bytes, cpu, no_sync: bool) -> list[dict]:
     err = cpu_errata(Cpu.parse(cpu)) if cpu else cpu_errata(None)
-    err = dataclasses.replace(err, skd007=False)
+    err = err._replace(skd007=False)
     dec = PacketDecoder(data, errata=err, disabled=NEWER_PACKETS)
     out = []
     for p in dec.packets(no_sync=no_sync):

@@ -35,11 +35,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import stat
-from dataclasses import asdict, dataclass, fields
+from collections import namedtuple
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
+
+from hwtrace._records import Fields, Typed
 
 FORMAT = "hwtrace-bundle"
 VERSION = 1
@@ -94,62 +95,49 @@ def insn_clock_exact(manifest: Mapping[str, Any], config: Any = None) -> bool:
 
 
 # ---------------------------------------------------------------- sideband
+#
+# The records are immutable NamedTuples equal only to their own type
+# (hwtrace._records.Typed), not frozen dataclasses: every command that
+# opens a bundle creates these classes at start-up (hwtrace._records says
+# what a dataclass costs there).  ``_replace`` makes a changed copy;
+# ``_strings`` names the fields that are strings (the others are ints).
 
 
-@dataclass(frozen=True, slots=True)
-class Process:
+class Process(Typed, namedtuple("Process", "pid cr3 comm exe ppid time",
+                                defaults=("", "", 0, 0))):
     """A process (or a new address space after exec) and its CR3 from ``time`` on."""
-    pid: int
-    cr3: int
-    comm: str = ""
-    exe: str = ""
-    ppid: int = 0
-    time: int = 0
+    __slots__ = ()
+    _strings = ("comm", "exe")
 
 
-@dataclass(frozen=True, slots=True)
-class Thread:
+class Thread(Typed, namedtuple("Thread", "tid pid time parent_tid",
+                               defaults=(0, 0))):
     """A thread that started (or was first seen) at ``time``."""
-    tid: int
-    pid: int
-    time: int = 0
-    parent_tid: int = 0
+    __slots__ = ()
+    _strings = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Mmap:
+class Mmap(Typed, namedtuple("Mmap", "pid start size offset file build_id "
+                             "prot time", defaults=("", "r-x", 0))):
     """An executable mapping: [start, start+size) maps ``file`` at ``offset``."""
-    pid: int
-    start: int
-    size: int
-    offset: int
-    file: str
-    build_id: str = ""
-    prot: str = "r-x"
-    time: int = 0
+    __slots__ = ()
+    _strings = ("file", "build_id", "prot")
 
 
-@dataclass(frozen=True, slots=True)
-class Switch:
+class Switch(Typed, namedtuple("Switch", "cpu time prev_pid prev_tid "
+                               "next_pid next_tid")):
     """On ``cpu`` at ``time``, ``prev_tid`` was switched out for ``next_tid``.
 
     A tid of -1 is the idle task / nothing traced.
     """
-    cpu: int
-    time: int
-    prev_pid: int
-    prev_tid: int
-    next_pid: int
-    next_tid: int
+    __slots__ = ()
+    _strings = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Exit:
+class Exit(Typed, namedtuple("Exit", "pid tid time status", defaults=(0, 0))):
     """A thread (or, with tid == pid, a process) ended at ``time``."""
-    pid: int
-    tid: int
-    time: int = 0
-    status: int = 0
+    __slots__ = ()
+    _strings = ()
 
 
 SIDEBAND_TYPES: dict[str, type] = {
@@ -164,7 +152,7 @@ def sideband_to_json(rec: Any) -> str:
     if name is None:
         raise TypeError(f"not a sideband record: {type(rec).__name__}")
     d = {"type": name}
-    d.update(asdict(rec))
+    d.update(zip(rec._fields, rec))
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -176,16 +164,17 @@ def sideband_from_json(obj: Any) -> Any:
     if cls is None:
         raise BundleError(f"sideband: unknown record type {str(obj.get('type'))[:40]!r}")
     kw = {}
-    for f in fields(cls):
-        if f.name not in obj:
+    strings = cls._strings
+    for name in cls._fields:
+        if name not in obj:
             continue
-        v = obj[f.name]
-        if f.type == "str":
+        v = obj[name]
+        if name in strings:
             if not isinstance(v, str) or len(v) > 4096:
-                raise BundleError(f"sideband: {f.name} is not a string")
+                raise BundleError(f"sideband: {name} is not a string")
         elif isinstance(v, bool) or not isinstance(v, int) or not -_U64 < v < _U64:
-            raise BundleError(f"sideband: {f.name} is not an integer")
-        kw[f.name] = v
+            raise BundleError(f"sideband: {name} is not an integer")
+        kw[name] = v
     try:
         return cls(**kw)
     except TypeError as e:
@@ -240,14 +229,19 @@ def iter_sideband_file(path: str | os.PathLike) -> Iterator[Any]:
             yield sideband_from_json(obj)
 
 
-@dataclass(slots=True)
-class Sideband:
+class Sideband(Fields):
     """All sideband of a bundle, by kind, in file order."""
-    processes: list[Process]
-    threads: list[Thread]
-    mmaps: list[Mmap]
-    switches: list[Switch]
-    exits: list[Exit]
+    __slots__ = _fields = ("processes", "threads", "mmaps", "switches",
+                           "exits")
+
+    def __init__(self, processes: list[Process], threads: list[Thread],
+                 mmaps: list[Mmap], switches: list[Switch],
+                 exits: list[Exit]):
+        self.processes = processes
+        self.threads = threads
+        self.mmaps = mmaps
+        self.switches = switches
+        self.exits = exits
 
     @classmethod
     def from_records(cls, recs: Iterable[Any]) -> "Sideband":
@@ -275,24 +269,18 @@ class Sideband:
 # ---------------------------------------------------------------- streams
 
 
-@dataclass(frozen=True, slots=True)
-class StreamInfo:
-    """One ``.pt`` stream of a bundle (as listed in the manifest)."""
-    file: str
-    cpu: int | None = None
-    tid: int | None = None
-    pid: int | None = None
-    instructions_observed: int = 0
-    size: int = 0
-    capture_end: int = 0
-    wrapped: bool = False
-    stopped: bool = False
-    lost_bytes: int = 0
-    config: Mapping[str, Any] | None = None
-    #: bytes the tracer produced for this stream: stored (a wrapped buffer
-    #: overwrote the oldest of them) plus lost (a stopped buffer dropped
-    #: them); None in bundles that don't say
-    generated_bytes: int | None = None
+class StreamInfo(Typed, namedtuple(
+        "StreamInfo", "file cpu tid pid instructions_observed size "
+        "capture_end wrapped stopped lost_bytes config generated_bytes",
+        defaults=(None, None, None, 0, 0, 0, False, False, 0, None, None))):
+    """One ``.pt`` stream of a bundle (as listed in the manifest): its
+    ``file``; ``cpu`` or ``tid`` (and ``pid``); ``instructions_observed``,
+    ``size``, ``capture_end``, ``wrapped``, ``stopped``, ``lost_bytes``,
+    ``config`` (a mapping or None) and ``generated_bytes``: the bytes the
+    tracer produced for this stream, stored (a wrapped buffer overwrote the
+    oldest of them) plus lost (a stopped buffer dropped them); None in
+    bundles that don't say.  An immutable record (see the sideband's)."""
+    __slots__ = ()
 
     @property
     def complete(self) -> bool:
@@ -467,6 +455,7 @@ class BundleWriter:
             idir.unlink()           # never copy through a link out of the bundle
         idir.mkdir(exist_ok=True)
         if not any(i["file"] == name for i in self.images):
+            import shutil
             with open(src, "rb") as fin, _create(self.path / name) as fout:
                 shutil.copyfileobj(fin, fout)
             self.images.append({"file": name, "path": path or str(src), "build_id": build_id})
@@ -578,6 +567,8 @@ class Bundle:
             self.images.append({"file": f, "path": p, "build_id": b})
         sb = m.get("sideband", SIDEBAND)
         self._sideband_name = None if sb is None else _check_name(sb, "sideband")
+        self._root: Path | None = None          # self.path resolved
+        self._inside: dict[Path, bool] = {}     # see _dir_inside
 
     @classmethod
     def open(cls, path: str | os.PathLike, **kw: Any) -> "Bundle":
@@ -744,7 +735,7 @@ class Bundle:
                         (not want_bid and i["path"] == filename):
                     p = self.path / i["file"]
                     if p.is_file() and not p.is_symlink() and \
-                            p.resolve().is_relative_to(self.path.resolve()):
+                            self._dir_inside(p.parent):
                         return p
         base = os.path.basename(filename)
         if base and base not in (".", ".."):
@@ -756,6 +747,20 @@ class Bundle:
             if self.allow_outside or _is_recorded_elf(filename, build_id):
                 return Path(filename)
         return None
+
+
+    def _dir_inside(self, d: Path) -> bool:
+        """Whether directory ``d`` (the bundle's or its images/, which may
+        be a link) resolves to inside the bundle: an image stored there,
+        a plain name and no link itself, then does too.  Resolved once
+        per directory (resolving each image's path walked every
+        component of both paths again)."""
+        known = self._inside.get(d)
+        if known is None:
+            if self._root is None:
+                self._root = self.path.resolve()
+            known = self._inside[d] = d.resolve().is_relative_to(self._root)
+        return known
 
 
 def _is_recorded_elf(filename: str, build_id: str) -> bool:

@@ -29,11 +29,10 @@ Everything that can go wrong before decoding starts is a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hwtrace.analysis.records import StreamInfo
+from hwtrace._records import Fields
 from hwtrace.flow.config import FlowConfig
 
 
@@ -41,19 +40,29 @@ class StreamsError(Exception):
     """The input cannot be decoded (one line, for the user)."""
 
 
-@dataclass
-class Entry:
+# Plain records, not dataclasses: every command that decodes creates them
+# at start-up (see hwtrace._records).
+
+
+class Entry(Fields):
     """What the recorder said about a stream (a bundle's manifest entry;
     for a raw trace, its size only)."""
 
-    file: str
-    size: int = 0
-    instructions_observed: int = 0
-    capture_end: int = 0
-    wrapped: bool = False
-    stopped: bool = False
-    lost_bytes: int = 0
-    ctl: int | None = None          # IA32_RTIT_CTL it was recorded with
+    _fields = ("file", "size", "instructions_observed", "capture_end",
+               "wrapped", "stopped", "lost_bytes", "ctl")
+
+    def __init__(self, file: str, size: int = 0,
+                 instructions_observed: int = 0, capture_end: int = 0,
+                 wrapped: bool = False, stopped: bool = False,
+                 lost_bytes: int = 0, ctl: int | None = None):
+        self.file = file
+        self.size = size
+        self.instructions_observed = instructions_observed
+        self.capture_end = capture_end
+        self.wrapped = wrapped
+        self.stopped = stopped
+        self.lost_bytes = lost_bytes
+        self.ctl = ctl              # IA32_RTIT_CTL it was recorded with
 
     @property
     def lossy(self) -> bool:
@@ -72,23 +81,45 @@ class Entry:
         return ", ".join(what)
 
 
-@dataclass
-class Stream:
-    """One decodable stream."""
+class Stream(Fields):
+    """One decodable stream: ``name``, ``path``, ``info`` (a
+    :class:`hwtrace.analysis.records.StreamInfo`, or the keywords to make
+    one when first asked: the views want it, counts and coverage do not,
+    and importing hwtrace.analysis costs a command that only counts ~3 ms
+    of start-up), ``entry``,
+    ``config``, ``image`` (the initial hwtrace.flow.image.Image),
+    ``plan`` (hwtrace.flow.spaces.SpacePlan or None), ``offset`` and
+    ``length`` (--pt FILE:FROM-TO: a slice of the file), ``warn``:
+    ``warn(text)`` is told, once, what a decode of this stream found the
+    trace does not tell (:meth:`report`); None: nobody is told."""
 
-    name: str
-    path: str
-    info: StreamInfo
-    entry: Entry
-    config: FlowConfig
-    image: object                   # the initial hwtrace.flow.image.Image
-    plan: object = None             # hwtrace.flow.spaces.SpacePlan or None
-    offset: int = 0                 # --pt FILE:FROM-TO: a slice of the file
-    length: int | None = None
-    #: ``warn(text)``: told, once, what a decode of this stream found the
-    #: trace does not tell (:meth:`report`); None: nobody is told
-    warn: Callable | None = None
-    _reported: bool = field(default=False, repr=False, compare=False)
+    _fields = ("name", "path", "info", "entry", "config", "image", "plan",
+               "offset", "length", "warn")
+
+    def __init__(self, name: str, path: str, info, entry: Entry,
+                 config: FlowConfig, image: object, plan: object = None,
+                 offset: int = 0, length: int | None = None,
+                 warn: Callable | None = None):
+        self.name = name
+        self.path = path
+        self._info = info
+        self.entry = entry
+        self.config = config
+        self.image = image
+        self.plan = plan
+        self.offset = offset
+        self.length = length
+        self.warn = warn
+        self._reported = False
+
+    @property
+    def info(self):
+        """Who the stream belongs to (:class:`hwtrace.analysis.records.StreamInfo`)."""
+        info = self._info
+        if isinstance(info, dict):
+            from hwtrace.analysis.records import StreamInfo
+            info = self._info = StreamInfo(**info)
+        return info
 
     def data(self):
         """The trace bytes, mapped (see hwtrace.cli._tracemap)."""
@@ -114,7 +145,7 @@ class Stream:
         cfg = B.view_config(self.config) if view else self.config
         plan = self.plan
         if plan is not None and on_switch is not None:
-            plan = replace(plan, on_switch=on_switch)
+            plan = plan.replace(on_switch=on_switch)
         it = B.batches(self.data() if data is None else data, self.image,
                        cfg, decoder=decoder, resync=resync,
                        want_insns=want_insns, max_records=max_records,
@@ -143,20 +174,28 @@ class Stream:
         warn(ambiguity_warning(self.name, amb))
 
 
-@dataclass
-class TraceSet:
+class TraceSet(Fields):
     """What one command decodes."""
 
-    streams: list
-    mode: str                       # "cpu" | "thread"
-    description: str
-    bundle: object = None           # hwtrace.bundle.Bundle or None
-    spaces: object = None           # hwtrace.flow.spaces.AddressSpaces
-    warnings: list = field(default_factory=list)   # known before decoding: :meth:`report`
-    tsc_hz: float | None = None
-    _symbolizer: object = None
-    _mapped: list = field(default_factory=list)   # (path, start, offset, recorded file)
-    _reported: bool = field(default=False, repr=False, compare=False)
+    _fields = ("streams", "mode", "description", "bundle", "spaces",
+               "warnings", "tsc_hz", "_symbolizer", "_mapped")
+
+    def __init__(self, streams: list, mode: str, description: str,
+                 bundle: object = None, spaces: object = None,
+                 warnings: list | None = None, tsc_hz: float | None = None,
+                 _symbolizer: object = None, _mapped: list | None = None):
+        self.streams = streams
+        self.mode = mode                # "cpu" | "thread"
+        self.description = description
+        self.bundle = bundle            # hwtrace.bundle.Bundle or None
+        self.spaces = spaces            # hwtrace.flow.spaces.AddressSpaces
+        #: known before decoding: :meth:`report`
+        self.warnings = [] if warnings is None else warnings
+        self.tsc_hz = tsc_hz
+        self._symbolizer = _symbolizer
+        #: (path, start, offset, recorded file)
+        self._mapped = [] if _mapped is None else _mapped
+        self._reported = False
 
     def report(self, warn: Callable) -> None:
         """Tell ``warn``, once, what the bundle says before any decode
@@ -226,7 +265,7 @@ def manifest_options(manifest: dict) -> dict:
 def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
     """``base`` (or a default FlowConfig) with ``options`` (as from
     :func:`manifest_options`) applied: the CPU's errata, timing."""
-    cfg = replace(base) if base is not None else FlowConfig()
+    cfg = base.replace() if base is not None else FlowConfig()
     cpu = options.get("cpu")
     if cpu:
         from hwtrace.pt import cpu as cpumod
@@ -381,7 +420,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                 f"MTC/CYC packets: process switches are placed by TSC alone "
                 f"(record with e.g. --config 'branch;user;retc;tsc;mtc;cyc')")
         per_cpu = e.tid is None and e.cpu is not None
-        info = StreamInfo(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
+        info = dict(pid=e.pid, tid=e.tid, cpu=e.cpu, name=n,
                           switches=switches if per_cpu else (),
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
@@ -422,7 +461,7 @@ def open_trace(path: str, image, config: FlowConfig | None = None, *,
     if problem:
         raise StreamsError(f"{path}: {problem}")
     n = name or p.name
-    st = Stream(n, str(p), StreamInfo(name=n), Entry(n, length_),
+    st = Stream(n, str(p), {"name": n}, Entry(n, length_),
                 config or FlowConfig(), image, None, offset, length)
     return TraceSet([st], "thread", str(p))
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 from types import ModuleType
 
@@ -81,23 +81,19 @@ def extensions_required(environ=None) -> bool:
     return _env_flag(REQUIRE_EXTENSIONS, environ)
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(namedtuple("Status", "name module built required disabled "
+                       "reason", defaults=("",))):
     """What became of one compiled core.
 
     ``module``: the extension module if it is usable (``None``: the twin
     runs).  ``built``: an extension file for it exists.  ``required``:
     ``HWTRACE_REQUIRE_EXTENSIONS`` was set.  ``disabled``:
     ``HWTRACE_NO_EXTENSIONS`` was set.  ``reason``: why ``module`` is None
-    (empty when it loaded).
+    (empty when it loaded).  (A NamedTuple: every command creates one at
+    start-up, where a frozen dataclass costs ~1-2 ms.)
     """
 
-    name: str
-    module: ModuleType | None
-    built: bool
-    required: bool
-    disabled: bool
-    reason: str = ""
+    __slots__ = ()
 
     @property
     def loaded(self) -> bool:
@@ -134,15 +130,25 @@ def _built(name: str) -> bool:
         not spec.origin.endswith(".py")
 
 
-def _source_sha256(module: ModuleType) -> str | None:
+def _source_sha256(module: ModuleType, built: str = "") -> str | None:
     """The fingerprint of the C sources installed next to the extension
     (as setup.py computes it: :func:`hwtrace._ext.sources.fingerprint`),
-    if the main source is there."""
-    from .sources import fingerprint
+    if the main source is there.  ``built``: the one the extension was
+    built with; the build's stamp beside it stands for the sources while
+    they are unchanged since (:func:`hwtrace._ext.sources.stamped_fingerprint`:
+    no need to read and hash them), else they are hashed."""
+    from . import sources
     src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
                                           + ".c")
+    if built:
+        try:
+            text = sources.stamp_path(src).read_text()
+        except (OSError, ValueError):
+            text = ""
+        if text and sources.stamped_fingerprint(src, text) == built:
+            return built
     try:
-        return fingerprint(src)
+        return sources.fingerprint(src)
     except OSError:
         return None
 
@@ -168,7 +174,7 @@ def probe(name: str, abi: int, environ=None) -> Status:
         return status(None, f"ABI {got}, expected {abi}: rebuild "
                             "(pip install -e . or pip install .)")
     want = getattr(module, "SOURCE_SHA256", "")
-    have = _source_sha256(module)
+    have = _source_sha256(module, want)
     if have is not None and want != have:
         return status(None, "stale build (its C source changed since): "
                             "rebuild (pip install -e . or pip install .)")

@@ -53,10 +53,10 @@ def sources(src: Path) -> list[Path]:
     return [src, *(sorted(core.glob("*.c")) if core.is_dir() else [])]
 
 
-def _read(src: Path) -> dict[str, bytes]:
-    """:func:`inputs` as {normalized path: contents}, in its order (each
-    file read once)."""
-    src = Path(src)
+def _listed(src: Path) -> list[str]:
+    """The inputs found by listing directories (normalized paths): the
+    main file, ``core/*.c``, and the ``*.h`` beside them; :func:`_read`
+    adds what these include."""
     pkg = str(src.parent)
     core = os.path.join(pkg, "core")
     has_core = os.path.isdir(core)
@@ -67,13 +67,24 @@ def _read(src: Path) -> dict[str, bytes]:
 
     files = [str(src), *(listed(core, ".c") if has_core else []),
              *listed(pkg, ".h"), *(listed(core, ".h") if has_core else [])]
+    return [os.path.normpath(f) for f in files]
+
+
+def _read(src: Path, stats: dict | None = None) -> dict[str, bytes]:
+    """:func:`inputs` as {normalized path: contents}, in its order (each
+    file read once); ``stats`` gets each file's (size, mtime_ns), taken
+    before it is read (an edit while it is read then shows as a change)."""
+    src = Path(src)
     out: dict[str, bytes] = {}
-    for f in files:
-        out.setdefault(os.path.normpath(f), b"")
+    for f in _listed(src):
+        out.setdefault(f, b"")
     todo = list(out)
     while todo:
         f = todo.pop(0)
         with open(f, "rb") as fh:
+            if stats is not None:
+                st = os.fstat(fh.fileno())
+                stats[f] = (st.st_size, st.st_mtime_ns)
             data = out[f] = fh.read()
         base = os.path.dirname(f)
         for m in _INCLUDE.finditer(data):
@@ -94,9 +105,71 @@ def inputs(src: Path) -> list[Path]:
 
 def fingerprint(src: Path) -> str:
     """SHA-256 over :func:`inputs`, in a fixed order."""
+    return _digest(src, _read(src))
+
+
+def _digest(src: Path, files: dict[str, bytes]) -> str:
     pkg = str(Path(src).parent)
     h = sha256()
-    files = _read(src)
     for rel, f in sorted((os.path.relpath(f, pkg), f) for f in files):
         h.update(rel.encode() + b"\0" + files[f])
     return h.hexdigest()
+
+
+# -- the stamp: the fingerprint without reading the sources ---------------------
+#
+# Hashing every source at every start-up costs a few milliseconds (~300 KB
+# for the flow core).  The build writes, next to the extension, a stamp:
+# the fingerprint it compiled in and each input's size and modification
+# time (ns) as they were when it was hashed.  While every input still has
+# its recorded size and time and no new input has appeared, the sources
+# are those the fingerprint was taken of, and the stamp's fingerprint
+# stands for them -- the rule CPython's own bytecode cache uses (source
+# size and mtime).  Any difference, or no stamp, and the sources are
+# hashed as before.
+
+STAMP_SUFFIX = ".stamp"
+
+
+def stamp_path(src: Path) -> Path:
+    """Where the stamp of the extension built from ``src`` lives."""
+    src = Path(src)
+    return src.with_name(src.stem + STAMP_SUFFIX)
+
+
+def stamp_text(src: Path) -> tuple[str, str]:
+    """(fingerprint, stamp file text) of the sources as they are now."""
+    pkg = str(Path(src).parent)
+    stats: dict = {}
+    files = _read(src, stats)
+    digest = _digest(src, files)
+    lines = [f"sha256 {digest}"]
+    for f in files:
+        size, mtime = stats[f]
+        lines.append(f"{size} {mtime} {os.path.relpath(f, pkg)}")
+    return digest, "\n".join(lines) + "\n"
+
+
+def stamped_fingerprint(src: Path, text: str) -> str | None:
+    """The fingerprint a stamp (:func:`stamp_text`) records if the
+    sources are still the ones it describes (same files, each of the
+    recorded size and modification time); None otherwise."""
+    src = Path(src)
+    pkg = str(src.parent)
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("sha256 "):
+        return None
+    recorded = set()
+    try:
+        for line in lines[1:]:
+            size, mtime, rel = line.split(" ", 2)
+            f = os.path.normpath(os.path.join(pkg, rel))
+            st = os.stat(f)
+            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
+                return None
+            recorded.add(f)
+        if not set(_listed(src)) <= recorded:
+            return None         # a source or header added since
+    except (OSError, ValueError):
+        return None
+    return lines[0][7:]

@@ -7,8 +7,9 @@ count the instructions of one stream from 0; an activation spans
 ``[begin_idx, end_idx)``.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: NamedTuple compiles a string
+# annotation as a forward reference, ~30 of them at the start-up of every
+# command that opens a bundle (hwtrace.streams makes a StreamInfo).
 from enum import IntFlag
 from typing import NamedTuple
 

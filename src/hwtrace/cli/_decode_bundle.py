@@ -29,9 +29,7 @@ of the listing is loaded.
 
 from __future__ import annotations
 
-import heapq
 import json
-import tempfile
 
 from hwtrace.cli import CliError, warn
 
@@ -120,6 +118,7 @@ class _Spool:
     """One stream's output as (time, bytes) chunks in a temporary file."""
 
     def __init__(self, name: str, jsonl: bool):
+        import tempfile         # --merge-time only
         self.f = tempfile.TemporaryFile("w+b")
         self.jsonl = jsonl
         tag = json.dumps(name)
@@ -171,6 +170,7 @@ def _merged(args, ts, fmt, ctx, cfg_line: str, out) -> int:
     """Decode each stream into a temporary file of timed chunks, then
     merge them by time (ties: stream order; a stream's own order is kept,
     its times never run back)."""
+    import heapq
     from hwtrace.cli import decode as D
     spools = []
     try:

@@ -27,7 +27,6 @@ import numpy as np
 
 from hwtrace.x86.insn import IClass
 
-from . import session
 from .config import FlowConfig
 
 BLOCK = np.dtype([("ip", "<u8"), ("end_ip", "<u8"), ("offset", "<u8"),
@@ -100,11 +99,10 @@ FIRST_BATCH = 256
 def view_config(config: FlowConfig | None = None) -> FlowConfig:
     """``config`` with every branch ending a block (what views decode
     with: each record's last instruction is its only branch)."""
-    import dataclasses
     cfg = config or FlowConfig()
     if cfg.end_on_call and cfg.end_on_jump:
         return cfg
-    return dataclasses.replace(cfg, end_on_call=True, end_on_jump=True)
+    return cfg.replace(end_on_call=True, end_on_jump=True)
 
 
 # -- the compiled core ---------------------------------------------------------
@@ -184,16 +182,18 @@ def python_batches(data, image, config: FlowConfig | None = None, *,
         dec = _decoder(data, image, config, decoder)
         if plan is not None:
             if space_items:
-                import dataclasses
                 told = plan.on_switch
 
                 def on_switch(space, offset):
                     g.switch(space, offset)
                     if told is not None:
                         told(space, offset)
-                plan = dataclasses.replace(plan, on_switch=on_switch)
+                plan = plan.replace(on_switch=on_switch)
             dec = plan.wrap(dec)
     g.bind(dec)
+    # the twin's session: imported where the twin runs (the compiled
+    # path's start-up does without it and the decoders it imports)
+    from . import session
     if decoder == "block":
         steps = session.iter_blocks(dec, resync)
     else:
@@ -303,6 +303,7 @@ class _Grouper:
 
     # -- driving -------------------------------------------------------------------------
     def run(self, steps) -> Iterator[Batch]:
+        from . import session
         INSN_, BLOCK_, EVENT_, ERROR_ = (session.INSN, session.BLOCK,
                                          session.EVENT, session.ERROR)
         for step in steps:

@@ -50,7 +50,7 @@ an :class:`Unsupported` error naming it.  ``Counts.compiled`` /
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from collections import namedtuple
 
 from hwtrace import _ext
 from hwtrace.pt import errors as E
@@ -87,31 +87,30 @@ class Unsupported(ValueError):
     the message); decode it with ``impl="python"``."""
 
 
-class Counts(NamedTuple):
-    insns: int
-    blocks: int          # 0 for the instruction decoder
-    errors: int
-    compiled: bool
-    events: int = 0
-    #: the errors in order: (kind, offset, ip, code) as sinks get them
-    error_items: tuple = ()
+# The results are collections.namedtuple classes: typing.NamedTuple under
+# ``from __future__ import annotations`` compiles every field's annotation
+# at import (~0.5 M instructions a field, on every command's start-up).
+
+class Counts(namedtuple("Counts", "insns blocks errors compiled events "
+                        "error_items", defaults=(0, ()))):
+    """``insns``, ``blocks`` (0 for the instruction decoder), ``errors``,
+    ``compiled`` (bool), ``events``, ``error_items``: the errors in order,
+    (kind, offset, ip, code) as sinks get them."""
+    __slots__ = ()
 
 
-class Edges(NamedTuple):
-    counts: dict         # {(from_ip, to_ip): n}
-    insns: int
-    errors: int
-    compiled: bool
+class Edges(namedtuple("Edges", "counts insns errors compiled")):
+    """``counts`` {(from_ip, to_ip): n}, ``insns``, ``errors``,
+    ``compiled`` (bool)."""
+    __slots__ = ()
 
 
-class PackedEdges(NamedTuple):
+class PackedEdges(namedtuple("PackedEdges", "table insns errors compiled")):
     """Edge counts as one table: (from_ip, to_ip, n) little-endian u64
     triples sorted by (from_ip, to_ip) (:func:`pack_edges`) -- what
-    ``coverage --edges`` prints, with no Python object per edge."""
-    table: bytes
-    insns: int
-    errors: int
-    compiled: bool
+    ``coverage --edges`` prints, with no Python object per edge; and
+    ``insns``, ``errors``, ``compiled``."""
+    __slots__ = ()
 
 
 def _core(impl):
@@ -563,8 +562,8 @@ class _CoreQuery:
         return self._dec.pos
 
 
-class _Buffer(NamedTuple):
-    buffer: object
+class _Buffer(namedtuple("_Buffer", "buffer")):
+    __slots__ = ()
 
 
 def compiled_batches(core, data, image, config=None, *, decoder="block",
@@ -591,14 +590,13 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
                        getattr(data, "release_before", None))
     if spaces is not None:
         if space_items:
-            import dataclasses
             told = spaces.on_switch
 
             def on_switch(space, offset):
                 dec.add_item(offset, B.SpaceItem(space, offset))
                 if told is not None:
                     told(space, offset)
-            spaces = dataclasses.replace(spaces, on_switch=on_switch)
+            spaces = spaces.replace(on_switch=on_switch)
         flow = _CoreFlow(dec, data, config)
         dec.set_hooks(*flow.hooks(spaces.wrap(flow)))
     block_t, insn_t = B.BLOCK, B.INSN

@@ -17,28 +17,41 @@ Loaders for the formats ptxed and fuzzers use live in :mod:`.loaders`.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from collections import namedtuple
+
+from hwtrace._records import Fields
 
 
 class ImageError(Exception):
     """A section could not be created (bad file, bad range)."""
 
 
-@dataclass(eq=False)
+# Plain classes and a NamedTuple, not dataclasses: every decoding command
+# creates them at start-up (see hwtrace._records).
+
+
 class Section:
     """A contiguous run of bytes that can be mapped into an image.
 
     ``loader`` is called at most once, on first access, and must return
     exactly ``size`` bytes (or fewer if the file shrank; the section then
     ends early).  ``isid`` identifies the section (libipt's image section
-    identifier: positive, unique within its image).
+    identifier: positive, unique within its image).  Sections are equal
+    only to themselves.
     """
 
-    name: str
-    size: int
-    loader: object = None
-    data: bytes | None = None
-    isid: int = 0
+    def __init__(self, name: str, size: int, loader: object = None,
+                 data: bytes | None = None, isid: int = 0):
+        self.name = name
+        self.size = size
+        self.loader = loader
+        self.data = data
+        self.isid = isid
+
+    def __repr__(self) -> str:
+        return (f"Section(name={self.name!r}, size={self.size!r}, "
+                f"loader={self.loader!r}, data={self.data!r}, "
+                f"isid={self.isid!r})")
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "<memory>") -> "Section":
@@ -81,31 +94,33 @@ class Section:
         return data
 
 
-@dataclass(frozen=True, slots=True)
-class Mapping:
+class Mapping(namedtuple("Mapping", "begin end section offset")):
     """Part of a section mapped at ``[begin, end)``; ``offset`` is where
     ``begin`` lies inside the section."""
 
-    begin: int
-    end: int
-    section: Section
-    offset: int
+    __slots__ = ()
 
 
-@dataclass
-class Image:
+class Image(Fields):
     """Non-overlapping mappings sorted by address (later adds win)."""
 
-    name: str = ""
-    _maps: list = field(default_factory=list)
-    _starts: list = field(default_factory=list)
-    _next_isid: int = 1
-    generation: int = 0
-    # Decoded instructions of this image (hwtrace.flow.fetch.InsnCache keeps
-    # them here, so a decoder that switches between images keeps each
-    # image's decodes; dropped when the generation changes).
-    decoded: dict = field(default_factory=dict)
-    decoded_generation: int = 0
+    _fields = ("name", "_maps", "_starts", "_next_isid", "generation",
+               "decoded", "decoded_generation")
+
+    def __init__(self, name: str = "", _maps: list | None = None,
+                 _starts: list | None = None, _next_isid: int = 1,
+                 generation: int = 0, decoded: dict | None = None,
+                 decoded_generation: int = 0):
+        self.name = name
+        self._maps = [] if _maps is None else _maps
+        self._starts = [] if _starts is None else _starts
+        self._next_isid = _next_isid
+        self.generation = generation
+        # Decoded instructions of this image (hwtrace.flow.fetch.InsnCache
+        # keeps them here, so a decoder that switches between images keeps
+        # each image's decodes; dropped when the generation changes).
+        self.decoded = {} if decoded is None else decoded
+        self.decoded_generation = decoded_generation
 
     def add(self, section: Section, vaddr: int) -> int:
         """Map ``section`` at ``vaddr``, cutting what it overlaps.

@@ -7,8 +7,6 @@ opens files itself.
 
 from __future__ import annotations
 
-import json
-
 from . import ptxed
 
 
@@ -196,9 +194,11 @@ class JsonSink(CountSink):
         self.write = write
         self.print_offset = print_offset
         self.needs_offset = print_offset
+        import json     # this sink's only: not on the counts' start-up
+        self._dumps = json.dumps
 
     def _emit(self, d):
-        self.write(json.dumps(d, separators=(",", ":")) + "\n")
+        self.write(self._dumps(d, separators=(",", ":")) + "\n")
 
     def insn(self, insn, offset):
         self.insns += 1

@@ -55,11 +55,11 @@ reports each switch through a callback.
 from __future__ import annotations
 
 import bisect
-import copy
 import os
-from collections import deque
-from dataclasses import dataclass, field
+from collections import deque, namedtuple
 from typing import Callable, Iterable
+
+from hwtrace._records import Fields, Typed
 
 from .image import Image, ImageError, Section
 
@@ -70,30 +70,41 @@ RECENT_PACKETS = 8                  # CycClock: packet starts it keeps the time 
 _TIMING = frozenset(("tsc", "mtc", "cyc", "tma", "cbr"))
 
 
-@dataclass(frozen=True, slots=True)
-class MappedFile:
-    """Bytes ``[offset, offset+size)`` of local file ``path`` at ``start``."""
-    start: int
-    size: int
-    offset: int
-    path: str
-    file: str           # the name the sideband recorded
+# Records as NamedTuples and plain classes, not dataclasses: every command
+# that opens a bundle creates them at start-up (see hwtrace._records).
 
 
-@dataclass(eq=False)
-class AddressSpace:
-    """A process's address space from ``time`` on (until its next exec)."""
+class MappedFile(Typed, namedtuple("MappedFile",
+                                   "start size offset path file")):
+    """Bytes ``[offset, offset+size)`` of local file ``path`` at ``start``;
+    ``file``: the name the sideband recorded."""
+    __slots__ = ()
 
-    pid: int
-    cr3: int = 0
-    time: int = 0
-    comm: str = ""
-    exe: str = ""
-    ppid: int = 0
-    mappings: list = field(default_factory=list)
-    _image: Image | None = None
-    _sections: dict | None = None
-    _extra: tuple = ()
+
+class AddressSpace(Fields):
+    """A process's address space from ``time`` on (until its next exec);
+    equal only to itself."""
+
+    _fields = ("pid", "cr3", "time", "comm", "exe", "ppid", "mappings",
+               "_image", "_sections", "_extra")
+
+    def __init__(self, pid: int, cr3: int = 0, time: int = 0, comm: str = "",
+                 exe: str = "", ppid: int = 0, mappings: list | None = None,
+                 _image: Image | None = None, _sections: dict | None = None,
+                 _extra: tuple = ()):
+        self.pid = pid
+        self.cr3 = cr3
+        self.time = time
+        self.comm = comm
+        self.exe = exe
+        self.ppid = ppid
+        self.mappings = [] if mappings is None else mappings
+        self._image = _image
+        self._sections = _sections
+        self._extra = _extra
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     @property
     def image(self) -> Image:
@@ -747,6 +758,7 @@ class SpaceSwitcher:
         if self._peek is None:
             self._peek = PacketDecoder(q._pkt.buffer)
         pk = self._peek
+        import copy             # here only: not on the start-up path
         t = copy.deepcopy(q.time)
         if pk.sync_set(q.pos).__class__ is PtError:
             return None
@@ -776,8 +788,7 @@ class SpaceSwitcher:
             self.on_switch(space, self.dec.offset)
 
 
-@dataclass
-class SpacePlan:
+class SpacePlan(Fields):
     """How a stream switches address spaces, as data: what a
     :class:`SpaceSwitcher` is built from.  The Python twin wraps its
     decoder in one (:meth:`wrap`); the compiled core calls back into the
@@ -788,16 +799,23 @@ class SpacePlan:
     ``cyc`` whether the trace has CYC packets (cycle-accurate times),
     ``on_switch(space, offset)`` told of every switch; ``ambiguous``
     collects, over every decoder wrapped (copies made with
-    :func:`dataclasses.replace` share it), the offsets of the enables
+    :meth:`replace` share it), the offsets of the enables
     placed by time alone because several processes the time stamps allow
     left user code exactly at the enable's IP (a user warns of them)."""
 
-    spaces: AddressSpaces | None
-    timeline: Timeline | None
-    initial: AddressSpace | None
-    cyc: bool = False
-    on_switch: Callable | None = None
-    ambiguous: set = field(default_factory=set)
+    _fields = ("spaces", "timeline", "initial", "cyc", "on_switch",
+               "ambiguous")
+
+    def __init__(self, spaces: AddressSpaces | None,
+                 timeline: Timeline | None, initial: AddressSpace | None,
+                 cyc: bool = False, on_switch: Callable | None = None,
+                 ambiguous: set | None = None):
+        self.spaces = spaces
+        self.timeline = timeline
+        self.initial = initial
+        self.cyc = cyc
+        self.on_switch = on_switch
+        self.ambiguous = set() if ambiguous is None else ambiguous
 
     def wrap(self, dec) -> "SpaceSwitcher":
         return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,

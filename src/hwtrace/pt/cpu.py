@@ -25,18 +25,21 @@ The erratum names are Intel's specification-update identifiers (libipt's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections import namedtuple
 
 from hwtrace.pt import errors as E
 from hwtrace.pt.errors import PtError
 
+# Cpu and Errata are small immutable records, NamedTuples: on every
+# command's start-up path, where a frozen dataclass costs ~1-2 ms each to
+# create (and importing dataclasses ~10 ms).
 
-@dataclass(frozen=True, slots=True)
-class Cpu:
-    family: int
-    model: int
-    stepping: int = 0
-    vendor: str = "intel"
+
+class Cpu(namedtuple("Cpu", "family model stepping vendor",
+                     defaults=(0, "intel"))):
+    """A CPU by family, model, stepping (and vendor)."""
+
+    __slots__ = ()
 
     @classmethod
     def parse(cls, text: str) -> "Cpu | None":
@@ -63,25 +66,17 @@ class Cpu:
         return f"{self.family}/{self.model}/{self.stepping}"
 
 
-@dataclass(frozen=True, slots=True)
-class Errata:
+class Errata(namedtuple("Errata", "bdm70 bdm64 skd007 skd022 skd010 skl014 "
+                         "apl12 apl11 skl168 skz84", defaults=(False,) * 10)):
     """Which erratum workarounds are on (the one class of them: the packet
-    decoder's and the flow decoders' config).  The field order is the
+    decoder's and the flow decoders' config), each a bool (default
+    False); ``_replace`` makes a changed copy.  The field order is the
     compiled flow core's errata bit order (hwtrace.flow.config.ERRATA)."""
 
-    bdm70: bool = False
-    bdm64: bool = False
-    skd007: bool = False
-    skd022: bool = False
-    skd010: bool = False
-    skl014: bool = False
-    apl12: bool = False
-    apl11: bool = False
-    skl168: bool = False
-    skz84: bool = False
+    __slots__ = ()
 
     def names(self) -> list[str]:
-        return [f.name for f in fields(self) if getattr(self, f.name)]
+        return [n for n, on in zip(self._fields, self) if on]
 
 
 NO_ERRATA = Errata()

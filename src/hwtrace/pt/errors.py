@@ -8,8 +8,8 @@ raises for bad trace data: callers test ``isinstance(x, PtError)`` (or
 ``x.type == "error"``).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: NamedTuple compiles a string
+# annotation as a forward reference, at every command's start-up.
 from typing import NamedTuple
 
 # libipt's pt_errstr() strings, by libipt's enum pt_error_code names.

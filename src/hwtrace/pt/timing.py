@@ -28,10 +28,10 @@ errata (``skl168`` affects calibration).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 from hwtrace.pt import errors as E
-from hwtrace.pt.cpu import Errata, NO_ERRATA
+from hwtrace.pt.cpu import NO_ERRATA
 from hwtrace.pt.errors import PtError
 
 FCR_SHIFT = 8
@@ -50,13 +50,14 @@ _NO_TIME = PtError(E.NO_TIME, 0)
 _NO_CBR = PtError(E.NO_CBR, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class TimingConfig:
-    mtc_freq: int = 0
-    nom_freq: int = 0
-    cpuid_0x15_eax: int = 0
-    cpuid_0x15_ebx: int = 0
-    errata: Errata = NO_ERRATA
+class TimingConfig(namedtuple("TimingConfig", "mtc_freq nom_freq "
+                              "cpuid_0x15_eax cpuid_0x15_ebx errata",
+                              defaults=(0, 0, 0, 0, NO_ERRATA))):
+    """``mtc_freq``, ``nom_freq``, ``cpuid_0x15_eax``, ``cpuid_0x15_ebx``
+    (ints, default 0) and ``errata`` (an :class:`hwtrace.pt.cpu.Errata`).
+    A NamedTuple, not a frozen dataclass: created at start-up (see
+    hwtrace._records)."""
+    __slots__ = ()
 
 
 def ctc_delta(ctc: int, last_ctc: int, config: TimingConfig):

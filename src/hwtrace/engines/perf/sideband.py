@@ -11,7 +11,7 @@ timebase), so sideband and trace packets can be correlated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from hwtrace import bundle as B
@@ -85,7 +85,7 @@ def _with_exes(sb: list[Any], execs: set[int]) -> list[Any]:
             exe = next((m.file for m in sb[i + 1:] if isinstance(m, B.Mmap) and m.pid == r.pid
                         and m.file.startswith("/") and not m.file.startswith("//")), "")
             if exe:
-                r = replace(r, exe=exe)
+                r = r._replace(exe=exe)
         out.append(r)
     return out
 
