@@ -1,4 +1,5 @@
 /* The walk's TNT chain cache: see chain.h. */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "block.h"
@@ -14,6 +15,13 @@
 #define CHAIN_MIN_INDEX 1
 #endif
 #define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+/* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
+ * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
+_Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
+               CHAIN_MAX_EDGES <= 0xFFFF, "chain counts are 16-bit");
+/* the fields the walk reads first share a cache line */
+_Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
+               "struct chain's first cache line");
 /* Tried and not taken (python3 recording, decode --quiet --stat DIR,
  * cachegrind, the core's functions alone: 8.08 G instructions, 31.2 M D1
  * read misses here): the last 4 lookups kept on the run at the decoder's
@@ -228,15 +236,14 @@ out:
     ch->npush = (uint8_t)m->sn;
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
-    ch->nedges = m->nedges;
+    ch->nedges = (uint16_t)m->nedges;
     ch->have_from = (uint8_t)m->have_from;
     ch->c = (uint8_t)e.c;
-    ch->insns = e.insns;
-    ch->blocks = e.blocks;
-    ch->pre = e.pre;
-    ch->icount = e.icount;
-    ch->bn = e.bn;
-    ch->have_bounds = (uint8_t)e.have_bounds;
+    ch->insns = (uint16_t)e.insns;
+    ch->blocks = (uint16_t)e.blocks;
+    ch->pre = (uint16_t)e.pre;
+    ch->icount = (uint16_t)e.icount;
+    ch->bn = (uint16_t)e.bn;
     ch->lo = e.lo;
     ch->last = e.last;
     ch->end_ip = e.ip;
@@ -273,18 +280,25 @@ static int grow(struct chain_cache *cc)
 /* a new chain for the key (k, bits) at the decoder's IP: its index + 1,
  * 0 for none, or < 0 */
 static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
-                           int bits)
+                           int bits, uint32_t tag)
 {
     if (cc->nents == cc->ents_cap) {
         size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
-        struct chain *ne = realloc(cc->ents, cap * sizeof *ne);
+        /* aligned: each entry starts a cache line (chain.h) */
+        struct chain *ne = aligned_alloc(_Alignof(struct chain),
+                                         cap * sizeof *ne);
         if (!ne)
             return -E_NOMEM;
+        if (cc->nents)
+            memcpy(ne, cc->ents, cc->nents * sizeof *ne);
+        free(cc->ents);
         cc->ents = ne;
         cc->ents_cap = cap;
     }
     struct chain *ch = &cc->ents[cc->nents];
     memset(ch, 0, sizeof *ch);
+    ch->ic = d->ic;
+    ch->tag = tag;
     struct sim m;
     m.sn = m.depth = 0;
     m.edges = NULL;
@@ -318,7 +332,7 @@ static inline int chain_status_clean(struct query *q)
 }
 
 struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        struct run *here, int *err)
+                        int *err)
 {
     *err = 0;
     struct query *q = &d->q;
@@ -341,6 +355,17 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
     uint32_t tag = bits | (uint32_t)k << 8 |
                    (uint32_t)(uint8_t)(d->mode + 1) << 16;
     uint32_t idx;
+    /* the successor of the last chain, if its key is this one */
+    struct chain *pc = cc->last ? &cc->ents[cc->last - 1] : NULL;
+    if (pc && pc->succ) {
+        struct chain *g = &cc->ents[pc->succ - 1];
+        if (g->ip0 == ip && g->tag == tag && g->ic == d->ic) {
+            idx = pc->succ;
+            goto found;
+        }
+    }
+    struct run *p = d->prev_run;
+    struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
     if (here && here->ch_tag == tag) {
         idx = here->ch_idx;
         goto found;
@@ -358,7 +383,7 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
             goto slot;
         i = (i + 1) & mask;
     }
-    long long r = new_chain(cc, d, k, (int)bits);
+    long long r = new_chain(cc, d, k, (int)bits, tag);
     if (r < 0) {
         *err = (int)r;
         return NULL;
@@ -377,12 +402,15 @@ slot:
 found:
     if (!idx)
         return NULL;
+    if (cc->last)       /* ents may have moved (new_chain) */
+        cc->ents[cc->last - 1].succ = idx;
     struct chain *ch = &cc->ents[idx - 1];
     if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
         d->rs_n + ch->depth > RS_CAP)
         return NULL;
     if (!(index >> ch->c) && !chain_status_clean(q))
         return NULL;
+    cc->last = idx;
     return ch;
 }
 
