@@ -32,7 +32,16 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * 8.29 G / 32.5 M with struct run laid out by cache line; 4 (not 1) last
  * other successors per run: 8.09 G / 34.0 M (half the image lookups, a
  * larger run); that layout alone: 8.09 G / 30.8 M, inside the noise of a
- * timed run */
+ * timed run.  Taken since (cachegrind --cache-sim=yes, core functions,
+ * python3 recording, decode --quiet --stat DIR: 6.702 G / 30.17 M D1 read
+ * misses before): the last chain's successor tried first (chain_get),
+ * 6.703 G / 28.85 M, and a chain's hot fields in its first cache line,
+ * 6.670 G / 26.61 M.  Tried after them and not taken: the chain's next
+ * entry as the block walk's ``known`` where it leaves no block open (no
+ * run lookup at its end), 6.668 G / 26.86 M; blk_count reading a run's
+ * last_ip only for the block's last run, 6.727 G / 25.28 M (5% fewer
+ * misses for 58 M more instructions: at this core's ~3 instructions a
+ * cycle, a wash; the timed runs could not tell them apart) */
 
 static uint64_t mix(uint64_t x)
 {
@@ -321,6 +330,39 @@ int chain_forget(void *ctx, struct run *ru)
     return 0;
 }
 
+/* The check build (CFLAGS -DCHAIN_CHECK, tests/test_flow_fast.py): the
+ * two shortcuts past the table -- the last chain's successor and the
+ * run's last lookup -- are checked against the table on every use (it
+ * must have the key, with the same chain), and their uses counted on
+ * stderr at the walk's end.  Not in the normal build. */
+#ifdef CHAIN_CHECK
+#include <stdio.h>
+static unsigned long long checked_succ, checked_run;
+static void check_idx(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx,
+                      unsigned long long *n)
+{
+    size_t mask = cc->cap - 1;
+    for (size_t i = chain_hash(ip, ic, tag) & mask;; i = (i + 1) & mask) {
+        const struct chain_slot *sl = &cc->tab[i];
+        if (!sl->tag)
+            break;
+        if (sl->ip == ip && sl->tag == tag && sl->ic == ic) {
+            if (sl->idx != idx)
+                break;
+            ++*n;
+            return;
+        }
+    }
+    fprintf(stderr, "chain check: shortcut at %#llx tag %#x gave %u, the "
+            "table not\n", (unsigned long long)ip, tag, idx);
+    abort();
+}
+#define CHECK_IDX(cc, ip, ic, tag, idx, n) check_idx(cc, ip, ic, tag, idx, n)
+#else
+#define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
+#endif
+
 /* a chain that takes the last TNT bit cached leaves the status the
  * query gives then (insn_next_quick: q_status_flags with no bit left):
  * it applies only where that is 0 -- no event next, not the end (the
@@ -361,6 +403,7 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
         struct chain *g = &cc->ents[pc->succ - 1];
         if (g->ip0 == ip && g->tag == tag && g->ic == d->ic) {
             idx = pc->succ;
+            CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_succ);
             goto found;
         }
     }
@@ -368,6 +411,7 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
     struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
     if (here && here->ch_tag == tag) {
         idx = here->ch_idx;
+        CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_run);
         goto found;
     }
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
@@ -433,6 +477,11 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
 
 void chain_free(struct chain_cache *cc)
 {
+#ifdef CHAIN_CHECK
+    if (cc->ready)
+        fprintf(stderr, "chain check: %llu successor, %llu run lookups "
+                "checked\n", checked_succ, checked_run);
+#endif
     for (size_t j = 0; j < cc->nents; j++) {
         free(cc->ents[j].push);
         free(cc->ents[j].edges);
