@@ -484,3 +484,62 @@ def test_bundle_quiet_stat_compiled(tmp_path):
         assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
         assert a.stdout == b.stdout
         assert "insn: " in a.stdout and a.stdout.count("[stream ") >= 1
+
+
+_CHAIN_CHECK_RUN = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import flowdiff
+from hwtrace.flow import fast
+assert fast._core("compiled").__file__.startswith(sys.argv[2])
+n = 0
+for data in flowdiff._fixture_seeds(Path(sys.argv[3]), 64 << 10):
+    flowdiff.check(data)
+    n += 1
+print("inputs", n)
+"""
+
+
+def test_chain_check_build(tmp_path):
+    """The chain cache's shortcuts past its table (core/chain.c: the last
+    chain's successor, the run's last lookup) checked against the table on
+    every use: the core built with -DCHAIN_CHECK runs flowdiff's seeds
+    from the hardware captures (counts and edges against the twin) with no
+    failed check, and the shortcuts are taken there."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from conftest import FIXTURES
+    from hwtrace._ext import sources
+    if not FIXTURES.is_dir():
+        pytest.skip("hardware fixtures unavailable")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    core = _core()
+    pkg = Path(fast.__file__).parent.parent
+    copy = tmp_path / "hwtrace"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    src = copy / "flow" / "_c_flow.c"
+    so = Path(core.__file__).name
+    r = subprocess.run(
+        [cc, "-O1", "-std=c11", "-shared", "-fPIC", "-DCHAIN_CHECK",
+         f"-I{sysconfig.get_paths()['include']}",
+         f'-DHWTRACE_SOURCE_SHA256="{sources.fingerprint(src)}"',
+         *map(str, sources.sources(src)), "-o", str(copy / "flow" / so)],
+        capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fuzz = Path(__file__).resolve().parent.parent / "fuzz"
+    r = subprocess.run(
+        [sys.executable, "-c", _CHAIN_CHECK_RUN, str(fuzz), str(copy),
+         str(FIXTURES)],
+        capture_output=True, text=True, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "inputs" in r.stdout
+    last = [ln for ln in r.stderr.splitlines()
+            if ln.startswith("chain check:")][-1].split()
+    succ, run = int(last[2]), int(last[4])
+    assert succ > 0 and run > 0, last

@@ -1,4 +1,5 @@
 /* The walk's TNT chain cache: see chain.h. */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "block.h"
@@ -14,6 +15,13 @@
 #define CHAIN_MIN_INDEX 1
 #endif
 #define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+/* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
+ * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
+_Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
+               CHAIN_MAX_EDGES <= 0xFFFF, "chain counts are 16-bit");
+/* the fields the walk reads first share a cache line */
+_Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
+               "struct chain's first cache line");
 /* Tried and not taken (python3 recording, decode --quiet --stat DIR,
  * cachegrind, the core's functions alone: 8.08 G instructions, 31.2 M D1
  * read misses here): the last 4 lookups kept on the run at the decoder's
@@ -24,7 +32,24 @@
  * 8.29 G / 32.5 M with struct run laid out by cache line; 4 (not 1) last
  * other successors per run: 8.09 G / 34.0 M (half the image lookups, a
  * larger run); that layout alone: 8.09 G / 30.8 M, inside the noise of a
- * timed run */
+ * timed run.  Taken since (cachegrind --cache-sim=yes, core functions,
+ * python3 recording, decode --quiet --stat DIR: 6.702 G / 30.17 M D1 read
+ * misses before): the last chain's successor tried first (chain_get),
+ * 6.703 G / 28.85 M, and a chain's hot fields in its first cache line,
+ * 6.670 G / 26.61 M.  Tried after them and not taken: the chain's next
+ * entry as the block walk's ``known`` where it leaves no block open (no
+ * run lookup at its end), 6.668 G / 26.86 M; blk_count reading a run's
+ * last_ip only for the block's last run, 6.727 G / 25.28 M (5% fewer
+ * misses for 58 M more instructions: at this core's ~3 instructions a
+ * cycle, a wash; the timed runs could not tell them apart); the block
+ * walk not reading the chain's next entry (on its second line; only the
+ * instruction walk uses it), 6.665 G / 26.63 M against 6.670 G / 26.70 M
+ * and L2-sized (512 KiB) last-level misses 6.07 M against 6.08 M: the
+ * walk reads that line anyway for the calls it pushes or the open
+ * block; prefetching the returned chain's successor entry (cachegrind
+ * does not model it): perf cpu-clock samples, two runs each, walk 28.9 /
+ * 29.4% and chain_get 13.4 / 13.9% of the process without, 30.2 / 29.0%
+ * and 14.4 / 13.6% with -- nothing to see */
 
 static uint64_t mix(uint64_t x)
 {
@@ -228,15 +253,14 @@ out:
     ch->npush = (uint8_t)m->sn;
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
-    ch->nedges = m->nedges;
+    ch->nedges = (uint16_t)m->nedges;
     ch->have_from = (uint8_t)m->have_from;
     ch->c = (uint8_t)e.c;
-    ch->insns = e.insns;
-    ch->blocks = e.blocks;
-    ch->pre = e.pre;
-    ch->icount = e.icount;
-    ch->bn = e.bn;
-    ch->have_bounds = (uint8_t)e.have_bounds;
+    ch->insns = (uint16_t)e.insns;
+    ch->blocks = (uint16_t)e.blocks;
+    ch->pre = (uint16_t)e.pre;
+    ch->icount = (uint16_t)e.icount;
+    ch->bn = (uint16_t)e.bn;
     ch->lo = e.lo;
     ch->last = e.last;
     ch->end_ip = e.ip;
@@ -273,18 +297,25 @@ static int grow(struct chain_cache *cc)
 /* a new chain for the key (k, bits) at the decoder's IP: its index + 1,
  * 0 for none, or < 0 */
 static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
-                           int bits)
+                           int bits, uint32_t tag)
 {
     if (cc->nents == cc->ents_cap) {
         size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
-        struct chain *ne = realloc(cc->ents, cap * sizeof *ne);
+        /* aligned: each entry starts a cache line (chain.h) */
+        struct chain *ne = aligned_alloc(_Alignof(struct chain),
+                                         cap * sizeof *ne);
         if (!ne)
             return -E_NOMEM;
+        if (cc->nents)
+            memcpy(ne, cc->ents, cc->nents * sizeof *ne);
+        free(cc->ents);
         cc->ents = ne;
         cc->ents_cap = cap;
     }
     struct chain *ch = &cc->ents[cc->nents];
     memset(ch, 0, sizeof *ch);
+    ch->ic = d->ic;
+    ch->tag = tag;
     struct sim m;
     m.sn = m.depth = 0;
     m.edges = NULL;
@@ -307,6 +338,39 @@ int chain_forget(void *ctx, struct run *ru)
     return 0;
 }
 
+/* The check build (CFLAGS -DCHAIN_CHECK, tests/test_flow_fast.py): the
+ * two shortcuts past the table -- the last chain's successor and the
+ * run's last lookup -- are checked against the table on every use (it
+ * must have the key, with the same chain), and their uses counted on
+ * stderr at the walk's end.  Not in the normal build. */
+#ifdef CHAIN_CHECK
+#include <stdio.h>
+static unsigned long long checked_succ, checked_run;
+static void check_idx(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx,
+                      unsigned long long *n)
+{
+    size_t mask = cc->cap - 1;
+    for (size_t i = chain_hash(ip, ic, tag) & mask;; i = (i + 1) & mask) {
+        const struct chain_slot *sl = &cc->tab[i];
+        if (!sl->tag)
+            break;
+        if (sl->ip == ip && sl->tag == tag && sl->ic == ic) {
+            if (sl->idx != idx)
+                break;
+            ++*n;
+            return;
+        }
+    }
+    fprintf(stderr, "chain check: shortcut at %#llx tag %#x gave %u, the "
+            "table not\n", (unsigned long long)ip, tag, idx);
+    abort();
+}
+#define CHECK_IDX(cc, ip, ic, tag, idx, n) check_idx(cc, ip, ic, tag, idx, n)
+#else
+#define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
+#endif
+
 /* a chain that takes the last TNT bit cached leaves the status the
  * query gives then (insn_next_quick: q_status_flags with no bit left):
  * it applies only where that is 0 -- no event next, not the end (the
@@ -318,7 +382,7 @@ static inline int chain_status_clean(struct query *q)
 }
 
 struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        struct run *here, int *err)
+                        int *err)
 {
     *err = 0;
     struct query *q = &d->q;
@@ -341,8 +405,21 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
     uint32_t tag = bits | (uint32_t)k << 8 |
                    (uint32_t)(uint8_t)(d->mode + 1) << 16;
     uint32_t idx;
+    /* the successor of the last chain, if its key is this one */
+    struct chain *pc = cc->last ? &cc->ents[cc->last - 1] : NULL;
+    if (pc && pc->succ) {
+        struct chain *g = &cc->ents[pc->succ - 1];
+        if (g->ip0 == ip && g->tag == tag && g->ic == d->ic) {
+            idx = pc->succ;
+            CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_succ);
+            goto found;
+        }
+    }
+    struct run *p = d->prev_run;
+    struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
     if (here && here->ch_tag == tag) {
         idx = here->ch_idx;
+        CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_run);
         goto found;
     }
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
@@ -358,7 +435,7 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
             goto slot;
         i = (i + 1) & mask;
     }
-    long long r = new_chain(cc, d, k, (int)bits);
+    long long r = new_chain(cc, d, k, (int)bits, tag);
     if (r < 0) {
         *err = (int)r;
         return NULL;
@@ -377,12 +454,15 @@ slot:
 found:
     if (!idx)
         return NULL;
+    if (cc->last)       /* ents may have moved (new_chain) */
+        cc->ents[cc->last - 1].succ = idx;
     struct chain *ch = &cc->ents[idx - 1];
     if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
         d->rs_n + ch->depth > RS_CAP)
         return NULL;
     if (!(index >> ch->c) && !chain_status_clean(q))
         return NULL;
+    cc->last = idx;
     return ch;
 }
 
@@ -405,6 +485,11 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
 
 void chain_free(struct chain_cache *cc)
 {
+#ifdef CHAIN_CHECK
+    if (cc->ready)
+        fprintf(stderr, "chain check: %llu successor, %llu run lookups "
+                "checked\n", checked_succ, checked_run);
+#endif
     for (size_t j = 0; j < cc->nents; j++) {
         free(cc->ents[j].push);
         free(cc->ents[j].edges);

@@ -29,30 +29,42 @@ struct chain_edge {
 };
 
 struct chain {
+    /* the first cache line: what the walk reads applying it (block
+     * decoder, no open block), the key first (the table's, see
+     * chain_slot: checked where the walk's guess of the next chain, succ,
+     * is taken without the table) */
+    uint64_t ip0;
+    const struct icache *ic;
+    uint32_t tag;
+    uint32_t succ;              /* the chain looked up after this one last
+                                   time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
     uint8_t npush, depth;       /* calls left on the return stack; the
                                    deepest the chain's own calls got */
     uint8_t have_from;          /* its last instruction is a branch */
-    uint8_t have_bounds;        /* the open block's: see bn */
-    uint32_t insns, blocks;     /* blocks: the blocks it ends */
-    uint32_t pre;               /* instructions before its first query */
-    uint32_t icount;            /* instructions after its last query */
-    uint32_t bn;                /* instructions of the block still open
-                                   at its end (block decoder) */
-    uint64_t lo, last;          /* that block's bounds (have_bounds) */
+    /* instruction counts: at most CHAIN_MAX_INSNS (chain.c) */
+    uint16_t insns, blocks;     /* blocks: the blocks it ends */
+    uint16_t pre;               /* instructions before its first query */
+    uint16_t icount;            /* instructions after its last query */
+    uint16_t bn;                /* instructions of the block still open
+                                   at its end (block decoder; its bounds
+                                   lo, last if not 0) */
+    uint16_t nedges;            /* at most CHAIN_MAX_EDGES (chain.c) */
     uint64_t end_ip;            /* the IP after the chain */
     uint64_t last_ip;           /* its last instruction */
-    const struct insn_info *next;   /* the entry at end_ip, or NULL */
     struct run *last_run;       /* its last run taken (a hint: prev_run) */
+    /* the second: the rest the walk may read */
+    const struct insn_info *next;   /* the entry at end_ip, or NULL */
+    uint64_t lo, last;          /* the open block's bounds (see bn) */
     uint64_t *push;             /* npush return addresses, oldest first */
+    uint64_t uses;              /* times applied (edges mode: their edges
+                                   at the end) */
     struct chain_edge *edges;   /* insn mode: the edges inside the chain */
-    uint32_t nedges;
-    uint64_t uses;              /* times applied (edges: at the end) */
     /* insn mode: the edge into the chain, counted here while it comes
      * from the same branch (in_n times from in_from to ip0), the table
      * gets it when another one comes or at the end */
-    uint64_t ip0, in_from, in_n;
-};
+    uint64_t in_from, in_n;
+} __attribute__((aligned(64)));
 
 /* a slot of the table: the key (bit j of ``bits``: the j-th bit taken,
  * j = 0 first), and the chain (ents[idx - 1]) or none there (idx 0) */
@@ -69,6 +81,9 @@ struct chain_cache {
     size_t cap, n;
     struct chain *ents;
     size_t nents, ents_cap;
+    uint32_t last;              /* the chain chain_get returned last
+                                   (index + 1; 0: none): its succ is
+                                   tried first */
     int ready;                  /* the fields below are set */
     int block;                  /* block-decoder counting */
     int edges;                  /* keep the edges inside chains */
@@ -76,11 +91,14 @@ struct chain_cache {
 };
 
 /* the chain for the decoder's state (see above), built on a miss; NULL
- * where none can apply (*err < 0: a fatal error building it).  ``here``:
- * the run at the decoder's IP if the caller has it, else NULL (its last
- * lookup is kept there: no hashing in a loop) */
+ * where none can apply (*err < 0: a fatal error building it).  Looked up
+ * first as the successor of the chain it returned last (the key checked:
+ * no hashing while the walk repeats a path, through indirect branches
+ * too), then on the run at the decoder's IP if the previous run's
+ * successors have it (its last lookup is kept there), then in the
+ * table */
 struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        struct run *here, int *err);
+                        int *err);
 /* ic_each_run's callback clearing a run's chain lookup */
 int chain_forget(void *ctx, struct run *ru);
 /* adds every edge of every chain times its uses, and the edges into

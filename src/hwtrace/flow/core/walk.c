@@ -22,10 +22,7 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
         cc->end_on_call = d->cfg->end_on_call;
         cc->end_on_jump = d->cfg->end_on_jump;
     }
-    /* the run here, if the last run's successors have it */
-    struct run *p = d->prev_run;
-    struct run *here = p ? run_succ(p, d->ip, d->mode) : NULL;
-    return chain_get(cc, d, here, err);
+    return chain_get(cc, d, err);
 }
 
 /* the decoder and the session after the chain, as its steps leave them */
@@ -48,7 +45,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     s->last_ip = ch->last_ip;
     s->status = 0;
     s->known = ch->next;
-    ch->uses++;
 }
 
 int walk_done(struct walk *w)
@@ -268,6 +264,7 @@ static int walk_insns(struct session *s, struct walk *w)
                 }
             }
             walk_apply(s, w, ch);
+            ch->uses++;         /* for its edges (walk_done) */
             w->from = ch->last_ip;
             w->have_from = ch->have_from;
             chained = 1;
