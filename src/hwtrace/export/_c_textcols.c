@@ -44,7 +44,9 @@
  * per row parts[0] names[name[i]] parts[1] ts parts[2] dur parts[3] pid
  * parts[4] tid flags[flag[i]] parts[5], where ts and dur are int64
  * multiples of 2**-10 written as exact decimals (Lines.frac) and pid, tid
- * int64 decimals (Lines.int).
+ * int64 decimals (Lines.int).  With ``write`` and ``drop`` the text goes
+ * to ``write`` a megabyte or so at a time (as folded's, below), less its
+ * last ``drop`` bytes, and the call returns None.
  *
  *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)
  *
@@ -76,7 +78,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 3
+#define ABI 4
 
 /* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
 
@@ -887,13 +889,24 @@ static char *put_frac10(char *p, int64_t k)
     return put(p, d, l);
 }
 
+/* text gathered before each write() (as folded's, for the same reason) */
+#define CHROME_CHUNK (1 << 20)
+
 static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
+    if (nargs != 9 && nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "chrome_slices(name, ts, dur, pid, tid, flag, "
-                        "names, flags, parts)");
+                        "names, flags, parts[, write, drop])");
         return NULL;
     }
+    PyObject *write = nargs == 11 ? args[9] : NULL;
+    Py_ssize_t drop = 0;
+    if (write) {
+        drop = PyLong_AsSsize_t(args[10]);
+        if (drop == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Buf out = {NULL, 0, 0};
     Py_buffer b[6];
     int has[6] = {0};
     static const char *what[6] = {"name", "ts", "dur", "pid", "tid", "flag"};
@@ -915,7 +928,7 @@ static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssiz
     }
     const int64_t *name = b[0].buf, *ts = b[1].buf, *dur = b[2].buf, *pid = b[3].buf,
         *tid = b[4].buf, *fl = b[5].buf;
-    Py_ssize_t fixed = 0, size = 0;
+    Py_ssize_t fixed = 0, size = 0, most = 0;
     for (int k = 0; k < 6; k++)
         fixed += pt.sl[k];
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -925,12 +938,28 @@ static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssiz
             goto done;
         }
         /* a bound: each number at most 1 + 19 + 1 + 10 bytes */
-        size += fixed + nt.sl[name[i]] + ft.sl[fl[i]] + 4 * 32;
+        Py_ssize_t row = fixed + nt.sl[name[i]] + ft.sl[fl[i]] + 4 * 32;
+        size += row;
+        if (row > most)
+            most = row;
     }
-    res = PyBytes_FromStringAndSize(NULL, size);
-    if (!res)
-        goto done;
-    char *p = PyBytes_AS_STRING(res);
+    char *p, *end = NULL;
+    if (write) {
+        /* one chunk's room and a row's, reused: the text goes out from
+           the cache it was made in */
+        out.cap = CHROME_CHUNK + most;
+        p = out.p = PyMem_Malloc(out.cap);
+        if (!p) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        end = p + CHROME_CHUNK;
+    } else {
+        res = PyBytes_FromStringAndSize(NULL, size);
+        if (!res)
+            goto done;
+        p = PyBytes_AS_STRING(res);
+    }
 #define PART(k) (p = put(p, pt.sp[k], pt.sl[k]))
     for (Py_ssize_t i = 0; i < n; i++) {
         PART(0);
@@ -945,11 +974,28 @@ static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssiz
         p = put_i64(p, tid[i]);
         p = put(p, ft.sp[fl[i]], ft.sl[fl[i]]);
         PART(5);
+        if (end && p >= end && i + 1 < n) {
+            out.len = p - out.p;
+            if (folded_flush(&out, write) < 0)
+                goto done;
+            p = out.p;
+        }
     }
 #undef PART
-    if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
+    if (write) {
+        out.len = p - out.p;
+        if (drop < 0 || drop > out.len) {
+            PyErr_SetString(PyExc_ValueError, "chrome_slices: drop more than the last chunk");
+            goto done;
+        }
+        out.len -= drop;
+        if (folded_flush(&out, write) < 0)
+            goto done;
+        res = Py_NewRef(Py_None);
+    } else if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
         res = NULL;
 done:
+    PyMem_Free(out.p);
     for (int k = 0; k < 6; k++)
         if (has[k])
             PyBuffer_Release(&b[k]);
@@ -967,7 +1013,7 @@ static PyMethodDef methods[] = {
     {"slice_packets", (PyCFunction)(void (*)(void))py_slice_packets, METH_FASTCALL,
      "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts) -> (bytes, lens)"},
     {"chrome_slices", (PyCFunction)(void (*)(void))py_chrome_slices, METH_FASTCALL,
-     "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes"},
+     "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts[, write, drop]) -> bytes or None"},
     {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
      "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)"},
     {NULL, NULL, 0, NULL}
