@@ -149,3 +149,32 @@ def test_chrome_slices_compiled_streams_the_same_text():
     for drop in (len(one[0]) + 1, -1):
         with pytest.raises(ValueError):
             core.chrome_slices(*first, lambda v: None, drop)
+
+
+def test_slice_packets_stream_splices_specials():
+    """With ``write``, slice_packets hands over the packets of its bytes
+    mode in chunks of about a megabyte, each special just before the
+    plain packet its place names (at n: after the last)."""
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(8)
+    n = 60000
+    parts = tuple(bytes([k + 1]) * (k % 3 + 1) for k in range(10))
+    cols = (rng.integers(0, 2 ** 40, n).astype(np.uint64),
+            rng.integers(0, 2, n).astype(np.uint8), rng.integers(0, 3, n),
+            rng.integers(1, 1000, n), rng.integers(0, 2 ** 30, n), rng.integers(0, 2, n),
+            [b"\x10\x01", b"\x10\x02", b"\x10" * 40], [b"", b"\x22\x03abc"], parts)
+    data, lens = core.slice_packets(*cols)
+    offs = np.r_[0, np.cumsum(np.frombuffer(lens, np.int64))]
+    at = np.sort(np.r_[0, 0, rng.integers(0, n + 1, 300), n]).astype(np.int64)
+    specials = [b"S%d" % j + b"x" * int(rng.integers(0, 3000)) for j in range(len(at))]
+    want, done = [], 0
+    for a, sb in zip(at.tolist(), specials):
+        want += [data[done:offs[a]], sb]
+        done = offs[a]
+    want.append(data[done:])
+    chunks = []
+    assert core.slice_packets(*cols, lambda v: chunks.append(bytes(v)), at, specials) is None
+    assert b"".join(chunks) == b"".join(want) and len(data) > 2 << 20
+    assert len(chunks) >= 2 and all(len(c) >= 1 << 20 for c in chunks[:-1])
+    with pytest.raises(ValueError):
+        core.slice_packets(*cols, chunks.append, at[::-1].copy(), specials)

@@ -36,7 +36,11 @@
  * (b"" none).  ``ts`` uint64, ``end`` uint8, the rest int64.  ``parts``:
  * the encoded constant pieces (type begin, type end, name-iid tag,
  * annotation tag, the "insns" name and int tag, timestamp tag, sequence
- * field, track-event tag, sequence flags, packet tag).
+ * field, track-event tag, sequence flags, packet tag).  With ``write``,
+ * ``at`` (int64, ascending, 0..n) and ``specials`` (a list of bytes) the
+ * packets go to ``write`` a megabyte or so at a time (as folded's, below),
+ * specials[j] just before plain packet at[j] (at n: after the last), and
+ * the call returns None.
  *
  *   chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes
  *
@@ -760,110 +764,213 @@ static int tab_get(PyObject *o, Tab *t)
 }
 
 #define NPARTS 10
+enum { TB, TE, IID, ANNOT, INSNS, TS, SEQ, TEV, NEEDS, PKT };
+
+/* the columns and tables of slice_packets */
+typedef struct {
+    const uint64_t *ts;
+    const uint8_t *end;
+    const int64_t *tr, *iid, *ins, *fl;
+    Tab tt, ft, pt;
+} Pkts;
+
+/* packet i's length, and the lengths inside it */
+static inline Py_ssize_t pkt_len(const Pkts *k, Py_ssize_t i, Py_ssize_t *te_out,
+                                 Py_ssize_t *alen_out, Py_ssize_t *body_out)
+{
+    const Py_ssize_t *L = k->pt.sl;
+    Py_ssize_t te = k->tt.sl[k->tr[i]] + k->ft.sl[k->fl[i]], alen = 0;
+    if (k->end[i]) {
+        alen = L[INSNS] + vlen((uint64_t)k->ins[i]);
+        te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
+    } else {
+        te += L[TB] + L[IID] + vlen((uint64_t)k->iid[i]);
+    }
+    Py_ssize_t body = L[TS] + vlen(k->ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
+        + L[NEEDS];
+    *te_out = te;
+    *alen_out = alen;
+    *body_out = body;
+    return L[PKT] + vlen((uint64_t)body) + body;
+}
+
+static inline char *pkt_put(const Pkts *k, Py_ssize_t i, char *p)
+{
+    const Py_ssize_t *L = k->pt.sl;
+    const char **P = k->pt.sp;
+    Py_ssize_t te, alen, body;
+    pkt_len(k, i, &te, &alen, &body);
+    int64_t tr = k->tr[i], fl = k->fl[i];
+#define PUT(j) (p = put(p, P[j], L[j]))
+    PUT(PKT);
+    p = vput(p, (uint64_t)body);
+    PUT(TS);
+    p = vput(p, k->ts[i]);
+    PUT(SEQ);
+    PUT(TEV);
+    p = vput(p, (uint64_t)te);
+    if (k->end[i]) {
+        PUT(TE);
+        p = put(p, k->tt.sp[tr], k->tt.sl[tr]);
+        PUT(ANNOT);
+        p = vput(p, (uint64_t)alen);
+        PUT(INSNS);
+        p = vput(p, (uint64_t)k->ins[i]);
+    } else {
+        PUT(TB);
+        p = put(p, k->tt.sp[tr], k->tt.sl[tr]);
+        PUT(IID);
+        p = vput(p, (uint64_t)k->iid[i]);
+    }
+    p = put(p, k->ft.sp[fl], k->ft.sl[fl]);
+    PUT(NEEDS);
+#undef PUT
+    return p;
+}
+
+/* text gathered before each write() (as folded's, for the same reason) */
+#define STREAM_CHUNK (1 << 20)
+
+/* slice_packets' write mode: the packets, and specials[j] before plain
+   packet at[j], to write() a chunk at a time; 0 or -1 */
+static int pkt_stream(const Pkts *k, Py_ssize_t n, PyObject *write, PyObject *at_o,
+                      PyObject *specials)
+{
+    Py_buffer ba = {0};
+    Buf out = {NULL, 0, 0};
+    int rc = -1;
+    if (!PyList_Check(specials)) {
+        PyErr_SetString(PyExc_TypeError, "slice_packets: specials is a list");
+        return -1;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(specials);
+    if (PyObject_GetBuffer(at_o, &ba, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (ba.len != m * 8) {
+        PyErr_SetString(PyExc_ValueError, "slice_packets: one place per special");
+        goto done;
+    }
+    const int64_t *at = ba.buf;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (at[j] < 0 || at[j] > n || (j && at[j] < at[j - 1])
+            || !PyBytes_Check(PyList_GET_ITEM(specials, j))) {
+            PyErr_SetString(PyExc_ValueError, "slice_packets: specials' places");
+            goto done;
+        }
+    Py_ssize_t most = 0, te, alen, body;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t l = pkt_len(k, i, &te, &alen, &body);
+        if (l > most)
+            most = l;
+    }
+    out.cap = STREAM_CHUNK + most;
+    out.p = PyMem_Malloc(out.cap);
+    if (!out.p) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *p = out.p;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i <= n; i++) {
+        for (; j < m && at[j] == i; j++) {
+            PyObject *sb = PyList_GET_ITEM(specials, j);
+            out.len = p - out.p;
+            if (buf_put(&out, PyBytes_AS_STRING(sb), PyBytes_GET_SIZE(sb)) < 0)
+                goto done;
+            p = out.p + out.len;
+        }
+        if (i == n)
+            break;
+        if (out.cap - (p - out.p) < most) {     /* grown by a special */
+            out.len = p - out.p;
+            if (folded_flush(&out, write) < 0)
+                goto done;
+            p = out.p;
+        }
+        p = pkt_put(k, i, p);
+        if (p - out.p >= STREAM_CHUNK) {
+            out.len = p - out.p;
+            if (folded_flush(&out, write) < 0)
+                goto done;
+            p = out.p;
+        }
+    }
+    out.len = p - out.p;
+    rc = folded_flush(&out, write);
+done:
+    PyBuffer_Release(&ba);
+    PyMem_Free(out.p);
+    return rc;
+}
+
 static PyObject *py_slice_packets(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
+    if (nargs != 9 && nargs != 12) {
         PyErr_SetString(PyExc_TypeError, "slice_packets(ts, end, track, iid, insns, flag, "
-                        "tracks, flags, parts)");
+                        "tracks, flags, parts[, write, at, specials])");
         return NULL;
     }
     Py_buffer b[6];
     int has[6] = {0};
     static const Py_ssize_t isz[6] = {8, 1, 8, 8, 8, 8};
     static const char *what[6] = {"ts", "end", "track", "iid", "insns", "flag"};
-    Tab tt = {NULL, NULL, 0}, ft = {NULL, NULL, 0}, pt = {NULL, NULL, 0};
+    Pkts k = {.tt = {NULL, NULL, 0}, .ft = {NULL, NULL, 0}, .pt = {NULL, NULL, 0}};
     PyObject *data = NULL, *lens = NULL, *res = NULL;
     Py_ssize_t n = 0;
     if (PyObject_GetBuffer(args[0], &b[0], PyBUF_C_CONTIGUOUS) < 0)
         goto done;
     has[0] = 1;
     n = b[0].len / 8;
-    for (int k = 1; k < 6; k++)
-        if (get_buf(args[k], &b[k], &has[k], n, isz[k], what[k]) < 0)
+    for (int j = 1; j < 6; j++)
+        if (get_buf(args[j], &b[j], &has[j], n, isz[j], what[j]) < 0)
             goto done;
-    if (tab_get(args[6], &tt) < 0 || tab_get(args[7], &ft) < 0 || tab_get(args[8], &pt) < 0)
+    if (tab_get(args[6], &k.tt) < 0 || tab_get(args[7], &k.ft) < 0
+        || tab_get(args[8], &k.pt) < 0)
         goto done;
-    if (pt.n != NPARTS) {
+    if (k.pt.n != NPARTS) {
         PyErr_SetString(PyExc_ValueError, "slice_packets: parts has 10 pieces");
         goto done;
     }
-    const uint64_t *ts = b[0].buf;
-    const uint8_t *end = b[1].buf;
-    const int64_t *tr = b[2].buf, *iid = b[3].buf, *ins = b[4].buf, *fl = b[5].buf;
+    k.ts = b[0].buf;
+    k.end = b[1].buf;
+    k.tr = b[2].buf;
+    k.iid = b[3].buf;
+    k.ins = b[4].buf;
+    k.fl = b[5].buf;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (tr[i] < 0 || tr[i] >= tt.n || fl[i] < 0 || fl[i] >= ft.n) {
+        if (k.tr[i] < 0 || k.tr[i] >= k.tt.n || k.fl[i] < 0 || k.fl[i] >= k.ft.n) {
             PyErr_SetString(PyExc_IndexError, "slice_packets: a track or flags id "
                             "outside its table");
             goto done;
         }
-    const Py_ssize_t *L = pt.sl;
-    const char **P = pt.sp;
-    enum { TB, TE, IID, ANNOT, INSNS, TS, SEQ, TEV, NEEDS, PKT };
+    if (nargs == 12) {
+        if (pkt_stream(&k, n, args[9], args[10], args[11]) == 0)
+            res = Py_NewRef(Py_None);
+        goto done;
+    }
     lens = PyByteArray_FromStringAndSize(NULL, n * 8);
     if (!lens)
         goto done;
     int64_t *ln = (int64_t *)PyByteArray_AS_STRING(lens);
-    Py_ssize_t size = 0;
+    Py_ssize_t size = 0, te, alen, body;
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]];
-        if (end[i]) {
-            Py_ssize_t alen = L[INSNS] + vlen((uint64_t)ins[i]);
-            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
-        } else {
-            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
-        }
-        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
-            + L[NEEDS];
-        ln[i] = L[PKT] + vlen((uint64_t)body) + body;
+        ln[i] = pkt_len(&k, i, &te, &alen, &body);
         size += ln[i];
     }
     data = PyBytes_FromStringAndSize(NULL, size);
     if (!data)
         goto done;
     char *p = PyBytes_AS_STRING(data);
-#define PUT(k) (p = put(p, P[k], L[k]))
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]], alen = 0;
-        if (end[i]) {
-            alen = L[INSNS] + vlen((uint64_t)ins[i]);
-            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
-        } else {
-            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
-        }
-        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
-            + L[NEEDS];
-        PUT(PKT);
-        p = vput(p, (uint64_t)body);
-        PUT(TS);
-        p = vput(p, ts[i]);
-        PUT(SEQ);
-        PUT(TEV);
-        p = vput(p, (uint64_t)te);
-        if (end[i]) {
-            PUT(TE);
-            p = put(p, tt.sp[tr[i]], tt.sl[tr[i]]);
-            PUT(ANNOT);
-            p = vput(p, (uint64_t)alen);
-            PUT(INSNS);
-            p = vput(p, (uint64_t)ins[i]);
-        } else {
-            PUT(TB);
-            p = put(p, tt.sp[tr[i]], tt.sl[tr[i]]);
-            PUT(IID);
-            p = vput(p, (uint64_t)iid[i]);
-        }
-        p = put(p, ft.sp[fl[i]], ft.sl[fl[i]]);
-        PUT(NEEDS);
-    }
-#undef PUT
+    for (Py_ssize_t i = 0; i < n; i++)
+        p = pkt_put(&k, i, p);
     res = PyTuple_Pack(2, data, lens);
 done:
-    for (int k = 0; k < 6; k++)
-        if (has[k])
-            PyBuffer_Release(&b[k]);
-    PyMem_Free(tt.sp); PyMem_Free(tt.sl);
-    PyMem_Free(ft.sp); PyMem_Free(ft.sl);
-    PyMem_Free(pt.sp); PyMem_Free(pt.sl);
+    for (int j = 0; j < 6; j++)
+        if (has[j])
+            PyBuffer_Release(&b[j]);
+    PyMem_Free(k.tt.sp); PyMem_Free(k.tt.sl);
+    PyMem_Free(k.ft.sp); PyMem_Free(k.ft.sl);
+    PyMem_Free(k.pt.sp); PyMem_Free(k.pt.sl);
     Py_XDECREF(data);
     Py_XDECREF(lens);
     return res;
@@ -888,9 +995,6 @@ static char *put_frac10(char *p, int64_t k)
         l--;
     return put(p, d, l);
 }
-
-/* text gathered before each write() (as folded's, for the same reason) */
-#define CHROME_CHUNK (1 << 20)
 
 static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -947,13 +1051,13 @@ static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssiz
     if (write) {
         /* one chunk's room and a row's, reused: the text goes out from
            the cache it was made in */
-        out.cap = CHROME_CHUNK + most;
+        out.cap = STREAM_CHUNK + most;
         p = out.p = PyMem_Malloc(out.cap);
         if (!p) {
             PyErr_NoMemory();
             goto done;
         }
-        end = p + CHROME_CHUNK;
+        end = p + STREAM_CHUNK;
     } else {
         res = PyBytes_FromStringAndSize(NULL, size);
         if (!res)
@@ -1011,7 +1115,7 @@ static PyMethodDef methods[] = {
     {"lengths", (PyCFunction)(void (*)(void))py_lengths, METH_FASTCALL,
      "lengths(n, ops) -> bytearray of int64"},
     {"slice_packets", (PyCFunction)(void (*)(void))py_slice_packets, METH_FASTCALL,
-     "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts) -> (bytes, lens)"},
+     "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts[, write, at, specials]) -> (bytes, lens) or None"},
     {"chrome_slices", (PyCFunction)(void (*)(void))py_chrome_slices, METH_FASTCALL,
      "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts[, write, drop]) -> bytes or None"},
     {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
