@@ -317,6 +317,19 @@ class PathTable:
         self._n = np.concatenate(ns)[first]
         self._buf, self._row, self._pending = [], [], 0
 
+    @property
+    def numbered(self) -> bool:
+        """Whether paths have :meth:`numbers` (the compiled table)."""
+        return self._ix is not None
+
+    def numbers(self, paths: np.ndarray) -> np.ndarray:
+        """Each known path's number, 0 to len(self) - 1 (compiled table)."""
+        self._merge()
+        j = self._ix.find(paths)
+        if len(j) and j.min() < 0:
+            raise KeyError("PathTable.numbers: a path never registered")
+        return j
+
     def _rows(self):
         """The rows added one by one, as (paths, parents, names) arrays."""
         r = np.array(self._row, dtype=object)

@@ -104,15 +104,26 @@ class FoldedWriter:
                 # every weighted path and its ancestors, with their parents
                 nodes, parents, nids = [], [], []
                 frontier = wp
-                # the paths met so far (a set: merging sorted arrays again
-                # at every level was most of this walk on deep stacks)
-                seen = set(frontier.tolist())
+                # the paths met so far: by the table's numbers where it
+                # has them, else a set (merging sorted arrays again at
+                # every level was most of this walk on deep stacks)
+                if paths.numbered:
+                    met = np.zeros(len(paths), bool)
+                    met[paths.numbers(frontier)] = True
+                else:
+                    seen = set(frontier.tolist())
                 while len(frontier):
                     par, nid = paths.lookup(frontier)
                     nodes.append(frontier)
                     parents.append(par)
                     nids.append(nid)
                     nxt = np.unique(par[par != 0])
+                    if paths.numbered:
+                        num = paths.numbers(nxt)
+                        new = ~met[num]
+                        frontier = nxt[new]
+                        met[num[new]] = True
+                        continue
                     nl = nxt.tolist()
                     frontier = nxt[np.fromiter((x not in seen for x in nl), bool, len(nl))]
                     seen.update(frontier.tolist())
@@ -124,7 +135,8 @@ class FoldedWriter:
                 # each node's own weight (0: a caller only)
                 j = np.minimum(np.searchsorted(wp, node), len(wp) - 1)
                 wnode = np.where(wp[j] == node, ww[j], 0.0)
-                del seen, nodes, parents, nids
+                del nodes, parents, nids
+                seen = met = None
                 head = label if t == -1 else f"thread {t}" if t >= 0 else None
                 # every node's children: order[lo[k]:hi[k]] (all at once;
                 # the root's, path 0, apart)
