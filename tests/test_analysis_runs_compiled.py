@@ -286,6 +286,62 @@ def test_paths_match_twin_on_deep_chains():
     assert np.array_equal(a, b)
 
 
+
+def test_path_table_matches_twin():
+    """The compiled path table (a hash of numbered keys, grown as it
+    fills) answers lookups as the twin's sorted arrays do: the first
+    registration of a hash wins, rows one by one and arrays mixed."""
+    from hwtrace.analysis.slices import PathTable
+    rng = np.random.default_rng(7)
+    tabs = [PathTable(impl="compiled"), PathTable(impl="python")]
+    known = []
+    for step in range(40):
+        n = int(rng.integers(1, 9000))
+        h = rng.integers(1, 1 << 40, n).astype(U8)
+        if known and step % 3:            # some hashes again, other payloads
+            again = rng.choice(np.concatenate(known), n // 2)
+            h[:len(again)] = again
+        par = rng.integers(0, 1 << 62, n).astype(U8)
+        nid = rng.integers(0, 500, n).astype(np.int32)
+        for t in tabs:
+            if step % 4 == 3:
+                for a, b, c in zip(h[:50].tolist(), par[:50].tolist(), nid[:50].tolist()):
+                    t.add(a, b, c)
+            else:
+                t.add_many(h, par, nid)
+        if step % 4 == 3:
+            h = h[:50]
+        known.append(h)
+    q = rng.permutation(np.unique(np.concatenate(known)))
+    (pa, na), (pb, nb) = (t.lookup(q) for t in tabs)
+    assert len(tabs[0]) == len(tabs[1]) == len(q) > 100_000
+    assert np.array_equal(pa, pb) and np.array_equal(na, nb)
+    with pytest.raises(KeyError):
+        tabs[0].lookup(np.array([0], U8))
+
+
+def test_key_sums_add_in_row_order():
+    """KeyIndex numbers keys in first-seen order and sums each key's
+    weights in the rows' order (as a loop would)."""
+    from hwtrace.analysis.slices import KeyIndex
+    rng = np.random.default_rng(3)
+    ix = KeyIndex(_core(), sums=True)
+    want: dict[int, float] = {}
+    order: list[int] = []
+    for _ in range(20):
+        k = rng.integers(0, 5000, 3000).astype(U8)
+        w = rng.random(3000) * 1e6
+        ix.add(k, w)
+        for a, b in zip(k.tolist(), w.tolist()):
+            if a not in want:
+                want[a] = 0.0
+                order.append(a)
+            want[a] += b
+    assert ix.keys[:ix.n].tolist() == order
+    assert ix.sums[:ix.n].tolist() == [want[a] for a in order]
+    assert np.array_equal(ix.find(np.array(order[::-1] + [5001], U8)),
+                          np.r_[np.arange(ix.n)[::-1], -1])
+
 # -- end to end: the builder over real recordings ------------------------------------
 
 def _slices(bundle, impl, monkeypatch):

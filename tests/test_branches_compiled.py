@@ -72,6 +72,19 @@ def test_jsonl_compiled_matches_twin(seed):
             == format_chunk(a[:1], _namer(addrs), "jsonl", impl="python"))
 
 
+def test_jsonl_compiled_matches_twin_on_runs():
+    """Rows whose pid, tid and time stay for a while (as a thread's
+    branches do), -1 (null) runs among them: the core's text made once
+    per run is the twin's."""
+    a, addrs = _records(3000, 4)
+    rng = np.random.default_rng(4)
+    for col in ("pid", "tid", "time"):
+        starts = np.sort(rng.choice(np.arange(1, len(a)), 40, replace=False))
+        a[col] = np.repeat(a[col][np.r_[0, starts]], np.diff(np.r_[0, starts, len(a)]))
+    py = format_chunk(a, _namer(addrs), "jsonl", impl="python")
+    assert format_chunk(a, _namer(addrs), "jsonl", impl="compiled") == py
+
+
 def test_jsonl_compiled_across_chunks():
     """The index of addresses persists on the namer: chunks that share
     addresses and bring new ones give the twin's lines."""

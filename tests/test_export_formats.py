@@ -361,10 +361,11 @@ def test_folded_time_weight_equals_insns_without_timing(flow):
 @pytest.mark.parametrize("kw", [{}, {"weight": "time"}, {"root": "fib"},
                                 {"per_thread": True}])
 def test_folded_compiled_lines_match_twin(flow, kw):
-    """The compiled core's lines (written to the file's byte buffer) are
-    the twin's, byte for byte and in the same order."""
+    """The compiled core's lines (written to the file's byte buffer),
+    from weights the analysis core's table summed, are the twin's, byte
+    for byte and in the same order."""
     files = [io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2)]
-    ws = [FoldedWriter(f, **kw) for f in files]
+    ws = [FoldedWriter(f, impl=i, **kw) for f, i in zip(files, ("compiled", "python"))]
     run_export(flow, ws)
     ws[0].close(impl="compiled")
     ws[1].close(impl="python")

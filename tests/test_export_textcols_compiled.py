@@ -115,3 +115,66 @@ def test_chrome_slices_compiled_matches_lines():
     t.lit(_PARTS[3]).int(pid).lit(_PARTS[4]).int(tid).strs(flags, fl).lit(_PARTS[5])
     got = core.chrome_slices(name, ts, dur, pid, tid, fl, names, flags, _PARTS)
     assert got == t.text(impl="python")
+
+
+def test_chrome_slices_compiled_streams_the_same_text():
+    """With ``write``, chrome_slices hands the same text over in chunks of
+    about a megabyte (views of its own buffer, released after each
+    call), less the last ``drop`` bytes."""
+    from hwtrace.export.chrome import _PARTS
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(6)
+    n = 40000
+    names = [b'"a"', b'"' + b"x" * 300 + b'"', b'"b"']
+    flags = [b"", b',"args":{"flags":"x"}']
+    cols = (rng.integers(0, 3, n), rng.integers(0, 2 ** 50, n), rng.integers(0, 2 ** 40, n),
+            rng.integers(0, 9, n), rng.integers(0, 9, n), rng.integers(0, 2, n),
+            names, flags, _PARTS)
+    whole = core.chrome_slices(*cols)
+    chunks, views = [], []
+
+    def write(v):
+        views.append(v)
+        chunks.append(bytes(v))
+    assert core.chrome_slices(*cols, write, 2) is None
+    assert b"".join(chunks) == whole[:-2] and len(whole) > 4 << 20
+    assert len(chunks) >= 4 and all(len(c) >= 1 << 20 for c in chunks[:-1])
+    assert all(len(c) < (1 << 20) + 400 for c in chunks)
+    with pytest.raises(ValueError):
+        views[0].tobytes()                  # released: the buffer was reused
+    first = [c[:1] if hasattr(c, "dtype") else c for c in cols]
+    one = []
+    core.chrome_slices(*first, lambda v: one.append(bytes(v)), 0)
+    assert one == [core.chrome_slices(*first)]
+    for drop in (len(one[0]) + 1, -1):
+        with pytest.raises(ValueError):
+            core.chrome_slices(*first, lambda v: None, drop)
+
+
+def test_slice_packets_stream_splices_specials():
+    """With ``write``, slice_packets hands over the packets of its bytes
+    mode in chunks of about a megabyte, each special just before the
+    plain packet its place names (at n: after the last)."""
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(8)
+    n = 60000
+    parts = tuple(bytes([k + 1]) * (k % 3 + 1) for k in range(10))
+    cols = (rng.integers(0, 2 ** 40, n).astype(np.uint64),
+            rng.integers(0, 2, n).astype(np.uint8), rng.integers(0, 3, n),
+            rng.integers(1, 1000, n), rng.integers(0, 2 ** 30, n), rng.integers(0, 2, n),
+            [b"\x10\x01", b"\x10\x02", b"\x10" * 40], [b"", b"\x22\x03abc"], parts)
+    data, lens = core.slice_packets(*cols)
+    offs = np.r_[0, np.cumsum(np.frombuffer(lens, np.int64))]
+    at = np.sort(np.r_[0, 0, rng.integers(0, n + 1, 300), n]).astype(np.int64)
+    specials = [b"S%d" % j + b"x" * int(rng.integers(0, 3000)) for j in range(len(at))]
+    want, done = [], 0
+    for a, sb in zip(at.tolist(), specials):
+        want += [data[done:offs[a]], sb]
+        done = offs[a]
+    want.append(data[done:])
+    chunks = []
+    assert core.slice_packets(*cols, lambda v: chunks.append(bytes(v)), at, specials) is None
+    assert b"".join(chunks) == b"".join(want) and len(data) > 2 << 20
+    assert len(chunks) >= 2 and all(len(c) >= 1 << 20 for c in chunks[:-1])
+    with pytest.raises(ValueError):
+        core.slice_packets(*cols, chunks.append, at[::-1].copy(), specials)

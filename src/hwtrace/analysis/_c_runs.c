@@ -33,7 +33,8 @@
  *
  * After the matching, the rows' per-row work is in core/rows.c (times,
  * begins, children, outermost, records, commit, dense_rows: see there),
- * methods of this module too.
+ * methods of this module too, and so is core/keys.c's table of call-path
+ * keys (keys_index, keys_find).
  *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
@@ -46,11 +47,12 @@
 
 #include "core/buf.h"
 #include "core/rows.h"
+#include "core/keys.h"
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 6
+#define ABI 7
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
@@ -501,6 +503,7 @@ static PyMethodDef methods[] = {
     {"paths", (PyCFunction)(void (*)(void))py_paths, METH_FASTCALL,
      "Call-path hashes, parents first."},
     ROWS_METHODS,
+    KEYS_METHODS,
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,7 +9,9 @@ file: one walk over a run's transfers), or ``None`` for the Python twin
 rows' per-row work after the matching (``core/rows.c``: runs.commit,
 clock.TimeBase.times, rows.Pending, profile.Profile._outermost,
 batchfeed._Arrays, branches.calls' head table) looks the same
-:data:`CORE` up, each with its numpy twin.
+:data:`CORE` up, each with its numpy twin, and so do the call-path table
+and the folded writer's weights (``core/keys.c``: slices.KeyIndex; their
+twins sort).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.analysis._c_runs"
-ABI = 6
+ABI = 7
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

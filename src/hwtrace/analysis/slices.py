@@ -172,21 +172,89 @@ class NameTable:
         return b
 
 
+class KeyIndex:
+    """Distinct uint64 keys numbered 0, 1, ... in the order first added,
+    by the compiled core's hash table (``keys_index`` / ``keys_find`` of
+    :mod:`hwtrace.analysis._c_runs`) over arrays held here and grown here
+    (slots at most half full).  One pass per added row, where the sorted
+    tables (:class:`PathTable`'s and the folded writer's twins) sort every
+    row they meet.  ``sums``: a float64 sum per key, added to in the
+    order of the rows."""
+
+    def __init__(self, core, sums: bool = False):
+        self._core = core
+        self._slots = np.full(1 << 12, -1, np.int64)
+        self.keys = np.empty(1 << 11, np.uint64)
+        self.sums = np.zeros(1 << 11, np.float64) if sums else None
+        self.n = 0
+
+    def _room(self, m: int) -> None:
+        need = self.n + m
+        if need > len(self.keys):
+            cap = max(need, 2 * len(self.keys))
+            keys = np.empty(cap, np.uint64)
+            keys[:self.n] = self.keys[:self.n]
+            self.keys = keys
+            if self.sums is not None:
+                sums = np.zeros(cap, np.float64)
+                sums[:self.n] = self.sums[:self.n]
+                self.sums = sums
+        if 2 * need > len(self._slots):
+            cap = len(self._slots)
+            while cap < 2 * need:
+                cap *= 2
+            self._slots = np.full(cap, -1, np.int64)
+            self._core.keys_index(self._slots, self.keys, 0, self.keys[:self.n].copy(),
+                                  None, None, None, None)
+
+    def add(self, keys: np.ndarray, w: np.ndarray | None = None,
+            idx: bool = False, firsts: bool = False):
+        """Add ``keys`` (and ``w`` to their sums): (each key's number or
+        None, where each new key first came or None)."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        m = len(keys)
+        self._room(m)
+        out = np.empty(m, np.int64) if idx else None
+        f = np.empty(m, np.int64) if firsts else None
+        if w is not None:
+            w = np.ascontiguousarray(w, np.float64)
+        n0 = self.n
+        self.n = self._core.keys_index(self._slots, self.keys, n0, keys, out, f,
+                                       self.sums if w is not None else None, w)
+        return out, (f[:self.n - n0] if firsts else None)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The number of every key (-1: not in the table)."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        out = np.empty(len(keys), np.int64)
+        self._core.keys_find(self._slots, self.keys, keys, out)
+        return out
+
+
 class PathTable:
     """Call paths by hash: ``hash -> (parent hash, name id)``, registered
-    by the builder as paths first appear.  Kept in sorted numpy arrays (a
-    few dozen bytes a path: a Python run's hundreds of thousands of deep
-    paths would take hundreds of MB as dict entries); new ones wait in a
-    buffer until :meth:`lookup` or the buffer's size merges them in.  The
-    buffer may grow as large as the table (at least ``_MERGE``): a merge
-    sorts and copies the whole table, so merging every fixed number of
-    paths made the cost quadratic (91 merges of up to millions of paths on
-    a Python run); a buffer in step with the table keeps it O(n log n) and
-    the memory within twice the table's."""
+    by the builder as paths first appear (a hash met again keeps what it
+    was first registered with).
+
+    Compiled (``impl``, as :mod:`._runs_impl` selects): a :class:`KeyIndex`
+    numbers the hashes as they come, their parents and names in arrays by
+    number.  The twin keeps sorted numpy arrays (a few dozen bytes a path:
+    a Python run's hundreds of thousands of deep paths would take hundreds
+    of MB as dict entries); new ones wait in a buffer until :meth:`lookup`
+    or the buffer's size merges them in.  The buffer may grow as large as
+    the table (at least ``_MERGE``): a merge sorts and copies the whole
+    table, so merging every fixed number of paths made the cost quadratic
+    (91 merges of up to millions of paths on a Python run); a buffer in
+    step with the table keeps it O(n log n) and the memory within twice
+    the table's.  Both answer the same."""
 
     _MERGE = 1 << 16
 
-    def __init__(self):
+    def __init__(self, impl: str | None = None):
+        from hwtrace.analysis import _runs_impl
+        core = _runs_impl.core_for(impl)
+        self._ix = KeyIndex(core) if core is not None else None
+        self._pn: list = []             # compiled: (parents, names) by number
         self._h = np.zeros(0, np.uint64)
         self._p = np.zeros(0, np.uint64)
         self._n = np.zeros(0, np.int32)
@@ -196,35 +264,52 @@ class PathTable:
 
     def __len__(self) -> int:
         self._merge()
-        return len(self._h)
+        return self._ix.n if self._ix is not None else len(self._h)
 
     def add(self, path: int, parent: int, name: int) -> None:
         self._row.append((path, parent, name))
         self._pending += 1
-        if self._pending >= self._MERGE and self._pending >= len(self._h):
+        if self._pending >= self._MERGE and (self._ix is not None
+                                             or self._pending >= len(self._h)):
             self._merge()
 
     def add_many(self, paths: np.ndarray, parents: np.ndarray,
                  names: np.ndarray) -> None:
-        if len(paths):
-            self._buf.append((paths, parents, names))
-            self._pending += len(paths)
-            if self._pending >= self._MERGE and self._pending >= len(self._h):
-                self._merge()
+        if not len(paths):
+            return
+        if self._ix is not None:
+            self._merge()               # the rows before first, in order
+            self._add_compiled(paths, parents, names)
+            return
+        if self._row:                   # the rows before, in order
+            self._buf.append(self._rows())
+            self._row = []
+        self._buf.append((paths, parents, names))
+        self._pending += len(paths)
+        if self._pending >= self._MERGE and self._pending >= len(self._h):
+            self._merge()
+
+    def _add_compiled(self, paths, parents, names) -> None:
+        _idx, f = self._ix.add(paths, firsts=True)
+        if len(f):
+            self._pn.append((np.asarray(parents, np.uint64)[f],
+                             np.asarray(names, np.int32)[f]))
 
     def _merge(self) -> None:
         if not self._pending:
             return
+        if self._ix is not None:
+            rows = self._rows()
+            self._row, self._pending = [], 0
+            self._add_compiled(*rows)
+            return
+        if self._row:
+            self._buf.append(self._rows())
         hs, ps, ns = [self._h], [self._p], [self._n]
         for h, p, n in self._buf:
             hs.append(np.asarray(h, np.uint64))
             ps.append(np.asarray(p, np.uint64))
             ns.append(np.asarray(n, np.int32))
-        if self._row:
-            r = np.array(self._row, dtype=object)
-            hs.append(r[:, 0].astype(np.uint64))
-            ps.append(r[:, 1].astype(np.uint64))
-            ns.append(r[:, 2].astype(np.int32))
         h = np.concatenate(hs)
         u, first = np.unique(h, return_index=True)
         self._h = u
@@ -232,9 +317,39 @@ class PathTable:
         self._n = np.concatenate(ns)[first]
         self._buf, self._row, self._pending = [], [], 0
 
+    @property
+    def numbered(self) -> bool:
+        """Whether paths have :meth:`numbers` (the compiled table)."""
+        return self._ix is not None
+
+    def numbers(self, paths: np.ndarray) -> np.ndarray:
+        """Each known path's number, 0 to len(self) - 1 (compiled table)."""
+        self._merge()
+        j = self._ix.find(paths)
+        if len(j) and j.min() < 0:
+            raise KeyError("PathTable.numbers: a path never registered")
+        return j
+
+    def _rows(self):
+        """The rows added one by one, as (paths, parents, names) arrays."""
+        r = np.array(self._row, dtype=object)
+        return (r[:, 0].astype(np.uint64), r[:, 1].astype(np.uint64),
+                r[:, 2].astype(np.int32))
+
     def lookup(self, paths: np.ndarray):
         """(parent hashes, name ids) of known paths."""
         self._merge()
+        if self._ix is not None:
+            j = self._ix.find(paths)
+            if len(j) and j.min() < 0:
+                raise KeyError("PathTable.lookup: a path never registered")
+            if len(self._pn) != 1:
+                self._pn = [(np.concatenate([p for p, _n in self._pn] or
+                                            [np.zeros(0, np.uint64)]),
+                             np.concatenate([n for _p, n in self._pn] or
+                                            [np.zeros(0, np.int32)]))]
+            par, nid = self._pn[0]
+            return par[j], nid[j]
         j = np.searchsorted(self._h, np.asarray(paths, np.uint64))
         return self._p[j], self._n[j]
 

@@ -51,6 +51,7 @@ typedef struct {
     int64_t *off;           /* per entry: text at blob[off[e]], len[e] bytes */
     int64_t *len;
     uint8_t *has;
+    char (*dec)[24];        /* per entry: the address in decimal, its length last */
     size_t nent, entcap;
     char *blob;
     size_t blen, bcap;
@@ -125,6 +126,7 @@ static void si_dealloc(SymIndex *s)
     PyMem_Free(s->off);
     PyMem_Free(s->len);
     PyMem_Free(s->has);
+    PyMem_Free(s->dec);
     PyMem_Free(s->blob);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -226,7 +228,10 @@ static PyObject *si_add(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
         uint8_t *h = PyMem_Realloc(s->has, nc);
         if (h)
             s->has = h;
-        if (!o || !l || !h) {
+        char (*d)[24] = PyMem_Realloc(s->dec, nc * sizeof *d);
+        if (d)
+            s->dec = d;
+        if (!o || !l || !h || !d) {
             PyErr_NoMemory();
             goto done;
         }
@@ -261,6 +266,7 @@ static PyObject *si_add(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
         s->off[e] = (int64_t)s->blen;
         s->len[e] = tl;
         s->has[e] = t != Py_None;
+        s->dec[e][23] = (char)(put_u64(s->dec[e], a[i]) - s->dec[e]);
         s->blen += tl;
         int fresh;
         *si_find(s, a[i], &fresh) = (int64_t)e;
@@ -361,32 +367,49 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
     if (!res)
         goto done;
     char *p = PyBytes_AS_STRING(res);
+    /* what repeats from row to row is made once: the head up to the kind
+       while pid and tid stay, the time's digits while it stays, and each
+       address's digits (the index holds them) */
+    char head[80], tdig[48];   /* (tdig: 20 digits at most; gcc can not bound tlen) */
+    Py_ssize_t hlen = 0, tlen = 0;
+    int64_t hpid = 0, htid = 0, ltm = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PUT_LIT(p, "{\"pid\":");
-        if (pid[i] >= 0)
-            p = put_u64(p, (uint64_t)pid[i]);
-        else
-            PUT_LIT(p, "null");
-        PUT_LIT(p, ",\"tid\":");
-        if (tid[i] >= 0)
-            p = put_u64(p, (uint64_t)tid[i]);
-        else
-            PUT_LIT(p, "null");
-        PUT_LIT(p, ",\"kind\":");
+        if (!hlen || pid[i] != hpid || tid[i] != htid) {
+            char *h = head;
+            PUT_LIT(h, "{\"pid\":");
+            if (pid[i] >= 0)
+                h = put_u64(h, (uint64_t)pid[i]);
+            else
+                PUT_LIT(h, "null");
+            PUT_LIT(h, ",\"tid\":");
+            if (tid[i] >= 0)
+                h = put_u64(h, (uint64_t)tid[i]);
+            else
+                PUT_LIT(h, "null");
+            PUT_LIT(h, ",\"kind\":");
+            hlen = h - head;
+            hpid = pid[i];
+            htid = tid[i];
+        }
+        p = put(p, head, hlen);
         p = put(p, kstr[kind[i]], klen[kind[i]]);
         PUT_LIT(p, ",\"from\":");
         if (frm[i])
-            p = put_u64(p, frm[i]);
+            p = put(p, s->dec[fe[i]], s->dec[fe[i]][23]);
         else
             PUT_LIT(p, "null");
         PUT_LIT(p, ",\"to\":");
         if (to[i])
-            p = put_u64(p, to[i]);
+            p = put(p, s->dec[te[i]], s->dec[te[i]][23]);
         else
             PUT_LIT(p, "null");
         if (tm[i] >= 0) {
             PUT_LIT(p, ",\"time\":");
-            p = put_u64(p, (uint64_t)tm[i]);
+            if (tm[i] != ltm) {
+                tlen = put_u64(tdig, (uint64_t)tm[i]) - tdig;
+                ltm = tm[i];
+            }
+            p = put(p, tdig, tlen);
         }
         if (dp[i] != INT32_MIN) {
             PUT_LIT(p, ",\"depth\":");

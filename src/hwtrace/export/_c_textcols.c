@@ -36,7 +36,11 @@
  * (b"" none).  ``ts`` uint64, ``end`` uint8, the rest int64.  ``parts``:
  * the encoded constant pieces (type begin, type end, name-iid tag,
  * annotation tag, the "insns" name and int tag, timestamp tag, sequence
- * field, track-event tag, sequence flags, packet tag).
+ * field, track-event tag, sequence flags, packet tag).  With ``write``,
+ * ``at`` (int64, ascending, 0..n) and ``specials`` (a list of bytes) the
+ * packets go to ``write`` a megabyte or so at a time (as folded's, below),
+ * specials[j] just before plain packet at[j] (at n: after the last), and
+ * the call returns None.
  *
  *   chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes
  *
@@ -44,7 +48,9 @@
  * per row parts[0] names[name[i]] parts[1] ts parts[2] dur parts[3] pid
  * parts[4] tid flags[flag[i]] parts[5], where ts and dur are int64
  * multiples of 2**-10 written as exact decimals (Lines.frac) and pid, tid
- * int64 decimals (Lines.int).
+ * int64 decimals (Lines.int).  With ``write`` and ``drop`` the text goes
+ * to ``write`` a megabyte or so at a time (as folded's, below), less its
+ * last ``drop`` bytes, and the call returns None.
  *
  *   folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)
  *
@@ -61,6 +67,10 @@
  * ``write`` (called with a memoryview over the core's own buffer, released
  * after the call) a megabyte or so at a time.
  *
+ * rows and lengths are here; slice_packets and chrome_slices in
+ * core/events.c, folded in core/folded.c, what they share in core/out.c
+ * (declared in core/textcols.h).
+ *
  * ABI is bumped whenever this interface changes; SOURCE_SHA256 is set by
  * setup.py so that the selector (hwtrace._ext) can detect a stale build.
  */
@@ -71,12 +81,12 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "../_ext/textput.h"
+#include "core/textcols.h"
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 3
+#define ABI 4
 
 /* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
 
@@ -116,20 +126,6 @@ static void ops_free(Op *ops, Py_ssize_t nc)
     PyMem_Free(ops);
 }
 
-static int get_buf(PyObject *o, Py_buffer *b, int *has, Py_ssize_t n, Py_ssize_t item,
-                   const char *what)
-{
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    *has = 1;
-    if (b->len != n * item) {
-        PyErr_Format(PyExc_ValueError, "rows: %s has %zd bytes, not %zd", what,
-                     b->len, n * item);
-        return -1;
-    }
-    return 0;
-}
-
 static Py_ssize_t tuple_ssize(PyObject *t, Py_ssize_t k)
 {
     return PyLong_AsSsize_t(PyTuple_GET_ITEM(t, k));
@@ -160,7 +156,7 @@ static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
             goto bad;
         }
         PyObject *cond = PyTuple_GET_ITEM(t, 1);
-        if (cond != Py_None && get_buf(cond, &o->cond, &o->has_cond, n, 1, "cond") < 0)
+        if (cond != Py_None && tc_get_buf(cond, &o->cond, &o->has_cond, n, 1, "cond") < 0)
             goto bad;
         PyObject *a = PyTuple_GET_ITEM(t, 2);
         switch (o->code) {
@@ -195,7 +191,7 @@ static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
                 o->sl[j] = PyBytes_GET_SIZE(s);
             }
             Py_DECREF(tab);
-            if (get_buf(PyTuple_GET_ITEM(t, 3), &o->v, &o->has_v, n, 8, "ids") < 0)
+            if (tc_get_buf(PyTuple_GET_ITEM(t, 3), &o->v, &o->has_v, n, 8, "ids") < 0)
                 goto bad;
             o->width = tuple_ssize(t, 4);
             o->right = PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
@@ -208,7 +204,7 @@ static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
             break;
         }
         case OP_INT:
-            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+            if (tc_get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
                 goto bad;
             o->sign = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
             o->width = tuple_ssize(t, 4);
@@ -221,7 +217,7 @@ static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
                     PyErr_SetString(PyExc_ValueError, "rows: 0 <= bits <= 20");
                 goto bad;
             }
-            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+            if (tc_get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
                 goto bad;
             break;
         case OP_ZEROS:
@@ -232,7 +228,7 @@ static Op *ops_parse(Py_ssize_t n, PyObject *seq, Py_ssize_t *ncp)
         case OP_HEX:
         case OP_VARINT:
         case OP_SPACES:
-            if (get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
+            if (tc_get_buf(a, &o->v, &o->has_v, n, 8, "values") < 0)
                 goto bad;
             break;
         }
@@ -469,506 +465,16 @@ static PyObject *py_lengths(PyObject *self, PyObject *const *args, Py_ssize_t na
     return rows_or_lengths(args, nargs, 0);
 }
 
-/* -- folded(...): flame-graph stacks of a call-path tree --------------------------- */
-
-typedef struct {
-    char *p;
-    Py_ssize_t len, cap;
-} Buf;
-
-static int buf_put(Buf *b, const char *s, Py_ssize_t n)
-{
-    if (b->len + n > b->cap) {
-        Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *q = PyMem_Realloc(b->p, cap);
-        if (!q) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    put(b->p + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
-/* what b holds to write(), lent as a read-only memoryview over b's own
-   memory (no bytes object: a BufferedWriter hands a chunk bigger than its
-   buffer straight to the file) and released after the call, so a writer
-   that kept it can not see b reused; 0, or -1 with an exception set */
-static int folded_flush(Buf *b, PyObject *write)
-{
-    if (!b->len)
-        return 0;
-    PyObject *chunk = PyMemoryView_FromMemory(b->p, b->len, PyBUF_READ);
-    if (!chunk)
-        return -1;
-    PyObject *r = PyObject_CallOneArg(write, chunk);
-    PyObject *rel = PyObject_CallMethod(chunk, "release", NULL);
-    Py_DECREF(chunk);
-    if (!r) {
-        Py_XDECREF(rel);
-        return -1;
-    }
-    Py_DECREF(r);
-    if (!rel)
-        return -1;
-    Py_DECREF(rel);
-    b->len = 0;
-    return 0;
-}
-
-/* bytes gathered before each write: at least a 1 MB file buffer, which a
-   BufferedWriter then passes on without copying (4 MB chunks cost more
-   system time here than they saved) */
-#define FOLDED_CHUNK (1 << 20)
-
-static PyObject *py_folded(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "folded(order, lo, hi, name, weight, names, "
-                        "isroot, head, lo0, hi0, write)");
-        return NULL;
-    }
-    Py_buffer bo, bl, bh, bn, bw, br;
-    int ho = 0, hl = 0, hh = 0, hn = 0, hw = 0, hr = 0;
-    PyObject *res = NULL, *tab = NULL;
-    const char **sp = NULL;
-    Py_ssize_t *sl = NULL, *chain_prev = NULL, *chain_name = NULL, *tmp = NULL;
-    Py_ssize_t *sk = NULL, *sc = NULL;
-    char *sr = NULL;
-    Buf out = {NULL, 0, 0}, line = {NULL, 0, 0};
-    Py_ssize_t *pc = NULL, *pend = NULL;
-    if (PyObject_GetBuffer(args[0], &bo, PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    ho = 1;
-    Py_ssize_t m = bo.len / 8;
-    if (get_buf(args[1], &bl, &hl, m, 8, "lo") < 0
-            || get_buf(args[2], &bh, &hh, m, 8, "hi") < 0
-            || get_buf(args[3], &bn, &hn, m, 8, "name") < 0
-            || get_buf(args[4], &bw, &hw, m, 8, "weight") < 0)
-        goto done;
-    tab = PySequence_Fast(args[5], "folded: names is a sequence");
-    if (!tab)
-        goto done;
-    Py_ssize_t nt = PySequence_Fast_GET_SIZE(tab);
-    if (get_buf(args[6], &br, &hr, nt, 1, "isroot") < 0)
-        goto done;
-    if (!PyBytes_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "folded: head is bytes");
-        goto done;
-    }
-    Py_ssize_t lo0 = PyLong_AsSsize_t(args[8]), hi0 = PyLong_AsSsize_t(args[9]);
-    if (PyErr_Occurred())
-        goto done;
-    const int64_t *order = bo.buf, *lo = bl.buf, *hi = bh.buf, *name = bn.buf;
-    const double *weight = bw.buf;
-    const uint8_t *isroot = br.buf;
-    sp = PyMem_Malloc((nt ? nt : 1) * sizeof(char *));
-    sl = PyMem_Malloc((nt ? nt : 1) * sizeof(Py_ssize_t));
-    chain_prev = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
-    chain_name = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
-    tmp = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
-    sk = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
-    sc = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
-    sr = PyMem_Malloc(m + 1);
-    pc = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
-    pend = PyMem_Malloc((m + 1) * sizeof(Py_ssize_t));
-    if (!sp || !sl || !chain_prev || !chain_name || !tmp || !sk || !sc || !sr || !pc
-            || !pend) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t j = 0; j < nt; j++) {
-        PyObject *s = PySequence_Fast_GET_ITEM(tab, j);
-        if (!PyBytes_Check(s)) {
-            PyErr_SetString(PyExc_TypeError, "folded: names are bytes");
-            goto done;
-        }
-        sp[j] = PyBytes_AS_STRING(s);
-        sl[j] = PyBytes_GET_SIZE(s);
-    }
-    /* the tree must be one: every child index and name in range, each
-       node pushed at most once (else the stacks would overflow) */
-    if (lo0 < 0 || hi0 < lo0 || hi0 > m)
-        goto bad_tree;
-    for (Py_ssize_t k = 0; k < m; k++)
-        if (lo[k] < 0 || hi[k] < lo[k] || hi[k] > m || order[k] < 0 || order[k] >= m
-                || name[k] < 0 || name[k] >= nt)
-            goto bad_tree;
-    const char *head = PyBytes_AS_STRING(args[7]);
-    Py_ssize_t headlen = PyBytes_GET_SIZE(args[7]);
-    int has_head = headlen > 0;
-    Py_ssize_t top = 0, nchain = 0, pushed = 0;
-    /* the last line written (without its weight): its chain entries
-       pc[0..pd) bottom first, where each frame's text ends in it */
-    Py_ssize_t pd = 0, headpart = 0;
-    if (has_head && (buf_put(&line, head, headlen) < 0 || buf_put(&line, ";", 1) < 0))
-        goto done;
-    headpart = line.len;
-    sk[top] = -1;
-    sc[top] = -1;
-    sr[top] = 0;             /* the root: (rooted) as the caller says below */
-    int root_rooted = 1;
-    for (Py_ssize_t j = 0; j < nt; j++)
-        if (!isroot[j]) {
-            root_rooted = 0;
-            break;
-        }
-    sr[top++] = (char)root_rooted;
-    while (top) {
-        top--;
-        Py_ssize_t q = sk[top], cq = sc[top];
-        int rq = sr[top];
-        Py_ssize_t a = q < 0 ? lo0 : lo[q], z = q < 0 ? hi0 : hi[q];
-        for (Py_ssize_t o = a; o < z; o++) {
-            Py_ssize_t k = order[o];
-            Py_ssize_t cn = name[k];
-            int r = rq || isroot[cn];
-            Py_ssize_t ck = -1;
-            if (r) {
-                if (nchain >= m)
-                    goto bad_tree;
-                ck = nchain++;
-                chain_prev[ck] = rq ? cq : -1;
-                chain_name[ck] = cn;
-                double w = weight[k];
-                double v = w ? nearbyint(w) : 0.0;
-                if (v > 0) {
-                    /* the line's frames, bottom first, are its chain;
-                       the frames it shares with the line before (the
-                       same chain entries: an entry is one node) are
-                       that line's text up to there, copied at once */
-                    Py_ssize_t d = 0;
-                    for (Py_ssize_t c = ck; c >= 0; c = chain_prev[c])
-                        tmp[d++] = c;
-                    Py_ssize_t c = d < pd ? d : pd;
-                    while (c > 0 && pc[c - 1] != tmp[d - c])
-                        c--;
-                    line.len = c ? pend[c - 1] : headpart;
-                    for (Py_ssize_t j = c; j < d; j++) {
-                        Py_ssize_t f = chain_name[tmp[d - 1 - j]];
-                        if ((j && buf_put(&line, ";", 1) < 0)
-                                || buf_put(&line, sp[f], sl[f]) < 0)
-                            goto done;
-                        pc[j] = tmp[d - 1 - j];
-                        pend[j] = line.len;
-                    }
-                    pd = d;
-                    if (buf_put(&out, line.p, line.len) < 0)
-                        goto done;
-                    char num[40];
-                    int nn = snprintf(num, sizeof num, " %.0f\n", v);
-                    if (buf_put(&out, num, nn) < 0)
-                        goto done;
-                    if (out.len >= FOLDED_CHUNK && folded_flush(&out, args[10]) < 0)
-                        goto done;
-                }
-            }
-            if (++pushed > m)
-                goto bad_tree;
-            sk[top] = k;
-            sc[top] = ck;
-            sr[top++] = (char)r;
-        }
-    }
-    if (folded_flush(&out, args[10]) < 0)
-        goto done;
-    res = Py_NewRef(Py_None);
-    goto done;
-bad_tree:
-    PyErr_SetString(PyExc_ValueError, "folded: not a tree");
-done:
-    if (ho) PyBuffer_Release(&bo);
-    if (hl) PyBuffer_Release(&bl);
-    if (hh) PyBuffer_Release(&bh);
-    if (hn) PyBuffer_Release(&bn);
-    if (hw) PyBuffer_Release(&bw);
-    if (hr) PyBuffer_Release(&br);
-    Py_XDECREF(tab);
-    PyMem_Free(sp);
-    PyMem_Free(sl);
-    PyMem_Free(chain_prev);
-    PyMem_Free(chain_name);
-    PyMem_Free(tmp);
-    PyMem_Free(sk);
-    PyMem_Free(sc);
-    PyMem_Free(sr);
-    PyMem_Free(out.p);
-    PyMem_Free(line.p);
-    PyMem_Free(pc);
-    PyMem_Free(pend);
-    return res;
-}
-
-/* -- slice_packets(...): Perfetto slice begin/end packets -------------------------- */
-
-static int vlen(uint64_t a)
-{
-    int l = 1;
-    while (a >>= 7)
-        l++;
-    return l;
-}
-
-static char *vput(char *p, uint64_t a)
-{
-    while (a >= 0x80) {
-        *p++ = (char)(a | 0x80);
-        a >>= 7;
-    }
-    *p++ = (char)a;
-    return p;
-}
-
-typedef struct {
-    const char **sp;
-    Py_ssize_t *sl, n;
-} Tab;
-
-static int tab_get(PyObject *o, Tab *t)
-{
-    PyObject *seq = PySequence_Fast(o, "slice_packets: a table is a sequence");
-    if (!seq)
-        return -1;
-    t->n = PySequence_Fast_GET_SIZE(seq);
-    t->sp = PyMem_Malloc((t->n ? t->n : 1) * sizeof(char *));
-    t->sl = PyMem_Malloc((t->n ? t->n : 1) * sizeof(Py_ssize_t));
-    if (!t->sp || !t->sl) {
-        Py_DECREF(seq);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t j = 0; j < t->n; j++) {
-        PyObject *s = PySequence_Fast_GET_ITEM(seq, j);
-        if (!PyBytes_Check(s)) {
-            Py_DECREF(seq);
-            PyErr_SetString(PyExc_TypeError, "slice_packets: table entries are bytes");
-            return -1;
-        }
-        /* the bytes live as long as the caller's table */
-        t->sp[j] = PyBytes_AS_STRING(s);
-        t->sl[j] = PyBytes_GET_SIZE(s);
-    }
-    Py_DECREF(seq);
-    return 0;
-}
-
-#define NPARTS 10
-static PyObject *py_slice_packets(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "slice_packets(ts, end, track, iid, insns, flag, "
-                        "tracks, flags, parts)");
-        return NULL;
-    }
-    Py_buffer b[6];
-    int has[6] = {0};
-    static const Py_ssize_t isz[6] = {8, 1, 8, 8, 8, 8};
-    static const char *what[6] = {"ts", "end", "track", "iid", "insns", "flag"};
-    Tab tt = {NULL, NULL, 0}, ft = {NULL, NULL, 0}, pt = {NULL, NULL, 0};
-    PyObject *data = NULL, *lens = NULL, *res = NULL;
-    Py_ssize_t n = 0;
-    if (PyObject_GetBuffer(args[0], &b[0], PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    has[0] = 1;
-    n = b[0].len / 8;
-    for (int k = 1; k < 6; k++)
-        if (get_buf(args[k], &b[k], &has[k], n, isz[k], what[k]) < 0)
-            goto done;
-    if (tab_get(args[6], &tt) < 0 || tab_get(args[7], &ft) < 0 || tab_get(args[8], &pt) < 0)
-        goto done;
-    if (pt.n != NPARTS) {
-        PyErr_SetString(PyExc_ValueError, "slice_packets: parts has 10 pieces");
-        goto done;
-    }
-    const uint64_t *ts = b[0].buf;
-    const uint8_t *end = b[1].buf;
-    const int64_t *tr = b[2].buf, *iid = b[3].buf, *ins = b[4].buf, *fl = b[5].buf;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (tr[i] < 0 || tr[i] >= tt.n || fl[i] < 0 || fl[i] >= ft.n) {
-            PyErr_SetString(PyExc_IndexError, "slice_packets: a track or flags id "
-                            "outside its table");
-            goto done;
-        }
-    const Py_ssize_t *L = pt.sl;
-    const char **P = pt.sp;
-    enum { TB, TE, IID, ANNOT, INSNS, TS, SEQ, TEV, NEEDS, PKT };
-    lens = PyByteArray_FromStringAndSize(NULL, n * 8);
-    if (!lens)
-        goto done;
-    int64_t *ln = (int64_t *)PyByteArray_AS_STRING(lens);
-    Py_ssize_t size = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]];
-        if (end[i]) {
-            Py_ssize_t alen = L[INSNS] + vlen((uint64_t)ins[i]);
-            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
-        } else {
-            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
-        }
-        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
-            + L[NEEDS];
-        ln[i] = L[PKT] + vlen((uint64_t)body) + body;
-        size += ln[i];
-    }
-    data = PyBytes_FromStringAndSize(NULL, size);
-    if (!data)
-        goto done;
-    char *p = PyBytes_AS_STRING(data);
-#define PUT(k) (p = put(p, P[k], L[k]))
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t te = tt.sl[tr[i]] + ft.sl[fl[i]], alen = 0;
-        if (end[i]) {
-            alen = L[INSNS] + vlen((uint64_t)ins[i]);
-            te += L[TE] + L[ANNOT] + vlen((uint64_t)alen) + alen;
-        } else {
-            te += L[TB] + L[IID] + vlen((uint64_t)iid[i]);
-        }
-        Py_ssize_t body = L[TS] + vlen(ts[i]) + L[SEQ] + L[TEV] + vlen((uint64_t)te) + te
-            + L[NEEDS];
-        PUT(PKT);
-        p = vput(p, (uint64_t)body);
-        PUT(TS);
-        p = vput(p, ts[i]);
-        PUT(SEQ);
-        PUT(TEV);
-        p = vput(p, (uint64_t)te);
-        if (end[i]) {
-            PUT(TE);
-            p = put(p, tt.sp[tr[i]], tt.sl[tr[i]]);
-            PUT(ANNOT);
-            p = vput(p, (uint64_t)alen);
-            PUT(INSNS);
-            p = vput(p, (uint64_t)ins[i]);
-        } else {
-            PUT(TB);
-            p = put(p, tt.sp[tr[i]], tt.sl[tr[i]]);
-            PUT(IID);
-            p = vput(p, (uint64_t)iid[i]);
-        }
-        p = put(p, ft.sp[fl[i]], ft.sl[fl[i]]);
-        PUT(NEEDS);
-    }
-#undef PUT
-    res = PyTuple_Pack(2, data, lens);
-done:
-    for (int k = 0; k < 6; k++)
-        if (has[k])
-            PyBuffer_Release(&b[k]);
-    PyMem_Free(tt.sp); PyMem_Free(tt.sl);
-    PyMem_Free(ft.sp); PyMem_Free(ft.sl);
-    PyMem_Free(pt.sp); PyMem_Free(pt.sl);
-    Py_XDECREF(data);
-    Py_XDECREF(lens);
-    return res;
-}
-
-/* -- chrome_slices(...): Chrome "X" events ----------------------------------------- */
-
-/* k / 1024 exactly: Lines.frac(k, 10) */
-static char *put_frac10(char *p, int64_t k)
-{
-    uint64_t a = k < 0 ? (uint64_t)0 - (uint64_t)k : (uint64_t)k;
-    if (k < 0)
-        *p++ = '-';
-    p = put_i64(p, (int64_t)(a >> 10));
-    *p++ = '.';
-    uint64_t f = (a & 1023) * 9765625ULL;       /* 5**10 */
-    char d[10];
-    for (int j = 8; j >= 0; j -= 2, f /= 100)
-        memcpy(d + j, DIG2 + 2 * (f % 100), 2);
-    int l = 10;
-    while (l > 1 && d[l - 1] == '0')
-        l--;
-    return put(p, d, l);
-}
-
-static PyObject *py_chrome_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "chrome_slices(name, ts, dur, pid, tid, flag, "
-                        "names, flags, parts)");
-        return NULL;
-    }
-    Py_buffer b[6];
-    int has[6] = {0};
-    static const char *what[6] = {"name", "ts", "dur", "pid", "tid", "flag"};
-    Tab nt = {NULL, NULL, 0}, ft = {NULL, NULL, 0}, pt = {NULL, NULL, 0};
-    PyObject *res = NULL;
-    Py_ssize_t n = 0;
-    if (PyObject_GetBuffer(args[0], &b[0], PyBUF_C_CONTIGUOUS) < 0)
-        goto done;
-    has[0] = 1;
-    n = b[0].len / 8;
-    for (int k = 1; k < 6; k++)
-        if (get_buf(args[k], &b[k], &has[k], n, 8, what[k]) < 0)
-            goto done;
-    if (tab_get(args[6], &nt) < 0 || tab_get(args[7], &ft) < 0 || tab_get(args[8], &pt) < 0)
-        goto done;
-    if (pt.n != 6) {
-        PyErr_SetString(PyExc_ValueError, "chrome_slices: parts has 6 pieces");
-        goto done;
-    }
-    const int64_t *name = b[0].buf, *ts = b[1].buf, *dur = b[2].buf, *pid = b[3].buf,
-        *tid = b[4].buf, *fl = b[5].buf;
-    Py_ssize_t fixed = 0, size = 0;
-    for (int k = 0; k < 6; k++)
-        fixed += pt.sl[k];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (name[i] < 0 || name[i] >= nt.n || fl[i] < 0 || fl[i] >= ft.n) {
-            PyErr_SetString(PyExc_IndexError, "chrome_slices: a name or flags id "
-                            "outside its table");
-            goto done;
-        }
-        /* a bound: each number at most 1 + 19 + 1 + 10 bytes */
-        size += fixed + nt.sl[name[i]] + ft.sl[fl[i]] + 4 * 32;
-    }
-    res = PyBytes_FromStringAndSize(NULL, size);
-    if (!res)
-        goto done;
-    char *p = PyBytes_AS_STRING(res);
-#define PART(k) (p = put(p, pt.sp[k], pt.sl[k]))
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PART(0);
-        p = put(p, nt.sp[name[i]], nt.sl[name[i]]);
-        PART(1);
-        p = put_frac10(p, ts[i]);
-        PART(2);
-        p = put_frac10(p, dur[i]);
-        PART(3);
-        p = put_i64(p, pid[i]);
-        PART(4);
-        p = put_i64(p, tid[i]);
-        p = put(p, ft.sp[fl[i]], ft.sl[fl[i]]);
-        PART(5);
-    }
-#undef PART
-    if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
-        res = NULL;
-done:
-    for (int k = 0; k < 6; k++)
-        if (has[k])
-            PyBuffer_Release(&b[k]);
-    PyMem_Free(nt.sp); PyMem_Free(nt.sl);
-    PyMem_Free(ft.sp); PyMem_Free(ft.sl);
-    PyMem_Free(pt.sp); PyMem_Free(pt.sl);
-    return res;
-}
-
 static PyMethodDef methods[] = {
     {"rows", (PyCFunction)(void (*)(void))py_rows, METH_FASTCALL,
      "rows(n, ops) -> bytes"},
     {"lengths", (PyCFunction)(void (*)(void))py_lengths, METH_FASTCALL,
      "lengths(n, ops) -> bytearray of int64"},
-    {"slice_packets", (PyCFunction)(void (*)(void))py_slice_packets, METH_FASTCALL,
-     "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts) -> (bytes, lens)"},
-    {"chrome_slices", (PyCFunction)(void (*)(void))py_chrome_slices, METH_FASTCALL,
-     "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes"},
-    {"folded", (PyCFunction)(void (*)(void))py_folded, METH_FASTCALL,
+    {"slice_packets", (PyCFunction)(void (*)(void))tc_slice_packets, METH_FASTCALL,
+     "slice_packets(ts, end, track, iid, insns, flag, tracks, flags, parts[, write, at, specials]) -> (bytes, lens) or None"},
+    {"chrome_slices", (PyCFunction)(void (*)(void))tc_chrome_slices, METH_FASTCALL,
+     "chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts[, write, drop]) -> bytes or None"},
+    {"folded", (PyCFunction)(void (*)(void))tc_folded, METH_FASTCALL,
      "folded(order, lo, hi, name, weight, names, isroot, head, lo0, hi0, write)"},
     {NULL, NULL, 0, NULL}
 };

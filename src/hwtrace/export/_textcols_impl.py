@@ -3,7 +3,7 @@
 :meth:`hwtrace.export.textcols.Lines.render`, ``.text`` and
 ``.lengths``, the Perfetto and Chrome writers' slice encoders and the
 folded writer's stacks look :data:`CORE` up: the extension module ``hwtrace.export._c_textcols``
-(source ``_c_textcols.c`` next to this file), or ``None`` for the Python
+(source ``_c_textcols.c`` next to this file and ``core/``), or ``None`` for the Python
 twin (the byte matrix and its mask) -- see :mod:`hwtrace._ext` for the
 selection rules (``HWTRACE_NO_EXTENSIONS=1``,
 ``HWTRACE_REQUIRE_EXTENSIONS=1``).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.export._c_textcols"
-ABI = 3
+ABI = 4
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

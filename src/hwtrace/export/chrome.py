@@ -127,19 +127,27 @@ class ChromeTraceWriter:
             table.extend(names.json_bytes(i) for i in range(len(table), len(names)))
         flags = X["flags"]
         core = None if self._args else _textcols_impl.core_for(self.impl)
-        if core is not None:
-            ftab = self._flag_table(flags, b',"args":{"flags":"', b'"}')
-            c64 = np.ascontiguousarray
-            text = core.chrome_slices(
-                c64(X["name"], np.int64), c64(b, np.int64), c64(e - b, np.int64),
-                c64(pid, np.int64), c64(tid, np.int64), c64(self._flag_ids, np.int64),
-                table, ftab, _PARTS)
-        else:
-            text = self._lines(X, table, b, e, pid, tid, flags)
         if self._first:
             self._first = False
         else:
             self._fp.write(",\n")
+        if core is not None:
+            ftab = self._flag_table(flags, b',"args":{"flags":"', b'"}')
+            c64 = np.ascontiguousarray
+            cols = (c64(X["name"], np.int64), c64(b, np.int64), c64(e - b, np.int64),
+                    c64(pid, np.int64), c64(tid, np.int64),
+                    c64(self._flag_ids, np.int64), table, ftab, _PARTS)
+            raw = _byte_layer(self._fp)
+            if raw is not None:
+                # a megabyte at a time from the core's buffer, less the
+                # last ",\n" (written while still in the cache)
+                self._fp.flush()            # what the text layer holds goes first
+                core.chrome_slices(*cols, raw.write, 2)
+                self.slices += n
+                return
+            text = core.chrome_slices(*cols)
+        else:
+            text = self._lines(X, table, b, e, pid, tid, flags)
         _write_ascii(self._fp, memoryview(text)[:-2])
         self.slices += n
 
@@ -231,12 +239,21 @@ class ChromeTraceWriter:
                        + json.dumps(data) + "}\n")
 
 
+def _byte_layer(fp):
+    """The byte buffer under a text file whose encoding writes ASCII as
+    itself, or None."""
+    buf = getattr(fp, "buffer", None)
+    if buf is not None and _ascii_encoding(getattr(fp, "encoding", None)):
+        return buf
+    return None
+
+
 def _write_ascii(fp, data) -> None:
     """ASCII bytes to a text file: straight to its byte buffer when the
     file's encoding writes ASCII as itself (no decoding and encoding again
     of megabytes per chunk), else decoded."""
-    buf = getattr(fp, "buffer", None)
-    if buf is not None and _ascii_encoding(getattr(fp, "encoding", None)):
+    buf = _byte_layer(fp)
+    if buf is not None:
         fp.flush()                  # what the text layer holds goes first
         buf.write(data)
     else:

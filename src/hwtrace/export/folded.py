@@ -30,10 +30,16 @@ class FoldedWriter:
     needs_paths = True
 
     def __init__(self, fp, weight: str = "insns", per_thread: bool = False,
-                 root: str | None = None):
+                 root: str | None = None, impl: str | None = None):
         if weight not in ("insns", "time"):
             raise ValueError(f"bad weight {weight!r}")
         self._fp = fp
+        #: the weights' table: the analysis core's hash table (None: where
+        #: it loaded) or the twin's sorted arrays ("python"); instruction
+        #: weights only -- whole numbers, whose float sums are exact in any
+        #: order, where times' sums would round by the order of adding
+        from hwtrace.analysis import _runs_impl
+        self._keys_core = _runs_impl.core_for(impl) if weight == "insns" else None
         self._weight = weight
         self._per_thread = per_thread
         self._root = root
@@ -57,7 +63,7 @@ class FoldedWriter:
             return
         if ctx is not self._ctx:
             self._ctx = ctx
-            self._cur = _Weights()
+            self._cur = _Weights(self._keys_core)
             self._groups.append((ctx, track_label(self._info).replace(";", ":"),
                                  self._cur))
         if self._weight == "insns":
@@ -98,15 +104,26 @@ class FoldedWriter:
                 # every weighted path and its ancestors, with their parents
                 nodes, parents, nids = [], [], []
                 frontier = wp
-                # the paths met so far (a set: merging sorted arrays again
-                # at every level was most of this walk on deep stacks)
-                seen = set(frontier.tolist())
+                # the paths met so far: by the table's numbers where it
+                # has them, else a set (merging sorted arrays again at
+                # every level was most of this walk on deep stacks)
+                if paths.numbered:
+                    met = np.zeros(len(paths), bool)
+                    met[paths.numbers(frontier)] = True
+                else:
+                    seen = set(frontier.tolist())
                 while len(frontier):
                     par, nid = paths.lookup(frontier)
                     nodes.append(frontier)
                     parents.append(par)
                     nids.append(nid)
                     nxt = np.unique(par[par != 0])
+                    if paths.numbered:
+                        num = paths.numbers(nxt)
+                        new = ~met[num]
+                        frontier = nxt[new]
+                        met[num[new]] = True
+                        continue
                     nl = nxt.tolist()
                     frontier = nxt[np.fromiter((x not in seen for x in nl), bool, len(nl))]
                     seen.update(frontier.tolist())
@@ -118,7 +135,8 @@ class FoldedWriter:
                 # each node's own weight (0: a caller only)
                 j = np.minimum(np.searchsorted(wp, node), len(wp) - 1)
                 wnode = np.where(wp[j] == node, ww[j], 0.0)
-                del seen, nodes, parents, nids
+                del nodes, parents, nids
+                seen = met = None
                 head = label if t == -1 else f"thread {t}" if t >= 0 else None
                 # every node's children: order[lo[k]:hi[k]] (all at once;
                 # the root's, path 0, apart)
@@ -225,10 +243,15 @@ class FoldedWriter:
 
 
 class _Weights:
-    """Weights summed per (thread, call path), in numpy arrays (merged a
-    few hundred thousand rows at a time)."""
+    """Weights summed per (thread, call path).  Compiled (``core``): a
+    :class:`~hwtrace.analysis.slices.KeyIndex` per thread sums each row
+    as it comes, sorted once at the end.  The twin: numpy arrays merged a
+    few hundred thousand rows at a time (each merge sorts the table and
+    the new rows).  The same sums for whole-number weights."""
 
-    def __init__(self):
+    def __init__(self, core=None):
+        self._core = core
+        self._ix: dict = {}                 # compiled: thread -> KeyIndex
         self._t = np.zeros(0, np.int64)
         self._p = np.zeros(0, np.uint64)
         self._w = np.zeros(0, np.float64)
@@ -236,11 +259,30 @@ class _Weights:
         self._n = 0
 
     def add(self, t, p, w) -> None:
+        if self._core is not None:
+            t = np.asarray(t, np.int64)
+            if not len(t):
+                return
+            t0 = int(t[0])
+            if (t == t0).all():
+                self._table(t0).add(p, w)
+                return
+            for v in np.unique(t).tolist():
+                m = t == v
+                self._table(v).add(np.asarray(p)[m], np.asarray(w)[m])
+            return
         self._buf.append((np.asarray(t, np.int64), np.asarray(p, np.uint64),
                           np.asarray(w, np.float64)))
         self._n += len(w)
         if self._n >= 1 << 19:
             self._merge()
+
+    def _table(self, t: int):
+        ix = self._ix.get(t)
+        if ix is None:
+            from hwtrace.analysis.slices import KeyIndex
+            ix = self._ix[t] = KeyIndex(self._core, sums=True)
+        return ix
 
     def _merge(self) -> None:
         if not self._buf:
@@ -261,5 +303,16 @@ class _Weights:
         self._buf, self._n = [], 0
 
     def arrays(self):
+        """(thread, path, weight) sorted by thread and path, one row each."""
+        if self._core is not None:
+            ts, ps, ws = [self._t], [self._p], [self._w]
+            for t in sorted(self._ix):
+                ix = self._ix[t]
+                keys = ix.keys[:ix.n]
+                order = np.argsort(keys)
+                ts.append(np.full(ix.n, t, np.int64))
+                ps.append(keys[order])
+                ws.append(ix.sums[:ix.n][order])
+            return np.concatenate(ts), np.concatenate(ps), np.concatenate(ws)
         self._merge()
         return self._t, self._p, self._w

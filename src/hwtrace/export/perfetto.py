@@ -19,11 +19,13 @@ assembles the varints); writing needs no protobuf runtime (see
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from hwtrace.analysis.records import Flag, StreamInfo
 from hwtrace.analysis.slices import RecordChunker
-from hwtrace.export import flag_names, track_of
+from hwtrace.export import _textcols_impl, flag_names, track_of
 from hwtrace.export._pb import f_bytes, f_str, f_varint, varint
 from hwtrace.export.chrome import CPU_PID
 from hwtrace.export.textcols import Lines, small_ids
@@ -198,6 +200,15 @@ class PerfettoTraceWriter:
             plain[list(special)] = False
         pb = plain & isb
         pe = plain & ise
+        core = _textcols_impl.core_for(self.impl)
+        if core is not None and isinstance(self._fp, io.BufferedIOBase):
+            # a megabyte at a time from the core's buffer, the one-by-one
+            # packets spliced in by the number of plain ones before each
+            sp = sorted(special)
+            at = np.searchsorted(np.flatnonzero(plain), sp).astype(np.int64)
+            self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe,
+                         self.impl, (self._fp.write, at, [special[p] for p in sp]))
+            return
         out = self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe,
                            self.impl)
         if not special:
@@ -222,14 +233,21 @@ class PerfettoTraceWriter:
         write(view[done:])
 
     def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
-                impl: str | None = None):
+                impl: str | None = None, stream=None):
         """The plain packets (BEGIN without interning, END): bytes and
         each packet's length (for splicing) -- by the compiled core
-        (``slice_packets``) or the twin below (:class:`.textcols.Lines`)."""
+        (``slice_packets``) or the twin below (:class:`.textcols.Lines`).
+        ``stream``: (write, at, specials), the compiled core writes them
+        with the specials spliced in (see ``slice_packets``) and this
+        returns None."""
         sel = pb | pe
         idx = np.flatnonzero(sel)
         n = len(idx)
         if not n:
+            if stream is not None:
+                for b in stream[2]:
+                    stream[0](b)
+                return None
             return b"", np.zeros(0, np.int64)
         b = pb[idx]
         e = ~b
@@ -240,17 +258,19 @@ class PerfettoTraceWriter:
             ftab = [_flags_annot(x) if x else b"" for x in uf.tolist()]
         else:
             ftab, finv = [b""], np.zeros(n, np.int64)
-        from hwtrace.export import _textcols_impl
         core = _textcols_impl.core_for(impl)
         if core is not None:
-            data, lens = core.slice_packets(
+            out = core.slice_packets(
                 np.ascontiguousarray(ts[idx], np.uint64), np.ascontiguousarray(e, np.uint8),
                 np.ascontiguousarray(tr, np.int64), np.ascontiguousarray(iid[idx], np.int64),
                 np.ascontiguousarray(insns[idx], np.int64),
                 np.ascontiguousarray(finv, np.int64), track_tab, ftab,
                 (_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END], _IID_TAG, _ANNOT_TAG,
                  _INSNS_NAME + _DA_INT_TAG, _TS_TAG, self._seq_head, _TE_TAG,
-                 _NEEDS_STATE, _PACKET_TAG))
+                 _NEEDS_STATE, _PACKET_TAG), *(stream or ()))
+            if stream is not None:
+                return None
+            data, lens = out
             return data, np.frombuffer(lens, np.int64)
         te = Lines(n)
         te.strs([_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END]], e.astype(np.int64))
