@@ -442,11 +442,8 @@ walked:
                         vec_bytes(&top), vec_bytes(&unk), nids);
 fail:
     {
-        Py_buffer *bufs[] = {&bc, &bf, &bt, &bs, &sf, &sr, &so, &sa, &tl, &th, &ts,
-                             &tf, &tn, &tb, &bfl, &bss};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
+        RELEASE_BUFS(&bc, &bf, &bt, &bs, &sf, &sr, &so, &sa,
+                     &tl, &th, &ts, &tf, &tn, &tb, &bfl, &bss);
         Vec *vs[] = {&o_tr, &o_lvl, &o_ret, &o_ok, &o_fl, &o_pfr, &x_tr, &x_lvl,
                      &x_fr, &top, &unk, &o_nid};
         for (size_t i = 0; i < sizeof vs / sizeof *vs; i++)

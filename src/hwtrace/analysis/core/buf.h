@@ -23,4 +23,15 @@ static inline int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, Py_ssi
     return 0;
 }
 
+/* release every buffer of the list that was got (obj set) */
+static inline void release_bufs(Py_buffer *const *bufs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (bufs[i]->obj)
+            PyBuffer_Release(bufs[i]);
+}
+#define RELEASE_BUFS(...)                                                       \
+    release_bufs((Py_buffer *[]){__VA_ARGS__},                                  \
+                 sizeof((Py_buffer *[]){__VA_ARGS__}) / sizeof(Py_buffer *))
+
 #endif

@@ -131,12 +131,7 @@ PyObject *hw_keys_index(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     res = PyLong_FromSsize_t(used);
 done:
-    {
-        Py_buffer *bufs[] = {&bs, &bk, &bn, &bi, &bf, &bu, &bw};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
-    }
+    RELEASE_BUFS(&bs, &bk, &bn, &bi, &bf, &bu, &bw);
     return res;
 }
 
@@ -167,11 +162,6 @@ PyObject *hw_keys_find(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         out[i] = slots[key_slot(slots, keys, mask, q[i])];
     res = Py_NewRef(Py_None);
 done:
-    {
-        Py_buffer *bufs[] = {&bs, &bk, &bq, &bo};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
-    }
+    RELEASE_BUFS(&bs, &bk, &bq, &bo);
     return res;
 }

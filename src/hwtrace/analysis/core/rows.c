@@ -81,12 +81,7 @@ PyObject *hw_rows_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     res = Py_NewRef(Py_None);
 done:
-    {
-        Py_buffer *bufs[] = {&as, &ai, &at, &bs, &bi, &bo};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
-    }
+    RELEASE_BUFS(&as, &ai, &at, &bs, &bi, &bo);
     return res;
 }
 
@@ -149,12 +144,7 @@ PyObject *hw_rows_begins(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     res = Py_NewRef(Py_None);
 done:
-    {
-        Py_buffer *bufs[] = {&ei, &eb, &xi, &xb, &fo, &en};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
-    }
+    RELEASE_BUFS(&ei, &eb, &xi, &xb, &fo, &en);
     return res;
 }
 
@@ -767,11 +757,6 @@ PyObject *hw_rows_dense_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     res = PyLong_FromSsize_t(miss);
 done:
-    {
-        Py_buffer *bufs[] = {&bd, &bh, &bl, &bo};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-            if (bufs[i]->obj)
-                PyBuffer_Release(bufs[i]);
-    }
+    RELEASE_BUFS(&bd, &bh, &bl, &bo);
     return res;
 }
