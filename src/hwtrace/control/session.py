@@ -148,6 +148,12 @@ class Session:
         if d is not None:
             self._dev._buffers[d].store.unit.disable()
 
+    @property
+    def awaits_program_start(self) -> bool:
+        """Whether :meth:`program_started` is still awaited (a duration's
+        clock waits for it): only then need an engine watch for it."""
+        return self._on_program_start is not None
+
     def program_started(self) -> None:
         """The workload's first thread is being traced: the run's duration
         counts from now (for an engine with ``starts_duration_clock``).

@@ -48,8 +48,9 @@ The session
   process; ``session.drain_wake()`` after waking), so no polling is needed.
 * An engine whose workload takes a while to begin (QEMU loading the
   program) sets ``starts_duration_clock = True`` and calls
-  ``session.program_started()`` when the first thread is traced: a run's
-  duration counts from then, not from the engine's own start-up.
+  ``session.program_started()`` when the first thread is traced (while
+  ``session.awaits_program_start``): a run's duration counts from then,
+  not from the engine's own start-up.
 * ``session.snapshot_requested()`` returns the reason of a snapshot request
   (``dev.request_snapshot``: SIGUSR2, a trigger) once: an engine that can
   write the trace so far and stop tracing while the workload goes on does

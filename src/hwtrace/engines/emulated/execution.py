@@ -69,9 +69,9 @@ def qemu_run(engine, session, prog, log: str, env, cwd) -> Outcome:
 def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
     from . import qemu
     snapshot = None
-    # until the plugin logs the program's first thread (QEMU has loaded it),
-    # look for its buffer file every few ms: then the run's clock starts
-    starting = hasattr(session, "program_started")
+    # a duration's clock waits for the program's start: until the plugin
+    # logs the first thread (QEMU has loaded it), look every few ms
+    starting = getattr(session, "awaits_program_start", False)
     while True:
         ev = running.wait(proc, session, [control.fd] if snapshot is None else [],
                           snapshots=snapshot is None, timeout=0.005 if starting else None)
