@@ -40,12 +40,6 @@ def _load_sources():
 SOURCES = _load_sources()
 
 
-def fingerprint(src: Path) -> str:
-    """SHA-256 over every file the extension's build reads (the same
-    computation as hwtrace._ext's staleness check)."""
-    return SOURCES.fingerprint(src)
-
-
 #: extension name -> the text of its sources' stamp (hwtrace._ext.sources)
 STAMPS: dict[str, str] = {}
 
