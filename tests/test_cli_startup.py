@@ -71,7 +71,38 @@ def inputs(tmp_path_factory):
         w.sideband.add(Process(pid=10, cr3=0x2000, comm="code", time=1))
         w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE), offset=0,
                             file="/opt/code.bin", time=2))
+    switching_bundle(d / "cpu")
     return d
+
+
+def switching_bundle(b):
+    """A cpu-mode bundle whose one stream runs two processes that map
+    different code at 0x1000: process 1 (CODE: 4 instructions) from time
+    100, process 2 (nop; syscall) from 150; the trace enables at 0x1000
+    twice, at time 100 and 155.  Decoded in the right address space each
+    time: 6 instructions and one edge (process 1's syscall to where
+    tracing resumes); without the switch, 8."""
+    from hwtrace.bundle import Switch
+    b.mkdir()
+    other = bytes.fromhex("900f05")
+    (b / "one.bin").write_bytes(CODE)
+    (b / "two.bin").write_bytes(other)
+    trace = (E.psb() + E.tsc(100) + E.cbr(22) + E.mode_exec(csl=1)
+             + E.psbend() + E.tip_pge(0x1000) + E.tsc(101) + E.tip_pgd()
+             + E.tsc(155) + E.tip_pge(0x1000) + E.tsc(156) + E.tip_pgd())
+    ctl = (1 << 13) | (1 << 3) | (1 << 2) | (1 << 10) | (1 << 9)
+    with BundleWriter(b / "rec", engine="testing", mode="cpu",
+                      config={"ctl": ctl}) as w:
+        w.add_stream(trace, cpu=0, instructions_observed=6)
+        for pid, code in ((1, "one"), (2, "two")):
+            w.add_image(b / f"{code}.bin", path=f"/opt/{code}.bin")
+            w.sideband.add(Process(pid=pid, cr3=pid << 12, comm=code, time=1))
+            w.sideband.add(Mmap(pid=pid, start=0x1000, size=3 + pid % 2 * 2,
+                                offset=0, file=f"/opt/{code}.bin", time=2))
+        for t, prev, nxt in ((100, -1, 1), (150, 1, 2)):
+            w.sideband.add(Switch(cpu=0, time=t, prev_pid=prev, prev_tid=prev,
+                                  next_pid=nxt, next_tid=nxt))
+    return b / "rec"
 
 
 def _core_or_skip(run: dict) -> None:
@@ -94,6 +125,11 @@ def _core_or_skip(run: dict) -> None:
     (["coverage", "--edges", "--pt", "{d}/t.pt",
       "--raw", "{d}/code.bin:0x1000"], "insns: 4."),
     (["coverage", "--edges", "--quiet", "{d}/rec"], "insns: 4."),
+    # a stream switching processes: the core switches the address space
+    # (no batches, no numpy edge counter)
+    (["decode", "--quiet", "--stat", "{d}/cpu/rec"], "insn: 6."),
+    (["coverage", "--edges", "{d}/cpu/rec"],
+     "0000000000001003 0000000000001000 1\nedges: 1, taken: 1, insns: 6."),
 ])
 def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     run = imports_of(*(a.format(d=inputs) for a in argv))

@@ -672,3 +672,35 @@ def test_listing_follows_each_process(rec):
         assert where.startswith("work"), line
         seen[pid] = seen.get(pid, 0) + 1
     assert set(seen) == set(code)
+
+
+@pytest.mark.parametrize("fixture", ["rec", "rec_ptrace"])
+def test_switching_edges_by_the_core_equal_the_batches(fixture, request):
+    """``coverage --edges`` counts a stream that switches processes in the
+    flow core, through the stream's switcher (fast.packed_edges with the
+    plan's wrap), as ``decode --quiet --stat DIR`` counts it: the same
+    edges, instructions and errors as the views' batches give (the numpy
+    edge counter over them, what coverage used before) and as the Python
+    twin gives."""
+    from hwtrace import streams
+    from hwtrace.analysis.edges import EdgeCounter
+    from hwtrace.flow import fast
+    b = request.getfixturevalue(fixture)["cpu"]
+    switching = 0
+    for st in streams.open_bundle(b).streams:
+        plan = st.plan
+        if plan is None or plan.timeline is None or \
+                len(plan.timeline.spaces()) < 2:
+            continue
+        switching += 1
+        ec = EdgeCounter()
+        for batch in st.batches(decoder="insn", view=True):
+            ec.add_batch(batch)
+        want = (fast.pack_edges(ec.counts()), ec.insns, ec.errors)
+        assert want[1] > 0
+        for impl in ("compiled", "python"):
+            e = fast.packed_edges(st.data(), st.image, st.config, impl=impl,
+                                  wrap=plan.wrap)
+            assert (e.table, e.insns, e.errors) == want, (st.name, impl)
+            assert e.compiled == (impl == "compiled")
+    assert switching

@@ -14,10 +14,11 @@ The compiled flow core computes the edges when it can decode the trace
 exactly; otherwise the Python instruction decoder does (same result).  A
 bundle's streams are opened through hwtrace.streams (images, CPU and
 timing from the manifest; a CPU's stream that runs several processes
-switches address spaces by the sideband, its edges then counted from its
-batches).  Loss is said on stderr: decode errors (the edges cover what
-could be decoded) and what the recorder lost; a trace of which nothing
-could be decoded is an error (exit status 1).
+switches address spaces by the sideband and the trace's PIPs in the same
+compiled decode, as ``decode DIR`` does).  Loss is said on stderr: decode
+errors (the edges cover what could be decoded) and what the recorder
+lost; a trace of which nothing could be decoded is an error (exit status
+1).
 """
 
 from __future__ import annotations
@@ -106,9 +107,9 @@ def _read(path: str, check: bool = True):
 
 
 def _streams(args):
-    """(label, data, image, config, entry) per trace to cover; a stream
-    that switches address spaces by the sideband comes with its
-    hwtrace.streams.Stream instead of an image (edges from its batches)."""
+    """(label, data, image, config, entry, stream) per trace to cover;
+    ``stream``: the hwtrace.streams.Stream of one that switches address
+    spaces (None otherwise)."""
     if not args.bundle:
         if not args.pt:
             raise CliError("coverage: no trace: use --pt FILE or a bundle DIR")
@@ -135,22 +136,26 @@ def _streams(args):
             plan = st.plan
             switching = plan is not None and plan.timeline is not None and \
                 len(plan.timeline.spaces()) > 1
-            out.append((st.name, None if switching else st.data(), st.image,
-                        st.config, st.entry, st if switching else None))
+            out.append((st.name, st.data(), st.image, st.config, st.entry,
+                        st if switching else None))
     except StreamsError as e:
         raise CliError(f"coverage: {e}") from None
     return out
 
 
-def _batch_edges(stream):
-    """(edge counts, insns, errors) of a stream that switches address
-    spaces by the sideband, from its batches (numpy's edge counter: only
-    such streams load it)."""
-    from hwtrace.analysis.edges import EdgeCounter
-    ec = EdgeCounter()
-    for b in stream.batches(decoder="insn", view=True):
-        ec.add_batch(b)
-    return ec.counts(), ec.insns, ec.errors
+def _switched_edges(fast, data, image, cfg, stream):
+    """The packed edges of a stream that switches address spaces by the
+    sideband and the trace's PIPs: the flow core decodes it through the
+    stream's switcher (as ``decode --quiet --stat DIR`` counts it), then
+    says where the trace left the process ambiguous (what its batches
+    would have said when they ended)."""
+    from hwtrace.streams import StreamsError
+    try:
+        e = fast.packed_edges(data, image, cfg, wrap=stream.plan.wrap)
+    except StreamsError as err:
+        raise CliError(f"coverage: {err}") from None
+    stream.report()
+    return e
 
 
 def run(args) -> int:
@@ -166,12 +171,11 @@ def run(args) -> int:
     notes = []
     for label, data, image, cfg, entry, stream in _streams(args):
         if stream is not None:
-            counts, n, err = _batch_edges(stream)
-            tables.append(fast.pack_edges(counts))
+            e = _switched_edges(fast, data, image, cfg, stream)
         else:
             e = fast.packed_edges(data, image, cfg)
-            tables.append(e.table)
-            n, err = e.insns, e.errors
+        tables.append(e.table)
+        n, err = e.insns, e.errors
         insns += n
         errors += err
         name = label or args.pt

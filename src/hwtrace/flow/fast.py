@@ -409,29 +409,42 @@ class EdgeSink(_ErrorSink):
         return self.edges
 
 
-def edges(data, image, config=None, impl=None, resync=False) -> Edges:
-    """Exact edge counts of the trace (see the module docstring)."""
+def _edge_decoder(data, image, config, impl, resync, wrap):
+    """The compiled core's instruction decoder for edges, switched by
+    ``wrap`` as :func:`count`'s is."""
+    dec = core_decoder(data, image, config, block=False, resync=resync,
+                       plain_offsets=wrap is not None,
+                       impl=impl or "compiled")
+    if wrap is not None:
+        flow = _CoreFlow(dec, data, config)
+        dec.set_hooks(*flow.hooks(wrap(flow)))
+    return dec
+
+
+def edges(data, image, config=None, impl=None, resync=False,
+          wrap=None) -> Edges:
+    """Exact edge counts of the trace (see the module docstring);
+    ``wrap``: an address-space switcher, as for :func:`count` (a bundle's
+    stream that runs several processes)."""
     if _core(impl) is not None:
-        dec = core_decoder(data, image, config, block=False, resync=resync,
-                           impl=impl or "compiled")
+        dec = _edge_decoder(data, image, config, impl, resync, wrap)
         counts, insns, errors = dec.edges()
         return Edges(counts, insns, len(errors), True)
     sink = EdgeSink()
-    _python_run(_python_decoder(data, image, config, False), False, resync,
-                sink)
+    dec = _python_decoder(data, image, config, False)
+    _python_run(dec if wrap is None else wrap(dec), False, resync, sink)
     return Edges(sink.edges, sink.insns, len(sink.errors), False)
 
 
 def packed_edges(data, image, config=None, impl=None,
-                 resync=False) -> PackedEdges:
+                 resync=False, wrap=None) -> PackedEdges:
     """:func:`edges` as a packed table (the core sorts and packs it; the
     twin's dict is packed by :func:`pack_edges`)."""
     if _core(impl) is not None:
-        dec = core_decoder(data, image, config, block=False, resync=resync,
-                           impl=impl or "compiled")
+        dec = _edge_decoder(data, image, config, impl, resync, wrap)
         table, insns, errors = dec.edges(True)
         return PackedEdges(table, insns, len(errors), True)
-    e = edges(data, image, config, impl, resync)
+    e = edges(data, image, config, impl, resync, wrap)
     return PackedEdges(pack_edges(e.counts), e.insns, e.errors, False)
 
 
