@@ -172,14 +172,52 @@ def test_usage_and_errors_import_only_the_command_line(argv):
     # the parsers only: nothing that decodes, records or reads a bundle
     assert [m for m in run["modules"] if m.startswith("hwtrace.")
             and not m.startswith("hwtrace.cli")] == []
+    # and of the commands only the one named first: a command line that
+    # names none (usage, --help, --version, a bad command or option)
+    # lists the commands from hwtrace.cli.COMMANDS and builds no parser
+    # (coverage takes decode's image and timing options from its module)
+    named = {"decode": ["decode"], "coverage": ["coverage", "decode"],
+             "dump": ["dump"], "import": ["import_perf"]}.get(
+                 argv[0] if argv else "", [])
+    assert commands_of(run) == [f"hwtrace.cli.{m}" for m in named]
+
+
+def commands_of(run: dict) -> list[str]:
+    return [m for m in run["modules"] if m.startswith("hwtrace.cli.")
+            and not m.startswith("hwtrace.cli._")]
+
+
+def test_a_command_reached_later_is_parsed_by_its_own_parser():
+    """A command line whose first word is an option still reaches the
+    command it names: its parser is built then, and parses as when the
+    command comes first (here: both options unknown, said together)."""
+    run = imports_of("--no-such-option", "decode", "--bogus")
+    assert run["status"] == 2
+    assert run["stderr"] == \
+        "hwtrace: unrecognized arguments: --no-such-option --bogus\n"
+    assert commands_of(run) == ["hwtrace.cli.decode"]
+
+
+def test_the_command_table_is_what_the_modules_register():
+    """hwtrace.cli.COMMANDS names every command module of the package, in
+    order, and each module registers its command with the table's help
+    (what ``hwtrace --help`` lists without importing them)."""
+    import os
+    from hwtrace import cli
+    here = os.path.dirname(cli.__file__)
+    modules = sorted(f[:-3] for f in os.listdir(here)
+                     if f.endswith(".py") and not f.startswith("_"))
+    assert sorted(m for m, _help in cli.COMMANDS.values()) == modules
+    assert list(cli.COMMANDS) == sorted(cli.COMMANDS)
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert [(a.dest, a.help) for a in sub._choices_actions] == \
+        [(name, h) for name, (_m, h) in cli.COMMANDS.items()]
 
 
 def test_a_named_command_builds_only_its_own_parser():
     run = imports_of("decode", "--help")
     assert run["status"] == 0 and "--quiet" in run["stdout"]
-    commands = [m for m in run["modules"] if m.startswith("hwtrace.cli.")
-                and not m.startswith("hwtrace.cli._")]
-    assert commands == ["hwtrace.cli.decode"]
+    assert commands_of(run) == ["hwtrace.cli.decode"]
 
 
 LAZY = r"""

@@ -1,9 +1,10 @@
 """The command line: parse, call the library, print.
 
 Each subcommand lives in its own module of this package (every module
-whose name does not start with ``_`` is one) and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` to a
-callable taking the parsed namespace and returning an exit status.
+whose name does not start with ``_`` is one, listed in :data:`COMMANDS`
+with its one-line help) and exposes ``register(subparsers)``, which adds
+its parser and sets ``func`` to a callable taking the parsed namespace
+and returning an exit status.
 Errors meant for the user are raised as :class:`CliError` and become one
 line on stderr with a non-zero exit status; nothing else is printed.
 Input files are checked where they are opened, not in each subcommand:
@@ -27,21 +28,41 @@ exit with the traced program's status (128+N: killed by signal N).
 'hwtrace COMMAND --help' for a command's options."""
 
 
-def _command_modules() -> list[str]:
-    """Every module of this package is a subcommand (listed alphabetically;
-    read from the directory as pkgutil.iter_modules would, without the
-    inspect module it imports)."""
-    import importlib.machinery
-    import os
-    suffixes = sorted(importlib.machinery.all_suffixes(), key=len,
-                      reverse=True)
-    names = set()
-    for d in __path__:
-        for f in os.listdir(d):
-            stem = next((f[:-len(s)] for s in suffixes if f.endswith(s)), "")
-            if stem.isidentifier() and not stem.startswith("_"):
-                names.add(stem)
-    return sorted(names)
+#: Every subcommand in ``hwtrace --help``'s order: its name -> (the module
+#: of this package whose ``register(sub)`` adds its parser, the one line
+#: ``hwtrace --help`` lists it with).  A command line that names a command
+#: imports that module only; one that does not (``hwtrace``, ``--help``,
+#: ``--version``, a bad command) imports none (:class:`_Deferred`).
+COMMANDS = {
+    "branches": ("branches",
+                 "call/return/branch records, filtered and windowed"),
+    "calls": ("calls",
+              "indented function-call history with counts and durations"),
+    "coverage": ("coverage", "edge coverage of a trace (exact counts and an "
+                 "AFL-style bitmap)"),
+    "decode": ("decode", "list the executed instructions (symbolized, "
+               "disassembled; ptxed-compatible with --no-inst)"),
+    "diff": ("diff", "where two recorded executions parted ways"),
+    "dump": ("dump", "print a trace's packets (ptdump-compatible)"),
+    "export": ("export", "export call timelines, flame graphs and coverage "
+               "(Chrome JSON, Perfetto, folded, drcov, lcov)"),
+    "images": ("images",
+               "print ptxed/ptoracle --raw image arguments for a stream"),
+    "import": ("import_perf",
+               "import a perf.data or LLDB Intel PT trace into a bundle"),
+    "info": ("info", "capabilities and the engines usable here (and why not)"),
+    "record": ("record",
+               "record a program's execution as an Intel PT trace bundle"),
+    "recover": ("recover",
+                "make a bundle from a trace directory (e.g. after a crash)"),
+    "summary": ("summary", "top functions, call counts, lost data"),
+}
+
+
+def help_of(command: str) -> str:
+    """The one-line help of ``command`` (its module's ``add_parser`` passes
+    it, so that a command's line is written once)."""
+    return COMMANDS[command][1]
 
 
 def warn(text: str) -> None:
@@ -78,18 +99,18 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser(command: str | None = None) -> Parser:
     """The command line's parser, with every subcommand; or, given the
-    ``command`` a command line names, with that one only if the module of
-    its name registers it (the other modules are not even imported: most
-    of a small command's start-up otherwise)."""
-    modules = _command_modules()
-    if command in modules:
-        parser, sub = _parser([command])
-        if command in sub.choices:
-            return parser
-    return _parser(modules)[0]
+    ``command`` a command line names, with that one only (the other
+    modules are not even imported: most of a small command's start-up
+    otherwise)."""
+    if command in COMMANDS:
+        return _parser([command])
+    return _parser(list(COMMANDS))
 
 
-def _parser(modules: list[str]):
+def _parser(commands: list[str], deferred: bool = False) -> Parser:
+    """The top-level parser with the subparsers of ``commands`` (their
+    modules' own; ``deferred``: stand-ins that build them only if the
+    command line reaches them)."""
     parser = Parser(prog="hwtrace", description="hardware control-flow tracing: "
                     "record, decode and view Intel Processor Trace",
                     epilog=EPILOG,
@@ -97,12 +118,44 @@ def _parser(modules: list[str]):
     parser.add_argument("--version", action="version",
                         version=f"hwtrace {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                parser_class=Parser)
+                                parser_class=_Deferred if deferred else Parser)
     sub.required = True
-    for name in modules:
-        module = importlib.import_module(f"hwtrace.cli.{name}")
-        module.register(sub)
-    return parser, sub
+    for name in commands:
+        if deferred:
+            sub.add_parser(name, help=help_of(name), command=name)
+        else:
+            module = importlib.import_module(f"hwtrace.cli.{COMMANDS[name][0]}")
+            module.register(sub)
+    return parser
+
+
+class _Deferred:
+    """A subcommand's place in a parser built for a command line that names
+    no command (``hwtrace --help`` lists the commands from
+    :data:`COMMANDS`; ``--version`` and errors need none of them): if
+    parsing does reach the command after all, its own parser is built and
+    parses, exactly as when the command is named first."""
+
+    def __init__(self, prog: str, command: str):
+        self.prog = prog
+        self.command = command
+
+    def parse_known_args(self, args=None, namespace=None):
+        real = _subparser(build_parser(self.command), self.command)
+        return real.parse_known_args(args, namespace)
+
+
+def _subparser(parser: Parser, command: str):
+    return next(a for a in parser._actions
+                if a.dest == "command").choices[command]
+
+
+def _parser_for(argv: list[str]) -> Parser:
+    """The parser ``main`` parses ``argv`` with: the named command's own
+    (its module only), else every command deferred."""
+    if argv and argv[0] in COMMANDS:
+        return build_parser(argv[0])
+    return _parser(list(COMMANDS), deferred=True)
 
 
 def _version() -> str:
@@ -113,7 +166,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        parser = build_parser(argv[0] if argv else None)
+        parser = _parser_for(argv)
         if not argv:
             parser.print_help()         # "hwtrace" alone: what it can do
             return 2

@@ -21,11 +21,11 @@ import argparse
 import sys
 import tempfile
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(sub) -> None:
-    p = sub.add_parser("branches", help="call/return/branch records, filtered and windowed",
+    p = sub.add_parser("branches", help=help_of("branches"),
                        description=__doc__.splitlines()[0])
     p.add_argument("--kinds", metavar="K,...",
                    help="kinds to keep: all (default; every kind but cond_not_taken), "

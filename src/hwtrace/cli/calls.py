@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import sys
 
+from hwtrace.cli import help_of
+
 
 def register(sub) -> None:
     from hwtrace.cli._filters import add_filter_args
     from hwtrace.cli._views import add_input_args
-    p = sub.add_parser("calls", help="indented function-call history with counts and durations",
+    p = sub.add_parser("calls", help=help_of("calls"),
                        description=__doc__.splitlines()[0])
     add_input_args(p)
     add_filter_args(p)

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError, warn
+from hwtrace.cli import CliError, help_of, warn
 from hwtrace.cli.decode import _DEST, _ImageArg, _image as _load_images, \
     _timing_number
 
 
 def register(sub) -> None:
-    p = sub.add_parser("coverage", help="edge coverage of a trace (exact "
-                       "counts and an AFL-style bitmap)",
+    p = sub.add_parser("coverage", help=help_of("coverage"),
                        description=__doc__.splitlines()[0])
     p.add_argument("bundle", nargs="?", metavar="DIR",
                    help="a trace bundle (images from its sideband)")

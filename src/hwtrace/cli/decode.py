@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 class _ImageArg(argparse.Action):
@@ -61,8 +61,7 @@ examples:
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "decode", help="list the executed instructions (symbolized, "
-        "disassembled; ptxed-compatible with --no-inst)",
+        "decode", help=help_of("decode"),
         usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _input_options(p)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import sys
 
-from hwtrace.cli import CliError, warn
+from hwtrace.cli import CliError, help_of, warn
 
 
 def register(sub) -> None:
-    p = sub.add_parser("diff", help="where two recorded executions parted ways",
+    p = sub.add_parser("diff", help=help_of("diff"),
                        description=__doc__.splitlines()[0])
     p.add_argument("a", metavar="A", help="trace bundle of the first run")
     p.add_argument("b", metavar="B", help="trace bundle of the second run")

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 _FLAGS = [
     # (option, dest, help)
@@ -51,7 +51,7 @@ def _c_int(text: str) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "dump", help="print a trace's packets (ptdump-compatible)",
+        "dump", help=help_of("dump"),
         description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("file", metavar="FILE.pt[:FROM[-TO]]")
     for opt, dest, hlp in _FLAGS:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 from hwtrace.cli._views import (add_input_args, decode_into, nothing_decoded,
                                 summary_line)
 
@@ -29,8 +29,7 @@ __all__ = ["add_input_args", "decode_into", "summary_line", "register", "run"]
 
 def register(sub) -> None:
     from hwtrace.cli._filters import add_filter_args
-    p = sub.add_parser("export", help="export call timelines, flame graphs "
-                       "and coverage (Chrome JSON, Perfetto, folded, drcov, lcov)",
+    p = sub.add_parser("export", help=help_of("export"),
                        description=__doc__.splitlines()[0])
     add_input_args(p)
     p.add_argument("--chrome", metavar="OUT.json",

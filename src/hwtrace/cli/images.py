@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shlex
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "images", help="print ptxed/ptoracle --raw image arguments for a stream",
+        "images", help=help_of("images"),
         description="Print, on one line, the --raw FILE:FROM-TO:ADDR arguments that "
                     "load every executable mapping of the stream's process(es) "
                     "(bundle copies from --copy-images first, then --image-path, then "

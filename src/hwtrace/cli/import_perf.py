@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "import", help="import a perf.data or LLDB Intel PT trace into a bundle",
+        "import", help=help_of("import"),
         description="Read a perf.data file (perf record -e intel_pt//, file or "
                     "pipe layout) or an LLDB saved trace (trace save: its "
                     "trace.json or directory) and write a trace bundle: one "

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "info", help="capabilities and the engines usable here (and why not)",
+        "info", help=help_of("info"),
         description="Print this CPU's Intel PT capabilities (CPUID leaf 0x14), "
                     "each trace engine and whether it can run here -- and if "
                     "not, why -- and the capabilities of the engine --engine "

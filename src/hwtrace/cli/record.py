@@ -10,7 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 DEFAULT_CONFIG = "branch;user;retc;tsc"
 DEFAULT_BUFFER = 64 << 20
@@ -24,7 +24,7 @@ _FIELDS = {"mtc-freq": 14, "cyc-thresh": 19, "psb-freq": 24}
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "record", help="record a program's execution as an Intel PT trace bundle",
+        "record", help=help_of("record"),
         description="Run PROGRAM (or attach to --pid) while tracing it, and write "
                     "a trace bundle to DIR: the per-CPU or per-thread .pt streams "
                     "exactly as Intel PT hardware writes them, manifest.json and "

@@ -9,12 +9,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "recover", help="make a bundle from a trace directory (e.g. after a crash)",
+        "recover", help=help_of("recover"),
         description="Read a trace directory's buffers (memory-mapped chunks and "
                     "their persisted ToPA output registers) and sideband, and "
                     "write a bundle: one stream per CPU or thread, oldest byte "

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import sys
 
-from hwtrace.cli import CliError
+from hwtrace.cli import CliError, help_of
 
 
 def register(sub) -> None:
     from hwtrace.cli._filters import add_filter_args
     from hwtrace.cli._views import add_input_args
-    p = sub.add_parser("summary", help="top functions, call counts, lost data",
+    p = sub.add_parser("summary", help=help_of("summary"),
                        description=__doc__.splitlines()[0])
     add_input_args(p)
     p.add_argument("--top", type=int, default=15, metavar="N",
