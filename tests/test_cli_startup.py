@@ -142,6 +142,10 @@ def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     # instruction cache are not loaded
     assert {"hwtrace.x86.decoder", "hwtrace.x86.tables",
             "hwtrace.flow.fetch"} & set(run["modules"]) == set()
+    # nor the Python packet decoder (30 NamedTuple packet types): the core
+    # reads the packets, and a switcher asks the core for the time ahead
+    assert {"hwtrace.pt.decoder", "hwtrace.pt.packets"} & \
+        set(run["modules"]) == set()
     # the records made before the core runs (config, image, bundle,
     # sideband, streams) are NamedTuples and plain classes: importing
     # dataclasses (inspect, ast, dis, tokenize) and creating dataclasses

@@ -737,13 +737,14 @@ class SpaceSwitcher:
         parent and its fork child, both stopped at the same libc IP: the
         wrong one resumed).  Else the next timing packet from its
         position."""
+        ahead = getattr(self.flow, "time_ahead", None)
+        if ahead is not None:
+            # the compiled core does this same over its own state (and
+            # nothing of the Python packet decoder is loaded for it)
+            return ahead(PEEK_PACKETS, after)
         from hwtrace.pt.decoder import PacketDecoder
         from hwtrace.pt.errors import PtError
         from .timing import TimeError
-        ahead = getattr(self.flow, "time_ahead", None)
-        if ahead is not None:
-            # the compiled core does this same over its own state
-            return ahead(PEEK_PACKETS, after)
         q = getattr(self.flow, "query", None)
         if q is None:
             return None
