@@ -25,6 +25,7 @@ import random
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,19 @@ def sample_text(size: int, seed: int = 18) -> bytes:
                         for _ in range(rnd.randint(2, 12)))
         out += line.encode() + b"\n"
     return bytes(out[:size])
+
+
+def build_programs(directory: Path, sources: dict, *libs: str) -> dict:
+    """Compile each of ``sources`` ({name: C source, dedented here}) with
+    ``gcc -O1`` (then ``libs``) into ``directory``: {name: executable}."""
+    out = {}
+    for name, src in sources.items():
+        c = directory / f"{name}.c"
+        c.write_text(textwrap.dedent(src))
+        exe = directory / name
+        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), *libs], check=True)
+        out[name] = exe
+    return out
 
 
 def run_hwtrace(*args, input=None, check=False, timeout=600, env=None, cwd=None):

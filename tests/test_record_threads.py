@@ -27,12 +27,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import textwrap
 
 import pytest
 
 import ptpieces
-from conftest import run_hwtrace
+from conftest import build_programs, run_hwtrace
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
                                 reason="needs qemu-user and gcc")
@@ -100,15 +99,7 @@ PROGRAMS = {
 
 @pytest.fixture(scope="module")
 def progs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("threadprogs")
-    out = {}
-    for name, src in PROGRAMS.items():
-        c = d / f"{name}.c"
-        c.write_text(textwrap.dedent(src))
-        exe = d / name
-        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), "-lpthread"], check=True)
-        out[name] = exe
-    return out
+    return build_programs(tmp_path_factory.mktemp("threadprogs"), PROGRAMS, "-lpthread")
 
 
 @pytest.fixture(params=["qemu", "ptrace"])
@@ -226,30 +217,44 @@ def cpu_of(stream: str) -> int:
     return int(stream[3:-3])
 
 
+THREAD_MARKS = ("create", "worker_first", "worker_last", "joined")
+
+
+def thread_marks(ptoracle, bundle, exe):
+    """A two-thread program's recording (``mark_create``, its worker's
+    ``mark_worker_first`` and ``mark_worker_last``, ``mark_joined``)
+    decoded by libipt: (sideband, the process, the worker thread,
+    {mark: (stream, time)}, {mark: time})."""
+    _man, lists = decoded(ptoracle, bundle)
+    sb = sideband(bundle)
+    (proc,) = [r for r in sb if r["type"] == "process"]
+    base = proc_base(bundle, exe)
+    syms = symbols(exe)
+    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in THREAD_MARKS})
+    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != proc["pid"]]
+    return sb, proc, worker, m, {n: v[1] for n, v in m.items()}
+
+
+def check_thread_marks_ran(sb, m, proc, worker):
+    """Each mark ran on the CPU and in the thread the switches say."""
+    for n, tid in (("create", proc["pid"]), ("worker_first", worker["tid"]),
+                   ("worker_last", worker["tid"]), ("joined", proc["pid"])):
+        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n
+
+
 def test_two_threads_causal_order(tmp_path, ptoracle, progs, engine):
     b = tmp_path / "two"
     assert record(b, engine, "--config", TIMED, "--", progs["two"]).stdout == "done\n"
-    man, lists = decoded(ptoracle, b)
-    sb = sideband(b)
+    sb, proc, worker, m, t = thread_marks(ptoracle, b, progs["two"])
     check_switches(sb)
-    (proc,) = [r for r in sb if r["type"] == "process"]
-    base = proc_base(b, progs["two"])
-    syms = symbols(progs["two"])
-    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in
-                           ("create", "worker_first", "worker_last", "joined")})
-    t = {n: v[1] for n, v in m.items()}
     assert t["create"] < t["worker_first"] < t["worker_last"] < t["joined"]
     main_tid = proc["pid"]
-    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != main_tid]
     assert t["create"] <= worker["time"] <= t["worker_first"]
     exits = {r["tid"]: r for r in sb if r["type"] == "exit"}
     assert t["worker_last"] <= exits[worker["tid"]]["time"] <= t["joined"]
     assert max(t.values()) <= exits[main_tid]["time"]
     assert exits[worker["tid"]]["time"] <= exits[main_tid]["time"]
-    # each marker ran on the CPU and in the thread the switches say
-    for n, tid in (("create", main_tid), ("worker_first", worker["tid"]),
-                   ("worker_last", worker["tid"]), ("joined", main_tid)):
-        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n
+    check_thread_marks_ran(sb, m, proc, worker)
 
 
 def test_memory_handoff_causal_order(tmp_path, ptoracle, progs, engine):
@@ -262,21 +267,10 @@ def test_memory_handoff_causal_order(tmp_path, ptoracle, progs, engine):
     worker's first mark waits until main spins."""
     b = tmp_path / "ho"
     assert record(b, engine, "--config", TIMED, "--", progs["handoff"]).stdout == "done\n"
-    man, lists = decoded(ptoracle, b)
-    sb = sideband(b)
+    sb, proc, worker, m, t = thread_marks(ptoracle, b, progs["handoff"])
     check_switches(sb)
-    (proc,) = [r for r in sb if r["type"] == "process"]
-    base = proc_base(b, progs["handoff"])
-    syms = symbols(progs["handoff"])
-    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in
-                           ("create", "worker_first", "worker_last", "joined")})
-    t = {n: v[1] for n, v in m.items()}
     assert t["create"] < t["worker_first"] < t["worker_last"] < t["joined"]
-    main_tid = proc["pid"]
-    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != main_tid]
-    for n, tid in (("create", main_tid), ("worker_first", worker["tid"]),
-                   ("worker_last", worker["tid"]), ("joined", main_tid)):
-        assert running(sb, cpu_of(m[n][0]), m[n][1]) == (proc["pid"], tid), n
+    check_thread_marks_ran(sb, m, proc, worker)
 
 
 def test_fork_wait_causal_order(tmp_path, ptoracle, progs, engine):
@@ -307,14 +301,7 @@ def test_thread_clock_starts_with_the_thread(tmp_path, ptoracle, progs, engine):
     b = tmp_path / "tm"
     assert record(b, engine, "--mode", "thread", "--config", TIMED, "--",
                   progs["two"]).stdout == "done\n"
-    man, lists = decoded(ptoracle, b)
-    sb = sideband(b)
-    (proc,) = [r for r in sb if r["type"] == "process"]
-    base = proc_base(b, progs["two"])
-    syms = symbols(progs["two"])
-    m = mark_times(lists, {n: base + syms[f"mark_{n}"] for n in ("create", "worker_first", "worker_last", "joined")})
-    t = {n: v[1] for n, v in m.items()}
-    (worker,) = [r for r in sb if r["type"] == "thread" and r["tid"] != proc["pid"]]
+    sb, proc, worker, m, t = thread_marks(ptoracle, b, progs["two"])
     assert m["worker_first"][0] == f"tid{worker['tid']}.pt"
     first_tsc = next(p["tsc"] for p in ptpieces.packets(ptoracle, b / f"tid{worker['tid']}.pt")
                      if p["type"] == "tsc")
