@@ -158,7 +158,8 @@ def captures(work: Path) -> list[Workload]:
 
 # -- recordings ----------------------------------------------------------------
 
-def _text(kib: int) -> bytes:
+def text(kib: int) -> bytes:
+    """``kib`` KiB of text: the libipt corpus's .ptt sources, repeated."""
     chunks = [p.read_text(errors="replace")
               for p in sorted((SHARED / "corpus" / "libipt").glob("*/*.ptt"))]
     data = "".join(chunks).encode() or b"hwtrace benchmark text\n"
@@ -187,7 +188,7 @@ def record(work: Path, program: str, kib: int, timing: bool) -> Path | None:
         return None
     argv[0] = exe
     if program == "gzip":
-        (work / "in.txt").write_bytes(_text(kib))
+        (work / "in.txt").write_bytes(text(kib))
     name = f"{program}-{kib if program == 'gzip' else 0}" \
            f"{'-timing' if timing else ''}"
     b = work / name
