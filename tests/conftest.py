@@ -19,6 +19,8 @@ are skipped and the run says how to turn them on.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -221,6 +223,16 @@ def build_programs(directory: Path, sources: dict, *libs: str) -> dict:
         subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), *libs], check=True)
         out[name] = exe
     return out
+
+
+def jsonl_in_process(argv) -> list[dict]:
+    """``hwtrace *argv`` run in this process (no interpreter start-up), its
+    output's JSON lines parsed; asserts it exits 0 (its stderr is dropped)."""
+    from hwtrace.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    return [json.loads(x) for x in out.getvalue().splitlines()]
 
 
 def run_hwtrace(*args, input=None, check=False, timeout=600, env=None, cwd=None):
