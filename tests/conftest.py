@@ -225,6 +225,20 @@ def build_programs(directory: Path, sources: dict, *libs: str) -> dict:
     return out
 
 
+def compiled_flow_core():
+    """The compiled flow core (``fast.STATUS``'s module), also where
+    HWTRACE_NO_EXTENSIONS=1 selected the Python twin, for tests about the
+    core; skips the test where it can't be loaded."""
+    from hwtrace import _ext
+    from hwtrace.flow import fast
+    if fast.STATUS.module is not None:
+        return fast.STATUS.module
+    probe = _ext.probe(fast.NAME, fast.ABI)
+    if probe.module is None:
+        pytest.skip(f"compiled flow core unavailable: {probe.reason}")
+    return probe.module
+
+
 def jsonl_in_process(argv) -> list[dict]:
     """``hwtrace *argv`` run in this process (no interpreter start-up), its
     output's JSON lines parsed; asserts it exits 0 (its stderr is dropped)."""
