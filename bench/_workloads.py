@@ -18,12 +18,14 @@ the same run on the same input.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -156,7 +158,8 @@ def captures(work: Path) -> list[Workload]:
 
 # -- recordings ----------------------------------------------------------------
 
-def _text(kib: int) -> bytes:
+def text(kib: int) -> bytes:
+    """``kib`` KiB of text: the libipt corpus's .ptt sources, repeated."""
     chunks = [p.read_text(errors="replace")
               for p in sorted((SHARED / "corpus" / "libipt").glob("*/*.ptt"))]
     data = "".join(chunks).encode() or b"hwtrace benchmark text\n"
@@ -185,7 +188,7 @@ def record(work: Path, program: str, kib: int, timing: bool) -> Path | None:
         return None
     argv[0] = exe
     if program == "gzip":
-        (work / "in.txt").write_bytes(_text(kib))
+        (work / "in.txt").write_bytes(text(kib))
     name = f"{program}-{kib if program == 'gzip' else 0}" \
            f"{'-timing' if timing else ''}"
     b = work / name
@@ -263,3 +266,51 @@ def environment() -> str:
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     return f"load average {' '.join(load)} on {os.cpu_count()} CPUs"
+
+
+# -- the frame of a workload bench --------------------------------------------
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a bench over these workloads (add its own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--input-kib", type=int, default=300)
+    ap.add_argument("--timing", action="store_true",
+                    help="record with TSC/MTC/CYC packets on")
+    ap.add_argument("--work", type=Path,
+                    help="keep the recordings here (made on first use)")
+    ap.add_argument("--only", choices=("captures", "recordings"))
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="hwtrace children compile their modules every "
+                         "time (as this environment says) instead of "
+                         "running with a warm bytecode cache")
+    return ap
+
+
+@contextmanager
+def session(a: argparse.Namespace):
+    """Run a bench over the workloads ``a`` (:func:`parser`) selects:
+    make sure of the oracle and of the compiled flow core (exits if the
+    Python twin would run), print the environment, the children's bytecode
+    cache and the start-up floor; give ``(children, workloads)``; then say
+    how the times were taken and remove a working directory made here."""
+    ensure_oracle()
+    print(f"flow core: {compiled_path_or_die()}")
+    print(environment())
+    work, remove = workdir(a.work)
+    ch = Children(a.cold_bytecode, work)
+    print(ch.note)
+    print(ch.floor(max(a.repeat, 5)))
+    try:
+        loads = []
+        if a.only != "recordings":
+            loads += captures(work)
+        if a.only != "captures":
+            loads += recordings(work, a.input_kib, a.timing)
+        yield ch, loads
+        print("(CPU seconds of the child processes, start-up included, best "
+              f"of {a.repeat}; " + environment() + "; bytecode cache "
+              f"{'cold' if a.cold_bytecode else 'warm'})")
+    finally:
+        if remove:
+            shutil.rmtree(work, ignore_errors=True)

@@ -18,8 +18,6 @@ every process); the output says which, and the start-up floor.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,32 +42,9 @@ def api_time(w: W.Workload, repeat: int):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--input-kib", type=int, default=300)
-    ap.add_argument("--timing", action="store_true",
-                    help="record with TSC/MTC/CYC packets on")
-    ap.add_argument("--work", type=Path,
-                    help="keep the recordings here (made on first use)")
-    ap.add_argument("--only", choices=("captures", "recordings"))
-    ap.add_argument("--cold-bytecode", action="store_true",
-                    help="hwtrace children compile their modules every "
-                         "time (as this environment says) instead of "
-                         "running with a warm bytecode cache")
+    ap = W.parser(__doc__)
     a = ap.parse_args()
-    W.ensure_oracle()
-    print(f"flow core: {W.compiled_path_or_die()}")
-    print(W.environment())
-    work, remove = W.workdir(a.work)
-    ch = W.Children(a.cold_bytecode, work)
-    print(ch.note)
-    print(ch.floor(max(a.repeat, 5)))
-    try:
-        loads = []
-        if a.only != "recordings":
-            loads += W.captures(work)
-        if a.only != "captures":
-            loads += W.recordings(work, a.input_kib, a.timing)
+    with W.session(a) as (ch, loads):
         for w in loads:
             to, ni = W.oracle_blk(w, a.repeat)
             tc, out = ch.best(W.hwtrace("coverage", "--edges", "--pt", w.pt,
@@ -95,12 +70,6 @@ def main() -> int:
             print(f"  fast.edges() in process         {ta:7.3f} s CPU "
                   f"{e.insns / ta / 1e6:7.1f} M insn/s  {to / ta:5.2f}x "
                   f"libipt (no start-up)")
-        print("(CPU seconds of the child processes, start-up included, best "
-              f"of {a.repeat}; " + W.environment() + "; bytecode cache "
-              f"{'cold' if a.cold_bytecode else 'warm'})")
-    finally:
-        if remove:
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

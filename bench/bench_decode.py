@@ -27,8 +27,6 @@ output says which, and the start-up floor (the interpreter alone,
 
 from __future__ import annotations
 
-import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -65,34 +63,11 @@ def batch_rates(w: W.Workload, repeat: int) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--input-kib", type=int, default=300)
-    ap.add_argument("--timing", action="store_true",
-                    help="record with TSC/MTC/CYC packets on")
-    ap.add_argument("--work", type=Path,
-                    help="keep the recordings here (made on first use)")
-    ap.add_argument("--only", choices=("captures", "recordings"))
+    ap = W.parser(__doc__)
     ap.add_argument("--python", action="store_true",
                     help="also time the Python twin (slow)")
-    ap.add_argument("--cold-bytecode", action="store_true",
-                    help="hwtrace children compile their modules every "
-                         "time (as this environment says) instead of "
-                         "running with a warm bytecode cache")
     a = ap.parse_args()
-    W.ensure_oracle()
-    print(f"flow core: {W.compiled_path_or_die()}")
-    print(W.environment())
-    work, remove = W.workdir(a.work)
-    ch = W.Children(a.cold_bytecode, work)
-    print(ch.note)
-    print(ch.floor(max(a.repeat, 5)))
-    try:
-        loads = []
-        if a.only != "recordings":
-            loads += W.captures(work)
-        if a.only != "captures":
-            loads += W.recordings(work, a.input_kib, a.timing)
+    with W.session(a) as (ch, loads):
         for w in loads:
             to, ni = W.oracle_blk(w, a.repeat)
             th, out = ch.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
@@ -123,12 +98,6 @@ def main() -> int:
                       f"{to / tp:5.2f}x libipt [python twin]")
             print(f"  batches in process (compiled): "
                   f"{batch_rates(w, a.repeat)}")
-        print("(CPU seconds of the child processes, start-up included, best "
-              f"of {a.repeat}; " + W.environment() + "; bytecode cache "
-              f"{'cold' if a.cold_bytecode else 'warm'})")
-    finally:
-        if remove:
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -37,21 +37,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(REPO / "src"))
-
-
-def hwtrace(*args) -> list[str]:
-    return [sys.executable, "-m", "hwtrace", *map(str, args)]
-
-
-def text(kib: int) -> bytes:
-    chunks = [p.read_text(errors="replace")
-              for p in sorted((SHARED / "corpus" / "libipt").glob("*/*.ptt"))]
-    data = "".join(chunks).encode() or b"the quick brown fox\n"
-    while len(data) < kib << 10:
-        data += data
-    return data[:kib << 10]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _workloads import hwtrace, text  # noqa: E402
 
 
 def record(work: Path, name: str, data: bytes) -> Path:

@@ -19,12 +19,15 @@ are skipped and the run says how to turn them on.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -207,6 +210,43 @@ def sample_text(size: int, seed: int = 18) -> bytes:
                         for _ in range(rnd.randint(2, 12)))
         out += line.encode() + b"\n"
     return bytes(out[:size])
+
+
+def build_programs(directory: Path, sources: dict, *libs: str) -> dict:
+    """Compile each of ``sources`` ({name: C source, dedented here}) with
+    ``gcc -O1`` (then ``libs``) into ``directory``: {name: executable}."""
+    out = {}
+    for name, src in sources.items():
+        c = directory / f"{name}.c"
+        c.write_text(textwrap.dedent(src))
+        exe = directory / name
+        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), *libs], check=True)
+        out[name] = exe
+    return out
+
+
+def compiled_flow_core():
+    """The compiled flow core (``fast.STATUS``'s module), also where
+    HWTRACE_NO_EXTENSIONS=1 selected the Python twin, for tests about the
+    core; skips the test where it can't be loaded."""
+    from hwtrace import _ext
+    from hwtrace.flow import fast
+    if fast.STATUS.module is not None:
+        return fast.STATUS.module
+    probe = _ext.probe(fast.NAME, fast.ABI)
+    if probe.module is None:
+        pytest.skip(f"compiled flow core unavailable: {probe.reason}")
+    return probe.module
+
+
+def jsonl_in_process(argv) -> list[dict]:
+    """``hwtrace *argv`` run in this process (no interpreter start-up), its
+    output's JSON lines parsed; asserts it exits 0 (its stderr is dropped)."""
+    from hwtrace.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    return [json.loads(x) for x in out.getvalue().splitlines()]
 
 
 def run_hwtrace(*args, input=None, check=False, timeout=600, env=None, cwd=None):

@@ -707,35 +707,6 @@ def test_interrupt_right_after_a_call():
     assert not [r for r in recs if type(r) is Marker]
 
 
-MT_C = r"""
-#include <pthread.h>
-#include <stdio.h>
-__attribute__((noinline)) long leaf(long x) { return x * 3 + 1; }
-__attribute__((noinline)) long work(long n)
-{
-    long s = 0;
-    for (long i = 0; i < n; i++)
-        s += leaf(i);
-    return s;
-}
-static void *run(void *a) { return (void *)work((long)a); }
-int main(void)
-{
-    pthread_t t[2];
-    for (long i = 0; i < 2; i++)
-        pthread_create(&t[i], 0, run, (void *)3000);
-    long s = 0;
-    for (int i = 0; i < 2; i++) {
-        void *r;
-        pthread_join(t[i], &r);
-        s += (long)r;
-    }
-    printf("%ld\n", s);
-    return 0;
-}
-"""
-
-
 def test_cpu_mode_recording_of_two_threads(tmp_path):
     """A real per-CPU recording (ptrace engine) of two threads running the
     same loop, taking turns on two CPUs and migrating between them: with
@@ -750,6 +721,7 @@ def test_cpu_mode_recording_of_two_threads(tmp_path):
 
     from conftest import _need, run_hwtrace
     from hwtrace.streams import open_bundle
+    from test_views_batches import MT_C
 
     if sys.platform != "linux":
         pytest.skip("the ptrace engine is Linux x86-64")
@@ -758,7 +730,8 @@ def test_cpu_mode_recording_of_two_threads(tmp_path):
         _need("gcc/objdump", "the two-thread program is built and inspected with them")
     exe = tmp_path / "mt"
     (tmp_path / "mt.c").write_text(MT_C)
-    subprocess.run([gcc, "-O1", "-static", "-pthread", "-o", str(exe), str(tmp_path / "mt.c")],
+    subprocess.run([gcc, "-O1", "-static", "-pthread", "-DN=3000", "-o", str(exe),
+                    str(tmp_path / "mt.c")],
                    check=True, capture_output=True)
     dis = subprocess.run([objdump, "-d", "--no-show-raw-insn", "--disassemble=leaf", str(exe)],
                          capture_output=True, text=True, check=True).stdout

@@ -491,9 +491,12 @@ def test_outermost_matches_twin(seed, monkeypatch):
 
 
 def test_batch_record_columns_match_twin(monkeypatch):
-    """batchfeed._Arrays.of: the compiled core reads a batch's records
-    into the same columns as numpy does (every iclass, sizes, counts)."""
-    from hwtrace.analysis.batchfeed import _Arrays
+    """blockcols.columns: the compiled core reads a batch's records into
+    the same columns as numpy does (every iclass, sizes, counts), with the
+    call-stack builder's codes and the branch source's classes."""
+    from hwtrace.analysis import runs
+    from hwtrace.analysis.blockcols import columns
+    from hwtrace.branches.decoded import _CLS
     from hwtrace.flow.batches import BLOCK
     core = _core()
     if core is None:
@@ -507,11 +510,13 @@ def test_batch_record_columns_match_twin(monkeypatch):
     b["ninsn"] = rng.integers(0, 1 << 32, len(b), dtype=np.uint64).astype(np.uint32)
     b["iclass"] = rng.integers(0, 256, len(b))
     b["size"] = rng.integers(0, 256, len(b))
-    for blocks in (b, b[1000:4000]):
-        monkeypatch.setattr(_runs_impl, "CORE", None)
-        x = _Arrays.of(blocks, 12345)
-        monkeypatch.setattr(_runs_impl, "CORE", core)
-        y = _Arrays.of(blocks, 12345)
-        for f in ("ip", "end", "code", "fall", "tsc", "start"):
-            assert getattr(x, f).dtype == getattr(y, f).dtype, f
-            assert getattr(x, f).tobytes() == getattr(y, f).tobytes(), f
+    for table in (runs.ICLASS_CODE, _CLS):
+        for blocks in (b, b[1000:4000]):
+            monkeypatch.setattr(_runs_impl, "CORE", None)
+            x = columns(blocks, 12345, table)
+            monkeypatch.setattr(_runs_impl, "CORE", core)
+            y = columns(blocks, 12345, table)
+            assert len(x) == len(y) == 6
+            for f, (u, v) in zip(("ip", "end", "code", "fall", "tsc", "start"), zip(x, y)):
+                assert u.dtype == v.dtype, f
+                assert u.tobytes() == v.tobytes(), f

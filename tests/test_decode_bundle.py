@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -66,7 +67,8 @@ def _need(what):
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory, ptoracle):
-    """Bundles of the QEMU engine (it runs the parent, then the child)."""
+    """Bundles of the QEMU engine (it runs the parent, then the child),
+    both modes from one execution (:func:`_record_once`)."""
     return _record(tmp_path_factory, ptoracle, "qemu")
 
 
@@ -109,60 +111,62 @@ def _record(tmp_path_factory, ptoracle, engine, config=CONFIG):
             sym = ELFFile(f).get_section_by_name(".dynsym").get_symbol_by_name("work")[0]
             offs[so] = sym["st_value"]
     argv = [d / "two", d / "wa.so", hex(offs["wa.so"]), d / "wb.so", hex(offs["wb.so"])]
-    if engine == "ptrace":
-        out = _record_ptrace_once(d, argv, config)
-    else:
-        out = {}
-        for mode in ("cpu", "thread"):
-            b = d / mode
-            # one CPU: both processes land in the same cpu stream
-            p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
-                                "--engine", engine, "--mode", mode, "--config", config,
-                                "-o", str(b), "--", *map(str, argv)],
-                               capture_output=True, text=True, timeout=600)
-            assert p.returncode == 0, p.stderr
-            out[mode] = b
+    out = _record_once(d, engine, argv, config)
     out["dir"] = d
     out["argv"] = argv
     out["truth"] = _truth(ptoracle, out["thread"], d)
     return out
 
 
-# Run the ptrace stepper as ``hwtrace record --engine ptrace`` runs it: argv[1]
-# is the execution log, the rest the program.
-_STEP = ("import sys; from hwtrace.engines.emulated import stepper; "
-         "sys.exit(stepper.run(sys.argv[2:], sys.argv[1]))")
+# Run an execution source as ``hwtrace record --engine ENGINE`` runs it:
+# argv[1] is the execution log, the rest the program.  The ptrace stepper
+# runs under ``setarch -R`` (see _record_once); QEMU as the recorder runs it.
+_EXECUTE = {
+    "ptrace": ("setarch", "x86_64", "-R", sys.executable, "-c",
+               "import sys; from hwtrace.engines.emulated import stepper; "
+               "sys.exit(stepper.run(sys.argv[2:], sys.argv[1]))"),
+    "qemu": (sys.executable, "-c",
+             "import sys; from hwtrace.engines.emulated import qemu; "
+             "sys.exit(qemu.run(qemu.resolve_program(sys.argv[2:]), sys.argv[1]))"),
+}
 
 
-def _record_ptrace_once(d, argv, config):
-    """The cpu-mode and the thread-mode bundle of ONE native execution.
+def _record_once(d, engine, argv, config):
+    """The cpu-mode and the thread-mode bundle of ONE execution.
 
-    A native program does not take the same path twice, even without ASLR
-    (setarch -R): in 1 of ~4 loaded runs the parent's startup code went
-    another way (__strlen_evex on the AT_PLATFORM string in
-    _dl_non_dynamic_init took its page-crossing branch in one run and not in
-    the other: 3 instructions more), so a truth taken from a second
-    recording is not the truth of the first.  (setarch -R stays: without it
-    argv and the environment land at a random alignment and the same string
-    functions branch on it far more often.)  The stepper's execution log
-    holds every instruction of every thread; the engine generates either
-    mode's streams from it, so both bundles are made from one log by
-    ``hwtrace recover`` (the path a killed recorder's log takes), with
-    the settings ``hwtrace record`` keeps next to it."""
+    The truth (:func:`_truth`) comes from the thread bundle and is checked
+    against the cpu bundle, so both must be of the same execution: a
+    program does not take the same path twice.  Natively, even without
+    ASLR (setarch -R), in 1 of ~4 loaded runs the parent's startup code
+    went another way (__strlen_evex on the AT_PLATFORM string in
+    _dl_non_dynamic_init took its page-crossing branch in one run and not
+    in the other: 3 instructions more).  (setarch -R stays for the
+    stepper: without it argv and the environment land at a random
+    alignment and the same string functions branch on it far more often.)
+    Under QEMU six recordings in a row here took the same path,
+    instruction for instruction, but nothing makes it so: the guest's
+    environment, its auxiliary vector and what the kernel returns may
+    differ from run to run as they do natively.
+
+    Both engines write an execution log that holds every instruction of
+    every thread (the QEMU plugin's buffer files are merged into it when
+    QEMU ends), and the engine generates either mode's streams from it, so
+    both bundles are made from one log by ``hwtrace recover`` (the path a
+    killed recorder's log takes), with the settings ``hwtrace record``
+    keeps next to it."""
     from hwtrace.cli import record
+    from hwtrace.control.config import BufferConfig
     work = d / "run"
     xdir = work / "hwtrace-xlog-run"
     xdir.mkdir(parents=True)
     log = xdir / "exec.xlog"
     # one CPU: both processes land in the same cpu stream
-    p = subprocess.run(["taskset", "-c", "0", "setarch", "x86_64", "-R", *map(str, _hwtrace_cmd()[:1]),
-                        "-c", _STEP, str(log), *map(str, argv)],
+    p = subprocess.run(["taskset", "-c", "0", *_EXECUTE[engine], str(log), *map(str, argv)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     ctl, cr3, _ = record.parse_config(config)
     num_chunks, order = record.buffer_geometry(argparse.Namespace(
         buffer_size=None, num_chunks=None, chunk_order=None))
-    from hwtrace.control.config import BufferConfig
     cfg = BufferConfig(num_chunks=num_chunks, chunk_order=order, ctl=ctl, cr3_match=cr3)
     out = {}
     for mode in ("cpu", "thread"):
@@ -172,12 +176,15 @@ def _record_ptrace_once(d, argv, config):
             "exe": str(argv[0])}))
         r = run_hwtrace("recover", work, "-o", d / mode)
         assert r.returncode == 0, r.stderr
+        # the whole log, as the recorder would have used it
+        got = json.loads((d / mode / "manifest.json").read_text())["recovered"]
+        assert (got["source"], got["settings"], got["dropped_bytes"],
+                got["unended_blocks_cut"]) == (engine, "recorded", 0, 0), got
         out[mode] = d / mode
     return out
 
 
 def _hwtrace_cmd():
-    import sys
     return [sys.executable, "-m", "hwtrace"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _need, run_hwtrace, sample_text
+from conftest import _need, compiled_flow_core, run_hwtrace, sample_text
 from test_flow_fast import second_tma
 
 from hwtrace import jobs
@@ -24,21 +24,13 @@ from hwtrace.flow.config import FlowConfig
 from hwtrace.pt.decoder import PacketDecoder
 
 
-def _core():
-    if fast.CORE is None:
-        probe = __import__("hwtrace._ext", fromlist=["probe"]).probe(
-            fast.NAME, fast.ABI)
-        if probe.module is None:
-            pytest.skip(f"compiled flow core unavailable: {probe.reason}")
-        return probe.module
-    return fast.CORE
 
 
 @pytest.fixture(autouse=True)
 def core(monkeypatch):
     """The compiled core, also where HWTRACE_NO_EXTENSIONS=1 selected the
     twin (these tests are about the core)."""
-    c = _core()
+    c = compiled_flow_core()
     monkeypatch.setattr(fast, "CORE", c)
     return c
 

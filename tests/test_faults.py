@@ -23,13 +23,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_hwtrace
+from conftest import REPO, build_programs, run_hwtrace
 from test_record import decode_bundle, load_base
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
@@ -93,14 +92,7 @@ SOURCES = {
 
 @pytest.fixture(scope="module")
 def fprogs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("faultprogs")
-    out = {}
-    for name, src in SOURCES.items():
-        c = d / f"{name}.c"
-        c.write_text(textwrap.dedent(src))
-        subprocess.run(["gcc", "-O1", "-o", str(d / name), str(c)], check=True)
-        out[name] = d / name
-    return out
+    return build_programs(tmp_path_factory.mktemp("faultprogs"), SOURCES)
 
 
 def _wait_pid_file(p: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
@@ -203,28 +195,41 @@ def test_program_sigkilled_keeps_every_record(tmp_path, ptoracle, fprogs):
     b = tmp_path / "killed"
     pidf, countf = tmp_path / "pid", tmp_path / "count"
     exe = fprogs["counter"]
-    rec = subprocess.Popen([sys.executable, "-m", "hwtrace", "record", "--mode", "thread",
-                            "-o", str(b), "--", str(exe), str(countf), str(pidf)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        pid = _wait_pid_file(pidf, rec)
+
+    def counted():
         end = time.monotonic() + 120
         while _count(countf) < 300 and time.monotonic() < end:
             time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-        out, err = rec.communicate(timeout=300)
-    finally:
-        if rec.poll() is None:
-            rec.kill()
-            rec.wait()
-    assert rec.returncode == 128 + signal.SIGKILL, err
-    assert _gone(pid)
+
+    _record_and_kill_program(b, "--mode", "thread", argv=[exe, countf, pidf], pid_file=pidf,
+                             until=counted)
     done = _count(countf)
     assert done >= 300
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     ((s, ips, _),) = res.values()
     tick = load_base(b, exe) + _symbol(exe, "tick")
     assert done <= ips.count(tick) <= done + 1
+
+
+def _record_and_kill_program(b: Path, *options, argv, pid_file: Path, until) -> None:
+    """``hwtrace record *options -o b -- *argv``; once the program has
+    written its pid to ``pid_file`` and ``until()`` has returned, SIGKILL
+    it from outside: the recorder exits as the program did, and the
+    program is gone."""
+    rec = subprocess.Popen([sys.executable, "-m", "hwtrace", "record", *options, "-o", str(b),
+                            "--", *map(str, argv)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        pid = _wait_pid_file(pid_file, rec)
+        until()
+        os.kill(pid, signal.SIGKILL)
+        _out, err = rec.communicate(timeout=300)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    assert rec.returncode == 128 + signal.SIGKILL, err
+    assert _gone(pid)
 
 
 def _count(p: Path) -> int:
@@ -244,20 +249,8 @@ def _symbol(exe: Path, name: str) -> int:
 def test_program_sigkilled_from_outside_keeps_its_trace(tmp_path, ptoracle, fprogs):
     b = tmp_path / "killed"
     pidf = tmp_path / "pid"
-    rec = subprocess.Popen([sys.executable, "-m", "hwtrace", "record", "-o", str(b), "--",
-                            str(fprogs["loop"]), str(pidf)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        pid = _wait_pid_file(pidf, rec)
-        time.sleep(0.5)
-        os.kill(pid, signal.SIGKILL)
-        out, err = rec.communicate(timeout=300)
-    finally:
-        if rec.poll() is None:
-            rec.kill()
-            rec.wait()
-    assert rec.returncode == 128 + signal.SIGKILL, err
-    assert _gone(pid)
+    _record_and_kill_program(b, argv=[fprogs["loop"], pidf], pid_file=pidf,
+                             until=lambda: time.sleep(0.5))
     man, res = decode_bundle(ptoracle, b)
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 20_000
 

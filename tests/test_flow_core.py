@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CORPUS
+from conftest import CORPUS, compiled_flow_core
 
 from hwtrace.flow import batches as B
 from hwtrace.flow import fast
@@ -22,12 +22,7 @@ import flowdiff  # noqa: E402
 
 def _core():
     fast.STATUS.check()
-    if fast.CORE is None:
-        probe = __import__("hwtrace._ext", fromlist=["probe"]).probe(
-            fast.NAME, fast.ABI)
-        if probe.module is None:
-            pytest.skip(f"compiled flow core unavailable: {probe.reason}")
-    return True
+    return compiled_flow_core()
 
 
 def _both(data: bytes):

@@ -19,8 +19,6 @@ _decode_psb`).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 import subprocess
@@ -28,6 +26,7 @@ import subprocess
 import pytest
 
 import vmtraces as V
+from conftest import jsonl_in_process
 
 PARAMS = ["--mtc-freq", "3", "--nom-freq", "37", "--cpuid-0x15.eax", "2",
           "--cpuid-0x15.ebx", "308"]
@@ -52,17 +51,12 @@ def timed_trace(seed: int):
 
 
 def _hw(pt, code, cpu, *extra):
-    from hwtrace.cli import main
     argv = ["decode", "--pt", str(pt), "--raw", f"{code}:{V.BASE:#x}",
             "--format", "jsonl", "--insn-decoder", "--error-offsets", "2.0",
             *PARAMS, *extra]
     if cpu:
         argv += ["--cpu", cpu]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(io.StringIO()):
-        assert main(argv) == 0
-    return [json.loads(x) for x in out.getvalue().splitlines()]
+    return jsonl_in_process(argv)
 
 
 def _oracle(ptoracle, pt, code, cpu, *extra):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS, _need, run_hwtrace
+from conftest import CORPUS, _need, compiled_flow_core, run_hwtrace
 from ptxed_corpus import argv_for, ptxed_variants, variant_id
 
 from hwtrace.flow import fast
@@ -31,15 +31,6 @@ def test_compiled_core_loaded():
         assert fast.CORE is not None
 
 
-def _core():
-    st = fast.STATUS
-    if st.module is None:
-        probe = __import__("hwtrace._ext", fromlist=["probe"]).probe(
-            fast.NAME, fast.ABI)
-        if probe.module is None:
-            pytest.skip(f"compiled flow core unavailable: {probe.reason}")
-        return probe.module
-    return st.module
 
 
 _COUNT_INTO = fast.count_into
@@ -68,7 +59,7 @@ def test_corpus_quiet_stat_identical(monkeypatch, corpus):
     --stat:blocks with --quiet (errors printed, with and without
     --resync-on-error): compiled path == Python path, byte for byte, and
     the compiled path decoded every one of them."""
-    core = _core()
+    core = compiled_flow_core()
     compiled = 0
     total = 0
     stats = ("--stat", "--stat:insn", "--stat:blocks")
@@ -191,7 +182,7 @@ def test_timing_recording_compiled(timing_trace):
     """MTC/TMA/CYC no longer send a trace to the twin: a recording with
     timing on decodes compiled, to the twin's counts and edges."""
     data, image, cfg = timing_trace
-    _core()
+    compiled_flow_core()
     assert {"mtc", "tma", "cyc", "tsc", "cbr"} <= _kinds(data)
     for decoder in ("block", "insn"):
         c = fast.count(data, image, cfg, decoder, impl="compiled")
@@ -215,7 +206,7 @@ def test_timing_parameters_identical(timing_trace, params):
     """Whatever timing parameters the user gives (wrong ones make the time
     tracker fail somewhere or nowhere), both implementations agree."""
     data, image, cfg0 = timing_trace
-    _core()
+    compiled_flow_core()
     cfg = FlowConfig(errata=cfg0.errata, mtc_freq=params[0],
                      nom_freq=params[1], cpuid_0x15_eax=params[2],
                      cpuid_0x15_ebx=params[3])
@@ -252,7 +243,7 @@ def test_timing_error_decoded(timing_trace):
     way (it bailed out to the twin on timing errors before)."""
     from hwtrace.pt.decoder import find_psb_forward
     data, image, cfg = timing_trace
-    _core()
+    compiled_flow_core()
     bad = second_tma(data, find_psb_forward(data, 0))
     for decoder in ("block", "insn"):
         c = fast.count(bad, image, cfg, decoder)
@@ -267,7 +258,7 @@ def test_timing_mutations_identical(timing_trace):
     among them): the same counts and errors from both paths, all of them
     decoded by the core."""
     data, image, cfg = timing_trace
-    _core()
+    compiled_flow_core()
     rng = random.Random(8)
     errors = 0
     for _ in range(12):
@@ -285,7 +276,7 @@ def test_timing_mutations_identical(timing_trace):
 def test_recorded_counts_identical(which, request):
     rec = request.getfixturevalue(which)
     data, image, cfg = rec
-    _core()
+    compiled_flow_core()
     for decoder in ("block", "insn"):
         c = fast.count(data, image, cfg, decoder, impl="compiled")
         p = fast.count(data, image, cfg, decoder, impl="python")
@@ -312,7 +303,7 @@ def test_recorded_cli_identical(true_trace, tmp_path):
     """`hwtrace decode --pt ... --quiet --stat` as a user runs it, compiled
     and with HWTRACE_NO_EXTENSIONS=1: the same bytes."""
     data, image, cfg = true_trace
-    _core()
+    compiled_flow_core()
     pt = tmp_path / "t.pt"
     pt.write_bytes(data)
     argv = ["decode", "--pt", pt]
@@ -349,7 +340,7 @@ def _mutate(data: bytes, rng: random.Random) -> bytes:
 
 def test_mutations_identical(true_trace):
     data, image, cfg = true_trace
-    _core()
+    compiled_flow_core()
     rng = random.Random(20261129)
     errors = 0
     for _ in range(16):
@@ -371,7 +362,7 @@ def test_block_end_options_identical(true_trace, call, jump):
     """--block:end-on-call / --block:end-on-jump change block boundaries
     (and so the block count) the same way in both implementations."""
     data, image, cfg0 = true_trace
-    _core()
+    compiled_flow_core()
     cfg = FlowConfig(errata=cfg0.errata, end_on_call=call, end_on_jump=jump)
     c = fast.count(data, image, cfg, "block", impl="compiled")
     p = fast.count(data, image, cfg, "block", impl="python")
@@ -384,7 +375,7 @@ def test_block_end_options_identical(true_trace, call, jump):
 @pytest.mark.parametrize("data", [b"", b"\x00" * 64, bytes(range(256)) * 4])
 def test_no_sync_point(data):
     """No PSB: nothing decoded, by either implementation."""
-    _core()
+    compiled_flow_core()
     image = Image()
     for decoder in ("block", "insn"):
         c = fast.count(data, image, None, decoder, impl="compiled")
@@ -427,7 +418,7 @@ def test_hardware_captures_identical(tmp_path, hardware):
     """Real Intel PT (MTC/CYC/TSC on, syscalls and the exit as FUP +
     TIP.PGD, SKD022's workaround on): the compiled core decodes them, to
     the twin's counts, errors and edges."""
-    _core()
+    compiled_flow_core()
     seen = 0
     for name, data, image, cfg in _hardware_cases(tmp_path):
         for decoder in ("block", "insn"):
@@ -446,7 +437,7 @@ def test_hardware_mutations_identical(tmp_path, hardware):
     """Seeded mutations of the real captures (their FUP+TIP.PGD, MTC/CYC
     sequences broken up): both paths agree, every one decoded by the
     core."""
-    _core()
+    compiled_flow_core()
     rng = random.Random(88)
     for name, data, image, cfg in _hardware_cases(tmp_path):
         for _ in range(40):
@@ -467,7 +458,7 @@ def test_bundle_quiet_stat_compiled(tmp_path):
     streams switch address spaces by the sideband): the compiled core
     counts it, called back into the Python switcher, to the same output as
     the Python decoders (HWTRACE_NO_EXTENSIONS=1)."""
-    _core()
+    compiled_flow_core()
     text = tmp_path / "in.txt"
     text.write_bytes((Path(__file__).read_bytes() * 4)[:4096])
     out = tmp_path / "b"
@@ -518,7 +509,7 @@ def test_chain_check_build(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    core = _core()
+    core = compiled_flow_core()
     pkg = Path(fast.__file__).parent.parent
     copy = tmp_path / "hwtrace"
     shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))

@@ -19,8 +19,6 @@ What must hold, per variant and CPU:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import vmtraces as V
+from conftest import jsonl_in_process
 
 # None: no CPU (libipt applies no erratum workaround); 6/78 Skylake,
 # 6/85 Skylake-SP, 6/142 Kaby Lake: BDM70 and SKL errata on in both.
@@ -36,16 +35,11 @@ BDM70_IN_205 = {"6/78", "6/85", "6/142"}
 
 
 def _hw(pt: Path, code: Path, decoder: str, cpu, *extra) -> list[dict]:
-    from hwtrace.cli import main
     argv = ["decode", "--pt", str(pt), "--raw", f"{code}:{V.BASE:#x}",
             "--format", "jsonl", f"--{decoder}-decoder", *extra]
     if cpu:
         argv += ["--cpu", cpu]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(io.StringIO()):
-        assert main(argv) == 0
-    return [json.loads(x) for x in out.getvalue().splitlines()]
+    return jsonl_in_process(argv)
 
 
 def _oracle(ptoracle, pt: Path, code: Path, kind: str, cpu) -> list[dict]:

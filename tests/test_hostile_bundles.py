@@ -308,13 +308,18 @@ def test_import_writes_only_inside_its_output(tmp_path, outside, hardware):
 
 # -- commands that read bundles: outside files only when allowed ---------------
 
-def test_images_cli_does_not_resolve_outside_paths_unasked(bdir, outside):
+def _maps_outside(bdir, outside):
+    """A one-stream bundle whose process maps ``outside``/secret."""
     (bdir / "cpu0.pt").write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
     _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": 18}])
     (bdir / "sideband.jsonl").write_text(
         '{"type":"process","pid":1,"cr3":4096}\n'
         '{"type":"mmap","pid":1,"start":4194304,"size":4096,"offset":0,'
         f'"file":"{outside / "secret"}"}}\n')
+
+
+def test_images_cli_does_not_resolve_outside_paths_unasked(bdir, outside):
+    _maps_outside(bdir, outside)
     r = run_hwtrace("images", bdir, "--pt", "cpu0.pt")
     assert str(outside / "secret") not in r.stdout
     # allowed explicitly by the user: found by base name
@@ -406,12 +411,7 @@ def test_find_image_outside_needs_elf_with_recorded_build_id(bdir, outside):
 
 
 def test_images_cli_allow_outside_is_an_explicit_opt_in(bdir, outside):
-    (bdir / "cpu0.pt").write_bytes(b"\x02\x82" * 8 + b"\x02\x23")
-    _manifest(bdir, streams=[{"file": "cpu0.pt", "cpu": 0, "size": 18}])
-    (bdir / "sideband.jsonl").write_text(
-        '{"type":"process","pid":1,"cr3":4096}\n'
-        '{"type":"mmap","pid":1,"start":4194304,"size":4096,"offset":0,'
-        f'"file":"{outside / "secret"}"}}\n')
+    _maps_outside(bdir, outside)
     r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--lines")
     assert r.returncode == 0 and r.stdout == ""
     r = run_hwtrace("images", bdir, "--pt", "cpu0.pt", "--lines", "--allow-outside")

@@ -10,12 +10,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import textwrap
 
 import pytest
 
 import ptpieces
-from conftest import run_hwtrace
+from conftest import build_programs, run_hwtrace
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
                                 reason="needs qemu-user and gcc")
@@ -76,15 +75,7 @@ PROGRAMS["fault"] = r"""
 
 @pytest.fixture(scope="session")
 def progs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("progs")
-    out = {}
-    for name, src in PROGRAMS.items():
-        c = d / f"{name}.c"
-        c.write_text(textwrap.dedent(src))
-        exe = d / name
-        subprocess.run(["gcc", "-O1", "-o", str(exe), str(c), "-lpthread"], check=True)
-        out[name] = exe
-    return out
+    return build_programs(tmp_path_factory.mktemp("progs"), PROGRAMS, "-lpthread")
 
 
 def symbol(exe, name):

@@ -19,11 +19,10 @@ import json
 import re
 import shutil
 import subprocess
-import textwrap
 
 import pytest
 
-from conftest import run_hwtrace
+from conftest import build_programs, run_hwtrace
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
                                 reason="needs qemu-user and gcc")
@@ -126,14 +125,7 @@ SOURCES = {
 
 @pytest.fixture(scope="module")
 def progs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("eventprogs")
-    out = {}
-    for name, src in SOURCES.items():
-        c = d / f"{name}.c"
-        c.write_text(textwrap.dedent(src))
-        subprocess.run(["gcc", "-O1", "-o", str(d / name), str(c)], check=True)
-        out[name] = d / name
-    return out
+    return build_programs(tmp_path_factory.mktemp("eventprogs"), SOURCES)
 
 
 @pytest.fixture(params=["qemu", "ptrace"])

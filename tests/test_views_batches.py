@@ -42,9 +42,13 @@ int main(int argc, char **argv)
 }
 """
 
+#: two threads calling leaf() N times each (-DN=..., default 300)
 MT_C = r"""
 #include <pthread.h>
 #include <stdio.h>
+#ifndef N
+#define N 300
+#endif
 __attribute__((noinline)) long leaf(long x) { return x * 3 + 1; }
 __attribute__((noinline)) long work(long n)
 {
@@ -58,7 +62,7 @@ int main(void)
 {
     pthread_t t[2];
     for (long i = 0; i < 2; i++)
-        pthread_create(&t[i], 0, run, (void *)300);
+        pthread_create(&t[i], 0, run, (void *)N);
     long s = 0;
     for (int i = 0; i < 2; i++) {
         void *r;

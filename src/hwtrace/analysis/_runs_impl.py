@@ -8,7 +8,7 @@ file: one walk over a run's transfers), or ``None`` for the Python twin
 (``HWTRACE_NO_EXTENSIONS=1``, ``HWTRACE_REQUIRE_EXTENSIONS=1``).  The
 rows' per-row work after the matching (``core/rows.c``: runs.commit,
 clock.TimeBase.times, rows.Pending, profile.Profile._outermost,
-batchfeed._Arrays, branches.calls' head table) looks the same
+blockcols.columns, branches.calls' head table) looks the same
 :data:`CORE` up, each with its numpy twin, and so do the call-path table
 and the folded writer's weights (``core/keys.c``: slices.KeyIndex; their
 twins sort).

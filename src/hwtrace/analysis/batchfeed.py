@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hwtrace.analysis import _runs_impl, runs
+from hwtrace.analysis import runs
+from hwtrace.analysis.blockcols import columns
 from hwtrace.analysis.records import Flag
 from hwtrace.analysis.slices import _UNKNOWN
 
@@ -53,7 +54,7 @@ class BatchInput:
         items = batch.items if every_item or self._follow is not None else \
             [it for it in batch.items if _matters(it[2])]
         if m:
-            a = _Arrays.of(blocks, self.n)
+            a = _Arrays(blocks, self.n)
         else:
             a = None
         r = 0
@@ -221,51 +222,13 @@ def _matters(item) -> bool:
 
 
 class _Arrays:
-    """A batch's records as the builder reads them."""
+    """A batch's records as the builder reads them (:func:`.blockcols.columns`
+    with the transfer codes of :mod:`.runs`); instruction indices from
+    ``base``."""
 
     __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned")
 
-    @classmethod
-    def of(cls, blocks: np.ndarray, base: int) -> "_Arrays":
-        """The columns of ``blocks``, instruction indices from ``base``
-        (the compiled core's ``records`` where it is in use, else numpy:
-        the same arrays)."""
-        m = len(blocks)
-        core = _runs_impl.CORE
-        if core is None:
-            start = np.empty(m + 1, np.int64)
-            start[0] = base
-            np.cumsum(blocks["ninsn"].astype(np.int64), out=start[1:])
-            start[1:] += base
-            return cls(blocks, start)
-        blocks = np.ascontiguousarray(blocks)
-        f = blocks.dtype.fields
-        a = cls.__new__(cls)
-        a.ip = np.empty(m, np.uint64)
-        a.end = np.empty(m, np.uint64)
-        a.code = np.empty(m, np.int8)
-        a.fall = np.empty(m, np.uint64)
-        a.tsc = np.empty(m, np.uint64)
-        a.start = np.empty(m + 1, np.int64)
-        a.scanned = 0
-        for name, t in (("ip", "<u8"), ("end_ip", "<u8"), ("tsc", "<u8"),
-                        ("ninsn", "<u4"), ("iclass", "u1"), ("size", "u1")):
-            if f[name][0] != np.dtype(t):
-                raise TypeError(f"records: field {name} is {f[name][0]}, not {t}")
-        core.records(blocks, blocks.dtype.itemsize, f["ip"][1], f["end_ip"][1],
-                     f["tsc"][1], f["ninsn"][1], f["iclass"][1], f["size"][1],
-                     runs.ICLASS_CODE, int(base), a.ip, a.end, a.code, a.fall,
-                     a.tsc, a.start)
-        return a
-
-    def __init__(self, blocks: np.ndarray, start: np.ndarray):
-        # contiguous columns: the runs read slices of them many times
-        self.ip = np.ascontiguousarray(blocks["ip"])
-        self.end = np.ascontiguousarray(blocks["end_ip"])
-        self.code = runs.ICLASS_CODE[blocks["iclass"]]
-        self.fall = self.end + blocks["size"].astype(np.uint64)
-        self.tsc = np.ascontiguousarray(blocks["tsc"])
-        self.start = start
+    def __init__(self, blocks: np.ndarray, base: int):
+        self.ip, self.end, self.code, self.fall, self.tsc, self.start = \
+            columns(blocks, base, runs.ICLASS_CODE)
         self.scanned = 0            # transfers [0, scanned) solve has seen
-
-

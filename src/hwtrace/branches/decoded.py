@@ -313,7 +313,7 @@ class _Consumer:
         m = len(blocks)
         first = int(batch.first_insn)
         if m:
-            a = _Rec.of(blocks, first)
+            a = _Rec(blocks, first)
         r = 0
         for index, offset, item in batch.items:
             if index > r:
@@ -547,55 +547,19 @@ class _Consumer:
 
 
 class _Rec:
-    """A batch's records as the branch source reads them."""
+    """A batch's records as the branch source reads them
+    (:func:`hwtrace.analysis.blockcols.columns` with this module's
+    classes); instruction indices from ``first``."""
 
     __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start", "key")
 
-    @classmethod
-    def of(cls, blocks: np.ndarray, first: int) -> "_Rec":
-        """The records of ``blocks``, instruction indices from ``first``:
-        the call-stack builder's compiled ``records`` (one pass over the
-        rows, this module's classes as the code table) where it is in
-        use, else numpy -- the same arrays."""
-        from hwtrace.analysis import _runs_impl
-        core = _runs_impl.CORE
-        m = len(blocks)
-        if core is None:
-            start = np.empty(m + 1, np.int64)
-            start[0] = first
-            np.cumsum(blocks["ninsn"], out=start[1:])
-            start[1:] += first
-            return cls(blocks, start)
-        blocks = np.ascontiguousarray(blocks)
-        f = blocks.dtype.fields
-        for name, t in (("ip", "<u8"), ("end_ip", "<u8"), ("tsc", "<u8"),
-                        ("ninsn", "<u4"), ("iclass", "u1"), ("size", "u1")):
-            if f[name][0] != np.dtype(t):
-                raise TypeError(f"records: field {name} is {f[name][0]}, not {t}")
-        a = cls.__new__(cls)
-        a.ip = np.empty(m, np.uint64)
-        a.end_ip = np.empty(m, np.uint64)
-        a.cls = np.empty(m, np.int8)
-        a.fall = np.empty(m, np.uint64)
-        a.tsc = np.empty(m, np.uint64)
-        a.start = np.empty(m + 1, np.int64)
-        core.records(blocks, blocks.dtype.itemsize, f["ip"][1], f["end_ip"][1],
-                     f["tsc"][1], f["ninsn"][1], f["iclass"][1], f["size"][1],
-                     _CLS, int(first), a.ip, a.end_ip, a.cls, a.fall, a.tsc, a.start)
-        a.ind = (blocks["flags"] & 4) != 0
-        a.key = (a.cls.view(np.uint8) << 2) | (a.ind.view(np.uint8) << 1)
-        return a
-
-    def __init__(self, blocks: np.ndarray, start: np.ndarray):
-        self.ip = np.ascontiguousarray(blocks["ip"])
-        self.end_ip = np.ascontiguousarray(blocks["end_ip"])
-        self.fall = self.end_ip + blocks["size"].astype(np.uint64)
-        self.cls = _CLS[blocks["iclass"]]
+    def __init__(self, blocks: np.ndarray, first: int):
+        from hwtrace.analysis.blockcols import columns
+        self.ip, self.end_ip, self.cls, self.fall, self.tsc, self.start = \
+            columns(blocks, first, _CLS)
         self.ind = (blocks["flags"] & 4) != 0
         # class << 2 | indirect << 1 (decoded._KLUT's key, but taken)
         self.key = (self.cls.view(np.uint8) << 2) | (self.ind.view(np.uint8) << 1)
-        self.tsc = np.ascontiguousarray(blocks["tsc"])
-        self.start = start
 
     def watch_hits(self, watch, r0: int, r1: int) -> np.ndarray:
         """Records in [r0, r1) holding one of these addresses."""

@@ -59,6 +59,49 @@ def _resynced(dec, status):
             bool(status & IP_SUPPRESSED))
 
 
+#: what :func:`_recover` returns when decoding goes on at the next PSB
+_SYNC = object()
+
+
+def _sync(dec, last):
+    """Synchronize forward (ptxed's outer loop, both decoders), yielding a
+    "sync error" step per failed attempt; returns the status to decode
+    from, or None at the end of the trace (or where an attempt got no
+    further than the one before: ``last[0]``, the offset it reached)."""
+    while True:
+        r = dec.sync_forward()
+        if r.__class__ is not DecodeError:
+            return r
+        if r.code == E.EOS:
+            return None
+        yield (ERROR, "sync error", dec.offset, 0, r.code)
+        pos = dec.offset
+        if pos <= last[0]:
+            return None
+        last[0] = pos
+
+
+def _recover(dec, err, resync):
+    """After the decode stopped at ``err`` (None: the end of the trace),
+    both decoders: yield the "error" step and, with ``resync``, try to go
+    on right after it (a "resync error", or the "resynced" status);
+    returns the status to go on from, :data:`_SYNC` (synchronize at the
+    next PSB), or None (the trace is done)."""
+    if err is None or err.code == E.EOS:
+        return None
+    yield (ERROR, "error", err.offset, err.ip, err.code)
+    if not resync:
+        return _SYNC
+    r = dec.resync()
+    if r.__class__ is DecodeError:
+        if r.code == E.EOS:
+            return None
+        yield (ERROR, "resync error", r.offset, err.ip, r.code)
+        return _SYNC
+    yield _resynced(dec, r)
+    return r
+
+
 def iter_insn(dec, resync: bool = False, want_offset: bool = True):
     """Drive an :class:`~hwtrace.flow.insn.InsnDecoder` over its trace,
     yielding what a sink is handed, in order: ``(INSN, insn, offset)``,
@@ -66,21 +109,13 @@ def iter_insn(dec, resync: bool = False, want_offset: bool = True):
     ``(STATUS, name, offset, ip_suppressed)`` (``ip_suppressed`` None for
     "end_of_trace").  ``want_offset`` False passes 0 as an instruction's
     offset (saves a property read per instruction)."""
-    last_sync = 0
+    last_sync = [0]
     offset = 0
     while True:
-        r = dec.sync_forward()
+        status = yield from _sync(dec, last_sync)
+        if status is None:
+            return
         last_ip = 0
-        if r.__class__ is DecodeError:
-            if r.code == E.EOS:
-                break
-            yield (ERROR, "sync error", dec.offset, 0, r.code)
-            pos = dec.offset
-            if pos <= last_sync:
-                break
-            last_sync = pos
-            continue
-        status = r
         while True:
             err = None
             while True:
@@ -91,7 +126,6 @@ def iter_insn(dec, resync: bool = False, want_offset: bool = True):
                 if status & EOS:
                     if not status & IP_SUPPRESSED:
                         yield (STATUS, "end_of_trace", _offset23(dec), None)
-                    err = None
                     break
                 if want_offset:
                     offset = dec.offset
@@ -104,42 +138,28 @@ def iter_insn(dec, resync: bool = False, want_offset: bool = True):
                 status, insn = r
                 last_ip = insn.ip
                 yield (INSN, insn, offset)
-            if err is None or err.code == E.EOS:
+            status = yield from _recover(dec, err, resync)
+            if status is None:
                 return
-            yield (ERROR, "error", err.offset, err.ip, err.code)
-            if not resync:
+            if status is _SYNC:
                 break
-            r = dec.resync()
-            if r.__class__ is DecodeError:
-                if r.code == E.EOS:
-                    return
-                yield (ERROR, "resync error", r.offset, err.ip, r.code)
-                break
-            status = r
             last_ip = err.ip
-            yield _resynced(dec, status)
 
 
 def iter_blocks(dec, resync: bool = False):
     """Drive a :class:`~hwtrace.flow.block.BlockDecoder`; ptxed's block
     loop.  Yields like :func:`iter_insn`, with ``(BLOCK, block, offset)``
-    instead of instructions."""
+    instead of instructions.  (After a resync, an error in draining the
+    events gives the last block's end as its ip, where :func:`iter_insn`
+    gives the ip of the error resynchronized from.)"""
     from .block import BlockError
 
-    last_sync = 0
+    last_sync = [0]
     while True:
-        r = dec.sync_forward()
+        status = yield from _sync(dec, last_sync)
+        if status is None:
+            return
         last_ip = 0
-        if r.__class__ is DecodeError:
-            if r.code == E.EOS:
-                break
-            yield (ERROR, "sync error", dec.offset, 0, r.code)
-            pos = dec.offset
-            if pos <= last_sync:
-                break
-            last_sync = pos
-            continue
-        status = r
         while True:
             err = None
             while True:
@@ -161,19 +181,11 @@ def iter_blocks(dec, resync: bool = False):
                 status, block = r
                 last_ip = block.end_ip
                 yield (BLOCK, block, offset)
-            if err is None or err.code == E.EOS:
+            status = yield from _recover(dec, err, resync)
+            if status is None:
                 return
-            yield (ERROR, "error", err.offset, err.ip, err.code)
-            if not resync:
+            if status is _SYNC:
                 break
-            r = dec.resync()
-            if r.__class__ is DecodeError:
-                if r.code == E.EOS:
-                    return
-                yield (ERROR, "resync error", r.offset, err.ip, r.code)
-                break
-            status = r
-            yield _resynced(dec, status)
 
 
 def deliver(steps, sink) -> int:

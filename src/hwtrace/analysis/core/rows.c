@@ -11,7 +11,7 @@
  *                                                rows.Pending._children_twin
  *   outermost(key, xend, xrow, x_xseq, out)      profile.Profile._outermost_twin
  *   records(blocks, itemsize, offsets..., code_of, base, ip, end, code,
- *           fall, tsc, start)                    batchfeed._Arrays (numpy)
+ *           fall, tsc, start)                    blockcols.columns (numpy)
  *   commit(...)                                  runs.commit (numpy)
  *   dense_rows(dense, hi, lo, out) -> misses     branches.calls._StrTable._index
  */
@@ -415,7 +415,7 @@ done:
 }
 
 /* records(blocks, itemsize, o_ip, o_end, o_tsc, o_ninsn, o_iclass, o_size,
- *         code_of, base, ip, end, code, fall, tsc, start): batchfeed._Arrays
+ *         code_of, base, ip, end, code, fall, tsc, start): blockcols.columns
  * in one pass over a batch's records (``blocks``: the raw rows of
  * ``itemsize`` bytes, fields at the given offsets): ip, end_ip, the
  * transfer code of the iclass (``code_of``: 256 int8), the fall-through

@@ -25,7 +25,7 @@ ROWS_FN(dense_rows);
     ROWS_METHOD(outermost, "Ending activations no same-function one encloses " \
                 "(profile.Profile._outermost)."), \
     ROWS_METHOD(records, "A batch's record columns as the builder reads them " \
-                "(batchfeed._Arrays)."), \
+                "(blockcols.columns)."), \
     ROWS_METHOD(commit, "The rows of a match (runs.commit)."), \
     ROWS_METHOD(dense_rows, "Rows of (hi, lo) keys in a dense int32 table " \
                 "(branches.calls' heads).")

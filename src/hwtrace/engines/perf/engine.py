@@ -288,13 +288,7 @@ class PerfEngine(Engine):
                 if session.should_stop():
                     self.ops.kill(pid)
                 status = self.ops.wait(pid, False)
-            for ev in events:
-                self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_DISABLE)
-            self._drain(session, events, pid)
-            for ev in events:
-                if ev.snapshot and ev.output is not None:
-                    ev.output.write(ev.snapshot_aux())
-            self._sideband(session, events)
+            self._stop(session, events, pid)
             return status
         except BaseException:
             if status is None:
@@ -343,13 +337,7 @@ class PerfEngine(Engine):
                     (end is None or time.monotonic() < end):
                 self.ops.poll([e.fd for e in events], POLL_SECONDS)
                 self._drain(session, events, pid)
-            for ev in events:
-                self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_DISABLE)
-            self._drain(session, events, pid)
-            for ev in events:
-                if ev.snapshot and ev.output is not None:
-                    ev.output.write(ev.snapshot_aux())
-            self._sideband(session, events)
+            self._stop(session, events, pid)
             return 0
         finally:
             self._close(events)
@@ -385,6 +373,18 @@ class PerfEngine(Engine):
             raise TraceError(Status.NOT_SUPPORTED, f"address filters: {e}") from None
         except Exception as e:       # pyelftools on a non-ELF
             raise TraceError(Status.NOT_SUPPORTED, f"address filters: {exe}: not ELF ({e})") from None
+
+    def _stop(self, session: Session, events: list[_Event], root_pid: int) -> None:
+        """The end of a trace (a run's or an attachment's): disable the
+        events, take what their buffers still hold, a snapshot buffer's
+        whole AUX area, and the sideband."""
+        for ev in events:
+            self.ops.ioctl(ev.fd, abi.PERF_EVENT_IOC_DISABLE)
+        self._drain(session, events, root_pid)
+        for ev in events:
+            if ev.snapshot and ev.output is not None:
+                ev.output.write(ev.snapshot_aux())
+        self._sideband(session, events)
 
     def _drain(self, session: Session, events: list[_Event], root_pid: int) -> None:
         new_threads = []
