@@ -6,9 +6,11 @@ Records decoded with every branch ending one (``view=True``, the
 instruction decoder's flow): record ``r`` ending with a branch (any class
 but OTHER/PTWRITE) and the first instruction of the next record form an
 edge -- across a gap in tracing too (a syscall's edge goes to where
-tracing resumes), but not across a decode error.  Used where the
-compiled edge counter cannot follow a stream (one that switches address
-spaces by the sideband).
+tracing resumes), but not across a decode error.  ``coverage --edges``
+counts in the flow core (:func:`hwtrace.flow.fast.packed_edges`, through
+a stream's switcher where it changes address spaces); this counter gives
+the same edges from a view's batches, for code that already holds them,
+and the tests check the one against the other.
 """
 
 from __future__ import annotations
