@@ -522,6 +522,24 @@ static inline int refill_tnt(struct query *q, int *status, int *taken)
 static __attribute__((noinline)) int cond_branch(struct query *q,
                                                  int *status, int *taken);
 
+int q_cache_tnt_quick(struct query *q)
+{
+    if (q->tnt_index || q->nxt_err || q->deferred || !is_tnt(q->nxt.kind) ||
+            !q->nxt.f[0])
+        return 0;
+    uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
+    ptrdiff_t next = q->pos + q->nxt.size;
+    if (!fetch_quick(q, next))      /* nothing changed where it fails */
+        return 0;
+    ft_mark(&q->time);
+    q->has_published = 0;
+    q->tnt_bits = bits;
+    q->tnt_index = (uint64_t)1 << (n - 1);
+    q->tnt_end = next;
+    q->pos = next;
+    return 1;
+}
+
 int q_cond_branch(struct query *q, int *status, int *taken)
 {
     if (!q->tnt_index && !q->nxt_err) {

@@ -92,6 +92,14 @@ static inline int q_cond_branch_fast(struct query *q, int *status,
     return 0;
 }
 int q_indirect_branch(struct query *q, int *status, uint64_t *target);
+/* q_cond_branch's packet step ahead of its query: with no TNT bit cached,
+ * nothing deferred and a TNT next whose following packet is a TNT-8 or
+ * TIP (refill_tnt's fast case), the TNT's bits cached and the position
+ * past it as q_cond_branch leaves them, but its first bit not taken (the
+ * next query takes it, from the cache, with the status q_cond_branch
+ * would give); 1, or 0 with nothing changed.  For a walk that knows the
+ * next instruction queries a TNT bit and wants the bits cached first. */
+int q_cache_tnt_quick(struct query *q);
 int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
                  int *have);
 int q_event(struct query *q, int *status, struct event *ev);

@@ -5,14 +5,35 @@
 
 /* -- TNT chains --------------------------------------------------------------- */
 
+/* whether the instruction at the decoder's IP, ``known`` (or NULL),
+ * queries a TNT bit first in a step insn_next_quick could take: a
+ * conditional branch or a near return, nothing pending */
+static inline int queries_bit(const struct insn_dec *d,
+                              const struct insn_info *known)
+{
+    return known && known->ip == d->ip && known->mode == d->mode &&
+           !known->err &&
+           (known->iclass == C_COND || known->iclass == C_RETURN) &&
+           !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
+           !d->process_event && !d->resyncing && d->enabled &&
+           !d->cfg->tick;
+}
+
 /* the chain for the decoder's state, if one applies (chain.h); NULL with
- * *err < 0 on a fatal error */
+ * *err < 0 on a fatal error.  With no TNT bit cached and ``known`` (the
+ * entry at the IP, or NULL) querying one, the next TNT's bits are cached
+ * first (q_cache_tnt_quick: the query's own packet step, taken ahead of
+ * it), so that the chain starts at that instruction -- rather than a
+ * general step (insn_next, q_cond_branch) for the first bit of every
+ * packet and the chain after it */
 static inline struct chain *walk_chain(struct session *s, struct walk *w,
-                                       int *err)
+                                       int *err,
+                                       const struct insn_info *known)
 {
     *err = 0;
     struct insn_dec *d = &s->d;
-    if (!d->q.tnt_index)
+    if (!d->q.tnt_index &&
+        !(queries_bit(d, known) && q_cache_tnt_quick(&d->q)))
         return NULL;
     struct chain_cache *cc = &w->chains;
     if (!cc->ready) {
@@ -160,7 +181,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         struct chain *ch = NULL;
         if (!chained) {
             int err;
-            ch = walk_chain(s, w, &err);
+            ch = walk_chain(s, w, &err, NULL);
             if (err < 0)
                 return err;
         }
@@ -245,7 +266,7 @@ static int walk_insns(struct session *s, struct walk *w)
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
         struct chain *ch = NULL;
         if (!chained) {
-            ch = walk_chain(s, w, &err);
+            ch = walk_chain(s, w, &err, s->known);
             if (err < 0)
                 return err;
         }
@@ -267,7 +288,8 @@ static int walk_insns(struct session *s, struct walk *w)
             ch->uses++;         /* for its edges (walk_done) */
             w->from = ch->last_ip;
             w->have_from = ch->have_from;
-            chained = 1;
+            /* the next chain may start where this one ran out of bits */
+            chained = d->q.tnt_index != 0;
             continue;
         }
         const struct insn_info *known = s->known;
