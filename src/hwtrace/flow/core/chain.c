@@ -371,22 +371,11 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
 #define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
 #endif
 
-/* a chain that takes the last TNT bit cached leaves the status the
- * query gives then (insn_next_quick: q_status_flags with no bit left):
- * it applies only where that is 0 -- no event next, not the end (the
- * chain's instructions after its last bit are the steps of a decoder
- * with nothing pending; deferred errors never get here) */
-static inline int chain_status_clean(struct query *q)
-{
-    return q->nxt_err != E_EOS && !q_will_event(q);
-}
-
 struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        int *err)
+                        uint64_t index, uint64_t tnt_bits, int *err)
 {
     *err = 0;
     struct query *q = &d->q;
-    uint64_t index = q->tnt_index;
     if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled || d->process_event ||
         d->resyncing || d->mode == MODE_NONE || d->cfg->tick ||
         (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
@@ -397,7 +386,7 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
     int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
     /* the k bits from pos down, reversed: bit j of ``bits`` is bit pos - j
      * of tnt_bits (the 8-bit reversal by multiplication, no loop) */
-    uint64_t top = (q->tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
+    uint64_t top = (tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
     uint64_t rev = (((top * 0x0802u) & 0x22110u) |
                     ((top * 0x8020u) & 0x88440u)) * 0x10101u >> 16;
     uint32_t bits = (uint32_t)(rev & 0xff) >> (8 - k);
@@ -459,8 +448,6 @@ found:
     struct chain *ch = &cc->ents[idx - 1];
     if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
         d->rs_n + ch->depth > RS_CAP)
-        return NULL;
-    if (!(index >> ch->c) && !chain_status_clean(q))
         return NULL;
     cc->last = idx;
     return ch;

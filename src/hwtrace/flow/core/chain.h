@@ -98,7 +98,22 @@ struct chain_cache {
  * successors have it (its last lookup is kept there), then in the
  * table */
 struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        int *err);
+                        uint64_t index, uint64_t tnt_bits, int *err);
+/* ``index`` and ``tnt_bits`` are the query's TNT cache (tnt_index,
+ * tnt_bits) or, before it is filled, what q_tnt_peek says it will hold;
+ * the chain returned applies where chain_status_clean(q, index, ch) too
+ * (with the cache filled) */
+
+/* a chain that takes the last TNT bit cached leaves the status the
+ * query gives then (insn_next_quick: q_status_flags with no bit left):
+ * it applies only where that is 0 -- no event next, not the end (the
+ * chain's instructions after its last bit are the steps of a decoder
+ * with nothing pending; deferred errors never get here) */
+static inline int chain_status_clean(struct query *q, uint64_t index,
+                                     const struct chain *ch)
+{
+    return (index >> ch->c) || (q->nxt_err != E_EOS && !q_will_event(q));
+}
 /* ic_each_run's callback clearing a run's chain lookup */
 int chain_forget(void *ctx, struct run *ru);
 /* adds every edge of every chain times its uses, and the edges into

@@ -92,13 +92,33 @@ static inline int q_cond_branch_fast(struct query *q, int *status,
     return 0;
 }
 int q_indirect_branch(struct query *q, int *status, uint64_t *target);
-/* q_cond_branch's packet step ahead of its query: with no TNT bit cached,
- * nothing deferred and a TNT next whose following packet is a TNT-8 or
- * TIP (refill_tnt's fast case), the TNT's bits cached and the position
- * past it as q_cond_branch leaves them, but its first bit not taken (the
- * next query takes it, from the cache, with the status q_cond_branch
- * would give); 1, or 0 with nothing changed.  For a walk that knows the
- * next instruction queries a TNT bit and wants the bits cached first. */
+/* q_cond_branch's packet step ahead of its query, for a walk that knows
+ * the next query is q_cond_branch's: with no TNT bit cached, nothing
+ * deferred and a TNT next whose following packet is a TNT-8 or TIP
+ * (refill_tnt's fast case), the TNT's bits cached and the position past
+ * it as q_cond_branch leaves them, but its first bit not taken (the next
+ * query takes it, from the cache, with the status q_cond_branch would
+ * give); 1, or 0 with nothing changed.  q_tnt_peek: whether it would
+ * cache, and what (*index: the first bit's mask, *bits), changing
+ * nothing. */
+static inline int q_tnt_peek(const struct query *q, uint64_t *index,
+                             uint64_t *bits)
+{
+    if (q->tnt_index || q->nxt_err || q->deferred ||
+        (q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
+        !q->nxt.f[0])
+        return 0;
+    ptrdiff_t after = q->pos + q->nxt.size;
+    if (after + 9 > q->end)
+        return 0;
+    unsigned x = q->buf[after];
+    if (!((!(x & 1) && x >= 4) ||                       /* TNT-8 */
+          ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0)))   /* TIP */
+        return 0;
+    *index = (uint64_t)1 << (q->nxt.f[0] - 1);
+    *bits = q->nxt.f[1];
+    return 1;
+}
 int q_cache_tnt_quick(struct query *q);
 int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
                  int *have);

@@ -5,6 +5,15 @@
 
 /* -- TNT chains --------------------------------------------------------------- */
 
+/* the chain for the decoder's state, if one applies (chain.h); NULL with
+ * *err < 0 on a fatal error.  With no TNT bit cached, the key is the next
+ * TNT packet's bits (q_tnt_peek), cached where a chain is found for them
+ * (q_cache_tnt_quick: the query's own packet step, taken ahead of it) --
+ * a chain takes at least one bit, so the next query is that packet's
+ * first bit whether the chain then applies or not.  A chain then starts
+ * where the last one ran out of bits, after a TIP or a run, instead of a
+ * general step (insn_next, q_cond_branch) for the first bit of every
+ * packet.  ``known``: the entry at the IP, or NULL (see queries_bit). */
 /* whether the instruction at the decoder's IP, ``known`` (or NULL),
  * queries a TNT bit first in a step insn_next_quick could take: a
  * conditional branch or a near return, nothing pending */
@@ -19,22 +28,20 @@ static inline int queries_bit(const struct insn_dec *d,
            !d->cfg->tick;
 }
 
-/* the chain for the decoder's state, if one applies (chain.h); NULL with
- * *err < 0 on a fatal error.  With no TNT bit cached and ``known`` (the
- * entry at the IP, or NULL) querying one, the next TNT's bits are cached
- * first (q_cache_tnt_quick: the query's own packet step, taken ahead of
- * it), so that the chain starts at that instruction -- rather than a
- * general step (insn_next, q_cond_branch) for the first bit of every
- * packet and the chain after it */
-static inline struct chain *walk_chain(struct session *s, struct walk *w,
-                                       int *err,
-                                       const struct insn_info *known)
+static inline __attribute__((always_inline)) struct chain *
+walk_chain(struct session *s, struct walk *w, int *err,
+           const struct insn_info *known)
 {
     *err = 0;
     struct insn_dec *d = &s->d;
-    if (!d->q.tnt_index &&
-        !(queries_bit(d, known) && q_cache_tnt_quick(&d->q)))
-        return NULL;
+    struct query *q = &d->q;
+    uint64_t index = q->tnt_index, bits = q->tnt_bits;
+    int peeked = 0;
+    if (!index) {
+        if (!q_tnt_peek(q, &index, &bits))
+            return NULL;
+        peeked = 1;
+    }
     struct chain_cache *cc = &w->chains;
     if (!cc->ready) {
         cc->ready = 1;
@@ -43,7 +50,19 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
         cc->end_on_call = d->cfg->end_on_call;
         cc->end_on_jump = d->cfg->end_on_jump;
     }
-    return chain_get(cc, d, err);
+    struct chain *ch = chain_get(cc, d, index, bits, err);
+    if (!ch) {
+        /* no chain (a return whose call it does not have): the packet
+         * cached all the same where the next instruction queries it */
+        if (peeked && *err >= 0 && queries_bit(d, known))
+            q_cache_tnt_quick(q);
+        return NULL;
+    }
+    if (peeked && !q_cache_tnt_quick(q)) {
+        *err = -E_INTERNAL;     /* q_tnt_peek said it would */
+        return NULL;
+    }
+    return chain_status_clean(q, index, ch) ? ch : NULL;
 }
 
 /* the decoder and the session after the chain, as its steps leave them */
@@ -189,8 +208,12 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (ch) {
             walk_apply(s, w, ch);
             chained = 1;
-            if (!ch->bn)
+            if (!ch->bn) {
+                /* the next chain may start where this one ran out of
+                 * bits */
+                chained = d->q.tnt_index != 0;
                 continue;
+            }
             /* the block it leaves open */
             n0 = ch->bn;
             lo = ch->lo;
