@@ -190,6 +190,27 @@ insn_next_quick(struct insn_dec *d, const struct insn_info *i)
         return status_of(d, 0);
     return insn_finish(d, i);
 }
+/* whether insn_next for ``i``, the entry at d->ip (or NULL), is an
+ * indirect branch's plain step: a near indirect jump or call or a near
+ * return, nothing pending (insn_next_quick's conditions), no TNT bit
+ * cached and a TIP next that binds no event -- one q_indirect_branch (a
+ * return's TNT query fails first, a TIP being next) */
+static inline int insn_tip_next(const struct insn_dec *d,
+                                const struct insn_info *i)
+{
+    const struct query *q = &d->q;
+    return i && i->ip == d->ip && i->mode == d->mode && !i->err &&
+           (i->flags & IF_INDIRECT) &&
+           (i->iclass == C_JUMP || i->iclass == C_CALL ||
+            i->iclass == C_RETURN) &&
+           !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
+           !d->process_event && !d->resyncing && d->enabled &&
+           !d->cfg->tick && !q->tnt_index && !q->nxt_err &&
+           q->nxt.kind == PT_K_TIP && !evq_pending(&q->evq, BIND_TIP);
+}
+/* insn_next where insn_tip_next says so: the same status, state and
+ * errors (proceed's, indirect_branch's and insn_next's steps for it) */
+int insn_next_tip(struct insn_dec *d, const struct insn_info *i);
 /* event(): *ev the event */
 int insn_event(struct insn_dec *d, struct event *ev);
 /* the offset libipt 2.3 reports now (error_offset) */

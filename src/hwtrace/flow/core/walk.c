@@ -337,10 +337,14 @@ static int walk_insns(struct session *s, struct walk *w)
             continue;
         }
         const struct insn_info *i = known;
-        int spec;
-        int r = insn_next_quick(d, known);
-        if (r == R_SLOW)
-            r = insn_next(d, known, &i, &spec);
+        int spec, r;
+        if (insn_tip_next(d, known)) {
+            r = insn_next_tip(d, known);
+        } else {
+            r = insn_next_quick(d, known);
+            if (r == R_SLOW)
+                r = insn_next(d, known, &i, &spec);
+        }
         if (r == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (r == R_ERR) {
