@@ -165,7 +165,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         case C_COND:
             if (e.c == k)
                 goto out;
-            bit = (bits >> e.c) & 1;
+            bit = (bits >> (k - 1 - e.c)) & 1;
             ip = bit ? fall + (uint64_t)i->rel : fall;
             break;
         case C_CALL: case C_JUMP:
@@ -177,7 +177,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             break;
         case C_RETURN:
             /* only a return the chain has the call of */
-            if (e.c == k || !((bits >> e.c) & 1) || !m->sn)
+            if (e.c == k || !((bits >> (k - 1 - e.c)) & 1) || !m->sn)
                 goto out;
             bit = 1;
             ip = m->stack[m->sn - 1];
@@ -384,12 +384,9 @@ struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
     /* every bit left, the packet's last one too (see chain_status_clean) */
     int pos = 63 - __builtin_clzll(index);
     int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
-    /* the k bits from pos down, reversed: bit j of ``bits`` is bit pos - j
-     * of tnt_bits (the 8-bit reversal by multiplication, no loop) */
-    uint64_t top = (tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
-    uint64_t rev = (((top * 0x0802u) & 0x22110u) |
-                    ((top * 0x8020u) & 0x88440u)) * 0x10101u >> 16;
-    uint32_t bits = (uint32_t)(rev & 0xff) >> (8 - k);
+    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
+     * is the j-th bit taken (bit pos - j of tnt_bits) */
+    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
     uint64_t ip = d->ip;
     uint32_t tag = bits | (uint32_t)k << 8 |
                    (uint32_t)(uint8_t)(d->mode + 1) << 16;

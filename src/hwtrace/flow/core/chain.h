@@ -66,8 +66,8 @@ struct chain {
     uint64_t in_from, in_n;
 } __attribute__((aligned(64)));
 
-/* a slot of the table: the key (bit j of ``bits``: the j-th bit taken,
- * j = 0 first), and the chain (ents[idx - 1]) or none there (idx 0) */
+/* a slot of the table: the key (bit k - 1 - j of ``bits``: the j-th bit
+ * taken, j = 0 first, as the TNT cache holds them), and the chain (ents[idx - 1]) or none there (idx 0) */
 struct chain_slot {
     uint64_t ip;
     const struct icache *ic;

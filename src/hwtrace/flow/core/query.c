@@ -524,9 +524,6 @@ static __attribute__((noinline)) int cond_branch(struct query *q,
 
 int q_cache_tnt_quick(struct query *q)
 {
-    if (q->tnt_index || q->nxt_err || q->deferred || !is_tnt(q->nxt.kind) ||
-            !q->nxt.f[0])
-        return 0;
     uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
     ptrdiff_t next = q->pos + q->nxt.size;
     if (!fetch_quick(q, next))      /* nothing changed where it fails */

@@ -98,9 +98,9 @@ int q_indirect_branch(struct query *q, int *status, uint64_t *target);
  * (refill_tnt's fast case), the TNT's bits cached and the position past
  * it as q_cond_branch leaves them, but its first bit not taken (the next
  * query takes it, from the cache, with the status q_cond_branch would
- * give); 1, or 0 with nothing changed.  q_tnt_peek: whether it would
- * cache, and what (*index: the first bit's mask, *bits), changing
- * nothing. */
+ * give); 1, or 0 with nothing changed (only if q_tnt_peek would not
+ * say 1: call it where it did).  q_tnt_peek: whether it would cache, and
+ * what (*index: the first bit's mask, *bits), changing nothing. */
 static inline int q_tnt_peek(const struct query *q, uint64_t *index,
                              uint64_t *bits)
 {
