@@ -111,7 +111,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                  uint64_t ip0, int mode, int k, int bits, struct sim *m)
 {
     struct icache *ic = d->ic;
-    int err = 0, edges = cc->edges, seen_query = 0;
+    int err = 0, edges = cc->edges, seen_query = 0, outer = 0;
     struct end e;
     memset(&e, 0, sizeof e);
     e.ip = ip0;
@@ -160,7 +160,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         if (e.insns + 1 > CHAIN_MAX_INSNS || e.bn + 1 >= MAX_BLOCK_INSNS)
             break;
         uint64_t fall = e.ip + i->size, ip;
-        int bit = -1;
+        int bit = -1, to_top = 0;
         switch (i->iclass) {
         case C_COND:
             if (e.c == k)
@@ -176,11 +176,19 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             ip = fall + (uint64_t)i->rel;
             break;
         case C_RETURN:
-            /* only a return the chain has the call of */
-            if (e.c == k || !((bits >> (k - 1 - e.c)) & 1) || !m->sn)
+            if (e.c == k || !((bits >> (k - 1 - e.c)) & 1))
                 goto out;
+            if (!m->sn) {
+                /* a return the chain has not the call of: its last step
+                 * (instruction walk), to the return stack's top */
+                if (cc->block)
+                    goto out;
+                to_top = 1;
+                ip = 0;
+            } else {
+                ip = m->stack[m->sn - 1];
+            }
             bit = 1;
-            ip = m->stack[m->sn - 1];
             break;
         default:
             goto out;
@@ -193,9 +201,10 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                 break;
         }
         /* the step is taken */
+        outer = to_top;
         if (i->iclass == C_CALL && i->rel)
             m->stack[m->sn++] = fall;
-        else if (i->iclass == C_RETURN)
+        else if (i->iclass == C_RETURN && !outer)
             m->sn--;
         if (m->sn > m->depth)
             m->depth = m->sn;
@@ -228,6 +237,10 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             e.bn = 0;
             e.have_bounds = 0;
         }
+        if (outer) {
+            next = NULL;        /* the entry after it is not known */
+            break;
+        }
     }
 out:
     if (!e.c)
@@ -254,7 +267,7 @@ out:
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
     ch->nedges = (uint16_t)m->nedges;
-    ch->have_from = (uint8_t)m->have_from;
+    ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;
     ch->blocks = (uint16_t)e.blocks;
@@ -444,7 +457,8 @@ found:
         cc->ents[cc->last - 1].succ = idx;
     struct chain *ch = &cc->ents[idx - 1];
     if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
-        d->rs_n + ch->depth > RS_CAP)
+        d->rs_n + ch->depth > RS_CAP ||
+        ((ch->have_from & CHAIN_RET) && !d->rs_n))
         return NULL;
     cc->last = idx;
     return ch;

@@ -23,6 +23,7 @@
 #include "insn.h"
 
 #define CHAIN_BITS 8            /* TNT bits in a key at most */
+#define CHAIN_RET 2             /* struct chain's have_from */
 
 struct chain_edge {
     uint64_t from, to;          /* once per pass (repeats listed again) */
@@ -41,7 +42,11 @@ struct chain {
     uint8_t c;                  /* TNT bits consumed */
     uint8_t npush, depth;       /* calls left on the return stack; the
                                    deepest the chain's own calls got */
-    uint8_t have_from;          /* its last instruction is a branch */
+    uint8_t have_from;          /* bit 0: its last instruction is a
+                                   branch; CHAIN_RET: that is a return
+                                   whose call is not in the chain (to the
+                                   return stack's top: end_ip and next
+                                   unused) */
     /* instruction counts: at most CHAIN_MAX_INSNS (chain.c) */
     uint16_t insns, blocks;     /* blocks: the blocks it ends */
     uint16_t pre;               /* instructions before its first query */

@@ -76,7 +76,10 @@ static inline void walk_apply(struct session *s, struct walk *w,
     d->status = 0;
     for (int j = 0; j < ch->npush; j++)
         rs_push(d, ch->push[j]);
-    d->ip = ch->end_ip;
+    if (ch->have_from & CHAIN_RET)
+        rs_pop(d, &d->ip);      /* chain_get: the stack has it */
+    else
+        d->ip = ch->end_ip;
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
@@ -310,9 +313,10 @@ static int walk_insns(struct session *s, struct walk *w)
             walk_apply(s, w, ch);
             ch->uses++;         /* for its edges (walk_done) */
             w->from = ch->last_ip;
-            w->have_from = ch->have_from;
-            /* the next chain may start where this one ran out of bits */
-            chained = d->q.tnt_index != 0;
+            w->have_from = ch->have_from & 1;
+            /* the next chain may start where this one ran out of bits or
+             * returned */
+            chained = d->q.tnt_index != 0 && !(ch->have_from & CHAIN_RET);
             continue;
         }
         const struct insn_info *known = s->known;
