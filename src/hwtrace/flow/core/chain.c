@@ -11,10 +11,7 @@
  * take a packet's last bit, short packets chain too (python3 recording:
  * 9.1 G instructions under cachegrind against 10.4 G with 5 bits at least,
  * tnt_index >= 16); a CFLAGS -DCHAIN_MIN_INDEX=16 build tries that */
-#ifndef CHAIN_MIN_INDEX
-#define CHAIN_MIN_INDEX 1
-#endif
-#define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+/* (CHAIN_MIN_INDEX, CHAIN_MAX_INSNS: chain.h) */
 /* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
  * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
 _Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
@@ -384,36 +381,19 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
 #define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
 #endif
 
-struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        uint64_t index, uint64_t tnt_bits, int *err)
+#ifdef CHAIN_CHECK
+void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx)
 {
-    *err = 0;
-    struct query *q = &d->q;
-    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled || d->process_event ||
-        d->resyncing || d->mode == MODE_NONE || d->cfg->tick ||
-        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
-        d->icount >= CHAIN_MAX_INSNS)
-        return NULL;
-    /* every bit left, the packet's last one too (see chain_status_clean) */
-    int pos = 63 - __builtin_clzll(index);
-    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
-    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
-     * is the j-th bit taken (bit pos - j of tnt_bits) */
-    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
+    check_idx(cc, ip, ic, tag, idx, &checked_succ);
+}
+#endif
+
+struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
+                         int k, uint32_t bits, uint32_t tag, int *err)
+{
     uint64_t ip = d->ip;
-    uint32_t tag = bits | (uint32_t)k << 8 |
-                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
     uint32_t idx;
-    /* the successor of the last chain, if its key is this one */
-    struct chain *pc = cc->last ? &cc->ents[cc->last - 1] : NULL;
-    if (pc && pc->succ) {
-        struct chain *g = &cc->ents[pc->succ - 1];
-        if (g->ip0 == ip && g->tag == tag && g->ic == d->ic) {
-            idx = pc->succ;
-            CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_succ);
-            goto found;
-        }
-    }
     struct run *p = d->prev_run;
     struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
     if (here && here->ch_tag == tag) {
@@ -455,13 +435,7 @@ found:
         return NULL;
     if (cc->last)       /* ents may have moved (new_chain) */
         cc->ents[cc->last - 1].succ = idx;
-    struct chain *ch = &cc->ents[idx - 1];
-    if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
-        d->rs_n + ch->depth > RS_CAP ||
-        ((ch->have_from & CHAIN_RET) && !d->rs_n))
-        return NULL;
-    cc->last = idx;
-    return ch;
+    return chain_applies(cc, d, idx);
 }
 
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)

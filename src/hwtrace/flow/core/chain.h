@@ -102,8 +102,73 @@ struct chain_cache {
  * too), then on the run at the decoder's IP if the previous run's
  * successors have it (its last lookup is kept there), then in the
  * table */
-struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        uint64_t index, uint64_t tnt_bits, int *err);
+#ifndef CHAIN_MIN_INDEX
+#define CHAIN_MIN_INDEX 1       /* chain.c's notes */
+#endif
+#define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+
+/* chain_get past the last chain's successor (chain.c): the run's last
+ * lookup, the table, a new chain */
+struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
+                         int k, uint32_t bits, uint32_t tag, int *err);
+#ifdef CHAIN_CHECK
+void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx);
+#endif
+
+/* chain ents[idx - 1] if it applies to the decoder (its instructions
+ * before its first query within the limit, room on the return stack, the
+ * stack's top for its return), made the last one; else NULL */
+static inline struct chain *chain_applies(struct chain_cache *cc,
+                                          const struct insn_dec *d,
+                                          uint32_t idx)
+{
+    struct chain *ch = &cc->ents[idx - 1];
+    if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
+        d->rs_n + ch->depth > RS_CAP ||
+        ((ch->have_from & CHAIN_RET) && !d->rs_n))
+        return NULL;
+    cc->last = idx;
+    return ch;
+}
+
+/* inline: the last chain's successor, where the walk repeats a path,
+ * without a call */
+static inline __attribute__((always_inline)) struct chain *
+chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
+          uint64_t tnt_bits, int *err)
+{
+    *err = 0;
+    struct query *q = &d->q;
+    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled ||
+        d->process_event || d->resyncing || d->mode == MODE_NONE ||
+        d->cfg->tick ||
+        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
+        d->icount >= CHAIN_MAX_INSNS)
+        return NULL;
+    /* every bit left, the packet's last one too (see chain_status_clean) */
+    int pos = 63 - __builtin_clzll(index);
+    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
+    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
+     * is the j-th bit taken (bit pos - j of tnt_bits) */
+    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
+    uint32_t tag = bits | (uint32_t)k << 8 |
+                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
+    /* the successor of the last chain, if its key is this one */
+    if (cc->last) {
+        uint32_t idx = cc->ents[cc->last - 1].succ;
+        if (idx) {
+            struct chain *g = &cc->ents[idx - 1];
+            if (g->ip0 == d->ip && g->tag == tag && g->ic == d->ic) {
+#ifdef CHAIN_CHECK
+                chain_check_succ(cc, d->ip, d->ic, tag, idx);
+#endif
+                return chain_applies(cc, d, idx);
+            }
+        }
+    }
+    return chain_find(cc, d, k, bits, tag, err);
+}
 /* ``index`` and ``tnt_bits`` are the query's TNT cache (tnt_index,
  * tnt_bits) or, before it is filled, what q_tnt_peek says it will hold;
  * the chain returned applies where chain_status_clean(q, index, ch) too
