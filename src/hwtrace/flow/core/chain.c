@@ -46,7 +46,23 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * block; prefetching the returned chain's successor entry (cachegrind
  * does not model it): perf cpu-clock samples, two runs each, walk 28.9 /
  * 29.4% and chain_get 13.4 / 13.9% of the process without, 30.2 / 29.0%
- * and 14.4 / 13.6% with -- nothing to see */
+ * and 14.4 / 13.6% with -- nothing to see.
+ *
+ * Issue 15's edges target (coverage --edges; python3 recording,
+ * fast.edges in process, cachegrind --cache-sim=no, whole process with
+ * start-up and the result's sort: 8.05 G at bebfa56).  The floor: a scratch
+ * C loop over that stream's packets reading every TNT bit and
+ * decompressing every TIP's IP (27.4 M bits, 4.38 M TIPs, no graph) takes
+ * 0.06 s CPU (0.08 s sqlite3), so the walk's ~0.5 s is the graph's
+ * memory and bookkeeping, not the packets.  Taken, one after another: a
+ * chain starting at the branch that needs a new TNT packet (its bits
+ * cached ahead of the query), 7.15 G; chains looked up with the next
+ * packet's bits from anywhere (after a TIP, a run), 7.09 G (~1%, kept as
+ * the base of the next); a TIP's indirect branch through insn_next_tip,
+ * 6.83 G; the key's bits unreversed and the peeked TNT cached without a
+ * second test, 6.59 G; a compressed return without its call as a chain's
+ * last step (CHAIN_RET, 7.2 M fewer general steps), 6.09 G; the
+ * successor guess inline in the walk (chain.h), 5.77 G. */
 
 static uint64_t mix(uint64_t x)
 {
