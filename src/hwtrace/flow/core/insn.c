@@ -630,32 +630,10 @@ int insn_next(struct insn_dec *d, const struct insn_info *known,
     return s;
 }
 
-int insn_next_tip(struct insn_dec *d, const struct insn_info *i)
+int insn_error(struct insn_dec *d, int code, uint64_t ip,
+               const struct insn_info *i)
 {
-    struct query *q = &d->q;
-    uint64_t ip = d->ip, fall = ip + i->size;
-    d->ip = fall;
-    if (i->iclass == C_CALL)
-        rs_push(d, fall);
-    else if (i->iclass == C_RETURN)
-        q->err_off = q_offset(q);   /* q_cond_branch's answer, a TIP next */
-    /* proceed's count, then indirect_branch's */
-    d->icount = 0;
-    d->have_mark = 0;
-    int status;
-    uint64_t target = 0;
-    int r = q_indirect_branch(q, &status, &target);
-    if (r < 0)
-        return error(d, r, ip, i, d->speculative);
-    d->status = status;
-    if (status & ST_DEFERRED)
-        d->resyncing = 1;
-    if (status & ST_IP_SUPPRESSED)
-        return error(d, -E_NOIP, ip, i, d->speculative);
-    d->ip = target;
-    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
-        return status_of(d, 0);
-    return insn_finish(d, i);
+    return error(d, code, ip, i, d->speculative);
 }
 
 /* _TRACE_ON: packets only a CPU that traces writes */
