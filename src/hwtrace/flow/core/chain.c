@@ -62,7 +62,13 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * 6.83 G; the key's bits unreversed and the peeked TNT cached without a
  * second test, 6.59 G; a compressed return without its call as a chain's
  * last step (CHAIN_RET, 7.2 M fewer general steps), 6.09 G; the
- * successor guess inline in the walk (chain.h), 5.77 G. */
+ * successor guess inline in the walk (chain.h), 5.77 G.  Tried after the
+ * TIP step went inline (5.564 G; cachegrind --cache-sim=yes with a
+ * 512 KiB LL: 28.53 M D1 / 10.52 M LL read misses) and not taken: a
+ * second successor guess per chain (succ2, the one before succ, swapped
+ * on a hit): chain_find's calls fell by 42%, but 5.525 G / 28.33 M /
+ * 10.65 M -- the field made struct chain three cache lines, and the timed
+ * runs could not tell them apart (0.46-0.70 s against 0.50-0.58 s). */
 
 static uint64_t mix(uint64_t x)
 {
