@@ -266,7 +266,8 @@ out:
         return 0;               /* no chain: nothing gained */
     /* the calls it leaves on the return stack */
     uint64_t *push = NULL;
-    if (m->sn) {
+    int pin = !cc->block && m->sn <= CHAIN_PIN_MAX;
+    if (m->sn && !pin) {
         push = malloc(m->sn * sizeof *push);
         if (!push)
             return -E_NOMEM;
@@ -300,6 +301,10 @@ out:
     ch->next = next;
     ch->last_run = e.last_run;
     ch->ip0 = ip0;
+    if (pin) {                  /* over lo, last: the block walk's */
+        memcpy(ch->pin, m->stack, m->sn * sizeof *m->stack);
+        ch->have_from |= CHAIN_PIN;
+    }
     return 0;
 }
 

@@ -27,6 +27,8 @@
 
 #define CHAIN_BITS 8            /* TNT bits in a key at most */
 #define CHAIN_RET 2             /* struct chain's have_from */
+#define CHAIN_PIN 4             /* its pushes in pin (see there) */
+#define CHAIN_PIN_MAX 2
 
 struct chain_edge {
     uint64_t from, to;          /* once per pass (repeats listed again) */
@@ -63,7 +65,15 @@ struct chain {
     struct run *last_run;       /* its last run taken (a hint: prev_run) */
     /* the second: the rest the walk may read */
     const struct insn_info *next;   /* the entry at end_ip, or NULL */
-    uint64_t lo, last;          /* the open block's bounds (see bn) */
+    union {
+        struct {
+            uint64_t lo, last;  /* the open block's bounds (see bn) */
+        };
+        /* instruction walk (CHAIN_PIN): its pushes where there are at
+         * most CHAIN_PIN_MAX, on the line the walk reads anyway, instead
+         * of ``push`` (a miss of its own) */
+        uint64_t pin[CHAIN_PIN_MAX];
+    };
     uint64_t *push;             /* npush return addresses, oldest first */
     uint64_t uses;              /* times applied (edges mode: their edges
                                    at the end) */

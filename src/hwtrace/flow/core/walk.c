@@ -74,8 +74,12 @@ static inline void walk_apply(struct session *s, struct walk *w,
     d->icount = ch->icount;
     d->have_mark = 0;
     d->status = 0;
-    for (int j = 0; j < ch->npush; j++)
-        rs_push(d, ch->push[j]);
+    if (ch->npush) {
+        const uint64_t *push = (ch->have_from & CHAIN_PIN) ? ch->pin
+                                                           : ch->push;
+        for (int j = 0; j < ch->npush; j++)
+            rs_push(d, push[j]);
+    }
     if (ch->have_from & CHAIN_RET)
         rs_pop(d, &d->ip);      /* chain_get: the stack has it */
     else
