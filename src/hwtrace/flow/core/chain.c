@@ -11,10 +11,7 @@
  * take a packet's last bit, short packets chain too (python3 recording:
  * 9.1 G instructions under cachegrind against 10.4 G with 5 bits at least,
  * tnt_index >= 16); a CFLAGS -DCHAIN_MIN_INDEX=16 build tries that */
-#ifndef CHAIN_MIN_INDEX
-#define CHAIN_MIN_INDEX 1
-#endif
-#define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+/* (CHAIN_MIN_INDEX, CHAIN_MAX_INSNS: chain.h) */
 /* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
  * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
 _Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
@@ -49,7 +46,29 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * block; prefetching the returned chain's successor entry (cachegrind
  * does not model it): perf cpu-clock samples, two runs each, walk 28.9 /
  * 29.4% and chain_get 13.4 / 13.9% of the process without, 30.2 / 29.0%
- * and 14.4 / 13.6% with -- nothing to see */
+ * and 14.4 / 13.6% with -- nothing to see.
+ *
+ * Issue 15's edges target (coverage --edges; python3 recording,
+ * fast.edges in process, cachegrind --cache-sim=no, whole process with
+ * start-up and the result's sort: 8.05 G at bebfa56).  The floor: a scratch
+ * C loop over that stream's packets reading every TNT bit and
+ * decompressing every TIP's IP (27.4 M bits, 4.38 M TIPs, no graph) takes
+ * 0.06 s CPU (0.08 s sqlite3), so the walk's ~0.5 s is the graph's
+ * memory and bookkeeping, not the packets.  Taken, one after another: a
+ * chain starting at the branch that needs a new TNT packet (its bits
+ * cached ahead of the query), 7.15 G; chains looked up with the next
+ * packet's bits from anywhere (after a TIP, a run), 7.09 G (~1%, kept as
+ * the base of the next); a TIP's indirect branch through insn_next_tip,
+ * 6.83 G; the key's bits unreversed and the peeked TNT cached without a
+ * second test, 6.59 G; a compressed return without its call as a chain's
+ * last step (CHAIN_RET, 7.2 M fewer general steps), 6.09 G; the
+ * successor guess inline in the walk (chain.h), 5.77 G.  Tried after the
+ * TIP step went inline (5.564 G; cachegrind --cache-sim=yes with a
+ * 512 KiB LL: 28.53 M D1 / 10.52 M LL read misses) and not taken: a
+ * second successor guess per chain (succ2, the one before succ, swapped
+ * on a hit): chain_find's calls fell by 42%, but 5.525 G / 28.33 M /
+ * 10.65 M -- the field made struct chain three cache lines, and the timed
+ * runs could not tell them apart (0.46-0.70 s against 0.50-0.58 s). */
 
 static uint64_t mix(uint64_t x)
 {
@@ -111,7 +130,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                  uint64_t ip0, int mode, int k, int bits, struct sim *m)
 {
     struct icache *ic = d->ic;
-    int err = 0, edges = cc->edges, seen_query = 0;
+    int err = 0, edges = cc->edges, seen_query = 0, outer = 0;
     struct end e;
     memset(&e, 0, sizeof e);
     e.ip = ip0;
@@ -160,12 +179,12 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         if (e.insns + 1 > CHAIN_MAX_INSNS || e.bn + 1 >= MAX_BLOCK_INSNS)
             break;
         uint64_t fall = e.ip + i->size, ip;
-        int bit = -1;
+        int bit = -1, to_top = 0;
         switch (i->iclass) {
         case C_COND:
             if (e.c == k)
                 goto out;
-            bit = (bits >> e.c) & 1;
+            bit = (bits >> (k - 1 - e.c)) & 1;
             ip = bit ? fall + (uint64_t)i->rel : fall;
             break;
         case C_CALL: case C_JUMP:
@@ -176,11 +195,19 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             ip = fall + (uint64_t)i->rel;
             break;
         case C_RETURN:
-            /* only a return the chain has the call of */
-            if (e.c == k || !((bits >> e.c) & 1) || !m->sn)
+            if (e.c == k || !((bits >> (k - 1 - e.c)) & 1))
                 goto out;
+            if (!m->sn) {
+                /* a return the chain has not the call of: its last step
+                 * (instruction walk), to the return stack's top */
+                if (cc->block)
+                    goto out;
+                to_top = 1;
+                ip = 0;
+            } else {
+                ip = m->stack[m->sn - 1];
+            }
             bit = 1;
-            ip = m->stack[m->sn - 1];
             break;
         default:
             goto out;
@@ -193,9 +220,10 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                 break;
         }
         /* the step is taken */
+        outer = to_top;
         if (i->iclass == C_CALL && i->rel)
             m->stack[m->sn++] = fall;
-        else if (i->iclass == C_RETURN)
+        else if (i->iclass == C_RETURN && !outer)
             m->sn--;
         if (m->sn > m->depth)
             m->depth = m->sn;
@@ -228,13 +256,18 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             e.bn = 0;
             e.have_bounds = 0;
         }
+        if (outer) {
+            next = NULL;        /* the entry after it is not known */
+            break;
+        }
     }
 out:
     if (!e.c)
         return 0;               /* no chain: nothing gained */
     /* the calls it leaves on the return stack */
     uint64_t *push = NULL;
-    if (m->sn) {
+    int pin = !cc->block && m->sn <= CHAIN_PIN_MAX;
+    if (m->sn && !pin) {
         push = malloc(m->sn * sizeof *push);
         if (!push)
             return -E_NOMEM;
@@ -254,7 +287,7 @@ out:
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
     ch->nedges = (uint16_t)m->nedges;
-    ch->have_from = (uint8_t)m->have_from;
+    ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;
     ch->blocks = (uint16_t)e.blocks;
@@ -268,6 +301,10 @@ out:
     ch->next = next;
     ch->last_run = e.last_run;
     ch->ip0 = ip0;
+    if (pin) {                  /* over lo, last: the block walk's */
+        memcpy(ch->pin, m->stack, m->sn * sizeof *m->stack);
+        ch->have_from |= CHAIN_PIN;
+    }
     return 0;
 }
 
@@ -371,50 +408,19 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
 #define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
 #endif
 
-/* a chain that takes the last TNT bit cached leaves the status the
- * query gives then (insn_next_quick: q_status_flags with no bit left):
- * it applies only where that is 0 -- no event next, not the end (the
- * chain's instructions after its last bit are the steps of a decoder
- * with nothing pending; deferred errors never get here) */
-static inline int chain_status_clean(struct query *q)
+#ifdef CHAIN_CHECK
+void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx)
 {
-    return q->nxt_err != E_EOS && !q_will_event(q);
+    check_idx(cc, ip, ic, tag, idx, &checked_succ);
 }
+#endif
 
-struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        int *err)
+struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
+                         int k, uint32_t bits, uint32_t tag, int *err)
 {
-    *err = 0;
-    struct query *q = &d->q;
-    uint64_t index = q->tnt_index;
-    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled || d->process_event ||
-        d->resyncing || d->mode == MODE_NONE || d->cfg->tick ||
-        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
-        d->icount >= CHAIN_MAX_INSNS)
-        return NULL;
-    /* every bit left, the packet's last one too (see chain_status_clean) */
-    int pos = 63 - __builtin_clzll(index);
-    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
-    /* the k bits from pos down, reversed: bit j of ``bits`` is bit pos - j
-     * of tnt_bits (the 8-bit reversal by multiplication, no loop) */
-    uint64_t top = (q->tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
-    uint64_t rev = (((top * 0x0802u) & 0x22110u) |
-                    ((top * 0x8020u) & 0x88440u)) * 0x10101u >> 16;
-    uint32_t bits = (uint32_t)(rev & 0xff) >> (8 - k);
     uint64_t ip = d->ip;
-    uint32_t tag = bits | (uint32_t)k << 8 |
-                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
     uint32_t idx;
-    /* the successor of the last chain, if its key is this one */
-    struct chain *pc = cc->last ? &cc->ents[cc->last - 1] : NULL;
-    if (pc && pc->succ) {
-        struct chain *g = &cc->ents[pc->succ - 1];
-        if (g->ip0 == ip && g->tag == tag && g->ic == d->ic) {
-            idx = pc->succ;
-            CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_succ);
-            goto found;
-        }
-    }
     struct run *p = d->prev_run;
     struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
     if (here && here->ch_tag == tag) {
@@ -456,14 +462,7 @@ found:
         return NULL;
     if (cc->last)       /* ents may have moved (new_chain) */
         cc->ents[cc->last - 1].succ = idx;
-    struct chain *ch = &cc->ents[idx - 1];
-    if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
-        d->rs_n + ch->depth > RS_CAP)
-        return NULL;
-    if (!(index >> ch->c) && !chain_status_clean(q))
-        return NULL;
-    cc->last = idx;
-    return ch;
+    return chain_applies(cc, d, idx);
 }
 
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)

@@ -3,15 +3,18 @@
  * and nothing pending, what follows up to the K-th next TNT bit depends
  * only on (image, mode, IP, those K bits) -- plain runs, direct jumps and
  * calls, conditional branches and compressed returns whose call is in the
- * chain.  One lookup then gives the end IP, the instructions, the blocks,
+ * chain, and (instruction walk) one compressed return whose call is not,
+ * as its last step, to the return stack's top (CHAIN_RET).  With no bit
+ * cached the walk looks chains up with the next TNT packet's bits and
+ * caches the packet where one is found (walk.c).  One lookup then gives the end IP, the instructions, the blocks,
  * the calls left on the return stack and the edges, instead of one walk
  * step per branch.
  *
  * A chain is built by the same rules the walk's steps follow
  * (insn_next_quick and blk_count) from its first to its last key bit, and
  * on to the instruction before the next one that needs trace (an indirect
- * branch, a return without its call in the chain, a branch past the key's
- * bits), where the walk's own steps take over with the state the chain
+ * branch, a return without its call in the chain -- block walk -- a
+ * branch past the key's bits), where the walk's own steps take over with the state the chain
  * leaves: the instructions since the last query, the block still open.
  * It takes a packet's last TNT bit only where the status stays clean
  * after it (no event next, not the end: what the walk's step would
@@ -23,6 +26,9 @@
 #include "insn.h"
 
 #define CHAIN_BITS 8            /* TNT bits in a key at most */
+#define CHAIN_RET 2             /* struct chain's have_from */
+#define CHAIN_PIN 4             /* its pushes in pin (see there) */
+#define CHAIN_PIN_MAX 2
 
 struct chain_edge {
     uint64_t from, to;          /* once per pass (repeats listed again) */
@@ -41,7 +47,11 @@ struct chain {
     uint8_t c;                  /* TNT bits consumed */
     uint8_t npush, depth;       /* calls left on the return stack; the
                                    deepest the chain's own calls got */
-    uint8_t have_from;          /* its last instruction is a branch */
+    uint8_t have_from;          /* bit 0: its last instruction is a
+                                   branch; CHAIN_RET: that is a return
+                                   whose call is not in the chain (to the
+                                   return stack's top: end_ip and next
+                                   unused) */
     /* instruction counts: at most CHAIN_MAX_INSNS (chain.c) */
     uint16_t insns, blocks;     /* blocks: the blocks it ends */
     uint16_t pre;               /* instructions before its first query */
@@ -55,7 +65,15 @@ struct chain {
     struct run *last_run;       /* its last run taken (a hint: prev_run) */
     /* the second: the rest the walk may read */
     const struct insn_info *next;   /* the entry at end_ip, or NULL */
-    uint64_t lo, last;          /* the open block's bounds (see bn) */
+    union {
+        struct {
+            uint64_t lo, last;  /* the open block's bounds (see bn) */
+        };
+        /* instruction walk (CHAIN_PIN): its pushes where there are at
+         * most CHAIN_PIN_MAX, on the line the walk reads anyway, instead
+         * of ``push`` (a miss of its own) */
+        uint64_t pin[CHAIN_PIN_MAX];
+    };
     uint64_t *push;             /* npush return addresses, oldest first */
     uint64_t uses;              /* times applied (edges mode: their edges
                                    at the end) */
@@ -66,8 +84,8 @@ struct chain {
     uint64_t in_from, in_n;
 } __attribute__((aligned(64)));
 
-/* a slot of the table: the key (bit j of ``bits``: the j-th bit taken,
- * j = 0 first), and the chain (ents[idx - 1]) or none there (idx 0) */
+/* a slot of the table: the key (bit k - 1 - j of ``bits``: the j-th bit
+ * taken, j = 0 first, as the TNT cache holds them), and the chain (ents[idx - 1]) or none there (idx 0) */
 struct chain_slot {
     uint64_t ip;
     const struct icache *ic;
@@ -97,8 +115,88 @@ struct chain_cache {
  * too), then on the run at the decoder's IP if the previous run's
  * successors have it (its last lookup is kept there), then in the
  * table */
-struct chain *chain_get(struct chain_cache *cc, struct insn_dec *d,
-                        int *err);
+#ifndef CHAIN_MIN_INDEX
+#define CHAIN_MIN_INDEX 1       /* chain.c's notes */
+#endif
+#define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
+
+/* chain_get past the last chain's successor (chain.c): the run's last
+ * lookup, the table, a new chain */
+struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
+                         int k, uint32_t bits, uint32_t tag, int *err);
+#ifdef CHAIN_CHECK
+void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
+                      const struct icache *ic, uint32_t tag, uint32_t idx);
+#endif
+
+/* chain ents[idx - 1] if it applies to the decoder (its instructions
+ * before its first query within the limit, room on the return stack, the
+ * stack's top for its return), made the last one; else NULL */
+static inline struct chain *chain_applies(struct chain_cache *cc,
+                                          const struct insn_dec *d,
+                                          uint32_t idx)
+{
+    struct chain *ch = &cc->ents[idx - 1];
+    if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
+        d->rs_n + ch->depth > RS_CAP ||
+        ((ch->have_from & CHAIN_RET) && !d->rs_n))
+        return NULL;
+    cc->last = idx;
+    return ch;
+}
+
+/* inline: the last chain's successor, where the walk repeats a path,
+ * without a call */
+static inline __attribute__((always_inline)) struct chain *
+chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
+          uint64_t tnt_bits, int *err)
+{
+    *err = 0;
+    struct query *q = &d->q;
+    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled ||
+        d->process_event || d->resyncing || d->mode == MODE_NONE ||
+        d->cfg->tick ||
+        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
+        d->icount >= CHAIN_MAX_INSNS)
+        return NULL;
+    /* every bit left, the packet's last one too (see chain_status_clean) */
+    int pos = 63 - __builtin_clzll(index);
+    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
+    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
+     * is the j-th bit taken (bit pos - j of tnt_bits) */
+    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
+    uint32_t tag = bits | (uint32_t)k << 8 |
+                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
+    /* the successor of the last chain, if its key is this one */
+    if (cc->last) {
+        uint32_t idx = cc->ents[cc->last - 1].succ;
+        if (idx) {
+            struct chain *g = &cc->ents[idx - 1];
+            if (g->ip0 == d->ip && g->tag == tag && g->ic == d->ic) {
+#ifdef CHAIN_CHECK
+                chain_check_succ(cc, d->ip, d->ic, tag, idx);
+#endif
+                return chain_applies(cc, d, idx);
+            }
+        }
+    }
+    return chain_find(cc, d, k, bits, tag, err);
+}
+/* ``index`` and ``tnt_bits`` are the query's TNT cache (tnt_index,
+ * tnt_bits) or, before it is filled, what q_tnt_peek says it will hold;
+ * the chain returned applies where chain_status_clean(q, index, ch) too
+ * (with the cache filled) */
+
+/* a chain that takes the last TNT bit cached leaves the status the
+ * query gives then (insn_next_quick: q_status_flags with no bit left):
+ * it applies only where that is 0 -- no event next, not the end (the
+ * chain's instructions after its last bit are the steps of a decoder
+ * with nothing pending; deferred errors never get here) */
+static inline int chain_status_clean(struct query *q, uint64_t index,
+                                     const struct chain *ch)
+{
+    return (index >> ch->c) || (q->nxt_err != E_EOS && !q_will_event(q));
+}
 /* ic_each_run's callback clearing a run's chain lookup */
 int chain_forget(void *ctx, struct run *ru);
 /* adds every edge of every chain times its uses, and the edges into

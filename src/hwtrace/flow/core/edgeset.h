@@ -13,7 +13,8 @@ struct edge {
     uint64_t from, to, n;
 };
 
-#define EDGE_FRONT 2048         /* front slots (a power of two) */
+#define EDGE_FRONT_BITS 13
+#define EDGE_FRONT (1u << EDGE_FRONT_BITS)  /* front slots */
 
 struct edge_table {
     struct edge *tab;           /* open addressing, n == 0: empty */
@@ -29,7 +30,7 @@ int edge_add_slow(struct edge_table *e, struct edge *f, uint64_t from,
 static inline size_t edge_front_slot(uint64_t from, uint64_t to)
 {
     uint64_t h = (from ^ (to * 0x9E3779B97F4A7C15ULL)) * 0xff51afd7ed558ccdULL;
-    return (size_t)(h >> 53) & (EDGE_FRONT - 1);
+    return (size_t)(h >> (64 - EDGE_FRONT_BITS));
 }
 
 /* adds n to the count of (from, to): 0 or -E_NOMEM */

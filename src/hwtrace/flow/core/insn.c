@@ -630,6 +630,12 @@ int insn_next(struct insn_dec *d, const struct insn_info *known,
     return s;
 }
 
+int insn_error(struct insn_dec *d, int code, uint64_t ip,
+               const struct insn_info *i)
+{
+    return error(d, code, ip, i, d->speculative);
+}
+
 /* _TRACE_ON: packets only a CPU that traces writes */
 static int trace_on(const struct event *ev)
 {

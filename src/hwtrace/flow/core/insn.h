@@ -190,6 +190,58 @@ insn_next_quick(struct insn_dec *d, const struct insn_info *i)
         return status_of(d, 0);
     return insn_finish(d, i);
 }
+/* whether insn_next for ``i``, the entry at d->ip (or NULL), is an
+ * indirect branch's plain step: a near indirect jump or call or a near
+ * return, nothing pending (insn_next_quick's conditions), no TNT bit
+ * cached and a TIP next that binds no event -- one q_indirect_branch (a
+ * return's TNT query fails first, a TIP being next) */
+static inline int insn_tip_next(const struct insn_dec *d,
+                                const struct insn_info *i)
+{
+    const struct query *q = &d->q;
+    return i && i->ip == d->ip && i->mode == d->mode && !i->err &&
+           (i->flags & IF_INDIRECT) &&
+           (i->iclass == C_JUMP || i->iclass == C_CALL ||
+            i->iclass == C_RETURN) &&
+           !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
+           !d->process_event && !d->resyncing && d->enabled &&
+           !d->cfg->tick && !q->tnt_index && !q->nxt_err &&
+           q->nxt.kind == PT_K_TIP && !evq_pending(&q->evq, BIND_TIP);
+}
+/* insn_next's error for instruction i at ip (its R_ERR or R_FATAL) */
+int insn_error(struct insn_dec *d, int code, uint64_t ip,
+               const struct insn_info *i);
+/* insn_next where insn_tip_next says so: the same status, state and
+ * errors (proceed's, indirect_branch's and insn_next's steps for it);
+ * inline, the TIP's query too (q_indirect_branch_quick) */
+static inline __attribute__((always_inline)) int
+insn_next_tip(struct insn_dec *d, const struct insn_info *i)
+{
+    struct query *q = &d->q;
+    uint64_t ip = d->ip, fall = ip + i->size;
+    d->ip = fall;
+    if (i->iclass == C_CALL)
+        rs_push(d, fall);
+    else if (i->iclass == C_RETURN)
+        q->err_off = q_offset(q);   /* q_cond_branch's answer, a TIP next */
+    /* proceed's count, then indirect_branch's */
+    d->icount = 0;
+    d->have_mark = 0;
+    int status;
+    uint64_t target = 0;
+    int r = q_indirect_branch_quick(q, &status, &target);
+    if (r < 0)
+        return insn_error(d, r, ip, i);
+    d->status = status;
+    if (status & ST_DEFERRED)
+        d->resyncing = 1;
+    if (status & ST_IP_SUPPRESSED)
+        return insn_error(d, -E_NOIP, ip, i);
+    d->ip = target;
+    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
+        return status_of(d, 0);
+    return insn_finish(d, i);
+}
 /* event(): *ev the event */
 int insn_event(struct insn_dec *d, struct event *ev);
 /* the offset libipt 2.3 reports now (error_offset) */

@@ -84,18 +84,6 @@ static int pkt_error(int r)
     return r == PT_EOS ? E_EOS : r == PT_BAD_OPC ? E_BAD_OPC : E_BAD_PACKET;
 }
 
-/* the payload of a TIP/FUP-format packet with n (0..8) bytes at b, where
- * 8 bytes may be read (one unaligned load instead of pt_le's loop) */
-static inline uint64_t ip_payload(const uint8_t *b, int n)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return n >= 8 ? v : v & (((uint64_t)1 << (8 * n)) - 1);
-#else
-    return n ? pt_le(b, n) : 0;
-#endif
-}
 
 /* q_fetch: TNT-8 and TIP, nearly every packet of a trace the walk reads,
  * are decoded here as pt_decode_at decodes them (the same record); the
@@ -127,7 +115,7 @@ static inline void fetch(struct query *q)
             q->nxt.kind = PT_K_TIP;
             q->nxt.size = n + 1;
             q->nxt.f[0] = (uint64_t)ipc;
-            q->nxt.f[1] = ip_payload(b + 1, n);
+            q->nxt.f[1] = q_ip_payload(b + 1, n);
             q->nxt_err = 0;
             return;
         }
@@ -158,36 +146,10 @@ int q_peek(const struct query *q, ptrdiff_t pos, struct pt_pkt *p)
 
 /* -- last IP ------------------------------------------------------------------ */
 
-/* the last IP's bits an IP compression keeps (1, 2, 4: the high 48, 32,
- * 16 bits; 6: none; 3 sign-extends bit 47; 0 suppresses; 5, 7 invalid) */
-static const uint64_t IPC_KEEP[8] = {
-    0, ~(uint64_t)0xffff, ~(uint64_t)0xffffffff, 0, ~(uint64_t)0xffffffffffff,
-    0, 0, 0};
-
-/* the last-IP update, without the jump table a switch on the compression
- * becomes (an indirect branch at every TIP) */
-static inline int update_ip(struct query *q, uint64_t ipc, uint64_t ip)
-{
-    if (ipc == 0) {
-        q->ip_suppressed = 1;
-        return 0;
-    }
-    if (ipc > 7 || !((0x5fu >> ipc) & 1))
-        return -E_BAD_PACKET;
-    if (ipc == 3)
-        ip = (ip & ((uint64_t)1 << 47)) ? (ip | ~(uint64_t)0xffffffffffff)
-                                        : ip;
-    else
-        ip |= q->ip & IPC_KEEP[ipc];
-    q->ip = ip;
-    q->have_ip = 1;
-    q->ip_suppressed = 0;
-    return 0;
-}
 
 int q_update_ip(struct query *q, const struct pt_pkt *p)
 {
-    return update_ip(q, p->f[0], p->f[1]);
+    return q_update_ip_quick(q, p->f[0], p->f[1]);
 }
 
 void q_event_ip(struct query *q, struct event *ev, int to)
@@ -430,47 +392,7 @@ static int tnt_take(struct query *q)
  * a function that calls nothing (any other case goes on in a tail call to
  * the general steps, so the fast path saves no registers). */
 
-/* fetch for a TNT-8 or a TIP at pos (with 8 bytes after its first byte
- * in the buffer): 1 and q->nxt set as fetch sets it; 0 and nothing
- * changed for any other packet */
-static inline int fetch_quick(struct query *q, ptrdiff_t pos)
-{
-    if (pos + 9 > q->end)
-        return 0;
-    const uint8_t *b = q->buf + pos;
-    unsigned x = b[0];
-    if (!(x & 1) && x >= 4) {                       /* TNT-8 */
-        unsigned v = x >> 1;
-        int n = 31 - __builtin_clz(v);
-        q->nxt.kind = PT_K_TNT8;
-        q->nxt.size = 1;
-        q->nxt.f[0] = (uint64_t)n;
-        q->nxt.f[1] = v ^ (1u << n);
-    } else if ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0) { /* TIP */
-        int n = pt_ipc_size[x >> 5];
-        q->nxt.kind = PT_K_TIP;
-        q->nxt.size = n + 1;
-        q->nxt.f[0] = x >> 5;
-        q->nxt.f[1] = ip_payload(b + 1, n);
-    } else {
-        return 0;
-    }
-    q->nxt_off = pos;
-    q->fetches++;
-    q->nxt_err = 0;
-    return 1;
-}
 
-/* q_status_flags with a TNT-8 or TIP next (q_will_event: a TIP binds
- * the events queued for it, a TNT none; not the end) */
-static inline int status_quick(const struct query *q)
-{
-    int flags = q->deferred ? ST_DEFERRED : 0;
-    if (!q->tnt_index && q->nxt.kind == PT_K_TIP &&
-            evq_pending(&q->evq, BIND_TIP))
-        flags |= ST_EVENT_PENDING;
-    return flags;
-}
 
 /* the fast paths' step past the packet they answered from: take it, mark
  * the time, read ahead; a read-ahead error is reported at its offset */
@@ -511,16 +433,17 @@ static inline int refill_tnt(struct query *q, int *status, int *taken)
     /* the mark first: the packet does not change the time (and the time's
      * loads then never wait for the fetch's stores) */
     ft_mark(&q->time);
-    if (!fetch_quick(q, next))
+    if (!q_fetch_quick(q, next))
         return refill_rest(q, status, taken);
     q->tnt_index = index >> 1;
     *taken = (bits & index) != 0;
-    *status = status_quick(q);
+    *status = q_status_quick(q);
     return 0;
 }
 
 static __attribute__((noinline)) int cond_branch(struct query *q,
                                                  int *status, int *taken);
+
 
 int q_cond_branch(struct query *q, int *status, int *taken)
 {
@@ -586,38 +509,13 @@ static int indirect_branch(struct query *q, int *status, uint64_t *target)
     return 0;
 }
 
-static __attribute__((noinline)) int indirect_branch_slow(
-    struct query *q, int *status, uint64_t *target);
-static __attribute__((noinline)) int tip_rest(struct query *q, int *status,
-                                              int have);
-
 int q_indirect_branch(struct query *q, int *status, uint64_t *target)
 {
-    /* a TIP next that binds no event: indirect_branch's one step, with
-     * q_dec_tip's (nothing to dequeue, nothing published) */
-    if (!q->nxt_err && q->nxt.kind == PT_K_TIP &&
-            !evq_pending(&q->evq, BIND_TIP)) {
-        q->has_published = 0;
-        q->mode_exec_pending = 0;
-        int r = update_ip(q, q->nxt.f[0], q->nxt.f[1]);
-        if (r < 0) {
-            q->err_off = q_offset(q);
-            return r;
-        }
-        ptrdiff_t next = q->pos + q->nxt.size;
-        q->pos = next;
-        int have = q_query_ip(q, target);
-        ft_mark(&q->time);                  /* see refill_tnt */
-        if (!fetch_quick(q, next))
-            return tip_rest(q, status, have);
-        *status = status_quick(q) | (have ? 0 : ST_IP_SUPPRESSED);
-        return 0;
-    }
-    return indirect_branch_slow(q, status, target);
+    return q_indirect_branch_quick(q, status, target);
 }
 
-/* q_indirect_branch after the TIP (have: whether it gave an IP) */
-static int tip_rest(struct query *q, int *status, int have)
+
+int q_tip_rest(struct query *q, int *status, int have)
 {
     int r = step_past(q);
     if (r < 0)
@@ -626,8 +524,7 @@ static int tip_rest(struct query *q, int *status, int have)
     return 0;
 }
 
-static int indirect_branch_slow(struct query *q, int *status,
-                                uint64_t *target)
+int q_indirect_branch_slow(struct query *q, int *status, uint64_t *target)
 {
     int r = indirect_branch(q, status, target);
     if (r < 0)

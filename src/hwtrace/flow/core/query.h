@@ -92,6 +92,33 @@ static inline int q_cond_branch_fast(struct query *q, int *status,
     return 0;
 }
 int q_indirect_branch(struct query *q, int *status, uint64_t *target);
+/* q_cond_branch's packet step ahead of its query, for a walk that knows
+ * the next query is q_cond_branch's: with no TNT bit cached, nothing
+ * deferred and a TNT next whose following packet is a TNT-8 or TIP
+ * (refill_tnt's fast case), the TNT's bits cached and the position past
+ * it as q_cond_branch leaves them, but its first bit not taken (the next
+ * query takes it, from the cache, with the status q_cond_branch would
+ * give); 1, or 0 with nothing changed (only if q_tnt_peek would not
+ * say 1: call it where it did).  q_tnt_peek: whether it would cache, and
+ * what (*index: the first bit's mask, *bits), changing nothing. */
+static inline int q_tnt_peek(const struct query *q, uint64_t *index,
+                             uint64_t *bits)
+{
+    if (q->tnt_index || q->nxt_err || q->deferred ||
+        (q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
+        !q->nxt.f[0])
+        return 0;
+    ptrdiff_t after = q->pos + q->nxt.size;
+    if (after + 9 > q->end)
+        return 0;
+    unsigned x = q->buf[after];
+    if (!((!(x & 1) && x >= 4) ||                       /* TNT-8 */
+          ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0)))   /* TIP */
+        return 0;
+    *index = (uint64_t)1 << (q->nxt.f[0] - 1);
+    *bits = q->nxt.f[1];
+    return 1;
+}
 int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
                  int *have);
 int q_event(struct query *q, int *status, struct event *ev);
@@ -157,6 +184,137 @@ static inline int q_enqueue(struct query *q, int b, const struct event *ev)
         return -E_NOMEM;
     }
     return 0;
+}
+
+/* -- the walk's common packets, inline (query.c's fast paths) ------------- */
+
+/* the payload of a TIP/FUP-format packet with n (0..8) bytes at b, where
+ * 8 bytes may be read (one unaligned load instead of pt_le's loop) */
+static inline uint64_t q_ip_payload(const uint8_t *b, int n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, b, 8);
+    return n >= 8 ? v : v & (((uint64_t)1 << (8 * n)) - 1);
+#else
+    return n ? pt_le(b, n) : 0;
+#endif
+}
+
+/* the last IP's bits an IP compression keeps (1, 2, 4: the high 48, 32,
+ * 16 bits; 6: none; 3 sign-extends bit 47; 0 suppresses; 5, 7 invalid) */
+static const uint64_t Q_IPC_KEEP[8] = {
+    0, ~(uint64_t)0xffff, ~(uint64_t)0xffffffff, 0, ~(uint64_t)0xffffffffffff,
+    0, 0, 0};
+
+/* the last-IP update, without the jump table a switch on the compression
+ * becomes (an indirect branch at every TIP) */
+static inline int q_update_ip_quick(struct query *q, uint64_t ipc, uint64_t ip)
+{
+    if (ipc == 0) {
+        q->ip_suppressed = 1;
+        return 0;
+    }
+    if (ipc > 7 || !((0x5fu >> ipc) & 1))
+        return -E_BAD_PACKET;
+    if (ipc == 3)
+        ip = (ip & ((uint64_t)1 << 47)) ? (ip | ~(uint64_t)0xffffffffffff)
+                                        : ip;
+    else
+        ip |= q->ip & Q_IPC_KEEP[ipc];
+    q->ip = ip;
+    q->have_ip = 1;
+    q->ip_suppressed = 0;
+    return 0;
+}
+
+/* fetch for a TNT-8 or a TIP at pos (with 8 bytes after its first byte
+ * in the buffer): 1 and q->nxt set as fetch sets it; 0 and nothing
+ * changed for any other packet */
+static inline int q_fetch_quick(struct query *q, ptrdiff_t pos)
+{
+    if (pos + 9 > q->end)
+        return 0;
+    const uint8_t *b = q->buf + pos;
+    unsigned x = b[0];
+    if (!(x & 1) && x >= 4) {                       /* TNT-8 */
+        unsigned v = x >> 1;
+        int n = 31 - __builtin_clz(v);
+        q->nxt.kind = PT_K_TNT8;
+        q->nxt.size = 1;
+        q->nxt.f[0] = (uint64_t)n;
+        q->nxt.f[1] = v ^ (1u << n);
+    } else if ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0) { /* TIP */
+        int n = pt_ipc_size[x >> 5];
+        q->nxt.kind = PT_K_TIP;
+        q->nxt.size = n + 1;
+        q->nxt.f[0] = x >> 5;
+        q->nxt.f[1] = q_ip_payload(b + 1, n);
+    } else {
+        return 0;
+    }
+    q->nxt_off = pos;
+    q->fetches++;
+    q->nxt_err = 0;
+    return 1;
+}
+
+/* q_status_flags with a TNT-8 or TIP next (q_will_event: a TIP binds
+ * the events queued for it, a TNT none; not the end) */
+static inline int q_status_quick(const struct query *q)
+{
+    int flags = q->deferred ? ST_DEFERRED : 0;
+    if (!q->tnt_index && q->nxt.kind == PT_K_TIP &&
+            evq_pending(&q->evq, BIND_TIP))
+        flags |= ST_EVENT_PENDING;
+    return flags;
+}
+
+/* q_cache_tnt_quick (see q_tnt_peek above) */
+static inline int q_cache_tnt_quick(struct query *q)
+{
+    uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
+    ptrdiff_t next = q->pos + q->nxt.size;
+    if (!q_fetch_quick(q, next))      /* nothing changed where it fails */
+        return 0;
+    ft_mark(&q->time);
+    q->has_published = 0;
+    q->tnt_bits = bits;
+    q->tnt_index = (uint64_t)1 << (n - 1);
+    q->tnt_end = next;
+    q->pos = next;
+    return 1;
+}
+
+/* q_indirect_branch's steps after its TIP, or where the TIP binds an
+ * event or is not next (query.c) */
+int q_tip_rest(struct query *q, int *status, int have);
+int q_indirect_branch_slow(struct query *q, int *status, uint64_t *target);
+/* q_indirect_branch, inline: a TIP next that binds no event */
+static inline __attribute__((always_inline)) int
+q_indirect_branch_quick(struct query *q, int *status, uint64_t *target)
+{
+    /* a TIP next that binds no event: indirect_branch's one step, with
+     * q_dec_tip's (nothing to dequeue, nothing published) */
+    if (!q->nxt_err && q->nxt.kind == PT_K_TIP &&
+            !evq_pending(&q->evq, BIND_TIP)) {
+        q->has_published = 0;
+        q->mode_exec_pending = 0;
+        int r = q_update_ip_quick(q, q->nxt.f[0], q->nxt.f[1]);
+        if (r < 0) {
+            q->err_off = q_offset(q);
+            return r;
+        }
+        ptrdiff_t next = q->pos + q->nxt.size;
+        q->pos = next;
+        int have = q_query_ip(q, target);
+        ft_mark(&q->time);                  /* see refill_tnt */
+        if (!q_fetch_quick(q, next))
+            return q_tip_rest(q, status, have);
+        *status = q_status_quick(q) | (have ? 0 : ST_IP_SUPPRESSED);
+        return 0;
+    }
+    return q_indirect_branch_slow(q, status, target);
 }
 
 /* qpackets.c: the decode steps of event packets */

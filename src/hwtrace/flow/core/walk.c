@@ -6,14 +6,42 @@
 /* -- TNT chains --------------------------------------------------------------- */
 
 /* the chain for the decoder's state, if one applies (chain.h); NULL with
- * *err < 0 on a fatal error */
-static inline struct chain *walk_chain(struct session *s, struct walk *w,
-                                       int *err)
+ * *err < 0 on a fatal error.  With no TNT bit cached, the key is the next
+ * TNT packet's bits (q_tnt_peek), cached where a chain is found for them
+ * (q_cache_tnt_quick: the query's own packet step, taken ahead of it) --
+ * a chain takes at least one bit, so the next query is that packet's
+ * first bit whether the chain then applies or not.  A chain then starts
+ * where the last one ran out of bits, after a TIP or a run, instead of a
+ * general step (insn_next, q_cond_branch) for the first bit of every
+ * packet.  ``known``: the entry at the IP, or NULL (see queries_bit). */
+/* whether the instruction at the decoder's IP, ``known`` (or NULL),
+ * queries a TNT bit first in a step insn_next_quick could take: a
+ * conditional branch or a near return, nothing pending */
+static inline int queries_bit(const struct insn_dec *d,
+                              const struct insn_info *known)
+{
+    return known && known->ip == d->ip && known->mode == d->mode &&
+           !known->err &&
+           (known->iclass == C_COND || known->iclass == C_RETURN) &&
+           !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
+           !d->process_event && !d->resyncing && d->enabled &&
+           !d->cfg->tick;
+}
+
+static inline __attribute__((always_inline)) struct chain *
+walk_chain(struct session *s, struct walk *w, int *err,
+           const struct insn_info *known)
 {
     *err = 0;
     struct insn_dec *d = &s->d;
-    if (!d->q.tnt_index)
-        return NULL;
+    struct query *q = &d->q;
+    uint64_t index = q->tnt_index, bits = q->tnt_bits;
+    int peeked = 0;
+    if (!index) {
+        if (!q_tnt_peek(q, &index, &bits))
+            return NULL;
+        peeked = 1;
+    }
     struct chain_cache *cc = &w->chains;
     if (!cc->ready) {
         cc->ready = 1;
@@ -22,7 +50,19 @@ static inline struct chain *walk_chain(struct session *s, struct walk *w,
         cc->end_on_call = d->cfg->end_on_call;
         cc->end_on_jump = d->cfg->end_on_jump;
     }
-    return chain_get(cc, d, err);
+    struct chain *ch = chain_get(cc, d, index, bits, err);
+    if (!ch) {
+        /* no chain (a return whose call it does not have): the packet
+         * cached all the same where the next instruction queries it */
+        if (peeked && *err >= 0 && queries_bit(d, known))
+            q_cache_tnt_quick(q);
+        return NULL;
+    }
+    if (peeked && !q_cache_tnt_quick(q)) {
+        *err = -E_INTERNAL;     /* q_tnt_peek said it would */
+        return NULL;
+    }
+    return chain_status_clean(q, index, ch) ? ch : NULL;
 }
 
 /* the decoder and the session after the chain, as its steps leave them */
@@ -34,9 +74,16 @@ static inline void walk_apply(struct session *s, struct walk *w,
     d->icount = ch->icount;
     d->have_mark = 0;
     d->status = 0;
-    for (int j = 0; j < ch->npush; j++)
-        rs_push(d, ch->push[j]);
-    d->ip = ch->end_ip;
+    if (ch->npush) {
+        const uint64_t *push = (ch->have_from & CHAIN_PIN) ? ch->pin
+                                                           : ch->push;
+        for (int j = 0; j < ch->npush; j++)
+            rs_push(d, push[j]);
+    }
+    if (ch->have_from & CHAIN_RET)
+        rs_pop(d, &d->ip);      /* chain_get: the stack has it */
+    else
+        d->ip = ch->end_ip;
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
@@ -160,7 +207,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         struct chain *ch = NULL;
         if (!chained) {
             int err;
-            ch = walk_chain(s, w, &err);
+            ch = walk_chain(s, w, &err, NULL);
             if (err < 0)
                 return err;
         }
@@ -168,8 +215,12 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (ch) {
             walk_apply(s, w, ch);
             chained = 1;
-            if (!ch->bn)
+            if (!ch->bn) {
+                /* the next chain may start where this one ran out of
+                 * bits */
+                chained = d->q.tnt_index != 0;
                 continue;
+            }
             /* the block it leaves open */
             n0 = ch->bn;
             lo = ch->lo;
@@ -245,7 +296,7 @@ static int walk_insns(struct session *s, struct walk *w)
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
         struct chain *ch = NULL;
         if (!chained) {
-            ch = walk_chain(s, w, &err);
+            ch = walk_chain(s, w, &err, s->known);
             if (err < 0)
                 return err;
         }
@@ -266,8 +317,10 @@ static int walk_insns(struct session *s, struct walk *w)
             walk_apply(s, w, ch);
             ch->uses++;         /* for its edges (walk_done) */
             w->from = ch->last_ip;
-            w->have_from = ch->have_from;
-            chained = 1;
+            w->have_from = ch->have_from & 1;
+            /* the next chain may start where this one ran out of bits or
+             * returned */
+            chained = d->q.tnt_index != 0 && !(ch->have_from & CHAIN_RET);
             continue;
         }
         const struct insn_info *known = s->known;
@@ -292,10 +345,14 @@ static int walk_insns(struct session *s, struct walk *w)
             continue;
         }
         const struct insn_info *i = known;
-        int spec;
-        int r = insn_next_quick(d, known);
-        if (r == R_SLOW)
-            r = insn_next(d, known, &i, &spec);
+        int spec, r;
+        if (insn_tip_next(d, known)) {
+            r = insn_next_tip(d, known);
+        } else {
+            r = insn_next_quick(d, known);
+            if (r == R_SLOW)
+                r = insn_next(d, known, &i, &spec);
+        }
         if (r == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (r == R_ERR) {
