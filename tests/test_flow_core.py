@@ -109,6 +109,34 @@ def test_regression_resync_does_not_resume_twice_at_an_event():
     assert len(errors) < 10
 
 
+def test_regression_block_walk_error_in_a_chains_open_block():
+    """The counts path's block walk (walk.c walk_blocks) applying a TNT
+    chain that leaves a block open -- a loop's exit branch ends the last
+    block it closes (jg at 0x400ba7), the next block (mov; nop; leave) is
+    still open at the return the chain stops before -- and the return
+    failing (bad compressed return: no call), resynchronizing on errors:
+    the event whose error follows the resync reports the last whole
+    block's end, as the twin's iter_blocks and the record path do.  The
+    walk left the session's last IP at the chain's last instruction
+    (0x400bbb, in the open block) instead.  (A flowdiff finding, seed 4,
+    minimized: block decoder, resync on error.)"""
+    _core()
+    data = bytes.fromhex(
+        "0300290200000000000000011d000000a00b400000000000817df40f2700007f"
+        "0a8345fc018345f401ebedc605c32420000190c9c30282028202820282028202"
+        "820282028299017da70b4000000002235d35b01022a8d18080808080808080")
+    flowdiff.check(data)        # batches, and counts against the twin's
+    trace, image, cfg, block, resync = flowdiff.parse(data)
+    assert block and resync
+    got = fast.count(trace, image, cfg, "block", impl="compiled",
+                     resync=True)
+    assert [e[2] for e in got.error_items] == [0x400bbc, 0x400ba7,
+                                               0x400ba7]
+    assert [e[3] for e in got.error_items][:2] == [
+        "bad compressed return", "unexpected packet context"]
+    assert (got.insns, got.blocks) == (10, 3)
+
+
 # -- the proof: corpus, real captures, recordings -------------------------------
 #
 # Every decode below runs the compiled core (impl="compiled": it raises if

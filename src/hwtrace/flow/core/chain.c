@@ -119,7 +119,7 @@ struct end {
     int c;
     uint32_t insns, blocks, pre, icount, bn;
     int have_bounds;
-    uint64_t lo, last, ip, last_ip;
+    uint64_t lo, last, ip, last_ip, blk_end;
     struct run *last_run;
 };
 
@@ -167,6 +167,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             e.last_run = ru;
             if (cc->block && !(e.lo <= e.ip && e.ip <= e.last)) {
                 e.blocks++;             /* the block leaves its mapping */
+                e.blk_end = e.last_ip;
                 e.bn = 0;
                 e.have_bounds = 0;
             }
@@ -253,6 +254,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         }
         if (cc->block && (ends || !(e.lo <= e.ip && e.ip <= e.last))) {
             e.blocks++;
+            e.blk_end = e.last_ip;
             e.bn = 0;
             e.have_bounds = 0;
         }
@@ -300,6 +302,8 @@ out:
     ch->last_ip = e.last_ip;
     ch->next = next;
     ch->last_run = e.last_run;
+    if (cc->block)
+        ch->blk_end = e.blk_end;
     ch->ip0 = ip0;
     if (pin) {                  /* over lo, last: the block walk's */
         memcpy(ch->pin, m->stack, m->sn * sizeof *m->stack);

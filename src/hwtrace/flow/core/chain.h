@@ -81,7 +81,15 @@ struct chain {
     /* insn mode: the edge into the chain, counted here while it comes
      * from the same branch (in_n times from in_from to ip0), the table
      * gets it when another one comes or at the end */
-    uint64_t in_from, in_n;
+    union {
+        uint64_t in_from;
+        /* block walk: the last instruction of the last block it ends
+         * (if blocks): where it leaves a block open, the session's
+         * last_ip (the last whole block's end, what an error in the open
+         * block reports after a resync) is this, not last_ip */
+        uint64_t blk_end;
+    };
+    uint64_t in_n;
 } __attribute__((aligned(64)));
 
 /* a slot of the table: the key (bit k - 1 - j of ``bits``: the j-th bit

@@ -213,6 +213,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         }
         chained = 0;
         if (ch) {
+            uint64_t before = s->last_ip;
             walk_apply(s, w, ch);
             chained = 1;
             if (!ch->bn) {
@@ -221,7 +222,11 @@ static int walk_blocks(struct session *s, struct walk *w)
                 chained = d->q.tnt_index != 0;
                 continue;
             }
-            /* the block it leaves open */
+            /* the block it leaves open: last_ip stays the last whole
+             * block's end (step_block's: an error in the open block
+             * leaves it, and an event's error after the resync reports
+             * it) */
+            s->last_ip = ch->blocks ? ch->blk_end : before;
             n0 = ch->bn;
             lo = ch->lo;
             last = ch->last;
