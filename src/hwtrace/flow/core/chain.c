@@ -198,10 +198,9 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             if (e.c == k || !((bits >> (k - 1 - e.c)) & 1))
                 goto out;
             if (!m->sn) {
-                /* a return the chain has not the call of: its last step
-                 * (instruction walk), to the return stack's top */
-                if (cc->block)
-                    goto out;
+                /* a return the chain has not the call of: its last step,
+                 * to the return stack's top (block walk: it ends the
+                 * block, so the chain leaves none open) */
                 to_top = 1;
                 ip = 0;
             } else {

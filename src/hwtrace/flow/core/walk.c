@@ -217,8 +217,9 @@ static int walk_blocks(struct session *s, struct walk *w)
             chained = 1;
             if (!ch->bn) {
                 /* the next chain may start where this one ran out of
-                 * bits */
-                chained = d->q.tnt_index != 0;
+                 * bits or returned */
+                chained = d->q.tnt_index != 0 &&
+                          !(ch->have_from & CHAIN_RET);
                 continue;
             }
             /* the block it leaves open */
