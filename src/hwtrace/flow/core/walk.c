@@ -153,10 +153,14 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
             continue;
         }
         const struct insn_info *i = known;
-        int spec;
-        int s = insn_next_quick(d, known);
-        if (s == R_SLOW)
-            s = insn_next(d, known, &i, &spec);
+        int spec, s;
+        if (insn_tip_next(d, known)) {
+            s = insn_next_tip(d, known);
+        } else {
+            s = insn_next_quick(d, known);
+            if (s == R_SLOW)
+                s = insn_next(d, known, &i, &spec);
+        }
         known = NULL;
         if (s == R_FATAL)
             return s;
