@@ -154,6 +154,12 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
         }
         const struct insn_info *i = known;
         int spec, s;
+        /* a conditional branch or return with no bit cached: the next
+         * TNT packet cached here, as walk_insns does after walk_chain, so
+         * insn_next_quick takes it */
+        uint64_t pi, pb;
+        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb))
+            q_cache_tnt_quick(&d->q);
         if (insn_tip_next(d, known)) {
             s = insn_next_tip(d, known);
         } else {
