@@ -68,7 +68,19 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * second successor guess per chain (succ2, the one before succ, swapped
  * on a hit): chain_find's calls fell by 42%, but 5.525 G / 28.33 M /
  * 10.65 M -- the field made struct chain three cache lines, and the timed
- * runs could not tell them apart (0.46-0.70 s against 0.50-0.58 s). */
+ * runs could not tell them apart (0.46-0.70 s against 0.50-0.58 s).
+ *
+ * Issue 15's counts target (decode --quiet --stat: the block walk;
+ * python3 recording, fast.count(..., "block") in process, cachegrind
+ * --cache-sim=no: 6.526 G at 8f70b92).  Taken: CHAIN_RET in the block
+ * walk's chains, 6.006 G; blk_count's TIP step through insn_next_tip,
+ * 5.571 G; blk_count caching the next TNT packet for the instruction it
+ * steps (the block walk looks chains up with no entry at hand, so no
+ * packet was cached where none applied), 4.876 G.  Tried at 5.571 G and
+ * not taken: the pushes pinned (CHAIN_PIN) in block chains that leave no
+ * block open (lo, last unused then): 5.551 G, and with --cache-sim=yes
+ * (512 KiB LL) 28.27 M D1 / 8.03 M LLd misses against 28.30 M / 8.01 M
+ * -- nothing to see. */
 
 static uint64_t mix(uint64_t x)
 {
@@ -199,10 +211,9 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
             if (e.c == k || !((bits >> (k - 1 - e.c)) & 1))
                 goto out;
             if (!m->sn) {
-                /* a return the chain has not the call of: its last step
-                 * (instruction walk), to the return stack's top */
-                if (cc->block)
-                    goto out;
+                /* a return the chain has not the call of: its last step,
+                 * to the return stack's top (block walk: it ends the
+                 * block, so the chain leaves none open) */
                 to_top = 1;
                 ip = 0;
             } else {

@@ -3,8 +3,9 @@
  * and nothing pending, what follows up to the K-th next TNT bit depends
  * only on (image, mode, IP, those K bits) -- plain runs, direct jumps and
  * calls, conditional branches and compressed returns whose call is in the
- * chain, and (instruction walk) one compressed return whose call is not,
- * as its last step, to the return stack's top (CHAIN_RET).  With no bit
+ * chain, and one compressed return whose call is not, as its last step,
+ * to the return stack's top (CHAIN_RET; in the block walk it ends the
+ * chain's last block, so such a chain leaves none open).  With no bit
  * cached the walk looks chains up with the next TNT packet's bits and
  * caches the packet where one is found (walk.c).  One lookup then gives the end IP, the instructions, the blocks,
  * the calls left on the return stack and the edges, instead of one walk
@@ -13,8 +14,7 @@
  * A chain is built by the same rules the walk's steps follow
  * (insn_next_quick and blk_count) from its first to its last key bit, and
  * on to the instruction before the next one that needs trace (an indirect
- * branch, a return without its call in the chain -- block walk -- a
- * branch past the key's bits), where the walk's own steps take over with the state the chain
+ * branch, a branch past the key's bits), where the walk's own steps take over with the state the chain
  * leaves: the instructions since the last query, the block still open.
  * It takes a packet's last TNT bit only where the status stays clean
  * after it (no event next, not the end: what the walk's step would

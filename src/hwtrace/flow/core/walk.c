@@ -153,10 +153,20 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
             continue;
         }
         const struct insn_info *i = known;
-        int spec;
-        int s = insn_next_quick(d, known);
-        if (s == R_SLOW)
-            s = insn_next(d, known, &i, &spec);
+        int spec, s;
+        /* a conditional branch or return with no bit cached: the next
+         * TNT packet cached here, as walk_insns does after walk_chain, so
+         * insn_next_quick takes it */
+        uint64_t pi, pb;
+        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb))
+            q_cache_tnt_quick(&d->q);
+        if (insn_tip_next(d, known)) {
+            s = insn_next_tip(d, known);
+        } else {
+            s = insn_next_quick(d, known);
+            if (s == R_SLOW)
+                s = insn_next(d, known, &i, &spec);
+        }
         known = NULL;
         if (s == R_FATAL)
             return s;
@@ -218,8 +228,9 @@ static int walk_blocks(struct session *s, struct walk *w)
             chained = 1;
             if (!ch->bn) {
                 /* the next chain may start where this one ran out of
-                 * bits */
-                chained = d->q.tnt_index != 0;
+                 * bits or returned */
+                chained = d->q.tnt_index != 0 &&
+                          !(ch->have_from & CHAIN_RET);
                 continue;
             }
             /* the block it leaves open: last_ip stays the last whole
