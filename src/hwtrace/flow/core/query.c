@@ -86,39 +86,19 @@ static int pkt_error(int r)
 
 
 /* q_fetch: TNT-8 and TIP, nearly every packet of a trace the walk reads,
- * are decoded here as pt_decode_at decodes them (the same record); the
- * others go to pt_decode_at */
+ * are decoded by q_fetch_quick as pt_decode_at decodes them (the same
+ * record); the others, and those two within 9 bytes of the end, go to
+ * pt_decode_at */
 static inline void fetch(struct query *q)
 {
     ptrdiff_t pos = q->pos, end = q->end;
+    if (q_fetch_quick(q, pos))
+        return;
     q->nxt_off = pos;
     q->fetches++;
     if (pos >= end) {
         q->nxt_err = E_EOS;
         return;
-    }
-    const uint8_t *b = q->buf + pos;
-    unsigned x = b[0];
-    if (!(x & 1) && x >= 4) {                       /* TNT-8 */
-        unsigned v = x >> 1;
-        int n = 31 - __builtin_clz(v);
-        q->nxt.kind = PT_K_TNT8;
-        q->nxt.size = 1;
-        q->nxt.f[0] = (uint64_t)n;
-        q->nxt.f[1] = v ^ (1u << n);
-        q->nxt_err = 0;
-        return;
-    }
-    if ((x & 0x1f) == 0x0d) {                       /* TIP */
-        int ipc = x >> 5, n = pt_ipc_size[ipc];
-        if (n >= 0 && pos + 9 <= end) {
-            q->nxt.kind = PT_K_TIP;
-            q->nxt.size = n + 1;
-            q->nxt.f[0] = (uint64_t)ipc;
-            q->nxt.f[1] = q_ip_payload(b + 1, n);
-            q->nxt_err = 0;
-            return;
-        }
     }
     int r = pt_decode_at(q->buf, pos, end, q->cfg->pflags, &q->nxt);
     q->nxt_err = r < 0 ? pkt_error(r) : 0;
