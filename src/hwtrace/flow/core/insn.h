@@ -242,6 +242,20 @@ insn_next_tip(struct insn_dec *d, const struct insn_info *i)
         return status_of(d, 0);
     return insn_finish(d, i);
 }
+/* one step of the walks at d->ip with ``known`` the entry there (or
+ * NULL): insn_next_tip where insn_tip_next says so, else insn_next_quick,
+ * else insn_next (*i: the instruction it stepped, where that one finds it) */
+static inline __attribute__((always_inline)) int
+insn_step(struct insn_dec *d, const struct insn_info *known,
+          const struct insn_info **i)
+{
+    if (insn_tip_next(d, known))
+        return insn_next_tip(d, known);
+    int r = insn_next_quick(d, known), spec;
+    if (r == R_SLOW)
+        r = insn_next(d, known, i, &spec);
+    return r;
+}
 /* event(): *ev the event */
 int insn_event(struct insn_dec *d, struct event *ev);
 /* the offset libipt 2.3 reports now (error_offset) */

@@ -153,20 +153,13 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
             continue;
         }
         const struct insn_info *i = known;
-        int spec, s;
         /* a conditional branch or return with no bit cached: the next
          * TNT packet cached here, as walk_insns does after walk_chain, so
          * insn_next_quick takes it */
         uint64_t pi, pb;
         if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb))
             q_cache_tnt_quick(&d->q);
-        if (insn_tip_next(d, known)) {
-            s = insn_next_tip(d, known);
-        } else {
-            s = insn_next_quick(d, known);
-            if (s == R_SLOW)
-                s = insn_next(d, known, &i, &spec);
-        }
+        int s = insn_step(d, known, &i);
         known = NULL;
         if (s == R_FATAL)
             return s;
@@ -361,14 +354,7 @@ static int walk_insns(struct session *s, struct walk *w)
             continue;
         }
         const struct insn_info *i = known;
-        int spec, r;
-        if (insn_tip_next(d, known)) {
-            r = insn_next_tip(d, known);
-        } else {
-            r = insn_next_quick(d, known);
-            if (r == R_SLOW)
-                r = insn_next(d, known, &i, &spec);
-        }
+        int r = insn_step(d, known, &i);
         if (r == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (r == R_ERR) {
