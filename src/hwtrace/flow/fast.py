@@ -353,12 +353,8 @@ def count(data, image, config=None, decoder="block", impl=None,
     bundle decode builds it), called back by the core."""
     block = decoder == "block"
     if _core(impl) is not None:
-        dec = core_decoder(data, image, config, block=block, resync=resync,
-                           plain_offsets=wrap is not None,
-                           impl=impl or "compiled")
-        if wrap is not None:
-            flow = _CoreFlow(dec, data, config)
-            dec.set_hooks(*flow.hooks(wrap(flow)))
+        dec = _switched_decoder(data, image, config, block, impl, resync,
+                                wrap)
         insns, blocks, events, errors = dec.counts()
         return Counts(insns, blocks, len(errors), True, events,
                       tuple(errors))
@@ -409,10 +405,11 @@ class EdgeSink(_ErrorSink):
         return self.edges
 
 
-def _edge_decoder(data, image, config, impl, resync, wrap):
-    """The compiled core's instruction decoder for edges, switched by
-    ``wrap`` as :func:`count`'s is."""
-    dec = core_decoder(data, image, config, block=False, resync=resync,
+def _switched_decoder(data, image, config, block, impl, resync, wrap):
+    """The compiled core's decoder for counts or edges, switched by
+    ``wrap(flow)`` (an address-space switcher around it, called back by
+    the core) where given."""
+    dec = core_decoder(data, image, config, block=block, resync=resync,
                        plain_offsets=wrap is not None,
                        impl=impl or "compiled")
     if wrap is not None:
@@ -427,7 +424,7 @@ def edges(data, image, config=None, impl=None, resync=False,
     ``wrap``: an address-space switcher, as for :func:`count` (a bundle's
     stream that runs several processes)."""
     if _core(impl) is not None:
-        dec = _edge_decoder(data, image, config, impl, resync, wrap)
+        dec = _switched_decoder(data, image, config, False, impl, resync, wrap)
         counts, insns, errors = dec.edges()
         return Edges(counts, insns, len(errors), True)
     sink = EdgeSink()
@@ -441,7 +438,7 @@ def packed_edges(data, image, config=None, impl=None,
     """:func:`edges` as a packed table (the core sorts and packs it; the
     twin's dict is packed by :func:`pack_edges`)."""
     if _core(impl) is not None:
-        dec = _edge_decoder(data, image, config, impl, resync, wrap)
+        dec = _switched_decoder(data, image, config, False, impl, resync, wrap)
         table, insns, errors = dec.edges(True)
         return PackedEdges(table, insns, len(errors), True)
     e = edges(data, image, config, impl, resync, wrap)
