@@ -4,6 +4,7 @@ PT decoding with libipt (ptoracle) to exactly the observed instructions."""
 import json
 import os
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -292,6 +293,28 @@ def test_merge_buffers_drops_a_block_record_cut_by_the_kill(tmp_path):
     _buf_file(log, 1, chunk)
     assert qemu.merge_buffers(log) == len(chunk)
     assert log.read_bytes() == whole + chunk
+
+
+@pytest.mark.parametrize("ids", [10, 0])
+def test_merge_buffers_repairs_an_exec_count_raised_before_its_id_was_published(tmp_path, ids):
+    """A kill between on_exec raising the open EXEC record's count and
+    publishing the id that goes with it leaves the buffer claiming one id
+    more than it holds (CI saw "truncated EXEC" from a SIGKILLed program):
+    the chunk goes to the log with the ids it holds and their count (an
+    EXEC record left with none is dropped, and with it here the chunk: its
+    CTX and TIME alone say nothing), and the log parses."""
+    log = tmp_path / "x.log"
+    base = bytes(xl.Writer())
+    log.write_bytes(base)
+    chunk = _chunk(1, 2, ids)
+    at = chunk.index(bytes([xl.T_EXEC]), 14 + 8)
+    claimed = chunk[:at + 1] + struct.pack("<I", ids + 1) + chunk[at + 5:]
+    _buf_file(log, 1, claimed)
+    want = chunk if ids else b""
+    assert qemu.merge_buffers(log) == len(want)
+    assert log.read_bytes() == base + want
+    recs = list(xl.parse(base + want))
+    assert sum(len(r.ids) for r in recs if type(r) is xl.Exec) == ids
 
 
 def test_snapshot_buffers_of_a_running_program(tmp_path):

@@ -215,6 +215,7 @@ BUF_MAGIC = b"HWXB"
 BUF_HEADER = struct.Struct("<4sIQQQIII")   # magic, version, valid, hdr_end, flush_at, flushing, pid, tid
 BUF_DATA = 4096                            # the records start here
 _PAGE = 4096
+_U32 = struct.Struct("<I")
 _CHUNK_TIME = 14                           # CTX (1+12), then TIME's u64
 
 
@@ -267,7 +268,34 @@ def _pending(path: Path, live: bool = False) -> tuple[bytes, int, int] | None:
                 return None
     if len(data) != valid:
         return None
+    data = _whole_records(data)
+    if len(data) <= hdr_end:
+        return None
     return data, flushing, flush_at
+
+
+def _whole_records(chunk: bytes) -> bytes:
+    """A buffer's published records (``chunk``) as the log can take them.
+    The plugin publishes whole records but for one window: when a block
+    finishes, its id joins the open EXEC record, whose count is raised
+    before the new end is published (two stores that can't be one), so a
+    kill there (or a live read) finds the count one above the ids
+    published.  That record keeps the ids present, with their count (none:
+    it goes); anything after the last whole record is cut off."""
+    from .execlog import T_EXEC
+    from .salvage import record_size    # the execution log's record walker
+    off, end = 0, len(chunk)
+    while off < end:
+        n = record_size(chunk, off)
+        if n is None:
+            break
+        if off + n > end:
+            ids, rest = divmod(end - off - 5, 4)
+            if chunk[off] == T_EXEC and ids > 0 and rest == 0:
+                return chunk[:off + 1] + _U32.pack(ids) + chunk[off + 5:]
+            break
+        off += n
+    return chunk[:off]
 
 
 def _place(log, chunk: bytes, flush_at: int) -> tuple[int, int] | None:

@@ -379,6 +379,10 @@ static void flush_locked(struct tbuf *b)
     else
         keep_part(b);
     if (b->pos > b->hdr_end) {
+        /* data[0:pos] is whole records (on_exec may have left valid short
+         * of the id it just added): what merge_buffers reads back is what
+         * goes to LOG */
+        commit(b);
         off_t end = lseek(out_fd, 0, SEEK_END);
         b->sh->flush_at = end < 0 ? 0 : (uint64_t)end;
         __atomic_store_n(&b->sh->flushing, 1, __ATOMIC_RELEASE);
