@@ -75,7 +75,24 @@ def inputs(tmp_path_factory):
         w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE), offset=0,
                             file="/opt/code.bin", time=2))
     switching_bundle(d / "cpu")
+    elf_bundle(d / "elf")
     return d
+
+
+def elf_bundle(b):
+    """A thread-mode bundle of TRACE whose code is an ELF file (no section
+    headers, so no symbols: its code is named FILE+0xOFF)."""
+    from test_flow_image import _elf64
+    b.mkdir()
+    (b / "code").write_bytes(_elf64([(0x1000, CODE)]))
+    with BundleWriter(b / "rec", engine="testing", mode="thread") as w:
+        w.add_stream(TRACE, tid=11, pid=10, instructions_observed=4)
+        w.add_image(b / "code", path="/opt/code")
+        w.sideband.add(Process(pid=10, cr3=0x2000, comm="code", time=1))
+        # the code's file offset: after the ELF header and one program
+        # header (64 + 56 bytes)
+        w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE),
+                            offset=120, file="/opt/code", time=2))
 
 
 def switching_bundle(b):
@@ -222,6 +239,21 @@ def test_help_width_is_shutils(monkeypatch, columns):
             else:
                 monkeypatch.setenv(name, value)
         assert cli.terminal_columns() == shutil.get_terminal_size().columns
+
+
+def test_views_read_symbols_without_pyelftools(inputs):
+    """summary and calls name functions from ELF files read by
+    hwtrace.analysis.elfraw: pyelftools (~35 ms of imports) is imported
+    only for a file that reader does not understand, a debug file it does
+    not read or DWARF lines; c++filt's subprocess only for C++ names."""
+    for command in ("summary", "calls"):
+        run = imports_of(command, inputs / "elf" / "rec")
+        assert run["status"] == 0, run["stderr"]
+        assert "code+0x1000" in run["stdout"]
+        assert [m for m in run["modules"]
+                if m == "elftools" or m.startswith("elftools.")] == []
+        new = set(run["modules"]) - set(run["before"])
+        assert {"subprocess", "shutil"} & new == set()
 
 
 def test_a_command_reached_later_is_parsed_by_its_own_parser():
