@@ -5,9 +5,12 @@ a small trace's decode was their import) and nothing of the listing.
 Each command line runs in a fresh interpreter (``python -c``) that calls
 :func:`hwtrace.cli.main` in process and then reports ``sys.modules``: a
 module present is one the command imported.  No timing: what a later
-import would cost shows up as a module here.  The inputs are made here: a
-synthetic trace of 4 instructions of a 5-byte code image, and a thread-mode
-bundle holding them.
+import would cost shows up as a module here (one the interpreter's own
+start-up already imported -- site, a .pth file -- is in ``before`` and
+goes unchecked: run these under an interpreter like the README's venv,
+whose start-up imports no typing, pathlib or shutil).  The inputs are
+made here: a synthetic trace of 4 instructions of a 5-byte code image,
+and a thread-mode bundle holding them.
 """
 
 from __future__ import annotations
@@ -72,7 +75,24 @@ def inputs(tmp_path_factory):
         w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE), offset=0,
                             file="/opt/code.bin", time=2))
     switching_bundle(d / "cpu")
+    elf_bundle(d / "elf")
     return d
+
+
+def elf_bundle(b):
+    """A thread-mode bundle of TRACE whose code is an ELF file (no section
+    headers, so no symbols: its code is named FILE+0xOFF)."""
+    from test_flow_image import _elf64
+    b.mkdir()
+    (b / "code").write_bytes(_elf64([(0x1000, CODE)]))
+    with BundleWriter(b / "rec", engine="testing", mode="thread") as w:
+        w.add_stream(TRACE, tid=11, pid=10, instructions_observed=4)
+        w.add_image(b / "code", path="/opt/code")
+        w.sideband.add(Process(pid=10, cr3=0x2000, comm="code", time=1))
+        # the code's file offset: after the ELF header and one program
+        # header (64 + 56 bytes)
+        w.sideband.add(Mmap(pid=10, start=0x1000, size=len(CODE),
+                            offset=120, file="/opt/code", time=2))
 
 
 def switching_bundle(b):
@@ -152,6 +172,14 @@ def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     # was most of these commands' own start-up (hwtrace._records)
     new = set(run["modules"]) - set(run["before"])
     assert {"dataclasses", "inspect"} & new == set()
+    # nor typing (hwtrace.pt.errors' PtError is a collections.namedtuple)
+    # or shutil (argparse's formatters get their width from
+    # hwtrace.cli.terminal_columns); a raw trace not pathlib either (the
+    # staleness check of hwtrace._ext works on path strings; a bundle's
+    # reader, hwtrace.bundle, still uses it)
+    assert {"typing", "shutil", "bz2", "lzma"} & new == set()
+    if "--pt" in argv:
+        assert "pathlib" not in new
 
 
 def test_dump_stat_imports_only_the_packet_scan(inputs):
@@ -161,6 +189,10 @@ def test_dump_stat_imports_only_the_packet_scan(inputs):
     assert heavy(run) == []
     assert "hwtrace.pt.ptdump_format" not in run["modules"]
     assert "hwtrace.flow" not in run["modules"]
+    # the packet records (hwtrace.pt.packets, which the compiled scanner's
+    # module imports) are collections.namedtuple classes: no typing
+    new = set(run["modules"]) - set(run["before"])
+    assert {"typing", "pathlib", "shutil", "dataclasses"} & new == set()
 
 
 @pytest.mark.parametrize("argv", [
@@ -173,6 +205,10 @@ def test_usage_and_errors_import_only_the_command_line(argv):
     assert run["status"] in (0, 2), run["stderr"]
     assert run["stdout"] or run["stderr"]
     assert heavy(run) == []
+    # help is formatted to the terminal's width without shutil (and the
+    # compression modules it imports): hwtrace.cli.terminal_columns
+    new = set(run["modules"]) - set(run["before"])
+    assert {"shutil", "bz2", "lzma"} & new == set()
     # the parsers only: nothing that decodes, records or reads a bundle
     assert [m for m in run["modules"] if m.startswith("hwtrace.")
             and not m.startswith("hwtrace.cli")] == []
@@ -189,6 +225,39 @@ def test_usage_and_errors_import_only_the_command_line(argv):
 def commands_of(run: dict) -> list[str]:
     return [m for m in run["modules"] if m.startswith("hwtrace.cli.")
             and not m.startswith("hwtrace.cli._")]
+
+
+@pytest.mark.parametrize("columns", [None, "50", "132", "0", "-3", "wide",
+                                     " 90 "])
+def test_help_width_is_shutils(monkeypatch, columns):
+    """hwtrace.cli.terminal_columns (the width argparse's formatters get,
+    so that they do not import shutil) is what shutil.get_terminal_size
+    says: COLUMNS when a positive integer, else the terminal's, else 80;
+    whatever LINES says."""
+    import shutil
+    from hwtrace import cli
+    for lines in (None, "40"):
+        for name, value in (("COLUMNS", columns), ("LINES", lines)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        assert cli.terminal_columns() == shutil.get_terminal_size().columns
+
+
+def test_views_read_symbols_without_pyelftools(inputs):
+    """summary and calls name functions from ELF files read by
+    hwtrace.analysis.elfraw: pyelftools (~35 ms of imports) is imported
+    only for a file that reader does not understand, a debug file it does
+    not read or DWARF lines; c++filt's subprocess only for C++ names."""
+    for command in ("summary", "calls"):
+        run = imports_of(command, inputs / "elf" / "rec")
+        assert run["status"] == 0, run["stderr"]
+        assert "code+0x1000" in run["stdout"]
+        assert [m for m in run["modules"]
+                if m == "elftools" or m.startswith("elftools.")] == []
+        new = set(run["modules"]) - set(run["before"])
+        assert {"subprocess", "shutil"} & new == set()
 
 
 def test_a_command_reached_later_is_parsed_by_its_own_parser():

@@ -38,7 +38,7 @@ import re
 import stat
 from collections import namedtuple
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from hwtrace._records import Fields, Typed
 
@@ -65,14 +65,14 @@ class BundleError(ValueError):
 INSN_CLOCK = "instruction count"
 
 
-def tsc_per_insn(manifest: Mapping[str, Any]) -> float | None:
+def tsc_per_insn(manifest: Mapping[str, object]) -> float | None:
     """TSC ticks per traced instruction when the manifest's timebase is the
     instruction-count clock (1); None for a real clock (it varies)."""
     tb = manifest.get("timebase") if isinstance(manifest, Mapping) else None
     return 1.0 if isinstance(tb, str) and tb.startswith(INSN_CLOCK) else None
 
 
-def insn_clock_exact(manifest: Mapping[str, Any], config: Any = None) -> bool:
+def insn_clock_exact(manifest: Mapping[str, object], config: object = None) -> bool:
     """Whether a stream's time is known at every instruction: the
     instruction-count clock (:func:`tsc_per_insn`), every instruction
     retired on the stream traced (no CR3 filter, no address ranges: an
@@ -146,7 +146,7 @@ SIDEBAND_TYPES: dict[str, type] = {
 _TYPE_NAMES = {cls: name for name, cls in SIDEBAND_TYPES.items()}
 
 
-def sideband_to_json(rec: Any) -> str:
+def sideband_to_json(rec: object) -> str:
     """One JSON line (no newline) for a sideband record."""
     name = _TYPE_NAMES.get(type(rec))
     if name is None:
@@ -156,7 +156,7 @@ def sideband_to_json(rec: Any) -> str:
     return json.dumps(d, separators=(",", ":"))
 
 
-def sideband_from_json(obj: Any) -> Any:
+def sideband_from_json(obj: object) -> object:
     """The record for one decoded JSON object; BundleError if malformed."""
     if not isinstance(obj, dict):
         raise BundleError("sideband: record is not an object")
@@ -189,11 +189,11 @@ class SidebandWriter:
         self.path = Path(path)
         self._f = _open_append(self.path) if append else _create(self.path, "w")
 
-    def add(self, rec: Any) -> None:
+    def add(self, rec: object) -> None:
         self._f.write(sideband_to_json(rec) + "\n")
         self._f.flush()
 
-    def extend(self, recs: Iterable[Any]) -> None:
+    def extend(self, recs: Iterable[object]) -> None:
         for r in recs:
             self.add(r)
 
@@ -208,7 +208,7 @@ class SidebandWriter:
         self.close()
 
 
-def iter_sideband_file(path: str | os.PathLike) -> Iterator[Any]:
+def iter_sideband_file(path: str | os.PathLike) -> Iterator[object]:
     """Records of a sideband JSON-lines file; a torn last line (crash) is skipped."""
     with open(path, "rb") as f:
         while True:
@@ -244,7 +244,7 @@ class Sideband(Fields):
         self.exits = exits
 
     @classmethod
-    def from_records(cls, recs: Iterable[Any]) -> "Sideband":
+    def from_records(cls, recs: Iterable[object]) -> "Sideband":
         sb = cls([], [], [], [], [])
         dest = {Process: sb.processes, Thread: sb.threads, Mmap: sb.mmaps,
                 Switch: sb.switches, Exit: sb.exits}
@@ -288,8 +288,8 @@ class StreamInfo(Typed, namedtuple(
         by a full stop-on-full buffer nor overwritten by a wrapped one)."""
         return not (self.wrapped or self.stopped or self.lost_bytes)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"file": self.file}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"file": self.file}
         if self.cpu is not None:
             d["cpu"] = self.cpu
         if self.tid is not None:
@@ -306,7 +306,7 @@ class StreamInfo(Typed, namedtuple(
         return d
 
 
-def _check_name(name: Any, what: str) -> str:
+def _check_name(name: object, what: str) -> str:
     """A plain file name (or images/NAME) safe to join to the bundle dir."""
     if not isinstance(name, str):
         raise BundleError(f"{what}: file name is not a string")
@@ -317,7 +317,7 @@ def _check_name(name: Any, what: str) -> str:
     return name
 
 
-def _uint(d: Mapping[str, Any], key: str, what: str, default: int | None = 0,
+def _uint(d: Mapping[str, object], key: str, what: str, default: int | None = 0,
           limit: int = _U64) -> int:
     v = d.get(key, default)
     if v is None and default is None:
@@ -327,7 +327,7 @@ def _uint(d: Mapping[str, Any], key: str, what: str, default: int | None = 0,
     return v
 
 
-def _bool(d: Mapping[str, Any], key: str, what: str) -> bool:
+def _bool(d: Mapping[str, object], key: str, what: str) -> bool:
     v = d.get(key, False)
     if not isinstance(v, bool):
         raise BundleError(f"{what}: {key} is not a boolean")
@@ -386,19 +386,19 @@ class BundleWriter:
     """
 
     def __init__(self, path: str | os.PathLike, *, exist_ok: bool = False,
-                 keep_sideband: bool = False, **meta: Any):
+                 keep_sideband: bool = False, **meta: object):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if (self.path / MANIFEST).exists() and not exist_ok:
             raise BundleError(f"{self.path} already holds a bundle")
-        self.meta: dict[str, Any] = {}
+        self.meta: dict[str, object] = {}
         self.update(**meta)
         self.streams: list[StreamInfo] = []
-        self.images: list[dict[str, Any]] = []
+        self.images: list[dict[str, object]] = []
         self.sideband = SidebandWriter(self.path / SIDEBAND, append=keep_sideband)
         self._closed = False
 
-    def update(self, **meta: Any) -> None:
+    def update(self, **meta: object) -> None:
         for k, v in meta.items():
             if hasattr(v, "to_dict"):
                 v = v.to_dict()
@@ -415,7 +415,7 @@ class BundleWriter:
     def add_stream(self, data: bytes | bytearray | memoryview | Iterable[bytes], *,
                    cpu: int | None = None, tid: int | None = None, pid: int | None = None,
                    instructions_observed: int = 0, file: str | None = None,
-                   **info: Any) -> StreamInfo:
+                   **info: object) -> StreamInfo:
         """Write one stream; ``file`` defaults to ``cpuN.pt`` / ``tidN.pt``."""
         if (cpu is None) == (tid is None):
             raise ValueError("a stream belongs to exactly one cpu or one tid")
@@ -461,7 +461,7 @@ class BundleWriter:
             self.images.append({"file": name, "path": path or str(src), "build_id": build_id})
         return name
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, object]:
         m = {"format": FORMAT, "version": VERSION}
         m.update(self.meta)
         m["sideband"] = SIDEBAND
@@ -544,7 +544,7 @@ class Bundle:
             raise BundleError("manifest: not an hwtrace bundle")
         if m.get("version") != VERSION:
             raise BundleError(f"manifest: unsupported version {str(m.get('version'))[:20]}")
-        self.manifest: dict[str, Any] = m
+        self.manifest: dict[str, object] = m
         self.image_path = [Path(p) for p in image_path]
         self.allow_outside = allow_outside
         self.mode = m.get("mode", "cpu")
@@ -571,10 +571,10 @@ class Bundle:
         self._inside: dict[Path, bool] = {}     # see _dir_inside
 
     @classmethod
-    def open(cls, path: str | os.PathLike, **kw: Any) -> "Bundle":
+    def open(cls, path: str | os.PathLike, **kw: object) -> "Bundle":
         return cls(path, **kw)
 
-    def _streams(self, raw: Any) -> Iterator[StreamInfo]:
+    def _streams(self, raw: object) -> Iterator[StreamInfo]:
         if not isinstance(raw, list) or len(raw) > MAX_STREAMS:
             raise BundleError("manifest: streams must be a list")
         seen = set()
@@ -708,7 +708,7 @@ class Bundle:
         return f
 
     # -- sideband
-    def iter_sideband(self) -> Iterator[Any]:
+    def iter_sideband(self) -> Iterator[object]:
         if self._sideband_name is None:
             return iter(())
         p = self.path / self._sideband_name

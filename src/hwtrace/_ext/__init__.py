@@ -61,7 +61,6 @@ import importlib
 import importlib.util
 import os
 from collections import namedtuple
-from pathlib import Path
 from types import ModuleType
 
 NO_EXTENSIONS = "HWTRACE_NO_EXTENSIONS"
@@ -138,11 +137,12 @@ def _source_sha256(module: ModuleType, built: str = "") -> str | None:
     they are unchanged since (:func:`hwtrace._ext.sources.stamped_fingerprint`:
     no need to read and hash them), else they are hashed."""
     from . import sources
-    src = Path(module.__file__).parent / (module.__name__.rpartition(".")[2]
-                                          + ".c")
+    src = os.path.join(os.path.dirname(module.__file__),
+                       module.__name__.rpartition(".")[2] + ".c")
     if built:
         try:
-            text = sources.stamp_path(src).read_text()
+            with open(sources.stamp_file(src)) as f:
+                text = f.read()
         except (OSError, ValueError):
             text = ""
         if text and sources.stamped_fingerprint(src, text) == built:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 
 # CPython's own SHA-256: no OpenSSL to load (~3 ms of every start-up); its
 # module by version (looking for a missing module costs a path search)
@@ -46,18 +45,30 @@ def _at_line_start(data: bytes, pos: int) -> bool:
     return not rest or b"\n" in before[len(rest):]
 
 
-def sources(src: Path) -> list[Path]:
-    """The C files compiled into the extension whose main file is ``src``."""
+# Paths are handled as strings (os.path), and pathlib is imported only by
+# the functions that return Path objects (for setup.py): the staleness
+# check runs at every command's start-up, where importing pathlib costs
+# ~3 ms.
+
+def _pkg(src) -> str:
+    """The directory of ``src`` (``str(Path(src).parent)``)."""
+    return os.path.dirname(os.fspath(src)) or "."
+
+
+def sources(src) -> list:
+    """The C files compiled into the extension whose main file is ``src``
+    (Path objects)."""
+    from pathlib import Path
     src = Path(src)
     core = src.parent / "core"
     return [src, *(sorted(core.glob("*.c")) if core.is_dir() else [])]
 
 
-def _listed(src: Path) -> list[str]:
+def _listed(src) -> list[str]:
     """The inputs found by listing directories (normalized paths): the
     main file, ``core/*.c``, and the ``*.h`` beside them; :func:`_read`
     adds what these include."""
-    pkg = str(src.parent)
+    pkg = _pkg(src)
     core = os.path.join(pkg, "core")
     has_core = os.path.isdir(core)
 
@@ -65,16 +76,15 @@ def _listed(src: Path) -> list[str]:
         return sorted(os.path.join(d, n) for n in os.listdir(d)
                       if n.endswith(ext))
 
-    files = [str(src), *(listed(core, ".c") if has_core else []),
+    files = [os.fspath(src), *(listed(core, ".c") if has_core else []),
              *listed(pkg, ".h"), *(listed(core, ".h") if has_core else [])]
     return [os.path.normpath(f) for f in files]
 
 
-def _read(src: Path, stats: dict | None = None) -> dict[str, bytes]:
+def _read(src, stats: dict | None = None) -> dict[str, bytes]:
     """:func:`inputs` as {normalized path: contents}, in its order (each
     file read once); ``stats`` gets each file's (size, mtime_ns), taken
     before it is read (an edit while it is read then shows as a change)."""
-    src = Path(src)
     out: dict[str, bytes] = {}
     for f in _listed(src):
         out.setdefault(f, b"")
@@ -97,19 +107,21 @@ def _read(src: Path, stats: dict | None = None) -> dict[str, bytes]:
     return out
 
 
-def inputs(src: Path) -> list[Path]:
+def inputs(src) -> list:
     """Every file the build of ``src``'s extension reads: its sources, the
-    headers beside them, and what they include (relative includes)."""
+    headers beside them, and what they include (relative includes); Path
+    objects."""
+    from pathlib import Path
     return [Path(f) for f in _read(src)]
 
 
-def fingerprint(src: Path) -> str:
+def fingerprint(src) -> str:
     """SHA-256 over :func:`inputs`, in a fixed order."""
     return _digest(src, _read(src))
 
 
-def _digest(src: Path, files: dict[str, bytes]) -> str:
-    pkg = str(Path(src).parent)
+def _digest(src, files: dict[str, bytes]) -> str:
+    pkg = _pkg(src)
     h = sha256()
     for rel, f in sorted((os.path.relpath(f, pkg), f) for f in files):
         h.update(rel.encode() + b"\0" + files[f])
@@ -131,15 +143,22 @@ def _digest(src: Path, files: dict[str, bytes]) -> str:
 STAMP_SUFFIX = ".stamp"
 
 
-def stamp_path(src: Path) -> Path:
-    """Where the stamp of the extension built from ``src`` lives."""
-    src = Path(src)
-    return src.with_name(src.stem + STAMP_SUFFIX)
+def stamp_path(src):
+    """Where the stamp of the extension built from ``src`` lives (a
+    Path)."""
+    from pathlib import Path
+    return Path(stamp_file(src))
 
 
-def stamp_text(src: Path) -> tuple[str, str]:
+def stamp_file(src) -> str:
+    """:func:`stamp_path` as a string."""
+    stem = os.path.splitext(os.path.basename(os.fspath(src)))[0]
+    return os.path.join(_pkg(src), stem + STAMP_SUFFIX)
+
+
+def stamp_text(src) -> tuple[str, str]:
     """(fingerprint, stamp file text) of the sources as they are now."""
-    pkg = str(Path(src).parent)
+    pkg = _pkg(src)
     stats: dict = {}
     files = _read(src, stats)
     digest = _digest(src, files)
@@ -150,12 +169,11 @@ def stamp_text(src: Path) -> tuple[str, str]:
     return digest, "\n".join(lines) + "\n"
 
 
-def stamped_fingerprint(src: Path, text: str) -> str | None:
+def stamped_fingerprint(src, text: str) -> str | None:
     """The fingerprint a stamp (:func:`stamp_text`) records if the
     sources are still the ones it describes (same files, each of the
     recorded size and modification time); None otherwise."""
-    src = Path(src)
-    pkg = str(src.parent)
+    pkg = _pkg(src)
     lines = text.splitlines()
     if not lines or not lines[0].startswith("sha256 "):
         return None

@@ -27,13 +27,8 @@ from __future__ import annotations
 import bisect
 import io
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 import numpy as np
 
 from hwtrace.analysis.elfraw import (EM_X86_64, SHF_EXECINSTR, SHT_DYNSYM, SHT_SYMTAB,
@@ -43,7 +38,12 @@ from hwtrace.analysis.symtable import unnamed
 from hwtrace.buildid import build_id
 
 
-def _symbol_array(elf: ELFFile, sec) -> SymbolArrays | None:
+# pyelftools (ELFFile, ELFError, SymbolTableSection) is imported by the
+# code that uses it: files .elfraw.RawElf does not read, debug files and
+# DWARF line tables.  Importing it costs ~35 ms CPU (a third of numpy's),
+# and the symbols of ordinary files do not need it.
+
+def _symbol_array(elf, sec) -> SymbolArrays | None:
     """A pyelftools symbol table section as arrays, or None if it cannot
     be read so."""
     try:
@@ -64,9 +64,10 @@ def _raw_tables(elf: RawElf, secnames) -> list[SymbolArrays]:
     return out
 
 
-def _pyelf_tables(elf: ELFFile, secnames) -> list[SymbolArrays]:
+def _pyelf_tables(elf, secnames) -> list[SymbolArrays]:
     """The readable symbol tables of these names a pyelftools file has,
     in that order."""
+    from elftools.elf.sections import SymbolTableSection
     out = []
     for secname in secnames:
         sec = elf.get_section_by_name(secname)
@@ -176,6 +177,7 @@ def symbol_tables(path: str, order=(".symtab", ".dynsym")) -> list[SymbolArrays]
     try:
         return _raw_tables(RawElf(data), order)
     except (RawElfError, ValueError, IndexError):
+        from elftools.elf.elffile import ELFFile
         return _pyelf_tables(ELFFile(io.BytesIO(data)), order)
 
 
@@ -225,8 +227,12 @@ def demangle_names(names: list[str]) -> dict[str, str]:
     through binutils' ``c++filt`` in one batch; names stay as they are if
     it is not installed.  (A PLT stub keeps its ``@plt``.)"""
     todo = sorted({n.split("@", 1)[0] for n in names if n.startswith("_Z")})
+    if not todo:
+        return {}
+    import shutil               # here only: C++ names are rare
+    import subprocess
     exe = shutil.which("c++filt")
-    if not todo or exe is None:
+    if exe is None:
         return {}
     try:
         r = subprocess.run([exe], input="\n".join(todo) + "\n",
@@ -262,6 +268,8 @@ class Image:
         except (RawElfError, ValueError, IndexError):
             funcs = None
         if funcs is None:
+            from elftools.common.exceptions import ELFError
+            from elftools.elf.elffile import ELFFile
             try:
                 with open(self.path, "rb") as f:
                     elf = ELFFile(f)
@@ -276,15 +284,11 @@ class Image:
                 raise SymbolError(f"{self.path}: {e}") from None
         self.debug_file = self._find_debug(debug_roots)
         if self.debug_file:
-            try:
-                try:
-                    with open(self.debug_file, "rb") as f:
-                        funcs.update(_raw_symbols(RawElf(f.read()), plt=False))
-                except (RawElfError, ValueError, IndexError):
-                    with open(self.debug_file, "rb") as f:
-                        funcs.update(self._read_symbols(ELFFile(f), plt=False))
-            except (OSError, ELFError):
+            more = self._debug_symbols()
+            if more is None:
                 self.debug_file = None
+            else:
+                funcs.update(more)
         items = sorted(funcs.items())
         if demangle:
             names = demangle_names([n for _, (_, n) in items])
@@ -315,6 +319,24 @@ class Image:
         self.is_pie = elf.e_type == 3
         return _raw_symbols(elf)
 
+    def _debug_symbols(self) -> dict | None:
+        """The functions of the debug file (as :class:`.elfraw.RawElf`
+        reads it, else pyelftools); None if it cannot be read."""
+        try:
+            with open(self.debug_file, "rb") as f:
+                return _raw_symbols(RawElf(f.read()), plt=False)
+        except OSError:
+            return None
+        except (RawElfError, ValueError, IndexError):
+            pass
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+        try:
+            with open(self.debug_file, "rb") as f:
+                return self._read_symbols(ELFFile(f), plt=False)
+        except (OSError, ELFError):
+            return None
+
     def _find_debug(self, roots) -> str | None:
         if not self.build_id or len(self.build_id) < 3:
             return None
@@ -325,7 +347,7 @@ class Image:
         return None
 
     @staticmethod
-    def _read_symbols(elf: ELFFile, plt: bool = True) -> dict:
+    def _read_symbols(elf, plt: bool = True) -> dict:
         """:func:`_functions` of a file pyelftools reads (one
         :class:`.elfraw.RawElf` does not understand)."""
         tables = _pyelf_tables(elf, (".dynsym", ".symtab"))
@@ -339,8 +361,9 @@ class Image:
         return _functions(tables, exec_secs, ends, Image._plt_symbols(elf) if plt else {})
 
     @staticmethod
-    def _plt_symbols(elf: ELFFile) -> dict:
+    def _plt_symbols(elf) -> dict:
         """:func:`_plt_stubs` of a file pyelftools reads."""
+        from elftools.elf.sections import SymbolTableSection
         rela = elf.get_section_by_name(".rela.plt")
         if rela is None or elf.header.e_machine != "EM_X86_64":
             return {}
@@ -422,6 +445,7 @@ class Image:
     def _all_table(self) -> tuple:
         """Every line row of the image in one table (read once)."""
         if self._lines is None:
+            from elftools.common.exceptions import ELFError
             dwarf, _ar = self._dwarf()
             spans = []
             if dwarf is not None:
@@ -438,6 +462,7 @@ class Image:
         unit's (found through .debug_aranges), or the whole image's."""
         if self._lines is not None:
             return self._lines
+        from elftools.common.exceptions import ELFError
         dwarf, ar = self._dwarf()
         if dwarf is None:
             return None
@@ -462,6 +487,8 @@ class Image:
         """(DWARFInfo, aranges or None) of the debug file or the image,
         opened once (the file stays open while the image lives)."""
         if self._dwarf_cache is None:
+            from elftools.common.exceptions import ELFError
+            from elftools.elf.elffile import ELFFile
             self._dwarf_cache = (None, None)
             for p in filter(None, (self.debug_file, self.path)):
                 try:

@@ -57,7 +57,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import deque, namedtuple
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from hwtrace._records import Fields, Typed
 

@@ -1,6 +1,6 @@
 """The Intel PT wire format (no I/O).
 
-- :mod:`hwtrace.pt.packets`   packet records (NamedTuples named like libipt)
+- :mod:`hwtrace.pt.packets`   packet records (named tuples named like libipt)
 - :mod:`hwtrace.pt.errors`    ``PtError(code, offset)``, libipt's error strings
 - :mod:`hwtrace.pt.decoder`   ``PacketDecoder`` with libipt's verbs
 - :mod:`hwtrace.pt.encoder`   ``encode(packet)`` and packet constructors

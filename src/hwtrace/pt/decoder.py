@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import mmap
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from hwtrace.pt import errors as E
 from hwtrace.pt.errors import PtError

@@ -8,9 +8,7 @@ raises for bad trace data: callers test ``isinstance(x, PtError)`` (or
 ``x.type == "error"``).
 """
 
-# No ``from __future__ import annotations``: NamedTuple compiles a string
-# annotation as a forward reference, at every command's start-up.
-from typing import NamedTuple
+from collections import namedtuple
 
 # libipt's pt_errstr() strings, by libipt's enum pt_error_code names.
 INTERNAL = "internal error"
@@ -46,16 +44,18 @@ BAD_CPU = "unknown cpu"
 TRACELESS_LOOP = "endless loop without trace"
 
 
-class PtError(NamedTuple):
-    """A decode error: libipt's error string ``code`` at trace ``offset``.
+# A collections.namedtuple, not a typing.NamedTuple: every command that
+# decodes imports this module, and typing costs ~3 ms of its start-up.
+
+class PtError(namedtuple("PtError", "code offset kind", defaults=("",))):
+    """A decode error: libipt's error string ``code`` (str) at trace
+    ``offset`` (int).
 
     ``kind`` is empty for a packet decode error and ``"sync error"`` when
     re-synchronization itself failed (the oracle's ``kind`` field).
     """
 
-    code: str
-    offset: int
-    kind: str = ""
+    __slots__ = ()
 
     type = "error"
 

@@ -1,4 +1,4 @@
-"""Intel PT packet records: one immutable NamedTuple per packet type.
+"""Intel PT packet records: one immutable named tuple per packet type.
 
 Every record has ``offset`` (byte offset of the packet in the trace),
 ``size`` (its length in bytes) and the payload fields named exactly like
@@ -54,11 +54,11 @@ IP compression values (``ipc``, libipt's ``enum pt_ip_compression``):
 0 suppressed, 1 update-16, 2 update-32, 3 sext-48, 4 update-48, 6 full.
 """
 
-# No ``from __future__ import annotations`` here: NamedTuple checks each
-# field's annotation, and a string one (as that import makes them all) is
-# compiled as a forward reference -- ~6 M instructions (~2 ms) over these
-# ~110 fields at import, on every decode that reads packets in Python.
-from typing import NamedTuple
+# collections.namedtuple subclasses (every field an int), not
+# typing.NamedTuple classes: importing typing and checking ~110 field
+# annotations cost ~5 ms of the start-up of every command that reads
+# packets (the compiled scanner's module imports them: dump --stat too).
+from collections import namedtuple
 
 # enum pt_ip_compression
 IPC_SUPPRESSED = 0
@@ -79,266 +79,184 @@ def _to_json(self) -> dict:
     return d
 
 
-class Pad(NamedTuple):
-    offset: int
-    size: int
+class Pad(namedtuple("Pad", "offset size")):
+    __slots__ = ()
     type = "pad"
     to_json = _to_json
 
 
-class Psb(NamedTuple):
-    offset: int
-    size: int
+class Psb(namedtuple("Psb", "offset size")):
+    __slots__ = ()
     type = "psb"
     to_json = _to_json
 
 
-class Psbend(NamedTuple):
-    offset: int
-    size: int
+class Psbend(namedtuple("Psbend", "offset size")):
+    __slots__ = ()
     type = "psbend"
     to_json = _to_json
 
 
-class Ovf(NamedTuple):
-    offset: int
-    size: int
+class Ovf(namedtuple("Ovf", "offset size")):
+    __slots__ = ()
     type = "ovf"
     to_json = _to_json
 
 
-class Stop(NamedTuple):
-    offset: int
-    size: int
+class Stop(namedtuple("Stop", "offset size")):
+    __slots__ = ()
     type = "stop"
     to_json = _to_json
 
 
-class Tnt8(NamedTuple):
-    offset: int
-    size: int
-    bit_size: int
-    payload: int
+class Tnt8(namedtuple("Tnt8", "offset size bit_size payload")):
+    __slots__ = ()
     type = "tnt8"
     to_json = _to_json
 
 
-class Tnt64(NamedTuple):
-    offset: int
-    size: int
-    bit_size: int
-    payload: int
+class Tnt64(namedtuple("Tnt64", "offset size bit_size payload")):
+    __slots__ = ()
     type = "tnt64"
     to_json = _to_json
 
 
-class Tip(NamedTuple):
-    offset: int
-    size: int
-    ipc: int
-    ip: int
+class Tip(namedtuple("Tip", "offset size ipc ip")):
+    __slots__ = ()
     type = "tip"
     to_json = _to_json
 
 
-class TipPge(NamedTuple):
-    offset: int
-    size: int
-    ipc: int
-    ip: int
+class TipPge(namedtuple("TipPge", "offset size ipc ip")):
+    __slots__ = ()
     type = "tip.pge"
     to_json = _to_json
 
 
-class TipPgd(NamedTuple):
-    offset: int
-    size: int
-    ipc: int
-    ip: int
+class TipPgd(namedtuple("TipPgd", "offset size ipc ip")):
+    __slots__ = ()
     type = "tip.pgd"
     to_json = _to_json
 
 
-class Fup(NamedTuple):
-    offset: int
-    size: int
-    ipc: int
-    ip: int
+class Fup(namedtuple("Fup", "offset size ipc ip")):
+    __slots__ = ()
     type = "fup"
     to_json = _to_json
 
 
-class ModeExec(NamedTuple):
-    offset: int
-    size: int
-    csl: int
-    csd: int
-    iflag: int
+class ModeExec(namedtuple("ModeExec", "offset size csl csd iflag")):
+    __slots__ = ()
     type = "mode.exec"
     to_json = _to_json
 
 
-class ModeTsx(NamedTuple):
-    offset: int
-    size: int
-    intx: int
-    abrt: int
+class ModeTsx(namedtuple("ModeTsx", "offset size intx abrt")):
+    __slots__ = ()
     type = "mode.tsx"
     to_json = _to_json
 
 
-class Pip(NamedTuple):
-    offset: int
-    size: int
-    cr3: int
-    nr: int
+class Pip(namedtuple("Pip", "offset size cr3 nr")):
+    __slots__ = ()
     type = "pip"
     to_json = _to_json
 
 
-class Tsc(NamedTuple):
-    offset: int
-    size: int
-    tsc: int
+class Tsc(namedtuple("Tsc", "offset size tsc")):
+    __slots__ = ()
     type = "tsc"
     to_json = _to_json
 
 
-class Cbr(NamedTuple):
-    offset: int
-    size: int
-    ratio: int
+class Cbr(namedtuple("Cbr", "offset size ratio")):
+    __slots__ = ()
     type = "cbr"
     to_json = _to_json
 
 
-class Tma(NamedTuple):
-    offset: int
-    size: int
-    ctc: int
-    fc: int
+class Tma(namedtuple("Tma", "offset size ctc fc")):
+    __slots__ = ()
     type = "tma"
     to_json = _to_json
 
 
-class Mtc(NamedTuple):
-    offset: int
-    size: int
-    ctc: int
+class Mtc(namedtuple("Mtc", "offset size ctc")):
+    __slots__ = ()
     type = "mtc"
     to_json = _to_json
 
 
-class Cyc(NamedTuple):
-    offset: int
-    size: int
-    value: int
+class Cyc(namedtuple("Cyc", "offset size value")):
+    __slots__ = ()
     type = "cyc"
     to_json = _to_json
 
 
-class Vmcs(NamedTuple):
-    offset: int
-    size: int
-    base: int
+class Vmcs(namedtuple("Vmcs", "offset size base")):
+    __slots__ = ()
     type = "vmcs"
     to_json = _to_json
 
 
-class Mnt(NamedTuple):
-    offset: int
-    size: int
-    payload: int
+class Mnt(namedtuple("Mnt", "offset size payload")):
+    __slots__ = ()
     type = "mnt"
     to_json = _to_json
 
 
-class Exstop(NamedTuple):
-    offset: int
-    size: int
-    ip: int
+class Exstop(namedtuple("Exstop", "offset size ip")):
+    __slots__ = ()
     type = "exstop"
     to_json = _to_json
 
 
-class Mwait(NamedTuple):
-    offset: int
-    size: int
-    hints: int
-    ext: int
+class Mwait(namedtuple("Mwait", "offset size hints ext")):
+    __slots__ = ()
     type = "mwait"
     to_json = _to_json
 
 
-class Pwre(NamedTuple):
-    offset: int
-    size: int
-    state: int
-    sub_state: int
-    hw: int
+class Pwre(namedtuple("Pwre", "offset size state sub_state hw")):
+    __slots__ = ()
     type = "pwre"
     to_json = _to_json
 
 
-class Pwrx(NamedTuple):
-    offset: int
-    size: int
-    last: int
-    deepest: int
-    interrupt: int
-    store: int
-    autonomous: int
+class Pwrx(namedtuple("Pwrx", "offset size last deepest interrupt store autonomous")):
+    __slots__ = ()
     type = "pwrx"
     to_json = _to_json
 
 
-class Ptw(NamedTuple):
-    offset: int
-    size: int
-    plc: int
-    payload: int
-    ip: int
+class Ptw(namedtuple("Ptw", "offset size plc payload ip")):
+    __slots__ = ()
     type = "ptw"
     to_json = _to_json
 
 
-class Cfe(NamedTuple):
-    offset: int
-    size: int
-    cfe_type: int
-    vector: int
-    ip: int
+class Cfe(namedtuple("Cfe", "offset size cfe_type vector ip")):
+    __slots__ = ()
     type = "cfe"
     to_json = _to_json
 
 
-class Evd(NamedTuple):
-    offset: int
-    size: int
-    evd_type: int
-    payload: int
+class Evd(namedtuple("Evd", "offset size evd_type payload")):
+    __slots__ = ()
     type = "evd"
     to_json = _to_json
 
 
-class Trig(NamedTuple):
-    offset: int
-    size: int
-    trbv: int
-    icnt: int
-    ip: int
-    icntv: int
-    mult: int
+class Trig(namedtuple("Trig", "offset size trbv icnt ip icntv mult")):
+    __slots__ = ()
     type = "trig"
     to_json = _to_json
 
 
-class Invalid(NamedTuple):
+class Invalid(namedtuple("Invalid", "offset size raw_type", defaults=(0,))):
     """A packet libipt marks invalid (the SKZ84 workaround: a corrupted TMA,
     skipped as 8 bytes).  ``raw_type`` is libipt's ppt_invalid (0)."""
-    offset: int
-    size: int
-    raw_type: int = 0
+    __slots__ = ()
     type = "invalid"
     to_json = _to_json
 

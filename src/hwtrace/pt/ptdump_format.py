@@ -18,7 +18,7 @@ anything that wants ptdump-style lines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from hwtrace.pt import errors as E
 from hwtrace.pt.decoder import PacketDecoder, SKD007_OVF  # noqa: F401
