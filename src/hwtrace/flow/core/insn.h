@@ -238,8 +238,12 @@ insn_next_tip(struct insn_dec *d, const struct insn_info *i)
     if (status & ST_IP_SUPPRESSED)
         return insn_error(d, -E_NOIP, ip, i);
     d->ip = target;
-    if (!d->process_event && !(d->status & ST_EVENT_PENDING))
-        return status_of(d, 0);
+    /* status_of from the local, not d->status: GCC read d->status with
+     * the flags after it as one 8-byte load right after the 4-byte store
+     * above, a store-forwarding stall at every TIP (perf: ~6% of the
+     * edge walk's samples on the next instruction) */
+    if (!d->process_event && !(status & ST_EVENT_PENDING))
+        return (d->enabled ? 0 : ST_IP_SUPPRESSED) | (status & ST_EOS);
     return insn_finish(d, i);
 }
 /* one step of the walks at d->ip with ``known`` the entry there (or
