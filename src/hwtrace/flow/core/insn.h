@@ -96,7 +96,7 @@ int insn_next(struct insn_dec *d, const struct insn_info *known,
 
 static inline void rs_push(struct insn_dec *d, uint64_t ip)
 {
-    d->rs_top = (d->rs_top + 1) % RS_CAP;
+    d->rs_top = (int)((unsigned)(d->rs_top + 1) % RS_CAP);
     d->rs[d->rs_top] = ip;
     if (d->rs_n < RS_CAP)
         d->rs_n++;
@@ -107,7 +107,7 @@ static inline int rs_pop(struct insn_dec *d, uint64_t *ip)
     if (!d->rs_n)
         return 0;
     *ip = d->rs[d->rs_top];
-    d->rs_top = (d->rs_top + RS_CAP - 1) % RS_CAP;
+    d->rs_top = (int)((unsigned)(d->rs_top + RS_CAP - 1) % RS_CAP);
     d->rs_n--;
     return 1;
 }
