@@ -69,6 +69,28 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * on a hit): chain_find's calls fell by 42%, but 5.525 G / 28.33 M /
  * 10.65 M -- the field made struct chain three cache lines, and the timed
  * runs could not tell them apart (0.46-0.70 s against 0.50-0.58 s).
+ * Where the walk's time goes at 643848e (python3 recording, one
+ * fast.edges call, cachegrind with this host's caches: D1 48 KiB, LL
+ * 1 MiB): 4.52 G instructions for the whole process, ~3.6 G of them the
+ * walk (with chain_find and ic_run), ~200 per chain applied or step taken
+ * -- as much instructions as misses (those functions' D1 read misses
+ * 12.8 M, LL 2.65 M).
+ * Counts: 9.81 M chain lookups, 7.63 M of them the successor guess,
+ * 2.17 M chain_find (0.25 M on the run, 1.88 M in the table, 45 K new
+ * chains), 9.52 M chains applied, 1.29 M runs and 5.17 M steps (4.38 M
+ * of them TIPs), 0.67 M ic_run (0.26 M from the walk's run step).  Taken: two
+ * store-forwarding stalls out of the TIP and TNT steps (insn_next_tip,
+ * ft_mark; perf put 6.6% and 8.2% of walk's samples after them), the
+ * return stack's index wrapped unsigned (4.502 G -> 4.447 G).  Tried
+ * then and not taken: a direct-mapped front of 64 Ki chain indices
+ * before the table (chain_find's table lookups mostly hit the 1 MiB LL
+ * already: 4.447 G / 19.67 M D1 / 5.90 M LL read misses -> 4.430 G /
+ * 19.41 M / 5.83 M, about 0.4% of the time); the guessed chain's second
+ * line prefetched beside its first, and d->status in its own 8-byte word
+ * (GCC tests its bits with process_event's through one 8-byte load, after
+ * a 4-byte store of status: perf 1.5% -> 0.9% of walk's samples at the
+ * one such load that showed) -- timed runs on a machine loaded 2-9 on 2
+ * CPUs could not tell either apart.
  *
  * Issue 15's counts target (decode --quiet --stat: the block walk;
  * python3 recording, fast.count(..., "block") in process, cachegrind
