@@ -16,11 +16,12 @@ decodes instruction by instruction and ends the block
 besides the decision points, events and section changes every block ends
 at.  Once the code is cached, it runs through those stops without ending
 the block.  A block it proceeds to an event (tracing disabled, an
-asynchronous branch, the end of the trace) is decoded without its cache
-and fills nothing.  hwtrace's blocks are the warm-cache blocks: it never
-makes the fill stops, so on a real recording its ``blocks:`` count is
-lower than libipt's by about the number of distinct stops the program
-reached for the first time (its ``insn:`` count is the same).
+asynchronous branch, a PSB+'s status updates, the end of the trace) is
+decoded without its cache and fills nothing.  hwtrace's blocks are the
+warm-cache blocks: it never makes the fill stops, so on a real recording
+its ``blocks:`` count is lower than libipt's by about the number of
+distinct stops the program reached for the first time (its ``insn:``
+count is the same).
 
 The test records a small program, models libipt's cache fill on top of
 hwtrace's blocks (both flow cores: they must agree) and checks that the
@@ -77,10 +78,11 @@ def _record(tmp_path: Path) -> Path | None:
     return tmp_path / "b"
 
 
-def hwtrace_blocks(text: str) -> list[dict]:
+def hwtrace_blocks(text: str, plain: list[bool]) -> list[dict]:
     """``decode --block:show-blocks``'s blocks: their instructions (IP,
-    disassembly) and whether an event line comes before them."""
-    blocks, events = [], False
+    disassembly, whether it is of class OTHER: ``plain``, the instructions'
+    classes in order) and whether an event line comes before them."""
+    blocks, events, k = [], False, 0
     for line in text.splitlines():
         if line.startswith("[block"):
             blocks.append({"insns": [], "after_event": events})
@@ -89,7 +91,10 @@ def hwtrace_blocks(text: str) -> list[dict]:
             events = True
         elif line and not line.startswith(("insn:", "blocks:")):
             cols = re.split(r"\s{2,}", line.strip())
-            blocks[-1]["insns"].append((int(cols[0], 16), cols[-1]))
+            blocks[-1]["insns"].append((int(cols[0], 16), cols[-1],
+                                        plain[k]))
+            k += 1
+    assert k == len(plain)
     return blocks
 
 
@@ -110,10 +115,18 @@ def libipt_blocks(blocks: list[dict], sections: list[tuple[int, int]]):
     out = []
     for k, b in enumerate(blocks):
         insns = b["insns"]
-        # proceeded to an event (or the end): libipt's uncached event flow
-        to_event = k + 1 == len(blocks) or blocks[k + 1]["after_event"]
+        # proceeded to an event (libipt's uncached event flow): the end of
+        # the trace, an event line next, or -- a PSB+'s status updates,
+        # which print nothing -- a block that ends at a plain instruction
+        # with the next one in its section
+        if k + 1 == len(blocks):
+            to_event = True
+        else:
+            nip = blocks[k + 1]["insns"][0][0]
+            to_event = blocks[k + 1]["after_event"] or (
+                insns[-1][2] and section(nip) == section(insns[-1][0]))
         start, filling, steps = 0, None, 0
-        for p, (ip, disasm) in enumerate(insns):
+        for p, (ip, disasm, _) in enumerate(insns):
             last = p + 1 == len(insns)
             end = last
             if not to_event:
@@ -158,7 +171,10 @@ def test_blocks_are_libipts_without_its_cache_fill_stops(ptoracle, tmp_path):
     twin = run_hwtrace(*args, env={"HWTRACE_NO_EXTENSIONS": "1"})
     assert compiled.returncode == 0, compiled.stderr
     assert twin.stdout == compiled.stdout
-    ours = hwtrace_blocks(compiled.stdout)
+    jsonl = run_hwtrace("decode", "--pt", pt, *images, "--format", "jsonl")
+    plain = [d["iclass"] == "other" for d in
+             map(json.loads, jsonl.stdout.splitlines()) if "iclass" in d]
+    ours = hwtrace_blocks(compiled.stdout, plain)
 
     ninsn = sum(len(b["insns"]) for b in ours)
     assert ninsn > 10000
