@@ -52,7 +52,8 @@ __attribute__((noinline)) static int collatz(long n)
 __attribute__((noinline)) static long twice(long i)
 { return collatz(i) + collatz(i + 1); }
 int main(void)
-{ long s = 0; for (long i = 1; i < 200; i++) s += i & 3 ? collatz(i) : twice(i);
+{ long s = 0;
+  for (long i = 1; i < 200; i++) s += i & 3 ? collatz(i) : twice(i);
   return (int) (s & 1); }
 """
 
