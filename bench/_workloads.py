@@ -86,8 +86,15 @@ class Children:
 
 def oracle_blk(w: Workload, repeat: int) -> tuple[float, int]:
     """libipt's block decoder: (CPU seconds, instructions)."""
+    t, summary = oracle_blk_summary(w, repeat)
+    return t, summary["insns"]
+
+
+def oracle_blk_summary(w: Workload, repeat: int) -> tuple[float, dict]:
+    """libipt's block decoder: (CPU seconds, ``ptoracle blk --summary``'s
+    JSON: insns, blocks, events, errors)."""
     t, out = best([ORACLE, "blk", w.pt, *w.opts, "--summary"], repeat)
-    return t, json.loads(out.splitlines()[-1])["insns"]
+    return t, json.loads(out.splitlines()[-1])
 
 
 def compiled_path_or_die() -> str:

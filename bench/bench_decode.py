@@ -13,6 +13,16 @@ decoder.
 
 Prints which flow core the children run and stops with an error if it is
 the Python twin.  ``--python`` also times the twin (labelled as such).
+
+Both count the same instructions; their block counts differ by design.
+libipt 2.0.5's (``ptoracle blk``: blocks with instructions; ``ptxed
+--stat`` counts those and any empty ones, none on these workloads) also
+ends a block where its block cache is being filled: the first time it
+runs through a direct call or a backward direct jump, before code it
+filled earlier, after 1,024 instructions of one fill.  hwtrace's are the
+blocks libipt returns once its cache is warm (decision points, events,
+section changes), so its count is lower by about the number of such
+places the program reaches (tests/test_flow_block_cuts.py pins that).
 A stream from a bundle (the recordings, hase_loopy) is also timed as
 ``hwtrace decode --quiet --stat DIR``.  The hwtrace children run with a
 warm bytecode cache, as an installed hwtrace has it (``--cold-bytecode``:
@@ -37,6 +47,10 @@ import _workloads as W  # noqa: E402
 
 def stat_insns(out: str) -> int:
     return int(out.split("insn:")[1].split(".")[0])
+
+
+def stat_blocks(out: str) -> int:
+    return int(out.split("blocks:")[1].split(".")[0])
 
 
 def batch_rates(w: W.Workload, repeat: int) -> str:
@@ -69,13 +83,17 @@ def main() -> int:
     a = ap.parse_args()
     with W.session(a) as (ch, loads):
         for w in loads:
-            to, ni = W.oracle_blk(w, a.repeat)
+            to, summary = W.oracle_blk_summary(w, a.repeat)
+            ni = summary["insns"]
             th, out = ch.best(W.hwtrace("decode", "--pt", w.pt, *w.opts,
                                         "--quiet", "--stat"), a.repeat)
             n = stat_insns(out)
             mb = w.pt.stat().st_size / 1e6
             print(f"{w.name}: {mb:.2f} MB, {ni} insns (libipt 2.0.5), "
                   f"{n} (hwtrace)")
+            print(f"  blocks: {summary['blocks']} (libipt 2.0.5: with its "
+                  f"block-cache fill stops), {stat_blocks(out)} (hwtrace: "
+                  f"as a warm cache cuts them)")
             print(f"  ptoracle blk --summary          {to:7.3f} s CPU "
                   f"{ni / to / 1e6:7.1f} M insn/s")
             print(f"  hwtrace decode --quiet --stat   {th:7.3f} s CPU "

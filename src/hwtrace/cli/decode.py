@@ -138,7 +138,9 @@ def _output_options(p) -> None:
     g.add_argument("--stat:insn", dest="stat_insn", action="store_true",
                    help="--stat: the instruction count only")
     g.add_argument("--stat:blocks", dest="stat_blocks", action="store_true",
-                   help="--stat: the block count only (block decoder)")
+                   help="--stat: the block count only (block decoder; "
+                        "blocks as libipt cuts them with a warm block "
+                        "cache, see README \"Block counts\")")
     g.add_argument("--event:ip", dest="event_ip", action="store_true",
                    help="text: print the IP of events that have one")
     g.add_argument("--event:time", dest="event_time", action="store_true",
