@@ -7,14 +7,15 @@ transfers from each record to the next go through :func:`.runs.solve`
 as far as they are regular, the rest one at a time by the builder's own
 rules (``_settle``); items in between go through its event handling.
 Each record's TSC anchors the clock in sequence with the rows the
-transfers make.
+transfers make.  A system call's round trip, and events that only tell
+the time, need not end a run (:mod:`.roundtrips`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hwtrace.analysis import runs
+from hwtrace.analysis import _runs_impl, roundtrips, runs
 from hwtrace.analysis.blockcols import columns
 from hwtrace.analysis.records import Flag
 from hwtrace.analysis.slices import _UNKNOWN
@@ -55,6 +56,19 @@ class BatchInput:
             [it for it in batch.items if _matters(it[2])]
         if m:
             a = _Arrays(blocks, self.n)
+            # system calls returning where they were made, and events
+            # telling the time, go on in the run (.roundtrips) -- once
+            # "[syscall]" has its name id (names are numbered in order of
+            # appearance), and, following threads, once no switch is left
+            # to apply: the timeline's times, which the events and records
+            # tell it, matter only to the choice of switches at an enable
+            sc = self.names.get("[syscall]")
+            tl = self._follow
+            if self.vectorize and sc is not None and m <= 1 << 20 \
+                    and (tl is None or tl.i >= len(tl.switches)):
+                items, a.groups = roundtrips.find(items, a.code, a.fall, a.ip,
+                                                  m, tl is not None)
+                a.sys_nid = sc
         else:
             a = None
         r = 0
@@ -81,28 +95,83 @@ class BatchInput:
             self._feed_one(item)
 
     def _records(self, a: "_Arrays", r0: int, r1: int) -> None:
-        """Records [r0, r1) of the batch, with no event between them."""
+        """Records [r0, r1) of the batch, with no event between them but
+        the groups a run goes on through (:mod:`.roundtrips`)."""
         self._at_record(a, r0)
         t, last = r0, r1 - 1
         window = 1 << 20           # the whole run, until irregular ones show
+        g = a.groups
+        seg = t                    # where the last group was passed
         while t < last:
+            stop = last if g is None else g.next(t, last)
+            if t == stop:
+                # a group's transfer: what its events did between two runs
+                self._set_pend(a, t)
+                self._group_events(a, t)
+                t += 1
+                self._at_record(a, t)
+                window, seg = 1 << 20, t
+                continue
             k = 0
             if self.vectorize and self._in_seg and self._stack:
-                end = min(last, t + window)
-                k = self._solve(a, t, end)
-                t += k
-                if t == end:
-                    window = min(2 * window, 1 << 17)
-                    continue
+                end = min(stop, t + window)
+                c = self._through(a, t, stop, last) \
+                    if stop < last and end == stop else None
+                if c is None:
+                    k = self._solve(a, t, end)
+                    t += k
+                    if t == end:
+                        window = min(2 * window, 1 << 17)
+                        continue
+                else:
+                    t0 = t
+                    c, q = c
+                    t += c
+                    if t == q or g.at(t):
+                        continue
+                    # where the events would have cut the run: the same
+                    # steps and window from there (where one at a time a
+                    # name may be met first, which solves name in bulk)
+                    p = g.before(t)
+                    if p >= t0:
+                        seg = p + 1
+                    k = t - max(seg, t0)
+                    stop = g.next(t, last)
                 window = max(4096, min(1 << 20, 4 * k))
             # irregular (or not vectorizing): one at a time, a few
             steps = 1 if k >= 16 or not self.vectorize else 64
-            for _ in range(min(steps, last - t)):
+            for _ in range(min(steps, stop - t)):
                 self._set_pend(a, t)
                 t += 1
                 self._at_record(a, t)
         self.n = int(a.start[r1])
         self._set_pend(a, last)
+
+    def _through(self, a: "_Arrays", t: int, stop: int, last: int):
+        """:meth:`_solve_groups` from t as far as it may go (the batch's
+        end, or, once something new to name is met, the last group before
+        what may name it): (transfers committed, where it stopped), or
+        None: not past the next group."""
+        g = a.groups
+        for _ in range(2):
+            q = g.quiet(a, self.addr.fresh, t, last, self.addr.table() is None) \
+                if g.hazards else last
+            if q <= stop:
+                return None
+            k = self._solve_groups(a, t, q)
+            if k is not None:
+                return k, q
+            g.hazards = True        # look where, once
+        return None
+
+    def _group_events(self, a: "_Arrays", t: int) -> None:
+        """The events of the group after transfer t, if one is there
+        (:mod:`.roundtrips`), as they came."""
+        ev = a.groups.events(t)
+        if ev is not None:
+            self.n = int(a.start[t + 1])
+            for offset, item in ev:
+                self._item(item, offset)
 
     def _set_pend(self, a: "_Arrays", r: int) -> None:
         self._pend = int(a.code[r])
@@ -169,6 +238,12 @@ class BatchInput:
                 r = t0 + 1 + int(np.flatnonzero(tsc)[-1])
                 self._follow.time(int(a.start[r]), int(a.tsc[r]))
         self._seq = seq0 + 4 * k
+        self._took(c)
+        self.n = int(a.start[t0 + k])
+        return k
+
+    def _took(self, c) -> None:
+        """A committed run's rows, counts and stack."""
         self._next_id += c.opened
         self.calls += c.opened
         if not c.placed:
@@ -177,8 +252,72 @@ class BatchInput:
         if self.want_paths:
             self.paths.add_many(*c.paths)
         self._restack(c)
-        self.n = int(a.start[t0 + k])
-        return k
+
+    def _solve_groups(self, a: "_Arrays", t0: int, t1: int) -> int | None:
+        """:meth:`_solve` over transfers with groups of events among them
+        (:meth:`.roundtrips.Groups.virtual`; no switch of threads is left
+        to apply here), or None: it would name code not named before --
+        the events cut the runs, and solves name what they meet in bulk,
+        in address order: names are numbered in the order the runs as
+        the events cut them meet them (none is named here)."""
+        code, fall, tgt, land, src, tsc, named, vmap, first = \
+            a.groups.virtual(a)
+        v0, v1 = int(first[t0]), int(first[t1])
+        tr = runs.Transfers(code[v0:v1], fall[v0:v1], tgt[v0:v1], land[v0:v1],
+                            src[v0:v1])
+        nm = named[v0:v1]
+        fresh = self.addr.fresh
+        if _runs_impl.core_for(None) is None or self.addr.table() is None:
+            # the twin (and a lookup callback) name jump targets as they match
+            c = tr.code
+            look = ((c == runs.CALL) | (c == runs.JUMP) | (c == runs.COND)) \
+                & (tr.tgt != tr.fall) | (c == runs.FCALL)
+            if fresh(tr.tgt[look & ~nm]).any():
+                return None
+            guard = None
+        else:
+            def guard(m):
+                if len(m.unknown) and fresh(m.unknown).any():
+                    return True
+                o = m.o_tr[m.o_nid < 0]
+                return bool(len(o)) and bool(fresh(tr.tgt[o[~nm[o]]]).any())
+        seq0 = self._seq + 1
+        tid = self._thread if self._thread is not None else self._tid
+        pid = self._pid if self._pid is not None else self._spid
+        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
+                       next_id=self._next_id, max_depth=self.max_depth,
+                       pid=-1 if pid is None else pid,
+                       tid=-1 if tid is None else tid,
+                       tx=self._tx_depth is not None,
+                       lookup=self._lookup is not None, paths=self.want_paths,
+                       scanned=int(first[min(max(a.scanned, t0), t1)]) - v0,
+                       out=self._place, named=(nm, a.sys_nid), guard=guard)
+        if c is None:
+            return None
+        a.scanned = max(a.scanned, t1)
+        kv = v0 + c.k
+        # a cut at a transfer of the batch: its group's anchors before it
+        # go with the transfer, the slow way
+        k = t1 if kv == v1 else int(vmap[kv])
+        if kv != v1 and kv != first[k]:
+            if named[first[k]]:
+                raise AssertionError("a run cut inside a round trip")
+            kv = int(first[k])
+        if k == t0:
+            return 0
+        w = tsc[v0:kv]
+        if w.any():
+            self.time.anchors(seq0 + 4 * np.arange(kv - v0, dtype=np.int64),
+                              land[v0:kv], w)
+        self._seq = seq0 + 4 * (kv - v0)
+        self._took(c)
+        on, trip = a.groups.after(t0, k)
+        if on is not None:
+            self._tracing = on
+        if trip:
+            self._paused = False
+        self.n = int(a.start[k])
+        return k - t0
 
     def _place(self, ne: int, nx: int):
         """Where a compiled commit writes its rows: next in the pending
@@ -226,9 +365,12 @@ class _Arrays:
     with the transfer codes of :mod:`.runs`); instruction indices from
     ``base``."""
 
-    __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned")
+    __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned",
+                 "groups", "sys_nid")
 
     def __init__(self, blocks: np.ndarray, base: int):
         self.ip, self.end, self.code, self.fall, self.tsc, self.start = \
             columns(blocks, base, runs.ICLASS_CODE)
         self.scanned = 0            # transfers [0, scanned) solve has seen
+        self.groups = None          # events in the run (.roundtrips)
+        self.sys_nid = -1

@@ -121,7 +121,7 @@ class Match(NamedTuple):
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
           lookup: bool, paths: bool = True, impl: str | None = None,
-          scanned: int = 0, out=None) -> Committed:
+          scanned: int = 0, out=None, named=None, guard=None) -> Committed | None:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -136,15 +136,22 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     names of their unknown jump targets are registered: the compiled
     core need not look again past the cut); ``out``: where the compiled
     core writes the rows (``out(n_enters, n_exits)`` -> two SLICE
-    :class:`.slices.Cols` to fill; the result says ``placed``)."""
+    :class:`.slices.Cols` to fill; the result says ``placed``);
+    ``named``: None, or (bool per transfer, name id): the frames those
+    transfers open have that name, not their target's (their target is
+    no code: a ``[syscall]``, see :mod:`.roundtrips`); ``guard``: None,
+    or ``guard(match)`` before the rows are made -- true: make none,
+    return None."""
     core = _runs_impl.core_for(impl)
     if core is None:
         m = match(tr, stack, names, max_depth=max_depth, lookup=lookup)
     else:
         m = _match_compiled(core, tr, stack, names, max_depth=max_depth,
                             lookup=lookup, scanned=scanned)
+    if guard is not None and guard(m):
+        return None
     return commit(m, tr, stack, names, seq0=seq0, next_id=next_id, pid=pid,
-                  tid=tid, paths=paths, core=core, out=out)
+                  tid=tid, paths=paths, core=core, out=out, named=named)
 
 
 def jump_kinds(tr: Transfers, names):
@@ -356,9 +363,9 @@ def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
 
 def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
            next_id: int, pid: int, tid: int, paths: bool, core=None,
-           out=None) -> Committed:
+           out=None, named=None) -> Committed:
     """The rows of a match: the activations opened (``enters``), those
-    closed (``exits``), the stack after."""
+    closed (``exits``), the stack after (``named``: as :func:`solve`'s)."""
     if len(m.unknown):
         names.register_unknown(m.unknown)
     no = len(m.o_tr)
@@ -368,10 +375,25 @@ def commit(m: Match, tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     tgt, land = tr.tgt, tr.land_idx
     o_tr, o_lvl, o_pfr = m.o_tr, m.o_lvl, m.o_pfr
     o_func = tgt[o_tr]
+    fixed = None
+    if named is not None and no:
+        fixed = named[0][o_tr]
+        if not fixed.any():
+            fixed = None
     if m.o_nid is None:
-        _start, o_nid, _known = names.resolve(o_func)
+        if fixed is None:
+            _start, o_nid, _known = names.resolve(o_func)
+        else:
+            # the named frames' targets are no code: not looked up (a
+            # lookup would name them)
+            o_nid = np.full(no, named[1], np.int32)
+            rest = np.flatnonzero(~fixed)
+            if len(rest):
+                o_nid[rest] = names.resolve(o_func[rest])[1]
     else:
         o_nid = m.o_nid.copy()
+        if fixed is not None:
+            o_nid[fixed] = named[1]
         unk = np.flatnonzero(o_nid < 0)
         if len(unk):
             o_nid[unk] = names.register_unknown(o_func[unk])

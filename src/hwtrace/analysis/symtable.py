@@ -170,6 +170,25 @@ class AddrTable:
             return np.zeros(0, np.int32)
         return self._unknown_ids(np.asarray(addrs, _U8))
 
+    def fresh(self, addrs: np.ndarray) -> np.ndarray:
+        """bool per address: looking it up might register a name (no
+        symbol names it and it was not named before; over a callback,
+        not looked up before -- or forgotten since).  Registers nothing."""
+        addrs = np.asarray(addrs, _U8)
+        if self._lo is None:
+            c = self._cache
+            return np.fromiter((a not in c for a in addrs.tolist()), bool, len(addrs))
+        if len(self._lo):
+            j = np.searchsorted(self._lo, addrs, side="right") - 1
+            out = addrs >= self._hi[j]
+        else:
+            out = np.ones(len(addrs), bool)
+        keys = self._unk_keys
+        if keys is not None and len(keys) and out.any():
+            pos = np.minimum(np.searchsorted(keys, addrs), len(keys) - 1)
+            out &= keys[pos] != addrs
+        return out
+
     def image_index(self, addrs: np.ndarray) -> np.ndarray:
         """Per address, the index of the image range holding it (-1 in
         none, and always -1 over a callback)."""

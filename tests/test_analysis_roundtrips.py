@@ -1,0 +1,126 @@
+"""System calls that come back where they were made, and events that only
+tell the time, go on in a run of records (hwtrace.analysis.roundtrips):
+the activations, their times and the markers are those the events make
+one at a time (``vectorize=False``, the reference), in both cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from hwtrace.analysis import CallStackBuilder, Flag, _runs_impl, roundtrips, runs
+from hwtrace.analysis.records import Activation, StreamInfo
+from hwtrace.analysis.synth import FlowSynth
+from hwtrace.bundle import Switch
+from hwtrace.flow.events import Event
+
+NAMES = ["main", "read", "write", "helper", "late2", "late1"]
+
+
+def _syscall(s: FlowSynth, fn: str, k: int, tsc: int, psb: bool,
+             late: bool = False) -> list:
+    """main calls ``fn``, which makes a system call (a far call, tracing
+    off, on again at its return address) and returns; with ``psb`` a
+    PSB+'s status updates (time only) follow the return."""
+    s.body(1 + k % 3)
+    s.call(fn)
+    s.body(2)
+    s._insn(2, "far_call")
+    resume = s.ip + 2
+    items = s.take() + [
+        Event("disabled", ip_suppressed=True, has_tsc=True, tsc=tsc),
+        Event("enabled", ip=resume, has_tsc=k % 5 != 3, tsc=tsc + 40)]
+    s.ip = resume
+    s.body(1 + k % 2)
+    if k % 4 == 1:
+        s.call("helper")
+        s.body(3)
+        s.ret()
+    if late and k in (17, 18, 40):
+        # first met here (named as the runs the events cut meet them)
+        s.call("late1" if k < 40 else "late2")
+        s.body(2)
+        s.ret()
+    s.ret()
+    s.body(1)
+    items += s.take()
+    if psb:
+        items += [Event("cbr", status_update=True, ratio=20, has_tsc=True,
+                        tsc=tsc + 90),
+                  Event("enabled", status_update=True, ip=s.ip, has_tsc=True,
+                        tsc=tsc + 90)]
+    return items
+
+
+def _parts(n: int, psb: bool, late: bool = False) -> list:
+    s = FlowSynth(NAMES)
+    s.start("main")
+    first = s.take()
+    for k in range(2):
+        first += _syscall(s, "write" if k % 2 else "read", k, 1000 + 200 * k, psb)
+    rest = []
+    for k in range(2, n):
+        rest += _syscall(s, "write" if k % 2 else "read", k, 1000 + 200 * k, psb,
+                         late)
+    s.body(2)
+    rest += s.take()
+    # the first batch names "[syscall]" and every function (and applies
+    # the stream's switch); the second goes on through the rest
+    return [first, rest], s
+
+
+def _run(parts, lookup, vectorize, stream=None):
+    b = CallStackBuilder(stream, lookup, vectorize=vectorize)
+    out = []
+    for part in parts:
+        for it in part:
+            b.feed(it)
+        out += b.take()
+    b.finish()
+    out += b.take()
+    return out, b
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+@pytest.mark.parametrize("follow", [False, True])
+def test_syscalls_and_time_only_events_go_on_in_the_run(impl, follow, monkeypatch):
+    if impl == "compiled" and _runs_impl.core_for("compiled") is None:
+        pytest.skip("no compiled core")
+    monkeypatch.setattr(_runs_impl, "CORE", _runs_impl.core_for(impl))
+    parts, s = _parts(60, psb=follow)
+    stream = StreamInfo(cpu=0, switches=(Switch(0, 0, -1, -1, 7, 7),)) \
+        if follow else None
+    calls = []
+    solve = runs.solve
+    monkeypatch.setattr(runs, "solve", lambda *a, **k: calls.append(1) or solve(*a, **k))
+    ref, rb = _run(parts, s.lookup, False, stream)
+    assert not calls
+    got, gb = _run(parts, s.lookup, True, stream)
+    assert got == ref
+    assert gb.calls == rb.calls and gb.markers == rb.markers
+    assert gb.names.names == rb.names.names
+    # one [syscall] frame per system call, timed by its events (following
+    # the CPU's threads, the first one's enable brings the thread in)
+    sys = [a for a in got if type(a) is Activation and a.name == "[syscall]"]
+    assert len(sys) == 60 and all(a.flags == Flag.FAR for a in sys[1:])
+    assert sys[1].begin == 1200 and sys[1].end == 1240
+    # the second batch was solved in a few runs, not one per system call
+    assert len(calls) < 10
+
+
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+def test_names_come_in_the_order_the_events_cut_runs_meet_them(impl, monkeypatch):
+    """Solves name what they meet in bulk (in address order): where code
+    not named before shows up, the runs go as the events cut them, and
+    every name gets the same id as without going on through the events."""
+    if impl == "compiled" and _runs_impl.core_for("compiled") is None:
+        pytest.skip("no compiled core")
+    monkeypatch.setattr(_runs_impl, "CORE", _runs_impl.core_for(impl))
+    parts, s = _parts(60, psb=False, late=True)
+    got, gb = _run(parts, s.lookup, True)
+    monkeypatch.setattr(roundtrips, "find", lambda items, *a: (items, None))
+    cut, cb = _run(parts, s.lookup, True)
+    assert got == cut
+    assert gb.names.names == cb.names.names
+    assert "late1" in gb.names.names and "late2" in gb.names.names
