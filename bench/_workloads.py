@@ -177,7 +177,9 @@ def text(kib: int) -> bytes:
 
 PROGRAMS = {
     "gzip": lambda work, kib: ["gzip", "-9", "-c", str(work / "in.txt")],
-    "python3": lambda work, kib: ["python3", "-c",
+    # the interpreter itself (this one's binary), not a launcher on PATH:
+    # pyenv's python3 is a bash script that runs a dozen processes first
+    "python3": lambda work, kib: [os.path.realpath(sys.executable), "-c",
                                   "print(sum(range(100000)))"],
     "sqlite3": lambda work, kib: [
         "sqlite3", ":memory:",

@@ -573,12 +573,13 @@ def test_hostile_sideband_values_decode_or_fail_in_one_line(rec, tmp_path):
 
 
 def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
-    """TSC packets alone (the default config) can't place a switch that
-    falls between two PSBs: decoding goes on, with one warning per such
-    stream saying how to record instead."""
+    """TSC packets alone (record's default config until it got MTC) can't
+    place a switch that falls between two PSBs: decoding goes on, with one
+    warning per such stream saying how to record instead."""
     b = tmp_path / "tsc"
     p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
-                        "--mode", "cpu", "-o", str(b), "--", *map(str, rec["argv"])],
+                        "--mode", "cpu", "--config", "branch;user;retc;tsc",
+                        "-o", str(b), "--", *map(str, rec["argv"])],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = run_hwtrace("decode", b, "--quiet", "--stat:insn")

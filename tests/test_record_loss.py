@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from conftest import run_hwtrace
+from hwtrace.cli._record_report import _bytes
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
                                 reason="needs qemu-user and gcc")
@@ -54,10 +55,10 @@ def test_stop_on_full_is_said(tmp_path, fib, ptoracle):
     assert full["generated_bytes"] == full["capture_end"] + full["lost_bytes"]
     summary, *warnings = r.stderr.splitlines()
     assert summary.startswith(f"hwtrace: wrote {b}: 2 stream(s), ")
-    assert f"{full['lost_bytes']:,} bytes lost (1 buffer(s) filled)" in summary
+    assert f"{_bytes(full['lost_bytes'])} lost (1 buffer(s) filled)" in summary
     (w,) = warnings
     assert w.startswith(f"hwtrace: warning: {full['file']}: its stop-on-full buffer filled")
-    assert f"{full['lost_bytes']:,} bytes after it were lost" in w
+    assert f"{_bytes(full['lost_bytes'])} after it were lost" in w
     # what the warning says: a decoder finds fewer instructions than observed
     got = _libipt_count(ptoracle, b, full)
     assert got["errors"] == 0 and 0 < got["insns"] < full["instructions_observed"]
