@@ -303,13 +303,19 @@ def test_summary_shows_the_program_apart_from_start_up(rec):
 
 # ------------------------------------------------------------------ threads
 
-@pytest.fixture(scope="module")
-def mt(tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, "branch;user;retc;tsc;mtc"],
+                ids=["default", "mtc"])
+def mt(request, tmp_path_factory):
+    """With MTC on, libipt's times trail or lead the instructions (read
+    ahead to the next TNT/TIP): a new thread resumes at its creator's IP
+    (both return from clone), and a switch placed by such a time gave a
+    worker's ``work`` to the main thread."""
     if sys.platform != "linux":
         pytest.skip("the ptrace engine is Linux x86-64")
     d = tmp_path_factory.mktemp("mt")
     exe = _gcc(d, "mt", MT_C, "-static", "-pthread")
-    return _record(d, "b", exe, args=("--engine", "ptrace", "--mode", "cpu"))
+    cfg = () if request.param is None else ("--config", request.param)
+    return _record(d, "b", exe, args=("--engine", "ptrace", "--mode", "cpu", *cfg))
 
 
 def test_cpu_mode_threads_have_their_own_tracks_and_pids(mt, tmp_path):
@@ -331,6 +337,7 @@ def test_cpu_mode_threads_have_their_own_tracks_and_pids(mt, tmp_path):
     assert b.returncode == 0, b.stderr
     recs = [json.loads(x) for x in b.stdout.splitlines()]
     assert {o["pid"] for o in recs} == {pid} and {o["tid"] for o in recs} <= tids
+    assert {o["tid"] for o in recs if o["to_sym"] == "work"} == work
     one = run_hwtrace("branches", "--kinds", "call", "--format", "jsonl", "--tid",
                       min(work), mt)
     mine = [json.loads(x) for x in one.stdout.splitlines()]

@@ -72,13 +72,13 @@ def tsc_per_insn(manifest: Mapping[str, object]) -> float | None:
     return 1.0 if isinstance(tb, str) and tb.startswith(INSN_CLOCK) else None
 
 
-def insn_clock_exact(manifest: Mapping[str, object], config: object = None) -> bool:
-    """Whether a stream's time is known at every instruction: the
+def insn_clock_counted(manifest: Mapping[str, object], config: object = None) -> bool:
+    """Whether a stream's clock counts exactly its traced instructions: the
     instruction-count clock (:func:`tsc_per_insn`), every instruction
     retired on the stream traced (no CR3 filter, no address ranges: an
-    untraced stretch advances the clock unseen) and TSC packets alone
-    telling it (TSCEn; no MTC or CYC, whose time libipt's model lets trail
-    the clock).  The last TSC plus the instructions since is then the time.
+    untraced stretch advances the clock unseen) and TSC packets on (TSCEn:
+    a jump while tracing is off -- an idle CPU -- is told by one).  Its
+    time then moves only by the traced instructions, or jumps at an enable.
     ``config``: the stream's recording config (default: the manifest's)."""
     if tsc_per_insn(manifest) is None:
         return False
@@ -88,10 +88,24 @@ def insn_clock_exact(manifest: Mapping[str, object], config: object = None) -> b
     ctl = cfg.get("ctl")
     if type(ctl) is not int:
         return False
-    tsc_en, cyc_en, mtc_en, cr3_filter = 1 << 10, 1 << 1, 1 << 9, 1 << 7
+    tsc_en, cr3_filter = 1 << 10, 1 << 7
     addr_cfg = 0xFFFF << 32
-    return bool(ctl & tsc_en) and not ctl & (cyc_en | mtc_en | cr3_filter | addr_cfg) \
+    return bool(ctl & tsc_en) and not ctl & (cr3_filter | addr_cfg) \
         and not cfg.get("cr3_match") and not cfg.get("addr_ranges")
+
+
+def insn_clock_exact(manifest: Mapping[str, object], config: object = None) -> bool:
+    """Whether a stream's time is known at every instruction: its clock
+    counts exactly the traced instructions (:func:`insn_clock_counted`)
+    and TSC packets alone tell it (no MTC or CYC, whose times libipt's
+    model lets trail the clock, or lead it: an instruction's time includes
+    the timing packets read ahead to the next TNT/TIP).  The last TSC plus
+    the instructions since is then the time."""
+    if not insn_clock_counted(manifest, config):
+        return False
+    cfg = config if isinstance(config, Mapping) else manifest.get("config")
+    cyc_en, mtc_en = 1 << 1, 1 << 9
+    return not cfg["ctl"] & (cyc_en | mtc_en)
 
 
 # ---------------------------------------------------------------- sideband

@@ -317,8 +317,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     ``warn(text)``: what a decode of a stream finds the trace does not tell
     (:meth:`Stream.report`; the warnings known before decoding are
     :attr:`TraceSet.warnings`, said by :meth:`TraceSet.report`)."""
-    from hwtrace.bundle import (Bundle, BundleError, Mmap, Switch, insn_clock_exact,
-                                tsc_per_insn)
+    from hwtrace.bundle import (Bundle, BundleError, Mmap, Switch, insn_clock_counted,
+                                insn_clock_exact, tsc_per_insn)
     from hwtrace.flow.spaces import AddressSpaces, SpacePlan
 
     for d in image_path:
@@ -424,6 +424,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           switches=switches if per_cpu else (),
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
+                              manifest, e.config if isinstance(e.config, dict) else None),
+                          clock_counted=insn_clock_counted(
                               manifest, e.config if isinstance(e.config, dict) else None))
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)

@@ -164,7 +164,8 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._codes: dict = {}
         # a CPU's stream following context switches: the running thread,
         # and the stacks of the others (frames, in_seg, paused, tx_depth)
-        tl = SwitchTimeline(st.switches, st.cpu, st.tsc_per_insn, st.clock_exact) \
+        tl = SwitchTimeline(st.switches, st.cpu, st.tsc_per_insn, st.clock_exact,
+                            st.clock_counted) \
             if self._cpu_mode and st.switches else None
         self._follow = tl if tl else None
         self._thread: int | None = None

@@ -63,7 +63,9 @@ class StreamInfo(NamedTuple):
     :func:`hwtrace.bundle.tsc_per_insn`); None: measured as it goes.
     ``clock_exact``: that clock counts exactly the traced instructions and
     only TSC packets tell it, so the time at every instruction is known
-    (:func:`hwtrace.bundle.insn_clock_exact`)."""
+    (:func:`hwtrace.bundle.insn_clock_exact`).  ``clock_counted``: that
+    clock counts exactly the traced instructions, MTC or CYC packets
+    perhaps telling it too (:func:`hwtrace.bundle.insn_clock_counted`)."""
 
     pid: int | None = None
     tid: int | None = None
@@ -72,6 +74,7 @@ class StreamInfo(NamedTuple):
     switches: tuple = ()
     tsc_per_insn: float | None = None
     clock_exact: bool = False
+    clock_counted: bool = False
 
     def label(self) -> str:
         if self.name:

@@ -31,6 +31,24 @@ it came before an enable, so the builders do not look past it for a
 thread that "fits" the enable's IP -- two threads running the same loop
 stop at the same addresses, and a later switch back to the other one was
 taken over the one that was due.
+
+With MTC or CYC packets on, that clock still counts exactly the traced
+instructions (``counted``), but libipt's time is no longer the last TSC
+plus the instructions since: an MTC's time is where the crystal clock
+crossed its period, and the time an instruction carries includes every
+timing packet the query decoder read ahead to the next TNT or TIP (and
+those pending TNT bits cover earlier branches): it trails or leads the
+instruction by up to about an MTC period.  A lead made the estimate run
+ahead of an enable, and switches to come were applied there -- a new
+thread resumes at the very IP its creator does (both return from
+``clone``), so the one that fits was the wrong one, and a worker's
+function went to the main thread.  Such a clock moves only by the
+instructions traced, or jumps while tracing is off (an idle CPU), which a
+TSC packet before the enable says exactly: so while tracing is on a time
+value is ignored (the count is the time), and at an enable it counts only
+if it is later than the count (a jump; an MTC's time trails there).  The
+estimate is then the time itself: the switches up to it came before the
+enable, those after it did not, however well their threads would fit.
 """
 
 from __future__ import annotations
@@ -52,7 +70,7 @@ class SwitchTimeline:
     ``next_tid`` (``hwtrace.bundle.Switch``), any CPU's."""
 
     def __init__(self, switches: Iterable, cpu: int, rate: float | None = None,
-                 exact: bool = False):
+                 exact: bool = False, counted: bool = False):
         switches = list(switches)
         mine = [s for s in switches if s.cpu == cpu]
         #: each thread's first switch in, on any CPU
@@ -73,7 +91,13 @@ class SwitchTimeline:
         #: alone): a switch after it certainly comes after the enable,
         #: however well its thread would fit there
         self.exact = exact and self._fixed
-        self._on = True                           # tracing is on (no disable pending)
+        #: that clock counts exactly the traced instructions, though MTC or
+        #: CYC times (which trail or lead it) are what the decoder reports:
+        #: the time moves by the count, or jumps while tracing is off
+        self.counted = counted and self._fixed and not self.exact
+        #: tracing is on (no disable pending); a counted clock's stream
+        #: starts off: an idle CPU's first TSC comes before the enable
+        self._on = not self.counted
 
     def __bool__(self) -> bool:
         return bool(self.switches)
@@ -84,6 +108,9 @@ class SwitchTimeline:
         """An event at instruction index ``n`` carries ``tsc``."""
         if tsc is None or tsc == self._t:
             return
+        if self.counted and self._t is not None:
+            if self._on or tsc <= self._t + (n - self._n) * self._rate:
+                return          # the count knows better (see the module)
         if self._t is not None and n > self._n and tsc > self._t and self._on \
                 and not self._fixed:
             self._rate = (tsc - self._t) / (n - self._n)
@@ -169,9 +196,11 @@ class SwitchTimeline:
         estimate, and none to idle (idle resumes nothing) -- or, if the
         running thread stopped elsewhere, the first with a fresh thread
         (by the estimate before now, or the first one looked at)."""
+        est = self.estimate(n)
+        if self.counted and est is not None:
+            return self.due(est)                # the count is the time
         best = self.due(self.known)             # certainly before this enable
         f = fit(best)
-        est = self.estimate(n)
         if est is not None:
             k = self.due(est)                   # before it by the estimate
             if k > best:

@@ -593,7 +593,8 @@ class DecodedTrace:
             follow = None
             if per_cpu and info.switches:
                 tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
-                                    info.clock_exact)
+                                    info.clock_exact,
+                                    getattr(info, "clock_counted", False))
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
             if th is not None and not th.wanted:

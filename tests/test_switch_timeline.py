@@ -1,0 +1,60 @@
+"""SwitchTimeline on an instruction-count clock whose times come from MTC
+packets: libipt's time trails or leads the instructions (timing packets
+read ahead to the next TNT/TIP), so the count places the switches."""
+
+from collections import namedtuple
+
+from hwtrace.analysis.switches import SwitchTimeline
+from hwtrace.bundle import insn_clock_counted, insn_clock_exact
+
+Sw = namedtuple("Sw", "cpu time prev_pid prev_tid next_pid next_tid")
+
+# A creates B: both resume at the IP clone returns to, so any fit is 2
+SWITCHES = [Sw(0, 100, -1, -1, 1, 1), Sw(0, 200, 1, 1, 1, 2), Sw(0, 240, 1, 2, 1, 1),
+            Sw(0, 270, 1, 1, 1, 2), Sw(0, 300, 1, 2, -1, -1), Sw(0, 500, -1, -1, 1, 2)]
+
+
+def _enable(tl, n, tsc):
+    tl.time(n, tsc)
+    tl.tracing(True)
+    k = tl.choose(n, lambda k: 2)
+    tid = tl.switches[k - 1].next_tid if k else None
+    tl.advance(k)
+    return tid
+
+
+def test_counted_clock_places_switches_by_the_count():
+    tl = SwitchTimeline(SWITCHES, 0, 1.0, exact=False, counted=True)
+    assert _enable(tl, 0, 100) == 1
+    tl.time(90, 268)            # a record's time read ahead: 78 ticks early
+    tl.tracing(False)
+    assert _enable(tl, 100, 176) == 2       # an MTC's time, trailing
+    tl.time(120, 176)
+    tl.tracing(False)
+    assert _enable(tl, 140, 264) == 1
+    tl.tracing(False)
+    assert _enable(tl, 170, 264) == 2
+    tl.tracing(False)
+    assert _enable(tl, 200, 500) == 2       # after idle: the TSC's jump
+    assert tl.i == len(SWITCHES)
+
+
+def test_read_ahead_times_misplace_switches_without_the_count():
+    """What the count fixes: the lead put A's switch back in before B ran."""
+    tl = SwitchTimeline(SWITCHES, 0, 1.0, exact=False)
+    assert _enable(tl, 0, 100) == 1
+    tl.time(90, 268)
+    tl.tracing(False)
+    assert _enable(tl, 100, 176) != 2
+
+
+def test_counted_and_exact_clocks():
+    m = {"timebase": "instruction count: ..."}
+    tsc, mtc, cyc, cr3 = 1 << 10, 1 << 9, 1 << 1, 1 << 7
+    for ctl, counted, exact in ((tsc, True, True), (tsc | mtc, True, False),
+                                (tsc | cyc, True, False), (mtc, False, False),
+                                (tsc | mtc | cr3, False, False)):
+        cfg = {"ctl": ctl}
+        assert insn_clock_counted(m, cfg) is counted
+        assert insn_clock_exact(m, cfg) is exact
+    assert not insn_clock_counted({"timebase": "host TSC"}, {"ctl": tsc | mtc})
