@@ -259,6 +259,27 @@ def run_hwtrace(*args, input=None, check=False, timeout=600, env=None, cwd=None)
                           check=check, timeout=timeout, env=e, cwd=cwd)
 
 
+def record_static_program(tmp_path: Path, source: str) -> Path | None:
+    """``source`` built with ``gcc -O1 -static`` and recorded with the
+    emulated engine (``--copy-images``) into ``tmp_path / "b"``; None if
+    gcc or the recording is not usable here."""
+    gcc = shutil.which("gcc")
+    if not gcc:
+        return None
+    src = tmp_path / "prog.c"
+    src.write_text(source)
+    exe = tmp_path / "prog"
+    r = subprocess.run([gcc, "-O1", "-static", "-o", str(exe), str(src)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    r = run_hwtrace("record", "--copy-images", "-o", tmp_path / "b", "--",
+                    exe, timeout=600)
+    if r.returncode not in (0, 1):
+        return None
+    return tmp_path / "b"
+
+
 @pytest.fixture
 def hwtrace_cli():
     return run_hwtrace

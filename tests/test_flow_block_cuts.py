@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, run_hwtrace
+from conftest import IN_CI, record_static_program, run_hwtrace
 
 # libipt 2.0.5, pt_block_decoder.c: bcache_fill_steps
 FILL_STEPS = 0x400
@@ -62,21 +61,7 @@ _RAW = re.compile(r"--raw \S+?:0x([0-9a-f]+)-0x([0-9a-f]+):0x([0-9a-f]+)")
 
 
 def _record(tmp_path: Path) -> Path | None:
-    gcc = shutil.which("gcc")
-    if not gcc:
-        return None
-    src = tmp_path / "prog.c"
-    src.write_text(_PROGRAM)
-    exe = tmp_path / "prog"
-    r = subprocess.run([gcc, "-O1", "-static", "-o", str(exe), str(src)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return None
-    r = run_hwtrace("record", "--copy-images", "-o", tmp_path / "b", "--",
-                    exe, timeout=600)
-    if r.returncode not in (0, 1):
-        return None
-    return tmp_path / "b"
+    return record_static_program(tmp_path, _PROGRAM)
 
 
 def hwtrace_blocks(text: str, plain: list[bool]) -> list[dict]:

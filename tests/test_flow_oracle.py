@@ -25,14 +25,13 @@ from __future__ import annotations
 import json
 import random
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, run_hwtrace
+from conftest import IN_CI, record_static_program, run_hwtrace
 from oracle_corpus import (essentials, load_expected, oracle_variants, run,
                            variant_id)
 
@@ -106,22 +105,7 @@ int main(void) { long s = 0; for (long i = 1; i < 300; i++) s += collatz(i); ret
 
 
 def _record(tmp_path: Path) -> Path | None:
-    """Record a small static program with the emulated engine."""
-    gcc = shutil.which("gcc")
-    if not gcc:
-        return None
-    src = tmp_path / "prog.c"
-    src.write_text(_PROGRAM)
-    exe = tmp_path / "prog"
-    r = subprocess.run([gcc, "-O1", "-static", "-o", str(exe), str(src)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return None
-    r = run_hwtrace("record", "--copy-images", "-o", tmp_path / "b", "--",
-                    exe, timeout=600)
-    if r.returncode not in (0, 1):
-        return None
-    return tmp_path / "b"
+    return record_static_program(tmp_path, _PROGRAM)
 
 
 def _decode_both(ptoracle, pt, args):

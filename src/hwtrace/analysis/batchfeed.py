@@ -216,15 +216,7 @@ class BatchInput:
         seq0 = self._seq + 1
         tr = runs.Transfers(a.code[t0:t1], a.fall[t0:t1], a.ip[t0 + 1:t1 + 1],
                             a.start[t0 + 1:t1 + 1], a.end[t0:t1])
-        tid = self._thread if self._thread is not None else self._tid
-        pid = self._pid if self._pid is not None else self._spid
-        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
-                       next_id=self._next_id, max_depth=self.max_depth,
-                       pid=-1 if pid is None else pid,
-                       tid=-1 if tid is None else tid,
-                       tx=self._tx_depth is not None,
-                       lookup=self._lookup is not None, paths=self.want_paths,
-                       scanned=max(0, a.scanned - t0), out=self._place)
+        c = self._run_solve(tr, seq0, max(0, a.scanned - t0))
         a.scanned = max(a.scanned, t1)
         k = c.k
         if not k:
@@ -241,6 +233,18 @@ class BatchInput:
         self._took(c)
         self.n = int(a.start[t0 + k])
         return k
+
+    def _run_solve(self, tr, seq0: int, scanned: int, **extra):
+        """:func:`.runs.solve` of ``tr`` from this builder's state."""
+        tid = self._thread if self._thread is not None else self._tid
+        pid = self._pid if self._pid is not None else self._spid
+        return runs.solve(tr, self._summary(), self.addr, seq0=seq0,
+                          next_id=self._next_id, max_depth=self.max_depth,
+                          pid=-1 if pid is None else pid,
+                          tid=-1 if tid is None else tid,
+                          tx=self._tx_depth is not None,
+                          lookup=self._lookup is not None, paths=self.want_paths,
+                          scanned=scanned, out=self._place, **extra)
 
     def _took(self, c) -> None:
         """A committed run's rows, counts and stack."""
@@ -282,16 +286,8 @@ class BatchInput:
                 o = m.o_tr[m.o_nid < 0]
                 return bool(len(o)) and bool(fresh(tr.tgt[o[~nm[o]]]).any())
         seq0 = self._seq + 1
-        tid = self._thread if self._thread is not None else self._tid
-        pid = self._pid if self._pid is not None else self._spid
-        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
-                       next_id=self._next_id, max_depth=self.max_depth,
-                       pid=-1 if pid is None else pid,
-                       tid=-1 if tid is None else tid,
-                       tx=self._tx_depth is not None,
-                       lookup=self._lookup is not None, paths=self.want_paths,
-                       scanned=int(first[min(max(a.scanned, t0), t1)]) - v0,
-                       out=self._place, named=(nm, a.sys_nid), guard=guard)
+        c = self._run_solve(tr, seq0, int(first[min(max(a.scanned, t0), t1)]) - v0,
+                            named=(nm, a.sys_nid), guard=guard)
         if c is None:
             return None
         a.scanned = max(a.scanned, t1)
