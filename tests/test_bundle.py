@@ -231,3 +231,26 @@ def test_hostile_manifest_values_only_raise_bundle_error(hostile_base, key, valu
         b.find_image("/bin/sh")
     except BundleError:
         pass
+
+
+# Bundle reads through hwtrace._pathstr (no pathlib import) and still hands
+# out what it did
+def test_reader_still_gives_paths(tmp_path):
+    from pathlib import Path
+    exe = tmp_path / "prog"
+    exe.write_bytes(b"\x7fELF-ish")
+    with BundleWriter(tmp_path / "b", mode="thread") as w:
+        w.add_stream(PSB, tid=1234, pid=1200)
+        name = w.add_image(exe, build_id="beef")
+    given = f"{tmp_path}//./b/"
+    b = Bundle(given, image_path=[f"{tmp_path}/./"])
+    assert isinstance(b.path, Path) and b.path == Path(given)
+    assert b.image_path == [Path(tmp_path)]
+    p = b.stream_path(b.streams[0])
+    assert isinstance(p, Path) and p == Path(given) / "tid1234.pt"
+    assert b.stream_file(b.streams[0]) == str(p)
+    img = b.find_image("/elsewhere/prog", "beef")
+    assert isinstance(img, Path) and img == Path(given) / name
+    assert b.image_file("/elsewhere/prog", "beef") == str(img)
+    assert b.find_image("/x/prog") == Path(tmp_path) / "prog"
+    assert is_bundle(given) and not is_bundle(tmp_path)

@@ -37,9 +37,9 @@ import os
 import re
 import stat
 from collections import namedtuple
-from pathlib import Path
 from collections.abc import Iterable, Iterator, Mapping
 
+from hwtrace import _pathstr as P
 from hwtrace._records import Fields, Typed
 
 FORMAT = "hwtrace-bundle"
@@ -200,6 +200,7 @@ class SidebandWriter:
     so a crash of the writer loses nothing already added."""
 
     def __init__(self, path: str | os.PathLike, *, append: bool = True):
+        from pathlib import Path
         self.path = Path(path)
         self._f = _open_append(self.path) if append else _create(self.path, "w")
 
@@ -401,6 +402,7 @@ class BundleWriter:
 
     def __init__(self, path: str | os.PathLike, *, exist_ok: bool = False,
                  keep_sideband: bool = False, **meta: object):
+        from pathlib import Path
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         if (self.path / MANIFEST).exists() and not exist_ok:
@@ -460,6 +462,7 @@ class BundleWriter:
     def add_image(self, src: str | os.PathLike, *, path: str | None = None,
                   build_id: str = "") -> str:
         """Copy an executable into ``images/``; returns its name in the bundle."""
+        from pathlib import Path
         src = Path(src)
         base = re.sub(r"[^A-Za-z0-9_.+-]", "_", src.name) or "image"
         name = f"{IMAGES}/{build_id or len(self.images)}-{base}"[:200]
@@ -515,19 +518,21 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def _read_limited(path: Path, limit: int, what: str) -> bytes:
+def _read_limited(path: str, limit: int, what: str) -> bytes:
+    """The bytes of file ``path`` (a name joined to a bundle directory)."""
+    name = os.path.basename(path)
     try:
         fd = _open_regular(path)
     except FileNotFoundError:
-        raise BundleError(f"{what}: {path.name} not found") from None
+        raise BundleError(f"{what}: {name} not found") from None
     except OSError as e:
-        raise BundleError(f"{what}: cannot open {path.name}: {e.strerror}") from None
+        raise BundleError(f"{what}: cannot open {name}: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise BundleError(f"{what}: {path.name} is not a regular file")
+            raise BundleError(f"{what}: {name} is not a regular file")
         if st.st_size > limit:
-            raise BundleError(f"{what}: {path.name} is larger than {limit} bytes")
+            raise BundleError(f"{what}: {name} is larger than {limit} bytes")
         return f.read(st.st_size)
 
 
@@ -544,10 +549,12 @@ class Bundle:
 
     def __init__(self, path: str | os.PathLike, *, image_path: Iterable[str | os.PathLike] = (),
                  allow_outside: bool = False):
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise BundleError(f"{self.path}: not a directory")
-        raw = _read_limited(self.path / MANIFEST, MAX_MANIFEST_BYTES, "manifest")
+        self._dir = P.norm(path)         # str(self.path)
+        self._path = None
+        if not P.is_dir(self._dir):
+            raise BundleError(f"{self._dir}: not a directory")
+        raw = _read_limited(P.join(self._dir, MANIFEST), MAX_MANIFEST_BYTES,
+                            "manifest")
         try:
             m = json.loads(raw)
         except (ValueError, RecursionError) as e:
@@ -559,7 +566,7 @@ class Bundle:
         if m.get("version") != VERSION:
             raise BundleError(f"manifest: unsupported version {str(m.get('version'))[:20]}")
         self.manifest: dict[str, object] = m
-        self.image_path = [Path(p) for p in image_path]
+        self._image_dirs = [P.norm(p) for p in image_path]
         self.allow_outside = allow_outside
         self.mode = m.get("mode", "cpu")
         if self.mode not in ("cpu", "thread"):
@@ -581,8 +588,22 @@ class Bundle:
             self.images.append({"file": f, "path": p, "build_id": b})
         sb = m.get("sideband", SIDEBAND)
         self._sideband_name = None if sb is None else _check_name(sb, "sideband")
-        self._root: Path | None = None          # self.path resolved
-        self._inside: dict[Path, bool] = {}     # see _dir_inside
+        self._root: str | None = None           # self.path resolved
+        self._inside: dict[str, bool] = {}      # see _dir_inside
+
+    @property
+    def path(self):
+        """The bundle directory (a Path; made when first asked for)."""
+        if self._path is None:
+            from pathlib import Path
+            self._path = Path(self._dir)
+        return self._path
+
+    @property
+    def image_path(self) -> list:
+        """The directories images may be found in (Paths)."""
+        from pathlib import Path
+        return [Path(d) for d in self._image_dirs]
 
     @classmethod
     def open(cls, path: str | os.PathLike, **kw: object) -> "Bundle":
@@ -679,9 +700,14 @@ class Bundle:
         raise KeyError(f"no stream for cpu={cpu} tid={tid}")
 
     def stream_path(self, s: StreamInfo | str) -> Path:
+        from pathlib import Path
+        return Path(self.stream_file(s))
+
+    def stream_file(self, s: StreamInfo | str) -> str:
+        """:meth:`stream_path` as a string."""
         name = _check_name(s.file if isinstance(s, StreamInfo) else s, "stream")
-        p = self.path / name
-        if p.is_symlink():
+        p = P.join(self._dir, name)
+        if P.is_symlink(p):
             raise BundleError(f"stream {name}: is a symbolic link")
         return p
 
@@ -691,9 +717,9 @@ class Bundle:
             (x for x in self.streams if x.file == s), None)
         if info is None:
             raise BundleError(f"no stream {s!s}")
-        p = self.stream_path(info)
+        p = self.stream_file(info)
         try:
-            actual = p.stat().st_size
+            actual = os.stat(p).st_size
         except OSError:
             raise BundleError(f"stream {info.file}: not found") from None
         if actual != info.size:
@@ -711,7 +737,7 @@ class Bundle:
         if info is None:
             raise BundleError(f"no stream {s!s}")
         try:
-            fd = _open_regular(self.path / info.file)
+            fd = _open_regular(P.join(self._dir, info.file))
         except OSError as e:
             raise BundleError(f"stream {info.file}: {e.strerror}") from None
         f = os.fdopen(fd, "rb")
@@ -725,10 +751,10 @@ class Bundle:
     def iter_sideband(self) -> Iterator[object]:
         if self._sideband_name is None:
             return iter(())
-        p = self.path / self._sideband_name
-        if not p.exists():
+        p = P.join(self._dir, self._sideband_name)
+        if not P.exists(p):
             return iter(())
-        if p.is_symlink() or not p.is_file():
+        if P.is_symlink(p) or not P.is_file(p):
             raise BundleError("sideband: not a regular file")
         return iter_sideband_file(p)
 
@@ -743,27 +769,35 @@ class Bundle:
         path); a file of the same base name in ``image_path``; the path
         itself if ``allow_outside``. None if not found/allowed.
         """
+        p = self.image_file(filename, build_id)
+        if p is None:
+            return None
+        from pathlib import Path
+        return Path(p)
+
+    def image_file(self, filename: str, build_id: str = "") -> str | None:
+        """:meth:`find_image` as a string."""
         for want_bid in (True, False):
             for i in self.images:
                 if (want_bid and build_id and i["build_id"] == build_id) or \
                         (not want_bid and i["path"] == filename):
-                    p = self.path / i["file"]
-                    if p.is_file() and not p.is_symlink() and \
-                            self._dir_inside(p.parent):
+                    p = P.join(self._dir, i["file"])
+                    if P.is_file(p) and not P.is_symlink(p) and \
+                            self._dir_inside(P.parent(p)):
                         return p
         base = os.path.basename(filename)
         if base and base not in (".", ".."):
-            for d in self.image_path:
-                p = d / base
-                if p.is_file():
+            for d in self._image_dirs:
+                p = P.join(d, base)
+                if P.is_file(p):
                     return p
         if os.path.isabs(filename) and os.path.isfile(filename):
             if self.allow_outside or _is_recorded_elf(filename, build_id):
-                return Path(filename)
+                return P.norm(filename)
         return None
 
 
-    def _dir_inside(self, d: Path) -> bool:
+    def _dir_inside(self, d: str) -> bool:
         """Whether directory ``d`` (the bundle's or its images/, which may
         be a link) resolves to inside the bundle: an image stored there,
         a plain name and no link itself, then does too.  Resolved once
@@ -772,8 +806,8 @@ class Bundle:
         known = self._inside.get(d)
         if known is None:
             if self._root is None:
-                self._root = self.path.resolve()
-            known = self._inside[d] = d.resolve().is_relative_to(self._root)
+                self._root = P.resolve(self._dir)
+            known = self._inside[d] = P.is_relative_to(P.resolve(d), self._root)
         return known
 
 
@@ -799,4 +833,4 @@ def _is_recorded_elf(filename: str, build_id: str) -> bool:
 
 
 def is_bundle(path: str | os.PathLike) -> bool:
-    return (Path(path) / MANIFEST).is_file()
+    return P.is_file(P.join(P.norm(path), MANIFEST))

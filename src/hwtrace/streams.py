@@ -29,7 +29,6 @@ Everything that can go wrong before decoding starts is a
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Callable, Iterator
 
 from hwtrace._records import Fields
@@ -336,7 +335,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
             names = list(only)
         paths = {}
         for n in names:
-            paths[n] = b.stream_path(entries[n])     # refuses a symbolic link
+            paths[n] = b.stream_file(entries[n])     # refuses a symbolic link
             b.open_stream(entries[n]).close()        # a regular file of its size
         records = list(b.iter_sideband())
         manifest = b.manifest
@@ -360,7 +359,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     def resolve(file, build_id):
         key = (file, build_id)
         if key not in found:
-            found[key] = b.find_image(file, build_id)
+            found[key] = b.image_file(file, build_id)
         return found[key]
 
     try:
@@ -443,6 +442,7 @@ def open_trace(path: str, image, config: FlowConfig | None = None, *,
                name: str | None = None) -> TraceSet:
     """One raw trace file (or ``length`` bytes of it from ``offset``)
     decoded with ``image``."""
+    from pathlib import Path
     p = Path(path)
     try:
         size = os.stat(p).st_size
