@@ -325,10 +325,12 @@ out:
     ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;
-    ch->blocks = (uint16_t)e.blocks;
     ch->pre = (uint16_t)e.pre;
     ch->icount = (uint16_t)e.icount;
-    ch->bn = (uint16_t)e.bn;
+    if (cc->block) {            /* (else out_n, 0 from new_chain) */
+        ch->blocks = (uint16_t)e.blocks;
+        ch->bn = (uint16_t)e.bn;
+    }
     ch->lo = e.lo;
     ch->last = e.last;
     ch->end_ip = e.ip;
@@ -509,6 +511,10 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
         if (ch->in_n) {
             TRY(edge_add(e, ch->in_from, ch->ip0, ch->in_n));
             ch->in_n = 0;
+        }
+        if (ch->out_n) {        /* (cc->edges: an instruction walk's) */
+            TRY(edge_add(e, ch->last_ip, ch->end_ip, ch->out_n));
+            ch->out_n = 0;
         }
         if (!ch->uses)
             continue;

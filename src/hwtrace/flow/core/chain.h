@@ -53,13 +53,24 @@ struct chain {
                                    return stack's top: end_ip and next
                                    unused) */
     /* instruction counts: at most CHAIN_MAX_INSNS (chain.c) */
-    uint16_t insns, blocks;     /* blocks: the blocks it ends */
+    uint16_t insns;
     uint16_t pre;               /* instructions before its first query */
     uint16_t icount;            /* instructions after its last query */
-    uint16_t bn;                /* instructions of the block still open
-                                   at its end (block decoder; its bounds
-                                   lo, last if not 0) */
     uint16_t nedges;            /* at most CHAIN_MAX_EDGES (chain.c) */
+    union {
+        struct {                /* block walk */
+            uint16_t blocks;    /* the blocks it ends */
+            uint16_t bn;        /* instructions of the block still open
+                                   at its end (its bounds lo, last if
+                                   not 0) */
+        };
+        /* instruction walk with edges: the times the walk's step after
+         * the chain took its last branch's edge (last_ip -> end_ip;
+         * CHAIN_RET: never), counted here on the line the walk has
+         * just read instead of in the edge table's front (a miss of
+         * its own at every such step); chain_flush_edges adds them */
+        uint32_t out_n;
+    };
     uint64_t end_ip;            /* the IP after the chain */
     uint64_t last_ip;           /* its last instruction */
     struct run *last_run;       /* its last run taken (a hint: prev_run) */
@@ -207,8 +218,8 @@ static inline int chain_status_clean(struct query *q, uint64_t index,
 }
 /* ic_each_run's callback clearing a run's chain lookup */
 int chain_forget(void *ctx, struct run *ru);
-/* adds every edge of every chain times its uses, and the edges into
- * chains still counted on them (edge_add's table) */
+/* adds every edge of every chain times its uses, and the edges into and
+ * out of chains still counted on them (edge_add's table) */
 struct edge_table;
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e);
 void chain_free(struct chain_cache *cc);

@@ -87,7 +87,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
-    w->blocks += ch->blocks;
     s->ninsn += ch->insns;
     s->last_ip = ch->last_ip;
     s->status = 0;
@@ -218,6 +217,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (ch) {
             uint64_t before = s->last_ip;
             walk_apply(s, w, ch);
+            w->blocks += ch->blocks;
             chained = 1;
             if (!ch->bn) {
                 /* the next chain may start where this one ran out of
@@ -266,6 +266,21 @@ static inline int edge_to(struct walk *w, uint64_t ip)
     return 0;
 }
 
+/* edge_to for the step right after chain ``oc`` (or NULL): its last
+ * branch's edge, where the step is at its end_ip, on its out_n */
+static inline int edge_to_after(struct walk *w, struct chain *oc,
+                                uint64_t ip)
+{
+    if (oc && w->have_from && ip == oc->end_ip) {
+        if (++oc->out_n == UINT32_MAX) {
+            TRY(edge_add(w->edges, oc->last_ip, oc->end_ip, oc->out_n));
+            oc->out_n = 0;
+        }
+        return 0;
+    }
+    return edge_to(w, ip);
+}
+
 /* the edge from the branch that ended run p to the run ru that follows:
  * in p's successor counter where ru is one of p's successors (no
  * hashing), else in the table */
@@ -302,8 +317,13 @@ static int walk_insns(struct session *s, struct walk *w)
     struct insn_dec *d = &s->d;
     int err = 0;
     int chained = 0;
+    /* the chain applied last where its last instruction is a branch
+     * whose edge (to its end_ip, as it leaves no return to the stack's
+     * top) this step may count on it: edge_to_after */
+    struct chain *out = NULL;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
-        struct chain *ch = NULL;
+        struct chain *ch = NULL, *oc = out;
+        out = NULL;
         if (!chained) {
             ch = walk_chain(s, w, &err, s->known);
             if (err < 0)
@@ -330,6 +350,8 @@ static int walk_insns(struct session *s, struct walk *w)
             /* the next chain may start where this one ran out of bits or
              * returned */
             chained = d->q.tnt_index != 0 && !(ch->have_from & CHAIN_RET);
+            if (w->edges && (ch->have_from & (1 | CHAIN_RET)) == 1)
+                out = ch;
             continue;
         }
         const struct insn_info *known = s->known;
@@ -360,7 +382,7 @@ static int walk_insns(struct session *s, struct walk *w)
         if (r == R_ERR) {
             i = d->err.insn;
             if (i) {
-                TRY(edge_to(w, i->ip));
+                TRY(edge_to_after(w, oc, i->ip));
                 w->have_from = i->iclass != C_OTHER &&
                                i->iclass != C_PTWRITE;
                 w->from = i->ip;
@@ -371,7 +393,7 @@ static int walk_insns(struct session *s, struct walk *w)
             s->state = SS_ERR;
             return 0;
         }
-        TRY(edge_to(w, i->ip));
+        TRY(edge_to_after(w, oc, i->ip));
         w->have_from = i->iclass != C_OTHER && i->iclass != C_PTWRITE;
         w->from = i->ip;
         w->insns++;
