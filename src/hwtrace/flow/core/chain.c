@@ -349,6 +349,12 @@ out:
 
 /* -- the table ----------------------------------------------------------------- */
 
+/* a key's slot fingerprint (never 0: 0 is an empty slot) */
+static inline uint32_t slot_fp(uint64_t h)
+{
+    return (uint32_t)(h >> 32) | 1;
+}
+
 static int grow(struct chain_cache *cc)
 {
     size_t cap = cc->cap ? 2 * cc->cap : 4096;
@@ -357,10 +363,11 @@ static int grow(struct chain_cache *cc)
         return -E_NOMEM;
     for (size_t j = 0; j < cc->cap; j++) {
         struct chain_slot *x = &cc->tab[j];
-        if (!x->tag)
+        if (!x->fp)
             continue;
-        size_t i = chain_hash(x->ip, x->ic, x->tag) & (cap - 1);
-        while (nt[i].tag)
+        const struct chain *ch = &cc->ents[x->idx - 1];
+        size_t i = chain_hash(ch->ip0, ch->ic, ch->tag) & (cap - 1);
+        while (nt[i].fp)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
     }
@@ -370,8 +377,8 @@ static int grow(struct chain_cache *cc)
     return 0;
 }
 
-/* a new chain for the key (k, bits) at the decoder's IP: its index + 1,
- * 0 for none, or < 0 */
+/* a new entry for the key (k, bits) at the decoder's IP: its index + 1
+ * (c 0: no chain there), or < 0 */
 static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
                            int bits, uint32_t tag)
 {
@@ -390,6 +397,7 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     }
     struct chain *ch = &cc->ents[cc->nents];
     memset(ch, 0, sizeof *ch);
+    ch->ip0 = d->ip;
     ch->ic = d->ic;
     ch->tag = tag;
     struct sim m;
@@ -399,11 +407,8 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     m.have_from = 0;
     int r = build(cc, d, ch, d->ip, d->mode, k, bits, &m);
     free(m.edges);
-    if (r < 0 || !ch->c) {
-        free(ch->push);
-        free(ch->edges);
-        return r < 0 ? r : 0;
-    }
+    if (r < 0)
+        return r;               /* (build allocates nothing then) */
     return (long long)++cc->nents;
 }
 
@@ -427,12 +432,14 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
                       unsigned long long *n)
 {
     size_t mask = cc->cap - 1;
-    for (size_t i = chain_hash(ip, ic, tag) & mask;; i = (i + 1) & mask) {
+    uint64_t h = chain_hash(ip, ic, tag);
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
         const struct chain_slot *sl = &cc->tab[i];
-        if (!sl->tag)
+        if (!sl->fp)
             break;
-        if (sl->ip == ip && sl->tag == tag && sl->ic == ic) {
-            if (sl->idx != idx)
+        const struct chain *ch = &cc->ents[sl->idx - 1];
+        if (ch->ip0 == ip && ch->tag == tag && ch->ic == ic) {
+            if (sl->idx != idx || sl->fp != slot_fp(h))
                 break;
             ++*n;
             return;
@@ -470,14 +477,19 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
         return NULL;
     size_t mask = cc->cap - 1;
-    size_t i = chain_hash(ip, d->ic, tag) & mask;
+    uint64_t h = chain_hash(ip, d->ic, tag);
+    uint32_t fp = slot_fp(h);
+    size_t i = h & mask;
     struct chain_slot *sl;
     for (;;) {
         sl = &cc->tab[i];
-        if (!sl->tag)
+        if (!sl->fp)
             break;
-        if (sl->ip == ip && sl->tag == tag && sl->ic == d->ic)
-            goto slot;
+        if (sl->fp == fp) {
+            const struct chain *ch = &cc->ents[sl->idx - 1];
+            if (ch->ip0 == ip && ch->tag == tag && ch->ic == d->ic)
+                goto slot;
+        }
         i = (i + 1) & mask;
     }
     long long r = new_chain(cc, d, k, (int)bits, tag);
@@ -485,9 +497,7 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
         *err = (int)r;
         return NULL;
     }
-    sl->ip = ip;
-    sl->ic = d->ic;
-    sl->tag = tag;
+    sl->fp = fp;
     sl->idx = (uint32_t)r;
     cc->n++;
 slot:
@@ -497,8 +507,8 @@ slot:
         here->ch_idx = idx;
     }
 found:
-    if (!idx)
-        return NULL;
+    if (!cc->ents[idx - 1].c)
+        return NULL;            /* no chain for the key */
     if (cc->last)       /* ents may have moved (new_chain) */
         cc->ents[cc->last - 1].succ = idx;
     return chain_applies(cc, d, idx);

@@ -41,7 +41,7 @@ struct chain {
      * is taken without the table) */
     uint64_t ip0;
     const struct icache *ic;
-    uint32_t tag;
+    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16 */
     uint32_t succ;              /* the chain looked up after this one last
                                    time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
@@ -103,13 +103,15 @@ struct chain {
     uint64_t in_n;
 } __attribute__((aligned(64)));
 
-/* a slot of the table: the key (bit k - 1 - j of ``bits``: the j-th bit
- * taken, j = 0 first, as the TNT cache holds them), and the chain (ents[idx - 1]) or none there (idx 0) */
+/* a slot of the table: the chain ents[idx - 1] for a key (ip0, ic, tag:
+ * bit k - 1 - j of the tag's ``bits`` the j-th bit taken, j = 0 first,
+ * as the TNT cache holds them), the key's hash's high half (never 0) in
+ * fp; fp 0: an empty slot.  The key itself is the entry's: a key that
+ * gives no chain has an entry all the same, with c 0 (chain.c).  Eight
+ * bytes a slot, not the key's 24: the python3 recording's 45 K chains
+ * need a 1 MiB table, not 3 MiB, and a lookup misses the cache less. */
 struct chain_slot {
-    uint64_t ip;
-    const struct icache *ic;
-    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16; 0:
-                                   an empty slot */
+    uint32_t fp;
     uint32_t idx;
 };
 

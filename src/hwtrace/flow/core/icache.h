@@ -71,7 +71,8 @@ struct run {                    /* a cached plain run (block._fill) */
      * counted here by the walk and added up at the end (walk.h) */
     uint64_t succ_n[RUN_SUCC];
     /* the walk's TNT chain last looked up here (chain.h): its key's tag
-     * (0: none) and index + 1 (0: no chain); cleared at the walk's end */
+     * (0: none) and its entry's index + 1 (one with c 0: no chain);
+     * cleared at the walk's end */
     uint32_t ch_tag, ch_idx;
     /* the rest */
     uint64_t last_ip;
