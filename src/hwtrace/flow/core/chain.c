@@ -6,7 +6,7 @@
 #include "chain.h"
 #include "walk.h"
 
-#define CHAIN_MAX_EDGES 256     /* a chain stops before more */
+#define CHAIN_MAX_EDGES 255     /* a chain stops before more */
 /* chains are looked up with any TNT bit left (tnt_index >= 1): since they
  * take a packet's last bit, short packets chain too (python3 recording:
  * 9.1 G instructions under cachegrind against 10.4 G with 5 bits at least,
@@ -15,7 +15,8 @@
 /* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
  * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
 _Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
-               CHAIN_MAX_EDGES <= 0xFFFF, "chain counts are 16-bit");
+               CHAIN_MAX_EDGES <= 0xFF, "chain counts are 16-bit (nedges "
+               "8-bit)");
 /* the fields the walk reads first share a cache line */
 _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
                "struct chain's first cache line");
@@ -321,7 +322,12 @@ out:
     ch->npush = (uint8_t)m->sn;
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
-    ch->nedges = (uint16_t)m->nedges;
+    ch->nedges = (uint8_t)m->nedges;
+    if (next && next->ip == e.ip && next->mode == mode && !next->err &&
+        (next->flags & IF_INDIRECT) &&
+        (next->iclass == C_JUMP || next->iclass == C_CALL ||
+         next->iclass == C_RETURN) && next->size && next->size <= 15)
+        ch->nk = (uint8_t)(next->size | next->iclass << 4);
     ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;

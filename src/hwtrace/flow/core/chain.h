@@ -56,7 +56,11 @@ struct chain {
     uint16_t insns;
     uint16_t pre;               /* instructions before its first query */
     uint16_t icount;            /* instructions after its last query */
-    uint16_t nedges;            /* at most CHAIN_MAX_EDGES (chain.c) */
+    uint8_t nedges;             /* at most CHAIN_MAX_EDGES (chain.c) */
+    /* where ``next`` is an indirect branch (insn_tip_next's part on the
+     * instruction holds): its size | iclass << 4, for the walk's TIP
+     * step without reading the entry (a miss of its own); else 0 */
+    uint8_t nk;
     union {
         struct {                /* block walk */
             uint16_t blocks;    /* the blocks it ends */

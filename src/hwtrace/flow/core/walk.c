@@ -321,9 +321,12 @@ static int walk_insns(struct session *s, struct walk *w)
      * whose edge (to its end_ip, as it leaves no return to the stack's
      * top) this step may count on it: edge_to_after */
     struct chain *out = NULL;
+    /* the chain applied last where it stops before an indirect branch
+     * (its nk; the step after it at its next, d->ip) */
+    struct chain *tip = NULL;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
-        struct chain *ch = NULL, *oc = out;
-        out = NULL;
+        struct chain *ch = NULL, *oc = out, *tc = tip;
+        out = tip = NULL;
         if (!chained) {
             ch = walk_chain(s, w, &err, s->known);
             if (err < 0)
@@ -352,31 +355,53 @@ static int walk_insns(struct session *s, struct walk *w)
             chained = d->q.tnt_index != 0 && !(ch->have_from & CHAIN_RET);
             if (w->edges && (ch->have_from & (1 | CHAIN_RET)) == 1)
                 out = ch;
+            if (ch->nk)
+                tip = ch;
             continue;
         }
         const struct insn_info *known = s->known;
         s->known = NULL;
-        struct run *p = d->prev_run;
-        struct run *ru = known && known->ip == d->ip ? NULL :
-            fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err,
-                           &known);
-        if (err < 0)
-            return err;
-        if (ru) {
-            TRY(edge_to_run(w, p, ru));
-            w->have_from = 0;
-            w->insns += ru->n;
-            s->ninsn += ru->n;
-            d->icount += ru->n;
-            d->ip = ru->next_ip;
-            d->prev_run = ru;
-            s->last_ip = ru->last_ip;
-            s->status = 0;
-            s->known = ru->term;
-            continue;
-        }
         const struct insn_info *i = known;
-        int r = insn_step(d, known, &i);
+        int r;
+        if (tc && insn_tip_ready(d)) {
+            /* insn_step's TIP step for the chain's next (known, at
+             * d->ip, insn_tip_next's part on it checked by the chain),
+             * its size and class from the chain's line, not the entry */
+            uint64_t ip = d->ip;
+            r = insn_next_tip_as(d, known, tc->nk & 15, tc->nk >> 4);
+            if (r >= 0) {
+                TRY(edge_to_after(w, oc, ip));
+                w->have_from = 1;       /* (a jump, call or return) */
+                w->from = ip;
+                w->insns++;
+                s->ninsn++;
+                s->last_ip = ip;
+                s->status = r;
+                continue;
+            }
+        } else {
+            struct run *p = d->prev_run;
+            struct run *ru = known && known->ip == d->ip ? NULL :
+                fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS,
+                               &err, &known);
+            if (err < 0)
+                return err;
+            if (ru) {
+                TRY(edge_to_run(w, p, ru));
+                w->have_from = 0;
+                w->insns += ru->n;
+                s->ninsn += ru->n;
+                d->icount += ru->n;
+                d->ip = ru->next_ip;
+                d->prev_run = ru;
+                s->last_ip = ru->last_ip;
+                s->status = 0;
+                s->known = ru->term;
+                continue;
+            }
+            i = known;
+            r = insn_step(d, known, &i);
+        }
         if (r == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (r == R_ERR) {
