@@ -418,21 +418,14 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     return (long long)++cc->nents;
 }
 
-int chain_forget(void *ctx, struct run *ru)
-{
-    (void)ctx;
-    ru->ch_tag = ru->ch_idx = 0;
-    return 0;
-}
-
 /* The check build (CFLAGS -DCHAIN_CHECK, tests/test_flow_fast.py): the
- * two shortcuts past the table -- the last chain's successor and the
- * run's last lookup -- are checked against the table on every use (it
- * must have the key, with the same chain), and their uses counted on
- * stderr at the walk's end.  Not in the normal build. */
+ * shortcut past the table -- the last chain's successor -- is checked
+ * against the table on every use (it must have the key, with the same
+ * chain), and its uses counted on stderr at the walk's end.  Not in the
+ * normal build. */
 #ifdef CHAIN_CHECK
 #include <stdio.h>
-static unsigned long long checked_succ, checked_run;
+static unsigned long long checked_succ;
 static void check_idx(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx,
                       unsigned long long *n)
@@ -455,12 +448,7 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
             "table not\n", (unsigned long long)ip, tag, idx);
     abort();
 }
-#define CHECK_IDX(cc, ip, ic, tag, idx, n) check_idx(cc, ip, ic, tag, idx, n)
-#else
-#define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
-#endif
 
-#ifdef CHAIN_CHECK
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx)
 {
@@ -473,13 +461,6 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
 {
     uint64_t ip = d->ip;
     uint32_t idx;
-    struct run *p = d->prev_run;
-    struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
-    if (here && here->ch_tag == tag) {
-        idx = here->ch_idx;
-        CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_run);
-        goto found;
-    }
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
         return NULL;
     size_t mask = cc->cap - 1;
@@ -508,11 +489,6 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
     cc->n++;
 slot:
     idx = sl->idx;
-    if (here) {
-        here->ch_tag = tag;
-        here->ch_idx = idx;
-    }
-found:
     if (!cc->ents[idx - 1].c)
         return NULL;            /* no chain for the key */
     if (cc->last)       /* ents may have moved (new_chain) */
@@ -545,8 +521,8 @@ void chain_free(struct chain_cache *cc)
 {
 #ifdef CHAIN_CHECK
     if (cc->ready)
-        fprintf(stderr, "chain check: %llu successor, %llu run lookups "
-                "checked\n", checked_succ, checked_run);
+        fprintf(stderr, "chain check: %llu successor lookups checked\n",
+                checked_succ);
 #endif
     for (size_t j = 0; j < cc->nents; j++) {
         free(cc->ents[j].push);

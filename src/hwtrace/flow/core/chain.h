@@ -137,16 +137,15 @@ struct chain_cache {
  * where none can apply (*err < 0: a fatal error building it).  Looked up
  * first as the successor of the chain it returned last (the key checked:
  * no hashing while the walk repeats a path, through indirect branches
- * too), then on the run at the decoder's IP if the previous run's
- * successors have it (its last lookup is kept there), then in the
- * table */
+ * too), then in the table (chain.c's notes: no longer on the run at
+ * the decoder's IP) */
 #ifndef CHAIN_MIN_INDEX
 #define CHAIN_MIN_INDEX 1       /* chain.c's notes */
 #endif
 #define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
 
-/* chain_get past the last chain's successor (chain.c): the run's last
- * lookup, the table, a new chain */
+/* chain_get past the last chain's successor (chain.c): the table, a new
+ * chain */
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
                          int k, uint32_t bits, uint32_t tag, int *err);
 #ifdef CHAIN_CHECK
@@ -222,8 +221,6 @@ static inline int chain_status_clean(struct query *q, uint64_t index,
 {
     return (index >> ch->c) || (q->nxt_err != E_EOS && !q_will_event(q));
 }
-/* ic_each_run's callback clearing a run's chain lookup */
-int chain_forget(void *ctx, struct run *ru);
 /* adds every edge of every chain times its uses, and the edges into and
  * out of chains still counted on them (edge_add's table) */
 struct edge_table;
