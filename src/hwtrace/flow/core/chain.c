@@ -103,7 +103,34 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * not taken: the pushes pinned (CHAIN_PIN) in block chains that leave no
  * block open (lo, last unused then): 5.551 G, and with --cache-sim=yes
  * (512 KiB LL) 28.27 M D1 / 8.03 M LLd misses against 28.30 M / 8.01 M
- * -- nothing to see. */
+ * -- nothing to see.
+ *
+ * Issue 15's edges target again (python3 recording, one fast.edges in
+ * process, whole process under cachegrind --cache-sim=yes
+ * --LL=1048576,16,64 -- instructions / D1 / LL read misses; 4.495 G /
+ * 19.96 M / 5.90 M at a189af6; perf cpu-clock then: walk 41% of the
+ * samples, chain_find 17% (its table slot's load 42% of them, the entry's
+ * 21%, the previous run's successors 12%), ic_run 8%).  Taken: the edge
+ * out of a chain to the step after it counted on the chain (out_n), 4.495
+ * G / 18.69 M / 5.63 M; the TIP step after a chain from the chain's nk
+ * (no insn entry read), 4.498 G / 17.72 M / 5.58 M; 8-byte table slots
+ * and no lookup on the run at the decoder's IP, 4.464 G / 16.69 M /
+ * 5.47 M (fast.count's block walk: 5.165 G / 22.87 M -> 5.099 G /
+ * 21.92 M).  Counts (a counting build, not kept): 9.52 M chains
+ * applied, 3.61 M of them ending at a return whose call they have not
+ * (CHAIN_RET), 3.28 M before an indirect branch, 2.62 M out of key bits
+ * (0.39 M at a return); bits taken per chain 1: 2.93 M, 2: 2.58 M, 3:
+ * 1.02 M, 4: 0.73 M, 5: 0.40 M, 6: 1.86 M, with at most 6 at hand (TNT-8
+ * packets: k is 6 for 3.23 M).  So chains stop at the trace's indirect
+ * branches and returns far more than at a packet's end: a TNT refill
+ * across packets could merge at most the 2.2 M that run out of bits at a
+ * conditional branch, and a per-branch node graph takes a step per bit
+ * (27.4 M) where chains take one per 2.9 bits.  What is left is about
+ * one miss per chain applied (the successor guess's entry: 13% of walk's
+ * samples on its first load), two per chain_find (slot, entry) and one
+ * per edge-table front slot: 4x libipt on this recording needs fewer
+ * chains per TIP interval (2.2 now: a key with the return's target
+ * would let a chain run on through CHAIN_RET), not cheaper ones. */
 
 static uint64_t mix(uint64_t x)
 {
