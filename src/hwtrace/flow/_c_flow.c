@@ -414,8 +414,6 @@ static PyObject *Decoder_counts(Decoder *self, PyObject *noargs)
     self->s.walk = &c.w;
     int r = run(self);
     self->s.walk = NULL;
-    for (int i = 0; i < self->nimg; i++)
-        ic_each_run(self->imgs[i].ic, chain_forget, NULL);
     walk_done(&c.w);
     release_buffers(self);
     if (r < 0) {
@@ -453,8 +451,6 @@ static PyObject *Decoder_edges(Decoder *self, PyObject *args)
             PyErr_NoMemory();
             r = -1;
         }
-    for (int i = 0; i < self->nimg; i++)
-        ic_each_run(self->imgs[i].ic, chain_forget, NULL);
     if (walk_done(&c.w) < 0 && r >= 0) {
         PyErr_NoMemory();
         r = -1;

@@ -6,7 +6,7 @@
 #include "chain.h"
 #include "walk.h"
 
-#define CHAIN_MAX_EDGES 256     /* a chain stops before more */
+#define CHAIN_MAX_EDGES 255     /* a chain stops before more */
 /* chains are looked up with any TNT bit left (tnt_index >= 1): since they
  * take a packet's last bit, short packets chain too (python3 recording:
  * 9.1 G instructions under cachegrind against 10.4 G with 5 bits at least,
@@ -15,7 +15,8 @@
 /* a chain's counts fit its 16-bit fields: insns <= CHAIN_MAX_INSNS, bn <
  * MAX_BLOCK_INSNS, nedges <= CHAIN_MAX_EDGES */
 _Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
-               CHAIN_MAX_EDGES <= 0xFFFF, "chain counts are 16-bit");
+               CHAIN_MAX_EDGES <= 0xFF, "chain counts are 16-bit (nedges "
+               "8-bit)");
 /* the fields the walk reads first share a cache line */
 _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
                "struct chain's first cache line");
@@ -102,7 +103,34 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * not taken: the pushes pinned (CHAIN_PIN) in block chains that leave no
  * block open (lo, last unused then): 5.551 G, and with --cache-sim=yes
  * (512 KiB LL) 28.27 M D1 / 8.03 M LLd misses against 28.30 M / 8.01 M
- * -- nothing to see. */
+ * -- nothing to see.
+ *
+ * Issue 15's edges target again (python3 recording, one fast.edges in
+ * process, whole process under cachegrind --cache-sim=yes
+ * --LL=1048576,16,64 -- instructions / D1 / LL read misses; 4.495 G /
+ * 19.96 M / 5.90 M at a189af6; perf cpu-clock then: walk 41% of the
+ * samples, chain_find 17% (its table slot's load 42% of them, the entry's
+ * 21%, the previous run's successors 12%), ic_run 8%).  Taken: the edge
+ * out of a chain to the step after it counted on the chain (out_n), 4.495
+ * G / 18.69 M / 5.63 M; the TIP step after a chain from the chain's nk
+ * (no insn entry read), 4.498 G / 17.72 M / 5.58 M; 8-byte table slots
+ * and no lookup on the run at the decoder's IP, 4.464 G / 16.69 M /
+ * 5.47 M (fast.count's block walk: 5.165 G / 22.87 M -> 5.099 G /
+ * 21.92 M).  Counts (a counting build, not kept): 9.52 M chains
+ * applied, 3.61 M of them ending at a return whose call they have not
+ * (CHAIN_RET), 3.28 M before an indirect branch, 2.62 M out of key bits
+ * (0.39 M at a return); bits taken per chain 1: 2.93 M, 2: 2.58 M, 3:
+ * 1.02 M, 4: 0.73 M, 5: 0.40 M, 6: 1.86 M, with at most 6 at hand (TNT-8
+ * packets: k is 6 for 3.23 M).  So chains stop at the trace's indirect
+ * branches and returns far more than at a packet's end: a TNT refill
+ * across packets could merge at most the 2.2 M that run out of bits at a
+ * conditional branch, and a per-branch node graph takes a step per bit
+ * (27.4 M) where chains take one per 2.9 bits.  What is left is about
+ * one miss per chain applied (the successor guess's entry: 13% of walk's
+ * samples on its first load), two per chain_find (slot, entry) and one
+ * per edge-table front slot: 4x libipt on this recording needs fewer
+ * chains per TIP interval (2.2 now: a key with the return's target
+ * would let a chain run on through CHAIN_RET), not cheaper ones. */
 
 static uint64_t mix(uint64_t x)
 {
@@ -321,14 +349,21 @@ out:
     ch->npush = (uint8_t)m->sn;
     ch->depth = (uint8_t)m->depth;
     ch->edges = ce;
-    ch->nedges = (uint16_t)m->nedges;
+    ch->nedges = (uint8_t)m->nedges;
+    if (next && next->ip == e.ip && next->mode == mode && !next->err &&
+        (next->flags & IF_INDIRECT) &&
+        (next->iclass == C_JUMP || next->iclass == C_CALL ||
+         next->iclass == C_RETURN) && next->size && next->size <= 15)
+        ch->nk = (uint8_t)(next->size | next->iclass << 4);
     ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;
-    ch->blocks = (uint16_t)e.blocks;
     ch->pre = (uint16_t)e.pre;
     ch->icount = (uint16_t)e.icount;
-    ch->bn = (uint16_t)e.bn;
+    if (cc->block) {            /* (else out_n, 0 from new_chain) */
+        ch->blocks = (uint16_t)e.blocks;
+        ch->bn = (uint16_t)e.bn;
+    }
     ch->lo = e.lo;
     ch->last = e.last;
     ch->end_ip = e.ip;
@@ -347,6 +382,12 @@ out:
 
 /* -- the table ----------------------------------------------------------------- */
 
+/* a key's slot fingerprint (never 0: 0 is an empty slot) */
+static inline uint32_t slot_fp(uint64_t h)
+{
+    return (uint32_t)(h >> 32) | 1;
+}
+
 static int grow(struct chain_cache *cc)
 {
     size_t cap = cc->cap ? 2 * cc->cap : 4096;
@@ -355,10 +396,11 @@ static int grow(struct chain_cache *cc)
         return -E_NOMEM;
     for (size_t j = 0; j < cc->cap; j++) {
         struct chain_slot *x = &cc->tab[j];
-        if (!x->tag)
+        if (!x->fp)
             continue;
-        size_t i = chain_hash(x->ip, x->ic, x->tag) & (cap - 1);
-        while (nt[i].tag)
+        const struct chain *ch = &cc->ents[x->idx - 1];
+        size_t i = chain_hash(ch->ip0, ch->ic, ch->tag) & (cap - 1);
+        while (nt[i].fp)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
     }
@@ -368,8 +410,8 @@ static int grow(struct chain_cache *cc)
     return 0;
 }
 
-/* a new chain for the key (k, bits) at the decoder's IP: its index + 1,
- * 0 for none, or < 0 */
+/* a new entry for the key (k, bits) at the decoder's IP: its index + 1
+ * (c 0: no chain there), or < 0 */
 static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
                            int bits, uint32_t tag)
 {
@@ -388,6 +430,7 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     }
     struct chain *ch = &cc->ents[cc->nents];
     memset(ch, 0, sizeof *ch);
+    ch->ip0 = d->ip;
     ch->ic = d->ic;
     ch->tag = tag;
     struct sim m;
@@ -397,40 +440,32 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     m.have_from = 0;
     int r = build(cc, d, ch, d->ip, d->mode, k, bits, &m);
     free(m.edges);
-    if (r < 0 || !ch->c) {
-        free(ch->push);
-        free(ch->edges);
-        return r < 0 ? r : 0;
-    }
+    if (r < 0)
+        return r;               /* (build allocates nothing then) */
     return (long long)++cc->nents;
 }
 
-int chain_forget(void *ctx, struct run *ru)
-{
-    (void)ctx;
-    ru->ch_tag = ru->ch_idx = 0;
-    return 0;
-}
-
 /* The check build (CFLAGS -DCHAIN_CHECK, tests/test_flow_fast.py): the
- * two shortcuts past the table -- the last chain's successor and the
- * run's last lookup -- are checked against the table on every use (it
- * must have the key, with the same chain), and their uses counted on
- * stderr at the walk's end.  Not in the normal build. */
+ * shortcut past the table -- the last chain's successor -- is checked
+ * against the table on every use (it must have the key, with the same
+ * chain), and its uses counted on stderr at the walk's end.  Not in the
+ * normal build. */
 #ifdef CHAIN_CHECK
 #include <stdio.h>
-static unsigned long long checked_succ, checked_run;
+static unsigned long long checked_succ;
 static void check_idx(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx,
                       unsigned long long *n)
 {
     size_t mask = cc->cap - 1;
-    for (size_t i = chain_hash(ip, ic, tag) & mask;; i = (i + 1) & mask) {
+    uint64_t h = chain_hash(ip, ic, tag);
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
         const struct chain_slot *sl = &cc->tab[i];
-        if (!sl->tag)
+        if (!sl->fp)
             break;
-        if (sl->ip == ip && sl->tag == tag && sl->ic == ic) {
-            if (sl->idx != idx)
+        const struct chain *ch = &cc->ents[sl->idx - 1];
+        if (ch->ip0 == ip && ch->tag == tag && ch->ic == ic) {
+            if (sl->idx != idx || sl->fp != slot_fp(h))
                 break;
             ++*n;
             return;
@@ -440,12 +475,7 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
             "table not\n", (unsigned long long)ip, tag, idx);
     abort();
 }
-#define CHECK_IDX(cc, ip, ic, tag, idx, n) check_idx(cc, ip, ic, tag, idx, n)
-#else
-#define CHECK_IDX(cc, ip, ic, tag, idx, n) ((void)0)
-#endif
 
-#ifdef CHAIN_CHECK
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx)
 {
@@ -458,24 +488,22 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
 {
     uint64_t ip = d->ip;
     uint32_t idx;
-    struct run *p = d->prev_run;
-    struct run *here = p ? run_succ(p, ip, d->mode) : NULL;
-    if (here && here->ch_tag == tag) {
-        idx = here->ch_idx;
-        CHECK_IDX(cc, ip, d->ic, tag, idx, &checked_run);
-        goto found;
-    }
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
         return NULL;
     size_t mask = cc->cap - 1;
-    size_t i = chain_hash(ip, d->ic, tag) & mask;
+    uint64_t h = chain_hash(ip, d->ic, tag);
+    uint32_t fp = slot_fp(h);
+    size_t i = h & mask;
     struct chain_slot *sl;
     for (;;) {
         sl = &cc->tab[i];
-        if (!sl->tag)
+        if (!sl->fp)
             break;
-        if (sl->ip == ip && sl->tag == tag && sl->ic == d->ic)
-            goto slot;
+        if (sl->fp == fp) {
+            const struct chain *ch = &cc->ents[sl->idx - 1];
+            if (ch->ip0 == ip && ch->tag == tag && ch->ic == d->ic)
+                goto slot;
+        }
         i = (i + 1) & mask;
     }
     long long r = new_chain(cc, d, k, (int)bits, tag);
@@ -483,20 +511,13 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
         *err = (int)r;
         return NULL;
     }
-    sl->ip = ip;
-    sl->ic = d->ic;
-    sl->tag = tag;
+    sl->fp = fp;
     sl->idx = (uint32_t)r;
     cc->n++;
 slot:
     idx = sl->idx;
-    if (here) {
-        here->ch_tag = tag;
-        here->ch_idx = idx;
-    }
-found:
-    if (!idx)
-        return NULL;
+    if (!cc->ents[idx - 1].c)
+        return NULL;            /* no chain for the key */
     if (cc->last)       /* ents may have moved (new_chain) */
         cc->ents[cc->last - 1].succ = idx;
     return chain_applies(cc, d, idx);
@@ -509,6 +530,10 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
         if (ch->in_n) {
             TRY(edge_add(e, ch->in_from, ch->ip0, ch->in_n));
             ch->in_n = 0;
+        }
+        if (ch->out_n) {        /* (cc->edges: an instruction walk's) */
+            TRY(edge_add(e, ch->last_ip, ch->end_ip, ch->out_n));
+            ch->out_n = 0;
         }
         if (!ch->uses)
             continue;
@@ -523,8 +548,8 @@ void chain_free(struct chain_cache *cc)
 {
 #ifdef CHAIN_CHECK
     if (cc->ready)
-        fprintf(stderr, "chain check: %llu successor, %llu run lookups "
-                "checked\n", checked_succ, checked_run);
+        fprintf(stderr, "chain check: %llu successor lookups checked\n",
+                checked_succ);
 #endif
     for (size_t j = 0; j < cc->nents; j++) {
         free(cc->ents[j].push);

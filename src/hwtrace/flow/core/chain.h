@@ -41,7 +41,7 @@ struct chain {
      * is taken without the table) */
     uint64_t ip0;
     const struct icache *ic;
-    uint32_t tag;
+    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16 */
     uint32_t succ;              /* the chain looked up after this one last
                                    time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
@@ -53,13 +53,28 @@ struct chain {
                                    return stack's top: end_ip and next
                                    unused) */
     /* instruction counts: at most CHAIN_MAX_INSNS (chain.c) */
-    uint16_t insns, blocks;     /* blocks: the blocks it ends */
+    uint16_t insns;
     uint16_t pre;               /* instructions before its first query */
     uint16_t icount;            /* instructions after its last query */
-    uint16_t bn;                /* instructions of the block still open
-                                   at its end (block decoder; its bounds
-                                   lo, last if not 0) */
-    uint16_t nedges;            /* at most CHAIN_MAX_EDGES (chain.c) */
+    uint8_t nedges;             /* at most CHAIN_MAX_EDGES (chain.c) */
+    /* where ``next`` is an indirect branch (insn_tip_next's part on the
+     * instruction holds): its size | iclass << 4, for the walk's TIP
+     * step without reading the entry (a miss of its own); else 0 */
+    uint8_t nk;
+    union {
+        struct {                /* block walk */
+            uint16_t blocks;    /* the blocks it ends */
+            uint16_t bn;        /* instructions of the block still open
+                                   at its end (its bounds lo, last if
+                                   not 0) */
+        };
+        /* instruction walk with edges: the times the walk's step after
+         * the chain took its last branch's edge (last_ip -> end_ip;
+         * CHAIN_RET: never), counted here on the line the walk has
+         * just read instead of in the edge table's front (a miss of
+         * its own at every such step); chain_flush_edges adds them */
+        uint32_t out_n;
+    };
     uint64_t end_ip;            /* the IP after the chain */
     uint64_t last_ip;           /* its last instruction */
     struct run *last_run;       /* its last run taken (a hint: prev_run) */
@@ -92,13 +107,15 @@ struct chain {
     uint64_t in_n;
 } __attribute__((aligned(64)));
 
-/* a slot of the table: the key (bit k - 1 - j of ``bits``: the j-th bit
- * taken, j = 0 first, as the TNT cache holds them), and the chain (ents[idx - 1]) or none there (idx 0) */
+/* a slot of the table: the chain ents[idx - 1] for a key (ip0, ic, tag:
+ * bit k - 1 - j of the tag's ``bits`` the j-th bit taken, j = 0 first,
+ * as the TNT cache holds them), the key's hash's high half (never 0) in
+ * fp; fp 0: an empty slot.  The key itself is the entry's: a key that
+ * gives no chain has an entry all the same, with c 0 (chain.c).  Eight
+ * bytes a slot, not the key's 24: the python3 recording's 45 K chains
+ * need a 1 MiB table, not 3 MiB, and a lookup misses the cache less. */
 struct chain_slot {
-    uint64_t ip;
-    const struct icache *ic;
-    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16; 0:
-                                   an empty slot */
+    uint32_t fp;
     uint32_t idx;
 };
 
@@ -120,16 +137,15 @@ struct chain_cache {
  * where none can apply (*err < 0: a fatal error building it).  Looked up
  * first as the successor of the chain it returned last (the key checked:
  * no hashing while the walk repeats a path, through indirect branches
- * too), then on the run at the decoder's IP if the previous run's
- * successors have it (its last lookup is kept there), then in the
- * table */
+ * too), then in the table (chain.c's notes: no longer on the run at
+ * the decoder's IP) */
 #ifndef CHAIN_MIN_INDEX
 #define CHAIN_MIN_INDEX 1       /* chain.c's notes */
 #endif
 #define CHAIN_MAX_INSNS (LOOP_WATCH / 2)
 
-/* chain_get past the last chain's successor (chain.c): the run's last
- * lookup, the table, a new chain */
+/* chain_get past the last chain's successor (chain.c): the table, a new
+ * chain */
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
                          int k, uint32_t bits, uint32_t tag, int *err);
 #ifdef CHAIN_CHECK
@@ -205,10 +221,8 @@ static inline int chain_status_clean(struct query *q, uint64_t index,
 {
     return (index >> ch->c) || (q->nxt_err != E_EOS && !q_will_event(q));
 }
-/* ic_each_run's callback clearing a run's chain lookup */
-int chain_forget(void *ctx, struct run *ru);
-/* adds every edge of every chain times its uses, and the edges into
- * chains still counted on them (edge_add's table) */
+/* adds every edge of every chain times its uses, and the edges into and
+ * out of chains still counted on them (edge_add's table) */
 struct edge_table;
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e);
 void chain_free(struct chain_cache *cc);

@@ -70,9 +70,6 @@ struct run {                    /* a cached plain run (block._fill) */
     /* edges: times each successor followed the terminating branch,
      * counted here by the walk and added up at the end (walk.h) */
     uint64_t succ_n[RUN_SUCC];
-    /* the walk's TNT chain last looked up here (chain.h): its key's tag
-     * (0: none) and index + 1 (0: no chain); cleared at the walk's end */
-    uint32_t ch_tag, ch_idx;
     /* the rest */
     uint64_t last_ip;
     const struct insn_info *first;  /* its first instruction's entry */

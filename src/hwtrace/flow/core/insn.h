@@ -195,18 +195,24 @@ insn_next_quick(struct insn_dec *d, const struct insn_info *i)
  * return, nothing pending (insn_next_quick's conditions), no TNT bit
  * cached and a TIP next that binds no event -- one q_indirect_branch (a
  * return's TNT query fails first, a TIP being next) */
+/* insn_tip_next's conditions on the decoder and the query alone (for
+ * a walk that knows the instruction's part holds) */
+static inline int insn_tip_ready(const struct insn_dec *d)
+{
+    const struct query *q = &d->q;
+    return !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
+           !d->process_event && !d->resyncing && d->enabled &&
+           !d->cfg->tick && !q->tnt_index && !q->nxt_err &&
+           q->nxt.kind == PT_K_TIP && !evq_pending(&q->evq, BIND_TIP);
+}
 static inline int insn_tip_next(const struct insn_dec *d,
                                 const struct insn_info *i)
 {
-    const struct query *q = &d->q;
     return i && i->ip == d->ip && i->mode == d->mode && !i->err &&
            (i->flags & IF_INDIRECT) &&
            (i->iclass == C_JUMP || i->iclass == C_CALL ||
             i->iclass == C_RETURN) &&
-           !(d->status & (ST_DEFERRED | ST_EVENT_PENDING)) &&
-           !d->process_event && !d->resyncing && d->enabled &&
-           !d->cfg->tick && !q->tnt_index && !q->nxt_err &&
-           q->nxt.kind == PT_K_TIP && !evq_pending(&q->evq, BIND_TIP);
+           insn_tip_ready(d);
 }
 /* insn_next's error for instruction i at ip (its R_ERR or R_FATAL) */
 int insn_error(struct insn_dec *d, int code, uint64_t ip,
@@ -215,14 +221,25 @@ int insn_error(struct insn_dec *d, int code, uint64_t ip,
  * errors (proceed's, indirect_branch's and insn_next's steps for it);
  * inline, the TIP's query too (q_indirect_branch_quick) */
 static inline __attribute__((always_inline)) int
+insn_next_tip_as(struct insn_dec *d, const struct insn_info *i, int size,
+                 int iclass);
+static inline __attribute__((always_inline)) int
 insn_next_tip(struct insn_dec *d, const struct insn_info *i)
 {
+    return insn_next_tip_as(d, i, i->size, i->iclass);
+}
+/* insn_next_tip with i's size and iclass given (a walk that has them
+ * nearer than i: i is read only for an error or a pending event) */
+static inline __attribute__((always_inline)) int
+insn_next_tip_as(struct insn_dec *d, const struct insn_info *i, int size,
+                 int iclass)
+{
     struct query *q = &d->q;
-    uint64_t ip = d->ip, fall = ip + i->size;
+    uint64_t ip = d->ip, fall = ip + (unsigned)size;
     d->ip = fall;
-    if (i->iclass == C_CALL)
+    if (iclass == C_CALL)
         rs_push(d, fall);
-    else if (i->iclass == C_RETURN)
+    else if (iclass == C_RETURN)
         q->err_off = q_offset(q);   /* q_cond_branch's answer, a TIP next */
     /* proceed's count, then indirect_branch's */
     d->icount = 0;

@@ -87,7 +87,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
-    w->blocks += ch->blocks;
     s->ninsn += ch->insns;
     s->last_ip = ch->last_ip;
     s->status = 0;
@@ -218,6 +217,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (ch) {
             uint64_t before = s->last_ip;
             walk_apply(s, w, ch);
+            w->blocks += ch->blocks;
             chained = 1;
             if (!ch->bn) {
                 /* the next chain may start where this one ran out of
@@ -266,6 +266,21 @@ static inline int edge_to(struct walk *w, uint64_t ip)
     return 0;
 }
 
+/* edge_to for the step right after chain ``oc`` (or NULL): its last
+ * branch's edge, where the step is at its end_ip, on its out_n */
+static inline int edge_to_after(struct walk *w, struct chain *oc,
+                                uint64_t ip)
+{
+    if (oc && w->have_from && ip == oc->end_ip) {
+        if (++oc->out_n == UINT32_MAX) {
+            TRY(edge_add(w->edges, oc->last_ip, oc->end_ip, oc->out_n));
+            oc->out_n = 0;
+        }
+        return 0;
+    }
+    return edge_to(w, ip);
+}
+
 /* the edge from the branch that ended run p to the run ru that follows:
  * in p's successor counter where ru is one of p's successors (no
  * hashing), else in the table */
@@ -302,8 +317,16 @@ static int walk_insns(struct session *s, struct walk *w)
     struct insn_dec *d = &s->d;
     int err = 0;
     int chained = 0;
+    /* the chain applied last where its last instruction is a branch
+     * whose edge (to its end_ip, as it leaves no return to the stack's
+     * top) this step may count on it: edge_to_after */
+    struct chain *out = NULL;
+    /* the chain applied last where it stops before an indirect branch
+     * (its nk; the step after it at its next, d->ip) */
+    struct chain *tip = NULL;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
-        struct chain *ch = NULL;
+        struct chain *ch = NULL, *oc = out, *tc = tip;
+        out = tip = NULL;
         if (!chained) {
             ch = walk_chain(s, w, &err, s->known);
             if (err < 0)
@@ -330,37 +353,61 @@ static int walk_insns(struct session *s, struct walk *w)
             /* the next chain may start where this one ran out of bits or
              * returned */
             chained = d->q.tnt_index != 0 && !(ch->have_from & CHAIN_RET);
+            if (w->edges && (ch->have_from & (1 | CHAIN_RET)) == 1)
+                out = ch;
+            if (ch->nk)
+                tip = ch;
             continue;
         }
         const struct insn_info *known = s->known;
         s->known = NULL;
-        struct run *p = d->prev_run;
-        struct run *ru = known && known->ip == d->ip ? NULL :
-            fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS, &err,
-                           &known);
-        if (err < 0)
-            return err;
-        if (ru) {
-            TRY(edge_to_run(w, p, ru));
-            w->have_from = 0;
-            w->insns += ru->n;
-            s->ninsn += ru->n;
-            d->icount += ru->n;
-            d->ip = ru->next_ip;
-            d->prev_run = ru;
-            s->last_ip = ru->last_ip;
-            s->status = 0;
-            s->known = ru->term;
-            continue;
-        }
         const struct insn_info *i = known;
-        int r = insn_step(d, known, &i);
+        int r;
+        if (tc && insn_tip_ready(d)) {
+            /* insn_step's TIP step for the chain's next (known, at
+             * d->ip, insn_tip_next's part on it checked by the chain),
+             * its size and class from the chain's line, not the entry */
+            uint64_t ip = d->ip;
+            r = insn_next_tip_as(d, known, tc->nk & 15, tc->nk >> 4);
+            if (r >= 0) {
+                TRY(edge_to_after(w, oc, ip));
+                w->have_from = 1;       /* (a jump, call or return) */
+                w->from = ip;
+                w->insns++;
+                s->ninsn++;
+                s->last_ip = ip;
+                s->status = r;
+                continue;
+            }
+        } else {
+            struct run *p = d->prev_run;
+            struct run *ru = known && known->ip == d->ip ? NULL :
+                fast_run_first(d, ST_EVENT_PENDING | ST_DEFERRED | ST_EOS,
+                               &err, &known);
+            if (err < 0)
+                return err;
+            if (ru) {
+                TRY(edge_to_run(w, p, ru));
+                w->have_from = 0;
+                w->insns += ru->n;
+                s->ninsn += ru->n;
+                d->icount += ru->n;
+                d->ip = ru->next_ip;
+                d->prev_run = ru;
+                s->last_ip = ru->last_ip;
+                s->status = 0;
+                s->known = ru->term;
+                continue;
+            }
+            i = known;
+            r = insn_step(d, known, &i);
+        }
         if (r == R_FATAL)
             return -(d->fatal ? d->fatal : E_INTERNAL);
         if (r == R_ERR) {
             i = d->err.insn;
             if (i) {
-                TRY(edge_to(w, i->ip));
+                TRY(edge_to_after(w, oc, i->ip));
                 w->have_from = i->iclass != C_OTHER &&
                                i->iclass != C_PTWRITE;
                 w->from = i->ip;
@@ -371,7 +418,7 @@ static int walk_insns(struct session *s, struct walk *w)
             s->state = SS_ERR;
             return 0;
         }
-        TRY(edge_to(w, i->ip));
+        TRY(edge_to_after(w, oc, i->ip));
         w->have_from = i->iclass != C_OTHER && i->iclass != C_PTWRITE;
         w->from = i->ip;
         w->insns++;
