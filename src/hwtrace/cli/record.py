@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hwtrace.cli import CliError, help_of
 
-DEFAULT_CONFIG = "branch;user;retc;tsc"
+DEFAULT_CONFIG = "branch;user;retc;tsc;mtc"
 DEFAULT_BUFFER = 64 << 20
 
 _FLAGS = {  # config name -> IA32_RTIT_CTL bit

@@ -115,6 +115,56 @@ void q_consume(struct query *q)
     fetch(q);
 }
 
+/* -- MTCs between the walk's TNTs and TIPs (query.h's quick steps) ------- */
+
+__attribute__((noinline)) ptrdiff_t
+q_mtc_skip(const struct query *q, ptrdiff_t pos)
+{
+    uint64_t last = q->time.time.ctc;
+    while (pos + 2 <= q->end && q->buf[pos] == 0x59 &&
+           ft_mtc_ok(&q->time, q->cfg, q->buf[pos + 1], &last))
+        pos += 2;
+    return pos;
+}
+
+/* the read-ahead's steps for the MTCs from pos to q_mtc_skip's ``to``:
+ * each one's time update and fetch, the position past it */
+static void mtc_apply(struct query *q, ptrdiff_t pos, ptrdiff_t to)
+{
+    for (; pos < to; pos += 2) {
+        ft_mtc_quick(&q->time, q->cfg, q->buf[pos + 1]);
+        q->fetches++;
+    }
+    q->pos = to;
+}
+
+__attribute__((noinline)) int
+q_fetch_quick_mtc_slow(struct query *q, ptrdiff_t pos)
+{
+    ptrdiff_t to = q_mtc_skip(q, pos);
+    if (to == pos || !q_fetch_quick(q, to))
+        return 0;
+    mtc_apply(q, pos, to);
+    return 1;
+}
+
+__attribute__((noinline)) int
+q_cache_tnt_mtc(struct query *q)
+{
+    uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
+    ptrdiff_t next = q->pos + q->nxt.size;
+    ptrdiff_t to = q_mtc_skip(q, next);
+    if (to == next || !q_fetch_quick(q, to))
+        return 0;
+    ft_mark(&q->time);          /* the query's time: before the MTCs */
+    mtc_apply(q, next, to);
+    q->has_published = 0;
+    q->tnt_bits = bits;
+    q->tnt_index = (uint64_t)1 << (n - 1);
+    q->tnt_end = next;
+    return 1;
+}
+
 /* peek_after: the packet at pos (0) or its error code */
 int q_peek(const struct query *q, ptrdiff_t pos, struct pt_pkt *p)
 {
@@ -413,7 +463,7 @@ static inline int refill_tnt(struct query *q, int *status, int *taken)
     /* the mark first: the packet does not change the time (and the time's
      * loads then never wait for the fetch's stores) */
     ft_mark(&q->time);
-    if (!q_fetch_quick(q, next))
+    if (!q_fetch_quick_mtc(q, next))
         return refill_rest(q, status, taken);
     q->tnt_index = index >> 1;
     *taken = (bits & index) != 0;

@@ -92,17 +92,29 @@ static inline int q_cond_branch_fast(struct query *q, int *status,
     return 0;
 }
 int q_indirect_branch(struct query *q, int *status, uint64_t *target);
+/* where the MTCs at pos end, as far as ft_mtc_ok takes them in a row
+ * (the read-ahead's steps past them; pos if none), changing nothing */
+ptrdiff_t q_mtc_skip(const struct query *q, ptrdiff_t pos);
+
+/* whether a TNT-8 or TIP starts with byte x (q_fetch_quick's packets) */
+static inline int q_quick_first(unsigned x)
+{
+    return (!(x & 1) && x >= 4) ||                      /* TNT-8 */
+           ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0);    /* TIP */
+}
+
 /* q_cond_branch's packet step ahead of its query, for a walk that knows
  * the next query is q_cond_branch's: with no TNT bit cached, nothing
- * deferred and a TNT next whose following packet is a TNT-8 or TIP
- * (refill_tnt's fast case), the TNT's bits cached and the position past
- * it as q_cond_branch leaves them, but its first bit not taken (the next
+ * deferred and a TNT next whose following packet, after any MTCs
+ * ft_mtc_ok takes, is a TNT-8 or TIP (refill_tnt's fast case), the TNT's
+ * bits cached, those MTCs' steps taken and the position past them as
+ * q_cond_branch leaves them, but its first bit not taken (the next
  * query takes it, from the cache, with the status q_cond_branch would
  * give); 1, or 0 with nothing changed (only if q_tnt_peek would not
  * say 1: call it where it did).  q_tnt_peek: whether it would cache, and
  * what (*index: the first bit's mask, *bits), changing nothing. */
-static inline int q_tnt_peek(const struct query *q, uint64_t *index,
-                             uint64_t *bits)
+static inline __attribute__((always_inline)) int
+q_tnt_peek(const struct query *q, uint64_t *index, uint64_t *bits)
 {
     if (q->tnt_index || q->nxt_err || q->deferred ||
         (q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
@@ -112,9 +124,13 @@ static inline int q_tnt_peek(const struct query *q, uint64_t *index,
     if (after + 9 > q->end)
         return 0;
     unsigned x = q->buf[after];
-    if (!((!(x & 1) && x >= 4) ||                       /* TNT-8 */
-          ((x & 0x1f) == 0x0d && pt_ipc_size[x >> 5] >= 0)))   /* TIP */
-        return 0;
+    if (!q_quick_first(x)) {
+        if (x != 0x59)
+            return 0;
+        after = q_mtc_skip(q, after);
+        if (after + 9 > q->end || !q_quick_first(q->buf[after]))
+            return 0;
+    }
     *index = (uint64_t)1 << (q->nxt.f[0] - 1);
     *bits = q->nxt.f[1];
     return 1;
@@ -259,6 +275,19 @@ static inline int q_fetch_quick(struct query *q, ptrdiff_t pos)
     return 1;
 }
 
+/* q_fetch_quick after the MTCs at pos that ft_mtc_ok takes, and the
+ * read-ahead's steps for them (each one's time update and fetch, the
+ * position past them) where it decodes the packet after them; 0 and
+ * nothing changed where it does not (the caller's general steps take the
+ * MTCs).  With q->pos == pos, after the query's ft_mark: the time it
+ * answers with is the time before them. */
+int q_fetch_quick_mtc_slow(struct query *q, ptrdiff_t pos);
+static inline __attribute__((always_inline)) int
+q_fetch_quick_mtc(struct query *q, ptrdiff_t pos)
+{
+    return q_fetch_quick(q, pos) || q_fetch_quick_mtc_slow(q, pos);
+}
+
 /* q_status_flags with a TNT-8 or TIP next (q_will_event: a TIP binds
  * the events queued for it, a TNT none; not the end) */
 static inline int q_status_quick(const struct query *q)
@@ -271,12 +300,14 @@ static inline int q_status_quick(const struct query *q)
 }
 
 /* q_cache_tnt_quick (see q_tnt_peek above) */
-static inline int q_cache_tnt_quick(struct query *q)
+int q_cache_tnt_mtc(struct query *q);    /* MTCs after the TNT */
+static inline __attribute__((always_inline)) int
+q_cache_tnt_quick(struct query *q)
 {
     uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
     ptrdiff_t next = q->pos + q->nxt.size;
     if (!q_fetch_quick(q, next))      /* nothing changed where it fails */
-        return 0;
+        return q_cache_tnt_mtc(q);
     ft_mark(&q->time);
     q->has_published = 0;
     q->tnt_bits = bits;
@@ -309,7 +340,7 @@ q_indirect_branch_quick(struct query *q, int *status, uint64_t *target)
         q->pos = next;
         int have = q_query_ip(q, target);
         ft_mark(&q->time);                  /* see refill_tnt */
-        if (!q_fetch_quick(q, next))
+        if (!q_fetch_quick_mtc(q, next))
             return q_tip_rest(q, status, have);
         *status = q_status_quick(q) | (have ? 0 : ST_IP_SUPPRESSED);
         return 0;

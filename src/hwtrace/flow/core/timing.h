@@ -52,4 +52,62 @@ static inline void ft_mark(struct flow_time *t)
     t->m_have = t->time.have_tsc;
 }
 
+/* -- MTC, inline: the walk's quick packet steps (query.h) take the MTCs
+ * between its TNTs and TIPs here instead of the read-ahead's general step
+ * (q_decode -> ft_update).  Only the common case, where ft_update cannot
+ * fail and changes little: TimeCal has had an MTC and counted no CYC
+ * since (tc_update_mtc then only forgets the SKL168 check), and Time has
+ * its MTC (tm_update_mtc: the CTC delta to TSC) or a TSC without TMA (it
+ * ignores the MTC).  Any other case -- first MTC, CYC, a CTC going back
+ * beyond one wrap (ft_update's error) -- stays with the general step. */
+
+/* whether ft_mtc_quick applies an MTC of this payload where the last CTC
+ * is *last (then set to the MTC's: the next one's *last), changing
+ * nothing else */
+static inline int ft_mtc_ok(const struct flow_time *t,
+                            const struct core_config *c, uint64_t payload,
+                            uint64_t *last)
+{
+    const struct core_time *tm = &t->time;
+    if (!t->tcal.have_mtc || t->tcal.cyc_mtc)
+        return 0;
+    if (tm->have_tsc && !tm->have_tma)
+        return 1;
+    if (!tm->have_mtc)
+        return 0;
+    uint64_t ctc = shl64(payload, c->mtc_freq) & 0xffffffffULL;
+    if (ctc < *last &&
+            ((ctc + shl64(1, c->mtc_freq + 8)) & 0xffffffffULL) < *last)
+        return 0;
+    *last = ctc;
+    return 1;
+}
+
+/* ft_update for an MTC where ft_mtc_ok says so (with *last the time's
+ * CTC): the same state */
+static inline void ft_mtc_quick(struct flow_time *t,
+                                const struct core_config *c,
+                                uint64_t payload)
+{
+    struct core_time *tm = &t->time;
+    t->tcal.check_skl168 = 0;
+    if (tm->have_tsc && !tm->have_tma)
+        return;
+    uint64_t ctc = shl64(payload, c->mtc_freq) & 0xffffffffULL;
+    uint64_t last = tm->ctc;
+    if (ctc < last)             /* one wrap (ft_mtc_ok: no more) */
+        ctc = (ctc + shl64(1, c->mtc_freq + 8)) & 0xffffffffULL;
+    uint64_t delta = ctc - last;
+    ctc = shl64(payload, c->mtc_freq) & 0xffffffffULL;
+    if (tm->fc || tm->lost_cyc)
+        tm->ctc_cyc = ctc;
+    tm->fc = 0;
+    tm->ctc = ctc;
+    tm->lost_cyc = 0;
+    if (c->eax && c->ebx) {     /* else ctc_to_fc's ignored config error */
+        tm->base += (delta * c->ebx) / c->eax;
+        tm->tsc = tm->base;
+    }
+}
+
 #endif
