@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag, Marker
 from hwtrace.analysis.slices import RecordChunker, _UNKNOWN, id_positions
@@ -115,7 +116,7 @@ class Profile:
             # trace says nothing about what came before it)
             called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
             if called.any():
-                for t in np.unique(o["tid"][called]).tolist():
+                for t in unique(o["tid"][called]).tolist():
                     self._main_seen.add(thr(t))
             self._open = np.concatenate((self._open, o))
         if not len(X):

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.analysis.slices import NameTable
+
+
 
 _U8 = np.uint64
 
@@ -105,7 +108,7 @@ class AddrTable:
         whole = (self._lo == self._start) & (self._hi > self._lo)
         cold = self.names.cold()
         whole &= ~cold[np.maximum(self._nid, 0)]
-        self._fstarts = np.unique(self._start[whole])
+        self._fstarts = unique(self._start[whole])
 
     # -- queries ---------------------------------------------------------------------
     def resolve(self, addrs: np.ndarray):
@@ -225,9 +228,9 @@ class AddrTable:
             hit = keys[np.minimum(pos, len(keys) - 1)] == addrs
             if hit.all():
                 return self._unk_ids[pos]
-            new = np.unique(addrs[~hit])
+            new = unique(addrs[~hit])
         else:
-            new = np.unique(addrs)
+            new = unique(addrs)
         if not len(new):
             return np.zeros(0, np.int32)
         name = self._unknown_name

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker
 from hwtrace.analysis.slices import Cols, RecordChunker, id_positions
@@ -249,7 +250,7 @@ class CallHistory:
         t.spaces(2 * (depth + 1))
         if end_of:
             t.lit(b"end of ")
-        u = np.unique(rows["name"])
+        u = unique(rows["name"])
         table = [b""] * (int(u.max()) + 1)
         for i in u.tolist():
             table[i] = names[i].encode("utf-8", "replace")
@@ -420,7 +421,7 @@ class _StrTable:
             r = d.ravel().take(flat)
             miss = r < 0
             if miss.any():
-                new = np.unique(key[miss])
+                new = unique(key[miss])
                 d[new >> 32, new & 0xFFFFFFFF] = np.arange(self._n, self._n + len(new))
                 self._add_many(make(new.tolist()))
                 r = d.ravel().take(flat)
@@ -454,9 +455,9 @@ class _StrTable:
             hit = known[pos] == key
             if hit.all():
                 return self._rows[pos]
-            new = np.unique(key[~hit])
+            new = unique(key[~hit])
         else:
-            new = np.unique(key)
+            new = unique(key)
         rows = np.arange(self._n, self._n + len(new), dtype=np.int64)
         self._add_many(make(new.tolist()))
         k = np.concatenate((known, new))

@@ -46,6 +46,7 @@ from typing import Iterator
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.x86 import Mode, X86Error, decoder_for
 from hwtrace.x86.insn import IClass, Insn, Kind
 
@@ -418,7 +419,7 @@ class _Consumer:
             hit = keys[np.minimum(pos, len(keys) - 1)] == addr if len(keys) \
                 else np.zeros(len(addr), bool)
             if not hit.all():
-                u = np.unique(addr[~hit])
+                u = unique(addr[~hit])
                 ku = np.array([self._far_kind(x) for x in u.tolist()], np.int16)
                 keys = np.concatenate((keys, u))
                 order = np.argsort(keys, kind="stable")

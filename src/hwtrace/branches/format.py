@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.branches.records import KINDS
 from hwtrace.export.textcols import Lines
 
@@ -108,7 +109,7 @@ def _jsonl_fast(a: np.ndarray, namer: Namer, impl: str | None = None) -> bytes:
         return _jsonl_compiled(core, a, namer)
     fok, tok = frm != 0, to != 0
     cache = namer.sym_json
-    addrs = np.unique(np.concatenate((frm[fok], to[tok])))
+    addrs = unique(np.concatenate((frm[fok], to[tok])))
     new = addrs[[x not in cache for x in addrs.tolist()]] if cache else addrs
     if len(new):
         nid, off, known = namer.names_of(new, np.ones(len(new), bool))
@@ -182,7 +183,7 @@ def _format_cols(a: np.ndarray, namer: Namer, fmt: str) -> bytes:
     fok, tok = frm != 0, to != 0
     fn, fo, fk = namer.names_of(frm, fok)
     tn, to_, tk = namer.names_of(to, tok)
-    u = np.unique(np.concatenate((fn[fk], tn[tk])))
+    u = unique(np.concatenate((fn[fk], tn[tk])))
     top = int(u.max()) + 1 if len(u) else 1
     names = namer.names
     if fmt == "jsonl":

@@ -19,6 +19,10 @@ import importlib
 import os
 import sys
 
+from hwtrace.cli import _blas, _gc
+
+_blas.install()      # numpy, when a command imports it, without BLAS threads
+
 EPILOG = """\
 exit status: 0 done (a damaged trace is decoded where it can be: its errors
 are in the output at their trace offsets); 2 nothing could be done: a bad
@@ -219,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()         # "hwtrace" alone: what it can do
             return 2
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        with _gc.command():
+            return int(args.func(args) or 0)
     except CliError as e:
         _end_progress_line()
         print(f"hwtrace: {e}" if not str(e).startswith("hwtrace") else str(e),

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from hwtrace.analysis.records import StreamInfo
-from hwtrace.cli import CliError, warn
+from hwtrace.cli import CliError, _gc, warn
 
 
 class CodeMap(NamedTuple):
@@ -127,12 +127,15 @@ def open_input(path, elf=(), image_path=(), *, pt_needs_elf: bool = True) -> Inp
     check_view_input(path, elf, raw_trace=True)     # empty, junk, a bad --elf
     p = Path(path)
     if p.is_dir():
-        return _bundle(p, list(elf), list(image_path))
-    if not p.exists():
+        inp = _bundle(p, list(elf), list(image_path))
+    elif not p.exists():
         raise CliError(f"{path}: no such bundle or file")
-    if p.suffix == ".jsonl":
-        return _jsonl(p, list(elf))
-    return _raw(p, list(elf))
+    elif p.suffix == ".jsonl":
+        inp = _jsonl(p, list(elf))
+    else:
+        inp = _raw(p, list(elf))
+    _gc.settle()        # the input (symbols, code) lives as long as the command
+    return inp
 
 
 # -- bundles and raw traces ---------------------------------------------------------

@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.slices import RecordChunker
 from hwtrace.export import UNITS_PER_US, flag_names, track_of
@@ -202,7 +203,7 @@ class ChromeTraceWriter:
         pid = np.where(has, np.maximum(X["pid"], 0), dp)
         tid = np.where(has, X["tid"], dt)
         if has.any():
-            for k in np.unique((pid[has] << 32) | tid[has]).tolist():
+            for k in unique((pid[has] << 32) | tid[has]).tolist():
                 p, t = k >> 32, k & 0xFFFFFFFF
                 self._track(p, t, f"process {p}", f"thread {t}")
         return pid, tid

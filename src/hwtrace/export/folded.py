@@ -20,6 +20,7 @@ import codecs
 
 import numpy as np
 
+from hwtrace._unique import unique
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.slices import RecordChunker
 from hwtrace.export import track_label
@@ -117,7 +118,7 @@ class FoldedWriter:
                     nodes.append(frontier)
                     parents.append(par)
                     nids.append(nid)
-                    nxt = np.unique(par[par != 0])
+                    nxt = unique(par[par != 0])
                     if paths.numbered:
                         num = paths.numbers(nxt)
                         new = ~met[num]
@@ -267,7 +268,7 @@ class _Weights:
             if (t == t0).all():
                 self._table(t0).add(p, w)
                 return
-            for v in np.unique(t).tolist():
+            for v in unique(t).tolist():
                 m = t == v
                 self._table(v).add(np.asarray(p)[m], np.asarray(w)[m])
             return

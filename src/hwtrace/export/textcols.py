@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hwtrace._unique import unique
+
 _QUAD = np.array([list(b"%04d" % i) for i in range(10000)], np.uint8)
 _POW10 = np.array([10 ** k for k in range(19)], np.uint64)
 _SPACE = 32
@@ -293,7 +295,7 @@ def _empty_op(op) -> bool:
         table, ids, width = op[2], op[3], op[4]
         if width:
             return False
-        return not any(len(table[i]) for i in np.unique(ids).tolist())
+        return not any(len(table[i]) for i in unique(ids).tolist())
     if op[0] == _SPACES:
         return not int(op[2].max(initial=0))
     return False
