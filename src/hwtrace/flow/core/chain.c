@@ -20,8 +20,6 @@ _Static_assert(CHAIN_MAX_INSNS <= 0xFFFF && MAX_BLOCK_INSNS <= 0xFFFF &&
 /* the fields the walk reads first share a cache line */
 _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
                "struct chain's first cache line");
-_Static_assert(sizeof(struct chain) == 128, "struct chain is two cache "
-               "lines");
 /* Tried and not taken (python3 recording, decode --quiet --stat DIR,
  * cachegrind, the core's functions alone: 8.08 G instructions, 31.2 M D1
  * read misses here): the last 4 lookups kept on the run at the decoder's
@@ -132,7 +130,32 @@ _Static_assert(sizeof(struct chain) == 128, "struct chain is two cache "
  * samples on its first load), two per chain_find (slot, entry) and one
  * per edge-table front slot: 4x libipt on this recording needs fewer
  * chains per TIP interval (2.2 now: a key with the return's target
- * would let a chain run on through CHAIN_RET), not cheaper ones. */
+ * would let a chain run on through CHAIN_RET), not cheaper ones.
+ *
+ * The return's target in the key, tried and not taken (python3
+ * recording; the code is commit 7b4958a, reverted):
+ * where a chain stops at a return whose call it has not (CHAIN_RET),
+ * chain_find looked up a second key, (ip0, bits, the return stack's top),
+ * whose chain pops that top at the return and runs on (CHAIN_TOP; the
+ * base entry's succ kept the last such chain, tried before the table;
+ * uses and in_n 32-bit to make room for the top on the second line).
+ * Exact (coverage --edges and decode --quiet --stat byte-identical on the
+ * bench bundles, flowdiff, the chain check build), and it does what it
+ * says -- coverage --edges: chains applied 9.52 M -> 7.01 M (CHAIN_RET
+ * 3.61 M -> 0.78 M), decode --stat's block walk 7.98 M -> 5.93 M -- but
+ * the successor guess misses more often (a chain's successor keyed by
+ * the top varies with the caller): chain_find 2.17 M -> 3.05 M calls
+ * (1.78 M of them for a top-keyed chain, each two lookups: 1.55 M found
+ * through the base's succ, 0.23 M through the table), and 45 K -> 60 K
+ * chains.  Whole process under cachegrind (--cache-sim=yes
+ * --LL=1048576,16,64), coverage --edges -q DIR: 4.249 G instructions /
+ * 14.58 M D1 / 4.79 M LL read misses before, 4.349 G / 14.60 M / 5.23 M
+ * with it; decode --quiet --stat DIR: 5.096 G / 20.68 M / 4.47 M before,
+ * 5.034 G / 20.68 M / 4.79 M with it.  fast.edges in process
+ * (bench_coverage, best of 3, three runs each alternated, load 2-4 on 2
+ * CPUs): 0.535-0.616 s before, 0.629-0.645 s with it.  Fewer chains, the
+ * same D1 misses and more LL ones: the lookups the merged chains save
+ * were mostly hits of the successor guess. */
 
 static uint64_t mix(uint64_t x)
 {
@@ -142,20 +165,9 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
-/* a key's hash: top counts where the tag has CHAIN_XTAG */
-static uint64_t chain_hash(uint64_t ip, const void *ic, uint32_t tag,
-                           uint64_t top)
+static uint64_t chain_hash(uint64_t ip, const void *ic, uint32_t tag)
 {
-    if (tag & CHAIN_XTAG)
-        ip ^= mix(top + 0x9e3779b97f4a7c15ULL);
     return mix(ip ^ ((uint64_t)tag << 40) ^ ((uintptr_t)ic << 12));
-}
-
-static int same_key(const struct chain *ch, uint64_t ip,
-                    const struct icache *ic, uint32_t tag, uint64_t top)
-{
-    return ch->ip0 == ip && ch->tag == tag && ch->ic == ic &&
-           (!(tag & CHAIN_XTAG) || ch->top == top);
 }
 
 /* -- building ---------------------------------------------------------------- */
@@ -200,12 +212,9 @@ struct end {
 
 /* the chain from (ip0, mode) with the k bits ``bits`` into *ch:
  * the steps insn_next_quick / blk_count would take, each whole or not at
- * all, up to the first one that needs trace beyond the key's bits; with
- * have_top, the first return whose call the chain has not goes to top
- * (the return stack's top, in the key) and the chain runs on */
+ * all, up to the first one that needs trace beyond the key's bits */
 static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
-                 uint64_t ip0, int mode, int k, int bits, struct sim *m,
-                 int have_top, uint64_t top)
+                 uint64_t ip0, int mode, int k, int bits, struct sim *m)
 {
     struct icache *ic = d->ic;
     int err = 0, edges = cc->edges, seen_query = 0, outer = 0;
@@ -258,7 +267,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         if (e.insns + 1 > CHAIN_MAX_INSNS || e.bn + 1 >= MAX_BLOCK_INSNS)
             break;
         uint64_t fall = e.ip + i->size, ip;
-        int bit = -1, to_top = 0, to_key_top = 0;
+        int bit = -1, to_top = 0;
         switch (i->iclass) {
         case C_COND:
             if (e.c == k)
@@ -276,12 +285,7 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         case C_RETURN:
             if (e.c == k || !((bits >> (k - 1 - e.c)) & 1))
                 goto out;
-            if (!m->sn && have_top) {
-                /* to the key's top, popped from the decoder's stack
-                 * (CHAIN_TOP: before the pushes) */
-                to_key_top = 1;
-                ip = top;
-            } else if (!m->sn) {
+            if (!m->sn) {
                 /* a return the chain has not the call of: its last step,
                  * to the return stack's top (block walk: it ends the
                  * block, so the chain leaves none open) */
@@ -304,13 +308,9 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
         }
         /* the step is taken */
         outer = to_top;
-        if (to_key_top) {
-            have_top = 0;       /* a second such return: CHAIN_RET */
-            ch->have_from |= CHAIN_TOP;
-        }
         if (i->iclass == C_CALL && i->rel)
             m->stack[m->sn++] = fall;
-        else if (i->iclass == C_RETURN && !outer && !to_key_top)
+        else if (i->iclass == C_RETURN && !outer)
             m->sn--;
         if (m->sn > m->depth)
             m->depth = m->sn;
@@ -380,7 +380,7 @@ out:
         (next->iclass == C_JUMP || next->iclass == C_CALL ||
          next->iclass == C_RETURN) && next->size && next->size <= 15)
         ch->nk = (uint8_t)(next->size | next->iclass << 4);
-    ch->have_from |= (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
+    ch->have_from = (uint8_t)(m->have_from | (outer ? CHAIN_RET : 0));
     ch->c = (uint8_t)e.c;
     ch->insns = (uint16_t)e.insns;
     ch->pre = (uint16_t)e.pre;
@@ -424,8 +424,7 @@ static int grow(struct chain_cache *cc)
         if (!x->fp)
             continue;
         const struct chain *ch = &cc->ents[x->idx - 1];
-        size_t i = chain_hash(ch->ip0, ch->ic, ch->tag, ch->top) &
-                   (cap - 1);
+        size_t i = chain_hash(ch->ip0, ch->ic, ch->tag) & (cap - 1);
         while (nt[i].fp)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
@@ -436,10 +435,10 @@ static int grow(struct chain_cache *cc)
     return 0;
 }
 
-/* a new entry for the key (k, bits; top where tag has CHAIN_XTAG) at the
- * decoder's IP: its index + 1 (c 0: no chain there), or < 0 */
+/* a new entry for the key (k, bits) at the decoder's IP: its index + 1
+ * (c 0: no chain there), or < 0 */
 static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
-                           int bits, uint32_t tag, uint64_t top)
+                           int bits, uint32_t tag)
 {
     if (cc->nents == cc->ents_cap) {
         size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
@@ -459,15 +458,12 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
     ch->ip0 = d->ip;
     ch->ic = d->ic;
     ch->tag = tag;
-    int have_top = (tag & CHAIN_XTAG) != 0;
-    if (have_top)
-        ch->top = top;
     struct sim m;
     m.sn = m.depth = 0;
     m.edges = NULL;
     m.nedges = m.edges_cap = 0;
     m.have_from = 0;
-    int r = build(cc, d, ch, d->ip, d->mode, k, bits, &m, have_top, top);
+    int r = build(cc, d, ch, d->ip, d->mode, k, bits, &m);
     free(m.edges);
     if (r < 0)
         return r;               /* (build allocates nothing then) */
@@ -483,17 +479,17 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
 #include <stdio.h>
 static unsigned long long checked_succ;
 static void check_idx(const struct chain_cache *cc, uint64_t ip,
-                      const struct icache *ic, uint32_t tag, uint64_t top,
-                      uint32_t idx, unsigned long long *n)
+                      const struct icache *ic, uint32_t tag, uint32_t idx,
+                      unsigned long long *n)
 {
     size_t mask = cc->cap - 1;
-    uint64_t h = chain_hash(ip, ic, tag, top);
+    uint64_t h = chain_hash(ip, ic, tag);
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         const struct chain_slot *sl = &cc->tab[i];
         if (!sl->fp)
             break;
         const struct chain *ch = &cc->ents[sl->idx - 1];
-        if (same_key(ch, ip, ic, tag, top)) {
+        if (ch->ip0 == ip && ch->tag == tag && ch->ic == ic) {
             if (sl->idx != idx || sl->fp != slot_fp(h))
                 break;
             ++*n;
@@ -506,23 +502,21 @@ static void check_idx(const struct chain_cache *cc, uint64_t ip,
 }
 
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
-                      const struct icache *ic, uint32_t tag, uint64_t top,
-                      uint32_t idx)
+                      const struct icache *ic, uint32_t tag, uint32_t idx)
 {
-    check_idx(cc, ip, ic, tag, top, idx, &checked_succ);
+    check_idx(cc, ip, ic, tag, idx, &checked_succ);
 }
 #endif
 
-/* the entry for a key in the table, a new one made on a miss: its index +
- * 1, or 0 with *err < 0 */
-static uint32_t lookup(struct chain_cache *cc, struct insn_dec *d, int k,
-                       uint32_t bits, uint32_t tag, uint64_t top, int *err)
+struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
+                         int k, uint32_t bits, uint32_t tag, int *err)
 {
     uint64_t ip = d->ip;
+    uint32_t idx;
     if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
-        return 0;
+        return NULL;
     size_t mask = cc->cap - 1;
-    uint64_t h = chain_hash(ip, d->ic, tag, top);
+    uint64_t h = chain_hash(ip, d->ic, tag);
     uint32_t fp = slot_fp(h);
     size_t i = h & mask;
     struct chain_slot *sl;
@@ -530,56 +524,25 @@ static uint32_t lookup(struct chain_cache *cc, struct insn_dec *d, int k,
         sl = &cc->tab[i];
         if (!sl->fp)
             break;
-        if (sl->fp == fp &&
-            same_key(&cc->ents[sl->idx - 1], ip, d->ic, tag, top))
-            return sl->idx;
+        if (sl->fp == fp) {
+            const struct chain *ch = &cc->ents[sl->idx - 1];
+            if (ch->ip0 == ip && ch->tag == tag && ch->ic == d->ic)
+                goto slot;
+        }
         i = (i + 1) & mask;
     }
-    long long r = new_chain(cc, d, k, (int)bits, tag, top);
+    long long r = new_chain(cc, d, k, (int)bits, tag);
     if (r < 0) {
         *err = (int)r;
-        return 0;
+        return NULL;
     }
     sl->fp = fp;
     sl->idx = (uint32_t)r;
     cc->n++;
-    return sl->idx;
-}
-
-struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
-                         int k, uint32_t bits, uint32_t tag, int *err)
-{
-    uint32_t idx = lookup(cc, d, k, bits, tag, 0, err);
-    if (!idx)
-        return NULL;
+slot:
+    idx = sl->idx;
     if (!cc->ents[idx - 1].c)
         return NULL;            /* no chain for the key */
-    struct chain *base = &cc->ents[idx - 1];
-    if ((base->have_from & CHAIN_RET) && d->rs_n) {
-        /* it stops at a return to the stack's top: the chain with that
-         * top in its key runs on past it (it takes the same steps up to
-         * there, so it has at least as many bits).  chain_find does not
-         * return the base chain then, so its succ is kept for the chain
-         * with the top in its key found last (tried before the table) */
-        uint64_t top = d->rs[d->rs_top];
-        uint32_t x = base->succ;    /* (may be another chain's: where
-                                       none applied, chain_get's guess
-                                       gives the base chain and its succ
-                                       is then the next chain's) */
-        if (x && same_key(&cc->ents[x - 1], d->ip, d->ic, tag | CHAIN_XTAG,
-                          top)) {
-#ifdef CHAIN_CHECK
-            chain_check_succ(cc, d->ip, d->ic, tag | CHAIN_XTAG, top, x);
-#endif
-            idx = x;
-        } else {
-            x = lookup(cc, d, k, bits, tag | CHAIN_XTAG, top, err);
-            if (!x)
-                return NULL;
-            cc->ents[idx - 1].succ = x;     /* (ents may have moved) */
-            idx = x;
-        }
-    }
     if (cc->last)       /* ents may have moved (new_chain) */
         cc->ents[cc->last - 1].succ = idx;
     return chain_applies(cc, d, idx);
@@ -597,14 +560,8 @@ int chain_flush_edges(struct chain_cache *cc, struct edge_table *e)
             TRY(edge_add(e, ch->last_ip, ch->end_ip, ch->out_n));
             ch->out_n = 0;
         }
-        TRY(chain_flush_uses(ch, e));
-    }
-    return 0;
-}
-
-int chain_flush_uses(struct chain *ch, struct edge_table *e)
-{
-    if (ch->uses) {
+        if (!ch->uses)
+            continue;
         for (uint32_t k = 0; k < ch->nedges; k++)
             TRY(edge_add(e, ch->edges[k].from, ch->edges[k].to, ch->uses));
         ch->uses = 0;

@@ -29,13 +29,6 @@
 #define CHAIN_RET 2             /* struct chain's have_from */
 #define CHAIN_PIN 4             /* its pushes in pin (see there) */
 #define CHAIN_PIN_MAX 2
-#define CHAIN_TOP 8             /* its first return whose call is not in
-                                   it goes to the key's top (see tag) */
-/* in a key's tag: the key has the return stack's top too (struct
- * chain's top), for a chain that would otherwise stop at such a return
- * (CHAIN_RET): with it the chain runs on past the return (python3
- * recording: 3.6 M of the 9.5 M chains applied stopped there) */
-#define CHAIN_XTAG (1u << 24)
 
 struct chain_edge {
     uint64_t from, to;          /* once per pass (repeats listed again) */
@@ -48,8 +41,7 @@ struct chain {
      * is taken without the table) */
     uint64_t ip0;
     const struct icache *ic;
-    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16,
-                                   CHAIN_XTAG: top is in the key */
+    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16 */
     uint32_t succ;              /* the chain looked up after this one last
                                    time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
@@ -98,12 +90,8 @@ struct chain {
         uint64_t pin[CHAIN_PIN_MAX];
     };
     uint64_t *push;             /* npush return addresses, oldest first */
-    uint32_t uses;              /* times applied (edges mode: their edges
-                                   at the end, or at UINT32_MAX) */
-    uint32_t in_n;              /* (see in_from) */
-    uint64_t top;               /* CHAIN_XTAG: the return stack's top the
-                                   key has (a CHAIN_TOP chain's first
-                                   return pops it) */
+    uint64_t uses;              /* times applied (edges mode: their edges
+                                   at the end) */
     struct chain_edge *edges;   /* insn mode: the edges inside the chain */
     /* insn mode: the edge into the chain, counted here while it comes
      * from the same branch (in_n times from in_from to ip0), the table
@@ -116,6 +104,7 @@ struct chain {
          * block reports after a resync) is this, not last_ip */
         uint64_t blk_end;
     };
+    uint64_t in_n;
 } __attribute__((aligned(64)));
 
 /* a slot of the table: the chain ents[idx - 1] for a key (ip0, ic, tag:
@@ -161,14 +150,12 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
                          int k, uint32_t bits, uint32_t tag, int *err);
 #ifdef CHAIN_CHECK
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
-                      const struct icache *ic, uint32_t tag, uint64_t top,
-                      uint32_t idx);
+                      const struct icache *ic, uint32_t tag, uint32_t idx);
 #endif
 
 /* chain ents[idx - 1] if it applies to the decoder (its instructions
  * before its first query within the limit, room on the return stack, the
- * stack's entries for its returns: CHAIN_TOP's, checked with the key,
- * and CHAIN_RET's after it), made the last one; else NULL */
+ * stack's top for its return), made the last one; else NULL */
 static inline struct chain *chain_applies(struct chain_cache *cc,
                                           const struct insn_dec *d,
                                           uint32_t idx)
@@ -176,8 +163,7 @@ static inline struct chain *chain_applies(struct chain_cache *cc,
     struct chain *ch = &cc->ents[idx - 1];
     if (d->icount + ch->pre >= CHAIN_MAX_INSNS ||
         d->rs_n + ch->depth > RS_CAP ||
-        d->rs_n < !!(ch->have_from & CHAIN_RET) +
-                  !!(ch->have_from & CHAIN_TOP))
+        ((ch->have_from & CHAIN_RET) && !d->rs_n))
         return NULL;
     cc->last = idx;
     return ch;
@@ -210,12 +196,9 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
         uint32_t idx = cc->ents[cc->last - 1].succ;
         if (idx) {
             struct chain *g = &cc->ents[idx - 1];
-            if (g->ip0 == d->ip && (g->tag & ~CHAIN_XTAG) == tag &&
-                g->ic == d->ic &&
-                (!(g->tag & CHAIN_XTAG) ||
-                 (d->rs_n && g->top == d->rs[d->rs_top]))) {
+            if (g->ip0 == d->ip && g->tag == tag && g->ic == d->ic) {
 #ifdef CHAIN_CHECK
-                chain_check_succ(cc, d->ip, d->ic, g->tag, g->top, idx);
+                chain_check_succ(cc, d->ip, d->ic, tag, idx);
 #endif
                 return chain_applies(cc, d, idx);
             }
@@ -242,8 +225,6 @@ static inline int chain_status_clean(struct query *q, uint64_t index,
  * out of chains still counted on them (edge_add's table) */
 struct edge_table;
 int chain_flush_edges(struct chain_cache *cc, struct edge_table *e);
-/* adds the chain's edges times its uses (uses 0 after) */
-int chain_flush_uses(struct chain *ch, struct edge_table *e);
 void chain_free(struct chain_cache *cc);
 
 #endif

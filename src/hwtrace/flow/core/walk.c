@@ -74,10 +74,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     d->icount = ch->icount;
     d->have_mark = 0;
     d->status = 0;
-    if (ch->have_from & CHAIN_TOP) {
-        uint64_t top;
-        rs_pop(d, &top);        /* the key's top (chain_get) */
-    }
     if (ch->npush) {
         const uint64_t *push = (ch->have_from & CHAIN_PIN) ? ch->pin
                                                            : ch->push;
@@ -340,8 +336,7 @@ static int walk_insns(struct session *s, struct walk *w)
         if (ch) {
             if (w->edges && w->have_from) {
                 /* the edge into the chain (d->ip is its ip0) */
-                if (ch->in_n && ch->in_from == w->from &&
-                    ch->in_n < UINT32_MAX) {
+                if (ch->in_n && ch->in_from == w->from) {
                     ch->in_n++;
                 } else {
                     if (ch->in_n)
@@ -352,8 +347,7 @@ static int walk_insns(struct session *s, struct walk *w)
                 }
             }
             walk_apply(s, w, ch);
-            if (++ch->uses == UINT32_MAX)  /* its edges: walk_done */
-                TRY(chain_flush_uses(ch, w->edges));
+            ch->uses++;         /* for its edges (walk_done) */
             w->from = ch->last_ip;
             w->have_from = ch->have_from & 1;
             /* the next chain may start where this one ran out of bits or
