@@ -485,6 +485,106 @@ def test_coarse_time_bound_is_the_timing_packet_after_the_enable(tmp_path):
         assert got[1][1] > third, (producer, got)
 
 
+def test_a_psb_inside_a_run_is_placed_at_its_own_tsc(tmp_path):
+    """A PSB+ while a process runs (tracing on) restates the state with
+    a TSC packet taken where its FUP's IP runs: its time is that TSC's,
+    no window up to the next timing packet.  Placed in that window, a
+    switch recorded just after the PSB (before the next timing packet)
+    was taken for one before it, and the process switched in there
+    decoded the rest of the run (a script's cat, just before the shell
+    ran again, at an IP its libc maps too: a decode error).  Here 1 runs
+    through a PSB at 148; 2 is switched in at 150, the next timing packet
+    says 155: 1 goes on up to its syscall; 2 comes with the next enable.
+    Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import python_batches
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    sp = _two_runs_same_code(tmp_path)
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000)
+             + enc.psb() + enc.tsc(148) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.fup(0x1001) + enc.psbend() + enc.tsc(155)
+             + enc.fup(0x1001) + enc.tip_pgd() + enc.tsc(160))
+    last = len(trace)                                           # 2's
+    trace += enc.tip_pge(0x1003) + enc.fup(0x1004) + enc.tip_pgd() + enc.tsc(190)
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got = []
+        plan = SpacePlan(sp, tl, one, on_switch=lambda s, o: got.append((s.pid, o)))
+        if producer == "twin":
+            list(python_batches(trace, one.image, decoder="insn",
+                                dec=plan.wrap(InsnDecoder(trace, one.image)), plan=plan))
+        else:
+            list(fast.compiled_batches(fast.STATUS.module, trace, one.image,
+                                       decoder="insn", spaces=plan))
+        assert [p for p, _ in got] == [1, 2], (producer, got)
+        assert got[1][1] > last, (producer, got)
+
+
+def test_a_window_ending_idle_is_the_process_before_it(tmp_path):
+    """A coarse time stamp's window that ends in an idle stretch (nothing
+    traced there) is of the process that ran before it in the window, not
+    of the next one after the window that maps the IP (a shell, switched
+    out to wait for its child, was taken for the child's exec'd cat)."""
+    code = b"\x90\x0f\x05\x90\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    sp = AddressSpaces([Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+                        Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["code"]),
+                        Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["code"]),
+                        *_runs(0, (100, 1), (150, -1), (200, 2))])
+    one, two = sp.of_pid(1), sp.of_pid(2)
+    tl = sp.cpu_timeline(0)
+    assert tl.choose(140, 0x1003, one, before=200) is one
+    assert tl.choose(140, 0x1003, None, before=200) is one
+    assert tl.choose(140, 0x1003, one, before=201) is two   # 2 in the window
+    assert tl.choose(160, 0x1003, one, before=200) is two   # all idle: the next
+
+
+def test_an_enable_just_before_a_psb_is_bounded_by_its_tsc(tmp_path):
+    """An enable followed by a PSB+ before any other timing packet: the
+    PSB+'s TSC bounds its time (there was no bound: the MTC-estimated
+    time stamp, trailing, put the enable before a switch that came before
+    it, and the process switched out decoded the next one's code -- a
+    decode error).  Processes 1 and 2 map different code at 0x1000 (1: a
+    syscall at 0x1003, 2: a jz, its syscall at 0x1005); CPU 0 runs 1
+    from 100, 2 from 150.  Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import ErrorItem, python_batches
+    from hwtrace.flow.insn import InsnDecoder
+    from hwtrace.flow.spaces import SpacePlan
+    from hwtrace.pt import encoder as enc
+    f = _files(tmp_path, a=b"\x90\x0f\x05\x0f\x05\x90\xff\xe0",
+               b=b"\x90\x0f\x05\x74\x00\x0f\x05\x90")
+    sp = AddressSpaces([Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+                        Mmap(pid=1, start=0x1000, size=8, offset=0, file=f["a"]),
+                        Mmap(pid=2, start=0x1000, size=8, offset=0, file=f["b"]),
+                        *_runs(0, (100, 1), (150, 2))])
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000) + enc.fup(0x1001) + enc.tip_pgd()
+             + enc.tsc(140) + enc.tip_pge(0x1003) + enc.tnt8("!")
+             + enc.psb() + enc.tsc(160) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.fup(0x1005) + enc.psbend() + enc.fup(0x1005) + enc.tip_pgd())
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got = []
+        plan = SpacePlan(sp, tl, one, on_switch=lambda s, o: got.append(s.pid))
+        if producer == "twin":
+            out = list(python_batches(trace, one.image, decoder="insn",
+                                      dec=plan.wrap(InsnDecoder(trace, one.image)),
+                                      plan=plan))
+        else:
+            out = list(fast.compiled_batches(fast.STATUS.module, trace, one.image,
+                                             decoder="insn", spaces=plan))
+        errors = [it for b in out for _, _, it in b.items if isinstance(it, ErrorItem)]
+        assert got == [1, 2] and errors == [], (producer, got, errors)
+
+
 def test_cycle_accurate_enable_time_is_its_own_not_the_next_packets(tmp_path):
     """With CYC an enable is placed at the time of its TIP.PGE.  The query
     decoder reads ahead past the CYC right after it, which counts the

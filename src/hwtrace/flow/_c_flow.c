@@ -774,7 +774,8 @@ static PyObject *Decoder_time(Decoder *self, PyObject *noargs)
  * later one comes from a packet after the event's), else the next timing
  * packet (TSC, MTC, CYC) within ``limit`` packets after the query's
  * position, decoded without errata as the switcher's own packet decoder
- * does; None if there is none (a PSB or OVF first, an error, no TSC) */
+ * does -- a PSB+'s TSC too; None if there is none (an OVF first, an
+ * error, no TSC) */
 static PyObject *Decoder_time_ahead(Decoder *self, PyObject *args)
 {
     Py_ssize_t limit;
@@ -822,9 +823,10 @@ static PyObject *Decoder_time_ahead(Decoder *self, PyObject *args)
                     Py_RETURN_NONE;
                 return PyLong_FromUnsignedLongLong(t.time.tsc);
             }
-        } else if (k == PT_K_PSB || k == PT_K_OVF) {
+        } else if (k == PT_K_OVF) {
             Py_RETURN_NONE;
         }
+        /* a PSB+ goes on: its TSC bounds an event before it too */
     }
     Py_RETURN_NONE;
 }

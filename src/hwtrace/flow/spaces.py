@@ -32,8 +32,12 @@ decoder between them:
     dozen instructions between switches) of the packet that published
     the event (not of where the decoder has read to: the CYCs after it
     count code run after it): the last switch at or before;
+  - at a PSB+ inside a run (a status update: tracing goes on), at its
+    own TSC packet's time, taken where its FUP's IP runs;
   - else within the window the time stamps allow (the event's time and
-    the first timing packet's after the enable): if several processes
+    the first timing packet's after the enable, a PSB+'s TSC too; a
+    window that ends in an idle stretch ends before it, nothing being
+    traced there): if several processes
     fit, the one that left user code exactly at the enable's IP (learnt
     from the disables; one switched out at or before the event's time is
     no candidate); else the switch before the window's end -- where more
@@ -403,7 +407,9 @@ class Timeline:
 
         ``before``: the point in question lies in ``[time, before]`` (the
         time stamps of the timing packets around it): a switch recorded
-        in that window, strictly before ``before``, already happened."""
+        in that window, strictly before ``before``, already happened --
+        unless it switched to no one (idle: nothing traced there), then
+        the window's last process before it runs."""
         ents = self.entries
         if not ents:
             return current
@@ -417,6 +423,15 @@ class Timeline:
                     break
         else:
             k = self.index_at(time, before)
+            if before is not None and ents[k][1] is None:
+                # the window ends in an idle stretch (nothing traced):
+                # the enable is of the process that ran before it in the
+                # window, not of one after the window
+                j, lo = k, self.index_at(time)
+                while j > lo and ents[j][1] is None:
+                    j -= 1
+                if ents[j][1] is not None:
+                    k = j
         first = ents[k][1]
         if ip is None:
             return first if first is not None else current
@@ -634,7 +649,8 @@ class SpaceSwitcher:
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
                 self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled",
-                              event=True)
+                              event=True,
+                              psb=t == "enabled" and ev.status_update and ev.has_tsc)
             elif (t == "disabled" or t == "async_disabled") and \
                     not ev.status_update and self.space is not None:
                 # where this process goes on when it comes back
@@ -653,11 +669,15 @@ class SpaceSwitcher:
             self._by_time(self._now(), self.flow.ip)
         return r
 
-    def _by_time(self, time, ip, enable: bool = False, event: bool = False) -> None:
+    def _by_time(self, time, ip, enable: bool = False, event: bool = False,
+                 psb: bool = False) -> None:
         """Select the space that runs at ``time`` (``enable``: the time
         stamp of a TIP.PGE's enable -- the first timing packet after that
         packet bounds it, see :meth:`_time_ahead`; ``event``: of an event
-        the decoder is processing, else of a synchronization)."""
+        the decoder is processing, else of a synchronization; ``psb``:
+        ``time`` is a PSB+'s own, the TSC packet in it, taken where its
+        FUP's IP runs -- no window: a switch recorded after it, before the
+        next timing packet, came after the PSB)."""
         tl = self.timeline
         if tl is None or self.saw_pip:
             return
@@ -672,6 +692,8 @@ class SpaceSwitcher:
                 exact = self._clock.at(start)
             else:
                 exact = self._clock.event_at(self.flow.query.pos or 0)
+        if exact is None and psb:
+            exact = time
         if exact is not None:
             sp = tl.choose(exact, ip, self.space)
         else:
@@ -736,7 +758,9 @@ class SpaceSwitcher:
         switch recorded after an enable count as possibly before it (a
         parent and its fork child, both stopped at the same libc IP: the
         wrong one resumed).  Else the next timing packet from its
-        position."""
+        position, a PSB+'s TSC too (an enable just before a PSB: without
+        it no bound, and the time stamp, MTC-estimated, may trail the
+        switch that came before the enable); none past an overflow."""
         ahead = getattr(self.flow, "time_ahead", None)
         if ahead is not None:
             # the compiled core does this same over its own state (and
@@ -773,8 +797,8 @@ class SpaceSwitcher:
                     t.update(p)
                     if typ != "tma" and typ != "cbr":
                         return t.time.tsc if t.time.have_tsc else None
-                elif typ == "psb" or typ == "ovf":
-                    return None
+                elif typ == "ovf":
+                    return None         # (a PSB+'s TSC bounds it too)
         except (TimeError, AttributeError):
             return None
         return None
