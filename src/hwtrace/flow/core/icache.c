@@ -5,6 +5,10 @@
 
 #define CHUNK 4096u
 
+_Static_assert(CHUNK * sizeof(struct run) <= HM_MAX &&
+               CHUNK * sizeof(struct insn_info) <= HM_MAX,
+               "a chunk fits hm_chunk");
+
 static uint64_t mix(uint64_t x)
 {
     x ^= x >> 33;
@@ -43,16 +47,13 @@ void ic_free(struct icache *ic)
 {
     if (!ic)
         return;
-    for (uint32_t i = 0; i < ic->nchunks; i++)
-        free(ic->chunks[i]);
     free(ic->chunks);
     for (uint32_t i = 0; i < ic->nr; i++) {
         struct run *r = &ic->rchunks[i / CHUNK][i % CHUNK];
         free(r->packed);
     }
-    for (uint32_t i = 0; i < ic->nrchunks; i++)
-        free(ic->rchunks[i]);
     free(ic->rchunks);
+    hm_free(&ic->mem);
     free(ic->slots);
     free(ic->rslots);
     free(ic);
@@ -135,7 +136,7 @@ int ic_add(struct icache *ic, const struct insn_info *in)
         if (!nc)
             return -E_NOMEM;
         ic->chunks = nc;
-        nc[ic->nchunks] = malloc(CHUNK * sizeof **nc);
+        nc[ic->nchunks] = hm_chunk(&ic->mem, CHUNK * sizeof **nc);
         if (!nc[ic->nchunks])
             return -E_NOMEM;
         ic->nchunks++;
@@ -246,7 +247,7 @@ struct run *ic_run(struct icache *ic, uint64_t ip, int mode, int *err)
             return NULL;
         }
         ic->rchunks = nc;
-        nc[ic->nrchunks] = malloc(CHUNK * sizeof **nc);
+        nc[ic->nrchunks] = hm_chunk(&ic->mem, CHUNK * sizeof **nc);
         if (!nc[ic->nrchunks]) {
             *err = -E_NOMEM;
             return NULL;

@@ -14,6 +14,7 @@
 #define HWTRACE_CORE_ICACHE_H
 
 #include "common.h"
+#include "hugemem.h"
 
 enum { IF_INDIRECT = 1, IF_FAR = 2, IF_CPL = 4, IF_CR3 = 8, IF_VMPTRLD = 16,
        IF_VMENTRY = 32, IF_TRUNC = 64 };
@@ -95,6 +96,7 @@ struct icache {
     uint32_t nrchunks, nr;
     uint32_t *rslots;
     uint32_t rslots_cap;
+    struct hugemem mem;         /* the chunks (of both kinds) */
 };
 
 struct icache *ic_new(void *key, ic_fill_fn fill, void *ctx);

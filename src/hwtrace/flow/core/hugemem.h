@@ -1,0 +1,39 @@
+/* Memory for the caches' fixed-size chunks, in transparent huge pages.
+ *
+ * The instruction and run caches (icache.c) grow by fixed-size chunks that
+ * live until the cache is freed.  A decode of a large trace touches tens
+ * of megabytes of them once, and each fresh 4 KiB page is a page fault
+ * (python3-0: ~4,000 of the command's ~20,000; ~2 us each).  A hugemem
+ * hands the chunks out of 2 MiB-aligned blocks advised MADV_HUGEPAGE, so
+ * the kernel can back them with 2 MiB pages (one fault each) where
+ * transparent huge pages are enabled for advised memory; where they are
+ * not, the blocks are ordinary anonymous memory.  Only memory, never
+ * results: the chunks' contents are the same either way.
+ *
+ * Small caches pay nothing: the first HM_SMALL chunks of each hugemem come
+ * from malloc. */
+#ifndef HWTRACE_HUGEMEM_H
+#define HWTRACE_HUGEMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HM_SMALL 2              /* chunks from malloc before the blocks */
+
+#define HM_MAX ((size_t)1 << 20)       /* the largest chunk */
+
+struct hugemem {                /* all zero: empty */
+    void *small[HM_SMALL];      /* the chunks from malloc */
+    uint32_t nsmall;
+    uint32_t nblocks;
+    void **blocks;              /* whole blocks (4 MiB each) */
+    char *bump;                 /* free space in the last block */
+    size_t left;
+};
+
+/* a chunk of n bytes (n <= HM_MAX), 64-byte aligned, or NULL; freed
+ * only by hm_free, with all the others */
+void *hm_chunk(struct hugemem *h, size_t n);
+void hm_free(struct hugemem *h);
+
+#endif
