@@ -16,7 +16,8 @@ import pytest
 from conftest import IN_CI, run_hwtrace
 
 from test_export_formats import (FIB_C, fib_leaf_depths, fib_tree_depths,
-                                 slices_from_chrome, slices_from_perfetto)
+                                 slices_from_chrome, slices_from_perfetto,
+                                 assert_chrome_depths)
 from test_viewer_speedscope import (OUT, alert_of, open_in_speedscope,
                                     site, title_of)  # noqa: F401  (site: a fixture)
 
@@ -61,7 +62,7 @@ def test_recorded_fib_call_tree(recorded, tmp_path):
     assert "flags" not in main.get("args", {})
     slices, _, instants = slices_from_perfetto(pf.read_bytes())
     assert Counter(s[0] for s in slices) == names
-    assert Counter((n, d) for n, d, *_ in slices) == Counter(sl)
+    assert_chrome_depths(slices, ev)
     assert instants == []
 
 
