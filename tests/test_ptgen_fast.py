@@ -96,6 +96,32 @@ def test_compiled_equals_python(tmp_path):
                 _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
 
 
+def test_kept_prefix_and_generated_length(tmp_path):
+    """With ``keep`` (a stop-on-full buffer's size) the compiled generator
+    stores only each stream's first ``keep`` bytes -- those of the full
+    stream -- and says how long the stream was; instruction counts,
+    switches and exits don't change."""
+    src = tmp_path / "t.c"
+    src.write_text(THREADS)
+    exe = tmp_path / "t"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src), "-lpthread"], check=True)
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program([str(exe)]), log) == 0
+    _full, index, cr3 = _load(log)
+    cfg = ptgen.TraceConfig(ctl=CONFIGS[2])
+    for mode in ("thread", "cpu"):
+        whole, sw, ex = fast.generate(log, index, cfg, mode, 2, cr3)
+        longest = max(len(b) for b, _ in whole.values())
+        for keep in (1, longest // 3, longest, longest + 1):
+            generated: dict = {}
+            kept, ksw, kex = fast.generate(log, index, cfg, mode, 2, cr3, keep=keep,
+                                           generated=generated)
+            assert (ksw, kex, sorted(kept)) == (sw, ex, sorted(whole))
+            for key, (data, insns) in whole.items():
+                assert kept[key] == (data[:keep], insns), (mode, key, keep)
+                assert generated[key] == len(data)
+
+
 DYING = r"""
 #include <pthread.h>
 volatile unsigned long sink;

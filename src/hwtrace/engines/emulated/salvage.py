@@ -25,6 +25,7 @@ through ``hwtrace record``'s own bundle-making code).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -238,32 +239,53 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
             live = True         # e.g. a read-only directory: leave it as it is
     Path(scratch).mkdir(parents=True, exist_ok=True)
     out = Path(scratch) / LOG_NAME
-    shutil.copyfile(log, out)
+    src = log
     if live:
+        # a writer still runs: copy first, add the buffer files to the copy
+        shutil.copyfile(log, out)
         merged = snapshot(log, out)
-    with open(out, "rb") as f:
-        data = f.read()
-    used = complete_prefix(data)
-    if used == 0:
-        raise SalvageError(f"{log}: not an execution log (no complete header)")
-    header, start = xl.parse_header(data[:used])
-    source = _SOURCES.get(header.source)
-    if source is None:
-        raise SalvageError(f"{log}: unknown execution source {header.source}")
-    edits = unended_transfers(data, start, used, header.source == xl.SOURCE_QEMU)
-    if used != len(data) or edits:
-        mv = memoryview(data)
-        with open(out, "wb") as f:
-            at = 0
-            for off, size, repl, _ in edits:
-                f.write(mv[at:off])
-                f.write(repl)
-                at = off + size
-            f.write(mv[at:used])
+        src = out
+    # mapped, not read (a long recording's log is gigabytes): only the
+    # records' heads are looked at, and the copy is made by the kernel
+    with open(src, "rb") as f:
+        total = os.fstat(f.fileno()).st_size
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
+        try:
+            used = complete_prefix(data)
+            if used == 0:
+                raise SalvageError(f"{log}: not an execution log (no complete header)")
+            header, start = xl.parse_header(data)
+            source = _SOURCES.get(header.source)
+            if source is None:
+                raise SalvageError(f"{log}: unknown execution source {header.source}")
+            edits = unended_transfers(data, start, used, header.source == xl.SOURCE_QEMU)
+        finally:
+            if total:
+                data.close()
+        if src is not out or used != total or edits:
+            tmp = out.with_name(LOG_NAME + ".tmp")
+            with open(tmp, "wb") as g:
+                at = 0
+                for off, n, repl, _ in edits:
+                    _copy_range(f.fileno(), g, at, off)
+                    g.write(repl)
+                    at = off + n
+                _copy_range(f.fileno(), g, at, used)
+            os.replace(tmp, out)
     vdso = log.with_name(LOG_NAME + ".vdso")
     if vdso.is_file() and not vdso.is_symlink():
         shutil.copyfile(vdso, out.with_name(LOG_NAME + ".vdso"))
-    return Prepared(out, source, used, len(data), merged, sum(e[3] for e in edits))
+    return Prepared(out, source, used, total, merged, sum(e[3] for e in edits))
+
+
+def _copy_range(fd: int, out, begin: int, end: int) -> None:
+    """Append bytes ``[begin, end)`` of file ``fd`` to the open file ``out``."""
+    out.flush()
+    while begin < end:
+        n = os.sendfile(out.fileno(), fd, begin, end - begin)
+        if n <= 0:
+            raise SalvageError(f"the log ended while being copied (at {begin})")
+        begin += n
 
 
 def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tuple]:
