@@ -266,7 +266,9 @@ class EmulatedEngine(Engine):
             from .salvage import SalvageError, prepare
             where = tempfile.mkdtemp(prefix="cut-", dir=scratch or os.path.dirname(log))
             try:
-                log = str(prepare(log, where, live=live).path)
+                # the recorder's own log, about to be removed: edit it
+                # where it is rather than copy gigabytes
+                log = str(prepare(log, where, live=live, in_place=True).path)
             except SalvageError as e:
                 raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
         # mapped, not read: a long run's log is gigabytes, and the compiled

@@ -43,6 +43,7 @@ struct tracer {
     uint64_t last_ip, tnt_bits; int tnt_n;
     uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
     uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+    uint64_t mtc_cp, mtc_lo, mtc_hi;    /* art(t) >> mtc_freq == mtc_cp for t in [lo, hi) */
     int psb_due; uint64_t psb_at;       /* PSB+ due where t reaches psb_at */
 };
 
@@ -208,13 +209,26 @@ static void leave_async(struct tracer *tr, uint64_t next_ip)
     tr->in_user = 0; tr->pkt_en = 0;
 }
 
+/* The times t whose MTC period art(t) >> mtc_freq is p's: [t, the first
+ * one of period p + 1) (art grows with t); retire's 128-bit division is
+ * then done once per period, not per run */
+static void mtc_window(struct tracer *tr, uint64_t p)
+{
+    tr->mtc_cp = p;
+    tr->mtc_lo = tr->t;
+    unsigned __int128 hi = tr->eax
+        ? ((((unsigned __int128)p + 1) << tr->mtc_freq) * tr->ebx + tr->eax - 1) / tr->eax
+        : ~(unsigned __int128)0;
+    tr->mtc_hi = hi > UINT64_MAX ? UINT64_MAX : (uint64_t)hi;
+}
+
 static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
     if (!tr->triggered) return;
     tr->t += n;
     tr->cyc_acc += n;
-    if (tr->mtc_en) {
+    if (tr->mtc_en && !(tr->mtc_p == tr->mtc_cp && tr->t >= tr->mtc_lo && tr->t < tr->mtc_hi)) {
         uint64_t p = art(tr, tr->t) >> tr->mtc_freq;
         if (p != tr->mtc_p) {
             tr->mtc_p = p;
@@ -231,6 +245,7 @@ static void retire(struct tracer *tr, uint64_t n)
             unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
             emit(tr, b, 2);
         }
+        mtc_window(tr, p);
     }
 }
 
