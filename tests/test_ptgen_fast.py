@@ -315,3 +315,35 @@ def test_mtc_inside_a_run_keeps_libipt_on_the_clock(tmp_path, ptoracle, mtc_freq
             got.append((done, i["tsc"] - t0))
     assert done == 61 * n and len(got) == n
     assert got == [(61 * (k + 1), 61 * (k + 1)) for k in range(n)]
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5000, (3 << 20) + 7])
+def test_kept_prefix_then_discard_is_writing_it_all(extra):
+    """What the engine does with a kept stream -- write the first
+    ``_storable`` bytes, then ``_discard`` the rest -- leaves a stop-on-full
+    buffer exactly as writing the whole stream does: bytes, registers
+    (stored, lost, OVF pending, PacketByteCnt), as saved for recovery too."""
+    from hwtrace.control.config import BufferConfig
+    from hwtrace.control.storage import BufferOutput
+    from hwtrace.engines.emulated.engine import _discard, _storable
+    from hwtrace.topa import REGS_SIZE, OutputUnit, Topa, read_registers
+
+    def output():
+        t = Topa.build(3, 0, stop_on_full=True)
+        mem = [bytearray(t.region_size) for _ in range(3)]
+        regs = bytearray(REGS_SIZE)
+        return BufferOutput(OutputUnit(t, mem, regs=regs),
+                            BufferConfig(num_chunks=3, chunk_order=0)), mem, regs
+
+    a, amem, aregs = output()
+    b, bmem, bregs = output()
+    keep = _storable([a, b])
+    assert keep == 3 * 4096
+    stream = bytes((i * 7 + 3) & 0xFF for i in range(keep + extra))
+    a.write(stream)
+    b.write(stream[:keep])
+    _discard(b, len(stream) - keep)
+    assert (amem, a.unit.registers()) == (bmem, b.unit.registers())
+    assert read_registers(aregs) == read_registers(bregs) == a.unit.registers()
+    circular = BufferOutput(a.unit, BufferConfig(num_chunks=3, is_circular=True))
+    assert _storable([a, circular]) is None
