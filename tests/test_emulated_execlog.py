@@ -49,6 +49,23 @@ def test_roundtrip_every_record():
         xl.Munmap(100, 0x400000, 0x1000), xl.ThreadExit(0), xl.ProcExit(-9)]
 
 
+def test_first_ids_only():
+    """``first_ids``: every record as before, but an EXEC's ids are its
+    first one only (an index's view); a cut EXEC is still an error."""
+    w = xl.Writer()
+    w.ctx(1, 2, -1)
+    w.exec([5, 6, 7])
+    w.exec([])
+    w.time(9)
+    data = bytes(w)
+    whole, heads = list(xl.parse(data)), list(xl.parse(data, first_ids=True))
+    assert [type(r) for r in heads] == [type(r) for r in whole]
+    assert [list(r.ids) for r in heads if type(r) is xl.Exec] == [[5], []]
+    assert [r for r in heads if type(r) is not xl.Exec] == [r for r in whole if type(r) is not xl.Exec]
+    with pytest.raises(xl.ExecLogError, match="truncated EXEC"):
+        list(xl.parse(data[:-9 - 5 - 4], first_ids=True))     # into the first EXEC
+
+
 def test_exact_bytes_of_hot_records():
     w = xl.Writer()
     w.take()

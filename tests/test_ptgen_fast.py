@@ -96,6 +96,32 @@ def test_compiled_equals_python(tmp_path):
                 _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
 
 
+def test_kept_prefix_and_generated_length(tmp_path):
+    """With ``keep`` (a stop-on-full buffer's size) the compiled generator
+    stores only each stream's first ``keep`` bytes -- those of the full
+    stream -- and says how long the stream was; instruction counts,
+    switches and exits don't change."""
+    src = tmp_path / "t.c"
+    src.write_text(THREADS)
+    exe = tmp_path / "t"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src), "-lpthread"], check=True)
+    log = tmp_path / "x.log"
+    assert qemu.run(qemu.resolve_program([str(exe)]), log) == 0
+    _full, index, cr3 = _load(log)
+    cfg = ptgen.TraceConfig(ctl=CONFIGS[2])
+    for mode in ("thread", "cpu"):
+        whole, sw, ex = fast.generate(log, index, cfg, mode, 2, cr3)
+        longest = max(len(b) for b, _ in whole.values())
+        for keep in (1, longest // 3, longest, longest + 1):
+            generated: dict = {}
+            kept, ksw, kex = fast.generate(log, index, cfg, mode, 2, cr3, keep=keep,
+                                           generated=generated)
+            assert (ksw, kex, sorted(kept)) == (sw, ex, sorted(whole))
+            for key, (data, insns) in whole.items():
+                assert kept[key] == (data[:keep], insns), (mode, key, keep)
+                assert generated[key] == len(data)
+
+
 DYING = r"""
 #include <pthread.h>
 volatile unsigned long sink;
@@ -289,3 +315,35 @@ def test_mtc_inside_a_run_keeps_libipt_on_the_clock(tmp_path, ptoracle, mtc_freq
             got.append((done, i["tsc"] - t0))
     assert done == 61 * n and len(got) == n
     assert got == [(61 * (k + 1), 61 * (k + 1)) for k in range(n)]
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5000, (3 << 20) + 7])
+def test_kept_prefix_then_discard_is_writing_it_all(extra):
+    """What the engine does with a kept stream -- write the first
+    ``_storable`` bytes, then ``_discard`` the rest -- leaves a stop-on-full
+    buffer exactly as writing the whole stream does: bytes, registers
+    (stored, lost, OVF pending, PacketByteCnt), as saved for recovery too."""
+    from hwtrace.control.config import BufferConfig
+    from hwtrace.control.storage import BufferOutput
+    from hwtrace.engines.emulated.engine import _discard, _storable
+    from hwtrace.topa import REGS_SIZE, OutputUnit, Topa, read_registers
+
+    def output():
+        t = Topa.build(3, 0, stop_on_full=True)
+        mem = [bytearray(t.region_size) for _ in range(3)]
+        regs = bytearray(REGS_SIZE)
+        return BufferOutput(OutputUnit(t, mem, regs=regs),
+                            BufferConfig(num_chunks=3, chunk_order=0)), mem, regs
+
+    a, amem, aregs = output()
+    b, bmem, bregs = output()
+    keep = _storable([a, b])
+    assert keep == 3 * 4096
+    stream = bytes((i * 7 + 3) & 0xFF for i in range(keep + extra))
+    a.write(stream)
+    b.write(stream[:keep])
+    _discard(b, len(stream) - keep)
+    assert (amem, a.unit.registers()) == (bmem, b.unit.registers())
+    assert read_registers(aregs) == read_registers(bregs) == a.unit.registers()
+    circular = BufferOutput(a.unit, BufferConfig(num_chunks=3, is_circular=True))
+    assert _storable([a, circular]) is None

@@ -699,3 +699,45 @@ def test_python_api_collector_killed_then_recovered(tmp_path, cprogs, ptoracle, 
     assert man["mode"] == mode and man["recovered"]["settings"] == "recorded"
     assert man["config"]["num_chunks"] == 16 and man["config"]["chunk_order"] == 4
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 10_000
+
+
+@needs_emulation
+@pytest.mark.parametrize("source", ["qemu", "ptrace"])
+def test_prepare_in_place_is_the_copy(tmp_path, tiny_logs, source, monkeypatch):
+    """``prepare(in_place=True)`` (the recorder's own log after a stop)
+    leaves in the log itself exactly the bytes the usual copy holds --
+    cut records dropped, unended last blocks cut -- with the same counts;
+    past MAX_IN_PLACE bytes to rewrite it makes the copy instead."""
+    import struct
+    from hwtrace.engines.emulated import execlog as xl, salvage
+    data = tiny_logs[source]
+    logs, off = [], xl.HEADER.size
+    while off < len(data):
+        n = salvage.record_size(data, off)
+        if data[off] == xl.T_EXEC:
+            (count,) = struct.unpack_from("<I", data, off + 1)
+            ids = struct.unpack_from(f"<{count}I", data, off + 5)
+            for k in (1, count):
+                log = data[:off] + bytes([xl.T_EXEC]) + struct.pack(f"<I{k}I", k, *ids[:k])
+                logs += [log, log + data[off:off + min(n, 7) - 1]]     # + a cut record
+        off += n
+    assert len(logs) >= 8
+    changed = 0
+    for i, log in enumerate(logs):
+        a, b = tmp_path / f"a{i}" / "exec.xlog", tmp_path / f"b{i}" / "exec.xlog"
+        for p in (a, b):
+            p.parent.mkdir()
+            p.write_bytes(log)
+        copy = salvage.prepare(a, tmp_path / f"ca{i}")
+        here = salvage.prepare(b, tmp_path / f"cb{i}", in_place=True)
+        assert here.path == b and copy.path != a
+        assert b.read_bytes() == copy.path.read_bytes(), i
+        assert (here.used, here.size, here.unended) == (copy.used, copy.size, copy.unended)
+        changed += b.read_bytes() != log
+    assert changed >= len(logs) // 2
+    monkeypatch.setattr(salvage, "MAX_IN_PLACE", 0)
+    c = tmp_path / "c" / "exec.xlog"
+    c.parent.mkdir()
+    c.write_bytes(logs[1])
+    p = salvage.prepare(c, tmp_path / "cc", in_place=True)
+    assert p.path != c and c.read_bytes() == logs[1]

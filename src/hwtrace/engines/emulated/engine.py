@@ -11,6 +11,7 @@ executable mappings (with build-ids), exits and, in cpu mode, switches.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
@@ -68,6 +69,34 @@ def _config(out, ranges=None) -> ptgen.TraceConfig:
     return ptgen.TraceConfig(ctl=int(out.ctl), cr3_match=int(out.cr3_match),
                              addr_ranges=tuple(ranges if ranges is not None else out.addr_ranges),
                              timing=_TIMING)
+
+
+def _storable(outs) -> int | None:
+    """The most bytes any of ``outs`` can store if every one stops when
+    full (None: some wraps, or says nothing): the compiled generator need
+    keep no more of a stream."""
+    sizes = []
+    for out in outs:
+        cfg = getattr(out, "config", None)
+        if cfg is None or cfg.is_circular:
+            return None
+        sizes.append(cfg.total_size)
+    return max(sizes, default=None)
+
+
+def _discard(out, n: int) -> None:
+    """The ``n`` bytes of a stream generated after the ``_storable`` bytes
+    that filled ``out``: written as any bytes (a stopped output stores
+    none, and counts them lost), never held whole."""
+    if n <= 0:
+        return
+    if not out.stopped:
+        raise RuntimeError("emulated engine: a buffer that can store no more did not stop")
+    filler = memoryview(bytes(min(n, 1 << 20)))
+    while n:
+        k = min(n, len(filler))
+        out.write(filler[:k])
+        n -= k
 
 
 def _load_base(trace, path: str) -> int | None:
@@ -237,16 +266,20 @@ class EmulatedEngine(Engine):
             from .salvage import SalvageError, prepare
             where = tempfile.mkdtemp(prefix="cut-", dir=scratch or os.path.dirname(log))
             try:
-                log = str(prepare(log, where, live=live).path)
+                # the recorder's own log, about to be removed: edit it
+                # where it is rather than copy gigabytes
+                log = str(prepare(log, where, live=live, in_place=True).path)
             except SalvageError as e:
                 raise TraceError(Status.NOT_SUPPORTED, f"{self.source} engine: {e}") from None
+        # mapped, not read: a long run's log is gigabytes, and the compiled
+        # generator (which maps it too) needs only its index from Python
         try:
             with open(log, "rb") as f:
-                data = f.read()
+                if not os.fstat(f.fileno()).st_size:
+                    return
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError:
             return      # the program never started under the source
-        if not data:
-            return
         self._load_vdso(log)
         try:
             self._generate_from(session, log, data)
@@ -306,10 +339,13 @@ class EmulatedEngine(Engine):
         starts: dict = {}           # tid -> emulated time it began
         execs: dict = {}            # tid -> time of each of its PROC_EXEC records
         if cfg is not None and fast.eligible(index, cfg):
+            generated: dict = {}
             try:
                 streams, switches, exits = fast.generate(log, index, cfg, mode,
                                                          session.num_cpus, cr3,
-                                                         starts=starts, execs=execs)
+                                                         starts=starts, execs=execs,
+                                                         keep=_storable(keyed.values()),
+                                                         generated=generated)
             except fast.FastUnavailable:
                 streams = None
             if streams is not None:
@@ -317,6 +353,7 @@ class EmulatedEngine(Engine):
                 for key, out in keyed.items():
                     data_, insns = streams.get(key, (b"", 0))
                     out.write(data_)
+                    _discard(out, generated.get(key, len(data_)) - len(data_))
                     out.add_instructions(insns)
                 self._finish(session, index, cr3, keyed, switches, exits, starts, execs)
                 return

@@ -273,10 +273,14 @@ def parse_header(data: bytes) -> tuple[Header, int]:
     return Header(version, source, clock, hz), hsize
 
 
-def parse(data: bytes | memoryview, start: int | None = None) -> Iterator[object]:
+def parse(data: bytes | memoryview, start: int | None = None, *,
+          first_ids: bool = False) -> Iterator[object]:
     """Yield the records of ``data`` (a whole log, header included).
 
     With ``start`` the header is not read and records begin there.
+    ``first_ids``: each Exec holds only its first id (none if it has
+    none): an index needs no more, and the ids are most of a long log's
+    bytes (a mapped log's pages are then never touched).
     Raises :class:`ExecLogError` (with the offset) on malformed input.
     """
     mv = memoryview(data)
@@ -296,7 +300,7 @@ def parse(data: bytes | memoryview, start: int | None = None) -> Iterator[object
                 if stop > end:
                     raise ExecLogError(f"execution log: truncated EXEC at {off - 5}")
                 ids = array("I")
-                ids.frombytes(mv[off:stop])
+                ids.frombytes(mv[off:min(stop, off + 4)] if first_ids else mv[off:stop])
                 off = stop
                 yield Exec(ids)
             elif t == T_CTX:

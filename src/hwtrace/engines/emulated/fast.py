@@ -56,10 +56,14 @@ def eligible(trace, cfg: TraceConfig) -> bool:
 
 
 def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: dict,
-             starts: dict | None = None, execs: dict | None = None):
+             starts: dict | None = None, execs: dict | None = None,
+             keep: int | None = None, generated: dict | None = None):
     """Run the C generator; returns ({("cpu"|"tid", n): (bytes, insns)},
     switches, {tid: exit time}); ``starts`` and ``execs`` (dicts) get what
-    flow.generate's do."""
+    flow.generate's do.  ``keep``: each stream's bytes are its first
+    ``keep`` only (what a stop-on-full buffer of that size can store: a
+    long run generates gigabytes it would drop); ``generated`` (a dict)
+    gets each stream's full length."""
     exe = binary_path()
     tm = cfg.timing
     # next to the log (the recording's working directory), not in $TMPDIR:
@@ -80,7 +84,8 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
         r = subprocess.run([str(exe), os.fspath(log_path), blocks, out, mode, str(num_cpus),
                             str(int(cfg.ctl)), str(cfg.cr3_match), str(tm.t0 or trace.t0),
                             str(tm.nom_freq), str(tm.cpuid_15_eax), str(tm.cpuid_15_ebx),
-                            str(int(cfg.long_tnt)), cr3f], capture_output=True, text=True)
+                            str(int(cfg.long_tnt)), cr3f, str(keep or 0)],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             raise FastUnavailable((r.stderr.strip().splitlines() or ["failed"])[-1])
         streams, switches, exits = {}, [], {}
@@ -92,6 +97,8 @@ def generate(log_path, trace, cfg: TraceConfig, mode: str, num_cpus: int, cr3: d
                     name = f"{w[1]}{w[2]}.pt"
                     with open(os.path.join(out, name), "rb") as g:
                         streams[key] = (g.read(), int(w[3]))
+                    if generated is not None:
+                        generated[key] = int(w[4])
                 elif w[0] == "switch":
                     switches.append(tuple(int(x) for x in w[1:]))
                 elif w[0] == "exit":

@@ -222,7 +222,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     last_time = 0
     mmap_execs: list = []       # per MMAP: its process's PROC_EXEC records before it
     open_exec: dict = {}        # tid -> (process, index) of an execve not yet known to succeed
-    for r in xl.parse(data, off):
+    for r in xl.parse(data, off, first_ids=index_only):
         t = type(r)
         if seg is None and t not in (xl.Block, xl.Ctx, xl.Time, xl.Mmap, xl.Munmap):
             raise xl.ExecLogError(f"execution log: {t.__name__} record before any CTX")

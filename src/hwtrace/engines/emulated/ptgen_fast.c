@@ -5,12 +5,15 @@
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
- *   ptgen_fast LOG BLOCKS OUTDIR MODE NCPU CTL CR3MATCH T0 NOM EAX EBX LONGTNT CR3FILE
+ *   ptgen_fast LOG BLOCKS OUTDIR MODE NCPU CTL CR3MATCH T0 NOM EAX EBX LONGTNT CR3FILE KEEP
  *
  * BLOCKS: per BLOCK record of LOG, in order, 40 bytes:
  *   u64 pc, u64 last, u64 target, u64 nlip, u32 ninsn, u8 kind, u8[3] pad.
- * CR3FILE: lines "pid cr3".  Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt and
- * OUTDIR/summary.txt: "stream KEY N insns", "switch CPU T PPID PTID PID TID",
+ * CR3FILE: lines "pid cr3".  KEEP: bytes of each stream kept (0: all): the
+ * rest is generated and counted but not stored (a stop-on-full buffer of
+ * that size keeps no more; a long run's streams need not fit in memory).
+ * Writes OUTDIR/cpuN.pt or OUTDIR/tidN.pt (at most KEEP bytes) and
+ * OUTDIR/summary.txt: "stream KEY N insns bytes" (bytes generated), "switch CPU T PPID PTID PID TID",
  * "start TID T", "exec TID T" (per PROC_EXEC record) and "exit TID T" lines
  * (times on the emulated TSC: every thread on one clock, as schedule.py).
  */
@@ -32,6 +35,7 @@ struct blk { uint64_t pc, last, target, nlip; uint32_t ninsn; uint8_t kind, pad[
 /* ------------------------------------------------------------ tracer */
 struct tracer {
     unsigned char *buf; size_t len, cap;
+    uint64_t total;                     /* bytes generated (len: stored, <= g_keep) */
     uint64_t since_psb;
     int branch_en, user, tsc_en, mtc_en, mtc_freq, cyc_en, retc, tnt_max;
     uint64_t cyc_thresh, psb_period, eax, ebx, cbr;
@@ -39,11 +43,18 @@ struct tracer {
     uint64_t last_ip, tnt_bits; int tnt_n;
     uint64_t rs[64]; int rs_top, rs_n;   /* circular return stack */
     uint64_t t, mtc_p, cyc_acc, cur_ip, insns;
+    uint64_t mtc_cp, mtc_lo, mtc_hi;    /* art(t) >> mtc_freq == mtc_cp for t in [lo, hi) */
     int psb_due; uint64_t psb_at;       /* PSB+ due where t reaches psb_at */
 };
 
+static size_t g_keep = SIZE_MAX;       /* bytes of a stream stored */
+
 static void emit(struct tracer *tr, const void *p, size_t n)
 {
+    tr->since_psb += n;
+    tr->total += n;
+    if (n > g_keep - tr->len) n = g_keep - tr->len;
+    if (!n) return;
     if (tr->len + n > tr->cap) {
         tr->cap = tr->cap ? tr->cap * 2 : 1 << 16;
         while (tr->cap < tr->len + n) tr->cap *= 2;
@@ -51,7 +62,6 @@ static void emit(struct tracer *tr, const void *p, size_t n)
     }
     memcpy(tr->buf + tr->len, p, n);
     tr->len += n;
-    tr->since_psb += n;
 }
 
 static uint64_t art(struct tracer *tr, uint64_t t) { return (uint64_t)((unsigned __int128)t * tr->eax / tr->ebx); }
@@ -199,13 +209,26 @@ static void leave_async(struct tracer *tr, uint64_t next_ip)
     tr->in_user = 0; tr->pkt_en = 0;
 }
 
+/* The times t whose MTC period art(t) >> mtc_freq is p's: [t, the first
+ * one of period p + 1) (art grows with t); retire's 128-bit division is
+ * then done once per period, not per run */
+static void mtc_window(struct tracer *tr, uint64_t p)
+{
+    tr->mtc_cp = p;
+    tr->mtc_lo = tr->t;
+    unsigned __int128 hi = tr->eax
+        ? ((((unsigned __int128)p + 1) << tr->mtc_freq) * tr->ebx + tr->eax - 1) / tr->eax
+        : ~(unsigned __int128)0;
+    tr->mtc_hi = hi > UINT64_MAX ? UINT64_MAX : (uint64_t)hi;
+}
+
 static void retire(struct tracer *tr, uint64_t n)
 {
     if (tr->pkt_en) tr->insns += n;
     if (!tr->triggered) return;
     tr->t += n;
     tr->cyc_acc += n;
-    if (tr->mtc_en) {
+    if (tr->mtc_en && !(tr->mtc_p == tr->mtc_cp && tr->t >= tr->mtc_lo && tr->t < tr->mtc_hi)) {
         uint64_t p = art(tr, tr->t) >> tr->mtc_freq;
         if (p != tr->mtc_p) {
             tr->mtc_p = p;
@@ -222,6 +245,7 @@ static void retire(struct tracer *tr, uint64_t n)
             unsigned char b[2] = {0x59, (unsigned char)(p & 0xff)};
             emit(tr, b, 2);
         }
+        mtc_window(tr, p);
     }
 }
 
@@ -531,6 +555,16 @@ static void write_file(const char *dir, const char *name, struct tracer *tr)
     fclose(f);
 }
 
+/* A slice's records are read once: let its pages of the mapped log go (a
+ * long run's log is gigabytes; a BLOCK record in them read again later is
+ * paged back in from the file, the mapping being private and never written). */
+static void release(const struct slice *x)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t a = (x->start + pg - 1) / pg * pg, b = x->end / pg * pg;
+    if (b > a && b <= LN) madvise((void *)(L + a), b - a, MADV_DONTNEED);
+}
+
 /* ------------------------------------------------------------ schedule.py */
 static struct slice *sl;
 
@@ -696,6 +730,7 @@ static void run_cpus(FILE *sum, const char *outdir, int ncpu, int n)
         last_tid[cpu] = ti;
         ran(sum, x, tr, started);
         run_slice(th, tr, x);
+        release(x);
         on_tid[cpu] = ti; on_has[cpu] = x->has_next; on_next[cpu] = x->next_ip;
         where[ti] = cpu;
         own_end[ti] = tr->t;
@@ -712,7 +747,7 @@ static void run_cpus(FILE *sum, const char *outdir, int ncpu, int n)
         char name[64];
         snprintf(name, sizeof name, "cpu%d.pt", c);
         write_file(outdir, name, &trs[c]);
-        fprintf(sum, "stream cpu %d %" PRIu64 "\n", c, trs[c].insns);
+        fprintf(sum, "stream cpu %d %" PRIu64 " %" PRIu64 "\n", c, trs[c].insns, trs[c].total);
     }
 }
 
@@ -723,7 +758,7 @@ static void thread_done(FILE *sum, const char *outdir, struct thread *th, struct
     char name[64];
     snprintf(name, sizeof name, "tid%u.pt", th->tid);
     write_file(outdir, name, tr);
-    fprintf(sum, "stream tid %u %" PRIu64 "\n", th->tid, tr->insns);
+    fprintf(sum, "stream tid %u %" PRIu64 " %" PRIu64 "\n", th->tid, tr->insns, tr->total);
     free(tr->buf);
     tr->buf = NULL;
 }
@@ -744,6 +779,7 @@ static void run_threads(FILE *sum, const char *outdir, int n)
         else catch_up(th, tr, x, start, 1);
         ran(sum, x, tr, started);
         run_slice(th, tr, x);
+        release(x);
         fr_add(x->h1, tr->t);
         if (x->last) {
             end_thread(th, tr);
@@ -756,7 +792,7 @@ static void run_threads(FILE *sum, const char *outdir, int n)
 
 int main(int argc, char **argv)
 {
-    if (argc != 14) { fprintf(stderr, "usage: see ptgen_fast.c\n"); return 2; }
+    if (argc != 15) { fprintf(stderr, "usage: see ptgen_fast.c\n"); return 2; }
     const char *outdir = argv[3];
     int cpu_mode = strcmp(argv[4], "cpu") == 0;
     int ncpu = atoi(argv[5]);
@@ -765,6 +801,7 @@ int main(int argc, char **argv)
     g_t0 = strtoull(argv[8], 0, 0); g_nom = strtoull(argv[9], 0, 0);
     g_eax = strtoull(argv[10], 0, 0); g_ebx = strtoull(argv[11], 0, 0);
     g_long_tnt = atoi(argv[12]);
+    if (strtoull(argv[14], 0, 0)) g_keep = (size_t)strtoull(argv[14], 0, 0);
 
     int fd = open(argv[1], O_RDONLY);
     struct stat st;

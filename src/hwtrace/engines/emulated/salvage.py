@@ -25,6 +25,7 @@ through ``hwtrace record``'s own bundle-making code).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -219,8 +220,13 @@ class Prepared:
         return self.size - self.used
 
 
+#: the most bytes an in-place :func:`prepare` rewrites (from its first
+#: edit to the end); more, and it makes a copy as usual
+MAX_IN_PLACE = 64 << 20
+
+
 def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
-            live: bool = False) -> Prepared:
+            live: bool = False, in_place: bool = False) -> Prepared:
     """The usable log, as a copy in ``scratch`` (never generated from the
     file itself: a writer still running would change it under the
     generator): the records the QEMU plugin's buffer files hold first
@@ -228,7 +234,14 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
     ``live`` -- its recorder still runs -- or where ``log`` can't be
     written, added to the copy only: :func:`snapshot`), then cut to its
     whole records, without the blocks :func:`unended_transfers` drops; the
-    ``.vdso`` next to it is copied too."""
+    ``.vdso`` next to it is copied too.
+
+    ``in_place`` (not ``live``): nothing will want ``log`` as it is (its
+    recorder is done with it): cut and edit ``log`` itself when that means
+    rewriting at most :data:`MAX_IN_PLACE` bytes at its end (a long run's
+    log is gigabytes; its edits are where its threads stopped, at the end).
+    It is cut at its first edit before the edited tail is appended, so if
+    this is interrupted it still is a log of whole records."""
     log = Path(log)
     merged = 0
     if not live:
@@ -238,32 +251,75 @@ def prepare(log: str | os.PathLike, scratch: str | os.PathLike, *,
             live = True         # e.g. a read-only directory: leave it as it is
     Path(scratch).mkdir(parents=True, exist_ok=True)
     out = Path(scratch) / LOG_NAME
-    shutil.copyfile(log, out)
+    src = log
     if live:
+        # a writer still runs: copy first, add the buffer files to the copy
+        shutil.copyfile(log, out)
         merged = snapshot(log, out)
-    with open(out, "rb") as f:
-        data = f.read()
-    used = complete_prefix(data)
-    if used == 0:
-        raise SalvageError(f"{log}: not an execution log (no complete header)")
-    header, start = xl.parse_header(data[:used])
-    source = _SOURCES.get(header.source)
-    if source is None:
-        raise SalvageError(f"{log}: unknown execution source {header.source}")
-    edits = unended_transfers(data, start, used, header.source == xl.SOURCE_QEMU)
-    if used != len(data) or edits:
-        mv = memoryview(data)
-        with open(out, "wb") as f:
-            at = 0
-            for off, size, repl, _ in edits:
-                f.write(mv[at:off])
-                f.write(repl)
-                at = off + size
-            f.write(mv[at:used])
+        src = out
+    # mapped, not read (a long recording's log is gigabytes): only the
+    # records' heads are looked at, and the copy is made by the kernel
+    with open(src, "rb") as f:
+        total = os.fstat(f.fileno()).st_size
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if total else b""
+        try:
+            used = complete_prefix(data)
+            if used == 0:
+                raise SalvageError(f"{log}: not an execution log (no complete header)")
+            header, start = xl.parse_header(data)
+            source = _SOURCES.get(header.source)
+            if source is None:
+                raise SalvageError(f"{log}: unknown execution source {header.source}")
+            edits = unended_transfers(data, start, used, header.source == xl.SOURCE_QEMU)
+        finally:
+            if total:
+                data.close()
+        if in_place and not live and used - (edits[0][0] if edits else used) <= MAX_IN_PLACE:
+            _edit_in_place(f, used, edits)
+            out = log
+        elif src is not out or used != total or edits:
+            tmp = out.with_name(LOG_NAME + ".tmp")
+            with open(tmp, "wb") as g:
+                at = 0
+                for off, n, repl, _ in edits:
+                    _copy_range(f.fileno(), g, at, off)
+                    g.write(repl)
+                    at = off + n
+                _copy_range(f.fileno(), g, at, used)
+            os.replace(tmp, out)
     vdso = log.with_name(LOG_NAME + ".vdso")
-    if vdso.is_file() and not vdso.is_symlink():
+    if out != log and vdso.is_file() and not vdso.is_symlink():
         shutil.copyfile(vdso, out.with_name(LOG_NAME + ".vdso"))
-    return Prepared(out, source, used, len(data), merged, sum(e[3] for e in edits))
+    return Prepared(out, source, used, total, merged, sum(e[3] for e in edits))
+
+
+def _edit_in_place(f, used: int, edits: list) -> None:
+    """Make the log open (read-only) as ``f`` its first ``used`` bytes
+    with ``edits`` made: cut at the first edit, then the tail appended."""
+    first = edits[0][0] if edits else used
+    f.seek(first)
+    old = f.read(used - first)
+    tail = bytearray()
+    at = first
+    for off, n, repl, _ in edits:
+        tail += old[at - first:off - first]
+        tail += repl
+        at = off + n
+    tail += old[at - first:]
+    with open(f.name, "r+b") as g:
+        g.truncate(first)
+        g.seek(first)
+        g.write(tail)
+
+
+def _copy_range(fd: int, out, begin: int, end: int) -> None:
+    """Append bytes ``[begin, end)`` of file ``fd`` to the open file ``out``."""
+    out.flush()
+    while begin < end:
+        n = os.sendfile(out.fileno(), fd, begin, end - begin)
+        if n <= 0:
+            raise SalvageError(f"the log ended while being copied (at {begin})")
+        begin += n
 
 
 def unended_transfers(data, start: int, end: int, qemu_blocks: bool) -> list[tuple]:
