@@ -412,8 +412,12 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
         mctl = manifest.get("config", {}).get("ctl") \
             if isinstance(manifest.get("config"), dict) else None
         ctl = ectl if type(ectl) is int else mctl if type(mctl) is int else None
+        counted = insn_clock_counted(
+            manifest, e.config if isinstance(e.config, dict) else None)
+        # (on a clock that counts the traced instructions an enable's time
+        # is exact however coarse the time stamps: spaces.InsnClock)
         if timeline is not None and len(used) > 1 and ctl is not None and \
-                not ctl & (_CYC_EN | _MTC_EN):
+                not ctl & (_CYC_EN | _MTC_EN) and not counted:
             ts.warnings.append(
                 f"{n} runs {len(used)} processes but its trace has no "
                 f"MTC/CYC packets: process switches are placed by TSC alone "
@@ -424,12 +428,12 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
                               manifest, e.config if isinstance(e.config, dict) else None),
-                          clock_counted=insn_clock_counted(
-                              manifest, e.config if isinstance(e.config, dict) else None))
+                          clock_counted=counted)
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,
-                         cyc=ctl is not None and bool(ctl & _CYC_EN))
+                         cyc=ctl is not None and bool(ctl & _CYC_EN),
+                         insn_clock=info["clock_counted"])
         ts.streams.append(Stream(n, str(paths[n]), info, entry, cfg,
                                  initial.image, plan, warn=warn))
     return ts
