@@ -26,6 +26,10 @@ decoder between them:
   with IP, a synchronization), it selects by time, the way a user-only
   cpu-wide trace must (context switches happen while tracing is off):
 
+  - on an instruction-count clock (the emulated engine's: one tick per
+    traced instruction, :class:`InsnClock`), at its exact time: the
+    last TSC's plus the instructions decoded since (the last switch at
+    or before);
   - with CYC packets, at a cycle-accurate time (:class:`CycClock`: last
     TSC + CYC cycles; libipt's time model re-anchors at MTCs and trails
     the true time by a few cycles, too much where a process runs only a
@@ -654,7 +658,9 @@ class SpaceSwitcher:
         if insn_clock and self._clock is None and timeline is not None and \
                 len(timeline.entries) > 1:
             self._iclock = InsnClock()
-            if not hasattr(self.flow, "decoded"):
+            if hasattr(self.flow, "decoded"):
+                self._count = self._core_count
+            else:
                 # the twin: count what the decoder returns (the compiled
                 # core counts its own)
                 self.next = self._next_block if dec is not self.flow \
@@ -702,9 +708,12 @@ class SpaceSwitcher:
         return r
 
     def _count(self) -> int:
-        """Instructions decoded so far."""
-        d = getattr(self.flow, "decoded", None)
-        return self._n if d is None else d
+        """Instructions decoded so far (the twin's, counted by next)."""
+        return self._n
+
+    def _core_count(self) -> int:
+        """Instructions decoded so far (the compiled core's count)."""
+        return self.flow.decoded
 
     def time(self):
         return self.dec.time()
