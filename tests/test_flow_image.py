@@ -738,3 +738,124 @@ def test_for_stream(tmp_path):
     assert tl is None and first.pid == -1 and first.image.read(0x1000, 1) == b"A"
     single = AddressSpaces(recs[:1] + recs[3:4])
     assert single.for_stream(cpu=0) == (None, single.of_pid(1))
+
+
+def _insn_clock_decode(sp, tl, initial, trace, producer, insn_clock=True,
+                       decoder="insn"):
+    """Decode ``trace`` switched by a plan on an instruction-count clock:
+    ``(switches as (pid, offset), error items)``."""
+    from hwtrace.flow import fast
+    from hwtrace.flow.batches import ErrorItem, python_batches
+    from hwtrace.flow.spaces import SpacePlan
+    got = []
+    plan = SpacePlan(sp, tl, initial, insn_clock=insn_clock,
+                     on_switch=lambda s, o: got.append((s.pid, o)))
+    if producer == "twin":
+        out = list(python_batches(trace, initial.image, decoder=decoder, plan=plan))
+    else:
+        out = list(fast.compiled_batches(fast.STATUS.module, trace, initial.image,
+                                         decoder=decoder, spaces=plan))
+    errors = [it for b in out for _, _, it in b.items if isinstance(it, ErrorItem)]
+    return got, errors
+
+
+def _fork_pair_on_one_cpu(tmp_path, runs):
+    """Processes 1 and 2 (a parent and its fork child) map the same code at
+    0x1000 (jnz 0x1000; syscall; jnz 0x1004; syscall; jmp rax), CPU 0 runs
+    them as ``runs`` says (``_runs``)."""
+    code = b"\x75\xfe\x0f\x05\x75\xfe\x0f\x05\xff\xe0"
+    f = _files(tmp_path, code=code)
+    return AddressSpaces([Process(pid=1, cr3=0x1000), Process(pid=2, cr3=0x2000),
+                          Mmap(pid=1, start=0x1000, size=10, offset=0, file=f["code"]),
+                          Mmap(pid=2, start=0x1000, size=10, offset=0, file=f["code"]),
+                          *_runs(0, *runs)])
+
+
+def test_insn_clock_places_an_enable_at_its_exact_time(tmp_path):
+    """On an instruction-count clock (the emulated engine's: one tick per
+    traced instruction) the time at an enable is the last TSC's plus the
+    instructions decoded since: a TSC-only trace, whose time stamps are a
+    PSB apart, places each enable exactly.  CPU 0 runs 2 from 90 to 100
+    (10 instructions up to its syscall), 1 from 100 to 106, 2 again from
+    106; both stop at the same syscall, so where each resumes says
+    nothing, and the window up to the next TSC (150) holds every switch:
+    by the window the second enable was taken for 2 (the last switch in
+    it), 1's code decoded as 2's.  Twin and compiled core alike, insn
+    and block decoders."""
+    from hwtrace.flow import fast
+    from hwtrace.pt import encoder as enc
+    sp = _fork_pair_on_one_cpu(tmp_path, [(90, 2), (100, 1), (106, 2)])
+    two = sp.of_pid(2)
+    tl = sp.cpu_timeline(0)
+    trace = (enc.psb() + enc.tsc(90) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000)
+             + enc.tnt8("tttttt") + enc.tnt8("ttn") + enc.tip_pgd())   # 2: 10
+    second = len(trace)
+    trace += (enc.tip_pge(0x1004) + enc.tnt8("ttttn")              # 1: 6 to 106
+              + enc.tip_pgd())
+    third = len(trace)
+    trace += (enc.tip_pge(0x1004) + enc.tnt8("n") + enc.tip_pgd()  # 2 again
+              + enc.tsc(150))
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        for decoder in ("insn", "block"):
+            got, errors = _insn_clock_decode(sp, tl, two, trace, producer,
+                                             decoder=decoder)
+            assert [p for p, _ in got] == [2, 1, 2], (producer, decoder, got)
+            assert second < got[1][1] <= third < got[2][1], (producer, decoder, got)
+            assert errors == [], (producer, decoder, errors)
+        # by the time stamps' window alone (not a counted clock): 2 stays
+        got, _ = _insn_clock_decode(sp, tl, two, trace, producer, insn_clock=False)
+        assert [p for p, _ in got] == [2], (producer, got)
+
+
+def test_insn_clock_takes_a_jump_while_tracing_is_off(tmp_path):
+    """The clock jumps only while tracing is off (an idle CPU): the TSC
+    before the next enable says where to, and counting goes on from
+    there; a TSC no later than the count (a PSB+'s in a run) changes
+    nothing.  CPU 0 runs 1 from 100 (6 instructions), idles from 106,
+    runs 2 from 300 (6 instructions up to its syscall, through a PSB+ at
+    303), then 1 from 306.  Twin and compiled core alike."""
+    from hwtrace.flow import fast
+    from hwtrace.pt import encoder as enc
+    sp = _fork_pair_on_one_cpu(tmp_path, [(100, 1), (106, -1), (300, 2), (306, 1)])
+    one = sp.of_pid(1)
+    tl = sp.cpu_timeline(0)
+    trace = (enc.psb() + enc.tsc(100) + enc.cbr(22) + enc.mode_exec(csl=1)
+             + enc.psbend() + enc.tip_pge(0x1000) + enc.tnt8("ttttn")
+             + enc.tip_pgd() + enc.tsc(300) + enc.cbr(22))
+    second = len(trace)
+    trace += (enc.tip_pge(0x1000) + enc.tnt8("tt")
+              + enc.psb() + enc.tsc(303) + enc.cbr(22) + enc.mode_exec(csl=1)
+              + enc.fup(0x1000) + enc.psbend() + enc.tnt8("tn") + enc.tip_pgd())
+    third = len(trace)
+    trace += enc.tip_pge(0x1004) + enc.tnt8("n") + enc.tip_pgd() + enc.tsc(400)
+    producers = ["twin"] + (["core"] if fast.STATUS.module is not None else [])
+    for producer in producers:
+        got, errors = _insn_clock_decode(sp, tl, one, trace, producer)
+        assert [p for p, _ in got] == [1, 2, 1], (producer, got)
+        assert second < got[1][1] <= third < got[2][1], (producer, got)
+        assert errors == [], (producer, errors)
+
+
+def test_insn_clock_counts():
+    """InsnClock: the first time stamp anchors; later ones count only if
+    they are ahead of the count (a jump); a synchronization re-anchors
+    (even back: instructions may have been lost); after an overflow the
+    time is unknown until then."""
+    from hwtrace.flow.spaces import InsnClock
+    c = InsnClock()
+    assert c.at(None, 5) is None
+    assert c.at(100, 5) == 100
+    assert c.at(100, 12) == 107             # the same stamp: counted on
+    assert c.at(104, 12) == 107             # trailing (MTC-estimated): counted
+    assert c.at(200, 12) == 200             # a jump
+    assert c.at(None, 20) == 208
+    c.anchor(150, 30)
+    assert c.at(None, 31) == 151
+    c.lose()
+    assert c.at(500, 40) is None
+    c.anchor(None, 40)
+    assert c.at(None, 41) is None
+    c.anchor(600, 50)
+    assert c.at(None, 50) == 600

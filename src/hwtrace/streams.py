@@ -412,6 +412,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
         mctl = manifest.get("config", {}).get("ctl") \
             if isinstance(manifest.get("config"), dict) else None
         ctl = ectl if type(ectl) is int else mctl if type(mctl) is int else None
+        counted = insn_clock_counted(
+            manifest, e.config if isinstance(e.config, dict) else None)
         if timeline is not None and len(used) > 1 and ctl is not None and \
                 not ctl & (_CYC_EN | _MTC_EN):
             ts.warnings.append(
@@ -424,12 +426,12 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
                               manifest, e.config if isinstance(e.config, dict) else None),
-                          clock_counted=insn_clock_counted(
-                              manifest, e.config if isinstance(e.config, dict) else None))
+                          clock_counted=counted)
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,
-                         cyc=ctl is not None and bool(ctl & _CYC_EN))
+                         cyc=ctl is not None and bool(ctl & _CYC_EN),
+                         insn_clock=info["clock_counted"])
         ts.streams.append(Stream(n, str(paths[n]), info, entry, cfg,
                                  initial.image, plan, warn=warn))
     return ts

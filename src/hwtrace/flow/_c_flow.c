@@ -30,8 +30,8 @@
  *
  * A decoder does one of these (batches until None, or one counts/edges).
  * An address-space switcher looks in through set_hooks(after_sync,
- * after_event[, event_types]) and the attributes ip, enabled, offset, pos, time(),
- * time_ahead(), and switches with set_image(image).
+ * after_event[, event_types]) and the attributes ip, enabled, offset, pos,
+ * decoded, time(), time_ahead(), and switches with set_image(image).
  *
  * The parallel paths' jobs (core/segment.h):
  *
@@ -871,6 +871,13 @@ static PyObject *Decoder_get_insns(Decoder *self, void *c)
     return PyLong_FromUnsignedLongLong(self->s.ninsn);
 }
 
+/* spaces.InsnClock's count: the open record's instructions too */
+static PyObject *Decoder_get_decoded(Decoder *self, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong(self->s.ninsn + self->s.open.ninsn);
+}
+
 static PyMethodDef Decoder_methods[] = {
     {"batch", (PyCFunction)Decoder_batch, METH_VARARGS,
      "batch(max_records) -> (blocks, insns, items, first_insn) or None"},
@@ -919,6 +926,8 @@ static PyGetSetDef Decoder_getset[] = {
     {"event_start", (getter)Decoder_get_event_start, NULL,
      "the offset of the packet that published the event delivered last, or None", NULL},
     {"insns", (getter)Decoder_get_insns, NULL, "instructions so far", NULL},
+    {"decoded", (getter)Decoder_get_decoded, NULL,
+     "instructions decoded so far (the open record's too)", NULL},
     {"fills", (getter)Decoder_get_fills, NULL,
      "(in C, in Python): the instruction-cache misses filled so far",
      NULL},

@@ -527,6 +527,11 @@ class _CoreFlow:
     def event_start(self) -> int | None:
         return self._dec.event_start
 
+    @property
+    def decoded(self) -> int:
+        """Instructions decoded so far (an instruction clock's count)."""
+        return self._dec.decoded
+
     def set_image(self, image) -> None:
         self._dec.set_image(image)
 

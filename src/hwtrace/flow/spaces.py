@@ -26,6 +26,10 @@ decoder between them:
   with IP, a synchronization), it selects by time, the way a user-only
   cpu-wide trace must (context switches happen while tracing is off):
 
+  - on an instruction-count clock (the emulated engine's: one tick per
+    traced instruction, :class:`InsnClock`), at its exact time: the
+    last TSC's plus the instructions decoded since (the last switch at
+    or before);
   - with CYC packets, at a cycle-accurate time (:class:`CycClock`: last
     TSC + CYC cycles; libipt's time model re-anchors at MTCs and trails
     the true time by a few cycles, too much where a process runs only a
@@ -546,6 +550,60 @@ class CycClock:
                 self._event = (self.tsc, self.cycles, self.cbr)
 
 
+class InsnClock:
+    """Exact times on an instruction-count clock: where a stream's clock
+    counts exactly its traced instructions (the emulated engine's:
+    :func:`hwtrace.bundle.insn_clock_counted`), the time at any point of
+    the trace is the last TSC packet's time plus the instructions decoded
+    since -- a context switch recorded at time T is placed at the enable
+    whose time is T, however far apart the trace's time stamps are (a
+    TSC-only trace has one per PSB; MTCs, at 2**mtc_freq ART ticks, are
+    hundreds of instructions apart).
+
+    The clock jumps only while tracing is off (an idle CPU, the
+    engine's TSC packet before the next enable says where to), so a
+    time stamp later than the count's is such a jump, taken at the
+    instruction count it is first seen at (the enable's: nothing ran
+    since the TSC); one no later (a TSC repeating the count, or libipt's
+    MTC-estimated time, which trails the clock) adds nothing.  A
+    synchronization re-anchors (instructions may have been lost before
+    it); after an overflow the count is unknown until then.
+
+    ``at(tsc, n)``: the time with the decoder's time stamp ``tsc`` (None:
+    unknown) after ``n`` instructions; None before the first anchor."""
+
+    __slots__ = ("_tsc", "_n", "valid")
+
+    def __init__(self):
+        self._tsc = None
+        self._n = 0
+        self.valid = True
+
+    def anchor(self, tsc: int | None, n: int) -> None:
+        """A synchronization: the time is ``tsc`` (None: unknown)."""
+        self._tsc = tsc
+        self._n = n
+        self.valid = tsc is not None
+
+    def lose(self) -> None:
+        """Instructions went by uncounted (an overflow)."""
+        self.valid = False
+
+    def at(self, tsc: int | None, n: int) -> int | None:
+        if not self.valid:
+            return None
+        if self._tsc is None:
+            if tsc is None:
+                return None
+            self._tsc, self._n = tsc, n
+            return tsc
+        now = self._tsc + n - self._n
+        if tsc is not None and tsc > now:
+            self._tsc, self._n = tsc, n
+            return tsc
+        return now
+
+
 class SpaceSwitcher:
     """A flow decoder (:class:`~hwtrace.flow.insn.InsnDecoder` or
     :class:`~hwtrace.flow.block.BlockDecoder`) that runs each part of the
@@ -558,6 +616,10 @@ class SpaceSwitcher:
     placed -- the time stamps allow several processes and more than one
     of them left user code exactly at its IP -- the decoder's offset is
     added (the choice then falls to time alone; :attr:`SpacePlan.ambiguous`).
+    ``insn_clock``: the stream's clock counts exactly its traced
+    instructions; an enable is then placed at its exact time
+    (:class:`InsnClock`: the switcher counts the instructions the decoder
+    returns, or asks the compiled core for its count, ``decoded``).
     """
 
     #: the event types :meth:`event` acts on (the compiled core calls back
@@ -571,7 +633,7 @@ class SpaceSwitcher:
     def __init__(self, dec, spaces: AddressSpaces | None, timeline: Timeline | None,
                  initial: AddressSpace | None = None,
                  on_switch: Callable | None = None, cyc: bool = False,
-                 ambiguous: set | None = None):
+                 ambiguous: set | None = None, insn_clock: bool = False):
         self.dec = dec
         self.flow = getattr(dec, "insn", dec)       # the InsnDecoder
         self.spaces = spaces
@@ -590,6 +652,19 @@ class SpaceSwitcher:
         if cyc and timeline is not None and len(timeline.entries) > 1 and \
                 cfg is not None and cfg.nom_freq and q is not None:
             self._clock = CycClock(q._pkt.buffer, cfg.nom_freq)
+        # On an instruction-count clock: exact times from the count.
+        self._iclock = None
+        self._n = 0
+        if insn_clock and self._clock is None and timeline is not None and \
+                len(timeline.entries) > 1:
+            self._iclock = InsnClock()
+            if hasattr(self.flow, "decoded"):
+                self._count = self._core_count
+            else:
+                # the twin: count what the decoder returns (the compiled
+                # core counts its own)
+                self.next = self._next_block if dec is not self.flow \
+                    else self._next_insn
         if initial is not None:
             self._select(initial)
         # Time decides only between spaces: with a timeline of the initial
@@ -618,6 +693,27 @@ class SpaceSwitcher:
 
     def next(self):
         return self.dec.next()
+
+    def _next_insn(self):
+        r = self.dec.next()
+        if r.__class__ is tuple or getattr(r, "insn", None) is not None:
+            self._n += 1
+        return r
+
+    def _next_block(self):
+        r = self.dec.next()
+        b = r[1] if r.__class__ is tuple else getattr(r, "block", None)
+        if b is not None:
+            self._n += b.ninsn
+        return r
+
+    def _count(self) -> int:
+        """Instructions decoded so far (the twin's, counted by next)."""
+        return self._n
+
+    def _core_count(self) -> int:
+        """Instructions decoded so far (the compiled core's count)."""
+        return self.flow.decoded
 
     def time(self):
         return self.dec.time()
@@ -648,6 +744,12 @@ class SpaceSwitcher:
                     self.saw_pip = True
                     self._select(sp)
             elif (t == "enabled" or t == "overflow") and not ev.ip_suppressed:
+                if self._iclock is not None:
+                    if t == "overflow":
+                        self._iclock.lose()
+                    elif ev.status_update and ev.has_tsc:
+                        # a PSB+: its TSC is the time where its FUP's IP runs
+                        self._iclock.anchor(ev.tsc, self._count())
                 self._by_time(ev.tsc if ev.has_tsc else None, ev.ip, t == "enabled",
                               event=True,
                               psb=t == "enabled" and ev.status_update and ev.has_tsc)
@@ -665,8 +767,12 @@ class SpaceSwitcher:
         return tsc if have else None
 
     def _after_sync(self, r):
-        if r.__class__ is int and self.syncs and self.flow.enabled:
-            self._by_time(self._now(), self.flow.ip)
+        if r.__class__ is int and self.syncs:
+            if self._iclock is not None:
+                # the time at a PSB is its TSC's, whatever went before
+                self._iclock.anchor(self._now(), self._count())
+            if self.flow.enabled:
+                self._by_time(self._now(), self.flow.ip)
         return r
 
     def _by_time(self, time, ip, enable: bool = False, event: bool = False,
@@ -692,6 +798,8 @@ class SpaceSwitcher:
                 exact = self._clock.at(start)
             else:
                 exact = self._clock.event_at(self.flow.query.pos or 0)
+        elif self._iclock is not None:
+            exact = self._iclock.at(time, self._count())
         if exact is None and psb:
             exact = time
         if exact is not None:
@@ -822,27 +930,31 @@ class SpacePlan(Fields):
     ``spaces`` the CR3 lookup for paging events, ``timeline`` (may be
     None) the time-based choice, ``initial`` the space to start in,
     ``cyc`` whether the trace has CYC packets (cycle-accurate times),
-    ``on_switch(space, offset)`` told of every switch; ``ambiguous``
+    ``insn_clock`` whether its clock counts exactly its traced
+    instructions (:class:`InsnClock`), ``on_switch(space, offset)`` told
+    of every switch; ``ambiguous``
     collects, over every decoder wrapped (copies made with
     :meth:`replace` share it), the offsets of the enables
     placed by time alone because several processes the time stamps allow
     left user code exactly at the enable's IP (a user warns of them)."""
 
     _fields = ("spaces", "timeline", "initial", "cyc", "on_switch",
-               "ambiguous")
+               "ambiguous", "insn_clock")
 
     def __init__(self, spaces: AddressSpaces | None,
                  timeline: Timeline | None, initial: AddressSpace | None,
                  cyc: bool = False, on_switch: Callable | None = None,
-                 ambiguous: set | None = None):
+                 ambiguous: set | None = None, insn_clock: bool = False):
         self.spaces = spaces
         self.timeline = timeline
         self.initial = initial
         self.cyc = cyc
         self.on_switch = on_switch
         self.ambiguous = set() if ambiguous is None else ambiguous
+        self.insn_clock = insn_clock
 
     def wrap(self, dec) -> "SpaceSwitcher":
         return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,
-                             self.on_switch, cyc=self.cyc, ambiguous=self.ambiguous)
+                             self.on_switch, cyc=self.cyc, ambiguous=self.ambiguous,
+                             insn_clock=self.insn_clock)
 
