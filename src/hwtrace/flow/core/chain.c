@@ -2,6 +2,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "bigarr.h"
 #include "block.h"
 #include "chain.h"
 #include "walk.h"
@@ -416,7 +417,7 @@ static inline uint32_t slot_fp(uint64_t h)
 static int grow(struct chain_cache *cc)
 {
     size_t cap = cc->cap ? 2 * cc->cap : 4096;
-    struct chain_slot *nt = calloc(cap, sizeof *nt);
+    struct chain_slot *nt = ba_zalloc(cap * sizeof *nt);
     if (!nt)
         return -E_NOMEM;
     for (size_t j = 0; j < cc->cap; j++) {
@@ -429,7 +430,7 @@ static int grow(struct chain_cache *cc)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
     }
-    free(cc->tab);
+    ba_free(cc->tab, cc->cap * sizeof *cc->tab);
     cc->tab = nt;
     cc->cap = cap;
     return 0;
@@ -442,14 +443,14 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
 {
     if (cc->nents == cc->ents_cap) {
         size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
-        /* aligned: each entry starts a cache line (chain.h) */
-        struct chain *ne = aligned_alloc(_Alignof(struct chain),
-                                         cap * sizeof *ne);
+        /* aligned: each entry starts a cache line (chain.h); a large
+         * array grows in place (bigarr.h) */
+        _Static_assert(_Alignof(struct chain) <= 64,
+                       "ba_grow aligns to 64 bytes");
+        struct chain *ne = ba_grow(cc->ents, cc->ents_cap * sizeof *ne,
+                                   cap * sizeof *ne);
         if (!ne)
             return -E_NOMEM;
-        if (cc->nents)
-            memcpy(ne, cc->ents, cc->nents * sizeof *ne);
-        free(cc->ents);
         cc->ents = ne;
         cc->ents_cap = cap;
     }
@@ -580,7 +581,7 @@ void chain_free(struct chain_cache *cc)
         free(cc->ents[j].push);
         free(cc->ents[j].edges);
     }
-    free(cc->ents);
-    free(cc->tab);
+    ba_free(cc->ents, cc->ents_cap * sizeof *cc->ents);
+    ba_free(cc->tab, cc->cap * sizeof *cc->tab);
     memset(cc, 0, sizeof *cc);
 }
