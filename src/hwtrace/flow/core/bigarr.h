@@ -6,10 +6,11 @@
  * (the hash tables: rehashed into it in random order) and, for the chain
  * array, a copy of the old one into it -- python3-0's command: ~6,000 of
  * its ~13,500 page faults.  An array of BA_MIN bytes or more is instead
- * mapped at a 2 MiB boundary and advised MADV_HUGEPAGE (one fault per
- * 2 MiB where transparent huge pages are enabled for advised memory), and
- * grows in place by mremap: its pages move, none is copied.  Smaller ones
- * come from malloc, as before.  Only memory, never results: the arrays'
+ * mapped, in whole 2 MiB pages at a 2 MiB boundary, and advised
+ * MADV_HUGEPAGE (one fault per 2 MiB where transparent huge pages are
+ * enabled for advised memory); it grows by mremap into the start of a
+ * larger such mapping: its pages move, none is copied.  Smaller ones come
+ * from malloc, as before.  Only memory, never results: the arrays'
  * contents are the same either way.
  *
  * The caller keeps each array's size in bytes: ba_free and ba_grow take
