@@ -73,6 +73,36 @@ def test_sections_load_lazily(tmp_path):
     assert sec.data == b"\x90" * 8
 
 
+
+@pytest.mark.parametrize("offset,size", [(0, None), (5, 9000), (4097, None),
+                                         (8192, 100)])
+def test_buffer_maps_the_bytes_that_bytes_reads(tmp_path, offset, size):
+    # buffer() (the compiled fill's view of a file section) maps the file
+    # instead of reading it: the same bytes from any offset, nothing read
+    f = tmp_path / "code.bin"
+    blob = bytes(range(256)) * 48
+    f.write_bytes(blob)
+    sec = Section.from_file(str(f), offset, size)
+    view = sec.buffer()
+    assert sec.data is None
+    want = blob[offset:offset + size] if size is not None else blob[offset:]
+    assert bytes(view) == want
+    assert sec.buffer() is view                     # mapped once
+    assert sec.bytes() == want
+    assert sec.buffer() == want                     # read: the bytes themselves
+
+
+def test_buffer_of_a_shrunk_file_ends_where_bytes_ends(tmp_path):
+    f = tmp_path / "code.bin"
+    f.write_bytes(b"\x90" * 64)
+    sec = Section.from_file(str(f), 16)
+    f.write_bytes(b"\x90" * 20)                     # shrank after loading
+    assert bytes(sec.buffer()) == b"\x90" * 4
+    sec2 = Section.from_file(str(f), 8)
+    f.write_bytes(b"\x90" * 4)                      # now before the offset
+    assert bytes(sec2.buffer()) == b""
+    assert Section(name="m", size=3, data=b"abc").buffer() == b"abc"
+
 def _elf64(segments):
     """A minimal little-endian ELF64 with the given (vaddr, bytes) PT_LOADs."""
     phoff, phentsize = 64, 56

@@ -197,7 +197,7 @@ def filler(image):
             m = image.find(ip)
             if m is not None:
                 start = m.offset + (ip - m.begin)
-                r = cfill(memoryview(m.section.bytes())[
+                r = cfill(memoryview(m.section.buffer())[
                     start:start + min(span, m.end - ip)], mode + 1, FILL_MAX)
                 if r is not None:
                     recs, used, count, done = r
@@ -239,7 +239,7 @@ def mappings(image):
     if not isinstance(image, Image):
         return None
     return image.generation, tuple(
-        (m.begin, m.end - 1, m.offset, m.section.bytes)
+        (m.begin, m.end - 1, m.offset, m.section.buffer)
         for m in image.mappings())
 
 

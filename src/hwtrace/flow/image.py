@@ -41,12 +41,16 @@ class Section:
     """
 
     def __init__(self, name: str, size: int, loader: object = None,
-                 data: bytes | None = None, isid: int = 0):
+                 data: bytes | None = None, isid: int = 0,
+                 mapper: object = None):
         self.name = name
         self.size = size
         self.loader = loader
         self.data = data
         self.isid = isid
+        # a file section's read-only mapping (buffer()): made at most once
+        self.mapper = mapper
+        self.view = None
 
     def __repr__(self) -> str:
         return (f"Section(name={self.name!r}, size={self.size!r}, "
@@ -82,7 +86,10 @@ class Section:
             with open(path, "rb") as f:
                 f.seek(offset)
                 return f.read(size)
-        return cls(name=path, size=size, loader=load)
+
+        def mapped(path=path, offset=offset, size=size):
+            return _map_file(path, offset, size)
+        return cls(name=path, size=size, loader=load, mapper=mapped)
 
     def bytes(self) -> bytes:
         data = self.data
@@ -92,6 +99,50 @@ class Section:
             self.data = data
             self.loader = None
         return data
+
+    def buffer(self):
+        """The section's bytes as a buffer (what the compiled core's
+        instruction fill reads): :meth:`bytes` once they are read; a file
+        section not yet read is mapped read-only instead (:func:`_map_file`:
+        the same bytes; only the pages decoded are ever read, and nothing
+        is copied -- reading a large library's code segment whole costs a
+        page fault per 4 KiB of it and the copy).  Like a mapped trace
+        (hwtrace.cli._tracemap), the file must not be truncated while it
+        is decoded."""
+        data = self.data
+        if data is not None:
+            return data
+        view = self.view
+        if view is None:
+            mapper = self.mapper
+            view = mapper() if mapper is not None else None
+            if view is None:
+                return self.bytes()
+            self.view = view
+        return view
+
+
+def _map_file(path: str, offset: int, size: int):
+    """``size`` bytes of ``path`` from ``offset`` (fewer if the file is now
+    shorter), mapped read-only: an mmap or a memoryview of one; ``b""``
+    for none; None where the file cannot be mapped (the caller reads it)."""
+    import mmap
+    import os
+    import stat
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            n = min(size, st.st_size - offset)
+            if n <= 0:
+                return b""
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            m = mmap.mmap(f.fileno(), offset - start + n,
+                          access=mmap.ACCESS_READ, offset=start)
+    except (OSError, ValueError):
+        return None
+    return memoryview(m)[offset - start:] if offset != start else m
 
 
 class Mapping(namedtuple("Mapping", "begin end section offset")):

@@ -2,6 +2,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "bigarr.h"
 #include "block.h"
 #include "chain.h"
 #include "walk.h"
@@ -210,6 +211,30 @@ struct end {
     struct run *last_run;
 };
 
+#define CHAIN_MEM_CHUNK ((size_t)64 << 10)
+
+/* n bytes (8-byte aligned) for a chain's push or edges array, or NULL:
+ * carved from the cache's hugemem chunks and freed with the cache
+ * (chain_free), not a malloc each -- a large trace's tens of thousands of
+ * chains otherwise spread over fresh heap pages, each a page fault
+ * (python3-0: ~1,000) */
+static void *chain_mem(struct chain_cache *cc, size_t n)
+{
+    n = (n + 7) & ~(size_t)7;
+    if (cc->left < n) {
+        size_t c = n > CHAIN_MEM_CHUNK ? n : CHAIN_MEM_CHUNK;
+        char *p = hm_chunk(&cc->mem, c);
+        if (!p)
+            return NULL;
+        cc->bump = p;
+        cc->left = c;
+    }
+    void *p = cc->bump;
+    cc->bump += n;
+    cc->left -= n;
+    return p;
+}
+
 /* the chain from (ip0, mode) with the k bits ``bits`` into *ch:
  * the steps insn_next_quick / blk_count would take, each whole or not at
  * all, up to the first one that needs trace beyond the key's bits */
@@ -356,18 +381,16 @@ out:
     uint64_t *push = NULL;
     int pin = !cc->block && m->sn <= CHAIN_PIN_MAX;
     if (m->sn && !pin) {
-        push = malloc(m->sn * sizeof *push);
+        push = chain_mem(cc, m->sn * sizeof *push);
         if (!push)
             return -E_NOMEM;
         memcpy(push, m->stack, m->sn * sizeof *push);
     }
     struct chain_edge *ce = NULL;
     if (m->nedges) {
-        ce = malloc(m->nedges * sizeof *ce);
-        if (!ce) {
-            free(push);
-            return -E_NOMEM;
-        }
+        ce = chain_mem(cc, m->nedges * sizeof *ce);
+        if (!ce)
+            return -E_NOMEM;    /* (push: freed with the cache) */
         memcpy(ce, m->edges, m->nedges * sizeof *ce);
     }
     ch->push = push;
@@ -416,7 +439,7 @@ static inline uint32_t slot_fp(uint64_t h)
 static int grow(struct chain_cache *cc)
 {
     size_t cap = cc->cap ? 2 * cc->cap : 4096;
-    struct chain_slot *nt = calloc(cap, sizeof *nt);
+    struct chain_slot *nt = ba_zalloc(cap * sizeof *nt);
     if (!nt)
         return -E_NOMEM;
     for (size_t j = 0; j < cc->cap; j++) {
@@ -429,7 +452,7 @@ static int grow(struct chain_cache *cc)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
     }
-    free(cc->tab);
+    ba_free(cc->tab, cc->cap * sizeof *cc->tab);
     cc->tab = nt;
     cc->cap = cap;
     return 0;
@@ -442,14 +465,14 @@ static long long new_chain(struct chain_cache *cc, struct insn_dec *d, int k,
 {
     if (cc->nents == cc->ents_cap) {
         size_t cap = cc->ents_cap ? 2 * cc->ents_cap : 1024;
-        /* aligned: each entry starts a cache line (chain.h) */
-        struct chain *ne = aligned_alloc(_Alignof(struct chain),
-                                         cap * sizeof *ne);
+        /* aligned: each entry starts a cache line (chain.h); a large
+         * array grows in place (bigarr.h) */
+        _Static_assert(_Alignof(struct chain) <= 64,
+                       "ba_grow aligns to 64 bytes");
+        struct chain *ne = ba_grow(cc->ents, cc->ents_cap * sizeof *ne,
+                                   cap * sizeof *ne);
         if (!ne)
             return -E_NOMEM;
-        if (cc->nents)
-            memcpy(ne, cc->ents, cc->nents * sizeof *ne);
-        free(cc->ents);
         cc->ents = ne;
         cc->ents_cap = cap;
     }
@@ -576,11 +599,8 @@ void chain_free(struct chain_cache *cc)
         fprintf(stderr, "chain check: %llu successor lookups checked\n",
                 checked_succ);
 #endif
-    for (size_t j = 0; j < cc->nents; j++) {
-        free(cc->ents[j].push);
-        free(cc->ents[j].edges);
-    }
-    free(cc->ents);
-    free(cc->tab);
+    hm_free(&cc->mem);          /* every chain's push and edges */
+    ba_free(cc->ents, cc->ents_cap * sizeof *cc->ents);
+    ba_free(cc->tab, cc->cap * sizeof *cc->tab);
     memset(cc, 0, sizeof *cc);
 }

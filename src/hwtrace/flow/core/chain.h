@@ -23,6 +23,7 @@
 #ifndef HWTRACE_CORE_CHAIN_H
 #define HWTRACE_CORE_CHAIN_H
 
+#include "hugemem.h"
 #include "insn.h"
 
 #define CHAIN_BITS 8            /* TNT bits in a key at most */
@@ -124,6 +125,9 @@ struct chain_cache {
     size_t cap, n;
     struct chain *ents;
     size_t nents, ents_cap;
+    struct hugemem mem;         /* the chains' push and edges arrays */
+    char *bump;                 /* free space in mem's last chunk */
+    size_t left;
     uint32_t last;              /* the chain chain_get returned last
                                    (index + 1; 0: none): its succ is
                                    tried first */

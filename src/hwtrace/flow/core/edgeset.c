@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bigarr.h"
 #include "common.h"
 #include "edgeset.h"
 
@@ -21,7 +22,7 @@ static size_t slot(uint64_t from, uint64_t to, size_t mask)
 static int grow(struct edge_table *e)
 {
     size_t cap = e->cap ? e->cap * 2 : 1024;
-    struct edge *nt = calloc(cap, sizeof *nt);
+    struct edge *nt = ba_zalloc(cap * sizeof *nt);
     if (!nt)
         return -E_NOMEM;
     for (size_t j = 0; j < e->cap; j++) {
@@ -33,7 +34,7 @@ static int grow(struct edge_table *e)
             i = (i + 1) & (cap - 1);
         nt[i] = *x;
     }
-    free(e->tab);
+    ba_free(e->tab, e->cap * sizeof *e->tab);
     e->tab = nt;
     e->cap = cap;
     return 0;
@@ -97,7 +98,7 @@ int edge_settle(struct edge_table *e)
 
 void edge_free(struct edge_table *e)
 {
-    free(e->tab);
+    ba_free(e->tab, e->cap * sizeof *e->tab);
     free(e->front);
     memset(e, 0, sizeof *e);
 }

@@ -1,6 +1,7 @@
 /* The instruction and run caches: see icache.h. */
 #include <stdlib.h>
 
+#include "bigarr.h"
 #include "icache.h"
 
 #define CHUNK 4096u
@@ -54,8 +55,8 @@ void ic_free(struct icache *ic)
     }
     free(ic->rchunks);
     hm_free(&ic->mem);
-    free(ic->slots);
-    free(ic->rslots);
+    ba_free(ic->slots, (size_t)ic->slots_cap * sizeof *ic->slots);
+    ba_free(ic->rslots, (size_t)ic->rslots_cap * sizeof *ic->rslots);
     free(ic);
 }
 
@@ -73,7 +74,7 @@ static int grow_slots(uint32_t **slots, uint32_t *cap, uint32_t n,
                       uint64_t (*key)(void *, uint32_t), void *ctx)
 {
     uint32_t ncap = *cap * 2;
-    uint32_t *ns = calloc(ncap, sizeof *ns);
+    uint32_t *ns = ba_zalloc((size_t)ncap * sizeof *ns);
     if (!ns)
         return -E_NOMEM;
     for (uint32_t j = 0; j < n; j++) {
@@ -82,7 +83,7 @@ static int grow_slots(uint32_t **slots, uint32_t *cap, uint32_t n,
             i = (i + 1) & (ncap - 1);
         ns[i] = j + 1;
     }
-    free(*slots);
+    ba_free(*slots, (size_t)*cap * sizeof **slots);
     *slots = ns;
     *cap = ncap;
     return 0;
