@@ -61,6 +61,7 @@ class BatchInput:
         ``every_item``."""
         blocks = batch.blocks
         m = len(blocks)
+        self._jumped = False
         # a CPU's stream following its threads takes the time from every
         # item: a PSB+'s TSC is in its status updates, and the records
         # after it carry it only from the next event on (the estimate of
@@ -166,12 +167,12 @@ class BatchInput:
     def _may_soften(self, a: "_Arrays", t: int, last: int) -> bool:
         """Whether solves from transfer t on may go on past jumps that
         may unwind but change nothing (see the module doc)."""
-        if not self.vectorize or self.addr.table() is None:
+        if not self._jumped or not self.vectorize or self.addr.table() is None:
             return False
         tl = self._follow
         if tl is not None and tl.i < len(tl.switches):
             return False
-        h = a.fresh_at(self.addr.fresh)
+        h = a.fresh_at(self.addr.fresh, t)
         i = int(np.searchsorted(h, t))
         return i == len(h) or int(h[i]) > last
 
@@ -265,14 +266,20 @@ class BatchInput:
         """:func:`.runs.solve` of ``tr`` from this builder's state."""
         tid = self._thread if self._thread is not None else self._tid
         pid = self._pid if self._pid is not None else self._spid
-        return runs.solve(tr, self._summary(), self.addr, seq0=seq0,
-                          next_id=self._next_id, max_depth=self.max_depth,
-                          pid=-1 if pid is None else pid,
-                          tid=-1 if tid is None else tid,
-                          tx=self._tx_depth is not None,
-                          lookup=self._lookup is not None, paths=self.want_paths,
-                          scanned=scanned, out=self._place, soft=self._soft,
-                          **extra)
+        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
+                       next_id=self._next_id, max_depth=self.max_depth,
+                       pid=-1 if pid is None else pid,
+                       tid=-1 if tid is None else tid,
+                       tx=self._tx_depth is not None,
+                       lookup=self._lookup is not None, paths=self.want_paths,
+                       scanned=scanned, out=self._place, soft=self._soft,
+                       **extra)
+        if c is not None and c.k < len(tr.code) and tr.code[c.k] == runs.JUMP:
+            # cut at a jump: from now on in this batch runs may go on past
+            # those that change nothing (looking where is not free: only
+            # once one was met)
+            self._jumped = True
+        return c
 
     def _took(self, c) -> None:
         """A committed run's rows, counts and stack."""
@@ -400,7 +407,7 @@ class _Arrays:
     ``base``."""
 
     __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned",
-                 "groups", "sys_nid", "_fresh")
+                 "groups", "sys_nid", "_fresh", "_fresh_from")
 
     def __init__(self, blocks: np.ndarray, base: int):
         self.ip, self.end, self.code, self.fall, self.tsc, self.start = \
@@ -409,22 +416,26 @@ class _Arrays:
         self.groups = None          # events in the run (.roundtrips)
         self.sys_nid = -1
         self._fresh = None
+        self._fresh_from = 0
 
-    def fresh_at(self, fresh) -> np.ndarray:
+    def fresh_at(self, fresh, t0: int = 0) -> np.ndarray:
         """The transfers (sorted) whose target, a call's or a taken
         unconditional jump's, was code not named yet when first asked
         (``fresh``: the names' :meth:`~.symtable.AddrTable.fresh`): where
         something may be named over a merged symbol table (as
         :meth:`.roundtrips.Groups.quiet` asks; a round trip's far call
-        names no code)."""
-        if self._fresh is None:
+        names no code) -- those from transfer ``t0`` on at least (asked
+        in order: looked for from the first asked on)."""
+        if self._fresh is None or t0 < self._fresh_from:
             n = len(self.code) - 1
-            c = self.code[:n]
-            tgt = self.ip[1:]
-            look = ((c == runs.CALL) | (c == runs.JUMP)) & (tgt != self.fall[:n]) \
+            c = self.code[t0:n]
+            tgt = self.ip[t0 + 1:]
+            look = ((c == runs.CALL) | (c == runs.JUMP)) & (tgt != self.fall[t0:n]) \
                 | (c == runs.FCALL)
             if self.groups is not None:
-                look[self.groups.trips()] = False
+                tr = self.groups.trips()
+                look[tr[tr >= t0] - t0] = False
             at = np.flatnonzero(look)
-            self._fresh = at[fresh(tgt[at])]
+            self._fresh = at[fresh(tgt[at])] + t0
+            self._fresh_from = t0
         return self._fresh
