@@ -163,13 +163,14 @@ def _eq_committed(a: runs.Committed, b: runs.Committed):
         assert np.array_equal(x, y)
 
 
-def _both(tr, stack_rows, merged, lookup=True, max_depth=1 << 16, paths=True):
+def _both(tr, stack_rows, merged, lookup=True, max_depth=1 << 16, paths=True,
+          soft=False):
     out = []
     for impl in ("python", "compiled"):
         names = _table(merged)
         c = runs.solve(tr, stack_rows, names, seq0=100, next_id=50,
                        max_depth=max_depth, pid=3, tid=4, tx=False,
-                       lookup=lookup, paths=paths, impl=impl)
+                       lookup=lookup, paths=paths, impl=impl, soft=soft)
         out.append((c, names.names.names))
     (a, na), (b, nb) = out
     _eq_committed(a, b)
@@ -192,18 +193,21 @@ def test_random_runs_match_twin(seed, merged):
               for i, f in enumerate(sf)]
     tr = _random_run(rng, int(rng.integers(1, 2000)), sf)
     lookup, paths = seed % 5 != 4, seed % 7 != 6
+    soft = seed % 3 == 1
     st = _stack(frames)
     tabs = {impl: _table(merged) for impl in ("python", "compiled")}
     pos, next_id, solves, opened = 0, 0, 0, 0
     while pos < len(tr.code):
         part = _sub(tr, pos)
-        m1 = runs.match(part, st, _table(merged), max_depth=64, lookup=lookup)
+        m1 = runs.match(part, st, _table(merged), max_depth=64, lookup=lookup,
+                        soft=soft)
         m2 = runs._match_compiled(_core(), part, st, _table(merged), max_depth=64,
-                                  lookup=lookup)
+                                  lookup=lookup, soft=soft)
         _eq_match(m1, m2)
         out = [runs.solve(part, st, tabs[impl], seq0=4 * pos, next_id=next_id,
                           max_depth=64, pid=3, tid=4, tx=False, lookup=lookup,
-                          paths=paths, impl=impl) for impl in ("python", "compiled")]
+                          paths=paths, impl=impl, soft=soft)
+               for impl in ("python", "compiled")]
         _eq_committed(*out)
         assert tabs["python"].names.names == tabs["compiled"].names.names
         c = out[0]
@@ -263,6 +267,28 @@ def test_jump_into_a_caller_stops_a_run_that_may_unwind():
     rows[2] = (JUMP, f[2] + 9, f[2] + 11, UNKNOWN + 3)
     c = _both(_tr(rows), _stack([(f[0], None)]), True)
     assert c.k == 3
+
+
+def test_soft_jump_into_a_function_no_frame_is_in_goes_on():
+    """``soft``: a jump out of its function into the middle of another that
+    no frame below the top is in (mempcpy's jump into memcpy's body)
+    unwinds nothing: the run goes on past it; into a frame's function below
+    the top -- one the run opened, or one it started on -- it stops.  Not
+    soft, every such jump stops it."""
+    f = FUNCS
+    rows = [(CALL, f[0] + 1, f[0] + 6, f[1]), (CALL, f[1] + 1, f[1] + 6, f[2]),
+            (JUMP, f[2] + 9, f[2] + 11, f[3] + 0x48),
+            (RET, f[3] + 0x50, 0, f[1] + 6), (RET, f[1] + 9, 0, f[0] + 6)]
+    for start in ([(f[0], None)], [(f[4], None), (f[0], f[4] + 0x20)]):
+        for merged in (True, False):
+            c = _both(_tr(rows), _stack(start), merged, soft=True)
+            assert c.k == 5 and c.opened == 2 and len(c.exits) == 2
+            assert _both(_tr(rows), _stack(start), merged).k == 2
+            unwind = list(rows)
+            unwind[2] = (JUMP, f[2] + 9, f[2] + 11, f[1] + 0x48)   # a run frame's
+            assert _both(_tr(unwind), _stack(start), merged, soft=True).k == 2
+    unwind[2] = (JUMP, f[2] + 9, f[2] + 11, f[4] + 0x48)       # an initial frame's
+    assert _both(_tr(unwind), _stack(start), True, soft=True).k == 2
 
 
 def test_far_calls_and_returns():

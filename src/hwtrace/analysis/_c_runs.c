@@ -6,7 +6,7 @@
  * runs.commit makes the rows.  The boundary is narrow and stateless:
  *
  *   walk(code, fall, tgt, src, s_func, s_ret, s_ret_ok, s_far, max_depth,
- *        table, flags, spec_start, scanned)
+ *        table, flags, spec_start, scanned, soft)
  *     -> (k, keep, d_end, o_tr, o_lvl, o_ret, o_ret_ok, o_flags, o_pfr,
  *         x_tr, x_lvl, x_fr, top_fr, unknown, o_nid)
  *
@@ -23,7 +23,11 @@
  * transfer (bit 0 a tail call, bit 1 a jump that may unwind) with
  * ``spec_start`` the uint64 function start such a jump lands in;
  * ``scanned``: past the cut, transfers before it were searched for unknown
- * jump targets by an earlier call (their names are registered).  Returns
+ * jump targets by an earlier call (their names are registered); ``soft``:
+ * a jump that may unwind but finds no frame below the top in the function
+ * it lands in (mempcpy jumping into memcpy's body: it changes nothing)
+ * goes on in the run, else it ends it (where the run is cut decides the
+ * order in which code met there is named: see batchfeed).  Returns
  * the Match fields, arrays as bytes (int64 / uint64 / bool / uint32).
  *
  *   paths(nid, pfr, base) -> bytes (uint64)
@@ -52,7 +56,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 7
+#define ABI 8
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
@@ -193,9 +197,10 @@ typedef struct {
 
 static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 13) {
+    if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError, "walk(code, fall, tgt, src, s_func, s_ret, "
-                        "s_ret_ok, s_far, max_depth, table, flags, spec_start, scanned)");
+                        "s_ret_ok, s_far, max_depth, table, flags, spec_start, scanned, "
+                        "soft)");
         return NULL;
     }
     Py_buffer bc = {0}, bf = {0}, bt = {0}, bs = {0}, sf = {0}, sr = {0}, so = {0},
@@ -232,6 +237,9 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto fail;
     PyObject *table = args[9], *flags = args[10], *spec = args[11];
     Py_ssize_t scanned = PyLong_AsSsize_t(args[12]);
+    int soft = PyObject_IsTrue(args[13]);
+    if (soft < 0)
+        goto fail;
     if (scanned == -1 && PyErr_Occurred())
         goto fail;
     if (table != Py_None) {
@@ -392,8 +400,16 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             continue;
         }
         if (sp) {
-            if (d > 1 && st[d - 1].func != sp_start)
-                CUT(j);
+            /* unwinding only if a frame below the top is that function's
+             * (the builder's _jump_into); else the jump changes nothing
+             * (mempcpy jumping into memcpy's body) and the run goes on */
+            if (d > 1 && st[d - 1].func != sp_start) {
+                int64_t l = soft ? d - 2 : -1;
+                while (l >= 0 && st[l].func != sp_start)
+                    l--;
+                if (!soft || l >= 0)
+                    CUT(j);
+            }
             continue;
         }
         /* a call */

@@ -19,7 +19,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.analysis._c_runs"
-ABI = 7
+ABI = 8
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

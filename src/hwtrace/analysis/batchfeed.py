@@ -9,6 +9,20 @@ rules (``_settle``); items in between go through its event handling.
 Each record's TSC anchors the clock in sequence with the rows the
 transfers make.  A system call's round trip, and events that only tell
 the time, need not end a run (:mod:`.roundtrips`).
+
+A jump out of its function into the middle of another is taken one at a
+time (a run ends there) when it may unwind.  Where no frame below the
+top is that function's it changes nothing (mempcpy jumping into
+memcpy's body, once per call on ``find``: a run cut there each time);
+the runs go on past it (``soft``, :func:`.runs.solve`) where that cannot
+change a name: where the runs are cut decides the order in which code
+no symbol names is named when first met (in bulk by a solve, one at a
+time in between), and so the name ids and the call paths made of them.
+So only while no call's or jump's target in the rest of the records
+[t, r1) is code not named yet (:meth:`_Arrays.fresh_at`; over a merged
+symbol table, where naming only ever adds) -- and, following threads,
+once no switch is left to apply (the times the runs tell the timeline
+choose the switches).
 """
 
 from __future__ import annotations
@@ -47,6 +61,7 @@ class BatchInput:
         ``every_item``."""
         blocks = batch.blocks
         m = len(blocks)
+        self._jumped = False
         # a CPU's stream following its threads takes the time from every
         # item: a PSB+'s TSC is in its status updates, and the records
         # after it carry it only from the next event on (the estimate of
@@ -103,6 +118,7 @@ class BatchInput:
         g = a.groups
         seg = t                    # where the last group was passed
         while t < last:
+            self._soft = self._may_soften(a, t, last)
             stop = last if g is None else g.next(t, last)
             if t == stop:
                 # a group's transfer: what its events did between two runs
@@ -144,8 +160,21 @@ class BatchInput:
                 self._set_pend(a, t)
                 t += 1
                 self._at_record(a, t)
+        self._soft = False
         self.n = int(a.start[r1])
         self._set_pend(a, last)
+
+    def _may_soften(self, a: "_Arrays", t: int, last: int) -> bool:
+        """Whether solves from transfer t on may go on past jumps that
+        may unwind but change nothing (see the module doc)."""
+        if not self._jumped or not self.vectorize or self.addr.table() is None:
+            return False
+        tl = self._follow
+        if tl is not None and tl.i < len(tl.switches):
+            return False
+        h = a.fresh_at(self.addr.fresh, t)
+        i = int(np.searchsorted(h, t))
+        return i == len(h) or int(h[i]) > last
 
     def _through(self, a: "_Arrays", t: int, stop: int, last: int):
         """:meth:`_solve_groups` from t as far as it may go (the batch's
@@ -237,13 +266,20 @@ class BatchInput:
         """:func:`.runs.solve` of ``tr`` from this builder's state."""
         tid = self._thread if self._thread is not None else self._tid
         pid = self._pid if self._pid is not None else self._spid
-        return runs.solve(tr, self._summary(), self.addr, seq0=seq0,
-                          next_id=self._next_id, max_depth=self.max_depth,
-                          pid=-1 if pid is None else pid,
-                          tid=-1 if tid is None else tid,
-                          tx=self._tx_depth is not None,
-                          lookup=self._lookup is not None, paths=self.want_paths,
-                          scanned=scanned, out=self._place, **extra)
+        c = runs.solve(tr, self._summary(), self.addr, seq0=seq0,
+                       next_id=self._next_id, max_depth=self.max_depth,
+                       pid=-1 if pid is None else pid,
+                       tid=-1 if tid is None else tid,
+                       tx=self._tx_depth is not None,
+                       lookup=self._lookup is not None, paths=self.want_paths,
+                       scanned=scanned, out=self._place, soft=self._soft,
+                       **extra)
+        if c is not None and c.k < len(tr.code) and tr.code[c.k] == runs.JUMP:
+            # cut at a jump: from now on in this batch runs may go on past
+            # those that change nothing (looking where is not free: only
+            # once one was met)
+            self._jumped = True
+        return c
 
     def _took(self, c) -> None:
         """A committed run's rows, counts and stack."""
@@ -371,7 +407,7 @@ class _Arrays:
     ``base``."""
 
     __slots__ = ("ip", "end", "code", "fall", "tsc", "start", "scanned",
-                 "groups", "sys_nid")
+                 "groups", "sys_nid", "_fresh", "_fresh_from")
 
     def __init__(self, blocks: np.ndarray, base: int):
         self.ip, self.end, self.code, self.fall, self.tsc, self.start = \
@@ -379,3 +415,27 @@ class _Arrays:
         self.scanned = 0            # transfers [0, scanned) solve has seen
         self.groups = None          # events in the run (.roundtrips)
         self.sys_nid = -1
+        self._fresh = None
+        self._fresh_from = 0
+
+    def fresh_at(self, fresh, t0: int = 0) -> np.ndarray:
+        """The transfers (sorted) whose target, a call's or a taken
+        unconditional jump's, was code not named yet when first asked
+        (``fresh``: the names' :meth:`~.symtable.AddrTable.fresh`): where
+        something may be named over a merged symbol table (as
+        :meth:`.roundtrips.Groups.quiet` asks; a round trip's far call
+        names no code) -- those from transfer ``t0`` on at least (asked
+        in order: looked for from the first asked on)."""
+        if self._fresh is None or t0 < self._fresh_from:
+            n = len(self.code) - 1
+            c = self.code[t0:n]
+            tgt = self.ip[t0 + 1:]
+            look = ((c == runs.CALL) | (c == runs.JUMP)) & (tgt != self.fall[t0:n]) \
+                | (c == runs.FCALL)
+            if self.groups is not None:
+                tr = self.groups.trips()
+                look[tr[tr >= t0] - t0] = False
+            at = np.flatnonzero(look)
+            self._fresh = at[fresh(tgt[at])] + t0
+            self._fresh_from = t0
+        return self._fresh

@@ -161,6 +161,8 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._paused = False
         self._tx_depth: int | None = None
         self._after_abort = False
+        self._soft = False             # runs.solve's soft: see batchfeed
+        self._jumped = False
         self._codes: dict = {}
         # a CPU's stream following context switches: the running thread,
         # and the stacks of the others (frames, in_seg, paused, tx_depth)

@@ -103,6 +103,10 @@ class Groups:
     def at(self, t: int) -> bool:
         return t in self._events
 
+    def trips(self) -> np.ndarray:
+        """The transfers (far calls) before the round trips."""
+        return self.tr[self._trip]
+
     def quiet(self, a, fresh, t: int, last: int, cond: bool) -> int:
         """How far from transfer ``t`` the run may go on through the
         groups: to the last group's transfer before the first transfer

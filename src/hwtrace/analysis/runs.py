@@ -121,7 +121,8 @@ class Match(NamedTuple):
 def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
           next_id: int, max_depth: int, pid: int, tid: int, tx: bool,
           lookup: bool, paths: bool = True, impl: str | None = None,
-          scanned: int = 0, out=None, named=None, guard=None) -> Committed | None:
+          scanned: int = 0, out=None, named=None, guard=None,
+          soft: bool = False) -> Committed | None:
     """Commit the regular prefix of ``tr`` (see the module doc).
 
     ``stack``: STACK rows of the frames at the start (at least one);
@@ -141,13 +142,17 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     transfers open have that name, not their target's (their target is
     no code: a ``[syscall]``, see :mod:`.roundtrips`); ``guard``: None,
     or ``guard(match)`` before the rows are made -- true: make none,
-    return None."""
+    return None; ``soft``: a jump that may unwind but finds no frame below
+    the top in the function it lands in (mempcpy's jump into memcpy's
+    body) goes on in the run, else it ends it (the builder takes it, one
+    at a time, as changing nothing -- but where runs are cut decides the
+    order in which the code met is named: see batchfeed)."""
     core = _runs_impl.core_for(impl)
     if core is None:
-        m = match(tr, stack, names, max_depth=max_depth, lookup=lookup)
+        m = match(tr, stack, names, max_depth=max_depth, lookup=lookup, soft=soft)
     else:
         m = _match_compiled(core, tr, stack, names, max_depth=max_depth,
-                            lookup=lookup, scanned=scanned)
+                            lookup=lookup, scanned=scanned, soft=soft)
     if guard is not None and guard(m):
         return None
     return commit(m, tr, stack, names, seq0=seq0, next_id=next_id, pid=pid,
@@ -181,7 +186,7 @@ def jump_kinds(tr: Transfers, names):
 
 
 def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
-          lookup: bool) -> Match:
+          lookup: bool, soft: bool = False) -> Match:
     """The Python twin of the matching: all transfers at once (numpy)."""
     code, fall, tgt = tr.code, tr.fall, tr.tgt
     n = len(code)
@@ -289,7 +294,25 @@ def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
         qf = np.maximum(q_fr, 0)
         q_func = np.where(q_fr >= 0, o_func[qf] if len(o_ev) else 0,
                           stack["func"][np.minimum(q_lvl, s0 - 1)])
-        bad[q_ev[(spec_start[ev[q_ev]] != q_func) & (depth[q_ev] > 1)]] = True
+        q_ev = q_ev[(spec_start[ev[q_ev]] != q_func) & (depth[q_ev] > 1)]
+        if not soft:
+            q_ev = q_ev[:1]
+        # soft: unwinding (the builder's _jump_into) only where a frame
+        # below the top is that function's; else the jump changes nothing
+        lim = int(np.argmax(bad)) if bad.any() else ne
+        for q in q_ev.tolist():
+            if q > lim:
+                break               # past a cut already
+            if not soft:
+                bad[q] = True
+                break
+            lv = np.arange(int(depth[q]) - 1, dtype=np.int64)
+            fr = frame_at(lv, np.full(len(lv), q, np.int64))
+            f = np.where(fr >= 0, o_func[np.maximum(fr, 0)] if len(o_ev) else 0,
+                         stack["func"][np.minimum(lv, s0 - 1)])
+            if (f == spec_start[ev[q]]).any():
+                bad[q] = True
+                break
     bad[o_ev[o_lvl >= max_depth]] = True
     cut = int(np.argmax(bad)) if bad.any() else ne
     k = int(ev[cut]) if cut < ne else n
@@ -329,7 +352,8 @@ def _no_match(k: int, s0: int) -> Match:
 
 
 def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
-                    max_depth: int, lookup: bool, scanned: int = 0) -> Match:
+                    max_depth: int, lookup: bool, scanned: int = 0,
+                    soft: bool = False) -> Match:
     """The compiled core's matching: one walk over the transfers.  The
     symbol questions it asks of the names' merged table itself; over a
     lookup callback (no merged table) the twin answers them first."""
@@ -348,7 +372,7 @@ def _match_compiled(core, tr: Transfers, stack: np.ndarray, names, *,
                   np.ascontiguousarray(stack["func"]), np.ascontiguousarray(stack["ret"]),
                   np.ascontiguousarray(stack["ret_ok"]).view(np.uint8),
                   far.view(np.uint8), int(max_depth), table, flags, spec_start,
-                  int(scanned))
+                  int(scanned), bool(soft))
     (k, keep, d_end, o_tr, o_lvl, o_ret, o_ret_ok, o_flags, o_pfr, x_tr, x_lvl,
      x_fr, top_fr, unknown, o_nid) = r
     i8 = np.int64
