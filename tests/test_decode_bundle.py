@@ -574,8 +574,12 @@ def test_hostile_sideband_values_decode_or_fail_in_one_line(rec, tmp_path):
 
 def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
     """TSC packets alone (record's default config until it got MTC) can't
-    place a switch that falls between two PSBs: decoding goes on, with one
-    warning per such stream saying how to record instead."""
+    place a switch that falls between two PSBs on a real clock: decoding
+    goes on, with one warning per such stream saying how to record
+    instead.  The emulated engine's instruction-count clock places every
+    enable exactly (the last TSC plus the instructions decoded since), so
+    its recording decodes with no warning; the same bundle with its
+    timebase taken for a real clock warns."""
     b = tmp_path / "tsc"
     p = subprocess.run(["taskset", "-c", "0", *map(str, _hwtrace_cmd()), "record",
                         "--mode", "cpu", "--config", "branch;user;retc;tsc",
@@ -583,10 +587,16 @@ def test_tsc_only_cpu_stream_with_two_processes_warns(rec, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = run_hwtrace("decode", b, "--quiet", "--stat:insn")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    real = tmp_path / "real"
+    shutil.copytree(b, real)
+    m = json.loads((real / "manifest.json").read_text())
+    assert m.pop("timebase", None) is not None
+    (real / "manifest.json").write_text(json.dumps(m))
+    r = run_hwtrace("decode", real, "--quiet", "--stat:insn")
     assert r.returncode == 0
-    warnings = r.stderr.splitlines()
-    assert len(warnings) == 1 and "runs 2 processes" in warnings[0] and \
-        "mtc;cyc" in warnings[0]
+    warnings = [w for w in r.stderr.splitlines() if "runs 2 processes" in w]
+    assert len(warnings) == 1 and "mtc;cyc" in warnings[0], r.stderr
 
 
 @pytest.mark.parametrize("engine", ["ptrace", "qemu"])

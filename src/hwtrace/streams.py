@@ -414,8 +414,10 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
         ctl = ectl if type(ectl) is int else mctl if type(mctl) is int else None
         counted = insn_clock_counted(
             manifest, e.config if isinstance(e.config, dict) else None)
+        # an instruction-counted clock places every enable exactly
+        # (flow.spaces.InsnClock): only a real clock needs MTC/CYC for it
         if timeline is not None and len(used) > 1 and ctl is not None and \
-                not ctl & (_CYC_EN | _MTC_EN):
+                not ctl & (_CYC_EN | _MTC_EN) and not counted:
             ts.warnings.append(
                 f"{n} runs {len(used)} processes but its trace has no "
                 f"MTC/CYC packets: process switches are placed by TSC alone "
