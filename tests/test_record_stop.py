@@ -262,3 +262,40 @@ def test_ctrl_c_at_a_terminal(tmp_path, progs, ptoracle):
     handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
     ips = [ip for v in res.values() for ip in v[1]]
     assert len(ips) > 10_000 and handler not in ips
+
+
+class _Dev:
+    def __init__(self):
+        self.stop_reason = None
+
+    def request_stop(self, reason):
+        self.stop_reason = reason
+
+
+def test_steering_takes_a_prompt_duplicate_signal_as_the_same_stop():
+    from hwtrace.cli._stop import DUPLICATE_WINDOW, Steering
+    now = [100.0]
+    st = Steering(_Dev(), can_snapshot=True)
+    st.clock = lambda: now[0]
+    st._handle(signal.SIGINT, None)
+    assert st._dev.stop_reason == "SIGINT"
+    now[0] += DUPLICATE_WINDOW / 10
+    st._handle(signal.SIGINT, None)                 # the group-wide copy
+    with pytest.raises(KeyboardInterrupt):          # another signal: a second request
+        st._handle(signal.SIGTERM, None)
+    now[0] += DUPLICATE_WINDOW
+    with pytest.raises(KeyboardInterrupt):          # a person's second Ctrl-C
+        st._handle(signal.SIGINT, None)
+
+
+def test_steering_takes_the_signal_the_engine_reported_as_the_same_stop():
+    # the plugin saw the SIGINT reach the program and the engine asked for
+    # the stop before hwtrace's own handler ran
+    from hwtrace.cli._stop import Steering
+    dev = _Dev()
+    dev.request_stop("SIGINT")
+    st = Steering(dev, can_snapshot=True)
+    st._handle(signal.SIGINT, None)
+    st.writing()
+    with pytest.raises(KeyboardInterrupt):
+        st._handle(signal.SIGTERM, None)
