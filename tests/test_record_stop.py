@@ -264,6 +264,36 @@ def test_ctrl_c_at_a_terminal(tmp_path, progs, ptoracle):
     assert len(ips) > 10_000 and handler not in ips
 
 
+def test_signal_sent_like_timeout_to_a_program_with_a_handler(tmp_path, tmpdir_env, progs, ptoracle):
+    """``timeout -s INT`` (or a ``kill`` of the job) signals hwtrace, then
+    its whole process group: an ordinary kill, not the terminal's, reaches a
+    program that handles SIGINT. The plugin stops logging before the
+    handler runs (the trace holds no signal delivery: the compiled
+    generator applies), and the duplicate signal hwtrace gets is the same
+    stop, not a second one abandoning the bundle."""
+    from test_record import load_base, symbol
+    _, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "-o", b, "--", progs / "stubborn", pidf], env)
+    pid = None
+    try:
+        pid = _wait_pid_file(pidf, rec)
+        os.kill(rec.pid, signal.SIGINT)             # timeout: the child...
+        os.killpg(rec.pid, signal.SIGINT)           # ... then the whole group
+        out, err = _finish(rec)
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert rec.returncode == 130, err
+    assert _gone(pid)
+    assert "stopped by SIGINT: the program was killed" in err, err
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert man["recording"]["stop"] == "SIGINT"
+    handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert len(ips) > 10_000 and handler not in ips
+
+
 class _Dev:
     def __init__(self):
         self.stop_reason = None
