@@ -294,6 +294,36 @@ def test_signal_sent_like_timeout_to_a_program_with_a_handler(tmp_path, tmpdir_e
     assert len(ips) > 10_000 and handler not in ips
 
 
+
+# sends itself SIGINT with kill(2) (SI_USER, like an outside kill) and handles it
+SELF_KILL = r"""
+#include <signal.h>
+#include <unistd.h>
+static volatile int hits;
+__attribute__((noinline)) static void on_int(int s) { hits++; }
+int main(void) {
+  signal(SIGINT, on_int);
+  kill(getpid(), SIGINT);
+  return hits == 1 ? 0 : 3;
+}
+"""
+
+
+def test_a_signal_the_program_sends_itself_is_traced(tmp_path, ptoracle):
+    """Only a kill from outside the program stops the logging: one a
+    process of the program sends is the program's, recorded with its
+    handler, and the recording runs to the program's end."""
+    from test_record import load_base, symbol
+    src, exe, b = tmp_path / "selfkill.c", tmp_path / "selfkill", tmp_path / "b"
+    src.write_text(SELF_KILL)
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src)], check=True)
+    r = run_hwtrace("record", "-o", b, "--", exe, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert "stop" not in man["recording"] or man["recording"]["stop"] is None, man["recording"]
+    handler = load_base(b, exe) + symbol(exe, "on_int")[0]
+    assert handler in [ip for v in res.values() for ip in v[1]]
+
 class _Dev:
     def __init__(self):
         self.stop_reason = None
