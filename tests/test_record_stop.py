@@ -289,6 +289,8 @@ def test_signal_sent_like_timeout_to_a_program_with_a_handler(tmp_path, tmpdir_e
     assert "stopped by SIGINT: the program was killed" in err, err
     man, res = decode_bundle(ptoracle, b, want_ips=True)
     assert man["recording"]["stop"] == "SIGINT"
+    if os.environ.get("HWTRACE_NO_EXTENSIONS") != "1":
+        assert man["recording"]["generator"] == "compiled"   # no signal delivery in the log
     handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
     ips = [ip for v in res.values() for ip in v[1]]
     assert len(ips) > 10_000 and handler not in ips
