@@ -262,3 +262,102 @@ def test_ctrl_c_at_a_terminal(tmp_path, progs, ptoracle):
     handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
     ips = [ip for v in res.values() for ip in v[1]]
     assert len(ips) > 10_000 and handler not in ips
+
+
+def test_signal_sent_like_timeout_to_a_program_with_a_handler(tmp_path, tmpdir_env, progs, ptoracle):
+    """``timeout -s INT`` (or a ``kill`` of the job) signals hwtrace, then
+    its whole process group: an ordinary kill, not the terminal's, reaches a
+    program that handles SIGINT. The plugin stops logging before the
+    handler runs (the trace holds no signal delivery: the compiled
+    generator applies), and the duplicate signal hwtrace gets is the same
+    stop, not a second one abandoning the bundle."""
+    from test_record import load_base, symbol
+    _, env = tmpdir_env
+    b, pidf = tmp_path / "b", tmp_path / "pid"
+    rec = _start(["record", "-o", b, "--", progs / "stubborn", pidf], env)
+    pid = None
+    try:
+        pid = _wait_pid_file(pidf, rec)
+        os.kill(rec.pid, signal.SIGINT)             # timeout: the child...
+        os.killpg(rec.pid, signal.SIGINT)           # ... then the whole group
+        out, err = _finish(rec)
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert rec.returncode == 130, err
+    assert _gone(pid)
+    assert "stopped by SIGINT: the program was killed" in err, err
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert man["recording"]["stop"] == "SIGINT"
+    if os.environ.get("HWTRACE_NO_EXTENSIONS") != "1":
+        assert man["recording"]["generator"] == "compiled"   # no signal delivery in the log
+    handler = load_base(b, progs / "stubborn") + symbol(progs / "stubborn", "on_int")[0]
+    ips = [ip for v in res.values() for ip in v[1]]
+    assert len(ips) > 10_000 and handler not in ips
+
+
+
+# sends itself SIGINT with kill(2) (SI_USER, like an outside kill) and handles it
+SELF_KILL = r"""
+#include <signal.h>
+#include <unistd.h>
+static volatile int hits;
+__attribute__((noinline)) static void on_int(int s) { hits++; }
+int main(void) {
+  signal(SIGINT, on_int);
+  kill(getpid(), SIGINT);
+  return hits == 1 ? 0 : 3;
+}
+"""
+
+
+def test_a_signal_the_program_sends_itself_is_traced(tmp_path, ptoracle):
+    """Only a kill from outside the program stops the logging: one a
+    process of the program sends is the program's, recorded with its
+    handler, and the recording runs to the program's end."""
+    from test_record import load_base, symbol
+    src, exe, b = tmp_path / "selfkill.c", tmp_path / "selfkill", tmp_path / "b"
+    src.write_text(SELF_KILL)
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src)], check=True)
+    r = run_hwtrace("record", "-o", b, "--", exe, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    man, res = decode_bundle(ptoracle, b, want_ips=True)
+    assert "stop" not in man["recording"] or man["recording"]["stop"] is None, man["recording"]
+    handler = load_base(b, exe) + symbol(exe, "on_int")[0]
+    assert handler in [ip for v in res.values() for ip in v[1]]
+
+class _Dev:
+    def __init__(self):
+        self.stop_reason = None
+
+    def request_stop(self, reason):
+        self.stop_reason = reason
+
+
+def test_steering_takes_a_prompt_duplicate_signal_as_the_same_stop():
+    from hwtrace.cli._stop import DUPLICATE_WINDOW, Steering
+    now = [100.0]
+    st = Steering(_Dev(), can_snapshot=True)
+    st.clock = lambda: now[0]
+    st._handle(signal.SIGINT, None)
+    assert st._dev.stop_reason == "SIGINT"
+    now[0] += DUPLICATE_WINDOW / 10
+    st._handle(signal.SIGINT, None)                 # the group-wide copy
+    with pytest.raises(KeyboardInterrupt):          # another signal: a second request
+        st._handle(signal.SIGTERM, None)
+    now[0] += DUPLICATE_WINDOW
+    with pytest.raises(KeyboardInterrupt):          # a person's second Ctrl-C
+        st._handle(signal.SIGINT, None)
+
+
+def test_steering_takes_the_signal_the_engine_reported_as_the_same_stop():
+    # the plugin saw the SIGINT reach the program and the engine asked for
+    # the stop before hwtrace's own handler ran
+    from hwtrace.cli._stop import Steering
+    dev = _Dev()
+    dev.request_stop("SIGINT")
+    st = Steering(dev, can_snapshot=True)
+    st._handle(signal.SIGINT, None)
+    st.writing()
+    with pytest.raises(KeyboardInterrupt):
+        st._handle(signal.SIGTERM, None)

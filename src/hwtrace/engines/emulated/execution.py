@@ -49,7 +49,8 @@ def qemu_run(engine, session, prog, log: str, env, cwd) -> Outcome:
             cmd = qemu.command(prog, log, control)
         except qemu.QemuError as e:
             raise TraceError(Status.INVALID_ARGS, str(e)) from None
-        # On Ctrl-C the program gets the SIGINT too: end the logging at once,
+        # On Ctrl-C (or `timeout -s INT`, which signals the whole process
+        # group) the program gets the SIGINT too: end the logging at once,
         # before it runs its handler -- the trace ends where the user
         # stopped it, not in the program's reaction (and a program whose
         # handler never ran keeps the compiled generator's speed)
@@ -97,8 +98,9 @@ def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
         control.drain()
         tty = control.tty_signal()
         if ev.kind == "notice" and tty:
-            # the terminal's Ctrl-C (or hangup) reached the program: hwtrace
-            # got it too (its handler may not have run yet): the same stop
+            # the terminal's Ctrl-C (or hangup), or a kill from outside the
+            # program, reached it: hwtrace got it too (its handler may not
+            # have run yet): the same stop
             if hasattr(session, "request_stop"):
                 try:
                     session.request_stop(signal.Signals(tty).name)

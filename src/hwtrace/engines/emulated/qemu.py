@@ -151,7 +151,7 @@ def log_of(cmd: list[str]) -> str | None:
 
 # ---- the page shared with the plugin (struct hwctl in qemu_plugin.c) ----
 CTL_MAGIC = b"HWXC"
-CTL_HEADER = struct.Struct("<4sIIIIIQ128sI")  # magic, version, stop, fired, pid, tid, pc, name, tty
+CTL_HEADER = struct.Struct("<4sIIIIIQ128sII")  # magic, version, stop, fired, pid, tid, pc, name, tty, recorder
 _CTL_TTY = 160
 
 
@@ -175,7 +175,7 @@ class Control:
         self.triggers = tuple(triggers)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, CTL_HEADER.pack(CTL_MAGIC, 1, 0, 0, 0, 0, 0, b"", 0).ljust(_PAGE, b"\0"))
+            os.write(fd, CTL_HEADER.pack(CTL_MAGIC, 1, 0, 0, 0, 0, 0, b"", 0, os.getpid()).ljust(_PAGE, b"\0"))
             self._map = mmap.mmap(fd, _PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
@@ -187,13 +187,14 @@ class Control:
         struct.pack_into("<I", self._map, 8, 1)
 
     def fired(self) -> Fired | None:
-        _, _, _, fired, pid, tid, pc, name, _ = CTL_HEADER.unpack_from(self._map, 0)
+        _, _, _, fired, pid, tid, pc, name, _, _ = CTL_HEADER.unpack_from(self._map, 0)
         if not fired:
             return None
         return Fired(pid, tid, pc, name.split(b"\0", 1)[0].decode(errors="replace"))
 
     def tty_signal(self) -> int:
-        """The terminal's signal (SIGINT, SIGHUP) that stopped the logging, or 0."""
+        """The signal (SIGINT, SIGHUP) from the terminal, or sent from outside
+        the program, that stopped the logging, or 0."""
         return struct.unpack_from("<I", self._map, _CTL_TTY)[0]
 
     def drain(self) -> None:

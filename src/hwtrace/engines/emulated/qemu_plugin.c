@@ -53,10 +53,13 @@
  * logged as a one-instruction block, then the stop word is set and a byte
  * written to FIFO (the recorder waits on it).  A SIGINT or SIGHUP the
  * terminal sends (si_code SI_KERNEL: Ctrl-C, hangup) goes to the recorder
- * too, which stops the recording; the plugin sets the stop word in QEMU's
- * own host signal handler (wrapped), before the guest sees the signal, so
- * the trace ends where the user stopped it and not in the program's
- * handler, and tells the recorder (tty_signal).
+ * too, which stops the recording, and so does one kill(2) sends from
+ * outside the program (a sender that isn't the recorder's descendant:
+ * `timeout -s INT` signals the recorder's whole process group); the
+ * plugin sets the stop word in QEMU's own host signal handler (wrapped),
+ * before the guest sees the signal, so the trace ends where the user
+ * stopped it and not in the program's handler, and tells the recorder
+ * (tty_signal).
  *
  * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
  * QEMU 4.2 .. 8.x) used here is declared below.
@@ -217,6 +220,7 @@ struct hwctl {
     uint64_t fired_pc;
     char fired_name[128];
     uint32_t tty_signal;        /* the terminal's SIGINT/SIGHUP stopped the logging */
+    uint32_t recorder;          /* the recorder's pid (0: unknown) */
 };
 #define MAX_TRIGGERS 16
 #define MAX_TRIGGER_ADDRS 256
@@ -235,17 +239,73 @@ static inline bool stopped(void)
 
 static void notify_recorder(void);
 
-/* QEMU's host handlers of SIGINT and SIGHUP, wrapped: a terminal's signal
- * stops the logging before QEMU queues it for the guest. */
+/* QEMU's host handlers of SIGINT and SIGHUP, wrapped: a terminal's signal,
+ * or one sent from outside the program, stops the logging before QEMU
+ * queues it for the guest. */
 static struct sigaction qemu_act[NSIG];
+
+/* The parent of process p (/proc/p/stat), 0 if unknown.  No stdio:
+ * open(2), read(2) and close(2) only, async-signal-safe. */
+static uint32_t parent_of(uint32_t p)
+{
+    char path[32] = "/proc/", digits[12], buf[512];
+    int nd = 0, at = 6;
+    do digits[nd++] = (char)('0' + p % 10); while ((p /= 10) && nd < 11);
+    while (nd)
+        path[at++] = digits[--nd];
+    memcpy(path + at, "/stat", 6);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0)
+        return 0;
+    buf[r] = 0;
+    char *q = strrchr(buf, ')');        /* "pid (comm) state ppid ..." */
+    if (!q || q[1] != ' ' || !q[2] || q[3] != ' ')
+        return 0;
+    uint32_t pp = 0;
+    for (q += 4; *q >= '0' && *q <= '9'; q++)
+        pp = pp * 10 + (uint32_t)(*q - '0');
+    return pp;
+}
+
+/* A kill(2) from outside the recorded program: from the recorder or a
+ * process that isn't one of its descendants (a `timeout`, a shell's kill
+ * of the job's process group).  Such a SIGINT reaches the recorder too
+ * (or is the recorder's) and stops the recording like a terminal's; one a
+ * process of the program sends (a descendant of the recorder) is the
+ * program's own business.  Unknown (the sender gone): not outside. */
+static bool sent_from_outside(const siginfo_t *info)
+{
+    uint32_t rec = __atomic_load_n(&ctl->recorder, __ATOMIC_ACQUIRE);
+    if (info->si_code != SI_USER || !rec || info->si_pid <= 0)
+        return false;
+    uint32_t p = (uint32_t)info->si_pid;
+    if (p == rec)
+        return true;
+    for (int depth = 0; depth < 256; depth++) {
+        uint32_t pp = parent_of(p);
+        if (pp == 0)
+            return p == 1;      /* init has no parent; otherwise unreadable */
+        if (pp == rec)
+            return false;
+        p = pp;
+    }
+    return false;
+}
 
 static void on_host_signal(int sig, siginfo_t *info, void *uc)
 {
-    if (ctl && info && info->si_code == SI_KERNEL && !__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) {
+    int saved_errno = errno;
+    if (ctl && info && (info->si_code == SI_KERNEL || sent_from_outside(info)) &&
+        !__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&ctl->tty_signal, (uint32_t)sig, __ATOMIC_RELEASE);
         __atomic_store_n(&ctl->stop, 1, __ATOMIC_RELEASE);
         notify_recorder();      /* open(2) and write(2): async-signal-safe */
     }
+    errno = saved_errno;
     struct sigaction *o = &qemu_act[sig];
     if (o->sa_flags & SA_SIGINFO)
         o->sa_sigaction(sig, info, uc);
