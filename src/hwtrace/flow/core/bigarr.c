@@ -26,9 +26,7 @@ static void advise(void *p, size_t len)
 #endif
 }
 
-/* len (a multiple of BA_HUGE) zeroed bytes at a BA_HUGE boundary, or
- * NULL */
-static void *map(size_t len)
+void *ba_map(size_t len)
 {
     size_t over = len + BA_HUGE;
     char *p = mmap(NULL, over, PROT_READ | PROT_WRITE,
@@ -47,7 +45,7 @@ static void *map(size_t len)
 void *ba_zalloc(size_t n)
 {
     if (n >= BA_MIN)
-        return map(mapped_len(n));
+        return ba_map(mapped_len(n));
     void *p = aligned_alloc(64, (n + 63) & ~(size_t)63);
     if (p)
         memset(p, 0, n);
@@ -62,7 +60,7 @@ void *ba_grow(void *p, size_t n, size_t m)
             return p;
         /* into the start of a new aligned mapping (a plain mremap may
          * move it off a huge page boundary); the rest of it is zero */
-        char *q = map(len);
+        char *q = ba_map(len);
         if (!q)
             return NULL;
         if (mremap(p, old, old, MREMAP_MAYMOVE | MREMAP_FIXED, q) ==

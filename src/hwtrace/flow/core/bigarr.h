@@ -22,6 +22,11 @@
 
 #define BA_MIN ((size_t)1 << 20)        /* smaller arrays: malloc */
 
+/* len (a multiple of 2 MiB) zeroed bytes mapped at a 2 MiB boundary and
+ * advised MADV_HUGEPAGE, or NULL; munmap(p, len) frees them (hugemem's
+ * blocks are such mappings too) */
+void *ba_map(size_t len);
+
 /* n zeroed bytes, 64-byte aligned, or NULL */
 void *ba_zalloc(size_t n);
 

@@ -1,31 +1,11 @@
 /* Chunks in transparent huge pages: see hugemem.h. */
-#define _DEFAULT_SOURCE         /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "bigarr.h"
 #include "hugemem.h"
 
-#define HM_HUGE ((size_t)2 << 20)       /* x86-64's huge page */
 #define HM_BLOCK ((size_t)4 << 20)
-
-/* a HM_BLOCK-byte block at a HM_HUGE boundary, or NULL */
-static void *new_block(void)
-{
-    size_t len = HM_BLOCK + HM_HUGE;
-    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    char *b = (char *)(((uintptr_t)p + HM_HUGE - 1) & ~(HM_HUGE - 1));
-    if (b > p)
-        munmap(p, (size_t)(b - p));
-    if (b + HM_BLOCK < p + len)
-        munmap(b + HM_BLOCK, (size_t)(p + len - (b + HM_BLOCK)));
-#ifdef MADV_HUGEPAGE
-    madvise(b, HM_BLOCK, MADV_HUGEPAGE);  /* advice: may be refused */
-#endif
-    return b;
-}
 
 void *hm_chunk(struct hugemem *h, size_t n)
 {
@@ -43,7 +23,7 @@ void *hm_chunk(struct hugemem *h, size_t n)
         if (!nb)
             return NULL;
         h->blocks = nb;
-        char *b = new_block();
+        char *b = ba_map(HM_BLOCK);
         if (!b)
             return NULL;
         h->blocks[h->nblocks++] = b;
