@@ -224,6 +224,47 @@ def test_log_ending_after_a_branch(tmp_path, ptoracle, case):
     assert [i["ip"] for i in items if "insn" in i or ("ip" in i and "size" in i)] == want
 
 
+@pytest.mark.parametrize("mode", ["thread", "cpu"])
+def test_chunk_that_starts_with_two_times(tmp_path, mode):
+    """A QEMU chunk whose first two records are TIMEs (the plugin flushed a
+    thread's buffer and read the clock again before its next block): the
+    first one bounds the thread's previous slice, so a slice of another
+    thread that began between the two (by the host clock) starts after it
+    on the emulated clock.  The compiled generator used to take the second
+    TIME as the bound (a threaded program's streams then differed from the
+    Python generator's in about one recording of twenty)."""
+    from hwtrace.engines.emulated import execlog as xl
+    # 0x401000: nop; jmp 0x401000
+    code, sizes = b"\x90\xeb\xfd", b"\x01\x02"
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    w.ctx(1, 1, 0)
+    w.time(1000)
+    w.block(1, 1, 0x401000, sizes, code)
+    w.exec([1] * 50)                    # thread 1: 100 instructions from host time 1000
+    w.ctx(1, 2, 1)
+    w.time(1100)
+    w.thread_start(1)
+    w.exec([1] * 3)                     # thread 2 begins beside it
+    w.ctx(1, 1, 0)
+    w.time(2000)                        # thread 1's first slice ended by 2000
+    w.time(9000)
+    w.exec([1] * 5)
+    w.thread_exit(0)
+    w.ctx(1, 2, 1)
+    w.time(3000)                        # so thread 2's next slice starts after it
+    w.exec([1] * 3)
+    w.thread_exit(0)
+    log = _write_log(tmp_path, w)
+    cfg = ptgen.TraceConfig(ctl=CONFIGS[0])
+    full = flow.load(log.read_bytes())
+    from hwtrace.engines.emulated import schedule
+    res, ex = _generate_both(log, _load(log), cfg, mode, num_cpus=2)
+    (first,) = [s for s in schedule.slices(full) if s.tid == 1 and s.ordinal == 0]
+    assert first.h1 == 2000
+    # thread 2's last instruction retired after thread 1's first 100
+    assert ex[2] >= 1000 + 100 + 6, ex
+
+
 @pytest.mark.parametrize("timing", ["tsc;cyc", "tsc;mtc;cyc"])
 def test_psb_mid_block_keeps_libipt_on_the_clock(tmp_path, ptoracle, timing):
     """A loop long enough for PSB+ to land mid-block (one instruction after

@@ -370,7 +370,7 @@ struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kerne
                 struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
-struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last;
+struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last, head;
                size_t start, end; uint64_t h0, h1, first_ip, next_ip; };
 static struct slice *raw; static int nraw, curraw = -1;
 
@@ -841,14 +841,16 @@ int main(int argc, char **argv)
             proc_of(pid);
             if (curraw >= 0) raw[curraw].end = o;
             raw_open((uint32_t)ti, cur_seg, o + sz, last_time);
+            raw[curraw].head = 1;       /* no TIME of the segment yet */
             break;
         }
         case 0x02:
             last_time = rd64(o + 1);
             if (cur_seg >= 0 && !segs[cur_seg].has_items) segs[cur_seg].time = last_time;
-            if (cur_seg >= 0 && raw[curraw].start == segs[cur_seg].start && !raw[curraw].items) {
+            if (cur_seg >= 0 && raw[curraw].head && !raw[curraw].items) {
                 raw[curraw].h0 = last_time;         /* nothing before the segment's first TIME */
                 raw[curraw].start = o;
+                raw[curraw].head = 0;   /* a second TIME ends an empty slice (schedule.thread_slices) */
             } else if (cur_seg >= 0) {
                 raw[curraw].end = o;
                 raw_open(segs[cur_seg].tid_i, cur_seg, o, last_time);
