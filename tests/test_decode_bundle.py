@@ -780,3 +780,41 @@ def test_script_that_execs_with_a_coarse_clock(tmp_path, config, mode):
     and its child, or the shell and the gzip it became, taken for each
     other."""
     _script_that_execs(tmp_path, config, mode, n=2)
+
+def test_fork_of_a_process_that_execd(tmp_path):
+    """``tar -z`` forks, the child execs a shell, which forks again for
+    gzip: the shell's child maps the shell's program and libraries, not
+    tar's (its grandparent's, gone at the shell's exec).  They were listed
+    too, at the same time -- tar and dash both at QEMU's load address, a
+    libc of each -- and the decoder took tar's libc for the code the
+    child ran before its exec: a decode error in every such recording."""
+    tar, gzip = shutil.which("tar"), shutil.which("gzip")
+    if shutil.which("qemu-x86_64") is None or tar is None or gzip is None:
+        _need("qemu-x86_64, tar and gzip")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("".join(f"{i}\n" for i in range(3000)))
+    b = tmp_path / "rec"
+    p = subprocess.run([*map(str, _hwtrace_cmd()), "record", "-o", str(b), "--",
+                        tar, "-czf", str(tmp_path / "a.tgz"), "-C", str(src), "a.txt"],
+                       capture_output=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    side = [json.loads(line) for line in (b / "sideband.jsonl").read_text().splitlines()]
+    procs = [s for s in side if s["type"] == "process"]
+    assert len({s["pid"] for s in procs}) >= 3, procs       # tar, its shell, gzip
+    # no process has two files mapped over each other at one time
+    by_image: dict = {}
+    for m in side:
+        if m["type"] == "mmap":
+            by_image.setdefault((m["pid"], m["time"]), []).append(m)
+    for key, maps in by_image.items():
+        for x in maps:
+            for y in maps:
+                if x["file"] != y["file"]:
+                    assert x["start"] + x["size"] <= y["start"] or \
+                        y["start"] + y["size"] <= x["start"], (key, x["file"], y["file"])
+    r = run_hwtrace("decode", b, "--quiet", "--stat:insn")
+    assert r.returncode == 0 and "error" not in r.stdout, (r.stdout, r.stderr)
+    man = json.loads((b / "manifest.json").read_text())
+    got = [int(n) for n in re.findall(r"insn: (\d+)", r.stdout)]
+    assert got == [s["instructions_observed"] for s in man["streams"]], r.stdout

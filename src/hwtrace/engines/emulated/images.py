@@ -185,7 +185,12 @@ def file_mappings(trace, vdso_build_id: str | None = None, lives_=None) -> list[
                     q = trace.processes.get(p, {}).get("ppid", 0)
                     if not q or q not in trace.processes:
                         break
-                    chain.append((q, epoch_at(q, when)))
+                    eq = epoch_at(q, when)
+                    chain.append((q, eq))
+                    if eq:
+                        # the parent had exec'd by the fork: its image is its
+                        # own program's, nothing of its ancestors' is mapped
+                        break
                     p = q
             for key in chain:
                 for m in by_key.get(key, ()):
