@@ -386,3 +386,74 @@ def test_branch_lines_like_the_record_formatter():
     assert [json.loads(x) for x in got] == [r.to_json(names) for r in recs]
     txt = format_chunk(a, n, "text").decode().splitlines()
     assert txt == [format_text(r, names) for r in recs]
+
+
+#: a program that forks and execs another (argv[1]) and calls its own
+#: a_work() meanwhile; the other calls b_hot().  Under QEMU both load at
+#: the same address, so their functions overlap.
+PARENT_C = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+volatile long sink;
+__attribute__((noinline)) long a_work(long x) { return x * 7 + 1; }
+int main(int argc, char **argv)
+{
+    pid_t p = fork();
+    if (p == 0) { execv(argv[1], argv + 1); _exit(127); }
+    for (long i = 0; i < 300; i++) sink += a_work(i);
+    waitpid(p, 0, 0);
+    return 0;
+}
+"""
+
+CHILD_C = r"""
+volatile long sink;
+__attribute__((noinline)) long b_hot(long x) { return x * 3 + 2; }
+int main(void) { for (long i = 0; i < 500; i++) sink += b_hot(i); return 0; }
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "cpu"])
+def test_programs_at_the_same_addresses_are_named_by_their_own(tmp_path, mode):
+    """A parent and the program its child execs, loaded at the same
+    addresses (QEMU loads every program at one base): each part of a
+    stream is named by the files of the process that ran it.  One table
+    of every mapped file named the child's b_hot by the parent's code
+    (what the views said of any shell script: a shell's names for the
+    programs it ran).  Vectorized and one at a time agree."""
+    parent = _gcc(tmp_path, "parent", PARENT_C)
+    child = _gcc(tmp_path, "child", CHILD_C)
+    b = _record(tmp_path, "rec", parent, child, args=("--mode", mode))
+    from hwtrace.streams import open_bundle
+    ts = open_bundle(b)
+    spaced = ts.space_lookup()
+    assert spaced is not None
+
+    def builders(vectorize):
+        out = []
+        for st in ts.streams:
+            bl = CallStackBuilder(st.info, ts.symbolizer.lookup, vectorize=vectorize,
+                                  space_lookup=spaced)
+            recs = []
+            for batch in st.batches(view=True, space_items=True):
+                bl.feed_batch(batch)
+                recs += bl.take()
+            bl.finish()
+            out.append(recs + bl.take())
+        return out
+
+    vec = builders(True)
+    assert vec == builders(False)
+    names = Counter(r.name for recs in vec for r in recs if hasattr(r, "end_idx"))
+    assert names["b_hot"] == 500 and names["a_work"] == 300, names.most_common(8)
+    r = run_hwtrace("summary", b)
+    assert r.returncode == 0, r.stderr
+    calls = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()
+             if ln.split() and ln.split()[0] in ("a_work", "b_hot")}
+    assert calls == {"a_work": "300", "b_hot": "500"}, r.stdout
+    for fmt in ("text", "jsonl"):
+        r = run_hwtrace("branches", b, "--kinds", "call", "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        to = Counter(re.findall(r"(?:-> 0x[0-9a-f]+ |\"to_sym\":\")(\w+)", r.stdout))
+        assert (to["a_work"], to["b_hot"]) == (300, 500), (fmt, to.most_common(8))

@@ -194,6 +194,7 @@ class TraceSet(Fields):
         self._symbolizer = _symbolizer
         #: (path, start, offset, recorded file)
         self._mapped = [] if _mapped is None else _mapped
+        self._images: dict = {}         # (path, start) -> the symbolizer's Image
         self._reported = False
 
     def report(self, warn: Callable) -> None:
@@ -214,13 +215,50 @@ class TraceSet(Fields):
         if self._symbolizer is None:
             from hwtrace.analysis.symbols import Symbolizer, SymbolError
             sym = Symbolizer()
+            self._images = {}
             for path, start, offset, file in self._mapped:
                 try:
-                    sym.add_mapping(path, start, offset, file)
+                    self._images[(path, start)] = sym.add_mapping(path, start, offset, file)
                 except SymbolError:
                     pass
             self._symbolizer = sym
         return self._symbolizer
+
+    def space_lookup(self):
+        """For the views: ``f(space)``, the lookup naming an address
+        space's code (a :class:`~hwtrace.flow.batches.SpaceItem`'s) by
+        the files mapped in it (and ``--elf`` symbols) -- or None where
+        every space maps the same files (or there are none), and
+        :attr:`symbolizer`, which holds every mapped file of every
+        process, names them all.  Processes running different programs
+        share addresses (under QEMU every program is loaded at the same
+        base: a shell and the gzip it starts), which one table of every
+        file cannot tell apart."""
+        if self.spaces is None:
+            return None
+        files = {}
+        for sp in self.spaces.spaces:
+            files.setdefault(frozenset((m.path, m.start) for m in sp.mappings), sp)
+        if len(files) <= 1:
+            return None
+        sym = self.symbolizer
+        extra = [img for img in sym.images if img not in self._images.values()]
+        from hwtrace.analysis.symbols import Symbolizer
+        made: dict = {}
+
+        def lookup(space):
+            key = frozenset((m.path, m.start) for m in space.mappings)
+            got = made.get(key)
+            if got is None:
+                s = Symbolizer()
+                for m in space.mappings:
+                    img = self._images.get((m.path, m.start))
+                    if img is not None and img not in s.images:
+                        s.images.append(img)
+                s.images.extend(extra)
+                got = made[key] = s.lookup
+            return got
+        return lookup
 
     def add_elf_symbols(self, path: str, bias: int = 0) -> None:
         from hwtrace.analysis.symbols import SymbolError

@@ -33,6 +33,7 @@ from hwtrace.analysis import _runs_impl, roundtrips, runs
 from hwtrace.analysis.blockcols import columns
 from hwtrace.analysis.records import Flag
 from hwtrace.analysis.slices import _UNKNOWN
+from hwtrace.analysis.symtable import AddrTable
 
 _STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
                          "stop", "async_branch", "tsx"})
@@ -67,8 +68,10 @@ class BatchInput:
         # after it carry it only from the next event on (the estimate of
         # now, which decides the switches due at an enable, ran from the
         # last TSC at the wrong instruction, hundreds of ticks behind)
+        spaced = self._space_lookup is not None
         items = batch.items if every_item or self._follow is not None else \
-            [it for it in batch.items if _matters(it[2])]
+            [it for it in batch.items if _matters(it[2])
+             or (spaced and getattr(it[2], "type", None) == "space")]
         if m:
             a = _Arrays(blocks, self.n)
             # system calls returning where they were made, and events
@@ -86,6 +89,7 @@ class BatchInput:
                 a.sys_nid = sc
         else:
             a = None
+        self._arrays = a
         r = 0
         for index, offset, item in items:
             if index > r:
@@ -98,6 +102,9 @@ class BatchInput:
 
     def _item(self, item, offset) -> None:
         t = getattr(item, "type", None)
+        if t == "space" and self._space_lookup is not None:
+            self._enter_space(item.space)
+            return
         if t == "error" and hasattr(item, "code"):
             self._gap("error", item.offset, str(item.code))
         elif t == "status":
@@ -108,6 +115,22 @@ class BatchInput:
             self.event(item.type, event_json(item, offset))
         else:
             self._feed_one(item)
+
+    def _enter_space(self, space) -> None:
+        """The records from here on run ``space``'s code: name it by the
+        space's own files (one table per set of files, name ids shared).
+        A run never goes on through the switch: the item is kept apart
+        from the round trips and cuts the records."""
+        lookup = self._space_lookup(space)
+        table = self._space_tables.get(id(lookup))
+        if table is None:
+            table = self._space_tables[id(lookup)] = (lookup, AddrTable(lookup, self.names))
+        self._lookup, self.addr = table
+        a = self._arrays
+        if a is not None:               # what is not named yet: by this table
+            a._fresh = None
+            if a.groups is not None:
+                a.groups._hazard = None
 
     def _records(self, a: "_Arrays", r0: int, r1: int) -> None:
         """Records [r0, r1) of the batch, with no event between them but

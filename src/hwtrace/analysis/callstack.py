@@ -129,7 +129,7 @@ class CallStackBuilder(FollowThreads, BatchInput):
                  lookup: Lookup | None = None, clock: str = "auto",
                  tsc_hz: float | None = None, max_pending: int = 1 << 16,
                  max_depth: int = 1 << 16, vectorize: bool = True,
-                 paths: bool = True):
+                 paths: bool = True, space_lookup=None):
         self.stream = stream or StreamInfo()
         st = self.stream
         self._tid = st.tid              # a CPU's stream: its thread, where known
@@ -139,6 +139,12 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self.names = NameTable()
         self.paths = PathTable()
         self.addr = AddrTable(lookup, self.names)
+        #: ``space_lookup(space)``: the lookup naming an address space's
+        #: own code (a bundle whose processes run different programs at
+        #: the same addresses); the stream's space items switch to it
+        self._space_lookup = space_lookup
+        self._space_tables: dict = {}
+        self._arrays = None             # the batch being fed
         self.time = TimeBase(clock, tsc_hz, max_pending)
         self.pending = Pending(self.time)
         self.clock = _ClockView(self)

@@ -81,6 +81,65 @@ class Namer:
         return table, np.asarray(inv).reshape(-1)
 
 
+class SpaceNamers:
+    """A :class:`Namer` per address space, for records of a bundle whose
+    processes run different programs at the same addresses: a record is
+    named in the space its pid ran at its time (the last begun by then;
+    with no time, the pid's latest) -- ``spaces``, the bundle's
+    :class:`~hwtrace.flow.spaces.AddressSpaces`; ``lookup_of(space)``, a
+    lookup over its files (:meth:`hwtrace.streams.TraceSet.space_lookup`);
+    records of no known space get ``fallback``."""
+
+    def __init__(self, spaces, lookup_of, fallback: Namer, lines: bool = False):
+        self.fallback = fallback
+        self.lines = lines
+        self._lookup_of = lookup_of
+        self._index = {id(sp): k for k, sp in enumerate(spaces.spaces)}
+        self._spaces = spaces.spaces
+        self._by_pid = {}
+        for pid in {sp.pid for sp in spaces.spaces}:
+            lst = sorted((sp for sp in spaces.spaces if sp.pid == pid), key=lambda sp: sp.time)
+            self._by_pid[pid] = (np.array([sp.time for sp in lst], np.int64),
+                                 np.array([self._index[id(sp)] for sp in lst], np.int64))
+        self._namers: dict = {}
+
+    def keys(self, a: np.ndarray) -> np.ndarray:
+        """The space (an index, -1: none) of each record."""
+        out = np.full(len(a), -1, np.int64)
+        pid, tm = a["pid"], a["time"]
+        for p in np.unique(pid).tolist():
+            got = self._by_pid.get(p)
+            if got is None:
+                continue
+            times, idx = got
+            at = np.flatnonzero(pid == p)
+            t = tm[at]
+            j = np.searchsorted(times, t, side="right") - 1
+            j = np.where(t < 0, len(times) - 1, np.maximum(j, 0))
+            out[at] = idx[j]
+        return out
+
+    def namer(self, key: int) -> Namer:
+        if key < 0:
+            return self.fallback
+        lookup = self._lookup_of(self._spaces[key])
+        n = self._namers.get(id(lookup))
+        if n is None:
+            n = self._namers[id(lookup)] = (lookup, Namer(lookup.__self__, lines=self.lines))
+        return n[1]
+
+
+def format_spaced(a: np.ndarray, namers: SpaceNamers, fmt: str) -> bytes:
+    """:func:`format_chunk` of each run of records in one space, with
+    that space's namer."""
+    if not len(a):
+        return b""
+    keys = namers.keys(a)
+    cut = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+    return b"".join(format_chunk(a[s:e], namers.namer(int(keys[s])), fmt)
+                    for s, e in zip([0, *cut], [*cut, len(a)]))
+
+
 def format_chunk(a: np.ndarray, namer: Namer, fmt: str,
                  impl: str | None = None) -> bytes:
     """The lines of a chunk of records (``impl``: "python" or "compiled"

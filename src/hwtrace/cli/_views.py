@@ -48,14 +48,18 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     total = sum(s.size for s in inp.streams)
     progress = Progress(f"hwtrace {label}", total or None,
                         unit="bytes" if total else "items")
+    # a bundle whose processes run different programs: each part of a
+    # stream named by its own process's files (the space items say where)
+    spaced = inp.traces.space_lookup() if inp.traces is not None else None
     run = ViewRun(writers, inp.symbolizer.lookup, args.clock, args.tsc_hz,
-                  coverage, progress, window=window)
+                  coverage, progress, window=window, space_lookup=spaced)
+    more = {"space_items": True} if spaced is not None else {}
     for i, s in enumerate(inp.streams):
         progress.set_label(f"hwtrace {label} {i + 1}/{len(inp.streams)} "
                            f"({s.info.label()})")
         try:
             if s.batches is not None:
-                run.batches(s.info, s.batches(max_records=MAX_RECORDS),
+                run.batches(s.info, s.batches(max_records=MAX_RECORDS, **more),
                             entry=s.entry, tsc_hz=s.tsc_hz)
             elif s.items is not None:
                 run.items(s.info, s.items(), tsc_hz=s.tsc_hz)

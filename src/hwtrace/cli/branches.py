@@ -126,12 +126,22 @@ def _open_out(path):
         raise CliError(f"cannot write {path}: {e.strerror}") from None
 
 
-def _emit(chunks, symbolizer, args) -> int:
-    """Write record chunks (numpy, records.dtype) as they come."""
-    from hwtrace.branches.format import Namer, format_chunk
+def _emit(chunks, symbolizer, args, traces=None) -> int:
+    """Write record chunks (numpy, records.dtype) as they come (``traces``:
+    the bundle's TraceSet, whose processes may need names of their own)."""
+    from hwtrace.branches.format import Namer, SpaceNamers, format_chunk, format_spaced
     from hwtrace.branches.records import concat
     out, close = _open_out(args.output)
     namer = Namer(symbolizer, lines=args.lines)
+    spaced = traces.space_lookup() if traces is not None else None
+    if spaced is None:
+        def text(a):
+            return format_chunk(a, namer, args.format)
+    else:
+        namers = SpaceNamers(traces.spaces, spaced, namer, lines=args.lines)
+
+        def text(a):
+            return format_spaced(a, namers, args.format)
     n = 0
     try:
         sys.stdout.flush()
@@ -142,12 +152,12 @@ def _emit(chunks, symbolizer, args) -> int:
                 nheld += len(a)
                 # the first records at once; then a few thousand at a time
                 if first or nheld >= 1 << 15:
-                    out.write(format_chunk(concat(held), namer, args.format))
+                    out.write(text(concat(held)))
                     out.flush() if first else None
                     n += nheld
                     held, nheld, first = [], 0, False
         if held:
-            out.write(format_chunk(concat(held), namer, args.format))
+            out.write(text(concat(held)))
             n += nheld
         out.flush()
     finally:
@@ -233,7 +243,7 @@ def _decoded(args, path, trig, mask) -> int:
         raise CliError(f"branches: {path}: holds branch records already")
     tr = open_decoded(inp, trig, mask)
     try:
-        _emit(tr.arrays(), tr.symbolizer, args)
+        _emit(tr.arrays(), tr.symbolizer, args, inp.traces)
     except StreamsError as e:
         raise CliError(f"branches: {e}") from None
     except (CliError, KeyboardInterrupt, BrokenPipeError):

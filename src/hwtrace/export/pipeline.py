@@ -45,9 +45,10 @@ class ViewRun:
     def __init__(self, writers: list, lookup=None, clock: str = "auto",
                  tsc_hz=None, coverage: CoverageCollector | None = None,
                  progress: Callable[[int], None] | None = None,
-                 max_pending: int = 1 << 16, window=None):
+                 max_pending: int = 1 << 16, window=None, space_lookup=None):
         self.writers = writers
         self.lookup = lookup
+        self.space_lookup = space_lookup    # CallStackBuilder's
         self.clock = clock
         self.tsc_hz = tsc_hz
         self.coverage = coverage
@@ -60,7 +61,7 @@ class ViewRun:
         paths = any(getattr(w, "needs_paths", False) for w in self.writers)
         return CallStackBuilder(info, self.lookup, clock or self.clock,
                                 self.tsc_hz or tsc_hz, self.max_pending,
-                                paths=paths)
+                                paths=paths, space_lookup=self.space_lookup)
 
     def _deliver(self, b: CallStackBuilder, state: dict) -> None:
         chunks = b.take_slices()
