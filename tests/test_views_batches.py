@@ -457,3 +457,18 @@ def test_programs_at_the_same_addresses_are_named_by_their_own(tmp_path, mode):
         assert r.returncode == 0, r.stderr
         to = Counter(re.findall(r"(?:-> 0x[0-9a-f]+ |\"to_sym\":\")(\w+)", r.stdout))
         assert (to["a_work"], to["b_hot"]) == (300, 500), (fmt, to.most_common(8))
+    # coverage: each program's blocks against its own module, its lines
+    from hwtrace.analysis.symbols import function_symbol
+    from hwtrace.export.drcov import read_drcov
+    dr, lc = tmp_path / "c.drcov", tmp_path / "c.lcov"
+    r = run_hwtrace("export", b, "--drcov", dr, "--lcov", lc)
+    assert r.returncode == 0, r.stderr
+    mods, bbs = read_drcov(dr.read_bytes())
+    mid = {path: m for m, _base, _end, path in mods}
+    for exe, fn in ((parent, "a_work"), (child, "b_hot")):
+        at = function_symbol(str(exe), fn)[0]
+        assert any(m == mid[str(exe)] and off <= at < off + size
+                   for m, off, size in bbs), (exe, fn)
+    per_file = {rec.split("\n", 1)[0]: rec for rec in lc.read_text().split("SF:")[1:]}
+    assert "FNDA:300,a_work" in per_file[f"{tmp_path}/parent.c"]
+    assert "FNDA:500,b_hot" in per_file[f"{tmp_path}/child.c"]

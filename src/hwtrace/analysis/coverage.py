@@ -155,3 +155,70 @@ def _cuts(item) -> bool:
     if getattr(item, "status_update", False):
         return False
     return t in _CUTS
+
+
+class _Part:
+    """Records [r0, r1) of a batch, with the items among them (indices
+    from r0), as :meth:`CoverageCollector.add_batch` takes a batch."""
+
+    __slots__ = ("blocks", "items")
+
+    def __init__(self, batch, r0: int, r1: int):
+        self.blocks = batch.blocks[r0:r1]
+        self.items = [(i - r0, o, it) for i, o, it in batch.items if r0 <= i <= r1]
+
+
+class SpacedCoverage:
+    """Blocks per set of mapped files, for a bundle whose processes run
+    different programs at the same addresses: a :class:`CoverageCollector`
+    per ``lookup_of(space)`` (the lookup of a space's files,
+    :meth:`hwtrace.streams.TraceSet.space_lookup`), fed the records that
+    ran there -- the batches' space items say where a stream switched
+    (a switch ends the block open in the space left)."""
+
+    def __init__(self, lookup_of):
+        self._lookup_of = lookup_of
+        self._parts: dict[int, tuple] = {}      # id(lookup) -> (lookup, collector)
+        self._cur: CoverageCollector | None = None
+
+    def _use(self, space) -> None:
+        lookup = self._lookup_of(space)
+        got = self._parts.get(id(lookup))
+        if got is None:
+            got = self._parts[id(lookup)] = (lookup, CoverageCollector())
+        if self._cur is not None and self._cur is not got[1]:
+            self._cur.gap()
+        self._cur = got[1]
+
+    def _current(self) -> CoverageCollector:
+        if self._cur is None:           # no space said yet
+            self._parts[0] = (None, CoverageCollector())
+            self._cur = self._parts[0][1]
+        return self._cur
+
+    @property
+    def insns(self) -> int:
+        return sum(c.insns for _l, c in self._parts.values())
+
+    def add_batch(self, batch) -> None:
+        switches = [(i, it.space) for i, _o, it in batch.items
+                    if getattr(it, "type", None) == "space"]
+        if not switches:
+            self._current().add_batch(batch)
+            return
+        r = 0
+        for i, space in switches:
+            if i > r:
+                self._current().add_batch(_Part(batch, r, i))
+                r = i
+            self._use(space)
+        self._current().add_batch(_Part(batch, r, len(batch.blocks)))
+
+    def gap(self) -> None:
+        if self._cur is not None:
+            self._cur.gap()
+
+    def finish(self) -> list[tuple]:
+        """(the lookup of the files, or None: no space said, {(start,
+        size): count}) per set of files."""
+        return [(lookup, c.finish()) for lookup, c in self._parts.values()]

@@ -31,9 +31,11 @@ def add_input_args(p) -> None:
 
 
 def decode_into(args, writers, coverage=None, label="export", window=None,
-                opened=None):
+                opened=None, coverage_for=None):
     """Open the input, push every stream through writers; returns
-    (input, totals, progress).  All failures become one-line CliErrors."""
+    (input, totals, progress).  All failures become one-line CliErrors.
+    ``coverage_for(input)``: the coverage collector for the input, once
+    it is open (instead of ``coverage``)."""
     from hwtrace.cli._inputs import open_input
     from hwtrace.export.pipeline import MAX_RECORDS, ViewRun
     from hwtrace.export.progress import Progress
@@ -45,6 +47,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     inp = open_input(args.input, args.elf, args.image_path)
     if opened is not None:
         opened(inp)
+    if coverage_for is not None:
+        coverage = coverage_for(inp)
     total = sum(s.size for s in inp.streams)
     progress = Progress(f"hwtrace {label}", total or None,
                         unit="bytes" if total else "items")

@@ -63,11 +63,11 @@ def run(args) -> int:
     if not any(outs):
         raise CliError("export: nothing to write: give --chrome, --perfetto, "
                        "--folded, --drcov or --lcov")
-    from hwtrace.analysis.coverage import CoverageCollector
+    from hwtrace.analysis.coverage import CoverageCollector, SpacedCoverage
     from hwtrace.export.chrome import ChromeTraceWriter
-    from hwtrace.export.drcov import write_drcov
+    from hwtrace.export.drcov import write_drcov_parts
     from hwtrace.export.folded import FoldedWriter
-    from hwtrace.export.lcov import write_lcov
+    from hwtrace.export.lcov import write_lcov_parts
     from hwtrace.export.perfetto import PerfettoTraceWriter
 
     window = window_of(args)
@@ -86,8 +86,19 @@ def run(args) -> int:
             f = _open(args.folded, "w")
             files.append(f)
             writers.append(FoldedWriter(f, args.weight, root=args.function))
-        coverage = CoverageCollector() if (args.drcov or args.lcov) else None
-        inp, totals, progress = decode_into(args, writers, coverage, window=window)
+        made = []
+
+        def coverage_for(inp):
+            # processes running different programs at the same addresses:
+            # blocks per set of files, each against its own modules
+            spaced = inp.traces.space_lookup() if inp.traces is not None else None
+            made.append(SpacedCoverage(spaced) if spaced is not None else CoverageCollector())
+            return made[-1]
+
+        inp, totals, progress = decode_into(
+            args, writers, window=window,
+            coverage_for=coverage_for if (args.drcov or args.lcov) else None)
+        coverage = made[0] if made else None
         for w in writers:
             if isinstance(w, ChromeTraceWriter):
                 other = {"source": os.path.basename(str(args.input))}
@@ -99,18 +110,22 @@ def run(args) -> int:
                 w.close()
         extra = ""
         if coverage is not None:
-            blocks = coverage.finish()
+            if isinstance(coverage, SpacedCoverage):
+                parts = [(blocks, inp.symbolizer if lookup is None else lookup.__self__)
+                         for lookup, blocks in coverage.finish()]
+            else:
+                parts = [(coverage.finish(), inp.symbolizer)]
             if args.drcov:
-                mods = [(img.path, img.low, img.high)
-                        for img in inp.symbolizer.images]
                 with _open(args.drcov, "wb") as f:
-                    n, skipped = write_drcov(f, blocks, mods)
+                    n, skipped = write_drcov_parts(
+                        f, [(blocks, [(img.path, img.low, img.high) for img in sym.images])
+                            for blocks, sym in parts])
                 extra += f", {n} blocks"
                 if skipped:
                     extra += f" ({skipped} outside known modules)"
             if args.lcov:
                 with _open(args.lcov, "w") as f:
-                    res = write_lcov(f, blocks, inp.symbolizer)
+                    res = write_lcov_parts(f, parts)
                 extra += f", {len(res)} source files"
     finally:
         for f in files:

@@ -30,8 +30,42 @@ def write_drcov(fp, blocks: Iterable[tuple[int, int]],
                 modules: list[tuple[str, int, int]]) -> tuple[int, int]:
     """Write blocks ((start, size) runtime addresses) against modules
     ((path, base, end)).  ``fp`` is binary.  Returns (written, skipped)."""
-    mods = sorted(enumerate(modules), key=lambda m: m[1][1])
-    out = []
+    return write_drcov_parts(fp, [(blocks, modules)])
+
+
+def write_drcov_parts(fp, parts) -> tuple[int, int]:
+    """:func:`write_drcov` of the blocks of several address spaces, each
+    against its own modules (``parts``: (blocks, modules) per space):
+    processes running different programs at the same addresses.  The
+    module table lists each (path, base, end) once."""
+    modules: list[tuple[str, int, int]] = []
+    ids: dict[tuple, int] = {}
+    out: list[bytes] = []
+    skipped = 0
+    for blocks, mods in parts:
+        own = []
+        for m in mods:
+            m = tuple(m)
+            if m not in ids:
+                ids[m] = len(modules)
+                modules.append(m)
+            own.append((ids[m], m))
+        skipped += _records(out, blocks, sorted(own, key=lambda m: m[1][1]))
+    head = ["DRCOV VERSION: 2", "DRCOV FLAVOR: drcov",
+            f"Module Table: version 2, count {len(modules)}",
+            "Columns: id, base, end, entry, checksum, timestamp, path"]
+    for mid, (path, base, end) in enumerate(modules):
+        head.append(f"{mid:2d}, 0x{base:016x}, 0x{end:016x}, 0x{0:016x}, "
+                    f"0x{0:08x}, 0x{0:08x}, {path}")
+    head.append(f"BB Table: {len(out)} bbs")
+    fp.write(("\n".join(head) + "\n").encode())
+    fp.write(b"".join(out))
+    return len(out), skipped
+
+
+def _records(out: list, blocks, mods) -> int:
+    """The BB records of ``blocks`` against ``mods`` ((id, (path, base,
+    end)) by base) appended to ``out``; returns how many fell outside."""
     skipped = 0
     for start, size in sorted(set(blocks)):
         for mid, (_path, base, end) in mods:
@@ -45,16 +79,7 @@ def write_drcov(fp, blocks: Iterable[tuple[int, int]],
                 break
         else:
             skipped += 1
-    head = ["DRCOV VERSION: 2", "DRCOV FLAVOR: drcov",
-            f"Module Table: version 2, count {len(modules)}",
-            "Columns: id, base, end, entry, checksum, timestamp, path"]
-    for mid, (path, base, end) in enumerate(modules):
-        head.append(f"{mid:2d}, 0x{base:016x}, 0x{end:016x}, 0x{0:016x}, "
-                    f"0x{0:08x}, 0x{0:08x}, {path}")
-    head.append(f"BB Table: {len(out)} bbs")
-    fp.write(("\n".join(head) + "\n").encode())
-    fp.write(b"".join(out))
-    return len(out), skipped
+    return skipped
 
 
 def read_drcov(data: bytes):

@@ -77,7 +77,26 @@ def line_counts(blocks: dict[tuple[int, int], int], symbolizer):
 
 def write_lcov(fp, blocks, symbolizer, test_name: str = "hwtrace") -> dict:
     """Write the tracefile (text); returns {file: (lines found, hit)}."""
-    lines, funcs = line_counts(blocks, symbolizer)
+    return write_lcov_parts(fp, [(blocks, symbolizer)], test_name)
+
+
+def write_lcov_parts(fp, parts, test_name: str = "hwtrace") -> dict:
+    """:func:`write_lcov` of the blocks of several address spaces, each
+    with its own symbols (``parts``: (blocks, symbolizer) per space):
+    a source line's (and function's) counts are added up."""
+    lines: dict[str, dict[int, int]] = {}
+    funcs: dict[str, dict[str, tuple[int, int]]] = {}
+    for blocks, symbolizer in parts:
+        ls, fs = line_counts(blocks, symbolizer)
+        for f, d in ls.items():
+            to = lines.setdefault(f, {})
+            for ln, c in d.items():
+                to[ln] = to.get(ln, 0) + c
+        for f, d in fs.items():
+            to = funcs.setdefault(f, {})
+            for name, (ln, c) in d.items():
+                had = to.get(name)
+                to[name] = (ln, c + (had[1] if had else 0))
     result = {}
     fp.write(f"TN:{test_name}\n")
     for f in sorted(lines):
