@@ -467,3 +467,23 @@ def test_same_modules_at_the_same_place_need_no_relocation():
     b = SymTab([mod("/bin/p", "x", 0x1000, 0x1000, 0x1000, f, True)])
     rel = relocate.relocation(a, b)
     assert rel.identity and rel.by == "address"
+
+
+def test_a_file_mapped_twice_pairs_with_its_like():
+    """A process that exec'd maps the loader once per program (a shell's
+    child, then the gzip it became), at two places: each of B's pairs with
+    A's at the same place.  Both used to pair with A's first, and the
+    second moved by the distance between them: a divergence reported at
+    the first instruction the two recordings ran alike."""
+    ld = [(0x100, 0x40, "_dl_start")]
+    a = SymTab([mod("/lib/ld.so", "11", 0x3000, 0x1000, 0x3000, ld),
+                mod("/lib/ld.so", "11", 0x8000, 0x1000, 0x8000, ld)])
+    b = SymTab([mod("/lib/ld.so", "11", 0x3000, 0x1000, 0x3000, ld),
+                mod("/lib/ld.so", "11", 0x8000, 0x1000, 0x8000, ld)])
+    rel = relocate.relocation(a, b)
+    assert rel.identity and rel.by == "address"
+    # moved alike: each by the same distance
+    c = SymTab([mod("/lib/ld.so", "11", 0x4000, 0x1000, 0x4000, ld),
+                mod("/lib/ld.so", "11", 0x9000, 0x1000, 0x9000, ld)])
+    assert relocate.relocation(a, c)(np.array([0x4104, 0x9104], np.uint64)).tolist() \
+        == [0x3104, 0x8104]

@@ -114,12 +114,12 @@ def relocation(a: SymTab, b: SymTab) -> Relocation:
     ranges: list[tuple[int, int, int, bool]] = []
     notes: list[Note] = []
     used: set[int] = set()
-    by_build = {}
+    by_build: dict[str, list[int]] = {}
     for i, m in enumerate(a.modules):
         if m.build_id:
-            by_build.setdefault(m.build_id, i)
+            by_build.setdefault(m.build_id, []).append(i)
     for bi, mb in enumerate(b.modules):
-        ai = by_build.get(mb.build_id) if mb.build_id else None
+        ai = _same_file(a, by_build.get(mb.build_id, ()), mb, used) if mb.build_id else None
         if ai is not None:
             ma = a.modules[ai]
             used.add(ai)
@@ -160,6 +160,21 @@ def relocation(a: SymTab, b: SymTab) -> Relocation:
                              np.uint64)
         rel.foreign = np.array([r[3] for r in ranges], bool)
     return rel
+
+
+def _same_file(a: SymTab, candidates, mb, used) -> int | None:
+    """Which of A's modules with ``mb``'s build-id (``candidates``) is
+    its counterpart: the one at the same place, else the first not paired
+    yet, else the first.  A process that exec'd maps the loader and libc
+    once per program, at other places: each pairs with its like."""
+    for i in candidates:
+        ma = a.modules[i]
+        if ma.low == mb.low and ma.bias == mb.bias:
+            return i
+    for i in candidates:
+        if i not in used:
+            return i
+    return candidates[0] if candidates else None
 
 
 def _counterpart(a: SymTab, mb, used) -> int | None:
