@@ -28,9 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { K_OTHER, K_JCC, K_JMP, K_CALL, K_JMP_IND, K_CALL_IND, K_RET, K_FAR, K_TRAP, K_REP };
-
-struct blk { uint64_t pc, last, target, nlip; uint32_t ninsn; uint8_t kind, pad[3]; };
+#include "ptgen_signals.h"
 
 /* ------------------------------------------------------------ tracer */
 struct tracer {
@@ -363,11 +361,12 @@ static void tracer_init(struct tracer *tr, uint64_t t0)
 }
 
 /* ------------------------------------------------------------ the log */
-struct table { struct blk **b; uint32_t n; };          /* id -> block */
-struct proc { uint32_t pid; struct table t; int ctx_ok; };
+struct proc { uint32_t pid; struct table t; int ctx_ok;
+              int seen; struct hset h; };      /* seen: in a CTX or BLOCK (flow.load's tables) */
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
 struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
-                struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
+                struct blk cut;        /* a run cut short (pending may point here) */
+                struct sigscan sig; }; /* its signal deliveries (ptgen_signals.c) */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
 struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last, head;
@@ -417,14 +416,14 @@ static void table_set(struct table *t, uint32_t id, struct blk *b)
     t->b[id] = b;
 }
 
-static const unsigned char *L; static size_t LN;
-static struct blk *blocks;                      /* the BLOCKS file */
-static const unsigned char **blk_sizes;         /* per block: its sizes[] in L */
+const unsigned char *L; static size_t LN;
+struct blk *blocks;                             /* the BLOCKS file */
+const unsigned char **blk_sizes;                /* per block: its sizes[] in L */
 static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
 static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
 
 /* size of the record at o (type byte included); 0 on error */
-static size_t rec_size(size_t o)
+size_t rec_size(size_t o)
 {
     switch (L[o]) {
     case 0x01: return 13;
@@ -469,12 +468,55 @@ void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk 
     if (cnt == b->ninsn && cnt && no_psb_in(tr, cnt)) {
         tr->cur_ip = pc;
         retire(tr, cnt);
+    } else if (cnt == b->ninsn) {      /* (an empty run too: PSB+ may fall due, as Tracer.run) */
+        run_insns_psb(tr, pc, cnt, sz ? sz : blk_sizes[b - blocks]);
     } else if (cnt) {
         if (!sz) sz = blk_sizes[b - blocks];
-        if (cnt == b->ninsn) run_insns_psb(tr, pc, cnt, sz);
-        else run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+        run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
     }
     *pendp = b;
+}
+
+/* flow._run_one's SIGNAL item: user code was left asynchronously at ip */
+static void deliver(struct tracer *tr, struct blk **pendp, int *in_kernel, uint64_t ip)
+{
+    struct blk *p = *pendp;
+    if (!*in_kernel) {
+        if (!ip && p) ip = p->nlip;
+        if (p) {
+            int k = p->kind;
+            if (k == K_REP && ip == p->last) { if (tr->pkt_en) tr->insns--; }  /* retires after */
+            else if (k != K_OTHER && k != K_REP && k != K_TRAP) branch(tr, k, p->nlip, ip);
+        }
+        leave_async(tr, ip);
+    }
+    *in_kernel = 1;
+    *pendp = NULL;
+}
+
+/* The thread's signal events at its block (o, k): deliveries before it are
+ * made; returns the fault cut of the block, if any */
+static const struct sigev *events_at(struct thread *th, struct tracer *tr, size_t o, uint32_t k,
+                                     struct blk **pendp, int *in_kernel)
+{
+    struct sigscan *sg = &th->sig;
+    const struct sigev *cut = NULL;
+    while (sg->at < sg->nev && sg->ev[sg->at].off == o && sg->ev[sg->at].k == k) {
+        const struct sigev *e = &sg->ev[sg->at++];
+        if (e->cut) cut = e;
+        else deliver(tr, pendp, in_kernel, e->ip);
+    }
+    return cut;
+}
+
+/* A block run as far as a fault let it (pending then points at th->cut) */
+static void step_cut(struct thread *th, struct tracer *tr, const struct blk *b, const struct sigev *e,
+                     struct blk **pendp, int *in_kernel, int ctx_ok)
+{
+    struct blk cut = {b->pc, 0, 0, e->ip, e->n, K_OTHER, {0}};
+    step(tr, &cut, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok);
+    th->cut = cut;
+    *pendp = &th->cut;
 }
 
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
@@ -483,9 +525,19 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
     int ctx_ok = procs[th->proc_i].ctx_ok;
     struct blk *pending = th->pending;
     int in_kernel = th->in_kernel;
+    const struct sigscan *sg = &th->sig;
     for (size_t o = s->start; o < s->end; o += rec_size(o)) {
         if (L[o] == 0x04) {
             uint32_t n = rd32(o + 1);
+            if (sg->at < sg->nev && sg->ev[sg->at].off == o) {  /* a signal in this record */
+                for (uint32_t k = 0; k < n; k++) {
+                    struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
+                    const struct sigev *e = events_at(th, tr, o, k, &pending, &in_kernel);
+                    if (e) step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok);
+                    else step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
+                }
+                continue;
+            }
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
                 step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
@@ -495,6 +547,8 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             struct blk *b = tab->b[rd32(o + 1)];
             const unsigned char *sz = blk_sizes[b - blocks];
             uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
+            const struct sigev *e = events_at(th, tr, o, 0, &pending, &in_kernel);
+            if (e) { step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok); continue; }  /* left >= ninsn */
             if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
             struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
             for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
@@ -831,6 +885,7 @@ int main(int argc, char **argv)
         case 0x01: {
             uint32_t pid = rd32(o + 1), tid = rd32(o + 5);
             int ti = thread_of(tid, pid);
+            procs[threads[ti].proc_i].seen = 1;
             if (cur_seg >= 0) segs[cur_seg].end = o;
             segs = realloc(segs, (nsegs + 1) * sizeof *segs);
             struct seg *s = &segs[nsegs];
@@ -860,6 +915,7 @@ int main(int argc, char **argv)
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
             if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
             int pi = proc_of(pid);
+            procs[pi].seen = 1;
             blk_sizes[bi] = L + o + 21;
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
@@ -878,7 +934,10 @@ int main(int argc, char **argv)
             uint32_t ppid = rd32(o + 1);
             if (ppid && cur_seg >= 0) {
                 int ci = proc_of(threads[segs[cur_seg].tid_i].pid);
+                int known = 0;
+                for (int i = 0; i < nprocs; i++) if (procs[i].pid == ppid) known = procs[i].seen;
                 int pi = proc_of(ppid);
+                if (known) hset_copy(&procs[ci].h, &procs[pi].h);  /* the handlers are inherited */
                 struct table own = procs[ci].t, t = {0, 0};
                 for (uint32_t i = 0; i < procs[pi].t.n; i++) if (procs[pi].t.b[i]) table_set(&t, i, procs[pi].t.b[i]);
                 for (uint32_t i = 0; i < own.n; i++) if (own.b[i]) table_set(&t, i, own.b[i]);
@@ -887,6 +946,10 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case 0x23:
+            if (cur_seg >= 0)
+                hset_add(&procs[threads[segs[cur_seg].tid_i].proc_i].h, rd32(o + 1), rd64(o + 5));
+            break;
         }
         if (cur_seg >= 0) {
             struct slice *r = &raw[curraw];
@@ -917,6 +980,14 @@ int main(int argc, char **argv)
             procs[pi].ctx_ok = ccr3 == cr3_match;
         }
     if (cf) fclose(cf);
+    /* where signals were delivered: each thread's records, in order */
+    for (int si = 0; si < nsegs; si++) {
+        struct thread *th = &threads[segs[si].tid_i];
+        struct proc *pr = &procs[th->proc_i];
+        if (pr->h.n) sig_scan(&th->sig, &pr->t, &pr->h, segs[si].start, segs[si].end);
+    }
+    for (int ti = 0; ti < nthreads; ti++)
+        if (procs[threads[ti].proc_i].h.n) sig_done(&threads[ti].sig, &procs[threads[ti].proc_i].h);
 
     char sp[4096];
     snprintf(sp, sizeof sp, "%s/summary.txt", outdir);

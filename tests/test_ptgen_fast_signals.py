@@ -1,0 +1,127 @@
+"""The compiled generator takes logs where signal handlers ran, and writes
+what the Python generator does (flow._find_signals' inferred deliveries):
+real QEMU logs of programs that take signals, both modes, every config."""
+
+import shutil
+
+import pytest
+
+from conftest import build_programs
+from hwtrace.engines.emulated import execlog as xl, flow, ptgen, qemu
+from test_ptgen_fast import CONFIGS, _generate_both, _load
+from test_record import PROGRAMS as RECORD_PROGRAMS
+from test_record_events import SOURCES as EVENT_SOURCES
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None,
+                                reason="needs qemu-user and gcc")
+
+SOURCES = {
+    # SIGALRM every 2 ms into a tight loop (deliveries at syscall returns
+    # and on another handler's rt_sigreturn too)
+    "alarm": EVENT_SOURCES["alarm"],
+    # handlers that return: timer, then raise(SIGUSR1)
+    "sig": RECORD_PROGRAMS["sig"],
+    # fault handlers that siglongjmp out (no rt_sigreturn)
+    "longjmp": EVENT_SOURCES["faults"],
+    # a SIGSEGV handler that fixes the page and returns: the faulting
+    # store's block is cut before it, the store retires once, after
+    "fault": RECORD_PROGRAMS["fault"],
+    # SIGUSR1, raised in the SIGALRM handler with SIGUSR1 masked, is
+    # delivered at that handler's rt_sigreturn: its own rt_sigreturn goes
+    # where the SIGALRM handler's would have
+    "nested": r"""
+        #include <signal.h>
+        #include <stdio.h>
+        #include <sys/time.h>
+        static volatile unsigned long alarms, usr, sink;
+        static void on_usr(int s) { (void)s; usr++; }
+        static void on_alarm(int s) { (void)s; alarms++; raise(SIGUSR1);
+          for (volatile int i = 0; i < 500; i++) sink += i; }
+        int main(void) {
+          struct sigaction sa = {0};
+          sa.sa_handler = on_usr; sigaction(SIGUSR1, &sa, 0);
+          sa.sa_handler = on_alarm; sa.sa_flags = SA_RESTART;
+          sigemptyset(&sa.sa_mask); sigaddset(&sa.sa_mask, SIGUSR1);
+          sigaction(SIGALRM, &sa, 0);
+          struct itimerval it = {{0, 1000}, {0, 1000}}, off = {{0, 0}, {0, 0}};
+          setitimer(ITIMER_REAL, &it, 0);
+          while (alarms < 5) sink++;
+          setitimer(ITIMER_REAL, &off, 0);
+          printf("%d\n", usr >= 5); return 0; }
+    """,
+    # fork + a SIGCHLD handler that reaps (the children inherit it)
+    "chld": r"""
+        #include <signal.h>
+        #include <stdio.h>
+        #include <sys/wait.h>
+        #include <unistd.h>
+        static volatile int got;
+        static void on_chld(int s) { int st; (void)s; while (waitpid(-1, &st, WNOHANG) > 0) got++; }
+        int main(void) {
+          signal(SIGCHLD, on_chld);
+          for (int i = 0; i < 3; i++) {
+            fflush(stdout);
+            if (fork() == 0) { volatile int x = 0; for (int k = 0; k < 20000; k++) x += k; _exit(i); }
+          }
+          volatile unsigned long s = 0;
+          while (got < 3) s++;
+          printf("reaped %d\n", got); return 0; }
+    """,
+    # threads spinning while process-wide SIGALRMs and per-thread SIGUSR1s come
+    "thrsig": r"""
+        #include <pthread.h>
+        #include <signal.h>
+        #include <stdio.h>
+        #include <sys/time.h>
+        static volatile int alarms, usr, stop;
+        static void on_alarm(int s) { (void)s; __sync_fetch_and_add(&alarms, 1); }
+        static void on_usr(int s) { (void)s; __sync_fetch_and_add(&usr, 1); }
+        static void *work(void *a) { volatile unsigned long s = 0; while (!stop) s++; return a; }
+        int main(void) {
+          signal(SIGALRM, on_alarm); signal(SIGUSR1, on_usr);
+          pthread_t t[2];
+          for (int i = 0; i < 2; i++) pthread_create(&t[i], 0, work, 0);
+          struct itimerval it = {{0, 1000}, {0, 1000}}, off = {{0, 0}, {0, 0}};
+          setitimer(ITIMER_REAL, &it, 0);
+          for (int i = 0; i < 2; i++) pthread_kill(t[i], SIGUSR1);
+          volatile unsigned long s = 0;
+          while (alarms < 5 || usr < 2) s++;
+          setitimer(ITIMER_REAL, &off, 0);
+          stop = 1;
+          for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+          printf("ok\n"); return 0; }
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def progs(tmp_path_factory):
+    return build_programs(tmp_path_factory.mktemp("sigprogs"), SOURCES, "-lpthread")
+
+
+def _inferred(full):
+    """(SIGNAL items flow._find_signals put in, blocks it cut at a fault)."""
+    sigs = cuts = 0
+    for th in full.threads.values():
+        for seg in th.segments:
+            for it in seg.items:
+                if type(it) is xl.Signal:
+                    sigs += 1
+                elif type(it) is flow.BlockInfo and it.last == 0 and it.ninsn < len(it.sizes):
+                    cuts += 1
+    return sigs, cuts
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_compiled_equals_python_with_signals(tmp_path, progs, name):
+    log = tmp_path / "x.log"
+    qemu.run(qemu.resolve_program([str(progs[name])]), log)
+    loaded = _load(log)
+    full, index, _cr3 = loaded
+    sigs, cuts = _inferred(full)
+    assert index.handlers and sigs, "no delivery inferred: the test tests nothing"
+    if name == "fault":
+        assert cuts, "no faulting block cut"
+    for ctl in CONFIGS:
+        for mode in ("thread", "cpu"):
+            _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
