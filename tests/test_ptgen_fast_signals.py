@@ -125,3 +125,65 @@ def test_compiled_equals_python_with_signals(tmp_path, progs, name):
     for ctl in CONFIGS:
         for mode in ("thread", "cpu"):
             _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
+
+
+# A synthetic log for the corners: 0x401000 L: nop; jmp rax (to A) --
+# 0x401100 A: nop; nop; nop; jmp L -- 0x402000 H (SIGSEGV) and 0x403000 U
+# (SIGUSR1): nop; syscall (rt_sigreturn).  QEMU starts a block where a
+# handler returns, so A's tails are blocks too.
+L_, A_, H_, U_ = 0x401000, 0x401100, 0x402000, 0x403000
+_BLOCKS = {
+    1: (L_, b"\x01\x02", b"\x90\xff\xe0"),
+    2: (A_, b"\x01\x01\x01\x05", b"\x90\x90\x90\xe9\xf8\xfe\xff\xff"),
+    3: (A_ + 1, b"\x01\x01\x05", b"\x90\x90\xe9\xf8\xfe\xff\xff"),
+    4: (A_ + 2, b"\x01\x05", b"\x90\xe9\xf8\xfe\xff\xff"),
+    5: (H_, b"\x01\x02", b"\x90\x0f\x05"),
+    6: (U_, b"\x01\x02", b"\x90\x0f\x05"),
+}
+
+
+def _corners_log(loops: int) -> bytes:
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    w.ctx(10, 10, 0)
+    w.time(1000)
+    w.proc_start(0)
+    w.thread_start(0)
+    for bid, (pc, sizes, code) in _BLOCKS.items():
+        w.block(10, bid, pc, sizes, code)
+    w.sigaction(11, H_, 0)
+    w.sigaction(10, U_, 0)
+    w.exec([1, 2] * loops + [1, 2, 5])      # SIGSEGV after A: its handler
+    w.syscall(15)
+    w.exec([4, 1, 2])                       # resumes at A's third nop: A is cut to 2
+    w.time(2000)
+    w.exec([5])                             # SIGSEGV again
+    w.syscall(15)
+    w.exec([2])                             # resumes at A itself: A is cut to none
+    w.exec([1, 2, 5])                       # SIGSEGV
+    w.syscall(15)
+    w.time(3000)
+    w.exec([6])                             # SIGUSR1 on its rt_sigreturn
+    w.syscall(15)
+    w.exec([3, 1, 2])                       # ...resumes where H would have: A cut to 1
+    w.exec([6])                             # SIGUSR1 (async: no cut)
+    w.syscall(15)
+    w.exec([4, 1, 2, 1])
+    w.syscall(60)
+    w.thread_exit(0)
+    return bytes(w)
+
+
+@pytest.mark.parametrize("loops", [0, 1, 700])
+def test_compiled_equals_python_at_fault_cuts_and_carried_resumes(tmp_path, loops):
+    log = tmp_path / "x.log"
+    log.write_bytes(_corners_log(loops))
+    loaded = _load(log)
+    sigs, cuts = _inferred(loaded[0])
+    assert (sigs, cuts) == (4, 3)
+    (th,) = loaded[0].threads.values()
+    items = [it for seg in th.segments for it in seg.items]
+    assert [it.ninsn for it in items if type(it) is flow.BlockInfo and it.pc == A_
+            and it.last == 0] == [2, 0, 1]
+    for ctl in CONFIGS:
+        for mode in ("thread", "cpu"):
+            _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
