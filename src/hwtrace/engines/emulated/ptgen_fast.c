@@ -1,7 +1,8 @@
 /*
  * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
- * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
- * SIGNAL records).  Python (fast.py) decides eligibility,
+ * common case (QEMU logs, no address ranges, no INSN / SIGNAL records; the
+ * signal deliveries QEMU does not log are inferred in ptgen_signals.c, as
+ * flow._find_signals does).  Python (fast.py) decides eligibility,
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
@@ -529,18 +530,12 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
     for (size_t o = s->start; o < s->end; o += rec_size(o)) {
         if (L[o] == 0x04) {
             uint32_t n = rd32(o + 1);
-            if (sg->at < sg->nev && sg->ev[sg->at].off == o) {  /* a signal in this record */
-                for (uint32_t k = 0; k < n; k++) {
-                    struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                    const struct sigev *e = events_at(th, tr, o, k, &pending, &in_kernel);
-                    if (e) step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok);
-                    else step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
-                }
-                continue;
-            }
+            int slow = sg->at < sg->nev && sg->ev[sg->at].off == o;   /* a signal in it */
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
+                const struct sigev *e = slow ? events_at(th, tr, o, k, &pending, &in_kernel) : NULL;
+                if (e) step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok);
+                else step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
             }
         } else if (L[o] == 0x05) {
             /* EXEC_PART: the block ran only so far (flow.load's cut) */
