@@ -187,3 +187,37 @@ def test_compiled_equals_python_at_fault_cuts_and_carried_resumes(tmp_path, loop
     for ctl in CONFIGS:
         for mode in ("thread", "cpu"):
             _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
+
+
+def _unrun_handler_log() -> bytes:
+    """A handler registered but never run, no rt_sigreturn: transfers no
+    instruction explains are still deliveries (flow._find_signals), at the
+    IP after a plain run or a jcc (reported not taken), at a jmp's target,
+    after an EXEC_PART cut."""
+    j, p, m = 0x401000, 0x401100, 0x401200
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    w.ctx(10, 10, 0)
+    w.time(1000)
+    w.proc_start(0)
+    w.thread_start(0)
+    w.block(10, 1, j, b"\x01\x02", b"\x90\x75\xfd")                  # nop; jne j
+    w.block(10, 2, p, b"\x01\x01", b"\x90\x90")                      # nop; nop
+    w.block(10, 3, m, b"\x01\x05", b"\x90\xe9\xfa\xfd\xff\xff")      # nop; jmp 0x401000
+    w.sigaction(10, U_, 0)
+    w.exec([1, 1, 2, 3, 2, 1])
+    w.time(2000)
+    w.exec_part(1, 1)
+    w.exec([2, 3, 1, 1, 1])
+    w.syscall(60)
+    w.thread_exit(0)
+    return bytes(w)
+
+
+def test_compiled_equals_python_where_no_handler_ran(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_bytes(_unrun_handler_log())
+    loaded = _load(log)
+    assert _inferred(loaded[0]) == (6, 0)
+    for ctl in CONFIGS:
+        for mode in ("thread", "cpu"):
+            _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)

@@ -363,11 +363,13 @@ static void tracer_init(struct tracer *tr, uint64_t t0)
 
 /* ------------------------------------------------------------ the log */
 struct proc { uint32_t pid; struct table t; int ctx_ok;
-              int seen; struct hset h; };      /* seen: in a CTX or BLOCK (flow.load's tables) */
+              int seen; struct hset h;         /* seen: in a CTX or BLOCK (flow.load's tables) */
+              int handler_ran; };              /* 0: no handler; 1: none is a block; 2: one is */
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
 struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
                 struct blk cut;        /* a run cut short (pending may point here) */
-                struct sigscan sig; }; /* its signal deliveries (ptgen_signals.c) */
+                struct sigscan sig;    /* its signal deliveries (ptgen_signals.c) */
+                int scan; };           /* its records need ptgen_signals.c's pass */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
 struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last, head;
@@ -445,9 +447,22 @@ size_t rec_size(size_t o)
     return 0;
 }
 
+/* User code was left asynchronously before resume_ip and goes on at pc
+ * (flow._interrupted).  inl: the process has signal handlers, so
+ * flow._find_signals made it a SIGNAL item (at resume_ip: this thread has
+ * no rt_sigreturn, nor the process a handler that ran, to say otherwise):
+ * a jcc before it is reported not taken, and the thread re-enters */
+static void interrupted(struct tracer *tr, const struct blk *p, uint64_t resume_ip, uint64_t pc,
+                        int ctx_ok, int inl)
+{
+    if (inl && p->kind == K_JCC) branch(tr, K_JCC, p->nlip, resume_ip);
+    leave_async(tr, resume_ip);
+    enter(tr, pc, inl ? ctx_ok : tr->ctx_ok);
+}
+
 static inline __attribute__((always_inline))
 void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
-          int *in_kernel, int ctx_ok)
+          int *in_kernel, int ctx_ok, int inl)
 {
     struct blk *pending = *pendp;
     uint64_t pc = b->pc, cnt = b->ninsn;
@@ -456,13 +471,13 @@ void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk 
         int kd = pending->kind;
         if (kd == K_REP && pc == pending->last) cnt--;
         else if (kd == K_OTHER || kd == K_REP) {
-            if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+            if (pc != pending->nlip) interrupted(tr, pending, pending->nlip, pc, ctx_ok, inl);
         } else if (kd == K_JCC) {
             if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
-            else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+            else interrupted(tr, pending, pending->nlip, pc, ctx_ok, inl);
         } else if (kd == K_JMP || kd == K_CALL) {
             branch(tr, kd, pending->nlip, pending->target);
-            if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+            if (pc != pending->target) interrupted(tr, pending, pending->target, pc, ctx_ok, inl);
         } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
         else branch(tr, kd, pending->nlip, pc);
     }
@@ -515,7 +530,7 @@ static void step_cut(struct thread *th, struct tracer *tr, const struct blk *b, 
                      struct blk **pendp, int *in_kernel, int ctx_ok)
 {
     struct blk cut = {b->pc, 0, 0, e->ip, e->n, K_OTHER, {0}};
-    step(tr, &cut, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok);
+    step(tr, &cut, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok, 1);
     th->cut = cut;
     *pendp = &th->cut;
 }
@@ -527,6 +542,7 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
     struct blk *pending = th->pending;
     int in_kernel = th->in_kernel;
     const struct sigscan *sg = &th->sig;
+    int inl = procs[th->proc_i].h.n > 0;
     for (size_t o = s->start; o < s->end; o += rec_size(o)) {
         if (L[o] == 0x04) {
             uint32_t n = rd32(o + 1);
@@ -535,7 +551,7 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
                 const struct sigev *e = slow ? events_at(th, tr, o, k, &pending, &in_kernel) : NULL;
                 if (e) step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok);
-                else step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
+                else step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl);
             }
         } else if (L[o] == 0x05) {
             /* EXEC_PART: the block ran only so far (flow.load's cut) */
@@ -544,11 +560,11 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
             const struct sigev *e = events_at(th, tr, o, 0, &pending, &in_kernel);
             if (e) { step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok); continue; }  /* left >= ninsn */
-            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
+            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl); continue; }
             struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
             for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
             if (left) cut.last = cut.nlip - sz[left - 1];
-            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok);
+            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok, inl);
             th->cut = cut;
             pending = &th->cut;
         } else if (L[o] == 0x20) {
@@ -941,6 +957,9 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case 0x20:
+            if (cur_seg >= 0 && rd64(o + 1) == 15) threads[segs[cur_seg].tid_i].scan = 1;  /* rt_sigreturn */
+            break;
         case 0x23:
             if (cur_seg >= 0)
                 hset_add(&procs[threads[segs[cur_seg].tid_i].proc_i].h, rd32(o + 1), rd64(o + 5));
@@ -975,14 +994,21 @@ int main(int argc, char **argv)
             procs[pi].ctx_ok = ccr3 == cr3_match;
         }
     if (cf) fclose(cf);
-    /* where signals were delivered: each thread's records, in order */
+    /* where signals were delivered (ptgen_signals.c): a pass over the records
+     * of each thread that may have run a handler (one is a block of its
+     * process) or returned from one; elsewhere step's interrupted() knows a
+     * delivery's IP where it finds it */
+    for (int pi = 0; pi < nprocs; pi++) procs[pi].handler_ran = sig_handler_ran(&procs[pi].h, &procs[pi].t);
+    for (int ti = 0; ti < nthreads; ti++) {
+        int hr = procs[threads[ti].proc_i].handler_ran;
+        threads[ti].scan = hr == 2 || (hr && threads[ti].scan);
+    }
     for (int si = 0; si < nsegs; si++) {
         struct thread *th = &threads[segs[si].tid_i];
-        struct proc *pr = &procs[th->proc_i];
-        if (pr->h.n) sig_scan(&th->sig, &pr->t, &pr->h, segs[si].start, segs[si].end);
+        if (th->scan) sig_scan(&th->sig, &procs[th->proc_i].t, &procs[th->proc_i].h, segs[si].start, segs[si].end);
     }
     for (int ti = 0; ti < nthreads; ti++)
-        if (procs[threads[ti].proc_i].h.n) sig_done(&threads[ti].sig, &procs[threads[ti].proc_i].h);
+        if (threads[ti].scan) sig_done(&threads[ti].sig, &procs[threads[ti].proc_i].h);
 
     char sp[4096];
     snprintf(sp, sizeof sp, "%s/summary.txt", outdir);

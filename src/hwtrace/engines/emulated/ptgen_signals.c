@@ -54,6 +54,14 @@ int hset_has(const struct hset *h, uint64_t pc)
     return 0;
 }
 
+int sig_handler_ran(const struct hset *h, const struct table *t)
+{
+    if (!h->n) return 0;
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->b[i] && hset_has(h, t->b[i]->pc)) return 2;
+    return 1;
+}
+
 static int hset_sync(const struct hset *h, uint64_t pc)
 {
     for (int i = 0; i < h->n; i++) if (h->pc[i] == pc) return h->sync[i];

@@ -25,6 +25,10 @@ struct hset { uint64_t *pc; uint8_t *sync; int n; };
 void hset_add(struct hset *h, uint32_t signo, uint64_t handler);   /* a SIGACTION */
 void hset_copy(struct hset *dst, const struct hset *src);          /* PROC_START */
 int hset_has(const struct hset *h, uint64_t pc);
+/* 0: no handler; 1: handlers, none of them a block of the table; 2: one
+ * is.  A thread needs sig_scan if its process's is 2, or 1 and the thread
+ * made an rt_sigreturn: else no delivery's IP is known only later */
+int sig_handler_ran(const struct hset *h, const struct table *t);
 
 /* What the Python generator does at a block of the thread: a SIGNAL item
  * goes before it (!cut: the delivery, interrupting at ip), or it is cut to
