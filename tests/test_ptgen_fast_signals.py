@@ -221,3 +221,71 @@ def test_compiled_equals_python_where_no_handler_ran(tmp_path):
     for ctl in CONFIGS:
         for mode in ("thread", "cpu"):
             _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
+
+
+_MORE = {
+    7: (0x401300, b"\x01\x02", b"\x90\x75\xfd"),                 # nop; jne self
+    8: (0x401400, b"\x02", b"\xf3\xa4"),                         # rep movsb
+    9: (0x401500, b"\x01\x01", b"\x90\xc3"),                     # nop; ret
+    10: (0x401600, b"\x01\x05", b"\x90\xe8\xf5\xfc\xff\xff"),    # nop; call
+}
+
+
+def _random_log(seed: int) -> bytes:
+    """Blocks in random order: deliveries anywhere, rt_sigreturns with or
+    without a handler before, EXEC_PART cuts, two threads and a child
+    process on two CPUs; in half the logs no handler is a block."""
+    import random
+    r = random.Random(seed)
+    blocks = {**_BLOCKS, **_MORE}
+    w = xl.Writer(source=xl.SOURCE_QEMU, clock=xl.CLOCK_HOST_TSC)
+    t = 1000
+    w.ctx(10, 10, 0)
+    w.time(t)
+    w.proc_start(0)
+    w.thread_start(0)
+    no_handler = r.random() < 0.5
+    ids = [b for b in blocks if not (no_handler and b in (5, 6))]
+    for bid in ids:
+        w.block(10, bid, *blocks[bid])
+    if r.random() < 0.8:
+        w.sigaction(11, H_, 0)
+    if r.random() < 0.8:
+        w.sigaction(10, U_, 0)
+    started = {10}
+    for _ in range(r.randint(1, 25)):
+        c = r.random()
+        if c < 0.15:
+            pid, tid = r.choice([(10, 10), (10, 11), (20, 20)])
+            w.ctx(pid, tid, r.randint(0, 1))
+            t += r.randint(0, 50)
+            w.time(t)
+            if tid not in started:
+                started.add(tid)
+                if pid == 20:
+                    w.proc_start(10)
+                w.thread_start(0 if pid == 20 else 10)
+        elif c < 0.25:
+            t += r.randint(1, 100)
+            w.time(t)
+        elif c < 0.4:
+            w.syscall(r.choice([1, 39] if no_handler and r.random() < 0.7 else [15, 15, 1, 39]))
+        elif c < 0.47:
+            w.exec_part(r.choice(ids), r.randint(0, 3))
+        else:
+            w.exec([r.choice(ids) for _ in range(r.randint(1, 40))])
+    return bytes(w)
+
+
+def test_compiled_equals_python_on_random_logs(tmp_path):
+    log = tmp_path / "x.log"
+    sigs = cuts = 0
+    for seed in range(60):
+        log.write_bytes(_random_log(seed))
+        loaded = _load(log)
+        s, c = _inferred(loaded[0])
+        sigs, cuts = sigs + s, cuts + c
+        for ctl in CONFIGS:
+            for mode in ("thread", "cpu"):
+                _generate_both(log, loaded, ptgen.TraceConfig(ctl=ctl), mode, num_cpus=2)
+    assert sigs > 1000 and cuts > 5
