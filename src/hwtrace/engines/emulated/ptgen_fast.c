@@ -362,14 +362,12 @@ static void tracer_init(struct tracer *tr, uint64_t t0)
 }
 
 /* ------------------------------------------------------------ the log */
-struct proc { uint32_t pid; struct table t; int ctx_ok;
-              int seen; struct hset h;         /* seen: in a CTX or BLOCK (flow.load's tables) */
-              int handler_ran; };              /* 0: no handler; 1: none is a block; 2: one is */
+struct proc { uint32_t pid; struct table t; int ctx_ok; struct hset h;    /* h: its signal handlers */
+              int seen, handler_ran; };  /* seen: in a CTX or BLOCK (flow.load's tables); sig_handler_ran */
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
 struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
                 struct blk cut;        /* a run cut short (pending may point here) */
-                struct sigscan sig;    /* its signal deliveries (ptgen_signals.c) */
-                int scan; };           /* its records need ptgen_signals.c's pass */
+                struct sigscan sig; int scan; };  /* its signal deliveries; scan: needs sig_scan */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
 struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last, head;
@@ -448,10 +446,8 @@ size_t rec_size(size_t o)
 }
 
 /* User code was left asynchronously before resume_ip and goes on at pc
- * (flow._interrupted).  inl: the process has signal handlers, so
- * flow._find_signals made it a SIGNAL item (at resume_ip: this thread has
- * no rt_sigreturn, nor the process a handler that ran, to say otherwise):
- * a jcc before it is reported not taken, and the thread re-enters */
+ * (flow._interrupted).  inl: the process has handlers, so it is a delivery
+ * (and no sig_scan needed: see main): a jcc before it was not taken */
 static void interrupted(struct tracer *tr, const struct blk *p, uint64_t resume_ip, uint64_t pc,
                         int ctx_ok, int inl)
 {
@@ -499,21 +495,17 @@ static void deliver(struct tracer *tr, struct blk **pendp, int *in_kernel, uint6
     struct blk *p = *pendp;
     if (!*in_kernel) {
         if (!ip && p) ip = p->nlip;
-        if (p) {
-            int k = p->kind;
-            if (k == K_REP && ip == p->last) { if (tr->pkt_en) tr->insns--; }  /* retires after */
-            else if (k != K_OTHER && k != K_REP && k != K_TRAP) branch(tr, k, p->nlip, ip);
-        }
+        if (p && p->kind == K_REP && ip == p->last) { if (tr->pkt_en) tr->insns--; }  /* retires after */
+        else if (p && p->kind != K_OTHER && p->kind != K_REP && p->kind != K_TRAP) branch(tr, p->kind, p->nlip, ip);
         leave_async(tr, ip);
     }
-    *in_kernel = 1;
-    *pendp = NULL;
+    *in_kernel = 1; *pendp = NULL;
 }
 
-/* The thread's signal events at its block (o, k): deliveries before it are
- * made; returns the fault cut of the block, if any */
-static const struct sigev *events_at(struct thread *th, struct tracer *tr, size_t o, uint32_t k,
-                                     struct blk **pendp, int *in_kernel)
+/* The thread's signal events at its block b (o, k): the deliveries before
+ * it; 1 if it was run, cut by a fault (pending then points at th->cut) */
+static int at_signals(struct thread *th, struct tracer *tr, size_t o, uint32_t k, const struct blk *b,
+                      struct blk **pendp, int *in_kernel, int ctx_ok)
 {
     struct sigscan *sg = &th->sig;
     const struct sigev *cut = NULL;
@@ -522,17 +514,11 @@ static const struct sigev *events_at(struct thread *th, struct tracer *tr, size_
         if (e->cut) cut = e;
         else deliver(tr, pendp, in_kernel, e->ip);
     }
-    return cut;
-}
-
-/* A block run as far as a fault let it (pending then points at th->cut) */
-static void step_cut(struct thread *th, struct tracer *tr, const struct blk *b, const struct sigev *e,
-                     struct blk **pendp, int *in_kernel, int ctx_ok)
-{
-    struct blk cut = {b->pc, 0, 0, e->ip, e->n, K_OTHER, {0}};
-    step(tr, &cut, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok, 1);
-    th->cut = cut;
-    *pendp = &th->cut;
+    if (!cut) return 0;
+    struct blk c = {b->pc, 0, 0, cut->ip, cut->n, K_OTHER, {0}};
+    step(tr, &c, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok, 1);
+    th->cut = c; *pendp = &th->cut;
+    return 1;
 }
 
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
@@ -549,17 +535,15 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
             int slow = sg->at < sg->nev && sg->ev[sg->at].off == o;   /* a signal in it */
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                const struct sigev *e = slow ? events_at(th, tr, o, k, &pending, &in_kernel) : NULL;
-                if (e) step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok);
-                else step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl);
+                if (!(slow && at_signals(th, tr, o, k, b, &pending, &in_kernel, ctx_ok)))
+                    step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl);
             }
         } else if (L[o] == 0x05) {
             /* EXEC_PART: the block ran only so far (flow.load's cut) */
             struct blk *b = tab->b[rd32(o + 1)];
             const unsigned char *sz = blk_sizes[b - blocks];
             uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
-            const struct sigev *e = events_at(th, tr, o, 0, &pending, &in_kernel);
-            if (e) { step_cut(th, tr, b, e, &pending, &in_kernel, ctx_ok); continue; }  /* left >= ninsn */
+            if (at_signals(th, tr, o, 0, b, &pending, &in_kernel, ctx_ok)) continue;  /* left >= ninsn */
             if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl); continue; }
             struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
             for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
@@ -945,10 +929,8 @@ int main(int argc, char **argv)
             uint32_t ppid = rd32(o + 1);
             if (ppid && cur_seg >= 0) {
                 int ci = proc_of(threads[segs[cur_seg].tid_i].pid);
-                int known = 0;
-                for (int i = 0; i < nprocs; i++) if (procs[i].pid == ppid) known = procs[i].seen;
                 int pi = proc_of(ppid);
-                if (known) hset_copy(&procs[ci].h, &procs[pi].h);  /* the handlers are inherited */
+                if (procs[pi].seen) hset_copy(&procs[ci].h, &procs[pi].h);  /* the handlers are inherited */
                 struct table own = procs[ci].t, t = {0, 0};
                 for (uint32_t i = 0; i < procs[pi].t.n; i++) if (procs[pi].t.b[i]) table_set(&t, i, procs[pi].t.b[i]);
                 for (uint32_t i = 0; i < own.n; i++) if (own.b[i]) table_set(&t, i, own.b[i]);
@@ -961,8 +943,7 @@ int main(int argc, char **argv)
             if (cur_seg >= 0 && rd64(o + 1) == 15) threads[segs[cur_seg].tid_i].scan = 1;  /* rt_sigreturn */
             break;
         case 0x23:
-            if (cur_seg >= 0)
-                hset_add(&procs[threads[segs[cur_seg].tid_i].proc_i].h, rd32(o + 1), rd64(o + 5));
+            if (cur_seg >= 0) hset_add(&procs[threads[segs[cur_seg].tid_i].proc_i].h, rd32(o + 1), rd64(o + 5));
             break;
         }
         if (cur_seg >= 0) {
@@ -994,10 +975,8 @@ int main(int argc, char **argv)
             procs[pi].ctx_ok = ccr3 == cr3_match;
         }
     if (cf) fclose(cf);
-    /* where signals were delivered (ptgen_signals.c): a pass over the records
-     * of each thread that may have run a handler (one is a block of its
-     * process) or returned from one; elsewhere step's interrupted() knows a
-     * delivery's IP where it finds it */
+    /* where signals were delivered (ptgen_signals.c) in each thread that may have run a
+     * handler or returned from one; elsewhere step's interrupted() finds a delivery's IP */
     for (int pi = 0; pi < nprocs; pi++) procs[pi].handler_ran = sig_handler_ran(&procs[pi].h, &procs[pi].t);
     for (int ti = 0; ti < nthreads; ti++) {
         int hr = procs[threads[ti].proc_i].handler_ran;
