@@ -116,7 +116,7 @@ def test_exec_part_faults_where_it_says(tmp_path, ptoracle):
     """A thread that died at the first instruction after a taken je, and
     one whose load faulted after the nop of its block into a handler that
     never returns: FUP + TIP.PGD at exactly that instruction; the compiled
-    generator (for the first: no handler ran) writes the same bytes."""
+    generator writes the same bytes."""
     from hwtrace.engines.emulated import fast
     cfg = ptgen.TraceConfig(ctl=(1 << 13) | (1 << 3) | (1 << 10))
     log = tmp_path / "x.log"
@@ -138,3 +138,9 @@ def test_exec_part_faults_where_it_says(tmp_path, ptoracle):
     assert ips == [LOAD, LOAD + 1, LOAD + 3] * 3 + [LOAD, HANDLER, HANDLER + 1]
     assert len(ips) == res.tracer.insns
     assert [x["at"] for x in lines if x.get("event") == "async_disabled"] == [LOAD + 1]
+    # the compiled generator infers the delivery right after the cut too
+    log.write_bytes(_part_log(True))
+    index = flow.load(log.read_bytes(), index_only=True)
+    assert fast.eligible(index, cfg)
+    streams, _sw, _ex = fast.generate(log, index, cfg, "thread", 1, flow.assign_cr3(index.processes))
+    assert streams[res.key] == (bytes(res.tracer.buf), res.tracer.insns)

@@ -161,6 +161,10 @@ def test_eligibility():
     cfg = ptgen.TraceConfig(ctl=(1 << 13) | (1 << 3))
     assert fast.eligible(t, cfg)
     assert not fast.eligible(t, ptgen.TraceConfig(ctl=cfg.ctl | (1 << 32)))   # address filter
+    # a signal handler ran: the compiled generator infers the deliveries too
+    t.handlers = {1: {0x401000}}
+    t.blocks = [[flow.BlockInfo(0x401000, 1, 0x401000, ptgen.K_OTHER, 0, 0x401001)]]
+    assert fast.eligible(t, cfg)
     t.features = {"insn"}
     assert not fast.eligible(t, cfg)
     t.features = set()

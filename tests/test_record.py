@@ -192,6 +192,25 @@ def test_ls(tmp_path, ptoracle):
     assert sum(v[0]["instructions_observed"] for v in res.values()) > 1_000_000
 
 
+def test_shell_script_takes_the_compiled_generator(tmp_path, ptoracle):
+    """bash runs its SIGCHLD handler as each child exits: the deliveries
+    are inferred by the compiled generator (it once left every such log to
+    the Python one), and the bundle decodes exactly."""
+    from hwtrace.engines.emulated import flow, qemu
+    script = "for i in 1 2; do /bin/true; done; echo x | wc -c"
+    log = tmp_path / "x.log"
+    qemu.run(qemu.resolve_program(["/bin/bash", "-c", script]), log)
+    index = flow.load(log.read_bytes(), index_only=True)
+    handlers = set().union(*index.handlers.values())
+    assert any(parts[0].pc in handlers for parts in index.blocks)     # a handler ran
+    b = tmp_path / "sh"
+    r = record(b, "--", "/bin/bash", "-c", script)
+    assert r.stdout == "2\n"
+    man, res = decode_bundle(ptoracle, b)
+    assert man["recording"]["generator"] == "compiled"
+    assert sum(v[0]["instructions_observed"] for v in res.values()) > 100_000
+
+
 @pytest.mark.parametrize("mode,config", [
     ("cpu", "branch;user;retc;tsc"),
     ("thread", "branch;user;tsc"),

@@ -445,7 +445,7 @@ def _finish_bundle(out: Path, eng, copy_images: bool, ended: Ended | None = None
         man["recording"] = ended.to_dict()
         if getattr(eng, "generator", ""):
             # which generator made the streams: "compiled", or "python" (the
-            # reference, far slower: e.g. a signal handler ran)
+            # reference, far slower: e.g. address filters, ptrace logs)
             man["recording"]["generator"] = eng.generator
     resolved = getattr(eng, "resolved_ranges", None)
     if resolved:

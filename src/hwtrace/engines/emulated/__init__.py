@@ -16,7 +16,8 @@ Modules:
                 kernel transitions, signal deliveries, faults)
 * ``ptgen``     one emulated Intel PT tracer: packets exactly as the hardware
 * ``fast``, ``ptgen_fast.c``   the compiled twin of flow+ptgen for the common
-                case (byte-identical; ``HWTRACE_NO_EXTENSIONS=1`` disables it)
+                case (byte-identical; ``HWTRACE_NO_EXTENSIONS=1`` disables it;
+                ``ptgen_signals.c`` infers the signal deliveries)
 * ``images``    sideband mappings, build-ids, ptxed/ptoracle image arguments
 * ``engine``    the Engine the trace-control device drives
 """

@@ -1,8 +1,9 @@
 """The compiled generator (``ptgen_fast.c``) behind a narrow boundary.
 
 :func:`eligible` says whether a log and configuration are in the subset the
-C twin implements (QEMU logs, no signal handler ever ran, no address ranges, no
-INSN / SIGNAL records, no block with a branch inside);
+C twin implements (QEMU logs -- signal deliveries included, inferred as
+flow._find_signals does -- no address ranges, no INSN / SIGNAL records, no
+block with a branch inside);
 :func:`generate` then runs it and returns ``{key: (bytes, insns)}`` and the
 cpu-mode switches, exactly what :func:`flow.generate` gives for the same
 input (the tests compare the two).  ``HWTRACE_NO_EXTENSIONS=1`` disables it.
@@ -21,6 +22,8 @@ from .buildcache import BuildError, build
 from .ptgen import TraceConfig
 
 SOURCE = Path(__file__).with_name("ptgen_fast.c")
+#: every file of the build (a change to any one rebuilds)
+SOURCES = [SOURCE, SOURCE.with_name("ptgen_signals.c"), SOURCE.with_name("ptgen_signals.h")]
 _BLK = struct.Struct("<QQQQIB3x")
 
 
@@ -37,7 +40,8 @@ def binary_path() -> Path:
 
 def _binary_path() -> Path:
     try:
-        return build("ptgen_fast", [SOURCE], ["-O2", "-Wall", str(SOURCE)])
+        return build("ptgen_fast", SOURCES,
+                     ["-O2", "-Wall", *(str(p) for p in SOURCES if p.suffix == ".c")])
     except BuildError as e:
         raise FastUnavailable(str(e)) from None
 
@@ -47,9 +51,6 @@ def eligible(trace, cfg: TraceConfig) -> bool:
         return False
     if trace.header.source != xl.SOURCE_QEMU or trace.features - {"exec_part"}:
         return False
-    handlers = set().union(*trace.handlers.values()) if trace.handlers else set()
-    if handlers and any(parts[0].pc in handlers for parts in trace.blocks):
-        return False        # a handler ran: signal deliveries need the Python path
     if (int(cfg.ctl) >> 32) & 0xFFFF:
         return False
     return True

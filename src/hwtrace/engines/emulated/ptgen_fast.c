@@ -1,7 +1,8 @@
 /*
  * hwtrace compiled PT generator: the C twin of flow.py + ptgen.py for the
- * common case (QEMU logs, no signal handlers, no address ranges, no INSN /
- * SIGNAL records).  Python (fast.py) decides eligibility,
+ * common case (QEMU logs, no address ranges, no INSN / SIGNAL records; the
+ * signal deliveries QEMU does not log are inferred in ptgen_signals.c, as
+ * flow._find_signals does).  Python (fast.py) decides eligibility,
  * classifies the blocks and hands them over; the output must be byte for
  * byte what the Python generator writes (tests compare them).
  *
@@ -28,9 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { K_OTHER, K_JCC, K_JMP, K_CALL, K_JMP_IND, K_CALL_IND, K_RET, K_FAR, K_TRAP, K_REP };
-
-struct blk { uint64_t pc, last, target, nlip; uint32_t ninsn; uint8_t kind, pad[3]; };
+#include "ptgen_signals.h"
 
 /* ------------------------------------------------------------ tracer */
 struct tracer {
@@ -363,11 +362,12 @@ static void tracer_init(struct tracer *tr, uint64_t t0)
 }
 
 /* ------------------------------------------------------------ the log */
-struct table { struct blk **b; uint32_t n; };          /* id -> block */
-struct proc { uint32_t pid; struct table t; int ctx_ok; };
+struct proc { uint32_t pid; struct table t; int ctx_ok; struct hset h;    /* h: its signal handlers */
+              int seen, handler_ran; };  /* seen: in a CTX or BLOCK (flow.load's tables); sig_handler_ran */
 struct seg { uint32_t tid_i; int32_t cpu; uint64_t time; size_t start, end; int index; uint64_t first_ip; int has_first, has_items; };
 struct thread { uint32_t tid, pid; int proc_i; struct blk *pending; int in_kernel; int nseg; int seg0;
-                struct blk cut; };     /* a run EXEC_PART cut short (pending may point here) */
+                struct blk cut;        /* a run cut short (pending may point here) */
+                struct sigscan sig; int scan; };  /* its signal deliveries; scan: needs sig_scan */
 
 /* A slice (schedule.py): a thread's records from one TIME to the next */
 struct slice { uint32_t tid_i; int seg, ordinal, items, execs, has_first, has_next, last, head;
@@ -417,14 +417,14 @@ static void table_set(struct table *t, uint32_t id, struct blk *b)
     t->b[id] = b;
 }
 
-static const unsigned char *L; static size_t LN;
-static struct blk *blocks;                      /* the BLOCKS file */
-static const unsigned char **blk_sizes;         /* per block: its sizes[] in L */
+const unsigned char *L; static size_t LN;
+struct blk *blocks;                             /* the BLOCKS file */
+const unsigned char **blk_sizes;                /* per block: its sizes[] in L */
 static uint32_t rd32(size_t o) { uint32_t v; memcpy(&v, L + o, 4); return v; }
 static uint64_t rd64(size_t o) { uint64_t v; memcpy(&v, L + o, 8); return v; }
 
 /* size of the record at o (type byte included); 0 on error */
-static size_t rec_size(size_t o)
+size_t rec_size(size_t o)
 {
     switch (L[o]) {
     case 0x01: return 13;
@@ -445,9 +445,20 @@ static size_t rec_size(size_t o)
     return 0;
 }
 
+/* User code was left asynchronously before resume_ip and goes on at pc
+ * (flow._interrupted).  inl: the process has handlers, so it is a delivery
+ * (and no sig_scan needed: see main): a jcc before it was not taken */
+static void interrupted(struct tracer *tr, const struct blk *p, uint64_t resume_ip, uint64_t pc,
+                        int ctx_ok, int inl)
+{
+    if (inl && p->kind == K_JCC) branch(tr, K_JCC, p->nlip, resume_ip);
+    leave_async(tr, resume_ip);
+    enter(tr, pc, inl ? ctx_ok : tr->ctx_ok);
+}
+
 static inline __attribute__((always_inline))
 void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk **pendp,
-          int *in_kernel, int ctx_ok)
+          int *in_kernel, int ctx_ok, int inl)
 {
     struct blk *pending = *pendp;
     uint64_t pc = b->pc, cnt = b->ninsn;
@@ -456,25 +467,58 @@ void step(struct tracer *tr, struct blk *b, const unsigned char *sz, struct blk 
         int kd = pending->kind;
         if (kd == K_REP && pc == pending->last) cnt--;
         else if (kd == K_OTHER || kd == K_REP) {
-            if (pc != pending->nlip) { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+            if (pc != pending->nlip) interrupted(tr, pending, pending->nlip, pc, ctx_ok, inl);
         } else if (kd == K_JCC) {
             if (pc == pending->target || pc == pending->nlip) branch(tr, kd, pending->nlip, pc);
-            else { leave_async(tr, pending->nlip); enter(tr, pc, tr->ctx_ok); }
+            else interrupted(tr, pending, pending->nlip, pc, ctx_ok, inl);
         } else if (kd == K_JMP || kd == K_CALL) {
             branch(tr, kd, pending->nlip, pending->target);
-            if (pc != pending->target) { leave_async(tr, pending->target); enter(tr, pc, tr->ctx_ok); }
+            if (pc != pending->target) interrupted(tr, pending, pending->target, pc, ctx_ok, inl);
         } else if (kd == K_TRAP) { leave_sync(tr); enter(tr, pc, ctx_ok); }
         else branch(tr, kd, pending->nlip, pc);
     }
     if (cnt == b->ninsn && cnt && no_psb_in(tr, cnt)) {
         tr->cur_ip = pc;
         retire(tr, cnt);
+    } else if (cnt == b->ninsn) {      /* (an empty run too: PSB+ may fall due, as Tracer.run) */
+        run_insns_psb(tr, pc, cnt, sz ? sz : blk_sizes[b - blocks]);
     } else if (cnt) {
         if (!sz) sz = blk_sizes[b - blocks];
-        if (cnt == b->ninsn) run_insns_psb(tr, pc, cnt, sz);
-        else run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
+        run_insns_psb(tr, pc + sz[0], cnt, sz + 1);   /* after the rep that went on */
     }
     *pendp = b;
+}
+
+/* flow._run_one's SIGNAL item: user code was left asynchronously at ip */
+static void deliver(struct tracer *tr, struct blk **pendp, int *in_kernel, uint64_t ip)
+{
+    struct blk *p = *pendp;
+    if (!*in_kernel) {
+        if (!ip && p) ip = p->nlip;
+        if (p && p->kind == K_REP && ip == p->last) { if (tr->pkt_en) tr->insns--; }  /* retires after */
+        else if (p && p->kind != K_OTHER && p->kind != K_REP && p->kind != K_TRAP) branch(tr, p->kind, p->nlip, ip);
+        leave_async(tr, ip);
+    }
+    *in_kernel = 1; *pendp = NULL;
+}
+
+/* The thread's signal events at its block b (o, k): the deliveries before
+ * it; 1 if it was run, cut by a fault (pending then points at th->cut) */
+static int at_signals(struct thread *th, struct tracer *tr, size_t o, uint32_t k, const struct blk *b,
+                      struct blk **pendp, int *in_kernel, int ctx_ok)
+{
+    struct sigscan *sg = &th->sig;
+    const struct sigev *cut = NULL;
+    while (sg->at < sg->nev && sg->ev[sg->at].off == o && sg->ev[sg->at].k == k) {
+        const struct sigev *e = &sg->ev[sg->at++];
+        if (e->cut) cut = e;
+        else deliver(tr, pendp, in_kernel, e->ip);
+    }
+    if (!cut) return 0;
+    struct blk c = {b->pc, 0, 0, cut->ip, cut->n, K_OTHER, {0}};
+    step(tr, &c, blk_sizes[b - blocks], pendp, in_kernel, ctx_ok, 1);
+    th->cut = c; *pendp = &th->cut;
+    return 1;
 }
 
 static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
@@ -483,23 +527,28 @@ static void run_seg(struct thread *th, struct tracer *tr, const struct seg *s)
     int ctx_ok = procs[th->proc_i].ctx_ok;
     struct blk *pending = th->pending;
     int in_kernel = th->in_kernel;
+    const struct sigscan *sg = &th->sig;
+    int inl = procs[th->proc_i].h.n > 0;
     for (size_t o = s->start; o < s->end; o += rec_size(o)) {
         if (L[o] == 0x04) {
             uint32_t n = rd32(o + 1);
+            int slow = sg->at < sg->nev && sg->ev[sg->at].off == o;   /* a signal in it */
             for (uint32_t k = 0; k < n; k++) {
                 struct blk *b = tab->b[rd32(o + 5 + 4 * k)];
-                step(tr, b, NULL, &pending, &in_kernel, ctx_ok);
+                if (!(slow && at_signals(th, tr, o, k, b, &pending, &in_kernel, ctx_ok)))
+                    step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl);
             }
         } else if (L[o] == 0x05) {
             /* EXEC_PART: the block ran only so far (flow.load's cut) */
             struct blk *b = tab->b[rd32(o + 1)];
             const unsigned char *sz = blk_sizes[b - blocks];
             uint32_t left = (uint32_t)(L[o + 5] | (L[o + 6] << 8));
-            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok); continue; }
+            if (at_signals(th, tr, o, 0, b, &pending, &in_kernel, ctx_ok)) continue;  /* left >= ninsn */
+            if (left >= b->ninsn) { step(tr, b, NULL, &pending, &in_kernel, ctx_ok, inl); continue; }
             struct blk cut = {b->pc, 0, 0, b->pc, left, K_OTHER, {0}};
             for (uint32_t k = 0; k < left; k++) cut.nlip += sz[k];
             if (left) cut.last = cut.nlip - sz[left - 1];
-            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok);
+            step(tr, &cut, sz, &pending, &in_kernel, ctx_ok, inl);
             th->cut = cut;
             pending = &th->cut;
         } else if (L[o] == 0x20) {
@@ -831,6 +880,7 @@ int main(int argc, char **argv)
         case 0x01: {
             uint32_t pid = rd32(o + 1), tid = rd32(o + 5);
             int ti = thread_of(tid, pid);
+            procs[threads[ti].proc_i].seen = 1;
             if (cur_seg >= 0) segs[cur_seg].end = o;
             segs = realloc(segs, (nsegs + 1) * sizeof *segs);
             struct seg *s = &segs[nsegs];
@@ -860,6 +910,7 @@ int main(int argc, char **argv)
             uint32_t pid = rd32(o + 1), id = rd32(o + 5);
             if (bi >= nb) { fprintf(stderr, "blocks file too short\n"); return 1; }
             int pi = proc_of(pid);
+            procs[pi].seen = 1;
             blk_sizes[bi] = L + o + 21;
             table_set(&procs[pi].t, id, &blocks[bi++]);
             break;
@@ -879,6 +930,7 @@ int main(int argc, char **argv)
             if (ppid && cur_seg >= 0) {
                 int ci = proc_of(threads[segs[cur_seg].tid_i].pid);
                 int pi = proc_of(ppid);
+                if (procs[pi].seen) hset_copy(&procs[ci].h, &procs[pi].h);  /* the handlers are inherited */
                 struct table own = procs[ci].t, t = {0, 0};
                 for (uint32_t i = 0; i < procs[pi].t.n; i++) if (procs[pi].t.b[i]) table_set(&t, i, procs[pi].t.b[i]);
                 for (uint32_t i = 0; i < own.n; i++) if (own.b[i]) table_set(&t, i, own.b[i]);
@@ -887,6 +939,12 @@ int main(int argc, char **argv)
             }
             break;
         }
+        case 0x20:
+            if (cur_seg >= 0 && rd64(o + 1) == 15) threads[segs[cur_seg].tid_i].scan = 1;  /* rt_sigreturn */
+            break;
+        case 0x23:
+            if (cur_seg >= 0) hset_add(&procs[threads[segs[cur_seg].tid_i].proc_i].h, rd32(o + 1), rd64(o + 5));
+            break;
         }
         if (cur_seg >= 0) {
             struct slice *r = &raw[curraw];
@@ -917,6 +975,19 @@ int main(int argc, char **argv)
             procs[pi].ctx_ok = ccr3 == cr3_match;
         }
     if (cf) fclose(cf);
+    /* where signals were delivered (ptgen_signals.c) in each thread that may have run a
+     * handler or returned from one; elsewhere step's interrupted() finds a delivery's IP */
+    for (int pi = 0; pi < nprocs; pi++) procs[pi].handler_ran = sig_handler_ran(&procs[pi].h, &procs[pi].t);
+    for (int ti = 0; ti < nthreads; ti++) {
+        int hr = procs[threads[ti].proc_i].handler_ran;
+        threads[ti].scan = hr == 2 || (hr && threads[ti].scan);
+    }
+    for (int si = 0; si < nsegs; si++) {
+        struct thread *th = &threads[segs[si].tid_i];
+        if (th->scan) sig_scan(&th->sig, &procs[th->proc_i].t, &procs[th->proc_i].h, segs[si].start, segs[si].end);
+    }
+    for (int ti = 0; ti < nthreads; ti++)
+        if (threads[ti].scan) sig_done(&threads[ti].sig, &procs[threads[ti].proc_i].h);
 
     char sp[4096];
     snprintf(sp, sizeof sp, "%s/summary.txt", outdir);
