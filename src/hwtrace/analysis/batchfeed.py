@@ -86,10 +86,12 @@ class BatchInput:
             # tell it, matter only to the choice of switches at an enable
             sc = self.names.get("[syscall]")
             tl = self._follow
-            if self.vectorize and sc is not None and m <= 1 << 20 \
-                    and (tl is None or tl.i >= len(tl.switches)):
-                items, a.groups = roundtrips.find(items, a.code, a.fall, a.ip,
-                                                  m, tl is not None)
+            if self.vectorize and sc is not None and m <= 1 << 20:
+                # with switches left, only groups that tell the time, taken
+                # in the run while the timeline does not hear it (_bulk)
+                items, a.groups = roundtrips.find(
+                    items, a.code, a.fall, a.ip, m, tl is not None,
+                    tl is not None and tl.i < len(tl.switches))
                 a.sys_nid = sc
         else:
             a = None
@@ -139,7 +141,7 @@ class BatchInput:
             if self.vectorize and self._in_seg and self._stack:
                 end = min(stop, t + window)
                 c = self._through(a, t, stop, last) \
-                    if stop < last and end == stop else None
+                    if stop < last and end == stop and self._bulk() else None
                 if c is None:
                     k = self._solve(a, t, end)
                     t += k
@@ -171,6 +173,17 @@ class BatchInput:
         self.n = int(a.start[r1])
         self._set_pend(a, last)
 
+    def _bulk(self) -> bool:
+        """Whether the groups' events may be taken in the run now (else
+        one at a time, as they came): following threads with switches
+        left, only while the timeline does not hear the time they tell
+        and tracing is on (a status update enabling then asks no one who
+        runs) -- the groups found then (:func:`.roundtrips.find`,
+        ``left``) leave both so."""
+        tl = self._follow
+        return tl is None or tl.i >= len(tl.switches) or \
+            (tl.deaf and self._tracing is True)
+
     def _may_soften(self, a: "_Arrays", t: int, last: int) -> bool:
         """Whether solves from transfer t on may go on past jumps that
         may unwind but change nothing (see the module doc)."""
@@ -187,16 +200,24 @@ class BatchInput:
         what may name it): (transfers committed, where it stopped), or
         None: not past the next group."""
         g = a.groups
-        for _ in range(2):
-            q = g.quiet(a, self.addr.fresh, t, last, self.addr.table() is None) \
-                if g.hazards else last
-            if q <= stop:
-                return None
-            k = self._solve_groups(a, t, q)
-            if k is not None:
-                return k, q
-            g.hazards = True        # look where, once
-        return None
+        soft = self._soft
+        try:
+            for _ in range(2):
+                q = g.quiet(a, self.addr.fresh, t, last,
+                            self.addr.table() is None) if g.hazards else last
+                if q <= stop:
+                    return None
+                # the run is cut at q's group (or goes on to the end): so
+                # far, not to the end, nothing new may be named
+                if q < last and not soft:
+                    self._soft = self._may_soften(a, t, q)
+                k = self._solve_groups(a, t, q)
+                if k is not None:
+                    return k, q
+                g.hazards = True        # look where, once
+            return None
+        finally:
+            self._soft = soft
 
     def _group_events(self, a: "_Arrays", t: int) -> None:
         """The events of the group after transfer t, if one is there
