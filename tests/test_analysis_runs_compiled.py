@@ -317,6 +317,12 @@ def test_soft_conditional_jump_to_its_own_start_goes_on():
             jump = list(rows)
             jump[2] = (JUMP, f[1] + 0x20, f[1] + 0x22, f[1])
             assert _both(_tr(jump), _stack(start), merged, soft=True).k == 2
+    # with no frame left (all returned), one stops the run as ever -- even
+    # to the start of the function the last frame was
+    empty = [(RET, f[4] + 9, 0, f[0] + 0x20), (COND, f[0] + 0x21, f[0] + 0x23, f[4])]
+    for merged in (True, False):
+        c = _both(_tr(empty), _stack([(f[4], f[0] + 0x20)]), merged, soft=True)
+        assert c.k == 1
 
 
 def test_far_calls_and_returns():

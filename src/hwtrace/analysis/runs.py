@@ -290,7 +290,7 @@ def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
                         stack["ret_ok"][np.minimum(c_lvl, s0 - 1)])
     is_ret = e_close[c_ev]
     self_jump = ~is_ret & (c_func == tgt[ev[c_ev]])
-    loop = self_jump & (code[ev[c_ev]] == COND)
+    loop = self_jump & (code[ev[c_ev]] == COND) & (depth[c_ev] > 0)
     if soft and loop.any():
         # a conditional jump back to the start of the function it is in (a
         # loop whose head is the entry) is no tail call: the builder's
