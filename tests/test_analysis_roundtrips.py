@@ -124,3 +124,31 @@ def test_names_come_in_the_order_the_events_cut_runs_meet_them(impl, monkeypatch
     assert got == cut
     assert gb.names.names == cb.names.names
     assert "late1" in gb.names.names and "late2" in gb.names.names
+
+
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+def test_time_only_events_go_on_while_switches_are_left(impl, monkeypatch):
+    """Following a CPU's threads with a switch still to apply (here: long
+    after the trace) on a clock counting the traced instructions: a
+    PSB+'s status updates, which only tell the time the timeline does not
+    hear while tracing is on, go on in the run; a system call's round
+    trip still cuts it (its enable may bring another thread in)."""
+    if impl == "compiled" and _runs_impl.core_for("compiled") is None:
+        pytest.skip("no compiled core")
+    monkeypatch.setattr(_runs_impl, "CORE", _runs_impl.core_for(impl))
+    parts, s = _parts(60, psb=True)
+    stream = StreamInfo(cpu=0, switches=(Switch(0, 0, -1, -1, 7, 7),
+                                         Switch(0, 1 << 50, 7, 7, -1, -1)),
+                        tsc_per_insn=1.0, clock_counted=True)
+    calls = []
+    solve = runs.solve
+    monkeypatch.setattr(runs, "solve", lambda *a, **k: calls.append(1) or solve(*a, **k))
+    ref, rb = _run(parts, s.lookup, False, stream)
+    assert not calls
+    got, gb = _run(parts, s.lookup, True, stream)
+    assert got == ref
+    assert gb.calls == rb.calls and gb.markers == rb.markers
+    assert gb.names.names == rb.names.names
+    assert gb._follow.i < len(gb._follow.switches)
+    # a run per system call, not one more per PSB+ (120 when they cut)
+    assert len(calls) < 80

@@ -291,6 +291,40 @@ def test_soft_jump_into_a_function_no_frame_is_in_goes_on():
     assert _both(_tr(unwind), _stack(start), True, soft=True).k == 2
 
 
+def test_soft_conditional_jump_to_its_own_start_goes_on():
+    """A conditional jump back to the start of the function it is in (a
+    loop whose head is the entry) is no tail call: the builder changes
+    nothing there.  Soft, the run goes on past it (the frame stays the one
+    the call opened); not soft, it stops there as before.  An unconditional
+    jump to itself stops it either way."""
+    f = FUNCS
+    loop = [(COND, f[1] + 0x20, f[1] + 0x22, f[1])] * 3
+    rows = [(CALL, f[0] + 1, f[0] + 6, f[1])] + loop + \
+        [(COND, f[1] + 0x20, f[1] + 0x22, f[1] + 0x22),     # not taken
+         (CALL, f[1] + 0x30, f[1] + 0x35, f[2]), (RET, f[2] + 9, 0, f[1] + 0x35),
+         (COND, f[1] + 0x40, f[1] + 0x42, f[3]),            # a tail call
+         (RET, f[3] + 9, 0, f[0] + 6)]
+    for start in ([(f[0], None)], [(f[4], None), (f[0], f[4] + 0x20)]):
+        for merged in (True, False):
+            c = _both(_tr(rows), _stack(start), merged, soft=True)
+            assert c.k == len(rows) and c.opened == 3 and len(c.exits) == 3
+            assert [int(x) for x in c.enters["func"]] == [f[1], f[2], f[3]]
+            assert _both(_tr(rows), _stack(start), merged).k == 1
+            # the loop's head once in the old stack's top frame
+            c = _both(_tr(loop + rows[4:7]), _stack(start + [(f[1], f[0] + 6)]),
+                      merged, soft=True)
+            assert c.k == 6 and c.opened == 1 and c.keep == len(start) + 1
+            jump = list(rows)
+            jump[2] = (JUMP, f[1] + 0x20, f[1] + 0x22, f[1])
+            assert _both(_tr(jump), _stack(start), merged, soft=True).k == 2
+    # with no frame left (all returned), one stops the run as ever -- even
+    # to the start of the function the last frame was
+    empty = [(RET, f[4] + 9, 0, f[0] + 0x20), (COND, f[0] + 0x21, f[0] + 0x23, f[4])]
+    for merged in (True, False):
+        c = _both(_tr(empty), _stack([(f[4], f[0] + 0x20)]), merged, soft=True)
+        assert c.k == 1
+
+
 def test_far_calls_and_returns():
     f = FUNCS
     rows = [(FCALL, f[0] + 1, f[0] + 6, f[1]), (FRET, f[1] + 9, 0, f[0] + 6),

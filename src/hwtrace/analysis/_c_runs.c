@@ -369,6 +369,12 @@ static PyObject *py_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                     CUT(j);
                     continue;
                 }
+            } else if (f->func == t && c == T_COND && soft) {
+                /* a conditional jump back to the start of the function it
+                 * is in (a loop whose head is the entry): no tail call, the
+                 * builder's _settle changes nothing there -- soft: where
+                 * the run is cut cannot change a name (see batchfeed) */
+                continue;
             } else if (f->func == t || lvl >= max_depth) {
                 CUT(j);
                 continue;

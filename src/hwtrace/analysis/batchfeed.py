@@ -13,16 +13,23 @@ the time, need not end a run (:mod:`.roundtrips`).
 A jump out of its function into the middle of another is taken one at a
 time (a run ends there) when it may unwind.  Where no frame below the
 top is that function's it changes nothing (mempcpy jumping into
-memcpy's body, once per call on ``find``: a run cut there each time);
-the runs go on past it (``soft``, :func:`.runs.solve`) where that cannot
-change a name: where the runs are cut decides the order in which code
-no symbol names is named when first met (in bulk by a solve, one at a
-time in between), and so the name ids and the call paths made of them.
+memcpy's body, once per call on ``find``: a run cut there each time),
+as does a conditional jump back to the start of the function it is in (a
+loop whose head is the entry, taken for a tail call to itself: ~9,000
+cuts on a ``tar -czf`` recording, most followed by 64 records one at a
+time); the runs go on past them (``soft``, :func:`.runs.solve`) where
+that cannot change a name: where the runs are cut decides the order in
+which code no symbol names is named when first met (in bulk by a solve,
+one at a time in between), and so the name ids and the call paths made
+of them.
 So only while no call's or jump's target in the rest of the records
 [t, r1) is code not named yet (:meth:`_Arrays.fresh_at`; over a merged
 symbol table, where naming only ever adds) -- and, following threads,
 once no switch is left to apply (the times the runs tell the timeline
-choose the switches).
+choose the switches), or while the timeline hears no time until the next
+event (:attr:`.switches.SwitchTimeline.deaf`: a clock counting the traced
+instructions, tracing on -- a ``tar`` recording's three processes share
+one stream, their last switch at its very end).
 """
 
 from __future__ import annotations
@@ -82,10 +89,12 @@ class BatchInput:
             # tell it, matter only to the choice of switches at an enable
             sc = self.names.get("[syscall]")
             tl = self._follow
-            if self.vectorize and sc is not None and m <= 1 << 20 \
-                    and (tl is None or tl.i >= len(tl.switches)):
-                items, a.groups = roundtrips.find(items, a.code, a.fall, a.ip,
-                                                  m, tl is not None)
+            if self.vectorize and sc is not None and m <= 1 << 20:
+                # with switches left, only groups that tell the time, taken
+                # in the run while the timeline does not hear it (_bulk)
+                items, a.groups = roundtrips.find(
+                    items, a.code, a.fall, a.ip, m, tl is not None,
+                    tl is not None and tl.i < len(tl.switches))
                 a.sys_nid = sc
         else:
             a = None
@@ -155,7 +164,7 @@ class BatchInput:
             if self.vectorize and self._in_seg and self._stack:
                 end = min(stop, t + window)
                 c = self._through(a, t, stop, last) \
-                    if stop < last and end == stop else None
+                    if stop < last and end == stop and self._bulk() else None
                 if c is None:
                     k = self._solve(a, t, end)
                     t += k
@@ -187,17 +196,26 @@ class BatchInput:
         self.n = int(a.start[r1])
         self._set_pend(a, last)
 
+    def _bulk(self) -> bool:
+        """Whether the groups' events may be taken in the run now (else
+        one at a time, as they came): following threads with switches
+        left, only while the timeline does not hear the time they tell
+        and tracing is on (a status update enabling then asks no one who
+        runs) -- the groups found then (:func:`.roundtrips.find`,
+        ``left``) leave both so."""
+        tl = self._follow
+        return tl is None or tl.i >= len(tl.switches) or \
+            (tl.deaf and self._tracing is True)
+
     def _may_soften(self, a: "_Arrays", t: int, last: int) -> bool:
         """Whether solves from transfer t on may go on past jumps that
         may unwind but change nothing (see the module doc)."""
         if not self._jumped or not self.vectorize or self.addr.table() is None:
             return False
         tl = self._follow
-        if tl is not None and tl.i < len(tl.switches):
+        if tl is not None and tl.i < len(tl.switches) and not tl.deaf:
             return False
-        h = a.fresh_at(self.addr.fresh, t)
-        i = int(np.searchsorted(h, t))
-        return i == len(h) or int(h[i]) > last
+        return not a.fresh_in(self.addr.fresh, t, last)
 
     def _through(self, a: "_Arrays", t: int, stop: int, last: int):
         """:meth:`_solve_groups` from t as far as it may go (the batch's
@@ -205,16 +223,24 @@ class BatchInput:
         what may name it): (transfers committed, where it stopped), or
         None: not past the next group."""
         g = a.groups
-        for _ in range(2):
-            q = g.quiet(a, self.addr.fresh, t, last, self.addr.table() is None) \
-                if g.hazards else last
-            if q <= stop:
-                return None
-            k = self._solve_groups(a, t, q)
-            if k is not None:
-                return k, q
-            g.hazards = True        # look where, once
-        return None
+        soft = self._soft
+        try:
+            for _ in range(2):
+                q = g.quiet(a, self.addr.fresh, t, last,
+                            self.addr.table() is None) if g.hazards else last
+                if q <= stop:
+                    return None
+                # the run is cut at q's group (or goes on to the end): so
+                # far, not to the end, nothing new may be named
+                if q < last and not soft:
+                    self._soft = self._may_soften(a, t, q)
+                k = self._solve_groups(a, t, q)
+                if k is not None:
+                    return k, q
+                g.hazards = True        # look where, once
+            return None
+        finally:
+            self._soft = soft
 
     def _group_events(self, a: "_Arrays", t: int) -> None:
         """The events of the group after transfer t, if one is there
@@ -297,8 +323,10 @@ class BatchInput:
                        lookup=self._lookup is not None, paths=self.want_paths,
                        scanned=scanned, out=self._place, soft=self._soft,
                        **extra)
-        if c is not None and c.k < len(tr.code) and tr.code[c.k] == runs.JUMP:
-            # cut at a jump: from now on in this batch runs may go on past
+        if c is not None and c.k < len(tr.code) and \
+                (tr.code[c.k] == runs.JUMP or tr.code[c.k] == runs.COND):
+            # cut at a jump (or a conditional one: to the start of its own
+            # function): from now on in this batch runs may go on past
             # those that change nothing (looking where is not free: only
             # once one was met)
             self._jumped = True
@@ -462,3 +490,22 @@ class _Arrays:
             self._fresh = at[fresh(tgt[at])] + t0
             self._fresh_from = t0
         return self._fresh
+
+    def fresh_in(self, fresh, t: int, last: int) -> bool:
+        """Whether some transfer in [t, last] targets code not named yet
+        (:meth:`fresh_at`), asked again now: what the records since named
+        is named for good (naming only ever adds), and those transfers are
+        dropped -- a function first called there and called again a few
+        records on cut every run up to its next call, its name known."""
+        h = self.fresh_at(fresh, t)
+        i = int(np.searchsorted(h, t))
+        j = int(np.searchsorted(h, last, side="right"))
+        if i == j:
+            return False
+        tgt = self.ip[h[i] + 1:h[i] + 2]
+        if fresh(tgt)[0]:
+            return True
+        w = h[i:j]
+        keep = fresh(self.ip[w + 1])
+        self._fresh = np.concatenate((h[:i], w[keep], h[j:]))
+        return bool(keep.any())

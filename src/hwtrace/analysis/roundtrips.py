@@ -122,10 +122,20 @@ class Groups:
             look[self.tr[self._trip]] = False   # a round trip's: no code
             at = np.flatnonzero(look)
             self._hazard = at[fresh(tgt[at])]
-        i = int(np.searchsorted(self._hazard, t))
-        if i == len(self._hazard) or self._hazard[i] >= last:
+        h = self._hazard
+        i = int(np.searchsorted(h, t))
+        if i == len(h) or h[i] >= last:
             return last
-        return self.before(int(self._hazard[i]) + 1)
+        if not fresh(a.ip[h[i] + 1:h[i] + 2])[0]:
+            # named since (naming only adds): asked again, those before
+            # ``last`` whose code is named now are no hazard any more
+            j = int(np.searchsorted(h, last))
+            w = h[i:j]
+            w = w[fresh(a.ip[w + 1])]
+            self._hazard = h = np.concatenate((h[:i], w, h[j:]))
+            if i == len(h) or h[i] >= last:
+                return last
+        return self.before(int(h[i]) + 1)
 
     def events(self, t: int):
         """The (offset, item) of the group after transfer ``t``, or None:
@@ -192,10 +202,17 @@ def _ramp(counts: np.ndarray) -> np.ndarray:
 
 
 def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
-         m: int, anchors: bool):
+         m: int, anchors: bool, left: bool = False):
     """(the items without the groups, :class:`Groups` or None) for a batch
     of ``m`` records whose items (index, offset, item) are ``items``;
-    ``anchors``: take events that only tell the time too."""
+    ``anchors``: take events that only tell the time too.  ``left``:
+    following threads with switches left to apply -- only groups of
+    events that only tell the time and leave tracing on (no round trip:
+    its enable may bring another thread in; no status update disabling:
+    the next one enabling asks who runs), which the builder takes in the
+    run only while the timeline hears no time
+    (:attr:`.switches.SwitchTimeline.deaf`) and tracing is on, else one
+    at a time as they came."""
     found = []
     keep = []
     n = len(items)
@@ -210,8 +227,8 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
             keep.extend(items[p:q])
             p = q
             continue
-        if q - p == 2 and type(e1) is Event and e1.type == "disabled" \
-                and not e1.status_update:
+        if q - p == 2 and not left and type(e1) is Event \
+                and e1.type == "disabled" and not e1.status_update:
             # a round trip?
             _j, o2, e2 = items[p + 1]
             if type(e2) is Event and e2.type == "enabled" and not e2.status_update:
@@ -225,7 +242,7 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
                     keep.extend(items[p:q])
                 p = q
                 continue
-        g = _anchors(items, p, q) if anchors else None
+        g = _anchors(items, p, q, left) if anchors else None
         if g is None:
             keep.extend(items[p:q])
         else:
@@ -236,9 +253,9 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
     return keep, Groups(found)
 
 
-def _anchors(items, p, q):
+def _anchors(items, p, q, left: bool = False):
     """The group of items [p, q) (all at one index) if they only tell the
-    time, else None."""
+    time (and, ``left``, disable nothing), else None."""
     on = None
     tscs = []
     for _j, _o, ev in items[p:q]:
@@ -246,7 +263,8 @@ def _anchors(items, p, q):
             return None
         t = ev.type
         if t in _STRUCTURAL:
-            if not (ev.status_update and t in ("enabled", "disabled")):
+            if not (ev.status_update and t in ("enabled", "disabled")) \
+                    or (left and t == "disabled"):
                 return None
             on = t == "enabled"
         ts = (ev.tsc or None) if ev.has_tsc else 0

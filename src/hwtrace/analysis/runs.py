@@ -144,9 +144,11 @@ def solve(tr: Transfers, stack: np.ndarray, names, *, seq0: int,
     or ``guard(match)`` before the rows are made -- true: make none,
     return None; ``soft``: a jump that may unwind but finds no frame below
     the top in the function it lands in (mempcpy's jump into memcpy's
-    body) goes on in the run, else it ends it (the builder takes it, one
-    at a time, as changing nothing -- but where runs are cut decides the
-    order in which the code met is named: see batchfeed)."""
+    body) goes on in the run, and so does a conditional jump to the start
+    of the function it is in (a loop whose head is the entry: no tail
+    call), else they end it (the builder takes them, one at a time, as
+    changing nothing -- but where runs are cut decides the order in which
+    the code met is named: see batchfeed)."""
     core = _runs_impl.core_for(impl)
     if core is None:
         m = match(tr, stack, names, max_depth=max_depth, lookup=lookup, soft=soft)
@@ -186,7 +188,7 @@ def jump_kinds(tr: Transfers, names):
 
 
 def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
-          lookup: bool, soft: bool = False) -> Match:
+          lookup: bool, soft: bool = False, _kinds=None) -> Match:
     """The Python twin of the matching: all transfers at once (numpy)."""
     code, fall, tgt = tr.code, tr.fall, tr.tgt
     n = len(code)
@@ -194,7 +196,9 @@ def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
     taken = tgt != fall
     opener = ((code == CALL) & taken) | (code == FCALL)
     closer = (code == RET) | (code == FRET)
-    if lookup:
+    if _kinds is not None:
+        tail, spec, spec_start = _kinds
+    elif lookup:
         tail, spec, spec_start = jump_kinds(tr, names)
     else:
         tail = spec = np.zeros(n, bool)
@@ -285,8 +289,21 @@ def match(tr: Transfers, stack: np.ndarray, names, *, max_depth: int,
     c_ret_ok = np.where(c_run, o_ret_ok[cf] if len(o_ev) else False,
                         stack["ret_ok"][np.minimum(c_lvl, s0 - 1)])
     is_ret = e_close[c_ev]
+    self_jump = ~is_ret & (c_func == tgt[ev[c_ev]])
+    loop = self_jump & (code[ev[c_ev]] == COND) & (depth[c_ev] > 0)
+    if soft and loop.any():
+        # a conditional jump back to the start of the function it is in (a
+        # loop whose head is the entry) is no tail call: the builder's
+        # _settle changes nothing there (soft: where the run is cut cannot
+        # change a name, see batchfeed).  Each level's function is the same
+        # with or without them (they replaced a frame by its own function),
+        # so the frames are found again without them, once
+        tail = tail.copy()
+        tail[ev[c_ev[loop]]] = False
+        return match(tr, stack, names, max_depth=max_depth, lookup=lookup,
+                     soft=soft, _kinds=(tail, spec, spec_start))
     bad[c_ev[is_ret & ~(c_ret_ok & (c_ret == tgt[ev[c_ev]]))]] = True
-    bad[c_ev[~is_ret & (c_func == tgt[ev[c_ev]])]] = True   # jump to itself
+    bad[c_ev[self_jump]] = True     # an unconditional jump to itself
     if e_spec.any():
         q_ev = np.flatnonzero(e_spec)
         q_lvl = np.maximum(depth[q_ev] - 1, 0)

@@ -121,6 +121,14 @@ class SwitchTimeline:
         self._on = on
 
     @property
+    def deaf(self) -> bool:
+        """Whether a time told now changes nothing (:meth:`time`): a
+        counted clock's, while tracing is on, once a time is known -- so
+        until the next enable or disable, where the records' times are
+        told (each one's, or a run's last) cannot matter to the switches."""
+        return self.counted and self._on and self._t is not None
+
+    @property
     def known(self) -> int | None:
         """The last known time (no later than now)."""
         return self._t
