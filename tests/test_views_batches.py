@@ -457,6 +457,17 @@ def test_programs_at_the_same_addresses_are_named_by_their_own(tmp_path, mode):
         assert r.returncode == 0, r.stderr
         to = Counter(re.findall(r"(?:-> 0x[0-9a-f]+ |\"to_sym\":\")(\w+)", r.stdout))
         assert (to["a_work"], to["b_hot"]) == (300, 500), (fmt, to.most_common(8))
+    # triggers and ranges by each program's own symbols: a window opens
+    # only in the process that runs the function
+    pids = {}
+    for fn in ("a_work", "b_hot"):
+        for opt in ("--start", "--range"):
+            r = run_hwtrace("branches", b, opt, fn, "--format", "jsonl")
+            assert r.returncode == 0, r.stderr
+            got = {json.loads(ln)["pid"] for ln in r.stdout.splitlines()}
+            assert len(got) == 1, (fn, opt, got)
+            pids.setdefault(fn, set()).update(got)
+    assert len(pids["a_work"] | pids["b_hot"]) == 2, pids
     # coverage: each program's blocks against its own module, its lines
     from hwtrace.analysis.symbols import function_symbol
     from hwtrace.export.drcov import read_drcov

@@ -142,13 +142,18 @@ class _Consumer:
     records these are."""
 
     def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False,
-                 follow=None):
+                 follow=None, env=None):
         # the trace's enable/disable events say where tracing stopped and
         # resumed (with the OS bit, a syscall goes on into the kernel)
         tracker.kernel_untraced = False
         self.tracker = tracker
         self.th = th
         self.reader = reader
+        #: ``env(space)``: (code reader, Trigger, Mask) of an address space
+        #: (a bundle whose programs share addresses); the batches' space
+        #: items switch to it
+        self.env = env
+        self._per_reader: dict = {}
         # a per-CPU stream interleaves threads: tracing disabled and enabled
         # elsewhere may be a context switch, not the same thread going on
         # (unless the switches say which thread it is)
@@ -165,6 +170,21 @@ class _Consumer:
         self._far_keys = np.zeros(0, np.uint64)     # _far as sorted arrays
         self._far_vals = np.zeros(0, np.int16)
         self.chunks: list[np.ndarray] = []     # batch path: output in order
+
+    def _enter_space(self, space) -> None:
+        """The records from here on run ``space``'s code: its files'
+        bytes classify the transfers (each reader with its own caches),
+        its symbols place the trigger and the mask."""
+        reader, trigger, mask = self.env(space)
+        if reader is not self.reader:
+            self._per_reader[id(self.reader)] = (self.reader, self._cache, self._far,
+                                                 self._far_keys, self._far_vals)
+            got = self._per_reader.get(id(reader))
+            if got is None:
+                got = (reader, {}, {}, np.zeros(0, np.uint64), np.zeros(0, np.int16))
+            self.reader, self._cache, self._far, self._far_keys, self._far_vals = got
+        t = self.tracker
+        t.trigger, t.mask, t.watch = trigger, mask, trigger.watch
 
     def _insn_at(self, ip: int):
         c = self._cache
@@ -326,6 +346,8 @@ class _Consumer:
                 self.feed({"error": str(item.code), "offset": item.offset})
             elif hasattr(item, "status_update"):
                 self.feed(event_json(item, offset))
+            elif t == "space" and self.env is not None:
+                self._enter_space(item.space)
         if r < m:
             self._records(a, r, m)
         self.n = int(a.start[m]) if m else first
@@ -583,6 +605,31 @@ class DecodedTrace:
         # bind now: unknown symbols fail before any decoding
         self.trigger = trigger.bind(self.symbolizer, self.base)
         self.mask = mask.bind(self.symbolizer, self.base)
+        # a bundle whose processes run different programs at the same
+        # addresses: each space's code, trigger and mask are its own files'
+        traces = getattr(inp, "traces", None)
+        self._spaced = traces.space_lookup() if traces is not None else None
+        self._specs = (trigger, mask)
+        self._envs: dict = {}
+        if self._spaced is not None:
+            mapped = {m.path for sp in traces.spaces.spaces for m in sp.mappings}
+            self._extra = [m for m in inp.code if m.path not in mapped]     # --elf
+
+    def _env(self, space):
+        lookup = self._spaced(space)
+        got = self._envs.get(id(lookup))
+        if got is None:
+            sym = lookup.__self__
+            reader = CodeReader()
+            for m in space.mappings:
+                reader.add(m.start, m.size, m.path, m.offset)
+            for m in self._extra:
+                reader.add(m.start, m.size, m.path, m.offset)
+            base = resolve.main_base(sym)
+            trigger, mask = self._specs
+            got = self._envs[id(lookup)] = (lookup, reader, _bind_trigger(trigger, sym, base),
+                                            _bind_mask(mask, sym, base))
+        return got[1:]
 
     def arrays(self) -> Iterator[np.ndarray]:
         """Every stream's records in turn, as numpy chunks."""
@@ -600,9 +647,11 @@ class DecodedTrace:
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
             if th is not None and not th.wanted:
                 continue
-            c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow)
+            spaced = self._spaced is not None and s.batches is not None
+            c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow,
+                          env=self._env if spaced else None)
             if s.batches is not None:
-                for b in s.batches():
+                for b in s.batches(**({"space_items": True} if spaced else {})):
                     c.feed_batch(b)
                     yield from c.take()
             else:
@@ -625,6 +674,35 @@ class DecodedTrace:
                              KINDS[kind], frm or None, to or None,
                              None if time < 0 else time,
                              None if depth == _NODEPTH else depth)
+
+
+#: an address no code is at: a trigger or range whose function this
+#: space's files do not define never fires there
+_NOWHERE = (1 << 64) - 1
+
+
+def _bind_trigger(spec: TriggerSpec, sym, base):
+    from .triggers import Trigger
+
+    def a(v):
+        if v is None:
+            return None
+        try:
+            return resolve.address(sym, v, base)
+        except resolve.SymbolNotFound:
+            return _NOWHERE
+    return Trigger(a(spec.start), a(spec.stop), a(spec.within))
+
+
+def _bind_mask(spec: MaskSpec, sym, base):
+    from .mask import Mask
+    ranges = []
+    for r in spec.ranges:
+        try:
+            ranges.append(resolve.address_range(sym, r, base))
+        except resolve.SymbolNotFound:
+            ranges.append((_NOWHERE, _NOWHERE))
+    return Mask(spec.kinds, spec.pids, spec.tids, tuple(ranges))
 
 
 def open_decoded(inp, trigger: TriggerSpec = TriggerSpec(),
