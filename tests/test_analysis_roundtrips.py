@@ -80,6 +80,22 @@ def _run(parts, lookup, vectorize, stream=None):
     return out, b
 
 
+def _against_one_at_a_time(monkeypatch, parts, lookup, stream):
+    """``parts`` through the builder vectorized and one transfer at a
+    time (which solves nothing): the same records, calls, markers and
+    name ids.  Returns the vectorized (records, builder, solves made)."""
+    calls = []
+    solve = runs.solve
+    monkeypatch.setattr(runs, "solve", lambda *a, **k: calls.append(1) or solve(*a, **k))
+    ref, rb = _run(parts, lookup, False, stream)
+    assert not calls
+    got, gb = _run(parts, lookup, True, stream)
+    assert got == ref
+    assert gb.calls == rb.calls and gb.markers == rb.markers
+    assert gb.names.names == rb.names.names
+    return got, gb, len(calls)
+
+
 @pytest.mark.parametrize("impl", ["python", "compiled"])
 @pytest.mark.parametrize("follow", [False, True])
 def test_syscalls_and_time_only_events_go_on_in_the_run(impl, follow, monkeypatch):
@@ -89,22 +105,14 @@ def test_syscalls_and_time_only_events_go_on_in_the_run(impl, follow, monkeypatc
     parts, s = _parts(60, psb=follow)
     stream = StreamInfo(cpu=0, switches=(Switch(0, 0, -1, -1, 7, 7),)) \
         if follow else None
-    calls = []
-    solve = runs.solve
-    monkeypatch.setattr(runs, "solve", lambda *a, **k: calls.append(1) or solve(*a, **k))
-    ref, rb = _run(parts, s.lookup, False, stream)
-    assert not calls
-    got, gb = _run(parts, s.lookup, True, stream)
-    assert got == ref
-    assert gb.calls == rb.calls and gb.markers == rb.markers
-    assert gb.names.names == rb.names.names
+    got, gb, calls = _against_one_at_a_time(monkeypatch, parts, s.lookup, stream)
     # one [syscall] frame per system call, timed by its events (following
     # the CPU's threads, the first one's enable brings the thread in)
     sys = [a for a in got if type(a) is Activation and a.name == "[syscall]"]
     assert len(sys) == 60 and all(a.flags == Flag.FAR for a in sys[1:])
     assert sys[1].begin == 1200 and sys[1].end == 1240
     # the second batch was solved in a few runs, not one per system call
-    assert len(calls) < 10
+    assert calls < 10
 
 
 
@@ -140,15 +148,7 @@ def test_time_only_events_go_on_while_switches_are_left(impl, monkeypatch):
     stream = StreamInfo(cpu=0, switches=(Switch(0, 0, -1, -1, 7, 7),
                                          Switch(0, 1 << 50, 7, 7, -1, -1)),
                         tsc_per_insn=1.0, clock_counted=True)
-    calls = []
-    solve = runs.solve
-    monkeypatch.setattr(runs, "solve", lambda *a, **k: calls.append(1) or solve(*a, **k))
-    ref, rb = _run(parts, s.lookup, False, stream)
-    assert not calls
-    got, gb = _run(parts, s.lookup, True, stream)
-    assert got == ref
-    assert gb.calls == rb.calls and gb.markers == rb.markers
-    assert gb.names.names == rb.names.names
+    got, gb, calls = _against_one_at_a_time(monkeypatch, parts, s.lookup, stream)
     assert gb._follow.i < len(gb._follow.switches)
     # a run per system call, not one more per PSB+ (120 when they cut)
-    assert len(calls) < 80
+    assert calls < 80
