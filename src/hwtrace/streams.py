@@ -195,6 +195,7 @@ class TraceSet(Fields):
         #: (path, start, offset, recorded file)
         self._mapped = [] if _mapped is None else _mapped
         self._images: dict = {}         # (path, start) -> the symbolizer's Image
+        self._space_fn = False          # space_lookup()'s, once made
         self._reported = False
 
     def report(self, warn: Callable) -> None:
@@ -233,7 +234,13 @@ class TraceSet(Fields):
         process, names them all.  Processes running different programs
         share addresses (under QEMU every program is loaded at the same
         base: a shell and the gzip it starts), which one table of every
-        file cannot tell apart."""
+        file cannot tell apart.  Made once: every caller (the views, the
+        coverage beside them) gets the same lookups."""
+        if self._space_fn is False:
+            self._space_fn = self._make_space_lookup()
+        return self._space_fn
+
+    def _make_space_lookup(self):
         if self.spaces is None:
             return None
         files = {}
