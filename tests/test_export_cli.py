@@ -119,6 +119,71 @@ def test_user_errors_are_one_line(fib_jsonl, tmp_path):
     assert "--top" in one_line_error(run_hwtrace("summary", path, "--top", "0"))
 
 
+_INTERRUPTED = """
+import os, signal, sys
+from hwtrace.cli import main
+from hwtrace.export import chrome
+seen = chrome.ChromeTraceWriter.add_slices
+def add_slices(self, chunk, ctx):
+    seen(self, chunk, ctx)
+    self._fp.flush()                    # bytes on disk, as a long export has them
+    os.kill(os.getpid(), signal.SIGINT) # the user's Ctrl-C, half-way
+chrome.ChromeTraceWriter.add_slices = add_slices
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _leftovers(d):
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_an_interrupted_export_leaves_the_old_files(fib_jsonl, tmp_path):
+    # Ctrl-C half-way: no file cut anywhere (a JSON no viewer opens) over the
+    # good one of an earlier run, and no temporary file left behind
+    import subprocess
+    path, elf, _ = fib_jsonl
+    out = {k: tmp_path / f"t.{k}" for k in ("json", "folded")}
+    for p in out.values():
+        p.write_text("earlier run\n")
+    r = subprocess.run([sys.executable, "-c", _INTERRUPTED, "export", str(path),
+                        "--elf", elf, "--chrome", str(out["json"]),
+                        "--folded", str(out["folded"])],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "hwtrace: interrupted"
+    assert "Traceback" not in r.stderr
+    assert all(p.read_text() == "earlier run\n" for p in out.values())
+    assert _leftovers(tmp_path) == []
+
+
+def test_export_replaces_a_file_whole_and_keeps_what_it_is(fib_jsonl, tmp_path):
+    import os
+    import stat
+    path, elf, _ = fib_jsonl
+    old = tmp_path / "t.json"
+    old.write_text("earlier run\n")
+    os.chmod(old, 0o640)
+    link = tmp_path / "link.folded"
+    real = tmp_path / "real.folded"
+    real.write_text("")
+    link.symlink_to(real.name)
+    r = run_hwtrace("export", path, "--elf", elf, "--chrome", old, "--folded", link,
+                    "--perfetto", "/dev/null")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(old.read_text())["traceEvents"]
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640
+    assert link.is_symlink() and "fib" in real.read_text()
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert _leftovers(tmp_path) == []
+    # an error after the outputs were opened: none of them written
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ip": 1, "size": 1, "iclass": "other"}\nnot json\n')
+    r = run_hwtrace("export", bad, "--chrome", old, "--folded", tmp_path / "new.folded")
+    assert r.returncode == 2 and "not JSON" in r.stderr
+    assert json.loads(old.read_text())["traceEvents"]
+    assert not (tmp_path / "new.folded").exists() and _leftovers(tmp_path) == []
+
+
 @pytest.fixture(scope="module")
 def loopy_bundle(tmp_path_factory, hardware):
     out = tmp_path_factory.mktemp("loopy") / "bundle"

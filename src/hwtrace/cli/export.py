@@ -21,6 +21,7 @@ import os
 import sys
 
 from hwtrace.cli import CliError, help_of
+from hwtrace.cli._outfile import OutFile
 from hwtrace.cli._views import (add_input_args, decode_into, nothing_decoded,
                                 summary_line)
 
@@ -48,15 +49,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _open(path: str, mode: str):
-    if os.path.isdir(path):
-        raise CliError(f"cannot write {path}: is a directory")
-    try:
-        return open(path, mode, buffering=1 << 20)
-    except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror}") from None
-
-
 def run(args) -> int:
     from hwtrace.cli._filters import window_of
     outs = [args.chrome, args.perfetto, args.folded, args.drcov, args.lcov]
@@ -75,17 +67,14 @@ def run(args) -> int:
     writers = []
     try:
         if args.chrome:
-            f = _open(args.chrome, "w")
-            files.append(f)
-            writers.append(ChromeTraceWriter(f, args=args.chrome_args))
+            files.append(OutFile(args.chrome, "w"))
+            writers.append(ChromeTraceWriter(files[-1].f, args=args.chrome_args))
         if args.perfetto:
-            f = _open(args.perfetto, "wb")
-            files.append(f)
-            writers.append(PerfettoTraceWriter(f))
+            files.append(OutFile(args.perfetto, "wb"))
+            writers.append(PerfettoTraceWriter(files[-1].f))
         if args.folded:
-            f = _open(args.folded, "w")
-            files.append(f)
-            writers.append(FoldedWriter(f, args.weight, root=args.function))
+            files.append(OutFile(args.folded, "w"))
+            writers.append(FoldedWriter(files[-1].f, args.weight, root=args.function))
         made = []
 
         def coverage_for(inp):
@@ -116,7 +105,7 @@ def run(args) -> int:
             else:
                 parts = [(coverage.finish(), inp.symbolizer)]
             if args.drcov:
-                with _open(args.drcov, "wb") as f:
+                with OutFile(args.drcov, "wb") as f:
                     n, skipped = write_drcov_parts(
                         f, [(blocks, [(img.path, img.low, img.high) for img in sym.images])
                             for blocks, sym in parts])
@@ -124,15 +113,14 @@ def run(args) -> int:
                 if skipped:
                     extra += f" ({skipped} outside known modules)"
             if args.lcov:
-                with _open(args.lcov, "w") as f:
+                with OutFile(args.lcov, "w") as f:
                     res = write_lcov_parts(f, parts)
                 extra += f", {len(res)} source files"
+        for f in files:
+            f.commit()
     finally:
         for f in files:
-            try:
-                f.close()
-            except OSError:
-                pass
+            f.discard()             # a no-op once committed
     nothing_decoded("export", totals)
     progress.done(summary_line("export", totals) + extra)
     if sys.stderr.isatty():
