@@ -45,3 +45,41 @@ def test_same_name_different_functions_stay_apart():
     assert lines[3] == "  at insn 9: offset 0x40: overflow: trace overflow: data lost"
     names = [l.split()[0] for l in lines[6:]]
     assert names == ["_start@0x1000", "_start@0x2000"]
+
+
+def test_one_function_loaded_by_two_processes_is_one_row():
+    # a shell and the program it runs load ld.so each at its own base:
+    # do_lookup_x at 0x7000 and 0x9000 is one function (one place: file and
+    # link-time address), counted once; two mains of two programs stay two
+    # rows, named by their files; two static helpers of one file by address
+    def act(f, name, b, e):
+        return Activation(f, name, 0, b, e, b, e, 0, 0, Flag(0))
+    recs = [act(0x7000, "do_lookup_x", 0, 10), act(0x9000, "do_lookup_x", 10, 14),
+            act(0x1100, "main", 14, 20), act(0x1200, "main", 20, 23),
+            act(0x7400, "check", 23, 24), act(0x7500, "check", 24, 26)]
+    places = {("do_lookup_x", 0x7000): ("ld.so", "/ld.so", 0x100),
+              ("do_lookup_x", 0x9000): ("ld.so", "/ld.so", 0x100),
+              ("main", 0x1100): ("sh", "/bin/sh", 0x1100),
+              ("main", 0x1200): ("gzip", "/bin/gzip", 0x1200),
+              ("check", 0x7400): ("ld.so", "/ld.so", 0x500),
+              ("check", 0x7500): ("ld.so", "/ld.so", 0x600)}
+    p = Profile(split=None)
+    feed(p, recs)
+
+    def place(name, f):
+        return places.get((name, f))
+    same = p.same_functions(place)
+    merged = p.merged(p.funcs, same)
+    assert merged[("do_lookup_x", 0x7000)].calls == 2
+    assert merged[("do_lookup_x", 0x7000)].excl_insns == 14
+    assert ("do_lookup_x", 0x9000) not in merged and len(merged) == 5
+    assert p.funcs[("do_lookup_x", 0x7000)].calls == 1      # the profile's own: as it was
+    text = render(p, {"streams": 1, "insns": 26, "activations": 6}, "t", 10,
+                  same=same, place=place)
+    names = {l.split()[0] if "(" not in l else l[:l.index(")") + 1]
+             for l in text.splitlines()[5:] if l.strip()}
+    assert names == {"do_lookup_x", "main (sh)", "main (gzip)",
+                     "check@0x7400", "check@0x7500"}, text
+    # without places (one program): as before
+    text = render(p, {"streams": 1, "insns": 26, "activations": 6}, "t", 10)
+    assert "do_lookup_x@0x9000" in text and "main@0x1200" in text

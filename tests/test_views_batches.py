@@ -452,6 +452,10 @@ def test_programs_at_the_same_addresses_are_named_by_their_own(tmp_path, mode):
     calls = {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()
              if ln.split() and ln.split()[0] in ("a_work", "b_hot")}
     assert calls == {"a_work": "300", "b_hot": "500"}, r.stdout
+    # the two mains are told apart by their programs' names, not addresses
+    r = run_hwtrace("summary", b, "--top", "1000")
+    mains = {ln[:ln.index(")") + 1] for ln in r.stdout.splitlines() if ln.startswith("main")}
+    assert mains == {"main (parent)", "main (child)"}, r.stdout
     for fmt in ("text", "jsonl"):
         r = run_hwtrace("branches", b, "--kinds", "call", "--format", fmt)
         assert r.returncode == 0, r.stderr

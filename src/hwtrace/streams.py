@@ -267,6 +267,32 @@ class TraceSet(Fields):
             return got
         return lookup
 
+    def function_places(self):
+        """For the summary: ``f(name, addr)``, the place -- (file name,
+        file, link-time address) -- of the function ``name`` that starts at run-time
+        ``addr``, where every process that has a function of that name
+        there has the same one; None where the processes' address spaces
+        all map the same files.  The processes of a shell script load
+        ld.so and libc each at its own base: one function, several
+        addresses, one place."""
+        lookup = self.space_lookup()
+        if lookup is None:
+            return None
+        syms = list({id(s): s for s in (lookup(sp).__self__
+                                         for sp in self.spaces.spaces)}.values())
+
+        def place(name: str, addr: int):
+            got = set()
+            for s in syms:
+                img = s.image_for(addr)
+                if img is None:
+                    continue
+                r = img.lookup(addr)
+                if r == (addr, name) if r is not None else img.unnamed(addr) == name:
+                    got.add((img.label, img.path, addr - img.bias))
+            return got.pop() if len(got) == 1 else None
+        return place
+
     def add_elf_symbols(self, path: str, bias: int = 0) -> None:
         from hwtrace.analysis.symbols import SymbolError
         try:

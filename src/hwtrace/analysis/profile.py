@@ -19,7 +19,7 @@ began inside the program) are all program.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -296,15 +296,60 @@ class Profile:
     def has_startup(self) -> bool:
         return bool(self._main_seen)
 
-    def display_names(self, funcs=None) -> dict[tuple, str]:
+    def display_names(self, funcs=None, label=None) -> dict[tuple, str]:
         """Names for display: the name, with ``@0xADDR`` where two functions
-        share it."""
+        share it -- or `` (FILE)`` where ``label(name, start)`` (the file
+        holding each, or None) tells all of that name apart."""
         funcs = self.funcs if funcs is None else funcs
         count: dict[str, int] = {}
         for name, _f in funcs:
             count[name] = count.get(name, 0) + 1
-        return {(name, f): (name if count[name] == 1 or f is None else f"{name}@{f:#x}")
-                for name, f in funcs}
+        out = {(name, f): name for name, f in funcs if count[name] == 1 or f is None}
+        files: dict[str, list] = {}
+        for name, f in funcs:
+            if (name, f) not in out:
+                files.setdefault(name, []).append((f, label(name, f) if label else None))
+        for name, got in files.items():
+            labels = [lb for _f, lb in got]
+            by_file = None not in labels and len(set(labels)) == len(labels)
+            for f, lb in got:
+                out[(name, f)] = f"{name} ({lb})" if by_file else f"{name}@{f:#x}"
+        return out
+
+    def same_functions(self, place) -> dict[tuple, tuple]:
+        """(name, function start) -> the key of its function: the lowest
+        start among the keys of that name whose ``place(name, start)``
+        (a function's identity apart from where it was loaded: see
+        TraceSet.function_places) is the same; itself where it has none."""
+        group: dict = {}
+        for name, f in self.funcs:
+            p = place(name, f) if f is not None else None
+            group.setdefault((name, f) if p is None else (name, p), []).append(f)
+        out = {}
+        for (name, _), fs in group.items():
+            rep = (name, min(fs)) if len(fs) > 1 else (name, fs[0])
+            for f in fs:
+                out[(name, f)] = rep
+        return out
+
+    @staticmethod
+    def merged(funcs: dict[tuple, FuncStats], same: dict[tuple, tuple]) -> dict[tuple, FuncStats]:
+        """``funcs`` with the stats of one function (``same``, from
+        :meth:`same_functions`) summed under its key (new objects)."""
+        out: dict[tuple, FuncStats] = {}
+        for k, s in funcs.items():
+            rk = same.get(k, k)
+            t = out.get(rk)
+            if t is None:
+                out[rk] = replace(s, func=rk[1])
+                continue
+            t.calls += s.calls
+            t.truncated += s.truncated
+            t.excl_insns += s.excl_insns
+            t.excl_time += s.excl_time
+            t.incl_insns += s.incl_insns
+            t.incl_time += s.incl_time
+        return out
 
     def top(self, key: str = "excl_insns", n: int = 15, funcs=None) -> list[FuncStats]:
         funcs = self.funcs if funcs is None else funcs

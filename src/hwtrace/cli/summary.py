@@ -49,7 +49,7 @@ _CLOCKS = {"insns": "instructions (no timing in the trace: times are instruction
 
 def render(profile, totals: dict, description: str, top: int = 15,
            sort: str = "excl", legend: bool = False, timebase: str = "",
-           narrowed: str = "") -> str:
+           narrowed: str = "", same: dict | None = None, place=None) -> str:
     from hwtrace.cli._views import loss_parts
     unit = next(iter(profile.units)) if len(profile.units) == 1 else "mixed"
     key = {"excl": "excl_insns", "incl": "incl_insns", "calls": "calls"}[sort]
@@ -84,7 +84,11 @@ def render(profile, totals: dict, description: str, top: int = 15,
     total = max(profile.insns, 1)
     split = profile.has_startup
     funcs = profile.part("program") if split else profile.funcs
-    shown = profile.display_names(profile.funcs)
+    every = profile.funcs
+    if same:
+        funcs, every = profile.merged(funcs, same), profile.merged(every, same)
+    shown = profile.display_names(every, label=None if place is None else (
+        lambda n, f: (place(n, f) or (None,))[0]))
 
     def rows(fs, n):
         out = []
@@ -106,6 +110,8 @@ def render(profile, totals: dict, description: str, top: int = 15,
         lines.append(f"... {more} more functions")
     if split:
         start = profile.part("startup")
+        if same:
+            start = profile.merged(start, same)
         n = sum(s.excl_insns for s in start.values())
         lines.append(f"--- outside main (dynamic loader, libc start-up, exit): "
                      f"{n:,} instructions, {100 * n / total:.1f}% ---")
@@ -138,8 +144,12 @@ def run(args) -> int:
                                         window=window_of(args))
     prof.close()
     nothing_decoded("summary", totals)
+    # one function loaded by several processes at their own bases: one row
+    place = inp.traces.function_places() if inp.traces is not None else None
     sys.stdout.write(render(prof, totals, inp.description, args.top, args.sort,
                             legend=True, timebase=inp.timebase,
-                            narrowed=describe(args)))
+                            narrowed=describe(args),
+                            same=prof.same_functions(place) if place else None,
+                            place=place))
     progress.done(summary_line("summary", totals))
     return 0
