@@ -29,12 +29,10 @@ from .buildcache import BuildError, build, cache_dir
 
 PLUGIN_SOURCE = Path(__file__).with_name("qemu_plugin.c")
 #: compiled together with it; with the header, what the build is named after
-PLUGIN_SOURCES = (PLUGIN_SOURCE, PLUGIN_SOURCE.with_name("qemu_plugin_elf.c"),
-                  PLUGIN_SOURCE.with_name("qemu_plugin_exec.c"),
-                  PLUGIN_SOURCE.with_name("qemu_plugin_insn.c"))
-PLUGIN_HEADERS = (PLUGIN_SOURCE.with_name("qemu_plugin_elf.h"),
-                  PLUGIN_SOURCE.with_name("qemu_plugin_exec.h"),
-                  PLUGIN_SOURCE.with_name("qemu_plugin_insn.h"))
+PLUGIN_SOURCES = tuple(PLUGIN_SOURCE.with_name(f"qemu_plugin{part}.c")
+                       for part in ("", "_ctl", "_elf", "_exec", "_guest", "_insn"))
+PLUGIN_HEADERS = tuple(PLUGIN_SOURCE.with_name(f"qemu_plugin_{part}.h")
+                       for part in ("api", "ctl", "elf", "exec", "guest", "insn"))
 QEMU = "qemu-x86_64"
 
 

@@ -61,8 +61,12 @@
  * stopped it and not in the program's handler, and tells the recorder
  * (tty_signal).
  *
- * Debian ships no qemu-plugin.h, so the part of the plugin API (version 1,
- * QEMU 4.2 .. 8.x) used here is declared below.
+ * Debian ships no qemu-plugin.h: the part of the plugin API used here is
+ * declared in qemu_plugin_api.h.  Beside this file: qemu_plugin_ctl.c
+ * (stopping mid-run: the control page, triggers, host signals),
+ * qemu_plugin_exec.c (following execve), qemu_plugin_guest.c (reading guest
+ * memory), qemu_plugin_insn.c (which instructions can fault),
+ * qemu_plugin_elf.c (trigger functions' addresses).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -85,52 +89,11 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
-#include "qemu_plugin_elf.h"
+#include "qemu_plugin_api.h"
+#include "qemu_plugin_ctl.h"
 #include "qemu_plugin_exec.h"
+#include "qemu_plugin_guest.h"
 #include "qemu_plugin_insn.h"
-
-/* ---- the QEMU plugin API (declared here: no header on Debian) ---- */
-#define QEMU_PLUGIN_EXPORT __attribute__((visibility("default")))
-#define QEMU_PLUGIN_VERSION 1
-
-typedef uint64_t qemu_plugin_id_t;
-typedef struct {
-    const char *target_name;
-    struct { int min; int cur; } version;
-    bool system_emulation;
-    union { struct { int smp_vcpus; int max_vcpus; } system; };
-} qemu_info_t;
-
-struct qemu_plugin_tb;
-struct qemu_plugin_insn;
-enum qemu_plugin_cb_flags { QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_CB_R_REGS,
-                            QEMU_PLUGIN_CB_RW_REGS };
-
-typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
-typedef void (*qemu_plugin_vcpu_udata_cb_t)(unsigned int vcpu_index, void *userdata);
-typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_plugin_tb *tb);
-typedef void (*qemu_plugin_vcpu_syscall_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_index,
-        int64_t num, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
-        uint64_t a5, uint64_t a6, uint64_t a7, uint64_t a8);
-typedef void (*qemu_plugin_vcpu_syscall_ret_cb_t)(qemu_plugin_id_t id, unsigned int vcpu_idx,
-        int64_t num, int64_t ret);
-
-extern void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
-extern void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
-        enum qemu_plugin_cb_flags flags, void *userdata);
-extern size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *tb);
-extern uint64_t qemu_plugin_tb_vaddr(const struct qemu_plugin_tb *tb);
-extern struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb, size_t idx);
-extern const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
-extern size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
-extern uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
-extern void qemu_plugin_register_vcpu_syscall_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_cb_t cb);
-extern void qemu_plugin_register_vcpu_syscall_ret_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_syscall_ret_cb_t cb);
-extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
-        enum qemu_plugin_cb_flags flags, void *userdata);
-extern void qemu_plugin_register_atexit_cb(qemu_plugin_id_t id, qemu_plugin_udata_cb_t cb, void *userdata);
-extern void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn, qemu_plugin_vcpu_udata_cb_t cb,
-        enum qemu_plugin_cb_flags flags, void *userdata);
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
@@ -209,122 +172,6 @@ static uint64_t time_epoch;
 static uint64_t fault_handler[5];       /* handlers of SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV */
 static bool any_fault_handler;          /* one of them is set */
 static const int fault_signo[5] = {4, 5, 7, 8, 11};
-
-/* ---- stopping mid-run: the page shared with the recorder (qemu.py, Control) ---- */
-struct hwctl {
-    char magic[4];              /* "HWXC" */
-    uint32_t version;           /* 1 */
-    uint32_t stop;              /* set: nothing more is logged, by any process */
-    uint32_t fired;             /* a trigger fired (claimed with a CAS) */
-    uint32_t fired_pid, fired_tid;
-    uint64_t fired_pc;
-    char fired_name[128];
-    uint32_t tty_signal;        /* the terminal's SIGINT/SIGHUP stopped the logging */
-    uint32_t recorder;          /* the recorder's pid (0: unknown) */
-};
-#define MAX_TRIGGERS 16
-#define MAX_TRIGGER_ADDRS 256
-struct trig_addr { uint64_t pc; int name; };
-static struct hwctl *ctl;               /* NULL: no control page */
-static char *fifo_path;
-static char *trig_names[MAX_TRIGGERS];
-static int ntrig;
-static struct trig_addr trig_addrs[MAX_TRIGGER_ADDRS];  /* guarded by lock */
-static int ntaddr;
-
-static inline bool stopped(void)
-{
-    return ctl && __atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE);
-}
-
-static void notify_recorder(void);
-
-/* QEMU's host handlers of SIGINT and SIGHUP, wrapped: a terminal's signal,
- * or one sent from outside the program, stops the logging before QEMU
- * queues it for the guest. */
-static struct sigaction qemu_act[NSIG];
-
-/* The parent of process p (/proc/p/stat), 0 if unknown.  No stdio:
- * open(2), read(2) and close(2) only, async-signal-safe. */
-static uint32_t parent_of(uint32_t p)
-{
-    char path[32] = "/proc/", digits[12], buf[512];
-    int nd = 0, at = 6;
-    do digits[nd++] = (char)('0' + p % 10); while ((p /= 10) && nd < 11);
-    while (nd)
-        path[at++] = digits[--nd];
-    memcpy(path + at, "/stat", 6);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return 0;
-    buf[r] = 0;
-    char *q = strrchr(buf, ')');        /* "pid (comm) state ppid ..." */
-    if (!q || q[1] != ' ' || !q[2] || q[3] != ' ')
-        return 0;
-    uint32_t pp = 0;
-    for (q += 4; *q >= '0' && *q <= '9'; q++)
-        pp = pp * 10 + (uint32_t)(*q - '0');
-    return pp;
-}
-
-/* A kill(2) from outside the recorded program: from the recorder or a
- * process that isn't one of its descendants (a `timeout`, a shell's kill
- * of the job's process group).  Such a SIGINT reaches the recorder too
- * (or is the recorder's) and stops the recording like a terminal's; one a
- * process of the program sends (a descendant of the recorder) is the
- * program's own business.  Unknown (the sender gone): not outside. */
-static bool sent_from_outside(const siginfo_t *info)
-{
-    uint32_t rec = __atomic_load_n(&ctl->recorder, __ATOMIC_ACQUIRE);
-    if (info->si_code != SI_USER || !rec || info->si_pid <= 0)
-        return false;
-    uint32_t p = (uint32_t)info->si_pid;
-    if (p == rec)
-        return true;
-    for (int depth = 0; depth < 256; depth++) {
-        uint32_t pp = parent_of(p);
-        if (pp == 0)
-            return p == 1;      /* init has no parent; otherwise unreadable */
-        if (pp == rec)
-            return false;
-        p = pp;
-    }
-    return false;
-}
-
-static void on_host_signal(int sig, siginfo_t *info, void *uc)
-{
-    int saved_errno = errno;
-    if (ctl && info && (info->si_code == SI_KERNEL || sent_from_outside(info)) &&
-        !__atomic_load_n(&ctl->stop, __ATOMIC_ACQUIRE)) {
-        __atomic_store_n(&ctl->tty_signal, (uint32_t)sig, __ATOMIC_RELEASE);
-        __atomic_store_n(&ctl->stop, 1, __ATOMIC_RELEASE);
-        notify_recorder();      /* open(2) and write(2): async-signal-safe */
-    }
-    errno = saved_errno;
-    struct sigaction *o = &qemu_act[sig];
-    if (o->sa_flags & SA_SIGINFO)
-        o->sa_sigaction(sig, info, uc);
-    else if (o->sa_handler != SIG_IGN && o->sa_handler != SIG_DFL)
-        o->sa_handler(sig);
-}
-
-/* (Re)wrap QEMU's handler of sig: QEMU installs it at start and again at
- * every guest rt_sigaction of that signal. */
-static void wrap_signal(int sig)
-{
-    struct sigaction cur;
-    if (!ctl || sigaction(sig, NULL, &cur) != 0 || !(cur.sa_flags & SA_SIGINFO) ||
-        cur.sa_sigaction == on_host_signal)
-        return;
-    qemu_act[sig] = cur;
-    cur.sa_sigaction = on_host_signal;
-    sigaction(sig, &cur, NULL);
-}
 
 static uint32_t my_tid(void) { return (uint32_t)syscall(SYS_gettid); }
 
@@ -667,35 +514,6 @@ static void defs_reserve(size_t n)
     }
 }
 
-/* ---- triggers: function symbols of the mapped ELF files ---- */
-static void add_trigger_addr(uint64_t pc, int name)
-{
-    for (int i = 0; i < ntaddr; i++)
-        if (trig_addrs[i].pc == pc)
-            return;
-    if (ntaddr < MAX_TRIGGER_ADDRS) {
-        trig_addrs[ntaddr].pc = pc;
-        trig_addrs[ntaddr].name = name;
-        ntaddr++;
-    }
-}
-
-/* The trigger functions of ELF file `path` in its mapping [lo, hi) of
- * file offset `off`.  Caller holds lock. */
-static void resolve_triggers(const char *path, uint64_t lo, uint64_t hi, uint64_t off)
-{
-    if (ntrig && path[0] == '/')
-        elf_find_functions(path, lo, hi, off, trig_names, ntrig, add_trigger_addr);
-}
-
-static int trigger_at(uint64_t pc)
-{
-    for (int i = 0; i < ntaddr; i++)
-        if (trig_addrs[i].pc == pc)
-            return trig_addrs[i].name;
-    return -1;
-}
-
 /* Report the mapping (from the host's view, which is the guest's: qemu-user
  * maps x86-64 guests at their own addresses) that holds pc, into defs.
  * Caller holds lock. */
@@ -810,17 +628,6 @@ static uint32_t define_block(struct qemu_plugin_tb *tb, size_t from, size_t to)
     return id;
 }
 
-static void notify_recorder(void)
-{
-    if (!fifo_path)
-        return;
-    int fd = open(fifo_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd >= 0) {
-        if (write(fd, "T", 1) < 0) { /* the recorder reads the page anyway */ }
-        close(fd);
-    }
-}
-
 /* Before the first instruction of a trigger function: it is logged (the
  * trace ends with it), then every process stops logging and the recorder
  * is told.  Only the first entry (of any thread or process) counts. */
@@ -910,16 +717,6 @@ enum { NR_RT_SIGACTION = 13, NR_CLONE = 56, NR_FORK = 57, NR_VFORK = 58,
        NR_CLONE3 = 435 };
 #define CLONE_VM_FLAG 0x100
 
-static size_t read_guest(uint64_t addr, void *dst, size_t n)
-{
-    int fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t r = pread(fd, dst, n, (off_t)addr);
-    close(fd);
-    return r < 0 ? 0 : (size_t)r;
-}
-
 static bool clone_is_thread(int64_t num, uint64_t a1)
 {
     if (num == NR_CLONE)
@@ -932,98 +729,15 @@ static bool clone_is_thread(int64_t num, uint64_t a1)
     return false;
 }
 
-/* ---- following execve: the new image runs under QEMU with this plugin ----
- *
- * qemu-user executes a guest's execve natively (no binfmt_misc here), so
- * the new program would leave the trace.  Instead, at the execve entry the
- * plugin checks the target as the kernel would (a regular executable
- * x86-64 ELF file, or a "#!" script whose interpreter is one; not set-id),
- * logs PROC_EXEC (followed=1, the absolute path) and replaces the process
- * itself: execve(qemu, [its own options, -plugin THIS,ARGS,cont=NEXT_ID,
- * -0 ARGV0, --, TARGET, ARGV[1..]], the guest's environment).  Same pid,
- * same thread; the new plugin instance appends to LOG (cont=: no header,
- * block ids go on from NEXT_ID, no PROC_START/THREAD_START: the process and
- * thread go on).  The guest's LD_* variables are handed to the guest with
- * -E (they must not change how the host's qemu itself is loaded).  Any
- * other target (a 32-bit program, an unreadable file, a failed lookup) is
- * left to QEMU: PROC_EXEC followed=0, and a SYSRET after it if it failed. */
-static int plugin_argc;
-static char **plugin_argv;             /* this instance's install arguments */
-static uint32_t cont_id;               /* cont=N: this instance continues an exec'd process */
-
-static size_t read_guest_str(uint64_t addr, char *dst, size_t cap)
-{
-    size_t got = 0;
-    while (got + 1 < cap) {
-        size_t want = cap - 1 - got < 256 ? cap - 1 - got : 256;
-        size_t r = read_guest(addr + got, dst + got, want);
-        if (r == 0)
-            return (size_t)-1;
-        char *z = memchr(dst + got, 0, r);
-        if (z)
-            return (size_t)(z - dst);
-        got += r;
-    }
-    return (size_t)-1;
-}
-
-/* The guest's NULL-terminated string array at addr (malloc'd, NULL on error). */
-static char **read_guest_vec(uint64_t addr, size_t *count)
-{
-    size_t n = 0, cap = 16;
-    char **v = malloc(cap * sizeof *v);
-    for (;; n++) {
-        uint64_t p = 0;
-        if (n > 65536 || read_guest(addr + 8 * n, &p, 8) != 8)
-            goto bad;
-        if (n + 2 > cap) {
-            cap *= 2;
-            v = realloc(v, cap * sizeof *v);
-        }
-        if (!p)
-            break;
-        char *s = malloc(131072);
-        size_t len = read_guest_str(p, s, 131072);
-        if (len == (size_t)-1) {
-            free(s);
-            goto bad;
-        }
-        v[n] = s;
-    }
-    v[n] = NULL;
-    *count = n;
-    return v;
-bad:
-    for (size_t i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-    return NULL;
-}
-
+/* ---- following execve (qemu_plugin_exec.c says how) ---- */
 /* At an execve entry: log it, and (if the target can run under QEMU)
  * become QEMU running it; back here only if that can't be done. */
 static void follow_exec(struct tbuf *b, int64_t num, uint64_t a1, uint64_t a2, uint64_t a3,
                         uint64_t a4, uint64_t a5)
 {
-    char path[4096], real[PATH_MAX];
-    const uint64_t at_fdcwd = (uint64_t)(int64_t)-100;
-    uint64_t pa = num == NR_EXECVE ? a1 : a2, av = num == NR_EXECVE ? a2 : a3,
-             ev = num == NR_EXECVE ? a3 : a4;
-    size_t got = read_guest_str(pa, path, sizeof path);
-    if (got == (size_t)-1)
-        got = 0;
-    path[got] = 0;
-    char **cmd = NULL, **qenv = NULL, **gargv = NULL, **genv = NULL;
-    size_t gargc = 0, genc = 0;
-    bool plain = num == NR_EXECVE || ((a1 == at_fdcwd || path[0] == '/') && !(a5 & 0x1000));
-    if (got && plain && realpath(path, real)) {
-        gargv = read_guest_vec(av, &gargc);
-        genv = read_guest_vec(ev, &genc);
-        if (gargv && genv)
-            cmd = exec_command(real, gargv, gargc, genv, &qenv, next_id, plugin_argc,
-                               plugin_argv);
-    }
-    const char *logged = cmd ? real : path;
+    char logged[PATH_MAX];
+    char **qenv = NULL;
+    char **cmd = exec_follow(num, a1, a2, a3, a4, a5, next_id, logged, &qenv);
     uint16_t len = (uint16_t)strnlen(logged, 4000);
     if (b->pos + 4 + len > TBUF_SIZE + TBUF_SLACK) {
         pthread_mutex_lock(&lock);
@@ -1203,18 +917,6 @@ static uint64_t calibrate_tsc_hz(void)
     return (uint64_t)((double)(c1 - c0) * 1e9 / ns);
 }
 
-/* Keep the install arguments (for an exec'd image's plugin) and cont=. */
-static void exec_args(int argc, char **argv)
-{
-    plugin_argc = argc;
-    plugin_argv = calloc((size_t)argc + 1, sizeof *plugin_argv);
-    for (int i = 0; i < argc; i++) {
-        plugin_argv[i] = strdup(argv[i]);
-        if (strncmp(argv[i], "cont=", 5) == 0)
-            cont_id = (uint32_t)strtoul(argv[i] + 5, NULL, 10);
-    }
-}
-
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info,
                                            int argc, char **argv)
 {
@@ -1237,23 +939,15 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         fprintf(stderr, "hwtrace plugin: target %s is not x86_64\n", info->target_name);
         return -1;
     }
-    exec_args(argc, argv);
+    uint32_t cont_id = exec_keep_args(argc, argv);
     out_fd = open(out, O_WRONLY | O_CREAT | (cont_id ? 0 : O_TRUNC) | O_APPEND | O_CLOEXEC, 0644);
     if (out_fd < 0) {
         fprintf(stderr, "hwtrace plugin: cannot open %s: %s\n", out, strerror(errno));
         return -1;
     }
-    if (ctl_path) {
-        int cfd = open(ctl_path, O_RDWR | O_CLOEXEC);
-        void *m = cfd < 0 ? MAP_FAILED
-                          : mmap(NULL, sizeof(struct hwctl), PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0);
-        if (cfd >= 0)
-            close(cfd);
-        if (m == MAP_FAILED || memcmp(((struct hwctl *)m)->magic, "HWXC", 4) != 0) {
-            fprintf(stderr, "hwtrace plugin: bad control file %s\n", ctl_path);
-            return -1;
-        }
-        ctl = m;
+    if (ctl_path && ctl_open(ctl_path) != 0) {
+        fprintf(stderr, "hwtrace plugin: bad control file %s\n", ctl_path);
+        return -1;
     }
     if (ntrig && !ctl) {
         fprintf(stderr, "hwtrace plugin: trigger= needs ctl=\n");

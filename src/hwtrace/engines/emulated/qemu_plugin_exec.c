@@ -1,12 +1,24 @@
 /*
- * hwtrace QEMU plugin: following execve (qemu_plugin_exec.h).  qemu-user
- * runs a guest's execve natively; to trace the new image the plugin
- * replaces the process with QEMU running it under the plugin, with the
- * command line built here.
+ * hwtrace QEMU plugin: following execve (qemu_plugin_exec.h).
+ *
+ * qemu-user executes a guest's execve natively (no binfmt_misc here), so
+ * the new program would leave the trace.  Instead, at the execve entry the
+ * plugin checks the target as the kernel would (a regular executable
+ * x86-64 ELF file, or a "#!" script whose interpreter is one; not set-id),
+ * logs PROC_EXEC (followed=1, the absolute path) and replaces the process
+ * itself: execve(qemu, [its own options, -plugin THIS,ARGS,cont=NEXT_ID,
+ * -0 ARGV0, --, TARGET, ARGV[1..]], the guest's environment).  Same pid,
+ * same thread; the new plugin instance appends to LOG (cont=: no header,
+ * block ids go on from NEXT_ID, no PROC_START/THREAD_START: the process and
+ * thread go on).  The guest's LD_* variables are handed to the guest with
+ * -E (they must not change how the host's qemu itself is loaded).  Any
+ * other target (a 32-bit program, an unreadable file, a failed lookup) is
+ * left to QEMU: PROC_EXEC followed=0, and a SYSRET after it if it failed.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +27,10 @@
 #include <unistd.h>
 
 #include "qemu_plugin_exec.h"
+#include "qemu_plugin_guest.h"
+
+static int plugin_argc;
+static char **plugin_argv;             /* this instance's install arguments */
 
 static bool x86_64_elf(const char *path)
 {
@@ -74,7 +90,7 @@ static bool script_interp(const char *path, char *interp, char *arg, size_t cap)
     return true;
 }
 
-char **exec_command(const char *target, char **gargv, size_t gargc, char **genv,
+static char **exec_command(const char *target, char **gargv, size_t gargc, char **genv,
                     char ***qenv_out, uint32_t next_id, int plugin_argc, char **plugin_argv)
 {
     char interp[4096], iarg[4096];
@@ -182,3 +198,43 @@ char **exec_command(const char *target, char **gargv, size_t gargc, char **genv,
     return v;
 }
 
+
+uint32_t exec_keep_args(int argc, char **argv)
+{
+    uint32_t cont_id = 0;
+    plugin_argc = argc;
+    plugin_argv = calloc((size_t)argc + 1, sizeof *plugin_argv);
+    for (int i = 0; i < argc; i++) {
+        plugin_argv[i] = strdup(argv[i]);
+        if (strncmp(argv[i], "cont=", 5) == 0)
+            cont_id = (uint32_t)strtoul(argv[i] + 5, NULL, 10);
+    }
+    return cont_id;
+}
+
+char **exec_follow(int64_t num, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
+                   uint64_t a5, uint32_t next_id, char *logged, char ***qenv)
+{
+    enum { NR_EXECVE = 59, AT_EMPTY_PATH_FLAG = 0x1000 };
+    char path[4096], real[PATH_MAX];
+    const uint64_t at_fdcwd = (uint64_t)(int64_t)-100;
+    uint64_t pa = num == NR_EXECVE ? a1 : a2, av = num == NR_EXECVE ? a2 : a3,
+             ev = num == NR_EXECVE ? a3 : a4;
+    size_t got = read_guest_str(pa, path, sizeof path);
+    if (got == (size_t)-1)
+        got = 0;
+    path[got] = 0;
+    char **cmd = NULL, **gargv = NULL, **genv = NULL;
+    size_t gargc = 0, genc = 0;
+    bool plain = num == NR_EXECVE ||
+                 ((a1 == at_fdcwd || path[0] == '/') && !(a5 & AT_EMPTY_PATH_FLAG));
+    if (got && plain && realpath(path, real)) {
+        gargv = read_guest_vec(av, &gargc);
+        genv = read_guest_vec(ev, &genc);
+        if (gargv && genv)
+            cmd = exec_command(real, gargv, gargc, genv, qenv, next_id, plugin_argc,
+                               plugin_argv);
+    }
+    snprintf(logged, PATH_MAX, "%s", cmd ? real : path);
+    return cmd;
+}

@@ -1,20 +1,20 @@
-/* hwtrace QEMU plugin: the command line that has an exec'd program run
- * under QEMU with the plugin too (qemu_plugin_exec.c; see follow_exec in
- * qemu_plugin.c). */
+/* hwtrace QEMU plugin: following execve (qemu_plugin_exec.c): the command
+ * that has an exec'd program run under QEMU with the plugin too. */
 #ifndef HWTRACE_QEMU_PLUGIN_EXEC_H
 #define HWTRACE_QEMU_PLUGIN_EXEC_H
 #include <stddef.h>
 #include <stdint.h>
 
-/* If the kernel would run `target` (absolute) as an x86-64 ELF program or a
- * "#!" script whose interpreter is one (a regular executable file, not
- * set-id): the argv of this QEMU (its options up to "--" from
- * /proc/self/cmdline) running it with the guest's gargv[1..] and argv[0]
- * (-0), the plugin given its install arguments plugin_argv with
- * cont=next_id (out= last), and the guest's LD_* variables as -E options
- * (*qenv_out: the rest of genv, the environment to run QEMU with).  NULL
- * otherwise.  The strings are static or the caller's: one call per process. */
-char **exec_command(const char *target, char **gargv, size_t gargc, char **genv,
-                    char ***qenv_out, uint32_t next_id, int plugin_argc, char **plugin_argv);
+/* Keep the plugin's install arguments (for an exec'd image's plugin): its
+ * cont=N (0: none, this instance starts the log). */
+uint32_t exec_keep_args(int argc, char **argv);
+
+/* At an execve (num 59) or execveat entry, its arguments a1..a5: the argv
+ * of QEMU running the target under this plugin (cont=next_id), the
+ * environment to run it with in *qenv; NULL where the target is left to
+ * QEMU.  `logged` (PATH_MAX bytes): the path to log, absolute where
+ * followed.  One call per process: the strings are static or its own. */
+char **exec_follow(int64_t num, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4,
+                   uint64_t a5, uint32_t next_id, char *logged, char ***qenv);
 
 #endif
