@@ -137,4 +137,18 @@ int sigtrap_pending(struct thread *t);
 char *find_program(const char *name);
 void check_program(const char *path, const char *name);
 
+/* stepper_debughw.c: DR0..DR7 of a thread; the trigger breakpoint armed or
+ * disarmed; the triggers' addresses in p; the probes (1 works, -1 not) */
+int set_dr(pid_t tid, int i, uint64_t v);
+uint64_t get_dr(pid_t tid, int i);
+void arm(struct thread *t, int on);
+void resolve_triggers(struct proc *p);
+int probe_blockstep(void);
+int probe_main(void);
+
+/* stepper_args.c: the command line into opt (the options, the LOG's .err
+ * path in errpath, the program or --pid; usage errors end the stepper) */
+extern char errpath[4096];
+void parse_options(int argc, char **argv);
+
 #endif

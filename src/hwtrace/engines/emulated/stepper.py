@@ -3,7 +3,8 @@ instruction through the debug hardware's single-step trap.
 
 The stepper (``stepper.c``, the tracer; ``stepper_log.c``, the log writer;
 ``stepper_proc.c``, /proc readers; ``stepper_ild.c``, its x86-64 length
-decoder; shipped with the package) is compiled with gcc at first use into
+decoder; ``stepper_debughw.c``, debug registers and the probes of what works
+here; ``stepper_args.c``, its command line; shipped with the package) is compiled with gcc at first use into
 ``$XDG_CACHE_HOME/hwtrace/`` (default ``~/.cache/hwtrace``), named by the
 hash of its sources.  It launches a program (or attaches to every thread of
 a pid), follows threads, fork/vfork and exec, single-steps every thread
@@ -55,7 +56,8 @@ from .buildcache import BuildError, build, cache_dir
 
 _HERE = Path(__file__).resolve().parent
 #: The stepper's C sources (compiled together) and headers (hashed too).
-C_SOURCES = tuple(_HERE / n for n in ("stepper.c", "stepper_log.c", "stepper_proc.c", "stepper_ild.c"))
+C_SOURCES = tuple(_HERE / n for n in ("stepper.c", "stepper_log.c", "stepper_proc.c", "stepper_ild.c",
+                                       "stepper_debughw.c", "stepper_args.c"))
 SOURCES = C_SOURCES + (_HERE / "stepper.h", _HERE / "stepper_ild.h")
 STEPPER_ERROR_STATUS = 125
 
