@@ -260,8 +260,12 @@ class QueryDecoder:
         return False
 
     def _will_eos(self) -> bool:
+        # the trace ended, or ends in a status packet cut short or an opcode
+        # cut (libipt gives up reading ahead there); a branch or event packet
+        # cut short is the next packet until a query needs it decoded
         nxt = self.next
-        return isinstance(nxt, PtError) and nxt.code == E.EOS
+        return isinstance(nxt, PtError) and nxt.code == E.EOS \
+            and self._bad_packet_kind(nxt) is None
 
     def _status_flags(self) -> int:
         flags = 0 if self.deferred is None else DEFERRED
@@ -277,12 +281,16 @@ class QueryDecoder:
         it only looks at opcodes there, so a malformed branch ("branch")
         or event ("event") packet is not decoded until a query needs it
         and its error surfaces later; an unknown opcode or a malformed
-        status packet (None) fails when read ahead."""
-        if err.code != E.BAD_PACKET:
+        status packet (None) fails when read ahead.  So does a packet the
+        end of the trace cut short, where its opcode is whole."""
+        if err.code != E.BAD_PACKET and err.code != E.EOS:
             return None
         buf, pos = self._buf, err.offset
         if pos >= self._end:
             return None
+        if err.code == E.EOS and buf[pos] == 0x02 and (
+                pos + 1 >= self._end or (buf[pos + 1] == 0xc3 and pos + 2 >= self._end)):
+            return None                           # the opcode itself is cut
         b = buf[pos]
         if b & 1 == 0 and b not in (0, 2):
             return "branch"                       # TNT-8

@@ -257,14 +257,18 @@ int q_sync_set(struct query *q, ptrdiff_t offset, int *status, uint64_t *ip)
 
 /* -- status --------------------------------------------------------------------- */
 
-/* _bad_packet_kind: 1 "branch", 2 "event", 0 None */
-static int bad_packet_kind(const struct query *q)
+/* _bad_packet_kind: 1 "branch", 2 "event", 0 None -- of a malformed
+ * packet, or one cut by the end of the trace whose opcode is whole */
+int q_bad_packet_kind(const struct query *q)
 {
-    if (q->nxt_err != E_BAD_PACKET)
+    if (q->nxt_err != E_BAD_PACKET && q->nxt_err != E_EOS)
         return 0;
     ptrdiff_t pos = q->nxt_off;
     if (pos >= q->end)
         return 0;
+    if (q->nxt_err == E_EOS && q->buf[pos] == 0x02 &&
+        (pos + 1 >= q->end || (q->buf[pos + 1] == 0xc3 && pos + 2 >= q->end)))
+        return 0;                       /* the opcode itself is cut */
     uint8_t b = q->buf[pos];
     if ((b & 1) == 0 && b != 0 && b != 2)
         return 1;
@@ -298,7 +302,7 @@ const uint8_t q_will_event_kind[PT_K_COUNT] = {
 int q_will_event_slow(struct query *q)
 {
     if (q->nxt_err)
-        return bad_packet_kind(q) == 2;
+        return q_bad_packet_kind(q) == 2;
     switch (q->nxt.kind) {
     case PT_K_TIP_PGE: case PT_K_TIP_PGD: case PT_K_OVF: case PT_K_PIP:
     case PT_K_MODE_TSX: case PT_K_STOP: case PT_K_VMCS: case PT_K_MNT:
@@ -330,7 +334,7 @@ int q_read_ahead(struct query *q)
 {
     for (;;) {
         if (q->nxt_err) {
-            if (bad_packet_kind(q))
+            if (q_bad_packet_kind(q))
                 return 0;
             return -q->nxt_err;
         }

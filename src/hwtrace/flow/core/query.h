@@ -179,13 +179,24 @@ static inline int q_will_event(struct query *q)
     }
     return q_will_event_slow(q);
 }
+/* _bad_packet_kind: what libipt, which reads ahead by opcodes, takes a
+ * malformed packet or one the end of the trace cut for (1 branch, 2 event) */
+int q_bad_packet_kind(const struct query *q);
+/* _will_eos: no packet is next -- the trace ended, or it ends in a status
+ * packet cut short or an opcode cut (libipt gives up reading ahead there);
+ * a branch or event packet cut short is the next packet until a query
+ * needs it decoded */
+static inline int q_will_eos(const struct query *q)
+{
+    return q->nxt_err == E_EOS && !q_bad_packet_kind(q);
+}
 static inline int q_status_flags(struct query *q)
 {
     int flags = q->deferred ? ST_DEFERRED : 0;
     if (!q->tnt_index) {
         if (q_will_event(q))
             flags |= ST_EVENT_PENDING;
-        if (q->nxt_err == E_EOS)
+        if (q_will_eos(q))
             flags |= ST_EOS;
     }
     return flags;
