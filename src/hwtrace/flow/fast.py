@@ -463,17 +463,23 @@ def unpack_edges(table: bytes) -> dict:
     return {(f, t): n for f, t, n in _EDGE.iter_unpack(table)}
 
 
-def edge_text(table: bytes, lines: bool = True) -> tuple:
+def edge_text(table: bytes, lines: bool = True,
+              binary: bool = False) -> tuple:
     """(text, taken) of a packed table: ``coverage --edges``'s lines
     ``FROM TO COUNT`` (16 hex digits, decimal) in the table's order as a
-    str (None if not ``lines``), and the sum of the counts.  The core
-    formats them when it is in use; the twin here gives the same text."""
+    str (None if not ``lines``; ``binary``: as ASCII bytes, what the
+    command writes), and the sum of the counts.  The core formats them
+    when it is in use; the twin here gives the same text."""
     if CORE is not None:
         text, taken = CORE.edge_text(table, lines)
-        return (text.decode("ascii") if lines else None), taken
+        if lines and not binary:
+            text = text.decode("ascii")
+        return (text if lines else None), taken
     rows = list(_EDGE.iter_unpack(table))
     text = "".join(f"{f:016x} {t:016x} {n}\n" for f, t, n in rows) \
         if lines else None
+    if text is not None and binary:
+        text = text.encode("ascii")
     return text, sum(n for _f, _t, n in rows)
 
 
