@@ -69,3 +69,50 @@ def test_the_collector_is_restored_when_a_command_fails():
     old = gc.get_threshold()
     assert main(["summary", "/nonexistent/bundle"]) != 0
     assert gc.get_threshold() == old and gc.get_freeze_count() == 0
+
+
+def test_a_commands_start_up_is_frozen_and_undone_after(tmp_path):
+    """What is alive when a command starts (the modules imported so far)
+    is out of the collector's scans while it runs; called in process
+    (argv given) the collector is as it was after."""
+    from hwtrace.cli import main
+    old = gc.get_threshold()
+    with _gc.command():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == old
+    t = tmp_path / "t.pt"
+    t.write_bytes(_TRACE)
+    assert main(["dump", "--stat", str(t)]) == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == old
+
+
+#: a trace of one PSB (dump --stat counts its packets)
+_TRACE = bytes.fromhex("02820282028202820282028202820282") + bytes.fromhex("0223")
+
+PROGRAM = r"""
+import gc, json, sys
+from hwtrace.cli import main
+sys.argv = ["hwtrace", "dump", "--stat", sys.argv[1]]
+status = main()
+print(json.dumps({"status": status, "frozen": gc.get_freeze_count(),
+                  "after": gc.get_count()[0] >= 0}))
+"""
+
+
+def test_the_processs_own_command_line_stays_frozen_for_the_exit(tmp_path):
+    """main() run on the process's own command line (the hwtrace script,
+    python -m hwtrace): the interpreter exits after it, so what is alive
+    stays frozen -- the shutdown's collections do not go over it again --
+    and the command's output is complete."""
+    t = tmp_path / "t.pt"
+    t.write_bytes(_TRACE)
+    r = subprocess.run([sys.executable, "-c", PROGRAM, str(t)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("packets: ")
+    got = json.loads(lines[-1])
+    assert got["status"] == 0 and got["frozen"] > 0
+    r = subprocess.run([sys.executable, "-m", "hwtrace", "dump", "--stat",
+                        str(t)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "\n".join(lines[:-1]) + "\n"

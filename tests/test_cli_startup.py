@@ -145,6 +145,8 @@ def _core_or_skip(run: dict) -> None:
     (["coverage", "--edges", "--pt", "{d}/t.pt",
       "--raw", "{d}/code.bin:0x1000"], "insns: 4."),
     (["coverage", "--edges", "--quiet", "{d}/rec"], "insns: 4."),
+    # a bundle whose code is an ELF file (its program headers read)
+    (["coverage", "--edges", "--quiet", "{d}/elf/rec"], "insns: 4."),
     # a stream switching processes: the core switches the address space
     # (no batches, no numpy edge counter)
     (["decode", "--quiet", "--stat", "{d}/cpu/rec"], "insn: 6."),
@@ -179,6 +181,13 @@ def test_counts_paths_import_nothing_heavy(inputs, argv, expect):
     # staleness check of hwtrace._ext and a bundle's reader (hwtrace.bundle,
     # its images and streams) work on path strings
     assert {"typing", "shutil", "bz2", "lzma", "pathlib"} & new == set()
+    # the compiled cores' staleness check is answered by their builds'
+    # stamps: no SHA-256 module loaded (hwtrace._ext.sources hashes the
+    # sources only where a stamp does not match)
+    assert {"_sha256", "_sha2", "hashlib"} & new == set()
+    # nor struct: the flow core's records and ELF program headers are
+    # read without it (fast._struct, loaders._le)
+    assert {"struct", "_struct"} & new == set()
 
 
 def test_dump_stat_imports_only_the_packet_scan(inputs):

@@ -5,6 +5,11 @@ bitmap; the CLI."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -139,6 +144,19 @@ def test_cli_edges(true_trace, tmp_path):
     assert q.stdout.splitlines() == want[-1:]
     q = run_hwtrace(*argv, env={"HWTRACE_NO_EXTENSIONS": "1"})
     assert q.stdout.splitlines() == want
+    # the lines go to stdout's binary buffer where its encoding writes
+    # ASCII as itself; through the text layer otherwise (UTF-16 here, a
+    # StringIO in process), in order with the summary line
+    u = subprocess.run([sys.executable, "-m", "hwtrace", *map(str, argv)],
+                       capture_output=True, timeout=600,
+                       env=dict(os.environ, PYTHONIOENCODING="utf-16"))
+    assert u.returncode == 0
+    assert u.stdout.decode("utf-16").splitlines() == want
+    from hwtrace.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([str(a) for a in argv]) == 0
+    assert out.getvalue().splitlines() == want
 
 
 def test_packed_edges_and_text(true_trace, monkeypatch):
@@ -160,6 +178,8 @@ def test_packed_edges_and_text(true_trace, monkeypatch):
     taken = sum(e.counts.values())
     assert fast.edge_text(c.table) == (want, taken)
     assert fast.edge_text(c.table, False) == (None, taken)
+    assert fast.edge_text(c.table, binary=True) == (want.encode(), taken)
+    assert fast.edge_text(c.table, False, binary=True) == (None, taken)
     m = (1 << 64) - 1
     big = {(m, 0): m - 5, (0, m): 1, (0x401000, 0x401000): 10 ** 12,
            (0x401000, 0x400fff): 9, (5, 6): 3}
@@ -168,6 +188,8 @@ def test_packed_edges_and_text(true_trace, monkeypatch):
     assert fast.edge_text(b"") == ("", 0)
     monkeypatch.setattr(fast, "CORE", None)
     assert fast.edge_text(c.table) == (want, taken)
+    assert fast.edge_text(c.table, binary=True) == (want.encode(), taken)
+    assert fast.edge_text(c.table, False, binary=True) == (None, taken)
     assert fast.edge_text(table) == compiled
     assert compiled[0] == "".join(f"{f:016x} {t:016x} {n}\n"
                                   for (f, t), n in sorted(big.items()))

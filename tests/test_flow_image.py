@@ -5,8 +5,9 @@ import struct
 import pytest
 
 from hwtrace.flow.image import Image, ImageError, Section
-from hwtrace.flow.loaders import (load_elf, load_pagedump, load_raw,
-                                  parse_c_number, split_base, split_range)
+from hwtrace.flow.loaders import (elf_segments, load_elf, load_pagedump,
+                                  load_raw, parse_c_number, split_base,
+                                  split_range)
 from conftest import FIXTURES
 
 
@@ -137,6 +138,38 @@ def test_elf_segments_and_base(tmp_path):
     f2.write_bytes(b"hello" * 20)
     with pytest.raises(ImageError):
         load_elf(Image(), str(f2))
+
+
+def test_elf_segments_read_as_struct_reads_them(tmp_path):
+    """elf_segments reads the headers' fields with int.from_bytes (no
+    struct at start-up): the same values as struct.unpack_from, for both
+    classes; a program header too short for its fields is an ImageError,
+    not a crash."""
+    f = tmp_path / "a.elf"
+    segs = [(0x400000, b"\x01\x02"), (0xFFFFFFFFFFFF0000, b"\x03"),
+            (0x8000000000000000, b"")]
+    data = _elf64(segs)
+    f.write_bytes(data)
+    want = [struct.unpack_from("<Q", data, 64 + 56 * k + 8)
+            + (len(blob),) + (vaddr,) for k, (vaddr, blob) in enumerate(segs)]
+    assert elf_segments(str(f)) == want
+    # ELF32: e_phoff at 28, e_phentsize/e_phnum at 42/44; PT_LOAD's
+    # p_offset, p_vaddr at 4, 8 and p_filesz at 16
+    hdr = bytearray(52)
+    hdr[:4], hdr[4], hdr[5] = b"\x7fELF", 1, 1
+    struct.pack_into("<H", hdr, 18, 3)              # EM_386
+    struct.pack_into("<I", hdr, 28, 52)
+    struct.pack_into("<HH", hdr, 42, 32, 2)
+    phs = struct.pack("<IIIIIIII", 1, 84, 0x8048000, 0, 3, 3, 5, 0x1000) + \
+        struct.pack("<IIIIIIII", 6, 0, 0, 0, 0, 0, 0, 0)
+    f32 = tmp_path / "b.elf"
+    f32.write_bytes(bytes(hdr) + phs + b"abc")
+    assert elf_segments(str(f32)) == [(84, 3, 0x8048000)]
+    short = bytearray(data)
+    struct.pack_into("<H", short, 54, 12)            # e_phentsize 12
+    f.write_bytes(bytes(short))
+    with pytest.raises(ImageError):
+        elf_segments(str(f))
 
 
 def test_elf_hardware_fixture_hello(hardware):

@@ -216,15 +216,21 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run the command line ``argv``; None: the process's own (the
+    ``hwtrace`` script, ``python -m hwtrace``), which exits after it
+    (:func:`hwtrace.cli._gc.command`'s ``program``)."""
+    with _gc.command(program=argv is None):
+        return _main(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         parser = _parser_for(argv)
         if not argv:
             parser.print_help()         # "hwtrace" alone: what it can do
             return 2
         args = parser.parse_args(argv)
-        with _gc.command():
-            return int(args.func(args) or 0)
+        return int(args.func(args) or 0)
     except CliError as e:
         _end_progress_line()
         print(f"hwtrace: {e}" if not str(e).startswith("hwtrace") else str(e),

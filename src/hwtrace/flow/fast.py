@@ -49,7 +49,6 @@ an :class:`Unsupported` error naming it.  ``Counts.compiled`` /
 
 from __future__ import annotations
 
-import struct
 from collections import namedtuple
 
 from hwtrace import _ext
@@ -73,13 +72,29 @@ _MODES = ("16bit", "32bit", "64bit")
 F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS = 1, 2, 4, 8
 
 # fill() record: size, iclass, flags, rel; flags as core/icache.h's IF_*
-_REC = struct.Struct("<BBBQ")
+# (a struct.Struct made on first use, :func:`_struct`)
+_REC = "<BBBQ"
 IF_INDIRECT, IF_FAR, IF_CPL, IF_CR3, IF_VMPTRLD, IF_VMENTRY, IF_TRUNC = \
     1, 2, 4, 8, 16, 32, 64
 # the core's error numbers of the fetch errors (core/common.h)
 _FETCH_CODES = {E.NOMAP: 13, E.BAD_INSN: 14}
 #: instructions one fill() call returns at most
 FILL_MAX = 1024
+
+
+_STRUCTS: dict = {}
+
+
+def _struct(fmt: str):
+    """``struct.Struct(fmt)``, made once.  struct is imported where the
+    twin's records are packed (fill records, packed edge tables in
+    Python): the compiled path's start-up does without it (an extension
+    module to load, ~0.5 ms)."""
+    s = _STRUCTS.get(fmt)
+    if s is None:
+        import struct
+        s = _STRUCTS[fmt] = struct.Struct(fmt)
+    return s
 
 
 class Unsupported(ValueError):
@@ -164,7 +179,7 @@ def filler(image):
     from .fetch import FetchError, InsnCache
     other = int(IClass.OTHER)
     cache = None
-    pack = _REC.pack
+    pack = _struct(_REC).pack
     cfill = getattr(CORE, "x86_fill", None)
     span = FILL_MAX * 15        # FILL_MAX instructions fit in it
 
@@ -445,35 +460,43 @@ def packed_edges(data, image, config=None, impl=None,
     return PackedEdges(pack_edges(e.counts), e.insns, e.errors, False)
 
 
-_EDGE = struct.Struct("<QQQ")
+#: a packed table's edge: from_ip, to_ip, n (:func:`_struct`)
+_EDGE = "<QQQ"
 #: bytes per edge in a packed table
-EDGE_BYTES = _EDGE.size
+EDGE_BYTES = 24
 
 
 def pack_edges(counts: dict) -> bytes:
     """A :class:`PackedEdges` table of ``{(from_ip, to_ip): n}``."""
-    out = bytearray(_EDGE.size * len(counts))
+    edge = _struct(_EDGE)
+    out = bytearray(EDGE_BYTES * len(counts))
     for j, ((f, t), n) in enumerate(sorted(counts.items())):
-        _EDGE.pack_into(out, j * _EDGE.size, f, t, n)
+        edge.pack_into(out, j * EDGE_BYTES, f, t, n)
     return bytes(out)
 
 
 def unpack_edges(table: bytes) -> dict:
     """``{(from_ip, to_ip): n}`` of a packed table."""
-    return {(f, t): n for f, t, n in _EDGE.iter_unpack(table)}
+    return {(f, t): n for f, t, n in _struct(_EDGE).iter_unpack(table)}
 
 
-def edge_text(table: bytes, lines: bool = True) -> tuple:
+def edge_text(table: bytes, lines: bool = True,
+              binary: bool = False) -> tuple:
     """(text, taken) of a packed table: ``coverage --edges``'s lines
     ``FROM TO COUNT`` (16 hex digits, decimal) in the table's order as a
-    str (None if not ``lines``), and the sum of the counts.  The core
-    formats them when it is in use; the twin here gives the same text."""
+    str (None if not ``lines``; ``binary``: as ASCII bytes, what the
+    command writes), and the sum of the counts.  The core formats them
+    when it is in use; the twin here gives the same text."""
     if CORE is not None:
         text, taken = CORE.edge_text(table, lines)
-        return (text.decode("ascii") if lines else None), taken
-    rows = list(_EDGE.iter_unpack(table))
+        if lines and not binary:
+            text = text.decode("ascii")
+        return (text if lines else None), taken
+    rows = list(_struct(_EDGE).iter_unpack(table))
     text = "".join(f"{f:016x} {t:016x} {n}\n" for f, t, n in rows) \
         if lines else None
+    if text is not None and binary:
+        text = text.encode("ascii")
     return text, sum(n for _f, _t, n in rows)
 
 
