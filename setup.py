@@ -71,7 +71,7 @@ def _extensions() -> list[Extension]:
 #: packets): ~10% fewer instructions in the flow core's edge walk on a gzip
 #: recording.  A compiler or linker that refuses it builds without it
 #: (OptionalBuildExt.build_extension); the results are the same either way.
-LTO = ["-flto"]
+LTO = ["-flto=auto"]         # auto: LTRANS jobs as the machine has cores, no warning
 
 
 def _without_lto(ext: Extension) -> bool:
