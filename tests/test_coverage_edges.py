@@ -144,6 +144,9 @@ def test_cli_edges(true_trace, tmp_path):
     assert q.stdout.splitlines() == want[-1:]
     q = run_hwtrace(*argv, env={"HWTRACE_NO_EXTENSIONS": "1"})
     assert q.stdout.splitlines() == want
+    # edges are the default (the only kind so far): `coverage DIR` works
+    q = run_hwtrace(*[a for a in argv if a != "--edges"])
+    assert q.returncode == 0 and q.stdout.splitlines() == want, q.stderr
     # the lines go to stdout's binary buffer where its encoding writes
     # ASCII as itself; through the text layer otherwise (UTF-16 here, a
     # StringIO in process), in order with the summary line

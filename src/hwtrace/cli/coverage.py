@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("bundle", nargs="?", metavar="DIR",
                    help="a trace bundle (images from its sideband)")
     p.add_argument("--edges", action="store_true",
-                   help="edge coverage (the only mode so far)")
+                   help="edge coverage (the only mode so far, and the default)")
     p.add_argument("--stream", action="append", default=[], metavar="NAME",
                    help="with DIR: only this stream (repeatable)")
     p.add_argument("--pt", metavar="FILE", help="the Intel PT trace")
@@ -184,8 +184,6 @@ def _ascii_as_is(out) -> bool:
 def run(args) -> int:
     from hwtrace.flow import fast
 
-    if not args.edges:
-        raise CliError("coverage: say which coverage: --edges")
     if args.bitmap_size <= 0:
         raise CliError("coverage: --bitmap-size must be positive")
     write = sys.stdout.write
