@@ -427,8 +427,19 @@ class _Consumer:
         if self.th is None:
             self.th = t.thread(None, None)
         watch = t.watch
-        hits = a.watch_hits(watch, r0, r1) if watch else np.zeros(0, np.int64)
         self.n = int(a.start[r0])
+        if not watch:
+            # no trigger address to step on: the first record, then every
+            # transfer after it at once (a system call's run)
+            self._step_record(a, r0)
+            if r1 - r0 > 1:
+                self._vector(a, r0, r1 - 1)
+                th = self.th
+                th.pend_pc = int(a.end_ip[r1 - 1])
+                th.pend_x = self._x(a, r1 - 1)
+                th.pend_time = self._time(a, r1 - 1)
+            return
+        hits = a.watch_hits(watch, r0, r1)
         self._step_record(a, r0)
         r = r0 + 1
         hi = 0
