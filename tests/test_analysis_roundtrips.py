@@ -152,3 +152,41 @@ def test_time_only_events_go_on_while_switches_are_left(impl, monkeypatch):
     assert gb._follow.i < len(gb._follow.switches)
     # a run per system call, not one more per PSB+ (120 when they cut)
     assert calls < 80
+
+
+def test_spread_is_the_twins_take():
+    """The compiled core's spread (a batch's columns with room for its
+    groups' events) gives the twin's take of each transfer ``cnt`` times,
+    for every item size, groups at either end, none, and adjacent ones;
+    bad input is refused."""
+    np = pytest.importorskip("numpy")
+    core = _runs_impl.core_for("compiled") if _runs_impl.STATUS.module is not None \
+        else None
+    if core is None:
+        pytest.skip("no compiled core")
+    rng = np.random.default_rng(15)
+    for n, tr in [(1, [0]), (5, []), (6, [0, 5]), (9, [2, 3, 4]), (1000, None)]:
+        if tr is None:
+            tr = np.unique(rng.integers(0, n, 120))
+        tr = np.array(tr, np.int64)
+        ne = rng.integers(0, 4, len(tr)).astype(np.int64)
+        cnt = np.ones(n, np.int64)
+        cnt[tr] = ne + 1
+        total = int(cnt.sum())
+        twin = roundtrips._spreader(tr, ne, cnt, total)
+        vmap = np.repeat(np.arange(n, dtype=np.int64), cnt)
+        for dt in (np.int8, np.int32, np.uint64, np.int64):
+            x = rng.integers(0, 100, n).astype(dt)
+            out = np.empty(total, dt)
+            core.spread(x, tr, ne, out)
+            assert out.tolist() == x.take(vmap).tolist()
+            assert twin(x).tolist() == x.take(vmap).tolist()
+    x = np.arange(4, dtype=np.uint64)
+    for tr, ne, size in [([2, 1], [0, 0], 4), ([4], [1], 6), ([1], [-1], 3),
+                         ([1], [1], 6), ([1], [1], 4)]:
+        with pytest.raises(ValueError):
+            core.spread(x, np.array(tr, np.int64), np.array(ne, np.int64),
+                        np.empty(size, np.uint64))
+    with pytest.raises(ValueError):
+        core.spread(x, np.zeros(0, np.int64), np.zeros(0, np.int64),
+                    np.empty(4, np.uint32))
