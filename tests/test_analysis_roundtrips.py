@@ -190,3 +190,55 @@ def test_spread_is_the_twins_take():
     with pytest.raises(ValueError):
         core.spread(x, np.zeros(0, np.int64), np.zeros(0, np.int64),
                     np.empty(4, np.uint32))
+
+
+def test_find_at_once_is_find_one_group_at_a_time():
+    """find picks a batch's round trips out at once; every group, kept
+    items and column is what taking the groups one at a time gives --
+    round trips whose record, IP or TSC does not fit, status updates,
+    time-only events, items that are no Event, indices outside the batch,
+    groups of one, two and three."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(7)
+
+    class Other:
+        type = "error"
+
+    def ev(kind, k, **kw):
+        return Event(kind, has_tsc=bool(k % 3), tsc=0 if k % 7 == 0 else 100 + k, **kw)
+
+    for seed in range(6):
+        m = 300
+        code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
+                          m, p=[.3, .2, .4, .1]).astype(np.int8)
+        fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
+        ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+        items = []
+        for j in sorted(rng.choice(np.arange(-1, m + 2), 150, replace=False).tolist()):
+            k = int(rng.integers(0, 1000))
+            ret = int(fall[j - 1]) if 0 < j <= m else 0
+            shape = k % 8
+            if shape < 4:
+                group = [ev("disabled", k, ip_suppressed=True),
+                         ev("enabled", k + 1, ip=ret if shape else ret + 1)]
+            elif shape == 4:
+                group = [ev("enabled", k, ip=ret, status_update=True),
+                         ev("cbr", k + 2, status_update=True)]
+            elif shape == 5:
+                group = [ev("disabled", k, status_update=True)]
+            elif shape == 6:
+                group = [ev("disabled", k), ev("enabled", k, ip=ret), Other()]
+            else:
+                group = [Other(), ev("enabled", k, ip=ret)]
+            items += [(j, 10 * j + i, e) for i, e in enumerate(group)]
+        assert len(items) >= 64
+        for anchors in (False, True):
+            a = roundtrips.find(items, code, fall, ip, m, anchors)
+            b = roundtrips._find_each(items, code, fall, ip, m, anchors)
+            assert a[0] == b[0]
+            assert (a[1] is None) == (b[1] is None)
+            if a[1] is not None:
+                cols = lambda g: (g.tr.tolist(), g._p.tolist(), g._q.tolist(),
+                                  g._trip.tolist(), g._on.tolist())
+                assert cols(a[1]) == cols(b[1])
+                assert a[1]._trip.any() and (~a[1]._trip).any() == anchors
