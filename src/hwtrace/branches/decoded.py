@@ -301,6 +301,11 @@ class _Consumer:
         or syscalling thread resumes where it stopped)."""
         tl = self.follow
         cur = self.th
+        if cur is not None and tl.i >= len(tl.switches):
+            # no switch left to apply: the choice is the running thread
+            # (what choose, thread_after and pid_after give; a system
+            # call's enable, once the sideband's switches are behind)
+            return
         ctid = cur.tid if cur is not None else None
         cpid = cur.pid if cur is not None else None
         threads = self.tracker._threads
