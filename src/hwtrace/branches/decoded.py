@@ -413,9 +413,11 @@ class _Consumer:
         t.step(th, ip, x if single else None, time)
         if single:
             return
-        for w in sorted(w for w in t.watch if ip < w <= end):
-            t.step(th, w, x if w == end else None, time)
-        if end not in t.watch:
+        watch = t.watch
+        if watch:
+            for w in sorted(w for w in watch if ip < w <= end):
+                t.step(th, w, x if w == end else None, time)
+        if end not in watch:
             t.step(th, end, x, time)
 
     def _time(self, a, r) -> int | None:
