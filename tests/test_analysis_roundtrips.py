@@ -152,3 +152,93 @@ def test_time_only_events_go_on_while_switches_are_left(impl, monkeypatch):
     assert gb._follow.i < len(gb._follow.switches)
     # a run per system call, not one more per PSB+ (120 when they cut)
     assert calls < 80
+
+
+def test_spread_is_the_twins_take():
+    """The compiled core's spread (a batch's columns with room for its
+    groups' events) gives the twin's take of each transfer ``cnt`` times,
+    for every item size, groups at either end, none, and adjacent ones;
+    bad input is refused."""
+    np = pytest.importorskip("numpy")
+    core = _runs_impl.core_for("compiled") if _runs_impl.STATUS.module is not None \
+        else None
+    if core is None:
+        pytest.skip("no compiled core")
+    rng = np.random.default_rng(15)
+    for n, tr in [(1, [0]), (5, []), (6, [0, 5]), (9, [2, 3, 4]), (1000, None)]:
+        if tr is None:
+            tr = np.unique(rng.integers(0, n, 120))
+        tr = np.array(tr, np.int64)
+        ne = rng.integers(0, 4, len(tr)).astype(np.int64)
+        cnt = np.ones(n, np.int64)
+        cnt[tr] = ne + 1
+        total = int(cnt.sum())
+        twin = roundtrips._spreader(tr, ne, cnt, total)
+        vmap = np.repeat(np.arange(n, dtype=np.int64), cnt)
+        for dt in (np.int8, np.int32, np.uint64, np.int64):
+            x = rng.integers(0, 100, n).astype(dt)
+            out = np.empty(total, dt)
+            core.spread(x, tr, ne, out)
+            assert out.tolist() == x.take(vmap).tolist()
+            assert twin(x).tolist() == x.take(vmap).tolist()
+    x = np.arange(4, dtype=np.uint64)
+    for tr, ne, size in [([2, 1], [0, 0], 4), ([4], [1], 6), ([1], [-1], 3),
+                         ([1], [1], 6), ([1], [1], 4)]:
+        with pytest.raises(ValueError):
+            core.spread(x, np.array(tr, np.int64), np.array(ne, np.int64),
+                        np.empty(size, np.uint64))
+    with pytest.raises(ValueError):
+        core.spread(x, np.zeros(0, np.int64), np.zeros(0, np.int64),
+                    np.empty(4, np.uint32))
+
+
+def test_find_at_once_is_find_one_group_at_a_time():
+    """find picks a batch's round trips out at once; every group, kept
+    items and column is what taking the groups one at a time gives --
+    round trips whose record, IP or TSC does not fit, status updates,
+    time-only events, items that are no Event, indices outside the batch,
+    groups of one, two and three."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(7)
+
+    class Other:
+        type = "error"
+
+    def ev(kind, k, **kw):
+        return Event(kind, has_tsc=bool(k % 3), tsc=0 if k % 7 == 0 else 100 + k, **kw)
+
+    for seed in range(6):
+        m = 300
+        code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
+                          m, p=[.3, .2, .4, .1]).astype(np.int8)
+        fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
+        ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+        items = []
+        for j in sorted(rng.choice(np.arange(-1, m + 2), 150, replace=False).tolist()):
+            k = int(rng.integers(0, 1000))
+            ret = int(fall[j - 1]) if 0 < j <= m else 0
+            shape = k % 8
+            if shape < 4:
+                group = [ev("disabled", k, ip_suppressed=True),
+                         ev("enabled", k + 1, ip=ret if shape else ret + 1)]
+            elif shape == 4:
+                group = [ev("enabled", k, ip=ret, status_update=True),
+                         ev("cbr", k + 2, status_update=True)]
+            elif shape == 5:
+                group = [ev("disabled", k, status_update=True)]
+            elif shape == 6:
+                group = [ev("disabled", k), ev("enabled", k, ip=ret), Other()]
+            else:
+                group = [Other(), ev("enabled", k, ip=ret)]
+            items += [(j, 10 * j + i, e) for i, e in enumerate(group)]
+        assert len(items) >= 64
+        for anchors in (False, True):
+            a = roundtrips.find(items, code, fall, ip, m, anchors)
+            b = roundtrips._find_each(items, code, fall, ip, m, anchors)
+            assert a[0] == b[0]
+            assert (a[1] is None) == (b[1] is None)
+            if a[1] is not None:
+                cols = lambda g: (g.tr.tolist(), g._p.tolist(), g._q.tolist(),
+                                  g._trip.tolist(), g._on.tolist())
+                assert cols(a[1]) == cols(b[1])
+                assert a[1]._trip.any() and (~a[1]._trip).any() == anchors

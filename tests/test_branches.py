@@ -557,3 +557,46 @@ def test_decoded_ip_filter_exit():
         (("return", None, 0x105), 0)]
 
 
+
+
+def test_batch_events_read_as_their_json():
+    """A batch's events go to the consumer from the Event itself
+    (_batch_event); the records and state are those of feeding the
+    event's JSON object (event_json), for every event kind it acts on,
+    with and without a TSC, IP suppressed or not, status updates."""
+    from hwtrace.flow.events import Event
+    from hwtrace.flow.sinks import event_json
+    evs = [Event("disabled", status_update=True, ip_suppressed=True),
+           Event("enabled", ip=0x1000, has_tsc=True, tsc=5),
+           Event("async_disabled", at=0x1000, has_tsc=True, tsc=6),
+           Event("enabled", ip=0x1000, resumed=True, has_tsc=True, tsc=7),
+           "far_call",
+           Event("disabled", ip_suppressed=True),
+           Event("enabled", ip=0x1002, resumed=True),
+           "return", "far_call",
+           Event("disabled", ip=0x1005),                 # its IP told
+           Event("enabled", ip=0x1005, has_tsc=True, tsc=9),
+           Event("enabled", ip=0x1005, status_update=True),
+           Event("tick", ip=0x1005, has_tsc=True, tsc=11),
+           Event("overflow", ip_suppressed=True),
+           Event("disabled", status_update=True),
+           Event("enabled", ip=0x1005, status_update=True, has_tsc=True, tsc=0),
+           Event("async_disabled", at=0x1003),
+           Event("enabled", ip=0x1002)]
+    got = []
+    for batch in (False, True):
+        for per_cpu in (False, True):
+            c = _event_consumer(per_cpu)
+            ip = 0x1000
+            for e in evs:
+                if isinstance(e, str):
+                    c.feed({"ip": ip, "size": 1, "iclass": e})
+                    ip = 0x1002 if e == "far_call" else 0x1000
+                elif batch:
+                    c._batch_event(e)
+                else:
+                    c.feed(event_json(e, 0))
+            th = c.th
+            got.append(([(r.kind, r.from_, r.to, r.depth, r.time) for r in c.tracker.out],
+                        c.time, c.enabled, th.exit, th.exit_at, th.depth))
+    assert got[:2] == got[2:] and len(got[0][0]) > 5

@@ -35,6 +35,14 @@
  * path[i] = (pfr[i] >= 0 ? path[pfr[i]] : base[i]) * MUL + nid[i] + 1
  * (int32 nid, int64 pfr with pfr[i] < i, uint64 base).
  *
+ *   spread(src, tr, ne, out)
+ *
+ * ``src`` with item tr[i] written ne[i] + 1 times (every other item once)
+ * into ``out``: the twin's ``src.take(vmap)`` of roundtrips.Groups.virtual
+ * (a batch's transfers with room for its groups' events), as runs of
+ * memcpy (int64 ``tr`` strictly increasing, int64 ``ne`` >= 0; ``src`` and
+ * ``out`` of one item size, ``out`` writable and exactly that long).
+ *
  * After the matching, the rows' per-row work is in core/rows.c (times,
  * begins, children, outermost, records, commit, dense_rows: see there),
  * methods of this module too, and so is core/keys.c's table of call-path
@@ -56,7 +64,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 8
+#define ABI 9
 
 /* transfer codes (runs.py) */
 enum { T_NONE, T_CALL, T_RET, T_JUMP, T_COND, T_FCALL, T_FRET, T_FJUMP };
@@ -516,11 +524,62 @@ done:
     return res;
 }
 
+static PyObject *py_spread(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "spread(src, tr, ne, out)");
+        return NULL;
+    }
+    Py_buffer bs = {0}, bt = {0}, bn = {0}, bo = {0};
+    PyObject *res = NULL;
+    if (PyObject_GetBuffer(args[0], &bs, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &bo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    Py_ssize_t w = bs.itemsize;
+    if (w <= 0 || bo.itemsize != w || bs.len % w || bo.len % w) {
+        PyErr_SetString(PyExc_ValueError, "spread: src and out differ in item size");
+        goto done;
+    }
+    if (get_buf(args[1], &bt, 8, -1, "tr") < 0)
+        goto done;
+    Py_ssize_t m = bt.len / 8;
+    if (get_buf(args[2], &bn, 8, m, "ne") < 0)
+        goto done;
+    Py_ssize_t n = bs.len / w, total = bo.len / w, o = 0, prev = 0;
+    const char *src = bs.buf;
+    char *out = bo.buf;
+    const int64_t *tr = bt.buf, *ne = bn.buf;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t t = tr[i], k = ne[i];
+        if (t < prev || t >= n || k < 0 || o + (t - prev + 1) + k > total) {
+            PyErr_SetString(PyExc_ValueError, "spread: bad group or size");
+            goto done;
+        }
+        memcpy(out + o * w, src + prev * w, (size_t)((t - prev + 1) * w));
+        o += t - prev + 1;
+        for (int64_t r = 0; r < k; r++, o++)
+            memcpy(out + o * w, src + t * w, (size_t)w);
+        prev = t + 1;
+    }
+    if (o + (n - prev) != total) {
+        PyErr_SetString(PyExc_ValueError, "spread: out has the wrong size");
+        goto done;
+    }
+    memcpy(out + o * w, src + prev * w, (size_t)((n - prev) * w));
+    res = Py_NewRef(Py_None);
+done:
+    RELEASE_BUFS(&bs, &bt, &bn, &bo);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))py_walk, METH_FASTCALL,
      "The call stack over a run of transfers (see the module source)."},
     {"paths", (PyCFunction)(void (*)(void))py_paths, METH_FASTCALL,
      "Call-path hashes, parents first."},
+    {"spread", (PyCFunction)(void (*)(void))py_spread, METH_FASTCALL,
+     "Items repeated where groups go (see the module source)."},
     ROWS_METHODS,
     KEYS_METHODS,
     {NULL, NULL, 0, NULL},

@@ -19,7 +19,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.analysis._c_runs"
-ABI = 8
+ABI = 9
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

@@ -350,8 +350,7 @@ class BatchInput:
         the events cut the runs, and solves name what they meet in bulk,
         in address order: names are numbered in the order the runs as
         the events cut them meet them (none is named here)."""
-        code, fall, tgt, land, src, tsc, named, vmap, first = \
-            a.groups.virtual(a)
+        code, fall, tgt, land, src, tsc, named, first = a.groups.virtual(a)
         v0, v1 = int(first[t0]), int(first[t1])
         tr = runs.Transfers(code[v0:v1], fall[v0:v1], tgt[v0:v1], land[v0:v1],
                             src[v0:v1])
@@ -380,7 +379,7 @@ class BatchInput:
         kv = v0 + c.k
         # a cut at a transfer of the batch: its group's anchors before it
         # go with the transfer, the slow way
-        k = t1 if kv == v1 else int(vmap[kv])
+        k = t1 if kv == v1 else int(np.searchsorted(first, kv, side="right")) - 1
         if kv != v1 and kv != first[k]:
             if named[first[k]]:
                 raise AssertionError("a run cut inside a round trip")

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hwtrace.analysis import runs
+from hwtrace.analysis import _runs_impl, runs
 from hwtrace.analysis.slices import _UNKNOWN
 from hwtrace.flow.events import Event
 
@@ -74,17 +74,22 @@ _STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
 
 class Groups:
     """The groups of one batch, by the transfer (record) before them:
-    ``tr`` sorted."""
+    ``tr`` sorted.  Kept as columns over the batch's items -- group ``i``
+    is items ``[p[i], q[i])`` -- not a tuple per group: on ``find`` a
+    batch has ~1,100 of them, and per-group objects (and the collector's
+    passes over them) cost more than finding them."""
 
-    __slots__ = ("tr", "_tsc", "_trip", "_events", "_tracing", "_virtual",
-                 "_hazard", "hazards")
+    __slots__ = ("tr", "_items", "_p", "_q", "_trip", "_on", "_index",
+                 "_virtual", "_hazard", "hazards")
 
-    def __init__(self, found: list):
-        self.tr = np.array([f[0] for f in found], np.int64)
-        self._trip = np.array([f[1] for f in found], bool)
-        self._tsc = [f[2] for f in found]
-        self._events = {f[0]: f[3] for f in found}
-        self._tracing = {f[0]: f[4] for f in found if f[4] is not None}
+    def __init__(self, items: list, tr: np.ndarray, p: np.ndarray, q: np.ndarray,
+                 trip: np.ndarray, on: np.ndarray):
+        self.tr = tr
+        self._items = items
+        self._p, self._q = p, q
+        self._trip = trip
+        self._on = on               # tracing the events leave: 1 on, 0 off, -1 unsaid
+        self._index = None
         self._virtual = None
         self._hazard = None
         self.hazards = False        # where something new may be named matters
@@ -100,8 +105,13 @@ class Groups:
         i = int(np.searchsorted(self.tr, t))
         return int(self.tr[i - 1]) if i else -1
 
+    def _at(self) -> dict:
+        if self._index is None:
+            self._index = dict(zip(self.tr.tolist(), range(len(self.tr))))
+        return self._index
+
     def at(self, t: int) -> bool:
-        return t in self._events
+        return t in self._at()
 
     def trips(self) -> np.ndarray:
         """The transfers (far calls) before the round trips."""
@@ -140,7 +150,10 @@ class Groups:
     def events(self, t: int):
         """The (offset, item) of the group after transfer ``t``, or None:
         no group there."""
-        return self._events.get(t)
+        i = self._at().get(t)
+        if i is None:
+            return None
+        return tuple((o, ev) for _j, o, ev in self._items[int(self._p[i]):int(self._q[i])])
 
     def after(self, t0: int, t1: int):
         """What the events of the groups after transfers [t0, t1) leave of
@@ -148,38 +161,40 @@ class Groups:
         disable among them --, or None: none says; whether a round trip
         is among them: not paused)."""
         lo, hi = np.searchsorted(self.tr, (t0, t1))
-        on = None
-        for t in self.tr[lo:hi][::-1].tolist():
-            on = self._tracing.get(t)
-            if on is not None:
-                break
+        said = np.flatnonzero(self._on[lo:hi] >= 0)
+        on = bool(self._on[lo + said[-1]]) if len(said) else None
         return on, bool(self._trip[lo:hi].any())
 
     def virtual(self, a):
         """The batch's transfers (all ``len(a.code) - 1`` of them) with the
         groups' in: (code, fall, tgt, land_idx, src, landing TSC, named,
-        vmap, first) -- ``vmap`` the batch's transfer of each, ``first``
-        the first of each of the batch's (and one past the last)."""
+        first) -- ``first`` the first of each of the batch's transfers
+        (and one past the last): transfer ``t`` is ``first[t]`` (its
+        group's events) to ``first[t + 1] - 1`` (itself)."""
         if self._virtual is not None:
             return self._virtual
         n = len(a.code) - 1
         tr = self.tr
         trip = self._trip
+        ne = self._q - self._p                  # events per group
         cnt = np.ones(n, np.int64)
-        cnt[tr] = [len(t) + 1 for t in self._tsc]
-        vmap = np.repeat(np.arange(n, dtype=np.int64), cnt)
+        cnt[tr] = ne + 1
         first = np.zeros(n + 1, np.int64)
         np.cumsum(cnt, out=first[1:])
-        code = a.code[:n].take(vmap)
-        tgt = a.ip[1:].take(vmap)
-        land = a.start[1:n + 1].take(vmap)
-        tsc = a.tsc[1:].take(vmap)
-        named = np.zeros(len(vmap), bool)
+        spread = _spreader(tr, ne, cnt, int(first[n]))
+        code = spread(a.code[:n])
+        tgt = spread(a.ip[1:])
+        land = spread(a.start[1:n + 1])
+        tsc = spread(a.tsc[1:])
+        named = np.zeros(int(first[n]), bool)
         # every event's landing: the group's first ones
-        at = np.repeat(first[tr], cnt[tr] - 1) + _ramp(cnt[tr] - 1)
-        tsc[at] = np.array([t for ts in self._tsc for t in ts], _U8)
+        at = np.repeat(first[tr], ne) + _ramp(ne)
+        items = self._items
+        tsc[at] = np.array([ev.tsc if ev.has_tsc else 0 for ev in
+                            [items[i][2] for i in (np.repeat(self._p, ne) + _ramp(ne)).tolist()]],
+                           _U8)
         va = first[tr[trip]]
-        an = at[~np.repeat(trip, cnt[tr] - 1)]
+        an = at[~np.repeat(trip, ne)]
         code[an] = runs.NONE            # anchors, then the transfer itself
         code[va + 1] = runs.FRET        # a round trip: A, B, C
         code[va + 2] = runs.NONE
@@ -187,9 +202,30 @@ class Groups:
         # C lands on the record (its TSC), where the FCALL's (A's) was
         tsc[va + 2] = a.tsc[tr[trip] + 1]
         named[va] = True
-        self._virtual = (code, a.fall[:n].take(vmap), tgt, land,
-                         a.end[:n].take(vmap), tsc, named, vmap, first)
+        self._virtual = (code, spread(a.fall[:n]), tgt, land, spread(a.end[:n]),
+                         tsc, named, first)
         return self._virtual
+
+
+def _spreader(tr: np.ndarray, ne: np.ndarray, cnt: np.ndarray, total: int):
+    """A batch's per-transfer column -> the same with transfer ``tr[i]``'s
+    item ``ne[i] + 1`` times (room for its group's events before it):
+    ``take`` of each transfer ``cnt`` times, or the compiled core's
+    ``spread`` (runs of memcpy instead of a gather per item: six columns
+    of a batch's ~260,000 transfers)."""
+    core = _runs_impl.core_for(None)
+    if core is None:
+        vmap = np.repeat(np.arange(len(cnt), dtype=np.int64), cnt)
+        return lambda x: x.take(vmap)
+    tr = np.ascontiguousarray(tr, np.int64)
+    ne = np.ascontiguousarray(ne, np.int64)
+
+    def spread(x):
+        x = np.ascontiguousarray(x)
+        out = np.empty(total, x.dtype)
+        core.spread(x, tr, ne, out)
+        return out
+    return spread
 
 
 def _ramp(counts: np.ndarray) -> np.ndarray:
@@ -212,52 +248,109 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
     the next one enabling asks who runs), which the builder takes in the
     run only while the timeline hears no time
     (:attr:`.switches.SwitchTimeline.deaf`) and tracing is on, else one
-    at a time as they came."""
-    found = []
+    at a time as they came.
+
+    The round trips (most groups where system calls cut the runs: ~1,100
+    a batch on ``find``) are picked out at once -- two items at an index,
+    the records' side in numpy, the events' in one pass -- and every
+    other group goes through :func:`_one` (:func:`_find_each`: all of
+    them, one at a time, what this gives)."""
+    n = len(items)
+    if left or n < 64:
+        return _find_each(items, code, fall, ip, m, anchors, left)
+    js = np.fromiter([it[0] for it in items], np.int64, n)
+    cut = np.flatnonzero(js[1:] != js[:-1]) + 1
+    gp = np.concatenate(([0], cut))             # each group's first item
+    gq = np.concatenate((cut, [n]))
+    gj = js[gp]
+    cand = np.flatnonzero((gq - gp == 2) & (gj > 0) & (gj < m))
+    cj = gj[cand]
+    cand = cand[(code[cj - 1] == runs.FCALL) & (fall[cj - 1] == ip[cj])]
+    ps = gp[cand].tolist()
+    E = Event
+    ok = [type(e1) is E and type(e2) is E and e1.type == "disabled"
+          and e2.type == "enabled" and not e1.status_update
+          and not e2.status_update and e2.ip == ret
+          and not (e1.has_tsc and not e1.tsc) and not (e2.has_tsc and not e2.tsc)
+          for e1, e2, ret in zip([items[p][2] for p in ps],
+                                 [items[p + 1][2] for p in ps],
+                                 fall[gj[cand] - 1].tolist())]
+    trip = cand[np.array(ok, bool)] if ok else cand
+    on = np.full(len(gp), -2, np.int8)          # -2: not a group
+    on[trip] = 2
+    rest = np.flatnonzero(on == -2)
     keep = []
+    for g, p, q in zip(rest.tolist(), gp[rest].tolist(), gq[rest].tolist()):
+        f = _one(items, p, q, code, fall, ip, m, anchors, left)
+        if f is None:
+            keep.extend(items[p:q])
+        else:
+            on[g] = f
+    at = np.flatnonzero(on != -2)
+    if not len(at):
+        return items, None
+    on = on[at]
+    trips = on == 2
+    on[trips] = 1
+    return keep, Groups(items, gj[at] - 1, gp[at], gq[at], trips, on)
+
+
+def _find_each(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
+               m: int, anchors: bool, left: bool = False):
+    """:func:`find`, a group at a time."""
+    keep = []
+    tr, ps, qs, trip, on = [], [], [], [], []
     n = len(items)
     p = 0
-    fcall = runs.FCALL
     while p < n:
-        j, o1, e1 = items[p]
+        j = items[p][0]
         q = p + 1
         while q < n and items[q][0] == j:
             q += 1
-        if not 0 < j < m:
-            keep.extend(items[p:q])
-            p = q
-            continue
-        if q - p == 2 and not left and type(e1) is Event \
-                and e1.type == "disabled" and not e1.status_update:
-            # a round trip?
-            _j, o2, e2 = items[p + 1]
-            if type(e2) is Event and e2.type == "enabled" and not e2.status_update:
-                t1 = (e1.tsc or None) if e1.has_tsc else 0
-                t2 = (e2.tsc or None) if e2.has_tsc else 0
-                ret = int(fall[j - 1])
-                if t1 is not None and t2 is not None and code[j - 1] == fcall \
-                        and e2.ip == ret and int(ip[j]) == ret:
-                    found.append((j - 1, True, (t1, t2), ((o1, e1), (o2, e2)), True))
-                else:
-                    keep.extend(items[p:q])
-                p = q
-                continue
-        g = _anchors(items, p, q, left) if anchors else None
-        if g is None:
+        f = _one(items, p, q, code, fall, ip, m, anchors, left)
+        if f is None:
             keep.extend(items[p:q])
         else:
-            found.append(g)
+            tr.append(j - 1)
+            ps.append(p)
+            qs.append(q)
+            trip.append(f == 2)
+            on.append(1 if f == 2 else f)
         p = q
-    if not found:
+    if not tr:
         return items, None
-    return keep, Groups(found)
+    return keep, Groups(items, np.array(tr, np.int64), np.array(ps, np.int64),
+                        np.array(qs, np.int64), np.array(trip, bool),
+                        np.array(on, np.int8))
+
+
+def _one(items, p, q, code, fall, ip, m, anchors, left):
+    """The group of items [p, q) (all at one index): 2 a round trip, the
+    tracing anchors leave (1 on, 0 off, -1 unsaid), or None: not a group
+    (its items are kept)."""
+    j, _o1, e1 = items[p]
+    if not 0 < j < m:
+        return None
+    if q - p == 2 and not left and type(e1) is Event \
+            and e1.type == "disabled" and not e1.status_update:
+        # a round trip?
+        _j, _o2, e2 = items[p + 1]
+        if type(e2) is Event and e2.type == "enabled" and not e2.status_update:
+            t1 = (e1.tsc or None) if e1.has_tsc else 0
+            t2 = (e2.tsc or None) if e2.has_tsc else 0
+            ret = int(fall[j - 1])
+            if t1 is not None and t2 is not None and code[j - 1] == runs.FCALL \
+                    and e2.ip == ret and int(ip[j]) == ret:
+                return 2
+            return None
+    return _anchors(items, p, q, left) if anchors else None
 
 
 def _anchors(items, p, q, left: bool = False):
-    """The group of items [p, q) (all at one index) if they only tell the
-    time (and, ``left``, disable nothing), else None."""
-    on = None
-    tscs = []
+    """Whether the items [p, q) (all at one index) only tell the time
+    (and, ``left``, disable nothing): the tracing they leave (1 on, 0
+    off, -1 unsaid), else None."""
+    on = -1
     for _j, _o, ev in items[p:q]:
         if type(ev) is not Event:
             return None
@@ -266,10 +359,7 @@ def _anchors(items, p, q, left: bool = False):
             if not (ev.status_update and t in ("enabled", "disabled")) \
                     or (left and t == "disabled"):
                 return None
-            on = t == "enabled"
-        ts = (ev.tsc or None) if ev.has_tsc else 0
-        if ts is None:
+            on = 1 if t == "enabled" else 0
+        if ev.has_tsc and not ev.tsc:
             return None
-        tscs.append(ts)
-    j = items[p][0]
-    return (j - 1, False, tscs, tuple((o, ev) for _j, o, ev in items[p:q]), on)
+    return on

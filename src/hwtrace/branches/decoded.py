@@ -169,7 +169,7 @@ class _Consumer:
         self._far: dict[int, int] = {}
         self._far_keys = np.zeros(0, np.uint64)     # _far as sorted arrays
         self._far_vals = np.zeros(0, np.int16)
-        self.chunks: list[np.ndarray] = []     # batch path: output in order
+        self.chunks: list = []     # batch path: output in order (arrays, Branch lists)
 
     def _enter_space(self, space) -> None:
         """The records from here on run ``space``'s code: its files'
@@ -228,38 +228,46 @@ class _Consumer:
             if "iclass" in item and "ip" in item:
                 self.insn(item["ip"], item.get("size", 0), item["iclass"])
             return
-        tsc = item.get("tsc")
+        su = bool(item.get("status_update"))
+        self._event(ev, item.get("tsc"), su,
+                    None if ev == "disabled" and item.get("ip_suppressed")
+                    else item.get("ip"), item.get("at"))
+
+    def _event(self, ev: str, tsc, status_update: bool, ip, at) -> None:
+        """An event (ptoracle's ``event`` name): its TSC (None: none),
+        whether it is a status update, its IP (a disable's None where
+        suppressed) and an async disable's ``at`` -- what :meth:`feed`
+        reads of its JSON object, and a batch of its
+        :class:`~hwtrace.flow.events.Event` (:meth:`_batch_event`)."""
         if tsc is not None:
             self.time = tsc
             if self.follow is not None:
                 self.follow.time(self.n, tsc)
         if self.follow is not None and ev in ("disabled", "async_disabled") \
-                and not item.get("status_update"):
+                and not status_update:
             self.follow.tracing(False)
         th = self.th
         t = self.tracker
         if ev == "async_disabled":
             # interrupted at `at` (user-only trace: the kernel is not traced)
             self.enabled = False
-            at = item.get("at")
             if at is not None:
                 t.async_exit(th, at, self.time)
             else:
                 t.gap(th)
         elif ev == "disabled":
             self.enabled = False
-            if not item.get("status_update"):
+            if not status_update:
                 # the pending transfer went into untraced code (a syscall
                 # into the kernel, or out of the filtered ranges)
-                t.leave(th, None if item.get("ip_suppressed") else item.get("ip"), self.time)
+                t.leave(th, ip, self.time)
         elif ev == "enabled":
-            if item.get("status_update") and self.enabled:
+            if status_update and self.enabled:
                 # a PSB+ restating where tracing already is (its FUP): no
                 # transfer happened -- the pending branch goes on to the
                 # next instruction as usual
                 return
             self.enabled = True
-            ip = item.get("ip")
             # (a status update here follows a gap -- the stream's start,
             # an error, an overflow -- after which who runs is not known)
             if self.follow is not None:
@@ -275,6 +283,16 @@ class _Consumer:
             self.enabled = None
             t.gap(th)
 
+    def _batch_event(self, ev) -> None:
+        """:meth:`feed` of ``event_json(ev)`` (what it reads of it), from
+        the Event itself: no JSON object per event (a system call makes
+        two)."""
+        t = ev.type
+        self._event(t, ev.tsc if ev.has_tsc else None, bool(ev.status_update),
+                    (None if ev.ip_suppressed else ev.get("ip", 0)) if t == "disabled"
+                    else ev.get("ip", 0) if t == "enabled" else None,
+                    ev.get("at", 0) if t == "async_disabled" else None)
+
     def _switch(self, ip: int | None) -> None:
         """Tracing resumes in a CPU's stream at ``ip``: the thread the
         sideband says runs now, chosen as for the call-stack builder
@@ -283,6 +301,11 @@ class _Consumer:
         or syscalling thread resumes where it stopped)."""
         tl = self.follow
         cur = self.th
+        if cur is not None and tl.i >= len(tl.switches):
+            # no switch left to apply: the choice is the running thread
+            # (what choose, thread_after and pid_after give; a system
+            # call's enable, once the sideband's switches are behind)
+            return
         ctid = cur.tid if cur is not None else None
         cpid = cur.pid if cur is not None else None
         threads = self.tracker._threads
@@ -314,22 +337,32 @@ class _Consumer:
 
     # -- batches -----------------------------------------------------------------------------
     def _out(self) -> None:
-        """Records the tracker made one at a time, into the output."""
+        """Records the tracker made one at a time, into the output (the
+        list itself: made into records by :meth:`take`, all at once --
+        a system call makes two, between two runs of records)."""
         out = self.tracker.out
         if out:
-            self.chunks.extend(iter_arrays(out))
-            out.clear()
+            self.chunks.append(out)
+            self.tracker.out = []
 
     def take(self) -> list[np.ndarray]:
         """The records so far, as one array (or none)."""
         self._out()
         c, self.chunks = self.chunks, []
+        lists = [ch for ch in c if type(ch) is list]
+        if lists:
+            made = list(iter_arrays([b for ch in lists for b in ch]))
+            made = made[0] if len(made) == 1 else concat(made)
+            at = 0
+            for i, ch in enumerate(c):
+                if type(ch) is list:
+                    c[i] = made[at:at + len(ch)]
+                    at += len(ch)
         if len(c) > 1:
             c = [concat(c)]
         return c
 
     def feed_batch(self, batch) -> None:
-        from hwtrace.flow.sinks import event_json
         blocks = batch.blocks
         m = len(blocks)
         first = int(batch.first_insn)
@@ -345,7 +378,7 @@ class _Consumer:
             if t == "error" and hasattr(item, "code"):
                 self.feed({"error": str(item.code), "offset": item.offset})
             elif hasattr(item, "status_update"):
-                self.feed(event_json(item, offset))
+                self._batch_event(item)
             elif t == "space" and self.env is not None:
                 self._enter_space(item.space)
         if r < m:
@@ -380,9 +413,11 @@ class _Consumer:
         t.step(th, ip, x if single else None, time)
         if single:
             return
-        for w in sorted(w for w in t.watch if ip < w <= end):
-            t.step(th, w, x if w == end else None, time)
-        if end not in t.watch:
+        watch = t.watch
+        if watch:
+            for w in sorted(w for w in watch if ip < w <= end):
+                t.step(th, w, x if w == end else None, time)
+        if end not in watch:
             t.step(th, end, x, time)
 
     def _time(self, a, r) -> int | None:
@@ -399,8 +434,19 @@ class _Consumer:
         if self.th is None:
             self.th = t.thread(None, None)
         watch = t.watch
-        hits = a.watch_hits(watch, r0, r1) if watch else np.zeros(0, np.int64)
         self.n = int(a.start[r0])
+        if not watch:
+            # no trigger address to step on: the first record, then every
+            # transfer after it at once (a system call's run)
+            self._step_record(a, r0)
+            if r1 - r0 > 1:
+                self._vector(a, r0, r1 - 1)
+                th = self.th
+                th.pend_pc = int(a.end_ip[r1 - 1])
+                th.pend_x = self._x(a, r1 - 1)
+                th.pend_time = self._time(a, r1 - 1)
+            return
+        hits = a.watch_hits(watch, r0, r1)
         self._step_record(a, r0)
         r = r0 + 1
         hi = 0
@@ -544,14 +590,7 @@ class _Consumer:
         records, depth and window."""
         th = self.th
         t = self.tracker
-        mask = t.mask
-        if len(mask.kinds) < len(KIND_CODE):
-            allowed = np.zeros(len(KIND_CODE), np.uint8)
-            allowed[[KIND_CODE[x] for x in mask.kinds]] = 1
-        else:
-            allowed = _ALL_ALLOWED
-        ranges = np.array(mask.ranges, np.uint64).reshape(-1) if mask.ranges \
-            else _NO_RANGES
+        allowed, ranges = _mask_arrays(t.mask)
         recs, kept, depth, closed, nbr = core.transfers(
             a.ip, a.fall, a.end_ip, a.key, a.tsc, t0, t1, _KLUT, _FARLUT8, _DELTA,
             self._far, self._far_kind, th.depth, -1 if self.time is None else self.time,
@@ -567,6 +606,28 @@ class _Consumer:
         if kept:
             self._out()
             self.chunks.append(np.frombuffer(recs, _DT))
+
+
+_MASKED: dict = {}
+
+
+def _mask_arrays(mask) -> tuple:
+    """(kinds allowed, u1 per kind code; ranges, flat u8 lo/hi pairs) of a
+    (frozen) :class:`~.mask.Mask` for the compiled core: made once per
+    mask, not per run of records (one per system call)."""
+    got = _MASKED.get(id(mask))
+    if got is None or got[0] is not mask:
+        if len(mask.kinds) < len(KIND_CODE):
+            allowed = np.zeros(len(KIND_CODE), np.uint8)
+            allowed[[KIND_CODE[x] for x in mask.kinds]] = 1
+        else:
+            allowed = _ALL_ALLOWED
+        ranges = np.array(mask.ranges, np.uint64).reshape(-1) if mask.ranges \
+            else _NO_RANGES
+        if len(_MASKED) > 64:
+            _MASKED.clear()
+        got = _MASKED[id(mask)] = (mask, allowed, ranges)
+    return got[1], got[2]
 
 
 class _Rec:
