@@ -213,6 +213,17 @@ def test_one_load_bias_for_mappings_and_live_symbols(prog):
     assert load_bias(segs, 0x7f0000002800, 0x2800) == 0x7f0000000000 - 0x400000
     assert load_bias(segs[1:], 0x7f0000000000, 0) == 0x7f0000001000 - 0x401000
     assert load_bias([], 0x5000, 0x1000) == 0x4000
+    # lld's layout (a Rust program here): the code segment is not
+    # page-aligned in the file, its first page ends the read-only segment
+    # before it, which lies a page nearer its address; the loader maps the
+    # code from that page: the code's segment places it, not the one that
+    # holds the offset too (every name was a page off: apply_match's
+    # instructions named decompress)
+    lld = [(0x0, 0x0, 0x13f64), (0x14f70, 0x13f70, 0x3f660),
+           (0x555d0, 0x535d0, 0x2a30), (0x58000, 0x56000, 0x9c8)]
+    assert load_bias(lld, 0x4000014000, 0x13000) == 0x4000000000
+    assert load_bias(lld, 0x4000000000, 0x0) == 0x4000000000
+    assert load_bias(lld, 0x4000055000, 0x53000) == 0x4000000000
     d, exe, dis = prog
     segments = Image(exe).segments
     first = next(seg for seg in segments if seg[2] > 0)    # as test_mapping_bias_...

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import io
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -200,13 +201,23 @@ def function_symbol(path: str, name: str) -> tuple[int, int] | None:
     return None
 
 
+_PAGE = 0x1000
+
+
 def load_bias(segments, start: int, pgoff: int) -> int:
     """The load bias (run-time address - link-time address) of an ELF file
     mapped at ``start`` from file offset ``pgoff``, given its PT_LOAD
     segments ``(vaddr, file offset, file size)`` in header order: the
-    segment holding ``pgoff`` places it; else the first segment, at its
-    distance from ``pgoff`` in the file; with none, the file's offsets are
-    its addresses."""
+    segment whose first page ``pgoff`` is (a loader maps each segment from
+    there) places it; else the segment holding ``pgoff``; else the first
+    segment, at its distance from ``pgoff`` in the file; with none, the
+    file's offsets are its addresses.  Where segments are not page-aligned
+    in the file (lld's layout: Rust and clang programs), a segment's first
+    page holds the end of the one before it, at another distance from its
+    address: the code mapped there was named a page off."""
+    for vaddr, off, _filesz in segments:
+        if off - off % _PAGE == pgoff:
+            return start - (vaddr - off % _PAGE)
     for vaddr, off, filesz in segments:
         if off <= pgoff < off + max(filesz, 1):
             return start - (vaddr + (pgoff - off))
@@ -222,11 +233,17 @@ class SymbolError(Exception):
 DEBUG_ROOTS = ("/usr/lib/debug",)
 
 
+#: mangled-name prefixes: C++ (Itanium ABI) and Rust's legacy scheme
+#: (``_Z``), Rust's v0 scheme (``_R``)
+MANGLED = ("_Z", "_R")
+_CRATE_HASH = re.compile(r"\[[0-9a-f]{1,16}\]")
+
+
 def demangle_names(names: list[str]) -> dict[str, str]:
-    """{mangled: demangled} for the C++ (Itanium ABI, ``_Z...``) names,
+    """{mangled: demangled} for the C++ and Rust names (:data:`MANGLED`),
     through binutils' ``c++filt`` in one batch; names stay as they are if
     it is not installed.  (A PLT stub keeps its ``@plt``.)"""
-    todo = sorted({n.split("@", 1)[0] for n in names if n.startswith("_Z")})
+    todo = sorted({n.split("@", 1)[0] for n in names if n.startswith(MANGLED)})
     if not todo:
         return {}
     import shutil               # here only: C++ names are rare
@@ -242,7 +259,9 @@ def demangle_names(names: list[str]) -> dict[str, str]:
     out = r.stdout.splitlines()
     if r.returncode != 0 or len(out) != len(todo):
         return {}
-    plain = dict(zip(todo, out))
+    # v0 names carry each crate's disambiguator: core[c1f1a4ba060b9bfa]::...
+    plain = {n: _CRATE_HASH.sub("", d) if n.startswith("_R") else d
+             for n, d in zip(todo, out)}
     result = {}
     for n in names:
         base, at, rest = n.partition("@")

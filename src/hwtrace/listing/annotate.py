@@ -16,7 +16,7 @@ import os
 from typing import NamedTuple
 
 from hwtrace.analysis.symbols import Image as SymImage
-from hwtrace.analysis.symbols import SymbolError, Symbolizer, demangle_names, load_bias
+from hwtrace.analysis.symbols import MANGLED, SymbolError, Symbolizer, demangle_names, load_bias
 
 from .disasm import Disassembler
 
@@ -158,7 +158,7 @@ class Annotator:
         return name, off, name if not off else f"{name}+0x{off:x}"
 
     def _demangle(self, addrs) -> None:
-        """Demangle the C++ names of the functions at ``addrs`` that are
+        """Demangle the C++ and Rust names of the functions at ``addrs`` that are
         new (one c++filt run for all, not one per file read)."""
         sym = self.sym
         if sym is None:
@@ -166,7 +166,7 @@ class Annotator:
         todo = set()
         for a in addrs:
             r = sym.lookup(a)
-            if r is not None and r[1].startswith("_Z") and \
+            if r is not None and r[1].startswith(MANGLED) and \
                     r[1] not in self._plain:
                 todo.add(r[1])
         if todo:
