@@ -47,6 +47,9 @@ _CLOCKS = {"insns": "instructions (no timing in the trace: times are instruction
            "ns": "ns (TSC)", "tsc": "TSC ticks (frequency unknown)"}
 
 
+_NAME_MAX = 72
+
+
 def render(profile, totals: dict, description: str, top: int = 15,
            sort: str = "excl", legend: bool = False, timebase: str = "",
            narrowed: str = "", same: dict | None = None, place=None) -> str:
@@ -77,25 +80,34 @@ def render(profile, totals: dict, description: str, top: int = 15,
         lines.append(f"narrowed to: {narrowed}")
     show_time = unit not in ("insns", "mixed") and not counts_insns
     tu = "" if unit == "ns" else f" ({unit})"
-    head = f"{'function':<32} {'calls':>8} {'excl insns':>12} {'excl%':>6} {'incl insns':>12}"
-    if show_time:
-        head += f" {'excl time':>10} {'incl time':>10}"
-    lines += ["", head + (tu if show_time else "")]
     total = max(profile.insns, 1)
     split = profile.has_startup
     funcs = profile.part("program") if split else profile.funcs
     every = profile.funcs
+    start = profile.part("startup") if split else {}
     if same:
         funcs, every = profile.merged(funcs, same), profile.merged(every, same)
+        start = profile.merged(start, same)
     shown = profile.display_names(every, label=None if place is None else (
         lambda n, f: (place(n, f) or (None,))[0]))
+    k = max(3, min(5, top // 3))
+    tops = [profile.top(key, top, funcs), profile.top(key, k, start) if split else []]
+    # the name column as wide as the names shown (C++ and Rust names are
+    # long), from 32 to 72 characters; a longer one is cut with "~"
+    width = max([32] + [min(len(shown[(s.name, s.func)]), _NAME_MAX)
+                        for t in tops for s in t])
+    head = (f"{'function':<{width}} {'calls':>8} {'excl insns':>12} {'excl%':>6} "
+            f"{'incl insns':>12}")
+    if show_time:
+        head += f" {'excl time':>10} {'incl time':>10}"
+    lines += ["", head + (tu if show_time else "")]
 
-    def rows(fs, n):
+    def rows(ss):
         out = []
-        for s in profile.top(key, n, fs):
+        for s in ss:
             name = shown[(s.name, s.func)]
-            name = name if len(name) <= 32 else name[:31] + "~"
-            row = (f"{name:<32} {s.calls:>8,} {s.excl_insns:>12,} "
+            name = name if len(name) <= width else name[:width - 1] + "~"
+            row = (f"{name:<{width}} {s.calls:>8,} {s.excl_insns:>12,} "
                    f"{100 * s.excl_insns / total:>5.1f}% {s.incl_insns:>12,}")
             if show_time:
                 row += f" {_time(s.excl_time, unit):>10} {_time(s.incl_time, unit):>10}"
@@ -104,19 +116,15 @@ def render(profile, totals: dict, description: str, top: int = 15,
             out.append(row)
         return out
 
-    lines += rows(funcs, top)
+    lines += rows(tops[0])
     more = len(funcs) - min(top, len(funcs))
     if more > 0:
         lines.append(f"... {more} more functions")
     if split:
-        start = profile.part("startup")
-        if same:
-            start = profile.merged(start, same)
         n = sum(s.excl_insns for s in start.values())
         lines.append(f"--- outside main (dynamic loader, libc start-up, exit): "
                      f"{n:,} instructions, {100 * n / total:.1f}% ---")
-        k = max(3, min(5, top // 3))
-        lines += rows(start, k)
+        lines += rows(tops[1])
         more = len(start) - min(k, len(start))
         if more > 0:
             lines.append(f"... {more} more functions")
