@@ -24,6 +24,9 @@ enforces the reader's contract:
                 BundleError escape; what it writes reads back.
 - ``flowdiff``  the compiled flow core against its Python twin
                 (:mod:`flowdiff`): the same batches, record for record.
+- ``libiptdiff`` hwtrace's instruction decoder (``decode --format jsonl
+                --error-offsets 2.0``) against libipt 2.0.5 (build/ptoracle,
+                :mod:`libiptdiff`): the same instruction IPs and error offsets.
 
 Seeds are built at run time from ../shared (the libipt corpus and the
 hardware fixtures): nothing from there is copied into the repo.
@@ -585,7 +588,8 @@ def budget(name: str):
     compiled passes are noise; perfdata: PerfData + iter_records = 2)."""
     return {"packets": _passes(3), "flow": _flow_budget, "perfdata": _passes(2),
             "perfimport": _passes(2), "bundle": _passes(1), "recover": _passes(1),
-            "lldbimport": _passes(2), "flowdiff": _flowdiff_budget}[name]
+            "lldbimport": _passes(2), "flowdiff": _flowdiff_budget,
+            "libiptdiff": _flowdiff_budget}[name]
 
 
 def make(name: str):
@@ -609,8 +613,12 @@ def make(name: str):
     if name == "flowdiff":
         import flowdiff
         return flowdiff.check, lambda: flowdiff.seeds(CORPUS, FIXTURES, MAX_SEED)
+    if name == "libiptdiff":
+        import libiptdiff
+        return (libiptdiff.Target().check,
+                lambda: libiptdiff.seeds(CORPUS, FIXTURES))
     raise KeyError(name)
 
 
 TARGETS = ("packets", "flow", "perfdata", "perfimport", "bundle", "recover",
-           "lldbimport", "flowdiff")
+           "lldbimport", "flowdiff", "libiptdiff")

@@ -570,3 +570,22 @@ def test_a_trace_cut_anywhere_decodes_as_libipt(gzip_trace, ptoracle, tmp_path):
                     c = fast.count(window[:n], image, cfg, dec, impl=impl)
                     assert (c.insns, c.errors) == (ref["insns"], ref["errors"]), \
                         (at, n, impl, dec)
+
+
+def test_regression_a_psb_plus_cut_by_the_end_after_tracing_stopped_is_the_end():
+    """libiptdiff: tracing stops (TIP.PGD), a PSB follows and the trace ends
+    inside its PSB+ (no PSBEND).  libipt reads the PSB+ ahead as a status
+    packet, runs out of trace there and takes that as the end (it moves to
+    the end: no packet next); both decoders stayed at the PSB and, tracing
+    off, reported "expected tracing enabled event" for every such cut."""
+    compiled_flow_core()
+    image = Image()
+    image.add_bytes(bytes.fromhex("7e02909090f4"), 0x100000)  # jle +2; nops
+    psb = bytes([2, 0x82] * 8)
+    trace = (psb + bytes.fromhex("9901 9921 7d000010000000 0223 210200") +
+             psb + bytes.fromhex("9901 7d0300100000"))   # the FUP cut
+    for n in range(len(psb) + 32, len(trace) + 1):   # the second PSB on
+        for impl in ("compiled", "python"):
+            for dec in ("insn", "block"):
+                c = fast.count(trace[:n], image, FlowConfig(), dec, impl=impl)
+                assert (c.insns, c.errors) == (1, 0), (n, impl, dec)

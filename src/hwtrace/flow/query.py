@@ -323,7 +323,15 @@ class QueryDecoder:
                 return
             if self._will_event():
                 return
-            self._decode(nxt)
+            try:
+                self._decode(nxt)
+            except Fail as f:
+                if f.code == E.EOS:
+                    # a PSB+ cut by the end of the trace: libipt gives up
+                    # reading ahead at the end (no packet next: the end)
+                    self.pos = self._end
+                    self._fetch()
+                raise
 
     def _read_ahead_tolerant(self) -> None:
         """Read ahead after a successful query (running out of trace is

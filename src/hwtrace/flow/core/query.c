@@ -343,7 +343,15 @@ int q_read_ahead(struct query *q)
             return 0;
         if (q_will_event(q))
             return 0;
-        TRY(q_decode(q));
+        int r = q_decode(q);
+        if (r == -E_EOS) {
+            /* a PSB+ cut by the end of the trace: libipt gives up reading
+             * ahead at the end (no packet next: the end) */
+            q->pos = q->end;
+            fetch(q);
+        }
+        if (r < 0)
+            return r;
     }
 }
 
