@@ -200,9 +200,12 @@ def test_packed_edges_and_text(true_trace, monkeypatch):
 
 
 def test_cli_errors(tmp_path):
+    # --edges is the default: without it, the same one-line errors
     r = run_hwtrace("coverage", "--pt", tmp_path / "x.pt")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert "--edges" in r.stderr
+    assert "cannot read" in r.stderr
+    r = run_hwtrace("coverage")
+    assert r.returncode == 2 and "no trace" in r.stderr
     r = run_hwtrace("coverage", "--edges", "--pt", tmp_path / "missing.pt")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "cannot read" in r.stderr
