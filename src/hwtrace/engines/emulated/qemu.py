@@ -224,15 +224,35 @@ def buffer_files(log_path: str | os.PathLike) -> list[Path]:
 
 
 def program_started(log_path: str | os.PathLike) -> bool:
-    """Whether the plugin has begun logging the program: a thread's buffer
-    file exists, or records follow the log's header."""
-    if buffer_files(log_path):
-        return True
-    from .execlog import HEADER
+    """Whether the plugin has logged a block the program ran: records
+    follow the log's header, or a thread's buffer holds an EXEC record (the
+    block after the first began).  A buffer file alone is not enough: the
+    plugin makes it before the first block's record, and that record (an
+    EXEC_PART) counts no instruction until the next block starts -- a
+    ``--duration 0`` that stopped there recorded nothing."""
+    from .execlog import HEADER, T_EXEC
+    from .salvage import record_size
     try:
-        return os.path.getsize(log_path) > HEADER.size
+        if os.path.getsize(log_path) > HEADER.size:
+            return True
     except OSError:
-        return False
+        pass
+    for path in buffer_files(log_path):
+        try:
+            got = _pending(path, live=True)
+        except OSError:
+            continue
+        if got is None:
+            continue
+        data, off = got[0], 0
+        while off < len(data):
+            if data[off] == T_EXEC:
+                return True
+            n = record_size(data, off)
+            if not n:
+                break
+            off += n
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
