@@ -322,13 +322,16 @@ def _bundle_seeds(bundle: Path, max_trace: int) -> list[bytes]:
     return out
 
 
-def _corpus_seeds(corpus: Path, max_trace: int) -> list[bytes]:
+def corpus_variants(corpus: Path, max_trace: int):
+    """(index in its test, the parsed ``decode`` arguments, FlowConfig,
+    Image, trace bytes up to ``max_trace``) of every corpus variant with a
+    ptxed expectation that ``hwtrace decode``'s parser takes: the corpus
+    seeds of flowdiff and libiptdiff."""
     import io
     import json
 
     from hwtrace.cli import Parser
     from hwtrace.cli import decode as D
-    out = []
     sub = Parser(prog="fuzz").add_subparsers(parser_class=Parser)
     D.register(sub)
     p = sub.choices["decode"]
@@ -356,9 +359,15 @@ def _corpus_seeds(corpus: Path, max_trace: int) -> list[bytes]:
                 trace = (d / v["pt"]).read_bytes()[:max_trace]
             except (SystemExit, Exception):
                 continue
-            block = (a.decoder == "block") if a.decoder else bool(i & 1)
-            out.append(make_input(trace, _sections(image), cfg, block=block,
-                                  resync=bool(i & 2)))
+            yield i, a, cfg, image, trace
+
+
+def _corpus_seeds(corpus: Path, max_trace: int) -> list[bytes]:
+    out = []
+    for i, a, cfg, image, trace in corpus_variants(corpus, max_trace):
+        block = (a.decoder == "block") if a.decoder else bool(i & 1)
+        out.append(make_input(trace, _sections(image), cfg, block=block,
+                              resync=bool(i & 2)))
     return out
 
 

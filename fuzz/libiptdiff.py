@@ -37,7 +37,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shlex
 import struct
 import subprocess
 import tempfile
@@ -398,40 +397,14 @@ def _bundle_seeds(bundle: Path) -> list[bytes]:
 
 
 def _corpus_seeds(corpus: Path) -> list[bytes]:
-    from hwtrace.cli import Parser
-    from hwtrace.cli import decode as D
-    sub = Parser(prog="fuzz").add_subparsers(parser_class=Parser)
-    D.register(sub)
-    p = sub.choices["decode"]
+    from flowdiff import corpus_variants
     out = []
-    for d in sorted(corpus.iterdir()):
-        meta = d / "meta.json"
-        if not meta.is_file():
-            continue
-        for v in json.loads(meta.read_text()).get("variants", []):
-            if not v.get("exp", {}).get("ptxed"):
-                continue
-            argv = []
-            for r in v.get("raw") or []:
-                argv += ["--raw", str(d / r)]
-            if v.get("cpu"):
-                argv += ["--cpu", v["cpu"]]
-            opts = shlex.split(v.get("ptxed_opts") or "")
-            opts = [str(d / o) if prev in ("--raw", "--elf") and
-                    not o.startswith("/") else o
-                    for prev, o in zip([None] + opts, opts)]
-            try:
-                a = p.parse_args(argv + opts + ["--pt", str(d / v["pt"])])
-                cfg = D._config(a, io.StringIO().write)
-                image = D._image(a)
-                trace = (d / v["pt"]).read_bytes()[:MAX_SECTION]
-            except (SystemExit, Exception):
-                continue
-            sections = []
-            for m in image.mappings():
-                b = m.section.bytes()[m.offset:m.offset + (m.end - m.begin)]
-                sections.append((m.begin, b[:MAX_SECTION]))
-            out.append(make_input(trace, sections, a.cpu, cfg))
+    for _i, a, cfg, image, trace in corpus_variants(corpus, MAX_SECTION):
+        sections = []
+        for m in image.mappings():
+            b = m.section.bytes()[m.offset:m.offset + (m.end - m.begin)]
+            sections.append((m.begin, b[:MAX_SECTION]))
+        out.append(make_input(trace, sections, a.cpu, cfg))
     return out
 
 
