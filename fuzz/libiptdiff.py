@@ -57,16 +57,8 @@ ORACLE = Path(os.environ.get("HWTRACE_PTORACLE",
                              HERE.parent / "build" / "ptoracle"))
 
 
-class Violation(AssertionError):
-    pass
-
-
-class _Stop(Exception):
-    pass
-
-
-def max_insns(data: bytes) -> int:
-    return 16 * len(data) + 10_000
+from flowdiff import Violation, _Stop  # noqa: E402  (fuzz/ is on the path)
+from flowdiff import flow_items as max_insns  # noqa: E402  (flowdiff's item budget)
 
 
 _PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0,
