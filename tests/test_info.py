@@ -97,3 +97,98 @@ def test_info_json_and_bad_engine():
         assert e["available"] or e["reason"]
     r = run_hwtrace("info", "--engine", "nonesuch")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+
+
+# -- hwtrace info DIR: what a bundle holds ----------------------------------------------
+
+FORK_EXEC = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(argv[1], argv[1], (char *)0);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return 3;
+}
+"""
+
+
+def test_info_describes_a_recorded_bundle(tmp_path):
+    """A program that forks a child which execs another program: the
+    command, how it ended, the process tree with the exec and the exit
+    statuses, each stream, and the images (one deleted after recording:
+    named as missing)."""
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"parent": FORK_EXEC, "child": "int main(){return 5;}"})
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "-o", b, "--", progs["parent"], progs["child"])
+    assert r.returncode == 3, r.stderr
+    r = run_hwtrace("info", b)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    text = r.stdout
+    assert f"command:    {progs['parent']} {progs['child']}" in text
+    assert "ended:      the program exited with status 3" in text
+    assert "engine:     emulated (qemu)" in text and "stop-on-full" in text
+    lines = text.splitlines()
+    parent = next(x for x in lines if x.endswith("[1 thread, exit status 3]"))
+    child = next(x for x in lines if x.endswith("[1 thread, exit status 5]"))
+    assert f"  {progs['parent']}  [" in parent
+    assert f"{progs['child']}, exec'd from parent" in child
+    assert len(child) - len(child.lstrip()) > len(parent) - len(parent.lstrip())  # nested
+    assert "processes:  2, 2 thread(s)" in text
+    assert "nothing lost" in text and ", 0 missing" in text
+
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert d["recording"]["command"] == [str(progs["parent"]), str(progs["child"])]
+    by_pid = {p["pid"]: p for p in d["processes"]}
+    kid = next(p for p in d["processes"] if p["exe"][-1] == str(progs["child"]))
+    assert kid["exe"] == [str(progs["parent"]), str(progs["child"])]
+    assert by_pid[kid["ppid"]]["exit_status"] == 3 and kid["exit_status"] == 5
+    assert sum(s["instructions_observed"] for s in d["streams"]) == \
+        d["totals"]["instructions_observed"] > 10_000
+    files = {i["file"]: i for i in d["images"]}
+    assert files[str(progs["child"])]["found"] == "here"
+
+    progs["child"].unlink()
+    r = run_hwtrace("info", b)
+    assert r.returncode == 0, r.stderr
+    assert f"  missing: {progs['child']} (build-id " in r.stdout
+    assert ", 1 missing" in r.stdout and "--image-path DIR" in r.stdout
+
+
+def test_info_describes_an_imported_perf_capture(tmp_path, hardware):
+    """A real capture: no instruction counts (hardware counts none), the
+    process as perf saw it (comm and exe), the files it mapped (none here)."""
+    out = tmp_path / "b"
+    run_hwtrace("import", hardware / "perf_data_converter" / "perf.data.intel_pt-4.14",
+                "-o", out, check=True)
+    r = run_hwtrace("info", out)
+    assert r.returncode == 0, r.stderr
+    assert "engine:     perf" in r.stdout and "insns observed" not in r.stdout
+    assert "traced:     user and kernel" in r.stdout
+    assert "/usr/bin/coreutils (echo)  [exited]" in r.stdout
+    lines = r.stdout.splitlines()
+    missing = [x for x in lines if x.startswith("  missing: ")]
+    assert len(missing) == 12 and "/usr/bin/coreutils" in r.stdout.split("... and")[0]
+    assert any(x.startswith("  ... and ") for x in lines)
+
+
+def test_info_bundle_errors_are_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{")
+    (tmp_path / "empty").mkdir()
+    for arg, what in ((tmp_path / "nope", "no such bundle"),
+                      (tmp_path / "f", "not a trace bundle directory"),
+                      (tmp_path / "empty", "no manifest.json"),
+                      (tmp_path / "bad", "not JSON")):
+        r = run_hwtrace("info", arg)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert what in r.stderr and "Traceback" not in r.stderr
+    r = run_hwtrace("info", tmp_path / "bad", "--engine", "qemu")
+    assert r.returncode == 2 and "--engine describes this machine" in r.stderr

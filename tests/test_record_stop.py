@@ -193,6 +193,9 @@ def test_sigkilled_recorder_leaves_what_recover_needs(tmp_path, tmpdir_env, loop
     assert list(b.glob("hwtrace-xlog-*/exec.xlog"))
     r = run_hwtrace("record", "-o", b, "--", "/bin/true", env=env)
     assert r.returncode == 2 and "unfinished recording" in r.stderr and "recover" in r.stderr
+    r = run_hwtrace("info", b, env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "unfinished recording" in r.stderr and f"hwtrace recover {b}" in r.stderr
     r = run_hwtrace("recover", b, env=env)
     assert r.returncode == 0, r.stderr
     man, res = decode_bundle(ptoracle, b)

@@ -55,7 +55,8 @@ COMMANDS = {
                "print ptxed/ptoracle --raw image arguments for a stream"),
     "import": ("import_perf",
                "import a perf.data or LLDB Intel PT trace into a bundle"),
-    "info": ("info", "capabilities and the engines usable here (and why not)"),
+    "info": ("info", "this machine's capabilities and engines (and why not); "
+             "with DIR, what a bundle holds"),
     "record": ("record",
                "record a program's execution as an Intel PT trace bundle"),
     "recover": ("recover",

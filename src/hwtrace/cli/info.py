@@ -1,4 +1,5 @@
-"""``hwtrace info``: this machine's Intel PT capabilities and which engines work here."""
+"""``hwtrace info``: this machine's Intel PT capabilities and which engines
+work here; ``hwtrace info DIR``: what a trace bundle holds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ def register(subparsers) -> None:
         description="Print this CPU's Intel PT capabilities (CPUID leaf 0x14), "
                     "each trace engine and whether it can run here -- and if "
                     "not, why -- and the capabilities of the engine --engine "
-                    "(default: the one 'auto' picks) offers.")
+                    "(default: the one 'auto' picks) offers.  With a bundle "
+                    "DIR: how and what it recorded (command, engine, trace "
+                    "configuration, how it ended), its streams and what they "
+                    "lost, its processes and threads, and whether each code "
+                    "image can be found here -- without decoding it.")
+    p.add_argument("bundle", nargs="?", metavar="DIR",
+                   help="a trace bundle to describe instead of this machine")
     p.add_argument("--engine", default="auto", metavar="NAME",
                    help="whose capabilities to show (auto, perf, emulated, qemu, ptrace)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -100,6 +107,11 @@ def _debug_lines(d: dict):
 
 def run(args) -> int:
     from hwtrace.control.capabilities import Capabilities
+    if args.bundle is not None:
+        if args.engine != "auto":
+            raise CliError("info: --engine describes this machine, not a bundle")
+        from ._bundle_text import describe_bundle
+        return describe_bundle(args.bundle, args.json)
     info = gather(args.engine)
     if args.json:
         print(json.dumps(info, indent=1))

@@ -282,14 +282,15 @@ class Ended:
     the program's exit status (subprocess convention; None: still running
     when the bundle was written)."""
 
-    def __init__(self, stop=None, snapshot=None, status=None, attached=None):
+    def __init__(self, stop=None, snapshot=None, status=None, attached=None, command=None):
         self.stop, self.snapshot, self.status, self.attached = stop, snapshot, status, attached
+        self.command = command      # the program's argv as given (None: attached)
 
     def text(self) -> str:
         if self.snapshot is not None:
             if self.status is None and self.stop is None:
                 return f"snapshot: {self.snapshot}; the program runs on untraced"
-            after = Ended(self.stop, None, self.status, self.attached).text()
+            after = Ended(self.stop, None, self.status, self.attached, self.command).text()
             return f"snapshot: {self.snapshot}; then, untraced, {after}"
         if self.stop is not None:
             how = "after --duration" if self.stop == "duration" else f"by {self.stop}"
@@ -308,8 +309,13 @@ class Ended:
         return f"the program exited with status {self.status}"
 
     def to_dict(self) -> dict:
-        return {"stop": self.stop, "snapshot": self.snapshot, "status": self.status,
-                "ended": self.text()}
+        d = {"stop": self.stop, "snapshot": self.snapshot, "status": self.status,
+             "ended": self.text()}
+        if self.command:
+            d["command"] = list(self.command)
+        if self.attached is not None:
+            d["attached"] = self.attached
+        return d
 
 
 def check_output(out: Path) -> None:
@@ -343,7 +349,7 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges, *, work: Path | None
     made = [p for p in (out, work) if not p.exists()]
     dev = hwtrace.open_device(engine=engine, directory=work, **(engine_options or {}))
     keep = ok = False
-    ended = Ended(attached=args.pid)
+    ended = Ended(attached=args.pid, command=prog or None)
     try:
         eng = dev.engine
         if elf_ranges and hasattr(eng, "elf_ranges"):
