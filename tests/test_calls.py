@@ -170,3 +170,57 @@ def test_history_streams_long_activations_early():
     assert all(re.fullmatch(r"    f +5 insns", ln) for ln in rest[:-1])
     assert len(early) + len(rest) == 1 + 1 + 40 + 1
     assert re.fullmatch(rf"  end of main +{at + 3:,} insns  \[truncated\]", rest[-1]), rest[-1]
+
+
+FORK_EXEC = r"""
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(argv[1], argv[1], (char *)0);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return 0;
+}
+"""
+
+
+def test_calls_and_exports_name_each_process_by_its_programs(tmp_path):
+    """A cpu-mode recording of a program whose child execs another: where
+    a CPU's stream changes thread, calls names the thread and what its
+    process ran (``tid T (parent -> child)``: the fork's child runs the
+    parent's code until its exec); the Chrome and Perfetto exports name
+    the processes' tracks the same way.  The compiled formatter and the
+    twin write the same lines."""
+    import json
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"parent": FORK_EXEC,
+                                      "child": "int main(){return 0;}"})
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", "cpu", "-o", b, "--", progs["parent"], progs["child"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    kid = next(p["pid"] for p in d["processes"] if p["exe"][-1] == str(progs["child"]))
+    top = next(p["pid"] for p in d["processes"] if p["pid"] != kid)
+    outs = []
+    for env in ({}, {"HWTRACE_NO_EXTENSIONS": "1"}):
+        for clock in ("insns", "tsc"):
+            r = run_hwtrace("calls", "--clock", clock, b, env=env)
+            assert r.returncode == 0, r.stderr
+            text = r.stdout
+            assert f"tid {kid} (parent -> child)]" in text, text[:2000]
+            assert f"tid {top} (parent)]" in text
+            assert not re.search(r"tid \d+\]", text)
+            outs.append(text)
+    assert outs[0] == outs[2] and outs[1] == outs[3]
+    cj, pf = tmp_path / "t.json", tmp_path / "t.pftrace"
+    r = run_hwtrace("export", b, "--chrome", cj, "--perfetto", pf)
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(cj.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
+    assert names == {top: "parent", kid: "parent -> child"}
+    raw = pf.read_bytes()
+    assert b"parent -> child" in raw and b"process %d" % kid not in raw

@@ -221,7 +221,9 @@ def test_real_recording_export(loopy_bundle, tmp_path):
     # context switches, so the slices are on loopy's own thread track
     assert {(e["pid"], e["tid"]) for e in xs} == {(19233, 19233)}
     names = {e["args"]["name"] for e in ev if e["ph"] == "M"}
-    assert names == {"process 19233", "thread 19233"}
+    # the process is named by what it ran, as perf recorded it: perf's
+    # workload wrapper (its comm), then the exec'd loopy
+    assert names == {".perf-wrapped -> loopy", "thread 19233"}
     assert sorted(fo.read_text().splitlines()) == ["_start 11", "again 46"]
 
 

@@ -350,6 +350,22 @@ def flow_config(options: dict, base: FlowConfig | None = None) -> FlowConfig:
     return cfg
 
 
+def program_names(records) -> tuple:
+    """(pid, name) of every process of the sideband ``records``, in pid
+    order: the base names of the files it ran (else its command names:
+    perf's comm), in turn -- a forked shell that execs ``tr`` is ``dash ->
+    tr``."""
+    from hwtrace.bundle import Process
+    names: dict = {}
+    for r in records:
+        if isinstance(r, Process):
+            name = os.path.basename(r.exe) if r.exe else r.comm
+            seen = names.setdefault(r.pid, [])
+            if name and (not seen or seen[-1] != name):
+                seen.append(name)
+    return tuple(sorted((p, " -> ".join(n)) for p, n in names.items() if n))
+
+
 def _about(path, e) -> str:
     """``path: message`` unless the message names the path already."""
     msg = str(e)
@@ -448,6 +464,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                      and (not traced or r.cpu in traced))
     tsc_hz = manifest.get("tsc_hz") or None
     ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
+    programs = program_names(records)
     seen = set()
     for r in records:
         if isinstance(r, Mmap):
@@ -499,7 +516,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
                               manifest, e.config if isinstance(e.config, dict) else None),
-                          clock_counted=counted)
+                          clock_counted=counted, programs=programs)
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,

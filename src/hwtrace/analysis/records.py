@@ -65,7 +65,8 @@ class StreamInfo(NamedTuple):
     only TSC packets tell it, so the time at every instruction is known
     (:func:`hwtrace.bundle.insn_clock_exact`).  ``clock_counted``: that
     clock counts exactly the traced instructions, MTC or CYC packets
-    perhaps telling it too (:func:`hwtrace.bundle.insn_clock_counted`)."""
+    perhaps telling it too (:func:`hwtrace.bundle.insn_clock_counted`).
+    ``programs``: what each process ran, for naming its tracks and threads."""
 
     pid: int | None = None
     tid: int | None = None
@@ -75,6 +76,16 @@ class StreamInfo(NamedTuple):
     tsc_per_insn: float | None = None
     clock_exact: bool = False
     clock_counted: bool = False
+    #: (pid, program name) pairs: what each process of the recording ran
+    #: (the file it last exec'd, else its command name); empty: unknown
+    programs: tuple = ()
+
+    def program(self, pid: int | None) -> str:
+        """The name of the program process ``pid`` ran ("" unknown)."""
+        for p, name in self.programs:
+            if p == pid:
+                return name
+        return ""
 
     def label(self) -> str:
         if self.name:

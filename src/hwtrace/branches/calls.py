@@ -82,6 +82,8 @@ class CallHistory:
         self._htab = _StrTable()             # the compiled core's heads,
         self._etab = _StrTable()             # "end of" heads ...
         self._ntab = _StrTable()             # ... and notes, made once
+        self._whos: list[str] = []           # "tid T (program)" by id - 1
+        self._who_index: dict = {}           # (pid << 32 | tid) -> its id
         self.lines_written = 0
         #: the counts-only formatter: None the selector's choice, "python"
         #: or "compiled" (hwtrace.branches._c_format)
@@ -288,13 +290,15 @@ class CallHistory:
         insns = (rows["end_idx"] - rows["begin_idx"]).tolist()
         flags = rows["flags"].tolist()
         tids = rows["tid"].tolist()
+        pids = rows["pid"].tolist()
         threads = bool(getattr(self._info, "switches", ()))
         last = self._last_tid
         notes = self._notes
         opened = (_OPEN if final else _EARLY).decode()
         out = []
         add = out.append
-        for d, i, c, f, tid, done in zip(depth, nid, insns, flags, tids, ok.tolist()):
+        for d, i, c, f, tid, pid, done in zip(depth, nid, insns, flags, tids, pids,
+                                              ok.tolist()):
             key = (d, i, end_of)
             h = heads.get(key)
             if h is None:
@@ -304,7 +308,8 @@ class CallHistory:
             if note is None:
                 note = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
             if threads and tid >= 0 and tid != last:
-                note = f"{note}, tid {tid}" if note else f"tid {tid}"
+                who = _who(self._info, pid, tid)
+                note = f"{note}, {who}" if note else who
             last = tid
             tail = f"{c:>10,} insns" if done else opened
             add(f"{h}{tail}  [{note}]\n" if note else f"{h}{tail}\n")
@@ -325,30 +330,53 @@ class CallHistory:
             return [("  " * ((k >> 32) + 1) + pre + names[k & 0xFFFFFFFF]).ljust(48)
                     .encode("utf-8", "surrogatepass") + b" " for k in keys]
 
+        whos = self._whos
+
         def note(keys: list) -> list:
             out = []
-            for f in keys:
+            for k in keys:
+                f = k & 0xFFFFFFFF
                 t = notes.get(f)
                 if t is None:
                     t = notes[f] = ", ".join(t for fl, t in _NOTES if f & fl)
+                if k >> 32:
+                    who = whos[(k >> 32) - 1]
+                    t = f"{t}, {who}" if t else who
                 out.append(t.encode("utf-8", "surrogatepass"))
             return out
 
         htab = self._etab if end_of else self._htab
         hinv = htab.index(rows["depth"], rows["name"], head)
         flags = rows["flags"]
-        finv = self._ntab.index(np.zeros(len(flags), np.int32), flags, note)
+        tids = rows["tid"].astype(np.int64)
+        show = _shown_threads(tids, self._info, self._last_tid)
+        finv = self._ntab.index(self._who_ids(rows, show), flags, note)
         opened = (_OPEN if final else _EARLY)
         text, last = core.calls_counts(
             hinv, *htab.blob(),
             (rows["end_idx"] - rows["begin_idx"]).astype(np.int64),
             np.ascontiguousarray(ok, np.uint8),
-            finv, *self._ntab.blob(),
-            rows["tid"].astype(np.int64),
-            bool(getattr(self._info, "switches", ())), int(self._last_tid), opened)
-        self._last_tid = last
+            finv, *self._ntab.blob(), tids, False, int(self._last_tid), opened)
+        self._last_tid = int(tids[-1])
         self.lines_written += len(rows)
         return text          # UTF-8 bytes (surrogates passed): see _write
+
+    def _who_ids(self, rows, show: np.ndarray) -> np.ndarray:
+        """Per row, 1 + the index in ``_whos`` of its thread's words where
+        ``show``, else 0 (the high half of its note's key)."""
+        ids = np.zeros(len(rows), np.int64)
+        if show.any():
+            at = np.flatnonzero(show)
+            keys = (rows["pid"][at].astype(np.int64) << 32) | \
+                (rows["tid"][at].astype(np.int64) & 0xFFFFFFFF)
+            index = self._who_index
+            for j, k in zip(at.tolist(), keys.tolist()):
+                w = index.get(k)
+                if w is None:
+                    self._whos.append(_who(self._info, k >> 32, k & 0xFFFFFFFF))
+                    w = index[k] = len(self._whos)
+                ids[j] = w
+        return ids
 
     # -- records one at a time (tests, old callers) ---------------------------------------
     def add(self, rec) -> None:
@@ -521,14 +549,35 @@ def _notes(t: Lines, rows: np.ndarray, info, last_tid: int) -> int:
         notes = [text for flag, text in _NOTES if f & flag]
         texts.append(", ".join(notes).encode())
     has = np.array([bool(x) for x in texts])[inv]
-    threads = bool(getattr(info, "switches", ()))
-    tid = rows["tid"]
-    prev = np.concatenate(([last_tid], tid[:-1]))
-    show_tid = (tid >= 0) & threads & (tid != prev)
+    tid = rows["tid"].astype(np.int64)
+    show_tid = _shown_threads(tid, info, last_tid)
     t.when(has | show_tid, b"  [")
     t.strs(texts, inv)
     t.when(has & show_tid, b", ")
-    t.when(show_tid, b"tid ")
-    t.int(np.maximum(tid, 0)).only(show_tid)
+    if show_tid.any():
+        at = np.flatnonzero(show_tid)
+        words = [_who(info, p, k).encode("utf-8", "replace")
+                 for p, k in zip(rows["pid"][at].tolist(), tid[at].tolist())]
+        ids = np.zeros(len(tid), np.int64)
+        ids[at] = np.arange(1, len(at) + 1)
+        t.strs([b""] + words, ids)
     t.when(has | show_tid, b"]")
     return int(tid[-1]) if len(tid) else last_tid
+
+
+def _shown_threads(tid: np.ndarray, info, last_tid: int) -> np.ndarray:
+    """The rows that name their thread: in a CPU's stream following its
+    threads, where the thread changes (from ``last_tid``, the row before
+    the first's)."""
+    if not len(tid) or not getattr(info, "switches", ()):
+        return np.zeros(len(tid), bool)
+    prev = np.concatenate(([last_tid], tid[:-1]))
+    return (tid >= 0) & (tid != prev)
+
+
+def _who(info, pid: int, tid: int) -> str:
+    """A thread in words: ``tid T (program)``, the program its process ran
+    where the recording says."""
+    program = getattr(info, "program", None)
+    name = program(pid) if program is not None and pid >= 0 else ""
+    return f"tid {tid} ({name})" if name else f"tid {tid}"

@@ -31,6 +31,14 @@ def track_label(info) -> str:
     return info.name or "trace"
 
 
+def process_name(info, pid: int) -> str:
+    """A process's track name: the program it ran, else ``process PID``
+    (the viewers show the pid beside it)."""
+    program = getattr(info, "program", None)
+    name = program(pid) if program is not None else ""
+    return name or f"process {pid}"
+
+
 def track_of(info, cpu_pid: int):
     """(pid, tid, process name, thread name) of a stream's own track: a
     thread's, or in cpu mode the made-up process ``cpu_pid`` ("CPUs")
@@ -39,4 +47,4 @@ def track_of(info, cpu_pid: int):
         return cpu_pid, info.cpu, "CPUs", track_label(info)
     pid = info.pid if info.pid is not None else 0
     tid = info.tid if info.tid is not None else 0
-    return pid, tid, f"process {pid}", track_label(info)
+    return pid, tid, process_name(info, pid), track_label(info)

@@ -22,7 +22,7 @@ import numpy as np
 from hwtrace._unique import unique
 from hwtrace.analysis.records import StreamInfo
 from hwtrace.analysis.slices import RecordChunker
-from hwtrace.export import UNITS_PER_US, flag_names, track_of
+from hwtrace.export import UNITS_PER_US, flag_names, process_name, track_of
 from hwtrace.export import _textcols_impl
 from hwtrace.export.textcols import Lines, small_ids
 
@@ -205,7 +205,7 @@ class ChromeTraceWriter:
         if has.any():
             for k in unique((pid[has] << 32) | tid[has]).tolist():
                 p, t = k >> 32, k & 0xFFFFFFFF
-                self._track(p, t, f"process {p}", f"thread {t}")
+                self._track(p, t, process_name(info, p), f"thread {t}")
         return pid, tid
 
     def _marker(self, m) -> None:

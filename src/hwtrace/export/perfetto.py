@@ -25,7 +25,7 @@ import numpy as np
 
 from hwtrace.analysis.records import Flag, StreamInfo
 from hwtrace.analysis.slices import RecordChunker
-from hwtrace.export import _textcols_impl, flag_names, track_of
+from hwtrace.export import _textcols_impl, flag_names, process_name, track_of
 from hwtrace.export._pb import f_bytes, f_str, f_varint, varint
 from hwtrace.export.chrome import CPU_PID
 from hwtrace.export.textcols import Lines, small_ids
@@ -124,7 +124,7 @@ class PerfettoTraceWriter:
         u = self._threads.get((pid, tid))
         if u is None:
             u = self._threads[(pid, tid)] = (3 << 40) + len(self._threads)
-            self._thread_track(u, pid, tid, f"process {pid}", f"thread {tid}")
+            self._thread_track(u, pid, tid, process_name(self._info, pid), f"thread {tid}")
         return u
 
     # -- chunks ----------------------------------------------------------------------
