@@ -8,22 +8,11 @@ import os
 import signal
 
 from hwtrace.cli import CliError
+from hwtrace.cli._record_report import _bytes, _n
 
 
 #: missing images listed by name (the rest counted)
 MAX_MISSING = 12
-
-
-def _n(x: int) -> str:
-    return f"{x:,}"
-
-
-def _bytes(x: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if x >= 1 << shift:
-            v = x / (1 << shift)
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
-    return f"{_n(x)} bytes"
 
 
 def _open(path: str):

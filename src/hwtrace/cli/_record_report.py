@@ -19,8 +19,9 @@ def _n(x: int) -> str:
 
 def _bytes(x: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if x >= 10 << shift:
-            return f"{x / (1 << shift):.1f} {unit}"
+        if x >= 1 << shift:
+            v = f"{x / (1 << shift):.1f}"
+            return f"{v[:-2] if v.endswith('.0') else v} {unit}"
     return f"{_n(x)} bytes"
 
 
