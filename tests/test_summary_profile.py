@@ -83,3 +83,53 @@ def test_one_function_loaded_by_two_processes_is_one_row():
     # without places (one program): as before
     text = render(p, {"streams": 1, "insns": 26, "activations": 6}, "t", 10)
     assert "do_lookup_x@0x9000" in text and "main@0x1200" in text
+
+
+def _enter(f, name, d, b, flags=Flag(0)):
+    return Enter(f, name, d, b, b, flags, 1)
+
+
+def _act(f, name, d, b, e, child=0, flags=Flag(0)):
+    return Activation(f, name, d, b, e, b, e, child, child, flags, 1)
+
+
+def test_what_main_tail_calls_is_the_program():
+    """node's main is one jump to node::Start: the function main
+    tail-calls (and what that one calls) is main going on, not start-up;
+    exit, called after it returns, is."""
+    recs = [_enter(0x10, "_start", 0, 0), _enter(0x20, "__libc_start_main", 1, 1),
+            _enter(0x30, "main", 2, 2), _act(0x30, "main", 2, 2, 3),
+            _enter(0x40, "start", 2, 3, Flag.TAIL_CALL),
+            _enter(0x50, "work", 3, 4), _act(0x50, "work", 3, 4, 100),
+            _act(0x40, "start", 2, 3, 101, 96, Flag.TAIL_CALL),
+            _enter(0x60, "exit", 2, 102), _act(0x60, "exit", 2, 102, 110),
+            _act(0x20, "__libc_start_main", 1, 1, 111, 101),
+            _act(0x10, "_start", 0, 0, 112, 111)]
+    p = Profile()
+    feed(p, recs, StreamInfo(1, 1))
+    p.close()
+    assert p.has_startup
+    assert {k[0] for k in p.part("program")} == {"main", "start", "work"}
+    assert {k[0] for k in p.part("startup")} == {"_start", "__libc_start_main", "exit"}
+
+
+def test_a_thread_that_lost_its_stack_in_main_is_the_program():
+    """A CPU's stream loses a thread's stack when it ran on another CPU
+    meanwhile: main was switched out, never seen to return, and what the
+    thread runs when it comes back (afresh) is still the program's."""
+    recs = [_enter(0x10, "_start", 0, 0), _enter(0x30, "main", 1, 1),
+            _enter(0x50, "work", 2, 2),
+            _act(0x50, "work", 2, 2, 50, 0, Flag.SWITCHED_OUT),
+            _act(0x30, "main", 1, 1, 50, 48, Flag.SWITCHED_OUT),
+            _act(0x10, "_start", 0, 0, 50, 49, Flag.SWITCHED_OUT),
+            _enter(0x50, "work", 0, 60, Flag.BEGIN_UNKNOWN),
+            _act(0x50, "work", 0, 60, 90, 0, Flag.BEGIN_UNKNOWN),
+            _enter(0x70, "more", 0, 90, Flag.BEGIN_UNKNOWN),
+            _act(0x70, "more", 0, 90, 95, 0, Flag.BEGIN_UNKNOWN)]
+    p = Profile()
+    feed(p, recs, StreamInfo(1, 1))
+    p.close()
+    prog = p.part("program")
+    assert {k[0] for k in prog} == {"main", "work", "more"}
+    assert prog[("work", 0x50)].excl_insns == 48 + 30
+    assert {k[0] for k in p.part("startup")} == {"_start"}

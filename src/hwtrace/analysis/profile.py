@@ -13,8 +13,14 @@ The program apart from its start-up: an activation inside ``main`` (main
 itself and everything it calls) is the program's (part ``"program"``);
 one outside it, in a thread that ran ``main``, is start-up or exit
 (``"startup"``: the dynamic loader, libc's initialization, ``exit``
-handlers).  Threads that never ran ``main`` (workers, or a trace that
-began inside the program) are all program.
+handlers) if it began before ``main`` was called or after it returned.
+A function ``main`` tail-calls (node's ``main`` is one jump to
+``node::Start``), and any it tail-calls in turn, is ``main`` going on.
+Threads that never ran ``main`` (workers, or a trace that began inside
+the program) are all program, and so is what a thread runs after its
+``main`` was lost without returning: a CPU's stream that lost the
+thread's stack (it ran on another CPU meanwhile) goes on with it afresh,
+still inside ``main`` though no longer seen to be.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from hwtrace.analysis.slices import RecordChunker, _UNKNOWN, id_positions
 
 _NOT_A_CALL = int(Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN)
 _TRUNC = int(Flag.TRUNCATED)
+_TAIL = int(Flag.TAIL_CALL)
+#: a slice that ends without its function returning
+_NOT_A_RETURN = int(Flag.SWITCHED_OUT | Flag.TRUNCATED | Flag.CLIPPED)
 _PROGRAM = -(1 << 62)
 _COLS = ("calls", "truncated", "excl_insns", "excl_time", "incl_insns", "incl_time")
 
@@ -63,6 +72,10 @@ class Profile:
         self._open = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
                                   ("main", "?"), ("tid", "<i8")])
         self._main_seen: set = set()               # thread keys that ran main
+        self._main_called: dict = {}               # ... the enter seq of its first call
+        self._main_returned: dict = {}             # ... the exit seq of its return
+        self._chain: dict = {}                     # ... [main's depth, tail calls go on]
+        self._chain_entered: dict = {}             # ... its chain's last enter seq
         self._stream = 0
         self._hk_known = np.zeros(0, np.int64)     # _rows' keys seen (sorted)
         self._hk_rows = np.zeros(0, np.int64)      # ... and their rows
@@ -111,13 +124,8 @@ class Profile:
             o["tid"] = E["tid"]
             o["main"] = E["name"] == main_id if main_id is not None else False
             o["key"] = _hkey(E)
-            # a thread whose main was called in the trace: what ran there
-            # outside main is start-up or exit (a main begun before the
-            # trace says nothing about what came before it)
-            called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
-            if called.any():
-                for t in unique(o["tid"][called]).tolist():
-                    self._main_seen.add(thr(t))
+            if main_id is not None:
+                self._main_chain(E, o)
             self._open = np.concatenate((self._open, o))
         if not len(X):
             return
@@ -137,6 +145,8 @@ class Profile:
         outer = self._outermost(op, xend, X, jj, found)
         # parts and rows
         part = np.where(inside, _PROGRAM, X["tid"])
+        if self._main_called:
+            self._after_main(X, op["main"][jj] & found, inside, part)
         rows = self._rows(X, names, part)
         ins = (X["end_idx"] - X["begin_idx"]).astype(np.float64)
         dur = X["end"] - X["begin"]
@@ -155,6 +165,72 @@ class Profile:
         keep = np.ones(len(op), bool)
         keep[jj[found]] = False
         self._open = op[keep]
+
+    def _main_chain(self, E, o) -> None:
+        """Mark in ``o["main"]`` the enters that go on with ``main`` (its
+        tail calls, at its depth, and theirs); note each thread's first
+        call of ``main``: what ran there outside it is start-up or exit
+        (a main begun before the trace says nothing about what came
+        before it)."""
+        thr = self._thread_keys
+        called = o["main"] & ((E["flags"] & _NOT_A_CALL) == 0)
+        # only enters at main's depth or above, in threads whose main may
+        # go on by a tail call, can (a few per thread)
+        live = [(k, c[0]) for k, c in self._chain.items() if c[1] and k[0] == self._stream]
+        if called.any():
+            live += [(thr(t), d) for t, d in zip(E["tid"][called].tolist(),
+                                                 E["depth"][called].tolist())]
+        if not live:
+            return
+        cand = called.copy()
+        for (_s, t), d in live:
+            cand |= (E["tid"] == t) & (E["depth"] <= d)
+        at = np.flatnonzero(cand)
+        main = o["main"]
+        for i, t, d, f, q, c in zip(at.tolist(), E["tid"][at].tolist(),
+                                    E["depth"][at].tolist(), E["flags"][at].tolist(),
+                                    E["eseq"][at].tolist(), called[at].tolist()):
+            key = thr(t)
+            if c:
+                self._main_seen.add(key)
+                self._main_called.setdefault(key, q)
+                self._chain[key] = [d, True]
+                self._chain_entered[key] = q
+                continue
+            ch = self._chain.get(key)
+            if ch is None or d > ch[0]:
+                continue
+            if ch[1] and d == ch[0] and f & _TAIL:
+                main[i] = True
+                self._chain_entered[key] = q
+            else:
+                ch[1] = False
+
+    def _after_main(self, X, xmain: np.ndarray, inside: np.ndarray,
+                    part: np.ndarray) -> None:
+        """Activations outside ``main`` in a thread that ran it, begun after
+        it was called and not after it returned, are the program's (in
+        ``part``): the thread lost its stack inside ``main``.  ``xmain``:
+        the exits of ``main`` and of what it tail-called."""
+        thr = self._thread_keys
+        ret = xmain & ((X["flags"] & _NOT_A_RETURN) == 0)
+        for t, q in zip(X["tid"][ret].tolist(), X["xseq"][ret].tolist()):
+            key = thr(t)
+            if key in self._main_called and q > self._chain_entered.get(key, q):
+                self._main_returned[key] = q        # (not one it tail-called on from)
+        out = ~inside
+        if not out.any():
+            return
+        tids = X["tid"]
+        for t in unique(tids[out]).tolist():
+            called = self._main_called.get(thr(t))
+            if called is None:
+                continue
+            sel = out & (tids == t) & (X["eseq"] > called)
+            back = self._main_returned.get(thr(t))
+            if back is not None:
+                sel &= X["eseq"] < back
+            part[sel] = _PROGRAM
 
     def _thread_keys(self, tid: int):
         return (self._stream, tid)
