@@ -224,3 +224,56 @@ def test_calls_and_exports_name_each_process_by_its_programs(tmp_path):
     assert names == {top: "parent", kid: "parent -> child"}
     raw = pf.read_bytes()
     assert b"parent -> child" in raw and b"process %d" % kid not in raw
+
+
+EXEC_ONLY = r"""
+#include <unistd.h>
+int main(int argc, char **argv) {
+    execl(argv[1], argv[1], (char *)0);
+    return 127;
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "cpu"])
+def test_an_exec_ends_the_old_program_and_begins_the_new_one(tmp_path, mode):
+    """A process that execs: its old program's frames never return (they
+    end ``[unwound]`` at the exec), and the new program's ``_start`` is a
+    beginning at depth 0, not "began before the trace" -- in a thread's
+    stream, and in a CPU's (a fork's child that execs, coming back to the
+    CPU in its new program)."""
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"first": EXEC_ONLY if mode == "thread" else FORK_EXEC,
+                                      "second": "int main(){return 0;}"})
+    b = tmp_path / "b"
+    # on one host CPU: a process that moves to another CPU begins afresh
+    # in that CPU's stream (the views' known limit; not what this tests)
+    r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "hwtrace", "record",
+                        "--mode", mode, "-o", str(b), "--", progs["first"], progs["second"]],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    for env in ({}, {"HWTRACE_NO_EXTENSIONS": "1"}):
+        r = run_hwtrace("calls", "--max-depth", "0", b, env=env)
+        assert r.returncode == 0, r.stderr
+        top = [x for x in r.stdout.splitlines() if x.startswith("  _start ")]
+        # (cpu mode: the parent's _start too, switched out and back)
+        news = [x for x in top if "began before" not in x and "goes on after" not in x]
+        assert len(news) >= 2, r.stdout
+        if mode == "thread":
+            # ld.so's _start, the first program's (tail-called), ended at
+            # the exec; then the second's two, from depth 0
+            i = next(k for k, x in enumerate(top) if "unwound]" in x)
+            assert len(top) == i + 3 and "began before" not in top[i + 1], top
+        else:
+            # the fork's child: its first program's frames, then (switched
+            # out in its exec or not) the new program's _start
+            lines, mine, child = r.stdout.splitlines(), [], False
+            for x in lines:         # the child's lines (a note names each new thread)
+                m = re.search(r"tid \d+ \(([^)]*)\)\]", x)
+                if m:
+                    child = m.group(1) == "first -> second"
+                if child:
+                    mine.append(x)
+            start = [x for x in mine if x.startswith("  _start ")]
+            assert start and "began before" not in start[0] and \
+                "goes on after" not in start[0], lines

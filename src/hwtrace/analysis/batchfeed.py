@@ -140,6 +140,7 @@ class BatchInput:
             a._fresh = None
             if a.groups is not None:
                 a.groups._hazard = None
+        self._exec_check(space)
 
     def _records(self, a: "_Arrays", r0: int, r1: int) -> None:
         """Records [r0, r1) of the batch, with no event between them but

@@ -180,6 +180,9 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._pid: int | None = None
         self._parked: dict[int, tuple] = {}
         self._fresh = False
+        self._space_of: dict = {}       # pid -> the address space it ran last
+        self._execd: set = set()        # pids that exec'd, their thread not back yet
+        self._exec_entry = None         # pid whose next segment begins its new program
         # is tracing on as far as the events said (None: unknown -- the
         # stream's start, or after an overflow or a decode error)
         self._tracing: bool | None = None
@@ -331,14 +334,43 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._paused = False
         self._tx_depth = None
 
+    def _exec_check(self, space) -> None:
+        """A process that comes back in another address space running
+        another file exec'd: its old program's frames never return (they
+        end ``UNWOUND``) and the new one begins at its entry, not "before
+        the trace" -- at once for the running thread (a thread's stream),
+        else when its thread comes back (``threads._switch_to``)."""
+        pid = getattr(space, "pid", None)
+        last = self._space_of.get(pid)
+        self._space_of[pid] = space
+        if last is None or last is space or not last.exe or not space.exe \
+                or last.exe == space.exe:
+            return
+        if self._follow is not None and self._pid != pid:
+            self._execd.add(pid)
+            return
+        self._execd.discard(pid)
+        while self._stack:
+            self._pop(Flag.UNWOUND)
+        self._in_seg = False
+        self._paused = False
+        self._pend = _NONE
+        self._tx_depth = None
+        self._fresh = False
+        self._exec_entry = pid          # (even if switched out and back first)
+
     def _start_segment(self, ip: int) -> None:
         """The first instruction of a trace segment: its function began
         before (``BEGIN_UNKNOWN``) unless the segment starts exactly at the
         function's entry (a trace window opened at a function)."""
         self._in_seg = True
         start, _nid, known = self._sym(ip)
-        at_entry = known and start == ip and not self._fresh
+        ex = self._exec_entry
+        execd = ex is not None and (self._follow is None or ex == self._pid)
+        at_entry = known and start == ip and (not self._fresh or execd)
         self._fresh = False
+        if execd:
+            self._exec_entry = None
         self._push(ip, None, Flag.NONE if at_entry else Flag.BEGIN_UNKNOWN,
                    base=True)
 

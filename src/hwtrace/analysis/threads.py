@@ -94,13 +94,18 @@ class FollowThreads:
         self._pend = 0
         self._after_abort = False
         st = self._parked.pop(tid, None) if tid is not None else None
+        execd = pid in self._execd         # (BatchInput._exec_check)
+        if execd:
+            self._execd.discard(pid)
+            self._exec_entry = pid
+            st = None
         if st is None or not self._expects(st[0], ip):
             # first seen, or back from another CPU: its stack starts afresh,
             # in what it was doing before (nothing begins here) -- unless
             # this is where the stream itself begins and the thread had
             # not run before (``ran``: it migrated here, maybe switched out
             # right after a call on the other CPU, whose stream counted it)
-            self._fresh = self.n > 0 or ran
+            self._fresh = (self.n > 0 or ran) and not execd
             self._in_seg = False
             self._paused = False
             self._tx_depth = None
