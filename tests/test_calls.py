@@ -224,6 +224,13 @@ def test_calls_and_exports_name_each_process_by_its_programs(tmp_path):
     assert names == {top: "parent", kid: "parent -> child"}
     raw = pf.read_bytes()
     assert b"parent -> child" in raw and b"process %d" % kid not in raw
+    # summary: each process's share, by the program it ran last
+    r = run_hwtrace("summary", b)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("processes: "))
+    shares = dict(re.findall(r"(\w+ \d+) ([\d.]+)%", line))
+    assert set(shares) == {f"parent {top}", f"child {kid}"}
+    assert abs(sum(map(float, shares.values())) - 100) < 0.2
 
 
 EXEC_ONLY = r"""

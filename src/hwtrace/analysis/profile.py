@@ -64,6 +64,10 @@ class Profile:
     time: float = 0.0
     streams: int = 0
     units: set = field(default_factory=set)
+    #: exclusive instructions by process (pid; -1 unknown), and the
+    #: programs the streams say each ran (pid -> name)
+    pid_insns: dict = field(default_factory=dict)
+    programs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self._keys: dict[tuple, int] = {}          # (name, func, part) -> row
@@ -89,6 +93,7 @@ class Profile:
         self.streams += 1
         self._stream += 1
         self._info = info
+        self.programs.update(getattr(info, "programs", ()) or ())
         self._open = self._open[:0]
         # (a new builder: its name ids and threads are its own)
         self._hk_known = np.zeros(0, np.int64)
@@ -162,6 +167,13 @@ class Profile:
         acc[:, 5] += np.bincount(rows, np.where(outer, dur, 0), nrow)
         self.insns += int(self_i.sum())
         self.time += float(self_t.sum())
+        pids = X["pid"]
+        if len(pids) and pids[0] == pids[-1] and (pids == pids[0]).all():
+            p = int(pids[0])
+            self.pid_insns[p] = self.pid_insns.get(p, 0) + int(self_i.sum())
+        else:
+            for p in unique(pids).tolist():
+                self.pid_insns[p] = self.pid_insns.get(p, 0) + int(self_i[pids == p].sum())
         keep = np.ones(len(op), bool)
         keep[jj[found]] = False
         self._open = op[keep]

@@ -78,6 +78,14 @@ def render(profile, totals: dict, description: str, top: int = 15,
         lines.append("lost data / errors: none")
     if narrowed:
         lines.append(f"narrowed to: {narrowed}")
+    procs = {p: n for p, n in profile.pid_insns.items() if n}
+    if len(procs) > 1:
+        # each by the program it ran last (a fork's child that exec'd: the new one)
+        lines.append("processes: " + ", ".join(
+            f"{(profile.programs.get(p) or 'pid').split(' -> ')[-1]} {p} "
+            f"{100 * n / max(profile.insns, 1):.1f}%" if p >= 0 else
+            f"unknown {100 * n / max(profile.insns, 1):.1f}%"
+            for p, n in sorted(procs.items(), key=lambda x: -x[1])))
     show_time = unit not in ("insns", "mixed") and not counts_insns
     tu = "" if unit == "ns" else f" ({unit})"
     total = max(profile.insns, 1)
