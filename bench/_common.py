@@ -128,11 +128,31 @@ def best_cpu(n: int, cmd, env: dict | None = None) -> tuple[float, str]:
     return t, out
 
 
+def hwtrace_command() -> list[str]:
+    """How the timed children run hwtrace: as a user does, the
+    ``hwtrace`` script pip installed beside this interpreter (its console
+    script, whose first line names this interpreter: it imports hwtrace
+    from the same path, PYTHONPATH included), else ``python -m hwtrace``
+    (runpy's start-up too)."""
+    script = Path(sys.executable).parent / "hwtrace"
+    try:
+        with open(script, "rb") as f:
+            first = f.readline().strip()
+    except OSError:
+        first = b""
+    if first == b"#!" + os.fsencode(sys.executable):
+        return [str(script)]
+    return [sys.executable, "-m", "hwtrace"]
+
+
 def startup_floor(env: dict, n: int) -> str:
     """The CPU seconds no command goes below here: the interpreter alone
-    (with whatever this machine's site imports) and ``hwtrace --version``."""
+    (with whatever this machine's site imports) and ``hwtrace --version``
+    (:func:`hwtrace_command`, which is named)."""
     tp, _ = best_cpu(n, [sys.executable, "-c", "pass"], env)
-    warm_up([sys.executable, "-m", "hwtrace", "--version"], env)
-    tv, _ = best_cpu(n, [sys.executable, "-m", "hwtrace", "--version"], env)
+    version = [*hwtrace_command(), "--version"]
+    warm_up(version, env)
+    tv, _ = best_cpu(n, version, env)
     return (f"start-up floor: python -c pass {tp:.3f} s CPU, "
-            f"hwtrace --version {tv:.3f} s CPU")
+            f"hwtrace --version {tv:.3f} s CPU (hwtrace: "
+            f"{' '.join(hwtrace_command())})")

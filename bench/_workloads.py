@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from _common import best_cpu, bytecode_note, child_env, startup_floor, \
-    warm_up
+from _common import best_cpu, bytecode_note, child_env, hwtrace_command, \
+    startup_floor, warm_up
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -47,7 +47,9 @@ class Workload(NamedTuple):
 
 
 def hwtrace(*args) -> list[str]:
-    return [sys.executable, "-m", "hwtrace", *map(str, args)]
+    """The command line ``hwtrace ARGS`` as a user runs it
+    (:func:`_common.hwtrace_command`)."""
+    return [*hwtrace_command(), *map(str, args)]
 
 
 def ensure_oracle() -> None:

@@ -116,3 +116,84 @@ def test_the_processs_own_command_line_stays_frozen_for_the_exit(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hwtrace", "dump", "--stat",
                         str(t)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "\n".join(lines[:-1]) + "\n"
+
+
+# -- leaving without the interpreter's shutdown (hwtrace.cli._exit) ----------
+
+LEAVE = r"""
+import atexit, sys, threading
+from hwtrace.cli import _exit
+sys.stdout.write("x" * 100000 + "\n")       # buffered: flushed by leave
+sys.stderr.write("note\n")
+if sys.argv[1] == "atexit":
+    atexit.register(lambda: print("atexit ran"))
+elif sys.argv[1] == "thread":
+    done = threading.Event()
+    threading.Thread(target=done.wait, args=(0.2,)).start()
+_exit.leave(3)
+print("returned")
+"""
+
+
+def _bare(*args) -> subprocess.CompletedProcess:
+    """``python -S -c ...`` with this process's import path: no site
+    start-up, whose .pth files may register atexit callbacks of their own
+    (an interpreter's sandbox or tooling) -- with one registered, leave
+    rightly returns."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path
+                                                      if p))
+    return subprocess.run([sys.executable, "-S", "-c", *args],
+                          capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def _leave(how: str):
+    return _bare(LEAVE, how)
+
+
+def test_leave_ends_the_process_with_the_status_and_the_output_flushed():
+    r = _leave("plain")
+    assert r.returncode == 3
+    assert r.stdout == "x" * 100000 + "\n" and r.stderr == "note\n"
+
+
+def test_leave_returns_where_the_shutdown_has_work_to_do():
+    """An atexit callback registered or another thread alive: the process
+    goes on, and its exit is the interpreter's as always."""
+    r = _leave("atexit")
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[1:] == ["returned", "atexit ran"]
+    r = _leave("thread")
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[1:] == ["returned"]
+
+
+COVERAGE = r"""
+import sys
+from hwtrace.cli import main
+in_process = len(sys.argv) > 3
+sys.argv = ["hwtrace", "coverage", "--pt", sys.argv[1], "--raw",
+            sys.argv[2] + ":0x1000"]
+if in_process:
+    print(main(sys.argv[1:]))       # in process: returns
+else:
+    main()                          # the process's own: ends it
+print("after main")
+"""
+
+
+def test_coverage_ends_its_own_process_but_not_a_callers(tmp_path):
+    """``coverage`` leaves its own process at once (quick_exit), with the
+    same output and status as when called in process, where main()
+    returns."""
+    from hwtrace.pt import encoder as E
+    t = tmp_path / "t.pt"
+    t.write_bytes(E.psb() + E.mode_exec(csl=1) + E.psbend() +
+                  E.tip_pge(0x1000) + E.tip_pgd())
+    code = tmp_path / "code.bin"
+    code.write_bytes(bytes.fromhex("9090900f05"))   # 3 nops, a syscall
+    own = _bare(COVERAGE, str(t), str(code))
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert own.stdout.endswith("insns: 4.\n")       # nothing after main()
+    called = _bare(COVERAGE, str(t), str(code), "in-process")
+    assert called.stdout == own.stdout + "0\nafter main\n"

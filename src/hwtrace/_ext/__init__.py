@@ -58,8 +58,9 @@ twin runs (the package stays usable) and ``Status.reason`` says why.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
+import sys
+from importlib.machinery import PathFinder
 from collections import namedtuple
 from types import ModuleType
 
@@ -120,11 +121,23 @@ class Status(namedtuple("Status", "name module built required disabled "
 
 def _built(name: str) -> bool:
     """Whether an extension file for module ``name`` exists (its package
-    is imported to find out, the module itself is not)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return False
+    is imported to find out, the module itself is not): looked for where
+    the import system looks for a package's modules, on the package's
+    ``__path__`` (importlib.machinery's PathFinder, as
+    importlib.util.find_spec does through sys.meta_path; importlib.util
+    is an import of its own at every command's start-up, which the
+    ``hwtrace`` script otherwise has no use for)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        spec = getattr(module, "__spec__", None)
+    else:
+        package, _, _ = name.rpartition(".")
+        try:
+            path = importlib.import_module(package).__path__ if package \
+                else None
+            spec = PathFinder.find_spec(name, path)
+        except (ImportError, AttributeError, ValueError):
+            return False
     return spec is not None and spec.origin is not None and \
         not spec.origin.endswith(".py")
 

@@ -220,18 +220,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv``; None: the process's own (the
     ``hwtrace`` script, ``python -m hwtrace``), which exits after it
     (:func:`hwtrace.cli._gc.command`'s ``program``)."""
-    with _gc.command(program=argv is None):
-        return _main(sys.argv[1:] if argv is None else argv)
+    program = argv is None
+    with _gc.command(program=program):
+        return _main(sys.argv[1:] if program else argv, program)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], program: bool = False) -> int:
     try:
         parser = _parser_for(argv)
         if not argv:
             parser.print_help()         # "hwtrace" alone: what it can do
             return 2
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if program and getattr(args, "quick_exit", False):
+            from hwtrace.cli import _exit
+            _exit.leave(status)         # returns where it cannot
+        return status
     except CliError as e:
         _end_progress_line()
         print(f"hwtrace: {e}" if not str(e).startswith("hwtrace") else str(e),

@@ -32,7 +32,6 @@ collector).
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager
 
 #: young-generation threshold while a command runs (the default is 700)
 THRESHOLD = (50_000, 20, 20)
@@ -40,25 +39,35 @@ THRESHOLD = (50_000, 20, 20)
 _active = 0
 
 
-@contextmanager
-def command(program: bool = False):
-    """While a command runs: what is alive at its start is frozen and
-    :func:`settle` takes effect; after it, the collector is as it was,
-    unless ``program`` (the process exits after the command): then what
-    is alive stays frozen, out of the shutdown's collections."""
-    global _active
-    _active += 1
-    old = gc.get_threshold()
-    gc.freeze()
-    try:
-        yield
-    finally:
+class command:
+    """While a command runs (``with command(program):``): what is alive
+    at its start is frozen and :func:`settle` takes effect; after it, the
+    collector is as it was, unless ``program`` (the process exits after
+    the command): then what is alive stays frozen, out of the shutdown's
+    collections.  (A class, not contextlib.contextmanager: contextlib is
+    an import of its own, ~3 M instructions of the ``hwtrace`` script's
+    start-up, which imports nothing else of it.)"""
+
+    def __init__(self, program: bool = False):
+        self.program = program
+        self.old = None
+
+    def __enter__(self):
+        global _active
+        _active += 1
+        self.old = gc.get_threshold()
+        gc.freeze()
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        global _active
         _active -= 1
-        if program:
+        if self.program:
             gc.freeze()
         elif not _active:
-            gc.set_threshold(*old)
+            gc.set_threshold(*self.old)
             gc.unfreeze()
+        return False
 
 
 def settle() -> None:

@@ -55,7 +55,8 @@ def register(sub) -> None:
     p.add_argument("--bitmap-size", type=int, default=1 << 16, metavar="N")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print the summary line only")
-    p.set_defaults(func=run, images=[])
+    # quick_exit: nothing to finalize after run (hwtrace.cli._exit)
+    p.set_defaults(func=run, images=[], quick_exit=True)
 
 
 _TIMING = ("mtc_freq", "nom_freq", "cpuid_0x15_eax", "cpuid_0x15_ebx")

@@ -103,29 +103,119 @@ void edge_free(struct edge_table *e)
     memset(e, 0, sizeof *e);
 }
 
-static int by_from_to(const void *a, const void *b)
+/* (from, to) order: a table's keys are distinct, so the order is total and
+ * the sorted array unique */
+static inline int before(const struct edge *x, const struct edge *y)
 {
-    const struct edge *x = a, *y = b;
-    if (x->from != y->from)
-        return x->from < y->from ? -1 : 1;
-    if (x->to != y->to)
-        return x->to < y->to ? -1 : 1;
-    return 0;
+    return x->from != y->from ? x->from < y->from : x->to < y->to;
 }
 
-struct edge *edge_sorted(const struct edge_table *e)
+static void insertion_sort(struct edge *a, size_t n)
 {
-    if (!e->n)
-        return NULL;
-    struct edge *s = malloc(e->n * sizeof *s);
-    if (!s)
-        return NULL;
+    for (size_t i = 1; i < n; i++) {
+        struct edge x = a[i];
+        size_t j = i;
+        for (; j && before(&x, &a[j - 1]); j--)
+            a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+static void sift_down(struct edge *a, size_t root, size_t n)
+{
+    struct edge x = a[root];
+    for (;;) {
+        size_t c = 2 * root + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && before(&a[c], &a[c + 1]))
+            c++;
+        if (!before(&x, &a[c]))
+            break;
+        a[root] = a[c];
+        root = c;
+    }
+    a[root] = x;
+}
+
+static void heap_sort(struct edge *a, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift_down(a, i, n);
+    while (n > 1) {
+        struct edge t = a[0];
+        a[0] = a[--n];
+        a[n] = t;
+        sift_down(a, 0, n);
+    }
+}
+
+static void swap_edges(struct edge *x, struct edge *y)
+{
+    struct edge t = *x;
+    *x = *y;
+    *y = t;
+}
+
+/* introsort: quicksort (median of three), insertion sort below 16 edges,
+ * heapsort past the depth limit; the comparison inline, not through
+ * qsort's function pointer (glibc's qsort, a merge sort copying 24-byte
+ * elements through memcpy: ~57 M instructions for the python3 recording's
+ * 61 K edges, 1.4% of coverage --edges) */
+static void intro_sort(struct edge *a, size_t n, int depth)
+{
+    while (n > 16) {
+        if (!depth--) {
+            heap_sort(a, n);
+            return;
+        }
+        struct edge *m = a + n / 2, *z = a + n - 1;
+        if (before(m, a))
+            swap_edges(m, a);
+        if (before(z, m)) {
+            swap_edges(z, m);
+            if (before(m, a))
+                swap_edges(m, a);
+        }
+        /* a[0] <= pivot <= a[n-1]: sentinels for the scans */
+        struct edge p = *m;
+        size_t i = 0, j = n - 1;
+        for (;;) {
+            do
+                i++;
+            while (before(&a[i], &p));
+            do
+                j--;
+            while (before(&p, &a[j]));
+            if (i >= j)
+                break;
+            swap_edges(&a[i], &a[j]);
+        }
+        /* [0, j] <= pivot <= [j + 1, n): recurse on the smaller part */
+        size_t left = j + 1;
+        if (left < n - left) {
+            intro_sort(a, left, depth);
+            a += left;
+            n -= left;
+        } else {
+            intro_sort(a + left, n - left, depth);
+            n = left;
+        }
+    }
+    insertion_sort(a, n);
+}
+
+size_t edge_sort_into(const struct edge_table *e, struct edge *out)
+{
     size_t k = 0;
     for (size_t i = 0; i < e->cap; i++)
         if (e->tab[i].n)
-            s[k++] = e->tab[i];
-    qsort(s, k, sizeof *s, by_from_to);
-    return s;
+            out[k++] = e->tab[i];
+    int depth = 0;
+    for (size_t m = k; m > 1; m >>= 1)
+        depth += 2;
+    intro_sort(out, k, depth);
+    return k;
 }
 
 static char *hex16(char *p, uint64_t v)

@@ -52,9 +52,9 @@ static inline int edge_add(struct edge_table *e, uint64_t from, uint64_t to,
 int edge_settle(struct edge_table *e);
 void edge_free(struct edge_table *e);
 
-/* the edges sorted by (from, to): a new array of e->n entries (after
- * edge_settle), NULL if memory ran out (or there are none) */
-struct edge *edge_sorted(const struct edge_table *e);
+/* the edges sorted by (from, to) into ``out``, which has room for e->n
+ * (after edge_settle); e->n */
+size_t edge_sort_into(const struct edge_table *e, struct edge *out);
 
 /* the lines of coverage --edges for ``n`` sorted edges: "FROM TO COUNT\n"
  * (16 hex digits each address, decimal count) into out, which has room

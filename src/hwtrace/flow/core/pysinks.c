@@ -359,12 +359,12 @@ PyObject *edges_packed(struct edge_table *e)
 {
     if (!e->n)
         return PyBytes_FromStringAndSize(NULL, 0);
-    struct edge *sorted = edge_sorted(e);
-    if (!sorted)
-        return PyErr_NoMemory();
-    PyObject *b = PyBytes_FromStringAndSize((const char *)sorted,
-                                            (Py_ssize_t)(e->n * sizeof *sorted));
-    free(sorted);
+    /* sorted in the bytes object's own buffer (16-byte aligned, as the
+     * object is): no array of its own to fault in and copy */
+    PyObject *b = PyBytes_FromStringAndSize(NULL,
+                                            (Py_ssize_t)(e->n * sizeof(struct edge)));
+    if (b)
+        edge_sort_into(e, (struct edge *)(void *)PyBytes_AS_STRING(b));
     return b;
 }
 
@@ -381,13 +381,17 @@ PyObject *py_edge_text(PyObject *mod, PyObject *args)
         return NULL;
     }
     size_t n = (size_t)buf.len / sizeof(struct edge);
-    struct edge *s = malloc(n ? n * sizeof *s : 1);
-    if (!s) {
-        PyBuffer_Release(&buf);
-        return PyErr_NoMemory();
+    /* read in place where the buffer is aligned for it (a table of
+     * edges_packed is), else from an aligned copy */
+    struct edge *s = buf.buf, *copy = NULL;
+    if ((uintptr_t)buf.buf % _Alignof(struct edge)) {
+        s = copy = malloc(n ? n * sizeof *s : 1);
+        if (!s) {
+            PyBuffer_Release(&buf);
+            return PyErr_NoMemory();
+        }
+        memcpy(s, buf.buf, n * sizeof *s);
     }
-    memcpy(s, buf.buf, n * sizeof *s);   /* aligned, whatever the buffer */
-    PyBuffer_Release(&buf);
     unsigned __int128 taken = 0;     /* exact, as Python's sum */
     for (size_t k = 0; k < n; k++)
         taken += s[k].n;
@@ -403,7 +407,8 @@ PyObject *py_edge_text(PyObject *mod, PyObject *args)
         Py_INCREF(Py_None);
         text = Py_None;
     }
-    free(s);
+    free(copy);
+    PyBuffer_Release(&buf);
     if (!text)
         return NULL;
     PyObject *sum = PyLong_FromUnsignedLongLong((uint64_t)taken);
