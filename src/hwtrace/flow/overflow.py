@@ -24,6 +24,9 @@ _FUP_BAD = frozenset(("psbend", "tip", "tip.pgd", "tnt8", "tnt64"))
 
 NOT_HANDLED = object()
 
+# header_has_fup's answers that are a packet decode error (not the end)
+_PACKET_ERRORS = frozenset((E.BAD_OPC, E.BAD_PACKET))
+
 
 class _Found(Exception):
     pass
@@ -208,16 +211,23 @@ def _apl11(q):
 
 def _apl12(q, fup):
     """APL12: a FUP may follow an OVF although the overflow resolved with
-    tracing disabled."""
+    tracing disabled.  A packet that does not decode before the scan
+    decides fails the OVF (libipt 2.0 and later alike; the end of the
+    trace does not)."""
+    from .query import Fail
     after = fup.offset + fup.size
     for p in _packets(q, after):
         if isinstance(p, PtError):
+            if p.code != E.EOS:
+                raise Fail(p.code)
             return NOT_HANDLED
         t = p.type
         if t in ("tnt8", "tnt64", "tip", "tip.pgd", "psbend", "ovf"):
             return NOT_HANDLED
         if t == "psb":
             found = header_has_fup(q, p.offset + p.size)
+            if found in _PACKET_ERRORS:
+                raise Fail(found)
             if found is not None:
                 return NOT_HANDLED
             _recover_disabled(q, after)
