@@ -143,3 +143,16 @@ def test_regression_a_status_packet_cut_by_the_end_moves_to_the_end(oracle):
     check(trace, [(0x200000, b"\x90")], None,
           [("error", "error", "no memory mapped at this address",
             len(trace))], oracle)
+
+
+def test_regression_the_packet_after_skd007s_ovf(oracle):
+    """SKD007: a 2-byte CYC whose second byte is the OVF's first (the CYC
+    cut short by the overflow).  The OVF ends a byte later than its size
+    says (it is reported at the CYC); the twins went on a byte early and
+    read the OVF's second byte as a CYC of its own, so the search for
+    the OVF's FUP started, and failed, there (libipt: after the OVF)."""
+    trace = PSB + MODE64 + fup(0x1000) + bytes.fromhex("f702f3 00 62") + \
+        bytes(12)
+    sections = [(0x1000, bytes.fromhex("90909090f4"))]
+    check(trace, sections, "6/166",
+          [("error", "error", "unexpected packet context", 28)], oracle)

@@ -95,7 +95,9 @@ def decode_ovf(q, pkt) -> None:
         return
 
     q.overflow_reset()
-    q.pos += pkt.size
+    # past the OVF; SKD007's (a CYC's first byte, then the OVF) is a byte
+    # longer than its size: libipt skips that byte as it decodes the CYC
+    q.pos += pkt.size + (q._buf[q.pos] != 0x02)
     q._fetch()
     errata = q.config.errata
 

@@ -468,7 +468,9 @@ int q_dec_ovf(struct query *q, const struct pt_pkt *pkt)
         return 0;
     }
     q_overflow_reset(q);
-    q->pos += pkt->size;
+    /* past the OVF; SKD007's (a CYC's first byte, then the OVF) is a byte
+     * longer than its size: libipt skips that byte as it decodes the CYC */
+    q->pos += pkt->size + (q->buf[q->pos] != 0x02);
     q_fetch(q);
     const struct core_config *c = q->cfg;
     struct pt_pkt fup;
