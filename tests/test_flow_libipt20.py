@@ -156,3 +156,13 @@ def test_regression_the_packet_after_skd007s_ovf(oracle):
     sections = [(0x1000, bytes.fromhex("90909090f4"))]
     check(trace, sections, "6/166",
           [("error", "error", "unexpected packet context", 28)], oracle)
+
+
+def test_regression_skz84s_invalid_tma_in_a_psb_plus_is_skipped(oracle):
+    """SKZ84: a TMA with reserved bits set is corrupt; libipt skips it (a
+    byte longer: 8 bytes) wherever its query decoder meets it, a PSB+ too.
+    Both twins took the skipped packet for one a PSB+ may not hold and
+    failed the sync ("unexpected packet context")."""
+    trace = PSB + MODE64 + fup(0x100000) + \
+        bytes.fromhex("0273010101010000") + PSBEND
+    check(trace, NOPS, "6/143", [], oracle)

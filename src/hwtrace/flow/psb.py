@@ -45,8 +45,8 @@ def read_psb_header(q):
                 evq.dequeue(BIND_PSBEND)
                 first = None
             break
-        if t == "pad":
-            pass
+        if t == "pad" or t == "invalid":
+            pass                # invalid: SKZ84's TMA, which libipt skips
         elif t == "fup":
             if q.config.errata.bdm70 and not (was_enabled or q.enabled):
                 code = bdm70_scan_error(q, nxt.offset + nxt.size)

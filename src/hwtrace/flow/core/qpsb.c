@@ -112,6 +112,7 @@ static int read_psb_header(struct query *q)
         }
         switch (k) {
         case PT_K_PAD:
+        case PT_K_INVALID:          /* SKZ84's TMA, which libipt skips */
             break;
         case PT_K_FUP: {
             if (q->cfg->bdm70 && !was_enabled && !q->enabled) {
