@@ -24,6 +24,9 @@ _FUP_BAD = frozenset(("psbend", "tip", "tip.pgd", "tnt8", "tnt64"))
 
 NOT_HANDLED = object()
 
+# header_has_fup's answers that are a packet decode error (not the end)
+_PACKET_ERRORS = frozenset((E.BAD_OPC, E.BAD_PACKET))
+
 
 class _Found(Exception):
     pass
@@ -92,7 +95,9 @@ def decode_ovf(q, pkt) -> None:
         return
 
     q.overflow_reset()
-    q.pos += pkt.size
+    # past the OVF; SKD007's (a CYC's first byte, then the OVF) is a byte
+    # longer than its size: libipt skips that byte as it decodes the CYC
+    q.pos += pkt.size + (q._buf[q.pos] != 0x02)
     q._fetch()
     errata = q.config.errata
 
@@ -208,16 +213,23 @@ def _apl11(q):
 
 def _apl12(q, fup):
     """APL12: a FUP may follow an OVF although the overflow resolved with
-    tracing disabled."""
+    tracing disabled.  A packet that does not decode before the scan
+    decides fails the OVF (libipt 2.0 and later alike; the end of the
+    trace does not)."""
+    from .query import Fail
     after = fup.offset + fup.size
     for p in _packets(q, after):
         if isinstance(p, PtError):
+            if p.code != E.EOS:
+                raise Fail(p.code)
             return NOT_HANDLED
         t = p.type
         if t in ("tnt8", "tnt64", "tip", "tip.pgd", "psbend", "ovf"):
             return NOT_HANDLED
         if t == "psb":
             found = header_has_fup(q, p.offset + p.size)
+            if found in _PACKET_ERRORS:
+                raise Fail(found)
             if found is not None:
                 return NOT_HANDLED
             _recover_disabled(q, after)

@@ -36,7 +36,7 @@ def read_psb_header(q):
     while True:
         nxt = q.next
         if isinstance(nxt, PtError):
-            raise _fail(nxt.code)
+            raise _fail(header_error(q, nxt))
         t = nxt.type
         if t == "psbend":
             break
@@ -45,9 +45,13 @@ def read_psb_header(q):
                 evq.dequeue(BIND_PSBEND)
                 first = None
             break
-        if t == "pad":
-            pass
+        if t == "pad" or t == "invalid":
+            pass                # invalid: SKZ84's TMA, which libipt skips
         elif t == "fup":
+            if q.config.errata.bdm70 and not (was_enabled or q.enabled):
+                code = bdm70_scan_error(q, nxt.offset + nxt.size)
+                if code is not None:
+                    raise _fail(code)
             enabled = nxt.ipc != 0
             if enabled and q.config.psb_fup_announces_pge() and \
                     bdm70(q, nxt.offset + nxt.size):
@@ -103,6 +107,51 @@ def read_psb_header(q):
         else:
             first.ip_suppressed = True
 
+
+
+# Opcodes whose packets libipt 2.0 does not take in a PSB+ (no header
+# decoder): TNT-8, TIP, TIP.PGE/PGD by their first byte (see
+# header_error), and these second bytes after 0x02: PSB, TNT-64, STOP,
+# EXSTOP, EXSTOP.IP, MWAIT, PWRE, PWRX (and PTW's, masked).
+_EXT_NO_HEADER = frozenset((0x82, 0xa3, 0x83, 0x62, 0xe2, 0xc2, 0x22, 0xa2))
+
+
+def header_error(q, err: PtError) -> str:
+    """The error libipt reports for a packet in a PSB+ that does not
+    decode: it picks the packet's decoder by its opcode alone, so one
+    that may not be in a PSB+ at all is "unexpected packet context"
+    however malformed or cut short, any other fails as it decodes (a cut
+    opcode is the end of the trace)."""
+    buf, pos, end = q._buf, err.offset, q._end
+    if pos >= end:
+        return err.code
+    b = buf[pos]
+    if b == 0x02:
+        if pos + 1 >= end:
+            return E.EOS
+        b1 = buf[pos + 1]
+        if b1 in _EXT_NO_HEADER or b1 & 0x1f == 0x12:     # .. or PTW
+            return E.BAD_CONTEXT
+        return err.code
+    if b in (0x00, 0x99, 0x19, 0x59) or b & 3 == 3:
+        return err.code             # PAD, MODE, TSC, MTC, CYC
+    if b & 1 == 0 or b & 0x1f in (0x0d, 0x11, 0x01):
+        return E.BAD_CONTEXT        # TNT-8, TIP, TIP.PGE, TIP.PGD
+    return err.code                 # FUP, an unknown opcode
+
+
+def bdm70_scan_error(q, pos: int) -> str | None:
+    """libipt 2.0 looks for BDM70's TIP.PGE after a PSB+ FUP (with the
+    erratum, while tracing is not known to be on) with a packet decoder
+    of its own, and fails the PSB+ on a packet that does not decode
+    before it decides (running into the end is no error): that error."""
+    while True:
+        p = q.peek_after(pos)
+        if isinstance(p, PtError):
+            return None if p.code == E.EOS else p.code
+        if p.type not in _BDM70_SKIP:
+            return None
+        pos += p.size
 
 
 def bdm70(q, pos: int):

@@ -240,8 +240,13 @@ class QueryDecoder:
     def _will_event(self) -> bool:
         nxt = self.next
         if isinstance(nxt, PtError):
-            return self._bad_packet_kind(nxt) == "event"
-        t = nxt.type
+            if self._bad_packet_kind(nxt) == "event":
+                return True
+            t = self._err_opcode(nxt)       # TIP, FUP: by the queue
+            if t is None:
+                return False
+        else:
+            t = nxt.type
         if t in _EVENT:
             return True
         if t == "cfe":
@@ -262,10 +267,11 @@ class QueryDecoder:
     def _will_eos(self) -> bool:
         # the trace ended, or ends in a status packet cut short or an opcode
         # cut (libipt gives up reading ahead there); a branch or event packet
-        # cut short is the next packet until a query needs it decoded
+        # (or a FUP an event binds to) cut short is the next packet until a
+        # query needs it decoded
         nxt = self.next
         return isinstance(nxt, PtError) and nxt.code == E.EOS \
-            and self._bad_packet_kind(nxt) is None
+            and not self._stops_read_ahead(nxt)
 
     def _status_flags(self) -> int:
         flags = 0 if self.deferred is None else DEFERRED
@@ -307,8 +313,23 @@ class QueryDecoder:
                 return "event"
         return None
 
+    def _err_opcode(self, err: PtError) -> str | None:
+        """The packet a malformed or cut one is by its opcode where
+        libipt's queries look at that before decoding it: "tip", "tnt"
+        (TNT-8, TNT-64) or "fup"; else None."""
+        if self._bad_packet_kind(err) == "branch":
+            b = self._buf[err.offset]
+            return "tip" if b & 0x1f == 0x0d else "tnt"
+        if err.code in (E.BAD_PACKET, E.EOS) and err.offset < self._end \
+                and self._buf[err.offset] & 0x1f == 0x1d:
+            return "fup"
+        return None
+
     def _stops_read_ahead(self, err: PtError) -> bool:
-        return self._bad_packet_kind(err) is not None
+        """Whether libipt's read-ahead stops at a packet that does not
+        decode (its opcode says a branch or event packet, or a FUP an
+        event binds to) instead of failing on it."""
+        return self._bad_packet_kind(err) is not None or self._will_event()
 
     def _read_ahead(self) -> None:
         """Decode status packets until the next branch or event packet."""
@@ -317,6 +338,11 @@ class QueryDecoder:
             if isinstance(nxt, PtError):
                 if self._stops_read_ahead(nxt):
                     return
+                if nxt.code == E.EOS and nxt.offset < self._end:
+                    # a status packet cut by the end: libipt gives up
+                    # reading ahead at the end
+                    self.pos = self._end
+                    self._fetch()
                 raise Fail(nxt.code)
             t = nxt.type
             if t == "tip" or t in _TNT:
@@ -363,6 +389,9 @@ class QueryDecoder:
         while True:
             nxt = self.next
             if isinstance(nxt, PtError):
+                # libipt asks for a TNT by the opcodes it read ahead
+                if self._will_event() or self._err_opcode(nxt) == "tip":
+                    raise Fail(E.BAD_QUERY)
                 raise Fail(nxt.code)
             if self._will_event():
                 raise Fail(E.BAD_QUERY)
@@ -386,6 +415,9 @@ class QueryDecoder:
             while True:
                 nxt = self.next
                 if isinstance(nxt, PtError):
+                    if self._will_event() or self.tnt.index and \
+                            self._err_opcode(nxt) == "tnt":
+                        raise Fail(E.BAD_QUERY)
                     raise Fail(nxt.code)
                 if self._will_event():
                     raise Fail(E.BAD_QUERY)
@@ -451,6 +483,9 @@ class QueryDecoder:
             while True:
                 nxt = self.next
                 if isinstance(nxt, PtError):
+                    if self._err_opcode(nxt) in ("tip", "tnt") and \
+                            not self._will_event():
+                        raise Fail(E.BAD_QUERY)
                     raise Fail(nxt.code)
                 t = nxt.type
                 if (t == "tip" or t in _TNT) and not self._will_event():

@@ -2,6 +2,19 @@
  * APL12 (hwtrace.flow.overflow) for the query decoder. */
 #include "query.h"
 
+/* the status and timing packets (and PSBEND) BDM70's scan passes over */
+static int bdm70_skips(int kind)
+{
+    switch (kind) {
+    case PT_K_PAD: case PT_K_TSC: case PT_K_CBR: case PT_K_PSBEND:
+    case PT_K_PIP: case PT_K_MODE_EXEC: case PT_K_MODE_TSX:
+    case PT_K_VMCS: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
+    case PT_K_MNT:
+        return 1;
+    }
+    return 0;
+}
+
 /* psb.next_kind: the kind of the first packet from pos on that is not
  * one of the status and timing packets a PSB+ may hold (PSBEND skipped
  * too); -1 (None) at the end or at a packet that does not decode */
@@ -11,15 +24,8 @@ static int next_kind(const struct query *q, ptrdiff_t pos)
     for (;;) {
         if (q_peek(q, pos, &p))
             return -1;
-        switch (p.kind) {
-        case PT_K_PAD: case PT_K_TSC: case PT_K_CBR: case PT_K_PSBEND:
-        case PT_K_PIP: case PT_K_MODE_EXEC: case PT_K_MODE_TSX:
-        case PT_K_VMCS: case PT_K_TMA: case PT_K_MTC: case PT_K_CYC:
-        case PT_K_MNT:
-            break;
-        default:
+        if (!bdm70_skips(p.kind))
             return p.kind;
-        }
         pos += p.size;
     }
 }
@@ -29,6 +35,49 @@ static int next_kind(const struct query *q, ptrdiff_t pos)
 static int bdm70(const struct query *q, ptrdiff_t pos)
 {
     return next_kind(q, pos) == PT_K_TIP_PGE;
+}
+
+/* psb.header_error: libipt 2.0 picks a PSB+ packet's decoder by its
+ * opcode alone; one that may not be in a PSB+ (no header decoder) is
+ * "unexpected packet context" however malformed or cut, any other fails
+ * as it decodes, a cut opcode is the end */
+static int header_error(const struct query *q, ptrdiff_t pos, int err)
+{
+    if (pos >= q->end)
+        return err;
+    unsigned b = q->buf[pos];
+    if (b == 0x02) {
+        if (pos + 1 >= q->end)
+            return E_EOS;
+        switch (q->buf[pos + 1]) {
+        case 0x82: case 0xa3: case 0x83: case 0x62: case 0xe2: case 0xc2:
+        case 0x22: case 0xa2:
+            return E_BAD_CONTEXT;   /* PSB TNT-64 STOP EXSTOP MWAIT PWRE PWRX */
+        }
+        return (q->buf[pos + 1] & 0x1f) == 0x12 ? E_BAD_CONTEXT : err;
+    }
+    if (b == 0x00 || b == 0x99 || b == 0x19 || b == 0x59 || (b & 3) == 3)
+        return err;                 /* PAD MODE TSC MTC CYC */
+    if (!(b & 1) || (b & 0x1f) == 0x0d || (b & 0x1f) == 0x11 ||
+        (b & 0x1f) == 0x01)
+        return E_BAD_CONTEXT;       /* TNT-8 TIP TIP.PGE TIP.PGD */
+    return err;                     /* FUP, an unknown opcode */
+}
+
+/* psb.bdm70_scan_error: libipt 2.0's own scan for BDM70's TIP.PGE fails
+ * the PSB+ on a packet that does not decode before it decides (the end
+ * is no error); 0 or that error */
+static int bdm70_scan_error(const struct query *q, ptrdiff_t pos)
+{
+    struct pt_pkt p;
+    for (;;) {
+        int e = q_peek(q, pos, &p);
+        if (e)
+            return e == E_EOS ? 0 : e;
+        if (!bdm70_skips(p.kind))
+            return 0;
+        pos += p.size;
+    }
 }
 
 /* psb.read_psb_header */
@@ -49,7 +98,7 @@ static int read_psb_header(struct query *q)
     int first = 1;                  /* the status is queue entry 0 */
     for (;;) {
         if (q->nxt_err)
-            return -q->nxt_err;
+            return -header_error(q, q->pos, q->nxt_err);
         const struct pt_pkt *p = &q->nxt;
         int k = p->kind;
         if (k == PT_K_PSBEND)
@@ -63,8 +112,14 @@ static int read_psb_header(struct query *q)
         }
         switch (k) {
         case PT_K_PAD:
+        case PT_K_INVALID:          /* SKZ84's TMA, which libipt skips */
             break;
         case PT_K_FUP: {
+            if (q->cfg->bdm70 && !was_enabled && !q->enabled) {
+                int e = bdm70_scan_error(q, q->nxt_off + p->size);
+                if (e)
+                    return -e;
+            }
             int enabled = p->f[0] != 0;
             if (enabled && psb_fup_announces_pge(q->cfg) &&
                 bdm70(q, q->nxt_off + p->size))
@@ -357,21 +412,26 @@ static int apl11(struct query *q)
     }
 }
 
-/* APL12: a FUP may follow an OVF although tracing was disabled */
+/* APL12: a FUP may follow an OVF although tracing was disabled
+ * (overflow._apl12): 0 handled, NOT_HANDLED, or a packet's decode error */
 static int apl12(struct query *q, const struct pt_pkt *fup, ptrdiff_t fup_off)
 {
     ptrdiff_t after = fup_off + fup->size, pos = after;
     struct pt_pkt p, f2;
     for (;;) {
-        if (q_peek(q, pos, &p))
-            return NOT_HANDLED;
+        int e = q_peek(q, pos, &p);
+        if (e)                  /* a packet that does not decode fails */
+            return e == E_EOS ? NOT_HANDLED : -e;
         switch (p.kind) {
         case PT_K_TNT8: case PT_K_TNT64: case PT_K_TIP: case PT_K_TIP_PGD:
         case PT_K_PSBEND: case PT_K_OVF:
             return NOT_HANDLED;
         case PT_K_PSB: {
             ptrdiff_t off;
-            if (header_has_fup(q, pos + p.size, &f2, &off) != 0)
+            int h = header_has_fup(q, pos + p.size, &f2, &off);
+            if (h == -E_BAD_OPC || h == -E_BAD_PACKET)
+                return h;
+            if (h != 0)
                 return NOT_HANDLED;
             recover_disabled(q, after);
             return 0;
@@ -409,7 +469,9 @@ int q_dec_ovf(struct query *q, const struct pt_pkt *pkt)
         return 0;
     }
     q_overflow_reset(q);
-    q->pos += pkt->size;
+    /* past the OVF; SKD007's (a CYC's first byte, then the OVF) is a byte
+     * longer than its size: libipt skips that byte as it decodes the CYC */
+    q->pos += pkt->size + (q->buf[q->pos] != 0x02);
     q_fetch(q);
     const struct core_config *c = q->cfg;
     struct pt_pkt fup;
@@ -434,8 +496,13 @@ int q_dec_ovf(struct query *q, const struct pt_pkt *pkt)
         q_publish(q, &ev);
         return 0;
     }
-    if (c->apl12 && apl12(q, &fup, fup_off) != NOT_HANDLED)
-        return 0;
+    if (c->apl12) {
+        int h = apl12(q, &fup, fup_off);
+        if (h < 0)
+            return h;
+        if (h != NOT_HANDLED)
+            return 0;
+    }
     ev_init(&ev, EV_OVERFLOW);
     q_stamp(q, &ev);                /* the time of the OVF, not of its FUP */
     return q_enqueue(q, BIND_FUP, &ev);

@@ -299,11 +299,31 @@ const uint8_t q_will_event_kind[PT_K_COUNT] = {
     [PT_K_FUP] = 2,
 };
 
+/* _err_opcode: the packet a malformed or cut one is by its opcode where
+ * libipt's queries look at that before decoding it: PT_K_TIP, PT_K_TNT8
+ * (TNT-8, TNT-64), PT_K_FUP; else -1 */
+static int err_opcode(const struct query *q)
+{
+    int kind = q_bad_packet_kind(q);
+    if (kind == 1)
+        return (q->buf[q->nxt_off] & 0x1f) == 0x0d ? PT_K_TIP : PT_K_TNT8;
+    if ((q->nxt_err == E_BAD_PACKET || q->nxt_err == E_EOS) &&
+        q->nxt_off < q->end && (q->buf[q->nxt_off] & 0x1f) == 0x1d)
+        return PT_K_FUP;
+    return -1;
+}
+
 int q_will_event_slow(struct query *q)
 {
-    if (q->nxt_err)
-        return q_bad_packet_kind(q) == 2;
-    switch (q->nxt.kind) {
+    int k = q->nxt.kind;
+    if (q->nxt_err) {
+        if (q_bad_packet_kind(q) == 2)
+            return 1;
+        k = err_opcode(q);              /* TIP, FUP: by the queue */
+        if (k != PT_K_TIP && k != PT_K_FUP)
+            return 0;
+    }
+    switch (k) {
     case PT_K_TIP_PGE: case PT_K_TIP_PGD: case PT_K_OVF: case PT_K_PIP:
     case PT_K_MODE_TSX: case PT_K_STOP: case PT_K_VMCS: case PT_K_MNT:
     case PT_K_EXSTOP: case PT_K_MWAIT: case PT_K_PWRE: case PT_K_PWRX:
@@ -330,13 +350,28 @@ static int is_tnt(int k)
     return k == PT_K_TNT8 || k == PT_K_TNT64;
 }
 
+/* _stops_read_ahead: libipt's read-ahead stops at a packet that does not
+ * decode where its opcode says a branch or event packet, or a FUP an
+ * event binds to, instead of failing on it */
+int q_stops_read_ahead(struct query *q)
+{
+    return q_bad_packet_kind(q) || q_will_event_slow(q);
+}
+
 int q_read_ahead(struct query *q)
 {
     for (;;) {
         if (q->nxt_err) {
-            if (q_bad_packet_kind(q))
+            if (q_stops_read_ahead(q))
                 return 0;
-            return -q->nxt_err;
+            int e = q->nxt_err;
+            if (e == E_EOS && q->nxt_off < q->end) {
+                /* a status packet cut by the end: libipt gives up
+                 * reading ahead at the end */
+                q->pos = q->end;
+                fetch(q);
+            }
+            return -e;
         }
         int k = q->nxt.kind;
         if (k == PT_K_TIP || is_tnt(k))
@@ -399,8 +434,9 @@ static inline int decode_known(struct query *q, int k)
 static int cache_tnt(struct query *q)
 {
     for (;;) {
-        if (q->nxt_err)
-            return -q->nxt_err;
+        if (q->nxt_err)         /* libipt asks by the opcodes read ahead */
+            return q_will_event(q) || err_opcode(q) == PT_K_TIP ?
+                   -E_BAD_QUERY : -q->nxt_err;
         if (q_will_event(q))
             return -E_BAD_QUERY;
         int k = q->nxt.kind;
@@ -527,7 +563,9 @@ static int indirect_branch(struct query *q, int *status, uint64_t *target)
     int have;
     for (;;) {
         if (q->nxt_err)
-            return -q->nxt_err;
+            return q_will_event(q) ||
+                   (q->tnt_index && err_opcode(q) == PT_K_TNT8) ?
+                   -E_BAD_QUERY : -q->nxt_err;
         if (q_will_event(q))
             return -E_BAD_QUERY;
         int k = q->nxt.kind;
@@ -619,8 +657,11 @@ static int event(struct query *q, int *status, struct event *ev)
     if (q->tnt_index)
         return -E_BAD_QUERY;
     for (;;) {
-        if (q->nxt_err)
-            return -q->nxt_err;
+        if (q->nxt_err) {
+            int k = err_opcode(q);
+            return (k == PT_K_TIP || k == PT_K_TNT8) && !q_will_event(q) ?
+                   -E_BAD_QUERY : -q->nxt_err;
+        }
         int k = q->nxt.kind;
         if ((k == PT_K_TIP || is_tnt(k)) && !q_will_event(q))
             return -E_BAD_QUERY;

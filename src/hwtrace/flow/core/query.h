@@ -184,11 +184,12 @@ static inline int q_will_event(struct query *q)
 int q_bad_packet_kind(const struct query *q);
 /* _will_eos: no packet is next -- the trace ended, or it ends in a status
  * packet cut short or an opcode cut (libipt gives up reading ahead there);
- * a branch or event packet cut short is the next packet until a query
- * needs it decoded */
-static inline int q_will_eos(const struct query *q)
+ * a branch or event packet (or a FUP an event binds to) cut short is the
+ * next packet until a query needs it decoded */
+int q_stops_read_ahead(struct query *q);
+static inline int q_will_eos(struct query *q)
 {
-    return q->nxt_err == E_EOS && !q_bad_packet_kind(q);
+    return q->nxt_err == E_EOS && !q_stops_read_ahead(q);
 }
 static inline int q_status_flags(struct query *q)
 {
