@@ -108,7 +108,7 @@ def _record(tmp_path: Path) -> Path | None:
     return record_static_program(tmp_path, _PROGRAM)
 
 
-def _decode_both(ptoracle, pt, args):
+def _decode_both(ptoracle, pt, args, items: bool = False):
     o = subprocess.run([str(ptoracle), "insn", str(pt), *args],
                        capture_output=True, text=True).stdout
     # error offsets as libipt 2.0 reports them (2.3's event decoder stands
@@ -116,8 +116,37 @@ def _decode_both(ptoracle, pt, args):
     h = run_hwtrace("decode", "--pt", pt, *args, "--format", "jsonl",
                     "--insn-decoder", "--error-offsets", "2.0")
     assert h.returncode == 0 and h.stderr == ""
-    return (essentials([json.loads(x) for x in o.splitlines()]),
-            essentials([json.loads(x) for x in h.stdout.splitlines()]))
+    old = [json.loads(x) for x in o.splitlines()]
+    new = [json.loads(x) for x in h.stdout.splitlines()]
+    return (old, new) if items else (essentials(old), essentials(new))
+
+
+def _mutation_matches(ptoracle, m: Path, args) -> str | None:
+    """A mutated trace decoded by both, compared as the ``libiptdiff`` fuzz
+    target compares them: a random byte can make what libipt 2.0.5 reads
+    otherwise by design (an event left pending across a PSB, which 2.1+
+    and hwtrace stop at and 2.0.5 carries on; the "Lossless by default"
+    readings; an endless loop without trace), so the comparison ends at the
+    first such item (fuzz/libiptdiff.py's named rules).  None if they
+    agree, else where not."""
+    sys.path.insert(0, str(HERE.parent / "fuzz"))
+    try:
+        import libiptdiff
+    finally:
+        sys.path.pop(0)
+    trace = m.read_bytes()
+    old, new = _decode_both(ptoracle, m, args, items=True)
+    cut = next((i for i, it in enumerate(new)
+                if libiptdiff._lossless(it, trace) or libiptdiff._traceless_loop(it)
+                or libiptdiff._partial_event_at_psb(it, trace)), None)
+    if cut is not None:
+        new = new[:cut]
+    try:
+        libiptdiff.compare(essentials(old), cut is not None, essentials(new),
+                           cut is not None, trace)
+    except libiptdiff.Violation as e:
+        return str(e)
+    return None
 
 
 def test_emulated_recording_and_mutations_match_ptoracle(ptoracle, tmp_path):
@@ -156,5 +185,5 @@ def test_emulated_recording_and_mutations_match_ptoracle(ptoracle, tmp_path):
         m = tmp_path / f"m{seed}.pt"
         m.write_bytes(bytes(buf))
         for a in (args, images + ["--cpu", ERRATA_CPUS[seed % 4]]):
-            old, new = _decode_both(ptoracle, m, a)
-            assert new == old, f"seed {seed} {a[-1]}"
+            why = _mutation_matches(ptoracle, m, a)
+            assert why is None, f"seed {seed} {a[-1]}: {why}"
