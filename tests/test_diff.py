@@ -676,7 +676,7 @@ def _answer(recs) -> list:
     out = []
     for r in recs:
         if r["type"] == "divergence":
-            out.append(("divergence", r["pair"], r["function"], r["branch"]["line"],
+            out.append(("divergence", r["pair"], r["function"], r["branch"].get("line"),
                         r["a"]["insn"], r["b"]["insn"]))
         elif r["type"] == "pair_end":
             out.append(("pair_end", r["pair"], r["a"]["insns"], r["b"]["insns"],
@@ -734,6 +734,92 @@ def test_cpu_mode_streams_interleaving_processes_are_split_by_thread(work):
     assert _answer(by_thread) == _answer(recs)
     across = diff(cpu["s"], thr["s"], "--format", "jsonl")
     assert across.returncode == 0, across.stdout
+
+
+# Three workers taking turns on one CPU; worker 1 does other work when
+# argv says so.  Each new thread begins where its creator's clone returns.
+TURNS_MT_C = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+static long out[3];
+static int odd;
+__attribute__((noinline)) static long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i % 7;
+    return s;
+}
+__attribute__((noinline)) static long other(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i % 5 + 1;
+    return s;
+}
+static void *worker(void *arg)
+{
+    long k = (long)arg;
+    for (int r = 0; r < 5; r++) {
+        out[k] += (k == 1 && odd) ? other(3000) : work(2000 * (k + 1));   /* LINE:odd */
+        sched_yield();
+    }
+    return 0;
+}
+int main(int argc, char **argv)
+{
+    pthread_t t[3];
+    odd = argc > 1 && argv[1][0] == 'o';
+    for (long k = 0; k < 3; k++)
+        pthread_create(&t[k], 0, worker, (void *)k);
+    for (long k = 0; k < 3; k++)
+        pthread_join(t[k], 0);
+    printf("%ld %ld %ld\n", out[0], out[1], out[2]);
+    return 0;
+}
+"""
+
+
+def _flows(bundle) -> list:
+    """Each thread's instruction count, as diff reads the bundle's
+    threads (main thread first, then the others by count)."""
+    ends = of_type(jsonl(diff(bundle, bundle, "--format", "jsonl")), "pair_end")
+    assert all(e["same"] for e in ends)
+    return [ends[0]["a"]["insns"]] + sorted(e["a"]["insns"] for e in ends[1:])
+
+
+@pytest.mark.parametrize("config", [(), NO_MTC], ids=["mtc", "tsc-only"])
+def test_cpu_mode_threads_taking_turns_split_as_thread_mode_records_them(work, config):
+    """Threads of one process on one CPU, with the clock MTC packets tell
+    (time alone places the switches) and with TSC packets only (exact,
+    but a new thread resumes at its creator's clone return, so where a
+    thread left off must know who made it): each thread's flow has what a
+    --mode thread recording of the same run holds, to the instruction,
+    and diff finds the worker that did other work."""
+    need("taskset")
+    exe = build(work, "turns_mt", TURNS_MT_C, "-O1", "-pthread", "-static")
+    tag = "mtc" if not config else "tsc"
+    cpu = {k: record(work / f"turns-mt-{tag}-cpu-{k}", exe, k, aslr=False,
+                     cpu=0, extra=config) for k in ("e", "o")}
+    thr = record(work / f"turns-mt-{tag}-thread-o", exe, "o", aslr=False,
+                 cpu=0, mode="thread", extra=config)
+    assert all(_interleaved(b) for b in cpu.values())
+    got, want = _flows(cpu["o"]), _flows(thr)
+    # the workers alike; the main thread's join may wait or not (where
+    # the workers are then)
+    assert got[1:] == want[1:] and len(got) == 4
+    seen = sum(s["instructions_observed"] for s in
+               json.loads((cpu["o"] / "manifest.json").read_text())["streams"])
+    assert sum(got) == seen
+    # the workers part where argv tells them apart (which worker goes with
+    # which is the sideband's creation order: the engine's, not checked)
+    recs = jsonl(diff(cpu["e"], cpu["o"], "--format", "jsonl", "--max", "0"))
+    divs = [d for d in of_type(recs, "divergence") if d["pair"] > 1]
+    line = f"turns_mt.c:{line_of(TURNS_MT_C, 'odd')}"
+    assert divs and divs[0]["function"] == "worker"
+    assert divs[0]["branch"]["line"].endswith(line)
+    assert {d["function"] for d in divs} <= {"worker", "work", "other"}
 
 
 # -- a hardware recording ------------------------------------------------------------------

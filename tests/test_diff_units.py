@@ -427,6 +427,31 @@ def test_where_a_thread_left_off_says_who_resumes():
         assert got == want, tid
 
 
+def test_a_new_thread_begins_where_its_creator_left_off():
+    """7 clones 9 (a system call at 0x204: both go on at 0x206), and the
+    switch to 9 is due there by the exact clock: 9 runs first, though 7
+    stopped right there too -- because 9, made by 7, begins there."""
+    from hwtrace.analysis.switches import SwitchTimeline
+    from hwtrace.bundle import Switch
+    clone = (0x200, 0x204, 2, FC, 2)
+    child = (0x206, 0x206, 1, R, 1)
+    parent = (0x206, 0x208, 2, R, 1)
+    off = ev("disabled", ip_suppressed=True)
+    cpu0 = [batch([clone, child, parent],
+                  [(0, 0, ev("enabled", ip=0x200, has_tsc=True, tsc=100)), (1, 1, off),
+                   (1, 2, ev("enabled", ip=0x206)), (2, 3, ev("async_disabled", at=0x207)),
+                   (2, 4, ev("enabled", ip=0x206))])]
+    sw = [Switch(0, 100, -1, -1, 7, 7), Switch(0, 102, 7, 7, 9, 9),
+          Switch(0, 103, 9, 9, 7, 7)]
+
+    def ips(tid, born):
+        tl = SwitchTimeline(sw, 0, 1.0, exact=True)
+        return [int(r["ip"]) for b in cpusplit.own_batches(iter(cpu0), tl, tid, born=born)
+                for r in b.blocks]
+    assert ips(7, {9: 7}) == [0x200, 0x206] and ips(9, {9: 7}) == [0x206]
+    assert ips(9, {}) == []         # not knowing who made it: 7 went on
+
+
 # -- thread pairing ---------------------------------------------------------------------------
 
 def th(pid, tid, time=0):

@@ -9,7 +9,10 @@ disable, then an enable).  Which thread comes in is the sideband's word
 that certainly came before an enable by the trace's clock, or the next
 ones whose thread left off right where tracing resumes -- here a thread
 left off at the instruction an asynchronous disable names, or after the
-last instruction before a disable (a system call goes on after itself).
+last instruction before a disable (a system call goes on after itself);
+a thread that first runs here begins where its creator left off (both
+return from ``clone`` or ``fork``), which the sideband's thread records
+say (``born``).
 
 :func:`own_batches` walks a CPU stream's batches with that rule and
 yields the slices that are one thread's: its segments (enable ..
@@ -37,26 +40,37 @@ class Owners:
     """Who runs on one CPU, batch by batch (the rule of the module doc).
     ``timeline``: that CPU's :class:`~hwtrace.analysis.switches.SwitchTimeline`."""
 
-    def __init__(self, timeline):
+    def __init__(self, timeline, born: dict | None = None):
         self.tl = timeline
         self.owner: tuple | None = None     # (pid, tid) running, or None
         self.enabled: bool | None = None    # tracing on (None: unknown)
         self._last = None                   # the last record (ip, end, size)
         self._stopped: dict = {}            # tid -> where it left off
+        #: tid -> its creator's, for threads that first run on this CPU
+        self._born = born or {}
+        self._seen: set = set()             # tids that ran here
 
     def _resume(self, n: int, ip) -> None:
         tl = self.tl
         tl.tracing(True)
         own = self.owner
         stopped = self._stopped
+        born = self._born
+        seen = self._seen
 
         def left_off(pid, tid) -> bool:
-            return ip is not None and tid is not None and stopped.get(tid) == ip
+            if ip is None or tid is None:
+                return False
+            if tid in seen:
+                return stopped.get(tid) == ip
+            c = born.get(tid)               # not run yet: where it begins
+            return c is not None and stopped.get(c) == ip
 
         pid, tid = tl.resumes(n, own is not None,
                               own[0] if own else None, own[1] if own else None,
                               left_off)
         self.owner = (pid, tid)
+        seen.add(tid)
 
     def _stop(self, item) -> None:
         self.tl.tracing(False)
@@ -96,10 +110,15 @@ class Owners:
                 self._resume(int(start[r]), int(blocks["ip"][r]))
                 self.enabled = True
             if not tl.deaf:
-                for k in (r, r1 - 1) if r1 - r > 1 else (r,):
-                    v = int(tsc[k])
+                # each time value where it is first reported: a record
+                # carries the last timing packet's, however long ago --
+                # told only at a run's end it put that time many
+                # instructions late, and the switches after it too
+                t = tsc[r:r1]
+                for k in [0, *(np.flatnonzero(t[1:] != t[:-1]) + 1).tolist()]:
+                    v = int(t[k])
                     if v:
-                        tl.time(int(start[k]), v)
+                        tl.time(int(start[r + k]), v)
             last = blocks[r1 - 1]
             self._last = (int(last["ip"]), int(last["end_ip"]), int(last["size"]))
             r = r1
@@ -138,13 +157,16 @@ class Owners:
 
 
 def own_batches(batches: Iterable[Batch], timeline, tid: int,
-               done: Callable[[], None] | None = None) -> Iterator[Batch]:
+               done: Callable[[], None] | None = None,
+               born: dict | None = None) -> Iterator[Batch]:
     """The slices of a CPU stream's ``batches`` that thread ``tid`` ran
     (by ``timeline``, that CPU's switches; a fresh one per walk).  The
     walk ends once the switches that bring ``tid`` in are all behind and
     another thread runs (the rule can't choose it again: nothing after
-    is its own); then ``done()`` is called, the rest left undecoded."""
-    who = Owners(timeline)
+    is its own); then ``done()`` is called, the rest left undecoded.
+    ``born``: {tid: its creator's tid} of the threads that first run on
+    this CPU."""
+    who = Owners(timeline, born)
     sw = timeline.switches
     last_in = max((k for k, s in enumerate(sw) if s.next_tid == tid), default=-1)
     for b in batches:

@@ -45,6 +45,7 @@ class Thread:
     insns: int = 0                  # what the recorder saw (0: unknown)
     left: dict = field(default_factory=dict)    # cpu -> first switch out
     shared: set = field(default_factory=set)    # streams (names) it shares
+    creators: dict = field(default_factory=dict)  # tid -> creator (recording's)
 
     def batches(self, impl: str | None = None):
         """Its flow as batches (every branch ends a record)."""
@@ -63,8 +64,15 @@ class Thread:
         info = st.info
         tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
                             info.clock_exact, getattr(info, "clock_counted", False))
+        first: dict = {}            # tid -> (time, cpu) it first ran
+        for s in info.switches:
+            if s.next_tid > 0 and (s.next_tid not in first or
+                                   s.time < first[s.next_tid][0]):
+                first[s.next_tid] = (s.time, s.cpu)
+        born = {t: c for t, c in self.creators.items()
+                if first.get(t, (0, None))[1] == info.cpu}
         # a walk that ends early still tells what its decode found
-        return own_batches(it, tl, self.tid, done=st.report)
+        return own_batches(it, tl, self.tid, done=st.report, born=born)
 
     def label(self) -> str:
         who = f"{self.pid}/{self.tid}" if self.pid is not None and \
@@ -147,9 +155,15 @@ def threads_of(traceset) -> list[Process]:
                 mine.setdefault(tid, []).append(st)
                 if len(tids) > 1:
                     shared.setdefault(tid, set()).add(st.name)
+        # who made each thread: its parent thread, or a process's parent
+        creators = {r.tid: r.parent_tid for r in born.values() if r.parent_tid > 0}
+        for p in procs.values():
+            if p.pid not in creators and p.ppid and p.ppid in procs:
+                creators[p.pid] = p.ppid
         for tid, sts in mine.items():
             t = _thread(sts, pids.get(tid), tid, born, exits, procs)
             t.shared = shared.get(tid, set())
+            t.creators = creators
             if t.shared:
                 t.insns = 0         # what the recorder counted is the CPU's
             for r in recs:
