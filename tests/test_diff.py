@@ -97,13 +97,18 @@ def build(tmp, name, src, *flags, out=None):
 ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
 
 
-def record(out, *argv, engine=None, mode=None, ok=(0,), extra=(), aslr=True):
+def record(out, *argv, engine=None, mode=None, ok=(0,), extra=(), aslr=True,
+           cpu=None):
     extra = (["--engine", engine] if engine else []) + \
         (["--mode", mode] if mode else []) + list(extra)
     # aslr=False: the program's stack and libraries at fixed addresses
     # (setarch -R, as gdb runs programs), so libc's string functions see
     # argv at the same alignment in both runs
     pre = [] if aslr else ["setarch", "x86_64", "-R"]
+    # cpu=N: every process on host CPU N (taskset), so a cpu-mode
+    # recording's stream N interleaves them (the emulated engine puts a
+    # piece of a thread's run on the CPU it ran on)
+    pre = (["taskset", "-c", str(cpu)] if cpu is not None else []) + pre
     r = subprocess.run([*pre, sys.executable, "-m", "hwtrace", "record", *extra,
                         "-o", str(out), "--", *map(str, argv)],
                        capture_output=True, text=True, env=ENV, timeout=600)
@@ -618,6 +623,205 @@ def test_processes_paired_parent_with_parent_child_with_child(work):
                if d["pair"] == parent["pair"])
 
 
+# A parent and a child that take turns on one CPU (sched_yield): the
+# child's work depends on argv, the parent's does not.
+TURNS_C = r"""
+#include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+__attribute__((noinline)) static long squares(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i * i;
+    return s;
+}
+__attribute__((noinline)) static long digits(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        for (long k = i; k; k /= 10)
+            s += k % 10;
+    return s;
+}
+int main(int argc, char **argv)
+{
+    long s = squares(2000);
+    pid_t p = fork();
+    if (p == 0) {
+        int kind = argc > 1 && argv[1][0] == 'd';
+        for (int round = 0; round < 6; round++) {
+            long r = kind ? digits(3000) : squares(3000);   /* LINE:kind */
+            printf("child %d %ld\n", round, r);
+            fflush(stdout);
+            sched_yield();
+        }
+        return 0;
+    }
+    for (int round = 0; round < 6; round++) {
+        s += squares(2500);
+        printf("parent %d %ld\n", round, s);
+        fflush(stdout);
+        sched_yield();
+    }
+    waitpid(p, 0, 0);
+    return 0;
+}
+"""
+
+
+def _answer(recs) -> list:
+    """What diff found, without the run's own ids and trace offsets."""
+    out = []
+    for r in recs:
+        if r["type"] == "divergence":
+            out.append(("divergence", r["pair"], r["function"], r["branch"].get("line"),
+                        r["a"]["insn"], r["b"]["insn"]))
+        elif r["type"] == "pair_end":
+            out.append(("pair_end", r["pair"], r["a"]["insns"], r["b"]["insns"],
+                        r["divergences"]))
+        elif r["type"] == "summary":
+            out.append(("summary", r["same"], r["divergences"], r["pairs"]))
+    return out
+
+
+def _interleaved(bundle) -> bool:
+    """Does one CPU stream of this cpu-mode bundle hold both processes?"""
+    on: dict = {}
+    for line in (bundle / "sideband.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["type"] == "switch" and r["next_tid"] > 0:
+            on.setdefault(r["cpu"], set()).add(r["next_tid"])
+    return any(len(t) > 1 for t in on.values())
+
+
+def test_cpu_mode_streams_interleaving_processes_are_split_by_thread(work):
+    """The default cpu mode, both processes on one CPU: diff takes each
+    thread's segments of the shared stream, finds the child parting at
+    the argv test (one divergence per round) and the parents alike; two
+    runs with the same argument compare equal; and the same runs recorded
+    with --mode thread give the same answer, to the instruction."""
+    need("taskset")
+    exe = build(work, "turns", TURNS_C, "-O1", "-static")
+    cpu = {k: record(work / f"turns-cpu-{k}", exe, k, aslr=False, cpu=0)
+           for k in ("s", "d", "s2")}
+    assert all(_interleaved(b) for b in cpu.values())
+    thr = {k: record(work / f"turns-thread-{k}", exe, k, aslr=False, cpu=0,
+                     mode="thread") for k in ("s", "d")}
+    r = diff(cpu["s"], cpu["d"], "--format", "jsonl", "--max", "0")
+    assert r.returncode == 1
+    recs = jsonl(r)
+    parent, child = of_type(recs, "pair")
+    assert parent["a"]["tid"] == parent["a"]["pid"] != child["a"]["pid"]
+    divs = of_type(recs, "divergence")
+    assert len(divs) == 6 and {d["pair"] for d in divs} == {child["pair"]}
+    for d in divs:
+        assert d["function"] == "main"
+        assert d["branch"]["line"].endswith(f"turns.c:{line_of(TURNS_C, 'kind')}")
+    ends = of_type(recs, "pair_end")
+    assert ends[0]["same"] and ends[0]["a"]["insns"] == ends[0]["b"]["insns"] > 0
+    assert ends[1]["b"]["insns"] > ends[1]["a"]["insns"] > 0
+    # every instruction the recorder saw went to one thread or the other
+    for side, b in (("a", cpu["s"]), ("b", cpu["d"])):
+        seen = sum(s["instructions_observed"] for s in
+                   json.loads((b / "manifest.json").read_text())["streams"])
+        assert sum(e[side]["insns"] for e in ends) == seen
+    same = diff(cpu["s"], cpu["s2"], "--format", "jsonl")
+    assert same.returncode == 0, same.stdout
+    assert of_type(jsonl(same), "summary")[0]["same"] is True
+    by_thread = jsonl(diff(thr["s"], thr["d"], "--format", "jsonl", "--max", "0"))
+    assert _answer(by_thread) == _answer(recs)
+    across = diff(cpu["s"], thr["s"], "--format", "jsonl")
+    assert across.returncode == 0, across.stdout
+
+
+# Three workers taking turns on one CPU; worker 1 does other work when
+# argv says so.  Each new thread begins where its creator's clone returns.
+TURNS_MT_C = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+static long out[3];
+static int odd;
+__attribute__((noinline)) static long work(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i % 7;
+    return s;
+}
+__attribute__((noinline)) static long other(long n)
+{
+    long s = 0;
+    for (long i = 0; i < n; i++)
+        s += i % 5 + 1;
+    return s;
+}
+static void *worker(void *arg)
+{
+    long k = (long)arg;
+    for (int r = 0; r < 5; r++) {
+        out[k] += (k == 1 && odd) ? other(3000) : work(2000 * (k + 1));   /* LINE:odd */
+        sched_yield();
+    }
+    return 0;
+}
+int main(int argc, char **argv)
+{
+    pthread_t t[3];
+    odd = argc > 1 && argv[1][0] == 'o';
+    for (long k = 0; k < 3; k++)
+        pthread_create(&t[k], 0, worker, (void *)k);
+    for (long k = 0; k < 3; k++)
+        pthread_join(t[k], 0);
+    printf("%ld %ld %ld\n", out[0], out[1], out[2]);
+    return 0;
+}
+"""
+
+
+def _flows(bundle) -> list:
+    """Each thread's instruction count, as diff reads the bundle's
+    threads (main thread first, then the others by count)."""
+    ends = of_type(jsonl(diff(bundle, bundle, "--format", "jsonl")), "pair_end")
+    assert all(e["same"] for e in ends)
+    return [ends[0]["a"]["insns"]] + sorted(e["a"]["insns"] for e in ends[1:])
+
+
+@pytest.mark.parametrize("config", [(), NO_MTC], ids=["mtc", "tsc-only"])
+def test_cpu_mode_threads_taking_turns_split_as_thread_mode_records_them(work, config):
+    """Threads of one process on one CPU, with the clock MTC packets tell
+    (time alone places the switches) and with TSC packets only (exact,
+    but a new thread resumes at its creator's clone return, so where a
+    thread left off must know who made it): each thread's flow has what a
+    --mode thread recording of the same run holds, to the instruction,
+    and diff finds the worker that did other work."""
+    need("taskset")
+    exe = build(work, "turns_mt", TURNS_MT_C, "-O1", "-pthread", "-static")
+    tag = "mtc" if not config else "tsc"
+    cpu = {k: record(work / f"turns-mt-{tag}-cpu-{k}", exe, k, aslr=False,
+                     cpu=0, extra=config) for k in ("e", "o")}
+    thr = record(work / f"turns-mt-{tag}-thread-o", exe, "o", aslr=False,
+                 cpu=0, mode="thread", extra=config)
+    assert all(_interleaved(b) for b in cpu.values())
+    got, want = _flows(cpu["o"]), _flows(thr)
+    # the workers alike; the main thread's join may wait or not (where
+    # the workers are then)
+    assert got[1:] == want[1:] and len(got) == 4
+    seen = sum(s["instructions_observed"] for s in
+               json.loads((cpu["o"] / "manifest.json").read_text())["streams"])
+    assert sum(got) == seen
+    # the workers part where argv tells them apart (which worker goes with
+    # which is the sideband's creation order: the engine's, not checked)
+    recs = jsonl(diff(cpu["e"], cpu["o"], "--format", "jsonl", "--max", "0"))
+    divs = [d for d in of_type(recs, "divergence") if d["pair"] > 1]
+    line = f"turns_mt.c:{line_of(TURNS_MT_C, 'odd')}"
+    assert divs and divs[0]["function"] == "worker"
+    assert divs[0]["branch"]["line"].endswith(line)
+    assert {d["function"] for d in divs} <= {"worker", "work", "other"}
+
+
 # -- a hardware recording ------------------------------------------------------------------
 
 def test_perf_import_of_a_cpu_wide_recording(tmp_path, hardware):
@@ -679,6 +883,18 @@ def test_bundle_without_streams(fib, tmp_path):
     (empty / "manifest.json").write_text(json.dumps(m))
     msg = _one_line_error(diff(empty, fib[10]))
     assert "no streams" in msg
+
+
+def test_cpu_stream_of_several_processes_without_switches(work, tmp_path):
+    """Nothing says which process ran when: one line, not a wrong answer."""
+    need("taskset")
+    exe = build(work, "forky", FORK_C, "-O1")
+    b = record(tmp_path / "fork-cpu", exe, cpu=0)
+    lines = (b / "sideband.jsonl").read_text().splitlines()
+    (b / "sideband.jsonl").write_text("".join(
+        f"{line}\n" for line in lines if json.loads(line)["type"] != "switch"))
+    msg = _one_line_error(diff(b, b))
+    assert "no context switches" in msg and "--mode thread" in msg
 
 
 def test_bad_thread_options(fib):

@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hwtrace.diff import align, counting, cpumerge, relocate, stack, steps
+from hwtrace.diff import align, counting, cpumerge, cpusplit, relocate, stack, steps
 from hwtrace.diff.symtab import Module, SymTab
 from hwtrace.diff.threads import (Process, Thread, ThreadsError, pair,
                                   parse_override)
@@ -347,6 +347,109 @@ def test_equal_times_are_ordered_by_who_left_first():
     got = [int(r["ip"]) for b_ in cpumerge.merged_batches(
         [(0, iter(cpu0)), (1, iter(cpu1))], left={1: 10}) for r in b_.blocks]
     assert got == [0x100, 0x300]
+
+
+def _turns():
+    """One CPU's stream, threads 7 and 9 taking turns (switches at 105 and
+    115): 7 runs up to a system call, 9 until interrupted, 7 goes on after
+    its system call; then (no switch left) 7 again."""
+    from hwtrace.analysis.switches import SwitchTimeline
+    from hwtrace.bundle import Switch
+    a1 = (0x100, 0x10a, 4, JC, 2)
+    a2 = (0x200, 0x204, 2, FC, 2)       # syscall at 0x204: resumes at 0x206
+    b1 = (0x500, 0x508, 3, J, 2)
+    a3 = (0x206, 0x208, 1, R, 1)
+    a4 = (0x300, 0x302, 1, R, 1)
+    cpu0 = [batch([a1, a2], [(0, 0, ev("enabled", ip=0x100, has_tsc=True, tsc=100)),
+                             (2, 7, ev("disabled", ip_suppressed=True))]),
+            batch([b1, a3], [(0, 9, ev("enabled", ip=0x500, has_tsc=True, tsc=106)),
+                             (1, 11, ev("async_disabled", at=0x50c)),
+                             (1, 12, ev("enabled", ip=0x206, has_tsc=True, tsc=116))],
+                  first=6, at=3),
+            batch([a4], [(0, 14, ev("disabled", ip_suppressed=True)),
+                         (0, 15, ev("enabled", ip=0x300, has_tsc=True, tsc=130))],
+                  first=10, at=5)]
+    sw = [Switch(0, 90, -1, -1, 7, 7), Switch(0, 105, 7, 7, 9, 9),
+          Switch(0, 115, 9, 9, 7, 7), Switch(1, 95, -1, -1, 3, 3)]
+    return cpu0, (lambda: SwitchTimeline(sw, 0, 1.0, exact=True))
+
+
+def test_a_cpu_stream_is_split_among_its_threads():
+    cpu0, timeline = _turns()
+    mine = list(cpusplit.own_batches(iter(cpu0), timeline(), 7))
+    assert [int(r["ip"]) for b in mine for r in b.blocks] == [0x100, 0x200, 0x206, 0x300]
+    assert [b.first_insn for b in mine] == [0, 9, 10]
+    kinds = [it.type for b in mine for _i, _o, it in b.items]
+    assert kinds == ["enabled", "disabled", "enabled", "disabled", "enabled"]
+    theirs = list(cpusplit.own_batches(iter(cpu0), timeline(), 9))
+    assert [int(r["ip"]) for b in theirs for r in b.blocks] == [0x500]
+    assert [it.type for b in theirs for _i, _o, it in b.items] == \
+        ["enabled", "async_disabled"]
+    assert not list(cpusplit.own_batches(iter(cpu0), timeline(), 3))
+    # 9 is not switched in again after the second batch: the walk ends
+    # there, the third batch not decoded
+    rest = iter(cpu0)
+    told = []
+    assert len(list(cpusplit.own_batches(rest, timeline(), 9,
+                                         done=lambda: told.append(1)))) == 1
+    assert told == [1] and next(rest) is cpu0[2]
+    # the thread's segments join as they ran
+    got = [int(r["ip"]) for b in cpumerge.merged_batches([(0, iter(mine))])
+           for r in b.blocks]
+    assert got == [0x100, 0x200, 0x206, 0x300]
+
+
+def test_where_a_thread_left_off_says_who_resumes():
+    """Enables the clock cannot place (no time since the first, no rate
+    known): the thread that stopped right where tracing resumes is the
+    one that runs (not one that comes first but stopped elsewhere), else
+    one not seen yet."""
+    from hwtrace.analysis.switches import SwitchTimeline
+    from hwtrace.bundle import Switch
+    a1 = (0x100, 0x104, 2, FC, 2)       # 7: syscall, goes on at 0x106
+    b1 = (0x500, 0x504, 2, FC, 2)       # 9: syscall, goes on at 0x506
+    a2 = (0x106, 0x108, 1, R, 1)
+    b2 = (0x506, 0x508, 1, R, 1)
+    on = [ev("enabled", ip=0x100, has_tsc=True, tsc=100)] + \
+        [ev("enabled", ip=ip) for ip in (0x500, 0x106, 0x506)]
+    off = ev("disabled", ip_suppressed=True)
+    cpu0 = [batch([a1, b1, a2, b2], [(0, 0, on[0]), (1, 1, off), (1, 2, on[1]),
+                                     (2, 3, off), (2, 4, on[2]), (3, 5, off),
+                                     (3, 6, on[3])])]
+    # thread 3 ran between 9 and 7, untraced (its segment came first)
+    sw = [Switch(0, 100, -1, -1, 7, 7), Switch(0, 110, 7, 7, 9, 9),
+          Switch(0, 110, 9, 9, 3, 3), Switch(0, 110, 3, 3, 7, 7),
+          Switch(0, 110, 7, 7, 9, 9)]
+    for tid, want in ((7, [0x100, 0x106]), (9, [0x500, 0x506]), (3, [])):
+        tl = SwitchTimeline(sw, 0, None)
+        got = [int(r["ip"]) for b in cpusplit.own_batches(iter(cpu0), tl, tid)
+               for r in b.blocks]
+        assert got == want, tid
+
+
+def test_a_new_thread_begins_where_its_creator_left_off():
+    """7 clones 9 (a system call at 0x204: both go on at 0x206), and the
+    switch to 9 is due there by the exact clock: 9 runs first, though 7
+    stopped right there too -- because 9, made by 7, begins there."""
+    from hwtrace.analysis.switches import SwitchTimeline
+    from hwtrace.bundle import Switch
+    clone = (0x200, 0x204, 2, FC, 2)
+    child = (0x206, 0x206, 1, R, 1)
+    parent = (0x206, 0x208, 2, R, 1)
+    off = ev("disabled", ip_suppressed=True)
+    cpu0 = [batch([clone, child, parent],
+                  [(0, 0, ev("enabled", ip=0x200, has_tsc=True, tsc=100)), (1, 1, off),
+                   (1, 2, ev("enabled", ip=0x206)), (2, 3, ev("async_disabled", at=0x207)),
+                   (2, 4, ev("enabled", ip=0x206))])]
+    sw = [Switch(0, 100, -1, -1, 7, 7), Switch(0, 102, 7, 7, 9, 9),
+          Switch(0, 103, 9, 9, 7, 7)]
+
+    def ips(tid, born):
+        tl = SwitchTimeline(sw, 0, 1.0, exact=True)
+        return [int(r["ip"]) for b in cpusplit.own_batches(iter(cpu0), tl, tid, born=born)
+                for r in b.blocks]
+    assert ips(7, {9: 7}) == [0x200, 0x206] and ips(9, {9: 7}) == [0x206]
+    assert ips(9, {}) == []         # not knowing who made it: 7 went on
 
 
 # -- thread pairing ---------------------------------------------------------------------------

@@ -12,8 +12,9 @@ cursor, and chooses, at an enable (:meth:`SwitchTimeline.choose`), which
 switches came before it: those that certainly did (their time is no
 later than the last known time), or the next ones, weighed by how well
 each one's thread fits where tracing resumes -- the one rule of the
-call-stack builder and the branch records, which differ only in how they
-know where a thread stopped (a ``fit`` callback).  It also keeps an estimate of *now*: the last known
+call-stack builder, the branch records and ``hwtrace diff``, which differ
+only in how they know where a thread stopped (a ``fit`` callback; the
+latter two share :meth:`SwitchTimeline.resumes`).  It also keeps an estimate of *now*: the last known
 time plus the instructions since, at the rate (ticks per instruction) the
 clock is known to run at (an emulated recording's instruction count: 1),
 else measured between the last two timing values.  A timing value seen
@@ -235,3 +236,36 @@ class SwitchTimeline:
             elif f == 0 and fresh is not None:
                 best = fresh
         return best
+
+    def resumes(self, n: int, running: bool, pid: int | None, tid: int | None,
+                stopped: Callable[[int | None, int | None], bool]
+                ) -> tuple[int | None, int | None]:
+        """Tracing resumes at instruction index ``n``: (pid, tid) of the
+        thread that runs now (``None`` tid: idle), the switches before it
+        applied.  ``running``: a thread is known to run (``pid``/``tid``;
+        none at the stream's start); ``stopped(pid, tid)``: that thread
+        left off right where tracing resumes (an interrupted or
+        system-calling thread goes on where it stopped) -- the :meth:`choose`
+        fit of the branch records and ``hwtrace diff``, which know where a
+        thread stopped but not its stack."""
+        if running and self.i >= len(self.switches):
+            # no switch left to apply: the running thread goes on (what
+            # choose, thread_after and pid_after give)
+            return pid, tid
+
+        def fit(k: int) -> int:
+            t = self.thread_after(k, tid)
+            if t is None:
+                return 1
+            if t == tid:
+                if not running:
+                    return 1
+                if stopped(pid, tid):
+                    return 2
+                return 1 if self.leaves(tid, k) else 0
+            return 2 if stopped(self.pid_after(k, pid), t) else 1
+
+        best = self.choose(n, fit)
+        got = self.pid_after(best, pid), self.thread_after(best, tid)
+        self.advance(best)
+        return got

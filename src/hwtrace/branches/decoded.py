@@ -296,40 +296,21 @@ class _Consumer:
     def _switch(self, ip: int | None) -> None:
         """Tracing resumes in a CPU's stream at ``ip``: the thread the
         sideband says runs now, chosen as for the call-stack builder
-        (:meth:`hwtrace.analysis.switches.SwitchTimeline.choose`); here a
+        (:meth:`hwtrace.analysis.switches.SwitchTimeline.resumes`); here a
         thread fits ``ip`` when it left off right there (an interrupted
         or syscalling thread resumes where it stopped)."""
         tl = self.follow
         cur = self.th
-        if cur is not None and tl.i >= len(tl.switches):
-            # no switch left to apply: the choice is the running thread
-            # (what choose, thread_after and pid_after give; a system
-            # call's enable, once the sideband's switches are behind)
-            return
         ctid = cur.tid if cur is not None else None
         cpid = cur.pid if cur is not None else None
         threads = self.tracker._threads
 
-        def stopped_at(th) -> bool:
+        def stopped(pid, tid) -> bool:
+            th = cur if (pid, tid) == (cpid, ctid) else threads.get((pid, tid))
             return th is not None and ip is not None and th.exit_at == ip and \
                 th.exit in ("async", "syscall", "interrupt")
 
-        def fit(k) -> int:
-            tid = tl.thread_after(k, ctid)
-            if tid is None:
-                return 1
-            if tid == ctid:
-                if cur is None:
-                    return 1
-                if stopped_at(cur):
-                    return 2
-                return 1 if tl.leaves(ctid, k) else 0
-            return 2 if stopped_at(threads.get((tl.pid_after(k, cpid), tid))) else 1
-
-        best = tl.choose(self.n, fit)
-        tid = tl.thread_after(best, ctid)
-        pid = tl.pid_after(best, cpid)
-        tl.advance(best)
+        pid, tid = tl.resumes(self.n, cur is not None, cpid, ctid, stopped)
         if cur is None or (cur.pid, cur.tid) != (pid, tid):
             if cur is not None and cur.pend_x is not None:
                 self.tracker.leave(cur, None, self.time)

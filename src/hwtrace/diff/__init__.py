@@ -5,7 +5,9 @@ them; ``cli/diff.py`` prints what it yields):
 
 * :mod:`.threads` -- the threads of each recording and which goes with
   which (process tree, creation order, ``--thread``);
-  :mod:`.cpumerge` joins a thread that moved between CPUs;
+  :mod:`.cpusplit` gives each thread its segments of a CPU stream
+  that interleaves several, :mod:`.cpumerge` joins a thread that moved
+  between CPUs;
 * :mod:`.symtab` -- a process's modules and functions, for whole arrays
   of addresses; :mod:`.relocate` -- B's addresses in A's terms (same
   file elsewhere: by module offset; another build: by symbol+offset);

@@ -10,13 +10,15 @@ pairs fixes pairs by hand; the rest are matched as above around them (a
 thread whose partner in the tree was taken by hand stays unpaired).
 
 Where a thread's flow is: a thread-mode bundle has one stream per
-thread.  A cpu-mode bundle has one per CPU; the CPUs whose context
-switches put only one thread on them hold that thread's flow (in pieces
-when it moved between CPUs: :mod:`.cpumerge` joins them).  A CPU stream
-that interleaves several threads cannot be cut into threads exactly from
-the switch times (tracing is off across a switch and the trace's time
-stamps are coarse), so :class:`ThreadsError` says to record with
-``--mode thread``.
+thread.  A cpu-mode bundle has one per CPU; a CPU whose context switches
+put only one traced thread on it holds that thread's flow, one whose
+switches put several there interleaves them: each thread takes its own
+segments of it (:mod:`.cpusplit`, by the views' rule for placing the
+switches).  A thread that moved between CPUs has its flow in pieces,
+which :mod:`.cpumerge` joins.  A CPU stream of a recording with no
+context switches at all, whose processes or threads are several, cannot
+be cut into threads: :class:`ThreadsError` says to record with ``--mode
+thread``.
 
 No I/O: works on a :class:`hwtrace.streams.TraceSet` and its sideband
 records.
@@ -42,13 +44,35 @@ class Thread:
     exit: int | None = None         # exit status, where the sideband has it
     insns: int = 0                  # what the recorder saw (0: unknown)
     left: dict = field(default_factory=dict)    # cpu -> first switch out
+    shared: set = field(default_factory=set)    # streams (names) it shares
+    creators: dict = field(default_factory=dict)  # tid -> creator (recording's)
 
     def batches(self, impl: str | None = None):
         """Its flow as batches (every branch ends a record)."""
         from .cpumerge import merged_batches
-        return merged_batches([(st.info.cpu, st.batches(view=True, impl=impl,
-                                                         resync=True))
+        return merged_batches([(st.info.cpu, self._own(st, impl))
                                for st in self.streams], self.left)
+
+    def _own(self, st, impl):
+        """What of stream ``st`` is this thread's: all of it, or (a CPU
+        stream it shares) its segments, walking the stream anew."""
+        it = st.batches(view=True, impl=impl, resync=True)
+        if st.name not in self.shared:
+            return it
+        from hwtrace.analysis.switches import SwitchTimeline
+        from .cpusplit import own_batches
+        info = st.info
+        tl = SwitchTimeline(info.switches, info.cpu, info.tsc_per_insn,
+                            info.clock_exact, getattr(info, "clock_counted", False))
+        first: dict = {}            # tid -> (time, cpu) it first ran
+        for s in info.switches:
+            if s.next_tid > 0 and (s.next_tid not in first or
+                                   s.time < first[s.next_tid][0]):
+                first[s.next_tid] = (s.time, s.cpu)
+        born = {t: c for t, c in self.creators.items()
+                if first.get(t, (0, None))[1] == info.cpu}
+        # a walk that ends early still tells what its decode found
+        return own_batches(it, tl, self.tid, done=st.report, born=born)
 
     def label(self) -> str:
         who = f"{self.pid}/{self.tid}" if self.pid is not None and \
@@ -106,25 +130,42 @@ def threads_of(traceset) -> list[Process]:
                 on_cpu.setdefault(r.cpu, set()).add(r.next_tid)
         pids = {r.next_tid: r.next_pid for r in recs
                 if isinstance(r, Switch) and r.next_tid >= 0}
+        switched = any(isinstance(r, Switch) for r in recs)
         mine: dict = {}             # tid -> its CPU streams
+        shared: dict = {}           # tid -> names of those it shares
         for st in traceset.streams:
             if not st.entry.instructions_observed and not st.entry.size > 64:
                 continue
             tids = on_cpu.get(st.info.cpu, set())
             if not tids:
+                if not switched and st.entry.instructions_observed and \
+                        (len(procs) > 1 or len(born) > 1):
+                    who = sorted(born) if len(born) > 1 else sorted(procs)
+                    raise ThreadsError(
+                        f"{traceset.description}: {st.name}: no context "
+                        f"switches say which of threads "
+                        f"{', '.join(map(str, who))} ran on it: diff compares "
+                        f"threads; record with --mode thread")
                 if len(procs) == 1 and st.entry.instructions_observed:
                     pid = next(iter(procs))
                     mine.setdefault(pid, []).append(st)
                     pids.setdefault(pid, pid)
                 continue
-            if len(tids) > 1:
-                raise ThreadsError(
-                    f"{traceset.description}: {st.name} interleaves threads "
-                    f"{', '.join(map(str, sorted(tids)))}: diff compares "
-                    f"threads; record with --mode thread")
-            mine.setdefault(next(iter(tids)), []).append(st)
+            for tid in sorted(tids):
+                mine.setdefault(tid, []).append(st)
+                if len(tids) > 1:
+                    shared.setdefault(tid, set()).add(st.name)
+        # who made each thread: its parent thread, or a process's parent
+        creators = {r.tid: r.parent_tid for r in born.values() if r.parent_tid > 0}
+        for p in procs.values():
+            if p.pid not in creators and p.ppid and p.ppid in procs:
+                creators[p.pid] = p.ppid
         for tid, sts in mine.items():
             t = _thread(sts, pids.get(tid), tid, born, exits, procs)
+            t.shared = shared.get(tid, set())
+            t.creators = creators
+            if t.shared:
+                t.insns = 0         # what the recorder counted is the CPU's
             for r in recs:
                 if isinstance(r, Switch) and r.prev_tid == tid and \
                         r.cpu in {st.info.cpu for st in sts}:
