@@ -212,6 +212,26 @@ def sample_text(size: int, seed: int = 18) -> bytes:
     return bytes(out[:size])
 
 
+#: a C program that forks a child which execs ``argv[1]``, waits for it,
+#: and exits with ``argv[2]`` (default 0): a recording with two processes,
+#: one of which runs a second program
+FORK_EXEC_C = r"""
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(argv[1], argv[1], (char *)0);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return argc > 2 ? atoi(argv[2]) : 0;
+}
+"""
+
+
 def build_programs(directory: Path, sources: dict, *libs: str) -> dict:
     """Compile each of ``sources`` ({name: C source, dedented here}) with
     ``gcc -O1`` (then ``libs``) into ``directory``: {name: executable}."""

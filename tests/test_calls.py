@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import run_hwtrace
+from conftest import FORK_EXEC_C as FORK_EXEC, run_hwtrace
 from hwtrace.analysis.records import Activation, Enter, Flag, Marker, StreamInfo
 from hwtrace.branches.calls import CallHistory, fmt_duration
 
@@ -172,20 +172,6 @@ def test_history_streams_long_activations_early():
     assert re.fullmatch(rf"  end of main +{at + 3:,} insns  \[truncated\]", rest[-1]), rest[-1]
 
 
-FORK_EXEC = r"""
-#include <sys/wait.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(argv[1], argv[1], (char *)0);
-        _exit(127);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    return 0;
-}
-"""
 
 
 def test_calls_and_exports_name_each_process_by_its_programs(tmp_path):

@@ -101,21 +101,6 @@ def test_info_json_and_bad_engine():
 
 # -- hwtrace info DIR: what a bundle holds ----------------------------------------------
 
-FORK_EXEC = r"""
-#include <stdio.h>
-#include <sys/wait.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(argv[1], argv[1], (char *)0);
-        _exit(127);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    return 3;
-}
-"""
 
 
 def test_info_describes_a_recorded_bundle(tmp_path):
@@ -123,15 +108,15 @@ def test_info_describes_a_recorded_bundle(tmp_path):
     command, how it ended, the process tree with the exec and the exit
     statuses, each stream, and the images (one deleted after recording:
     named as missing)."""
-    from conftest import build_programs
-    progs = build_programs(tmp_path, {"parent": FORK_EXEC, "child": "int main(){return 5;}"})
+    from conftest import FORK_EXEC_C, build_programs
+    progs = build_programs(tmp_path, {"parent": FORK_EXEC_C, "child": "int main(){return 5;}"})
     b = tmp_path / "b"
-    r = run_hwtrace("record", "-o", b, "--", progs["parent"], progs["child"])
+    r = run_hwtrace("record", "-o", b, "--", progs["parent"], progs["child"], "3")
     assert r.returncode == 3, r.stderr
     r = run_hwtrace("info", b)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     text = r.stdout
-    assert f"command:    {progs['parent']} {progs['child']}" in text
+    assert f"command:    {progs['parent']} {progs['child']} 3" in text
     assert "ended:      the program exited with status 3" in text
     assert "engine:     emulated (qemu)" in text and "stop-on-full" in text
     lines = text.splitlines()
@@ -144,7 +129,7 @@ def test_info_describes_a_recorded_bundle(tmp_path):
     assert "nothing lost" in text and ", 0 missing" in text
 
     d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
-    assert d["recording"]["command"] == [str(progs["parent"]), str(progs["child"])]
+    assert d["recording"]["command"] == [str(progs["parent"]), str(progs["child"]), "3"]
     by_pid = {p["pid"]: p for p in d["processes"]}
     kid = next(p for p in d["processes"] if p["exe"][-1] == str(progs["child"]))
     assert kid["exe"] == [str(progs["parent"]), str(progs["child"])]
