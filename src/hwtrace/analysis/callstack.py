@@ -356,7 +356,6 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._paused = False
         self._pend = _NONE
         self._tx_depth = None
-        self._fresh = False
         self._exec_entry = pid          # (even if switched out and back first)
 
     def _start_segment(self, ip: int) -> None:

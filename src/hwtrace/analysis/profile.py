@@ -75,8 +75,8 @@ class Profile:
         self._acc = np.zeros((0, len(_COLS)), np.float64)
         self._open = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
                                   ("main", "?"), ("tid", "<i8")])
-        self._main_seen: set = set()               # thread keys that ran main
-        self._main_called: dict = {}               # ... the enter seq of its first call
+        self._main_called: dict = {}               # thread keys that ran main -> the enter
+                                                   # seq of its first call
         self._main_returned: dict = {}             # ... the exit seq of its return
         self._chain: dict = {}                     # ... [main's depth, tail calls go on]
         self._chain_entered: dict = {}             # ... its chain's last enter seq
@@ -204,7 +204,6 @@ class Profile:
                                     E["eseq"][at].tolist(), called[at].tolist()):
             key = thr(t)
             if c:
-                self._main_seen.add(key)
                 self._main_called.setdefault(key, q)
                 self._chain[key] = [d, True]
                 self._chain_entered[key] = q
@@ -355,7 +354,7 @@ class Profile:
         acc = self._acc
         for r, (name, func, part) in enumerate(self._key_list):
             if which is not None:
-                start = part != "program" and part in self._main_seen
+                start = part != "program" and part in self._main_called
                 if (which == "startup") != start:
                     continue
             s = out.get((name, func))
@@ -382,7 +381,7 @@ class Profile:
 
     @property
     def has_startup(self) -> bool:
-        return bool(self._main_seen)
+        return bool(self._main_called)
 
     def display_names(self, funcs=None, label=None) -> dict[tuple, str]:
         """Names for display: the name, with ``@0xADDR`` where two functions

@@ -94,8 +94,7 @@ class FollowThreads:
         self._pend = 0
         self._after_abort = False
         st = self._parked.pop(tid, None) if tid is not None else None
-        execd = pid in self._execd         # (BatchInput._exec_check)
-        if execd:
+        if pid in self._execd:             # (CallStackBuilder._exec_check)
             self._execd.discard(pid)
             self._exec_entry = pid
             st = None
@@ -105,7 +104,7 @@ class FollowThreads:
             # this is where the stream itself begins and the thread had
             # not run before (``ran``: it migrated here, maybe switched out
             # right after a call on the other CPU, whose stream counted it)
-            self._fresh = (self.n > 0 or ran) and not execd
+            self._fresh = self.n > 0 or ran
             self._in_seg = False
             self._paused = False
             self._tx_depth = None
