@@ -822,6 +822,33 @@ def test_cpu_mode_threads_taking_turns_split_as_thread_mode_records_them(work, c
     assert {d["function"] for d in divs} <= {"worker", "work", "other"}
 
 
+def test_processes_are_named_by_the_programs_they_ran(work):
+    """A forked child that execs another program is named as calls and
+    the exports name it, ``fe -> true``, not by its truncated command
+    name; the record keeps ``comm`` and adds ``program``."""
+    from conftest import FORK_EXEC_C, build_programs
+    exe = build_programs(work, {"fe": FORK_EXEC_C})["fe"]
+    true = shutil.which("true")
+    out = record(work / "fe-true", exe, true, mode="thread")
+    text = diff(out, out)
+    assert text.returncode == 0, text.stderr
+    child = [ln for ln in text.stdout.splitlines()
+             if ln.startswith("process ") and "(fe -> true)" in ln]
+    assert child, text.stdout
+    recs = jsonl(diff(out, out, "--format", "jsonl"))
+    progs = {p["a"]["program"] for p in of_type(recs, "process")}
+    assert progs == {"fe", "fe -> true"}, progs
+    assert {p["a"]["comm"] for p in of_type(recs, "pair")} >= {"fe"}
+
+
+def test_a_call_stack_both_runs_share_is_printed_once(fib):
+    """The frames both runs share are listed once, not beside a column of
+    "(same)"."""
+    out = diff(fib[10], fib[11], "--max", "1").stdout
+    assert "call stack, outermost first (the same in A and B):" in out, out
+    assert "(same)" not in out and " | " not in out
+
+
 # -- a hardware recording ------------------------------------------------------------------
 
 def test_perf_import_of_a_cpu_wide_recording(tmp_path, hardware):

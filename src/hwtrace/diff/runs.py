@@ -71,7 +71,7 @@ class _Run:
 
 
 def _who(t) -> dict:
-    return {"pid": t.pid, "tid": t.tid, "comm": t.comm}
+    return {"pid": t.pid, "tid": t.tid, "comm": t.comm, "program": t.program}
 
 
 def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
@@ -169,8 +169,10 @@ def _process(ta, tb, rel: Relocation) -> dict:
         elif n.how == "module":
             d["moved"] = n.moved
         notes.append(d)
-    return {"type": "process", "a": {"pid": ta.pid, "comm": ta.comm},
-            "b": {"pid": tb.pid, "comm": tb.comm}, "compared_by": rel.by,
+    return {"type": "process",
+            "a": {"pid": ta.pid, "comm": ta.comm, "program": ta.program},
+            "b": {"pid": tb.pid, "comm": tb.comm, "program": tb.program},
+            "compared_by": rel.by,
             "modules": notes}
 
 

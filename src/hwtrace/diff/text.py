@@ -70,27 +70,36 @@ def _branch_line(b: dict) -> str:
     return f"{kind} at {_at(b)}{insn}{'  ' + line if line else ''}"
 
 
-def _stack(out, frames: dict, indent: str) -> None:
-    fa, fb = frames.get("a", []), frames.get("b", [])
-    rows = []
-    for i in range(max(len(fa), len(fb))):
-        x = fa[i] if i < len(fa) else None
-        y = fb[i] if i < len(fb) else None
-        left = _where(x) if x else "-"
-        right = "(same)" if x and y and x.get("at") == y.get("at") else \
-            (_where(y) if y else "-")
-        rows.append((left, right))
-    packed = []
-    for r in rows:
-        if packed and packed[-1][0] == r:
+def _packed(lines: list) -> list:
+    """Runs of one line repeated (a recursion) as ``line (xN)``."""
+    packed: list = []
+    for ln in lines:
+        if packed and packed[-1][0] == ln:
             packed[-1][1] += 1
         else:
-            packed.append([r, 1])
-    w = max((len(r[0][0]) + (6 if r[1] > 1 else 0) for r in packed), default=0)
-    out(f"{indent}call stack, outermost first (A | B):")
-    for (left, right), k in packed:
-        left = f"{left} (x{k})" if k > 1 else left
-        out(f"{indent}  {left:<{w}}  | {right}")
+            packed.append([ln, 1])
+    return [f"{ln} (x{k})" if k > 1 else ln for ln, k in packed]
+
+
+def _stack(out, frames: dict, indent: str) -> None:
+    """The frames both runs share once, then each run's own (a side by
+    side table would be as wide as the longest C++ name)."""
+    fa, fb = frames.get("a", []), frames.get("b", [])
+    k = 0
+    while k < min(len(fa), len(fb)) and fa[k].get("at") == fb[k].get("at"):
+        k += 1
+    rest_a, rest_b = fa[k:], fb[k:]
+    same = not rest_a and not rest_b
+    out(f"{indent}call stack, outermost first"
+        f"{' (the same in A and B)' if same else ''}:")
+    for ln in _packed([_where(f) for f in fa[:k]]):
+        out(f"{indent}  {ln}")
+    if same:
+        return
+    for side, rest in (("A", rest_a), ("B", rest_b)):
+        out(f"{indent}  then {side}:" if k else f"{indent}  {side}:")
+        for ln in _packed([_where(f) for f in rest]) or ["-"]:
+            out(f"{indent}    {ln}")
 
 
 def _region(out, reg: dict, indent: str) -> None:
@@ -163,7 +172,8 @@ def _who(w: dict) -> str:
     pid, tid = w.get("pid"), w.get("tid")
     ident = f"{pid}/{tid}" if pid is not None and tid is not None and \
         pid != tid else str(tid if tid is not None else pid)
-    return f"{ident} ({w['comm']})" if w.get("comm") else ident
+    name = w.get("program") or w.get("comm")
+    return f"{ident} ({name})" if name else ident
 
 
 def _process(out, r: dict) -> None:

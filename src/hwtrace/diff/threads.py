@@ -46,6 +46,7 @@ class Thread:
     left: dict = field(default_factory=dict)    # cpu -> first switch out
     shared: set = field(default_factory=set)    # streams (names) it shares
     creators: dict = field(default_factory=dict)  # tid -> creator (recording's)
+    program: str = ""               # the files its process ran: "sh -> tr"
 
     def batches(self, impl: str | None = None):
         """Its flow as batches (every branch ends a record)."""
@@ -78,7 +79,8 @@ class Thread:
         who = f"{self.pid}/{self.tid}" if self.pid is not None and \
             self.tid is not None and self.pid != self.tid else \
             str(self.tid if self.tid is not None else self.pid)
-        return f"{who} ({self.comm})" if self.comm else who
+        name = self.program or self.comm
+        return f"{who} ({name})" if name else who
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Process:
     comm: str = ""
     exe: str = ""
     time: int = 0
+    program: str = ""               # the files it ran, in turn (its name)
     threads: list = field(default_factory=list)
     children: list = field(default_factory=list)
 
@@ -110,6 +113,10 @@ def threads_of(traceset) -> list[Process]:
                 procs[r.pid] = Process(r.pid, r.ppid, r.comm, r.exe, r.time)
             else:                   # an exec: same process, new program
                 p.comm, p.exe = r.comm or p.comm, r.exe or p.exe
+    from hwtrace.streams import program_names
+    for pid, name in program_names(recs):
+        if pid in procs:
+            procs[pid].program = name
     born = {r.tid: r for r in recs if isinstance(r, T)}
     exits = {r.tid: r.status for r in recs if isinstance(r, Exit)}
     found: list[Thread] = []
@@ -195,8 +202,10 @@ def _has_threads(p: Process) -> bool:
 def _thread(sts, pid, tid, born, exits, procs) -> Thread:
     b = born.get(tid)
     p = procs.get(pid)
-    return Thread(pid, tid, sts, p.comm if p else "", b.time if b else 0,
-                  exits.get(tid), sum(s.entry.instructions_observed for s in sts))
+    t = Thread(pid, tid, sts, p.comm if p else "", b.time if b else 0,
+               exits.get(tid), sum(s.entry.instructions_observed for s in sts))
+    t.program = p.program if p else ""
+    return t
 
 
 def all_threads(roots: list[Process]) -> list[Thread]:
