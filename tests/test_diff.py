@@ -841,6 +841,49 @@ def test_processes_are_named_by_the_programs_they_ran(work):
     assert {p["a"]["comm"] for p in of_type(recs, "pair")} >= {"fe"}
 
 
+FORK_EXEC_ARG_C = r"""
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(argv[1], argv[1], argv[2], (char *)0);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return 0;
+}
+"""
+
+PICK_C = r"""
+#include <stdlib.h>
+static volatile int sink;
+__attribute__((noinline)) void left(void) { sink = 1; }
+__attribute__((noinline)) void right(void) { sink = 2; }
+__attribute__((noinline)) void pick(int n) { if (n > 1) left(); else right(); }
+int main(int argc, char **argv) { pick(atoi(argv[1])); return 0; }
+"""
+
+
+@pytest.mark.parametrize("how", ["thread", "cpu"])
+def test_an_exec_empties_the_call_stack(work, how):
+    """The frames open when a process execs (the forked child's call to
+    execl) never return: the new program's call stack begins at its own
+    ``_start``, as deep as the program is, not below the old program's
+    frames named by whatever the new one maps at their addresses."""
+    fx = build(work, "fx", FORK_EXEC_ARG_C, "-O1")
+    pick = build(work, "pick", PICK_C, "-O1")
+    opts = {"mode": "thread"} if how == "thread" else {"cpu": 0}
+    a = record(work / f"pick1-{how}", fx, pick, 1, **opts)
+    b = record(work / f"pick2-{how}", fx, pick, 2, **opts)
+    recs = jsonl(diff(a, b, "--format", "jsonl", "--max", "1"))
+    (d,) = [r for r in of_type(recs, "divergence") if r["function"] == "pick"]
+    assert d["stack"][0] == "_start", d["stack"]
+    assert d["stack"][-2:] == ["main", "pick"], d["stack"]
+    assert d["depth"] == len(d["stack"]) <= 5, d["stack"]
+
+
 def test_a_call_stack_both_runs_share_is_printed_once(fib):
     """The frames both runs share are listed once, not beside a column of
     "(same)"."""

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from hwtrace.flow.batches import Batch
+from hwtrace.flow.batches import Batch, SpaceItem
 
 from .cpumerge import _slice
 
@@ -169,13 +169,31 @@ def own_batches(batches: Iterable[Batch], timeline, tid: int,
     who = Owners(timeline, born)
     sw = timeline.switches
     last_in = max((k for k, s in enumerate(sw) if s.next_tid == tid), default=-1)
+    space = None            # the latest address-space switch of the stream
+    told = None             # ... the thread's pieces said
     for b in batches:
         for owner, r0, r1, i0, i1 in who.cuts(b):
-            if owner is not None and owner[1] == tid:
+            mine = owner is not None and owner[1] == tid
+            if mine and space is not told and not (
+                    i0 < i1 and b.items[i0][0] == r0 and
+                    isinstance(b.items[i0][2], SpaceItem)):
+                # the space it runs in was said in another thread's piece:
+                # say it again where its own piece begins (an exec is told
+                # by the space after it)
+                piece = _slice(b, r0, r1, i0, i1)
+                yield piece._replace(items=[(0, space.offset, space),
+                                            *piece.items])
+                told = space
+            elif mine:
                 if r0 == 0 and r1 == len(b.blocks) and i0 == 0 and i1 == len(b.items):
                     yield b
                 else:
                     yield _slice(b, r0, r1, i0, i1)
+            for _i, _o, it in b.items[i0:i1]:
+                if isinstance(it, SpaceItem):
+                    space = it
+                    if mine:
+                        told = it
         if timeline.i > last_in and (who.owner is None or who.owner[1] != tid):
             if done is not None:
                 done()

@@ -14,7 +14,7 @@ that were open before the chunk, and the calls it makes that are still
 open at its end -- a call at running depth ``r`` that the rest of the
 chunk never drops below -- are pushed.  A return with nothing left to pop
 (the trace began inside the function returning) pops nothing: the stack
-starts wherever the trace did.
+starts wherever the trace did.  An exec empties it.
 
 Frame ``k``'s function is the one holding call site ``k + 1`` (the top
 frame's, the one holding the current instruction).
@@ -34,9 +34,23 @@ class ShadowStack:
         self.lost = 0           # returns that found the stack empty
 
     def advance(self, steps: np.ndarray) -> None:
-        """Apply ``steps`` (consecutive, in order)."""
+        """Apply ``steps`` (consecutive, in order).  A step beginning a
+        program its process exec'd (``exec``) starts from an empty stack:
+        the old program's frames never return."""
         if not len(steps):
             return
+        execs = np.flatnonzero(steps["exec"])
+        if len(execs):
+            cuts = [0, *execs.tolist(), len(steps)]
+            for i, j in zip(cuts, cuts[1:]):
+                if i < j:
+                    if steps["exec"][i]:
+                        self.sites.clear()
+                    self._apply(steps[i:j])
+            return
+        self._apply(steps)
+
+    def _apply(self, steps: np.ndarray) -> None:
         d = steps["delta"].astype(np.int64)
         r = np.cumsum(d)                        # depth after each step
         low = int(r.min())

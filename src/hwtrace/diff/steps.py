@@ -21,7 +21,9 @@ index of its first instruction in the thread (``idx``), the trace offset
 of its first record (``off``), its instruction count, the class and size
 of its last instruction, whether data was lost right before it (``gap``),
 the call depth it runs at (relative to where the trace starts) and what
-it does to that depth (``delta``: +1 a call, -1 a return).
+it does to that depth (``delta``: +1 a call, -1 a return), and whether it
+is the first step of a program its process exec'd (``exec``: the frames
+open before never return; the batches' :class:`SpaceItem` s say so).
 
 A call is a CALL (or a far call, such as a syscall into a traced
 kernel) whose next step does not start at its fall-through (``call 1f;
@@ -38,7 +40,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from hwtrace.flow.batches import ErrorItem, StatusItem
+from hwtrace.flow.batches import ErrorItem, SpaceItem, StatusItem
 from hwtrace.x86.insn import IClass
 
 #: a step; ``ip``, ``end`` and the word of ``n``/``gap``/``cls``/``size``
@@ -46,10 +48,10 @@ from hwtrace.x86.insn import IClass
 _FIELDS = [("ip", "<u8"), ("end", "<u8"), ("n", "<u4"), ("gap", "u1"),
            ("cls", "u1"), ("size", "u1"), ("_pad", "u1"),   # zero: compared
            ("rip", "<u8"), ("rend", "<u8"), ("idx", "<u8"),
-           ("off", "<u8"), ("depth", "<i4"), ("delta", "i1")]
+           ("off", "<u8"), ("depth", "<i4"), ("delta", "i1"), ("exec", "u1")]
 STEP = np.dtype({"names": [n for n, _ in _FIELDS],
                  "formats": [f for _, f in _FIELDS],
-                 "offsets": [0, 8, 16, 20, 21, 22, 23, 24, 32, 40, 48, 56, 60],
+                 "offsets": [0, 8, 16, 20, 21, 22, 23, 24, 32, 40, 48, 56, 60, 61],
                  "itemsize": 64})
 KEY_WORDS = 3
 assert STEP.itemsize == 64
@@ -84,11 +86,12 @@ class _Open:
     """The step still open at the end of a batch (its last record may
     be followed by the next instruction in the next batch)."""
 
-    __slots__ = ("ip", "off", "n", "gap", "end", "cls", "size")
+    __slots__ = ("ip", "off", "n", "gap", "end", "cls", "size", "exec")
 
-    def __init__(self, ip, off, n, gap, end, cls, size):
+    def __init__(self, ip, off, n, gap, end, cls, size, exec_=False):
         self.ip, self.off, self.n, self.gap = ip, off, n, gap
         self.end, self.cls, self.size = end, cls, size
+        self.exec = exec_
 
     def goes_on(self, ip: int, gap: bool) -> bool:
         return _KIND[self.cls] == 1 and not gap and ip == self.end + self.size
@@ -112,6 +115,8 @@ class StepReader:
         self._taps = list(taps)
         self._open: _Open | None = None
         self._gap_next = False              # a gap before the next record
+        self._exec_next = False             # an exec before the next record
+        self._exe: dict = {}                # pid -> the file its space runs
         self._ready: list = []              # chunks made, not yet handed out
         self.insns = 0                      # index of the next step's first insn
         self.depth = 0                      # depth of the next step
@@ -165,18 +170,39 @@ class StepReader:
         r = out[0]
         r["rip"], r["rend"], r["n"], r["off"] = o.ip, o.end, o.n, o.off
         r["cls"], r["size"], r["gap"], r["idx"] = o.cls, o.size, o.gap, self.insns
+        r["exec"] = o.exec
         k = _KIND[o.cls]
         r["delta"] = -1 if k == 3 else \
             1 if k == 2 and nxt is not None and nxt != o.end + o.size else 0
         self.insns += o.n
         return out
 
+    def _execs(self, item) -> bool:
+        """Does this address-space switch begin another program in the
+        same process (an exec)?"""
+        sp = item.space
+        pid, exe = getattr(sp, "pid", None), getattr(sp, "exe", None)
+        last = self._exe.get(pid)
+        self._exe[pid] = exe
+        return pid is not None and bool(last) and bool(exe) and last != exe
+
     def _feed(self, batch) -> None:
         blocks = batch.blocks
         n = len(blocks)
         pending, self._gap_next = self._gap_next, False
+        epending, self._exec_next = self._exec_next, False
         gapat = None
+        execat = None
         for index, _offset, item in batch.items:
+            if isinstance(item, SpaceItem):
+                if self._execs(item):
+                    if index >= n:
+                        self._exec_next = True
+                    else:
+                        if execat is None:
+                            execat = np.zeros(n, bool)
+                        execat[index] = True
+                continue
             stop = _stop(item)
             if stop is not None:
                 self.last_stop = stop
@@ -190,28 +216,35 @@ class StepReader:
                 gapat[index] = True
         if n == 0:
             self._gap_next |= pending
+            self._exec_next |= epending
             return
         if pending:
             if gapat is None:
                 gapat = np.zeros(n, bool)
             gapat[0] = True
+        if epending:
+            if execat is None:
+                execat = np.zeros(n, bool)
+            execat[0] = True
         ip = blocks["ip"]
         end = blocks["end_ip"]
         size = blocks["size"]
         cls = blocks["iclass"]
         o = self._open
-        cont = o is not None and o.goes_on(int(ip[0]), bool(gapat is not None
-                                                             and gapat[0]))
+        cont = o is not None and o.goes_on(int(ip[0]), bool(
+            (gapat is not None and gapat[0]) or (execat is not None and execat[0])))
         if o is not None and not cont:
             self._emit(self._one(o, int(ip[0])))
         # which records end a step (the last one: not known yet)
         plain = _KIND[cls[:-1]] == 1
-        if gapat is None and not plain.any():
+        if gapat is None and execat is None and not plain.any():
             last = np.arange(n - 1)
         else:
             ends = ~plain | (ip[1:] != end[:-1] + size[:-1])
             if gapat is not None:
                 ends |= gapat[1:]
+            if execat is not None:
+                ends |= execat[1:]
             last = np.flatnonzero(ends)
         k = len(last)
         if k:
@@ -222,6 +255,7 @@ class StepReader:
             out["_pad"] = 0                     # in a compared word
             if gapat is None:
                 out["gap"] = 0
+            out["exec"] = 0
             if k == n - 1:                      # one record per step
                 out["rip"] = ip[:-1]
                 out["rend"] = end[:-1]
@@ -230,6 +264,8 @@ class StepReader:
                 c, sz = cls[:-1], size[:-1]
                 if gapat is not None:
                     out["gap"] = gapat[:-1]
+                if execat is not None:
+                    out["exec"] = execat[:-1]
             else:
                 out["rip"] = ip[first]
                 out["rend"] = end[last]
@@ -239,10 +275,13 @@ class StepReader:
                 c, sz = cls[last], size[last]
                 if gapat is not None:
                     out["gap"] = gapat[first]
+                if execat is not None:
+                    out["exec"] = execat[first]
             if cont:
                 out["rip"][0] = o.ip
                 out["off"][0] = o.off
                 out["gap"][0] = o.gap
+                out["exec"][0] = o.exec
                 counts[0] += o.n
             out["n"] = counts
             out["cls"] = c
@@ -261,7 +300,8 @@ class StepReader:
             self._open = _Open(int(ip[start]), int(blocks["offset"][start]),
                                int(blocks["ninsn"][start:].sum()),
                                bool(gapat is not None and gapat[start]),
-                               int(end[-1]), int(cls[-1]), int(size[-1]))
+                               int(end[-1]), int(cls[-1]), int(size[-1]),
+                               bool(execat is not None and execat[start]))
         elif cont:
             o.n += int(blocks["ninsn"].sum())
             o.end, o.cls, o.size = int(end[-1]), int(cls[-1]), int(size[-1])
@@ -269,7 +309,8 @@ class StepReader:
             self._open = _Open(int(ip[0]), int(blocks["offset"][0]),
                                int(blocks["ninsn"].sum()),
                                bool(gapat is not None and gapat[0]),
-                               int(end[-1]), int(cls[-1]), int(size[-1]))
+                               int(end[-1]), int(cls[-1]), int(size[-1]),
+                               bool(execat is not None and execat[0]))
 
 
 def _stop(item):

@@ -57,7 +57,8 @@ class Thread:
     def _own(self, st, impl):
         """What of stream ``st`` is this thread's: all of it, or (a CPU
         stream it shares) its segments, walking the stream anew."""
-        it = st.batches(view=True, impl=impl, resync=True)
+        it = st.batches(view=True, impl=impl, resync=True,
+                        space_items=True)   # (an exec: steps.StepReader)
         if st.name not in self.shared:
             return it
         from hwtrace.analysis.switches import SwitchTimeline
