@@ -132,6 +132,9 @@ _LAYOUT = (_DT.itemsize,) + tuple(_DT.fields[f][1] for f in
 _DELTA = np.zeros(len(KIND_CODE), np.int64)
 _DELTA[[_CALL, _ICALL]] = 1
 _DELTA[_RET] = -1
+_SYSCALL = KIND_CODE["syscall"]
+#: the compiled round trips' kind codes: (return, syscall, sysret)
+_TRIP_CODES = (_RET, _SYSCALL, KIND_CODE["sysret"])
 
 
 class _Consumer:
@@ -350,7 +353,12 @@ class _Consumer:
         if m:
             a = _Rec(blocks, first)
         r = 0
-        for index, offset, item in batch.items:
+        items = batch.items
+        k, nitems = 0, len(items)
+        core = _impl.core_for(self.impl) if m else None
+        while k < nitems:
+            index, offset, item = items[k]
+            k += 1
             if index > r:
                 self._records(a, r, index)
                 r = index
@@ -360,12 +368,55 @@ class _Consumer:
                 self.feed({"error": str(item.code), "offset": item.offset})
             elif hasattr(item, "status_update"):
                 self._batch_event(item)
+                if t == "enabled" and core is not None and k + 1 < nitems:
+                    got = self._trips(core, a, items, k, r)
+                    if got is not None:
+                        k, r = got
             elif t == "space" and self.env is not None:
                 self._enter_space(item.space)
         if r < m:
             self._records(a, r, m)
         self.n = int(a.start[m]) if m else first
         self._out()
+
+    def _trips(self, core, a: "_Rec", items: list, k: int, r: int):
+        """Where the thread just came back from untraced code: the plain
+        system-call round trips from item ``k`` and record ``r`` on, by the
+        compiled core (``trips``: the runs of records between them, each
+        syscall and sysret, as :meth:`_records` and :meth:`_event` make
+        them, while the same thread runs on); (k, r) after them, or None
+        where it did none."""
+        th, t = self.th, self.tracker
+        if th is None or not th.on or th.pend_x is not None or th.exit is not None \
+                or not self.enabled or t.watch:
+            return None
+        tl = self.follow
+        clock = None if tl is None else tl.clock_state()
+        allowed, ranges = _mask_arrays(t.mask)
+        got = core.trips(
+            items, k, r, a.ip, a.fall, a.end_ip, a.key, a.tsc, a.start, _KLUT, _FARLUT8,
+            _DELTA, self._far, self._far_kind, self._sys_size, allowed, ranges,
+            bool(th.wanted), -1 if th.pid is None else th.pid,
+            -1 if th.tid is None else th.tid, _TRIP_CODES, _LAYOUT,
+            (th.depth, self.time, clock))
+        if got is None:
+            return None
+        k, r, th.depth, self.time, clock, recs, th.exit_at, th.pend_pc, th.pend_time = got
+        if tl is not None:
+            tl.set_clock_state(*clock)
+        self.n = int(a.start[r])
+        if recs:
+            self._out()
+            self.chunks.append(np.frombuffer(recs, _DT))
+        return k, r
+
+    def _sys_size(self, frm: int) -> int:
+        """The size of the system call instruction at ``frm`` (its bytes:
+        what :meth:`_x` and the tracker's ``leave`` read), or -1 where
+        it is none."""
+        if self._far_kind(frm) != _SYSCALL:
+            return -1
+        return self._insn_at(frm).size
 
     def _x(self, a: "_Rec", r: int):
         """The branch instruction ending record r (an x86 Insn), or None;
