@@ -41,6 +41,7 @@ a signal handler.
 from __future__ import annotations
 
 import bisect
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -395,7 +396,8 @@ class _Consumer:
         allowed, ranges = _mask_arrays(t.mask)
         got = core.trips(
             items, k, r, a.ip, a.fall, a.end_ip, a.key, a.tsc, a.start, _KLUT, _FARLUT8,
-            _DELTA, self._far, self._far_kind, self._sys_size, allowed, ranges,
+            _DELTA, self._far, self._far_kind, self._sys_size,
+            functools.partial(self._pend_kind, a), allowed, ranges,
             bool(th.wanted), -1 if th.pid is None else th.pid,
             -1 if th.tid is None else th.tid, _TRIP_CODES, _LAYOUT,
             (th.depth, self.time, clock))
@@ -417,6 +419,16 @@ class _Consumer:
         if self._far_kind(frm) != _SYSCALL:
             return -1
         return self._insn_at(frm).size
+
+    def _pend_kind(self, a: "_Rec", r: int, to: int) -> int:
+        """The record kind code of record r's branch going to ``to`` (-1
+        none, -2 no branch pending): what the tracker's ``_resolve`` makes
+        of it where a PSB+ split a run."""
+        x = self._x(a, r)
+        if x is None:
+            return -2
+        kind = classify(x, int(a.end_ip[r]), to)
+        return -1 if kind is None else _KIND_ID[kind]
 
     def _x(self, a: "_Rec", r: int):
         """The branch instruction ending record r (an x86 Insn), or None;

@@ -407,27 +407,31 @@ static int clock_stays(const Clock *k, long long n)
 /* -- trips (twin: decoded._Consumer.feed_batch's loop) ----------------------
  *
  * trips(items, k, r, ip, fall, end_ip, key, tsc, start, klut, farlut, delta,
- *       far, far_kind, sys_size, allowed, ranges, wanted, pid, tid, codes,
- *       layout, state)
+ *       far, far_kind, sys_size, pend_kind, allowed, ranges, wanted, pid, tid,
+ *       codes, layout, state)
  *   -> None (nothing done) or
  *      (k, r, depth, time, clock, records bytearray, exit_at, pend_pc, pend_time)
  *
  * Called where the thread has just come back from untraced code (no
  * transfer pending, its exit consumed, tracing on, no trigger address):
  * items[k:] are the batch's items (index, offset, Event ...) still to go,
- * records [r, ...) the ones still to go.  While items k and k + 1 are a
- * disable (no status update) and an enable (likewise) at one index i > r,
- * record i - 1 ends in a system call (sys_size(addr): its size, else
- * negative), tracing resumes at its fall-through and the same thread runs
- * on (the clock says no switch came before), this makes the records of
- * run [r, i), the syscall and the sysret, and goes on from k + 2, i.
+ * records [r, ...) the ones still to go.  It goes through them as the
+ * twin does -- the runs of records up to each item's index, each event --
+ * while they are: a PSB+'s events (cbr, exec_mode, a status update of an
+ * enable: they tell the time), a disable right after a system call
+ * (sys_size(addr): the instruction's size, negative if it is none), the
+ * enable at its fall-through with the same thread on (the clock says no
+ * switch came before).  A run split by a PSB+ resolves its pending branch
+ * by pend_kind(record, to) (the record kind, -1 none, -2 nothing pending).
+ * It stops before anything else and returns the state after the last
+ * enable it took (k, r: the next item and record).
  * Columns as for transfers, plus start (int64, one more: each record's
  * first instruction index).  codes: (return, syscall, sysret) kind codes.
  * state: (depth, time or None, clock or None); clock: (t or None, n,
  * rate or None, on, counted, fixed, next switch time or None).  Returns
- * where it stopped and the state there (clock: (t or None, n, rate or
- * None, on) or None), the records, and the thread's exit_at, pend_pc and
- * pend_time (its last syscall).
+ * the state where it stopped (clock: (t or None, n, rate or None, on) or
+ * None), the records, and the thread's exit_at, pend_pc and pend_time
+ * (its last syscall).
  */
 
 static PyObject *S_type, *S_su, *S_ipsup, *S_has_tsc, *S_tsc, *S_ip;
@@ -447,9 +451,10 @@ static int names(void)
     return 0;
 }
 
-/* what the loop reads of an event */
+/* what the loop reads of an event: its type (E_*), flags, tsc and ip */
+enum { E_NONE, E_DISABLED, E_ENABLED, E_TIME };
 typedef struct {
-    int ok, su, ipsup, has_tsc;
+    int type, su, ipsup, has_tsc;
     long long tsc;
     uint64_t ip;
 } Ev;
@@ -464,11 +469,13 @@ static int attr_bool(PyObject *o, PyObject *name, int *v)
     return *v < 0 ? -1 : 0;
 }
 
-/* item ``it`` ((index, offset, event)) as an event of type ``want``: e->ok
-   0 where it is none (another type, another item); -1 on error */
-static int read_ev(PyObject *it, const char *want, Py_ssize_t *index, Ev *e)
+/* item ``it`` ((index, offset, item)): e->type E_NONE where the loop leaves
+   it to the twin (not an event, or one that does more than tell the time:
+   an overflow, an async disable, a status update other than a PSB+'s);
+   -1 on error */
+static int read_ev(PyObject *it, Py_ssize_t *index, Ev *e)
 {
-    e->ok = 0;
+    e->type = E_NONE;
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3)
         return 0;
     PyObject *ev = PyTuple_GET_ITEM(it, 2);
@@ -482,9 +489,18 @@ static int read_ev(PyObject *it, const char *want, Py_ssize_t *index, Ev *e)
         PyErr_Clear();
         return 0;
     }
-    int same = PyUnicode_Check(t) && PyUnicode_CompareWithASCIIString(t, want) == 0;
+    int type = E_NONE;
+    if (PyUnicode_Check(t)) {
+        if (PyUnicode_CompareWithASCIIString(t, "disabled") == 0)
+            type = E_DISABLED;
+        else if (PyUnicode_CompareWithASCIIString(t, "enabled") == 0)
+            type = E_ENABLED;
+        else if (PyUnicode_CompareWithASCIIString(t, "cbr") == 0
+                 || PyUnicode_CompareWithASCIIString(t, "exec_mode") == 0)
+            type = E_TIME;
+    }
     Py_DECREF(t);
-    if (!same || !PyObject_HasAttr(ev, S_su))
+    if (type == E_NONE || !PyObject_HasAttr(ev, S_su))
         return 0;
     if (attr_bool(ev, S_su, &e->su) < 0 || attr_bool(ev, S_ipsup, &e->ipsup) < 0
             || attr_bool(ev, S_has_tsc, &e->has_tsc) < 0)
@@ -503,7 +519,9 @@ static int read_ev(PyObject *it, const char *want, Py_ssize_t *index, Ev *e)
     Py_DECREF(v);
     if (e->ip == (uint64_t)-1 && PyErr_Occurred())
         return -1;
-    e->ok = 1;
+    if (e->has_tsc && (e->tsc < 0 || e->tsc >= EXACT))
+        return 0;
+    e->type = type;
     return 0;
 }
 
@@ -540,12 +558,12 @@ static PyObject *opt_ll(int has, long long v)
 PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 23) {
-        PyErr_SetString(PyExc_TypeError, "trips takes 23 arguments");
+    if (nargs != 24) {
+        PyErr_SetString(PyExc_TypeError, "trips takes 24 arguments");
         return NULL;
     }
     enum { A_ITEMS, A_K, A_R, A_IP, A_FALL, A_END, A_KEY, A_TSC, A_START, A_KLUT,
-           A_FARLUT, A_DELTA, A_FAR, A_FARKIND, A_SYSSIZE, A_ALLOWED, A_RANGES,
+           A_FARLUT, A_DELTA, A_FAR, A_FARKIND, A_SYSSIZE, A_PENDKIND, A_ALLOWED, A_RANGES,
            A_WANTED, A_PID, A_TID, A_CODES, A_LAYOUT, A_STATE };
     static const int slot_arg[] = {A_IP, A_FALL, A_END, A_KEY, A_TSC, A_KLUT, A_FARLUT,
                                    A_DELTA, A_ALLOWED, A_RANGES, A_START};
@@ -562,7 +580,8 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                args[A_FAR], args[A_FARKIND]) < 0)
         goto done;
     const int64_t *start = B.b[10].buf;
-    PyObject *items = args[A_ITEMS], *sys_size = args[A_SYSSIZE];
+    PyObject *items = args[A_ITEMS], *sys_size = args[A_SYSSIZE],
+             *pend_kind = args[A_PENDKIND];
     long code_sys, code_sysret;
     if (!PyList_Check(items) || !PyTuple_Check(args[A_CODES])
             || PyTuple_GET_SIZE(args[A_CODES]) != 3 || !PyTuple_Check(args[A_STATE])
@@ -620,98 +639,131 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
 
     Py_ssize_t nitems = PyList_GET_SIZE(items), done_k = k;
-    uint64_t last_addr = 0;
-    long last_size = -1;
-    int have_last = 0;
-    while (k + 1 < nitems) {
-        Ev e0, e1;
-        Py_ssize_t i0, i1;
-        if (read_ev(PyList_GET_ITEM(items, k), "disabled", &i0, &e0) < 0)
+    /* a few system call sites' sizes (a program makes its calls from few) */
+    uint64_t sz_addr[8] = {0};
+    long sz_val[8];
+    int sz_has[8] = {0};
+    /* the loop's own state since the last commit (after an enable): the
+       record whose branch is pending (pr, its time), tracing off (a
+       syscall's disable seen, its enable not yet) */
+    State w = s;
+    Py_ssize_t wr = r, pr = -1, mark = 0;
+    int off = 0;
+    long long pend_time = 0;
+    int has_pend_time = 0;
+    for (Py_ssize_t q = k; q < nitems; q++) {
+        Ev e;
+        Py_ssize_t i;
+        if (read_ev(PyList_GET_ITEM(items, q), &i, &e) < 0)
             goto done;
-        if (!e0.ok || e0.su)
+        if (e.type == E_NONE || i < wr || i > c.nrec
+                || (e.su && e.type != E_TIME && !(e.type == E_ENABLED && !off)))
             break;
-        if (read_ev(PyList_GET_ITEM(items, k + 1), "enabled", &i1, &e1) < 0)
-            goto done;
-        if (!e1.ok || e1.su || i1 != i0 || i0 <= r || i0 > c.nrec
-                || (e0.has_tsc && (e0.tsc < 0 || e0.tsc >= EXACT))
-                || (e1.has_tsc && (e1.tsc < 0 || e1.tsc >= EXACT)))
-            break;
-        Py_ssize_t idx = i0, r0 = r, r1 = idx, pr = r1 - 1;
-        /* the run's last record ends in a system call */
-        if (!(c.key[pr] >> 2))
-            break;
-        uint64_t frm = c.end_ip[pr];
-        if (!have_last || last_addr != frm) {
-            PyObject *a = PyLong_FromUnsignedLongLong(frm);
-            if (!a)
-                goto done;
-            PyObject *sz = PyObject_CallOneArg(sys_size, a);
-            Py_DECREF(a);
-            if (!sz)
-                goto done;
-            last_size = PyLong_AsLong(sz);
-            Py_DECREF(sz);
-            if (last_size == -1 && PyErr_Occurred())
-                goto done;
-            last_addr = frm;
-            have_last = 1;
-        }
-        if (last_size < 0 || e1.ip != frm + (uint64_t)last_size)
-            break;
-        State w = s;
-        Py_ssize_t mark = o.len;
-        /* _records(a, r0, r1): its first record's time, the transfers
-           between its records, the last one's branch pending */
-        if (rec_time(&c, start, &w, r0))
-            break;
-        if (r1 - r0 > 1) {
-            int closed;
-            Py_ssize_t nbr, kept;
-            if (run(&c, &o, r0, r1 - 1, &w.depth, w.has_time ? w.time : -1, 0,
-                    &closed, &nbr, &kept) < 0)
-                goto done;
-            if (rec_time(&c, start, &w, r1 - 2) || rec_time(&c, start, &w, r1 - 1)) {
-                o.len = mark;
+        if (i > wr) {
+            /* _records(a, wr, i): the pending transfer lands on its first
+               record, the transfers between its records, its last
+               record's branch pending */
+            if (off)
                 break;
+            Py_ssize_t r0 = wr, r1 = i;
+            if (rec_time(&c, start, &w, r0))
+                break;
+            if (pr >= 0) {
+                PyObject *got = PyObject_CallFunction(pend_kind, "nK", pr,
+                                                      (unsigned long long)c.ip[r0]);
+                if (!got)
+                    goto done;
+                long kd = PyLong_AsLong(got);
+                Py_DECREF(got);
+                if (kd == -1 && PyErr_Occurred())
+                    goto done;
+                if (kd >= c.nk)
+                    break;
+                if (kd >= 0) {
+                    if (accepts(&c, (int)kd, c.end_ip[pr])
+                            && put_rec(&c, &o, (int)kd, c.end_ip[pr], c.ip[r0],
+                                       has_pend_time ? pend_time : -1, w.depth) < 0)
+                        goto done;
+                    w.depth += c.delta[kd];
+                }
             }
+            if (r1 - r0 > 1) {
+                int closed;
+                Py_ssize_t nbr, kept;
+                if (run(&c, &o, r0, r1 - 1, &w.depth, w.has_time ? w.time : -1, 0,
+                        &closed, &nbr, &kept) < 0)
+                    goto done;
+                if (rec_time(&c, start, &w, r1 - 2) || rec_time(&c, start, &w, r1 - 1))
+                    break;
+            }
+            pr = r1 - 1;
+            pend_time = w.time;
+            has_pend_time = w.has_time;
+            wr = i;
         }
-        w.pend_pc = frm;
-        w.pend_time = w.time;
-        w.has_pend_time = w.has_time;
-        /* the disable: the pending syscall goes into the kernel */
-        long long n = start[idx];
-        if (e0.has_tsc) {
-            w.time = e0.tsc;
+        long long n = start[i];
+        if (e.has_tsc) {
+            w.time = e.tsc;
             w.has_time = 1;
             if (w.has_clock)
-                clock_time(&w.clk, n, e0.tsc);
+                clock_time(&w.clk, n, e.tsc);
         }
-        w.clk.on = 0;
-        if (accepts(&c, (int)code_sys, frm)
-                && put_rec(&c, &o, (int)code_sys, frm, e0.ipsup ? 0 : e0.ip,
-                           w.has_pend_time ? w.pend_time : -1, w.depth) < 0)
-            goto done;
-        w.exit_at = frm + (uint64_t)last_size;
+        if (e.type == E_TIME || e.su)
+            continue;           /* a PSB+'s: the time told, nothing else */
+        if (e.type == E_DISABLED) {
+            /* the pending syscall goes into the kernel */
+            if (off || pr < 0 || !(c.key[pr] >> 2))
+                break;
+            uint64_t frm = c.end_ip[pr];
+            int slot = (int)((frm ^ (frm >> 7)) & 7);
+            if (!sz_has[slot] || sz_addr[slot] != frm) {
+                PyObject *a = PyLong_FromUnsignedLongLong(frm);
+                if (!a)
+                    goto done;
+                PyObject *sz = PyObject_CallOneArg(sys_size, a);
+                Py_DECREF(a);
+                if (!sz)
+                    goto done;
+                sz_val[slot] = PyLong_AsLong(sz);
+                Py_DECREF(sz);
+                if (sz_val[slot] == -1 && PyErr_Occurred())
+                    goto done;
+                sz_addr[slot] = frm;
+                sz_has[slot] = 1;
+            }
+            if (sz_val[slot] < 0)
+                break;
+            w.clk.on = 0;
+            if (accepts(&c, (int)code_sys, frm)
+                    && put_rec(&c, &o, (int)code_sys, frm, e.ipsup ? 0 : e.ip,
+                               has_pend_time ? pend_time : -1, w.depth) < 0)
+                goto done;
+            w.exit_at = frm + (uint64_t)sz_val[slot];
+            w.pend_pc = (long long)frm;
+            w.pend_time = pend_time;
+            w.has_pend_time = has_pend_time;
+            pr = -1;
+            off = 1;
+            continue;
+        }
         /* the enable at the fall-through: the same thread, back (sysret) */
-        if (e1.has_tsc) {
-            w.time = e1.tsc;
-            w.has_time = 1;
-            if (w.has_clock)
-                clock_time(&w.clk, n, e1.tsc);
-        }
-        w.clk.on = 1;
-        if (w.has_clock && !clock_stays(&w.clk, n)) {
-            o.len = mark;
+        if (!off)
             break;
-        }
-        if (accepts(&c, (int)code_sysret, e1.ip)
-                && put_rec(&c, &o, (int)code_sysret, 0, e1.ip,
+        w.clk.on = 1;
+        if (e.ip != w.exit_at || (w.has_clock && !clock_stays(&w.clk, n)))
+            break;
+        if (accepts(&c, (int)code_sysret, e.ip)
+                && put_rec(&c, &o, (int)code_sysret, 0, e.ip,
                            w.has_time ? w.time : -1, w.depth) < 0)
             goto done;
+        off = 0;
+        /* commit */
         s = w;
-        k += 2;
-        r = idx;
+        k = q + 1;
+        r = wr;
+        mark = o.len;
     }
+    o.len = mark;
     if (k == done_k) {
         res = Py_None;
         Py_INCREF(res);
