@@ -146,7 +146,7 @@ class _Consumer:
     records these are."""
 
     def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False,
-                 follow=None, env=None):
+                 follow=None, env=None, born: dict | None = None):
         # the trace's enable/disable events say where tracing stopped and
         # resumed (with the OS bit, a syscall goes on into the kernel)
         tracker.kernel_untraced = False
@@ -163,6 +163,9 @@ class _Consumer:
         # (unless the switches say which thread it is)
         self.per_cpu = per_cpu and follow is None
         self.follow = follow
+        #: tid -> its creator's, for the threads that first run on this
+        #: CPU: such a thread begins where its creator left off
+        self.born = born or {}
         self.time = None
         self.n = 0
         # is tracing on as far as the events said (None: unknown -- the
@@ -309,10 +312,19 @@ class _Consumer:
         cpid = cur.pid if cur is not None else None
         threads = self.tracker._threads
 
-        def stopped(pid, tid) -> bool:
-            th = cur if (pid, tid) == (cpid, ctid) else threads.get((pid, tid))
+        def left_off(th) -> bool:
             return th is not None and ip is not None and th.exit_at == ip and \
                 th.exit in ("async", "syscall", "interrupt")
+
+        def stopped(pid, tid) -> bool:
+            th = cur if (pid, tid) == (cpid, ctid) else threads.get((pid, tid))
+            if th is None and tid in self.born:
+                # not run yet: it begins where its creator left off (both
+                # return from clone or fork)
+                c = self.born[tid]
+                th = cur if ctid == c else next(
+                    (t for t in threads.values() if t.tid == c), None)
+            return left_off(th)
 
         pid, tid = tl.resumes(self.n, cur is not None, cpid, ctid, stopped)
         if cur is None or (cur.pid, cur.tid) != (pid, tid):
@@ -750,11 +762,12 @@ class DecodedTrace:
                                     getattr(info, "clock_counted", False))
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
+            born = _born_here(info) if follow is not None else None
             if th is not None and not th.wanted:
                 continue
             spaced = self._spaced is not None and s.batches is not None
             c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow,
-                          env=self._env if spaced else None)
+                          env=self._env if spaced else None, born=born)
             if s.batches is not None:
                 for b in s.batches(**({"space_items": True} if spaced else {})):
                     c.feed_batch(b)
@@ -779,6 +792,17 @@ class DecodedTrace:
                              KINDS[kind], frm or None, to or None,
                              None if time < 0 else time,
                              None if depth == _NODEPTH else depth)
+
+
+def _born_here(info) -> dict:
+    """tid -> its creator's tid, for the threads whose first switch in is
+    on this stream's CPU (as ``hwtrace diff`` pairs them)."""
+    first: dict = {}            # tid -> (time, cpu) it first ran
+    for s in info.switches:
+        if s.next_tid > 0 and (s.next_tid not in first or s.time < first[s.next_tid][0]):
+            first[s.next_tid] = (s.time, s.cpu)
+    return {t: c for t, c in getattr(info, "creators", ())
+            if first.get(t, (0, None))[1] == info.cpu}
 
 
 #: an address no code is at: a trigger or range whose function this
