@@ -366,6 +366,25 @@ def program_names(records) -> tuple:
     return tuple(sorted((p, " -> ".join(n)) for p, n in names.items() if n))
 
 
+def thread_creators(records) -> tuple:
+    """(tid, creator's tid) of the sideband ``records``' threads: the
+    thread that made each one (its ``parent_tid``), or for a process's
+    first thread, the parent process's (``hwtrace diff`` pairs a CPU
+    stream's threads by the same rule)."""
+    from hwtrace.bundle import Process, Thread
+    creators: dict = {}
+    ppid: dict = {}
+    for r in records:
+        if isinstance(r, Thread) and r.parent_tid > 0:
+            creators.setdefault(r.tid, r.parent_tid)
+        elif isinstance(r, Process):
+            ppid.setdefault(r.pid, r.ppid)
+    for pid, pp in ppid.items():
+        if pid not in creators and pp and pp in ppid:
+            creators[pid] = pp
+    return tuple(sorted(creators.items()))
+
+
 def _about(path, e) -> str:
     """``path: message`` unless the message names the path already."""
     msg = str(e)
@@ -465,6 +484,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     tsc_hz = manifest.get("tsc_hz") or None
     ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
     programs = program_names(records)
+    creators = thread_creators(records)
     seen = set()
     for r in records:
         if isinstance(r, Mmap):
@@ -516,7 +536,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           tsc_per_insn=tsc_per_insn(manifest),
                           clock_exact=insn_clock_exact(
                               manifest, e.config if isinstance(e.config, dict) else None),
-                          clock_counted=counted, programs=programs)
+                          clock_counted=counted, programs=programs,
+                          creators=creators if per_cpu else ())
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,

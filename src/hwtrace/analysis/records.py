@@ -79,6 +79,11 @@ class StreamInfo(NamedTuple):
     #: (pid, program name) pairs: what each process of the recording ran
     #: (the file it last exec'd, else its command name); empty: unknown
     programs: tuple = ()
+    #: (tid, creator's tid) pairs: who made each thread (or forked each
+    #: process) of the recording, for a CPU's stream: a thread's first
+    #: run resumes where its creator left off (both return from ``clone``
+    #: or ``fork``); empty: unknown
+    creators: tuple = ()
 
     def program(self, pid: int | None) -> str:
         """The name of the program process ``pid`` ran ("" unknown)."""

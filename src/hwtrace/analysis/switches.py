@@ -121,6 +121,20 @@ class SwitchTimeline:
         """Tracing went off (a disable) or on again (an enable)."""
         self._on = on
 
+    def clock_state(self) -> tuple:
+        """What :meth:`time`, :meth:`tracing` and :meth:`resumes` need of
+        the clock, for a compiled twin of them (the branch records'
+        round trips, ``hwtrace/branches/core/trips.c``): (last known time,
+        its instruction index, rate, tracing on, counted, fixed, the time
+        of the next switch not applied or None)."""
+        sw = self.switches
+        return (self._t, self._n, self._rate, self._on, self.counted, self._fixed,
+                sw[self.i].time if self.i < len(sw) else None)
+
+    def set_clock_state(self, t, n, rate, on) -> None:
+        """The clock as the compiled twin left it (:meth:`clock_state`)."""
+        self._t, self._n, self._rate, self._on = t, n, rate, on
+
     @property
     def deaf(self) -> bool:
         """Whether a time told now changes nothing (:meth:`time`): a

@@ -14,7 +14,10 @@
  *   calls_counts(...)        the calls view's lines with instruction counts
  *                            (twin: CallsWriter._format_counts; see below)
  *   transfers(...)           a run of a batch's records as branch records
- *                            (twin: decoded._Consumer._vector; see below)
+ *                            (twin: decoded._Consumer._vector)
+ *   trips(...)               runs and the system-call round trips between
+ *                            them (twin: decoded._Consumer.feed_batch's
+ *                            loop); both in core/trips.c
  *
  * Columns of one chunk of records, each a C-contiguous buffer: pid, tid,
  * time int64; kind uint8; frm, to uint64; depth int32; every non-zero
@@ -32,11 +35,12 @@
 #include <string.h>
 
 #include "../_ext/textput.h"
+#include "core/trips.h"
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 4
+#define ABI 5
 
 
 #define PUT_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
@@ -617,214 +621,11 @@ done:
     return res;
 }
 
-/* -- transfers: a run of records' branches (twin: decoded._Consumer._vector) -------
- *
- * transfers(ip, fall, end_ip, key, tsc, t0, t1, klut, farlut, delta, far, far_kind,
- *           depth, last, within, allowed, ranges, wanted, pid, tid, ret, layout)
- *   -> (records bytearray, kept, depth, closed, branches)
- *
- * Record r's branch goes to record r + 1's first instruction, for r in
- * [t0, t1): ip, fall, end_ip, tsc uint64 and key uint8 per record (key:
- * class << 2 | indirect << 1; taken is ip[r + 1] != fall[r]).  klut (int16)
- * and farlut (uint8) of 32 map key | taken to the record kind (-1 none)
- * and to "the kind comes from the instruction's bytes": far[addr] (a dict
- * of int) or, where the dict lacks it, far_kind(addr) (which fills it);
- * -2 keeps the class's kind.  delta (int64 per kind): depth change.  The
- * depth before each branch runs from ``depth``; ``within``: the first
- * return at depth 0 is the last branch (its change not counted: closed).
- * Each branch's time is the last non-zero tsc at or before its record
- * (``last`` before any).  Kept: ``wanted``, the kind allowed (uint8 per
- * kind), from inside one of ``ranges`` (uint64 lo, hi pairs; none: all).
- * ``layout``: (itemsize, offsets of pid, tid, kind, from, to, time, depth)
- * of records.dtype().  Returns the kept records, how many, the depth
- * after the run, whether it closed, and how many branches there were.
- */
-static PyObject *py_transfers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 22) {
-        PyErr_SetString(PyExc_TypeError, "transfers takes 22 arguments");
-        return NULL;
-    }
-    enum { A_IP, A_FALL, A_END, A_KEY, A_TSC, A_T0, A_T1, A_KLUT, A_FARLUT, A_DELTA,
-           A_FAR, A_FARKIND, A_DEPTH, A_LAST, A_WITHIN, A_ALLOWED, A_RANGES,
-           A_WANTED, A_PID, A_TID, A_RET, A_LAYOUT };
-    static const int bufs[] = {A_IP, A_FALL, A_END, A_KEY, A_TSC, A_KLUT, A_FARLUT,
-                               A_DELTA, A_ALLOWED, A_RANGES};
-    enum { NB = 10 };
-    Py_buffer b[NB];
-    int has[NB] = {0};
-    PyObject *res = NULL, *out = NULL;
-    int16_t *kind = NULL;
-    for (int k = 0; k < NB; k++) {
-        if (PyObject_GetBuffer(args[bufs[k]], &b[k], PyBUF_C_CONTIGUOUS) < 0)
-            goto done;
-        has[k] = 1;
-    }
-    const uint64_t *ip = b[0].buf, *fall = b[1].buf, *end_ip = b[2].buf, *tsc = b[4].buf;
-    const uint8_t *key = b[3].buf, *farlut = b[6].buf, *allowed = b[8].buf;
-    const int16_t *klut = b[5].buf;
-    const int64_t *delta = b[7].buf;
-    const uint64_t *ranges = b[9].buf;
-    Py_ssize_t nrec = b[0].len / 8, nk = b[7].len / 8, nranges = b[9].len / 16;
-    Py_ssize_t t0 = PyLong_AsSsize_t(args[A_T0]), t1 = PyLong_AsSsize_t(args[A_T1]);
-    long long depth = PyLong_AsLongLong(args[A_DEPTH]);
-    long long last = PyLong_AsLongLong(args[A_LAST]);
-    int within = PyObject_IsTrue(args[A_WITHIN]), wanted = PyObject_IsTrue(args[A_WANTED]);
-    long long pid = PyLong_AsLongLong(args[A_PID]), tid = PyLong_AsLongLong(args[A_TID]);
-    long ret = PyLong_AsLong(args[A_RET]);
-    if (PyErr_Occurred())
-        goto done;
-    if (b[1].len != nrec * 8 || b[2].len != nrec * 8 || b[3].len != nrec
-            || b[4].len != nrec * 8 || b[5].len != 64 || b[6].len != 32
-            || b[8].len != nk || t0 < 0 || t1 < t0 || t1 >= nrec + (t1 == t0)) {
-        PyErr_SetString(PyExc_ValueError, "transfers: bad columns or run");
-        goto done;
-    }
-    Py_ssize_t lay[8];
-    PyObject *lt = args[A_LAYOUT];
-    if (!PyTuple_Check(lt) || PyTuple_GET_SIZE(lt) != 8) {
-        PyErr_SetString(PyExc_TypeError, "transfers: layout is 8 ints");
-        goto done;
-    }
-    static const Py_ssize_t fsz[8] = {0, 8, 8, 1, 8, 8, 8, 4};
-    for (int k = 0; k < 8; k++) {
-        lay[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(lt, k));
-        if (PyErr_Occurred())
-            goto done;
-    }
-    for (int k = 1; k < 8; k++)
-        if (lay[k] < 0 || lay[k] + fsz[k] > lay[0]) {
-            PyErr_SetString(PyExc_ValueError, "transfers: bad layout");
-            goto done;
-        }
-    Py_ssize_t m = t1 - t0;
-    kind = PyMem_Malloc((m ? m : 1) * sizeof(int16_t));
-    if (!kind) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    /* kinds: the class's, or the instruction bytes' (far transfers and
-       indirect jumps, per address) */
-    Py_ssize_t nbr = 0;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        Py_ssize_t r = t0 + j;
-        unsigned kk = (unsigned)(key[r] | (ip[r + 1] != fall[r])) & 31;
-        int16_t k = klut[kk];
-        if (farlut[kk]) {
-            PyObject *addr = PyLong_FromUnsignedLongLong(end_ip[r]);
-            if (!addr)
-                goto done;
-            PyObject *v = PyDict_GetItemWithError(args[A_FAR], addr);
-            if (v)
-                Py_INCREF(v);
-            else if (!PyErr_Occurred())
-                v = PyObject_CallOneArg(args[A_FARKIND], addr);
-            Py_DECREF(addr);
-            if (!v)
-                goto done;
-            long f = PyLong_AsLong(v);
-            Py_DECREF(v);
-            if (f == -1 && PyErr_Occurred())
-                goto done;
-            if (f != -2)
-                k = (int16_t)f;
-        }
-        if (k >= nk) {
-            PyErr_SetString(PyExc_ValueError, "transfers: a kind outside delta");
-            goto done;
-        }
-        kind[j] = k;
-        nbr += k >= 0;
-    }
-    int closed = 0;
-    Py_ssize_t kept = 0;
-    if (nbr) {
-        /* the last branch (within: the first return at depth 0) */
-        long long d = depth;
-        Py_ssize_t stop = m;
-        for (Py_ssize_t j = 0; j < m; j++) {
-            if (kind[j] < 0)
-                continue;
-            if (within && kind[j] == ret && d == 0) {
-                closed = 1;
-                stop = j + 1;
-                break;
-            }
-            d += delta[kind[j]];
-        }
-        Py_ssize_t cnt = 0;
-        for (Py_ssize_t j = 0; j < stop; j++)
-            if (kind[j] >= 0) {
-                int k = kind[j];
-                int ok = wanted && allowed[k];
-                if (ok && nranges) {
-                    uint64_t frm = end_ip[t0 + j];
-                    ok = 0;
-                    for (Py_ssize_t q = 0; q < nranges && !ok; q++)
-                        ok = frm >= ranges[2 * q] && frm < ranges[2 * q + 1];
-                }
-                cnt += ok;
-            }
-        out = PyByteArray_FromStringAndSize(NULL, cnt * lay[0]);
-        if (!out)
-            goto done;
-        char *p = PyByteArray_AS_STRING(out);
-        memset(p, 0, cnt * lay[0]);
-        long long cur = last;
-        d = depth;
-        for (Py_ssize_t j = 0; j < stop; j++) {
-            Py_ssize_t r = t0 + j;
-            if (tsc[r])
-                cur = (long long)tsc[r];
-            if (kind[j] < 0)
-                continue;
-            int k = kind[j];
-            int ok = wanted && allowed[k];
-            if (ok && nranges) {
-                uint64_t frm = end_ip[r];
-                ok = 0;
-                for (Py_ssize_t q = 0; q < nranges && !ok; q++)
-                    ok = frm >= ranges[2 * q] && frm < ranges[2 * q + 1];
-            }
-            if (ok) {
-                int64_t v64;
-                uint8_t v8 = (uint8_t)k;
-                int32_t v32 = (int32_t)d;
-                v64 = pid;
-                memcpy(p + lay[1], &v64, 8);
-                v64 = tid;
-                memcpy(p + lay[2], &v64, 8);
-                memcpy(p + lay[3], &v8, 1);
-                memcpy(p + lay[4], &end_ip[r], 8);
-                memcpy(p + lay[5], &ip[r + 1], 8);
-                v64 = cur;
-                memcpy(p + lay[6], &v64, 8);
-                memcpy(p + lay[7], &v32, 4);
-                p += lay[0];
-                kept++;
-            }
-            if (!(closed && j == stop - 1))
-                d += delta[k];
-        }
-        depth = d;
-    } else {
-        out = PyByteArray_FromStringAndSize(NULL, 0);
-        if (!out)
-            goto done;
-    }
-    res = Py_BuildValue("(OnLNn)", out, kept, depth, PyBool_FromLong(closed), nbr);
-done:
-    for (int k = 0; k < NB; k++)
-        if (has[k])
-            PyBuffer_Release(&b[k]);
-    PyMem_Free(kind);
-    Py_XDECREF(out);
-    return res;
-}
-
 static PyMethodDef methods[] = {
-    {"transfers", (PyCFunction)(void (*)(void))py_transfers, METH_FASTCALL,
+    {"transfers", (PyCFunction)(void (*)(void))bt_transfers, METH_FASTCALL,
      "transfers(...) -> (records, kept, depth, closed, branches)"},
+    {"trips", (PyCFunction)(void (*)(void))bt_trips, METH_FASTCALL,
+     "trips(...) -> None or (k, r, depth, time, clock, records, exit_at, pend_pc, pend_time)"},
     {"calls_counts", (PyCFunction)(void (*)(void))py_calls_counts, METH_FASTCALL,
      "calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid, "
      "threads, last_tid, opened) -> (bytes, last_tid)"},

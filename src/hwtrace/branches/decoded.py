@@ -41,6 +41,7 @@ a signal handler.
 from __future__ import annotations
 
 import bisect
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -132,6 +133,9 @@ _LAYOUT = (_DT.itemsize,) + tuple(_DT.fields[f][1] for f in
 _DELTA = np.zeros(len(KIND_CODE), np.int64)
 _DELTA[[_CALL, _ICALL]] = 1
 _DELTA[_RET] = -1
+_SYSCALL = KIND_CODE["syscall"]
+#: the compiled round trips' kind codes: (return, syscall, sysret)
+_TRIP_CODES = (_RET, _SYSCALL, KIND_CODE["sysret"])
 
 
 class _Consumer:
@@ -142,7 +146,7 @@ class _Consumer:
     records these are."""
 
     def __init__(self, tracker: Tracker, th, reader: CodeReader, per_cpu: bool = False,
-                 follow=None, env=None):
+                 follow=None, env=None, born: dict | None = None):
         # the trace's enable/disable events say where tracing stopped and
         # resumed (with the OS bit, a syscall goes on into the kernel)
         tracker.kernel_untraced = False
@@ -159,6 +163,9 @@ class _Consumer:
         # (unless the switches say which thread it is)
         self.per_cpu = per_cpu and follow is None
         self.follow = follow
+        #: tid -> its creator's, for the threads that first run on this
+        #: CPU: such a thread begins where its creator left off
+        self.born = born or {}
         self.time = None
         self.n = 0
         # is tracing on as far as the events said (None: unknown -- the
@@ -305,10 +312,19 @@ class _Consumer:
         cpid = cur.pid if cur is not None else None
         threads = self.tracker._threads
 
-        def stopped(pid, tid) -> bool:
-            th = cur if (pid, tid) == (cpid, ctid) else threads.get((pid, tid))
+        def left_off(th) -> bool:
             return th is not None and ip is not None and th.exit_at == ip and \
                 th.exit in ("async", "syscall", "interrupt")
+
+        def stopped(pid, tid) -> bool:
+            th = cur if (pid, tid) == (cpid, ctid) else threads.get((pid, tid))
+            if th is None and tid in self.born:
+                # not run yet: it begins where its creator left off (both
+                # return from clone or fork)
+                c = self.born[tid]
+                th = cur if ctid == c else next(
+                    (t for t in threads.values() if t.tid == c), None)
+            return left_off(th)
 
         pid, tid = tl.resumes(self.n, cur is not None, cpid, ctid, stopped)
         if cur is None or (cur.pid, cur.tid) != (pid, tid):
@@ -350,7 +366,12 @@ class _Consumer:
         if m:
             a = _Rec(blocks, first)
         r = 0
-        for index, offset, item in batch.items:
+        items = batch.items
+        k, nitems = 0, len(items)
+        core = _impl.core_for(self.impl) if m else None
+        while k < nitems:
+            index, offset, item = items[k]
+            k += 1
             if index > r:
                 self._records(a, r, index)
                 r = index
@@ -360,12 +381,66 @@ class _Consumer:
                 self.feed({"error": str(item.code), "offset": item.offset})
             elif hasattr(item, "status_update"):
                 self._batch_event(item)
+                if t == "enabled" and core is not None and k + 1 < nitems:
+                    got = self._trips(core, a, items, k, r)
+                    if got is not None:
+                        k, r = got
             elif t == "space" and self.env is not None:
                 self._enter_space(item.space)
         if r < m:
             self._records(a, r, m)
         self.n = int(a.start[m]) if m else first
         self._out()
+
+    def _trips(self, core, a: "_Rec", items: list, k: int, r: int):
+        """Where the thread just came back from untraced code: the plain
+        system-call round trips from item ``k`` and record ``r`` on, by the
+        compiled core (``trips``: the runs of records between them, each
+        syscall and sysret, as :meth:`_records` and :meth:`_event` make
+        them, while the same thread runs on); (k, r) after them, or None
+        where it did none."""
+        th, t = self.th, self.tracker
+        if th is None or not th.on or th.pend_x is not None or th.exit is not None \
+                or not self.enabled or t.watch:
+            return None
+        tl = self.follow
+        clock = None if tl is None else tl.clock_state()
+        allowed, ranges = _mask_arrays(t.mask)
+        got = core.trips(
+            items, k, r, a.ip, a.fall, a.end_ip, a.key, a.tsc, a.start, _KLUT, _FARLUT8,
+            _DELTA, self._far, self._far_kind, self._sys_size,
+            functools.partial(self._pend_kind, a), allowed, ranges,
+            bool(th.wanted), -1 if th.pid is None else th.pid,
+            -1 if th.tid is None else th.tid, _TRIP_CODES, _LAYOUT,
+            (th.depth, self.time, clock))
+        if got is None:
+            return None
+        k, r, th.depth, self.time, clock, recs, th.exit_at, th.pend_pc, th.pend_time = got
+        if tl is not None:
+            tl.set_clock_state(*clock)
+        self.n = int(a.start[r])
+        if recs:
+            self._out()
+            self.chunks.append(np.frombuffer(recs, _DT))
+        return k, r
+
+    def _sys_size(self, frm: int) -> int:
+        """The size of the system call instruction at ``frm`` (its bytes:
+        what :meth:`_x` and the tracker's ``leave`` read), or -1 where
+        it is none."""
+        if self._far_kind(frm) != _SYSCALL:
+            return -1
+        return self._insn_at(frm).size
+
+    def _pend_kind(self, a: "_Rec", r: int, to: int) -> int:
+        """The record kind code of record r's branch going to ``to`` (-1
+        none, -2 no branch pending): what the tracker's ``_resolve`` makes
+        of it where a PSB+ split a run."""
+        x = self._x(a, r)
+        if x is None:
+            return -2
+        kind = classify(x, int(a.end_ip[r]), to)
+        return -1 if kind is None else _KIND_ID[kind]
 
     def _x(self, a: "_Rec", r: int):
         """The branch instruction ending record r (an x86 Insn), or None;
@@ -687,11 +762,12 @@ class DecodedTrace:
                                     getattr(info, "clock_counted", False))
                 follow = tl if tl else None
             th = None if follow is not None else tracker.thread(info.pid, info.tid)
+            born = _born_here(info) if follow is not None else None
             if th is not None and not th.wanted:
                 continue
             spaced = self._spaced is not None and s.batches is not None
             c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow,
-                          env=self._env if spaced else None)
+                          env=self._env if spaced else None, born=born)
             if s.batches is not None:
                 for b in s.batches(**({"space_items": True} if spaced else {})):
                     c.feed_batch(b)
@@ -716,6 +792,17 @@ class DecodedTrace:
                              KINDS[kind], frm or None, to or None,
                              None if time < 0 else time,
                              None if depth == _NODEPTH else depth)
+
+
+def _born_here(info) -> dict:
+    """tid -> its creator's tid, for the threads whose first switch in is
+    on this stream's CPU (as ``hwtrace diff`` pairs them)."""
+    first: dict = {}            # tid -> (time, cpu) it first ran
+    for s in info.switches:
+        if s.next_tid > 0 and (s.next_tid not in first or s.time < first[s.next_tid][0]):
+            first[s.next_tid] = (s.time, s.cpu)
+    return {t: c for t, c in getattr(info, "creators", ())
+            if first.get(t, (0, None))[1] == info.cpu}
 
 
 #: an address no code is at: a trigger or range whose function this
