@@ -192,3 +192,27 @@ def test_the_spool_gives_back_its_chunks_in_order():
         [c.enters["id"].tolist() for c in chunks]
     assert [len(c.exits) for c in got] == list(range(5))
     assert [c.markers for c in got] == [c.markers for c in chunks]
+
+
+def _outer_slices(bundle, path) -> list:
+    import json
+    r = run_hwtrace("export", "--chrome", path, bundle)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(path.read_text())
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    return sorted((e["ts"], e["dur"]) for e in ev
+                  if e.get("ph") == "X" and e.get("name") == "outer")
+
+
+def test_a_thread_leaving_a_cpu_ends_its_slices_there_when_it_leaves(hopping, tmp_path):
+    """The slices on the CPU a thread left end when it left (that CPU's
+    clock, idle, jumps to when it runs next before tracing resumes):
+    the thread's slices follow each other, as long as thread mode's one
+    activation."""
+    cpu = _outer_slices(hopping["cpu"], tmp_path / "cpu.json")
+    (thr,) = _outer_slices(hopping["thread"], tmp_path / "thread.json")
+    assert len(cpu) > 1
+    for (t0, d0), (t1, _d1) in zip(cpu, cpu[1:]):
+        assert t0 + d0 <= t1 + 1.0, cpu
+    total = sum(d for _t, d in cpu)
+    assert abs(total - thr[1]) <= 0.01 * thr[1], (total, thr)

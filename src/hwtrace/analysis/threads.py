@@ -135,7 +135,10 @@ class FollowThreads:
 
     def _give_up(self) -> None:
         """Another CPU's builder switches in the thread this one runs
-        (stopped): it leaves here, parked for that one to take."""
+        (stopped): it leaves here, parked for that one to take -- its
+        slices here ending at this stream's last time (this CPU's next
+        time may be much later: when it runs again)."""
+        self._seal()
         self._park_running()
         self._thread = None
         self._pid = None

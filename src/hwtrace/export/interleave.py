@@ -81,7 +81,7 @@ class _Feed:
         self.k = k
         self.it = iter(batches)
         self.batch = None
-        self.en: list = []          # the batch's enables (position, time)
+        self.en = None              # the batch's enables (position, time)
         self.ei = 0                 # the first of them not behind the cursor
         self.r0 = self.j0 = 0       # the cursor: a record, an item position
         self.first = 0              # the stream's instructions before it
@@ -100,17 +100,21 @@ class _Feed:
                 if at > self.done:
                     run.progress(at - self.done)
                     self.done = at
-            self.batch, self.en, self.ei = batch, enables(batch), 0
+            # (its enables are looked for once it has to be cut)
+            self.batch, self.en, self.ei = batch, None, 0
             self.r0 = self.j0 = 0
             self.first = batch.first_insn
             if not len(batch.blocks) and not batch.items:
                 self.batch = None
-        en, ei, items = self.en, self.ei, self.batch.items
-        at_enable = ei < len(en) and en[ei][0] == self.j0 and \
-            items[self.j0][0] == self.r0
-        t = en[ei][1] if at_enable else None
+        batch = self.batch
+        if self.r0 == 0 and self.j0 == 0:
+            t = _enabled_at_start(batch)
+            at_enable = t is not None
+        else:                   # cut at an enable (self.en is known)
+            t = self.en[self.ei][1]
+            at_enable = True
         if t is None:
-            t = start_time(self.batch, self.r0)
+            t = start_time(batch, self.r0)
         if t is None or t < self.last:
             t = self.last
         self.last = t
@@ -120,28 +124,44 @@ class _Feed:
     def take(self, limit: int | None):
         """The next piece: up to the first enable (after the cursor) at or
         after ``limit``, else the batch's rest."""
-        batch, en = self.batch, self.en
+        batch = self.batch
         items = batch.items
         r0, j0 = self.r0, self.j0
-        e = self.ei
-        while e < len(en):
-            j, t = en[e]
-            if (items[j][0], j) > (r0, j0) and limit is not None and \
-                    t is not None and t >= limit:
-                break
-            e += 1
-        if e < len(en):
+        e = n = 0
+        if limit is not None:
+            if self.en is None:
+                self.en = enables(batch)
+            en = self.en
+            e, n = self.ei, len(en)
+            while e < n:
+                j, t = en[e]
+                if (items[j][0], j) > (r0, j0) and t is not None and t >= limit:
+                    break
+                e += 1
+        if e < n:
             j1 = en[e][0]
             r1 = items[j1][0]
         else:
             j1, r1 = len(items), len(batch.blocks)
         p = piece(batch, self.first, r0, j0, r1, j1)
-        if e >= len(en):
+        if e >= n:
             self.batch = None
         else:
             self.first += int(batch.blocks["ninsn"][r0:r1].sum(dtype="u8"))
             self.r0, self.j0, self.ei = r1, j1, e
         return p
+
+
+def _enabled_at_start(batch) -> int | None:
+    """The TSC of an enable before the batch's first record, or None."""
+    for i, _o, it in batch.items:
+        if i:
+            break
+        if getattr(it, "type", None) == "enabled" and \
+                not getattr(it, "status_update", False) and \
+                getattr(it, "has_tsc", False):
+            return int(it.tsc)
+    return None
 
 
 def run_interleaved(run, sources: list[Source],

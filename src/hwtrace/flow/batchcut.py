@@ -16,16 +16,45 @@ from __future__ import annotations
 from .batches import Batch
 
 
+#: events that change what a call-stack builder knows (the others only
+#: tell the time; :func:`hwtrace.analysis.batchfeed.structural`)
+_STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
+                         "stop", "async_branch", "tsx"})
+
+
+def _telling(it) -> bool:
+    """Whether an item only tells the time (or the address space the
+    records after it run in): a piece may begin at it."""
+    t = getattr(it, "type", None)
+    if t == "space":
+        return True
+    if not hasattr(it, "status_update"):
+        return False
+    return t not in _STRUCTURAL or (it.status_update and t in ("enabled", "disabled"))
+
+
 def enables(batch: Batch) -> list[tuple[int, int | None]]:
-    """(position in ``batch.items``, TSC or None) of every enable that is
-    not a PSB+'s restatement of the tracing state; none in a batch that
+    """(where a piece may begin, TSC or None) for every enable that is
+    not a PSB+'s restatement of the tracing state: the position in
+    ``batch.items`` of the first item at the enable's record that, like
+    every one up to the enable, only tells the time -- a CPU idle until
+    then has its clock jump there, before the enable, and that time is
+    the next thread's, not the last one's.  None in a batch that
     carries every instruction (``insns``: not cut)."""
     if batch.insns is not None:
         return []
-    return [(j, int(it.tsc) if getattr(it, "has_tsc", False) else None)
-            for j, (_i, _o, it) in enumerate(batch.items)
-            if getattr(it, "type", None) == "enabled"
-            and not getattr(it, "status_update", False)]
+    items = batch.items
+    out = []
+    for j, (i, _o, it) in enumerate(items):
+        if getattr(it, "type", None) != "enabled" or \
+                getattr(it, "status_update", False):
+            continue
+        c = j
+        while c > 0 and items[c - 1][0] == i and _telling(items[c - 1][2]) \
+                and (not out or c - 1 > out[-1][0]):
+            c -= 1
+        out.append((c, int(it.tsc) if getattr(it, "has_tsc", False) else None))
+    return out
 
 
 def start_time(batch: Batch, r: int) -> int | None:
