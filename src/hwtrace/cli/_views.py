@@ -79,13 +79,16 @@ def _interleaved(run, inp, label, progress, more) -> None:
     from hwtrace.export.pipeline import MAX_RECORDS
     n = len(inp.streams)
     progress.set_label(f"hwtrace {label} {n} CPU streams in time order")
-    sources = [Source(s.info, s.batches(max_records=MAX_RECORDS, **more),
-                      s.entry, s.tsc_hz) for s in inp.streams]
     where = [0]
 
     def at(k: int) -> None:
         where[0] = k
     with _failures(lambda: inp.streams[where[0]].info.label()):
+        sources = []
+        for k, s in enumerate(inp.streams):
+            at(k)
+            sources.append(Source(s.info, s.batches(max_records=MAX_RECORDS, **more),
+                                  s.entry, s.tsc_hz))
         run.interleaved(sources, Spool, at)
 
 
