@@ -28,7 +28,6 @@ refers to is there when it is delivered later.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from typing import Callable, Iterable, NamedTuple
 
 from hwtrace.analysis.threads import ThreadRegistry
