@@ -81,7 +81,7 @@ from hwtrace.analysis.slices import (NameTable, PathTable, Slices,
 from hwtrace.analysis.switches import SwitchTimeline
 from hwtrace.analysis.symtable import AddrTable
 from hwtrace.analysis.batchfeed import BatchInput, _Frame
-from hwtrace.analysis.threads import FollowThreads
+from hwtrace.analysis.threads import FollowThreads, ThreadRegistry
 
 _NONE, _CALL, _RET, _JUMP, _COND, _FCALL, _FRET, _FJUMP = range(8)
 ICLASS_CODE = {
@@ -123,13 +123,16 @@ class CallStackBuilder(FollowThreads, BatchInput):
     returns ``(start, name)`` of the function containing ``addr`` or None;
     without it functions are named by address and tail calls cannot be
     recognized.  ``vectorize=False`` takes every transfer one at a time
-    (the reference the vectorized runs are checked against)."""
+    (the reference the vectorized runs are checked against).  ``threads``:
+    a :class:`~.threads.ThreadRegistry` shared with the builders of the
+    recording's other CPU streams, fed in time order (threads' stacks
+    follow them from CPU to CPU); else the builder has its own."""
 
     def __init__(self, stream: StreamInfo | None = None,
                  lookup: Lookup | None = None, clock: str = "auto",
                  tsc_hz: float | None = None, max_pending: int = 1 << 16,
                  max_depth: int = 1 << 16, vectorize: bool = True,
-                 paths: bool = True, space_lookup=None):
+                 paths: bool = True, space_lookup=None, threads=None):
         self.stream = stream or StreamInfo()
         st = self.stream
         self._tid = st.tid              # a CPU's stream: its thread, where known
@@ -178,10 +181,13 @@ class CallStackBuilder(FollowThreads, BatchInput):
         self._follow = tl if tl else None
         self._thread: int | None = None
         self._pid: int | None = None
-        self._parked: dict[int, tuple] = {}
+        #: the threads' stacks and per-process state: shared by the
+        #: builders of a recording's CPU streams fed in time order
+        self._threads = threads if threads is not None else ThreadRegistry()
+        self._parked = self._threads.parked
         self._fresh = False
-        self._space_of: dict = {}       # pid -> the address space it ran last
-        self._execd: set = set()        # pids that exec'd, their thread not back yet
+        self._space_of = self._threads.space_of
+        self._execd = self._threads.execd
         self._exec_entry = None         # pid whose next segment begins its new program
         # is tracing on as far as the events said (None: unknown -- the
         # stream's start, or after an overflow or a decode error)
@@ -327,7 +333,7 @@ class CallStackBuilder(FollowThreads, BatchInput):
         if kind in ("overflow", "error"):
             # other threads may have run in what was lost: their stacks
             # are no longer known either, nor is who runs next
-            self._parked.clear()
+            self._threads.forget(self)
             self._tracing = None
         self._in_seg = False
         self._pend = _NONE
@@ -700,7 +706,12 @@ class CallStackBuilder(FollowThreads, BatchInput):
             # a thread switched out after its last instruction here goes on
             # elsewhere; one still running when the trace ends is cut short
             left = tl is not None and tl.leaves(self._thread, len(tl.switches))
-            self._close_all(Flag.SWITCHED_OUT if left else Flag.TRUNCATED)
+            if left:        # (kept for another CPU's stream to go on with)
+                self._park_running()
+            else:
+                self._close_all(Flag.TRUNCATED)
+        if self._threads.running.get(self._thread) is self:
+            del self._threads.running[self._thread]
         self._in_seg = False
         self._pend = _NONE
         self._seal()

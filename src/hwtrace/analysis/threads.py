@@ -12,7 +12,15 @@ when it comes back where it stopped they are opened again as
 ``SWITCHED_IN`` slices of the same activations, and its stack goes on as
 if never interrupted.  A thread that comes back elsewhere ran on another
 CPU meanwhile: it starts afresh (``BEGIN_UNKNOWN``), as does a thread
-seen for the first time.
+seen for the first time -- unless the builders of a recording's CPU
+streams share one :class:`ThreadRegistry` and are fed in time order
+(:mod:`hwtrace.export.interleave`): then a thread's stack lives in one
+place, running on one builder or parked in the registry, and follows the
+thread from CPU to CPU.  A builder switching in a thread that another
+one still runs (its segment there ended with a disable, no one switched
+in after it) takes it over: the other's frames end ``SWITCHED_OUT`` in
+the other's output and go on ``SWITCHED_IN`` here, where its stack
+stopped.
 """
 
 from __future__ import annotations
@@ -20,9 +28,41 @@ from __future__ import annotations
 from hwtrace.analysis.records import Flag
 
 
+class ThreadRegistry:
+    """The threads of one recording's CPU streams, shared by their
+    builders: each parked thread's stack (frames, in_seg, paused,
+    tx_depth) and the builder that parked it, the builder running each
+    thread, and the per-process state of exec handling (the address
+    space each process ran last, the processes that exec'd whose thread
+    has not come back yet).  A builder on its own has one of its own."""
+
+    def __init__(self):
+        self.parked: dict[int, tuple] = {}
+        self.owner: dict[int, object] = {}      # tid -> the builder that parked it
+        self.running: dict[int, object] = {}    # tid -> the builder running it
+        self.space_of: dict = {}                # pid -> the address space it ran last
+        self.execd: set = set()                 # pids that exec'd, their thread not back yet
+
+    def park(self, tid: int, state: tuple, builder) -> None:
+        self.parked[tid] = state
+        self.owner[tid] = builder
+
+    def take(self, tid: int) -> tuple | None:
+        self.owner.pop(tid, None)
+        return self.parked.pop(tid, None)
+
+    def forget(self, builder) -> None:
+        """Data was lost on ``builder``'s CPU: the stacks it parked are no
+        longer known (those threads may have run in what was lost)."""
+        for tid in [t for t, b in self.owner.items() if b is builder]:
+            del self.owner[tid]
+            self.parked.pop(tid, None)
+
+
 class FollowThreads:
     """Mixin of :class:`~.callstack.CallStackBuilder` (its state:
-    ``_follow``, ``_thread``, ``_pid``, ``_parked``, ``_fresh``)."""
+    ``_follow``, ``_thread``, ``_pid``, ``_threads`` (a
+    :class:`ThreadRegistry`) and its ``_parked``, ``_fresh``)."""
 
     @staticmethod
     def _expects(stack: list, ip: int) -> bool:
@@ -54,8 +94,58 @@ class FollowThreads:
             if self._expects(self._stack, ip):
                 return 2
             return 1 if tl.leaves(cur, k) else 0
+        stack = self._stack_of(tid)
+        return 2 if stack is not None and self._expects(stack, ip) else 1
+
+    def _stack_of(self, tid: int) -> list | None:
+        """Where thread ``tid``'s stack stopped: parked, or on the builder
+        of another CPU that still runs it, stopped (:meth:`_holder`)."""
         parked = self._parked.get(tid)
-        return 2 if parked is not None and self._expects(parked[0], ip) else 1
+        if parked is not None:
+            return parked[0]
+        other = self._holder(tid)
+        return other._stack if other is not None else None
+
+    def _holder(self, tid: int):
+        """The builder of another CPU whose stream left thread ``tid``
+        running when tracing stopped there (a disable), or None."""
+        other = self._threads.running.get(tid)
+        if other is None or other is self or other._thread != tid \
+                or other._tracing is not False:
+            return None
+        return other
+
+    def _park_running(self) -> None:
+        """The running thread goes out: its frames end ``SWITCHED_OUT``
+        and are kept (with what else its stack needs) in the registry."""
+        reg = self._threads
+        stack = self._stack
+        tid = self._thread
+        if reg.running.get(tid) is self:
+            del reg.running[tid]
+        if stack:
+            frames = list(stack)
+            while stack:
+                self._pop(Flag.SWITCHED_OUT)
+            if tid is not None:
+                reg.park(tid, (frames, self._in_seg, self._paused,
+                               self._tx_depth), self)
+        elif tid is not None:
+            reg.take(tid)
+
+    def _give_up(self) -> None:
+        """Another CPU's builder switches in the thread this one runs
+        (stopped): it leaves here, parked for that one to take -- its
+        slices here ending at this stream's last time (this CPU's next
+        time may be much later: when it runs again)."""
+        self._seal()
+        self._park_running()
+        self._thread = None
+        self._pid = None
+        self._pend = 0
+        self._in_seg = False
+        self._paused = False
+        self._tx_depth = None
 
     def _follow_switches(self, ip: int) -> None:
         """Tracing is enabled at ``ip``: which thread is it?"""
@@ -79,21 +169,18 @@ class FollowThreads:
         if tid == self._thread and (not left or tid is None
                                     or self._expects(self._stack, ip)):
             return
-        stack = self._stack
-        if stack:
-            frames = list(stack)
-            while stack:
-                self._pop(Flag.SWITCHED_OUT)
-            if self._thread is not None:
-                self._parked[self._thread] = (frames, self._in_seg, self._paused,
-                                              self._tx_depth)
-        else:
-            self._parked.pop(self._thread, None)
+        self._park_running()
         self._thread = tid
         self._pid = pid
         self._pend = 0
         self._after_abort = False
-        st = self._parked.pop(tid, None) if tid is not None else None
+        st = None
+        if tid is not None:
+            other = self._holder(tid)
+            if other is not None:        # it left that CPU for this one
+                other._give_up()
+            st = self._threads.take(tid)
+            self._threads.running[tid] = self
         if pid in self._execd:             # (CallStackBuilder._exec_check)
             self._execd.discard(pid)
             self._exec_entry = pid

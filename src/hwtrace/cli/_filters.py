@@ -41,8 +41,12 @@ def window_of(args):
     if fn is None and md is None and mind is None and ins is None and tim is None:
         return None
     origin: dict = {}           # the first stream's start, for --time
-    return lambda b: ViewFilter(b, function=fn, max_depth=md, min_duration=mind,
-                                insns=ins, time=tim, origin=origin)
+    f = lambda b: ViewFilter(b, function=fn, max_depth=md, min_duration=mind,  # noqa: E731
+                             insns=ins, time=tim, origin=origin)
+    # a --time window counts from the first stream's start: its streams
+    # are taken one after the other (hwtrace.export.interleave)
+    f.by_time = tim is not None
+    return f
 
 
 _UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}

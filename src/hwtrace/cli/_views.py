@@ -12,6 +12,8 @@ not an empty success.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from hwtrace.cli import CliError
 
 
@@ -37,10 +39,9 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     ``coverage_for(input)``: the coverage collector for the input, once
     it is open (instead of ``coverage``)."""
     from hwtrace.cli._inputs import open_input
-    from hwtrace.export.pipeline import MAX_RECORDS, ViewRun
+    from hwtrace.export.interleave import applies
+    from hwtrace.export.pipeline import ViewRun
     from hwtrace.export.progress import Progress
-    from hwtrace.analysis.window import WindowError
-    from hwtrace.streams import StreamsError
 
     if args.tsc_hz is not None and args.tsc_hz <= 0:
         raise CliError("--tsc-hz must be positive")
@@ -58,10 +59,45 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     run = ViewRun(writers, inp.symbolizer.lookup, args.clock, args.tsc_hz,
                   coverage, progress, window=window, space_lookup=spaced)
     more = {"space_items": True} if spaced is not None else {}
+    if coverage is None and not getattr(window, "by_time", False) and \
+            all(s.batches is not None for s in inp.streams) and \
+            applies([s.info for s in inp.streams], args.clock):
+        _interleaved(run, inp, label, progress, more)
+    else:
+        _one_by_one(run, inp, label, progress, more)
+    totals = run.totals
+    totals["bytes"] = total
+    return inp, totals, progress
+
+
+def _interleaved(run, inp, label, progress, more) -> None:
+    """A recording's CPU streams in time order: threads followed from CPU
+    to CPU (:mod:`hwtrace.export.interleave`); the later streams' output
+    spooled to a file while it waits for its turn."""
+    from hwtrace.cli._spool import Spool
+    from hwtrace.export.interleave import Source
+    from hwtrace.export.pipeline import MAX_RECORDS
+    n = len(inp.streams)
+    progress.set_label(f"hwtrace {label} {n} CPU streams in time order")
+    where = [0]
+
+    def at(k: int) -> None:
+        where[0] = k
+    with _failures(lambda: inp.streams[where[0]].info.label()):
+        sources = []
+        for k, s in enumerate(inp.streams):
+            at(k)
+            sources.append(Source(s.info, s.batches(max_records=MAX_RECORDS, **more),
+                                  s.entry, s.tsc_hz))
+        run.interleaved(sources, Spool, at)
+
+
+def _one_by_one(run, inp, label, progress, more) -> None:
+    from hwtrace.export.pipeline import MAX_RECORDS
     for i, s in enumerate(inp.streams):
         progress.set_label(f"hwtrace {label} {i + 1}/{len(inp.streams)} "
                            f"({s.info.label()})")
-        try:
+        with _failures(s.info.label):
             if s.batches is not None:
                 run.batches(s.info, s.batches(max_records=MAX_RECORDS, **more),
                             entry=s.entry, tsc_hz=s.tsc_hz)
@@ -69,18 +105,25 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
                 run.items(s.info, s.items(), tsc_hz=s.tsc_hz)
             else:
                 run.branches(s.info, s.branches())
-        except (StreamsError, WindowError) as e:
-            raise CliError(str(e)) from None
-        except CliError:
-            raise
-        except (KeyboardInterrupt, BrokenPipeError):
-            raise
-        except Exception as e:   # the decoder is another team's: no traceback
-            raise CliError(f"{s.info.label()}: decoding failed: "
-                           f"{type(e).__name__}: {e}") from None
-    totals = run.totals
-    totals["bytes"] = total
-    return inp, totals, progress
+
+
+@contextmanager
+def _failures(label):
+    """Every failure of decoding a stream (``label()`` names it) as one
+    CliError line."""
+    from hwtrace.analysis.window import WindowError
+    from hwtrace.streams import StreamsError
+    try:
+        yield
+    except (StreamsError, WindowError) as e:
+        raise CliError(str(e)) from None
+    except CliError:
+        raise
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as e:   # the decoder is another team's: no traceback
+        raise CliError(f"{label()}: decoding failed: "
+                       f"{type(e).__name__}: {e}") from None
 
 
 def loss_parts(totals: dict) -> list[str]:

@@ -57,11 +57,12 @@ class ViewRun:
         self.window = window             # a hwtrace.analysis.window filter factory
         self.totals = new_totals()
 
-    def _builder(self, info, tsc_hz, clock=None) -> CallStackBuilder:
+    def _builder(self, info, tsc_hz, clock=None, threads=None) -> CallStackBuilder:
         paths = any(getattr(w, "needs_paths", False) for w in self.writers)
         return CallStackBuilder(info, self.lookup, clock or self.clock,
                                 self.tsc_hz or tsc_hz, self.max_pending,
-                                paths=paths, space_lookup=self.space_lookup)
+                                paths=paths, space_lookup=self.space_lookup,
+                                threads=threads)
 
     def _deliver(self, b: CallStackBuilder, state: dict) -> None:
         chunks = b.take_slices()
@@ -116,6 +117,14 @@ class ViewRun:
             cov.gap()
         self._add_totals(b, entry)
         return b
+
+    def interleaved(self, sources: list, hold=None, at=None) -> list:
+        """A recording's CPU streams (:class:`.interleave.Source` s) in
+        time order, their threads followed from CPU to CPU (see
+        :mod:`.interleave`); ``hold()``: where the later streams' chunks
+        wait for their turn.  Returns the builders."""
+        from hwtrace.export.interleave import _Held, run_interleaved
+        return run_interleaved(self, sources, hold or _Held, at)
 
     def items(self, info: StreamInfo, items: Iterable, *, tsc_hz=None,
               clock=None) -> CallStackBuilder:

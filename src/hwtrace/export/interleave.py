@@ -1,0 +1,258 @@
+"""A recording's CPU streams fed in time order, sharing their threads.
+
+In cpu mode a thread that moves to another CPU goes on in that CPU's
+stream.  Fed one stream after the other, each CPU's call-stack builder
+began such a thread afresh (``[began before the trace]``, depth 0) and,
+when it came back where it had stopped before, went on with the stale
+stack it had parked.  Here the builders of the streams share one
+:class:`~hwtrace.analysis.threads.ThreadRegistry` -- a thread's stack is
+on the builder running it or parked there -- and every stream's batches
+are fed piece by piece in the order of the times they begin at, each
+cut where tracing is enabled (:mod:`hwtrace.flow.batchcut`: a thread
+comes in only there) if another stream has something to feed before
+it goes on there, so when a builder switches a thread in, every
+stream has been fed up to that time: the CPU the thread left has
+stopped it (its frames end ``SWITCHED_OUT`` there) and this one goes on
+with its stack (``SWITCHED_IN``).
+
+The writers still get one stream after the other, as they expect: the
+first stream's chunks at once (``calls | head`` prints at once), the
+others' held (``hold()``: in memory, or spooled to a file by the
+caller -- no I/O here) until their turn: when every stream before them
+has ended (a stream's builder finishes when its stream ends; a thread it
+leaves running goes on elsewhere, parked).  A chunk's builder is its
+context: its name and path tables are only appended to, so what a chunk
+refers to is there when it is delivered later.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Iterable, NamedTuple
+
+from hwtrace.analysis.threads import ThreadRegistry
+from hwtrace.flow.batchcut import enables, piece, start_time
+
+
+class Source(NamedTuple):
+    """One CPU's stream: its info, its batches, the recorder's entry."""
+
+    info: object
+    batches: Iterable
+    entry: object = None
+    tsc_hz: float | None = None
+
+
+def applies(infos: list, clock: str) -> bool:
+    """Whether streams of these :class:`StreamInfo` s are taken in time
+    order: two or more CPUs' streams, each following its threads by the
+    recording's context switches, on a TSC clock."""
+    if len(infos) < 2 or clock == "insns":
+        return False
+    return all(i.tid is None and i.cpu is not None and i.switches
+               for i in infos)
+
+
+class _Held:
+    """Chunks held in memory (the default ``hold``)."""
+
+    def __init__(self):
+        self._chunks: list = []
+
+    def add(self, chunk) -> None:
+        self._chunks.append(chunk)
+
+    def __iter__(self):
+        return iter(self._chunks)
+
+    def close(self) -> None:
+        self._chunks = []
+
+
+class _Feed:
+    """One stream's batches, taken a piece at a time: as far as the time
+    ``limit`` (the next piece of another stream), cut at the first enable
+    at or after it -- a whole batch where no other stream has anything to
+    feed meanwhile (no cut at all: the builder is fed as one stream alone
+    would be)."""
+
+    def __init__(self, k: int, batches: Iterable):
+        self.k = k
+        self.it = iter(batches)
+        self.batch = None
+        self.en = None              # the batch's enables (position, time)
+        self.ei = 0                 # the first of them not behind the cursor
+        self.r0 = self.j0 = 0       # the cursor: a record, an item position
+        self.first = 0              # the stream's instructions before it
+        self.last = 0               # the time the last piece began at
+        self.done = 0               # trace bytes told to progress
+
+    def key(self, run) -> tuple | None:
+        """The sort key of the next piece (None: the stream ended)."""
+        while self.batch is None:
+            batch = next(self.it, None)
+            if batch is None:
+                return None
+            run.totals["events"] += len(batch.items)
+            if run.progress is not None and len(batch.blocks):
+                at = int(batch.blocks["offset"][-1])
+                if at > self.done:
+                    run.progress(at - self.done)
+                    self.done = at
+            # (its enables are looked for once it has to be cut)
+            self.batch, self.en, self.ei = batch, None, 0
+            self.r0 = self.j0 = 0
+            self.first = batch.first_insn
+            if not len(batch.blocks) and not batch.items:
+                self.batch = None
+        batch = self.batch
+        if self.r0 == 0 and self.j0 == 0:
+            t = _enabled_at_start(batch)
+            at_enable = t is not None
+        else:                   # cut at an enable (self.en is known)
+            t = self.en[self.ei][1]
+            at_enable = True
+        if t is None:
+            t = start_time(batch, self.r0)
+        if t is None or t < self.last:
+            t = self.last
+        self.last = t
+        # at one time: a stream going on before one where a thread comes in
+        return (t, at_enable, self.k)
+
+    def take(self, limit: int | None):
+        """The next piece: up to the first enable (after the cursor) at or
+        after ``limit``, else the batch's rest."""
+        batch = self.batch
+        items = batch.items
+        r0, j0 = self.r0, self.j0
+        e = n = 0
+        if limit is not None:
+            if self.en is None:
+                self.en = enables(batch)
+            en = self.en
+            e, n = self.ei, len(en)
+            while e < n:
+                j, t = en[e]
+                if (items[j][0], j) > (r0, j0) and t is not None and t >= limit:
+                    break
+                e += 1
+        if e < n:
+            j1 = en[e][0]
+            r1 = items[j1][0]
+        else:
+            j1, r1 = len(items), len(batch.blocks)
+        p = piece(batch, self.first, r0, j0, r1, j1)
+        if e >= n:
+            self.batch = None
+        else:
+            self.first += int(batch.blocks["ninsn"][r0:r1].sum(dtype="u8"))
+            self.r0, self.j0, self.ei = r1, j1, e
+        return p
+
+
+def _enabled_at_start(batch) -> int | None:
+    """The TSC of an enable before the batch's first record, or None."""
+    for i, _o, it in batch.items:
+        if i:
+            break
+        if getattr(it, "type", None) == "enabled" and \
+                not getattr(it, "status_update", False) and \
+                getattr(it, "has_tsc", False):
+            return int(it.tsc)
+    return None
+
+
+def run_interleaved(run, sources: list[Source],
+                    hold: Callable[[], object] = _Held,
+                    at: Callable[[int], None] | None = None) -> list:
+    """Feed ``sources`` (see :func:`applies`) through ``run`` (a
+    :class:`~.pipeline.ViewRun`) in time order; returns the builders.
+    ``at(k)`` is told which stream is being fed (for error messages).
+    The writers get the first stream not yet ended at once, the others
+    from ``hold()`` when every stream before them has ended."""
+    reg = ThreadRegistry()
+    n = len(sources)
+    builders, states, held = [], [], []
+    for k, src in enumerate(sources):
+        b = run._builder(src.info, src.tsc_hz, threads=reg)
+        builders.append(b)
+        states.append(run._state(b))
+        held.append(None if k == 0 else hold())
+        if src.entry is not None and src.entry.wrapped:
+            b._marker("lost", None, "the ring buffer wrapped: the trace "
+                      "before this point was overwritten")
+    closed = [False] * n
+    live = 0                        # the stream the writers are on
+
+    def emit(k: int, chunks) -> None:
+        b, st = builders[k], states[k]
+        for ch in chunks:
+            if not st["started"]:
+                st["started"] = True
+                for w in run.writers:
+                    w.begin_stream(b.stream, b.time.unit)
+            for w in run.writers:
+                w.add_slices(ch, b)
+
+    def deliver(k: int) -> None:
+        b = builders[k]
+        chunks = b.take_slices()
+        if run.window is not None:
+            chunks = states[k]["window"].filter(chunks, b)
+        if k == live:
+            emit(k, chunks)
+        else:
+            for ch in chunks:
+                held[k].add(ch)
+
+    def close(k: int) -> None:
+        """Stream k ended: what is left of it, and the next stream's turn
+        once every one before it has ended."""
+        nonlocal live
+        if at is not None:
+            at(k)
+        b, e = builders[k], sources[k].entry
+        if e is not None and (e.stopped or e.lost_bytes):
+            why = "the buffer filled and tracing stopped" if e.stopped \
+                else "trace data was lost"
+            lost = f": {e.lost_bytes:,} bytes lost" if e.lost_bytes else ""
+            b._marker("lost", e.size, f"{why}{lost}")
+        b.finish()
+        deliver(k)
+        closed[k] = True
+        while live < n and closed[live]:
+            live += 1
+            if live < n:
+                emit(live, held[live])
+                held[live].close()
+
+    feeds = [_Feed(k, src.batches) for k, src in enumerate(sources)]
+    heap: list = []
+
+    def push(f: _Feed) -> None:
+        if at is not None:
+            at(f.k)
+        key = f.key(run)
+        if key is None:
+            close(f.k)
+        else:
+            heapq.heappush(heap, (key, f.k))
+
+    for f in feeds:
+        push(f)
+    while heap:
+        _key, k = heapq.heappop(heap)
+        if at is not None:
+            at(k)
+        limit = heap[0][0][0] if heap else None
+        builders[k].feed_batch(feeds[k].take(limit))
+        deliver(k)
+        win = states[k].get("window")
+        if win is not None and win.past():
+            close(k)            # past the window: nothing more to see
+            continue
+        push(feeds[k])
+    for k, b in enumerate(builders):
+        run._add_totals(b, sources[k].entry)
+    return builders

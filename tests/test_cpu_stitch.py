@@ -1,0 +1,218 @@
+"""Cpu mode: a thread's call stack follows it from CPU to CPU.
+
+The views feed a cpu-mode bundle's CPU streams in time order through
+builders sharing their threads (:mod:`hwtrace.export.interleave`): a
+thread that moves to another CPU goes on there with its stack
+(``[switched out]`` on the CPU it left, ``[goes on after a switch]``
+where it goes on), and the tree is the one a ``--mode thread`` recording
+of the same program gives."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+
+import pytest
+
+from conftest import build_programs, run_hwtrace
+
+# one thread hopping between two CPUs (the emulated engine passes the
+# affinity to the host: its thread really moves)
+HOPPING = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+static volatile long sink;
+__attribute__((noinline)) void leaf(int i){ for(int k=0;k<20000;k++) sink+=k^i; }
+__attribute__((noinline)) void hop(int cpu){ cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu,&s);
+    sched_setaffinity(0,sizeof s,&s); leaf(cpu); }
+__attribute__((noinline)) void outer(int n){ for(int i=0;i<n;i++){ hop(i&1); leaf(i);} }
+int main(){ outer(6); printf("%ld\n", sink); return 0; }
+"""
+
+ENVS = [pytest.param({}, id="compiled"),
+        pytest.param({"HWTRACE_NO_EXTENSIONS": "1"}, id="python")]
+
+
+@pytest.fixture(scope="module")
+def hopping(tmp_path_factory):
+    """The hopping program recorded in cpu mode and in thread mode."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one host CPU: the thread cannot move")
+    d = tmp_path_factory.mktemp("hop")
+    exe = build_programs(d, {"hop": HOPPING})["hop"]
+    out = {}
+    for mode in ("cpu", "thread"):
+        r = run_hwtrace("record", "--mode", mode, "-o", d / mode, "--", exe)
+        assert r.returncode == 0, r.stderr
+        out[mode] = d / mode
+    return out
+
+
+def _summary(bundle, env) -> dict:
+    r = run_hwtrace("summary", "--top", "1000", bundle, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {}
+    for x in r.stdout.splitlines():
+        m = re.match(r"(\S+) +([\d,]+) +([\d,]+) +[\d.]+% +([\d,]+)", x)
+        if m and m.group(1) not in rows:
+            rows[m.group(1)] = tuple(int(v.replace(",", "")) for v in m.groups()[1:])
+    return rows
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_a_thread_moving_between_cpus_keeps_its_stack(hopping, env):
+    r = run_hwtrace("calls", hopping["cpu"], env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    streams = [x for x in lines if re.match(r"cpu \d+:", x)]
+    outer = [x for x in lines if x.strip().startswith("outer ")]
+    # it ran on both CPUs: outer has a slice in each stream
+    per_cpu = collections.Counter()
+    cpu = None
+    for x in lines:
+        if re.match(r"cpu \d+:", x):
+            cpu = x
+        elif x.strip().startswith("outer "):
+            per_cpu[cpu] += 1
+    assert len(streams) == 2 and len(per_cpu) == 2, r.stdout
+    # ... one activation, in slices: none begins before the trace
+    inside = [x for x in lines if re.match(r"\s+(main|outer|hop|leaf) ", x)]
+    assert inside and not [x for x in inside if "began before" in x], r.stdout
+    assert any("switched out" in x for x in outer), outer
+    assert any("goes on after a switch" in x for x in outer), outer
+    # main at the depth it has in thread mode (4: _start, libc's two)
+    t = run_hwtrace("calls", hopping["thread"], env=env)
+    depth = {re.match(r"( *)main ", x).group(1) for x in
+             t.stdout.splitlines() if re.match(r" *main ", x)}
+    assert {re.match(r"( *)main ", x).group(1) for x in lines
+            if re.match(r" *main ", x)} == depth
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_cpu_mode_counts_what_thread_mode_counts(hopping, env):
+    cpu, thr = _summary(hopping["cpu"], env), _summary(hopping["thread"], env)
+    for f in ("main", "outer", "hop", "leaf"):
+        assert cpu[f] == thr[f], (f, cpu[f], thr[f])
+    assert cpu["outer"][0] == 1 and cpu["hop"][0] == 6 and cpu["leaf"][0] == 12
+
+
+def _folded(bundle, path) -> collections.Counter:
+    r = run_hwtrace("export", "--folded", path, bundle)
+    assert r.returncode == 0, r.stderr
+    c = collections.Counter()
+    for x in path.read_text().splitlines():
+        stack, w = x.rsplit(" ", 1)
+        c[stack] += int(w)
+    return c
+
+
+def test_cpu_mode_folded_stacks_are_thread_modes(hopping, tmp_path):
+    cpu = _folded(hopping["cpu"], tmp_path / "cpu.folded")
+    thr = _folded(hopping["thread"], tmp_path / "thread.folded")
+    mine = {k: v for k, v in cpu.items() if ";main;" in k or k.startswith("main")}
+    theirs = {k: v for k, v in thr.items() if ";main;" in k or k.startswith("main")}
+    assert mine == theirs
+
+
+# ------------------------------------------------------------------ units
+
+def _slices(builder) -> list:
+    out = []
+    for ch in builder.take_slices():
+        out.append(("E", ch.enters.tolist()))
+        out.append(("X", ch.exits.tolist()))
+        out.append(("M", [(s, m.kind, m.index, m.detail) for s, m in ch.markers]))
+    return out
+
+
+def _flat(parts) -> tuple:
+    """The rows, with their sequence numbers (which count the clock's
+    anchors too, one per run of records) as ranks: their order."""
+    from hwtrace.analysis.slices import SLICE
+    es, xs = SLICE.names.index("eseq"), SLICE.names.index("xseq")
+    rows = {"E": [], "X": [], "M": []}
+    for k, v in parts:
+        rows[k] += v
+    seqs = sorted({r[es] for r in rows["E"] + rows["X"]} |
+                  {r[xs] for r in rows["X"]} | {m[0] for m in rows["M"]})
+    rank = {q: i for i, q in enumerate(seqs)}
+
+    def ranked(r):
+        r = list(r)
+        r[es] = rank.get(r[es], r[es])
+        r[xs] = rank.get(r[xs], r[xs])
+        return tuple(r)
+    return ([ranked(r) for r in rows["E"]], [ranked(r) for r in rows["X"]],
+            [(rank[m[0]], *m[1:]) for m in rows["M"]])
+
+
+def test_a_stream_cut_at_every_enable_builds_what_it_builds_whole(hopping):
+    """The interleaving cuts a stream's batches where tracing is enabled:
+    fed whole or cut at every enable, a builder makes the same slices."""
+    from hwtrace.analysis.callstack import CallStackBuilder
+    from hwtrace.cli._inputs import open_input
+    from hwtrace.flow.batchcut import cut_at_enables
+    inp = open_input(str(hopping["cpu"]))
+    cuts = 0
+    for s in inp.streams:
+        outs = []
+        for cut in (False, True):
+            b = CallStackBuilder(s.info, inp.symbolizer.lookup)
+            parts = []
+            for batch in s.batches(max_records=1 << 18):
+                pieces = cut_at_enables(batch) if cut else [batch]
+                cuts += len(pieces) - 1
+                assert sum(p.ninsn for p in pieces) == batch.ninsn
+                for p in pieces:
+                    b.feed_batch(p)
+                    parts += _slices(b)
+            b.finish()
+            parts += _slices(b)
+            outs.append((_flat(parts), b.names.names))
+        assert outs[0] == outs[1]
+    assert cuts > 10
+
+
+def test_the_spool_gives_back_its_chunks_in_order():
+    import numpy as np
+    from hwtrace.analysis.slices import Cols, Slices
+    from hwtrace.cli._spool import Spool
+    sp = Spool(memory=1)
+    chunks = []
+    for k in range(5):
+        E = Cols.zeros(3)
+        E["id"] = np.arange(3) + 10 * k
+        chunks.append(Slices(E, Cols.zeros(k), [(k, "m")]))
+        sp.add(chunks[-1])
+    got = list(sp)
+    sp.close()
+    assert [c.enters["id"].tolist() for c in got] == \
+        [c.enters["id"].tolist() for c in chunks]
+    assert [len(c.exits) for c in got] == list(range(5))
+    assert [c.markers for c in got] == [c.markers for c in chunks]
+
+
+def _outer_slices(bundle, path) -> list:
+    import json
+    r = run_hwtrace("export", "--chrome", path, bundle)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(path.read_text())
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    return sorted((e["ts"], e["dur"]) for e in ev
+                  if e.get("ph") == "X" and e.get("name") == "outer")
+
+
+def test_a_thread_leaving_a_cpu_ends_its_slices_there_when_it_leaves(hopping, tmp_path):
+    """The slices on the CPU a thread left end when it left (that CPU's
+    clock, idle, jumps to when it runs next before tracing resumes):
+    the thread's slices follow each other, as long as thread mode's one
+    activation."""
+    cpu = _outer_slices(hopping["cpu"], tmp_path / "cpu.json")
+    (thr,) = _outer_slices(hopping["thread"], tmp_path / "thread.json")
+    assert len(cpu) > 1
+    for (t0, d0), (t1, _d1) in zip(cpu, cpu[1:]):
+        assert t0 + d0 <= t1 + 1.0, cpu
+    total = sum(d for _t, d in cpu)
+    assert abs(total - thr[1]) <= 0.01 * thr[1], (total, thr)
