@@ -179,27 +179,15 @@ def run_interleaved(run, sources: list[Source],
         builders.append(b)
         states.append(run._state(b))
         held.append(None if k == 0 else hold())
-        if src.entry is not None and src.entry.wrapped:
-            b._marker("lost", None, "the ring buffer wrapped: the trace "
-                      "before this point was overwritten")
+        run._wrapped(b, src.entry)
     closed = [False] * n
     live = 0                        # the stream the writers are on
 
     def emit(k: int, chunks) -> None:
-        b, st = builders[k], states[k]
-        for ch in chunks:
-            if not st["started"]:
-                st["started"] = True
-                for w in run.writers:
-                    w.begin_stream(b.stream, b.time.unit)
-            for w in run.writers:
-                w.add_slices(ch, b)
+        run._emit(builders[k], states[k], chunks)
 
     def deliver(k: int) -> None:
-        b = builders[k]
-        chunks = b.take_slices()
-        if run.window is not None:
-            chunks = states[k]["window"].filter(chunks, b)
+        chunks = run._taken(builders[k], states[k])
         if k == live:
             emit(k, chunks)
         else:
@@ -212,12 +200,8 @@ def run_interleaved(run, sources: list[Source],
         nonlocal live
         if at is not None:
             at(k)
-        b, e = builders[k], sources[k].entry
-        if e is not None and (e.stopped or e.lost_bytes):
-            why = "the buffer filled and tracing stopped" if e.stopped \
-                else "trace data was lost"
-            lost = f": {e.lost_bytes:,} bytes lost" if e.lost_bytes else ""
-            b._marker("lost", e.size, f"{why}{lost}")
+        b = builders[k]
+        run._ended(b, sources[k].entry)
         b.finish()
         deliver(k)
         closed[k] = True

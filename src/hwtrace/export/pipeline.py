@@ -64,10 +64,16 @@ class ViewRun:
                                 paths=paths, space_lookup=self.space_lookup,
                                 threads=threads)
 
-    def _deliver(self, b: CallStackBuilder, state: dict) -> None:
+    def _taken(self, b: CallStackBuilder, state: dict) -> list:
+        """The builder's finished chunks (within the window, if any)."""
         chunks = b.take_slices()
         if self.window is not None:
             chunks = state["window"].filter(chunks, b)
+        return chunks
+
+    def _emit(self, b: CallStackBuilder, state: dict, chunks) -> None:
+        """Chunks of ``b``'s stream to the writers (its stream begun
+        with the first)."""
         for ch in chunks:
             if not state["started"]:
                 state["started"] = True
@@ -75,6 +81,25 @@ class ViewRun:
                     w.begin_stream(b.stream, b.time.unit)
             for w in self.writers:
                 w.add_slices(ch, b)
+
+    def _deliver(self, b: CallStackBuilder, state: dict) -> None:
+        self._emit(b, state, self._taken(b, state))
+
+    @staticmethod
+    def _wrapped(b: CallStackBuilder, entry) -> None:
+        """The marker at a stream's start where its ring buffer wrapped."""
+        if entry is not None and entry.wrapped:
+            b._marker("lost", None, "the ring buffer wrapped: the trace "
+                      "before this point was overwritten")
+
+    @staticmethod
+    def _ended(b: CallStackBuilder, entry) -> None:
+        """The marker at a stream's end where the recorder lost data."""
+        if entry is not None and (entry.stopped or entry.lost_bytes):
+            why = "the buffer filled and tracing stopped" if entry.stopped \
+                else "trace data was lost"
+            lost = f": {entry.lost_bytes:,} bytes lost" if entry.lost_bytes else ""
+            b._marker("lost", entry.size, f"{why}{lost}")
 
     def _state(self, b):
         st = {"started": False}
@@ -89,9 +114,7 @@ class ViewRun:
         state = self._state(b)
         cov = self.coverage
         done = 0
-        if entry is not None and entry.wrapped:
-            b._marker("lost", None, "the ring buffer wrapped: the trace "
-                      "before this point was overwritten")
+        self._wrapped(b, entry)
         win = state.get("window")
         for batch in batches:
             b.feed_batch(batch)
@@ -106,11 +129,7 @@ class ViewRun:
                 if at > done:
                     self.progress(at - done)
                     done = at
-        if entry is not None and (entry.stopped or entry.lost_bytes):
-            why = "the buffer filled and tracing stopped" if entry.stopped \
-                else "trace data was lost"
-            lost = f": {entry.lost_bytes:,} bytes lost" if entry.lost_bytes else ""
-            b._marker("lost", entry.size, f"{why}{lost}")
+        self._ended(b, entry)
         b.finish()
         self._deliver(b, state)
         if cov is not None:
