@@ -114,7 +114,7 @@ def threads_of(traceset) -> list[Process]:
                 procs[r.pid] = Process(r.pid, r.ppid, r.comm, r.exe, r.time)
             else:                   # an exec: same process, new program
                 p.comm, p.exe = r.comm or p.comm, r.exe or p.exe
-    from hwtrace.streams import program_names
+    from hwtrace.streams import program_names, thread_creators
     for pid, name in program_names(recs):
         if pid in procs:
             procs[pid].program = name
@@ -164,10 +164,7 @@ def threads_of(traceset) -> list[Process]:
                 if len(tids) > 1:
                     shared.setdefault(tid, set()).add(st.name)
         # who made each thread: its parent thread, or a process's parent
-        creators = {r.tid: r.parent_tid for r in born.values() if r.parent_tid > 0}
-        for p in procs.values():
-            if p.pid not in creators and p.ppid and p.ppid in procs:
-                creators[p.pid] = p.ppid
+        creators = dict(thread_creators(recs))
         for tid, sts in mine.items():
             t = _thread(sts, pids.get(tid), tid, born, exits, procs)
             t.shared = shared.get(tid, set())
@@ -203,10 +200,9 @@ def _has_threads(p: Process) -> bool:
 def _thread(sts, pid, tid, born, exits, procs) -> Thread:
     b = born.get(tid)
     p = procs.get(pid)
-    t = Thread(pid, tid, sts, p.comm if p else "", b.time if b else 0,
-               exits.get(tid), sum(s.entry.instructions_observed for s in sts))
-    t.program = p.program if p else ""
-    return t
+    return Thread(pid, tid, sts, p.comm if p else "", b.time if b else 0,
+                  exits.get(tid), sum(s.entry.instructions_observed for s in sts),
+                  program=p.program if p else "")
 
 
 def all_threads(roots: list[Process]) -> list[Thread]:
