@@ -54,11 +54,24 @@ def loop(data: bytes, impl: str) -> tuple[int, int]:
     return npk, nerr
 
 
+def parse(argv: list[str]):
+    import argparse
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0].rstrip("."))
+    ap.add_argument("megabytes", nargs="?", type=float, default=4,
+                    help="size of the stream built (default 4)")
+    ap.add_argument("repeats", nargs="?", type=int, default=3,
+                    help="best of this many runs (default 3)")
+    ap.add_argument("--cold-bytecode", action="store_true",
+                    help="the CLI compiles every module in every process")
+    return ap.parse_args(argv[1:])
+
+
 def main(argv: list[str]) -> int:
-    cold = "--cold-bytecode" in argv
-    argv = [a for a in argv if a != "--cold-bytecode"]
-    mb = float(argv[1]) if len(argv) > 1 else 4
-    reps = int(argv[2]) if len(argv) > 2 else 3
+    args = parse(argv)
+    cold = args.cold_bytecode
+    mb = args.megabytes
+    reps = args.repeats
     data = big_stream(int(mb * (1 << 20)))
     n = len(data)
     print(f"selector: {_impl.STATUS.describe()}")
