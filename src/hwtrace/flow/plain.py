@@ -112,17 +112,38 @@ def items_of(rows: np.ndarray) -> list:
     return [(r[0], r[1], event(r)) for r in rows.tolist()]
 
 
-def merged(items: list, rows: np.ndarray | None) -> list:
+def item_positions(nitems: int, rows: np.ndarray) -> np.ndarray:
+    """The places of a batch's ``nitems`` items among its items and
+    ``rows`` (the places no row holds)."""
+    free = np.ones(nitems + len(rows), bool)
+    free[rows["pos"]] = False
+    return np.flatnonzero(free)
+
+
+def merged(items: list, rows: np.ndarray | None,
+           at: np.ndarray | None = None) -> list:
     """The items of a batch with ``rows`` as items, in order: what the
-    producer gives without ``plain_events``."""
+    producer gives without ``plain_events``.  ``at``: the items' places
+    (:func:`item_positions`; where some items or rows were left out)."""
     if rows is None or not len(rows):
         return items
-    out = [None] * (len(items) + len(rows))
-    pos = rows["pos"].tolist()
-    for p, it in zip(pos, items_of(rows)):
-        out[p] = it
-    it = iter(items)
-    return [x if x is not None else next(it) for x in out]
+    if at is None:
+        out = [None] * (len(items) + len(rows))
+        for p, it in zip(rows["pos"].tolist(), items_of(rows)):
+            out[p] = it
+        it = iter(items)
+        return [x if x is not None else next(it) for x in out]
+    order = np.argsort(np.concatenate((at, rows["pos"])), kind="stable").tolist()
+    both = items + items_of(rows)
+    return [both[i] for i in order]
+
+
+def structural(rows: np.ndarray) -> np.ndarray:
+    """Which rows change what a call-stack builder knows (the others only
+    tell the time): :func:`hwtrace.analysis.batchfeed.structural`."""
+    t = rows["type"]
+    return STRUCTURAL[t] & ~((rows["flags"] & PF_STATUS_UPDATE).astype(bool)
+                             & ((t == ENABLED) | (t == DISABLED)))
 
 
 def count(batch) -> int:
