@@ -32,7 +32,7 @@ from .events import Event
 #: (PO_*; ``ratio``, ``mode`` and ``follows`` hold their values)
 PLAIN = np.dtype({"names": ["index", "offset", "tsc", "ip", "ratio", "pos",
                             "type", "flags", "opt", "mode", "follows"],
-                  "formats": ["<u8", "<i8", "<u8", "<u8", "<u8", "<u4",
+                  "formats": ["<i8", "<i8", "<u8", "<u8", "<u8", "<u4",
                               "u1", "u1", "u1", "i1", "i1"],
                   "offsets": [0, 8, 16, 24, 32, 40, 44, 45, 46, 47, 48],
                   "itemsize": 56})
