@@ -326,8 +326,7 @@ class BatchInput:
         # the records' anchors, in order with the rows
         tsc = a.tsc[t0 + 1:t0 + 1 + k]
         if tsc.any():
-            seqs = seq0 + 4 * np.arange(k, dtype=np.int64)
-            self.time.anchors(seqs, a.start[t0 + 1:t0 + 1 + k], tsc)
+            self.time.anchors_every(seq0, 4, a.start[t0 + 1:t0 + 1 + k], tsc)
             if self._follow is not None:
                 r = t0 + 1 + int(np.flatnonzero(tsc)[-1])
                 self._follow.time(int(a.start[r]), int(a.tsc[r]))
@@ -413,8 +412,7 @@ class BatchInput:
             return 0
         w = tsc[v0:kv]
         if w.any():
-            self.time.anchors(seq0 + 4 * np.arange(kv - v0, dtype=np.int64),
-                              land[v0:kv], w)
+            self.time.anchors_every(seq0, 4, land[v0:kv], w)
         self._seq = seq0 + 4 * (kv - v0)
         self._took(c)
         on, trip = a.groups.after(t0, k)
