@@ -344,10 +344,15 @@ class PerfettoTraceWriter:
         table = [self._track_field]
         if has.any():
             key = (np.maximum(pid[has], 0) << 32) | tid[has]
-            u, inv = np.unique(key, return_inverse=True)
+            if (key == key[0]).all():
+                # one thread (a chunk between two switches): no sort
+                u, inv = key[:1], 0
+            else:
+                u, inv = np.unique(key, return_inverse=True)
+                inv = np.asarray(inv).reshape(-1)
             for k in u.tolist():
                 table.append(f_varint(_TE_TRACK, self._thread_uuid(k >> 32, k & 0xFFFFFFFF)))
-            ids[has] = np.asarray(inv).reshape(-1) + 1
+            ids[has] = inv + 1
         return ids, table
 
     # -- records one at a time (tests, old callers) ----------------------------------------
