@@ -474,6 +474,15 @@ def test_row_timing_and_sums_match_twin(seed, monkeypatch):
     a = run("python", lambda: tb.times(seq, idx))
     b = run("compiled", lambda: tb.times(seq, idx))
     assert a.tobytes() == b.tobytes()
+    # rows out of sequence order too (the compiled search gallops on from
+    # the last row's anchor only while they are in order), repeats, jumps
+    parts = [np.sort(rng.integers(0, int(tb.last_seq), int(k))) for k in
+             rng.integers(1, 400, 30)]
+    seq2 = np.concatenate(parts + [np.full(7, a_seq[3]), a_seq[::-1]]).astype(np.int64)
+    idx2 = rng.integers(-5, int(a_idx[-1]) + 5, len(seq2)).astype(np.int64)
+    a = run("python", lambda: tb.times(seq2, idx2))
+    b = run("compiled", lambda: tb.times(seq2, idx2))
+    assert a.tobytes() == b.tobytes()
 
     # begins and children: ids of a random tree, some begun in this chunk
     n = 3000
