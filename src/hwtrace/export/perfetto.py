@@ -241,8 +241,8 @@ class PerfettoTraceWriter:
         with the specials spliced in (see ``slice_packets``) and this
         returns None."""
         sel = pb | pe
-        idx = np.flatnonzero(sel)
-        n = len(idx)
+        idx = slice(None) if sel.all() else np.flatnonzero(sel)   # (no copies)
+        n = len(sel) if isinstance(idx, slice) else len(idx)
         if not n:
             if stream is not None:
                 for b in stream[2]:
