@@ -115,3 +115,31 @@ def test_repeated_stale_values_are_not_anchors():
     c.push("b", 15)
     c.anchor(20, 3000)
     assert out == [("a", 1500.0), ("b", 2500.0)]
+
+
+def test_anchors_every_is_anchors_of_every_row():
+    """anchors_every (a run's records: only where the TSC changes) leaves
+    the anchors, rate and last TSC that anchors of every row leaves --
+    repeats, zeros between repeats, a first value repeating the last
+    one, runs backwards in time."""
+    np = pytest.importorskip("numpy")
+    from hwtrace.analysis.clock import TimeBase
+    rng = np.random.default_rng(3)
+    for seed in range(20):
+        a, b = TimeBase(), TimeBase()
+        seq0, idx0 = 0, 0
+        for _run in range(5):
+            k = int(rng.integers(1, 60))
+            tsc = np.repeat(rng.choice([0, 500, 700, 900, 1100], k // 3 + 1),
+                            3)[:k].astype(np.uint64)
+            if seed % 2:
+                tsc = np.sort(tsc)
+            idx = idx0 + np.cumsum(rng.integers(0, 4, k)).astype(np.int64)
+            a.anchors(seq0 + 4 * np.arange(k, dtype=np.int64), idx, tsc)
+            b.anchors_every(seq0, 4, idx, tsc)
+            seq0 += 4 * k + 4
+            idx0 = int(idx[-1])
+        for x in ("_a_seq", "_a_idx", "_a_t"):
+            assert getattr(a, x).tolist() == getattr(b, x).tolist()
+        assert (a._rate, a._last_tsc, a._last_real, a.mode) == \
+            (b._rate, b._last_tsc, b._last_real, b.mode)

@@ -242,3 +242,87 @@ def test_find_at_once_is_find_one_group_at_a_time():
                                   g._trip.tolist(), g._on.tolist())
                 assert cols(a[1]) == cols(b[1])
                 assert a[1]._trip.any() and (~a[1]._trip).any() == anchors
+
+
+def test_find_rows_is_find_one_group_at_a_time():
+    """find_rows: the same groups over a batch whose plain events are
+    rows (hwtrace.flow.plain) as _find_each over its items -- round trips
+    whose record, IP or TSC does not fit, status updates, time-only
+    events, events a row cannot tell (items among rows in a group),
+    items that are no Event, indices outside the batch -- with and
+    without switches left (``left``): the kept items (rows made Events),
+    each group's events, and the transfers with the groups in."""
+    np = pytest.importorskip("numpy")
+    from types import SimpleNamespace
+
+    from hwtrace.flow import plain
+    rng = np.random.default_rng(11)
+
+    class Other:
+        type = "error"
+
+    def ev(kind, k, **kw):
+        return Event(kind, has_tsc=bool(k % 3), tsc=0 if k % 7 == 0 else 100 + k, **kw)
+
+    def key(item):
+        j, off, x = item
+        if type(x) is Event:
+            return j, off, tuple((a, getattr(x, a)) for a in x.__slots__ if hasattr(x, a))
+        return j, off, x
+
+    for seed in range(8):
+        m = 300
+        code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
+                          m, p=[.3, .2, .4, .1]).astype(np.int8)
+        fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
+        ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+        items = []
+        for j in sorted(rng.choice(np.arange(-1, m + 2), 150, replace=False).tolist()):
+            k = int(rng.integers(0, 1000))
+            ret = int(fall[j - 1]) if 0 < j <= m else 0
+            shape = k % 10
+            if shape < 4:
+                group = [ev("disabled", k, ip_suppressed=True),
+                         ev("enabled", k + 1, ip=ret if shape else ret + 1,
+                            **({"resumed": False} if shape == 2 else {}))]
+            elif shape == 4:
+                group = [ev("enabled", k, ip=ret, status_update=True, follows="tnt8"),
+                         ev("cbr", k + 2, status_update=True, ratio=20),
+                         ev("exec_mode", k + 2, status_update=True, ip=ret, mode="64bit")]
+            elif shape == 5:
+                group = [ev("disabled", k, status_update=True)]
+            elif shape == 6:
+                group = [ev("disabled", k), ev("enabled", k, ip=ret), Other()]
+            elif shape == 7:
+                # an enable no row tells (a lost MTC count): an item
+                group = [ev("disabled", k, ip_suppressed=True),
+                         ev("enabled", k + 1, ip=ret, lost_mtc=1)]
+            elif shape == 8:
+                group = [ev("paging", k, status_update=True, cr3=0x1000),
+                         ev("cbr", k + 1, status_update=True, ratio=3)]
+            else:
+                group = [Other(), ev("enabled", k, ip=ret)]
+            items += [(j, 10 * j + i, e) for i, e in enumerate(group)]
+        kept, rows = plain.split(items)
+        assert len(rows) and len(kept) > 20
+        at = plain.item_positions(len(kept), rows)
+        a = SimpleNamespace(code=code, fall=fall, ip=ip, end=fall - 2,
+                            start=np.arange(m + 1, dtype=np.int64) * 3,
+                            tsc=rng.integers(0, 3, m).astype(np.uint64) * 1000)
+        for anchors in (False, True):
+            for left in (False, True):
+                x = roundtrips.find_rows(kept, at, rows, code, fall, ip, m, anchors, left)
+                y = roundtrips._find_each(items, code, fall, ip, m, anchors, left)
+                assert [key(i) for i in x[0]] == [key(i) for i in y[0]]
+                assert (x[1] is None) == (y[1] is None)
+                if x[1] is None:
+                    continue
+                cols = lambda g: (g.tr.tolist(), g._p.tolist(), g._q.tolist(),
+                                  g._trip.tolist(), g._on.tolist())
+                assert cols(x[1]) == cols(y[1])
+                for t in x[1].tr.tolist():
+                    assert [key((0,) + e) for e in x[1].events(t)] == \
+                        [key((0,) + e) for e in y[1].events(t)]
+                vx, vy = x[1].virtual(a), y[1].virtual(a)
+                assert all(np.array_equal(p, q) for p, q in zip(vx, vy))
+                assert x[1]._trip.any() != left

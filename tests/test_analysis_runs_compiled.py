@@ -474,6 +474,15 @@ def test_row_timing_and_sums_match_twin(seed, monkeypatch):
     a = run("python", lambda: tb.times(seq, idx))
     b = run("compiled", lambda: tb.times(seq, idx))
     assert a.tobytes() == b.tobytes()
+    # rows out of sequence order too (the compiled search gallops on from
+    # the last row's anchor only while they are in order), repeats, jumps
+    parts = [np.sort(rng.integers(0, int(tb.last_seq), int(k))) for k in
+             rng.integers(1, 400, 30)]
+    seq2 = np.concatenate(parts + [np.full(7, a_seq[3]), a_seq[::-1]]).astype(np.int64)
+    idx2 = rng.integers(-5, int(a_idx[-1]) + 5, len(seq2)).astype(np.int64)
+    a = run("python", lambda: tb.times(seq2, idx2))
+    b = run("compiled", lambda: tb.times(seq2, idx2))
+    assert a.tobytes() == b.tobytes()
 
     # begins and children: ids of a random tree, some begun in this chunk
     n = 3000
@@ -580,3 +589,22 @@ def test_batch_record_columns_match_twin(monkeypatch):
             for f, (u, v) in zip(("ip", "end", "code", "fall", "tsc", "start"), zip(x, y)):
                 assert u.dtype == v.dtype, f
                 assert u.tobytes() == v.tobytes(), f
+
+
+def test_fresh_remembers_only_what_is_named():
+    """AddrTable.fresh over the merged table: asked again and again (its
+    cache of named addresses), every answer is the search's -- an
+    address named since (registered unknown code) is fresh no more, one
+    never named stays fresh."""
+    t = _table(True)
+    rng = np.random.default_rng(5)
+    addrs = np.concatenate((np.array(FUNCS, np.uint64) + 4,
+                            np.arange(UNKNOWN, UNKNOWN + 0x40, 8, dtype=np.uint64),
+                            np.array([0xFFFFFFFFFFFFFFFF, 0], np.uint64)))
+    for step in range(6):
+        a = rng.permutation(np.concatenate((addrs, addrs[:7])))
+        assert t.fresh(a).tolist() == t._fresh(a).tolist()
+        if step == 2:
+            t.register_unknown(np.array([UNKNOWN + 8, UNKNOWN + 16], np.uint64))
+    f = t.fresh(np.array([UNKNOWN, UNKNOWN + 8, FUNCS[0] + 4], np.uint64))
+    assert f.tolist() == [True, False, False]

@@ -134,12 +134,13 @@ class Stream(Fields):
                 want_insns: bool = False, resync: bool = False,
                 max_records: int = 1 << 16, impl: str | None = None,
                 on_switch: Callable | None = None, data=None,
-                space_items: bool = False):
+                space_items: bool = False, plain_events: bool = False):
         """Decode into :class:`hwtrace.flow.batches.Batch` es.  ``view``:
         every branch ends a record (what call stacks, branch records and
         coverage want); ``on_switch(space, offset)`` hears address-space
         switches; ``space_items``: they are items of the batches too
-        (:class:`hwtrace.flow.batches.SpaceItem`, where they happened)."""
+        (:class:`hwtrace.flow.batches.SpaceItem`, where they happened);
+        ``plain_events``: see :func:`hwtrace.flow.batches.batches`."""
         from hwtrace.flow import batches as B
         cfg = B.view_config(self.config) if view else self.config
         plan = self.plan
@@ -148,7 +149,8 @@ class Stream(Fields):
         it = B.batches(self.data() if data is None else data, self.image,
                        cfg, decoder=decoder, resync=resync,
                        want_insns=want_insns, max_records=max_records,
-                       impl=impl, spaces=plan, space_items=space_items)
+                       impl=impl, spaces=plan, space_items=space_items,
+                       plain_events=plain_events)
         if plan is None or self.warn is None:
             return it
         return self._reporting(it)

@@ -41,6 +41,7 @@ from hwtrace.analysis.blockcols import columns
 from hwtrace.analysis.records import Flag
 from hwtrace.analysis.slices import _UNKNOWN
 from hwtrace.analysis.symtable import AddrTable
+from hwtrace.flow import plain
 
 _STRUCTURAL = frozenset({"enabled", "disabled", "async_disabled", "overflow",
                          "stop", "async_branch", "tsx"})
@@ -76,9 +77,24 @@ class BatchInput:
         # now, which decides the switches due at an enable, ran from the
         # last TSC at the wrong instruction, hundreds of ticks behind)
         spaced = self._space_lookup is not None
-        items = batch.items if every_item or self._follow is not None else \
-            [it for it in batch.items if _matters(it[2])
-             or (spaced and getattr(it[2], "type", None) == "space")]
+        every = every_item or self._follow is not None
+        rows = getattr(batch, "plain", None)
+        if rows is not None and not len(rows):
+            rows = None
+        if rows is None:
+            items = batch.items if every else \
+                [it for it in batch.items if _matters(it[2])
+                 or (spaced and getattr(it[2], "type", None) == "space")]
+        else:
+            # the plain events are rows (flow.plain): made Events only
+            # where they are taken one at a time
+            items, at = batch.items, plain.item_positions(len(batch.items), rows)
+            if not every:
+                k = [i for i, it in enumerate(items) if _matters(it[2])
+                     or (spaced and getattr(it[2], "type", None) == "space")]
+                if len(k) < len(items):
+                    items, at = [items[i] for i in k], at[k]
+                rows = rows[plain.structural(rows)]
         if m:
             a = _Arrays(blocks, self.n)
             # system calls returning where they were made, and events
@@ -92,12 +108,20 @@ class BatchInput:
             if self.vectorize and sc is not None and m <= 1 << 20:
                 # with switches left, only groups that tell the time, taken
                 # in the run while the timeline does not hear it (_bulk)
-                items, a.groups = roundtrips.find(
-                    items, a.code, a.fall, a.ip, m, tl is not None,
-                    tl is not None and tl.i < len(tl.switches))
+                left = tl is not None and tl.i < len(tl.switches)
+                if rows is None:
+                    items, a.groups = roundtrips.find(
+                        items, a.code, a.fall, a.ip, m, tl is not None, left)
+                else:
+                    items, a.groups = roundtrips.find_rows(
+                        items, at, rows, a.code, a.fall, a.ip, m,
+                        tl is not None, left)
+                    rows = None
                 a.sys_nid = sc
         else:
             a = None
+        if rows is not None:
+            items = plain.merged(items, rows, at)
         self._arrays = a
         r = 0
         for index, offset, item in items:
@@ -302,8 +326,7 @@ class BatchInput:
         # the records' anchors, in order with the rows
         tsc = a.tsc[t0 + 1:t0 + 1 + k]
         if tsc.any():
-            seqs = seq0 + 4 * np.arange(k, dtype=np.int64)
-            self.time.anchors(seqs, a.start[t0 + 1:t0 + 1 + k], tsc)
+            self.time.anchors_every(seq0, 4, a.start[t0 + 1:t0 + 1 + k], tsc)
             if self._follow is not None:
                 r = t0 + 1 + int(np.flatnonzero(tsc)[-1])
                 self._follow.time(int(a.start[r]), int(a.tsc[r]))
@@ -389,8 +412,7 @@ class BatchInput:
             return 0
         w = tsc[v0:kv]
         if w.any():
-            self.time.anchors(seq0 + 4 * np.arange(kv - v0, dtype=np.int64),
-                              land[v0:kv], w)
+            self.time.anchors_every(seq0, 4, land[v0:kv], w)
         self._seq = seq0 + 4 * (kv - v0)
         self._took(c)
         on, trip = a.groups.after(t0, k)

@@ -130,6 +130,23 @@ class TimeBase:
         self._a_t = np.concatenate((self._a_t, t))
         self._last_real = (int(idx[-1]), float(t[-1]))
 
+    def anchors_every(self, seq0: int, step: int, idx: np.ndarray,
+                      tsc: np.ndarray) -> None:
+        """:meth:`anchors` of rows numbered ``seq0``, ``seq0 + step``, ...
+        (a run's records, one per transfer): given only the rows where
+        the TSC changes -- the others repeat the value before them, which
+        :meth:`anchors` drops (a row after a 0 repeating the value before
+        the 0 is a change here, and dropped there as ever).  A run's
+        records mostly repeat the last TSC (~260,000 a batch on ``find``,
+        a few thousand of them a new one)."""
+        if self.mode == "insns" or not len(tsc):
+            return
+        tsc = np.asarray(tsc, np.uint64)
+        c = np.flatnonzero(tsc[1:] != tsc[:-1])
+        c += 1
+        c = np.concatenate((np.zeros(1, c.dtype), c))
+        self.anchors(seq0 + step * c.astype(np.int64), np.asarray(idx)[c], tsc[c])
+
     def anchor(self, seq: int, idx: int, tsc: int) -> None:
         """One anchor (an event's time: 0 is a time): :meth:`anchors` of
         one row, in scalars (the same float operations; thousands of

@@ -64,6 +64,7 @@ import numpy as np
 
 from hwtrace.analysis import _runs_impl, runs
 from hwtrace.analysis.slices import _UNKNOWN
+from hwtrace.flow import plain
 from hwtrace.flow.events import Event
 
 _U8 = np.uint64
@@ -77,15 +78,19 @@ class Groups:
     ``tr`` sorted.  Kept as columns over the batch's items -- group ``i``
     is items ``[p[i], q[i])`` -- not a tuple per group: on ``find`` a
     batch has ~1,100 of them, and per-group objects (and the collector's
-    passes over them) cost more than finding them."""
+    passes over them) cost more than finding them.  The items: a list,
+    or (:func:`find_rows`) a list and plain events' rows in one order,
+    an event made of its row only where the builder takes it one at a
+    time."""
 
     __slots__ = ("tr", "_items", "_p", "_q", "_trip", "_on", "_index",
                  "_virtual", "_hazard", "hazards")
 
-    def __init__(self, items: list, tr: np.ndarray, p: np.ndarray, q: np.ndarray,
+    def __init__(self, items, tr: np.ndarray, p: np.ndarray, q: np.ndarray,
                  trip: np.ndarray, on: np.ndarray):
         self.tr = tr
-        self._items = items
+        self._items = items if isinstance(items, (_ListItems, _RowItems)) \
+            else _ListItems(items)
         self._p, self._q = p, q
         self._trip = trip
         self._on = on               # tracing the events leave: 1 on, 0 off, -1 unsaid
@@ -153,7 +158,7 @@ class Groups:
         i = self._at().get(t)
         if i is None:
             return None
-        return tuple((o, ev) for _j, o, ev in self._items[int(self._p[i]):int(self._q[i])])
+        return tuple((o, ev) for _j, o, ev in self._items.get(int(self._p[i]), int(self._q[i])))
 
     def after(self, t0: int, t1: int):
         """What the events of the groups after transfers [t0, t1) leave of
@@ -189,10 +194,7 @@ class Groups:
         named = np.zeros(int(first[n]), bool)
         # every event's landing: the group's first ones
         at = np.repeat(first[tr], ne) + _ramp(ne)
-        items = self._items
-        tsc[at] = np.array([ev.tsc if ev.has_tsc else 0 for ev in
-                            [items[i][2] for i in (np.repeat(self._p, ne) + _ramp(ne)).tolist()]],
-                           _U8)
+        tsc[at] = self._items.tscs(np.repeat(self._p, ne) + _ramp(ne))
         va = first[tr[trip]]
         an = at[~np.repeat(trip, ne)]
         code[an] = runs.NONE            # anchors, then the transfer itself
@@ -363,3 +365,153 @@ def _anchors(items, p, q, left: bool = False):
         if ev.has_tsc and not ev.tsc:
             return None
     return on
+
+
+class _ListItems:
+    """A batch's items as a list (what :class:`Groups` reads of them)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def get(self, p: int, q: int) -> list:
+        return self.items[p:q]
+
+    def tscs(self, at: np.ndarray) -> np.ndarray:
+        """The TSC of the events at ``at`` (0: none)."""
+        items = self.items
+        return np.array([ev.tsc if ev.has_tsc else 0 for ev in
+                         [items[i][2] for i in at.tolist()]], _U8)
+
+
+class _RowItems:
+    """A batch's items and plain events' rows in one order
+    (:func:`find_rows`): item ``i`` is ``rows[src[i]]`` where ``isrow[i]``,
+    else ``items[src[i]]``; an Event is made of a row only when asked."""
+
+    __slots__ = ("items", "rows", "isrow", "src", "tsc")
+
+    def __init__(self, items: list, rows: np.ndarray, isrow: np.ndarray,
+                 src: np.ndarray, tsc: np.ndarray):
+        self.items, self.rows, self.isrow, self.src = items, rows, isrow, src
+        self.tsc = tsc              # a row's TSC (0: none), per item
+
+    def get(self, p: int, q: int) -> list:
+        rows, items, isrow = self.rows, self.items, self.isrow
+        out = []
+        for i in range(p, q):
+            k = int(self.src[i])
+            if isrow[i]:
+                r = rows[k]
+                out.append((int(r["index"]), int(r["offset"]),
+                            plain.event(r.tolist())))
+            else:
+                out.append(items[k])
+        return out
+
+    def tscs(self, at: np.ndarray) -> np.ndarray:
+        out = self.tsc[at]
+        lst = at[~self.isrow[at]]
+        if len(lst):
+            out[~self.isrow[at]] = _ListItems(self.items).tscs(self.src[lst])
+        return out
+
+
+def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
+              fall: np.ndarray, ip: np.ndarray, m: int, anchors: bool,
+              left: bool = False):
+    """:func:`find` over a batch's items and its plain events' rows
+    (:mod:`hwtrace.flow.plain`; ``at``: the items' places among both):
+    (the items outside the groups, rows made Events, in order;
+    :class:`Groups` or None).  The groups of rows alone -- round trips,
+    events that only tell the time -- are found on the columns; a group
+    with an item in it goes through :func:`_one` (what
+    :func:`_find_each` does with every group)."""
+    nl, nr = len(items), len(rows)
+    n = nl + nr
+    if not nr:
+        return find(items, code, fall, ip, m, anchors, left)
+    order = np.argsort(np.concatenate((at, rows["pos"].astype(np.int64))),
+                       kind="stable")
+    isrow = order >= nl
+    src = np.where(isrow, order - nl, order)
+    rsrc = src[isrow]
+    js = np.empty(n, np.int64)
+    js[isrow] = rows["index"][rsrc].astype(np.int64)
+    if nl:
+        js[~isrow] = np.fromiter([it[0] for it in items], np.int64, nl)[src[~isrow]]
+    # the rows' columns, per item (an item's: what no row has)
+    typ = np.full(n, 255, np.uint8)
+    typ[isrow] = rows["type"][rsrc]
+    flags = np.zeros(n, np.uint8)
+    flags[isrow] = rows["flags"][rsrc]
+    etsc = np.zeros(n, _U8)
+    etsc[isrow] = rows["tsc"][rsrc]
+    eip = np.zeros(n, _U8)
+    eip[isrow] = rows["ip"][rsrc]
+    su = (flags & plain.PF_STATUS_UPDATE) != 0
+    has = (flags & plain.PF_HAS_TSC) != 0
+    tscok = ~(has & (etsc == 0))
+    etsc[~has] = 0
+
+    cut = np.flatnonzero(js[1:] != js[:-1]) + 1
+    gp = np.concatenate(([0], cut))             # each group's first item
+    gq = np.concatenate((cut, [n]))
+    gj = js[gp]
+    size = gq - gp
+    nrow = np.add.reduceat(isrow.astype(np.int64), gp)
+    inside = (gj > 0) & (gj < m)
+    on = np.full(len(gp), -2, np.int8)          # -2: not a group
+    # a round trip: a disable then an enable (no status update), two rows
+    shaped = np.zeros(len(gp), bool)
+    if not left:
+        s2 = np.flatnonzero((size == 2) & (nrow == 2) & inside)
+        p = gp[s2]
+        s2 = s2[(typ[p] == plain.DISABLED) & ~su[p] & (typ[p + 1] == plain.ENABLED)
+                & ~su[p + 1]]
+        shaped[s2] = True
+        p = gp[s2]
+        r = gj[s2] - 1
+        ret = fall[r]
+        ok = tscok[p] & tscok[p + 1] & (code[r] == runs.FCALL) & (eip[p + 1] == ret) \
+            & (ip[r + 1] == ret)
+        on[s2[ok]] = 2
+    if anchors:
+        # events that only tell the time (a status update enabling or
+        # disabling says the tracing it leaves)
+        en_dis = (typ == plain.ENABLED) | (typ == plain.DISABLED)
+        good = (~plain.STRUCTURAL[typ] | (su & en_dis)) & tscok & isrow
+        if left:
+            good &= typ != plain.DISABLED
+        allgood = np.add.reduceat(good.astype(np.int64), gp) == size
+        ga = np.flatnonzero(allgood & inside & ~shaped)
+        if len(ga):
+            # the last enable or disable of each group, if any
+            last = np.where(en_dis, np.arange(n), -1)
+            lastp = np.maximum.reduceat(last, gp)[ga]
+            said = lastp >= 0
+            on[ga] = -1
+            on[ga[said]] = (typ[lastp[said]] == plain.ENABLED).astype(np.int8)
+    seq = _RowItems(items, rows, isrow, src, etsc)
+    # groups with an item in them: one at a time
+    for g in np.flatnonzero((nrow < size) & inside).tolist():
+        p, q = int(gp[g]), int(gq[g])
+        f = _one(seq.get(p, q), 0, q - p, code, fall, ip, m, anchors, left)
+        if f is not None:
+            on[g] = f
+    grouped = np.repeat(on != -2, size)
+    keep = []
+    rest = np.flatnonzero(~grouped)
+    if len(rest):
+        kr = rest[isrow[rest]]
+        made = iter(plain.items_of(rows[src[kr]]))
+        keep = [next(made) if r else items[k]
+                for r, k in zip(isrow[rest].tolist(), src[rest].tolist())]
+    g = np.flatnonzero(on != -2)
+    if not len(g):
+        return keep, None
+    on = on[g]
+    trips = on == 2
+    on[trips] = 1
+    return keep, Groups(seq, gj[g] - 1, gp[g], gq[g], trips, on)

@@ -47,6 +47,7 @@ class AddrTable:
         self._fstarts = None
         self._bits = None
         self._unk_keys = self._unk_ids = None   # _unknown_ids' cache
+        self._named = None                      # fresh()'s cache
         self._table = None                      # table()'s arrays
         # the images' address ranges, the first image claiming an address
         # (as Symbolizer.image_for): (lo, hi) arrays, bias and label per range
@@ -181,6 +182,28 @@ class AddrTable:
         if self._lo is None:
             c = self._cache
             return np.fromiter((a not in c for a in addrs.tolist()), bool, len(addrs))
+        # over the merged table a name is for good (the table stays, names
+        # are only added): addresses found named before are remembered in
+        # a direct-mapped cache -- a call's target is asked again and again
+        # (~15 M addresses on ``find``, a search each)
+        named = self._named
+        if named is None:
+            named = self._named = np.full(1 << _NBITS, _NONE, _U8)
+        h = _slot(addrs)
+        miss = np.flatnonzero((named[h] != addrs) | (addrs == _NONE))
+        if len(miss) < len(addrs):
+            out = np.zeros(len(addrs), bool)
+            if len(miss):
+                out[miss] = f = self._fresh(addrs[miss])
+                k = miss[~f]
+                named[h[k]] = addrs[k]
+            return out
+        out = self._fresh(addrs)
+        named[h[~out]] = addrs[~out]
+        return out
+
+    def _fresh(self, addrs: np.ndarray) -> np.ndarray:
+        """:meth:`fresh` over the merged table, searched."""
         if len(self._lo):
             j = np.searchsorted(self._lo, addrs, side="right") - 1
             out = addrs >= self._hi[j]
@@ -300,6 +323,13 @@ class AddrTable:
 
 
 _HBITS = 22
+_NBITS = 16
+_NONE = _U8(0xFFFFFFFFFFFFFFFF)     # an empty slot of fresh()'s cache
+
+
+def _slot(a: np.ndarray) -> np.ndarray:
+    """fresh()'s cache slot of each address (a multiplicative hash)."""
+    return ((a * _U8(0x9E3779B97F4A7C15)) >> _U8(64 - _NBITS)).astype(np.intp)
 
 
 def _hash(a: np.ndarray) -> np.ndarray:

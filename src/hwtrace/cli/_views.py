@@ -59,6 +59,9 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     run = ViewRun(writers, inp.symbolizer.lookup, args.clock, args.tsc_hz,
                   coverage, progress, window=window, space_lookup=spaced)
     more = {"space_items": True} if spaced is not None else {}
+    if coverage is None:
+        # the call-stack builder takes the plain events as rows
+        more["plain_events"] = True
     if coverage is None and not getattr(window, "by_time", False) and \
             all(s.batches is not None for s in inp.streams) and \
             applies([s.info for s in inp.streams], args.clock):

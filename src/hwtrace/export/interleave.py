@@ -30,7 +30,10 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterable, NamedTuple
 
+import numpy as np
+
 from hwtrace.analysis.threads import ThreadRegistry
+from hwtrace.flow import plain
 from hwtrace.flow.batchcut import enables, piece, start_time
 
 
@@ -93,7 +96,7 @@ class _Feed:
             batch = next(self.it, None)
             if batch is None:
                 return None
-            run.totals["events"] += len(batch.items)
+            run.totals["events"] += plain.count(batch)
             if run.progress is not None and len(batch.blocks):
                 at = int(batch.blocks["offset"][-1])
                 if at > self.done:
@@ -103,7 +106,7 @@ class _Feed:
             self.batch, self.en, self.ei = batch, None, 0
             self.r0 = self.j0 = 0
             self.first = batch.first_insn
-            if not len(batch.blocks) and not batch.items:
+            if not len(batch.blocks) and not plain.count(batch):
                 self.batch = None
         batch = self.batch
         if self.r0 == 0 and self.j0 == 0:
@@ -124,10 +127,13 @@ class _Feed:
         """The next piece: up to the first enable (after the cursor) at or
         after ``limit``, else the batch's rest."""
         batch = self.batch
-        items = batch.items
         r0, j0 = self.r0, self.j0
         e = n = 0
         if limit is not None:
+            if batch.plain is not None:
+                # cut: by the items' places (the rows made items)
+                batch = self.batch = plain.classic(batch)
+            items = batch.items
             if self.en is None:
                 self.en = enables(batch)
             en = self.en
@@ -137,6 +143,7 @@ class _Feed:
                 if (items[j][0], j) > (r0, j0) and t is not None and t >= limit:
                     break
                 e += 1
+        items = batch.items
         if e < n:
             j1 = en[e][0]
             r1 = items[j1][0]
@@ -153,7 +160,15 @@ class _Feed:
 
 def _enabled_at_start(batch) -> int | None:
     """The TSC of an enable before the batch's first record, or None."""
-    for i, _o, it in batch.items:
+    items = batch.items
+    rows = batch.plain
+    if rows is not None and len(rows):
+        # the items and rows before the first record
+        k = 0
+        while k < len(items) and items[k][0] == 0:
+            k += 1
+        items = plain.merged(items[:k], rows[:int(np.searchsorted(rows["index"], 1))])
+    for i, _o, it in items:
         if i:
             break
         if getattr(it, "type", None) == "enabled" and \

@@ -241,8 +241,8 @@ class PerfettoTraceWriter:
         with the specials spliced in (see ``slice_packets``) and this
         returns None."""
         sel = pb | pe
-        idx = np.flatnonzero(sel)
-        n = len(idx)
+        idx = slice(None) if sel.all() else np.flatnonzero(sel)   # (no copies)
+        n = len(sel) if isinstance(idx, slice) else len(idx)
         if not n:
             if stream is not None:
                 for b in stream[2]:
@@ -332,6 +332,15 @@ class PerfettoTraceWriter:
         if not (info.tid is None and info.cpu is not None):
             return np.zeros(len(kind), np.int64), [self._track_field]
         n = len(kind)
+        one = _one_thread(E, X, kind)
+        if one is not None:
+            # one thread (a chunk between two switches): no per-event
+            # gathers, no sort
+            table = [self._track_field]
+            if one[1] < 0:
+                return np.zeros(n, np.int64), table
+            table.append(f_varint(_TE_TRACK, self._thread_uuid(max(one[0], 0), one[1])))
+            return np.ones(n, np.int64), table
         pid = np.full(n, -1, np.int64)
         tid = np.full(n, -1, np.int64)
         for k, A in ((0, E), (1, X)):
@@ -363,6 +372,19 @@ class PerfettoTraceWriter:
     def close(self) -> None:
         self._flush_legacy()
         self._fp.flush()
+
+
+def _one_thread(E, X, kind) -> tuple[int, int] | None:
+    """(pid, tid) where every begin and end of a chunk (and a marker, if
+    any: no thread) is one thread's, else None."""
+    if (kind == 2).any():
+        return None
+    first = E if len(E) else X
+    p, t = int(first["pid"][0]), int(first["tid"][0])
+    for A in (E, X):
+        if len(A) and not ((A["tid"] == t).all() and (A["pid"] == p).all()):
+            return None
+    return p, t
 
 
 def _flags_annot(flags: int) -> bytes:

@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 from hwtrace.analysis.callstack import CallStackBuilder
 from hwtrace.analysis.coverage import CoverageCollector
 from hwtrace.analysis.records import StreamInfo
+from hwtrace.flow import plain
 
 #: a view's batches: small first (output at once), then large
 MAX_RECORDS = 1 << 18
@@ -118,7 +119,7 @@ class ViewRun:
         win = state.get("window")
         for batch in batches:
             b.feed_batch(batch)
-            self.totals["events"] += len(batch.items)
+            self.totals["events"] += plain.count(batch)
             if cov is not None:
                 cov.add_batch(batch)
             self._deliver(b, state)

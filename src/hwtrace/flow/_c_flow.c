@@ -15,12 +15,16 @@
  *                 mappings(image) gives the image's mappings, so that
  *                 a miss is filled in C where it can be (core/pyfill.h)
  *       config    see hwtrace.flow.fast._config_tuple
- *       flags     BLOCK 1, RESYNC 2, WANT_INSNS 4, PLAIN_OFFSETS 8
+ *       flags     BLOCK 1, RESYNC 2, WANT_INSNS 4, PLAIN_OFFSETS 8,
+ *                 PLAIN_EVENTS 16
  *       release   a file mapping's release_before (memory only)
  *
  *   .batch(max_records) -> (blocks, insns, items, first_insn), or None
  *                          at the end: the next batch, cut after the
- *                          record that makes max_records
+ *                          record that makes max_records; with
+ *                          PLAIN_EVENTS (blocks, insns, items, first_insn,
+ *                          rows): the events a row tells exactly are
+ *                          rows (hwtrace.flow.plain.PLAIN), not items
  *   .counts() -> (insns, blocks, events, [(kind, offset, ip, code)])
  *   .edges()  -> ({(from, to): n}, insns, [(kind, offset, ip, code)])
  *   .edges(True) -> (table, insns, errors): the edges as a packed table
@@ -57,13 +61,14 @@
 #include "core/pyx86.h"
 #include "core/segment.h"
 
-#define ABI_VERSION 8
+#define ABI_VERSION 9
 
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
 
-enum { DF_BLOCK = 1, DF_RESYNC = 2, DF_WANT_INSNS = 4, DF_PLAIN_OFFSETS = 8 };
+enum { DF_BLOCK = 1, DF_RESYNC = 2, DF_WANT_INSNS = 4, DF_PLAIN_OFFSETS = 8,
+       DF_PLAIN_EVENTS = 16 };
 
 struct imgent {
     PyObject *image;
@@ -90,6 +95,7 @@ typedef struct {
     int used;                   /* 1 batches, 2 counts/edges */
     int done;
     int in_batch;               /* batch() is running */
+    int plain_events;           /* DF_PLAIN_EVENTS */
     PyObject *pending;          /* items added before the first batch */
 } Decoder;
 
@@ -220,6 +226,7 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kw)
     self->have_session = 1;
     self->s.want_insns = (flags & DF_WANT_INSNS) != 0;
     self->s.plain_offsets = (flags & DF_PLAIN_OFFSETS) != 0;
+    self->plain_events = (flags & DF_PLAIN_EVENTS) != 0;
     self->hooks.ctx = self;
     self->hooks.after_sync = hook_after_sync;
     self->hooks.after_event = hook_after_event;
@@ -240,8 +247,10 @@ static void release_buffers(Decoder *self)
     }
     free(self->bs.blocks.p);
     free(self->bs.insns.p);
+    free(self->bs.rows.p);
     memset(&self->bs.blocks, 0, sizeof self->bs.blocks);
     memset(&self->bs.insns, 0, sizeof self->bs.insns);
+    memset(&self->bs.rows, 0, sizeof self->bs.rows);
     Py_CLEAR(self->bs.items);
     Py_CLEAR(self->bs.next_event);
     if (self->have_view) {
@@ -341,8 +350,10 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
     if (ready(self, 1) < 0)
         return NULL;
     struct batch_sink *b = &self->bs;
-    b->blocks.n = b->insns.n = 0;
+    b->blocks.n = b->insns.n = b->rows.n = 0;
     b->nrec = 0;
+    b->nitems = 0;
+    b->plain = self->plain_events;
     b->max_records = (size_t)max_records;
     b->want_insns = self->s.want_insns;
     Py_XSETREF(b->items, PyList_New(0));
@@ -369,7 +380,7 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
         return NULL;
     if (r == SESS_DONE)
         self->done = 1;
-    if (r == SESS_DONE && !b->nrec && !PyList_GET_SIZE(b->items))
+    if (r == SESS_DONE && !b->nrec && !b->nitems)
         Py_RETURN_NONE;
     PyObject *blocks = PyByteArray_FromStringAndSize((char *)b->blocks.p,
                                                      (Py_ssize_t)b->blocks.n);
@@ -380,12 +391,17 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
         insns = PyByteArray_FromStringAndSize((char *)b->insns.p,
                                               (Py_ssize_t)b->insns.n);
     }
+    PyObject *rows = NULL;
+    if (b->plain)
+        rows = PyByteArray_FromStringAndSize((char *)b->rows.p,
+                                             (Py_ssize_t)b->rows.n);
     self->first_insn = self->s.ninsn;
     PyObject *items = b->items;
     b->items = NULL;
-    if (!blocks || !insns) {
+    if (!blocks || !insns || (b->plain && !rows)) {
         Py_XDECREF(blocks);
         Py_XDECREF(insns);
+        Py_XDECREF(rows);
         Py_DECREF(items);
         return NULL;
     }
@@ -394,6 +410,9 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
         free(b->blocks.p);
         memset(&b->blocks, 0, sizeof b->blocks);
     }
+    if (rows)
+        return Py_BuildValue("(NNNKN)", blocks, insns, items,
+                             (unsigned long long)before, rows);
     return Py_BuildValue("(NNNK)", blocks, insns, items,
                          (unsigned long long)before);
 }
@@ -576,6 +595,8 @@ static PyObject *Decoder_segment_batches(Decoder *self, PyObject *args)
     struct batch_sink *b = &self->bs;
     b->blocks.n = b->insns.n = 0;
     b->nrec = 0;
+    b->nitems = 0;
+    b->plain = 0;               /* checkpoints count the items */
     b->max_records = (size_t)-1;
     b->want_insns = self->s.want_insns;
     Py_XSETREF(b->items, PyList_New(0));
@@ -995,6 +1016,20 @@ PyMODINIT_FUNC PyInit__c_flow(void)
     for (int i = 0; i < E_NCODES; i++)
         PyTuple_SET_ITEM(errs, i, PyUnicode_FromString(i ? core_errstr(i)
                                                          : ""));
+    /* the names a plain event's row has by number (hwtrace.flow.plain) */
+    PyObject *evt = PyTuple_New(EV_NTYPES), *pk = PyTuple_New(PT_K_COUNT);
+    for (int i = 0; evt && i < EV_NTYPES; i++)
+        PyTuple_SET_ITEM(evt, i, Py_NewRef(PYREFS.ev_names[i]));
+    for (int i = 0; pk && i < PT_K_COUNT; i++)
+        PyTuple_SET_ITEM(pk, i, Py_NewRef(PYREFS.kinds_pt[i]));
+    if (PyModule_AddObject(m, "EVENT_TYPES", evt) < 0 ||
+        PyModule_AddObject(m, "PACKET_KINDS", pk) < 0) {
+        Py_XDECREF(evt);
+        Py_XDECREF(pk);
+        Py_DECREF(errs);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&DecoderType);
     if (PyModule_AddIntConstant(m, "ABI", ABI_VERSION) < 0 ||
         PyModule_AddStringConstant(m, "SOURCE_SHA256",

@@ -86,6 +86,9 @@ class Batch(NamedTuple):
     insns: np.ndarray | None    # INSN records (want_insns) or None
     items: list                 # [(index, offset, Event|ErrorItem|StatusItem)]
     first_insn: int             # instructions of the stream before this batch
+    #: with ``plain_events``: the events a row tells exactly, as rows
+    #: (:data:`.plain.PLAIN`) instead of items; else None
+    plain: np.ndarray | None = None
 
     @property
     def ninsn(self) -> int:
@@ -121,11 +124,15 @@ def batches(data, image, config: FlowConfig | None = None, *,
             decoder: str = "block", resync: bool = False,
             want_insns: bool = False, max_records: int = 1 << 16,
             impl: str | None = None, spaces=None,
-            space_items: bool = False) -> Iterator[Batch]:
+            space_items: bool = False,
+            plain_events: bool = False) -> Iterator[Batch]:
     """Decode ``data`` (any buffer) with ``image`` into batches.
     ``spaces``: a :class:`~hwtrace.flow.spaces.SpacePlan` to switch
     address spaces by (``image`` is then its initial space's);
-    ``space_items``: each switch is a :class:`SpaceItem` in the items."""
+    ``space_items``: each switch is a :class:`SpaceItem` in the items;
+    ``plain_events``: the compiled core gives the events a row tells
+    exactly as ``Batch.plain`` rows (:mod:`.plain`), not items (the
+    twin's batches have none)."""
     core = _core(impl) if impl != "python" else None
     if core is not None:
         from . import fast
@@ -133,6 +140,7 @@ def batches(data, image, config: FlowConfig | None = None, *,
                                      decoder=decoder, resync=resync,
                                      want_insns=want_insns,
                                      max_records=max_records, spaces=spaces,
+                                     plain_events=plain_events,
                                      **({"space_items": True}
                                         if space_items and spaces is not None
                                         else {}))

@@ -57,7 +57,7 @@ from .config import ERRATA, FlowConfig
 from .image import Image
 
 NAME = "hwtrace.flow._c_flow"
-ABI = 8
+ABI = 9
 
 #: how the selection went (see hwtrace._ext.Status)
 STATUS = _ext.select(NAME, ABI)
@@ -69,7 +69,7 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 _MODES = ("16bit", "32bit", "64bit")
 
 # Decoder flags (_c_flow.c)
-F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS = 1, 2, 4, 8
+F_BLOCK, F_RESYNC, F_WANT_INSNS, F_PLAIN_OFFSETS, F_PLAIN_EVENTS = 1, 2, 4, 8, 16
 
 # fill() record: size, iclass, flags, rel; flags as core/icache.h's IF_*
 # (a struct.Struct made on first use, :func:`_struct`)
@@ -606,12 +606,13 @@ class _Buffer(namedtuple("_Buffer", "buffer")):
 
 def compiled_batches(core, data, image, config=None, *, decoder="block",
                      resync=False, want_insns=False, max_records=1 << 16,
-                     spaces=None, space_items=False):
+                     spaces=None, space_items=False, plain_events=False):
     """The compiled core's batches (see :func:`hwtrace.flow.batches.batches`):
     the same records, items and batch boundaries as the twin's
     ``python_batches``.  ``spaces``: a :class:`.spaces.SpacePlan`;
     ``space_items``: each address-space switch is a ``SpaceItem`` among
-    the items, where the switcher made it."""
+    the items, where the switcher made it; ``plain_events``: events a row
+    tells exactly are ``Batch.plain`` rows (:mod:`.plain`)."""
     import numpy as np
 
     from . import batches as B
@@ -619,7 +620,8 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
         raise ValueError(f"unknown decoder {decoder!r}")
     core.set_item_types(B.ErrorItem, B.StatusItem)
     flags = (F_BLOCK if decoder == "block" else 0) | \
-        (F_RESYNC if resync else 0) | (F_WANT_INSNS if want_insns else 0)
+        (F_RESYNC if resync else 0) | (F_WANT_INSNS if want_insns else 0) | \
+        (F_PLAIN_EVENTS if plain_events else 0)
     if spaces is not None:
         # the twin's session offsets through a switcher are dec.offset
         flags |= F_PLAIN_OFFSETS
@@ -639,6 +641,8 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
         dec.set_hooks(*flow.hooks(spaces.wrap(flow)))
     block_t, insn_t = B.BLOCK, B.INSN
     Batch = B.Batch
+    if plain_events:
+        from .plain import PLAIN
     max_records = max(1, max_records)
     limit = min(B.FIRST_BATCH, max_records)
 
@@ -647,10 +651,11 @@ def compiled_batches(core, data, image, config=None, *, decoder="block",
             r = dec.batch(limit)
             if r is None:
                 return
-            blocks, insns, items, first = r
+            blocks, insns, items, first = r[:4]
             yield Batch(np.frombuffer(blocks, block_t),
                         None if insns is None else np.frombuffer(insns, insn_t),
-                        items, first)
+                        items, first,
+                        np.frombuffer(r[4], PLAIN) if plain_events else None)
             limit = min(limit * 2, max_records)
     return gen()
 

@@ -55,9 +55,20 @@ PyObject *hw_rows_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const int64_t *a_seq = as.buf, *a_idx = ai.buf, *seq = bs.buf, *idx = bi.buf;
     const double *a_t = at.buf;
     double *out = bo.buf;
+    Py_ssize_t k = 0;
     for (Py_ssize_t r = 0; r < n; r++) {
-        /* searchsorted(a_seq, seq[r], side="left") */
+        /* searchsorted(a_seq, seq[r], side="left"); rows come in sequence
+           order (mostly): from the last answer on, galloping */
         Py_ssize_t lo = 0, hi = na;
+        if (r && seq[r] >= seq[r - 1]) {
+            Py_ssize_t step = 1;
+            lo = hi = k;
+            while (hi < na && a_seq[hi] < seq[r]) {
+                lo = hi + 1;
+                hi = lo + step < na ? lo + step : na;
+                step <<= 1;
+            }
+        }
         while (lo < hi) {
             Py_ssize_t mid = lo + (hi - lo) / 2;
             if (a_seq[mid] < seq[r])
@@ -65,7 +76,7 @@ PyObject *hw_rows_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             else
                 hi = mid;
         }
-        Py_ssize_t k = lo;
+        k = lo;
         if (k >= na) {
             PyErr_SetString(PyExc_IndexError, "times: a row no anchor follows");
             goto done;

@@ -212,12 +212,59 @@ int batch_add_item(struct batch_sink *b, ptrdiff_t offset, PyObject *item)
         return -E_PYERR;
     int r = PyList_Append(b->items, t);
     Py_DECREF(t);
+    b->nitems++;
     return r < 0 ? -E_PYERR : 0;
+}
+
+/* the optional attributes a row carries */
+#define PLAIN_SET ((uint64_t)1 << EA_RESUMED | (uint64_t)1 << EA_FOLLOWS | \
+                   (uint64_t)1 << EA_MODE | (uint64_t)1 << EA_RATIO)
+
+/* whether ev's Event is told exactly by a row */
+static int is_plain(const struct event *ev)
+{
+    return !(ev->set & ~PLAIN_SET) && !ev->lost_mtc && !ev->lost_cyc &&
+           !ev->at && !ev->from && !ev->to;
+}
+
+static int plain_row(struct batch_sink *b, const struct event *ev,
+                     ptrdiff_t offset)
+{
+    TRY(bb_reserve(&b->rows, PLAIN_REC));
+    uint8_t *p = b->rows.p + b->rows.n;
+    memset(p, 0, PLAIN_REC);
+    int64_t off = (int64_t)offset;
+    uint64_t ratio = EV_HAS(ev, RATIO) ? ev->ratio : 0;
+    uint32_t pos = b->nitems++;
+    memcpy(p, &b->nrec, 8);
+    memcpy(p + 8, &off, 8);
+    memcpy(p + 16, &ev->tsc, 8);
+    memcpy(p + 24, &ev->ip, 8);
+    memcpy(p + 32, &ratio, 8);
+    memcpy(p + 40, &pos, 4);
+    p[44] = ev->type;
+    p[45] = (uint8_t)((ev->ip_suppressed ? PF_IP_SUPPRESSED : 0) |
+                      (ev->status_update ? PF_STATUS_UPDATE : 0) |
+                      (ev->has_tsc ? PF_HAS_TSC : 0) |
+                      (ev->stamped ? PF_STAMPED : 0) |
+                      (ev->resumed ? PF_RESUMED : 0));
+    p[46] = (uint8_t)((EV_HAS(ev, RESUMED) ? PO_RESUMED : 0) |
+                      (EV_HAS(ev, FOLLOWS) ? PO_FOLLOWS : 0) |
+                      (EV_HAS(ev, MODE) ? PO_MODE : 0) |
+                      (EV_HAS(ev, RATIO) ? PO_RATIO : 0));
+    p[47] = (uint8_t)(EV_HAS(ev, MODE) ? ev->mode : -1);
+    p[48] = (uint8_t)(EV_HAS(ev, FOLLOWS) ? ev->follows : -1);
+    b->rows.n += PLAIN_REC;
+    return 0;
 }
 
 static int batch_event(void *ctx, const struct event *ev, ptrdiff_t offset)
 {
     struct batch_sink *b = ctx;
+    if (b->plain && is_plain(ev)) {
+        Py_CLEAR(b->next_event);        /* the row tells the same */
+        return plain_row(b, ev, offset);
+    }
     PyObject *o = b->next_event;
     b->next_event = NULL;
     if (!o)

@@ -14,6 +14,14 @@
 
 #define BLOCK_REC 40
 
+/* a plain event's row (hwtrace.flow.plain.PLAIN): an event the views take
+ * in bulk carried as a column record instead of an Event object (see
+ * batch_sink.plain) */
+#define PLAIN_REC 56
+enum { PF_IP_SUPPRESSED = 1, PF_STATUS_UPDATE = 2, PF_HAS_TSC = 4,
+       PF_STAMPED = 8, PF_RESUMED = 16 };
+enum { PO_RESUMED = 1, PO_FOLLOWS = 2, PO_MODE = 4, PO_RATIO = 8 };
+
 /* Python classes and names the sinks use (set at module init) */
 struct pyrefs {
     PyObject *event_cls;        /* hwtrace.flow.events.Event */
@@ -42,6 +50,12 @@ struct batch_sink {
     size_t max_records;
     int want_insns;
     PyObject *next_event;       /* an Event made for the switcher, reused */
+    /* plain: every event that carries no more than a PLAIN_REC row holds
+       goes to ``rows`` instead of ``items`` (its row's ``pos``: its place
+       among the batch's items and rows, counted by ``nitems``) */
+    int plain;
+    struct bytebuf rows;
+    uint32_t nitems;
 };
 
 struct count_sink {
