@@ -29,12 +29,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from hwtrace.branches.calls import CallHistory
+    from hwtrace.branches.threadcalls import ThreadCalls
     from hwtrace.cli._filters import window_of
+    from hwtrace.cli._spool import TextSpools
     from hwtrace.cli._views import decode_into, nothing_decoded, summary_line
 
     window = window_of(args)
-    hist = CallHistory(None, out=sys.stdout)
+    hist = ThreadCalls(None, out=sys.stdout, hold=TextSpools())
     _inp, totals, progress = decode_into(args, [hist], label="calls", window=window,
                                          opened=lambda inp: _times(hist, inp))
     hist.close()

@@ -23,6 +23,14 @@ has ended (a stream's builder finishes when its stream ends; a thread it
 leaves running goes on elsewhere, parked).  A chunk's builder is its
 context: its name and path tables are only appended to, so what a chunk
 refers to is there when it is delivered later.
+
+Writers that arrange their output by thread (``calls``: each has a
+``threads_followed()`` method, called first) get every stream's chunks at
+once instead, as they come, every builder's after each piece (the one
+fed last after the others: a thread another builder gave up to it has its
+rows there first), from builders that share one order of activation ids
+and sequence numbers and say which slice goes on which (a ``linked``
+:class:`~hwtrace.analysis.threads.ThreadRegistry`).
 """
 
 from __future__ import annotations
@@ -171,14 +179,19 @@ def run_interleaved(run, sources: list[Source],
     ``at(k)`` is told which stream is being fed (for error messages).
     The writers get the first stream not yet ended at once, the others
     from ``hold()`` when every stream before them has ended."""
-    reg = ThreadRegistry()
+    by_thread = bool(run.writers) and all(hasattr(w, "threads_followed")
+                                          for w in run.writers)
+    if by_thread:
+        for w in run.writers:
+            w.threads_followed()
+    reg = ThreadRegistry(linked=by_thread)
     n = len(sources)
     builders, states, held = [], [], []
     for k, src in enumerate(sources):
         b = run._builder(src.info, src.tsc_hz, threads=reg)
         builders.append(b)
         states.append(run._state(b))
-        held.append(None if k == 0 else hold())
+        held.append(None if k == 0 or by_thread else hold())
         run._wrapped(b, src.entry)
     closed = [False] * n
     live = 0                        # the stream the writers are on
@@ -188,7 +201,7 @@ def run_interleaved(run, sources: list[Source],
 
     def deliver(k: int) -> None:
         chunks = run._taken(builders[k], states[k])
-        if k == live:
+        if k == live or by_thread:
             emit(k, chunks)
         else:
             for ch in chunks:
@@ -201,11 +214,13 @@ def run_interleaved(run, sources: list[Source],
         if at is not None:
             at(k)
         b = builders[k]
+        reg.lend(b)
         run._ended(b, sources[k].entry)
         b.finish()
+        reg.settle(b)
         deliver(k)
         closed[k] = True
-        while live < n and closed[live]:
+        while not by_thread and live < n and closed[live]:
             live += 1
             if live < n:
                 emit(live, held[live])
@@ -230,7 +245,15 @@ def run_interleaved(run, sources: list[Source],
         if at is not None:
             at(k)
         limit = heap[0][0][0] if heap else None
+        reg.lend(builders[k])
         builders[k].feed_batch(feeds[k].take(limit))
+        reg.settle(builders[k])
+        if by_thread:
+            for j in range(n):
+                if j != k and not closed[j]:
+                    reg.lend(builders[j])       # (a seal may count on)
+                    deliver(j)
+                    reg.settle(builders[j])
         deliver(k)
         win = states[k].get("window")
         if win is not None and win.past():
