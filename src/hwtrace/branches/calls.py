@@ -168,6 +168,16 @@ class CallHistory:
                 self._marks.append((seq, m))
         self._emit()
 
+    def drop(self, ids) -> None:
+        """Activations not to print after all (their lines not written
+        yet: a line written early keeps its ``(open)`` line)."""
+        q = self._q
+        keep = ~np.isin(q["id"], np.asarray(ids, np.int64))
+        if not keep.all():
+            self._q, self._done = q[keep], self._done[keep]
+        self._early.difference_update(ids)
+        self._emit()
+
     def _ends(self, X: np.ndarray) -> None:
         q = self._q
         jj, here = id_positions(q["id"], X["id"])

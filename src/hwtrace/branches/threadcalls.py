@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from hwtrace.analysis.records import Flag, StreamInfo
-from hwtrace.analysis.slices import Cols, NameTable, Slices
+from hwtrace.analysis.slices import UNKNOWN_FUNC, Cols, NameTable, Slices
 from hwtrace.branches.calls import CallHistory
 
+_ASYNC = int(Flag.ASYNC)
 _IN = int(Flag.SWITCHED_IN)
 _OUT = int(Flag.SWITCHED_OUT)
 _SWITCHED = _IN | _OUT
@@ -154,9 +155,13 @@ class ThreadCalls:
             if sw.any():
                 done += self._slices_end(X[sw])
                 X = X[~sw]
+        pauses = None
         if done:
-            X = Cols.concat([X, self._whole(done)])
+            W, pauses = self._pauses(self._whole(done))
+            X = Cols.concat([X, W])
         self._route(E, X, chunk.markers, ctx)
+        if pauses is not None:
+            self._drop(pauses)
 
     def close(self) -> None:
         if not self._by_thread:
@@ -167,8 +172,10 @@ class ThreadCalls:
         rest = [ln for ln in self._lines.values() if ln.root is not None]
         self._lines = {}
         if rest:
-            X = self._whole(rest, end=True)
+            X, pauses = self._pauses(self._whole(rest, end=True))
             self._route(Cols.zeros(), X, [], None)
+            if pauses is not None:
+                self._drop(pauses)
         out = self.out
         first = True
         for key in self._order:
@@ -279,6 +286,24 @@ class ThreadCalls:
             rows.append(r)
         X = Cols.concat(rows)
         return X[np.argsort(X["xseq"], kind="stable")] if len(X) > 1 else X
+
+    @staticmethod
+    def _pauses(W: Cols) -> tuple:
+        """Whole lines that only stand for the time their thread was
+        switched out -- an ``[untraced]`` frame where it was interrupted,
+        no instruction in it -- are no calls (its own stream has none):
+        (the other lines, those (None: none))."""
+        pause = ((W["flags"] & _ASYNC) != 0) & (W["func"] == UNKNOWN_FUNC) & \
+            (W["end_idx"] == W["begin_idx"])
+        if not pause.any():
+            return W, None
+        return W[~pause], W[pause]
+
+    def _drop(self, P: Cols) -> None:
+        for t in np.unique(P["tid"]).tolist():
+            s = self._sections.get(t if t >= 0 else -1)
+            if s is not None:
+                s[0].drop(P["id"][P["tid"] == t].tolist())
 
     # -- sections --------------------------------------------------------------------
     def _section(self, key: int, pid: int, ctx) -> CallHistory:
