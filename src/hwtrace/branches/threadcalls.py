@@ -102,6 +102,7 @@ class ThreadCalls:
         self._lines: dict = {}              # line id -> _Line (switched lines)
         self._last_key: dict = {}           # id(builder) -> the key it fed last
         self._unit = None
+        self._tables = None                 # the sections' shared head tables
 
     @property
     def show_time(self) -> bool:
@@ -141,7 +142,8 @@ class ThreadCalls:
         if len(E):
             sw = (E["flags"] & _IN) != 0
             if sw.any():
-                self._going_on(E, np.flatnonzero(sw), reg.links)
+                at = np.flatnonzero(sw)
+                sw[at[~self._going_on(E, at, reg.links)]] = False
                 E = E[~sw]
         if reg.ends:
             for i in reg.ends:
@@ -214,16 +216,22 @@ class ThreadCalls:
             line = self._lines[i] = _Line()
         return line
 
-    def _going_on(self, E: Cols, at: np.ndarray, links: dict) -> None:
-        """Slices that go on from others: the same lines."""
+    def _going_on(self, E: Cols, at: np.ndarray, links: dict) -> np.ndarray:
+        """Slices that go on from others: the same lines.  Returns which
+        do (one whose link is unknown is a line of its own)."""
         alias = self._alias
-        for i in E["id"][at].tolist():
-            prev = links.pop(i)
+        ok = np.ones(len(at), bool)
+        for k, i in enumerate(E["id"][at].tolist()):
+            prev = links.pop(i, None)
+            if prev is None:
+                ok[k] = False
+                continue
             root = alias.get(prev, prev)
             alias[i] = root
             line = self._line(root)
             line.begun += 1
             line.ids.append(i)
+        return ok
 
     def _slices_end(self, X: Cols) -> list:
         """Slices of switched lines end: their instructions counted; the
@@ -322,6 +330,12 @@ class ThreadCalls:
         else:
             info = StreamInfo(name="thread unknown")
         h.begin_stream(info, self._unit)
+        # every section's lines are made of the same names (one table):
+        # the heads and notes made once for all of them
+        if self._tables is None:
+            self._tables = (h._heads, h._htab, h._etab, h._ntab, h._notes)
+        else:
+            h._heads, h._htab, h._etab, h._ntab, h._notes = self._tables
         self._sections[key] = (h, sink)
         self._order.append(key)
         return h

@@ -39,7 +39,7 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     ``coverage_for(input)``: the coverage collector for the input, once
     it is open (instead of ``coverage``)."""
     from hwtrace.cli._inputs import open_input
-    from hwtrace.export.interleave import applies
+    from hwtrace.export.interleave import alone, applies
     from hwtrace.export.pipeline import ViewRun
     from hwtrace.export.progress import Progress
 
@@ -59,9 +59,11 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     run = ViewRun(writers, inp.symbolizer.lookup, args.clock, args.tsc_hz,
                   coverage, progress, window=window, space_lookup=spaced)
     more = {"space_items": True} if spaced is not None else {}
+    infos = [s.info for s in inp.streams]
+    by_thread = all(hasattr(w, "threads_followed") for w in writers)
     if coverage is None and not getattr(window, "by_time", False) and \
             all(s.batches is not None for s in inp.streams) and \
-            applies([s.info for s in inp.streams], args.clock):
+            (applies(infos, args.clock) or (by_thread and alone(infos))):
         _interleaved(run, inp, label, progress, more)
     else:
         _one_by_one(run, inp, label, progress, more)

@@ -61,6 +61,14 @@ def applies(infos: list, clock: str) -> bool:
                for i in infos)
 
 
+def alone(infos: list) -> bool:
+    """Whether these are one CPU's stream following its threads by the
+    recording's context switches: a view arranged by thread takes it as
+    the streams in time order (one)."""
+    return len(infos) == 1 and infos[0].tid is None and \
+        infos[0].cpu is not None and bool(infos[0].switches)
+
+
 class _Held:
     """Chunks held in memory (the default ``hold``)."""
 
