@@ -173,6 +173,10 @@ class FollowThreads:
         time may be much later: when it runs again)."""
         self._seal()
         self._park_running()
+        if self._threads.links is not None:
+            # (linked: the slices' ends timed now, not at this CPU's next
+            # anchor -- the thread's lines wait for them)
+            self._seal()
         self._thread = None
         self._pid = None
         self._pend = 0
