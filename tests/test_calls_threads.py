@@ -42,7 +42,9 @@ ENVS = [pytest.param({}, id="compiled"),
 @pytest.fixture(scope="module")
 def threads(tmp_path_factory):
     d = tmp_path_factory.mktemp("thr")
-    exe = build_programs(d, {"thr": THREADS}, "-lpthread")["thr"]
+    # (bound at load: which thread's first call resolves a symbol lazily
+    # would be the scheduler's choice)
+    exe = build_programs(d, {"thr": THREADS}, "-lpthread", "-Wl,-z,now")["thr"]
     out = {}
     for mode in ("cpu", "thread"):
         r = run_hwtrace("record", "--mode", mode, "-o", d / mode, "--", exe)
@@ -180,3 +182,53 @@ def test_text_spools_keep_order_through_memory_and_file():
     a.close()
     b.close()
     assert pool.used == 0
+
+
+# the main thread ends first (pthread_exit), its worker goes on
+ENDS_FIRST = r"""
+#include <pthread.h>
+#include <sched.h>
+static volatile long sink;
+__attribute__((noinline)) void work(long n){ for(long i=0;i<n;i++) sink+=i^n; }
+void *run(void *a){ for(int k=0;k<50;k++){ work(2000); sched_yield(); } return 0; }
+int main(){ pthread_t t; pthread_create(&t,0,run,0); work(100); pthread_exit(0); }
+"""
+
+
+def test_a_thread_that_ends_hands_over_to_the_next(tmp_path):
+    """The first thread's section is done once it ran for the last time
+    (its last context switch switched it out): the next thread's section
+    is written then, and goes on as it goes -- before the run's end."""
+    import shutil
+    from hwtrace.branches.threadcalls import ThreadCalls
+    from hwtrace.cli._views import decode_into
+    from hwtrace.cli.calls import _times
+    if not shutil.which("taskset"):
+        pytest.skip("no taskset")
+    exe = build_programs(tmp_path, {"ends": ENDS_FIRST}, "-lpthread")["ends"]
+    b = tmp_path / "b"
+    # on one host CPU: the threads take turns, each exit a context switch
+    r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "hwtrace", "record",
+                        "-o", str(b), "--", str(exe)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = _Probe()
+
+    class Probe(ThreadCalls):
+        def close(self):
+            out.at_close = out.buf.getvalue()
+            super().close()
+
+    w = Probe(None, out=out)
+    args = argparse.Namespace(input=str(b), elf=[], image_path=[], clock="auto",
+                              tsc_hz=None)
+    decode_into(args, [w], label="calls", opened=lambda inp: _times(w, inp))
+    w.close()
+    text = out.buf.getvalue()
+    assert text == run_hwtrace("calls", b, check=True).stdout
+    heads = list(_sections(text))
+    assert len(heads) == 2, heads
+    early = [x for x in out.at_close.splitlines() if not x.startswith(" ")]
+    assert early == heads
+    # the worker's whole run, after the main thread's section
+    assert len(_counts(_sections(text)[heads[1]], "run")) == 1

@@ -62,6 +62,18 @@ class _Ctx:
         self.names = names
 
 
+class _Section:
+    """A thread's section: its history, the sink it waits in (None: it
+    is written out as it goes), whether its thread has ended."""
+
+    __slots__ = ("h", "sink", "ended")
+
+    def __init__(self, h: CallHistory, sink):
+        self.h = h
+        self.sink = sink
+        self.ended = False
+
+
 class _Line:
     """An activation in slices: where it began (its first slice's row),
     its instructions so far, the slices begun and ended, how it ends."""
@@ -93,8 +105,9 @@ class ThreadCalls:
         self._show_time = show_time
         self._one = CallHistory(max_depth, out=out, show_time=show_time)
         self._by_thread = False
-        self._sections: dict = {}           # key -> (CallHistory, sink or None)
-        self._order: list = []              # keys, first seen first
+        self._cur: dict = {}                # key -> its thread's _Section
+        self._order: list = []              # the _Sections, first seen first
+        self._live = 0                      # ... the one written as it goes
         self._names = NameTable()
         self._ctx = _Ctx(self._names)
         self._maps: dict = {}               # id(builder) -> local -> global name ids
@@ -112,13 +125,13 @@ class ThreadCalls:
     def show_time(self, v: bool) -> None:
         self._show_time = v
         self._one.show_time = v
-        for h, _s in self._sections.values():
-            h.show_time = v
+        for sec in self._order:
+            sec.h.show_time = v
 
     @property
     def lines_written(self) -> int:
-        return self._one.lines_written + sum(h.lines_written
-                                             for h, _s in self._sections.values())
+        return self._one.lines_written + sum(sec.h.lines_written
+                                             for sec in self._order)
 
     # -- the pipeline's writer protocol ----------------------------------------------
     def threads_followed(self) -> None:
@@ -178,21 +191,53 @@ class ThreadCalls:
             self._route(Cols.zeros(), X, [], None)
             if pauses is not None:
                 self._drop(pauses)
-        out = self.out
-        first = True
-        for key in self._order:
-            h, sink = self._sections[key]
-            h.close()
-            if sink is None:
-                continue
-            if first and out is not None:
-                out.flush()
-                first = False
-            for part in sink:
-                _put(out, part)
-            sink.close()
-        if out is not None:
-            out.flush()
+        for sec in self._order:
+            if not sec.ended:
+                sec.ended = True
+                sec.h.close()
+        self._cur = {}
+        self._advance()
+        if self.out is not None:
+            self.out.flush()
+
+    def threads_gone(self, tids) -> None:
+        """These threads ran for the last time (their last switch out is
+        behind, and their rows delivered): their lines still open are cut
+        short there, their sections complete -- the live one hands over
+        to the next."""
+        gone = set(tids)
+        mine = [ln for ln in self._lines.values() if ln.root is not None
+                and int(ln.root["tid"][0]) in gone]
+        for ln in mine:
+            self._forget(ln)
+        if mine:
+            X, pauses = self._pauses(self._whole(mine, end=True))
+            self._route(Cols.zeros(), X, [], None)
+            if pauses is not None:
+                self._drop(pauses)
+        for t in gone:
+            sec = self._cur.pop(t, None)
+            if sec is not None:
+                sec.ended = True
+                sec.h.close()
+        self._advance()
+
+    def _advance(self) -> None:
+        """The live section ended: the next one's turn (what it holds
+        written now, the rest as it goes)."""
+        order, out = self._order, self.out
+        while self._live < len(order) and order[self._live].ended:
+            self._live += 1
+            if self._live < len(order):
+                sec = order[self._live]
+                if sec.sink is not None:
+                    if out is not None:
+                        out.flush()
+                    for part in sec.sink:
+                        _put(out, part)
+                    sec.sink.close()
+                    sec.sink = None
+                    sec.h.out = out
 
     # -- slices of one activation ----------------------------------------------------
     def _named(self, rows: Cols, ctx) -> Cols:
@@ -265,11 +310,14 @@ class ThreadCalls:
             return False
         if line.final is None and not line.dropped:
             return False
+        self._forget(line)
+        return True
+
+    def _forget(self, line: _Line) -> None:
         del self._lines[int(line.root["id"][0])]
         alias = self._alias
         for i in line.ids:
-            del alias[i]
-        return True
+            alias.pop(i, None)
 
     def _whole(self, lines: list, end: bool = False) -> Cols:
         """Each line's row as one activation: from its first slice's
@@ -309,16 +357,16 @@ class ThreadCalls:
 
     def _drop(self, P: Cols) -> None:
         for t in np.unique(P["tid"]).tolist():
-            s = self._sections.get(t if t >= 0 else -1)
-            if s is not None:
-                s[0].drop(P["id"][P["tid"] == t].tolist())
+            sec = self._cur.get(t if t >= 0 else -1)
+            if sec is not None:
+                sec.h.drop(P["id"][P["tid"] == t].tolist())
 
     # -- sections --------------------------------------------------------------------
     def _section(self, key: int, pid: int, ctx) -> CallHistory:
-        s = self._sections.get(key)
-        if s is not None:
-            return s[0]
-        live = not self._sections
+        sec = self._cur.get(key)
+        if sec is not None:
+            return sec.h
+        live = self._live == len(self._order)       # (every one before ended)
         sink = None if live else self.hold()
         h = CallHistory(self.max_depth, out=self.out if live else sink,
                         show_time=self._show_time, early=live)
@@ -336,8 +384,8 @@ class ThreadCalls:
             self._tables = (h._heads, h._htab, h._etab, h._ntab, h._notes)
         else:
             h._heads, h._htab, h._etab, h._ntab, h._notes = self._tables
-        self._sections[key] = (h, sink)
-        self._order.append(key)
+        sec = self._cur[key] = _Section(h, sink)
+        self._order.append(sec)
         return h
 
     def _route(self, E: Cols, X: Cols, markers: list, ctx) -> None:

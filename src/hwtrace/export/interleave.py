@@ -30,7 +30,10 @@ once instead, as they come, every builder's after each piece (the one
 fed last after the others: a thread another builder gave up to it has its
 rows there first), from builders that share one order of activation ids
 and sequence numbers and say which slice goes on which (a ``linked``
-:class:`~hwtrace.analysis.threads.ThreadRegistry`).
+:class:`~hwtrace.analysis.threads.ThreadRegistry`); and
+``threads_gone(tids)`` once threads ran for the last time (the last
+context switch of the recording that names them switched them out, and
+their CPU's builder is past it, its rows delivered).
 """
 
 from __future__ import annotations
@@ -67,6 +70,28 @@ def alone(infos: list) -> bool:
     the streams in time order (one)."""
     return len(infos) == 1 and infos[0].tid is None and \
         infos[0].cpu is not None and bool(infos[0].switches)
+
+
+def _last_runs(builders: list) -> list:
+    """Per builder, the (index in its CPU's switches, tid) of the threads
+    whose last run ends there: their last switch of all is one out of
+    them on that CPU (a thread still running when the trace ends has
+    none)."""
+    last: dict = {}
+    for k, b in enumerate(builders):
+        tl = b._follow
+        for j, sw in enumerate(tl.switches if tl is not None else ()):
+            for t, out in ((sw.prev_tid, True), (sw.next_tid, False)):
+                if t is not None and t >= 0 and \
+                        (t not in last or sw.time >= last[t][0]):
+                    last[t] = (sw.time, k, j, out)
+    runs: list = [[] for _ in builders]
+    for t, (_time, k, j, out) in last.items():
+        if out:
+            runs[k].append((j, t))
+    for r in runs:
+        r.sort(reverse=True)            # (taken from the end)
+    return runs
 
 
 class _Held:
@@ -203,6 +228,19 @@ def run_interleaved(run, sources: list[Source],
         run._wrapped(b, src.entry)
     closed = [False] * n
     live = 0                        # the stream the writers are on
+    runs = _last_runs(builders) if by_thread else None
+
+    def gone() -> None:
+        """(by thread) Threads whose last run is behind: the writers
+        told, once their rows are delivered."""
+        tids = []
+        for k, b in enumerate(builders):
+            r = runs[k]
+            while r and (closed[k] or b._follow.i > r[-1][0]):
+                tids.append(r.pop()[1])
+        if tids:
+            for w in run.writers:
+                w.threads_gone(tids)
 
     def emit(k: int, chunks) -> None:
         run._emit(builders[k], states[k], chunks)
@@ -228,6 +266,8 @@ def run_interleaved(run, sources: list[Source],
         reg.settle(b)
         deliver(k)
         closed[k] = True
+        if by_thread:
+            gone()
         while not by_thread and live < n and closed[live]:
             live += 1
             if live < n:
@@ -263,6 +303,8 @@ def run_interleaved(run, sources: list[Source],
                     deliver(j)
                     reg.settle(builders[j])
         deliver(k)
+        if by_thread:
+            gone()
         win = states[k].get("window")
         if win is not None and win.past():
             close(k)            # past the window: nothing more to see
