@@ -232,3 +232,40 @@ def test_a_thread_that_ends_hands_over_to_the_next(tmp_path):
     assert early == heads
     # the worker's whole run, after the main thread's section
     assert len(_counts(_sections(text)[heads[1]], "run")) == 1
+
+
+def test_a_thread_back_after_its_end_keeps_every_instruction(threads):
+    """Were the sideband wrong -- a thread running again after what
+    looked like its last switch out -- its lines cut short there, and
+    what it ran after, in a section of its own, count every instruction
+    once."""
+    from hwtrace.analysis.records import Flag
+    from hwtrace.branches.threadcalls import ThreadCalls
+    from hwtrace.cli._views import decode_into
+    from hwtrace.cli.calls import _times
+
+    out = _Probe()
+    told = []
+
+    class Early(ThreadCalls):
+        def add_slices(self, chunk, ctx):
+            super().add_slices(chunk, ctx)
+            X = chunk.exits
+            out_ = X[(X["flags"] & int(Flag.SWITCHED_OUT)) != 0] if len(X) else X
+            if self._by_thread and not told and len(out_):
+                told.append(int(out_["tid"][0]))
+                self.threads_gone(told)
+
+    w = Early(None, out=out)
+    args = argparse.Namespace(input=str(threads["cpu"]), elf=[], image_path=[],
+                              clock="auto", tsc_hz=None)
+    _inp, totals, _p = decode_into(args, [w], label="calls",
+                                   opened=lambda inp: _times(w, inp))
+    w.close()
+    text = out.buf.getvalue()
+    heads = [x for x in text.splitlines() if not x.startswith(" ")]
+    assert told and len(heads) >= 4, heads
+    assert "(open" not in text
+    top = sum(int(m.group(1).replace(",", "")) for x in text.splitlines()
+              if (m := re.match(r"  (?:end of )?\S+ +([\d,]+) insns", x)))
+    assert top == totals["insns"]

@@ -168,6 +168,12 @@ class CallHistory:
                 self._marks.append((seq, m))
         self._emit()
 
+    def open_ids(self) -> set:
+        """The activations whose lines wait for their ends (written early
+        or not)."""
+        q = self._q
+        return set(q["id"][~self._done].tolist()) | self._early
+
     def drop(self, ids) -> None:
         """Activations not to print after all (their lines not written
         yet: a line written early keeps its ``(open)`` line)."""

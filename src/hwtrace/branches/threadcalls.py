@@ -116,6 +116,7 @@ class ThreadCalls:
         self._last_key: dict = {}           # id(builder) -> the key it fed last
         self._unit = None
         self._tables = None                 # the sections' shared head tables
+        self._cut: set = set()              # lines cut short where their thread ended
 
     @property
     def show_time(self) -> bool:
@@ -206,10 +207,24 @@ class ThreadCalls:
         short there, their sections complete -- the live one hands over
         to the next."""
         gone = set(tids)
-        mine = [ln for ln in self._lines.values() if ln.root is not None
-                and int(ln.root["tid"][0]) in gone]
+        lines: dict = {}
+        for i, ln in self._lines.items():
+            if ln.root is not None:
+                lines.setdefault(int(ln.root["tid"][0]), {})[i] = ln
+        for t in list(gone):
+            # (not if it runs yet: a slice of a line goes on, or a line
+            # never switched out waits for its end -- the sideband was
+            # wrong; its section goes on)
+            sec = self._cur.get(t)
+            mine = lines.get(t, {})
+            if any(ln.ended < ln.begun for ln in mine.values()) or (
+                    sec is not None and not sec.h.open_ids() <= set(mine)):
+                gone.discard(t)
+        mine = [ln for t in gone for ln in lines.get(t, {}).values()]
         for ln in mine:
             self._forget(ln)
+            self._cut.add(int(ln.root["id"][0]))
+            self._cut.update(ln.ids)
         if mine:
             X, pauses = self._pauses(self._whole(mine, end=True))
             self._route(Cols.zeros(), X, [], None)
@@ -272,6 +287,11 @@ class ThreadCalls:
                 ok[k] = False
                 continue
             root = alias.get(prev, prev)
+            if root in self._cut:
+                # (its thread went on after all: a line of its own, in
+                # the thread's new section)
+                ok[k] = False
+                continue
             alias[i] = root
             line = self._line(root)
             line.begun += 1

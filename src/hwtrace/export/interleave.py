@@ -81,13 +81,13 @@ def _last_runs(builders: list) -> list:
     for k, b in enumerate(builders):
         tl = b._follow
         for j, sw in enumerate(tl.switches if tl is not None else ()):
-            for t, out in ((sw.prev_tid, True), (sw.next_tid, False)):
-                if t is not None and t >= 0 and \
-                        (t not in last or sw.time >= last[t][0]):
-                    last[t] = (sw.time, k, j, out)
+            # (at one time, in after out: a thread moving to another CPU)
+            for t, when in ((sw.prev_tid, (sw.time, 0)), (sw.next_tid, (sw.time, 1))):
+                if t is not None and t >= 0 and (t not in last or when >= last[t][0]):
+                    last[t] = (when, k, j)
     runs: list = [[] for _ in builders]
-    for t, (_time, k, j, out) in last.items():
-        if out:
+    for t, ((_time, into), k, j) in last.items():
+        if not into:
             runs[k].append((j, t))
     for r in runs:
         r.sort(reverse=True)            # (taken from the end)
