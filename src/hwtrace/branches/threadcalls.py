@@ -14,8 +14,13 @@ goes on which, its ``ends`` which go on nowhere) -- as one line, with
 the instructions of all of them, and hands each thread's rows to its own
 :class:`~.calls.CallHistory`.  The first thread's section is written as
 it goes; the others' wait in ``hold()`` sinks (memory, then a file: the
-caller's, see ``hwtrace.cli._spool``) and follow it, in order, at the
-end.  No I/O here beyond writing to ``out`` and the sinks.
+caller's, see ``hwtrace.cli._spool``) and follow it, in order: each when
+the one before it is done -- its thread ran for the last time
+(:meth:`ThreadCalls.threads_gone`), or the run ended.  An ``[untraced]``
+frame that only stood for the time its thread was switched out is no
+line; a line whose thread was switched out for good ends ``TRUNCATED``,
+as its own stream would end it.  No I/O here beyond writing to ``out``
+and the sinks.
 """
 
 from __future__ import annotations
