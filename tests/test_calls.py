@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -92,7 +93,9 @@ def test_calls_fib_history(rec, tmp_path):
     r = run_hwtrace("calls", "--clock", "insns", bundle)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert re.fullmatch(r"thread \d+:", lines[0])
+    # a thread's section is headed by the thread and its program
+    assert re.fullmatch(rf"thread \d+ \({re.escape(os.path.basename(exe))}\):", lines[0]), \
+        lines[0]
     rows = []
     for line in lines[1:]:
         if line.startswith("  -- "):
@@ -197,9 +200,15 @@ def test_calls_and_exports_name_each_process_by_its_programs(tmp_path):
             r = run_hwtrace("calls", "--clock", clock, b, env=env)
             assert r.returncode == 0, r.stderr
             text = r.stdout
-            assert f"tid {kid} (parent -> child)]" in text, text[:2000]
-            assert f"tid {top} (parent)]" in text
-            assert not re.search(r"tid \d+\]", text)
+            if clock == "insns":    # (no times: each CPU's stream on its own)
+                assert f"tid {kid} (parent -> child)]" in text, text[:2000]
+                assert f"tid {top} (parent)]" in text
+                assert not re.search(r"tid \d+\]", text)
+            else:                   # the streams in time order: by thread
+                heads = [x for x in text.splitlines() if not x.startswith(" ")]
+                assert heads == [f"thread {top} (parent):",
+                                 f"thread {kid} (parent -> child):"], heads
+                assert "[tid " not in text
             outs.append(text)
     assert outs[0] == outs[2] and outs[1] == outs[3]
     cj, pf = tmp_path / "t.json", tmp_path / "t.pftrace"
@@ -261,8 +270,11 @@ def test_an_exec_ends_the_old_program_and_begins_the_new_one(tmp_path, mode):
             # the fork's child: its first program's frames, then (switched
             # out in its exec or not) the new program's _start
             lines, mine, child = r.stdout.splitlines(), [], False
-            for x in lines:         # the child's lines (a note names each new thread)
-                m = re.search(r"tid \d+ \(([^)]*)\)\]", x)
+            for x in lines:         # the child's lines (a note names each new
+                # thread where a CPU's stream changes thread; a thread's
+                # section is headed by it)
+                m = re.search(r"tid \d+ \(([^)]*)\)\]", x) or \
+                    re.fullmatch(r"thread \d+ \(([^)]*)\):", x)
                 if m:
                     child = m.group(1) == "first -> second"
                 if child:

@@ -21,6 +21,16 @@ one still runs (its segment there ended with a disable, no one switched
 in after it) takes it over: the other's frames end ``SWITCHED_OUT`` in
 the other's output and go on ``SWITCHED_IN`` here, where its stack
 stopped.
+
+A registry made ``linked`` (for a view that prints each thread's
+activations whole, ``calls``) also hands its builders one counter of
+activation ids and one of sequence numbers (:meth:`ThreadRegistry.lend`
+before a builder is fed, :meth:`ThreadRegistry.settle` after), so a
+thread's rows from every CPU's builder are in one order, and says which
+slice goes on which: ``links`` (a ``SWITCHED_IN`` slice's id -> the id of
+the slice it goes on from) and ``ends`` (ids of ``SWITCHED_OUT`` slices
+that no slice will go on from: the thread came back elsewhere than its
+stack stopped, or the CPU that parked it lost data).
 """
 
 from __future__ import annotations
@@ -36,12 +46,35 @@ class ThreadRegistry:
     space each process ran last, the processes that exec'd whose thread
     has not come back yet).  A builder on its own has one of its own."""
 
-    def __init__(self):
+    def __init__(self, linked: bool = False):
         self.parked: dict[int, tuple] = {}
         self.owner: dict[int, object] = {}      # tid -> the builder that parked it
         self.running: dict[int, object] = {}    # tid -> the builder running it
         self.space_of: dict = {}                # pid -> the address space it ran last
         self.execd: set = set()                 # pids that exec'd, their thread not back yet
+        #: (linked) a SWITCHED_IN slice's id -> the id it goes on from
+        self.links: dict | None = {} if linked else None
+        #: (linked) ids of SWITCHED_OUT slices nothing goes on from
+        self.ends: list = []
+        self.next_id = 0                        # (linked) the shared counters
+        self.seq = 0
+
+    def lend(self, builder) -> None:
+        """(linked) ``builder`` is fed next: it goes on from the shared
+        counters of activation ids and sequence numbers."""
+        if self.links is not None:
+            builder._next_id = max(builder._next_id, self.next_id)
+            builder._seq = max(builder._seq, self.seq)
+
+    def settle(self, builder) -> None:
+        """(linked) ``builder`` was fed: the shared counters go on from its."""
+        if self.links is not None:
+            self.next_id = max(self.next_id, builder._next_id)
+            self.seq = max(self.seq, builder._seq)
+
+    def _dropped(self, state: tuple | None) -> None:
+        if state is not None and self.links is not None:
+            self.ends.extend(f.id for f in state[0])
 
     def park(self, tid: int, state: tuple, builder) -> None:
         self.parked[tid] = state
@@ -56,7 +89,7 @@ class ThreadRegistry:
         longer known (those threads may have run in what was lost)."""
         for tid in [t for t, b in self.owner.items() if b is builder]:
             del self.owner[tid]
-            self.parked.pop(tid, None)
+            self._dropped(self.parked.pop(tid, None))
 
 
 class FollowThreads:
@@ -140,6 +173,10 @@ class FollowThreads:
         time may be much later: when it runs again)."""
         self._seal()
         self._park_running()
+        if self._threads.links is not None:
+            # (linked: the slices' ends timed now, not at this CPU's next
+            # anchor -- the thread's lines wait for them)
+            self._seal()
         self._thread = None
         self._pid = None
         self._pend = 0
@@ -178,14 +215,21 @@ class FollowThreads:
         if tid is not None:
             other = self._holder(tid)
             if other is not None:        # it left that CPU for this one
+                linked = self._threads.links is not None
+                if linked:          # (the shared counter: one order of rows)
+                    other._seq = max(other._seq, self._seq)
                 other._give_up()
+                if linked:
+                    self._seq = max(self._seq, other._seq)
             st = self._threads.take(tid)
             self._threads.running[tid] = self
         if pid in self._execd:             # (CallStackBuilder._exec_check)
             self._execd.discard(pid)
             self._exec_entry = pid
+            self._threads._dropped(st)
             st = None
         if st is None or not self._expects(st[0], ip):
+            self._threads._dropped(st)
             # first seen, or back from another CPU: its stack starts afresh,
             # in what it was doing before (nothing begins here) -- unless
             # this is where the stream itself begins and the thread had
@@ -197,8 +241,11 @@ class FollowThreads:
             self._tx_depth = None
             return
         frames, self._in_seg, self._paused, self._tx_depth = st
+        links = self._threads.links
         for t in frames:
             f = self._push(t.func, t.ret, t.flags | Flag.SWITCHED_IN,
                            name=t.name, untraced=t.untraced, count=False)
             f.tx = t.tx
             f.ret_lo = t.ret_lo
+            if links is not None:
+                links[f.id] = t.id

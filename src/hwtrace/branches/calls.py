@@ -57,11 +57,13 @@ _EARLY = b"(open: totals where it ends)"
 
 class CallHistory:
     """``out``: a text file to write to as lines are ready (None: keep
-    them for :meth:`lines`)."""
+    them for :meth:`lines`).  ``early``: the first screenful comes out
+    early (no use where the text waits for its turn anyway)."""
 
     def __init__(self, max_depth: int | None = None, out=None,
-                 hold: int = 1 << 14, show_time: bool = True):
+                 hold: int = 1 << 14, show_time: bool = True, early: bool = True):
         self.max_depth = max_depth
+        self.early = early
         self.show_time = show_time
         self._last_tid = -1
         self.out = out
@@ -141,7 +143,7 @@ class CallHistory:
         self._htab = _StrTable()
         self._etab = _StrTable()
         self._unit = unit
-        self._write(f"{track_label(info)}:\n")
+        self._write(f"{section_label(info)}:\n")
 
     def _end_stream(self) -> None:
         if self._legacy is not None:
@@ -164,6 +166,22 @@ class CallHistory:
         for seq, m in chunk.markers:
             if m.kind != "end":
                 self._marks.append((seq, m))
+        self._emit()
+
+    def open_ids(self) -> set:
+        """The activations whose lines wait for their ends (written early
+        or not)."""
+        q = self._q
+        return set(q["id"][~self._done].tolist()) | self._early
+
+    def drop(self, ids) -> None:
+        """Activations not to print after all (their lines not written
+        yet: a line written early keeps its ``(open)`` line)."""
+        q = self._q
+        keep = ~np.isin(q["id"], np.asarray(ids, np.int64))
+        if not keep.all():
+            self._q, self._done = q[keep], self._done[keep]
+        self._early.difference_update(ids)
         self._emit()
 
     def _ends(self, X: np.ndarray) -> None:
@@ -195,7 +213,8 @@ class CallHistory:
         # gone by with nothing written), then lines wait for their totals
         # unless something long-lived holds back too many
         hold = self.hold
-        if not self.lines_written and n and int(q["begin_idx"][-1]) >= EARLY:
+        if self.early and not self.lines_written and n and \
+                int(q["begin_idx"][-1]) >= EARLY:
             hold = min(hold, 64)
         if not final and n - upto > hold:
             # write what began long enough ago, the open ones early
@@ -573,6 +592,19 @@ def _shown_threads(tid: np.ndarray, info, last_tid: int) -> np.ndarray:
         return np.zeros(len(tid), bool)
     prev = np.concatenate(([last_tid], tid[:-1]))
     return (tid >= 0) & (tid != prev)
+
+
+def section_label(info) -> str:
+    """A stream's (or a thread's) heading: a thread and its program,
+    ``thread T (program)``, as in a CPU's stream's notes; else its CPU or
+    name."""
+    tid = getattr(info, "tid", None)
+    if tid is None:
+        return track_label(info)
+    program = getattr(info, "program", None)
+    pid = getattr(info, "pid", None)
+    name = program(pid) if program is not None and pid is not None else ""
+    return f"thread {tid} ({name})" if name else f"thread {tid}"
 
 
 def _who(info, pid: int, tid: int) -> str:

@@ -42,7 +42,8 @@ COMMANDS = {
     "branches": ("branches",
                  "call/return/branch records, filtered and windowed"),
     "calls": ("calls",
-              "indented function-call history with counts and durations"),
+              "indented function-call history with counts and durations, "
+              "per thread"),
     "coverage": ("coverage", "edge coverage of a trace (exact counts and an "
                  "AFL-style bitmap)"),
     "decode": ("decode", "list the executed instructions (symbolized, "

@@ -50,3 +50,73 @@ class Spool:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class TextSpools:
+    """Where ``calls``' later threads' sections wait for their turn (the
+    ``hold`` of :class:`hwtrace.branches.threadcalls.ThreadCalls`): each
+    call makes a sink taking text (str, or UTF-8 bytes) in order; all of
+    them together keep up to ``memory`` bytes in memory, the rest goes to
+    one unnamed temporary file and is read back, in order, when the
+    sink's turn comes."""
+
+    def __init__(self, memory: int = MEMORY):
+        self.memory = memory
+        self.used = 0
+        self.file = None
+
+    def __call__(self) -> "_TextSpool":
+        return _TextSpool(self)
+
+    def _spill(self, part) -> tuple:
+        """Part to the file: (is bytes, offset, length)."""
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="hwtrace-calls-")
+        f = self.file
+        f.seek(0, 2)
+        raw = isinstance(part, bytes)
+        data = part if raw else part.encode("utf-8", "surrogatepass")
+        at = f.tell()
+        f.write(data)
+        return (raw, at, len(data))
+
+
+class _TextSpool:
+    encoding = "utf-8"
+
+    def __init__(self, pool: TextSpools):
+        self._pool = pool
+        self._parts: list = []          # text, or (is bytes, offset, length)
+        self.buffer = self
+
+    def write(self, part) -> None:
+        if not part:
+            return
+        pool = self._pool
+        if pool.used + len(part) <= pool.memory:
+            pool.used += len(part)
+            self._parts.append(part)
+        else:
+            self._parts.append(pool._spill(part))
+
+    def flush(self) -> None:
+        pass
+
+    def __iter__(self):
+        pool = self._pool
+        for p in self._parts:
+            if isinstance(p, tuple):
+                raw, at, n = p
+                f = pool.file
+                f.seek(at)
+                data = f.read(n)
+                yield data if raw else data.decode("utf-8", "surrogatepass")
+            else:
+                yield p
+
+    def close(self) -> None:
+        pool = self._pool
+        for p in self._parts:
+            if not isinstance(p, tuple):
+                pool.used -= len(p)
+        self._parts = []

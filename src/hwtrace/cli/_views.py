@@ -39,7 +39,7 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     ``coverage_for(input)``: the coverage collector for the input, once
     it is open (instead of ``coverage``)."""
     from hwtrace.cli._inputs import open_input
-    from hwtrace.export.interleave import applies
+    from hwtrace.export.interleave import alone, applies
     from hwtrace.export.pipeline import ViewRun
     from hwtrace.export.progress import Progress
 
@@ -62,9 +62,11 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
     if coverage is None:
         # the call-stack builder takes the plain events as rows
         more["plain_events"] = True
+    infos = [s.info for s in inp.streams]
+    by_thread = all(hasattr(w, "threads_followed") for w in writers)
     if coverage is None and not getattr(window, "by_time", False) and \
             all(s.batches is not None for s in inp.streams) and \
-            applies([s.info for s in inp.streams], args.clock):
+            (applies(infos, args.clock) or (by_thread and alone(infos))):
         _interleaved(run, inp, label, progress, more)
     else:
         _one_by_one(run, inp, label, progress, more)

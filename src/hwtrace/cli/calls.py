@@ -8,7 +8,11 @@ instruction count and duration (like a debugger's function-call history).
 Lines stream out as activations end; a long-running one (``main``) is
 written at once as ``(open: ...)`` and its totals follow where it ends.
 Lost data and decode errors are lines of their own (``-- error at insn
-N``), where they happened.
+N``), where they happened.  One section per thread (``thread T
+(program):``), in a cpu-mode recording as in a thread-mode one: the
+first thread's written as it goes, the others' after it (held in memory,
+then a temporary file); a recording whose CPU streams cannot be taken in
+time order (no TSC, ``--clock insns``) is printed per CPU.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from hwtrace.branches.calls import CallHistory
+    from hwtrace.branches.threadcalls import ThreadCalls
     from hwtrace.cli._filters import window_of
+    from hwtrace.cli._spool import TextSpools
     from hwtrace.cli._views import decode_into, nothing_decoded, summary_line
 
     window = window_of(args)
-    hist = CallHistory(None, out=sys.stdout)
+    hist = ThreadCalls(None, out=sys.stdout, hold=TextSpools())
     _inp, totals, progress = decode_into(args, [hist], label="calls", window=window,
                                          opened=lambda inp: _times(hist, inp))
     hist.close()

@@ -23,6 +23,17 @@ has ended (a stream's builder finishes when its stream ends; a thread it
 leaves running goes on elsewhere, parked).  A chunk's builder is its
 context: its name and path tables are only appended to, so what a chunk
 refers to is there when it is delivered later.
+
+Writers that arrange their output by thread (``calls``: each has a
+``threads_followed()`` method, called first) get every stream's chunks at
+once instead, as they come, every builder's after each piece (the one
+fed last after the others: a thread another builder gave up to it has its
+rows there first), from builders that share one order of activation ids
+and sequence numbers and say which slice goes on which (a ``linked``
+:class:`~hwtrace.analysis.threads.ThreadRegistry`); and
+``threads_gone(tids)`` once threads ran for the last time (the last
+context switch of the recording that names them switched them out, and
+their CPU's builder is past it, its rows delivered).
 """
 
 from __future__ import annotations
@@ -54,6 +65,36 @@ def applies(infos: list, clock: str) -> bool:
         return False
     return all(i.tid is None and i.cpu is not None and i.switches
                for i in infos)
+
+
+def alone(infos: list) -> bool:
+    """Whether these are one CPU's stream following its threads by the
+    recording's context switches: a view arranged by thread takes it as
+    the streams in time order (one)."""
+    return len(infos) == 1 and infos[0].tid is None and \
+        infos[0].cpu is not None and bool(infos[0].switches)
+
+
+def _last_runs(builders: list) -> list:
+    """Per builder, the (index in its CPU's switches, tid) of the threads
+    whose last run ends there: their last switch of all is one out of
+    them on that CPU (a thread still running when the trace ends has
+    none)."""
+    last: dict = {}
+    for k, b in enumerate(builders):
+        tl = b._follow
+        for j, sw in enumerate(tl.switches if tl is not None else ()):
+            # (at one time, in after out: a thread moving to another CPU)
+            for t, when in ((sw.prev_tid, (sw.time, 0)), (sw.next_tid, (sw.time, 1))):
+                if t is not None and t >= 0 and (t not in last or when >= last[t][0]):
+                    last[t] = (when, k, j)
+    runs: list = [[] for _ in builders]
+    for t, ((_time, into), k, j) in last.items():
+        if not into:
+            runs[k].append((j, t))
+    for r in runs:
+        r.sort(reverse=True)            # (taken from the end)
+    return runs
 
 
 class _Held:
@@ -186,24 +227,42 @@ def run_interleaved(run, sources: list[Source],
     ``at(k)`` is told which stream is being fed (for error messages).
     The writers get the first stream not yet ended at once, the others
     from ``hold()`` when every stream before them has ended."""
-    reg = ThreadRegistry()
+    by_thread = bool(run.writers) and all(hasattr(w, "threads_followed")
+                                          for w in run.writers)
+    if by_thread:
+        for w in run.writers:
+            w.threads_followed()
+    reg = ThreadRegistry(linked=by_thread)
     n = len(sources)
     builders, states, held = [], [], []
     for k, src in enumerate(sources):
         b = run._builder(src.info, src.tsc_hz, threads=reg)
         builders.append(b)
         states.append(run._state(b))
-        held.append(None if k == 0 else hold())
+        held.append(None if k == 0 or by_thread else hold())
         run._wrapped(b, src.entry)
     closed = [False] * n
     live = 0                        # the stream the writers are on
+    runs = _last_runs(builders) if by_thread else None
+
+    def gone() -> None:
+        """(by thread) Threads whose last run is behind: the writers
+        told, once their rows are delivered."""
+        tids = []
+        for k, b in enumerate(builders):
+            r = runs[k]
+            while r and (closed[k] or b._follow.i > r[-1][0]):
+                tids.append(r.pop()[1])
+        if tids:
+            for w in run.writers:
+                w.threads_gone(tids)
 
     def emit(k: int, chunks) -> None:
         run._emit(builders[k], states[k], chunks)
 
     def deliver(k: int) -> None:
         chunks = run._taken(builders[k], states[k])
-        if k == live:
+        if k == live or by_thread:
             emit(k, chunks)
         else:
             for ch in chunks:
@@ -216,11 +275,15 @@ def run_interleaved(run, sources: list[Source],
         if at is not None:
             at(k)
         b = builders[k]
+        reg.lend(b)
         run._ended(b, sources[k].entry)
         b.finish()
+        reg.settle(b)
         deliver(k)
         closed[k] = True
-        while live < n and closed[live]:
+        if by_thread:
+            gone()
+        while not by_thread and live < n and closed[live]:
             live += 1
             if live < n:
                 emit(live, held[live])
@@ -245,8 +308,18 @@ def run_interleaved(run, sources: list[Source],
         if at is not None:
             at(k)
         limit = heap[0][0][0] if heap else None
+        reg.lend(builders[k])
         builders[k].feed_batch(feeds[k].take(limit))
+        reg.settle(builders[k])
+        if by_thread:
+            for j in range(n):
+                if j != k and not closed[j]:
+                    reg.lend(builders[j])       # (a seal may count on)
+                    deliver(j)
+                    reg.settle(builders[j])
         deliver(k)
+        if by_thread:
+            gone()
         win = states[k].get("window")
         if win is not None and win.past():
             close(k)            # past the window: nothing more to see
