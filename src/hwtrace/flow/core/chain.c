@@ -532,7 +532,7 @@ void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
 #endif
 
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
-                         int k, uint32_t bits, uint32_t tag, int *err)
+                         uint32_t tag, int *err)
 {
     uint64_t ip = d->ip;
     uint32_t idx;
@@ -554,7 +554,8 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
         }
         i = (i + 1) & mask;
     }
-    long long r = new_chain(cc, d, k, (int)bits, tag);
+    int k = chain_tag_k(tag);
+    long long r = new_chain(cc, d, k, (int)(tag & ((1u << k) - 1)), tag);
     if (r < 0) {
         *err = (int)r;
         return NULL;

@@ -42,7 +42,8 @@ struct chain {
      * is taken without the table) */
     uint64_t ip0;
     const struct icache *ic;
-    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16 */
+    uint32_t tag;               /* bits | 1 << k | (mode + 1) << 16
+                                   (chain_key_top) */
     uint32_t succ;              /* the chain looked up after this one last
                                    time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
@@ -151,7 +152,25 @@ struct chain_cache {
 /* chain_get past the last chain's successor (chain.c): the table, a new
  * chain */
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
-                         int k, uint32_t bits, uint32_t tag, int *err);
+                         uint32_t tag, int *err);
+
+/* A key's k TNT bits (k <= CHAIN_BITS) in one number: the bits under a
+ * leading one at bit k -- bit k - 1 - j the j-th bit taken -- so that k
+ * needs no field of its own and the walk's usual case (all the bits
+ * left, k < CHAIN_BITS) is a mask, not a count of them.  The tag adds
+ * the mode above bit 16. */
+static inline uint32_t chain_key_top(uint64_t index, uint64_t tnt_bits)
+{
+    int pos = 63 - __builtin_clzll(index);
+    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - CHAIN_BITS)) &
+                    ((1u << CHAIN_BITS) - 1);
+    return bits | 1u << CHAIN_BITS;
+}
+/* the key's k */
+static inline int chain_tag_k(uint32_t tag)
+{
+    return 31 - __builtin_clz(tag & 0xFFFF);
+}
 #ifdef CHAIN_CHECK
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx);
@@ -187,14 +206,15 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
         (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
         d->icount >= CHAIN_MAX_INSNS)
         return NULL;
-    /* every bit left, the packet's last one too (see chain_status_clean) */
-    int pos = 63 - __builtin_clzll(index);
-    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
-    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
-     * is the j-th bit taken (bit pos - j of tnt_bits) */
-    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
-    uint32_t tag = bits | (uint32_t)k << 8 |
-                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
+    /* every bit left, the packet's last one too (see chain_status_clean):
+     * the k bits from the index's down, as they stand (bit k - 1 - j the
+     * j-th bit taken), under a leading one at bit k (chain_key) */
+    uint32_t key;
+    if (index < (1u << CHAIN_BITS))     /* k: all of them (TNT-8: always) */
+        key = (uint32_t)(tnt_bits & (2 * index - 1)) | (uint32_t)(2 * index);
+    else                                /* k = CHAIN_BITS, from the top */
+        key = chain_key_top(index, tnt_bits);
+    uint32_t tag = key | (uint32_t)(uint8_t)(d->mode + 1) << 16;
     /* the successor of the last chain, if its key is this one */
     if (cc->last) {
         uint32_t idx = cc->ents[cc->last - 1].succ;
@@ -208,7 +228,7 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
             }
         }
     }
-    return chain_find(cc, d, k, bits, tag, err);
+    return chain_find(cc, d, tag, err);
 }
 /* ``index`` and ``tnt_bits`` are the query's TNT cache (tnt_index,
  * tnt_bits) or, before it is filled, what q_tnt_peek says it will hold;

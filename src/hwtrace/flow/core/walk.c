@@ -37,8 +37,9 @@ walk_chain(struct session *s, struct walk *w, int *err,
     struct query *q = &d->q;
     uint64_t index = q->tnt_index, bits = q->tnt_bits;
     int peeked = 0;
+    ptrdiff_t to = 0;
     if (!index) {
-        if (!q_tnt_peek(q, &index, &bits))
+        if (!q_tnt_peek(q, &index, &bits, &to))
             return NULL;
         peeked = 1;
     }
@@ -55,10 +56,10 @@ walk_chain(struct session *s, struct walk *w, int *err,
         /* no chain (a return whose call it does not have): the packet
          * cached all the same where the next instruction queries it */
         if (peeked && *err >= 0 && queries_bit(d, known))
-            q_cache_tnt_quick(q);
+            q_cache_tnt_to(q, to);
         return NULL;
     }
-    if (peeked && !q_cache_tnt_quick(q)) {
+    if (peeked && !q_cache_tnt_to(q, to)) {
         *err = -E_INTERNAL;     /* q_tnt_peek said it would */
         return NULL;
     }
@@ -156,8 +157,9 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
          * TNT packet cached here, as walk_insns does after walk_chain, so
          * insn_next_quick takes it */
         uint64_t pi, pb;
-        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb))
-            q_cache_tnt_quick(&d->q);
+        ptrdiff_t to;
+        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb, &to))
+            q_cache_tnt_to(&d->q, to);
         int s = insn_step(d, known, &i);
         known = NULL;
         if (s == R_FATAL)
