@@ -194,17 +194,25 @@ static inline struct chain *chain_applies(struct chain_cache *cc,
 
 /* inline: the last chain's successor, where the walk repeats a path,
  * without a call */
+/* ``plain``: the caller knows the flags checked first hold but for
+ * d->icount's -- the last step applied a chain that chain_get returned
+ * (applying it changes none of them, nor does q_cache_tnt_quick; the
+ * status it leaves is 0) */
 static inline __attribute__((always_inline)) struct chain *
 chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
-          uint64_t tnt_bits, int *err)
+          uint64_t tnt_bits, int *err, int plain)
 {
     *err = 0;
     struct query *q = &d->q;
-    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled ||
-        d->process_event || d->resyncing || d->mode == MODE_NONE ||
-        d->cfg->tick ||
-        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
-        d->icount >= CHAIN_MAX_INSNS)
+    if (index < CHAIN_MIN_INDEX)
+        return NULL;
+    if (!plain &&
+        (q->deferred || !d->enabled ||
+         d->process_event || d->resyncing || d->mode == MODE_NONE ||
+         d->cfg->tick ||
+         (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS))))
+        return NULL;
+    if (d->icount >= CHAIN_MAX_INSNS)
         return NULL;
     /* every bit left, the packet's last one too (see chain_status_clean):
      * the k bits from the index's down, as they stand (bit k - 1 - j the

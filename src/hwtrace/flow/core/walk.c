@@ -30,7 +30,7 @@ static inline int queries_bit(const struct insn_dec *d,
 
 static inline __attribute__((always_inline)) struct chain *
 walk_chain(struct session *s, struct walk *w, int *err,
-           const struct insn_info *known)
+           const struct insn_info *known, int plain)
 {
     *err = 0;
     struct insn_dec *d = &s->d;
@@ -43,15 +43,8 @@ walk_chain(struct session *s, struct walk *w, int *err,
             return NULL;
         peeked = 1;
     }
-    struct chain_cache *cc = &w->chains;
-    if (!cc->ready) {
-        cc->ready = 1;
-        cc->block = s->block;
-        cc->edges = w->edges && !s->block;
-        cc->end_on_call = d->cfg->end_on_call;
-        cc->end_on_jump = d->cfg->end_on_jump;
-    }
-    struct chain *ch = chain_get(cc, d, index, bits, err);
+    struct chain_cache *cc = &w->chains;     /* (ready: walk) */
+    struct chain *ch = chain_get(cc, d, index, bits, err, plain);
     if (!ch) {
         /* no chain (a return whose call it does not have): the packet
          * cached all the same where the next instruction queries it */
@@ -88,7 +81,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
-    s->ninsn += ch->insns;
     s->last_ip = ch->last_ip;
     s->status = 0;
     s->known = ch->next;
@@ -211,7 +203,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         struct chain *ch = NULL;
         if (!chained) {
             int err;
-            ch = walk_chain(s, w, &err, NULL);
+            ch = walk_chain(s, w, &err, NULL, 0);
             if (err < 0)
                 return err;
         }
@@ -246,7 +238,6 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (n) {
             w->insns += n - n0;
             w->blocks++;
-            s->ninsn += n - n0;
         }
         if (st == R_ERR) {
             s->err = d->err;
@@ -326,11 +317,14 @@ static int walk_insns(struct session *s, struct walk *w)
     /* the chain applied last where it stops before an indirect branch
      * (its nk; the step after it at its next, d->ip) */
     struct chain *tip = NULL;
+    /* the last step applied a chain: the decoder's flags chain_get checks
+     * hold but for the instruction count (chain_get's plain) */
+    int plain = 0;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
         struct chain *ch = NULL, *oc = out, *tc = tip;
         out = tip = NULL;
         if (!chained) {
-            ch = walk_chain(s, w, &err, s->known);
+            ch = walk_chain(s, w, &err, s->known, plain);
             if (err < 0)
                 return err;
         }
@@ -359,8 +353,10 @@ static int walk_insns(struct session *s, struct walk *w)
                 out = ch;
             if (ch->nk)
                 tip = ch;
+            plain = 1;
             continue;
         }
+        plain = 0;
         const struct insn_info *known = s->known;
         s->known = NULL;
         const struct insn_info *i = known;
@@ -376,7 +372,6 @@ static int walk_insns(struct session *s, struct walk *w)
                 w->have_from = 1;       /* (a jump, call or return) */
                 w->from = ip;
                 w->insns++;
-                s->ninsn++;
                 s->last_ip = ip;
                 s->status = r;
                 continue;
@@ -392,7 +387,6 @@ static int walk_insns(struct session *s, struct walk *w)
                 TRY(edge_to_run(w, p, ru));
                 w->have_from = 0;
                 w->insns += ru->n;
-                s->ninsn += ru->n;
                 d->icount += ru->n;
                 d->ip = ru->next_ip;
                 d->prev_run = ru;
@@ -414,7 +408,6 @@ static int walk_insns(struct session *s, struct walk *w)
                                i->iclass != C_PTWRITE;
                 w->from = i->ip;
                 w->insns++;
-                s->ninsn++;
             }
             s->err = d->err;
             s->state = SS_ERR;
@@ -424,7 +417,6 @@ static int walk_insns(struct session *s, struct walk *w)
         w->have_from = i->iclass != C_OTHER && i->iclass != C_PTWRITE;
         w->from = i->ip;
         w->insns++;
-        s->ninsn++;
         s->last_ip = i->ip;
         s->status = r;
     }
@@ -433,5 +425,17 @@ static int walk_insns(struct session *s, struct walk *w)
 
 int walk(struct session *s, struct walk *w)
 {
-    return s->block ? walk_blocks(s, w) : walk_insns(s, w);
+    struct chain_cache *cc = &w->chains;
+    if (!cc->ready) {
+        cc->ready = 1;
+        cc->block = s->block;
+        cc->edges = w->edges && !s->block;
+        cc->end_on_call = s->d.cfg->end_on_call;
+        cc->end_on_jump = s->d.cfg->end_on_jump;
+    }
+    /* the session's count is the walk's: added once, not at every step */
+    uint64_t before = w->insns;
+    int r = s->block ? walk_blocks(s, w) : walk_insns(s, w);
+    s->ninsn += w->insns - before;
+    return r;
 }
