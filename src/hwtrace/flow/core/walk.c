@@ -252,6 +252,17 @@ static int walk_blocks(struct session *s, struct walk *w)
 
 /* -- instructions ----------------------------------------------------------------- */
 
+/* insn_tip_ready right after a chain was applied (walk_insns' tip): the
+ * decoder's flags it checks are chain_get's plain ones, which the chain
+ * left as they were, and the status the chain left is 0 -- only the
+ * query's part is left to check */
+static inline int tip_ready_after_chain(const struct insn_dec *d)
+{
+    const struct query *q = &d->q;
+    return !q->tnt_index && !q->nxt_err && q->nxt.kind == PT_K_TIP &&
+           !evq_pending(&q->evq, BIND_TIP);
+}
+
 static inline int edge_to(struct walk *w, uint64_t ip)
 {
     if (w->edges && w->have_from)
@@ -361,7 +372,7 @@ static int walk_insns(struct session *s, struct walk *w)
         s->known = NULL;
         const struct insn_info *i = known;
         int r;
-        if (tc && insn_tip_ready(d)) {
+        if (tc && tip_ready_after_chain(d)) {
             /* insn_step's TIP step for the chain's next (known, at
              * d->ip, insn_tip_next's part on it checked by the chain),
              * its size and class from the chain's line, not the entry */
@@ -374,6 +385,9 @@ static int walk_insns(struct session *s, struct walk *w)
                 w->insns++;
                 s->last_ip = ip;
                 s->status = r;
+                /* a clean TIP step changes none of chain_get's flags (a
+                 * deferred error or an event would be in the status) */
+                plain = r == 0 && d->status == 0 && !d->q.deferred;
                 continue;
             }
         } else {
