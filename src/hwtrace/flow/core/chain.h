@@ -251,7 +251,10 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
 static inline int chain_status_clean(struct query *q, uint64_t index,
                                      const struct chain *ch)
 {
-    return (index >> ch->c) || (!q_will_eos(q) && !q_will_event(q));
+    /* a TNT-8 next, the usual case, is neither (q_will_event_kind) */
+    return (index >> ch->c) ||
+           (!q->nxt_err && q->nxt.kind == PT_K_TNT8) ||
+           (!q_will_eos(q) && !q_will_event(q));
 }
 /* adds every edge of every chain times its uses, and the edges into and
  * out of chains still counted on them (edge_add's table) */

@@ -118,9 +118,9 @@ static inline __attribute__((always_inline)) int
 q_tnt_peek(const struct query *q, uint64_t *index, uint64_t *bits,
            ptrdiff_t *to)
 {
-    if (q->tnt_index || q->nxt_err || q->deferred ||
-        (q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
-        !q->nxt.f[0])
+    /* the kind first: after a TIP step, a TIP next fails here at once */
+    if ((q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
+        q->tnt_index || q->nxt_err || q->deferred || !q->nxt.f[0])
         return 0;
     ptrdiff_t after = q->pos + q->nxt.size;
     if (after + 9 > q->end)
