@@ -156,7 +156,32 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * (bench_coverage, best of 3, three runs each alternated, load 2-4 on 2
  * CPUs): 0.535-0.616 s before, 0.629-0.645 s with it.  Fewer chains, the
  * same D1 misses and more LL ones: the lookups the merged chains save
- * were mostly hits of the successor guess. */
+ * were mostly hits of the successor guess.
+ *
+ * Issue 15's edges target, third pass (python3 recording, coverage
+ * --edges DIR, whole process under cachegrind --cache-sim=no: 6.726 G at
+ * d448510).  Taken: the MTCs after a peeked TNT taken from the peek's
+ * position (q_cache_tnt_to), 6.678 G; the key's bits under a leading one
+ * (chain_key_top: a mask, not a bit count), 6.524 G; chain_add out of
+ * chain_find's frame, 6.504 G; chain_get's flag checks skipped after a
+ * chain (plain), the session's count once per walk, 6.315 G; the TIP
+ * step after a chain checking only the query's part, 6.232 G; a TNT-8
+ * next is clean for chain_status_clean, 6.141 G.  Counts then (a counting
+ * build, not kept): 69.5 K chains (51 K applied), a 2 MiB table; 15.9 M
+ * chains applied -- 4.1 M right after a TIP step, 10.8 M after a chain;
+ * chain_find 4.2 M times, 1.0 M of them after a TIP (the successor guess
+ * hits 76% there: CPython's dispatch is more regular than it looks),
+ * 2.4 M after a chain.  Tried and not taken: a look-ahead that scanned
+ * the packets two TIPs ahead (the target by the last-IP rules, the next
+ * TNT-8's byte as the key) and prefetched the key's slot, then its
+ * entry: the scan took 10% of the samples (a mispredicted branch per
+ * packet kind) and chain_find's share did not move (the lookups after
+ * TIPs are the fewest); the table at load 0.75 instead of 0.5 (1 MiB, not
+ * 2): fast.edges in process 0.525 s against 0.527 s; -O3: 6.97 G against
+ * 6.52 G.  Fewer instructions gave less time than their share (perf:
+ * 8.7% fewer, ~5-9% faster in process on a loaded machine): what is left
+ * is the chain entries' misses (the successor guess's first load) and
+ * ic_run's probes. */
 
 static uint64_t mix(uint64_t x)
 {
