@@ -257,3 +257,50 @@ def test_cli_timing_options_same_as_bundle(tmp_path):
                     "--mtc-freq", "x")
     assert r.returncode == 2 and r.stderr.strip() == \
         "hwtrace: --mtc-freq: bad argument: x"
+
+
+#: an indirect call (a TIP) into functions whose loop runs a pseudo-random
+#: 0-7 times: the walk's chains start at the same IPs with the next TNT
+#: packet's bits -- the same bit values in keys of different lengths
+#: ("0", "00", "000" ...), and different values of one length
+_KEYED_C = r"""
+static volatile int sink;
+__attribute__((noinline)) static void run(int n)
+{
+    for (int i = 0; i < n; i++)
+        sink += i;
+}
+__attribute__((noinline)) static void a(int n) { run(n); }
+__attribute__((noinline)) static void b(int n) { run(n & 3); if (n & 4) sink++; }
+void (*volatile tab[2])(int) = {a, b};
+int main(void)
+{
+    unsigned x = 12345;
+    for (int k = 0; k < 20000; k++) {
+        x = x * 1103515245u + 12345u;
+        tab[(x >> 16) & 1]((x >> 20) & 7);
+    }
+    return sink & 1;
+}
+"""
+
+
+def test_chain_keys_of_every_length_exact(tmp_path):
+    """The walk's chains are keyed by an IP and the TNT bits left (chain.h:
+    the bits under a leading one, so that "0" and "00" are two keys): edge
+    counts over an indirect call into loops of varying trip counts equal
+    the instruction decode's (a key that lost the bit count, or the bits,
+    would apply one chain's path to another's trace)."""
+    from conftest import record_static_program
+    from test_flow_fast import _load
+    b = record_static_program(tmp_path, _KEYED_C)
+    if b is None:
+        pytest.skip("gcc -static or the emulated engine not usable here")
+    data, image, cfg = _load(b)
+    compiled_flow_core()
+    e = fast.edges(data, image, cfg, impl="compiled")
+    assert e.compiled
+    ref = reference_edges(data, image, cfg)
+    assert e.counts == ref
+    # the loops' edges: more than one a call on the busiest
+    assert max(ref.values()) > 20000

@@ -156,7 +156,38 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * (bench_coverage, best of 3, three runs each alternated, load 2-4 on 2
  * CPUs): 0.535-0.616 s before, 0.629-0.645 s with it.  Fewer chains, the
  * same D1 misses and more LL ones: the lookups the merged chains save
- * were mostly hits of the successor guess. */
+ * were mostly hits of the successor guess.
+ *
+ * Issue 15's edges target, third pass (python3 recording, coverage
+ * --edges DIR, whole process under cachegrind --cache-sim=no: 6.726 G at
+ * d448510).  Taken: the MTCs after a peeked TNT taken from the peek's
+ * position (q_cache_tnt_to), 6.678 G; the key's bits under a leading one
+ * (chain_key_top: a mask, not a bit count), 6.524 G; chain_add out of
+ * chain_find's frame, 6.504 G; chain_get's flag checks skipped after a
+ * chain (plain), the session's count once per walk, 6.315 G; the TIP
+ * step after a chain checking only the query's part, 6.232 G; a TNT-8
+ * next is clean for chain_status_clean, 6.141 G.  Counts then (a counting
+ * build, not kept): 69.5 K chains (51 K applied), a 2 MiB table; 15.9 M
+ * chains applied -- 4.1 M right after a TIP step, 10.8 M after a chain;
+ * chain_find 4.2 M times, 1.0 M of them after a TIP (the successor guess
+ * hits 76% there: CPython's dispatch is more regular than it looks),
+ * 2.4 M after a chain.  Tried and not taken: a look-ahead that scanned
+ * the packets two TIPs ahead (the target by the last-IP rules, the next
+ * TNT-8's byte as the key) and prefetched the key's slot, then its
+ * entry: the scan took 10% of the samples (a mispredicted branch per
+ * packet kind) and chain_find's share did not move (the lookups after
+ * TIPs are the fewest); the table at load 0.75 instead of 0.5 (1 MiB, not
+ * 2): fast.edges in process 0.525 s against 0.527 s; -O3: 6.97 G against
+ * 6.52 G.  Fewer instructions gave less time than their share (perf:
+ * 8.7% fewer, ~5-9% faster in process on a loaded machine): what is left
+ * is the chain entries' misses (the successor guess's first load) and
+ * building the chains: perf with DWARF call graphs put 5.2% of the
+ * samples in ic_run under new_chain (0.9% under the walk's run step),
+ * 2.4% in the instruction cache's find, 1.5-2% in new_chain itself.
+ * build() trying the last run's successors (run_succ) before ic_run, as
+ * the walk's run step does: the same instructions and time (0.525 s
+ * against 0.522 s in process) -- a chain is built where the walk first
+ * gets there, before any successor is known. */
 
 static uint64_t mix(uint64_t x)
 {
@@ -531,12 +562,36 @@ void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
 }
 #endif
 
+/* chain_find's miss: a new entry for the key in the empty slot sl (its
+ * index + 1, c 0 where no chain applies), or < 0 -- out of line, so that
+ * the lookup's hits (nine in ten on python3) keep a small frame (the
+ * build inlined into chain_find saved and restored eleven registers at
+ * every lookup) */
+static __attribute__((noinline, cold)) long long
+chain_add(struct chain_cache *cc, struct insn_dec *d, uint32_t tag,
+          struct chain_slot *sl, uint32_t fp)
+{
+    int k = chain_tag_k(tag);
+    long long r = new_chain(cc, d, k, (int)(tag & ((1u << k) - 1)), tag);
+    if (r < 0)
+        return r;
+    sl->fp = fp;
+    sl->idx = (uint32_t)r;
+    cc->n++;
+    return r;
+}
+
+static __attribute__((noinline, cold)) int chain_grow(struct chain_cache *cc)
+{
+    return grow(cc);
+}
+
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
-                         int k, uint32_t bits, uint32_t tag, int *err)
+                         uint32_t tag, int *err)
 {
     uint64_t ip = d->ip;
     uint32_t idx;
-    if (2 * (cc->n + 1) > cc->cap && (*err = grow(cc)) < 0)
+    if (2 * (cc->n + 1) > cc->cap && (*err = chain_grow(cc)) < 0)
         return NULL;
     size_t mask = cc->cap - 1;
     uint64_t h = chain_hash(ip, d->ic, tag);
@@ -549,21 +604,20 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
             break;
         if (sl->fp == fp) {
             const struct chain *ch = &cc->ents[sl->idx - 1];
-            if (ch->ip0 == ip && ch->tag == tag && ch->ic == d->ic)
-                goto slot;
+            if (ch->ip0 == ip && ch->tag == tag && ch->ic == d->ic) {
+                idx = sl->idx;
+                goto found;
+            }
         }
         i = (i + 1) & mask;
     }
-    long long r = new_chain(cc, d, k, (int)bits, tag);
+    long long r = chain_add(cc, d, tag, sl, fp);
     if (r < 0) {
         *err = (int)r;
         return NULL;
     }
-    sl->fp = fp;
-    sl->idx = (uint32_t)r;
-    cc->n++;
-slot:
-    idx = sl->idx;
+    idx = (uint32_t)r;
+found:
     if (!cc->ents[idx - 1].c)
         return NULL;            /* no chain for the key */
     if (cc->last)       /* ents may have moved (new_chain) */

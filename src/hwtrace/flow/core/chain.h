@@ -42,7 +42,8 @@ struct chain {
      * is taken without the table) */
     uint64_t ip0;
     const struct icache *ic;
-    uint32_t tag;               /* bits | k << 8 | (mode + 1) << 16 */
+    uint32_t tag;               /* bits | 1 << k | (mode + 1) << 16
+                                   (chain_key_top) */
     uint32_t succ;              /* the chain looked up after this one last
                                    time (index + 1; 0: none) */
     uint8_t c;                  /* TNT bits consumed */
@@ -151,7 +152,25 @@ struct chain_cache {
 /* chain_get past the last chain's successor (chain.c): the table, a new
  * chain */
 struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
-                         int k, uint32_t bits, uint32_t tag, int *err);
+                         uint32_t tag, int *err);
+
+/* A key's k TNT bits (k <= CHAIN_BITS) in one number: the bits under a
+ * leading one at bit k -- bit k - 1 - j the j-th bit taken -- so that k
+ * needs no field of its own and the walk's usual case (all the bits
+ * left, k < CHAIN_BITS) is a mask, not a count of them.  The tag adds
+ * the mode above bit 16. */
+static inline uint32_t chain_key_top(uint64_t index, uint64_t tnt_bits)
+{
+    int pos = 63 - __builtin_clzll(index);
+    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - CHAIN_BITS)) &
+                    ((1u << CHAIN_BITS) - 1);
+    return bits | 1u << CHAIN_BITS;
+}
+/* the key's k */
+static inline int chain_tag_k(uint32_t tag)
+{
+    return 31 - __builtin_clz(tag & 0xFFFF);
+}
 #ifdef CHAIN_CHECK
 void chain_check_succ(const struct chain_cache *cc, uint64_t ip,
                       const struct icache *ic, uint32_t tag, uint32_t idx);
@@ -175,26 +194,35 @@ static inline struct chain *chain_applies(struct chain_cache *cc,
 
 /* inline: the last chain's successor, where the walk repeats a path,
  * without a call */
+/* ``plain``: the caller knows the flags checked first hold but for
+ * d->icount's -- the last step applied a chain that chain_get returned
+ * (applying it changes none of them, nor does q_cache_tnt_quick; the
+ * status it leaves is 0) */
 static inline __attribute__((always_inline)) struct chain *
 chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
-          uint64_t tnt_bits, int *err)
+          uint64_t tnt_bits, int *err, int plain)
 {
     *err = 0;
     struct query *q = &d->q;
-    if (index < CHAIN_MIN_INDEX || q->deferred || !d->enabled ||
-        d->process_event || d->resyncing || d->mode == MODE_NONE ||
-        d->cfg->tick ||
-        (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS)) ||
-        d->icount >= CHAIN_MAX_INSNS)
+    if (index < CHAIN_MIN_INDEX)
         return NULL;
-    /* every bit left, the packet's last one too (see chain_status_clean) */
-    int pos = 63 - __builtin_clzll(index);
-    int k = pos + 1 < CHAIN_BITS ? pos + 1 : CHAIN_BITS;
-    /* the k bits from pos down, as they stand: bit k - 1 - j of ``bits``
-     * is the j-th bit taken (bit pos - j of tnt_bits) */
-    uint32_t bits = (uint32_t)(tnt_bits >> (pos + 1 - k)) & ((1u << k) - 1);
-    uint32_t tag = bits | (uint32_t)k << 8 |
-                   (uint32_t)(uint8_t)(d->mode + 1) << 16;
+    if (!plain &&
+        (q->deferred || !d->enabled ||
+         d->process_event || d->resyncing || d->mode == MODE_NONE ||
+         d->cfg->tick ||
+         (d->status & (ST_DEFERRED | ST_EVENT_PENDING | ST_EOS))))
+        return NULL;
+    if (d->icount >= CHAIN_MAX_INSNS)
+        return NULL;
+    /* every bit left, the packet's last one too (see chain_status_clean):
+     * the k bits from the index's down, as they stand (bit k - 1 - j the
+     * j-th bit taken), under a leading one at bit k (chain_key) */
+    uint32_t key;
+    if (index < (1u << CHAIN_BITS))     /* k: all of them (TNT-8: always) */
+        key = (uint32_t)(tnt_bits & (2 * index - 1)) | (uint32_t)(2 * index);
+    else                                /* k = CHAIN_BITS, from the top */
+        key = chain_key_top(index, tnt_bits);
+    uint32_t tag = key | (uint32_t)(uint8_t)(d->mode + 1) << 16;
     /* the successor of the last chain, if its key is this one */
     if (cc->last) {
         uint32_t idx = cc->ents[cc->last - 1].succ;
@@ -208,7 +236,7 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
             }
         }
     }
-    return chain_find(cc, d, k, bits, tag, err);
+    return chain_find(cc, d, tag, err);
 }
 /* ``index`` and ``tnt_bits`` are the query's TNT cache (tnt_index,
  * tnt_bits) or, before it is filled, what q_tnt_peek says it will hold;
@@ -223,7 +251,10 @@ chain_get(struct chain_cache *cc, struct insn_dec *d, uint64_t index,
 static inline int chain_status_clean(struct query *q, uint64_t index,
                                      const struct chain *ch)
 {
-    return (index >> ch->c) || (!q_will_eos(q) && !q_will_event(q));
+    /* a TNT-8 next, the usual case, is neither (q_will_event_kind) */
+    return (index >> ch->c) ||
+           (!q->nxt_err && q->nxt.kind == PT_K_TNT8) ||
+           (!q_will_eos(q) && !q_will_event(q));
 }
 /* adds every edge of every chain times its uses, and the edges into and
  * out of chains still counted on them (edge_add's table) */

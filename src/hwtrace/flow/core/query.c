@@ -151,10 +151,17 @@ q_fetch_quick_mtc_slow(struct query *q, ptrdiff_t pos)
 __attribute__((noinline)) int
 q_cache_tnt_mtc(struct query *q)
 {
-    uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
     ptrdiff_t next = q->pos + q->nxt.size;
     ptrdiff_t to = q_mtc_skip(q, next);
-    if (to == next || !q_fetch_quick(q, to))
+    return to != next && q_cache_tnt_mtc_to(q, to);
+}
+
+__attribute__((noinline)) int
+q_cache_tnt_mtc_to(struct query *q, ptrdiff_t to)
+{
+    uint64_t n = q->nxt.f[0], bits = q->nxt.f[1];
+    ptrdiff_t next = q->pos + q->nxt.size;
+    if (!q_fetch_quick(q, to))
         return 0;
     ft_mark(&q->time);          /* the query's time: before the MTCs */
     mtc_apply(q, next, to);

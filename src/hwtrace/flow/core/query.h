@@ -112,13 +112,15 @@ static inline int q_quick_first(unsigned x)
  * query takes it, from the cache, with the status q_cond_branch would
  * give); 1, or 0 with nothing changed (only if q_tnt_peek would not
  * say 1: call it where it did).  q_tnt_peek: whether it would cache, and
- * what (*index: the first bit's mask, *bits), changing nothing. */
+ * what (*index: the first bit's mask, *bits; *to: the position past the
+ * TNT and the MTCs after it, for q_cache_tnt_to), changing nothing. */
 static inline __attribute__((always_inline)) int
-q_tnt_peek(const struct query *q, uint64_t *index, uint64_t *bits)
+q_tnt_peek(const struct query *q, uint64_t *index, uint64_t *bits,
+           ptrdiff_t *to)
 {
-    if (q->tnt_index || q->nxt_err || q->deferred ||
-        (q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
-        !q->nxt.f[0])
+    /* the kind first: after a TIP step, a TIP next fails here at once */
+    if ((q->nxt.kind != PT_K_TNT8 && q->nxt.kind != PT_K_TNT64) ||
+        q->tnt_index || q->nxt_err || q->deferred || !q->nxt.f[0])
         return 0;
     ptrdiff_t after = q->pos + q->nxt.size;
     if (after + 9 > q->end)
@@ -133,6 +135,7 @@ q_tnt_peek(const struct query *q, uint64_t *index, uint64_t *bits)
     }
     *index = (uint64_t)1 << (q->nxt.f[0] - 1);
     *bits = q->nxt.f[1];
+    *to = after;
     return 1;
 }
 int q_skip_to_ip(struct query *q, int *status, uint64_t *target,
@@ -327,6 +330,18 @@ q_cache_tnt_quick(struct query *q)
     q->tnt_end = next;
     q->pos = next;
     return 1;
+}
+
+/* q_cache_tnt_quick where q_tnt_peek_to said 1 and gave ``to``: the MTCs
+ * between the TNT and to taken without q_mtc_skip's second look (a
+ * third of the packets between the python3 recording's TNTs and TIPs) */
+int q_cache_tnt_mtc_to(struct query *q, ptrdiff_t to);
+static inline __attribute__((always_inline)) int
+q_cache_tnt_to(struct query *q, ptrdiff_t to)
+{
+    if (to != q->pos + q->nxt.size)
+        return q_cache_tnt_mtc_to(q, to);
+    return q_cache_tnt_quick(q);
 }
 
 /* q_indirect_branch's steps after its TIP, or where the TIP binds an

@@ -30,35 +30,29 @@ static inline int queries_bit(const struct insn_dec *d,
 
 static inline __attribute__((always_inline)) struct chain *
 walk_chain(struct session *s, struct walk *w, int *err,
-           const struct insn_info *known)
+           const struct insn_info *known, int plain)
 {
     *err = 0;
     struct insn_dec *d = &s->d;
     struct query *q = &d->q;
     uint64_t index = q->tnt_index, bits = q->tnt_bits;
     int peeked = 0;
+    ptrdiff_t to = 0;
     if (!index) {
-        if (!q_tnt_peek(q, &index, &bits))
+        if (!q_tnt_peek(q, &index, &bits, &to))
             return NULL;
         peeked = 1;
     }
-    struct chain_cache *cc = &w->chains;
-    if (!cc->ready) {
-        cc->ready = 1;
-        cc->block = s->block;
-        cc->edges = w->edges && !s->block;
-        cc->end_on_call = d->cfg->end_on_call;
-        cc->end_on_jump = d->cfg->end_on_jump;
-    }
-    struct chain *ch = chain_get(cc, d, index, bits, err);
+    struct chain_cache *cc = &w->chains;     /* (ready: walk) */
+    struct chain *ch = chain_get(cc, d, index, bits, err, plain);
     if (!ch) {
         /* no chain (a return whose call it does not have): the packet
          * cached all the same where the next instruction queries it */
         if (peeked && *err >= 0 && queries_bit(d, known))
-            q_cache_tnt_quick(q);
+            q_cache_tnt_to(q, to);
         return NULL;
     }
-    if (peeked && !q_cache_tnt_quick(q)) {
+    if (peeked && !q_cache_tnt_to(q, to)) {
         *err = -E_INTERNAL;     /* q_tnt_peek said it would */
         return NULL;
     }
@@ -87,7 +81,6 @@ static inline void walk_apply(struct session *s, struct walk *w,
     if (ch->last_run)
         d->prev_run = ch->last_run;
     w->insns += ch->insns;
-    s->ninsn += ch->insns;
     s->last_ip = ch->last_ip;
     s->status = 0;
     s->known = ch->next;
@@ -156,8 +149,9 @@ static int blk_count(struct insn_dec *d, uint32_t *ninsn, uint64_t *end_ip,
          * TNT packet cached here, as walk_insns does after walk_chain, so
          * insn_next_quick takes it */
         uint64_t pi, pb;
-        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb))
-            q_cache_tnt_quick(&d->q);
+        ptrdiff_t to;
+        if (queries_bit(d, known) && q_tnt_peek(&d->q, &pi, &pb, &to))
+            q_cache_tnt_to(&d->q, to);
         int s = insn_step(d, known, &i);
         known = NULL;
         if (s == R_FATAL)
@@ -209,7 +203,7 @@ static int walk_blocks(struct session *s, struct walk *w)
         struct chain *ch = NULL;
         if (!chained) {
             int err;
-            ch = walk_chain(s, w, &err, NULL);
+            ch = walk_chain(s, w, &err, NULL, 0);
             if (err < 0)
                 return err;
         }
@@ -244,7 +238,6 @@ static int walk_blocks(struct session *s, struct walk *w)
         if (n) {
             w->insns += n - n0;
             w->blocks++;
-            s->ninsn += n - n0;
         }
         if (st == R_ERR) {
             s->err = d->err;
@@ -258,6 +251,17 @@ static int walk_blocks(struct session *s, struct walk *w)
 }
 
 /* -- instructions ----------------------------------------------------------------- */
+
+/* insn_tip_ready right after a chain was applied (walk_insns' tip): the
+ * decoder's flags it checks are chain_get's plain ones, which the chain
+ * left as they were, and the status the chain left is 0 -- only the
+ * query's part is left to check */
+static inline int tip_ready_after_chain(const struct insn_dec *d)
+{
+    const struct query *q = &d->q;
+    return !q->tnt_index && !q->nxt_err && q->nxt.kind == PT_K_TIP &&
+           !evq_pending(&q->evq, BIND_TIP);
+}
 
 static inline int edge_to(struct walk *w, uint64_t ip)
 {
@@ -324,11 +328,14 @@ static int walk_insns(struct session *s, struct walk *w)
     /* the chain applied last where it stops before an indirect branch
      * (its nk; the step after it at its next, d->ip) */
     struct chain *tip = NULL;
+    /* the last step applied a chain: the decoder's flags chain_get checks
+     * hold but for the instruction count (chain_get's plain) */
+    int plain = 0;
     while (!(s->status & (ST_EVENT_PENDING | ST_EOS))) {
         struct chain *ch = NULL, *oc = out, *tc = tip;
         out = tip = NULL;
         if (!chained) {
-            ch = walk_chain(s, w, &err, s->known);
+            ch = walk_chain(s, w, &err, s->known, plain);
             if (err < 0)
                 return err;
         }
@@ -357,13 +364,15 @@ static int walk_insns(struct session *s, struct walk *w)
                 out = ch;
             if (ch->nk)
                 tip = ch;
+            plain = 1;
             continue;
         }
+        plain = 0;
         const struct insn_info *known = s->known;
         s->known = NULL;
         const struct insn_info *i = known;
         int r;
-        if (tc && insn_tip_ready(d)) {
+        if (tc && tip_ready_after_chain(d)) {
             /* insn_step's TIP step for the chain's next (known, at
              * d->ip, insn_tip_next's part on it checked by the chain),
              * its size and class from the chain's line, not the entry */
@@ -374,9 +383,11 @@ static int walk_insns(struct session *s, struct walk *w)
                 w->have_from = 1;       /* (a jump, call or return) */
                 w->from = ip;
                 w->insns++;
-                s->ninsn++;
                 s->last_ip = ip;
                 s->status = r;
+                /* a clean TIP step changes none of chain_get's flags (a
+                 * deferred error or an event would be in the status) */
+                plain = r == 0 && d->status == 0 && !d->q.deferred;
                 continue;
             }
         } else {
@@ -390,7 +401,6 @@ static int walk_insns(struct session *s, struct walk *w)
                 TRY(edge_to_run(w, p, ru));
                 w->have_from = 0;
                 w->insns += ru->n;
-                s->ninsn += ru->n;
                 d->icount += ru->n;
                 d->ip = ru->next_ip;
                 d->prev_run = ru;
@@ -412,7 +422,6 @@ static int walk_insns(struct session *s, struct walk *w)
                                i->iclass != C_PTWRITE;
                 w->from = i->ip;
                 w->insns++;
-                s->ninsn++;
             }
             s->err = d->err;
             s->state = SS_ERR;
@@ -422,7 +431,6 @@ static int walk_insns(struct session *s, struct walk *w)
         w->have_from = i->iclass != C_OTHER && i->iclass != C_PTWRITE;
         w->from = i->ip;
         w->insns++;
-        s->ninsn++;
         s->last_ip = i->ip;
         s->status = r;
     }
@@ -431,5 +439,17 @@ static int walk_insns(struct session *s, struct walk *w)
 
 int walk(struct session *s, struct walk *w)
 {
-    return s->block ? walk_blocks(s, w) : walk_insns(s, w);
+    struct chain_cache *cc = &w->chains;
+    if (!cc->ready) {
+        cc->ready = 1;
+        cc->block = s->block;
+        cc->edges = w->edges && !s->block;
+        cc->end_on_call = s->d.cfg->end_on_call;
+        cc->end_on_jump = s->d.cfg->end_on_jump;
+    }
+    /* the session's count is the walk's: added once, not at every step */
+    uint64_t before = w->insns;
+    int r = s->block ? walk_blocks(s, w) : walk_insns(s, w);
+    s->ninsn += w->insns - before;
+    return r;
 }
