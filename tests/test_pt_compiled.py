@@ -133,6 +133,18 @@ def test_wrong_abi_and_stale_build_are_refused(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     stale = _ext.probe("stalepkg._c_packets", _impl.ABI, environ={})
     assert not stale.loaded and stale.built and "stale" in stale.reason
+    # selected, a stale core is not a silent fallback: one line says so
+    said = []
+    sys.modules.pop("stalepkg._c_packets", None)
+    picked = _ext.select("stalepkg._c_packets", _impl.ABI, environ={},
+                         warn=said.append)
+    assert picked.module is None
+    assert len(said) == 1 and "stalepkg._c_packets" in said[0] and \
+        "stale" in said[0] and "Python twin" in said[0], said
+    said.clear()
+    _ext.select("stalepkg._c_packets", _impl.ABI,
+                environ={"HWTRACE_NO_EXTENSIONS": "1"}, warn=said.append)
+    assert said == []       # disabled on purpose: nothing to say
     (pkg / "_c_packets.c").write_bytes(src)
     fresh = _ext.probe("stalepkg._c_packets", _impl.ABI, environ={})
     assert fresh.loaded, fresh.reason

@@ -52,7 +52,8 @@ Environment (read when the selector module is imported):
 
 A core is also expected when its extension file is present (the install
 built it): if it then fails to import, has the wrong ABI or is stale, the
-twin runs (the package stays usable) and ``Status.reason`` says why.
+twin runs (the package stays usable), ``Status.reason`` says why and
+:func:`select` says so on stderr (one line: never a silent fallback).
 """
 
 from __future__ import annotations
@@ -194,13 +195,24 @@ def probe(name: str, abi: int, environ=None) -> Status:
     return status(module, "")
 
 
-def select(name: str, abi: int, environ=None) -> Status:
+def select(name: str, abi: int, environ=None, warn=None) -> Status:
     """The compiled core ``name`` if it is to be used, honouring
-    ``HWTRACE_NO_EXTENSIONS`` (then the module is not imported)."""
+    ``HWTRACE_NO_EXTENSIONS`` (then the module is not imported).
+
+    A core that was built but is unusable here (stale, wrong ABI, failed
+    import) is not a quiet fallback: the twin runs, many times slower, so
+    one line on stderr says which core and why (``warn``: where the line
+    goes, default stderr)."""
     if extensions_disabled(environ):
         return Status(name, None, _built(name), extensions_required(environ),
                       True, f"disabled by {NO_EXTENSIONS}=1")
-    return probe(name, abi, environ)
+    st = probe(name, abi, environ)
+    if st.expected and not st.loaded:
+        line = (f"hwtrace: warning: compiled core {name} unusable "
+                f"({st.reason}); running its Python twin, which is "
+                f"much slower\n")
+        (warn or sys.stderr.write)(line)
+    return st
 
 
 def core_for(impl: str | None, default, name: str, abi: int, what: str):

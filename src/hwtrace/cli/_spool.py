@@ -7,10 +7,16 @@ stays bounded however long the streams are."""
 from __future__ import annotations
 
 import pickle
-import tempfile
 
 #: bytes of chunks kept in memory, per stream, before spooling
 MEMORY = 32 << 20
+
+
+def _temporary(prefix: str):
+    """An unnamed temporary file (tempfile, and shutil and random with it,
+    imported only by a view that spills: ~3 ms of every start-up else)."""
+    import tempfile
+    return tempfile.TemporaryFile(prefix=prefix)
 
 
 def _size(chunk) -> int:
@@ -32,7 +38,7 @@ class Spool:
             if self._used <= self.memory:
                 self._mem.append(chunk)
                 return
-            self._file = tempfile.TemporaryFile(prefix="hwtrace-spool-")
+            self._file = _temporary("hwtrace-spool-")
         pickle.dump(chunk, self._file, pickle.HIGHEST_PROTOCOL)
         self._n += 1
 
@@ -71,7 +77,7 @@ class TextSpools:
     def _spill(self, part) -> tuple:
         """Part to the file: (is bytes, offset, length)."""
         if self.file is None:
-            self.file = tempfile.TemporaryFile(prefix="hwtrace-calls-")
+            self.file = _temporary("hwtrace-calls-")
         f = self.file
         f.seek(0, 2)
         raw = isinstance(part, bytes)
