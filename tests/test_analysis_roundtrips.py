@@ -96,6 +96,17 @@ def _against_one_at_a_time(monkeypatch, parts, lookup, stream):
     return got, gb, len(calls)
 
 
+def _random_runs(rng, m):
+    """A batch's runs at random: their codes, fall-throughs and IPs (most
+    runs start where the one before falls through)."""
+    import numpy as np
+    code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
+                      m, p=[.3, .2, .4, .1]).astype(np.int8)
+    fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
+    ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+    return code, fall, ip
+
+
 @pytest.mark.parametrize("impl", ["python", "compiled"])
 @pytest.mark.parametrize("follow", [False, True])
 def test_syscalls_and_time_only_events_go_on_in_the_run(impl, follow, monkeypatch):
@@ -209,10 +220,7 @@ def test_find_at_once_is_find_one_group_at_a_time():
 
     for seed in range(6):
         m = 300
-        code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
-                          m, p=[.3, .2, .4, .1]).astype(np.int8)
-        fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
-        ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+        code, fall, ip = _random_runs(rng, m)
         items = []
         for j in sorted(rng.choice(np.arange(-1, m + 2), 150, replace=False).tolist()):
             k = int(rng.integers(0, 1000))
@@ -272,10 +280,7 @@ def test_find_rows_is_find_one_group_at_a_time():
 
     for seed in range(8):
         m = 300
-        code = rng.choice([runs.NONE, runs.CALL, runs.FCALL, runs.JUMP],
-                          m, p=[.3, .2, .4, .1]).astype(np.int8)
-        fall = rng.integers(0x1000, 0x1100, m).astype(np.uint64)
-        ip = np.where(rng.random(m) < .8, np.roll(fall, 1), fall + 1).astype(np.uint64)
+        code, fall, ip = _random_runs(rng, m)
         items = []
         for j in sorted(rng.choice(np.arange(-1, m + 2), 150, replace=False).tolist()):
             k = int(rng.integers(0, 1000))

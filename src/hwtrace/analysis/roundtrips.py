@@ -288,13 +288,21 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
             keep.extend(items[p:q])
         else:
             on[g] = f
+    groups = _taken(items, gj, gp, gq, on)
+    return (items, None) if groups is None else (keep, groups)
+
+
+def _taken(items, gj, gp, gq, on) -> Groups | None:
+    """The groups taken in bulk (``on`` not -2: 2 a round trip, else the
+    enable state after a time-only group), as Groups over ``items``;
+    None if there are none."""
     at = np.flatnonzero(on != -2)
     if not len(at):
-        return items, None
+        return None
     on = on[at]
     trips = on == 2
     on[trips] = 1
-    return keep, Groups(items, gj[at] - 1, gp[at], gq[at], trips, on)
+    return Groups(items, gj[at] - 1, gp[at], gq[at], trips, on)
 
 
 def _find_each(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
@@ -508,10 +516,4 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
         made = iter(plain.items_of(rows[src[kr]]))
         keep = [next(made) if r else items[k]
                 for r, k in zip(isrow[rest].tolist(), src[rest].tolist())]
-    g = np.flatnonzero(on != -2)
-    if not len(g):
-        return keep, None
-    on = on[g]
-    trips = on == 2
-    on[trips] = 1
-    return keep, Groups(seq, gj[g] - 1, gp[g], gq[g], trips, on)
+    return keep, _taken(seq, gj, gp, gq, on)
