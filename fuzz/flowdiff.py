@@ -165,7 +165,13 @@ def collect(batches, cap: int):
         first += int(blocks["ninsn"].sum()) if len(blocks) else 0
         if b.insns is not None:
             insns.extend(tuple(i) for i in np.asarray(b.insns).tolist())
-        for index, offset, item in b.items:
+        got = b.items
+        if b.plain is not None:
+            # plain_events: the rows stand for items; merged puts them
+            # back where the producer without rows has them
+            from hwtrace.flow import plain
+            got = plain.merged(b.items, b.plain)
+        for index, offset, item in got:
             items.append((base + index, offset, _item_key(item)))
         if len(recs) + len(items) > cap:
             return recs, insns, items, False
@@ -255,6 +261,12 @@ def check(data: bytes) -> None:
     c = collect(B.batches(trace, image, cfg, decoder=decoder, resync=resync,
                           want_insns=True, max_records=7, impl="compiled"),
                 cap)
+    compare(py, c)
+    # the plain events as rows (what the call-stack views ask for): the
+    # same items once the rows are put back
+    c = collect(B.batches(trace, image, cfg, decoder=decoder, resync=resync,
+                          want_insns=True, max_records=5, impl="compiled",
+                          plain_events=True), cap)
     compare(py, c)
     if not py[3]:
         return
