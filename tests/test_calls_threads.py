@@ -339,3 +339,44 @@ def test_a_thread_whose_exit_is_recorded_hands_over_there(tmp_path):
     assert len(heads) == 2 and heads[0] == f"thread {main} (ends):", heads
     early = [x for x in out.at_close.splitlines() if not x.startswith(" ")]
     assert early == heads
+
+
+# a thread moving between CPUs (sched_setaffinity) inside functions of
+# more than ``CallHistory.hold`` (16 K) lines each
+HOPS_LONG = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+static volatile long sink;
+__attribute__((noinline)) int f(int x){ return x*3+1; }
+__attribute__((noinline)) void leaf(int i){ for(int k=0;k<25000;k++) sink+=f(k^i); }
+__attribute__((noinline)) void hop(int cpu){ cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu,&s);
+    sched_setaffinity(0,sizeof s,&s); leaf(cpu); }
+__attribute__((noinline)) void outer(int n){ for(int i=0;i<n;i++){ hop(i&1); leaf(i);} }
+int main(){ outer(12); printf("%ld\n", sink); return 0; }
+"""
+
+
+def test_a_pause_is_no_open_line_where_long_lines_come_after_it(tmp_path):
+    """The ``[untraced]`` frame of a thread switched out (no instruction
+    in it: its own stream has none) is dropped before the rows after it
+    come: else more than ``hold`` lines behind it, waiting, wrote it early
+    as ``(open: ...)`` -- for good, with no ``end of`` line."""
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two host CPUs")
+    exe = build_programs(tmp_path, {"hops": HOPS_LONG})["hops"]
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", "cpu", "-o", b, "--", exe)
+    assert r.returncode == 0, r.stderr
+    text = run_hwtrace("calls", b, check=True).stdout
+    opens = collections.Counter(m.group(1) for x in text.splitlines()
+                                if (m := re.match(r" +(\S+) +\(open", x)))
+    ends = collections.Counter(m.group(1) for x in text.splitlines()
+                               if (m := re.match(r" +end of (\S+) ", x)))
+    assert "[untraced]" not in text
+    # (every line written early has its totals where it ends, but the
+    # first thread's outermost ones, open when the trace ended)
+    assert all(ends[k] == v for k, v in opens.items()
+               if k not in ("_start", "__libc_start_main@GLIBC_2.2.5",
+                            "__libc_start_call_main", "main", "outer")), (opens, ends)

@@ -176,13 +176,17 @@ class ThreadCalls:
             if sw.any():
                 done += self._slices_end(X[sw])
                 X = X[~sw]
-        pauses = None
         if done:
             W, pauses = self._pauses(self._whole(done))
             X = Cols.concat([X, W])
+            if pauses is not None:
+                # (before the rows come: more than ``hold`` lines behind
+                # one waiting would write it early, ``(open)``, for good;
+                # one begun in this chunk never comes)
+                if len(E):
+                    E = E[~np.isin(E["id"], pauses["id"])]
+                self._drop(pauses)
         self._route(E, X, chunk.markers, ctx)
-        if pauses is not None:
-            self._drop(pauses)
 
     def close(self) -> None:
         if not self._by_thread:
@@ -194,9 +198,9 @@ class ThreadCalls:
         self._lines = {}
         if rest:
             X, pauses = self._pauses(self._whole(rest, end=True))
-            self._route(Cols.zeros(), X, [], None)
             if pauses is not None:
                 self._drop(pauses)
+            self._route(Cols.zeros(), X, [], None)
         for sec in self._order:
             if not sec.ended:
                 sec.ended = True
@@ -232,9 +236,9 @@ class ThreadCalls:
             self._cut.update(ln.ids)
         if mine:
             X, pauses = self._pauses(self._whole(mine, end=True))
-            self._route(Cols.zeros(), X, [], None)
             if pauses is not None:
                 self._drop(pauses)
+            self._route(Cols.zeros(), X, [], None)
         for t in gone:
             sec = self._cur.pop(t, None)
             if sec is not None:
