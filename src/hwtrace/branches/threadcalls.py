@@ -211,10 +211,10 @@ class ThreadCalls:
             self.out.flush()
 
     def threads_gone(self, tids) -> None:
-        """These threads ran for the last time (their last switch out is
-        behind, and their rows delivered): their lines still open are cut
-        short there, their sections complete -- the live one hands over
-        to the next."""
+        """These threads ran for the last time (their last switch out, or
+        their exit, is behind, and their rows delivered): their lines
+        still open are cut short there, their sections complete -- the
+        live one hands over to the next."""
         gone = set(tids)
         lines: dict = {}
         for i, ln in self._lines.items():

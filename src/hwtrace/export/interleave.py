@@ -33,7 +33,9 @@ and sequence numbers and say which slice goes on which (a ``linked``
 :class:`~hwtrace.analysis.threads.ThreadRegistry`); and
 ``threads_gone(tids)`` once threads ran for the last time (the last
 context switch of the recording that names them switched them out, and
-their CPU's builder is past it, its rows delivered).
+their CPU's builder is past it, its rows delivered; or the last one
+switched them in and their exit is recorded: once their CPU's stream
+goes on past its time, their frames there end as at a switch out).
 """
 
 from __future__ import annotations
