@@ -380,3 +380,42 @@ def test_a_pause_is_no_open_line_where_long_lines_come_after_it(tmp_path):
     assert all(ends[k] == v for k, v in opens.items()
                if k not in ("_start", "__libc_start_main@GLIBC_2.2.5",
                             "__libc_start_call_main", "main", "outer")), (opens, ends)
+
+
+# two threads in loops of user code, on one host CPU: each preempted
+# there (no system call) while the other runs
+PREEMPTED = r"""
+#include <pthread.h>
+static volatile long sink;
+__attribute__((noinline)) void step(long i){ sink+=i; }
+__attribute__((noinline)) void work(long n){ for(long i=0;i<n;i++) step(i); }
+void *run(void *a){ work(2000000); return 0; }
+int main(){ pthread_t t; pthread_create(&t,0,run,0); work(2000000); pthread_join(t,0);
+    return 0; }
+"""
+
+
+def test_a_thread_preempted_in_its_code_shows_the_pause_as_its_own_stream(tmp_path):
+    """A thread preempted in user code while another ran has an
+    ``[untraced]`` frame there in its own stream (``--mode thread``);
+    by thread, a cpu-mode recording's section shows it too -- only the
+    one that stood for a move from CPU to CPU, nothing else run for the
+    thread meanwhile, is no line (the hopping test's)."""
+    import shutil
+    if not shutil.which("taskset"):
+        pytest.skip("no taskset")
+    exe = build_programs(tmp_path, {"pre": PREEMPTED}, "-lpthread", "-Wl,-z,now")["pre"]
+    pauses = {}
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "hwtrace", "record",
+                            "--mode", mode, "-o", str(b), "--", str(exe)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        lines = run_hwtrace("calls", b, check=True).stdout.splitlines()
+        found = [(lines[k - 1].split()[0], x.split()[1:]) for k, x in enumerate(lines)
+                 if x.strip().startswith("[untraced]")]
+        # (each between two steps of the loop, in one or after it)
+        assert all(p == "step" and rest == ["0", "insns"] for p, rest in found), found
+        pauses[mode] = len(found)
+    assert pauses["thread"] and pauses["cpu"], pauses

@@ -122,6 +122,7 @@ class ThreadCalls:
         self._unit = None
         self._tables = None                 # the sections' shared head tables
         self._cut: set = set()              # lines cut short where their thread ended
+        self._moves = False                 # tid -> its switches in (see _learn_moves)
 
     @property
     def show_time(self) -> bool:
@@ -154,6 +155,8 @@ class ThreadCalls:
         if not self._by_thread:
             self._one.add_slices(chunk, ctx)
             return
+        if self._moves is False:
+            self._learn_moves(ctx)
         reg = ctx._threads
         E = self._named(chunk.enters, ctx)
         X = self._named(chunk.exits, ctx)
@@ -372,17 +375,64 @@ class ThreadCalls:
         X = Cols.concat(rows)
         return X[np.argsort(X["xseq"], kind="stable")] if len(X) > 1 else X
 
-    @staticmethod
-    def _pauses(W: Cols) -> tuple:
-        """Whole lines that only stand for the time their thread was
-        switched out -- an ``[untraced]`` frame where it was interrupted,
-        no instruction in it -- are no calls (its own stream has none):
-        (the other lines, those (None: none))."""
+    def _pauses(self, W: Cols) -> tuple:
+        """Whole lines that only stand for a move of their thread from CPU
+        to CPU -- an ``[untraced]`` frame where it was interrupted, no
+        instruction in it, and it went on elsewhere at the very time it
+        left (the sideband's switches: nothing else ran for it
+        meanwhile) -- are no calls (its own stream has none): (the other
+        lines, those (None: none)).  One where time passed for it (it was
+        preempted: another thread ran) stays, ``[untraced]``, as its own
+        stream shows it."""
         pause = ((W["flags"] & _ASYNC) != 0) & (W["func"] == UNKNOWN_FUNC) & \
             (W["end_idx"] == W["begin_idx"])
         if not pause.any():
             return W, None
+        at = np.flatnonzero(pause)
+        pause[at[~self._moved(W["tid"][at], W["end"][at])]] = False
+        if not pause.any():
+            return W, None
         return W[~pause], W[pause]
+
+    def _moved(self, tids: np.ndarray, when: np.ndarray) -> np.ndarray:
+        """Whether each thread, going on at about time ``when``, went on
+        at the time it was switched out (the switch in nearest ``when``
+        is at the time of its last switch out: a move), by the
+        recording's switches (none known: every one a move)."""
+        moves = self._moves
+        if moves is None:
+            return np.ones(len(tids), bool)
+        out = np.ones(len(tids), bool)
+        for k, (t, w) in enumerate(zip(tids.tolist(), when.tolist())):
+            m = moves.get(t)
+            if m is None:
+                continue
+            ins, gaps = m
+            j = int(np.searchsorted(ins, w))
+            near = [i for i in (j - 1, j) if 0 <= i < len(ins)]
+            if near:
+                i = min(near, key=lambda i: abs(ins[i] - w))
+                out[k] = gaps[i] == 0
+        return out
+
+    def _learn_moves(self, ctx) -> None:
+        """Each thread's switches in, by time, and the time since its
+        switch out before each (0: a move from CPU to CPU)."""
+        self._moves = None
+        switches = getattr(getattr(ctx, "stream", None), "switches", ())
+        if not switches:
+            return
+        last_out: dict = {}
+        per: dict = {}
+        for s in sorted(switches, key=lambda s: s.time):
+            if s.prev_tid is not None and s.prev_tid > 0:
+                last_out[s.prev_tid] = s.time
+            t = s.next_tid
+            if t is not None and t > 0 and t in last_out:
+                per.setdefault(t, []).append((s.time, s.time - last_out[t]))
+        self._moves = {t: (np.array([a for a, _g in v], np.float64),
+                           np.array([g for _a, g in v], np.float64))
+                       for t, v in per.items()}
 
     def _drop(self, P: Cols) -> None:
         for t in np.unique(P["tid"]).tolist():
