@@ -17,8 +17,8 @@ it goes; the others' wait in ``hold()`` sinks (memory, then a file: the
 caller's, see ``hwtrace.cli._spool``) and follow it, in order: each when
 the one before it is done -- its thread ran for the last time
 (:meth:`ThreadCalls.threads_gone`), or the run ended.  An ``[untraced]``
-frame that only stood for the time its thread was switched out is no
-line; a line whose thread was switched out for good ends ``TRUNCATED``,
+frame that only stood for its thread's move to another CPU (no time
+passed for it: its own stream has no pause there) is no line; a line whose thread was switched out for good ends ``TRUNCATED``,
 as its own stream would end it.  No I/O here beyond writing to ``out``
 and the sinks.
 """
