@@ -150,8 +150,17 @@ def test_the_first_thread_goes_out_as_it_goes_the_others_at_their_turn(threads):
     spools = TextSpools(memory=64)          # most of it through the file
 
     class Probe(ThreadCalls):
+        def threads_gone(self, tids):
+            # (what was out before the first thread ended: its exit, the
+            # process's end, is told once its CPU's stream is decoded)
+            if out.at_close is None and self._order and \
+                    self._order[0].h._info.tid in tids:
+                out.at_close = out.buf.getvalue()
+            super().threads_gone(tids)
+
         def close(self):
-            out.at_close = out.buf.getvalue()
+            if out.at_close is None:
+                out.at_close = out.buf.getvalue()
             super().close()
 
     w = Probe(None, out=out, hold=spools)
@@ -163,7 +172,7 @@ def test_the_first_thread_goes_out_as_it_goes_the_others_at_their_turn(threads):
     assert text == run_hwtrace("calls", threads["cpu"], check=True).stdout
     heads = [x for x in text.splitlines() if not x.startswith(" ")]
     early = [x for x in out.at_close.splitlines() if not x.startswith(" ")]
-    # before the end: the first thread's section only, and lines of it
+    # before the first thread ended: its section only, and lines of it
     assert early == heads[:1] and len(out.at_close.splitlines()) > 100
     assert spools.file is not None          # the rest waited in the file
 
@@ -269,3 +278,144 @@ def test_a_thread_back_after_its_end_keeps_every_instruction(threads):
     top = sum(int(m.group(1).replace(",", "")) for x in text.splitlines()
               if (m := re.match(r"  (?:end of )?\S+ +([\d,]+) insns", x)))
     assert top == totals["insns"]
+
+
+def _without_last_switch_out(src, dst, tid: int) -> None:
+    """A copy of bundle ``src`` whose sideband has no switch out of thread
+    ``tid`` after its last run (the one that ended it names no thread
+    going out) and its exit recorded then -- as the emulated engine
+    writes the last thread to run on a CPU, where nothing ran after it."""
+    import json
+    import shutil
+    shutil.copytree(src, dst)
+    recs = [json.loads(x) for x in (src / "sideband.jsonl").read_text().splitlines()]
+    outs = [r for r in recs if r["type"] == "switch" and r["prev_tid"] == tid]
+    last = max(outs, key=lambda r: r["time"])
+    last["prev_tid"] = last["prev_pid"] = -1
+    for r in recs:
+        if r["type"] == "exit" and r["tid"] == tid:
+            r["time"] = last["time"]
+    (dst / "sideband.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_thread_whose_exit_is_recorded_hands_over_there(tmp_path):
+    """A thread whose last run ends with its exit and no switch out of it
+    (the sideband's exit record says it ended) ends its section there:
+    the next thread's section is written then, before the run's end --
+    and the text is what the recording with the switch out prints."""
+    import shutil
+    from hwtrace.branches.threadcalls import ThreadCalls
+    from hwtrace.cli._views import decode_into
+    from hwtrace.cli.calls import _times
+    if not shutil.which("taskset"):
+        pytest.skip("no taskset")
+    exe = build_programs(tmp_path, {"ends": ENDS_FIRST}, "-lpthread")["ends"]
+    b = tmp_path / "b"
+    r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "hwtrace", "record",
+                        "-o", str(b), "--", str(exe)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    import json
+    main = next(json.loads(x)["pid"] for x in (b / "sideband.jsonl").read_text().splitlines()
+                if json.loads(x)["type"] == "process")
+    e = tmp_path / "e"
+    _without_last_switch_out(b, e, main)
+    out = _Probe()
+
+    class Probe(ThreadCalls):
+        def close(self):
+            out.at_close = out.buf.getvalue()
+            super().close()
+
+    w = Probe(None, out=out)
+    args = argparse.Namespace(input=str(e), elf=[], image_path=[], clock="auto",
+                              tsc_hz=None)
+    decode_into(args, [w], label="calls", opened=lambda inp: _times(w, inp))
+    w.close()
+    text = out.buf.getvalue()
+    assert text == run_hwtrace("calls", e, check=True).stdout
+    assert text == run_hwtrace("calls", b, check=True).stdout
+    heads = list(_sections(text))
+    assert len(heads) == 2 and heads[0] == f"thread {main} (ends):", heads
+    early = [x for x in out.at_close.splitlines() if not x.startswith(" ")]
+    assert early == heads
+
+
+# a thread moving between CPUs (sched_setaffinity) inside functions of
+# more than ``CallHistory.hold`` (16 K) lines each
+HOPS_LONG = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+static volatile long sink;
+__attribute__((noinline)) int f(int x){ return x*3+1; }
+__attribute__((noinline)) void leaf(int i){ for(int k=0;k<25000;k++) sink+=f(k^i); }
+__attribute__((noinline)) void hop(int cpu){ cpu_set_t s; CPU_ZERO(&s); CPU_SET(cpu,&s);
+    sched_setaffinity(0,sizeof s,&s); leaf(cpu); }
+__attribute__((noinline)) void outer(int n){ for(int i=0;i<n;i++){ hop(i&1); leaf(i);} }
+int main(){ outer(12); printf("%ld\n", sink); return 0; }
+"""
+
+
+def test_a_pause_is_no_open_line_where_long_lines_come_after_it(tmp_path):
+    """The ``[untraced]`` frame of a thread switched out (no instruction
+    in it: its own stream has none) is dropped before the rows after it
+    come: else more than ``hold`` lines behind it, waiting, wrote it early
+    as ``(open: ...)`` -- for good, with no ``end of`` line."""
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two host CPUs")
+    exe = build_programs(tmp_path, {"hops": HOPS_LONG})["hops"]
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", "cpu", "-o", b, "--", exe)
+    assert r.returncode == 0, r.stderr
+    text = run_hwtrace("calls", b, check=True).stdout
+    opens = collections.Counter(m.group(1) for x in text.splitlines()
+                                if (m := re.match(r" +(\S+) +\(open", x)))
+    ends = collections.Counter(m.group(1) for x in text.splitlines()
+                               if (m := re.match(r" +end of (\S+) ", x)))
+    assert "[untraced]" not in text
+    # (every line written early has its totals where it ends, but the
+    # first thread's outermost ones, open when the trace ended)
+    assert all(ends[k] == v for k, v in opens.items()
+               if k not in ("_start", "__libc_start_main@GLIBC_2.2.5",
+                            "__libc_start_call_main", "main", "outer")), (opens, ends)
+
+
+# two threads in loops of user code, on one host CPU: each preempted
+# there (no system call) while the other runs
+PREEMPTED = r"""
+#include <pthread.h>
+static volatile long sink;
+__attribute__((noinline)) void step(long i){ sink+=i; }
+__attribute__((noinline)) void work(long n){ for(long i=0;i<n;i++) step(i); }
+void *run(void *a){ work(2000000); return 0; }
+int main(){ pthread_t t; pthread_create(&t,0,run,0); work(2000000); pthread_join(t,0);
+    return 0; }
+"""
+
+
+def test_a_thread_preempted_in_its_code_shows_the_pause_as_its_own_stream(tmp_path):
+    """A thread preempted in user code while another ran has an
+    ``[untraced]`` frame there in its own stream (``--mode thread``);
+    by thread, a cpu-mode recording's section shows it too -- only the
+    one that stood for a move from CPU to CPU, nothing else run for the
+    thread meanwhile, is no line (the hopping test's)."""
+    import shutil
+    if not shutil.which("taskset"):
+        pytest.skip("no taskset")
+    exe = build_programs(tmp_path, {"pre": PREEMPTED}, "-lpthread", "-Wl,-z,now")["pre"]
+    pauses = {}
+    for mode in ("cpu", "thread"):
+        b = tmp_path / mode
+        r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "hwtrace", "record",
+                            "--mode", mode, "-o", str(b), "--", str(exe)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        lines = run_hwtrace("calls", b, check=True).stdout.splitlines()
+        found = [(lines[k - 1].split()[0], x.split()[1:]) for k, x in enumerate(lines)
+                 if x.strip().startswith("[untraced]")]
+        # (each between two steps of the loop, in one or after it)
+        assert all(p == "step" and rest == ["0", "insns"] for p, rest in found), found
+        pauses[mode] = len(found)
+    assert pauses["thread"] and pauses["cpu"], pauses

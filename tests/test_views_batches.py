@@ -271,6 +271,21 @@ def test_summary_window_counts_only_the_window(rec):
     assert "cut at the window's edge" in c.stdout
 
 
+def test_calls_window_prints_no_activation_that_ended_before_it(rec):
+    """An activation that began and ended before the window, both in one
+    chunk of the builder's, is not held for the window (nothing would end
+    it): it was printed ``(open)``, cut at the window's edge.  Every line
+    of a window is whole, its top lines counting the window's
+    instructions."""
+    a, b = 20_000, 60_000
+    c = run_hwtrace("calls", rec["thread"], "--insns", f"{a}..{b}")
+    assert c.returncode == 0, c.stderr
+    assert "(open" not in c.stdout
+    top = [int(m.group(1).replace(",", "")) for ln in c.stdout.splitlines()
+           if (m := re.match(r"  \S+ +([\d,]+) insns", ln))]
+    assert sum(top) == b - a
+
+
 def test_min_duration(rec, tmp_path):
     cj = tmp_path / "t.json"
     r = run_hwtrace("export", rec["thread"], "--min-duration", "500insns", "--clock",

@@ -387,6 +387,15 @@ def thread_creators(records) -> tuple:
     return tuple(sorted(creators.items()))
 
 
+def thread_exits(records) -> tuple:
+    """(tid, time) of the sideband ``records``' exits, in tid order: when
+    each thread ended (a process's record, tid == pid, may be timed at
+    the process's end rather than its first thread's)."""
+    from hwtrace.bundle import Exit
+    return tuple(sorted((r.tid, r.time) for r in records
+                        if isinstance(r, Exit) and r.tid > 0))
+
+
 def _about(path, e) -> str:
     """``path: message`` unless the message names the path already."""
     msg = str(e)
@@ -487,6 +496,7 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
     ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
     programs = program_names(records)
     creators = thread_creators(records)
+    exits = thread_exits(records)
     seen = set()
     for r in records:
         if isinstance(r, Mmap):
@@ -539,7 +549,8 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                           clock_exact=insn_clock_exact(
                               manifest, e.config if isinstance(e.config, dict) else None),
                           clock_counted=counted, programs=programs,
-                          creators=creators if per_cpu else ())
+                          creators=creators if per_cpu else (),
+                          exits=exits if per_cpu else ())
         entry = Entry(n, e.size, e.instructions_observed, e.capture_end,
                       e.wrapped, e.stopped, e.lost_bytes, ctl)
         plan = SpacePlan(spaces, timeline, initial,

@@ -84,6 +84,10 @@ class StreamInfo(NamedTuple):
     #: run resumes where its creator left off (both return from ``clone``
     #: or ``fork``); empty: unknown
     creators: tuple = ()
+    #: (tid, time) pairs: when each thread of the recording ended, by the
+    #: sideband's exit records, for a CPU's stream (a thread's last run
+    #: may end there with no context switch out of it); empty: unknown
+    exits: tuple = ()
 
     def program(self, pid: int | None) -> str:
         """The name of the program process ``pid`` ran ("" unknown)."""

@@ -81,16 +81,23 @@ class WindowClip:
             return E, X, marks
         lo, hi = b
         cb, ce = ("begin_idx", "end_idx") if self.by_idx else ("begin", "end")
-        # ends: drop what ended before the window or began after it
-        gone = X[ce] <= lo
-        if gone.any() and len(self.held):
-            self.held = self.held[~np.isin(self.held["id"], X["id"][gone])]
+        # ends: drop what ended before the window (began before it: one
+        # of no instruction right at its start is in it, as its begin is)
+        # or began after it
+        gone = (X[ce] <= lo) & (X[cb] < lo)
+        gone_ids = X["id"][gone] if gone.any() else None
+        if gone_ids is not None and len(self.held):
+            self.held = self.held[~np.isin(self.held["id"], gone_ids)]
         X = X[~gone & (X[cb] < hi)]
-        # begins before the window wait for it
+        # begins before the window wait for it (not those that ended
+        # before it in this same chunk: nothing would end them)
         if not self.crossed:
             early = E[cb] < lo
             if early.any():
-                self.held = Cols.concat([self.held, E[early]])
+                H = E[early]
+                if gone_ids is not None:
+                    H = H[~np.isin(H["id"], gone_ids)]
+                self.held = Cols.concat([self.held, H])
                 E = E[~early]
             now = [a[c].max() for a, c in ((E, cb), (X, ce)) if len(a)]
             if now and max(now) >= lo:

@@ -17,8 +17,8 @@ it goes; the others' wait in ``hold()`` sinks (memory, then a file: the
 caller's, see ``hwtrace.cli._spool``) and follow it, in order: each when
 the one before it is done -- its thread ran for the last time
 (:meth:`ThreadCalls.threads_gone`), or the run ended.  An ``[untraced]``
-frame that only stood for the time its thread was switched out is no
-line; a line whose thread was switched out for good ends ``TRUNCATED``,
+frame that only stood for its thread's move to another CPU (no time
+passed for it: its own stream has no pause there) is no line; a line whose thread was switched out for good ends ``TRUNCATED``,
 as its own stream would end it.  No I/O here beyond writing to ``out``
 and the sinks.
 """
@@ -122,6 +122,7 @@ class ThreadCalls:
         self._unit = None
         self._tables = None                 # the sections' shared head tables
         self._cut: set = set()              # lines cut short where their thread ended
+        self._moves = False                 # tid -> its switches in (see _learn_moves)
 
     @property
     def show_time(self) -> bool:
@@ -154,6 +155,8 @@ class ThreadCalls:
         if not self._by_thread:
             self._one.add_slices(chunk, ctx)
             return
+        if self._moves is False:
+            self._learn_moves(ctx)
         reg = ctx._threads
         E = self._named(chunk.enters, ctx)
         X = self._named(chunk.exits, ctx)
@@ -176,13 +179,17 @@ class ThreadCalls:
             if sw.any():
                 done += self._slices_end(X[sw])
                 X = X[~sw]
-        pauses = None
         if done:
             W, pauses = self._pauses(self._whole(done))
             X = Cols.concat([X, W])
+            if pauses is not None:
+                # (before the rows come: more than ``hold`` lines behind
+                # one waiting would write it early, ``(open)``, for good;
+                # one begun in this chunk never comes)
+                if len(E):
+                    E = E[~np.isin(E["id"], pauses["id"])]
+                self._drop(pauses)
         self._route(E, X, chunk.markers, ctx)
-        if pauses is not None:
-            self._drop(pauses)
 
     def close(self) -> None:
         if not self._by_thread:
@@ -194,9 +201,9 @@ class ThreadCalls:
         self._lines = {}
         if rest:
             X, pauses = self._pauses(self._whole(rest, end=True))
-            self._route(Cols.zeros(), X, [], None)
             if pauses is not None:
                 self._drop(pauses)
+            self._route(Cols.zeros(), X, [], None)
         for sec in self._order:
             if not sec.ended:
                 sec.ended = True
@@ -207,10 +214,10 @@ class ThreadCalls:
             self.out.flush()
 
     def threads_gone(self, tids) -> None:
-        """These threads ran for the last time (their last switch out is
-        behind, and their rows delivered): their lines still open are cut
-        short there, their sections complete -- the live one hands over
-        to the next."""
+        """These threads ran for the last time (their last switch out, or
+        their exit, is behind, and their rows delivered): their lines
+        still open are cut short there, their sections complete -- the
+        live one hands over to the next."""
         gone = set(tids)
         lines: dict = {}
         for i, ln in self._lines.items():
@@ -232,9 +239,9 @@ class ThreadCalls:
             self._cut.update(ln.ids)
         if mine:
             X, pauses = self._pauses(self._whole(mine, end=True))
-            self._route(Cols.zeros(), X, [], None)
             if pauses is not None:
                 self._drop(pauses)
+            self._route(Cols.zeros(), X, [], None)
         for t in gone:
             sec = self._cur.pop(t, None)
             if sec is not None:
@@ -368,17 +375,64 @@ class ThreadCalls:
         X = Cols.concat(rows)
         return X[np.argsort(X["xseq"], kind="stable")] if len(X) > 1 else X
 
-    @staticmethod
-    def _pauses(W: Cols) -> tuple:
-        """Whole lines that only stand for the time their thread was
-        switched out -- an ``[untraced]`` frame where it was interrupted,
-        no instruction in it -- are no calls (its own stream has none):
-        (the other lines, those (None: none))."""
+    def _pauses(self, W: Cols) -> tuple:
+        """Whole lines that only stand for a move of their thread from CPU
+        to CPU -- an ``[untraced]`` frame where it was interrupted, no
+        instruction in it, and it went on elsewhere at the very time it
+        left (the sideband's switches: nothing else ran for it
+        meanwhile) -- are no calls (its own stream has none): (the other
+        lines, those (None: none)).  One where time passed for it (it was
+        preempted: another thread ran) stays, ``[untraced]``, as its own
+        stream shows it."""
         pause = ((W["flags"] & _ASYNC) != 0) & (W["func"] == UNKNOWN_FUNC) & \
             (W["end_idx"] == W["begin_idx"])
         if not pause.any():
             return W, None
+        at = np.flatnonzero(pause)
+        pause[at[~self._moved(W["tid"][at], W["end"][at])]] = False
+        if not pause.any():
+            return W, None
         return W[~pause], W[pause]
+
+    def _moved(self, tids: np.ndarray, when: np.ndarray) -> np.ndarray:
+        """Whether each thread, going on at about time ``when``, went on
+        at the time it was switched out (the switch in nearest ``when``
+        is at the time of its last switch out: a move), by the
+        recording's switches (none known: every one a move)."""
+        moves = self._moves
+        if moves is None:
+            return np.ones(len(tids), bool)
+        out = np.ones(len(tids), bool)
+        for k, (t, w) in enumerate(zip(tids.tolist(), when.tolist())):
+            m = moves.get(t)
+            if m is None:
+                continue
+            ins, gaps = m
+            j = int(np.searchsorted(ins, w))
+            near = [i for i in (j - 1, j) if 0 <= i < len(ins)]
+            if near:
+                i = min(near, key=lambda i: abs(ins[i] - w))
+                out[k] = gaps[i] == 0
+        return out
+
+    def _learn_moves(self, ctx) -> None:
+        """Each thread's switches in, by time, and the time since its
+        switch out before each (0: a move from CPU to CPU)."""
+        self._moves = None
+        switches = getattr(getattr(ctx, "stream", None), "switches", ())
+        if not switches:
+            return
+        last_out: dict = {}
+        per: dict = {}
+        for s in sorted(switches, key=lambda s: s.time):
+            if s.prev_tid is not None and s.prev_tid > 0:
+                last_out[s.prev_tid] = s.time
+            t = s.next_tid
+            if t is not None and t > 0 and t in last_out:
+                per.setdefault(t, []).append((s.time, s.time - last_out[t]))
+        self._moves = {t: (np.array([a for a, _g in v], np.float64),
+                           np.array([g for _a, g in v], np.float64))
+                       for t, v in per.items()}
 
     def _drop(self, P: Cols) -> None:
         for t in np.unique(P["tid"]).tolist():

@@ -33,7 +33,9 @@ and sequence numbers and say which slice goes on which (a ``linked``
 :class:`~hwtrace.analysis.threads.ThreadRegistry`); and
 ``threads_gone(tids)`` once threads ran for the last time (the last
 context switch of the recording that names them switched them out, and
-their CPU's builder is past it, its rows delivered).
+their CPU's builder is past it, its rows delivered; or the last one
+switched them in and their exit is recorded: once their CPU's stream
+goes on past its time, their frames there end as at a switch out).
 """
 
 from __future__ import annotations
@@ -75,11 +77,15 @@ def alone(infos: list) -> bool:
         infos[0].cpu is not None and bool(infos[0].switches)
 
 
-def _last_runs(builders: list) -> list:
+def _last_runs(builders: list, exits=()) -> tuple:
     """Per builder, the (index in its CPU's switches, tid) of the threads
     whose last run ends there: their last switch of all is one out of
     them on that CPU (a thread still running when the trace ends has
-    none)."""
+    none); and per builder, the (time, tid) of the threads whose last
+    switch of all is one into them on that CPU and whose exit (``exits``:
+    (tid, time) pairs) is recorded at or after it -- their last run ends
+    at their exit, with no switch out of them (the emulated engine's last
+    thread on a CPU: nothing else ran there)."""
     last: dict = {}
     for k, b in enumerate(builders):
         tl = b._follow
@@ -89,12 +95,16 @@ def _last_runs(builders: list) -> list:
                 if t is not None and t >= 0 and (t not in last or when >= last[t][0]):
                     last[t] = (when, k, j)
     runs: list = [[] for _ in builders]
-    for t, ((_time, into), k, j) in last.items():
+    ends: list = [[] for _ in builders]
+    ended = dict(exits)
+    for t, ((time, into), k, j) in last.items():
         if not into:
             runs[k].append((j, t))
-    for r in runs:
+        elif ended.get(t, -1) >= time:
+            ends[k].append((ended[t], t))
+    for r in runs + ends:
         r.sort(reverse=True)            # (taken from the end)
-    return runs
+    return runs, ends
 
 
 class _Held:
@@ -129,6 +139,7 @@ class _Feed:
         self.r0 = self.j0 = 0       # the cursor: a record, an item position
         self.first = 0              # the stream's instructions before it
         self.last = 0               # the time the last piece began at
+        self.next = None            # ... the next one begins at (None: none)
         self.done = 0               # trace bytes told to progress
 
     def key(self, run) -> tuple | None:
@@ -243,7 +254,9 @@ def run_interleaved(run, sources: list[Source],
         run._wrapped(b, src.entry)
     closed = [False] * n
     live = 0                        # the stream the writers are on
-    runs = _last_runs(builders) if by_thread else None
+    runs, ends = _last_runs(builders, getattr(sources[0].info, "exits", ())) \
+        if by_thread else (None, None)
+    feeds: list = []
 
     def gone() -> None:
         """(by thread) Threads whose last run is behind: the writers
@@ -253,6 +266,18 @@ def run_interleaved(run, sources: list[Source],
             r = runs[k]
             while r and (closed[k] or b._follow.i > r[-1][0]):
                 tids.append(r.pop()[1])
+            r = ends[k]
+            while r and (closed[k] or (feeds[k].next is not None
+                                       and feeds[k].next > r[-1][0])):
+                t = r.pop()[1]
+                if not closed[k] and b._thread == t and b._tracing is False:
+                    # it exited (tracing off, this CPU's stream past the
+                    # time): its frames end here, as at a switch out
+                    reg.lend(b)
+                    b._give_up()
+                    reg.settle(b)
+                    deliver(k)
+                tids.append(t)
         if tids:
             for w in run.writers:
                 w.threads_gone(tids)
@@ -289,7 +314,7 @@ def run_interleaved(run, sources: list[Source],
                 emit(live, held[live])
                 held[live].close()
 
-    feeds = [_Feed(k, src.batches) for k, src in enumerate(sources)]
+    feeds += [_Feed(k, src.batches) for k, src in enumerate(sources)]
     heap: list = []
 
     def push(f: _Feed) -> None:
@@ -297,8 +322,10 @@ def run_interleaved(run, sources: list[Source],
             at(f.k)
         key = f.key(run)
         if key is None:
+            f.next = None
             close(f.k)
         else:
+            f.next = key[0]
             heapq.heappush(heap, (key, f.k))
 
     for f in feeds:
@@ -318,13 +345,13 @@ def run_interleaved(run, sources: list[Source],
                     deliver(j)
                     reg.settle(builders[j])
         deliver(k)
-        if by_thread:
-            gone()
         win = states[k].get("window")
         if win is not None and win.past():
             close(k)            # past the window: nothing more to see
             continue
         push(feeds[k])
+        if by_thread:
+            gone()          # (after the push: where this stream goes on)
     for k, b in enumerate(builders):
         run._add_totals(b, sources[k].entry)
     return builders
