@@ -251,3 +251,19 @@ def test_streams_open_trace_names_what_it_cannot_decode(files):
             open_trace(str(files[kind]), Image())
         assert str(files[kind]) in str(e.value) and "\n" not in str(e.value)
     assert len(open_trace(str(files["good"]), Image()).streams) == 1
+
+
+@pytest.mark.parametrize("cmd", ["summary", "calls", "export"])
+@pytest.mark.parametrize("opt,value", [("--insns", "50..10"), ("--time", "5ms..2ms"),
+                                       ("--time", "2000..1000")])
+def test_views_refuse_a_window_that_ends_before_it_begins(files, cmd, opt, value):
+    """``--insns 50..10`` was taken as given: a view of some 1,000
+    instructions nobody asked for (the window's edges cut activations
+    oddly), exit status 0.  A window whose end comes before its start is
+    a slip, said in one line."""
+    extra = ["--folded", files["dir"].parent / "f.folded"] if cmd == "export" else []
+    _one_line(run_hwtrace(cmd, opt, value, files["good"], *extra), opt, value,
+              "A is after B")
+    for ok in ("10..50", "10..10", "..10", "10.."):
+        r = run_hwtrace(cmd, "--insns", ok, files["good"], *extra)
+        assert "A is after B" not in r.stderr

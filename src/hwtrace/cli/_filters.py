@@ -104,6 +104,11 @@ def _range(opt: str, text, one):
         raise CliError(f"{opt}: give A..B (either side may be empty)")
     lo = one(a, opt) if a.strip() else None
     hi = one(b, opt) if b.strip() else None
+    # an empty window is a slip, not a question (a time with a unit and a
+    # bare clock count are not compared: the clock's rate says later)
+    if lo is not None and hi is not None and (
+            lo > hi if one is _count else lo[1] == hi[1] and lo[0] > hi[0]):
+        raise CliError(f"{opt}: {text}: A is after B")
     return (lo, hi)
 
 
