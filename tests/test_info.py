@@ -6,9 +6,17 @@ import json
 import os
 import struct
 
+import pytest
+
 from conftest import run_hwtrace
 from hwtrace.control.capabilities import NONE
 from hwtrace.control.host import caps_from_cpuid, caps_from_sysfs, cpu_from_cpuinfo, host_cpu
+
+CRASH_C = r"""
+#include <stdio.h>
+__attribute__((noinline)) int deref(volatile int *p) { return *p; }
+int main(int argc, char **argv) { puts("before"); return deref((int *)(long)(argc - 1)); }
+"""
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -144,6 +152,22 @@ def test_info_describes_a_recorded_bundle(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"  missing: {progs['child']} (build-id " in r.stdout
     assert ", 1 missing" in r.stdout and "--image-path DIR" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["cpu", "thread"])
+def test_info_says_a_program_a_signal_killed_was_killed(tmp_path, mode):
+    """QEMU logs no exit for a process a signal kills: its sideband exit
+    said ``status 0`` and ``info`` "exit status 0" for a program that died
+    of SIGSEGV.  The one the recorder started has its wait() status."""
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"crash": CRASH_C})
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", mode, "-o", b, "--", progs["crash"])
+    assert r.returncode == 128 + 11, r.stderr
+    text = run_hwtrace("info", b, check=True).stdout
+    assert f"{progs['crash']}  [1 thread, killed by SIGSEGV]" in text, text
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert [p["exit_status"] for p in d["processes"]] == [-11]
 
 
 def test_info_describes_an_imported_perf_capture(tmp_path, hardware):
