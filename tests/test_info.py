@@ -170,6 +170,34 @@ def test_info_says_a_program_a_signal_killed_was_killed(tmp_path, mode):
     assert [p["exit_status"] for p in d["processes"]] == [-11]
 
 
+def test_a_stream_file_cut_short_is_named_by_info_and_the_views(tmp_path):
+    """A stream file cut in half after recording: ``info`` said "complete"
+    and "nothing lost", and the views refused it as "not a regular file of
+    N bytes" (it is one, of fewer bytes)."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    m = json.loads((b / "manifest.json").read_text())
+    s = m["streams"][0]
+    os.truncate(b / s["file"], s["size"] // 2)
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "1 stream file(s) not as recorded (the views refuse them)" in text, text
+    line = next(x for x in text.splitlines() if x.startswith(f"  {s['file']} "))
+    assert line.endswith(f"the file has {s['size'] // 2:,} bytes, the manifest says "
+                         f"{s['size']:,}"), line
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert d["streams"][0]["file_size"] == s["size"] // 2
+    for cmd in ("summary", "calls", "decode"):
+        r = run_hwtrace(cmd, b)
+        assert r.returncode == 2 and r.stdout == "", (cmd, r.stdout[-300:])
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"stream {s['file']}: {s['size'] // 2} bytes, manifest says {s['size']}" \
+            in r.stderr, r.stderr
+    (b / s["file"]).unlink()
+    line = next(x for x in run_hwtrace("info", b, check=True).stdout.splitlines()
+                if x.startswith(f"  {s['file']} "))
+    assert line.endswith("the file is missing"), line
+
+
 def test_info_describes_an_imported_perf_capture(tmp_path, hardware):
     """A real capture: no instruction counts (hardware counts none), the
     process as perf saw it (comm and exe), the files it mapped (none here)."""

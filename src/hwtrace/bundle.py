@@ -744,7 +744,9 @@ class Bundle:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != info.size:
             f.close()
-            raise BundleError(f"stream {info.file}: not a regular file of {info.size} bytes")
+            if not stat.S_ISREG(st.st_mode):
+                raise BundleError(f"stream {info.file}: not a regular file")
+            raise BundleError(f"stream {info.file}: {st.st_size} bytes, manifest says {info.size}")
         return f
 
     # -- sideband

@@ -68,7 +68,10 @@ def _status(st: int) -> str:
 
 def _stream_line(s: dict, width: int, counted: bool) -> str:
     where = f"cpu {s['cpu']}" if "cpu" in s else f"tid {s['tid']}"
-    if s.get("stopped"):
+    if "file_size" in s:
+        state = "the file is missing" if s["file_size"] is None else \
+            f"the file has {_n(s['file_size'])} bytes, the manifest says {_n(s['size'])}"
+    elif s.get("stopped"):
         state = f"buffer filled at {_bytes(s['capture_end'])}: {_bytes(s['lost_bytes'])} lost"
     elif s.get("wrapped"):
         gen = s.get("generated_bytes")
@@ -166,6 +169,9 @@ def lines(d: dict) -> list[str]:
     if t["wrapped"]:
         loss.append(f"{t['wrapped']} circular buffer(s) wrapped")
     streams = d["streams"]
+    altered = sum(1 for s in streams if "file_size" in s)
+    if altered:
+        loss.append(f"{altered} stream file(s) not as recorded (the views refuse them)")
     counted = t["instructions_observed"] > 0      # hardware counts none
     insns = (f"{_n(t['instructions_observed'])} instructions observed; " if counted
              else "")
