@@ -41,8 +41,10 @@ def window_of(args):
     if fn is None and md is None and mind is None and ins is None and tim is None:
         return None
     origin: dict = {}           # the first stream's start, for --time
+    found: list = []            # an activation of --function began
     f = lambda b: ViewFilter(b, function=fn, max_depth=md, min_duration=mind,  # noqa: E731
-                             insns=ins, time=tim, origin=origin)
+                             insns=ins, time=tim, origin=origin, found=found)
+    f.function, f.found = fn, found
     # a --time window counts from the first stream's start: its streams
     # are taken one after the other (hwtrace.export.interleave)
     f.by_time = tim is not None

@@ -72,6 +72,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
         _one_by_one(run, inp, label, progress, more)
     totals = run.totals
     totals["bytes"] = total
+    if getattr(window, "function", None) is not None and not window.found:
+        totals["unmatched"] = window.function
     return inp, totals, progress
 
 
@@ -157,6 +159,8 @@ def loss_parts(totals: dict) -> list[str]:
 def summary_line(label: str, totals: dict) -> str:
     lost = loss_parts(totals)
     tail = "; ".join(lost) if lost else "no gaps"
+    if "unmatched" in totals:
+        tail += f"; --function {totals['unmatched']}: no activation of it in the trace"
     return (f"hwtrace {label}: {totals['streams']} stream(s), "
             f"{totals['insns']:,} instructions, "
             f"{totals['activations']:,} activations, {tail}")
