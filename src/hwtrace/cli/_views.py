@@ -64,7 +64,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
         more["plain_events"] = True
     infos = [s.info for s in inp.streams]
     by_thread = all(hasattr(w, "threads_followed") for w in writers)
-    if coverage is None and not getattr(window, "by_time", False) and \
+    # (coverage alone needs no time order: each stream on its own is cheaper)
+    if (coverage is None or writers) and not getattr(window, "by_time", False) and \
             all(s.batches is not None for s in inp.streams) and \
             (applies(infos, args.clock) or (by_thread and alone(infos))):
         _interleaved(run, inp, label, progress, more)
