@@ -89,6 +89,17 @@ def test_dump_directory_is_one_line(files):
     _one_line(run_hwtrace("dump", files["dir"]), "adir", "directory")
 
 
+def test_dump_of_a_bundle_names_its_streams(tmp_path):
+    """``dump DIR`` of a bundle said only "Is a directory": it names the
+    streams to dump instead."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    import json
+    name = json.loads((b / "manifest.json").read_text())["streams"][0]["file"]
+    _one_line(run_hwtrace("dump", b), f"{b} is a trace bundle",
+              f"e.g. {b / name} (its streams: {name})")
+
+
 @pytest.mark.parametrize("kind,words", [
     ("junk", ["--pt", "junk.bin", "no PSB"]),
     ("empty", ["--pt", "empty.pt", "empty file"]),
