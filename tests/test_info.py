@@ -198,6 +198,27 @@ def test_a_stream_file_cut_short_is_named_by_info_and_the_views(tmp_path):
     assert line.endswith("the file is missing"), line
 
 
+def test_a_deleted_sideband_is_named(tmp_path):
+    """With its sideband.jsonl deleted a bundle decodes to nothing but
+    "no memory mapped" errors; ``info`` said "processes: 0" and the views
+    only that.  Both now name the missing file."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    (b / "sideband.jsonl").unlink()
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "; the sideband (sideband.jsonl) is missing" in text, text
+    assert json.loads(run_hwtrace("info", b, "--json", check=True).stdout)[
+        "sideband_missing"] == "sideband.jsonl"
+    for cmd in ("summary", "decode"):
+        r = run_hwtrace(cmd, b)
+        assert "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"hwtrace: warning: {b}: its sideband (sideband.jsonl) "
+                                   "is missing: "), (cmd, r.stderr)
+    (b / "sideband.jsonl").write_text("")
+    for cmd in ("info", "summary"):
+        assert "sideband" not in run_hwtrace(cmd, b).stderr
+
+
 def test_info_describes_an_imported_perf_capture(tmp_path, hardware):
     """A real capture: no instruction counts (hardware counts none), the
     process as perf saw it (comm and exe), the files it mapped (none here)."""

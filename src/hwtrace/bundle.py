@@ -750,6 +750,15 @@ class Bundle:
         return f
 
     # -- sideband
+    @property
+    def sideband_missing(self) -> str | None:
+        """The sideband file the manifest names, if it is not there (then
+        no process, memory map or switch is known), else None."""
+        if self._sideband_name is None:
+            return None
+        p = P.join(self._dir, self._sideband_name)
+        return None if os.path.lexists(p) else self._sideband_name
+
     def iter_sideband(self) -> Iterator[object]:
         if self._sideband_name is None:
             return iter(())

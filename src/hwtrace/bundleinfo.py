@@ -67,6 +67,8 @@ def describe(b: Bundle) -> dict:
             if b.engine == "emulated":      # perf's exit records carry no status
                 p["exit_status"] = exits[(p["pid"], p["pid"])]
     out["processes"] = sorted(procs.values(), key=lambda p: p["pid"])
+    if b.sideband_missing is not None:
+        out["sideband_missing"] = b.sideband_missing
     out["switches"] = switches
     out["images"] = [_image(b, f, bid, pids)
                      for (f, bid), pids in sorted(mmaps.items(), key=_user_first)]

@@ -182,7 +182,9 @@ def lines(d: dict) -> list[str]:
     procs = d["processes"]
     nthreads = sum(len(p["threads"]) for p in procs)
     threads = f", {nthreads} thread(s)" if nthreads else ""
-    out.append(f"processes:  {len(procs)}{threads}, {d['switches']} context switch(es)")
+    out.append(f"processes:  {len(procs)}{threads}, {d['switches']} context switch(es)"
+               + (f"; the sideband ({d['sideband_missing']}) is missing"
+                  if d.get("sideband_missing") else ""))
     out += _process_lines(procs)
     imgs = d["images"]
     missing = [i for i in imgs if not i["found"]]
