@@ -278,3 +278,12 @@ def test_views_refuse_a_window_that_ends_before_it_begins(files, cmd, opt, value
     for ok in ("10..50", "10..10", "..10", "10.."):
         r = run_hwtrace(cmd, "--insns", ok, files["good"], *extra)
         assert "A is after B" not in r.stderr
+
+
+def test_negative_jobs_on_a_bundle_is_refused_too(tmp_path):
+    """``decode DIR --jobs -3`` was taken silently (only a raw --pt trace
+    checked it)."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    _one_line(run_hwtrace("decode", b, "--jobs", "-3"), "--jobs: bad argument: -3")
+    assert run_hwtrace("decode", b, "--jobs", "0", "--quiet", "--stat").returncode == 0
