@@ -97,7 +97,7 @@ def test_a_complete_recording_says_nothing_lost(tmp_path, fib, ptoracle):
 
 
 def test_decode_of_a_lossy_stream_says_so(tmp_path, fib):
-    """``decode DIR`` of a stream whose buffer filled (or wrapped) just
+    """``decode DIR`` (and ``branches DIR``) of a stream whose buffer filled (or wrapped) just
     ended (or began) its listing there, and said nothing -- the views and
     coverage say it; decode now warns once per such stream, after its
     output."""
@@ -108,9 +108,11 @@ def test_decode_of_a_lossy_stream_says_so(tmp_path, fib):
     assert s["stopped"]
     want = (f"hwtrace: warning: {s['file']}: recorded with loss: buffer full, tracing "
             f"stopped, {s['lost_bytes']:,} bytes lost\n")
-    for extra in ([], ["--quiet", "--stat"], ["--format", "jsonl"]):
-        r = run_hwtrace("decode", b, *extra)
-        assert r.returncode == 0 and r.stderr == want, (extra, r.stderr)
+    for cmd in (["decode"], ["decode", "--quiet", "--stat"], ["decode", "--format", "jsonl"],
+                ["branches"], ["branches", "--kinds", "all", "--format", "jsonl"]):
+        r = run_hwtrace(*cmd, b)
+        assert r.returncode == 0 and r.stderr == want, (cmd, r.stderr)
     c = tmp_path / "c"
     run_hwtrace("record", "-o", c, "--", fib, "10", check=True)
     assert run_hwtrace("decode", c, "--quiet", "--stat").stderr == ""
+    assert run_hwtrace("branches", c).stderr == ""
