@@ -361,7 +361,7 @@ def _trace(arg: str):
 
 
 def run(args) -> int:
-    if args.jobs < 0:       # (a bundle's streams ignore it: said for them too)
+    if args.jobs < 0:       # checked for a bundle too (its streams go one by one)
         raise CliError(f"--jobs: bad argument: {args.jobs}")
     if args.bundle:
         if args.pt:

@@ -118,7 +118,6 @@ def buffer_geometry(args) -> tuple[int, int]:
             args.chunk_order if args.chunk_order is not None else 0)
 
 
-
 def _int(text: str, what: str) -> int:
     try:
         return int(text, 0)
