@@ -372,7 +372,8 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges, *, work: Path | None
             # with the mode, buffers and CPU count the device gives, how
             # 'hwtrace recover' makes this bundle if hwtrace is killed
             eng.log_meta = {"copy_images": bool(args.copy_images),
-                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()}}
+                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()},
+                            "command": list(prog) if prog else None}
 
         def on_snapshot(reason):
             ended.snapshot = reason
