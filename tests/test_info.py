@@ -219,6 +219,22 @@ def test_a_deleted_sideband_is_named(tmp_path):
         assert "sideband" not in run_hwtrace(cmd, b).stderr
 
 
+def test_anonymous_memory_is_not_a_missing_file(tmp_path):
+    """perf's maps of anonymous memory ("//anon", "[stack]") were listed as
+    missing files, with the advice to give --image-path copies of them."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    pid = json.loads((b / "sideband.jsonl").read_text().splitlines()[0])["pid"]
+    with open(b / "sideband.jsonl", "a") as f:
+        for k, name in enumerate(("//anon", "[stack]", "[heap]")):
+            f.write(json.dumps({"type": "mmap", "pid": pid, "start": 0x7000_0000 + k * 4096,
+                                "size": 4096, "offset": 0, "file": name}) + "\n")
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "  and anonymous memory: //anon, [heap], [stack] (code run there can't be " \
+        "decoded)\n" in text, text
+    assert "missing: //anon" not in text and ", 0 missing\n" in text, text
+
+
 def test_info_describes_an_imported_perf_capture(tmp_path, hardware):
     """A real capture: no instruction counts (hardware counts none), the
     process as perf saw it (comm and exe), the files it mapped (none here)."""

@@ -188,10 +188,18 @@ def lines(d: dict) -> list[str]:
     out += _process_lines(procs)
     imgs = d["images"]
     missing = [i for i in imgs if not i["found"]]
+    # anonymous memory (perf's "//anon", "[stack]", "[heap]") is no file to
+    # find ("[vdso]" and the kernel's image are: a bundle may store them)
+    anon = [i for i in missing
+            if i["file"].startswith("//anon") or i["file"] in ("[stack]", "[heap]")]
+    missing = [i for i in missing if i not in anon]
     stored = sum(1 for i in imgs if i["found"] == "bundle")
-    out.append(f"images:     {len(imgs)} file(s) mapped: {stored} stored in "
-               f"the bundle, {len(imgs) - stored - len(missing)} found on this machine, "
-               f"{len(missing)} missing")
+    out.append(f"images:     {len(imgs) - len(anon)} file(s) mapped: {stored} stored in "
+               f"the bundle, {len(imgs) - len(anon) - stored - len(missing)} found on "
+               f"this machine, {len(missing)} missing")
+    if anon:
+        out.append(f"  and anonymous memory: {', '.join(i['file'] for i in anon[:8])}"
+                   f"{', ...' if len(anon) > 8 else ''} (code run there can't be decoded)")
     for i in missing[:MAX_MISSING]:
         bid = f" (build-id {i['build_id']})" if i["build_id"] else ""
         out.append(f"  missing: {i['file']}{bid}")
