@@ -234,3 +234,23 @@ def test_one_load_bias_for_mappings_and_live_symbols(prog):
             assert mapping_bias(str(exe), start, pgoff) == bias
             if (vaddr, off) == first[::2] and pgoff == off & ~0xFFF:
                 assert bias == 0x7F0000000000
+
+
+def test_dwarf5_relative_comp_dir_not_doubled(tmp_path):
+    """DWARF 5's directory 0 *is* the compilation directory: a file named
+    in it is not joined to DW_AT_comp_dir a second time.  Debian's glibc is
+    built with comp_dir ``./elf`` (its directory 0 also ``./elf``): lcov,
+    --lines and diff named its files ``elf/elf/dl-load.c``."""
+    tools()
+    sub = tmp_path / "src"
+    sub.mkdir()
+    (sub / "p.c").write_text(PROG)
+    exe = tmp_path / "p"
+    subprocess.run(["gcc", "-gdwarf-5", "-O1", f"-fdebug-prefix-map={sub}=./src",
+                    "-o", exe, "p.c"], cwd=sub, check=True, capture_output=True)
+    dis = subprocess.run(["objdump", "-d", exe], capture_output=True, text=True,
+                         check=True).stdout
+    s = Symbolizer()
+    s.add_image(exe, 0)
+    twice = link_addr(dis, "twice")
+    assert s.line(twice)[0] == "src/p.c"

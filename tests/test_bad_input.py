@@ -89,6 +89,17 @@ def test_dump_directory_is_one_line(files):
     _one_line(run_hwtrace("dump", files["dir"]), "adir", "directory")
 
 
+def test_dump_of_a_bundle_names_its_streams(tmp_path):
+    """``dump DIR`` of a bundle said only "Is a directory": it names the
+    streams to dump instead."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    import json
+    name = json.loads((b / "manifest.json").read_text())["streams"][0]["file"]
+    _one_line(run_hwtrace("dump", b), f"{b} is a trace bundle",
+              f"e.g. {b / name} (its streams: {name})")
+
+
 @pytest.mark.parametrize("kind,words", [
     ("junk", ["--pt", "junk.bin", "no PSB"]),
     ("empty", ["--pt", "empty.pt", "empty file"]),
@@ -251,3 +262,28 @@ def test_streams_open_trace_names_what_it_cannot_decode(files):
             open_trace(str(files[kind]), Image())
         assert str(files[kind]) in str(e.value) and "\n" not in str(e.value)
     assert len(open_trace(str(files["good"]), Image()).streams) == 1
+
+
+@pytest.mark.parametrize("cmd", ["summary", "calls", "export"])
+@pytest.mark.parametrize("opt,value", [("--insns", "50..10"), ("--time", "5ms..2ms"),
+                                       ("--time", "2000..1000")])
+def test_views_refuse_a_window_that_ends_before_it_begins(files, cmd, opt, value):
+    """``--insns 50..10`` was taken as given: a view of some 1,000
+    instructions nobody asked for (the window's edges cut activations
+    oddly), exit status 0.  A window whose end comes before its start is
+    a slip, said in one line."""
+    extra = ["--folded", files["dir"].parent / "f.folded"] if cmd == "export" else []
+    _one_line(run_hwtrace(cmd, opt, value, files["good"], *extra), opt, value,
+              "A is after B")
+    for ok in ("10..50", "10..10", "..10", "10.."):
+        r = run_hwtrace(cmd, "--insns", ok, files["good"], *extra)
+        assert "A is after B" not in r.stderr
+
+
+def test_negative_jobs_on_a_bundle_is_refused_too(tmp_path):
+    """``decode DIR --jobs -3`` was taken silently (only a raw --pt trace
+    checked it)."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    _one_line(run_hwtrace("decode", b, "--jobs", "-3"), "--jobs: bad argument: -3")
+    assert run_hwtrace("decode", b, "--jobs", "0", "--quiet", "--stat").returncode == 0

@@ -130,6 +130,28 @@ def test_cpu_mode_folded_stacks_are_thread_modes(hopping, tmp_path):
     assert mine == theirs
 
 
+def test_coverage_asked_for_too_changes_no_other_export(hopping, tmp_path):
+    """``export --folded F --drcov D`` fed the CPU streams one by one (the
+    coverage wanted them so), not in time order: the thread that moved
+    lost its stack at each move, and F differed from ``export --folded F``
+    alone.  Now every export comes from the time-ordered run, and the
+    coverage is the one the streams give one by one."""
+    alone = tmp_path / "alone.folded"
+    run_hwtrace("export", hopping["cpu"], "--folded", alone, check=True)
+    cov = {}
+    for how in ("alone", "with"):
+        f = tmp_path / f"{how}.drcov"
+        extra = ["--folded", tmp_path / "with.folded", "--chrome", tmp_path / "c.json"] \
+            if how == "with" else []
+        r = run_hwtrace("export", hopping["cpu"], "--drcov", f, "--lcov", tmp_path / f"{how}.info",
+                        *extra)
+        assert r.returncode == 0, r.stderr
+        cov[how] = (f.read_bytes(), (tmp_path / f"{how}.info").read_text())
+    assert (tmp_path / "with.folded").read_text() == alone.read_text()
+    assert cov["with"] == cov["alone"]
+    assert b"/hop\n" in cov["with"][0] and "end_of_record" in cov["with"][1]
+
+
 # ------------------------------------------------------------------ units
 
 def _slices(builder) -> list:

@@ -6,9 +6,17 @@ import json
 import os
 import struct
 
+import pytest
+
 from conftest import run_hwtrace
 from hwtrace.control.capabilities import NONE
 from hwtrace.control.host import caps_from_cpuid, caps_from_sysfs, cpu_from_cpuinfo, host_cpu
+
+CRASH_C = r"""
+#include <stdio.h>
+__attribute__((noinline)) int deref(volatile int *p) { return *p; }
+int main(int argc, char **argv) { puts("before"); return deref((int *)(long)(argc - 1)); }
+"""
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -144,6 +152,87 @@ def test_info_describes_a_recorded_bundle(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"  missing: {progs['child']} (build-id " in r.stdout
     assert ", 1 missing" in r.stdout and "--image-path DIR" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["cpu", "thread"])
+def test_info_says_a_program_a_signal_killed_was_killed(tmp_path, mode):
+    """QEMU logs no exit for a process a signal kills: its sideband exit
+    said ``status 0`` and ``info`` "exit status 0" for a program that died
+    of SIGSEGV.  The one the recorder started has its wait() status."""
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"crash": CRASH_C})
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--mode", mode, "-o", b, "--", progs["crash"])
+    assert r.returncode == 128 + 11, r.stderr
+    text = run_hwtrace("info", b, check=True).stdout
+    assert f"{progs['crash']}  [1 thread, killed by SIGSEGV]" in text, text
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert [p["exit_status"] for p in d["processes"]] == [-11]
+
+
+def test_a_stream_file_cut_short_is_named_by_info_and_the_views(tmp_path):
+    """A stream file cut in half after recording: ``info`` said "complete"
+    and "nothing lost", and the views refused it as "not a regular file of
+    N bytes" (it is one, of fewer bytes)."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    m = json.loads((b / "manifest.json").read_text())
+    s = m["streams"][0]
+    os.truncate(b / s["file"], s["size"] // 2)
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "1 stream file(s) not as recorded (the views refuse them)" in text, text
+    line = next(x for x in text.splitlines() if x.startswith(f"  {s['file']} "))
+    assert line.endswith(f"the file has {s['size'] // 2:,} bytes, the manifest says "
+                         f"{s['size']:,}"), line
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert d["streams"][0]["file_size"] == s["size"] // 2
+    for cmd in ("summary", "calls", "decode"):
+        r = run_hwtrace(cmd, b)
+        assert r.returncode == 2 and r.stdout == "", (cmd, r.stdout[-300:])
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"stream {s['file']}: {s['size'] // 2} bytes, manifest says {s['size']}" \
+            in r.stderr, r.stderr
+    (b / s["file"]).unlink()
+    line = next(x for x in run_hwtrace("info", b, check=True).stdout.splitlines()
+                if x.startswith(f"  {s['file']} "))
+    assert line.endswith("the file is missing"), line
+
+
+def test_a_deleted_sideband_is_named(tmp_path):
+    """With its sideband.jsonl deleted a bundle decodes to nothing but
+    "no memory mapped" errors; ``info`` said "processes: 0" and the views
+    only that.  Both now name the missing file."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    (b / "sideband.jsonl").unlink()
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "; the sideband (sideband.jsonl) is missing" in text, text
+    assert json.loads(run_hwtrace("info", b, "--json", check=True).stdout)[
+        "sideband_missing"] == "sideband.jsonl"
+    for cmd in ("summary", "decode"):
+        r = run_hwtrace(cmd, b)
+        assert "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"hwtrace: warning: {b}: its sideband (sideband.jsonl) "
+                                   "is missing: "), (cmd, r.stderr)
+    (b / "sideband.jsonl").write_text("")
+    for cmd in ("info", "summary"):
+        assert "sideband" not in run_hwtrace(cmd, b).stderr
+
+
+def test_anonymous_memory_is_not_a_missing_file(tmp_path):
+    """perf's maps of anonymous memory ("//anon", "[stack]") were listed as
+    missing files, with the advice to give --image-path copies of them."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--mode", "thread", "-o", b, "--", "/bin/true", check=True)
+    pid = json.loads((b / "sideband.jsonl").read_text().splitlines()[0])["pid"]
+    with open(b / "sideband.jsonl", "a") as f:
+        for k, name in enumerate(("//anon", "[stack]", "[heap]")):
+            f.write(json.dumps({"type": "mmap", "pid": pid, "start": 0x7000_0000 + k * 4096,
+                                "size": 4096, "offset": 0, "file": name}) + "\n")
+    text = run_hwtrace("info", b, check=True).stdout
+    assert "  and anonymous memory: //anon, [heap], [stack] (code run there can't be " \
+        "decoded)\n" in text, text
+    assert "missing: //anon" not in text and ", 0 missing\n" in text, text
 
 
 def test_info_describes_an_imported_perf_capture(tmp_path, hardware):

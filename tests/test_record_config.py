@@ -1,6 +1,7 @@
 """hwtrace record's option parsing: config names to IA32_RTIT_CTL, sizes."""
 
 import argparse
+import re
 
 import pytest
 
@@ -43,6 +44,25 @@ def test_sizes():
         buffer_geometry(ns(buffer_size="5000", num_chunks=None, chunk_order=None))
     with pytest.raises(CliError):
         buffer_geometry(ns(buffer_size="8K", num_chunks=2, chunk_order=None))
+
+
+@pytest.mark.parametrize("opts,said", [
+    ({"chunk_order": 9}, "--chunk-order must be 0..8"),
+    ({"chunk_order": -1}, "--chunk-order must be 0..8"),
+    ({"num_chunks": 0}, "--num-chunks must be 1..4096"),
+    ({"num_chunks": 5000}, "--num-chunks must be 1..4096"),
+    ({"buffer_size": "0"}, "--buffer-size must be a positive multiple of 4K"),
+    ({"buffer_size": "8G"}, "--buffer-size 8G: a buffer holds at most 256M"),
+    ({"buffer_size": "16388K"}, "--buffer-size 16388K: more than 4096 chunks of 4K"),
+])
+def test_buffer_options_are_named_as_given(opts, said):
+    """The control API's own words ("chunk_order must be 0..8", "a buffer
+    holds at most 256 MiB") reached the user of --chunk-order and
+    --buffer-size, and "--buffer-size 0" was "must be a multiple of 4K"."""
+    ns = argparse.Namespace(**{"buffer_size": None, "num_chunks": None,
+                               "chunk_order": None, **opts})
+    with pytest.raises(CliError, match=re.escape(said)):
+        buffer_geometry(ns)
 
 
 def test_range_symbols_any_type_from_the_symbol_reader(tmp_path):

@@ -94,3 +94,25 @@ def test_a_complete_recording_says_nothing_lost(tmp_path, fib, ptoracle):
         assert s["generated_bytes"] == s["size"]
         got = _libipt_count(ptoracle, b, s)
         assert got["errors"] == 0 and got["insns"] == s["instructions_observed"]
+
+
+def test_decode_of_a_lossy_stream_says_so(tmp_path, fib):
+    """``decode DIR`` (and ``branches DIR``) of a stream whose buffer filled (or wrapped) just
+    ended (or began) its listing there, and said nothing -- the views and
+    coverage say it; decode now warns once per such stream, after its
+    output."""
+    b = tmp_path / "b"
+    run_hwtrace("record", "--buffer-size", "4K", "--mode", "thread", "-o", b, "--", fib, "20",
+                check=True)
+    (s,) = _streams(b)
+    assert s["stopped"]
+    want = (f"hwtrace: warning: {s['file']}: recorded with loss: buffer full, tracing "
+            f"stopped, {s['lost_bytes']:,} bytes lost\n")
+    for cmd in (["decode"], ["decode", "--quiet", "--stat"], ["decode", "--format", "jsonl"],
+                ["branches"], ["branches", "--kinds", "all", "--format", "jsonl"]):
+        r = run_hwtrace(*cmd, b)
+        assert r.returncode == 0 and r.stderr == want, (cmd, r.stderr)
+    c = tmp_path / "c"
+    run_hwtrace("record", "-o", c, "--", fib, "10", check=True)
+    assert run_hwtrace("decode", c, "--quiet", "--stat").stderr == ""
+    assert run_hwtrace("branches", c).stderr == ""

@@ -568,6 +568,15 @@ def test_recorder_killed_then_recovered(tmp_path, cprogs, ptoracle, engine, mode
     counts = dict(re.findall(r"\[stream (\S+)\]\ninsn: (\d+)\.", d.stdout))
     assert {k: int(v) for k, v in counts.items()} == \
         {s["file"]: s["instructions_observed"] for s in man["streams"]}
+    # how it ended, as far as is known: the command recorded (it was the
+    # log's path), and not "the program exited with status 0" (the replay's)
+    info = run_hwtrace("info", b, check=True).stdout
+    assert f"command:    {cprogs / 'sleeper'} {pidf}\n" in info, info
+    assert "ended:      its recorder ended before writing the bundle: made by hwtrace " \
+        "recover from what it had logged\n" in info, info
+    assert man["recording"]["status"] is None
+    assert "ended:      its recorder still running: the trace so far, made by hwtrace " \
+        "recover\n" in run_hwtrace("info", tmp_path / "snap", check=True).stdout
     sm = run_hwtrace("summary", b)
     assert sm.returncode == 0, sm.stderr
     assert re.search(r"^fib\s+[\d,]+\s", sm.stdout, re.M), sm.stdout

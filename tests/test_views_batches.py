@@ -258,6 +258,24 @@ def test_calls_function_and_depth(rec):
     assert got == [(0, "fib"), (1, "fib"), (1, "fib")]
 
 
+def test_function_that_never_ran_is_said(rec, tmp_path):
+    """``--function`` naming a function that never ran (a typo, a name
+    inlined away) printed an empty view and nothing else; ``summary``
+    said "clock: mixed" and headed time columns for nothing.  One note on
+    the summary line says so; the exit status stays 0."""
+    note = "--function nosuch: no activation of it in the trace"
+    for cmd, extra in (("calls", []), ("summary", []),
+                       ("export", ["--folded", tmp_path / "f.folded"])):
+        r = run_hwtrace(cmd, rec["thread"], "--function", "nosuch", *extra)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("\n") == 1 and note in r.stderr, (cmd, r.stderr)
+        if cmd == "summary":
+            assert "clock: none (nothing in the view)" in r.stdout, r.stdout
+            assert "mixed" not in r.stdout and "time" not in r.stdout.split("\n\n")[1]
+        ok = run_hwtrace(cmd, rec["thread"], "--function", "fib", *extra)
+        assert ok.returncode == 0 and "no activation" not in ok.stderr, ok.stderr
+
+
 def test_summary_window_counts_only_the_window(rec):
     a, b = 20_000, 60_000
     r = run_hwtrace("summary", rec["thread"], "--insns", f"{a}..{b}", "--top", "500")

@@ -744,10 +744,21 @@ class Bundle:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != info.size:
             f.close()
-            raise BundleError(f"stream {info.file}: not a regular file of {info.size} bytes")
+            if not stat.S_ISREG(st.st_mode):
+                raise BundleError(f"stream {info.file}: not a regular file")
+            raise BundleError(f"stream {info.file}: {st.st_size} bytes, manifest says {info.size}")
         return f
 
     # -- sideband
+    @property
+    def sideband_missing(self) -> str | None:
+        """The sideband file the manifest names, if it is not there (then
+        no process, memory map or switch is known), else None."""
+        if self._sideband_name is None:
+            return None
+        p = P.join(self._dir, self._sideband_name)
+        return None if os.path.lexists(p) else self._sideband_name
+
     def iter_sideband(self) -> Iterator[object]:
         if self._sideband_name is None:
             return iter(())

@@ -7,7 +7,7 @@ sideband through :class:`~hwtrace.bundle.Bundle`; the text is the CLI's.
 
 from __future__ import annotations
 
-from hwtrace.bundle import Bundle, Exit, Mmap, Process, Thread
+from hwtrace.bundle import Bundle, BundleError, Exit, Mmap, Process, Thread
 
 
 def describe(b: Bundle) -> dict:
@@ -26,7 +26,7 @@ def describe(b: Bundle) -> dict:
         "recording": {k: rec[k] for k in ("command", "ended", "status", "stop", "snapshot",
                                           "generator") if rec.get(k) is not None},
         "config": _config(cfg, m) if cfg is not None else None,
-        "streams": [s.to_dict() for s in b.streams],
+        "streams": [_stream(b, s) for s in b.streams],
     }
     out["totals"] = {
         "instructions_observed": sum(s.instructions_observed for s in b.streams),
@@ -67,10 +67,27 @@ def describe(b: Bundle) -> dict:
             if b.engine == "emulated":      # perf's exit records carry no status
                 p["exit_status"] = exits[(p["pid"], p["pid"])]
     out["processes"] = sorted(procs.values(), key=lambda p: p["pid"])
+    if b.sideband_missing is not None:
+        out["sideband_missing"] = b.sideband_missing
     out["switches"] = switches
     out["images"] = [_image(b, f, bid, pids)
                      for (f, bid), pids in sorted(mmaps.items(), key=_user_first)]
     return out
+
+
+def _stream(b: Bundle, s) -> dict:
+    """The manifest's entry, and ``file_size`` (None: no file) where the
+    file is not the size the manifest says (cut short or altered since:
+    the views refuse it)."""
+    import os
+    d = s.to_dict()
+    try:
+        size = os.stat(b.stream_file(s)).st_size
+    except (OSError, BundleError):
+        size = None
+    if size != s.size:
+        d["file_size"] = size
+    return d
 
 
 def _user_first(item) -> tuple:

@@ -494,6 +494,11 @@ def open_bundle(path, *, image_path=(), allow_outside: bool = False,
                      and (not traced or r.cpu in traced))
     tsc_hz = manifest.get("tsc_hz") or None
     ts = TraceSet([], b.mode, str(path), b, spaces, tsc_hz=tsc_hz)
+    gone = b.sideband_missing
+    if gone is not None:
+        ts.warnings.append(f"{path}: its sideband ({gone}) is missing: no process, "
+                           f"memory map or context switch is known, so the code "
+                           f"the trace ran is not found")
     programs = program_names(records)
     creators = thread_creators(records)
     exits = thread_exits(records)

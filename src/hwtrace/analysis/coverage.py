@@ -77,6 +77,19 @@ class CoverageCollector:
     def gap(self) -> None:
         self._close()
 
+    # -- streams fed side by side (hwtrace.export.interleave) ------------------------------
+    def twin(self) -> "CoverageCollector":
+        """An empty collector of the same kind, for one stream of several
+        fed a piece of one, then of another: each its own, then
+        :meth:`absorb` ed -- as if the streams had come one after another."""
+        return CoverageCollector()
+
+    def absorb(self, other: "CoverageCollector") -> None:
+        """Add what ``other`` (a :meth:`twin`, its stream ended) counted."""
+        for k, c in other.finish().items():
+            self._blocks[k] = self._blocks.get(k, 0) + c
+        self.insns += other.insns
+
     # -- batches -------------------------------------------------------------------------
     def add_batch(self, batch) -> None:
         blocks = batch.blocks
@@ -217,6 +230,17 @@ class SpacedCoverage:
     def gap(self) -> None:
         if self._cur is not None:
             self._cur.gap()
+
+    def twin(self) -> "SpacedCoverage":
+        return SpacedCoverage(self._lookup_of)
+
+    def absorb(self, other: "SpacedCoverage") -> None:
+        """:meth:`CoverageCollector.absorb`, per set of files."""
+        for key, (lookup, c) in other._parts.items():
+            mine = self._parts.get(key)
+            if mine is None:
+                mine = self._parts[key] = (lookup, CoverageCollector())
+            mine[1].absorb(c)
 
     def finish(self) -> list[tuple]:
         """(the lookup of the files, or None: no space said, {(start,

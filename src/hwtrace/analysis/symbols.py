@@ -556,7 +556,9 @@ def _cu_rows(dwarf, cu):
         di = fe.dir_index if version >= 5 else fe.dir_index - 1
         d = dirs[di] if 0 <= di < len(dirs) else (comp_dir if fe.dir_index == 0 else "")
         path = os.path.join(d, n) if d else n
-        if not os.path.isabs(path) and comp_dir:
+        # DWARF 5's directory 0 is the compilation directory itself (glibc's
+        # "./elf"): only the others are relative to it
+        if not os.path.isabs(path) and comp_dir and not (version >= 5 and di == 0):
             path = os.path.join(comp_dir, path)
         return os.path.normpath(path)
 

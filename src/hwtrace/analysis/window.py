@@ -159,8 +159,11 @@ class WindowClip:
 
 class ViewFilter:
     def __init__(self, builder, *, function=None, max_depth=None,
-                 min_duration=None, insns=None, time=None, origin=None):
+                 min_duration=None, insns=None, time=None, origin=None, found=None):
         self.function = function
+        #: shared by a view's filters: gets True once an activation of
+        #: ``function`` began (a name that never ran is said, not a blank)
+        self.found = found if found is not None else []
         self.max_depth = max_depth
         self.clip = None
         unit = None
@@ -232,6 +235,8 @@ class ViewFilter:
         if nid is not None:
             new = E[E["name"] == nid]
             if len(new):
+                if not self.found:
+                    self.found.append(True)
                 r = np.zeros(len(new), roots.dtype)
                 r["id"], r["eseq"], r["depth"] = new["id"], new["eseq"], new["depth"]
                 roots = np.concatenate((roots, r))

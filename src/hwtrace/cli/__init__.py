@@ -25,7 +25,9 @@ _blas.install()      # numpy, when a command imports it, without BLAS threads
 
 EPILOG = """\
 exit status: 0 done (a damaged trace is decoded where it can be: its errors
-are in the output at their trace offsets); 2 nothing could be done: a bad
+are in the output at their trace offsets); 1 calls, summary, export or
+coverage decoded not one instruction (one line says why), or diff: the runs
+differ; 2 nothing could be done: a bad
 command line, or input that is unreadable, empty, not Intel PT (no PSB), a
 directory where a file belongs, or code that is not an x86 ELF file (one
 line on stderr says which); 130 interrupted.  record and live branches

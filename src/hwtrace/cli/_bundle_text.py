@@ -68,7 +68,10 @@ def _status(st: int) -> str:
 
 def _stream_line(s: dict, width: int, counted: bool) -> str:
     where = f"cpu {s['cpu']}" if "cpu" in s else f"tid {s['tid']}"
-    if s.get("stopped"):
+    if "file_size" in s:
+        state = "the file is missing" if s["file_size"] is None else \
+            f"the file has {_n(s['file_size'])} bytes, the manifest says {_n(s['size'])}"
+    elif s.get("stopped"):
         state = f"buffer filled at {_bytes(s['capture_end'])}: {_bytes(s['lost_bytes'])} lost"
     elif s.get("wrapped"):
         gen = s.get("generated_bytes")
@@ -166,6 +169,9 @@ def lines(d: dict) -> list[str]:
     if t["wrapped"]:
         loss.append(f"{t['wrapped']} circular buffer(s) wrapped")
     streams = d["streams"]
+    altered = sum(1 for s in streams if "file_size" in s)
+    if altered:
+        loss.append(f"{altered} stream file(s) not as recorded (the views refuse them)")
     counted = t["instructions_observed"] > 0      # hardware counts none
     insns = (f"{_n(t['instructions_observed'])} instructions observed; " if counted
              else "")
@@ -176,14 +182,24 @@ def lines(d: dict) -> list[str]:
     procs = d["processes"]
     nthreads = sum(len(p["threads"]) for p in procs)
     threads = f", {nthreads} thread(s)" if nthreads else ""
-    out.append(f"processes:  {len(procs)}{threads}, {d['switches']} context switch(es)")
+    out.append(f"processes:  {len(procs)}{threads}, {d['switches']} context switch(es)"
+               + (f"; the sideband ({d['sideband_missing']}) is missing"
+                  if d.get("sideband_missing") else ""))
     out += _process_lines(procs)
     imgs = d["images"]
     missing = [i for i in imgs if not i["found"]]
+    # anonymous memory (perf's "//anon", "[stack]", "[heap]") is no file to
+    # find ("[vdso]" and the kernel's image are: a bundle may store them)
+    anon = [i for i in missing
+            if i["file"].startswith("//anon") or i["file"] in ("[stack]", "[heap]")]
+    missing = [i for i in missing if i not in anon]
     stored = sum(1 for i in imgs if i["found"] == "bundle")
-    out.append(f"images:     {len(imgs)} file(s) mapped: {stored} stored in "
-               f"the bundle, {len(imgs) - stored - len(missing)} found on this machine, "
-               f"{len(missing)} missing")
+    out.append(f"images:     {len(imgs) - len(anon)} file(s) mapped: {stored} stored in "
+               f"the bundle, {len(imgs) - len(anon) - stored - len(missing)} found on "
+               f"this machine, {len(missing)} missing")
+    if anon:
+        out.append(f"  and anonymous memory: {', '.join(i['file'] for i in anon[:8])}"
+                   f"{', ...' if len(anon) > 8 else ''} (code run there can't be decoded)")
     for i in missing[:MAX_MISSING]:
         bid = f" (build-id {i['build_id']})" if i["build_id"] else ""
         out.append(f"  missing: {i['file']}{bid}")

@@ -89,8 +89,14 @@ def _warn_ambiguous(st, out) -> None:
     found the trace does not tell (:meth:`hwtrace.streams.Stream.report`,
     the views' warning too).  The bundle is opened without a ``warn`` so
     that it comes here, after the counts of the compiled core too, and
-    not when the stream's batches end."""
+    not when the stream's batches end.  And what its recorder lost (a
+    listing that just ends where the buffer filled says nothing itself;
+    the views and coverage say it)."""
     st.report(lambda text: (out.flush(), warn(text)))
+    e = st.entry
+    if e is not None and e.lossy:
+        out.flush()
+        warn(f"{st.name}: recorded with loss: {e.loss()}")
 
 
 def _fast_counts(args, st, out):

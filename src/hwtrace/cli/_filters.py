@@ -41,8 +41,10 @@ def window_of(args):
     if fn is None and md is None and mind is None and ins is None and tim is None:
         return None
     origin: dict = {}           # the first stream's start, for --time
+    found: list = []            # an activation of --function began
     f = lambda b: ViewFilter(b, function=fn, max_depth=md, min_duration=mind,  # noqa: E731
-                             insns=ins, time=tim, origin=origin)
+                             insns=ins, time=tim, origin=origin, found=found)
+    f.function, f.found = fn, found
     # a --time window counts from the first stream's start: its streams
     # are taken one after the other (hwtrace.export.interleave)
     f.by_time = tim is not None
@@ -104,6 +106,11 @@ def _range(opt: str, text, one):
         raise CliError(f"{opt}: give A..B (either side may be empty)")
     lo = one(a, opt) if a.strip() else None
     hi = one(b, opt) if b.strip() else None
+    # an empty window is a slip, not a question (a time with a unit and a
+    # bare clock count are not compared: the clock's rate says later)
+    if lo is not None and hi is not None and (
+            lo > hi if one is _count else lo[1] == hi[1] and lo[0] > hi[0]):
+        raise CliError(f"{opt}: {text}: A is after B")
     return (lo, hi)
 
 

@@ -64,7 +64,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
         more["plain_events"] = True
     infos = [s.info for s in inp.streams]
     by_thread = all(hasattr(w, "threads_followed") for w in writers)
-    if coverage is None and not getattr(window, "by_time", False) and \
+    # (coverage alone needs no time order: each stream on its own is cheaper)
+    if (coverage is None or writers) and not getattr(window, "by_time", False) and \
             all(s.batches is not None for s in inp.streams) and \
             (applies(infos, args.clock) or (by_thread and alone(infos))):
         _interleaved(run, inp, label, progress, more)
@@ -72,6 +73,8 @@ def decode_into(args, writers, coverage=None, label="export", window=None,
         _one_by_one(run, inp, label, progress, more)
     totals = run.totals
     totals["bytes"] = total
+    if getattr(window, "function", None) is not None and not window.found:
+        totals["unmatched"] = window.function
     return inp, totals, progress
 
 
@@ -157,6 +160,8 @@ def loss_parts(totals: dict) -> list[str]:
 def summary_line(label: str, totals: dict) -> str:
     lost = loss_parts(totals)
     tail = "; ".join(lost) if lost else "no gaps"
+    if "unmatched" in totals:
+        tail += f"; --function {totals['unmatched']}: no activation of it in the trace"
     return (f"hwtrace {label}: {totals['streams']} stream(s), "
             f"{totals['insns']:,} instructions, "
             f"{totals['activations']:,} activations, {tail}")

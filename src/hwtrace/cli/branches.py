@@ -21,7 +21,7 @@ import argparse
 import sys
 import tempfile
 
-from hwtrace.cli import CliError, help_of
+from hwtrace.cli import CliError, help_of, warn
 
 
 def register(sub) -> None:
@@ -250,4 +250,10 @@ def _decoded(args, path, trig, mask) -> int:
         raise
     except Exception as e:      # the decoder is another team's: no traceback
         raise CliError(f"branches: decoding failed: {type(e).__name__}: {e}") from None
+    # what the recorders lost (the records just stop there), as decode says it
+    for s in inp.streams:
+        e = getattr(s, "entry", None)
+        if e is not None and e.lossy:
+            sys.stdout.flush()
+            warn(f"{s.info.label()}: recorded with loss: {e.loss()}")
     return 0

@@ -361,6 +361,8 @@ def _trace(arg: str):
 
 
 def run(args) -> int:
+    if args.jobs < 0:       # checked for a bundle too (its streams go one by one)
+        raise CliError(f"--jobs: bad argument: {args.jobs}")
     if args.bundle:
         if args.pt:
             raise CliError("decode: give either a bundle DIR or --pt")

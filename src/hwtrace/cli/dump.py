@@ -96,8 +96,25 @@ def _load(spec: str):
                 return data[lo:hi]
             data = map_trace(path, lo, (n if hi is None else hi) - lo)
     except OSError as e:
-        raise CliError(f"cannot read {path}: {e.strerror or e}") from None
+        raise CliError(_streams_hint(path) or f"cannot read {path}: {e.strerror or e}") from None
     return data
+
+
+def _streams_hint(path: str) -> str:
+    """For a bundle directory: which of its files to dump ('' if not one)."""
+    import os
+    if not os.path.isfile(os.path.join(path, "manifest.json")):
+        return ""
+    from hwtrace.bundle import Bundle, BundleError
+    try:
+        names = [s.file for s in Bundle(path).streams]
+    except (BundleError, OSError, ValueError):     # damaged: the plain message
+        return ""
+    if not names:
+        return ""
+    return (f"{path} is a trace bundle: dump one of its streams, e.g. "
+            f"{os.path.join(path, names[0])} (its streams: {', '.join(names[:6])}"
+            f"{', ...' if len(names) > 6 else ''})")
 
 
 def _config(args):

@@ -91,17 +91,29 @@ def parse_size(text: str) -> int:
 
 def buffer_geometry(args) -> tuple[int, int]:
     """(num_chunks, chunk_order) from the options."""
+    from hwtrace.control.config import MAX_BUFFER_BYTES, MAX_CHUNK_ORDER, MAX_NUM_CHUNKS
     if args.buffer_size is not None:
         if args.num_chunks is not None or args.chunk_order is not None:
             raise CliError("give --buffer-size or --num-chunks/--chunk-order, not both")
         size = parse_size(args.buffer_size)
         if size < 4096 or size % 4096:
-            raise CliError("--buffer-size must be a multiple of 4K")
+            raise CliError("--buffer-size must be a positive multiple of 4K")
         pages = size // 4096
-        order = min(8, (pages & -pages).bit_length() - 1)
+        order = min(MAX_CHUNK_ORDER, (pages & -pages).bit_length() - 1)
+        if size > MAX_BUFFER_BYTES:
+            raise CliError(f"--buffer-size {args.buffer_size}: a buffer holds at most "
+                           f"{MAX_BUFFER_BYTES >> 20}M")
+        if pages >> order > MAX_NUM_CHUNKS:
+            raise CliError(f"--buffer-size {args.buffer_size}: more than {MAX_NUM_CHUNKS} "
+                           f"chunks of {4 << order}K (give a multiple of 1M)")
         return pages >> order, order
     if args.num_chunks is None and args.chunk_order is None:
         return DEFAULT_BUFFER >> 20, 8
+    # said with the options' names (the control API's are num_chunks...)
+    if args.num_chunks is not None and not 1 <= args.num_chunks <= MAX_NUM_CHUNKS:
+        raise CliError(f"--num-chunks must be 1..{MAX_NUM_CHUNKS}")
+    if args.chunk_order is not None and not 0 <= args.chunk_order <= MAX_CHUNK_ORDER:
+        raise CliError(f"--chunk-order must be 0..{MAX_CHUNK_ORDER}")
     return (args.num_chunks if args.num_chunks is not None else 1,
             args.chunk_order if args.chunk_order is not None else 0)
 
@@ -360,7 +372,8 @@ def _record(engine, args, cfg, prog, out: Path, elf_ranges, *, work: Path | None
             # with the mode, buffers and CPU count the device gives, how
             # 'hwtrace recover' makes this bundle if hwtrace is killed
             eng.log_meta = {"copy_images": bool(args.copy_images),
-                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()}}
+                            "elf_ranges": {str(n): list(r) for n, r in elf_ranges.items()},
+                            "command": list(prog) if prog else None}
 
         def on_snapshot(reason):
             ended.snapshot = reason

@@ -123,7 +123,7 @@ def _salvage(args, logs: list[Path]) -> int:
                            work=Path(scratch) / "trace", say=False)
         if live is None and _same(out, args.directory):
             _drop_dead_trace_files(out)
-        _mark(out, log, prep, st)
+        _mark(out, log, prep, st, live is not None)
         b = Bundle(out)
         old = None
     except salvage.SalvageError as e:
@@ -189,10 +189,22 @@ def _no_links(out: Path) -> None:
                 raise CliError(f"recover: {p} is a symbolic link (refusing to write through it)")
 
 
-def _mark(out: Path, log: Path, prep, st) -> None:
-    """Say in the manifest that this bundle was recovered, from what."""
+def _mark(out: Path, log: Path, prep, st, live: bool = False) -> None:
+    """Say in the manifest that this bundle was recovered, from what; and
+    how the recording ended as far as it is known (the replay of the log
+    "exited with status 0", its command the log's path)."""
     mpath = out / "manifest.json"
     man = json.loads(mpath.read_text())
+    rec = man.get("recording")
+    if isinstance(rec, dict):
+        rec.pop("command", None)
+        if st.command:
+            rec["command"] = list(st.command)
+        rec["status"] = None
+        rec["ended"] = ("its recorder still running: the trace so far, made by "
+                        "hwtrace recover" if live else
+                        "its recorder ended before writing the bundle: made by "
+                        "hwtrace recover from what it had logged")
     try:
         where = os.path.relpath(log, out)
     except ValueError:

@@ -44,7 +44,8 @@ def _time(t: float, unit: str) -> str:
 
 
 _CLOCKS = {"insns": "instructions (no timing in the trace: times are instruction counts)",
-           "ns": "ns (TSC)", "tsc": "TSC ticks (frequency unknown)"}
+           "ns": "ns (TSC)", "tsc": "TSC ticks (frequency unknown)",
+           "none": "none (nothing in the view)"}
 
 
 _NAME_MAX = 72
@@ -54,7 +55,8 @@ def render(profile, totals: dict, description: str, top: int = 15,
            sort: str = "excl", legend: bool = False, timebase: str = "",
            narrowed: str = "", same: dict | None = None, place=None) -> str:
     from hwtrace.cli._views import loss_parts
-    unit = next(iter(profile.units)) if len(profile.units) == 1 else "mixed"
+    unit = next(iter(profile.units)) if len(profile.units) == 1 else \
+        "mixed" if profile.units else "none"
     key = {"excl": "excl_insns", "incl": "incl_insns", "calls": "calls"}[sort]
     counts_insns = unit == "tsc" and timebase.startswith("instruction count")
     clock = _CLOCKS.get(unit, unit)
@@ -86,7 +88,7 @@ def render(profile, totals: dict, description: str, top: int = 15,
             f"{100 * n / max(profile.insns, 1):.1f}%" if p >= 0 else
             f"unknown {100 * n / max(profile.insns, 1):.1f}%"
             for p, n in sorted(procs.items(), key=lambda x: -x[1])))
-    show_time = unit not in ("insns", "mixed") and not counts_insns
+    show_time = unit not in ("insns", "mixed", "none") and not counts_insns
     tu = "" if unit == "ns" else f" ({unit})"
     total = max(profile.insns, 1)
     split = profile.has_startup

@@ -130,9 +130,10 @@ class _Feed:
     feed meanwhile (no cut at all: the builder is fed as one stream alone
     would be)."""
 
-    def __init__(self, k: int, batches: Iterable):
+    def __init__(self, k: int, batches: Iterable, coverage=None):
         self.k = k
         self.it = iter(batches)
+        self.coverage = coverage    # this stream's own collector (a twin)
         self.batch = None
         self.en = None              # the batch's enables (position, time)
         self.ei = 0                 # the first of them not behind the cursor
@@ -149,6 +150,8 @@ class _Feed:
             if batch is None:
                 return None
             run.totals["events"] += plain.count(batch)
+            if self.coverage is not None:
+                self.coverage.add_batch(batch)
             if run.progress is not None and len(batch.blocks):
                 at = int(batch.blocks["offset"][-1])
                 if at > self.done:
@@ -304,6 +307,8 @@ def run_interleaved(run, sources: list[Source],
         run._ended(b, sources[k].entry)
         b.finish()
         reg.settle(b)
+        if feeds[k].coverage is not None:
+            feeds[k].coverage.gap()
         deliver(k)
         closed[k] = True
         if by_thread:
@@ -314,7 +319,11 @@ def run_interleaved(run, sources: list[Source],
                 emit(live, held[live])
                 held[live].close()
 
-    feeds += [_Feed(k, src.batches) for k, src in enumerate(sources)]
+    # coverage: a collector per stream (its blocks go on from batch to
+    # batch of its own stream only), added up at the end
+    cov = run.coverage
+    feeds += [_Feed(k, src.batches, cov.twin() if cov is not None else None)
+              for k, src in enumerate(sources)]
     heap: list = []
 
     def push(f: _Feed) -> None:
@@ -354,4 +363,6 @@ def run_interleaved(run, sources: list[Source],
             gone()          # (after the push: where this stream goes on)
     for k, b in enumerate(builders):
         run._add_totals(b, sources[k].entry)
+        if cov is not None:
+            cov.absorb(feeds[k].coverage)
     return builders

@@ -142,6 +142,10 @@ class EmulatedEngine(Engine):
         #: ``hwtrace recover`` (:mod:`.salvage`) can finish the job if the
         #: recorder is killed; None: not kept
         self.log_meta: dict | None = None
+        #: the wait() status of the program the last run started (None:
+        #: not known, e.g. ``hwtrace recover``): the exit of a process the
+        #: log has none for
+        self._run_status: int | None = None
         self._session = None
 
     @property
@@ -200,6 +204,7 @@ class EmulatedEngine(Engine):
             if isinstance(out, int):      # an _execute that just ran the program
                 out = execution.Outcome(out)
             if out.snapshot is None:
+                self._run_status = out.status
                 self._generate(session, log, cut=out.cut, scratch=work)
                 if out.fired is not None:     # the program ended before we saw it
                     session.snapshot_taken(out.fired)
@@ -389,8 +394,17 @@ class EmulatedEngine(Engine):
         for tid, th in index.threads.items():
             t = exits.get(tid, starts.get(tid, index.t0))
             ends[th.pid] = max(ends.get(th.pid, t), t)
+        # QEMU logs no exit for a process a signal killed: the one it ran
+        # (no parent in the log) has the status its wait() gave
+        died = self._run_status
+        if died is not None and died >= 0:
+            died = None
         for tid, th in index.threads.items():
-            st = th.exit_status if th.exit_status is not None else 0
+            st = th.exit_status
+            if st is None:
+                root = died is not None and index.processes.get(th.pid, {}).get("ppid") \
+                    not in index.processes
+                st = died if root else 0
             t = ends[th.pid] if tid == th.pid else exits.get(tid, starts.get(tid, index.t0))
             session.sideband.add(Exit(pid=th.pid, tid=tid, time=t, status=st))
         if session.mode == Mode.THREAD:

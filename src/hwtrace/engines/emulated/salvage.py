@@ -147,6 +147,7 @@ class Settings:
     exe: str = ""
     recorded: bool = False
     recorder: dict | None = None    # {"pid", "start"} of the recording process
+    command: list | None = None     # the program's argv as given (None: not said)
 
 
 def recorder_identity(pid: int) -> dict | None:
@@ -194,10 +195,14 @@ def read_settings(log: str | os.PathLike) -> Settings:
         if ncpu * (c.num_chunks << (12 + c.chunk_order)) > MAX_BUFFER:
             return Settings()
         rec = m.get("recorder")
+        cmd = m.get("command")
+        if not (isinstance(cmd, list) and 0 < len(cmd) <= 4096
+                and all(isinstance(a, str) for a in cmd)):
+            cmd = None
         return Settings(mode=mode, config=cfg, num_cpus=ncpu,
                         copy_images=bool(m.get("copy_images")), elf_ranges=ranges,
                         exe=exe if isinstance(exe, str) else "", recorded=True,
-                        recorder=rec if isinstance(rec, dict) else None)
+                        recorder=rec if isinstance(rec, dict) else None, command=cmd)
     except (OSError, ValueError, TypeError, AttributeError):
         return Settings()
 
