@@ -59,10 +59,13 @@ SOURCES = {
         static void on_chld(int s) { int st; (void)s; while (waitpid(-1, &st, WNOHANG) > 0) got++; }
         int main(void) {
           signal(SIGCHLD, on_chld);
+          int go[2]; char c; if (pipe(go)) return 1;
           for (int i = 0; i < 3; i++) {
             fflush(stdout);
-            if (fork() == 0) { volatile int x = 0; for (int k = 0; k < 20000; k++) x += k; _exit(i); }
+            if (fork() == 0) { close(go[1]); (void)!read(go[0], &c, 1);
+              volatile int x = 0; for (int k = 0; k < 20000; k++) x += k; _exit(i); }
           }
+          close(go[1]);     /* the children go on once the parent spins */
           volatile unsigned long s = 0;
           while (got < 3) s++;
           printf("reaped %d\n", got); return 0; }
@@ -115,10 +118,16 @@ def _inferred(full):
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_compiled_equals_python_with_signals(tmp_path, progs, name):
     log = tmp_path / "x.log"
-    qemu.run(qemu.resolve_program([str(progs[name])]), log)
-    loaded = _load(log)
-    full, index, _cr3 = loaded
-    sigs, cuts = _inferred(full)
+    # a signal that comes while the program is in a system call is
+    # delivered at its return, which is no inferred delivery: on a loaded
+    # machine every SIGCHLD may come so (CI saw it once); run it again then
+    for _attempt in range(3):
+        qemu.run(qemu.resolve_program([str(progs[name])]), log)
+        loaded = _load(log)
+        full, index, _cr3 = loaded
+        sigs, cuts = _inferred(full)
+        if index.handlers and sigs:
+            break
     assert index.handlers and sigs, "no delivery inferred: the test tests nothing"
     if name == "fault":
         assert cuts, "no faulting block cut"
