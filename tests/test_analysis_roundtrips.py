@@ -165,6 +165,30 @@ def test_time_only_events_go_on_while_switches_are_left(impl, monkeypatch):
     assert calls < 80
 
 
+@pytest.mark.parametrize("impl", ["python", "compiled"])
+def test_round_trips_go_on_up_to_the_enable_a_switch_comes_at(impl, monkeypatch):
+    """Following a CPU's threads on a clock counting the traced
+    instructions, with switches among the system calls (another thread
+    in at one enable, the first back at a later one): the round trips
+    before each go on in the run -- their enables bring no switch in,
+    which the clock says beforehand -- and the one a switch is due at is
+    taken one at a time; all as one at a time makes it."""
+    if impl == "compiled" and _runs_impl.core_for("compiled") is None:
+        pytest.skip("no compiled core")
+    monkeypatch.setattr(_runs_impl, "CORE", _runs_impl.core_for(impl))
+    parts, s = _parts(60, psb=True)
+    # enables at 1040 + 200 k: thread 8 in at the 30th, 7 back at the 45th
+    stream = StreamInfo(cpu=0, switches=(Switch(0, 0, -1, -1, 7, 7),
+                                         Switch(0, 6950, 7, 7, 8, 8),
+                                         Switch(0, 9950, 8, 8, 7, 7)),
+                        tsc_per_insn=1.0, clock_counted=True)
+    got, gb, calls = _against_one_at_a_time(monkeypatch, parts, s.lookup, stream)
+    assert gb._follow.i == 3
+    assert {7, 8} <= {a.tid for a in got if type(a) is Activation}
+    # a few runs per switch, not one per system call (60)
+    assert calls < 20
+
+
 def test_spread_is_the_twins_take():
     """The compiled core's spread (a batch's columns with room for its
     groups' events) gives the twin's take of each transfer ``cnt`` times,
@@ -240,9 +264,10 @@ def test_find_at_once_is_find_one_group_at_a_time():
                 group = [Other(), ev("enabled", k, ip=ret)]
             items += [(j, 10 * j + i, e) for i, e in enumerate(group)]
         assert len(items) >= 64
-        for anchors in (False, True):
-            a = roundtrips.find(items, code, fall, ip, m, anchors)
-            b = roundtrips._find_each(items, code, fall, ip, m, anchors)
+        for anchors, left in ((False, False), (True, False), (True, True)):
+            # (left: switches to apply; round trips taken, the clock counting)
+            a = roundtrips.find(items, code, fall, ip, m, anchors, left, True)
+            b = roundtrips._find_each(items, code, fall, ip, m, anchors, left, True)
             assert a[0] == b[0]
             assert (a[1] is None) == (b[1] is None)
             if a[1] is not None:
@@ -315,9 +340,10 @@ def test_find_rows_is_find_one_group_at_a_time():
                             start=np.arange(m + 1, dtype=np.int64) * 3,
                             tsc=rng.integers(0, 3, m).astype(np.uint64) * 1000)
         for anchors in (False, True):
-            for left in (False, True):
-                x = roundtrips.find_rows(kept, at, rows, code, fall, ip, m, anchors, left)
-                y = roundtrips._find_each(items, code, fall, ip, m, anchors, left)
+            for left, trips in ((False, None), (True, None), (True, True)):
+                x = roundtrips.find_rows(kept, at, rows, code, fall, ip, m, anchors, left,
+                                         trips)
+                y = roundtrips._find_each(items, code, fall, ip, m, anchors, left, trips)
                 assert [key(i) for i in x[0]] == [key(i) for i in y[0]]
                 assert (x[1] is None) == (y[1] is None)
                 if x[1] is None:
@@ -330,4 +356,12 @@ def test_find_rows_is_find_one_group_at_a_time():
                         [key((0,) + e) for e in y[1].events(t)]
                 vx, vy = x[1].virtual(a), y[1].virtual(a)
                 assert all(np.array_equal(p, q) for p, q in zip(vx, vy))
-                assert x[1]._trip.any() != left
+                assert x[1]._trip.any() == (not left or bool(trips))
+                if trips:       # the round trips' clock, as the timeline hears it
+                    tr, n, d, e = x[1].trip_clock(a, 0, m)
+                    assert tr.tolist() == x[1].trips().tolist()
+                    assert n.tolist() == (3 * (tr + 1)).tolist()
+                    for t, d1, e1 in zip(tr.tolist(), d.tolist(), e.tolist()):
+                        ev1, ev2 = (ev for _o, ev in x[1].events(t))
+                        assert (d1, e1) == (ev1.tsc if ev1.has_tsc else 0,
+                                            ev2.tsc if ev2.has_tsc else 0)

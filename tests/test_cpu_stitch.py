@@ -211,6 +211,43 @@ def test_a_stream_cut_at_every_enable_builds_what_it_builds_whole(hopping):
     assert cuts > 10
 
 
+def _item_key(item):
+    j, off, x = item
+    return j, off, type(x).__name__, tuple((a, getattr(x, a, None))
+                                           for a in getattr(x, "__slots__", ()))
+
+
+def test_cutting_plain_rows_is_cutting_their_items(hopping):
+    """A batch whose plain events are rows (what the views decode) is cut
+    at the same enables, at the same places, into the same pieces as the
+    batch with every event an item -- found on the rows' columns, the
+    rows made no Event."""
+    from hwtrace.cli._inputs import open_input
+    from hwtrace.flow import plain
+    from hwtrace.flow.batchcut import Places, cut_at_enables, enables
+    inp = open_input(str(hopping["cpu"]))
+    seen = 0
+    for s in inp.streams:
+        for batch in s.batches(max_records=1 << 12, plain_events=True):
+            if batch.plain is None or not len(batch.plain):
+                continue
+            whole = plain.classic(batch)
+            en = enables(batch)
+            assert en == enables(whole)
+            places = Places(batch)
+            assert [places.record(j) for j in range(places.n + 1)] == \
+                [it[0] for it in whole.items] + [len(batch.blocks)]
+            got, ref = cut_at_enables(batch), cut_at_enables(whole)
+            assert len(got) == len(ref)
+            for p, q in zip(got, ref):
+                assert p.first_insn == q.first_insn
+                assert p.blocks.tobytes() == q.blocks.tobytes()
+                assert [_item_key(x) for x in plain.classic(p).items] == \
+                    [_item_key(x) for x in q.items]
+            seen += len(en)
+    assert seen > 10
+
+
 def test_the_spool_gives_back_its_chunks_in_order():
     import numpy as np
     from hwtrace.analysis.slices import Cols, Slices

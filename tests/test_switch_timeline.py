@@ -58,3 +58,40 @@ def test_counted_and_exact_clocks():
         assert insn_clock_counted(m, cfg) is counted
         assert insn_clock_exact(m, cfg) is exact
     assert not insn_clock_counted({"timebase": "host TSC"}, {"ctl": tsc | mtc})
+
+
+def test_round_trips_told_in_bulk_are_told_one_at_a_time():
+    """What the call-stack builder tells the clock of the system calls it
+    takes in a run (a disable, then an enable, each with its time) is
+    what telling them one at a time does -- at any rate, times behind the
+    count, ahead of it (an idle jump), equal, or none."""
+    import random
+    rng = random.Random(5)
+    for rate in (1.0, 0.75, 3.0):
+        for _ in range(50):
+            one = SwitchTimeline(SWITCHES, 0, rate, exact=False, counted=True)
+            bulk = SwitchTimeline(SWITCHES, 0, rate, exact=False, counted=True)
+            for tl in (one, bulk):
+                tl.time(10, 90)         # (a counted clock's stream starts off)
+                tl.tracing(True)
+            n, ns, tscs = 10, [], []
+            for _k in range(rng.randrange(1, 30)):
+                n += rng.randrange(0, 40)
+                est = one.estimate(n) if not ns else None
+                base = int(est) if est is not None else 90 + n
+                tsc = rng.choice([0, base + rng.randrange(-30, 60), n * 3, 90 + int(n * rate)])
+                ns.append(n)
+                tscs.append(tsc)
+            for k, t in zip(ns, tscs):
+                one.time(k, t - 7 if t else None)
+                one.tracing(False)
+                one.time(k, t or None)
+                one.tracing(True)
+            bulk.round_trips(ns, tscs)
+            assert one.clock_state() == bulk.clock_state()
+    off = SwitchTimeline(SWITCHES, 0, 1.0, exact=False, counted=True)
+    off.time(0, 90)
+    off.tracing(False)
+    import pytest
+    with pytest.raises(ValueError):
+        off.round_trips([5], [100])

@@ -107,15 +107,19 @@ class BatchInput:
             tl = self._follow
             if self.vectorize and sc is not None and m <= 1 << 20:
                 # with switches left, only groups that tell the time, taken
-                # in the run while the timeline does not hear it (_bulk)
+                # in the run while the timeline does not hear it (_bulk),
+                # and, on a clock counting the traced instructions, round
+                # trips up to the enable that may bring a switch in
+                # (_horizon)
                 left = tl is not None and tl.i < len(tl.switches)
+                trips = not left or tl.counted
                 if rows is None:
                     items, a.groups = roundtrips.find(
-                        items, a.code, a.fall, a.ip, m, tl is not None, left)
+                        items, a.code, a.fall, a.ip, m, tl is not None, left, trips)
                 else:
                     items, a.groups = roundtrips.find_rows(
                         items, at, rows, a.code, a.fall, a.ip, m,
-                        tl is not None, left)
+                        tl is not None, left, trips)
                     rows = None
                 a.sys_nid = sc
         else:
@@ -253,6 +257,7 @@ class BatchInput:
             for _ in range(2):
                 q = g.quiet(a, self.addr.fresh, t, last,
                             self.addr.table() is None) if g.hazards else last
+                q = self._horizon(a, t, q)
                 if q <= stop:
                     return None
                 # the run is cut at q's group (or goes on to the end): so
@@ -266,6 +271,43 @@ class BatchInput:
             return None
         finally:
             self._soft = soft
+
+    def _horizon(self, a: "_Arrays", t: int, q: int) -> int:
+        """How far from transfer ``t`` (up to ``q``) the run may go on
+        through the groups, following threads with switches left: to the
+        first round trip whose enable may apply one, taken one at a time
+        (the others bring nothing in: :meth:`_replay_clock`).  The clock
+        counts the traced instructions (:meth:`.roundtrips.find` took the
+        round trips only then): at an enable the switches due are those
+        up to its estimate (:meth:`.switches.SwitchTimeline.choose`), the
+        count since the last known time, which an enable's TSC moves
+        ahead when later (:meth:`~.switches.SwitchTimeline.time`)."""
+        tl = self._follow
+        if tl is None or tl.i >= len(tl.switches):
+            return q
+        tr, n, _t1, t2 = a.groups.trip_clock(a, t, q)
+        if not len(tr):
+            return q
+        rate = float(tl._rate)
+        nf = n.astype(np.float64) * rate
+        told = np.where(t2 > 0, t2.astype(np.float64) - nf, -np.inf)
+        off = np.maximum.accumulate(np.maximum(told, tl._t - tl._n * rate))
+        # (a tick's margin: an estimate at the switch's time, by rounding
+        # either side, is one at a time)
+        due = np.flatnonzero(off + nf >= tl.switches[tl.i].time - 1)
+        return int(tr[due[0]]) if len(due) else q
+
+    def _replay_clock(self, a: "_Arrays", t0: int, t1: int) -> None:
+        """What the round trips after transfers [t0, t1), taken in the
+        run, told the timeline, one at a time as they came (the times of
+        the records and of events that only tell the time between them:
+        nothing, tracing on -- :attr:`~.switches.SwitchTimeline.deaf`)."""
+        tl = self._follow
+        if tl is None or tl.i >= len(tl.switches):
+            return
+        _tr, n, _t1, t2 = a.groups.trip_clock(a, t0, t1)
+        if len(n):
+            tl.round_trips(n.tolist(), t2.tolist())
 
     def _group_events(self, a: "_Arrays", t: int) -> None:
         """The events of the group after transfer t, if one is there
@@ -415,6 +457,7 @@ class BatchInput:
             self.time.anchors_every(seq0, 4, land[v0:kv], w)
         self._seq = seq0 + 4 * (kv - v0)
         self._took(c)
+        self._replay_clock(a, t0, k)
         on, trip = a.groups.after(t0, k)
         if on is not None:
             self._tracing = on

@@ -170,6 +170,16 @@ class Groups:
         on = bool(self._on[lo + said[-1]]) if len(said) else None
         return on, bool(self._trip[lo:hi].any())
 
+    def trip_clock(self, a, t0: int, t1: int):
+        """The round trips after transfers [t0, t1), as the timeline hears
+        them: (their transfers, the instruction index of the enable, the
+        disable's TSC, the enable's TSC; 0: none)."""
+        lo, hi = np.searchsorted(self.tr, (t0, t1))
+        w = np.flatnonzero(self._trip[lo:hi]) + lo
+        tr = self.tr[w]
+        p = self._p[w]
+        return (tr, a.start[tr + 1], self._items.tscs(p), self._items.tscs(p + 1))
+
     def virtual(self, a):
         """The batch's transfers (all ``len(a.code) - 1`` of them) with the
         groups' in: (code, fall, tgt, land_idx, src, landing TSC, named,
@@ -240,17 +250,20 @@ def _ramp(counts: np.ndarray) -> np.ndarray:
 
 
 def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
-         m: int, anchors: bool, left: bool = False):
+         m: int, anchors: bool, left: bool = False, trips: bool | None = None):
     """(the items without the groups, :class:`Groups` or None) for a batch
     of ``m`` records whose items (index, offset, item) are ``items``;
     ``anchors``: take events that only tell the time too.  ``left``:
     following threads with switches left to apply -- only groups of
-    events that only tell the time and leave tracing on (no round trip:
-    its enable may bring another thread in; no status update disabling:
-    the next one enabling asks who runs), which the builder takes in the
-    run only while the timeline hears no time
-    (:attr:`.switches.SwitchTimeline.deaf`) and tracing is on, else one
-    at a time as they came.
+    events that only tell the time and leave tracing on (no status update
+    disabling: the next one enabling asks who runs), and round trips only
+    with ``trips`` (a clock counting the traced instructions: the
+    builder knows beforehand which enables bring no switch in,
+    :meth:`Groups.trip_clock`), which the builder takes in the run only
+    while the timeline hears no time
+    (:attr:`.switches.SwitchTimeline.deaf`) and tracing is on, and only up
+    to the enable that may apply a switch, else one at a time as they
+    came.  ``trips`` is ``not left`` unless given.
 
     The round trips (most groups where system calls cut the runs: ~1,100
     a batch on ``find``) are picked out at once -- two items at an index,
@@ -258,8 +271,10 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
     other group goes through :func:`_one` (:func:`_find_each`: all of
     them, one at a time, what this gives)."""
     n = len(items)
-    if left or n < 64:
-        return _find_each(items, code, fall, ip, m, anchors, left)
+    if trips is None:
+        trips = not left
+    if (left and not trips) or n < 64:
+        return _find_each(items, code, fall, ip, m, anchors, left, trips)
     js = np.fromiter([it[0] for it in items], np.int64, n)
     cut = np.flatnonzero(js[1:] != js[:-1]) + 1
     gp = np.concatenate(([0], cut))             # each group's first item
@@ -283,7 +298,7 @@ def find(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
     rest = np.flatnonzero(on == -2)
     keep = []
     for g, p, q in zip(rest.tolist(), gp[rest].tolist(), gq[rest].tolist()):
-        f = _one(items, p, q, code, fall, ip, m, anchors, left)
+        f = _one(items, p, q, code, fall, ip, m, anchors, left, trips)
         if f is None:
             keep.extend(items[p:q])
         else:
@@ -306,8 +321,10 @@ def _taken(items, gj, gp, gq, on) -> Groups | None:
 
 
 def _find_each(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
-               m: int, anchors: bool, left: bool = False):
+               m: int, anchors: bool, left: bool = False, trips: bool | None = None):
     """:func:`find`, a group at a time."""
+    if trips is None:
+        trips = not left
     keep = []
     tr, ps, qs, trip, on = [], [], [], [], []
     n = len(items)
@@ -317,7 +334,7 @@ def _find_each(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
         q = p + 1
         while q < n and items[q][0] == j:
             q += 1
-        f = _one(items, p, q, code, fall, ip, m, anchors, left)
+        f = _one(items, p, q, code, fall, ip, m, anchors, left, trips)
         if f is None:
             keep.extend(items[p:q])
         else:
@@ -334,14 +351,14 @@ def _find_each(items: list, code: np.ndarray, fall: np.ndarray, ip: np.ndarray,
                         np.array(on, np.int8))
 
 
-def _one(items, p, q, code, fall, ip, m, anchors, left):
+def _one(items, p, q, code, fall, ip, m, anchors, left, trips):
     """The group of items [p, q) (all at one index): 2 a round trip, the
     tracing anchors leave (1 on, 0 off, -1 unsaid), or None: not a group
     (its items are kept)."""
     j, _o1, e1 = items[p]
     if not 0 < j < m:
         return None
-    if q - p == 2 and not left and type(e1) is Event \
+    if q - p == 2 and trips and type(e1) is Event \
             and e1.type == "disabled" and not e1.status_update:
         # a round trip?
         _j, _o2, e2 = items[p + 1]
@@ -428,7 +445,7 @@ class _RowItems:
 
 def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
               fall: np.ndarray, ip: np.ndarray, m: int, anchors: bool,
-              left: bool = False):
+              left: bool = False, trips: bool | None = None):
     """:func:`find` over a batch's items and its plain events' rows
     (:mod:`hwtrace.flow.plain`; ``at``: the items' places among both):
     (the items outside the groups, rows made Events, in order;
@@ -438,8 +455,10 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
     :func:`_find_each` does with every group)."""
     nl, nr = len(items), len(rows)
     n = nl + nr
+    if trips is None:
+        trips = not left
     if not nr:
-        return find(items, code, fall, ip, m, anchors, left)
+        return find(items, code, fall, ip, m, anchors, left, trips)
     order = np.argsort(np.concatenate((at, rows["pos"].astype(np.int64))),
                        kind="stable")
     isrow = order >= nl
@@ -473,7 +492,7 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
     on = np.full(len(gp), -2, np.int8)          # -2: not a group
     # a round trip: a disable then an enable (no status update), two rows
     shaped = np.zeros(len(gp), bool)
-    if not left:
+    if trips:
         s2 = np.flatnonzero((size == 2) & (nrow == 2) & inside)
         p = gp[s2]
         s2 = s2[(typ[p] == plain.DISABLED) & ~su[p] & (typ[p + 1] == plain.ENABLED)
@@ -505,7 +524,7 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
     # groups with an item in them: one at a time
     for g in np.flatnonzero((nrow < size) & inside).tolist():
         p, q = int(gp[g]), int(gq[g])
-        f = _one(seq.get(p, q), 0, q - p, code, fall, ip, m, anchors, left)
+        f = _one(seq.get(p, q), 0, q - p, code, fall, ip, m, anchors, left, trips)
         if f is not None:
             on[g] = f
     grouped = np.repeat(on != -2, size)

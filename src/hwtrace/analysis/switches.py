@@ -117,6 +117,22 @@ class SwitchTimeline:
             self._rate = (tsc - self._t) / (n - self._n)
         self._t, self._n = tsc, n
 
+    def round_trips(self, ns, tscs) -> None:
+        """Round trips told in bulk, in order, tracing on before and after
+        each (what :meth:`time` and :meth:`tracing` make of a disable,
+        then an enable at instruction index ``ns[i]`` carrying ``tscs[i]``
+        -- 0: no time): a counted clock's, the only one they are told in
+        bulk to (the disable's time changes nothing, tracing on; the
+        enable's moves the time on if later than the count)."""
+        if not self.counted or self._t is None or not self._on:
+            raise ValueError("round trips are told in bulk only to a counted clock, "
+                             "tracing on, a time known")
+        t, n0, rate = self._t, self._n, self._rate
+        for n, tsc in zip(ns, tscs):
+            if tsc and tsc != t and tsc > t + (n - n0) * rate:
+                t, n0 = tsc, n
+        self._t, self._n = t, n0
+
     def tracing(self, on: bool) -> None:
         """Tracing went off (a disable) or on again (an enable)."""
         self._on = on

@@ -47,7 +47,7 @@ import numpy as np
 
 from hwtrace.analysis.threads import ThreadRegistry
 from hwtrace.flow import plain
-from hwtrace.flow.batchcut import enables, piece, start_time
+from hwtrace.flow.batchcut import Places, piece, start_time
 
 
 class Source(NamedTuple):
@@ -136,6 +136,8 @@ class _Feed:
         self.coverage = coverage    # this stream's own collector (a twin)
         self.batch = None
         self.en = None              # the batch's enables (position, time)
+        self.places = None          # its batchcut.Places, once cut
+        self.cols = None            # its enables as columns (_enable_cols)
         self.ei = 0                 # the first of them not behind the cursor
         self.r0 = self.j0 = 0       # the cursor: a record, an item position
         self.first = 0              # the stream's instructions before it
@@ -158,7 +160,7 @@ class _Feed:
                     run.progress(at - self.done)
                     self.done = at
             # (its enables are looked for once it has to be cut)
-            self.batch, self.en, self.ei = batch, None, 0
+            self.batch, self.en, self.ei, self.places = batch, None, 0, None
             self.r0 = self.j0 = 0
             self.first = batch.first_insn
             if not len(batch.blocks) and not plain.count(batch):
@@ -184,33 +186,60 @@ class _Feed:
         batch = self.batch
         r0, j0 = self.r0, self.j0
         e = n = 0
+        places = self.places
         if limit is not None:
-            if batch.plain is not None:
-                # cut: by the items' places (the rows made items)
-                batch = self.batch = plain.classic(batch)
-            items = batch.items
+            # cut: by the places of the items and plain rows in one order
+            if places is None:
+                places = self.places = Places(batch)
             if self.en is None:
-                self.en = enables(batch)
+                self.en = places.enables()
+                self.cols = _enable_cols(places, self.en)
             en = self.en
-            e, n = self.ei, len(en)
-            while e < n:
-                j, t = en[e]
-                if (items[j][0], j) > (r0, j0) and t is not None and t >= limit:
-                    break
-                e += 1
-        items = batch.items
+            e, n = _next_enable(self.cols, self.ei, r0, j0, limit), len(en)
         if e < n:
             j1 = en[e][0]
-            r1 = items[j1][0]
+            r1 = places.record(j1)
+        elif places is not None:
+            j1, r1 = places.n, len(batch.blocks)
         else:
-            j1, r1 = len(items), len(batch.blocks)
-        p = piece(batch, self.first, r0, j0, r1, j1)
+            j1, r1 = plain.count(batch), len(batch.blocks)
+        p = piece(batch, self.first, r0, j0, r1, j1) if places is None else \
+            places.piece(self.first, r0, j0, r1, j1)
         if e >= n:
             self.batch = None
         else:
             self.first += int(batch.blocks["ninsn"][r0:r1].sum(dtype="u8"))
             self.r0, self.j0, self.ei = r1, j1, e
         return p
+
+
+def _enable_cols(places: Places, en: list) -> tuple:
+    """A batch's enables as columns: (place, record, TSC; -1: none)."""
+    j = np.array([x for x, _t in en], np.int64)
+    r = np.array([places.record(x) for x in j.tolist()], np.int64) \
+        if places.rows is None else places._index()[np.minimum(j, places.n - 1)]
+    r = np.where(j < places.n, r, len(places.batch.blocks))
+    t = np.array([-1 if x is None else x for _j, x in en], np.int64)
+    return j, r, t
+
+
+def _next_enable(cols: tuple, e: int, r0: int, j0: int, limit: int) -> int:
+    """The first enable from ``e`` on past the cursor (record r0, place
+    j0) whose time is known and at or after ``limit``; their count if
+    none -- looked for a window at a time (a piece is most often cut a
+    few enables on)."""
+    j, r, t = cols
+    n = len(j)
+    w = 64
+    while e < n:
+        hi = min(n, e + w)
+        jw, rw = j[e:hi], r[e:hi]
+        hit = ((rw > r0) | ((rw == r0) & (jw > j0))) & (t[e:hi] >= limit) & (t[e:hi] >= 0)
+        k = int(np.argmax(hit))
+        if hit[k]:
+            return e + k
+        e, w = hi, min(w * 4, 1 << 16)
+    return n
 
 
 def _enabled_at_start(batch) -> int | None:
