@@ -231,7 +231,8 @@ class BatchInput:
         left, only while the timeline does not hear the time they tell
         and tracing is on (a status update enabling then asks no one who
         runs) -- the groups found then (:func:`.roundtrips.find`,
-        ``left``) leave both so."""
+        ``left``) leave both so, round trips up to the enable a switch
+        may be due at (:meth:`_horizon`)."""
         tl = self._follow
         return tl is None or tl.i >= len(tl.switches) or \
             (tl.deaf and self._tracing is True)
