@@ -173,12 +173,25 @@ class Groups:
     def trip_clock(self, a, t0: int, t1: int):
         """The round trips after transfers [t0, t1), as the timeline hears
         them: (their transfers, the instruction index of the enable, the
-        disable's TSC, the enable's TSC; 0: none)."""
+        disable's TSC, the time told while tracing is off -- the enable's
+        TSC, or with a PSB+ in between, :func:`_told`; 0: none)."""
         lo, hi = np.searchsorted(self.tr, (t0, t1))
         w = np.flatnonzero(self._trip[lo:hi]) + lo
         tr = self.tr[w]
-        p = self._p[w]
-        return (tr, a.start[tr + 1], self._items.tscs(p), self._items.tscs(p + 1))
+        p, q = self._p[w], self._q[w]
+        told = self._items.tscs(p + 1)
+        for i in np.flatnonzero(q - p > 2).tolist():
+            told[i] = _told(self._items.get(int(p[i]), int(q[i])))
+        return (tr, a.start[tr + 1], self._items.tscs(p), told)
+
+    def _enable_at(self, trip: np.ndarray) -> np.ndarray:
+        """Where in each round trip (``trip``: the groups that are) its
+        enable is: the second event, but where a PSB+ came at it."""
+        p, q = self._p[trip], self._q[trip]
+        at = np.ones(len(p), np.int64)
+        for i in np.flatnonzero(q - p > 2).tolist():
+            at[i] = _trip_enable(self._items.get(int(p[i]), int(q[i])), 0, int(q[i] - p[i]))
+        return at
 
     def virtual(self, a):
         """The batch's transfers (all ``len(a.code) - 1`` of them) with the
@@ -206,13 +219,17 @@ class Groups:
         at = np.repeat(first[tr], ne) + _ramp(ne)
         tsc[at] = self._items.tscs(np.repeat(self._p, ne) + _ramp(ne))
         va = first[tr[trip]]
+        nt = ne[trip]
         an = at[~np.repeat(trip, ne)]
         code[an] = runs.NONE            # anchors, then the transfer itself
-        code[va + 1] = runs.FRET        # a round trip: A, B, C
-        code[va + 2] = runs.NONE
+        # a round trip: A, B, C -- a PSB+'s anchors before or after B
+        code[at[np.repeat(trip, ne)]] = runs.NONE
+        code[va] = runs.FCALL
+        code[va + self._enable_at(trip)] = runs.FRET
+        code[va + nt] = runs.NONE
         tgt[va] = _U8(_UNKNOWN)
         # C lands on the record (its TSC), where the FCALL's (A's) was
-        tsc[va + 2] = a.tsc[tr[trip] + 1]
+        tsc[va + nt] = a.tsc[tr[trip] + 1]
         named[va] = True
         self._virtual = (code, spread(a.fall[:n]), tgt, land, spread(a.end[:n]),
                          tsc, named, first)
@@ -358,19 +375,65 @@ def _one(items, p, q, code, fall, ip, m, anchors, left, trips):
     j, _o1, e1 = items[p]
     if not 0 < j < m:
         return None
-    if q - p == 2 and trips and type(e1) is Event \
+    if q - p >= 2 and trips and type(e1) is Event \
             and e1.type == "disabled" and not e1.status_update:
-        # a round trip?
-        _j, _o2, e2 = items[p + 1]
-        if type(e2) is Event and e2.type == "enabled" and not e2.status_update:
+        # a round trip? (a PSB+ at it: events that only tell the time)
+        e = _trip_enable(items, p, q)
+        if e is not None:
+            e2 = items[p + e][2]
             t1 = (e1.tsc or None) if e1.has_tsc else 0
             t2 = (e2.tsc or None) if e2.has_tsc else 0
             ret = int(fall[j - 1])
             if t1 is not None and t2 is not None and code[j - 1] == runs.FCALL \
                     and e2.ip == ret and int(ip[j]) == ret:
                 return 2
+        if q - p == 2:
             return None
     return _anchors(items, p, q, left) if anchors else None
+
+
+def _trip_enable(items, p: int, q: int) -> int | None:
+    """Where (from p) the enable of a round trip is among items [p, q),
+    a disable at p: the one enable that is no status update, every
+    other event one that only tells the time -- after the enable, none
+    disabling (tracing stays on) -- or None."""
+    if q - p == 2:
+        _j, _o, ev = items[p + 1]
+        return 1 if type(ev) is Event and ev.type == "enabled" and \
+            not ev.status_update else None
+    e = None
+    for k in range(p + 1, q):
+        ev = items[k][2]
+        if type(ev) is not Event:
+            return None
+        t = ev.type
+        if t == "enabled" and not ev.status_update:
+            if e is not None:
+                return None
+            e = k - p
+        elif t in _STRUCTURAL and not (ev.status_update and (
+                t == "enabled" or (t == "disabled" and e is None))):
+            return None
+        elif ev.has_tsc and not ev.tsc:
+            return None
+    return e
+
+
+def _told(group) -> int:
+    """The time a round trip with a PSB+ in it (its (offset, event) or
+    items) tells the timeline while tracing is off
+    (:meth:`.switches.SwitchTimeline.time`): the latest TSC from the
+    event after the disable up to the first that enables (a PSB+'s status
+    update enabling turns tracing on: the times after it are not heard);
+    0: none."""
+    told = 0
+    for x in group[1:]:
+        ev = x[-1]
+        if ev.has_tsc and ev.tsc > told:
+            told = ev.tsc
+        if ev.type == "enabled":
+            break
+    return told
 
 
 def _anchors(items, p, q, left: bool = False):
@@ -521,8 +584,13 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
             on[ga] = -1
             on[ga[said]] = (typ[lastp[said]] == plain.ENABLED).astype(np.int8)
     seq = _RowItems(items, rows, isrow, src, etsc)
-    # groups with an item in them: one at a time
-    for g in np.flatnonzero((nrow < size) & inside).tolist():
+    # groups with an item in them, and round trips with a PSB+ in them (a
+    # disable ... an enable, no status update): one at a time
+    wide = np.zeros(len(gp), bool)
+    if trips:
+        wide = (size > 2) & (nrow == size) & (typ[gp] == plain.DISABLED) & ~su[gp]
+        on[wide] = -2
+    for g in np.flatnonzero(((nrow < size) | wide) & inside).tolist():
         p, q = int(gp[g]), int(gq[g])
         f = _one(seq.get(p, q), 0, q - p, code, fall, ip, m, anchors, left, trips)
         if f is not None:
