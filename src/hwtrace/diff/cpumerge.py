@@ -90,14 +90,23 @@ class _Cursor:
             self._carry.extend((off, it) for _i, off, it in b.items[self._item:])
             self._item = len(b.items)
 
-    def segment(self) -> Iterator[tuple[Batch, object]]:
-        """The head segment: (batch slice, the item that stopped it or None)."""
+    def segment(self, again=None) -> Iterator[tuple[Batch, object]]:
+        """The head segment: (batch slice, the item that stopped it or None).
+        With ``again(resume, start)`` (would :func:`merged_batches` take
+        this CPU's next segment, starting at ``start`` (ip, tsc), after
+        one that stopped where the flow goes on at ``resume``?), the
+        segments after it that it would take next anyway go on in the
+        same slices: while each stop is followed, at the same record, by
+        this CPU's enable where the flow goes on (a system call's round
+        trip: a slice per call cost more than the steps of it)."""
         self.start = None
         began = False                       # anything of it taken yet
+        seg0 = self._rec                    # the segment's first record here
         while True:
             if self._spent():
                 if not self._fetch():
                     return
+                seg0 = 0
                 continue
             b = self._b
             r0, i0 = self._rec, self._item
@@ -112,6 +121,10 @@ class _Cursor:
                         return
                     began = True
                 elif _stops(it):
+                    j = None if again is None else _goes_on(b, k, idx, seg0, it, again)
+                    if j is not None:       # the next segment: this one's
+                        k, seg0, began = j + 1, idx, True
+                        continue
                     yield self._piece(b, r0, idx, i0, k + 1), it
                     self._rec, self._item = idx, k + 1
                     return
@@ -138,6 +151,32 @@ def _slice(b: Batch, r0: int, r1: int, i0: int, i1: int) -> Batch:
     items = [(idx - r0, off, it) for idx, off, it in b.items[i0:i1]]
     first = b.first_insn + int(b.blocks["ninsn"][:r0].sum())
     return Batch(blocks, insns, items, first)
+
+
+def _goes_on(b: Batch, k: int, idx: int, seg0: int, stop, again) -> int | None:
+    """The item (its place in ``b.items``) of the enable that begins the
+    segment after the one ``stop`` (item k, at record idx) ends, where
+    :func:`merged_batches` takes it next (``again``): at the same
+    record, with only events that begin no segment and end none before
+    it, where the flow goes on, and with the segment's last record in
+    this batch (``seg0``: its first one here); else None."""
+    if idx <= seg0:
+        return None
+    x = _resume_at(b.blocks[idx - 1], stop)
+    if x is None:
+        return None
+    items = b.items
+    for j in range(k + 1, len(items)):
+        i, _off, it = items[j]
+        if i != idx or _stops(it):
+            return None
+        if _starts(it):
+            ip = getattr(it, "ip", None)
+            if ip != x:
+                return None
+            tsc = it.tsc if getattr(it, "has_tsc", False) else None
+            return j if again(x, (ip, tsc)) else None
+    return None
 
 
 def _resume_at(last_block, stop) -> int | None:
@@ -167,15 +206,21 @@ def merged_batches(streams: list[tuple[int, Iterable[Batch]]],
             return
         big = float("inf")
 
-        def rank(c):
-            ip, tsc = c.start
+        def rank(c, start=None, resume=resume):
+            ip, tsc = start or c.start
             return (0 if resume is not None and ip == resume else 1,
                     tsc if tsc is not None else big,
                     left.get(c.cpu, big), 0 if c is cur else 1, c.cpu)
         cur = min(live, key=rank)
         last = None
         stop = None
-        for piece, stop in cur.segment():
+        others = [c for c in live if c is not cur]
+
+        def again(x, start, cur=cur, others=others):
+            # cur again (its next head: start) after a stop resuming at x
+            mine = rank(cur, start, x)
+            return all(mine < rank(c, None, x) for c in others)
+        for piece, stop in cur.segment(again):
             if len(piece.blocks):
                 last = piece.blocks[-1]
             yield piece

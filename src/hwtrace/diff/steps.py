@@ -41,6 +41,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from hwtrace.flow.batches import ErrorItem, SpaceItem, StatusItem
+from hwtrace.flow.events import Event
 from hwtrace.x86.insn import IClass
 
 #: a step; ``ip``, ``end`` and the word of ``n``/``gap``/``cls``/``size``
@@ -193,8 +194,20 @@ class StepReader:
         epending, self._exec_next = self._exec_next, False
         gapat = None
         execat = None
+        stopper = None                      # the last item that stops the flow
+        E = Event
         for index, _offset, item in batch.items:
-            if isinstance(item, SpaceItem):
+            if type(item) is E:
+                # (most are a system call's disable and enable: a CPU
+                # stream of ``dd bs=1`` has ~40,000 a batch)
+                t = item.type
+                if t == "disabled":
+                    if not item.status_update:
+                        stopper = item
+                    continue
+                if t != "async_disabled" and t not in GAP_EVENTS:
+                    continue
+            elif isinstance(item, SpaceItem):
                 if self._execs(item):
                     if index >= n:
                         self._exec_next = True
@@ -203,9 +216,8 @@ class StepReader:
                             execat = np.zeros(n, bool)
                         execat[index] = True
                 continue
-            stop = _stop(item)
-            if stop is not None:
-                self.last_stop = stop
+            if _stop(item) is not None:
+                stopper = item
             if is_gap(item):
                 self.gaps += 1
                 if index >= n:              # before the next batch's first
@@ -214,6 +226,19 @@ class StepReader:
                 if gapat is None:
                     gapat = np.zeros(n, bool)
                 gapat[index] = True
+        rows = batch.plain
+        if rows is not None and len(rows):
+            stopper, gaps = _rows(batch.items, rows, stopper)
+            for index in gaps:
+                self.gaps += 1
+                if index >= n:
+                    self._gap_next = True
+                    continue
+                if gapat is None:
+                    gapat = np.zeros(n, bool)
+                gapat[index] = True
+        if stopper is not None:
+            self.last_stop = _stop(stopper)
         if n == 0:
             self._gap_next |= pending
             self._exec_next |= epending
@@ -311,6 +336,29 @@ class StepReader:
                                bool(gapat is not None and gapat[0]),
                                int(end[-1]), int(cls[-1]), int(size[-1]),
                                bool(execat is not None and execat[0]))
+
+
+def _rows(items: list, rows: np.ndarray, stopper):
+    """What a batch's plain rows (:mod:`hwtrace.flow.plain`) tell the
+    reader: (the last item or row made an Event that stops the flow, of
+    those and ``stopper``, the last of the items that do; the record
+    indices of the rows that lose data, in order)."""
+    from hwtrace.flow import plain
+    typ = rows["type"]
+    su = (rows["flags"] & plain.PF_STATUS_UPDATE) != 0
+    over = typ == plain.TYPE["overflow"]
+    stops = np.flatnonzero(((typ == plain.DISABLED) | over) & ~su)
+    if len(stops):
+        last = int(stops[-1])
+        if stopper is None:
+            stopper = plain.event(rows[last].tolist())
+        else:
+            # the later of the two in the batch's one order
+            at = plain.item_positions(len(items), rows)
+            k = next(i for i in range(len(items) - 1, -1, -1) if items[i][2] is stopper)
+            if rows["pos"][last] > at[k]:
+                stopper = plain.event(rows[last].tolist())
+    return stopper, rows["index"][over].tolist()
 
 
 def _stop(item):
