@@ -277,26 +277,16 @@ class BatchInput:
         """How far from transfer ``t`` (up to ``q``) the run may go on
         through the groups, following threads with switches left: to the
         first round trip whose enable may apply one, taken one at a time
-        (the others bring nothing in: :meth:`_replay_clock`).  The clock
-        counts the traced instructions (:meth:`.roundtrips.find` took the
-        round trips only then): at an enable the switches due are those
-        up to its estimate (:meth:`.switches.SwitchTimeline.choose`), the
-        count since the last known time, which an enable's TSC moves
-        ahead when later (:meth:`~.switches.SwitchTimeline.time`)."""
+        (the others bring nothing in: :meth:`_replay_clock`; the clock
+        counts the traced instructions -- :meth:`.roundtrips.find` took
+        the round trips only then -- and says which:
+        :meth:`.switches.SwitchTimeline.trips_before_switch`)."""
         tl = self._follow
         if tl is None or tl.i >= len(tl.switches):
             return q
         tr, n, _t1, t2 = a.groups.trip_clock(a, t, q)
-        if not len(tr):
-            return q
-        rate = float(tl._rate)
-        nf = n.astype(np.float64) * rate
-        told = np.where(t2 > 0, t2.astype(np.float64) - nf, -np.inf)
-        off = np.maximum.accumulate(np.maximum(told, tl._t - tl._n * rate))
-        # (a tick's margin: an estimate at the switch's time, by rounding
-        # either side, is one at a time)
-        due = np.flatnonzero(off + nf >= tl.switches[tl.i].time - 1)
-        return int(tr[due[0]]) if len(due) else q
+        k = tl.trips_before_switch(n, t2)
+        return int(tr[k]) if k < len(tr) else q
 
     def _replay_clock(self, a: "_Arrays", t0: int, t1: int) -> None:
         """What the round trips after transfers [t0, t1), taken in the

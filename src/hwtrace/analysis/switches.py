@@ -56,6 +56,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+import numpy as np
+
 #: how many upcoming switches an enable may be matched with
 LOOKAHEAD = 4
 
@@ -132,6 +134,24 @@ class SwitchTimeline:
             if tsc and tsc != t and tsc > t + (n - n0) * rate:
                 t, n0 = tsc, n
         self._t, self._n = t, n0
+
+    def trips_before_switch(self, ns: np.ndarray, tscs: np.ndarray) -> int:
+        """How many of the round trips :meth:`round_trips` would be told
+        (in order) come before the first whose enable may apply a switch:
+        :meth:`choose` on a counted clock applies those up to the estimate
+        (the count since the last known time, moved on by each enable's
+        later TSC) -- with a tick's margin, so that an estimate at a
+        switch's time, by rounding either side, counts as due."""
+        if self.i >= len(self.switches) or not len(ns):
+            return len(ns)
+        if not self.counted or self._t is None or not self._on:
+            return 0
+        rate = float(self._rate)
+        nf = ns.astype(np.float64) * rate
+        told = np.where(tscs > 0, tscs.astype(np.float64) - nf, -np.inf)
+        off = np.maximum.accumulate(np.maximum(told, self._t - self._n * rate))
+        due = np.flatnonzero(off + nf >= self.switches[self.i].time - 1)
+        return int(due[0]) if len(due) else len(ns)
 
     def tracing(self, on: bool) -> None:
         """Tracing went off (a disable) or on again (an enable)."""

@@ -195,15 +195,17 @@ class StepReader:
         gapat = None
         execat = None
         stopper = None                      # the last item that stops the flow
+        at = -1                             # ... its place in the items
+        gaps = []                           # the records data was lost before
         E = Event
-        for index, _offset, item in batch.items:
+        for k, (index, _offset, item) in enumerate(batch.items):
             if type(item) is E:
                 # (most are a system call's disable and enable: a CPU
                 # stream of ``dd bs=1`` has ~40,000 a batch)
                 t = item.type
                 if t == "disabled":
                     if not item.status_update:
-                        stopper = item
+                        stopper, at = item, k
                     continue
                 if t != "async_disabled" and t not in GAP_EVENTS:
                     continue
@@ -217,26 +219,20 @@ class StepReader:
                         execat[index] = True
                 continue
             if _stop(item) is not None:
-                stopper = item
+                stopper, at = item, k
             if is_gap(item):
-                self.gaps += 1
-                if index >= n:              # before the next batch's first
-                    self._gap_next = True
-                    continue
-                if gapat is None:
-                    gapat = np.zeros(n, bool)
-                gapat[index] = True
+                gaps.append(index)
         rows = batch.plain
         if rows is not None and len(rows):
-            stopper, gaps = _rows(batch.items, rows, stopper)
-            for index in gaps:
-                self.gaps += 1
-                if index >= n:
-                    self._gap_next = True
-                    continue
-                if gapat is None:
-                    gapat = np.zeros(n, bool)
-                gapat[index] = True
+            stopper = _rows(batch.items, rows, stopper, at, gaps)
+        for index in gaps:
+            self.gaps += 1
+            if index >= n:                  # before the next batch's first
+                self._gap_next = True
+                continue
+            if gapat is None:
+                gapat = np.zeros(n, bool)
+            gapat[index] = True
         if stopper is not None:
             self.last_stop = _stop(stopper)
         if n == 0:
@@ -338,27 +334,25 @@ class StepReader:
                                bool(execat is not None and execat[0]))
 
 
-def _rows(items: list, rows: np.ndarray, stopper):
+def _rows(items: list, rows: np.ndarray, stopper, at: int, gaps: list):
     """What a batch's plain rows (:mod:`hwtrace.flow.plain`) tell the
-    reader: (the last item or row made an Event that stops the flow, of
-    those and ``stopper``, the last of the items that do; the record
-    indices of the rows that lose data, in order)."""
+    reader: the last item or row (made an Event) that stops the flow, of
+    those and ``stopper`` (item ``at``), the last of the items that do;
+    the record indices of the rows that lose data go into ``gaps`` (a
+    set of records: their order with the items' does not matter)."""
     from hwtrace.flow import plain
     typ = rows["type"]
     su = (rows["flags"] & plain.PF_STATUS_UPDATE) != 0
     over = typ == plain.TYPE["overflow"]
+    gaps.extend(rows["index"][over].tolist())
     stops = np.flatnonzero(((typ == plain.DISABLED) | over) & ~su)
     if len(stops):
         last = int(stops[-1])
-        if stopper is None:
+        # the later of the two in the batch's one order
+        if stopper is None or \
+                rows["pos"][last] > plain.item_positions(len(items), rows)[at]:
             stopper = plain.event(rows[last].tolist())
-        else:
-            # the later of the two in the batch's one order
-            at = plain.item_positions(len(items), rows)
-            k = next(i for i in range(len(items) - 1, -1, -1) if items[i][2] is stopper)
-            if rows["pos"][last] > at[k]:
-                stopper = plain.event(rows[last].tolist())
-    return stopper, rows["index"][over].tolist()
+    return stopper
 
 
 def _stop(item):

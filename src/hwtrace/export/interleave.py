@@ -47,7 +47,7 @@ import numpy as np
 
 from hwtrace.analysis.threads import ThreadRegistry
 from hwtrace.flow import plain
-from hwtrace.flow.batchcut import Places, piece, start_time
+from hwtrace.flow.batchcut import Places, start_time
 
 
 class Source(NamedTuple):
@@ -196,15 +196,16 @@ class _Feed:
                 self.cols = _enable_cols(places, self.en)
             en = self.en
             e, n = _next_enable(self.cols, self.ei, r0, j0, limit), len(en)
+        if places is None:
+            # never cut: the batch whole (the cursor is at its start)
+            self.batch = None
+            return batch
         if e < n:
             j1 = en[e][0]
             r1 = places.record(j1)
-        elif places is not None:
-            j1, r1 = places.n, len(batch.blocks)
         else:
-            j1, r1 = plain.count(batch), len(batch.blocks)
-        p = piece(batch, self.first, r0, j0, r1, j1) if places is None else \
-            places.piece(self.first, r0, j0, r1, j1)
+            j1, r1 = places.n, len(batch.blocks)
+        p = places.piece(self.first, r0, j0, r1, j1)
         if e >= n:
             self.batch = None
         else:
@@ -216,9 +217,7 @@ class _Feed:
 def _enable_cols(places: Places, en: list) -> tuple:
     """A batch's enables as columns: (place, record, TSC; -1: none)."""
     j = np.array([x for x, _t in en], np.int64)
-    r = np.array([places.record(x) for x in j.tolist()], np.int64) \
-        if places.rows is None else places._index()[np.minimum(j, places.n - 1)]
-    r = np.where(j < places.n, r, len(places.batch.blocks))
+    r = places.records(j)
     t = np.array([-1 if x is None else x for _j, x in en], np.int64)
     return j, r, t
 

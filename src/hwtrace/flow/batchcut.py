@@ -77,6 +77,13 @@ class Places:
             return self.batch.items[j][0]
         return int(self._index()[j])
 
+    def records(self, js: np.ndarray) -> np.ndarray:
+        """:meth:`record` of places ``js`` (int64), each before the end."""
+        if self.rows is None:
+            items = self.batch.items
+            return np.array([items[j][0] for j in js.tolist()], np.int64)
+        return self._index()[js]
+
     def _index(self) -> np.ndarray:
         if self._js is None:
             js = np.empty(self.n, np.int64)
@@ -99,9 +106,8 @@ class Places:
         pos = rows["pos"].astype(np.int64)
         typ = rows["type"]
         su = (rows["flags"] & plain.PF_STATUS_UPDATE) != 0
-        en_dis = (typ == plain.ENABLED) | (typ == plain.DISABLED)
         tell = np.empty(n, bool)
-        tell[pos] = ~plain.STRUCTURAL[typ] | (su & en_dis)
+        tell[pos] = ~plain.structural(rows)
         tell[self.at] = np.fromiter((_telling(it[2]) for it in items), bool, len(items))
         is_en = np.zeros(n, bool)
         is_en[pos] = (typ == plain.ENABLED) & ~su
