@@ -384,6 +384,87 @@ def test_round_trips_go_on_in_one_slice_where_the_merge_takes_them_anyway():
     assert n_ref > 40 and n < 10
 
 
+def _lost_at(streams, **kw):
+    """The merged records' ips, and the record index of each LostItem."""
+    ips, lost = [], []
+    for b in cpumerge.merged_batches(streams, **kw):
+        for idx, _off, it in b.items:
+            if isinstance(it, cpumerge.LostItem):
+                lost.append((len(ips) + idx, it.cpu))
+        ips += [int(r["ip"]) for r in b.blocks]
+    return ips, lost
+
+
+def test_a_stream_that_ends_inside_a_segment_leaves_a_gap():
+    """cpu0's stream ends inside a segment (no disable: the rest was lost)
+    and the thread goes on in cpu1's: what ran between is unknown, so the
+    step that resumes is after a gap, not the branch target of cpu0's
+    last record; the StepReader counts it."""
+    s1 = (0x100, 0x10a, 4, J, 2)        # jumps to 0x200 ...
+    s2 = (0x230, 0x234, 2, R, 1)        # ... but the trace goes on here
+    cpu0 = [batch([s1], [(0, 0, ev("enabled", ip=0x100, has_tsc=True, tsc=1))])]
+    cpu1 = [batch([s2], [(0, 0, ev("enabled", ip=0x230, has_tsc=True, tsc=9))])]
+    ips, lost = _lost_at([(0, iter(cpu0)), (1, iter(cpu1))])
+    assert ips == [0x100, 0x230] and lost == [(1, 0)]
+    r = steps.StepReader(cpumerge.merged_batches(
+        [(0, iter(list(cpu0))), (1, iter(list(cpu1)))]))
+    got = steps.concat(list(r))
+    assert got["gap"].tolist() == [0, 1] and r.gaps == 1
+
+
+def test_a_stopped_stream_leaves_a_gap_even_after_a_disable():
+    """A stop-on-full buffer that filled right after a system call's
+    disable: the thread may have run on untraced before it moved, so the
+    next segment (at the call's return, where every call returns) is
+    after a gap; a stream that was not stopped joins with none."""
+    s1 = (0x200, 0x204, 3, FC, 2)       # syscall at 0x204: back at 0x206
+    s2 = (0x206, 0x20a, 2, J, 2)
+    cpu0 = [batch([s1], [(0, 0, ev("enabled", ip=0x200, has_tsc=True, tsc=1)),
+                         (1, 3, ev("disabled", ip_suppressed=True, has_tsc=True, tsc=2))])]
+    cpu1 = [batch([s2], [(0, 0, ev("enabled", ip=0x206, has_tsc=True, tsc=9))])]
+    ips, lost = _lost_at([(0, iter(list(cpu0))), (1, iter(list(cpu1)))], stopped={0})
+    assert ips == [0x200, 0x206] and lost == [(1, 0)]
+    ips, lost = _lost_at([(0, iter(list(cpu0))), (1, iter(list(cpu1)))])
+    assert ips == [0x200, 0x206] and lost == []
+    # the last stream's end is followed by nothing: no gap
+    ips, lost = _lost_at([(0, iter(list(cpu0)))], stopped={0})
+    assert lost == []
+
+
+def test_a_wrapped_streams_first_segment_after_another_is_after_a_gap():
+    s1 = (0x200, 0x204, 3, FC, 2)
+    s2 = (0x206, 0x20a, 2, J, 2)
+    cpu0 = [batch([s1], [(0, 0, ev("enabled", ip=0x200, has_tsc=True, tsc=1)),
+                         (1, 3, ev("disabled", ip_suppressed=True, has_tsc=True, tsc=2))])]
+    cpu1 = [batch([s2], [(0, 0, ev("enabled", ip=0x206, has_tsc=True, tsc=9))])]
+    ips, lost = _lost_at([(0, iter(list(cpu0))), (1, iter(list(cpu1)))], wrapped={1})
+    assert ips == [0x200, 0x206] and lost == [(1, 1)]
+    # wrapped, but taken first: nothing of the thread came before it
+    ips, lost = _lost_at([(0, iter(list(cpu0))), (1, iter(list(cpu1)))], wrapped={0})
+    assert lost == []
+
+
+def test_both_runs_lose_data_before_the_same_step_one_divergence():
+    """A lost the call's body (its stream ended) and B lost data right
+    before the same return step: one divergence, where they meet, and the
+    rest compares equal (B's own gap is accounted for by the meeting)."""
+    call = (0x100, 0x105, 2, C, 5)
+    f1 = (0x400, 0x40a, 3, JC, 2)
+    ret = (0x500, 0x501, 1, R, 1)
+    back = (0x10a, 0x110, 2, R, 1)
+    tail = (0x600, 0x604, 2, J, 2)
+    ra = steps.StepReader([batch([call]),
+                           batch([ret, back, tail],
+                                 items=[(0, 4, cpumerge.LostItem(0, 16))])])
+    rb = steps.StepReader([batch([call, f1]),
+                           batch([ret, back, tail], items=[(0, 4, Event("overflow"))])])
+    divs = list(align.compare(ra, rb))
+    assert len(divs) == 1
+    d = divs[0]
+    assert d.a.gap and d.region.meet is not None
+    assert ra.gaps == rb.gaps == 1
+
+
 def test_equal_times_are_ordered_by_who_left_first():
     a = (0x100, 0x10a, 4, JC, 2)
     b = (0x300, 0x304, 2, R, 1)

@@ -592,6 +592,9 @@ def _after_gap(g: _Side, o: _Side, window: int, same_space: bool,
     reg.b_insns += skipped[0]
     reg.b_calls += skipped[1]
     o.consume(t)
+    # where ``o`` lost data too, right before the step they meet at, the
+    # meeting accounts for both losses
+    o.head()[0:1]["gap"] = 0
     shift = int(o.head()[0]["depth"]) - int(x["depth"])
     g.rebase(shift, o.stack.sites if same_space else [])
     reg.depth = int(o.head()[0]["depth"])

@@ -17,15 +17,37 @@ can't order them: they advance only at timing packets, and an emulated
 engine may give every enable the same one; where a thread stopped and
 went on is exact.)
 
+Where a CPU stream ends inside a segment (no disable: the rest of it was
+lost), or ends where its stop-on-full buffer filled (the thread may have
+run on there untraced, however the segment ended), and the thread's flow
+goes on in another, what ran in between is unknown; so is what ran
+before the first segment of a stream whose ring buffer wrapped (its
+oldest data was overwritten), when the thread ran elsewhere before.
+There the piece starts with a :class:`LostItem` (a gap, as a decoder's
+overflow is), so the flow is not read as going on from the last traced
+instruction.
+
 Only whole batches or slices of them are yielded: the records and items
-are the decoder's, untouched.  No I/O: takes batch iterators.
+are the decoder's, untouched, apart from that marker.  No I/O: takes
+batch iterators.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from hwtrace.flow.batches import Batch
+
+
+class LostItem(NamedTuple):
+    """The thread's flow went on untraced: the stream of ``cpu`` ended
+    inside a segment at trace offset ``offset`` and the flow resumes in
+    another stream (the item goes first in its piece)."""
+
+    cpu: int            # the stream that ended (or began, wrapped)
+    offset: int
+
+    type = "lost"
 
 
 def _starts(item) -> bool:
@@ -189,10 +211,13 @@ def _resume_at(last_block, stop) -> int | None:
 
 
 def merged_batches(streams: list[tuple[int, Iterable[Batch]]],
-                   left: dict | None = None) -> Iterator[Batch]:
+                   left: dict | None = None, stopped=(),
+                   wrapped=()) -> Iterator[Batch]:
     """The thread's batches from ``streams`` (``(cpu, batches)`` each; a
     single stream passes through as it is).  ``left``: {cpu: time the
-    thread was first switched out of it}."""
+    thread was first switched out of it}; ``stopped`` / ``wrapped``: the
+    CPUs whose stream lost its end (a stop-on-full buffer filled) / its
+    beginning (a ring buffer wrapped)."""
     left = left or {}
     if len(streams) == 1:
         yield from streams[0][1]
@@ -200,6 +225,8 @@ def merged_batches(streams: list[tuple[int, Iterable[Batch]]],
     cursors = [_Cursor(cpu, it) for cpu, it in streams]
     cur = None
     resume = None
+    lost = None                     # a LostItem for the next piece
+    begun: set = set()              # the CPUs a segment was taken from
     while True:
         live = [c for c in cursors if c.peek()]
         if not live:
@@ -220,8 +247,21 @@ def merged_batches(streams: list[tuple[int, Iterable[Batch]]],
             # cur again (its next head: start) after a stop resuming at x
             mine = rank(cur, start, x)
             return all(mine < rank(c, None, x) for c in others)
+        if cur.cpu in wrapped and cur.cpu not in begun and begun:
+            lost = LostItem(cur.cpu, -1)
+        begun.add(cur.cpu)
         for piece, stop in cur.segment(again):
+            if lost is not None:
+                if lost.offset < 0 and len(piece.blocks):
+                    lost = lost._replace(offset=int(piece.blocks[0]["offset"]))
+                piece.items.insert(0, (0, lost.offset, lost))
+                lost = None
             if len(piece.blocks):
                 last = piece.blocks[-1]
             yield piece
         resume = _resume_at(last, stop)
+        if last is not None and (stop is None or cur.cpu in stopped) and \
+                not cur.peek():
+            # the stream ended inside the segment, or filled: if the flow
+            # goes on elsewhere, what ran between is not in the trace
+            lost = LostItem(cur.cpu, int(last["offset"]))

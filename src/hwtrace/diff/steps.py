@@ -71,11 +71,14 @@ _KIND[[CALL, FAR_CALL]] = 2
 _KIND[[RETURN, FAR_RETURN]] = 3
 
 #: events after which the flow is not known to go on from where it stood
-GAP_EVENTS = frozenset({"overflow"})
+#: (``lost``: a CPU stream ended and the thread went on in another,
+#: :class:`hwtrace.diff.cpumerge.LostItem`)
+GAP_EVENTS = frozenset({"overflow", "lost"})
 
 
 def is_gap(item) -> bool:
-    """Was data lost here (a decode error, an overflow, a resync)?"""
+    """Was data lost here (a decode error, an overflow, a resync, the
+    end of a CPU stream the flow went on from)?"""
     if isinstance(item, ErrorItem):
         return True
     if isinstance(item, StatusItem):

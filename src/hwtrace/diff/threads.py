@@ -51,8 +51,11 @@ class Thread:
     def batches(self, impl: str | None = None):
         """Its flow as batches (every branch ends a record)."""
         from .cpumerge import merged_batches
-        return merged_batches([(st.info.cpu, self._own(st, impl))
-                               for st in self.streams], self.left)
+        sts = self.streams
+        return merged_batches([(st.info.cpu, self._own(st, impl)) for st in sts],
+                              self.left,
+                              stopped={st.info.cpu for st in sts if st.entry.stopped},
+                              wrapped={st.info.cpu for st in sts if st.entry.wrapped})
 
     def _own(self, st, impl):
         """What of stream ``st`` is this thread's: all of it, or (a CPU
