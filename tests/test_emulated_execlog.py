@@ -20,6 +20,7 @@ def _sample():
     w.signal(11, False, 0x401100, 0x401001)
     w.insn(0x401100, b"\xc3")
     w.syscall(60)
+    w.reaped(102, -11)
     w.sysret(60, -4)
     w.sigaction(10, 0x401100, 0x4000000)
     w.proc_exec("/bin/ls", False)
@@ -44,7 +45,8 @@ def test_roundtrip_every_record():
     assert list(recs[6].ids) == [7, 7, 7]
     assert recs[7:] == [
         xl.ExecPart(7, 1), xl.Signal(11, False, 0x401100, 0x401001),
-        xl.Insn(0x401100, b"\xc3"), xl.Syscall(60), xl.Sysret(60, -4),
+        xl.Insn(0x401100, b"\xc3"), xl.Syscall(60), xl.Reaped(102, -11),
+        xl.Sysret(60, -4),
         xl.Sigaction(10, 0x401100, 0x4000000), xl.ProcExec(False, "/bin/ls"),
         xl.Munmap(100, 0x400000, 0x1000), xl.ThreadExit(0), xl.ProcExit(-9)]
 

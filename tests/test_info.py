@@ -170,6 +170,43 @@ def test_info_says_a_program_a_signal_killed_was_killed(tmp_path, mode):
     assert [p["exit_status"] for p in d["processes"]] == [-11]
 
 
+REAP_C = r"""
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    pid_t a = fork();
+    if (a == 0) { raise(SIGSEGV); return 3; }
+    int st;
+    waitpid(a, &st, 0);                 /* wait4 */
+    pid_t b = fork();
+    if (b == 0) { raise(SIGABRT); return 4; }
+    siginfo_t si;
+    waitid(P_PID, b, &si, WEXITED);     /* waitid */
+    pid_t c = fork();
+    if (c == 0) return 9;
+    waitpid(c, &st, 0);
+    return WIFSIGNALED(st) ? 1 : 7;
+}
+"""
+
+
+@pytest.mark.parametrize("engine", ["qemu", "ptrace"])
+def test_info_says_a_child_a_signal_killed_was_killed(tmp_path, engine):
+    """A forked child that died of a signal: QEMU logs no exit for it, and
+    its sideband exit said ``status 0`` (``info``: "exit status 0").  Its
+    parent's wait (wait4, waitid) saw how it ended: that is its status."""
+    from conftest import build_programs
+    progs = build_programs(tmp_path, {"reap": REAP_C})
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--engine", engine, "-o", b, "--", progs["reap"])
+    assert r.returncode == 7, r.stderr
+    d = json.loads(run_hwtrace("info", b, "--json", check=True).stdout)
+    assert sorted(p["exit_status"] for p in d["processes"]) == [-11, -6, 7, 9]
+    text = run_hwtrace("info", b, check=True).stdout
+    assert text.count("killed by SIGSEGV") == 1 and "killed by SIGABRT" in text, text
+
+
 def test_a_stream_file_cut_short_is_named_by_info_and_the_views(tmp_path):
     """A stream file cut in half after recording: ``info`` said "complete"
     and "nothing lost", and the views refused it as "not a regular file of

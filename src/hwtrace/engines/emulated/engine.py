@@ -395,16 +395,18 @@ class EmulatedEngine(Engine):
             t = exits.get(tid, starts.get(tid, index.t0))
             ends[th.pid] = max(ends.get(th.pid, t), t)
         # QEMU logs no exit for a process a signal killed: the one it ran
-        # (no parent in the log) has the status its wait() gave
+        # (no parent in the log) has the status its wait() gave, a child
+        # the status its parent's wait saw (REAPED)
         died = self._run_status
         if died is not None and died >= 0:
             died = None
+        reaped = getattr(index, "reaped", {})
         for tid, th in index.threads.items():
             st = th.exit_status
             if st is None:
                 root = died is not None and index.processes.get(th.pid, {}).get("ppid") \
                     not in index.processes
-                st = died if root else 0
+                st = died if root else reaped.get(th.pid, 0)
             t = ends[th.pid] if tid == th.pid else exits.get(tid, starts.get(tid, index.t0))
             session.sideband.add(Exit(pid=th.pid, tid=tid, time=t, status=st))
         if session.mode == Mode.THREAD:

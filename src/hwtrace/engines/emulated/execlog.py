@@ -70,6 +70,11 @@ type  name        payload
                   it at the execve entry: a SYSRET that follows means the
                   execve failed and the record is void.
 0x14  PROC_EXIT   i32 status (exit code, or -signal).
+0x15  REAPED      u32 pid, i32 status (exit code, or -signal): the current
+                  thread's wait reaped child ``pid``, which ended so (a
+                  source that logs no PROC_EXIT for a process a signal
+                  killed, like QEMU, says it here: before the wait's
+                  SYSRET).
 0x20  SYSCALL     u64 nr: the last executed instruction (a syscall)
                   entered the kernel.
 0x21  SYSRET      u64 nr, i64 ret: the kernel returned to user mode; the
@@ -134,6 +139,7 @@ T_THREAD_EXIT = 0x11
 T_PROC_START = 0x12
 T_PROC_EXEC = 0x13
 T_PROC_EXIT = 0x14
+T_REAPED = 0x15
 T_SYSCALL = 0x20
 T_SYSRET = 0x21
 T_SIGNAL = 0x22
@@ -206,6 +212,11 @@ class ProcExit(NamedTuple):
     status: int
 
 
+class Reaped(NamedTuple):
+    pid: int
+    status: int
+
+
 class Syscall(NamedTuple):
     nr: int
 
@@ -253,6 +264,7 @@ _PART = struct.Struct("<IH")
 _INSN = struct.Struct("<QB")
 _EXECH = struct.Struct("<BH")
 _SYSRET = struct.Struct("<Qq")
+_REAPED = struct.Struct("<Ii")
 _SIGNAL = struct.Struct("<IBQQ")
 _SIGACTION = struct.Struct("<IQQ")
 _MMAP = struct.Struct("<IQQQIH")
@@ -354,6 +366,9 @@ def parse(data: bytes | memoryview, start: int | None = None, *,
             elif t == T_PROC_EXIT:
                 yield ProcExit(_I32.unpack_from(mv, off)[0])
                 off += 4
+            elif t == T_REAPED:
+                yield Reaped(*_REAPED.unpack_from(mv, off))
+                off += _REAPED.size
             elif t == T_SIGNAL:
                 signo, is_async, handler, ip = _SIGNAL.unpack_from(mv, off)
                 off += _SIGNAL.size
@@ -438,6 +453,9 @@ class Writer:
 
     def proc_exit(self, status: int) -> None:
         self._b += b"\x14" + _I32.pack(status)
+
+    def reaped(self, pid: int, status: int) -> None:
+        self._b += b"\x15" + _REAPED.pack(pid, status)
 
     def syscall(self, nr: int) -> None:
         self._b += b"\x20" + _U64.pack(nr)

@@ -193,6 +193,8 @@ class ExecTrace:
     #: per MMAP record (as ``mmaps``): the image it belongs to, as the
     #: number of execve calls its process had made before it (epoch)
     mmap_epochs: list = field(default_factory=list)
+    #: pid -> how it ended, as its parent's wait saw (REAPED records)
+    reaped: dict = field(default_factory=dict)
 
 
 def load(data: bytes, index_only: bool = False) -> ExecTrace:
@@ -222,6 +224,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
     last_time = 0
     mmap_execs: list = []       # per MMAP: its process's PROC_EXEC records before it
     open_exec: dict = {}        # tid -> (process, index) of an execve not yet known to succeed
+    reaped: dict = {}           # pid -> its status, as its parent's wait saw
     for r in xl.parse(data, off, first_ids=index_only):
         t = type(r)
         if seg is None and t not in (xl.Block, xl.Ctx, xl.Time, xl.Mmap, xl.Munmap):
@@ -337,6 +340,8 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
         elif t is xl.ThreadExit:
             threads[seg.tid].exit_status = r.status
             seg.items.append(r)
+        elif t is xl.Reaped:
+            reaped[r.pid] = r.status
         elif t is xl.Munmap:
             pass
         else:
@@ -361,7 +366,7 @@ def load(data: bytes, index_only: bool = False) -> ExecTrace:
         ok = processes.get(m.pid, {}).get("exec_ok", ())
         epochs.append(sum(1 for x in ok[:k] if x))
     return ExecTrace(header, threads, processes, mmaps, handlers, t0 or 0,
-                     order_blocks, features, epochs)
+                     order_blocks, features, epochs, reaped)
 
 
 def _expand_multi(items: list, n: int) -> None:

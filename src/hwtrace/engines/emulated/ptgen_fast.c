@@ -435,6 +435,7 @@ size_t rec_size(size_t o)
     case 0x06: return 10 + L[o + 9];
     case 0x10: case 0x11: case 0x12: case 0x14: return 5;
     case 0x13: return 4 + (size_t)(L[o + 2] | (L[o + 3] << 8));
+    case 0x15: return 9;
     case 0x20: return 9;
     case 0x21: return 17;
     case 0x22: return 22;

@@ -101,7 +101,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 enum {
     T_CTX = 0x01, T_TIME = 0x02, T_BLOCK = 0x03, T_EXEC = 0x04, T_EXEC_PART = 0x05,
     T_THREAD_START = 0x10, T_THREAD_EXIT = 0x11, T_PROC_START = 0x12,
-    T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_SYSCALL = 0x20, T_SYSRET = 0x21,
+    T_PROC_EXEC = 0x13, T_PROC_EXIT = 0x14, T_REAPED = 0x15, T_SYSCALL = 0x20,
+    T_SYSRET = 0x21,
     T_SIGACTION = 0x23, T_MMAP = 0x30,
 };
 
@@ -163,6 +164,9 @@ static bool cont_thread;                /* an exec'd image: its first thread is 
 static struct span *spans;              /* mappings already reported */
 static size_t nspans, capspans;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+/* a wait4's status pointer, or a waitid's siginfo pointer, from the
+ * syscall's entry to its return (0: none) */
+static __thread uint64_t tls_wait_ptr __attribute__((tls_model("initial-exec")));
 static uint16_t no_part;                /* part_cnt when no block is being run */
 /* Bumped after every TIME at a kernel entry or exit (of any thread of this
  * process); a thread that finds it changed at a block start writes a TIME
@@ -713,8 +717,8 @@ static void on_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 enum { NR_KILL = 62, NR_TKILL = 200, NR_TGKILL = 234, NR_RT_SIGQUEUEINFO = 129,
        NR_RT_TGSIGQUEUEINFO = 297 };
 enum { NR_RT_SIGACTION = 13, NR_CLONE = 56, NR_FORK = 57, NR_VFORK = 58,
-       NR_EXECVE = 59, NR_EXIT = 60, NR_EXIT_GROUP = 231, NR_EXECVEAT = 322,
-       NR_CLONE3 = 435 };
+       NR_EXECVE = 59, NR_EXIT = 60, NR_WAIT4 = 61, NR_EXIT_GROUP = 231,
+       NR_WAITID = 247, NR_EXECVEAT = 322, NR_CLONE3 = 435 };
 #define CLONE_VM_FLAG 0x100
 
 static bool clone_is_thread(int64_t num, uint64_t a1)
@@ -777,6 +781,10 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
     put_time(b, true);
     commit(b);
 
+    if (num == NR_WAIT4)
+        tls_wait_ptr = a2;
+    else if (num == NR_WAITID)
+        tls_wait_ptr = a3;
     if (num == NR_RT_SIGACTION && a2 != 0) {
         uint64_t act[2] = {0, 0};
         if (read_guest(a2, act, sizeof act) == sizeof act) {
@@ -843,6 +851,41 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num,
     }
 }
 
+/* A wait4 or waitid that reaped a child: its pid and how it ended (the
+ * exit code, or -signal).  QEMU logs no exit for a process a signal
+ * killed; its parent's wait is where that is seen. */
+static bool reaped(int64_t num, int64_t ret, uint32_t *who, int32_t *st)
+{
+    uint64_t at = tls_wait_ptr;
+    tls_wait_ptr = 0;
+    if (at == 0)
+        return false;
+    if (num == NR_WAIT4) {
+        int32_t w;
+        if (ret <= 0 || read_guest(at, &w, 4) != 4)
+            return false;
+        if ((w & 0x7f) == 0)                    /* WIFEXITED */
+            *st = (w >> 8) & 0xff;
+        else if ((w & 0x7f) != 0x7f)
+            *st = -(w & 0x7f);                  /* WIFSIGNALED */
+        else
+            return false;                       /* stopped or continued */
+        *who = (uint32_t)ret;
+        return true;
+    }
+    int32_t si[7];                              /* signo errno code pad pid uid status */
+    if (ret != 0 || read_guest(at, si, sizeof si) != sizeof si || si[4] <= 0)
+        return false;
+    if (si[2] == 1)                             /* CLD_EXITED */
+        *st = si[6];
+    else if (si[2] == 2 || si[2] == 3)          /* CLD_KILLED, CLD_DUMPED */
+        *st = -si[6];
+    else
+        return false;
+    *who = (uint32_t)si[4];
+    return true;
+}
+
 static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, int64_t ret)
 {
     (void)id; (void)vcpu;
@@ -881,6 +924,15 @@ static void on_syscall_ret(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, 
     }
     b = event_buf();
     unsigned char *p = b->data + b->pos;
+    if (num == NR_WAIT4 || num == NR_WAITID) {
+        uint32_t who;
+        int32_t st;
+        if (reaped(num, ret, &who, &st)) {
+            *p++ = T_REAPED;
+            put(&p, &who, 4);
+            put(&p, &st, 4);
+        }
+    }
     uint64_t nr = (uint64_t)num;
     *p++ = T_SYSRET;
     put(&p, &nr, 8);

@@ -47,7 +47,7 @@ MAX_BUFFER = 1 << 36        # recorded buffers (all CPUs) larger than this are n
 # Record payload sizes (without the type byte), execlog format version 1.
 _FIXED = {
     xl.T_CTX: 12, xl.T_TIME: 8, xl.T_EXEC_PART: 6, xl.T_THREAD_START: 4,
-    xl.T_THREAD_EXIT: 4, xl.T_PROC_START: 4, xl.T_PROC_EXIT: 4, xl.T_SYSCALL: 8,
+    xl.T_THREAD_EXIT: 4, xl.T_PROC_START: 4, xl.T_PROC_EXIT: 4, xl.T_REAPED: 8, xl.T_SYSCALL: 8,
     xl.T_SYSRET: 16, xl.T_SIGNAL: 21, xl.T_SIGACTION: 20, xl.T_MUNMAP: 20,
 }
 _U16 = struct.Struct("<H")
