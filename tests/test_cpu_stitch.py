@@ -289,3 +289,63 @@ def test_a_thread_leaving_a_cpu_ends_its_slices_there_when_it_leaves(hopping, tm
         assert t0 + d0 <= t1 + 1.0, cpu
     total = sum(d for _t, d in cpu)
     assert abs(total - thr[1]) <= 0.01 * thr[1], (total, thr)
+
+
+def test_a_stale_enable_time_is_cut_where_the_counted_clock_puts_it():
+    """A counted clock (the emulated engine: one tick an instruction) times
+    an enable by the count since the last time stamp when no timing packet
+    came since (its own TSC is stale).  A stream fed up to another's next
+    piece (``limit``) is cut at the first enable whose *counted* time is
+    at or after it -- cut by the stale stamps, its builder switched in, at
+    its later real time, a thread the other CPU still ran: that CPU's
+    stretch up to it went to no thread (``thread unknown:``)."""
+    import numpy as np
+    from hwtrace.export.interleave import _next_enable
+    # enables at places 1, 3, 5 (records 1, 2, 3), all stamped 1000
+    cols = (np.array([1, 3, 5]), np.array([1, 2, 3]), np.array([1000, 1000, 1000]))
+    start = np.array([100, 110, 130, 160, 200])     # instructions before each record
+    clock = ((1000.0, 100, 1.0), start)             # time 1000 at instruction 100
+    # counted: 1010, 1030, 1060
+    assert _next_enable(cols, 0, 0, 0, 1020, clock) == 1
+    assert _next_enable(cols, 0, 0, 0, 1060, clock) == 2
+    assert _next_enable(cols, 0, 0, 0, 1061, clock) == 3
+    # a later stamp moves the count on from there: 1500, then 1530
+    cols2 = (cols[0], cols[1], np.array([1000, 1500, -1]))
+    assert _next_enable(cols2, 0, 0, 0, 1400, clock) == 1
+    assert _next_enable(cols2, 0, 0, 0, 1531, clock) == 3
+    assert _next_enable(cols2, 0, 0, 0, 1530, clock) == 2
+    # the stamps alone: every enable at 1000, none at or after 1020
+    assert _next_enable(cols, 0, 0, 0, 1020) == 3
+
+
+THREADS = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+static volatile long sink;
+__attribute__((noinline)) long work(long n){ long s=0; for(long i=0;i<n;i++) s+=i^n; return s; }
+void *run(void *a){ long n=(long)a; for(int k=0;k<50;k++){ sink+=work(n); sched_yield(); } return 0; }
+int main(){ pthread_t t[3];
+    for(long i=0;i<3;i++) pthread_create(&t[i],0,run,(void*)(20000+i*1000));
+    for(int i=0;i<3;i++) pthread_join(t[i],0); printf("%ld\n",sink); return 0; }
+"""
+
+
+def test_ptrace_cpu_mode_threads_all_have_their_code(tmp_path):
+    """The ptrace engine interleaves threads finely, its enables often
+    with stale time stamps: every instruction of a cpu-mode recording's
+    ``calls`` is some thread's (no ``thread unknown:`` section; about one
+    recording in three had one), and each worker's ``run`` is one
+    activation."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one host CPU")
+    exe = build_programs(tmp_path, {"thr": THREADS})["thr"]
+    b = tmp_path / "b"
+    r = run_hwtrace("record", "--engine", "ptrace", "-o", b, "--", exe)
+    assert r.returncode == 0, r.stderr
+    out = run_hwtrace("calls", b, check=True).stdout
+    heads = [x for x in out.splitlines() if not x.startswith(" ")]
+    assert len(heads) == 4 and all(re.fullmatch(r"thread \d+ \(thr\):", h)
+                                   for h in heads), heads
+    runs = [x for x in out.splitlines() if re.match(r" +run ", x)]
+    assert len(runs) == 3, runs

@@ -130,11 +130,15 @@ class _Feed:
     feed meanwhile (no cut at all: the builder is fed as one stream alone
     would be)."""
 
-    def __init__(self, k: int, batches: Iterable, coverage=None):
+    def __init__(self, k: int, batches: Iterable, coverage=None, clock=None):
         self.k = k
         self.it = iter(batches)
         self.coverage = coverage    # this stream's own collector (a twin)
+        #: () -> (time, instruction index, rate) of the stream's builder's
+        #: counted clock, or None (the enables' own times are its times)
+        self.clock = clock
         self.batch = None
+        self.start = None           # the batch's records' first instructions
         self.en = None              # the batch's enables (position, time)
         self.places = None          # its batchcut.Places, once cut
         self.cols = None            # its enables as columns (_enable_cols)
@@ -163,6 +167,7 @@ class _Feed:
             self.batch, self.en, self.ei, self.places = batch, None, 0, None
             self.r0 = self.j0 = 0
             self.first = batch.first_insn
+            self.start = None
             if not len(batch.blocks) and not plain.count(batch):
                 self.batch = None
         batch = self.batch
@@ -172,6 +177,13 @@ class _Feed:
         else:                   # cut at an enable (self.en is known)
             t = self.en[self.ei][1]
             at_enable = True
+        if at_enable:
+            # (the builder goes on from its clock: no later enable between)
+            c = self.clock() if self.clock is not None else None
+            if c is not None:
+                ct, cn, rate = c
+                t = max(t if t is not None else 0,
+                        int(ct + (self.first - cn) * rate))
         if t is None:
             t = start_time(batch, self.r0)
         if t is None or t < self.last:
@@ -195,7 +207,14 @@ class _Feed:
                 self.en = places.enables()
                 self.cols = _enable_cols(places, self.en)
             en = self.en
-            e, n = _next_enable(self.cols, self.ei, r0, j0, limit), len(en)
+            c = self.clock() if self.clock is not None else None
+            if c is not None:
+                if self.start is None:
+                    st = np.zeros(len(batch.blocks) + 1, np.int64)
+                    np.cumsum(batch.blocks["ninsn"], out=st[1:])
+                    self.start = st + self.first - int(st[r0])
+                c = (c, self.start)
+            e, n = _next_enable(self.cols, self.ei, r0, j0, limit, c), len(en)
         if places is None:
             # never cut: the batch whole (the cursor is at its start)
             self.batch = None
@@ -222,18 +241,38 @@ def _enable_cols(places: Places, en: list) -> tuple:
     return j, r, t
 
 
-def _next_enable(cols: tuple, e: int, r0: int, j0: int, limit: int) -> int:
+def _next_enable(cols: tuple, e: int, r0: int, j0: int, limit: int,
+                 clock=None) -> int:
     """The first enable from ``e`` on past the cursor (record r0, place
     j0) whose time is known and at or after ``limit``; their count if
     none -- looked for a window at a time (a piece is most often cut a
-    few enables on)."""
+    few enables on).
+
+    ``clock``: ((time, instruction index, rate), the instruction index
+    of each record of the batch) of a counted clock, the builder's as
+    fed up to the cursor: an enable's time is then the one its builder
+    will take it at -- the count since the last time known, moved on by
+    each enable's later time stamp (as :meth:`~hwtrace.analysis.switches.
+    SwitchTimeline.time` does) -- not its time stamp alone, which may be
+    long stale (no timing packet since): cut there, a thread another
+    CPU's stream switches in at that time has left this one first."""
     j, r, t = cols
     n = len(j)
     w = 64
+    if clock is not None:
+        (ct, cn, rate), start = clock
+        carry = ct - cn * rate
     while e < n:
         hi = min(n, e + w)
         jw, rw = j[e:hi], r[e:hi]
-        hit = ((rw > r0) | ((rw == r0) & (jw > j0))) & (t[e:hi] >= limit) & (t[e:hi] >= 0)
+        tw = t[e:hi]
+        if clock is not None:
+            nf = start[rw].astype(np.float64) * rate
+            told = np.where(tw >= 0, tw - nf, -np.inf)
+            off = np.maximum.accumulate(np.maximum(told, carry))
+            carry = float(off[-1])
+            tw = off + nf
+        hit = ((rw > r0) | ((rw == r0) & (jw > j0))) & (tw >= limit) & (tw >= 0)
         k = int(np.argmax(hit))
         if hit[k]:
             return e + k
@@ -350,7 +389,14 @@ def run_interleaved(run, sources: list[Source],
     # coverage: a collector per stream (its blocks go on from batch to
     # batch of its own stream only), added up at the end
     cov = run.coverage
-    feeds += [_Feed(k, src.batches, cov.twin() if cov is not None else None)
+    def clock(k: int):
+        tl = getattr(builders[k], "_follow", None)
+        if tl is None or not tl.counted:
+            return None
+        t, n, rate = tl.clock_state()[:3]
+        return None if t is None or not rate else (t, n, rate)
+    feeds += [_Feed(k, src.batches, cov.twin() if cov is not None else None,
+                    lambda k=k: clock(k))
               for k, src in enumerate(sources)]
     heap: list = []
 
