@@ -393,6 +393,10 @@ def test_lost_data_is_stepped_over(work, tmp_path):
     lost = end["a"]["insns"] - end["b"]["insns"]
     assert lost > 0 and meet["a"]["insn"] - meet["b"]["insn"] == lost
     assert d["region"]["a"]["insns"] == lost
+    # the verdict says the only divergence is where data was lost
+    assert of_type(recs, "summary")[0]["at_lost_data"] == 1
+    text = diff(a, b, "--max", "0").stdout
+    assert "1 divergence shown (where a trace lost data)" in text, text
 
 
 # -- a crash versus a clean run -------------------------------------------------------

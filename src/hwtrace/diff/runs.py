@@ -87,6 +87,7 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
     covs: dict = {}                 # (pid A, pid B) -> (Coverage A, Coverage B)
     same = not pairing.only_a and not pairing.only_b
     total_div = 0
+    lost = 0                        # divergences where one trace lost data
     by = set()
     for number, (ta, tb, how) in enumerate(pairing.pairs, 1):
         key = (ta.pid, tb.pid)
@@ -111,6 +112,7 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
                            window=opts.window, status=status,
                            same_space=rel.identity, begins=begins):
             n += 1
+            lost += div.a.gap != div.b.gap
             yield R.divergence(number, div, ctx_a, ctx_b)
         more = bool(status.get("more"))
         if n:
@@ -138,6 +140,7 @@ def diff_runs(a_ts, b_ts, opts: Options | None = None) -> Iterator[dict]:
             same = False
         yield from _coverage(d, ca.sym, cb.sym, pa, pb, len(covs) > 1)
     yield {"type": "summary", "same": same, "divergences": total_div,
+           "at_lost_data": lost,
            "pairs": len(pairing.pairs), "only_a": len(pairing.only_a),
            "only_b": len(pairing.only_b),
            "compared_by": sorted(by)}

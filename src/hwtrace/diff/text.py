@@ -258,9 +258,13 @@ class TextWriter:
                 out("the runs are the same")
             else:
                 n = r["divergences"]
+                lost = r.get("at_lost_data", 0)
                 out(f"the runs differ: {r['pairs']} thread pair"
                     f"{'s' if r['pairs'] != 1 else ''}, {n} divergence"
                     f"{'s' if n != 1 else ''} shown"
+                    + ((" (where a trace lost data)" if lost == n == 1 else
+                        " (all where a trace lost data)" if lost == n else
+                        f" ({lost} where a trace lost data)") if lost else "")
                     + (f", {r['only_a']} thread(s) only in A" if r["only_a"] else "")
                     + (f", {r['only_b']} thread(s) only in B" if r["only_b"] else ""))
 
