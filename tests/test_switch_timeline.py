@@ -67,19 +67,22 @@ def test_round_trips_told_in_bulk_are_told_one_at_a_time():
     count, ahead of it (an idle jump), equal, or none."""
     import random
     rng = random.Random(5)
-    for rate in (1.0, 0.75, 3.0):
+    # (long runs: told in bulk with numpy; at real time stamps' size too)
+    for rate, t0 in ((1.0, 90), (0.75, 90), (3.0, 90), (1.0, 191157569128564),
+                     (0.37, 191157569128564)):
         for _ in range(50):
             one = SwitchTimeline(SWITCHES, 0, rate, exact=False, counted=True)
             bulk = SwitchTimeline(SWITCHES, 0, rate, exact=False, counted=True)
             for tl in (one, bulk):
-                tl.time(10, 90)         # (a counted clock's stream starts off)
+                tl.time(10, t0)         # (a counted clock's stream starts off)
                 tl.tracing(True)
             n, ns, tscs = 10, [], []
-            for _k in range(rng.randrange(1, 30)):
+            for _k in range(rng.choice([rng.randrange(1, 30), rng.randrange(33, 400)])):
                 n += rng.randrange(0, 40)
                 est = one.estimate(n) if not ns else None
-                base = int(est) if est is not None else 90 + n
-                tsc = rng.choice([0, base + rng.randrange(-30, 60), n * 3, 90 + int(n * rate)])
+                base = int(est) if est is not None else t0 + n
+                tsc = rng.choice([0, base + rng.randrange(-30, 60), t0 + n * 3,
+                                  t0 + int(n * rate), base, base + 1])
                 ns.append(n)
                 tscs.append(tsc)
             for k, t in zip(ns, tscs):

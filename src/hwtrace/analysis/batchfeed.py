@@ -298,7 +298,7 @@ class BatchInput:
             return
         _tr, n, _t1, t2 = a.groups.trip_clock(a, t0, t1)
         if len(n):
-            tl.round_trips(n.tolist(), t2.tolist())
+            tl.round_trips(n, t2)
 
     def _group_events(self, a: "_Arrays", t: int) -> None:
         """The events of the group after transfer t, if one is there

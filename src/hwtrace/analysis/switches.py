@@ -130,6 +130,20 @@ class SwitchTimeline:
             raise ValueError("round trips are told in bulk only to a counted clock, "
                              "tracing on, a time known")
         t, n0, rate = self._t, self._n, self._rate
+        if len(ns) > 32:
+            # only a time above the count so far can move it: those
+            # within a tick of the running maximum (as numpy's floats
+            # have it) are told one at a time, as below
+            ns = np.asarray(ns, np.int64)
+            tscs = np.asarray(tscs, np.int64)
+            nf = ns * float(rate)
+            told = np.where(tscs > 0, tscs - nf, -np.inf)
+            prev = np.empty(len(told))
+            prev[0] = t - n0 * rate
+            np.maximum.accumulate(told[:-1], out=prev[1:])
+            np.maximum(prev[1:], prev[0], out=prev[1:])
+            cand = np.flatnonzero(told > prev - 2.0)
+            ns, tscs = ns[cand].tolist(), tscs[cand].tolist()
         for n, tsc in zip(ns, tscs):
             if tsc and tsc != t and tsc > t + (n - n0) * rate:
                 t, n0 = tsc, n
