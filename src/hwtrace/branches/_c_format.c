@@ -40,7 +40,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 5
+#define ABI 6
 
 
 #define PUT_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
@@ -625,7 +625,7 @@ static PyMethodDef methods[] = {
     {"transfers", (PyCFunction)(void (*)(void))bt_transfers, METH_FASTCALL,
      "transfers(...) -> (records, kept, depth, closed, branches)"},
     {"trips", (PyCFunction)(void (*)(void))bt_trips, METH_FASTCALL,
-     "trips(...) -> None or (k, r, depth, time, clock, records, exit_at, pend_pc, pend_time)"},
+     "trips(...) -> None or (k, kr, r, depth, time, clock, records, exit_at, pend_pc, pend_time)"},
     {"calls_counts", (PyCFunction)(void (*)(void))py_calls_counts, METH_FASTCALL,
      "calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid, "
      "threads, last_tid, opened) -> (bytes, last_tid)"},
