@@ -498,7 +498,7 @@ class _Consumer:
             return None
         x = self._insn_at(int(a.end_ip[r]))
         if x is None and c != 5:
-            ind = bool(a.ind[r])
+            ind = bool(a.key[r] & 2)
             kind = {1: Kind.CALL_IND if ind else Kind.CALL_REL, 2: Kind.RET,
                     3: Kind.JMP_IND if ind else Kind.JMP_REL, 4: Kind.JCC}[c]
             x = Insn(int(a.fall[r] - a.end_ip[r]), IClass.OTHER, kind, is_branch=True)
@@ -738,15 +738,17 @@ class _Rec:
     (:func:`hwtrace.analysis.blockcols.columns` with this module's
     classes); instruction indices from ``first``."""
 
-    __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start", "key")
+    __slots__ = ("ip", "end_ip", "fall", "cls", "tsc", "start", "key")
 
     def __init__(self, blocks: np.ndarray, first: int):
         from hwtrace.analysis.blockcols import columns
         self.ip, self.end_ip, self.cls, self.fall, self.tsc, self.start = \
             columns(blocks, first, _CLS)
-        self.ind = (blocks["flags"] & 4) != 0
-        # class << 2 | indirect << 1 (decoded._KLUT's key, but taken)
-        self.key = (self.cls.view(np.uint8) << 2) | (self.ind.view(np.uint8) << 1)
+        # class << 2 | indirect << 1 (decoded._KLUT's key, but taken); the
+        # indirect flag is 4 in the block's flags
+        key = self.cls.view(np.uint8) << 2
+        key |= (blocks["flags"] & 4) >> 1
+        self.key = key
 
     def watch_hits(self, watch, r0: int, r1: int) -> np.ndarray:
         """Records in [r0, r1) holding one of these addresses."""

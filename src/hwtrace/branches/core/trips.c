@@ -726,10 +726,12 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
 
     Py_ssize_t nitems = PyList_GET_SIZE(items), done_k = k, done_kr = kr;
-    /* a few system call sites' sizes (a program makes its calls from few) */
-    uint64_t sz_addr[8] = {0};
-    long sz_val[8];
-    int sz_has[8] = {0};
+    /* system call sites' sizes (a program makes its calls from few; find
+       from some dozens: 8 slots had ~100 k calls of sys_size on it) */
+    enum { NSZ = 64 };
+    uint64_t sz_addr[NSZ] = {0};
+    long sz_val[NSZ];
+    int sz_has[NSZ] = {0};
     /* the loop's own state since the last commit (after an enable): the
        record whose branch is pending (pr, its time), tracing off (a
        syscall's disable seen, its enable not yet) */
@@ -816,7 +818,7 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (off || pr < 0 || !(c.key[pr] >> 2))
                 break;
             uint64_t frm = c.end_ip[pr];
-            int slot = (int)((frm ^ (frm >> 7)) & 7);
+            int slot = (int)((frm ^ (frm >> 6) ^ (frm >> 12)) & (NSZ - 1));
             if (!sz_has[slot] || sz_addr[slot] != frm) {
                 PyObject *a = PyLong_FromUnsignedLongLong(frm);
                 if (!a)
