@@ -10,6 +10,9 @@
  * ~15 us -- more than the decoding of the run.  trips does them here while
  * they are plain (the thread stays, no signal handler, no trigger address,
  * no status update or other event between) and hands the rest back.
+ * The view decodes with plain_events: most of those events are rows of
+ * Batch.plain, read here from their columns (an Event object each cost
+ * the decoder more than this loop).
  */
 #include "trips.h"
 
