@@ -97,6 +97,23 @@ def test_jsonl_compiled_across_chunks():
                 == format_chunk(chunk, npy, "jsonl", impl="python"))
 
 
+def test_jsonl_compiled_reads_fields_in_place():
+    """The compiled core reads the record fields where they are (a step
+    of records, any sign) and sizes each line's text exactly: every
+    count of digits of every number, nulls, symbols or none."""
+    from hwtrace.branches.format import _col
+    a, addrs = _records(2000, 9)
+    tens = np.array([0] + [10 ** k for k in range(19)] + [2 ** 63 - 1], np.int64)
+    a["time"][:len(tens)] = tens
+    a["pid"][:len(tens)] = tens
+    a["depth"][:20] = np.array([-(10 ** k) for k in range(10)] + [10 ** k for k in range(10)],
+                               np.int32)
+    for part in (a, a[::3], a[::-2], a[5:6]):
+        assert np.shares_memory(_col(part, "depth", np.int32), part)    # no copy
+        assert (format_chunk(part, _namer(addrs), "jsonl", impl="compiled")
+                == format_chunk(part, _namer(addrs), "jsonl", impl="python"))
+
+
 def test_jsonl_compiled_without_symbols():
     a, _ = _records(200, 5)
     py = format_chunk(a, Namer(None), "jsonl", impl="python")

@@ -141,3 +141,55 @@ def test_trips_do_the_plain_round_trips(monkeypatch, bundles):
     assert syscalls > 2000
     # each round trip is two events; those taken here are a few per batch
     assert len(seen) < syscalls / 4
+
+
+def _records_fed(monkeypatch, bundle, how: str, rows: bool, mask: MaskSpec) -> tuple:
+    """:func:`_records` with the plain events as rows (``Batch.plain``)
+    or all as Event items; and how many rows the batches fed carried."""
+    monkeypatch.setattr(decoded.DecodedTrace, "plain_events", rows)
+    fed = []
+    orig = decoded._Consumer.feed_batch
+
+    def feed_batch(self, batch):
+        fed.append(0 if batch.plain is None else len(batch.plain))
+        return orig(self, batch)
+    monkeypatch.setattr(decoded._Consumer, "feed_batch", feed_batch)
+    got = _records(monkeypatch, bundle, how, mask)
+    monkeypatch.setattr(decoded._Consumer, "feed_batch", orig)
+    return got, sum(fed)
+
+
+@pytest.mark.parametrize("mode", ["cpu", "thread"])
+@pytest.mark.parametrize("mask", [
+    MaskSpec(), MaskSpec(frozenset({"syscall", "sysret", "iret", "indirect_jump"}))],
+    ids=["all", "resumes"])
+def test_rows_give_the_items_records(monkeypatch, bundles, mode, mask):
+    """The plain events as rows (the compiled round trips reading their
+    columns, and the one-at-a-time loop reading a row's fields) give the
+    same records as the same events as Event items -- two threads taking
+    turns on one CPU, a signal handler, a fork; the rows path is the
+    branches view's (the old code decoded no rows)."""
+    _compiled_or_skip()
+    got = {}
+    for how in ("trips", "compiled", "python"):
+        for rows in (True, False):
+            got[how, rows], n = _records_fed(monkeypatch, bundles[mode], how, rows, mask)
+            assert (n > 2000) if rows else n == 0
+    assert len(set(got.values())) == 1
+    assert len(got["trips", True]) > 0
+
+
+def test_trips_rows_out_of_place_is_an_error():
+    """A row whose place is behind the items already gone through is a
+    broken batch, not a round trip."""
+    _compiled_or_skip()
+    from hwtrace.flow.plain import PLAIN
+    core = _impl.core_for("compiled")
+    rows = np.zeros(1, PLAIN)
+    z8 = np.zeros(2, np.uint64)
+    with pytest.raises(ValueError, match="out of place"):
+        core.trips([(0, 0, object())], 1, rows, 0, 0, z8, z8, z8, np.zeros(2, np.uint8), z8,
+                   np.zeros(3, np.int64), decoded._KLUT, decoded._FARLUT8, decoded._DELTA,
+                   {}, lambda a: -2, lambda a: -1, lambda r, t: -2, decoded._ALL_ALLOWED,
+                   decoded._NO_RANGES, True, 1, 1, decoded._TRIP_CODES, decoded._LAYOUT,
+                   decoded._PLAIN_LAYOUT, (0, None, None))

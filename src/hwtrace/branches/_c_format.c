@@ -40,7 +40,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 5
+#define ABI 6
 
 
 #define PUT_LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
@@ -135,19 +135,34 @@ static void si_dealloc(SymIndex *s)
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-static int get_cols(PyObject *const *args, int ncol, const Py_ssize_t *isz,
-                    Py_buffer *b, Py_ssize_t *n)
+/* item i of a column at ``base`` whose items are ``st`` bytes apart */
+#define LD(T, base, st, i) ld_##T((base) + (i) * (st))
+#define LD_FN(T) static inline T ld_##T(const char *p) { T v; memcpy(&v, p, sizeof v); return v; }
+LD_FN(uint64_t)
+LD_FN(int64_t)
+LD_FN(int32_t)
+LD_FN(uint8_t)
+
+/* a buffer per column, each of n items of isz[c] bytes; where ``st`` (not
+   NULL) takes each column's stride, a column may be a field of an array
+   of records (one dimension, any step), else it is C-contiguous */
+static int get_strided(PyObject *const *args, int ncol, const Py_ssize_t *isz,
+                       Py_buffer *b, Py_ssize_t *n, Py_ssize_t *st)
 {
     int got = 0;
     for (; got < ncol; got++)
-        if (PyObject_GetBuffer(args[got], &b[got], PyBUF_C_CONTIGUOUS) < 0)
+        if (PyObject_GetBuffer(args[got], &b[got],
+                               st ? PyBUF_STRIDES | PyBUF_FORMAT : PyBUF_C_CONTIGUOUS) < 0)
             goto fail;
     *n = b[0].len / isz[0];
     for (int c = 0; c < ncol; c++) {
-        if (b[c].len != *n * isz[c]) {
+        if (b[c].len != *n * isz[c]
+                || (st && (b[c].ndim != 1 || b[c].itemsize != isz[c]))) {
             PyErr_SetString(PyExc_ValueError, "columns of unequal length or wrong type");
             goto fail;
         }
+        if (st)
+            st[c] = b[c].strides ? b[c].strides[0] : isz[c];
     }
     return 0;
 fail:
@@ -156,18 +171,24 @@ fail:
     return -1;
 }
 
+static int get_cols(PyObject *const *args, int ncol, const Py_ssize_t *isz,
+                    Py_buffer *b, Py_ssize_t *n)
+{
+    return get_strided(args, ncol, isz, b, n, NULL);
+}
+
 /* missing(frm, to) -> bytes: the distinct non-zero addresses (u64, in order
  * of first appearance) not in the index yet; they are pending until add(). */
 static PyObject *si_missing(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
 {
     static const Py_ssize_t isz[2] = {8, 8};
     Py_buffer b[2];
-    Py_ssize_t n;
+    Py_ssize_t n, st[2];
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "missing(frm, to)");
         return NULL;
     }
-    if (get_cols(args, 2, isz, b, &n) < 0)
+    if (get_strided(args, 2, isz, b, &n, st) < 0)
         return NULL;
     PyObject *res = NULL;
     uint64_t *out = NULL;
@@ -180,13 +201,14 @@ static PyObject *si_missing(SymIndex *s, PyObject *const *args, Py_ssize_t nargs
         goto done;
     }
     for (int c = 0; c < 2; c++) {
-        const uint64_t *a = b[c].buf;
+        const char *a = b[c].buf;
         for (Py_ssize_t i = 0; i < n; i++) {
-            if (a[i]) {
+            uint64_t v = LD(uint64_t, a, st[c], i);
+            if (v) {
                 int fresh;
-                si_find(s, a[i], &fresh);
+                si_find(s, v, &fresh);
                 if (fresh)
-                    out[nout++] = a[i];
+                    out[nout++] = v;
             }
         }
     }
@@ -298,22 +320,33 @@ static inline int64_t si_get(SymIndex *s, uint64_t k)
 
 
 /* jsonl(pid, tid, kind, frm, to, time, depth, kinds) -> bytes */
+/* the digits of v in decimal (put_u64's) */
+static inline Py_ssize_t n_dig(uint64_t v)
+{
+    Py_ssize_t d = 1;
+    while (v >= 100) {
+        v /= 100;
+        d += 2;
+    }
+    return d + (v >= 10);
+}
+
 static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
 {
     static const Py_ssize_t isz[7] = {8, 8, 1, 8, 8, 8, 4};
     Py_buffer b[7];
-    Py_ssize_t n;
+    Py_ssize_t n, st[7];
     PyObject *kinds = NULL, *res = NULL;
     const char *kstr[256];
     Py_ssize_t klen[256];
-    Py_ssize_t nk = 0, kmax = 0;
+    Py_ssize_t nk = 0;
     int64_t *fe = NULL, *te = NULL;
 
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "jsonl() takes 8 arguments");
         return NULL;
     }
-    if (get_cols(args, 7, isz, b, &n) < 0)
+    if (get_strided(args, 7, isz, b, &n, st) < 0)
         return NULL;
     kinds = PySequence_Fast(args[7], "kinds must be a sequence");
     if (!kinds)
@@ -327,44 +360,75 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
                                     &klen[k]) < 0)
             goto done;
         kstr[k] = str;
-        if (klen[k] > kmax)
-            kmax = klen[k];
     }
-    const int64_t *pid = b[0].buf, *tid = b[1].buf, *tm = b[5].buf;
-    const uint8_t *kind = b[2].buf;
-    const uint64_t *frm = b[3].buf, *to = b[4].buf;
-    const int32_t *dp = b[6].buf;
+    /* the columns (each may be a field of an array of records) */
+    const char *cpid = b[0].buf, *ctid = b[1].buf, *ckind = b[2].buf, *cfrm = b[3].buf,
+               *cto = b[4].buf, *ctm = b[5].buf, *cdp = b[6].buf;
+#define pid_(i) LD(int64_t, cpid, st[0], i)
+#define tid_(i) LD(int64_t, ctid, st[1], i)
+#define kind_(i) LD(uint8_t, ckind, st[2], i)
+#define frm_(i) LD(uint64_t, cfrm, st[3], i)
+#define to_(i) LD(uint64_t, cto, st[4], i)
+#define tm_(i) LD(int64_t, ctm, st[5], i)
+#define dp_(i) LD(int32_t, cdp, st[6], i)
     fe = PyMem_Malloc((n + 1) * sizeof(int64_t));
     te = PyMem_Malloc((n + 1) * sizeof(int64_t));
     if (!fe || !te) {
         PyErr_NoMemory();
         goto done;
     }
-    /* bound: fixed text + 7 numbers of <= 20 digits + kind + symbols */
-    Py_ssize_t bound = 0;
+    /* the exact size: a bound (~2.5x the text) would be an allocation
+       large enough to be mapped afresh for each chunk and trimmed after,
+       its pages faulted in every time (a third of the view's CPU time on
+       a recording of 17 M records, 2.7 GB of text) */
+    Py_ssize_t bound = 0, hl = 0, tl = 0;
+    int64_t bpid = 0, btid = 0, btm = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t l = 320 + kmax;
-        if (kind[i] >= nk) {
+        if (!hl || pid_(i) != bpid || tid_(i) != btid) {
+            hl = (Py_ssize_t)sizeof("{\"pid\":,\"tid\":,\"kind\":") - 1
+                + (pid_(i) >= 0 ? n_dig(pid_(i)) : 4) + (tid_(i) >= 0 ? n_dig(tid_(i)) : 4);
+            bpid = pid_(i);
+            btid = tid_(i);
+        }
+        Py_ssize_t l = hl + (Py_ssize_t)sizeof(",\"from\":,\"to\":}\n") - 1;
+        if (tm_(i) >= 0) {
+            if (tm_(i) != btm) {
+                tl = (Py_ssize_t)sizeof(",\"time\":") - 1 + n_dig((uint64_t)tm_(i));
+                btm = tm_(i);
+            }
+            l += tl;
+        }
+        if (dp_(i) != INT32_MIN)
+            l += (Py_ssize_t)sizeof(",\"depth\":") - 1 + (dp_(i) < 0)
+                + n_dig(dp_(i) < 0 ? (uint64_t)0 - (uint64_t)(int64_t)dp_(i) : (uint64_t)dp_(i));
+        if (kind_(i) >= nk) {
             PyErr_SetString(PyExc_IndexError, "jsonl: kind out of range");
             goto done;
         }
+        l += klen[kind_(i)];
         fe[i] = te[i] = -1;
-        if (frm[i]) {
-            fe[i] = si_get(s, frm[i]);
+        if (frm_(i)) {
+            fe[i] = si_get(s, frm_(i));
             if (fe[i] < 0) {
                 PyErr_SetString(PyExc_KeyError, "jsonl: an address not in the index");
                 goto done;
             }
-            l += s->len[fe[i]];
-        }
-        if (to[i]) {
-            te[i] = si_get(s, to[i]);
+            l += s->dec[fe[i]][23];
+            if (s->has[fe[i]])
+                l += (Py_ssize_t)sizeof(",\"from_sym\":\"\"") - 1 + s->len[fe[i]];
+        } else
+            l += 4;
+        if (to_(i)) {
+            te[i] = si_get(s, to_(i));
             if (te[i] < 0) {
                 PyErr_SetString(PyExc_KeyError, "jsonl: an address not in the index");
                 goto done;
             }
-            l += s->len[te[i]];
-        }
+            l += s->dec[te[i]][23];
+            if (s->has[te[i]])
+                l += (Py_ssize_t)sizeof(",\"to_sym\":\"\"") - 1 + s->len[te[i]];
+        } else
+            l += 4;
         bound += l;
     }
     res = PyBytes_FromStringAndSize(NULL, bound);
@@ -378,46 +442,46 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t hlen = 0, tlen = 0;
     int64_t hpid = 0, htid = 0, ltm = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!hlen || pid[i] != hpid || tid[i] != htid) {
+        if (!hlen || pid_(i) != hpid || tid_(i) != htid) {
             char *h = head;
             PUT_LIT(h, "{\"pid\":");
-            if (pid[i] >= 0)
-                h = put_u64(h, (uint64_t)pid[i]);
+            if (pid_(i) >= 0)
+                h = put_u64(h, (uint64_t)pid_(i));
             else
                 PUT_LIT(h, "null");
             PUT_LIT(h, ",\"tid\":");
-            if (tid[i] >= 0)
-                h = put_u64(h, (uint64_t)tid[i]);
+            if (tid_(i) >= 0)
+                h = put_u64(h, (uint64_t)tid_(i));
             else
                 PUT_LIT(h, "null");
             PUT_LIT(h, ",\"kind\":");
             hlen = h - head;
-            hpid = pid[i];
-            htid = tid[i];
+            hpid = pid_(i);
+            htid = tid_(i);
         }
         p = put(p, head, hlen);
-        p = put(p, kstr[kind[i]], klen[kind[i]]);
+        p = put(p, kstr[kind_(i)], klen[kind_(i)]);
         PUT_LIT(p, ",\"from\":");
-        if (frm[i])
+        if (frm_(i))
             p = put(p, s->dec[fe[i]], s->dec[fe[i]][23]);
         else
             PUT_LIT(p, "null");
         PUT_LIT(p, ",\"to\":");
-        if (to[i])
+        if (to_(i))
             p = put(p, s->dec[te[i]], s->dec[te[i]][23]);
         else
             PUT_LIT(p, "null");
-        if (tm[i] >= 0) {
+        if (tm_(i) >= 0) {
             PUT_LIT(p, ",\"time\":");
-            if (tm[i] != ltm) {
-                tlen = put_u64(tdig, (uint64_t)tm[i]) - tdig;
-                ltm = tm[i];
+            if (tm_(i) != ltm) {
+                tlen = put_u64(tdig, (uint64_t)tm_(i)) - tdig;
+                ltm = tm_(i);
             }
             p = put(p, tdig, tlen);
         }
-        if (dp[i] != INT32_MIN) {
+        if (dp_(i) != INT32_MIN) {
             PUT_LIT(p, ",\"depth\":");
-            p = put_i64(p, dp[i]);
+            p = put_i64(p, dp_(i));
         }
         if (fe[i] >= 0 && s->has[fe[i]]) {
             PUT_LIT(p, ",\"from_sym\":\"");
@@ -431,8 +495,18 @@ static PyObject *si_jsonl(SymIndex *s, PyObject *const *args, Py_ssize_t nargs)
         }
         PUT_LIT(p, "}\n");
     }
-    if (_PyBytes_Resize(&res, p - PyBytes_AS_STRING(res)) < 0)
-        res = NULL;
+#undef pid_
+#undef tid_
+#undef kind_
+#undef frm_
+#undef to_
+#undef tm_
+#undef dp_
+    if (p - PyBytes_AS_STRING(res) != bound) {
+        /* (a size rule above disagrees with the writing below) */
+        PyErr_SetString(PyExc_SystemError, "jsonl: the text's size was wrong");
+        Py_CLEAR(res);
+    }
 done:
     PyMem_Free(fe);
     PyMem_Free(te);
@@ -625,7 +699,7 @@ static PyMethodDef methods[] = {
     {"transfers", (PyCFunction)(void (*)(void))bt_transfers, METH_FASTCALL,
      "transfers(...) -> (records, kept, depth, closed, branches)"},
     {"trips", (PyCFunction)(void (*)(void))bt_trips, METH_FASTCALL,
-     "trips(...) -> None or (k, r, depth, time, clock, records, exit_at, pend_pc, pend_time)"},
+     "trips(...) -> None or (k, kr, r, depth, time, clock, records, exit_at, pend_pc, pend_time)"},
     {"calls_counts", (PyCFunction)(void (*)(void))py_calls_counts, METH_FASTCALL,
      "calls_counts(head, hblob, hoffs, insns, ok, note, nblob, noffs, tid, "
      "threads, last_tid, opened) -> (bytes, last_tid)"},

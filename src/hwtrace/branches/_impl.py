@@ -13,7 +13,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.branches._c_format"
-ABI = 5
+ABI = 6
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

@@ -48,6 +48,8 @@ from typing import Iterator
 import numpy as np
 
 from hwtrace._unique import unique
+from hwtrace.flow.plain import (EVENT_TYPES, PF_HAS_TSC, PF_IP_SUPPRESSED,
+                                PF_STATUS_UPDATE, PLAIN)
 from hwtrace.x86 import Mode, X86Error, decoder_for
 from hwtrace.x86.insn import IClass, Insn, Kind
 
@@ -136,6 +138,15 @@ _DELTA[_RET] = -1
 _SYSCALL = KIND_CODE["syscall"]
 #: the compiled round trips' kind codes: (return, syscall, sysret)
 _TRIP_CODES = (_RET, _SYSCALL, KIND_CODE["sysret"])
+#: the compiled round trips' view of plain rows (hwtrace.flow.plain.PLAIN):
+#: itemsize, the offsets of index, tsc, ip, pos, type and flags, the type
+#: codes of enabled, disabled, cbr and exec_mode, the flag bits
+#: ip_suppressed, status_update and has_tsc
+_PLAIN_LAYOUT = (PLAIN.itemsize,) + tuple(
+    PLAIN.fields[f][1] for f in ("index", "tsc", "ip", "pos", "type", "flags")) + tuple(
+    EVENT_TYPES.index(t) for t in ("enabled", "disabled", "cbr", "exec_mode")) + (
+    PF_IP_SUPPRESSED, PF_STATUS_UPDATE, PF_HAS_TSC)
+_NO_ROWS = np.zeros(0, PLAIN)
 
 
 class _Consumer:
@@ -300,6 +311,16 @@ class _Consumer:
                     else ev.get("ip", 0) if t == "enabled" else None,
                     ev.get("at", 0) if t == "async_disabled" else None)
 
+    def _row_event(self, t: str, tsc: int, ip: int, flags: int) -> None:
+        """:meth:`_batch_event` of a plain row (its type name, tsc, ip and
+        flags): the Event the row tells, read without making it (a row
+        has no ``at``: 0)."""
+        self._event(t, tsc if flags & PF_HAS_TSC else None,
+                    bool(flags & PF_STATUS_UPDATE),
+                    (None if flags & PF_IP_SUPPRESSED else ip) if t == "disabled"
+                    else ip if t == "enabled" else None,
+                    0 if t == "async_disabled" else None)
+
     def _switch(self, ip: int | None) -> None:
         """Tracing resumes in a CPU's stream at ``ip``: the thread the
         sideband says runs now, chosen as for the call-stack builder
@@ -360,6 +381,10 @@ class _Consumer:
         return c
 
     def feed_batch(self, batch) -> None:
+        """A batch's records, items and plain rows (``Batch.plain``,
+        :mod:`hwtrace.flow.plain`: the events a row tells exactly) in
+        their one order: row ``kr`` is the next place where its ``pos``
+        says so, else item ``k``."""
         blocks = batch.blocks
         m = len(blocks)
         first = int(batch.first_insn)
@@ -367,38 +392,59 @@ class _Consumer:
             a = _Rec(blocks, first)
         r = 0
         items = batch.items
+        rows = getattr(batch, "plain", None)
+        if rows is None or not len(rows):
+            rows, pos = _NO_ROWS, ()
+        else:
+            pos = rows["pos"].tolist()
         k, nitems = 0, len(items)
+        kr, nrows = 0, len(pos)
+        places = nitems + nrows
         core = _impl.core_for(self.impl) if m else None
-        while k < nitems:
-            index, offset, item = items[k]
-            k += 1
+        while k + kr < places:
+            if kr < nrows and pos[kr] == k + kr:
+                # (index, offset, tsc, ip, ratio, pos, type, flags, ...)
+                index, _o, tsc, ip, _ra, _p, typ, flags = rows[kr].item()[:8]
+                kr += 1
+                item = None
+                t = EVENT_TYPES[typ]
+            else:
+                index, offset, item = items[k]
+                k += 1
+                t = getattr(item, "type", None)
             if index > r:
                 self._records(a, r, index)
                 r = index
             self.n = first if not m else int(a.start[r])
-            t = getattr(item, "type", None)
-            if t == "error" and hasattr(item, "code"):
+            if item is None:
+                self._row_event(t, tsc, ip, flags)
+            elif t == "error" and hasattr(item, "code"):
                 self.feed({"error": str(item.code), "offset": item.offset})
+                continue
             elif hasattr(item, "status_update"):
                 self._batch_event(item)
-                if t == "enabled" and core is not None and k + 1 < nitems:
-                    got = self._trips(core, a, items, k, r)
-                    if got is not None:
-                        k, r = got
-            elif t == "space" and self.env is not None:
-                self._enter_space(item.space)
+            else:
+                if t == "space" and self.env is not None:
+                    self._enter_space(item.space)
+                continue
+            if t == "enabled" and core is not None and k + kr + 1 < places:
+                got = self._trips(core, a, items, k, rows, kr, r)
+                if got is not None:
+                    k, kr, r = got
         if r < m:
             self._records(a, r, m)
         self.n = int(a.start[m]) if m else first
         self._out()
 
-    def _trips(self, core, a: "_Rec", items: list, k: int, r: int):
+    def _trips(self, core, a: "_Rec", items: list, k: int, rows: np.ndarray, kr: int,
+               r: int):
         """Where the thread just came back from untraced code: the plain
-        system-call round trips from item ``k`` and record ``r`` on, by the
-        compiled core (``trips``: the runs of records between them, each
-        syscall and sysret, as :meth:`_records` and :meth:`_event` make
-        them, while the same thread runs on); (k, r) after them, or None
-        where it did none."""
+        system-call round trips from item ``k``, row ``kr`` (of
+        ``Batch.plain``; none: :data:`_NO_ROWS`) and record ``r`` on, by
+        the compiled core (``trips``: the runs of records between them,
+        each syscall and sysret, as :meth:`_records` and :meth:`_event`
+        make them, while the same thread runs on); (k, kr, r) after
+        them, or None where it did none."""
         th, t = self.th, self.tracker
         if th is None or not th.on or th.pend_x is not None or th.exit is not None \
                 or not self.enabled or t.watch:
@@ -407,22 +453,23 @@ class _Consumer:
         clock = None if tl is None else tl.clock_state()
         allowed, ranges = _mask_arrays(t.mask)
         got = core.trips(
-            items, k, r, a.ip, a.fall, a.end_ip, a.key, a.tsc, a.start, _KLUT, _FARLUT8,
+            items, k, rows, kr, r, a.ip, a.fall, a.end_ip, a.key, a.tsc, a.start, _KLUT, _FARLUT8,
             _DELTA, self._far, self._far_kind, self._sys_size,
             functools.partial(self._pend_kind, a), allowed, ranges,
             bool(th.wanted), -1 if th.pid is None else th.pid,
-            -1 if th.tid is None else th.tid, _TRIP_CODES, _LAYOUT,
+            -1 if th.tid is None else th.tid, _TRIP_CODES, _LAYOUT, _PLAIN_LAYOUT,
             (th.depth, self.time, clock))
         if got is None:
             return None
-        k, r, th.depth, self.time, clock, recs, th.exit_at, th.pend_pc, th.pend_time = got
+        (k, kr, r, th.depth, self.time, clock, recs, th.exit_at, th.pend_pc,
+         th.pend_time) = got
         if tl is not None:
             tl.set_clock_state(*clock)
         self.n = int(a.start[r])
         if recs:
             self._out()
             self.chunks.append(np.frombuffer(recs, _DT))
-        return k, r
+        return k, kr, r
 
     def _sys_size(self, frm: int) -> int:
         """The size of the system call instruction at ``frm`` (its bytes:
@@ -451,7 +498,7 @@ class _Consumer:
             return None
         x = self._insn_at(int(a.end_ip[r]))
         if x is None and c != 5:
-            ind = bool(a.ind[r])
+            ind = bool(a.key[r] & 2)
             kind = {1: Kind.CALL_IND if ind else Kind.CALL_REL, 2: Kind.RET,
                     3: Kind.JMP_IND if ind else Kind.JMP_REL, 4: Kind.JCC}[c]
             x = Insn(int(a.fall[r] - a.end_ip[r]), IClass.OTHER, kind, is_branch=True)
@@ -691,15 +738,17 @@ class _Rec:
     (:func:`hwtrace.analysis.blockcols.columns` with this module's
     classes); instruction indices from ``first``."""
 
-    __slots__ = ("ip", "end_ip", "fall", "cls", "ind", "tsc", "start", "key")
+    __slots__ = ("ip", "end_ip", "fall", "cls", "tsc", "start", "key")
 
     def __init__(self, blocks: np.ndarray, first: int):
         from hwtrace.analysis.blockcols import columns
         self.ip, self.end_ip, self.cls, self.fall, self.tsc, self.start = \
             columns(blocks, first, _CLS)
-        self.ind = (blocks["flags"] & 4) != 0
-        # class << 2 | indirect << 1 (decoded._KLUT's key, but taken)
-        self.key = (self.cls.view(np.uint8) << 2) | (self.ind.view(np.uint8) << 1)
+        # class << 2 | indirect << 1 (decoded._KLUT's key, but taken); the
+        # indirect flag is 4 in the block's flags
+        key = self.cls.view(np.uint8) << 2
+        key |= (blocks["flags"] & 4) >> 1
+        self.key = key
 
     def watch_hits(self, watch, r0: int, r1: int) -> np.ndarray:
         """Records in [r0, r1) holding one of these addresses."""
@@ -713,6 +762,11 @@ class _Rec:
 
 class DecodedTrace:
     """Branch records of an opened input (``hwtrace.cli._inputs.Input``)."""
+
+    #: the batches' plain events as rows (``Batch.plain``), not Event
+    #: items: a system call's disable and enable are two of them, read
+    #: from their columns (False: every event an item -- the same records)
+    plain_events = True
 
     def __init__(self, inp, reader: CodeReader, trigger: TriggerSpec, mask: MaskSpec):
         self.source = inp
@@ -769,7 +823,10 @@ class DecodedTrace:
             c = _Consumer(tracker, th, self.reader, per_cpu=per_cpu, follow=follow,
                           env=self._env if spaced else None, born=born)
             if s.batches is not None:
-                for b in s.batches(**({"space_items": True} if spaced else {})):
+                more = {"space_items": True} if spaced else {}
+                if self.plain_events:
+                    more["plain_events"] = True
+                for b in s.batches(**more):
                     c.feed_batch(b)
                     yield from c.take()
             else:

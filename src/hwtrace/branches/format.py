@@ -210,8 +210,7 @@ def _jsonl_compiled(core, a: np.ndarray, namer: Namer) -> bytes:
     idx = namer.sym_index
     if idx is None or not isinstance(idx, core.SymIndex):
         idx = namer.sym_index = core.SymIndex()
-    frm = np.ascontiguousarray(a["from"], np.uint64)
-    to = np.ascontiguousarray(a["to"], np.uint64)
+    frm, to = _col(a, "from", np.uint64), _col(a, "to", np.uint64)
     new = np.sort(np.frombuffer(idx.missing(frm, to), np.uint64))
     if len(new):
         nid, off, known = namer.names_of(new, np.ones(len(new), bool))
@@ -223,11 +222,16 @@ def _jsonl_compiled(core, a: np.ndarray, namer: Namer) -> bytes:
             else:
                 texts.append(None)
         idx.add(new, texts)
-    return idx.jsonl(np.ascontiguousarray(a["pid"], np.int64),
-                     np.ascontiguousarray(a["tid"], np.int64),
-                     np.ascontiguousarray(a["kind"], np.uint8), frm, to,
-                     np.ascontiguousarray(a["time"], np.int64),
-                     np.ascontiguousarray(a["depth"], np.int32), _KJB)
+    return idx.jsonl(_col(a, "pid", np.int64), _col(a, "tid", np.int64),
+                     _col(a, "kind", np.uint8), frm, to, _col(a, "time", np.int64),
+                     _col(a, "depth", np.int32), _KJB)
+
+
+def _col(a: np.ndarray, name: str, typ) -> np.ndarray:
+    """A field of the records as the compiled core reads it: the field
+    itself (strided: no copy) where it has the type, else a copy."""
+    c = a[name]
+    return c if c.dtype == typ and c.ndim == 1 else np.ascontiguousarray(c, typ)
 
 
 _KJB = [k.encode() for k in _KJ]

@@ -10,6 +10,9 @@
  * ~15 us -- more than the decoding of the run.  trips does them here while
  * they are plain (the thread stays, no signal handler, no trigger address,
  * no status update or other event between) and hands the rest back.
+ * The view decodes with plain_events: most of those events are rows of
+ * Batch.plain, read here from their columns (an Event object each cost
+ * the decoder more than this loop).
  */
 #include "trips.h"
 
@@ -406,16 +409,20 @@ static int clock_stays(const Clock *k, long long n)
 
 /* -- trips (twin: decoded._Consumer.feed_batch's loop) ----------------------
  *
- * trips(items, k, r, ip, fall, end_ip, key, tsc, start, klut, farlut, delta,
- *       far, far_kind, sys_size, pend_kind, allowed, ranges, wanted, pid, tid,
- *       codes, layout, state)
+ * trips(items, k, rows, kr, r, ip, fall, end_ip, key, tsc, start, klut, farlut,
+ *       delta, far, far_kind, sys_size, pend_kind, allowed, ranges, wanted, pid,
+ *       tid, codes, layout, plain, state)
  *   -> None (nothing done) or
- *      (k, r, depth, time, clock, records bytearray, exit_at, pend_pc, pend_time)
+ *      (k, kr, r, depth, time, clock, records bytearray, exit_at, pend_pc,
+ *       pend_time)
  *
  * Called where the thread has just come back from untraced code (no
  * transfer pending, its exit consumed, tracing on, no trigger address):
- * items[k:] are the batch's items (index, offset, Event ...) still to go,
- * records [r, ...) the ones still to go.  It goes through them as the
+ * items[k:] are the batch's items (index, offset, Event ...) still to go
+ * and rows[kr:] its plain rows (hwtrace.flow.plain.PLAIN, a buffer; none:
+ * empty) -- in one order, row j at place pos[j] of items and rows
+ * together, so the next place k + kr is row kr where its pos says so,
+ * else item k -- and records [r, ...) the ones still to go.  It goes through them as the
  * twin does -- the runs of records up to each item's index, each event --
  * while they are: a PSB+'s events (cbr, exec_mode, a status update of an
  * enable: they tell the time), a disable right after a system call
@@ -427,6 +434,9 @@ static int clock_stays(const Clock *k, long long n)
  * enable it took (k, r: the next item and record).
  * Columns as for transfers, plus start (int64, one more: each record's
  * first instruction index).  codes: (return, syscall, sysret) kind codes.
+ * plain: the rows' layout (itemsize, offsets of index, tsc, ip, pos, type,
+ * flags), their type codes (enabled, disabled, cbr, exec_mode) and flag
+ * bits (ip_suppressed, status_update, has_tsc).
  * state: (depth, time or None, clock or None); clock: (t or None, n,
  * rate or None, on, counted, fixed, next switch time or None).  Returns
  * the state where it stopped (clock: (t or None, n, rate or None, on) or
@@ -525,6 +535,82 @@ static int read_ev(PyObject *it, Py_ssize_t *index, Ev *e)
     return 0;
 }
 
+/* PLAIN rows: hwtrace.flow.plain's layout, type codes and flag bits */
+typedef struct {
+    const char *p;
+    Py_ssize_t n, size, o_index, o_tsc, o_ip, o_pos, o_type, o_flags;
+    long t_en, t_dis, t_cbr, t_mode, f_ipsup, f_su, f_tsc;
+} Rows;
+
+static int rows_of(Rows *w, const Py_buffer *b, PyObject *plain)
+{
+    if (!PyTuple_Check(plain) || PyTuple_GET_SIZE(plain) != 14) {
+        PyErr_SetString(PyExc_TypeError, "trips: plain is 14 ints");
+        return -1;
+    }
+    Py_ssize_t v[14];
+    for (int k = 0; k < 14; k++) {
+        v[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(plain, k));
+        if (v[k] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    static const Py_ssize_t fsz[7] = {0, 8, 8, 8, 4, 1, 1};
+    for (int k = 1; k < 7; k++)
+        if (v[0] <= 0 || v[k] < 0 || v[k] + fsz[k] > v[0]) {
+            PyErr_SetString(PyExc_ValueError, "trips: bad plain layout");
+            return -1;
+        }
+    if (b->len % v[0]) {
+        PyErr_SetString(PyExc_ValueError, "trips: bad rows");
+        return -1;
+    }
+    w->p = b->buf;
+    w->size = v[0];
+    w->n = b->len / v[0];
+    w->o_index = v[1];
+    w->o_tsc = v[2];
+    w->o_ip = v[3];
+    w->o_pos = v[4];
+    w->o_type = v[5];
+    w->o_flags = v[6];
+    w->t_en = v[7];
+    w->t_dis = v[8];
+    w->t_cbr = v[9];
+    w->t_mode = v[10];
+    w->f_ipsup = v[11];
+    w->f_su = v[12];
+    w->f_tsc = v[13];
+    return 0;
+}
+
+static Py_ssize_t row_pos(const Rows *w, Py_ssize_t j)
+{
+    uint32_t v;
+    memcpy(&v, w->p + j * w->size + w->o_pos, 4);
+    return (Py_ssize_t)v;
+}
+
+/* row j as read_ev reads an item: every row is an Event's */
+static void read_row(const Rows *w, Py_ssize_t j, Py_ssize_t *index, Ev *e)
+{
+    const char *p = w->p + j * w->size;
+    int64_t i;
+    uint64_t tsc;
+    uint8_t t = (uint8_t)p[w->o_type], f = (uint8_t)p[w->o_flags];
+    memcpy(&i, p + w->o_index, 8);
+    memcpy(&tsc, p + w->o_tsc, 8);
+    memcpy(&e->ip, p + w->o_ip, 8);
+    *index = (Py_ssize_t)i;
+    e->su = (f & w->f_su) != 0;
+    e->ipsup = (f & w->f_ipsup) != 0;
+    e->has_tsc = (f & w->f_tsc) != 0;
+    e->tsc = (long long)tsc;
+    e->type = t == w->t_dis ? E_DISABLED : t == w->t_en ? E_ENABLED
+        : (t == w->t_cbr || t == w->t_mode) ? E_TIME : E_NONE;
+    if (e->type != E_NONE && e->has_tsc && tsc >= EXACT)
+        e->type = E_NONE;
+}
+
 /* the thread's state the loop carries (committed after each round trip) */
 typedef struct {
     long long depth, time, pend_pc, pend_time;
@@ -558,28 +644,31 @@ static PyObject *opt_ll(int has, long long v)
 PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 24) {
-        PyErr_SetString(PyExc_TypeError, "trips takes 24 arguments");
+    if (nargs != 27) {
+        PyErr_SetString(PyExc_TypeError, "trips takes 27 arguments");
         return NULL;
     }
-    enum { A_ITEMS, A_K, A_R, A_IP, A_FALL, A_END, A_KEY, A_TSC, A_START, A_KLUT,
+    enum { A_ITEMS, A_K, A_ROWS, A_KR, A_R, A_IP, A_FALL, A_END, A_KEY, A_TSC, A_START, A_KLUT,
            A_FARLUT, A_DELTA, A_FAR, A_FARKIND, A_SYSSIZE, A_PENDKIND, A_ALLOWED, A_RANGES,
-           A_WANTED, A_PID, A_TID, A_CODES, A_LAYOUT, A_STATE };
+           A_WANTED, A_PID, A_TID, A_CODES, A_LAYOUT, A_PLAIN, A_STATE };
     static const int slot_arg[] = {A_IP, A_FALL, A_END, A_KEY, A_TSC, A_KLUT, A_FARLUT,
-                                   A_DELTA, A_ALLOWED, A_RANGES, A_START};
+                                   A_DELTA, A_ALLOWED, A_RANGES, A_START, A_ROWS};
     Bufs B = {.has = {0}};
     Out o = {0};
     Ctx c;
     PyObject *res = NULL, *out = NULL;
     if (names() < 0)
         return NULL;
-    for (int k = 0; k < 11; k++)
+    for (int k = 0; k < 12; k++)
         if (get_buf(&B, k, args[slot_arg[k]]) < 0)
             goto done;
     if (ctx_of(&c, &B, args[A_WANTED], args[A_PID], args[A_TID], args[A_LAYOUT],
                args[A_FAR], args[A_FARKIND]) < 0)
         goto done;
     const int64_t *start = B.b[10].buf;
+    Rows rows;
+    if (rows_of(&rows, &B.b[11], args[A_PLAIN]) < 0)
+        goto done;
     PyObject *items = args[A_ITEMS], *sys_size = args[A_SYSSIZE],
              *pend_kind = args[A_PENDKIND];
     long code_sys, code_sysret;
@@ -593,10 +682,11 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     code_sys = PyLong_AsLong(PyTuple_GET_ITEM(args[A_CODES], 1));
     code_sysret = PyLong_AsLong(PyTuple_GET_ITEM(args[A_CODES], 2));
     Py_ssize_t k = PyLong_AsSsize_t(args[A_K]), r = PyLong_AsSsize_t(args[A_R]);
+    Py_ssize_t kr = PyLong_AsSsize_t(args[A_KR]);
     if (PyErr_Occurred())
         goto done;
     if (code_sys < 0 || code_sys >= c.nk || code_sysret < 0 || code_sysret >= c.nk
-            || k < 0 || r < 0 || r > c.nrec) {
+            || k < 0 || kr < 0 || kr > rows.n || r < 0 || r > c.nrec) {
         PyErr_SetString(PyExc_ValueError, "trips: bad codes or position");
         goto done;
     }
@@ -638,11 +728,13 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred())
         goto done;
 
-    Py_ssize_t nitems = PyList_GET_SIZE(items), done_k = k;
-    /* a few system call sites' sizes (a program makes its calls from few) */
-    uint64_t sz_addr[8] = {0};
-    long sz_val[8];
-    int sz_has[8] = {0};
+    Py_ssize_t nitems = PyList_GET_SIZE(items), done_k = k, done_kr = kr;
+    /* system call sites' sizes (a program makes its calls from few; find
+       from some dozens: 8 slots had ~100 k calls of sys_size on it) */
+    enum { NSZ = 64 };
+    uint64_t sz_addr[NSZ] = {0};
+    long sz_val[NSZ];
+    int sz_has[NSZ] = {0};
     /* the loop's own state since the last commit (after an enable): the
        record whose branch is pending (pr, its time), tracing off (a
        syscall's disable seen, its enable not yet) */
@@ -651,11 +743,25 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int off = 0;
     long long pend_time = 0;
     int has_pend_time = 0;
-    for (Py_ssize_t q = k; q < nitems; q++) {
+    for (Py_ssize_t q = k, qr = kr, nq, nqr; ; q = nq, qr = nqr) {
+        /* the next place: row qr, or item q */
         Ev e;
         Py_ssize_t i;
-        if (read_ev(PyList_GET_ITEM(items, q), &i, &e) < 0)
+        if (qr < rows.n && row_pos(&rows, qr) < q + qr) {
+            PyErr_SetString(PyExc_ValueError, "trips: rows out of place");
             goto done;
+        }
+        if (qr < rows.n && row_pos(&rows, qr) == q + qr) {
+            read_row(&rows, qr, &i, &e);
+            nq = q;
+            nqr = qr + 1;
+        } else if (q < nitems) {
+            if (read_ev(PyList_GET_ITEM(items, q), &i, &e) < 0)
+                goto done;
+            nq = q + 1;
+            nqr = qr;
+        } else
+            break;
         if (e.type == E_NONE || i < wr || i > c.nrec
                 || (e.su && e.type != E_TIME && !(e.type == E_ENABLED && !off)))
             break;
@@ -715,7 +821,7 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (off || pr < 0 || !(c.key[pr] >> 2))
                 break;
             uint64_t frm = c.end_ip[pr];
-            int slot = (int)((frm ^ (frm >> 7)) & 7);
+            int slot = (int)((frm ^ (frm >> 6) ^ (frm >> 12)) & (NSZ - 1));
             if (!sz_has[slot] || sz_addr[slot] != frm) {
                 PyObject *a = PyLong_FromUnsignedLongLong(frm);
                 if (!a)
@@ -759,12 +865,13 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         off = 0;
         /* commit */
         s = w;
-        k = q + 1;
+        k = nq;
+        kr = nqr;
         r = wr;
         mark = o.len;
     }
     o.len = mark;
-    if (k == done_k) {
+    if (k == done_k && kr == done_kr) {
         res = Py_None;
         Py_INCREF(res);
         goto done;
@@ -784,7 +891,7 @@ PyObject *bt_trips(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (!clock)
         goto done;
-    res = Py_BuildValue("(nnLNNOKKN)", k, r, s.depth, opt_ll(s.has_time, s.time), clock,
+    res = Py_BuildValue("(nnnLNNOKKN)", k, kr, r, s.depth, opt_ll(s.has_time, s.time), clock,
                         out, (unsigned long long)s.exit_at, (unsigned long long)s.pend_pc,
                         opt_ll(s.has_pend_time, s.pend_time));
 done:

@@ -3,8 +3,9 @@
  *
  *   transfers(...)   a run of a batch's records as branch records
  *                    (twin: _Consumer._vector)
- *   trips(...)       runs and the system-call round trips between them
- *                    (twin: _Consumer.feed_batch's loop over the items)
+ *   trips(...)       runs and the system-call round trips between them,
+ *                    the events from the items and the plain rows
+ *                    (twin: _Consumer.feed_batch's loop over both)
  *
  * Both are METH_FASTCALL functions; trips.c documents their arguments. */
 #ifndef HWTRACE_BRANCHES_TRIPS_H
