@@ -58,8 +58,9 @@ class Event:
         self.to = 0
         self.offset = 0
         self.stamped = False
-        for k, v in fields.items():
-            setattr(self, k, v)
+        if fields:                  # (the compiled core sets them after)
+            for k, v in fields.items():
+                setattr(self, k, v)
 
     def get(self, name: str, default=0):
         return getattr(self, name, default)
