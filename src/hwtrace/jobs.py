@@ -161,6 +161,12 @@ class Executor:
     def one(self, fn, job):
         return self.map(fn, [job])[0]
 
+    def submit(self, fn, job):
+        """A future of ``fn(job)`` (its ``result()`` waits)."""
+        if self._client is not None:
+            return self._client.submit(fn, job, pure=False)
+        return self._pool.submit(fn, job)
+
 
 def decode(source: Source, images, config, sink, write, *, block: bool,
            resync: bool = False, jobs: int = 0, dask: str | None = None,

@@ -34,13 +34,12 @@ import json
 from hwtrace.cli import CliError, warn
 
 
-def run_bundle(args) -> int:
+def open_streams(args, only, cfg_lines: list):
+    """The bundle ``args.bundle`` opened as the command line says
+    (``only``: the streams to keep; the ``config error`` lines of its
+    decoder parameters go to ``cfg_lines``)."""
     from hwtrace import streams
     from hwtrace.cli import decode as D
-
-    if args.images:
-        D._image(args)              # a bad --raw/--elf is an error now
-    cfg_lines: list = []
 
     def config(options):
         return D._config(args, cfg_lines.append, options)
@@ -49,15 +48,30 @@ def run_bundle(args) -> int:
         D._image(args, image)       # --raw/--elf on top of every space
 
     try:
-        ts = streams.open_bundle(args.bundle, image_path=args.image_path,
-                                 allow_outside=args.allow_outside,
-                                 only=args.stream, config=config,
-                                 extend=extend if args.images else None)
+        return streams.open_bundle(args.bundle, image_path=args.image_path,
+                                   allow_outside=args.allow_outside,
+                                   only=only, config=config,
+                                   extend=extend if args.images else None)
     except streams.StreamsError as e:
         raise CliError(f"decode: {e}") from None
+
+
+def run_bundle(args) -> int:
+    from hwtrace.cli import decode as D
+
+    if args.images:
+        D._image(args)              # a bad --raw/--elf is an error now
+    cfg_lines: list = []
+    ts = open_streams(args, args.stream, cfg_lines)
     ts.report(warn)
     cfg_line = "".join(cfg_lines)
     out = D.Output()
+    if (args.jobs != 1 or args.dask) and not args.merge_time:
+        # streams, and PSB segments of one-process streams, on N workers
+        from hwtrace.cli._bundle_jobs import run_parallel
+        done = run_parallel(args, ts, cfg_line, out)
+        if done is not None:
+            return done
     counts_only = D.counts_only(args) and not args.merge_time
     fmt = ctx = None
     if not counts_only:

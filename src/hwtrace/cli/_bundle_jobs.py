@@ -1,0 +1,364 @@
+"""``hwtrace decode DIR --jobs N`` / ``--dask ADDR``: a bundle decoded on
+N processes (or a Dask cluster), printing exactly what ``--jobs 1``
+prints.
+
+The units of work:
+
+* a stream whose address-space plan can't switch (one process, no PIP to
+  another: :attr:`hwtrace.flow.spaces.SpacePlan.fixed`, every stream of a
+  one-program recording, thread or cpu mode) is cut at PSBs as a raw
+  trace is (:mod:`hwtrace.flow.fast_parallel`): each job decodes its
+  segment with the compiled core in the initial space's image -- the
+  counts of ``--quiet --stat``, or batches that the job itself walks into
+  listing text (text or jsonl) in a spool file, noting the output
+  position and the walk's counts at each checkpoint -- and
+  :func:`hwtrace.flow.parallel.stitch` joins the jobs where their states
+  meet (re-running where they don't), so the pieces are the sequential
+  output;
+* any other stream (one that switches processes), a small one, or one
+  whose output numbers blocks from its start (``--block:show-blocks``
+  with ``--stat``) is one job: the sequential decode of the stream, into
+  a spool file.
+
+The jobs of every stream are handed out at once; their output is copied
+out stream by stream, in order, with the per-stream headers, stats lines
+and warnings where the sequential decode puts them.  A job is a small
+picklable description (the bundle, the command line, the stream, the
+segment): local workers are forked after the bundle is opened and find
+it opened; a Dask worker opens the bundle itself (the bundle must be at
+the same path there).  A worker that dies leaves its stream to be
+decoded here, sequentially.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import NamedTuple
+
+from hwtrace.cli import CliError
+
+#: trace bytes per listing job at most (its records and instructions are
+#: held while it walks them: ~100 MB per MB of trace)
+LIST_SEGMENT = 1 << 20
+
+
+class StreamJob(NamedTuple):
+    bundle: str
+    args: object            # the command line (argparse.Namespace)
+    stream: str             # its name in the bundle
+    kind: str               # "whole" | "count" | "list"
+    start: int | None       # PSB to synchronize at (None: the start)
+    end: int | None         # where the next job starts (None: the end)
+    spool_dir: str | None   # output to a file here (None: bytes back)
+
+
+#: (bundle, stream name) -> Stream: filled before the local workers fork
+#: (they find it), and by a Dask worker on its first job of a stream
+_OPENED: dict = {}
+#: (bundle, stream name) -> (format, contexts): a worker's line caches
+_FORMATS: dict = {}
+
+
+def _stream(job: StreamJob):
+    key = (job.bundle, job.stream)
+    st = _OPENED.get(key)
+    if st is None:
+        from hwtrace.cli._decode_bundle import open_streams
+        st = _OPENED[key] = open_streams(job.args, only=[job.stream],
+                                         cfg_lines=[]).streams[0]
+    return st
+
+
+def _formats(job: StreamJob):
+    from hwtrace.cli import decode as D
+    key = (job.bundle, job.stream)
+    got = _FORMATS.get(key)
+    if got is None:
+        fmt = D.listing_format(job.args)
+        got = _FORMATS[key] = (fmt, D.contexts(job.args, fmt))
+    return got
+
+
+class _Spool:
+    """A job's output: a file in the spool directory, or bytes."""
+
+    def __init__(self, spool_dir: str | None):
+        import io
+        if spool_dir is None:
+            self.f, self.path = io.BytesIO(), None
+        else:
+            fd, self.path = tempfile.mkstemp(prefix="hwtrace-stream-",
+                                             suffix=".out", dir=spool_dir)
+            self.f = os.fdopen(fd, "wb", buffering=1 << 20)
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.size += len(data)
+
+    def text(self, s: str) -> None:
+        if s:
+            self.write(s.encode())
+
+    def flush(self) -> None:
+        pass
+
+    def close(self):
+        """What the parent copies from: the file's path, or the bytes."""
+        if self.path is None:
+            return self.f.getvalue()
+        self.f.close()
+        return self.path
+
+
+def run_job(job: StreamJob):
+    """One job, in a worker: ``(Result, ambiguous offsets)`` (see
+    :class:`hwtrace.flow.parallel.Result`; its output is the spool
+    file's path or the bytes, for counts jobs the error items)."""
+    from hwtrace import streams
+    from hwtrace.flow import parallel as P
+    st = _stream(job)
+    try:
+        if job.kind == "count":
+            return _count_job(job, st), ()
+        if job.kind == "list":
+            return _list_job(job, st), ()
+        spool = _Spool(job.spool_dir)
+        try:
+            counts = _whole(job.args, st, spool)
+        finally:
+            output = spool.close()
+    except streams.StreamsError as e:
+        raise CliError(f"decode: {e}") from None
+    amb = tuple(sorted(getattr(st.plan, "ambiguous", None) or ()))
+    return P.Result(None, None, [], [], counts, spool.size, False,
+                    output), amb
+
+
+def _whole(args, st, out) -> tuple:
+    """A stream's sequential decode through ``out``: its counts."""
+    from hwtrace.cli import decode as D
+    counts = None
+    if D.counts_only(args):
+        counts = D.fast_counts(args, out, st.data(), st.image, st.config,
+                               st.plan)
+    if counts is None:
+        fmt, ctx = _formats(StreamJob(None, args, st.name, "", None, None,
+                                      None))
+        w = D.decode_stream(args, st, fmt, ctx, out)
+        counts = (w.insns, w.blocks, w.events, w.errors)
+    return counts
+
+
+def _count_job(job: StreamJob, st):
+    from hwtrace.flow import fast_parallel as FP
+    a = job.args
+    return FP.count_segment(st.data(), st.image, st.config,
+                            a.decoder != "insn", job.start, job.end,
+                            a.resync, plain_offsets=st.plan is not None)
+
+
+def _list_job(job: StreamJob, st):
+    """A segment's batches, walked into listing text here: the Result's
+    checkpoints hold the output position and the walk's counts."""
+    import numpy as np
+
+    from hwtrace.flow import batches as B
+    from hwtrace.flow import fast_parallel as FP
+    from hwtrace.flow import parallel as P
+    from hwtrace.flow.checkpoint import Checkpoint
+    from hwtrace.listing.walk import Walker
+    a = job.args
+    block = a.decoder != "insn"
+    fmt, ctx = _formats(job)
+    res, blocks, insns, items = FP.batch_segment(
+        st.data(), st.image, st.config, "block" if block else "insn",
+        job.start, job.end, a.resync, fmt.lines,
+        plain_offsets=st.plan is not None)
+    blocks = np.frombuffer(blocks, B.BLOCK)
+    insns = None if insns is None else np.frombuffer(insns, B.INSN)
+    spool = _Spool(job.spool_dir)
+    initial = st.plan.initial if st.plan is not None else None
+    w = Walker(fmt, spool.write,
+               lambda space: ctx.for_space(space, st.image), block=block)
+    if job.start is None and initial is not None:
+        # the sequential decode's first item: the space it starts in
+        w._item(0, B.SpaceItem(initial, 0))
+    else:
+        w.space = initial
+    cps = []
+    at = (0, 0, 0)              # records, items, instructions walked
+    try:
+        for cp in res.checkpoints:
+            ra, ia, na = cp.counts[:3]
+            _walk(w, blocks, insns, items, at, (ra, ia, na))
+            at = (ra, ia, na)
+            cps.append(Checkpoint(cp.pos, cp.key, cp.stack, spool.size,
+                                  (w.insns, w.blocks, w.events, w.errors)))
+        _walk(w, blocks, insns, items, at,
+              (len(blocks), len(items), 0 if insns is None else len(insns)))
+    finally:
+        output = spool.close()
+    return P.Result(res.start, res.end, cps, res.underflows,
+                    (w.insns, w.blocks, w.events, w.errors), spool.size,
+                    res.stopped, output)
+
+
+def _walk(w, blocks, insns, items, at, to) -> None:
+    """Walk records, items and instructions from ``at`` up to ``to``
+    (a checkpoint's (records, items, instructions)) as one batch."""
+    from hwtrace.flow import batches as B
+    ra, ia, na = at
+    rb, ib, nb = to
+    if rb == ra and ib == ia:
+        return
+    its = [(i - ra, o, x) for i, o, x in items[ia:ib]]
+    w.batch(B.Batch(blocks[ra:rb], None if insns is None else insns[na:nb],
+                    its, na))
+
+
+# -- the parent ------------------------------------------------------------------
+
+def _cuts(args, st, kind: str, workers: int) -> list:
+    """The PSBs cutting stream ``st`` into jobs (none: one job)."""
+    from hwtrace.cli._parallel import _knobs
+    from hwtrace.flow import fast_parallel as FP
+    size = st.entry.size if st.entry is not None else 0
+    segs, min_seg = _knobs(FP.MIN_SEGMENT)
+    if segs is None:
+        segs = workers if kind == "count" else \
+            max(workers * 4, -(-size // LIST_SEGMENT))
+    if segs < 2:
+        return []
+    from hwtrace import jobs
+    with jobs.mapped(st.path) as mm:
+        return FP.cut_points(mm, 0, len(mm), segs, min_seg)
+
+
+def _kind(args, st) -> str:
+    """How stream ``st`` is shared out: "count"/"list" (segments), else
+    "whole"."""
+    from hwtrace.cli import decode as D
+    from hwtrace.flow import fast
+    from hwtrace.flow import fast_parallel as FP
+    stats = args.stat or args.stat_insn or args.stat_blocks
+    plan = st.plan
+    if fast.CORE is None or (plan is not None and not plan.fixed) or \
+            (args.show_blocks and stats) or \
+            not FP.jobs_can_meet(st.entry.ctl if st.entry else None):
+        return "whole"
+    try:
+        fast.config_tuple(st.config)
+    except fast.Unsupported:
+        return "whole"
+    return "count" if D.counts_only(args) else "list"
+
+
+def run_parallel(args, ts, cfg_line: str, out) -> int:
+    """Decode the streams of ``ts`` (opened from ``args.bundle``) on
+    ``args.jobs`` processes or ``args.dask``, printing through ``out``
+    what :func:`hwtrace.cli._decode_bundle.run_bundle` prints."""
+    from hwtrace import jobs
+    workers = args.jobs or os.cpu_count() or 1
+    bundle = os.path.abspath(args.bundle)
+    plans = []
+    for st in ts.streams:
+        kind = _kind(args, st)
+        cuts = _cuts(args, st, kind, workers) if kind != "whole" else []
+        if not cuts:
+            kind = "whole"
+        plans.append((st, kind, [None] + cuts, cuts + [None]))
+    if not args.dask and workers < 2 or \
+            not args.dask and sum(len(p[2]) for p in plans) < 2:
+        return None                 # one job: the sequential decode
+    for st in ts.streams:
+        _OPENED[(bundle, st.name)] = st
+    spool = None if args.dask else tempfile.mkdtemp(prefix="hwtrace-bundle-")
+    try:
+        with jobs.Executor(workers, args.dask) as ex:
+            def job(st, kind, s, e):
+                return StreamJob(bundle, args, st.name, kind, s, e, spool)
+            futures = [[ex.submit(run_job, job(st, kind, s, e))
+                        for s, e in zip(starts, ends)]
+                       for st, kind, starts, ends in plans]
+            for (st, kind, _s, _e), futs in zip(plans, futures):
+                _stream_out(args, st, kind, futs, ex, job, cfg_line, out)
+    finally:
+        for st in ts.streams:
+            _OPENED.pop((bundle, st.name), None)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
+    out.flush()
+    return 0
+
+
+def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
+    """One stream's output, from its jobs' results."""
+    import json
+    from concurrent.futures.process import BrokenProcessPool
+
+    from hwtrace.cli import _decode_bundle as DB
+    from hwtrace.cli import decode as D
+    from hwtrace.flow import parallel as P
+    out.text('{"stream":%s}\n' % json.dumps(st.name)
+             if args.format == "jsonl" else f"[stream {st.name}]\n")
+    out.text(cfg_line)
+    try:
+        got = [f.result() for f in futs]
+    except BrokenProcessPool:
+        got = None              # a worker died: this stream, here
+    if got is None:
+        counts = _whole(args, st, out)
+    elif kind == "whole":
+        res, amb = got[0]
+        if st.plan is not None:
+            st.plan.ambiguous.update(amb)
+        _copy(res.output, 0, res.out_size, out.write)
+        counts = res.counts
+    else:
+        def rerun(start, end):
+            return ex.submit(run_job, job(st, kind, start, end)).result()[0]
+        pieces = P.stitch([r for r, _ in got], rerun)
+        if kind == "count":
+            counts = _count_pieces(args, pieces, out)
+        else:
+            totals = [0, 0, 0, 0]
+            for piece in pieces:
+                a, b, ca, cb = P.piece_range(piece)
+                for n in range(4):
+                    totals[n] += cb[n] - ca[n]
+                _copy(piece.result.output, a, b, out.write)
+            counts = tuple(totals)
+    out.text(D.stats_text(args, counts[0], counts[1], st.entry.size,
+                          counts[2], counts[3]))
+    DB._warn_ambiguous(st, out)
+
+
+def _count_pieces(args, pieces, out) -> tuple:
+    from hwtrace.flow import fast_parallel as FP
+    from hwtrace.flow import sinks
+    c = FP.counts_of(pieces, args.decoder != "insn")
+    sink = sinks.PtxedSink(out.text, quiet=True)
+    for e in c.error_items:
+        sink.error(*e)
+    return (sink.insns + c.insns, sink.blocks + c.blocks,
+            sink.events + c.events, sink.errors)
+
+
+def _copy(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
+    """Bytes [a, b) of a job's output (bytes, or a spool file's path)."""
+    if isinstance(output, (bytes, bytearray)):
+        if b > a:
+            write(bytes(output[a:b]))
+        return
+    with open(output, "rb") as f:
+        f.seek(a)
+        left = b - a
+        while left > 0:
+            data = f.read(min(chunk, left))
+            if not data:
+                break
+            write(data)
+            left -= len(data)
