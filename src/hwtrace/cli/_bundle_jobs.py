@@ -45,6 +45,7 @@ LIST_SEGMENT = 1 << 20
 
 
 class StreamJob(NamedTuple):
+    run: str                # this command's (what a worker keeps is per run)
     bundle: str
     args: object            # the command line (argparse.Namespace)
     stream: str             # its name in the bundle
@@ -54,15 +55,27 @@ class StreamJob(NamedTuple):
     spool_dir: str | None   # output to a file here (None: bytes back)
 
 
-#: (bundle, stream name) -> Stream: filled before the local workers fork
-#: (they find it), and by a Dask worker on its first job of a stream
+#: stream name -> Stream of the run ``_RUN[0]``: filled before the local
+#: workers fork (they find it), and by a Dask worker on its first job of
+#: a stream
 _OPENED: dict = {}
-#: (bundle, stream name) -> (format, contexts): a worker's line caches
+#: stream name -> (format, contexts): a worker's line caches
 _FORMATS: dict = {}
+_RUN = [None]
+
+
+def _this_run(job: StreamJob) -> None:
+    """Forget what a worker kept for another command (a Dask worker
+    serves many)."""
+    if _RUN[0] != job.run:
+        _RUN[0] = job.run
+        _OPENED.clear()
+        _FORMATS.clear()
 
 
 def _stream(job: StreamJob):
-    key = (job.bundle, job.stream)
+    _this_run(job)
+    key = job.stream
     st = _OPENED.get(key)
     if st is None:
         from hwtrace.cli._decode_bundle import open_streams
@@ -72,13 +85,17 @@ def _stream(job: StreamJob):
 
 
 def _formats(job: StreamJob):
-    from hwtrace.cli import decode as D
-    key = (job.bundle, job.stream)
-    got = _FORMATS.get(key)
+    _this_run(job)
+    got = _FORMATS.get(job.stream)
     if got is None:
-        fmt = D.listing_format(job.args)
-        got = _FORMATS[key] = (fmt, D.contexts(job.args, fmt))
+        got = _FORMATS[job.stream] = _make_formats(job.args)
     return got
+
+
+def _make_formats(args):
+    from hwtrace.cli import decode as D
+    fmt = D.listing_format(args)
+    return fmt, D.contexts(args, fmt)
 
 
 class _Spool:
@@ -127,7 +144,7 @@ def run_job(job: StreamJob):
             return _list_job(job, st), ()
         spool = _Spool(job.spool_dir)
         try:
-            counts = _whole(job.args, st, spool)
+            counts = _whole(job.args, st, spool, lambda: _formats(job))
         finally:
             output = spool.close()
     except streams.StreamsError as e:
@@ -137,16 +154,16 @@ def run_job(job: StreamJob):
                     output), amb
 
 
-def _whole(args, st, out) -> tuple:
-    """A stream's sequential decode through ``out``: its counts."""
+def _whole(args, st, out, formats) -> tuple:
+    """A stream's sequential decode through ``out``: its counts
+    (``formats()``: the listing's format and contexts)."""
     from hwtrace.cli import decode as D
     counts = None
     if D.counts_only(args):
         counts = D.fast_counts(args, out, st.data(), st.image, st.config,
                                st.plan)
     if counts is None:
-        fmt, ctx = _formats(StreamJob(None, args, st.name, "", None, None,
-                                      None))
+        fmt, ctx = formats()
         w = D.decode_stream(args, st, fmt, ctx, out)
         counts = (w.insns, w.blocks, w.events, w.errors)
     return counts
@@ -262,6 +279,8 @@ def run_parallel(args, ts, cfg_line: str, out) -> int:
     what :func:`hwtrace.cli._decode_bundle.run_bundle` prints."""
     from hwtrace import jobs
     workers = args.jobs or os.cpu_count() or 1
+    if workers < 2 and not args.dask:
+        return None
     bundle = os.path.abspath(args.bundle)
     plans = []
     for st in ts.streams:
@@ -270,24 +289,37 @@ def run_parallel(args, ts, cfg_line: str, out) -> int:
         if not cuts:
             kind = "whole"
         plans.append((st, kind, [None] + cuts, cuts + [None]))
-    if not args.dask and workers < 2 or \
-            not args.dask and sum(len(p[2]) for p in plans) < 2:
-        return None                 # one job: the sequential decode
+    # The largest stream that is one job is decoded here, straight to the
+    # output (spooling it would only copy its listing once more), while
+    # the workers decode the others.
+    whole = [i for i, p in enumerate(plans) if p[1] == "whole"]
+    if whole:
+        i = max(whole, key=lambda i: (plans[i][0].entry.size, -i))
+        plans[i] = (plans[i][0], "here", [], [])
+        workers = max(1, workers - 1)
+    if not args.dask and not any(p[2] for p in plans):
+        return None                 # nothing to share out: sequential
+    run = f"{os.getpid()}-{id(ts)}-{os.urandom(4).hex()}"
+    _RUN[0] = run
+    _OPENED.clear()
+    _FORMATS.clear()
     for st in ts.streams:
-        _OPENED[(bundle, st.name)] = st
+        _OPENED[st.name] = st
     spool = None if args.dask else tempfile.mkdtemp(prefix="hwtrace-bundle-")
     try:
         with jobs.Executor(workers, args.dask) as ex:
             def job(st, kind, s, e):
-                return StreamJob(bundle, args, st.name, kind, s, e, spool)
+                return StreamJob(run, bundle, args, st.name, kind, s, e,
+                                 spool)
             futures = [[ex.submit(run_job, job(st, kind, s, e))
                         for s, e in zip(starts, ends)]
                        for st, kind, starts, ends in plans]
             for (st, kind, _s, _e), futs in zip(plans, futures):
                 _stream_out(args, st, kind, futs, ex, job, cfg_line, out)
     finally:
-        for st in ts.streams:
-            _OPENED.pop((bundle, st.name), None)
+        _RUN[0] = None
+        _OPENED.clear()
+        _FORMATS.clear()
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     out.flush()
@@ -306,11 +338,11 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
              if args.format == "jsonl" else f"[stream {st.name}]\n")
     out.text(cfg_line)
     try:
-        got = [f.result() for f in futs]
+        got = [f.result() for f in futs] if futs else None
     except BrokenProcessPool:
         got = None              # a worker died: this stream, here
-    if got is None:
-        counts = _whole(args, st, out)
+    if got is None or kind == "here":
+        counts = _whole(args, st, out, lambda: _make_formats(args))
     elif kind == "whole":
         res, amb = got[0]
         if st.plan is not None:
