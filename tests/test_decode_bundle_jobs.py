@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import subprocess
 
@@ -139,6 +140,25 @@ def test_one_stream_and_one_job_is_the_sequential_decode(hop_plain,
     par = _decode([str(hop_plain), "--stream", name, "--jobs", "0"],
                   monkeypatch)
     assert par[:2] == seq[:2] and par[2] == []
+
+
+def _die(job):
+    os._exit(3)             # a worker killed (out of memory, a signal)
+
+
+@pytest.mark.parametrize("config", ["mtc", "plain"])
+def test_a_dead_worker_leaves_its_streams_to_the_command(config, request,
+                                                         monkeypatch):
+    """Workers that die: their streams are decoded by the command itself,
+    and the output is still the sequential one."""
+    from hwtrace.cli import _bundle_jobs as BJ
+    b = request.getfixturevalue(f"hop_{config}")
+    seq = _decode([str(b), "--stat"], monkeypatch)
+    monkeypatch.setenv("HWTRACE_PARALLEL_MIN_SEGMENT", "0")
+    monkeypatch.setenv("HWTRACE_PARALLEL_SEGMENTS", "3")
+    monkeypatch.setattr(BJ, "run_job", _die)
+    par = _decode([str(b), "--stat", "--jobs", "2"], monkeypatch)
+    assert par[:2] == seq[:2] and par[2]
 
 
 def test_jobs_on_a_bundle_from_the_command_line(hop_mtc):

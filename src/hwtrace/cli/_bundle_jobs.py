@@ -337,11 +337,18 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
     out.text('{"stream":%s}\n' % json.dumps(st.name)
              if args.format == "jsonl" else f"[stream {st.name}]\n")
     out.text(cfg_line)
+
+    def rerun(start, end):
+        return ex.submit(run_job, job(st, kind, start, end)).result()[0]
+    got = pieces = None
     try:
-        got = [f.result() for f in futs] if futs else None
+        if futs:
+            got = [f.result() for f in futs]
+            if kind != "whole":
+                pieces = P.stitch([r for r, _ in got], rerun)
     except BrokenProcessPool:
         got = None              # a worker died: this stream, here
-    if got is None or kind == "here":
+    if got is None:
         counts = _whole(args, st, out, lambda: _make_formats(args))
     elif kind == "whole":
         res, amb = got[0]
@@ -350,9 +357,6 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
         _copy(res.output, 0, res.out_size, out.write)
         counts = res.counts
     else:
-        def rerun(start, end):
-            return ex.submit(run_job, job(st, kind, start, end)).result()[0]
-        pieces = P.stitch([r for r, _ in got], rerun)
         if kind == "count":
             counts = _count_pieces(args, pieces, out)
         else:
