@@ -314,8 +314,13 @@ def run_parallel(args, ts, cfg_line: str, out) -> int:
             futures = [[ex.submit(run_job, job(st, kind, s, e))
                         for s, e in zip(starts, ends)]
                        for st, kind, starts, ends in plans]
-            for (st, kind, _s, _e), futs in zip(plans, futures):
-                _stream_out(args, st, kind, futs, ex, job, cfg_line, out)
+            try:
+                for (st, kind, _s, _e), futs in zip(plans, futures):
+                    _stream_out(args, st, kind, futs, ex, job, cfg_line,
+                                out)
+            except BaseException:
+                ex.abort()      # e.g. `| head`: don't wait for the rest
+                raise
     finally:
         _RUN[0] = None
         _OPENED.clear()
