@@ -131,6 +131,20 @@ def test_segments_of_a_stream_stitched(hop_plain, opts, monkeypatch):
         assert [b for _s, _k, _a, b in mine][-1] is None
 
 
+@pytest.mark.parametrize("opts", [[], ["--quiet", "--stat"]], ids=" ".join)
+def test_on_two_workers_streams_are_not_cut(hop_plain, opts, monkeypatch):
+    """Without the test knobs, on two workers a stream is one job even
+    where its segments could meet: a counts job decodes ~3 times slower
+    than the sequential count, and a listing job holds its whole output
+    (measured: both lose to one job)."""
+    seq = _decode([str(hop_plain), *opts], monkeypatch)
+    monkeypatch.delenv("HWTRACE_PARALLEL_SEGMENTS", raising=False)
+    monkeypatch.delenv("HWTRACE_PARALLEL_MIN_SEGMENT", raising=False)
+    par = _decode([str(hop_plain), *opts, "--jobs", "2"], monkeypatch)
+    assert par[:2] == seq[:2]
+    assert par[2] and all(k == "whole" for _s, k, _a, _b in par[2])
+
+
 def test_one_stream_and_one_job_is_the_sequential_decode(hop_plain,
                                                           monkeypatch):
     """--stream NAME of a stream too small to cut: nothing to share out,

@@ -2,23 +2,27 @@
 N processes (or a Dask cluster), printing exactly what ``--jobs 1``
 prints.
 
-The units of work:
+The units of work, chosen by measurement (on 2 cores; see the constants
+below):
 
+* each stream is a job: the sequential decode of the stream into a spool
+  file -- but the largest is decoded by the command itself, straight to
+  the output, while the workers decode the others;
 * a stream whose address-space plan can't switch (one process, no PIP to
   another: :attr:`hwtrace.flow.spaces.SpacePlan.fixed`, every stream of a
-  one-program recording, thread or cpu mode) is cut at PSBs as a raw
-  trace is (:mod:`hwtrace.flow.fast_parallel`): each job decodes its
-  segment with the compiled core in the initial space's image -- the
-  counts of ``--quiet --stat``, or batches that the job itself walks into
-  listing text (text or jsonl) in a spool file, noting the output
-  position and the walk's counts at each checkpoint -- and
-  :func:`hwtrace.flow.parallel.stitch` joins the jobs where their states
-  meet (re-running where they don't), so the pieces are the sequential
-  output;
-* any other stream (one that switches processes), a small one, or one
-  whose output numbers blocks from its start (``--block:show-blocks``
-  with ``--stat``) is one job: the sequential decode of the stream, into
-  a spool file.
+  one-program recording, thread or cpu mode), whose jobs can meet
+  (:func:`hwtrace.flow.fast_parallel.jobs_can_meet`: not with MTC and
+  without CYC) and whose output does not number blocks from its start
+  (``--block:show-blocks`` with ``--stat``) can be cut at PSBs as a raw
+  trace is: each job decodes its segment with the compiled core in the
+  initial space's image -- the counts of ``--quiet --stat``, or batches
+  that the job itself walks into listing text (text or jsonl) in a spool
+  file, noting the output position and the walk's counts at each
+  checkpoint -- and :func:`hwtrace.flow.parallel.stitch` joins the jobs
+  where their states meet (re-running where they don't), so the pieces
+  are the sequential output.  Counts are cut only on more workers than
+  :data:`COUNT_SEGMENT_COST`, listings only when the test knob asks
+  (:data:`CUT_LISTINGS`).
 
 The jobs of every stream are handed out at once; their output is copied
 out stream by stream, in order, with the per-stream headers, stats lines
@@ -39,9 +43,22 @@ from typing import NamedTuple
 
 from hwtrace.cli import CliError
 
+#: what a counts job's decode costs against the sequential count's (the
+#: compiled core's segment decode has no fast walk: 1.44 s against
+#: 0.50 s of CPU for 490 M instructions of gzip): cutting a stream for
+#: counts pays only on more workers than this
+COUNT_SEGMENT_COST = 3
 #: trace bytes per listing job at most (its records and instructions are
 #: held while it walks them: ~100 MB per MB of trace)
 LIST_SEGMENT = 1 << 20
+#: whether a listing's stream is cut into segments unless the test knob
+#: (HWTRACE_PARALLEL_SEGMENTS) asks: not yet -- the core's segment_batches
+#: hands a job's whole output at once (records and instructions of a MB
+#: of trace: ~600 MB, page-faulted afresh by every job), which cost more
+#: than the decode: gzip (45 M instructions, no MTC) listed in 2.1 s on
+#: one job, 6 s cut on two (--quiet, no output at all: 2.4 s against 3.2 s,
+#: 3 s of it system time)
+CUT_LISTINGS = False
 
 
 class StreamJob(NamedTuple):
@@ -245,6 +262,9 @@ def _cuts(args, st, kind: str, workers: int) -> list:
     size = st.entry.size if st.entry is not None else 0
     segs, min_seg = _knobs(FP.MIN_SEGMENT)
     if segs is None:
+        if kind == "count" and workers <= COUNT_SEGMENT_COST or \
+                kind == "list" and not CUT_LISTINGS:
+            return []
         segs = workers if kind == "count" else \
             max(workers * 4, -(-size // LIST_SEGMENT))
     if segs < 2:
@@ -273,10 +293,11 @@ def _kind(args, st) -> str:
     return "count" if D.counts_only(args) else "list"
 
 
-def run_parallel(args, ts, cfg_line: str, out) -> int:
+def run_parallel(args, ts, cfg_line: str, out) -> int | None:
     """Decode the streams of ``ts`` (opened from ``args.bundle``) on
     ``args.jobs`` processes or ``args.dask``, printing through ``out``
-    what :func:`hwtrace.cli._decode_bundle.run_bundle` prints."""
+    what :func:`hwtrace.cli._decode_bundle.run_bundle` prints; None
+    where there is nothing to share out (the caller decodes)."""
     from hwtrace import jobs
     workers = args.jobs or os.cpu_count() or 1
     if workers < 2 and not args.dask:
