@@ -36,6 +36,7 @@ decoded here, sequentially.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -380,7 +381,7 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
         res, amb = got[0]
         if st.plan is not None:
             st.plan.ambiguous.update(amb)
-        _copy(res.output, 0, res.out_size, out.write)
+        _copy(res.output, 0, res.out_size, out)
         counts = res.counts
     else:
         if kind == "count":
@@ -391,7 +392,7 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
                 a, b, ca, cb = P.piece_range(piece)
                 for n in range(4):
                     totals[n] += cb[n] - ca[n]
-                _copy(piece.result.output, a, b, out.write)
+                _copy(piece.result.output, a, b, out)
             counts = tuple(totals)
     out.text(D.stats_text(args, counts[0], counts[1], st.entry.size,
                           counts[2], counts[3]))
@@ -409,18 +410,46 @@ def _count_pieces(args, pieces, out) -> tuple:
             sink.events + c.events, sink.errors)
 
 
-def _copy(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
-    """Bytes [a, b) of a job's output (bytes, or a spool file's path)."""
+def _copy(output, a: int, b: int, out, chunk: int = 1 << 20) -> None:
+    """Bytes [a, b) of a job's output (bytes, or a spool file's path) to
+    ``out`` (the kernel copies a spool file to an output that is a file
+    descriptor: :func:`os.sendfile`)."""
     if isinstance(output, (bytes, bytearray)):
         if b > a:
-            write(bytes(output[a:b]))
+            out.write(bytes(output[a:b]))
         return
     with open(output, "rb") as f:
+        fd = _out_fd(out)
+        if fd is not None:
+            out.flush()
+            try:
+                while a < b:
+                    n = os.sendfile(fd, f.fileno(), a, min(b - a, 1 << 30))
+                    if n <= 0:
+                        break
+                    a += n
+                return
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise           # EPIPE: the output went away
         f.seek(a)
         left = b - a
         while left > 0:
             data = f.read(min(chunk, left))
             if not data:
                 break
-            write(data)
+            out.write(data)
             left -= len(data)
+
+
+def _out_fd(out):
+    """The file descriptor ``out`` writes to, where it writes straight to
+    one (stdout's buffer), else None."""
+    import sys
+    buf = getattr(sys.stdout, "buffer", None)
+    if buf is None or getattr(out, "write", None) != buf.write:
+        return None
+    try:
+        return buf.fileno()
+    except (OSError, ValueError):
+        return None
