@@ -21,6 +21,9 @@ within a stream), each tagged with its stream: ``[NAME] LINE`` (jsonl:
 ``"stream"`` and ``"time"`` keys first).  The merge goes through
 temporary files, so memory stays small.
 
+``--jobs N`` / ``--dask`` (not merged) decode the streams on workers and
+print the same bytes (:mod:`hwtrace.cli._bundle_jobs`).
+
 ``--quiet --stat`` (text, not merged) prints counts and errors only: the
 compiled flow core counts each stream, switching address spaces through
 the same switcher (:func:`hwtrace.cli.decode.fast_counts`), and nothing

@@ -182,9 +182,10 @@ def _decoder_options(p) -> None:
                         "with Debian's libipt 2.0.5)")
     g.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="decode on N processes (0: all cores): DIR's "
-                        "streams, and PSB segments of a raw trace or of a "
-                        "one-process stream; the output is the sequential "
-                        "one (--merge-time: sequential)")
+                        "streams (a one-process stream's PSB segments "
+                        "where that pays), a raw trace's PSB segments; "
+                        "the output is the sequential one (--merge-time: "
+                        "sequential)")
     g.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
                    help="as --jobs, on this Dask cluster (the bundle, or "
                         "the trace and images, at the same paths on its "
