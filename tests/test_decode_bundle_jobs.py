@@ -145,6 +145,22 @@ def test_on_two_workers_streams_are_not_cut(hop_plain, opts, monkeypatch):
     assert par[2] and all(k == "whole" for _s, k, _a, _b in par[2])
 
 
+def test_listings_past_the_spool_limit_are_decoded_by_the_command(
+        hop_mtc, monkeypatch):
+    """What workers would spool past SPOOL_LIMIT is decoded by the
+    command itself, in order (here: everything, so no worker is asked);
+    counts spool nothing and still go to the workers."""
+    from hwtrace.cli import _bundle_jobs as BJ
+    seq = _decode([str(hop_mtc)], monkeypatch)
+    monkeypatch.setattr(BJ, "SPOOL_LIMIT", 0)
+    par = _decode([str(hop_mtc), "--jobs", "2"], monkeypatch)
+    assert par[:2] == seq[:2] and par[2] == []
+    monkeypatch.setattr(BJ, "SPOOL_LIMIT", 0)
+    par = _decode([str(hop_mtc), "--quiet", "--stat", "--jobs", "2"],
+                  monkeypatch)
+    assert par[2]
+
+
 def test_one_stream_and_one_job_is_the_sequential_decode(hop_plain,
                                                           monkeypatch):
     """--stream NAME of a stream too small to cut: nothing to share out,
