@@ -161,6 +161,27 @@ class Executor:
     def one(self, fn, job):
         return self.map(fn, [job])[0]
 
+    def abort(self) -> None:
+        """Stop now (the output went away: a closed pipe, an error): the
+        local workers are killed rather than waited for, Dask's jobs
+        cancelled."""
+        if self._pool is not None:
+            procs = list((getattr(self._pool, "_processes", None) or {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.join()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def submit(self, fn, job):
+        """A future of ``fn(job)`` (its ``result()`` waits)."""
+        if self._client is not None:
+            return self._client.submit(fn, job, pure=False)
+        return self._pool.submit(fn, job)
+
 
 def decode(source: Source, images, config, sink, write, *, block: bool,
            resync: bool = False, jobs: int = 0, dask: str | None = None,

@@ -21,6 +21,9 @@ within a stream), each tagged with its stream: ``[NAME] LINE`` (jsonl:
 ``"stream"`` and ``"time"`` keys first).  The merge goes through
 temporary files, so memory stays small.
 
+``--jobs N`` / ``--dask`` (not merged) decode the streams on workers and
+print the same bytes (:mod:`hwtrace.cli._bundle_jobs`).
+
 ``--quiet --stat`` (text, not merged) prints counts and errors only: the
 compiled flow core counts each stream, switching address spaces through
 the same switcher (:func:`hwtrace.cli.decode.fast_counts`), and nothing
@@ -34,13 +37,12 @@ import json
 from hwtrace.cli import CliError, warn
 
 
-def run_bundle(args) -> int:
+def open_streams(args, only, cfg_lines: list):
+    """The bundle ``args.bundle`` opened as the command line says
+    (``only``: the streams to keep; the ``config error`` lines of its
+    decoder parameters go to ``cfg_lines``)."""
     from hwtrace import streams
     from hwtrace.cli import decode as D
-
-    if args.images:
-        D._image(args)              # a bad --raw/--elf is an error now
-    cfg_lines: list = []
 
     def config(options):
         return D._config(args, cfg_lines.append, options)
@@ -49,15 +51,30 @@ def run_bundle(args) -> int:
         D._image(args, image)       # --raw/--elf on top of every space
 
     try:
-        ts = streams.open_bundle(args.bundle, image_path=args.image_path,
-                                 allow_outside=args.allow_outside,
-                                 only=args.stream, config=config,
-                                 extend=extend if args.images else None)
+        return streams.open_bundle(args.bundle, image_path=args.image_path,
+                                   allow_outside=args.allow_outside,
+                                   only=only, config=config,
+                                   extend=extend if args.images else None)
     except streams.StreamsError as e:
         raise CliError(f"decode: {e}") from None
+
+
+def run_bundle(args) -> int:
+    from hwtrace.cli import decode as D
+
+    if args.images:
+        D._image(args)              # a bad --raw/--elf is an error now
+    cfg_lines: list = []
+    ts = open_streams(args, args.stream, cfg_lines)
     ts.report(warn)
     cfg_line = "".join(cfg_lines)
     out = D.Output()
+    if (args.jobs != 1 or args.dask) and not args.merge_time:
+        # streams, and PSB segments of one-process streams, on N workers
+        from hwtrace.cli._bundle_jobs import run_parallel
+        done = run_parallel(args, ts, cfg_line, out)
+        if done is not None:
+            return done
     counts_only = D.counts_only(args) and not args.merge_time
     fmt = ctx = None
     if not counts_only:

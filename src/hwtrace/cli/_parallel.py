@@ -1,6 +1,7 @@
 """``hwtrace decode --jobs N`` / ``--dask ADDR`` for ``--pt`` traces: the
 command line's side of parallel decoding (its options, errors for the
 user, the test knobs in the environment); the decoding is hwtrace.jobs'.
+A bundle's is hwtrace.cli._bundle_jobs (the same knobs).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ examples:
   hwtrace decode rec/ | less            the listing of every stream
   hwtrace decode rec/ --lines           ... with source lines (build with -g)
   hwtrace decode rec/ --quiet --stat    instruction counts only
+  hwtrace decode rec/ --jobs 0 > l.txt  ... on every core (the same bytes)
   hwtrace decode rec/ --format jsonl --annotate
   hwtrace decode --pt t.pt --elf prog --no-inst     ptxed's output"""
 
@@ -180,12 +181,15 @@ def _decoder_options(p) -> None:
                         "gives (default) or libipt 2.0 gives (to compare "
                         "with Debian's libipt 2.0.5)")
     g.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                   help="raw trace: decode PSB segments on N processes (0: "
-                        "all cores); the output is the sequential one")
+                   help="decode on N processes (0: all cores): DIR's "
+                        "streams (a one-process stream's PSB segments "
+                        "where that pays), a raw trace's PSB segments; "
+                        "the output is the sequential one (--merge-time: "
+                        "sequential)")
     g.add_argument("--dask", metavar="SCHEDULER_ADDRESS",
-                   help="raw trace: decode PSB segments on this Dask "
-                        "cluster (trace and images at the same paths on "
-                        "its workers)")
+                   help="as --jobs, on this Dask cluster (the bundle, or "
+                        "the trace and images, at the same paths on its "
+                        "workers)")
 
 
 def _config_options(p) -> None:
@@ -361,7 +365,7 @@ def _trace(arg: str):
 
 
 def run(args) -> int:
-    if args.jobs < 0:       # checked for a bundle too (its streams go one by one)
+    if args.jobs < 0:       # a bundle's too (hwtrace.cli._bundle_jobs)
         raise CliError(f"--jobs: bad argument: {args.jobs}")
     if args.bundle:
         if args.pt:

@@ -73,6 +73,22 @@ def cut_points(buf, offset: int, size: int, segments: int,
     return P.segment_starts(psbs, size, segments, min_segment)
 
 
+_CYC_EN, _MTC_EN = 1 << 1, 1 << 9
+
+
+def jobs_can_meet(ctl: int | None) -> bool:
+    """Whether segment jobs of a trace recorded with IA32_RTIT_CTL ``ctl``
+    can meet (None: not known, so no).  With MTC and without CYC they
+    can't: the timing calibration keeps the CTC of the decode's first MTC
+    for good (it takes a new one only where cycles were counted since the
+    last, as libipt's pt_tcal_update_mtc), so a job that starts at a later
+    PSB holds another CTC at every checkpoint, and the stitch re-runs
+    the whole trace from its start: more work than one sequential decode.
+    (The field is dead in such a trace, but the state key can't know that
+    no CYC will come.)"""
+    return ctl is not None and (not ctl & _MTC_EN or bool(ctl & _CYC_EN))
+
+
 def _window(start, end):
     return (-1 if start is None else start, -1 if end is None else end,
             TAIL, 0 if start is None else HEAD)
@@ -83,11 +99,15 @@ def _checkpoints(cps) -> list:
 
 
 def count_segment(data, image, config, block: bool, start, end,
-                  resync: bool = False) -> P.Result:
+                  resync: bool = False, plain_offsets: bool = False
+                  ) -> P.Result:
     """One counts job over ``data`` (the whole trace): a
     :class:`parallel.Result` whose counts are (insns, blocks, events,
-    errors) and whose ``output`` is the job's errors as sinks get them."""
-    dec = fast.core_decoder(data, image, config, block=block, resync=resync)
+    errors) and whose ``output`` is the job's errors as sinks get them.
+    ``plain_offsets``: report offsets as a decode switched by an
+    address-space plan does (a bundle stream's)."""
+    dec = fast.core_decoder(data, image, config, block=block, resync=resync,
+                            plain_offsets=plain_offsets)
     insns, blocks, events, errors, cps, underflows, stopped = \
         dec.segment(*_window(start, end))
     return P.Result(start, end, _checkpoints(cps), underflows,
@@ -118,12 +138,14 @@ class BatchOutput(NamedTuple):
 
 
 def batch_segment(data, image, config, decoder: str, start, end,
-                  resync: bool = False, want_insns: bool = False):
+                  resync: bool = False, want_insns: bool = False,
+                  plain_offsets: bool = False):
     """One batches job over ``data``: (Result with checkpoints at
     (records, items, instructions, 0), blocks bytes, insns bytes or None,
-    items)."""
+    items); ``plain_offsets`` as for :func:`count_segment`."""
     dec = fast.core_decoder(data, image, config, block=decoder == "block",
-                            resync=resync, want_insns=want_insns)
+                            resync=resync, want_insns=want_insns,
+                            plain_offsets=plain_offsets)
     from . import batches as B
     fast._core("compiled").set_item_types(B.ErrorItem, B.StatusItem)
     blocks, insns, items, cps, underflows, stopped, ninsn = \

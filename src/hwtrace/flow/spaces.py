@@ -953,6 +953,22 @@ class SpacePlan(Fields):
         self.ambiguous = set() if ambiguous is None else ambiguous
         self.insn_clock = insn_clock
 
+    @property
+    def fixed(self) -> bool:
+        """Whether nothing can switch the stream away from its initial
+        space (a one-process stream: its timeline, if any, runs only the
+        initial space, and no CR3 the sideband knows is another's): the
+        rule :class:`SpaceSwitcher` acts on.  Its decode from any PSB is
+        then one in the initial space's image (what a job decoding a
+        segment of it needs)."""
+        if self.initial is None:
+            return False
+        tl = self.timeline
+        if tl is not None and any(s is not self.initial for s in tl.spaces()):
+            return False
+        return self.spaces is None or all(
+            s is self.initial for s in self.spaces.cr3_spaces())
+
     def wrap(self, dec) -> "SpaceSwitcher":
         return SpaceSwitcher(dec, self.spaces, self.timeline, self.initial,
                              self.on_switch, cyc=self.cyc, ambiguous=self.ambiguous,
