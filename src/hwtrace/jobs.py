@@ -230,18 +230,26 @@ def decode(source: Source, images, config, sink, write, *, block: bool,
                 return ex.one(run_job, job(start, end))
 
             pieces = P.stitch(results, rerun)
-            totals = [0, 0, 0, 0]
-            for piece in pieces:
-                a, b, ca, cb = P.piece_range(piece)
-                for n in range(4):
-                    totals[n] += cb[n] - ca[n]
-                _copy_out(piece.result.output, a, b, write)
-            sink.insns, sink.blocks, sink.events, sink.errors = totals
+            sink.insns, sink.blocks, sink.events, sink.errors = emit_pieces(
+                pieces, lambda output, a, b: _copy_out(output, a, b, write))
         finally:
             if spool is not None:
                 shutil.rmtree(spool, ignore_errors=True)
     return {"segments": len(bounds), "reruns": reruns, "pieces": len(pieces),
             "bytes": tsize}
+
+
+def emit_pieces(pieces, copy) -> list:
+    """Each stitched piece's part of its job's output, in order, through
+    ``copy(output, from, to)``; the counts they add up to (instructions,
+    blocks, events, errors)."""
+    totals = [0, 0, 0, 0]
+    for piece in pieces:
+        a, b, ca, cb = P.piece_range(piece)
+        for n in range(4):
+            totals[n] += cb[n] - ca[n]
+        copy(piece.result.output, a, b)
+    return totals
 
 
 def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:

@@ -414,13 +414,9 @@ def _stream_out(args, st, kind, futs, ex, job, cfg_line, out) -> None:
         if kind == "count":
             counts = _count_pieces(args, pieces, out)
         else:
-            totals = [0, 0, 0, 0]
-            for piece in pieces:
-                a, b, ca, cb = P.piece_range(piece)
-                for n in range(4):
-                    totals[n] += cb[n] - ca[n]
-                _copy(piece.result.output, a, b, out)
-            counts = tuple(totals)
+            from hwtrace.jobs import emit_pieces
+            counts = tuple(emit_pieces(
+                pieces, lambda output, a, b: _copy(output, a, b, out)))
     out.text(D.stats_text(args, counts[0], counts[1], st.entry.size,
                           counts[2], counts[3]))
     DB._warn_ambiguous(st, out)
