@@ -217,3 +217,17 @@ def test_dask_local_cluster(hop_plain, monkeypatch):
         par = _decode([str(hop_plain), "--format", "jsonl", "--dask",
                        cluster.scheduler_address], monkeypatch)
     assert par[:2] == seq[:2]
+
+
+def test_dask_scheduler_not_there_is_one_line(hop_mtc, tmp_path):
+    """--dask at an address no scheduler can be at: one line, exit status
+    2, for a bundle and for a raw trace (a bundle's said nothing useful in
+    a traceback; a raw trace's said it could not read the trace)."""
+    pytest.importorskip("distributed")
+    pt = next(p for p in sorted(hop_mtc.iterdir()) if p.suffix == ".pt")
+    for args in ([hop_mtc], ["--pt", pt, "--quiet", "--stat"]):
+        r = run_hwtrace("decode", *args, "--dask", "nope://x")
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("hwtrace: decode: --dask nope://x: no scheduler there:"), \
+            r.stderr

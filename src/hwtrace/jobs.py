@@ -118,6 +118,10 @@ def run_job(job: Job, data=None) -> Result:
                   output)
 
 
+class ExecutorError(RuntimeError):
+    """The jobs cannot be run there (one line: no Dask, no scheduler)."""
+
+
 class Executor:
     """Runs jobs: a local process pool, or a Dask client."""
 
@@ -132,9 +136,13 @@ class Executor:
             try:
                 from distributed import Client
             except ImportError:
-                raise RuntimeError("--dask needs the 'dask' extra: "
-                                   "pip install 'hwtrace[dask]'") from None
-            self._client = Client(self.dask, timeout=30)
+                raise ExecutorError("--dask needs the 'dask' extra: "
+                                    "pip install 'hwtrace[dask]'") from None
+            try:
+                self._client = Client(self.dask, timeout=30)
+            except (OSError, TimeoutError, ValueError, TypeError) as e:
+                raise ExecutorError(f"--dask {self.dask}: no scheduler there: "
+                                    f"{e}") from None
         else:
             import concurrent.futures as cf
             import multiprocessing as mp

@@ -357,6 +357,8 @@ def run_parallel(args, ts, cfg_line: str, out) -> int | None:
             except BaseException:
                 ex.abort()      # e.g. `| head`: don't wait for the rest
                 raise
+    except jobs.ExecutorError as e:
+        raise CliError(f"decode: {e}") from None
     finally:
         _RUN[0] = None
         _OPENED.clear()

@@ -58,6 +58,8 @@ def decode_args(args, config, sink, write, *, block: bool, data=None) -> dict:
                            min_segment=min_seg, dask=args.dask)
             if c is None and data is None:
                 data = jobs.read(P.Source(path, offset, size))
+        except jobs.ExecutorError as e:
+            raise CliError(f"decode: {e}") from None
         except OSError as e:
             raise CliError(f"--pt: cannot read {path}: {e.strerror}") from None
         except (fast.Unsupported, RuntimeError) as e:
