@@ -260,10 +260,12 @@ def emit_pieces(pieces, copy) -> list:
     return totals
 
 
-def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
+def output_chunks(output, a: int, b: int, chunk: int = 1 << 20):
+    """Bytes [a, b) of a job's output (bytes, or a spool file's path), a
+    chunk at a time."""
     if isinstance(output, (bytes, bytearray)):
         for at in range(a, b, chunk):
-            write(output[at:min(b, at + chunk)].decode())
+            yield bytes(output[at:min(b, at + chunk)])
         return
     with open(output, "rb") as f:
         f.seek(a)
@@ -272,8 +274,13 @@ def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
             data = f.read(min(chunk, left))
             if not data:
                 break
-            write(data.decode())
+            yield data
             left -= len(data)
+
+
+def _copy_out(output, a: int, b: int, write) -> None:
+    for data in output_chunks(output, a, b):
+        write(data.decode())
 
 
 # -- the compiled core's jobs: counts ------------------------------------------------

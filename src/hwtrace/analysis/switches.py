@@ -62,6 +62,18 @@ import numpy as np
 LOOKAHEAD = 4
 
 
+def counted_offsets(base: float, nf: np.ndarray, tscs: np.ndarray) -> tuple:
+    """A counted clock over a run of enables, the rule of
+    :meth:`SwitchTimeline.time` in bulk: the enables' instruction
+    indices times the rate (``nf``), their time stamps (``tscs``; none:
+    0 or less); ``base``: the clock's time less its count times the rate
+    before them.  Returns ``(told, off)``: each stamp less its count
+    times the rate (-inf: none), and the clock's offset once each is told
+    (the running maximum): the clock reads ``off + nf`` at each enable."""
+    told = np.where(tscs > 0, tscs - nf, -np.inf)
+    return told, np.maximum.accumulate(np.maximum(told, base))
+
+
 def _tid(t: int) -> int | None:
     """A thread id, or None for idle: -1 (the emulated engines) or 0 (perf:
     the swapper, which runs no user code)."""
@@ -136,12 +148,9 @@ class SwitchTimeline:
             # have it) are told one at a time, as below
             ns = np.asarray(ns, np.int64)
             tscs = np.asarray(tscs, np.int64)
-            nf = ns * float(rate)
-            told = np.where(tscs > 0, tscs - nf, -np.inf)
-            prev = np.empty(len(told))
-            prev[0] = t - n0 * rate
-            np.maximum.accumulate(told[:-1], out=prev[1:])
-            np.maximum(prev[1:], prev[0], out=prev[1:])
+            base = t - n0 * rate
+            told, off = counted_offsets(base, ns * float(rate), tscs)
+            prev = np.concatenate(([base], off[:-1]))
             cand = np.flatnonzero(told > prev - 2.0)
             ns, tscs = ns[cand].tolist(), tscs[cand].tolist()
         for n, tsc in zip(ns, tscs):
@@ -162,8 +171,7 @@ class SwitchTimeline:
             return 0
         rate = float(self._rate)
         nf = ns.astype(np.float64) * rate
-        told = np.where(tscs > 0, tscs.astype(np.float64) - nf, -np.inf)
-        off = np.maximum.accumulate(np.maximum(told, self._t - self._n * rate))
+        _told, off = counted_offsets(self._t - self._n * rate, nf, tscs)
         due = np.flatnonzero(off + nf >= self.switches[self.i].time - 1)
         return int(due[0]) if len(due) else len(ns)
 

@@ -435,7 +435,7 @@ def _count_pieces(args, pieces, out) -> tuple:
             sink.events + c.events, sink.errors)
 
 
-def _copy(output, a: int, b: int, out, chunk: int = 1 << 20) -> None:
+def _copy(output, a: int, b: int, out) -> None:
     """Bytes [a, b) of a job's output (bytes, or a spool file's path) to
     ``out`` (the kernel copies a spool file to an output that is a file
     descriptor: :func:`os.sendfile`)."""
@@ -457,14 +457,9 @@ def _copy(output, a: int, b: int, out, chunk: int = 1 << 20) -> None:
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.ENOSYS):
                     raise           # EPIPE: the output went away
-        f.seek(a)
-        left = b - a
-        while left > 0:
-            data = f.read(min(chunk, left))
-            if not data:
-                break
-            out.write(data)
-            left -= len(data)
+    from hwtrace.jobs import output_chunks
+    for data in output_chunks(output, a, b):
+        out.write(data)
 
 
 def _out_fd(out):

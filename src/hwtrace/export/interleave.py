@@ -45,6 +45,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
+from hwtrace.analysis.switches import counted_offsets
 from hwtrace.analysis.threads import ThreadRegistry
 from hwtrace.flow import plain
 from hwtrace.flow.batchcut import Places, start_time
@@ -267,9 +268,9 @@ def _next_enable(cols: tuple, e: int, r0: int, j0: int, limit: int,
         jw, rw = j[e:hi], r[e:hi]
         tw = t[e:hi]
         if clock is not None:
+            # (a stamp of 0 moves no clock: only "none" here is -1)
             nf = start[rw].astype(np.float64) * rate
-            told = np.where(tw >= 0, tw - nf, -np.inf)
-            off = np.maximum.accumulate(np.maximum(told, carry))
+            _told, off = counted_offsets(carry, nf, tw)
             carry = float(off[-1])
             tw = off + nf
         hit = ((rw > r0) | ((rw == r0) & (jw > j0))) & (tw >= limit) & (tw >= 0)
