@@ -7,6 +7,7 @@ one, a fork -- in cpu and thread mode, with and without a mask."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -124,8 +125,12 @@ def test_trips_give_the_twins_records(monkeypatch, bundles, mode, mask):
 
 
 def test_trips_do_the_plain_round_trips(monkeypatch, bundles):
-    """Most events of a system-call loop never reach the one-at-a-time
-    path: the compiled round trips took them (the old code had none)."""
+    """Most system calls of a system-call loop never reach the
+    one-at-a-time path: the compiled round trips took their disables
+    (the old code had none).  Counted are the disables, not all events:
+    how many asynchronous disables (and their CBRs) the recording holds
+    depends on how the machine scheduled it (0 to 66 of them here, over
+    150 on a loaded CI machine), and those rightly go one at a time."""
     _compiled_or_skip()
     seen = []
     orig = decoded._Consumer._event
@@ -139,8 +144,9 @@ def test_trips_do_the_plain_round_trips(monkeypatch, bundles):
     from hwtrace.branches.records import KIND_CODE
     syscalls = int((a["kind"] == KIND_CODE["syscall"]).sum())
     assert syscalls > 2000
-    # each round trip is two events; those taken here are a few per batch
-    assert len(seen) < syscalls / 4
+    # those taken here: a signal's way in and out, a few per batch
+    disables = seen.count("disabled")
+    assert disables < syscalls / 8, collections.Counter(seen)
 
 
 def _records_fed(monkeypatch, bundle, how: str, rows: bool, mask: MaskSpec) -> tuple:
