@@ -440,3 +440,24 @@ def test_dask_counts_and_batches(plain):
                           env={"HWTRACE_PARALLEL_MIN_SEGMENT": "0",
                                "HWTRACE_PARALLEL_SEGMENTS": "4"}).stdout
         assert par == seq
+
+
+@pytest.mark.parametrize("spooled", [False, True])
+def test_spooled_listing_joins_a_character_split_across_chunks(tmp_path, spooled):
+    """A job's listing is copied out a chunk at a time: a multibyte
+    character (a symbol's, a path's) that a chunk boundary cuts in two
+    comes out whole, not as a decoding error."""
+    text = "fn_caf\u00e9+0x4 \u2192 \U0001f600 done\n" * 3
+    data = text.encode()
+    out = data
+    if spooled:
+        out = tmp_path / "spool"
+        out.write_bytes(data)
+        out = str(out)
+    for chunk in (1, 2, 3, 7):
+        got = []
+        jobs._copy_out(out, 0, len(data), got.append, chunk)
+        assert "".join(got) == text
+    got = []
+    jobs._copy_out(out, 4, len(data) - 1, got.append, 5)
+    assert "".join(got) == data[4:-1].decode()

@@ -17,6 +17,7 @@ the trace and images must be readable at the same paths there.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import copy
 import mmap
@@ -278,9 +279,18 @@ def output_chunks(output, a: int, b: int, chunk: int = 1 << 20):
             left -= len(data)
 
 
-def _copy_out(output, a: int, b: int, write) -> None:
-    for data in output_chunks(output, a, b):
-        write(data.decode())
+def _copy_out(output, a: int, b: int, write, chunk: int = 1 << 20) -> None:
+    """Bytes [a, b) of a job's output written as text: one incremental
+    UTF-8 decoder over the chunks, so a character split across two of
+    them (a symbol's or a path's) is joined, not an error."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    for data in output_chunks(output, a, b, chunk):
+        text = dec.decode(data)
+        if text:
+            write(text)
+    text = dec.decode(b"", final=True)
+    if text:
+        write(text)
 
 
 # -- the compiled core's jobs: counts ------------------------------------------------
