@@ -349,3 +349,38 @@ def test_ptrace_cpu_mode_threads_all_have_their_code(tmp_path):
                                    for h in heads), heads
     runs = [x for x in out.splitlines() if re.match(r" +run ", x)]
     assert len(runs) == 3, runs
+
+
+def test_a_thread_is_gone_only_once_its_last_rows_left_its_builder():
+    """A thread's last run ended on a CPU (its builder is past the switch
+    out of it), but its last rows wait in the builder for that CPU's next
+    time stamp to time them: told gone then, ``calls`` wrote those rows
+    as a second section of the same thread (seen on a loaded machine,
+    about one ptrace recording in fifteen: ``thread 2979`` twice, its
+    exit's system call alone in the second)."""
+    from types import SimpleNamespace
+
+    from hwtrace.analysis.clock import TimeBase
+    from hwtrace.analysis.rows import Pending
+    from hwtrace.export.interleave import _past_last_runs
+
+    time = TimeBase()
+    pending = Pending(time)
+    row = (7, -1, 0x1000, 0, 0, 0, 100, 12, 5, 9, 1, 2, 0, 0.0, 0.0, 0, 0.0)
+    pending.exits.add_row(row)              # thread 12's, no time stamp yet
+    assert pending.holds(12) and not pending.holds(13)
+    pending.markers.append((3, 9, "lost", None, "", 13))
+    assert pending.holds(13)
+    b = SimpleNamespace(_follow=SimpleNamespace(i=5), pending=pending)
+    # (switch index, tid) of the last runs, taken from the end
+    runs = [(4, 11), (2, 12), (1, 10)]
+    assert _past_last_runs(runs, b, False) == [10]      # 12 waits for its rows
+    assert runs == [(4, 11), (2, 12)]
+    assert _past_last_runs(runs, b, True) == [12, 11]   # the stream ended
+    pending.exits.take(lambda seq: len(seq))            # (timed and handed out)
+    pending.markers.clear()
+    assert not pending.holds(12) and not pending.holds(13)
+    runs = [(4, 11), (2, 12)]
+    b._follow.i = 3
+    assert _past_last_runs(runs, b, False) == [12]      # 11: not past it yet
+    assert runs == [(4, 11)]

@@ -27,6 +27,10 @@ from hwtrace.analysis.clock import TimeBase
 from hwtrace.analysis.slices import _FIELDS, _TYPES, Cols, Slices, empty
 
 
+#: where a row tuple (the builder's ``_row``) holds its thread
+_TID_AT = _FIELDS.index("tid")
+
+
 class _Parts:
     """Rows in order (``col``: the sequence-number field they are ordered
     by): one column array per field, filled from ``w`` on and handed out
@@ -131,6 +135,17 @@ class Pending:
     @property
     def count(self) -> int:
         return self.enters.n + self.exits.n + len(self.markers)
+
+    def holds(self, tid: int) -> bool:
+        """Whether rows (or markers) of thread ``tid`` wait here for an
+        anchor to time them."""
+        for parts in (self.enters, self.exits):
+            if any(row[_TID_AT] == tid for row in parts.py):
+                return True
+            if parts.cols is not None and parts.w > parts.r and \
+                    bool((parts.cols["tid"][parts.r:parts.w] == tid).any()):
+                return True
+        return any(m[5] == tid for m in self.markers)
 
     def oldest_seq(self) -> int | None:
         seqs = [s for s in (self.enters.first_seq(), self.exits.first_seq())

@@ -108,6 +108,21 @@ def _last_runs(builders: list, exits=()) -> tuple:
     return runs, ends
 
 
+def _past_last_runs(runs: list, builder, closed: bool) -> list:
+    """The threads of ``runs`` (a builder's, from :func:`_last_runs`;
+    taken from the end) whose last run is behind: ``builder`` is past the
+    switch out of them (or its stream ended) and holds none of their rows
+    (rows wait in a builder for its CPU's next time stamp to time them;
+    told gone before they are delivered, a writer would open a second
+    section for the thread with them)."""
+    tids = []
+    while runs and (closed or builder._follow.i > runs[-1][0]):
+        if not closed and builder.pending.holds(runs[-1][1]):
+            break
+        tids.append(runs.pop()[1])
+    return tids
+
+
 class _Held:
     """Chunks held in memory (the default ``hold``)."""
 
@@ -334,13 +349,11 @@ def run_interleaved(run, sources: list[Source],
         told, once their rows are delivered."""
         tids = []
         for k, b in enumerate(builders):
-            r = runs[k]
-            while r and (closed[k] or b._follow.i > r[-1][0]):
-                tids.append(r.pop()[1])
+            tids += _past_last_runs(runs[k], b, closed[k])
             r = ends[k]
             while r and (closed[k] or (feeds[k].next is not None
                                        and feeds[k].next > r[-1][0])):
-                t = r.pop()[1]
+                t = r[-1][1]
                 if not closed[k] and b._thread == t and b._tracing is False:
                     # it exited (tracing off, this CPU's stream past the
                     # time): its frames end here, as at a switch out
@@ -348,6 +361,9 @@ def run_interleaved(run, sources: list[Source],
                     b._give_up()
                     reg.settle(b)
                     deliver(k)
+                elif not closed[k] and b.pending.holds(t):
+                    break       # (as in _past_last_runs)
+                r.pop()
                 tids.append(t)
         if tids:
             for w in run.writers:
