@@ -100,11 +100,15 @@ class _Marks:
         else:
             self.n = len(items) + len(rows)
             self.item_places = plain.item_positions(len(items), rows)
-            cols["place"] = self.item_places[cols["src"]]
             more = _row_marks(rows)
-            order = np.argsort(np.concatenate((cols["place"], more["place"])),
-                               kind="stable")
-            cols = {k: np.concatenate((v, more[k]))[order] for k, v in cols.items()}
+            if len(cols["src"]):
+                cols["place"] = self.item_places[cols["src"]]
+                order = np.argsort(np.concatenate((cols["place"], more["place"])),
+                                   kind="stable")
+                cols = {k: np.concatenate((v, more[k]))[order]
+                        for k, v in cols.items()}
+            else:                           # (the rows are in place order)
+                cols = more
         for k, v in cols.items():
             setattr(self, k, v)
         self.count = len(self.place)
@@ -168,17 +172,17 @@ def _row_marks(rows: np.ndarray) -> dict:
     """:class:`_Marks`' columns of the marks among plain ``rows`` (an
     asynchronous disable is a row only where its ``at`` is 0)."""
     typ = rows["type"]
-    su = (rows["flags"] & plain.PF_STATUS_UPDATE) != 0
+    flags = rows["flags"]
+    su = (flags & plain.PF_STATUS_UPDATE) != 0
     st = (typ == plain.ENABLED) & ~su
     r = np.flatnonzero(st | (((typ == plain.DISABLED) | (typ == _ASYNC)) & ~su))
-    m = rows[r]
     start = st[r]
-    has = start & ((m["flags"] & plain.PF_HAS_TSC) != 0)
-    return {"src": -1 - r.astype(np.int64), "rec": m["index"].astype(np.int64),
-            "start": start, "ip": np.where(start, m["ip"], 0).astype(np.uint64),
-            "has": has, "tsc": np.where(has, m["tsc"], 0).astype(np.uint64),
-            "async_": m["type"] == _ASYNC, "where": np.zeros(len(r), np.uint64),
-            "place": m["pos"].astype(np.int64)}
+    has = start & ((flags[r] & plain.PF_HAS_TSC) != 0)
+    return {"src": -1 - r, "rec": rows["index"][r],
+            "start": start, "ip": np.where(start, rows["ip"][r], 0).astype(np.uint64),
+            "has": has, "tsc": np.where(has, rows["tsc"][r], 0).astype(np.uint64),
+            "async_": typ[r] == _ASYNC, "where": np.zeros(len(r), np.uint64),
+            "place": rows["pos"][r].astype(np.int64)}
 
 
 class _Cursor:
@@ -306,9 +310,11 @@ def _slice(b: Batch, r0: int, r1: int, j0: int, j1: int,
         k0, k1 = np.searchsorted(item_places, (j0, j1)).tolist()
         items = b.items[k0:k1]
         lo, hi = np.searchsorted(rows["pos"], (j0, j1)).tolist()
-        rows = rows[lo:hi].copy()
-        rows["pos"] -= j0
-        rows["index"] -= r0
+        rows = rows[lo:hi]
+        if j0 or r0:
+            rows = rows.copy()
+            rows["pos"] -= j0
+            rows["index"] -= r0
     if r0:
         items = [(idx - r0, off, it) for idx, off, it in items]
     return Batch(blocks, insns, list(items), b.first_insn + before, rows)
