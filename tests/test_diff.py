@@ -826,6 +826,83 @@ def test_cpu_mode_threads_taking_turns_split_as_thread_mode_records_them(work, c
     assert {d["function"] for d in divs} <= {"worker", "work", "other"}
 
 
+# One thread hopping between two CPUs, a system call every few
+# instructions (its pieces are many round trips: a disable and an enable
+# per call)
+HOP_CALLS_C = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
+static volatile long sink;
+static void hop(int cpu)
+{
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    sched_setaffinity(0, sizeof s, &s);
+}
+int main(void)
+{
+    int fd = open("/dev/null", O_WRONLY);
+    char c = 'y';
+    for (int r = 0; r < 8; r++) {
+        hop(r & 1);
+        for (int i = 0; i < 2000; i++) {
+            write(fd, &c, 1);
+            sink += i;
+        }
+    }
+    printf("%ld\n", sink);
+    return 0;
+}
+"""
+
+
+def test_a_thread_moving_between_cpus_joins_alike_on_plain_rows(work):
+    """cpu mode, a thread making system calls on both CPUs: its pieces
+    joined on the streams' plain rows are those joined on their items
+    (slice for slice, the rows made items), each call's round trip going
+    on in the slice before it; two runs compare equal, and the Python
+    twin says exactly what the compiled core does."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one host CPU: the thread cannot move")
+    from hwtrace.diff import cpumerge
+    from hwtrace.diff.threads import all_threads, threads_of
+    from hwtrace.flow import plain
+    from hwtrace.streams import open_bundle
+    exe = build(work, "hopcalls", HOP_CALLS_C, "-O1", "-static")
+    a, b = (record(work / f"hopcalls-{k}", exe, aslr=False) for k in "ab")
+    (t,) = all_threads(threads_of(open_bundle(a)))
+    assert len(t.streams) == 2 and not t.shared
+
+    def pieces(rows: bool) -> list:
+        out = []
+        for p in cpumerge.merged_batches(
+                [(st.info.cpu, st.batches(view=True, resync=True, space_items=True,
+                                          plain_events=rows))
+                 for st in t.streams], t.left):
+            assert rows or p.plain is None
+            out.append(p.plain is not None and len(p.plain))
+            p = plain.classic(p)
+            out.append((p.blocks.tobytes(), p.first_insn,
+                        [(int(i), int(o), repr(it)) for i, o, it in p.items]))
+        return out
+    on_rows = pieces(True)
+    assert any(on_rows[0::2])               # (the rows were there)
+    assert on_rows[1::2] == pieces(False)[1::2]
+    calls = sum(it.count("'disabled'") for _b, _f, its in on_rows[1::2]
+                for _i, _o, it in its)
+    assert calls >= 8 * 2000 and len(on_rows) // 2 < calls // 10
+    r = diff(a, b, "--format", "jsonl")
+    assert r.returncode == 0, r.stdout
+    assert of_type(jsonl(r), "summary")[0]["same"] is True
+    twin = run_hwtrace("diff", a, b, "--format", "jsonl",
+                       env={"HWTRACE_NO_EXTENSIONS": "1"})
+    assert twin.stdout == r.stdout and twin.returncode == 0
+
+
 def test_processes_are_named_by_the_programs_they_ran(work):
     """A forked child that execs another program is named as calls and
     the exports name it, ``fe -> true``, not by its truncated command

@@ -338,7 +338,7 @@ def test_a_thread_that_moved_between_cpus_is_joined_in_order():
         assert got == [0x100, 0x10c, 0x200, 0x206], order
 
 
-def test_round_trips_go_on_in_one_slice_where_the_merge_takes_them_anyway():
+def test_round_trips_go_on_in_one_slice_where_the_merge_takes_them_anyway(monkeypatch):
     """A thread making system calls on cpu0, then (migrated) on cpu1 --
     whose head starts where every call returns, at a time among them: the
     round trips before that time go on in the slice the first began
@@ -369,19 +369,18 @@ def test_round_trips_go_on_in_one_slice_where_the_merge_takes_them_anyway():
                (2 * i + 2, 501 + 10 * i, ev("enabled", ip=0x206, has_tsc=True,
                                             tsc=704 + 10 * i))]
 
-    def merged(coalesce, monkeypatch=None):
+    def merged():
         streams = [(0, iter([batch(r0, i0)])), (1, iter([batch(r1, i1)]))]
         bs = list(cpumerge.merged_batches(streams))
         return [int(r["ip"]) for b in bs for r in b.blocks], len(bs)
-    got, n = merged(True)
-    orig = cpumerge._goes_on
-    cpumerge._goes_on = lambda *a: None
-    try:
-        ref, n_ref = merged(False)
-    finally:
-        cpumerge._goes_on = orig
+    got, n = merged()
+    with monkeypatch.context() as m:
+        m.setattr(cpumerge, "_round_trips", lambda *a: 0)
+        ref, n_ref = merged()
     assert got == ref
     assert n_ref > 40 and n < 10
+    # (40 round trips: more than the first window _round_trips weighs)
+    assert cpumerge._WINDOW < 40
 
 
 def _lost_at(streams, **kw):
@@ -474,6 +473,107 @@ def test_equal_times_are_ordered_by_who_left_first():
     got = [int(r["ip"]) for b_ in cpumerge.merged_batches(
         [(0, iter(cpu0)), (1, iter(cpu1))], left={1: 10}) for r in b_.blocks]
     assert got == [0x100, 0x300]
+
+
+def _random_stream(rng, cpu):
+    """A CPU stream of random segments (a few addresses, so that where
+    one stops and where another goes on often meet; times often equal
+    or missing), cut into batches at random: what merged_batches must
+    join the same way however its events come (items or plain rows)."""
+    recs, items = [], []
+    ips = (0x200, 0x204, 0x206)
+    size = {0x200: 4, 0x204: 2, 0x206: 4}
+
+    def add(*what):
+        items.append((len(recs), 16 * len(recs) + len(items), *what))
+    traced = rng.random() < 0.3                 # began traced: no enable
+    for _ in range(rng.randrange(1, 40)):
+        if not traced:
+            kw = {"has_tsc": True, "tsc": rng.randrange(5)} if rng.random() < 0.7 else {}
+            add(ev("enabled", ip=rng.choice(ips), **kw))
+        if rng.random() < 0.1:              # a run of system calls
+            for _k in range(rng.randrange(10, 80)):
+                recs.append((0x200, 0x202, 2, FC, 2))
+                add(ev("disabled", ip_suppressed=True))
+                kw = {"has_tsc": True, "tsc": rng.randrange(5)} if rng.random() < 0.7 else {}
+                add(ev("enabled", ip=0x204, **kw))
+        for _k in range(rng.choice((0, 1, 1, 2, 3))):
+            ip = rng.choice(ips)
+            recs.append((ip, ip + size[ip] - 2, 2, rng.choice((J, FC, O)), 2))
+            if rng.random() < 0.2:
+                add(ev("cbr", ratio=rng.randrange(1, 40)))
+            if rng.random() < 0.1:          # a PSB+ restating the state
+                add(ev("enabled", ip=rng.choice(ips), status_update=True))
+        if rng.random() < 0.1:
+            break                               # ends inside the segment
+        if rng.random() < 0.3:
+            add(ev("async_disabled", at=rng.choice(ips + (0,))))
+        else:
+            add(ev("disabled", ip_suppressed=True,
+                   **({"has_tsc": True, "tsc": rng.randrange(5)}
+                      if rng.random() < 0.5 else {})))
+        if rng.random() < 0.1:
+            add(ev("disabled", status_update=True))
+        traced = False
+    # cut into batches (an item at a cut goes with either side)
+    cuts = sorted(rng.sample(range(len(recs) + 1), min(len(recs) + 1, rng.randrange(4))))
+    out, r0, k = [], 0, 0
+    for r1 in cuts + [len(recs)]:
+        its = []
+        while k < len(items) and (items[k][0] < r1 or (
+                items[k][0] == r1 and (r1 == len(recs) or rng.random() < 0.5))):
+            idx, off, it = items[k]
+            its.append((idx - r0, off, it))
+            k += 1
+        b = batch(recs[r0:r1], its, first=2 * r0, at=r0)
+        out.append(b)
+        r0 = r1
+    return out
+
+
+def _as_rows(b):
+    """``b`` with the events a plain row tells as rows (the compiled
+    producer's ``plain_events``)."""
+    from hwtrace.flow import plain
+    keep, rows = plain.split(b.items)
+    return b._replace(items=keep, plain=rows)
+
+
+def _flat(pieces):
+    """The merged pieces as (record ips and offsets, items at their
+    place in the flow, pieces with the rows as items)."""
+    from hwtrace.flow import plain
+    recs, its, out = [], [], []
+    for p in pieces:
+        p = plain.classic(p)
+        out.append((p.blocks.tobytes(), p.first_insn,
+                    [(int(i), int(o), repr(it)) for i, o, it in p.items]))
+        its += [(len(recs) + int(i), int(o), repr(it)) for i, o, it in p.items]
+        recs += [(int(r["ip"]), int(r["offset"])) for r in p.blocks]
+    return recs, its, out
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_random_streams_merge_alike_on_plain_rows_and_on_items(seed):
+    """The merge reads a batch's marks on its plain rows as on its items:
+    the same slices, each the same records and (rows made items) events;
+    every record taken once."""
+    rng = random.Random(seed)
+    n = rng.choice((2, 2, 3))
+    streams = [_random_stream(rng, c) for c in range(n)]
+    kw = {"left": {c: rng.randrange(3) for c in range(n) if rng.random() < 0.6},
+          "stopped": {c for c in range(n) if rng.random() < 0.3},
+          "wrapped": {c for c in range(n) if rng.random() < 0.3}}
+
+    def merged(rows=False):
+        return _flat(cpumerge.merged_batches(
+            [(c, iter([_as_rows(b) if rows else b for b in bs]))
+             for c, bs in enumerate(streams)], **kw))
+    assert any(len(_as_rows(b).plain) for bs in streams for b in bs)
+    recs, its, pieces = merged()
+    assert merged(rows=True) == (recs, its, pieces)
+    assert sorted(recs) == sorted((int(r["ip"]), int(r["offset"]))
+                                  for bs in streams for b in bs for r in b.blocks)
 
 
 def _turns():

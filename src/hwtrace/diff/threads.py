@@ -59,15 +59,15 @@ class Thread:
 
     def _own(self, st, impl):
         """What of stream ``st`` is this thread's: all of it, or (a CPU
-        stream it shares) its segments, walking the stream anew.  All of
-        its only stream: the plain events as rows (``plain_events``,
-        which steps.StepReader reads on their columns; the splitting and
-        the joining of streams read items)."""
-        alone = len(self.streams) == 1 and st.name not in self.shared
+        stream it shares) its segments, walking the stream anew.  A
+        stream of its own: the plain events as rows (``plain_events``,
+        which steps.StepReader and the joining of streams read on their
+        columns; the splitting of a shared stream reads items)."""
+        own = st.name not in self.shared
         it = st.batches(view=True, impl=impl, resync=True,
                         space_items=True,   # (an exec: steps.StepReader)
-                        plain_events=alone)
-        if st.name not in self.shared:
+                        plain_events=own)
+        if own:
             return it
         from hwtrace.analysis.switches import SwitchTimeline
         from .cpusplit import own_batches
