@@ -335,3 +335,46 @@ def test_lazy_reexports_import_on_first_use_and_stay():
         "reconstruct": ["hwtrace.analysis.callstack", True],
         "Mode": ["hwtrace.control.ctl", True],
         "error": "module 'hwtrace.pt' has no attribute 'no_such_name'"}
+
+
+def test_a_listing_loads_capstones_library_not_its_package(inputs):
+    """Printing instructions needs capstone's text: its shared library is
+    called through hwtrace.listing.cslib, not through ``import capstone``
+    (whose ``__init__`` imports the modules of all its architectures,
+    ~110 ms here), where the installed capstone is the major version
+    whose C layout cslib knows."""
+    from hwtrace.listing import cslib
+    if not cslib.available():
+        pytest.skip("capstone is not installed")
+    if not cslib._load():
+        pytest.skip("not capstone 5's library: the package is used")
+    run = imports_of("decode", "--pt", inputs / "t.pt", "--raw",
+                     f"{inputs / 'code.bin'}:0x1000")
+    assert run["status"] == 0, run["stderr"]
+    assert "syscall" in run["stdout"] and "nop" in run["stdout"]
+    assert not [m for m in run["modules"] if m == "capstone" or m.startswith("capstone.")]
+
+
+@pytest.mark.parametrize("bits", [16, 32, 64])
+@pytest.mark.parametrize("att", [False, True], ids=["intel", "att"])
+def test_cslib_gives_the_capstone_packages_text(bits, att):
+    """The same (address, size, mnemonic, operands) as the capstone
+    package's disasm_lite, over code of every kind of operand and a byte
+    that is no instruction (where both stop)."""
+    capstone = pytest.importorskip("capstone")
+    from hwtrace.listing import cslib
+    code = bytes.fromhex(
+        "554889e54883ec10897dfc8b45fc0fafc0c9c3"        # push/mov/sub/imul/leave/ret
+        "488d0501000000ff2425100000000f1f440000"          # lea rip, jmp [abs], nopl
+        "e8fbffffff7405ebf9cc66900f05f30f1efa"            # call, je, jmp, int3, xchg, syscall, endbr64
+        "c5fd6fc1f20f10442408"                            # vmovdqa, movsd
+        "06")                                             # push es (invalid in 64-bit)
+    ours = cslib.engine(bits, att).disasm_lite(code, 0x401000, 0)
+    m = {16: capstone.CS_MODE_16, 32: capstone.CS_MODE_32, 64: capstone.CS_MODE_64}[bits]
+    cs = capstone.Cs(capstone.CS_ARCH_X86, m)
+    if att:
+        cs.syntax = capstone.CS_OPT_SYNTAX_ATT
+    theirs = list(cs.disasm_lite(code, 0x401000, 0))
+    assert ours == theirs and len(ours) > 5
+    assert cslib.engine(bits, att).disasm_lite(code[:3], 0x10, 1) == \
+        list(cs.disasm_lite(code[:3], 0x10, 1))

@@ -31,8 +31,8 @@ def _capstone():
     global _CS      # noqa: PLW0603 - a cache of an optional import, not state
     if _CS is None:
         try:
-            import capstone
-            _CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+            from hwtrace.listing import cslib
+            _CS = cslib.engine(64)
         except Exception:   # noqa: BLE001 - not installed or unusable
             _CS = False
     return _CS or None
@@ -41,8 +41,8 @@ def _capstone():
 def text_of(code: bytes, ip: int, insn=None) -> str:
     cs = _capstone()
     if cs is not None:
-        for i in cs.disasm(code, ip, 1):
-            return f"{i.mnemonic} {i.op_str}".strip()
+        for _a, _s, mnemonic, operands in cs.disasm_lite(code, ip, 1):
+            return f"{mnemonic} {operands}".strip()
     cls = insn.iclass.name.lower() if insn is not None else "?"
     return f"({code.hex(' ')}) {cls}"
 

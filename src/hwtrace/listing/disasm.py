@@ -1,5 +1,6 @@
 """x86 disassembly text through capstone (a maintained disassembler:
-https://www.capstone-engine.org, ``pip install capstone``).
+https://www.capstone-engine.org, ``pip install capstone``; its library
+called through :mod:`.cslib`, not its Python package's start-up).
 
 :class:`Disassembler` turns many instructions at once into text: the
 trace already says where every instruction starts and how long it is, so
@@ -15,10 +16,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-try:
-    import capstone
-except ImportError:             # reported by Disassembler(): one line
-    capstone = None
+from hwtrace.listing import cslib
 
 BAD = "(bad)"
 _RIP_INTEL = re.compile(r"\[rip ([+-]) (0x[0-9a-f]+|\d+)\]")
@@ -30,14 +28,14 @@ class DisasmError(Exception):
 
 
 def available() -> bool:
-    return capstone is not None
+    return cslib.available()
 
 
 class Disassembler:
     """``syntax`` "intel" (as ptxed and XED print) or "att"."""
 
     def __init__(self, read: Callable, syntax: str = "intel"):
-        if capstone is None:
+        if not cslib.available():
             raise DisasmError("disassembly needs capstone: pip install "
                               "capstone (or use --no-inst)")
         self.read = read
@@ -47,13 +45,7 @@ class Disassembler:
     def _engine(self, mode: int):
         cs = self._cs.get(mode)
         if cs is None:
-            m = {1: capstone.CS_MODE_16, 2: capstone.CS_MODE_32}.get(
-                mode, capstone.CS_MODE_64)
-            cs = capstone.Cs(capstone.CS_ARCH_X86, m)
-            if self.att:
-                cs.syntax = capstone.CS_OPT_SYNTAX_ATT
-            cs.skipdata = False
-            self._cs[mode] = cs
+            cs = self._cs[mode] = cslib.engine({1: 16, 2: 32}.get(mode, 64), self.att)
         return cs
 
     def bytes_at(self, addr: int, size: int) -> bytes:
