@@ -384,16 +384,16 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
     if (r == SESS_DONE && !b->nrec && !b->nitems)
         Py_RETURN_NONE;
     /* the buffers themselves, not copies (core/ownbuf.h) */
-    PyObject *blocks = ownbuf_take(&b->blocks);
+    PyObject *blocks = bytebuf_take(&b->blocks);
     PyObject *insns = Py_None;
     Py_INCREF(insns);
     if (b->want_insns) {
         Py_DECREF(insns);
-        insns = ownbuf_take(&b->insns);
+        insns = bytebuf_take(&b->insns);
     }
     PyObject *rows = NULL;
     if (b->plain)
-        rows = ownbuf_take(&b->rows);
+        rows = bytebuf_take(&b->rows);
     self->first_insn = self->s.ninsn;
     PyObject *items = b->items;
     b->items = NULL;
@@ -997,7 +997,7 @@ PyMODINIT_FUNC PyInit__c_flow(void)
 {
     if (pyrefs_init() < 0)
         return NULL;
-    if (PyType_Ready(&DecoderType) < 0 || ownbuf_ready() < 0)
+    if (PyType_Ready(&DecoderType) < 0 || bytebuf_ready() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
