@@ -197,3 +197,34 @@ def test_coverage_ends_its_own_process_but_not_a_callers(tmp_path):
     assert own.stdout.endswith("insns: 4.\n")       # nothing after main()
     called = _bare(COVERAGE, str(t), str(code), "in-process")
     assert called.stdout == own.stdout + "0\nafter main\n"
+
+
+
+_MALLOC_PROBE = r"""
+import sys
+from hwtrace.cli import _malloc, main
+main(sys.argv[1:])
+print(_malloc._done)
+"""
+
+
+def _malloc_done(*argv) -> str:
+    r = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, *map(str, argv)],
+                       capture_output=True, text=True, timeout=600)
+    return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr
+
+
+def test_a_view_keeps_freed_memory_for_its_next_chunks(tmp_path):
+    """glibc's thresholds (:mod:`hwtrace.cli._malloc`) are set once a
+    view's input is open, inside the command; not before, not elsewhere."""
+    import platform
+
+    import pytest
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    from conftest import record_static_program
+    b = record_static_program(tmp_path, "int main(void) { return 0; }\n")
+    if b is None:
+        pytest.skip("no static program recorded here")
+    assert _malloc_done("summary", tmp_path / "none") == "False"   # no input
+    assert _malloc_done("summary", b) == "True"

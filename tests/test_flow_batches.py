@@ -152,3 +152,35 @@ def test_records_are_well_formed():
                 inner = np.ones(len(insns), bool)
                 inner[ends] = False
                 assert (insns["iclass"][inner] == 1).all()
+
+
+def test_compiled_batches_keep_their_own_records_writable():
+    """The compiled core hands each batch its record buffers themselves
+    (no copy): a batch kept while later ones are decoded still holds its
+    own records, and numpy may write to them as to the bytearray before."""
+    from hwtrace.flow.fast import _core
+    if not VARIANTS:
+        pytest.skip("corpus unavailable")
+    if _core(None) is None:
+        pytest.skip("no compiled core")
+    seen = 0
+    for d, v, _meta in VARIANTS[::5]:
+        data, image, cfg, dec, resync, _a = decode_inputs(d, v, "block")
+        kept, copies = [], []
+        for b in B.batches(data, image, cfg, decoder=dec, resync=resync,
+                           want_insns=True, max_records=3, impl="compiled",
+                           plain_events=True):
+            kept.append(b)
+            copies.append((b.blocks.copy(), None if b.insns is None else b.insns.copy(),
+                           None if b.plain is None else b.plain.copy()))
+        for b, (blocks, insns, rows) in zip(kept, copies):
+            assert b.blocks.tobytes() == blocks.tobytes(), variant_id(v)
+            if insns is not None:
+                assert b.insns.tobytes() == insns.tobytes(), variant_id(v)
+            if rows is not None:        # (field by field: a row has padding)
+                assert b.plain.tolist() == rows.tolist(), variant_id(v)
+            if len(b.blocks):
+                assert b.blocks.flags.writeable
+                b.blocks["ip"][0] = b.blocks["ip"][0]
+        seen += len(kept)
+    assert seen > 10

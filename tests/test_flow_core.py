@@ -396,7 +396,8 @@ def test_vm_traces_compiled_batches_are_the_twins():
 def test_fingerprint_covers_every_source_of_the_core(tmp_path):
     """One extension from several C files: the staleness fingerprint (the
     same computation in setup.py and hwtrace._ext) covers _c_flow.c,
-    every file in flow/core/ and the packet header they include, and
+    every file in flow/core/ and the headers they include (the packet
+    header, the shared owning-buffer type), and
     changes when any of them does; the built core carries it."""
     import shutil
     from hwtrace._ext import sources
@@ -405,7 +406,7 @@ def test_fingerprint_covers_every_source_of_the_core(tmp_path):
     names = {p.relative_to(src.parent.parent).as_posix()
              for p in sources.inputs(src)}
     assert {"flow/_c_flow.c", "flow/core/session.c", "flow/core/query.h",
-            "flow/core/walk.c", "pt/_pt_packets.h"} <= names
+            "flow/core/walk.c", "pt/_pt_packets.h", "_ext/ownbuf.h"} <= names
     assert [p.name for p in sources.sources(src)][0] == "_c_flow.c"
     assert len(sources.sources(src)) >= 12
     assert core_mod.SOURCE_SHA256 == sources.fingerprint(src)
@@ -415,10 +416,13 @@ def test_fingerprint_covers_every_source_of_the_core(tmp_path):
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     shutil.copytree(src.parent.parent / "pt", pkg / "pt",
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(src.parent.parent / "_ext", pkg / "_ext",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     copy = pkg / "flow" / "_c_flow.c"
     base = sources.fingerprint(copy)
     assert base == sources.fingerprint(src)
-    for rel in ("flow/core/insn.c", "flow/core/block.h", "pt/_pt_packets.h"):
+    for rel in ("flow/core/insn.c", "flow/core/block.h", "pt/_pt_packets.h",
+                "_ext/ownbuf.h"):
         f = pkg / rel
         old = f.read_bytes()
         f.write_bytes(old + b"\n")

@@ -202,16 +202,24 @@ class TimeBase:
         return int(np.searchsorted(seq, self.last_seq, side="left")) \
             if len(self._a_seq) else 0
 
-    def times(self, seq: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    def times(self, seq: np.ndarray, idx: np.ndarray, out=None) -> np.ndarray:
         """Times of rows that are :meth:`ready` (the compiled core's
         ``times`` where it is in use, else :meth:`_times`: the same
-        numbers)."""
-        if self.mode == "insns":
-            return np.asarray(idx, np.float64)
+        numbers); ``out``: a contiguous float64 column to write them in
+        (returned)."""
+        if self.mode == "insns" or _runs_impl.CORE is None:
+            t = np.asarray(idx, np.float64) if self.mode == "insns" else \
+                self._times(seq, idx)
+            if out is None:
+                return t
+            out[...] = t
+            return out
         core = _runs_impl.CORE
-        if core is None:
-            return self._times(seq, idx)
-        out = np.empty(len(seq), np.float64)
+        if out is None:
+            out = np.empty(len(seq), np.float64)
+        elif not out.flags.c_contiguous or out.dtype != np.float64:
+            out[...] = self.times(seq, idx)
+            return out
         core.times(np.ascontiguousarray(self._a_seq, np.int64),
                    np.ascontiguousarray(self._a_idx, np.int64),
                    np.ascontiguousarray(self._a_t, np.float64),

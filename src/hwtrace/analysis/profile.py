@@ -32,7 +32,7 @@ import numpy as np
 from hwtrace._unique import unique
 from hwtrace.analysis import _runs_impl
 from hwtrace.analysis.records import Flag, Marker
-from hwtrace.analysis.slices import RecordChunker, _UNKNOWN, id_positions
+from hwtrace.analysis.slices import Cols, RecordChunker, _UNKNOWN, id_positions
 
 _NOT_A_CALL = int(Flag.BEGIN_UNKNOWN | Flag.SWITCHED_IN)
 _TRUNC = int(Flag.TRUNCATED)
@@ -41,6 +41,12 @@ _TAIL = int(Flag.TAIL_CALL)
 _NOT_A_RETURN = int(Flag.SWITCHED_OUT | Flag.TRUNCATED | Flag.CLIPPED)
 _PROGRAM = -(1 << 62)
 _COLS = ("calls", "truncated", "excl_insns", "excl_time", "incl_insns", "incl_time")
+#: the activations begun and not ended yet, as columns
+_OPEN = (("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"), ("main", "?"), ("tid", "<i8"))
+
+
+def _no_open() -> Cols:
+    return Cols({f: np.zeros(0, t) for f, t in _OPEN}, 0)
 
 
 @dataclass
@@ -73,8 +79,7 @@ class Profile:
         self._keys: dict[tuple, int] = {}          # (name, func, part) -> row
         self._key_list: list[tuple] = []
         self._acc = np.zeros((0, len(_COLS)), np.float64)
-        self._open = np.zeros(0, [("id", "<i8"), ("eseq", "<i8"), ("key", "<i8"),
-                                  ("main", "?"), ("tid", "<i8")])
+        self._open = _no_open()
         self._main_called: dict = {}               # thread keys that ran main -> the enter
                                                    # seq of its first call
         self._main_returned: dict = {}             # ... the exit seq of its return
@@ -94,7 +99,7 @@ class Profile:
         self._stream += 1
         self._info = info
         self.programs.update(getattr(info, "programs", ()) or ())
-        self._open = self._open[:0]
+        self._open = _no_open()
         # (a new builder: its name ids and threads are its own)
         self._hk_known = np.zeros(0, np.int64)
         self._hk_rows = np.zeros(0, np.int64)
@@ -124,14 +129,16 @@ class Profile:
         thr = self._thread_keys
         main_id = names.get(self.split) if self.split else None
         if len(E):
-            o = np.zeros(len(E), self._open.dtype)
-            o["id"], o["eseq"] = E["id"], E["eseq"]
-            o["tid"] = E["tid"]
-            o["main"] = E["name"] == main_id if main_id is not None else False
-            o["key"] = _hkey(E)
+            # (columns, not one record array: a chunk's are read as they are)
+            o = Cols({"id": E["id"], "eseq": E["eseq"], "key": _hkey(E),
+                      "main": E["name"] == main_id if main_id is not None
+                      else np.zeros(len(E), bool),
+                      "tid": E["tid"]}, len(E))
             if main_id is not None:
                 self._main_chain(E, o)
-            self._open = np.concatenate((self._open, o))
+            op = self._open
+            self._open = o if not op.n else \
+                Cols({f: np.concatenate((op.d[f], o.d[f])) for f in o.d}, op.n + o.n)
         if not len(X):
             return
         op = self._open

@@ -181,7 +181,7 @@ class Groups:
         p, q = self._p[w], self._q[w]
         told = self._items.tscs(p + 1)
         for i in np.flatnonzero(q - p > 2).tolist():
-            told[i] = _told(self._items.get(int(p[i]), int(q[i])))
+            told[i] = _told(self._items.peek(int(p[i]), int(q[i])))
         return (tr, a.start[tr + 1], self._items.tscs(p), told)
 
     def _enable_at(self, trip: np.ndarray) -> np.ndarray:
@@ -190,7 +190,8 @@ class Groups:
         p, q = self._p[trip], self._q[trip]
         at = np.ones(len(p), np.int64)
         for i in np.flatnonzero(q - p > 2).tolist():
-            at[i] = _trip_enable(self._items.get(int(p[i]), int(q[i])), 0, int(q[i] - p[i]))
+            at[i] = _trip_enable(self._items.peek(int(p[i]), int(q[i])), 0,
+                                 int(q[i] - p[i]))
         return at
 
     def virtual(self, a):
@@ -466,6 +467,8 @@ class _ListItems:
     def get(self, p: int, q: int) -> list:
         return self.items[p:q]
 
+    peek = get
+
     def tscs(self, at: np.ndarray) -> np.ndarray:
         """The TSC of the events at ``at`` (0: none)."""
         items = self.items
@@ -478,25 +481,33 @@ class _RowItems:
     (:func:`find_rows`): item ``i`` is ``rows[src[i]]`` where ``isrow[i]``,
     else ``items[src[i]]``; an Event is made of a row only when asked."""
 
-    __slots__ = ("items", "rows", "isrow", "src", "tsc")
+    __slots__ = ("items", "rows", "isrow", "src", "tsc", "_seen")
 
     def __init__(self, items: list, rows: np.ndarray, isrow: np.ndarray,
                  src: np.ndarray, tsc: np.ndarray):
         self.items, self.rows, self.isrow, self.src = items, rows, isrow, src
         self.tsc = tsc              # a row's TSC (0: none), per item
+        self._seen: dict = {}       # (p, q) -> what peek made
 
     def get(self, p: int, q: int) -> list:
-        rows, items, isrow = self.rows, self.items, self.isrow
+        rows, items = self.rows, self.items
         out = []
-        for i in range(p, q):
-            k = int(self.src[i])
-            if isrow[i]:
-                r = rows[k]
-                out.append((int(r["index"]), int(r["offset"]),
-                            plain.event(r.tolist())))
+        for k, r in zip(self.src[p:q].tolist(), self.isrow[p:q].tolist()):
+            if r:
+                t = rows[k].tolist()        # (index, offset, ...: plain.PLAIN)
+                out.append((t[0], t[1], plain.event(t)))
             else:
                 out.append(items[k])
         return out
+
+    def peek(self, p: int, q: int) -> list:
+        """:meth:`get` for a look only (the events not to be changed nor
+        handed on): made once per group however often looked at -- a
+        round trip with a PSB+ in it is looked at up to four times."""
+        g = self._seen.get((p, q))
+        if g is None:
+            g = self._seen[(p, q)] = self.get(p, q)
+        return g
 
     def tscs(self, at: np.ndarray) -> np.ndarray:
         out = self.tsc[at]
@@ -592,7 +603,7 @@ def find_rows(items: list, at: np.ndarray, rows: np.ndarray, code: np.ndarray,
         on[wide] = -2
     for g in np.flatnonzero(((nrow < size) | wide) & inside).tolist():
         p, q = int(gp[g]), int(gq[g])
-        f = _one(seq.get(p, q), 0, q - p, code, fall, ip, m, anchors, left, trips)
+        f = _one(seq.peek(p, q), 0, q - p, code, fall, ip, m, anchors, left, trips)
         if f is not None:
             on[g] = f
     grouped = np.repeat(on != -2, size)

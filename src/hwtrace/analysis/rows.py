@@ -160,10 +160,11 @@ class Pending:
         clock = self.clock
         E = self.enters.take(clock.ready)
         X = self.exits.take(clock.ready)
+        # (the times written in the columns themselves: contiguous views)
         if len(E):
-            E["begin"] = clock.times(E["eseq"], E["begin_idx"])
+            clock.times(E["eseq"], E["begin_idx"], out=E["begin"])
         if len(X):
-            X["end"] = clock.times(X["xseq"], X["end_idx"])
+            clock.times(X["xseq"], X["end_idx"], out=X["end"])
             ended = self._begins(E, X)
             np.maximum(X["end"], X["begin"], out=X["end"])
         else:
@@ -235,8 +236,10 @@ class Pending:
         c_insns = np.fromiter((a[0] for a in acc.values()), np.int64, nc)
         c_time = np.fromiter((a[1] for a in acc.values()), np.float64, nc)
         used = np.zeros(nc, np.uint8)
-        ci = np.empty(len(X), np.int64)
-        ct = np.empty(len(X), np.float64)
+        # (the sums written in the columns themselves where they can be)
+        ci, ct = X["child_insns"], X["child_time"]
+        ci = ci if ci.flags.c_contiguous else np.empty(len(X), np.int64)
+        ct = ct if ct.flags.c_contiguous else np.empty(len(X), np.float64)
         u, si, st = core.children(
             _c(X["id"], np.int64), _c(X["parent"], np.int64),
             _c(X["begin_idx"], np.int64), _c(X["end_idx"], np.int64),
@@ -244,8 +247,10 @@ class Pending:
             keys, c_insns, c_time, used)
         for key in keys[used.view(bool)].tolist():
             del acc[key]
-        X["child_insns"] = ci
-        X["child_time"] = ct
+        if ci is not X["child_insns"]:
+            X["child_insns"] = ci
+        if ct is not X["child_time"]:
+            X["child_time"] = ct
         self._carry(np.frombuffer(u, np.int64), np.frombuffer(si, np.int64),
                     np.frombuffer(st, np.float64))
 

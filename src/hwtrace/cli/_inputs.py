@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from hwtrace.analysis.records import StreamInfo
-from hwtrace.cli import CliError, _gc, warn
+from hwtrace.cli import CliError, _gc, _malloc, warn
 
 
 class CodeMap(NamedTuple):
@@ -135,6 +135,8 @@ def open_input(path, elf=(), image_path=(), *, pt_needs_elf: bool = True) -> Inp
     else:
         inp = _raw(p, list(elf))
     _gc.settle()        # the input (symbols, code) lives as long as the command
+    if _gc._active:
+        _malloc.keep_freed()    # the views' chunks: freed memory reused
     return inp
 
 

@@ -2,11 +2,16 @@
 :mod:`hwtrace.export.interleave`): chunks of activations kept in memory
 up to a limit, the rest pickled to an unnamed temporary file and read
 back, in order, when their stream's turn comes -- so a view's memory
-stays bounded however long the streams are."""
+stays bounded however long the streams are.  What goes to the file is
+packed first (:mod:`hwtrace.analysis.packed`: on a system-call-dense
+recording half the bytes, and writing and reading them back cost more
+than packing)."""
 
 from __future__ import annotations
 
 import pickle
+
+from hwtrace.analysis.packed import pack, unpack
 
 #: bytes of chunks kept in memory, per stream, before spooling
 MEMORY = 32 << 20
@@ -39,7 +44,7 @@ class Spool:
                 self._mem.append(chunk)
                 return
             self._file = _temporary("hwtrace-spool-")
-        pickle.dump(chunk, self._file, pickle.HIGHEST_PROTOCOL)
+        pickle.dump(pack(chunk), self._file, pickle.HIGHEST_PROTOCOL)
         self._n += 1
 
     def __iter__(self):
@@ -49,7 +54,7 @@ class Spool:
         if f is not None:
             f.seek(0)
             for _ in range(self._n):
-                yield pickle.load(f)
+                yield unpack(pickle.load(f))
 
     def close(self) -> None:
         self._mem = []

@@ -74,15 +74,18 @@ class FoldedWriter:
         keep = w != 0
         if not keep.any():
             return
-        X, w = X[keep], w[keep]
+        # (the two columns read, not every one of the rows kept)
+        tid, path = X["tid"], X["path"]
+        if not keep.all():
+            tid, path, w = tid[keep], path[keep], w[keep]
         if self._per_thread:
             info = self._info
             follows = info.tid is None and info.cpu is not None
-            thr = np.where(X["tid"] >= 0, X["tid"], -1) if follows \
-                else np.full(len(X), -1, np.int64)
+            thr = np.where(tid >= 0, tid, -1) if follows \
+                else np.full(len(w), -1, np.int64)
         else:
-            thr = np.full(len(X), -2, np.int64)
-        self._cur.add(thr, X["path"], w)
+            thr = np.full(len(w), -2, np.int64)
+        self._cur.add(thr, path, w)
 
     def _trees(self):
         """Per builder and thread: (head frame or None, the call-path tree

@@ -155,9 +155,8 @@ class _Feed:
         self.clock = clock
         self.batch = None
         self.start = None           # the batch's records' first instructions
-        self.en = None              # the batch's enables (position, time)
         self.places = None          # its batchcut.Places, once cut
-        self.cols = None            # its enables as columns (_enable_cols)
+        self.cols = None            # the batch's enables as columns (_enable_cols)
         self.ei = 0                 # the first of them not behind the cursor
         self.r0 = self.j0 = 0       # the cursor: a record, an item position
         self.first = 0              # the stream's instructions before it
@@ -180,7 +179,7 @@ class _Feed:
                     run.progress(at - self.done)
                     self.done = at
             # (its enables are looked for once it has to be cut)
-            self.batch, self.en, self.ei, self.places = batch, None, 0, None
+            self.batch, self.cols, self.ei, self.places = batch, None, 0, None
             self.r0 = self.j0 = 0
             self.first = batch.first_insn
             self.start = None
@@ -190,8 +189,9 @@ class _Feed:
         if self.r0 == 0 and self.j0 == 0:
             t = _enabled_at_start(batch)
             at_enable = t is not None
-        else:                   # cut at an enable (self.en is known)
-            t = self.en[self.ei][1]
+        else:                   # cut at an enable (self.cols is known)
+            t = int(self.cols[2][self.ei])
+            t = None if t < 0 else t
             at_enable = True
         if at_enable:
             # (the builder goes on from its clock: no later enable between)
@@ -219,10 +219,8 @@ class _Feed:
             # cut: by the places of the items and plain rows in one order
             if places is None:
                 places = self.places = Places(batch)
-            if self.en is None:
-                self.en = places.enables()
-                self.cols = _enable_cols(places, self.en)
-            en = self.en
+            if self.cols is None:
+                self.cols = _enable_cols(places)
             c = self.clock() if self.clock is not None else None
             if c is not None:
                 if self.start is None:
@@ -230,13 +228,13 @@ class _Feed:
                     np.cumsum(batch.blocks["ninsn"], out=st[1:])
                     self.start = st + self.first - int(st[r0])
                 c = (c, self.start)
-            e, n = _next_enable(self.cols, self.ei, r0, j0, limit, c), len(en)
+            e, n = _next_enable(self.cols, self.ei, r0, j0, limit, c), len(self.cols[0])
         if places is None:
             # never cut: the batch whole (the cursor is at its start)
             self.batch = None
             return batch
         if e < n:
-            j1 = en[e][0]
+            j1 = int(self.cols[0][e])
             r1 = places.record(j1)
         else:
             j1, r1 = places.n, len(batch.blocks)
@@ -249,12 +247,10 @@ class _Feed:
         return p
 
 
-def _enable_cols(places: Places, en: list) -> tuple:
+def _enable_cols(places: Places) -> tuple:
     """A batch's enables as columns: (place, record, TSC; -1: none)."""
-    j = np.array([x for x, _t in en], np.int64)
-    r = places.records(j)
-    t = np.array([-1 if x is None else x for _j, x in en], np.int64)
-    return j, r, t
+    j, t = places.enable_columns()
+    return j, places.records(j), t
 
 
 def _next_enable(cols: tuple, e: int, r0: int, j0: int, limit: int,

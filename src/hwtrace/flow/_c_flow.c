@@ -57,6 +57,7 @@
 
 #include "core/pyconfig.h"
 #include "core/pyfill.h"
+#include "core/ownbuf.h"
 #include "core/pysinks.h"
 #include "core/pyx86.h"
 #include "core/segment.h"
@@ -382,19 +383,17 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
         self->done = 1;
     if (r == SESS_DONE && !b->nrec && !b->nitems)
         Py_RETURN_NONE;
-    PyObject *blocks = PyByteArray_FromStringAndSize((char *)b->blocks.p,
-                                                     (Py_ssize_t)b->blocks.n);
+    /* the buffers themselves, not copies (core/ownbuf.h) */
+    PyObject *blocks = bytebuf_take(&b->blocks);
     PyObject *insns = Py_None;
     Py_INCREF(insns);
     if (b->want_insns) {
         Py_DECREF(insns);
-        insns = PyByteArray_FromStringAndSize((char *)b->insns.p,
-                                              (Py_ssize_t)b->insns.n);
+        insns = bytebuf_take(&b->insns);
     }
     PyObject *rows = NULL;
     if (b->plain)
-        rows = PyByteArray_FromStringAndSize((char *)b->rows.p,
-                                             (Py_ssize_t)b->rows.n);
+        rows = bytebuf_take(&b->rows);
     self->first_insn = self->s.ninsn;
     PyObject *items = b->items;
     b->items = NULL;
@@ -404,11 +403,6 @@ static PyObject *Decoder_batch(Decoder *self, PyObject *args)
         Py_XDECREF(rows);
         Py_DECREF(items);
         return NULL;
-    }
-    /* the buffers of a big batch go back to the allocator */
-    if (b->blocks.cap > (1u << 24)) {
-        free(b->blocks.p);
-        memset(&b->blocks, 0, sizeof b->blocks);
     }
     if (rows)
         return Py_BuildValue("(NNNKN)", blocks, insns, items,
@@ -1003,7 +997,7 @@ PyMODINIT_FUNC PyInit__c_flow(void)
 {
     if (pyrefs_init() < 0)
         return NULL;
-    if (PyType_Ready(&DecoderType) < 0)
+    if (PyType_Ready(&DecoderType) < 0 || bytebuf_ready() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)

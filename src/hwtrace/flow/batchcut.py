@@ -95,11 +95,21 @@ class Places:
 
     def enables(self) -> list[tuple[int, int | None]]:
         """:func:`enables`."""
+        c, t = self.enable_columns()
+        return [(ci, ti if ti >= 0 else None)
+                for ci, ti in zip(c.tolist(), t.tolist())]
+
+    def enable_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`enables` as columns: (places, TSCs; -1: none) -- a
+        system-call-heavy stream's batch has an enable per call, ~12,000
+        tuples the interleaver only turned back into columns."""
         batch = self.batch
         if batch.insns is not None:
-            return []
+            return _NO_ENABLES
         if self.rows is None:
-            return _enables_of(batch.items)
+            en = _enables_of(batch.items)
+            return (np.array([c for c, _t in en], np.int64),
+                    np.array([-1 if t is None else t for _c, t in en], np.int64))
         rows, items = self.rows, batch.items
         n = self.n
         js = self._index()
@@ -123,16 +133,14 @@ class Places:
                     has[k], tsc[k] = True, int(it.tsc)
         e = np.flatnonzero(is_en)
         if not len(e):
-            return []
+            return _NO_ENABLES
         # a piece begins after the last place before the enable that does
         # not only tell the time, or is at another record (an enable
         # itself tells more: no piece reaches back past the one before)
         stop = np.flatnonzero(~tell[:-1] | (js[:-1] != js[1:]))
         k = np.searchsorted(stop, e) - 1
-        c = np.where(k >= 0, stop[np.maximum(k, 0)] + 1, 0)
-        t = tsc[e].tolist()
-        return [(ci, ti if hi else None)
-                for ci, ti, hi in zip(c.tolist(), t, has[e].tolist())]
+        c = np.where(k >= 0, stop[np.maximum(k, 0)] + 1, 0).astype(np.int64)
+        return c, np.where(has[e], tsc[e].astype(np.int64), -1)
 
     def piece(self, first: int, r0: int, j0: int, r1: int, j1: int) -> Batch:
         """:func:`piece`."""
@@ -150,6 +158,9 @@ class Places:
         rows["pos"] -= j0
         rows["index"] -= r0
         return Batch(batch.blocks[r0:r1], None, its, first, rows)
+
+
+_NO_ENABLES = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _enables_of(items: list) -> list[tuple[int, int | None]]:
