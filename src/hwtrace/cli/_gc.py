@@ -70,6 +70,11 @@ class command:
         return False
 
 
+def in_command() -> bool:
+    """Whether a command runs (inside :class:`command`)."""
+    return bool(_active)
+
+
 def settle() -> None:
     """What is alive now lives until the command ends: out of the
     collector's scans; collect less often from here on."""

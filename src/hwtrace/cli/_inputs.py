@@ -135,7 +135,7 @@ def open_input(path, elf=(), image_path=(), *, pt_needs_elf: bool = True) -> Inp
     else:
         inp = _raw(p, list(elf))
     _gc.settle()        # the input (symbols, code) lives as long as the command
-    if _gc._active:
+    if _gc.in_command():
         _malloc.keep_freed()    # the views' chunks: freed memory reused
     return inp
 

@@ -400,7 +400,7 @@ class EmulatedEngine(Engine):
         died = self._run_status
         if died is not None and died >= 0:
             died = None
-        reaped = getattr(index, "reaped", {})
+        reaped = index.reaped
         for tid, th in index.threads.items():
             st = th.exit_status
             if st is None:
