@@ -146,6 +146,9 @@ class EmulatedEngine(Engine):
         #: not known, e.g. ``hwtrace recover``): the exit of a process the
         #: log has none for
         self._run_status: int | None = None
+        #: how the processes the program left running ended (pid -> exit
+        #: code, or -signal): execution.Outcome.orphans
+        self._orphans: dict = {}
         self._session = None
 
     @property
@@ -205,6 +208,7 @@ class EmulatedEngine(Engine):
                 out = execution.Outcome(out)
             if out.snapshot is None:
                 self._run_status = out.status
+                self._orphans = out.orphans or {}
                 self._generate(session, log, cut=out.cut, scratch=work)
                 if out.fired is not None:     # the program ended before we saw it
                     session.snapshot_taken(out.fired)
@@ -396,17 +400,22 @@ class EmulatedEngine(Engine):
             ends[th.pid] = max(ends.get(th.pid, t), t)
         # QEMU logs no exit for a process a signal killed: the one it ran
         # (no parent in the log) has the status its wait() gave, a child
-        # the status its parent's wait saw (REAPED)
+        # the status its parent's wait saw (REAPED), or, if its parent
+        # never waited, the status our wait saw (it was handed to us:
+        # execution.Outcome.orphans)
         died = self._run_status
         if died is not None and died >= 0:
             died = None
-        reaped = index.reaped
+        reaped = dict(index.reaped)
         for tid, th in index.threads.items():
             st = th.exit_status
             if st is None:
                 root = died is not None and index.processes.get(th.pid, {}).get("ppid") \
                     not in index.processes
-                st = died if root else reaped.get(th.pid, 0)
+                if root:
+                    st = died
+                else:
+                    st = reaped.get(th.pid, self._orphans.get(th.pid, 0))
             t = ends[th.pid] if tid == th.pid else exits.get(tid, starts.get(tid, index.t0))
             session.sideband.add(Exit(pid=th.pid, tid=tid, time=t, status=st))
         if session.mode == Mode.THREAD:

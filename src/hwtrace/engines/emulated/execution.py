@@ -21,6 +21,7 @@ traced process outlives its recorder.
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
@@ -35,6 +36,9 @@ class Outcome:
     cut: bool = False           # the log just stops: killed, or tracing stopped mid-run
     snapshot: str | None = None  # the streams were written mid-run, for this reason
     fired: str | None = None    # a trigger fired, but the program ended before the snapshot
+    #: how the processes the program left running (handed to us) ended:
+    #: pid -> exit code, or -signal
+    orphans: dict | None = None
 
 
 def _trigger_reason(fired) -> str:
@@ -56,13 +60,24 @@ def qemu_run(engine, session, prog, log: str, env, cwd) -> Outcome:
         # handler never ran keeps the compiled generator's speed)
         if hasattr(session, "on_stop"):
             session.on_stop(control.stop)
-        proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
-        try:
-            return _follow_qemu(engine, session, proc, control, log)
-        except BaseException:
-            running.kill_tree(proc.pid)
-            proc.wait()
-            raise
+        # the program's orphans come to us: a child killed by a signal
+        # that its parent never waited for ends with a status only we see
+        with running.adopting_orphans():
+            before = running.own_children()
+            proc = qemu.spawn(cmd, env=dict(env) if env is not None else None, cwd=cwd)
+            try:
+                out = _follow_qemu(engine, session, proc, control, log)
+                if out.snapshot is None and not out.cut:
+                    out = _orphans_end(session, out, before, log)
+                return out
+            except BaseException:
+                running.kill_tree(proc.pid)
+                proc.wait()
+                _kill_orphans(before)
+                raise
+            finally:
+                if session.should_stop():
+                    _kill_orphans(before)
     finally:
         control.close()
 
@@ -115,6 +130,52 @@ def _follow_qemu(engine, session, proc, control, log: str) -> Outcome:
         control.stop()
         engine.snapshot_now(session, log, reason)
         snapshot = reason
+
+
+def _adopted(before: set) -> list[int]:
+    return sorted(running.own_children() - before)
+
+
+def _kill_orphans(before: set) -> dict:
+    """Kill what the program left running (and reap it): no traced process
+    outlives a stopped recorder.  How each ended (pid -> -signal)."""
+    ended = {}
+    for pid in _adopted(before):
+        running.kill_tree(pid)
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)   # (it ends at once)
+        except (ChildProcessError, OSError):
+            pass
+        st = running.orphan_status(pid)
+        if st is not None:
+            ended[pid] = st
+    return ended
+
+
+def _orphans_end(session, out: Outcome, before: set, log: str) -> Outcome:
+    """The program's end is its last process's, as the ptrace engine
+    sees it: wait for the processes it left running (they were handed to
+    us), each traced to its end, and note how each ended; a stop request
+    meanwhile kills them (the trace is then cut)."""
+    from dataclasses import replace
+
+    from . import qemu
+    ended: dict = {}
+    while True:
+        left = [p for p in _adopted(before) if p not in ended]
+        if not left:
+            break
+        ev = running.wait(running.Adopted(left[0]), session, snapshots=False)
+        if ev.kind == "stop":
+            ended.update(_kill_orphans(before))
+            qemu.merge_buffers(log)
+            return replace(out, cut=True, orphans=ended)
+        st = running.orphan_status(left[0])
+        if st is not None:
+            ended[left[0]] = st
+    if ended:
+        qemu.merge_buffers(log)     # what they had not written yet
+    return replace(out, orphans=ended)
 
 
 def stepper_run(engine, session, target, log: str) -> Outcome:

@@ -7,6 +7,10 @@ pidfd and the session's wake-up descriptor, so it reacts at once without
 polling. :func:`kill_tree` ends a process with every process it started
 (QEMU runs each forked guest process as a QEMU process of its own): all are
 stopped first, so none forks away while the others are killed.
+:func:`adopting_orphans` makes this process the one the program's orphans
+are handed to, and :func:`orphan_status` reads how such a one ended (QEMU
+logs no exit for a process a signal killed: unless its parent waited for
+it, only its new parent can know).
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ import select
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from typing import NamedTuple
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 class Woken(NamedTuple):
@@ -83,13 +91,48 @@ def _ended(proc: subprocess.Popen) -> bool:
     return info is not None
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes ``pid`` started that still run (children first)."""
+@contextmanager
+def adopting_orphans():
+    """Inside: this process is a child subreaper -- a process the traced
+    program started and left (its parent ended without waiting for it)
+    becomes a child of ours, so that :func:`orphan_status` can read its
+    end.  The setting before is restored after (the processes adopted
+    meanwhile stay ours)."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        before = ctypes.c_int(0)
+        ok = libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) == 0 \
+            and libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        ok = False
+    try:
+        yield
+    finally:
+        if ok and not before.value:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def orphan_status(pid: int) -> int | None:
+    """How ``pid`` ended -- its exit code, or minus the signal that killed
+    it -- if it is a child of ours that has ended (it is reaped); None if
+    it is not ours (never adopted, or already reaped) or still runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _children() -> dict[int, list[int]]:
+    """ppid -> its children, of every process there is."""
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for name in entries:
         if not name.isdigit():
             continue
@@ -99,6 +142,25 @@ def descendants(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(name))
+    return children
+
+
+def own_children() -> set[int]:
+    """This process's children (ended ones not yet reaped included)."""
+    return set(_children().get(os.getpid(), ()))
+
+
+class Adopted:
+    """A process handed to us (:func:`adopting_orphans`), for :func:`wait`."""
+    returncode = None
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (children first)."""
+    children = _children()
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), ()):
