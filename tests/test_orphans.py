@@ -56,7 +56,9 @@ int main(void) {
 }
 """
 
-# exits at once; its child writes its pid to argv[1] and computes forever
+# exits at once; its child writes its pid to argv[1] and sleeps forever
+# (not computing: a recorder that lost it would leave it logging, and a
+# computing one logs hundreds of MB a second)
 FOREVER_C = r"""
 #include <stdio.h>
 #include <unistd.h>
@@ -65,8 +67,7 @@ int main(int argc, char **argv) {
         FILE *f = fopen(argv[1], "w");
         fprintf(f, "%d\n", getpid());
         fclose(f);
-        volatile unsigned long n = 0;
-        for (;;) n++;
+        for (;;) sleep(1);
     }
     return 0;
 }
@@ -110,7 +111,7 @@ def test_a_child_that_outlives_the_program_is_traced_to_its_end(tmp_path, progs,
 
 def test_a_stop_kills_the_children_left_running(tmp_path, progs):
     """SIGTERM to the recorder while it waits for a child the program left
-    computing: the child is killed (no traced process outlives its
+    running: the child is killed (no traced process outlives its
     recorder), and the bundle says so."""
     b, pidf = tmp_path / "b", tmp_path / "pid"
     rec = _start(["record", "-o", b, "--", progs["forever"], pidf], dict(os.environ))
@@ -118,11 +119,17 @@ def test_a_stop_kills_the_children_left_running(tmp_path, progs):
     try:
         pid = _wait_pid_file(pidf, rec)
         os.kill(rec.pid, signal.SIGTERM)
-        _out, err = _finish(rec)
+        _out, err = _finish(rec, timeout=120)
+        gone = _gone(pid)
     finally:
+        # whatever happened, nothing of it runs on
+        try:
+            os.killpg(rec.pid, signal.SIGKILL)      # its process group
+        except ProcessLookupError:
+            pass
         if pid is not None and _alive(pid):
             os.kill(pid, signal.SIGKILL)
     assert rec.returncode == 143, err
-    assert _gone(pid), "the program's child outlived the recording"
+    assert gone, "the program's child outlived the recording"
     assert "stopped by SIGTERM" in err, err
     assert _statuses(b) == [-9, 0]
