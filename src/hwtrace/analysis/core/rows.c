@@ -552,6 +552,19 @@ static int fix_index(int64_t *i, Py_ssize_t n, const char *what)
     return 0;
 }
 
+static void fill_i64(int64_t *a, Py_ssize_t n, int64_t v)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i] = v;
+}
+
+/* begin, end, child_insns and child_time: zeros (0.0 is all zero bits) */
+static void zero_cols(char *const *A, Py_ssize_t n)
+{
+    for (int c = C_BEGIN; c <= C_CTIME; c++)
+        memset(A[c], 0, (size_t)n * 8);
+}
+
 PyObject *hw_rows_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 33) {
@@ -647,18 +660,18 @@ PyObject *hw_rows_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         COL(E, C_NAME, int32_t)[i] = o_nid[i];
         COL(E, C_DEPTH, int32_t)[i] = (int32_t)lvl;
         COL(E, C_FLAGS, uint32_t)[i] = o_flags[i];
-        COL(E, C_PID, int64_t)[i] = pid;
-        COL(E, C_TID, int64_t)[i] = tid;
         COL(E, C_BIDX, int64_t)[i] = land[t];
-        COL(E, C_EIDX, int64_t)[i] = -1;
         COL(E, C_ESEQ, int64_t)[i] = seq0 + 4 * o_tr[i] + 2;
-        COL(E, C_XSEQ, int64_t)[i] = -1;
         COL(E, C_PATH, uint64_t)[i] = me;
-        COL(E, C_BEGIN, double)[i] = 0.0;
-        COL(E, C_END, double)[i] = 0.0;
-        COL(E, C_CINS, int64_t)[i] = 0;
-        COL(E, C_CTIME, double)[i] = 0.0;
     }
+    /* the columns of one value, each in a loop of its own: the loop
+       above writes fewer streams at a time (17 of them, 8 constant, were
+       a quarter of summary's commit time on yes in cpu mode) */
+    fill_i64(COL(E, C_PID, int64_t), no, pid);
+    fill_i64(COL(E, C_TID, int64_t), no, tid);
+    fill_i64(COL(E, C_EIDX, int64_t), no, -1);
+    fill_i64(COL(E, C_XSEQ, int64_t), no, -1);
+    zero_cols(E, no);
     for (Py_ssize_t j = 0; j < nx; j++) {
         int64_t t = x_tr[j], fr = x_fr[j], lvl = x_lvl[j];
         if (fix_index(&t, ntr, "x_tr") < 0)
@@ -694,11 +707,8 @@ PyObject *hw_rows_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         COL(X, C_DEPTH, int32_t)[j] = (int32_t)lvl;
         COL(X, C_EIDX, int64_t)[j] = land[t];
         COL(X, C_XSEQ, int64_t)[j] = seq0 + 4 * x_tr[j] + 1;
-        COL(X, C_BEGIN, double)[j] = 0.0;
-        COL(X, C_END, double)[j] = 0.0;
-        COL(X, C_CINS, int64_t)[j] = 0;
-        COL(X, C_CTIME, double)[j] = 0.0;
     }
+    zero_cols(X, nx);
     for (Py_ssize_t l = 0; l < nt; l++) {
         int64_t fr = top_fr[l];
         if (fix_index(&fr, no, "top_fr") < 0)
