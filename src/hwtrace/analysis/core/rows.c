@@ -672,6 +672,8 @@ PyObject *hw_rows_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     fill_i64(COL(E, C_EIDX, int64_t), no, -1);
     fill_i64(COL(E, C_XSEQ, int64_t), no, -1);
     zero_cols(E, no);
+    /* the exits: checked, their own columns; then each carried column in
+       a loop of its own (from the opened row, or the initial stack's) */
     for (Py_ssize_t j = 0; j < nx; j++) {
         int64_t t = x_tr[j], fr = x_fr[j], lvl = x_lvl[j];
         if (fix_index(&t, ntr, "x_tr") < 0)
@@ -679,35 +681,32 @@ PyObject *hw_rows_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (fr >= 0) {
             if (fix_index(&fr, no, "x_fr") < 0)
                 goto done;
-            COL(X, C_ID, int64_t)[j] = COL(E, C_ID, int64_t)[fr];
-            COL(X, C_PARENT, int64_t)[j] = COL(E, C_PARENT, int64_t)[fr];
-            COL(X, C_FUNC, uint64_t)[j] = COL(E, C_FUNC, uint64_t)[fr];
-            COL(X, C_NAME, int32_t)[j] = COL(E, C_NAME, int32_t)[fr];
-            COL(X, C_FLAGS, uint32_t)[j] = COL(E, C_FLAGS, uint32_t)[fr];
-            COL(X, C_BIDX, int64_t)[j] = COL(E, C_BIDX, int64_t)[fr];
-            COL(X, C_ESEQ, int64_t)[j] = COL(E, C_ESEQ, int64_t)[fr];
-            COL(X, C_PATH, uint64_t)[j] = COL(E, C_PATH, uint64_t)[fr];
-            COL(X, C_PID, int64_t)[j] = COL(E, C_PID, int64_t)[fr];
-            COL(X, C_TID, int64_t)[j] = COL(E, C_TID, int64_t)[fr];
         } else {
             int64_t lv = lvl < s0 - 1 ? lvl : s0 - 1;
             if (fix_index(&lv, s0, "x_lvl") < 0)
                 goto done;
-            COL(X, C_ID, int64_t)[j] = s_id[lv];
-            COL(X, C_PARENT, int64_t)[j] = s_parent[lv];
-            COL(X, C_FUNC, uint64_t)[j] = s_func[lv];
-            COL(X, C_NAME, int32_t)[j] = s_name[lv];
-            COL(X, C_FLAGS, uint32_t)[j] = s_flags[lv];
-            COL(X, C_BIDX, int64_t)[j] = s_bidx[lv];
-            COL(X, C_ESEQ, int64_t)[j] = s_eseq[lv];
-            COL(X, C_PATH, uint64_t)[j] = s_path[lv];
-            COL(X, C_PID, int64_t)[j] = s_pid[lv];
-            COL(X, C_TID, int64_t)[j] = s_tid[lv];
         }
         COL(X, C_DEPTH, int32_t)[j] = (int32_t)lvl;
         COL(X, C_EIDX, int64_t)[j] = land[t];
         COL(X, C_XSEQ, int64_t)[j] = seq0 + 4 * x_tr[j] + 1;
     }
+#define CARRY(c, T, s_col)                                                  \
+    for (Py_ssize_t j = 0; j < nx; j++) {                                   \
+        int64_t fr = x_fr[j], lv = x_lvl[j] < s0 - 1 ? x_lvl[j] : s0 - 1;   \
+        COL(X, c, T)[j] = fr >= 0 ? COL(E, c, T)[fr]                        \
+                                  : s_col[lv < 0 ? lv + s0 : lv];           \
+    }
+    CARRY(C_ID, int64_t, s_id)
+    CARRY(C_PARENT, int64_t, s_parent)
+    CARRY(C_FUNC, uint64_t, s_func)
+    CARRY(C_NAME, int32_t, s_name)
+    CARRY(C_FLAGS, uint32_t, s_flags)
+    CARRY(C_BIDX, int64_t, s_bidx)
+    CARRY(C_ESEQ, int64_t, s_eseq)
+    CARRY(C_PATH, uint64_t, s_path)
+    CARRY(C_PID, int64_t, s_pid)
+    CARRY(C_TID, int64_t, s_tid)
+#undef CARRY
     zero_cols(X, nx);
     for (Py_ssize_t l = 0; l < nt; l++) {
         int64_t fr = top_fr[l];
