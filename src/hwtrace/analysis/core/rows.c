@@ -159,15 +159,39 @@ done:
     return res;
 }
 
-/* an open-addressing map of int64 ids (>= 0) to row numbers */
+/* a map of int64 ids (>= 0) to row numbers: an array indexed by id - lo
+   where the ids lie within a few times their number of each other (a
+   chunk's activations: numbered in order, so one access near the last),
+   else open addressing */
 typedef struct {
     int64_t *key;
     Py_ssize_t *val;
     size_t mask;
+    int64_t lo, span;           /* dense: ids lo .. lo + span - 1 */
+    Py_ssize_t *dense;
 } IdMap;
 
-static int idmap_init(IdMap *m, Py_ssize_t n)
+static int idmap_init(IdMap *m, const int64_t *ids, Py_ssize_t n)
 {
+    int64_t lo = INT64_MAX, hi = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ids[i] < lo)
+            lo = ids[i];
+        if (ids[i] > hi)
+            hi = ids[i];
+    }
+    if (n && lo >= 0 && (uint64_t)(hi - lo) < (uint64_t)n * 4 + 64) {
+        m->lo = lo;
+        m->span = hi - lo + 1;
+        m->dense = PyMem_Malloc((size_t)m->span * sizeof *m->dense);
+        if (!m->dense) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int64_t i = 0; i < m->span; i++)
+            m->dense[i] = -1;
+        return 0;
+    }
     size_t cap = 16;
     while (cap < (size_t)n * 2)
         cap <<= 1;
@@ -187,6 +211,7 @@ static void idmap_free(IdMap *m)
 {
     PyMem_Free(m->key);
     PyMem_Free(m->val);
+    PyMem_Free(m->dense);
 }
 
 static size_t idmap_slot(const IdMap *m, int64_t id)
@@ -197,11 +222,26 @@ static size_t idmap_slot(const IdMap *m, int64_t id)
     return h;
 }
 
+/* id (>= 0, one of those the map was made for) -> row i (a later one
+   of the same id replaces it) */
+static void idmap_put(IdMap *m, int64_t id, Py_ssize_t i)
+{
+    if (m->dense) {
+        m->dense[id - m->lo] = i;
+        return;
+    }
+    size_t h = idmap_slot(m, id);
+    m->key[h] = id;
+    m->val[h] = i;
+}
+
 /* row of id, or -1 */
-static Py_ssize_t idmap_get(const IdMap *m, int64_t id)
+static inline Py_ssize_t idmap_get(const IdMap *m, int64_t id)
 {
     if (id < 0)
         return -1;
+    if (m->dense)
+        return (uint64_t)(id - m->lo) < (uint64_t)m->span ? m->dense[id - m->lo] : -1;
     size_t h = idmap_slot(m, id);
     return m->key[h] == id ? m->val[h] : -1;
 }
@@ -264,16 +304,15 @@ PyObject *hw_rows_children(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const int64_t *c_key = b[8].buf, *c_insns = b[9].buf;
     const double *c_time = b[10].buf;
     uint8_t *c_used = b[11].buf;
-    if (idmap_init(&map, n) < 0)
-        goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++)
         if (id[i] < 0) {
             PyErr_SetString(PyExc_ValueError, "children: a negative id");
             goto done;
         }
-        size_t h = idmap_slot(&map, id[i]);
-        map.key[h] = id[i];
-        map.val[h] = i;
+    if (idmap_init(&map, id, n) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        idmap_put(&map, id[i], i);
         ci[i] = 0;
         ct[i] = 0.0;
     }
