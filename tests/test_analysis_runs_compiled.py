@@ -485,10 +485,13 @@ def test_row_timing_and_sums_match_twin(seed, monkeypatch):
     assert a.tobytes() == b.tobytes()
 
     # begins and children: ids of a random tree, some begun in this chunk
+    # (numbered in order, as a chunk's are: the core's map of ids is an
+    # array; or far apart: a hash)
     n = 3000
-    ids = np.arange(100, 100 + n, dtype=np.int64)
+    step = 1 if seed % 2 == 0 else 7919
+    ids = (100 + np.arange(n, dtype=np.int64)) * step
     parent = np.where(rng.random(n) < 0.1, -1,
-                      rng.integers(0, 100 + n, n)).astype(np.int64)
+                      rng.integers(0, 100 + n, n)).astype(np.int64) * step
     X = Cols.zeros(n)
     order = rng.permutation(n)
     X["id"] = ids[order]
@@ -499,7 +502,7 @@ def test_row_timing_and_sums_match_twin(seed, monkeypatch):
     E = Cols.zeros(n // 2)
     E["id"] = np.sort(rng.choice(ids, n // 2, replace=False))
     E["begin"] = rng.random(n // 2) * 1e6
-    carried = {int(k): [int(rng.integers(0, 99)), float(rng.random())]
+    carried = {int(k) * step: [int(rng.integers(0, 99)), float(rng.random())]
                for k in rng.choice(200 + n, 300, replace=False)}
 
     def rows_work():

@@ -178,3 +178,32 @@ def test_slice_packets_stream_splices_specials():
     assert len(chunks) >= 2 and all(len(c) >= 1 << 20 for c in chunks[:-1])
     with pytest.raises(ValueError):
         core.slice_packets(*cols, chunks.append, at[::-1].copy(), specials)
+
+
+def test_slice_packets_stream_skips_rows_of_end_two():
+    """Written, a row whose ``end`` is 2 makes no packet (the Perfetto
+    writer's rows of its one-by-one packets, which go there): the same
+    bytes as the plain rows alone with each special placed by the number
+    of plain rows before it; not written, ``end`` 2 is refused."""
+    core = _textcols_impl.core_for("compiled")
+    rng = np.random.default_rng(9)
+    n = 50000
+    parts = tuple(bytes([k + 1]) * (k % 3 + 1) for k in range(10))
+    end = rng.integers(0, 2, n).astype(np.uint8)
+    rows = np.sort(np.r_[0, rng.choice(np.arange(1, n), 400, replace=False), n - 1])
+    end[rows] = 2
+    cols = [rng.integers(0, 2 ** 40, n).astype(np.uint64), end, rng.integers(0, 3, n),
+            rng.integers(1, 1000, n), rng.integers(0, 2 ** 30, n), rng.integers(0, 2, n),
+            [b"\x10\x01", b"\x10\x02", b"\x10" * 40], [b"", b"\x22\x03abc"], parts]
+    specials = [b"S%d" % j for j in range(len(rows))]
+    got = []
+    assert core.slice_packets(*cols, lambda v: got.append(bytes(v)), rows.astype(np.int64),
+                              specials) is None
+    plain = end != 2
+    sel = [c[plain] if hasattr(c, "dtype") else c for c in cols]
+    at = np.searchsorted(np.flatnonzero(plain), rows).astype(np.int64)
+    want = []
+    core.slice_packets(*sel, lambda v: want.append(bytes(v)), at, specials)
+    assert b"".join(got) == b"".join(want) and len(b"".join(got)) > 1 << 20
+    with pytest.raises(ValueError):
+        core.slice_packets(*cols)

@@ -40,7 +40,9 @@
  * ``at`` (int64, ascending, 0..n) and ``specials`` (a list of bytes) the
  * packets go to ``write`` a megabyte or so at a time (as folded's, below),
  * specials[j] just before plain packet at[j] (at n: after the last), and
- * the call returns None.
+ * the call returns None; there a row whose ``end`` is 2 makes no packet
+ * (the place of a special: ``at`` may count it, the specials then go
+ * where their rows are, with no gathers of the plain rows' columns).
  *
  *   chrome_slices(name, ts, dur, pid, tid, flag, names, flags, parts) -> bytes
  *
@@ -86,7 +88,7 @@
 #ifndef HWTRACE_SOURCE_SHA256
 #define HWTRACE_SOURCE_SHA256 ""
 #endif
-#define ABI 4
+#define ABI 5
 
 /* -- rows(n, ops): a Lines formatted a row at a time ------------------------------- */
 

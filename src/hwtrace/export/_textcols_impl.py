@@ -14,7 +14,7 @@ from __future__ import annotations
 from hwtrace import _ext
 
 NAME = "hwtrace.export._c_textcols"
-ABI = 4
+ABI = 5
 
 #: how the selection went (see hwtrace._ext.Status).
 STATUS = _ext.select(NAME, ABI)

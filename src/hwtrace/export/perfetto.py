@@ -195,20 +195,25 @@ class PerfettoTraceWriter:
                                    M[src[p]][1] if kind[p] == 2 else None,
                                    names.names[E["name"][src[p]]] if kind[p] == 0 else None)
         self.slices += nx
+        core = _textcols_impl.core_for(self.impl)
+        if core is not None and isinstance(self._fp, io.BufferedIOBase):
+            # a megabyte at a time from the core's buffer, every row's
+            # columns as they are: the one-by-one packets go where their
+            # rows are (``end`` 2 there: no plain packet), none gathered
+            sp = sorted(special)
+            end = kind.astype(np.uint8)
+            end[sp] = 2
+            ftab, finv = _flag_table(flg)
+            core.slice_packets(
+                ts, end, track_ids, iid, insns, finv, track_tab, ftab,
+                self._parts(), self._fp.write, np.array(sp, np.int64),
+                [special[p] for p in sp])
+            return
         plain = np.ones(n, bool)
         if special:
             plain[list(special)] = False
         pb = plain & isb
         pe = plain & ise
-        core = _textcols_impl.core_for(self.impl)
-        if core is not None and isinstance(self._fp, io.BufferedIOBase):
-            # a megabyte at a time from the core's buffer, the one-by-one
-            # packets spliced in by the number of plain ones before each
-            sp = sorted(special)
-            at = np.searchsorted(np.flatnonzero(plain), sp).astype(np.int64)
-            self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe,
-                         self.impl, (self._fp.write, at, [special[p] for p in sp]))
-            return
         out = self._encode(ts, track_ids, track_tab, iid, insns, flg, pb, pe,
                            self.impl)
         if not special:
@@ -233,31 +238,19 @@ class PerfettoTraceWriter:
         write(view[done:])
 
     def _encode(self, ts, track_ids, track_tab, iid, insns, flg, pb, pe,
-                impl: str | None = None, stream=None):
+                impl: str | None = None):
         """The plain packets (BEGIN without interning, END): bytes and
         each packet's length (for splicing) -- by the compiled core
-        (``slice_packets``) or the twin below (:class:`.textcols.Lines`).
-        ``stream``: (write, at, specials), the compiled core writes them
-        with the specials spliced in (see ``slice_packets``) and this
-        returns None."""
+        (``slice_packets``) or the twin below (:class:`.textcols.Lines`)."""
         sel = pb | pe
         idx = slice(None) if sel.all() else np.flatnonzero(sel)   # (no copies)
         n = len(sel) if isinstance(idx, slice) else len(idx)
         if not n:
-            if stream is not None:
-                for b in stream[2]:
-                    stream[0](b)
-                return None
             return b"", np.zeros(0, np.int64)
         b = pb[idx]
         e = ~b
         tr = track_ids[idx]
-        f = flg[idx]
-        if f.any():
-            uf, finv = small_ids(f)
-            ftab = [_flags_annot(x) if x else b"" for x in uf.tolist()]
-        else:
-            ftab, finv = [b""], np.zeros(n, np.int64)
+        ftab, finv = _flag_table(flg[idx])
         core = _textcols_impl.core_for(impl)
         if core is not None:
             out = core.slice_packets(
@@ -265,11 +258,7 @@ class PerfettoTraceWriter:
                 np.ascontiguousarray(tr, np.int64), np.ascontiguousarray(iid[idx], np.int64),
                 np.ascontiguousarray(insns[idx], np.int64),
                 np.ascontiguousarray(finv, np.int64), track_tab, ftab,
-                (_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END], _IID_TAG, _ANNOT_TAG,
-                 _INSNS_NAME + _DA_INT_TAG, _TS_TAG, self._seq_head, _TE_TAG,
-                 _NEEDS_STATE, _PACKET_TAG), *(stream or ()))
-            if stream is not None:
-                return None
+                self._parts())
             data, lens = out
             return data, np.frombuffer(lens, np.int64)
         te = Lines(n)
@@ -293,6 +282,12 @@ class PerfettoTraceWriter:
         pkt = Lines(n)
         pkt.lit(_PACKET_TAG).varint(blen).extend(body)
         return pkt.render(), blen + 1 + _varint_len(blen)
+
+    def _parts(self) -> tuple:
+        """The constant pieces of a plain packet (slice_packets' ``parts``)."""
+        return (_TYPE_FIELD[SLICE_BEGIN], _TYPE_FIELD[SLICE_END], _IID_TAG, _ANNOT_TAG,
+                _INSNS_NAME + _DA_INT_TAG, _TS_TAG, self._seq_head, _TE_TAG,
+                _NEEDS_STATE, _PACKET_TAG)
 
     def _one(self, kind, ts, track_field, iid, insns, flags, marker, name) -> bytes:
         """One packet, made the plain way (rare ones: interning, markers,
@@ -385,6 +380,15 @@ def _one_thread(E, X, kind) -> tuple[int, int] | None:
         if len(A) and not ((A["tid"] == t).all() and (A["pid"] == p).all()):
             return None
     return p, t
+
+
+def _flag_table(f: np.ndarray) -> tuple[list, np.ndarray]:
+    """The flags annotations of rows' flags ``f``: (table, each row's id
+    in it; b"" where none)."""
+    if f.any():
+        uf, finv = small_ids(f)
+        return [_flags_annot(x) if x else b"" for x in uf.tolist()], finv
+    return [b""], np.zeros(len(f), np.int64)
 
 
 def _flags_annot(flags: int) -> bytes:

@@ -11,12 +11,10 @@
 
 /* -- slice_packets(...): Perfetto slice begin/end packets -------------------------- */
 
-static int vlen(uint64_t a)
+/* bytes of a's varint: 7 bits a byte (no loop: three per packet) */
+static inline int vlen(uint64_t a)
 {
-    int l = 1;
-    while (a >>= 7)
-        l++;
-    return l;
+    return (70 - __builtin_clzll(a | 1)) / 7;
 }
 
 static char *vput(char *p, uint64_t a)
@@ -94,6 +92,25 @@ static inline char *pkt_put(const Pkts *k, Py_ssize_t i, char *p)
     return p;
 }
 
+/* at least any packet's length (varints at their longest, the longest
+   entries of the tables): room to leave for one more packet, found
+   without a pass over the rows */
+static Py_ssize_t pkt_most(const Pkts *k)
+{
+    const Py_ssize_t *L = k->pt.sl;
+    Py_ssize_t tt = 0, ft = 0;
+    for (Py_ssize_t j = 0; j < k->tt.n; j++)
+        if (k->tt.sl[j] > tt)
+            tt = k->tt.sl[j];
+    for (Py_ssize_t j = 0; j < k->ft.n; j++)
+        if (k->ft.sl[j] > ft)
+            ft = k->ft.sl[j];
+    Py_ssize_t e = L[TE] + L[ANNOT] + 10 + L[INSNS] + 10, b = L[TB] + L[IID] + 10;
+    Py_ssize_t te = tt + ft + (e > b ? e : b);
+    Py_ssize_t body = L[TS] + 10 + L[SEQ] + L[TEV] + 10 + te + L[NEEDS];
+    return L[PKT] + 10 + body;
+}
+
 /* slice_packets' write mode: the packets, and specials[j] before plain
    packet at[j], to write() a chunk at a time; 0 or -1 */
 static int pkt_stream(const Pkts *k, Py_ssize_t n, PyObject *write, PyObject *at_o,
@@ -120,12 +137,7 @@ static int pkt_stream(const Pkts *k, Py_ssize_t n, PyObject *write, PyObject *at
             PyErr_SetString(PyExc_ValueError, "slice_packets: specials' places");
             goto done;
         }
-    Py_ssize_t most = 0, te, alen, body;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t l = pkt_len(k, i, &te, &alen, &body);
-        if (l > most)
-            most = l;
-    }
+    Py_ssize_t most = pkt_most(k);
     out.cap = STREAM_CHUNK + most;
     out.p = PyMem_Malloc(out.cap);
     if (!out.p) {
@@ -144,6 +156,8 @@ static int pkt_stream(const Pkts *k, Py_ssize_t n, PyObject *write, PyObject *at
         }
         if (i == n)
             break;
+        if (k->end[i] > 1)                      /* no packet: a special's row */
+            continue;
         if (out.cap - (p - out.p) < most) {     /* grown by a special */
             out.len = p - out.p;
             if (tc_lend(&out, write) < 0)
@@ -200,12 +214,18 @@ PyObject *tc_slice_packets(PyObject *self, PyObject *const *args, Py_ssize_t nar
     k.iid = b[3].buf;
     k.ins = b[4].buf;
     k.fl = b[5].buf;
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
         if (k.tr[i] < 0 || k.tr[i] >= k.tt.n || k.fl[i] < 0 || k.fl[i] >= k.ft.n) {
             PyErr_SetString(PyExc_IndexError, "slice_packets: a track or flags id "
                             "outside its table");
             goto done;
         }
+        if (k.end[i] > (nargs == 12 ? 2 : 1)) {
+            PyErr_SetString(PyExc_ValueError, "slice_packets: end is 0 or 1 (or 2 "
+                            "where written: no packet)");
+            goto done;
+        }
+    }
     if (nargs == 12) {
         if (pkt_stream(&k, n, args[9], args[10], args[11]) == 0)
             res = Py_NewRef(Py_None);
