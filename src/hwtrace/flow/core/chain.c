@@ -278,15 +278,23 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
     memset(&e, 0, sizeof e);
     e.ip = ip0;
     const struct insn_info *next = NULL;
+    /* the entry at e.ip where the run before it knows it (its term: the
+     * branch that ends it), else NULL */
+    const struct insn_info *term = NULL;
     for (;;) {
         next = NULL;
-        struct run *ru = ic_run(ic, e.ip, mode, &err);
-        if (!ru) {
-            if (err < 0)
-                return err;
-            break;
+        struct run *ru = NULL;
+        const struct insn_info *i = term;
+        term = NULL;
+        if (!i) {
+            ru = ic_run(ic, e.ip, mode, &err);
+            if (!ru) {
+                if (err < 0)
+                    return err;
+                break;
+            }
         }
-        if (ru->n) {
+        if (ru && ru->n) {
             if (e.insns + ru->n > CHAIN_MAX_INSNS ||
                 e.bn + ru->n >= MAX_BLOCK_INSNS)
                 break;
@@ -314,9 +322,17 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                 e.bn = 0;
                 e.have_bounds = 0;
             }
+            /* the branch that ends the run, from the run (a copy of its
+             * entry: what the run at next_ip, a run of none, has as its
+             * first) instead of that run's lookup -- one hash probe and
+             * one run's line less per run a chain is built through (a
+             * miss each: ic_run had 7% of coverage --edges's samples on
+             * python3 from here) */
+            term = ru->term;
             continue;
         }
-        const struct insn_info *i = ru->first;
+        if (ru)
+            i = ru->first;
         if (!i || i->err || i->ip != e.ip || i->mode != mode)
             break;
         next = i;
