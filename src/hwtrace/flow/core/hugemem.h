@@ -16,7 +16,7 @@
  * zeroes a whole 2 MiB page, so a cache that needs a few chunks more than
  * malloc gave must not take one: the gzip recording's chain cache used 64
  * KiB of its first block (the third chunk of 64 KiB, HM_SMALL was 2
- * chunks) and paid the zeroing of 2 MiB, ~1 ms of a ~24 ms decode. */
+ * chunks) and paid the zeroing of a 2 MiB page for it. */
 #ifndef HWTRACE_HUGEMEM_H
 #define HWTRACE_HUGEMEM_H
 
