@@ -187,7 +187,21 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * build() trying the last run's successors (run_succ) before ic_run, as
  * the walk's run step does: the same instructions and time (0.525 s
  * against 0.522 s in process) -- a chain is built where the walk first
- * gets there, before any successor is known. */
+ * gets there, before any successor is known.
+ *
+ * Issue 15's edges target, fourth pass (python3 recording, coverage
+ * --edges --quiet DIR, whole commands timed interleaved on a loaded
+ * 2-CPU machine, best of 9: 0.73-0.76 s before).  Taken: the instruction
+ * walk prefetching both lines of the applied chain's successor (the
+ * guess chain_get tries next; its first load had 15% of sess_run's
+ * samples), ~3-5%; build() taking a plain run's terminating branch from
+ * the run's term instead of a lookup of the run at its next_ip (a hash
+ * probe and a run's line per run a chain goes through), ~5% (decode
+ * --quiet --stat's block walk ~8%); the key table at load 3/4 (memory
+ * zeroed at first touch, which perf put at 1-10% of the samples from
+ * run to run on this VM).  Tried and not taken: the same prefetch in the
+ * block walk (decode --quiet --stat: no difference the timed runs could
+ * show). */
 
 static uint64_t mix(uint64_t x)
 {
