@@ -187,7 +187,21 @@ _Static_assert(offsetof(struct chain, last_run) + sizeof(struct run *) <= 64,
  * build() trying the last run's successors (run_succ) before ic_run, as
  * the walk's run step does: the same instructions and time (0.525 s
  * against 0.522 s in process) -- a chain is built where the walk first
- * gets there, before any successor is known. */
+ * gets there, before any successor is known.
+ *
+ * Issue 15's edges target, fourth pass (python3 recording, coverage
+ * --edges --quiet DIR, whole commands timed interleaved on a loaded
+ * 2-CPU machine, best of 9: 0.73-0.76 s before).  Taken: the instruction
+ * walk prefetching both lines of the applied chain's successor (the
+ * guess chain_get tries next; its first load had 15% of sess_run's
+ * samples), ~3-5%; build() taking a plain run's terminating branch from
+ * the run's term instead of a lookup of the run at its next_ip (a hash
+ * probe and a run's line per run a chain goes through), ~5% (decode
+ * --quiet --stat's block walk ~8%); the key table at load 3/4 (memory
+ * zeroed at first touch, which perf put at 1-10% of the samples from
+ * run to run on this VM).  Tried and not taken: the same prefetch in the
+ * block walk (decode --quiet --stat: no difference the timed runs could
+ * show). */
 
 static uint64_t mix(uint64_t x)
 {
@@ -278,15 +292,23 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
     memset(&e, 0, sizeof e);
     e.ip = ip0;
     const struct insn_info *next = NULL;
+    /* the entry at e.ip where the run before it knows it (its term: the
+     * branch that ends it), else NULL */
+    const struct insn_info *term = NULL;
     for (;;) {
         next = NULL;
-        struct run *ru = ic_run(ic, e.ip, mode, &err);
-        if (!ru) {
-            if (err < 0)
-                return err;
-            break;
+        struct run *ru = NULL;
+        const struct insn_info *i = term;
+        term = NULL;
+        if (!i) {
+            ru = ic_run(ic, e.ip, mode, &err);
+            if (!ru) {
+                if (err < 0)
+                    return err;
+                break;
+            }
         }
-        if (ru->n) {
+        if (ru && ru->n) {
             if (e.insns + ru->n > CHAIN_MAX_INSNS ||
                 e.bn + ru->n >= MAX_BLOCK_INSNS)
                 break;
@@ -314,9 +336,17 @@ static int build(struct chain_cache *cc, struct insn_dec *d, struct chain *ch,
                 e.bn = 0;
                 e.have_bounds = 0;
             }
+            /* the branch that ends the run, from the run (a copy of its
+             * entry: what the run at next_ip, a run of none, has as its
+             * first) instead of that run's lookup -- one hash probe and
+             * one run's line less per run a chain is built through (a
+             * miss each: ic_run had 7% of coverage --edges's samples on
+             * python3 from here) */
+            term = ru->term;
             continue;
         }
-        const struct insn_info *i = ru->first;
+        if (ru)
+            i = ru->first;
         if (!i || i->err || i->ip != e.ip || i->mode != mode)
             break;
         next = i;
@@ -591,7 +621,13 @@ struct chain *chain_find(struct chain_cache *cc, struct insn_dec *d,
 {
     uint64_t ip = d->ip;
     uint32_t idx;
-    if (2 * (cc->n + 1) > cc->cap && (*err = chain_grow(cc)) < 0)
+    /* grown past a load of 3/4, not 1/2 (a slot is 8 bytes with its
+     * fingerprint: a probe past another key reads no entry): the python3
+     * recording's 69 K keys take a 1 MiB table at load 0.53, not 2 MiB at
+     * 0.26 after a 1 MiB one, pages zeroed at first touch that cost more
+     * than the probes (perf: 1-1.4% of coverage --edges's samples in the
+     * kernel's zeroing under the table's growth) */
+    if (4 * (cc->n + 1) > 3 * cc->cap && (*err = chain_grow(cc)) < 0)
         return NULL;
     size_t mask = cc->cap - 1;
     uint64_t h = chain_hash(ip, d->ic, tag);

@@ -12,10 +12,12 @@ void *hm_chunk(struct hugemem *h, size_t n)
     n = (n + 63) & ~(size_t)63;
     if (n > HM_MAX)
         return NULL;
-    if (h->nsmall < HM_SMALL) {
+    if (h->nsmall < HM_SMALL && h->small_bytes + n <= HM_SMALL_BYTES) {
         void *p = aligned_alloc(64, n);
-        if (p)
+        if (p) {
             h->small[h->nsmall++] = p;
+            h->small_bytes += n;
+        }
         return p;
     }
     if (h->left < n) {
@@ -41,6 +43,7 @@ void hm_free(struct hugemem *h)
     for (uint32_t i = 0; i < h->nsmall; i++)
         free(h->small[i]);
     h->nsmall = 0;
+    h->small_bytes = 0;
     for (uint32_t i = 0; i < h->nblocks; i++)
         munmap(h->blocks[i], HM_BLOCK);
     free(h->blocks);
