@@ -121,6 +121,9 @@ def test_user_errors_are_one_line(fib_jsonl, tmp_path):
 
 _INTERRUPTED = """
 import os, signal, sys
+# a Ctrl-C reaches a process that takes it (one started in the background
+# by a non-interactive shell, as a CI job may be, inherits SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hwtrace.cli import main
 from hwtrace.export import chrome
 seen = chrome.ChromeTraceWriter.add_slices
