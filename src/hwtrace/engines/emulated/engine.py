@@ -406,16 +406,13 @@ class EmulatedEngine(Engine):
         died = self._run_status
         if died is not None and died >= 0:
             died = None
-        reaped = dict(index.reaped)
+        reaped = index.reaped
         for tid, th in index.threads.items():
             st = th.exit_status
             if st is None:
                 root = died is not None and index.processes.get(th.pid, {}).get("ppid") \
                     not in index.processes
-                if root:
-                    st = died
-                else:
-                    st = reaped.get(th.pid, self._orphans.get(th.pid, 0))
+                st = died if root else reaped.get(th.pid, self._orphans.get(th.pid, 0))
             t = ends[th.pid] if tid == th.pid else exits.get(tid, starts.get(tid, index.t0))
             session.sideband.add(Exit(pid=th.pid, tid=tid, time=t, status=st))
         if session.mode == Mode.THREAD:

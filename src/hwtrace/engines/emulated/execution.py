@@ -21,7 +21,6 @@ traced process outlives its recorder.
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass
 
@@ -142,11 +141,7 @@ def _kill_orphans(before: set) -> dict:
     ended = {}
     for pid in _adopted(before):
         running.kill_tree(pid)
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)   # (it ends at once)
-        except (ChildProcessError, OSError):
-            pass
-        st = running.orphan_status(pid)
+        st = running.orphan_status(pid, block=True)     # (it ends at once)
         if st is not None:
             ended[pid] = st
     return ended

@@ -113,12 +113,13 @@ def adopting_orphans():
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def orphan_status(pid: int) -> int | None:
+def orphan_status(pid: int, *, block: bool = False) -> int | None:
     """How ``pid`` ended -- its exit code, or minus the signal that killed
-    it -- if it is a child of ours that has ended (it is reaped); None if
-    it is not ours (never adopted, or already reaped) or still runs."""
+    it -- if it is a child of ours that has ended (it is reaped; with
+    ``block``, once it has); None if it is not ours (never adopted, or
+    already reaped) or still runs."""
     try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+        info = os.waitid(os.P_PID, pid, os.WEXITED | (0 if block else os.WNOHANG))
     except (ChildProcessError, OSError):
         return None
     if info is None:
